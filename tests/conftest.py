@@ -1,0 +1,40 @@
+"""Shared fixtures: the embedded tiny checkpoint (built once per session) and a real `litgpt` subprocess runner."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_env(**extra) -> dict:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", JSONARGPARSE_DEPRECATION_WARNINGS="off")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory) -> Path:
+    from tunelab import checkpoints
+
+    return checkpoints.build("tiny", tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+def run_litgpt(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the real `litgpt` CLI of this environment as a child process, from the repository root."""
+    litgpt = Path(sys.executable).with_name("litgpt")
+    return subprocess.run([str(litgpt), *args], cwd=ROOT, env=cpu_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_metrics(out_dir: Path) -> list[dict]:
+    files = sorted(Path(out_dir).glob("logs/csv/version_*/metrics.csv"))
+    assert files, f"no metrics.csv under {out_dir}"
+    with open(files[-1], newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,128 @@
+"""The recipe registry: every ``recipes/<model>/<method>.yaml``, read from the files themselves.
+
+A recipe is a complete LitGPT config file. Its method (the file's stem, up to a first '-': ``lora-fast`` is a
+LoRA recipe) names the litgpt command that runs it; nothing else is inferred from names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tunelab.paths import RECIPES_DIR, ROOT
+
+COMMANDS = {"full": "finetune_full", "lora": "finetune_lora", "qlora": "finetune_lora",
+            "adapter": "finetune_adapter", "adapter_v2": "finetune_adapter_v2"}
+"""Recipe method -> the ``litgpt`` subcommand that runs it."""
+
+
+class RecipeError(ValueError):
+    """A recipe reference that names no recipe file, or a file that is not a recipe."""
+
+
+@dataclass
+class Recipe:
+    """One recipe file and what its keys say."""
+
+    path: Path
+    """The YAML file."""
+    config: dict
+    """Its keys as written (no litgpt defaults applied: ``tunelab validate`` resolves those)."""
+
+    @property
+    def key(self) -> str:
+        """``<model>/<method>`` for files under recipes/, else the path as given."""
+        try:
+            rel = self.path.resolve().relative_to(RECIPES_DIR)
+            return str(rel.with_suffix(""))
+        except ValueError:
+            return str(self.path)
+
+    @property
+    def model(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def method(self) -> str:
+        return self.path.stem.split("-")[0]
+
+    @property
+    def command(self) -> str:
+        """The litgpt subcommand, e.g. ``finetune_lora``."""
+        return COMMANDS[self.method]
+
+    def get(self, dotted: str, default=None):
+        """A value by dotted key (``train.micro_batch_size``), reading ``init_args`` of class_path blocks too."""
+        node = self.config
+        for part in dotted.split("."):
+            if isinstance(node, dict) and "init_args" in node and part not in node:
+                node = node["init_args"]
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def summary(self) -> dict:
+        """The row ``tunelab ls`` prints."""
+        devices, nodes = self.get("devices", 1), self.get("num_nodes", 1)
+        micro, global_ = self.get("train.micro_batch_size"), self.get("train.global_batch_size")
+        try:
+            accumulation = global_ // (int(devices) * int(nodes) * micro)
+        except (TypeError, ValueError, ZeroDivisionError):
+            accumulation = None
+        return {
+            "recipe": self.key, "model": self.model, "method": self.method, "precision": self.get("precision"),
+            "quantize": self.get("quantize") or "-", "micro": micro, "global": global_,
+            "accum": accumulation, "devices": devices, "nodes": nodes,
+        }
+
+    def launch_command(self) -> str:
+        return f"litgpt {self.command} --config {display_path(self.path)}"
+
+    def download_command(self) -> str | None:
+        ckpt = self.get("checkpoint_dir")
+        if not ckpt:
+            return None
+        parts = Path(ckpt).parts
+        repo = "/".join(parts[1:]) if parts and parts[0] == "checkpoints" else str(ckpt)
+        return f"litgpt download {repo}"
+
+
+def display_path(path: Path) -> str:
+    """A path relative to the repository root when it lies inside it (what a user types from there)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load(path: Path) -> Recipe:
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}")
+    recipe = Recipe(path=path, config=config)
+    if recipe.method not in COMMANDS:
+        raise RecipeError(f"{path}: method {recipe.method!r} (from the file name) is not one of "
+                          f"{', '.join(sorted(COMMANDS))}; name the file <method>.yaml or <method>-<variant>.yaml")
+    return recipe
+
+
+def discover(root: Path = RECIPES_DIR) -> list[Recipe]:
+    """Every recipe under ``recipes/``, sorted by model then method."""
+    return [load(p) for p in sorted(root.glob("*/*.yaml"))]
+
+
+def resolve(ref: str) -> Recipe:
+    """A recipe from a path (``recipes/open-llama-7b/lora.yaml``) or a key (``open-llama-7b/lora``)."""
+    candidates = [Path(ref), RECIPES_DIR / ref, RECIPES_DIR / f"{ref}.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return load(c)
+    known = ", ".join(r.key for r in discover())
+    raise RecipeError(f"no recipe {ref!r}: give a YAML path or one of: {known}")

@@ -1,0 +1,310 @@
+"""Check a recipe before anything is built: litgpt's own argument parser first, then the rules litgpt leaves
+unchecked or checks late (after the model is loaded, or never: it floors a batch size silently).
+
+The parser is the real one of the pinned litgpt: the jsonargparse parser that ``litgpt`` builds from its
+``finetune_*`` functions, captured with ``jsonargparse.capture_parser`` (not a copy of its schema). Every failure is
+a :class:`Problem`: one line naming the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from tunelab import hardware
+from tunelab.recipes import Recipe, display_path
+
+PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
+"""Precision strings accepted here: Lightning's full names (its short aliases hide what they mean)."""
+QUANTIZE_METHODS = ("finetune_lora", "finetune_adapter", "finetune_adapter_v2")
+
+
+@dataclass
+class Problem:
+    """One thing wrong with a recipe (``severity`` 'error' fails validation, 'warning' does not)."""
+
+    file: str
+    key: str
+    message: str
+    fix: str
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        tag = "" if self.severity == "error" else "warning: "
+        return f"{self.file}: {tag}{self.key}: {self.message}; fix: {self.fix}"
+
+
+@dataclass
+class Result:
+    """The outcome of validating one recipe with its overrides."""
+
+    recipe: Recipe
+    overrides: list[str]
+    problems: list[Problem] = field(default_factory=list)
+    resolved: dict | None = None
+    """The fully resolved litgpt arguments (defaults applied) when the parser accepted the recipe."""
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+
+@lru_cache(maxsize=1)
+def litgpt_parser():
+    """The pinned litgpt's own CLI parser, set to raise instead of exiting."""
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+    from jsonargparse import CLI, capture_parser, set_docstring_parse_options
+    from litgpt.__main__ import PARSER_DATA
+
+    set_docstring_parse_options(attribute_docstrings=True)  # as litgpt.__main__.main does
+    parser = capture_parser(lambda: CLI(PARSER_DATA))
+    parser.exit_on_error = False
+    for action in parser._actions:
+        if isinstance(getattr(action, "choices", None), dict):
+            for sub in action.choices.values():
+                sub.exit_on_error = False
+    return parser
+
+
+def litgpt_args(recipe: Recipe, overrides: list[str]) -> list[str]:
+    """The litgpt command line (after ``litgpt``) for a recipe plus litgpt-style overrides.
+
+    ``checkpoint_dir`` is positional in litgpt's parser: ``--checkpoint_dir X`` is moved to the end, after
+    ``--config``, where a positional overrides the file's value.
+    """
+    rest, positional = [], []
+    it = iter(overrides)
+    for arg in it:
+        if arg == "--checkpoint_dir":
+            positional = [next(it, "")]
+        elif arg.startswith("--checkpoint_dir="):
+            positional = [arg.split("=", 1)[1]]
+        else:
+            rest.append(arg)
+    return [recipe.command, "--config", str(recipe.path), *rest, *positional]
+
+
+def parse(recipe: Recipe, overrides: list[str]) -> dict:
+    """Resolve the recipe plus overrides with litgpt's parser; returns the arguments as a plain dict.
+
+    Raises ``jsonargparse.ArgumentError`` (litgpt would refuse the same command line).
+    """
+    cfg = litgpt_parser().parse_args(litgpt_args(recipe, overrides))
+    resolved = getattr(cfg, recipe.command).as_dict()
+    resolved.pop("config", None)
+    return resolved
+
+
+def _parser_problem(recipe: Recipe, err: Exception) -> Problem:
+    text = " ".join(str(err).split())
+    file = display_path(recipe.path)
+    m = re.search(r"does not accept nested key '([^']+)'", text) or re.search(r"Unrecognized arguments: --?(\S+)", text)
+    if m:
+        key = m.group(1)
+        if key == "quantize" and recipe.command == "finetune_full":
+            return Problem(file, key, "quantize is only for LoRA/adapter methods (finetune_full has no quantized "
+                                      "training)", "remove quantize, or use a lora/qlora recipe")
+        return Problem(file, key, f"litgpt {recipe.command} has no such argument",
+                       f"remove it or correct its spelling (see: litgpt {recipe.command} --help)")
+    m = re.search(r'Parser key "([^"]+)":\s*(.*)', text)
+    if m:
+        key, why = m.group(1), m.group(2)
+        why = re.sub(r"\s*Subtypes:.*?Given value type: <class '\w+'>\s*", " ", why)
+        return Problem(file, key, f"litgpt's parser refuses the value ({why[:200]})",
+                       f"use a value of the type litgpt {recipe.command} --help lists for --{key}")
+    return Problem(file, "-", f"litgpt's parser refuses the recipe: {text[:300]}",
+                   f"compare with: litgpt {recipe.command} --help")
+
+
+def check(recipe: Recipe, overrides: list[str] | None = None, *, gpu: str | None = None,
+          device: str | None = None) -> Result:
+    """Validate one recipe with litgpt-style ``overrides``.
+
+    ``gpu`` names a row of the GPU table (enables the hardware rules: bf16 support). ``device`` is 'cpu' or 'cuda'
+    when the target is known ('cpu' enables the CPU rules: no 16-bit float, no bitsandbytes).
+    """
+    overrides = list(overrides or [])
+    result = Result(recipe=recipe, overrides=overrides)
+    file = display_path(recipe.path)
+    try:
+        args = parse(recipe, overrides)
+    except Exception as err:  # jsonargparse.ArgumentError and friends: litgpt would refuse the command line
+        result.problems.append(_parser_problem(recipe, err))
+        return result
+    result.resolved = args
+    result.problems.extend(semantic_problems(recipe.command, args, file, gpu=gpu, device=device))
+    return result
+
+
+def _optimizer_name(optimizer) -> str:
+    if isinstance(optimizer, dict):
+        return str(optimizer.get("class_path", ""))
+    return str(optimizer)
+
+
+def _dataset_size(data) -> int | None:
+    """Records in the JSON data file the recipe points at (None when it is not a JSON file)."""
+    if not isinstance(data, dict):
+        return None
+    path = data.get("init_args", {}).get("json_path")
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        return len(json.loads(text)) if str(path).endswith(".json") else sum(1 for line in text.splitlines() if line)
+    except (OSError, ValueError):
+        return None
+
+
+def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = None,
+                      device: str | None = None) -> list[Problem]:
+    """The rules on resolved arguments ``a`` that litgpt's parser does not enforce."""
+    out: list[Problem] = []
+
+    def bad(key, message, fix, severity="error"):
+        out.append(Problem(file, key, message, fix, severity))
+
+    train, eval_ = a.get("train") or {}, a.get("eval") or {}
+    precision, quantize = a.get("precision"), a.get("quantize")
+    devices_raw, nodes = a.get("devices", 1), int(a.get("num_nodes") or 1)
+    try:
+        devices = int(devices_raw)
+    except (TypeError, ValueError):
+        devices = None
+        if devices_raw not in ("auto", -1, "-1"):
+            bad("devices", f"{devices_raw!r} is not a device count", "give an integer such as 1 or 4")
+    world = (devices or 1) * nodes
+
+    # precision
+    if precision is not None and precision not in PRECISIONS:
+        bad("precision", f"{precision!r} is not a full Lightning precision name",
+            f"use one of {', '.join(PRECISIONS)}")
+    if device == "cpu" and precision in ("16-true", "16-mixed"):
+        bad("precision", f"{precision} on CPU: 16-true gives NaN losses and 16-mixed silently becomes bf16-mixed",
+            "use 32-true or bf16-true on CPU")
+    if gpu:
+        try:
+            g = hardware.lookup(gpu)
+        except ValueError as e:
+            bad("--gpu", str(e), "name a row of configs/hardware/gpus.yaml")
+        else:
+            if precision and precision.startswith("bf16") and not g.bf16:
+                bad("precision", f"{precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
+                    "use 16-mixed (or 16-true) on this GPU")
+
+    # batch sizes: litgpt computes accumulation = (global // world) // micro, flooring silently
+    gbs, mbs = train.get("global_batch_size"), train.get("micro_batch_size")
+    if isinstance(gbs, int) and isinstance(mbs, int):
+        if mbs < 1 or gbs < 1:
+            bad("train.micro_batch_size" if mbs < 1 else "train.global_batch_size", "must be >= 1",
+                "set a positive batch size")
+        else:
+            unit = world * mbs
+            if gbs % unit:
+                floor = (gbs // world) // mbs * unit
+                bad("train.global_batch_size",
+                    f"{gbs} is not divisible by devices x num_nodes x micro_batch_size = {devices or 1}x{nodes}x{mbs}"
+                    f" = {unit}; litgpt would floor it to {floor} samples per step" if floor else
+                    f"{gbs} is smaller than devices x num_nodes x micro_batch_size = {unit} (litgpt asserts)",
+                    f"set train.global_batch_size to a multiple of {unit} (e.g. {(gbs // unit + 1) * unit})")
+
+    # schedule
+    warmup = train.get("lr_warmup_steps")
+    if command.startswith("finetune") and (warmup is None or warmup < 1):
+        bad("train.lr_warmup_steps", f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
+            "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)")
+    epochs, max_steps = train.get("epochs"), train.get("max_steps")
+    if epochs is None or epochs < 1:
+        bad("train.epochs", f"is {epochs}; litgpt's fit loop compares the epoch with it and sizes the schedule",
+            "set train.epochs >= 1 (and train.max_steps to stop earlier)")
+    n_samples = _dataset_size(a.get("data"))
+    steps = None
+    if n_samples and isinstance(gbs, int) and gbs > 0:
+        val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
+        per_epoch = int(n_samples * (1 - val)) // gbs
+        steps = per_epoch * (epochs or 1)
+        if max_steps:
+            steps = min(steps, max_steps)
+        if isinstance(warmup, int) and warmup >= 1 and steps and warmup >= steps:
+            bad("train.lr_warmup_steps", f"{warmup} warm-up steps >= the run's {steps} optimizer steps: the "
+                "learning rate never reaches its peak", "lower train.lr_warmup_steps", "warning")
+    elif max_steps:
+        steps = max_steps
+
+    # model
+    ckpt = a.get("checkpoint_dir")
+    block_size = None
+    if ckpt is not None:
+        from litgpt import Config
+
+        ckpt = Path(ckpt)
+        try:
+            config = (Config.from_file(ckpt / "model_config.yaml") if (ckpt / "model_config.yaml").is_file()
+                      else Config.from_name(ckpt.name))
+            block_size = config.block_size
+        except (ValueError, TypeError):
+            bad("checkpoint_dir", f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
+                "use the directory `litgpt download <repo>` creates (checkpoints/<org>/<name>)")
+    seq = train.get("max_seq_length")
+    if block_size and seq and seq > block_size:
+        bad("train.max_seq_length", f"{seq} exceeds the model's block size {block_size}",
+            f"set train.max_seq_length <= {block_size}")
+
+    # quantization (QLoRA)
+    if quantize:
+        if command not in QUANTIZE_METHODS:
+            bad("quantize", "quantize is only for LoRA/adapter methods", "remove quantize or use a lora recipe")
+        if world > 1:
+            bad("quantize", f"{quantize} with devices x num_nodes = {world}: litgpt quantized training is "
+                "single-device", "set devices: 1 and num_nodes: 1, or drop quantize (LoRA shards over GPUs)")
+        if precision is not None and not str(precision).endswith("-true"):
+            bad("precision", f"{precision} with quantize {quantize}: litgpt refuses quantization with mixed "
+                "precision", "use bf16-true (or 16-true on GPUs without bf16)")
+        if "AdamW" not in _optimizer_name(a.get("optimizer")):
+            bad("optimizer", f"{_optimizer_name(a.get('optimizer'))} with quantize: litgpt only builds bitsandbytes' "
+                "PagedAdamW for quantized training", "use optimizer torch.optim.AdamW (its init_args are passed on)")
+        if device == "cpu":
+            bad("quantize", f"{quantize} on CPU: bitsandbytes' 4-bit/8-bit training layers need a CUDA GPU "
+                "(Lightning's BitsandbytesPrecision refuses CPU)", "run on a GPU, or drop quantize on CPU (LoRA)")
+
+    # LoRA
+    if command == "finetune_lora":
+        targets = [k for k in ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
+                   if a.get(k)]
+        if not targets:
+            bad("lora_query", "no lora_* target is true: nothing would be trained",
+                "set at least one of lora_query/key/value/projection/mlp/head to true")
+        if (a.get("lora_r") or 0) < 1:
+            bad("lora_r", f"is {a.get('lora_r')}", "set lora_r >= 1")
+        interval = eval_.get("interval")
+        if world > 1 and interval is not None and (steps is None or interval <= steps):
+            bad("eval.interval", f"{interval} falls inside the {steps if steps else 'unbounded'}-step run on {world} "
+                "devices: litgpt's LoRA eval generates a sample on rank 0 only and the other ranks hang",
+                f"set eval.interval above the run's optimizer steps (e.g. {(steps or 0) + 1 if steps else 10**6})")
+
+    # optimizer
+    name = _optimizer_name(a.get("optimizer"))
+    if name:
+        module, _, cls = name.rpartition(".")
+        try:
+            getattr(importlib.import_module(module or "torch.optim"), cls)
+        except (ImportError, AttributeError):
+            bad("optimizer", f"{name!r} cannot be imported", "use a torch.optim class such as AdamW or SGD, "
+                "or a full dotted path")
+
+    # data
+    data = a.get("data")
+    if isinstance(data, dict):
+        path = data.get("init_args", {}).get("json_path")
+        if path is not None and not Path(path).exists():
+            bad("data.json_path", f"{path} does not exist (relative paths are read from the current directory: "
+                f"{Path.cwd().name}/)", "run from the repository root, or give an existing file")
+        workers = data.get("init_args", {}).get("num_workers")
+        if isinstance(workers, int) and workers < 0:
+            bad("data.num_workers", f"is {workers}", "set data.num_workers >= 0")
+    return out
