@@ -16,6 +16,9 @@ EPILOG = """examples:
   tunelab show open-llama-7b/lora                # one recipe, with its download and launch commands
   tunelab validate recipes/*/*.yaml --gpu A100-80GB
   tunelab validate tiny-llama-1.1b/full --train.micro_batch_size 6   # litgpt-style overrides
+  tunelab run tiny-llama-1.1b/lora --train.max_steps 4   # one run -> record.json (tiny model on CPU)
+  tunelab sweep configs/sweeps/lab-part1.yaml    # the lab's Part 1, resumable, report at the end
+  tunelab report runs/lab-part1                  # report again from the records
   tunelab build-model tiny                       # the embedded tiny checkpoint (offline, seconds)
   tunelab build-model open_llama_7b --device cuda   # a real architecture with random weights (GPU benchmarks)
 """
@@ -88,6 +91,79 @@ def cmd_validate(args, extra) -> int:
     return 1 if failed else 0
 
 
+def _model_choice(args) -> str:
+    if args.weights == "random":
+        if args.model not in ("auto", "random"):
+            raise ValueError("--weights random and --model tiny/checkpoint contradict each other")
+        return "random"
+    return args.model
+
+
+def _memory_limit(args) -> int | None:
+    return int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
+
+
+def cmd_run(args, extra) -> int:
+    from tunelab.recipes import RecipeError, resolve
+    from tunelab.runner import RunError, run
+    from tunelab.sweep import ProgressLine, Row
+
+    try:
+        recipe = resolve(args.recipe)
+        model = _model_choice(args)
+    except (RecipeError, ValueError) as e:
+        return fail(str(e))
+    progress = ProgressLine(1)
+    progress.row_started(0, 0, Row(id=args.id, recipe=recipe, settings={}))
+    if args.out is None:
+        from datetime import datetime
+
+        from tunelab.paths import ROOT
+
+        args.out = ROOT / "runs" / "single" / f"{recipe.key.replace('/', '-')}-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        rec = run(recipe, extra, args.out, row_id=args.id, model=model, timeout_s=args.timeout,
+                  memory_limit_bytes=_memory_limit(args), on_progress=progress.show)
+    except RunError as e:
+        return fail(str(e))
+    progress.row_finished(rec)
+    print(json.dumps({k: getattr(rec, k) for k in ("status", "error", "peak_allocated_bytes", "peak_rss_bytes",
+                                                   "step_time_s", "tok_s_padded", "tok_s_real", "mfu",
+                                                   "val_loss_final")}, indent=2))
+    print(f"record: {Path(args.out) / 'record.json'}")
+    return 0 if rec.status == "ok" else 1
+
+
+def cmd_sweep(args, extra) -> int:
+    from tunelab.report import write_report
+    from tunelab.sweep import SweepError, load, run_sweep
+
+    try:
+        model = _model_choice(args)
+        sweep = load(args.sweep)
+        sweep_dir = run_sweep(sweep, args.out, rerun=args.rerun, model=model,
+                              only=args.only.split(",") if args.only else None, timeout_s=args.timeout,
+                              memory_limit_bytes=_memory_limit(args))
+    except (SweepError, ValueError) as e:
+        return fail(str(e).replace("\n", "\n  "))
+    print(f"records: {sweep_dir}")
+    if not args.no_report:
+        out = write_report(sweep_dir, args.report_dir)
+        print(f"report:  {out}/results.md")
+    return 0
+
+
+def cmd_report(args, extra) -> int:
+    from tunelab.report import write_report
+
+    try:
+        out = write_report(Path(args.sweep_dir), args.out)
+    except FileNotFoundError as e:
+        return fail(str(e))
+    print(f"{out}/results.md")
+    return 0
+
+
 def cmd_build_model(args, extra) -> int:
     import torch
 
@@ -140,6 +216,50 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (e.g. V100-32GB) to check hardware rules")
     s.add_argument("--device", choices=["cpu", "cuda"], help="the target device kind, for the CPU-only rules")
     s.set_defaults(func=cmd_validate, passthrough=True)
+
+    def run_options(s):
+        s.add_argument("--model", choices=["auto", "checkpoint", "tiny", "random"], default="auto",
+                       help="auto (default): the recipe's checkpoint if downloaded, else the tiny model when no GPU "
+                            "is present; tiny: the embedded tiny model; random: the recipe's real architecture with "
+                            "random weights; checkpoint: the recipe's checkpoint or fail")
+        s.add_argument("--weights", choices=["random"], help="same as --model random (benchmark without downloads)")
+        s.add_argument("--timeout", type=float, help="kill a run after this many seconds (status killed)")
+        s.add_argument("--memory-limit-gb", type=float,
+                       help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory")
+
+    s = sub.add_parser(
+        "run", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run one recipe through litgpt as a child process and write its run record",
+        description="Validate, then run `litgpt finetune_*` for RECIPE in a child process (litgpt's own CLI behind "
+                    "tunelab.entry, which records each rank's allocator peaks at exit), collect memory, speed, FLOPs, "
+                    "MFU, GPU power and loss into record.json under --out.",
+        epilog="Any other --dotted.key VALUE is a litgpt-style override, e.g. --train.max_steps 10.")
+    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/lora, or a YAML path")
+    s.add_argument("--out", type=Path, help="run directory (default: runs/single/<recipe>-<time>)")
+    s.add_argument("--id", default="run", help="row id stored in the record")
+    run_options(s)
+    s.set_defaults(func=cmd_run, passthrough=True)
+
+    s = sub.add_parser(
+        "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run every row of a sweep YAML (resumable), then write the report",
+        description="Run each row of SWEEP (configs/sweeps/*.yaml) as its own child process, one record per row "
+                    "(OOM, crashed, killed and timed-out runs included), with a progress line. Rows already "
+                    "recorded in the sweep directory are skipped (resume) unless --rerun. Writes "
+                    "reports/<date>-<sweep>[-<device>]/ at the end.")
+    s.add_argument("sweep", help="a sweep YAML path, or a name under configs/sweeps/ (lab-part1)")
+    s.add_argument("--out", type=Path, help="sweep directory for the records (default: runs/<sweep name>)")
+    s.add_argument("--rerun", action="store_true", help="run rows again even if they have a record")
+    s.add_argument("--only", help="comma-separated row ids to run (others untouched)")
+    s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    run_options(s)
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("report", help="write results.csv, results.md and plots from a sweep directory's records")
+    s.add_argument("sweep_dir", help="the directory a sweep wrote (runs/<sweep name>)")
+    s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser(
         "build-model", help="write a litgpt checkpoint directory offline: 'tiny' or a real architecture, random weights",

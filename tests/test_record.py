@@ -1,0 +1,67 @@
+"""The run-record schema: round trip, refusal of unknown fields, atomic writes, a docstring on every field."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+
+import pytest
+
+from tunelab import record
+from tunelab.record import GPUSample, RankStats, RunRecord
+
+
+def full_record() -> RunRecord:
+    return RunRecord(
+        sweep="s", row_id="r1", recipe="tiny-llama-1.1b/lora", command="finetune_lora",
+        overrides=["--train.max_steps", "2"], resolved_args={"train": {"micro_batch_size": 4}}, status="oom",
+        error="torch.OutOfMemoryError: CUDA out of memory", ranks=[
+            RankStats(rank=0, device="cuda:0", peak_allocated_bytes=10, peak_reserved_bytes=20, num_alloc_retries=1),
+            RankStats(rank=1, device="cuda:1", peak_allocated_bytes=11, exception="MemoryError: x")],
+        gpus=[GPUSample(index=0, name="NVIDIA H100", util_mean=90.0, util_std=3.0, energy_j=12.5, samples=8)],
+        tok_s_padded=123.4, mfu=0.41, versions={"torch": "2.13.0"})
+
+
+def test_round_trip_through_json(tmp_path):
+    rec = full_record()
+    path = record.save(rec, tmp_path / "record.json")
+    again = record.load(path)
+    assert again == rec
+    assert isinstance(again.ranks[1], RankStats) and again.ranks[1].exception == "MemoryError: x"
+    assert isinstance(again.gpus[0], GPUSample) and again.gpus[0].energy_j == 12.5
+    assert list(tmp_path.iterdir()) == [path]  # no temp file left behind
+
+
+def test_unknown_field_and_bad_status_refused():
+    d = full_record().to_dict()
+    with pytest.raises(ValueError, match="unknown fields"):
+        RunRecord.from_dict({**d, "tokens_per_second": 1})
+    with pytest.raises(ValueError, match="status"):
+        RunRecord.from_dict({**d, "status": "maybe"})
+
+
+def test_atomic_write_keeps_old_file_when_serialisation_fails(tmp_path):
+    path = tmp_path / "x.json"
+    record.write_json_atomic(path, {"a": 1})
+
+    class Boom:
+        def __str__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        record.write_json_atomic(path, {"a": Boom()})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
+@pytest.mark.parametrize("cls", [RunRecord, RankStats, GPUSample])
+def test_every_field_has_a_docstring(cls):
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    documented = set()
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            documented.add(node.target.id)
+    missing = {f.name for f in dataclasses.fields(cls)} - documented
+    assert not missing, f"{cls.__name__} fields without a docstring: {sorted(missing)}"

@@ -1,0 +1,106 @@
+"""Report columns and units from a real (small) sweep with an OOM row; FLOPs and MFU against hand arithmetic."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from tunelab import hardware
+from tunelab.flops import flops_per_token, lora_param_count, mfu
+from tunelab.report import COLUMNS, write_report
+from tunelab.sweep import load, run_sweep
+
+
+def test_flops_per_token_by_hand():
+    from litgpt import Config
+
+    c = Config.from_name("tiny-llama-1.1b")
+    # TinyLlama: 1,100,048,384 parameters, of which the embedding is 32,000 x 2,048 = 65,536,000
+    n = 1_100_048_384 - 65_536_000
+    attention = 12 * 22 * 32 * 64 * 512  # 12 x layers x heads x head size x T
+    full = flops_per_token(c, 512, "full")
+    assert full.matmul_params == n and full.attention == attention == 276_824_064
+    assert full.total == 6 * n + attention == 6_483_898_368
+    lora = flops_per_token(c, 512, "lora", lora_params=1_000)
+    assert lora.total == 4 * n + 6 * 1_000 + attention
+
+
+def test_lora_param_count_matches_litgpt():
+    """Our count of LoRA parameters equals the trainable parameters litgpt's LoRA model has."""
+    import torch
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+
+    targets = dict(query=True, key=True, value=True, projection=True, mlp=True, head=True)
+    config = Config.from_name("tiny-llama-1.1b", lora_r=32, **{f"lora_{k}": v for k, v in targets.items()})
+    with torch.device("meta"):
+        model = GPT(config)
+    mark_only_lora_as_trainable(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora_param_count(config, 32, targets) == trainable
+
+
+def test_mfu_by_hand():
+    h100 = hardware.lookup("H100-SXM")
+    peak = h100.peak_flops("bf16-true")
+    assert peak == 989.4e12 and h100.peak_flops("bf16-mixed") == 989.4e12 and h100.peak_flops("32-true") == pytest.approx(66.9e12)
+    # 6,483,898,368 FLOPs/token x 10,000 tokens/s / 989.4e12 FLOP/s = 0.065533...
+    assert mfu(6_483_898_368, 10_000, peak) == pytest.approx(0.0655336, rel=1e-5)
+    assert mfu(6_483_898_368, 10_000, hardware.lookup("V100-32GB").peak_flops("bf16-true")) is None  # no bf16
+    assert hardware.identify("Intel Xeon") is None and mfu(1.0, 1.0, None) is None  # unknown device: no guess
+    assert hardware.identify("NVIDIA H100 80GB HBM3").name == "H100-SXM"
+    assert hardware.identify("NVIDIA A100-SXM4-40GB").name == "A100-40GB"
+    assert hardware.identify("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert hardware.identify("Tesla V100-SXM2-16GB").name == "V100-16GB"
+
+
+def test_gpu_table_covers_the_named_gpus():
+    names = set(hardware.table())
+    assert {"V100-16GB", "V100-32GB", "T4", "A10G", "L4", "RTX-4090", "A100-40GB", "A100-80GB", "H100-PCIe",
+            "H100-SXM", "H200"} <= names
+
+
+SWEEP = """name: mini
+lab_hardware: 1x A100 80GB
+rows:
+  - id: small
+    recipe: tiny-llama-1.1b/full
+    set: {train.max_steps: 2, data.num_workers: 0, train.micro_batch_size: 4, eval.max_iters: 2}
+    lab: {status: ok, memory_gb: 30.41, time_s: 137.04, tok_s: 7646.24}
+  - id: huge
+    recipe: tiny-llama-1.1b/full
+    set: {train.max_steps: 1, data.num_workers: 0, train.micro_batch_size: 32, train.global_batch_size: 32,
+          checkpoint_dir: CKPT}
+    lab: {status: oom}
+"""
+
+
+def test_report_columns_units_and_failed_rows(tmp_path):
+    from tunelab import checkpoints
+
+    big = checkpoints.build("pythia-70m", tmp_path / "pythia")
+    (tmp_path / "mini.yaml").write_text(SWEEP.replace("CKPT", str(big)))
+    sweep = load(tmp_path / "mini.yaml")
+    # the whole sweep under a 4 GB address-space limit: the 70M model at micro 32 runs out of memory
+    sweep_dir = run_sweep(sweep, tmp_path / "runs", model="auto", memory_limit_bytes=int(4e9))
+    out = write_report(sweep_dir, tmp_path / "report")
+
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0].keys()) == COLUMNS
+    by_id = {r["row_id"]: r for r in rows}
+    assert by_id["small"]["status"] == "ok" and float(by_id["small"]["tok_s_padded"]) > 0
+    assert by_id["huge"]["status"] == "oom" and "allocate" in by_id["huge"]["error"]  # the OOM row is kept
+    assert by_id["small"]["lab_memory_gb"] == "30.41" and by_id["small"]["lab_hardware"] == "1x A100 80GB"
+    assert by_id["small"]["mfu"] == "" and by_id["small"]["energy_j"] == ""  # CPU: absent, not zero
+
+    md = (out / "results.md").read_text()
+    assert "Example report: embedded tiny model" in md
+    for words in ("GB = 1e9 bytes", "max_memory_allocated", "max_memory_reserved", "num_alloc_retries",
+                  "padding included", "warm-up steps", "summed over ranks", "device: ", "litgpt 0.5.13",
+                  "lab figures: 1x A100 80GB"):
+        assert words in md, words
+    assert "| huge | tiny-llama-1.1b/full | 32-true | 32/32 | oom |" in md
+    assert "**huge** (tiny-llama-1.1b/full): oom" in md
+    for png in ("memory.png", "throughput.png"):
+        assert (out / png).stat().st_size > 5_000

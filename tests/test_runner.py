@@ -1,0 +1,137 @@
+"""The runner and collector, for real: litgpt child processes on the tiny model, a real OOM under a memory limit,
+a SIGKILLed run, a timed-out run, and a SIGKILLed sweep that resumes without losing or rerunning a row."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import cpu_env
+from tunelab import record
+from tunelab.recipes import resolve
+from tunelab.runner import run
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--train.max_steps", "3", "--data.num_workers", "0", "--eval.max_iters", "2"]
+
+
+def test_ok_run_record(tiny_ckpt, tmp_path):
+    rec = run(resolve("tiny-llama-1.1b/full"), [*FAST, "--train.max_steps", "5", "--train.micro_batch_size", "4"],
+              tmp_path / "r",
+              model="tiny", row_id="ok1")
+    assert rec.status == "ok" and rec.exit_code == 0 and rec.error is None
+    again = record.load(tmp_path / "r" / "record.json")
+    assert again == rec
+    assert rec.model_source == "tiny" and rec.model_name == "tunelab-tiny-llama" and rec.device_type == "cpu"
+    assert rec.accumulation == 4 and rec.iters == 20 and rec.optimizer_steps == 5
+    assert len(rec.ranks) == 1 and rec.ranks[0].peak_rss_bytes > 50e6 and rec.peak_allocated_bytes is None
+    assert rec.tokens_padded >= rec.tokens_real > 0
+    assert rec.tok_s_padded >= rec.tok_s_real > 0 and rec.step_time_s > 0 and rec.warmup_steps_excluded == 1
+    assert rec.litgpt_tok_s > 0 and rec.litgpt_training_time_s > 0  # litgpt's own figures kept beside ours
+    assert rec.flops_per_token > 0 and "6N" in rec.flops_formula
+    assert rec.mfu is None and rec.gpus == [] and rec.energy_j is None  # CPU: no peak table, no NVML, not faked
+    assert rec.loss_first and rec.loss_last and rec.val_loss_final
+    assert rec.resolved_args["train"]["micro_batch_size"] == 4 and rec.versions["litgpt"] == "0.5.13"
+    assert (tmp_path / "r" / "stdout.log").read_text().count("iter ") >= 20
+
+
+def test_real_oom_under_memory_limit(tmp_path):
+    """A 70M-parameter model (random weights) with a 32-sample micro batch cannot allocate within the limit."""
+    from tunelab import checkpoints
+
+    ckpt = checkpoints.build("pythia-70m", tmp_path / "pythia")
+    rec = run(resolve("tiny-llama-1.1b/full"), [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size",
+                                                  "32", "--train.global_batch_size", "32"],
+              tmp_path / "oom", model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9))
+    assert rec.status == "oom", (rec.status, rec.error)
+    assert rec.error and any(w in rec.error for w in ("memory", "Memory", "alloc"))
+    assert record.load(tmp_path / "oom" / "record.json").status == "oom"
+    # the same run without the limit is fine: the limit is the only reason
+    ok = run(resolve("tiny-llama-1.1b/full"), [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size", "1",
+                                               "--train.global_batch_size", "1", "--train.max_steps", "1",
+                                               "--eval.final_validation", "false"],
+             tmp_path / "fits", model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9))
+    assert ok.status == "ok", ok.error
+
+
+OOM_LIMIT_GB = 4.0
+
+
+def test_timeout_kills_a_run(tiny_ckpt, tmp_path):
+    rec = run(resolve("tiny-llama-1.1b/lora"), ["--data.num_workers", "0"], tmp_path / "t", model="tiny",
+              timeout_s=4)
+    assert rec.status == "killed" and "timeout" in rec.error
+    assert rec.wall_s < 30
+
+
+def _child_of(pid: int, timeout: float = 60) -> psutil.Process:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for c in psutil.Process(pid).children(recursive=True):
+            try:
+                if "tunelab.entry" in " ".join(c.cmdline()):
+                    return c
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("no training child appeared")
+
+
+def test_sigkill_of_a_run_becomes_a_killed_row(tiny_ckpt, tmp_path):
+    out = tmp_path / "k"
+    proc = subprocess.Popen([sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--model", "tiny",
+                             "--out", str(out), "--data.num_workers", "0"], cwd=ROOT, env=cpu_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = _child_of(proc.pid)
+    time.sleep(2)
+    child.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    rec = record.load(out / "record.json")
+    assert rec.status == "killed" and rec.error == "killed by signal SIGKILL" and rec.exit_code == -9
+
+
+SWEEP = """name: killme
+rows:
+  - {id: a, recipe: tiny-llama-1.1b/full, set: {train.max_steps: 2, data.num_workers: 0, train.micro_batch_size: 4}}
+  - {id: b, recipe: tiny-llama-1.1b/lora, set: {data.num_workers: 0}}
+  - {id: c, recipe: tiny-llama-1.1b/full, set: {train.max_steps: 2, data.num_workers: 0, train.micro_batch_size: 4}}
+"""
+
+
+def test_sigkill_sweep_then_resume(tiny_ckpt, tmp_path):
+    sweep_file = tmp_path / "killme.yaml"
+    sweep_file.write_text(SWEEP)
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "tunelab", "sweep", str(sweep_file), "--model", "tiny", "--out", str(out),
+           "--report-dir", str(tmp_path / "report")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not (out / "a" / "record.json").is_file():
+        assert time.time() - t0 < 120 and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    child = _child_of(proc.pid)  # row b is training
+    assert "finetune_lora" in " ".join(child.cmdline())
+    proc.send_signal(signal.SIGKILL)  # the whole sweep dies, mid-row
+    proc.wait(timeout=30)
+    child.wait(timeout=30)  # the training child dies with its parent (no orphan keeps training)
+    assert not (out / "b" / "record.json").exists()
+    a_before = (out / "a" / "record.json").stat().st_mtime_ns
+    a_started = record.load(out / "a" / "record.json").started_at
+
+    resumed = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "1 of 3 rows already recorded" in resumed.stderr
+    assert (out / "a" / "record.json").stat().st_mtime_ns == a_before  # not rerun
+    assert record.load(out / "a" / "record.json").started_at == a_started
+    assert {record.load(out / r / "record.json").status for r in "abc"} == {"ok"}
+    csv_rows = (tmp_path / "report" / "results.csv").read_text().strip().splitlines()
+    assert len(csv_rows) == 4 and [r.split(",")[1] for r in csv_rows[1:]] == ["a", "b", "c"]

@@ -1,0 +1,59 @@
+"""Sweep files: lab-part1 is the spec's s1-s14; unknown keys and impossible rows are refused before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunelab.sweep import SweepError, load, to_overrides
+
+
+def test_lab_part1_is_the_spec():
+    sweep = load("configs/sweeps/lab-part1.yaml")
+    assert [r.id for r in sweep.rows] == [f"s{i}" for i in range(1, 15)]
+    rows = {r.id: r for r in sweep.rows}
+    assert rows["s1"].settings["train.micro_batch_size"] == 32 and rows["s1"].lab["status"] == "oom"
+    assert rows["s3"].settings["train.global_batch_size"] == 32 and rows["s3"].settings["train.micro_batch_size"] == 8
+    assert rows["s5"].settings["precision"] == "bf16-mixed" and rows["s5"].lab["tok_s"] == 11016.98
+    assert rows["s8"].settings["devices"] == 1 and rows["s8"].lab["status"] == "oom"
+    assert rows["s9"].settings["optimizer"] == "SGD" and rows["s9"].settings["train.max_steps"] == 25
+    assert rows["s13"].recipe.key == "open-llama-7b/qlora" and rows["s13"].lab["memory_gb"] == 21.25
+    assert rows["s14"].recipe.key == "open-llama-13b/lora" and rows["s14"].lab["time_s"] == 222.68
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "sweep.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_unknown_keys_refused(tmp_path):
+    with pytest.raises(SweepError, match=r"unknown key\(s\) \['colour'\]"):
+        load(_write(tmp_path, "name: x\ncolour: red\nrows: [{id: a, recipe: tiny-llama-1.1b/lora}]\n"))
+    with pytest.raises(SweepError, match=r"rows\[0\] \(a\): unknown key\(s\) \['precision'\]"):
+        load(_write(tmp_path, "name: x\nrows: [{id: a, recipe: tiny-llama-1.1b/lora, precision: 32-true}]\n"))
+    with pytest.raises(SweepError, match="row a: train.bogus: litgpt finetune_lora has no such argument"):
+        load(_write(tmp_path, "name: x\nrows: [{id: a, recipe: tiny-llama-1.1b/lora, set: {train.bogus: 1}}]\n"))
+
+
+def test_impossible_row_refused_before_anything_runs(tmp_path):
+    text = ("name: x\nrows:\n  - {id: ok, recipe: tiny-llama-1.1b/lora}\n"
+            "  - {id: bad, recipe: tiny-llama-1.1b/full, set: {train.global_batch_size: 30, train.micro_batch_size: 8}}\n")
+    with pytest.raises(SweepError, match="row bad: train.global_batch_size: 30 is not divisible"):
+        load(_write(tmp_path, text))
+    with pytest.raises(SweepError, match="duplicate row id"):
+        load(_write(tmp_path, "name: x\nrows: [{id: a, recipe: tiny-llama-1.1b/lora}, {id: a, recipe: tiny-llama-1.1b/full}]\n"))
+
+
+def test_grid_expands_axes_with_explicit_settings(tmp_path):
+    sweep = load(_write(tmp_path, "name: g\ndefaults: {train.max_steps: 3}\ngrid:\n  - recipe: tiny-llama-1.1b/full\n"
+                                  "    axes: {train.micro_batch_size: [1, 2], precision: [32-true, bf16-true]}\n"))
+    assert [r.id for r in sweep.rows] == ["tiny-llama-1.1b-full-micro_batch_size1-precision32-true",
+                                          "tiny-llama-1.1b-full-micro_batch_size1-precisionbf16-true",
+                                          "tiny-llama-1.1b-full-micro_batch_size2-precision32-true",
+                                          "tiny-llama-1.1b-full-micro_batch_size2-precisionbf16-true"]
+    assert sweep.rows[3].settings == {"train.max_steps": 3, "train.micro_batch_size": 2, "precision": "bf16-true"}
+
+
+def test_overrides_are_litgpt_style():
+    assert to_overrides({"train.max_steps": None, "lora_mlp": False, "optimizer": "SGD"}) == [
+        "--train.max_steps", "null", "--lora_mlp", "false", "--optimizer", "SGD"]

@@ -1,0 +1,110 @@
+"""``python -m tunelab.entry <litgpt args>``: litgpt's own CLI, run in-process, that leaves per-rank figures at exit.
+
+The training loop stays litgpt's: this module only observes. It wraps ``litgpt.utils.CycleIterator.__next__``
+(the training batch iterator of every finetune script) to note, per micro-batch iteration, the time it started and
+its padded and real token counts; at exit (normal, exception or sys.exit) it writes ``rank<N>.json`` into
+``$TUNELAB_STATS_DIR`` with this rank's allocator peaks (``torch.cuda.max_memory_allocated/reserved``,
+``num_alloc_retries``), its peak RSS and the exception that ended it. Lightning's multi-device launcher re-runs
+``python -m tunelab.entry ...`` for every rank, so every rank reports for itself (litgpt prints rank 0 only).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+_ITERS: list[tuple[float, int, int]] = []
+_STATE: dict = {"exception": None, "t0": time.time()}
+
+
+def _global_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+    for key in ("RANK", "GLOBAL_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    node = int(os.environ.get("NODE_RANK", 0))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return node * per_node + local
+
+
+def _install_iterator_probe() -> None:
+    from litgpt import utils
+
+    original = utils.CycleIterator.__next__
+
+    def __next__(self):
+        t = time.perf_counter()
+        batch = original(self)
+        try:
+            padded = int(batch["input_ids"].numel())
+            real = int(batch["token_counts"]["raw_plus_prompt_template"].sum())
+        except (KeyError, TypeError, AttributeError):
+            padded, real = -1, -1
+        _ITERS.append((t, padded, real))
+        return batch
+
+    utils.CycleIterator.__next__ = __next__
+
+
+def _excepthook(exc_type, exc, tb):
+    _STATE["exception"] = f"{exc_type.__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+def _write_stats() -> None:
+    out_dir = os.environ.get("TUNELAB_STATS_DIR")
+    if not out_dir:
+        return
+    stats = {"rank": _global_rank(), "device": "cpu", "exception": _STATE["exception"],
+             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            dev = torch.cuda.current_device()
+            ms = torch.cuda.memory_stats(dev)
+            stats.update(device=f"cuda:{dev}", peak_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)),
+                         peak_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)),
+                         num_alloc_retries=int(ms.get("num_alloc_retries", 0)), num_ooms=int(ms.get("num_ooms", 0)))
+    except Exception as e:  # noqa: BLE001 - a broken CUDA context must not lose the rest
+        stats["cuda_error"] = repr(e)
+    stats["iters"] = _ITERS
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"rank{stats['rank']}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(stats, f)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+    sys.excepthook = _excepthook
+    atexit.register(_write_stats)
+    _install_iterator_probe()
+    from litgpt.__main__ import main as litgpt_main
+
+    try:
+        litgpt_main()  # parses sys.argv[1:], exactly as the `litgpt` command does
+    except SystemExit:
+        raise
+    except BaseException as e:  # record, then let Python print and exit as usual
+        _STATE["exception"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        traceback.print_exc()
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

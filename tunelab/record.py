@@ -1,0 +1,262 @@
+"""The run record: one schema that every run writes (single device, multi-device, planner probes) and every
+report reads. Units are in the field names: ``_bytes`` (bytes), ``_s`` (seconds), ``_w`` (watts), ``_j`` (joules).
+GB in reports means 1e9 bytes; GiB 2^30.
+
+Records are JSON files written atomically (temp file + rename) next to the run's raw logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "error", "killed")
+
+
+@dataclass
+class RankStats:
+    """What one process (rank) measured about itself, from inside, at exit."""
+
+    rank: int
+    """Global rank (0 for single-device runs)."""
+    device: str = "cpu"
+    """torch device of the rank: 'cuda:0', 'cpu'."""
+    peak_allocated_bytes: int | None = None
+    """torch.cuda.max_memory_allocated(): the peak of memory held by tensors (what litgpt prints as 'Memory Used')."""
+    peak_reserved_bytes: int | None = None
+    """torch.cuda.max_memory_reserved(): the peak the caching allocator took from the driver (>= allocated)."""
+    num_alloc_retries: int | None = None
+    """memory_stats()['num_alloc_retries']: cudaMalloc failures that forced a cache flush and retry (slow steps)."""
+    num_ooms: int | None = None
+    """memory_stats()['num_ooms']: out-of-memory errors the allocator raised."""
+    peak_rss_bytes: int | None = None
+    """Peak resident host memory of the process (getrusage ru_maxrss): the CPU 'memory', and host RAM for offload."""
+    exception: str | None = None
+    """The exception that ended the process, as 'Type: message' (None when it exited normally)."""
+
+
+@dataclass
+class GPUSample:
+    """NVML figures for one GPU over the run (sampled by the parent at ``sample_hz``)."""
+
+    index: int
+    """NVML device index."""
+    name: str
+    """NVML device name."""
+    peak_used_bytes: int | None = None
+    """Peak used memory NVML saw on the device (all processes, CUDA context included)."""
+    util_mean: float | None = None
+    """Mean GPU utilisation, percent of sample time a kernel was running."""
+    util_std: float | None = None
+    """Standard deviation of the utilisation samples."""
+    power_mean_w: float | None = None
+    """Mean board power draw, W."""
+    energy_j: float | None = None
+    """Energy over the run, J (NVML's total-energy counter difference, else mean power x time)."""
+    samples: int = 0
+    """How many samples were taken."""
+
+
+@dataclass
+class RunRecord:
+    """One run: identity, environment, status, memory per rank, speed, compute, GPU power, loss."""
+
+    # identity
+    schema_version: int = SCHEMA_VERSION
+    """Version of this schema."""
+    sweep: str | None = None
+    """Sweep name (None for a single `tunelab run`)."""
+    row_id: str = "run"
+    """Row id within the sweep."""
+    recipe: str = ""
+    """Recipe key (model/method) or path."""
+    command: str = ""
+    """litgpt subcommand, e.g. finetune_lora."""
+    overrides: list = field(default_factory=list)
+    """The litgpt-style overrides of this row, as given (the sweep row's settings, plus the model choice)."""
+    litgpt_argv: list = field(default_factory=list)
+    """The exact command line run after the entry point."""
+    resolved_args: dict = field(default_factory=dict)
+    """Every litgpt argument after defaults and overrides (litgpt's own parser)."""
+    model_source: str = ""
+    """'checkpoint' (the recipe's real weights), 'tiny' (embedded tiny model) or 'random' (real shapes, random)."""
+    model_name: str = ""
+    """litgpt config name of the model that ran."""
+    git_sha: str | None = None
+    """Commit of the tunelab checkout (suffix '+dirty' with uncommitted changes)."""
+    started_at: str = ""
+    """Start, ISO 8601 UTC."""
+    ended_at: str = ""
+    """End, ISO 8601 UTC."""
+    wall_s: float | None = None
+    """Wall time of the child process, start to exit (model load, training, validation, saving)."""
+
+    # environment
+    device_type: str = "cpu"
+    """'cuda' or 'cpu'."""
+    device_name: str = ""
+    """GPU name as CUDA reports it, or the CPU model."""
+    device_count: int = 1
+    """Processes (ranks) the run used: devices x num_nodes."""
+    driver: str | None = None
+    """NVIDIA driver version (None on CPU)."""
+    cuda: str | None = None
+    """CUDA version torch was built with (None for CPU builds)."""
+    versions: dict = field(default_factory=dict)
+    """Package versions: python, torch, litgpt, lightning, bitsandbytes, deepspeed, tunelab."""
+
+    # status
+    status: str = "error"
+    """'ok', 'oom', 'error' or 'killed' (signal or timeout)."""
+    exit_code: int | None = None
+    """Child exit code (negative: killed by that signal)."""
+    error: str | None = None
+    """Last line of the error (exception or kill reason); None when ok."""
+
+    # settings echoed for tables (taken from resolved_args, never parsed from names)
+    method: str = ""
+    """full, lora or qlora."""
+    precision: str | None = None
+    """Lightning precision string."""
+    quantize: str | None = None
+    """bitsandbytes quantization (QLoRA) or None."""
+    micro_batch_size: int | None = None
+    """Samples per forward/backward per rank."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step, all ranks."""
+    accumulation: int | None = None
+    """Micro batches per optimizer step per rank."""
+    max_seq_length: int | None = None
+    """Truncation length."""
+    optimizer: str | None = None
+    """Optimizer class."""
+    n_params: int | None = None
+    """Parameters of the model (all)."""
+    n_trainable: int | None = None
+    """Trainable parameters (LoRA adapters, or all for full)."""
+
+    # memory
+    ranks: list = field(default_factory=list)
+    """RankStats of every rank that reported (a killed rank reports nothing)."""
+    peak_allocated_bytes: int | None = None
+    """Max over ranks of peak allocated (CUDA)."""
+    peak_reserved_bytes: int | None = None
+    """Max over ranks of peak reserved (CUDA)."""
+    num_alloc_retries: int | None = None
+    """Sum over ranks of allocator retries."""
+    peak_rss_bytes: int | None = None
+    """Max over ranks of peak host RSS."""
+
+    # speed
+    iters: int | None = None
+    """Micro-batch iterations run (per rank)."""
+    optimizer_steps: int | None = None
+    """Optimizer steps run."""
+    warmup_steps_excluded: int | None = None
+    """Optimizer steps left out of the steady-state figures (warm-up: compilation, allocator growth)."""
+    step_time_s: float | None = None
+    """Median time of an optimizer step over the steady state (sum of its micro-batch iteration times)."""
+    iter_time_s: float | None = None
+    """Median micro-batch iteration time over the steady state."""
+    tokens_padded: int | None = None
+    """Tokens fed to the model, padding included, all ranks, whole run."""
+    tokens_real: int | None = None
+    """Non-padding tokens (prompt template + text), all ranks, whole run."""
+    tok_s_padded: float | None = None
+    """Steady-state tokens/s with padding, summed over ranks."""
+    tok_s_real: float | None = None
+    """Steady-state tokens/s without padding, summed over ranks."""
+    tok_s_padded_per_device: float | None = None
+    """tok_s_padded / device_count."""
+    samples_s: float | None = None
+    """Steady-state samples/s, summed over ranks."""
+    litgpt_training_time_s: float | None = None
+    """litgpt's printed 'Training Time' (whole fit loop, warm-up and in-loop validation included)."""
+    litgpt_tok_s: float | None = None
+    """litgpt's printed 'Tok/sec' (padded tokens over its Training Time)."""
+    litgpt_memory_gb: float | None = None
+    """litgpt's printed 'Memory Used' (rank 0 peak allocated, GB = 1e9 bytes); CUDA only."""
+
+    # compute
+    flops_per_token: float | None = None
+    """Training FLOPs per token (forward + backward) by the formula in flops_formula."""
+    flops_formula: str | None = None
+    """How flops_per_token was computed (N, attention term, sequence length used)."""
+    achieved_tflops_per_device: float | None = None
+    """flops_per_token x real tok/s per device / 1e12."""
+    peak_tflops_per_device: float | None = None
+    """The device's dense peak for the run's precision (configs/hardware/gpus.yaml); None if unknown."""
+    mfu: float | None = None
+    """achieved / peak, on real (non-padding) tokens; None on CPU or an unknown device."""
+    mfu_padded: float | None = None
+    """The same on padded tokens: the work the device did, padding included (hardware utilisation)."""
+
+    # GPU utilisation and power (NVML; absent on CPU)
+    gpus: list = field(default_factory=list)
+    """GPUSample per GPU."""
+    sample_hz: float | None = None
+    """NVML sampling rate."""
+    gpu_util_mean: float | None = None
+    """Mean utilisation over GPUs."""
+    gpu_util_std: float | None = None
+    """Mean over GPUs of the utilisation standard deviation."""
+    power_mean_w: float | None = None
+    """Summed mean power of the GPUs, W."""
+    energy_j: float | None = None
+    """Summed GPU energy over the run, J."""
+    energy_j_per_1k_tokens: float | None = None
+    """energy_j per 1,000 real tokens."""
+
+    # loss
+    loss_first: float | None = None
+    """First logged training loss."""
+    loss_last: float | None = None
+    """Last logged training loss."""
+    val_loss_final: float | None = None
+    """Final validation loss (litgpt's final evaluation)."""
+
+    # files
+    log_dir: str = ""
+    """Directory with stdout.log, stderr.log, litgpt's out_dir and the per-rank stats (relative to the record)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunRecord":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"run record has unknown fields {sorted(unknown)} (schema {SCHEMA_VERSION})")
+        d = dict(d)
+        d["ranks"] = [r if isinstance(r, RankStats) else RankStats(**r) for r in d.get("ranks", [])]
+        d["gpus"] = [g if isinstance(g, GPUSample) else GPUSample(**g) for g in d.get("gpus", [])]
+        rec = cls(**d)
+        if rec.status not in STATUSES:
+            raise ValueError(f"run record status {rec.status!r} is not one of {STATUSES}")
+        return rec
+
+
+def write_json_atomic(path: Path, data) -> Path:
+    """Write JSON to ``path`` through a temp file in the same directory and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def save(record: RunRecord, path: Path) -> Path:
+    return write_json_atomic(path, record.to_dict())
+
+
+def load(path: Path) -> RunRecord:
+    return RunRecord.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -1,0 +1,267 @@
+"""``tunelab report SWEEP_DIR``: the run records of a sweep -> results.csv, results.md and PNG plots.
+
+Fixed columns, every row kept (OOM, error and killed rows included, with their reason), every unit stated, the
+lab's published figure beside ours with the hardware of each.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tunelab import record as record_mod
+from tunelab.paths import ROOT
+
+GB = 1e9
+
+# (column, header in Markdown, how to get it from a record dict + lab dict)
+COLUMNS = [
+    "sweep", "row_id", "recipe", "method", "model_source", "model_name", "precision", "quantize",
+    "micro_batch_size", "global_batch_size", "accumulation", "device_count", "device_name", "status", "error",
+    "peak_allocated_gb", "peak_reserved_gb", "alloc_retries", "nvml_peak_used_gb", "peak_rss_gb",
+    "step_time_s", "tok_s_padded", "tok_s_real", "tok_s_padded_per_device", "samples_s", "padding_pct",
+    "litgpt_training_time_s", "litgpt_tok_s", "litgpt_memory_gb", "flops_per_token", "achieved_tflops_per_device",
+    "peak_tflops_per_device", "mfu", "mfu_padded", "gpu_util_mean", "gpu_util_std", "power_mean_w", "energy_j",
+    "energy_j_per_1k_tokens", "loss_first", "loss_last", "val_loss_final", "wall_s", "iters", "optimizer_steps",
+    "warmup_steps_excluded", "lab_status", "lab_memory_gb", "lab_time_s", "lab_tok_s", "lab_hardware",
+]
+
+DEFINITIONS = """\
+| column | definition |
+|---|---|
+| status | ok / oom (out of memory: CUDA OOM, or the CPU allocator under the run's memory limit) / error / killed (signal or timeout); failed rows keep their last error line |
+| alloc. GB | peak of `torch.cuda.max_memory_allocated()`, max over ranks, GB = 1e9 bytes (what litgpt prints as "Memory Used"; the lab's figure) |
+| reserved GB | peak of `torch.cuda.max_memory_reserved()` (caching allocator, >= allocated), max over ranks, GB = 1e9 bytes |
+| retries | `num_alloc_retries` summed over ranks: cudaMalloc failures that forced a cache flush (steps slow down) |
+| NVML GB | peak used memory NVML saw per GPU (all processes, CUDA context included), GB = 1e9 bytes |
+| RSS GB | peak resident host memory of a rank (`ru_maxrss`), max over ranks, GB = 1e9 bytes: the memory figure on CPU |
+| step s | median optimizer-step time over the steady state: warm-up steps (first 10%, at least 1 when >= 3 steps) and the last iteration excluded |
+| tok/s padded | steady-state tokens/s fed to the model, padding included, summed over ranks (the lab's tok/s counts these) |
+| tok/s real | the same without padding tokens (prompt template + text) |
+| padding % | share of fed tokens that were padding, whole run |
+| litgpt s / litgpt tok/s | litgpt's own printed "Training Time" (whole fit loop: warm-up and in-loop validation included) and "Tok/sec" (padded tokens / that time), kept beside ours |
+| FLOPs/token | training FLOPs per token: full 6N + attention, LoRA/QLoRA 4N_base + 6N_lora + attention (N excludes the embedding; attention 12*L*H*Q*T) |
+| TFLOP/s | FLOPs/token x real tok/s per device / 1e12 |
+| MFU | TFLOP/s over the device's dense peak for the run's precision (configs/hardware/gpus.yaml); empty on CPU or an unknown device |
+| util %, power W, energy | NVML, sampled in the parent at the stated rate: mean (and std) utilisation over GPUs, summed mean power, summed energy; J per 1k real tokens. Empty on CPU: never estimated |
+| lab | the lab's published figure for the same settings, on the lab's hardware (spec `experiments.md`) |
+"""
+
+
+def _f(x, nd=2):
+    if x is None or x == "":
+        return ""
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def row_of(rec: record_mod.RunRecord, lab: dict, lab_hardware: str) -> dict:
+    nvml = max((g.peak_used_bytes or 0 for g in rec.gpus), default=0) or None
+    padding = (1 - rec.tokens_real / rec.tokens_padded) * 100 if rec.tokens_padded and rec.tokens_real else None
+    d = rec.to_dict()
+    row = {c: d.get(c) for c in COLUMNS if c in d}
+    row.update({
+        "peak_allocated_gb": rec.peak_allocated_bytes / GB if rec.peak_allocated_bytes is not None else None,
+        "peak_reserved_gb": rec.peak_reserved_bytes / GB if rec.peak_reserved_bytes is not None else None,
+        "alloc_retries": rec.num_alloc_retries, "nvml_peak_used_gb": nvml / GB if nvml else None,
+        "peak_rss_gb": rec.peak_rss_bytes / GB if rec.peak_rss_bytes else None, "padding_pct": padding,
+        "lab_status": lab.get("status"), "lab_memory_gb": lab.get("memory_gb"), "lab_time_s": lab.get("time_s"),
+        "lab_tok_s": lab.get("tok_s"), "lab_hardware": lab.get("hardware", lab_hardware) if lab else None,
+    })
+    return row
+
+
+def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
+    sweep_dir = Path(sweep_dir)
+    meta_path = sweep_dir / "sweep.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": sweep_dir.name, "rows": []}
+    records = []
+    order = [r["id"] for r in meta.get("rows", [])]
+    for path in sorted(sweep_dir.glob("*/record.json")):
+        records.append(record_mod.load(path))
+    records.sort(key=lambda r: (order.index(r.row_id) if r.row_id in order else len(order), r.row_id))
+    return meta, records
+
+
+def _environment(records: list[record_mod.RunRecord]) -> list[str]:
+    seen = [r for r in records if r.device_name] or records
+    if not seen:
+        return ["(no records)"]
+    r = seen[0]
+    v = r.versions or {}
+    lines = [
+        f"- device: {r.device_name} ({r.device_type}), {r.device_count} rank(s) per run"
+        + (f", driver {r.driver}" if r.driver else "") + (f", CUDA {r.cuda}" if r.cuda else ""),
+        "- software: " + ", ".join(f"{k} {v[k] or 'not installed'}" for k in ("python", "torch", "litgpt", "lightning", "bitsandbytes",
+                                                             "deepspeed", "tunelab") if k in v),
+        f"- tunelab commit: {r.git_sha}; runs from {min(x.started_at for x in seen if x.started_at) if any(x.started_at for x in seen) else '?'}"
+        f" to {max(x.ended_at for x in seen if x.ended_at) if any(x.ended_at for x in seen) else '?'} (UTC)",
+        f"- model source: {', '.join(sorted({x.model_source or '?' for x in records}))}"
+        + (f"; NVML sampled at {r.sample_hz:g} Hz" if r.sample_hz else "; no NVML (no GPU): GPU utilisation, power "
+           "and energy are absent"),
+    ]
+    return lines
+
+
+def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) -> str:
+    name = meta.get("name", "sweep")
+    tiny = any(r.model_source == "tiny" for r in records)
+    cpu = all(r.device_type == "cpu" for r in records if r.device_name)
+    out = [f"# {name}: reproduced report", ""]
+    if tiny:
+        n = next((r.n_params for r in records if r.model_source == "tiny" and r.n_params), None)
+        size = f"{n / 1e6:.2f} M parameters" if n else "a few hundred thousand parameters"
+        out += [f"> **Example report: embedded tiny model (2 layers, {size}) on CPU.** It shows the "
+                "pipeline and the columns; its memory and speed say nothing about the real models. The lab's "
+                "figures are for the real models on the lab's GPU, beside ours only for layout.", ""]
+    if meta.get("description"):
+        out += [meta["description"], ""]
+    out += ["## Environment", "", *_environment(records),
+            f"- lab figures: {meta.get('lab_hardware') or 'none'} (spec `experiments.md`)",
+            f"- sweep file: `{meta.get('file', '?')}`; rows: {len(records)} recorded of {len(meta.get('rows', [])) or len(records)}",
+            ""]
+    counts = {s: sum(r.status == s for r in records) for s in record_mod.STATUSES}
+    out += ["## Summary", "", "Rows by status: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
+    missing = [r["id"] for r in meta.get("rows", []) if r["id"] not in {x.row_id for x in records}]
+    if missing:
+        out += [f"Not run yet (no record): {', '.join(missing)}.", ""]
+
+    mem_label = "RSS GB" if cpu else "alloc. GB"
+    header = ["row", "recipe", "precision", "micro/global", "status", mem_label, "reserved GB", "retries",
+              "step s", "tok/s padded", "tok/s real", "padding %", "litgpt s", "litgpt tok/s", "TFLOP/s", "MFU",
+              "util %", "power W", "J/1k tok", "lab status", "lab GB", "lab s", "lab tok/s"]
+    out += ["## Results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row, rec in zip(rows, records):
+        mem = row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]
+        util = (f"{row['gpu_util_mean']:.0f} ± {row['gpu_util_std']:.0f}" if row.get("gpu_util_mean") is not None
+                and row.get("gpu_util_std") is not None else _f(row.get("gpu_util_mean"), 0))
+        cells = [rec.row_id, rec.recipe, (rec.precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
+                 f"{rec.micro_batch_size}/{rec.global_batch_size}", rec.status, _f(mem, 3 if cpu else 2),
+                 _f(row["peak_reserved_gb"]), _f(row["alloc_retries"]), _f(rec.step_time_s, 3),
+                 _f(rec.tok_s_padded, 0), _f(rec.tok_s_real, 0), _f(row["padding_pct"], 1),
+                 _f(rec.litgpt_training_time_s), _f(rec.litgpt_tok_s, 0), _f(rec.achieved_tflops_per_device, 3),
+                 _f(rec.mfu * 100 if rec.mfu is not None else None, 1) + ("%" if rec.mfu is not None else ""),
+                 util, _f(rec.power_mean_w, 0), _f(rec.energy_j_per_1k_tokens, 1), _f(row["lab_status"]),
+                 _f(row["lab_memory_gb"]), _f(row["lab_time_s"]), _f(row["lab_tok_s"], 0)]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    failed = [r for r in records if r.status != "ok"]
+    if failed:
+        out += ["", "## Rows that did not finish", ""]
+        out += [f"- **{r.row_id}** ({r.recipe}): {r.status}: `{(r.error or '').replace('`', '')[:300]}`" for r in failed]
+    out += ["", "## Settings of each row", "", "| row | overrides on the recipe | model |", "|---|---|---|"]
+    out += [f"| {r.row_id} | `{' '.join(r.overrides) or '(recipe as is)'}` | {r.model_name} ({r.model_source}) |"
+            for r in records]
+    out += ["", "## Definitions", "", DEFINITIONS, "## Plots", "",
+            "![peak memory per row](memory.png)", "", "![throughput per row](throughput.png)", ""]
+    if any(r.device_count > 1 for r in records):
+        out += ["![memory by rank](memory_by_rank.png)", ""]
+    out += ["Files: `results.csv` (every column, every row), the run records under the sweep directory.", ""]
+    return "\n".join(out)
+
+
+def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cpu = all(r.device_type == "cpu" for r in records if r.device_name)
+    labels = [f"{r.row_id}\n{r.method}" for r in records]
+    colors = {"ok": "tab:blue", "oom": "tab:red", "error": "tab:gray", "killed": "tab:orange"}
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(records) + 2), 4))
+    mem = [(row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]) or 0 for row in rows]
+    ax.bar(range(len(records)), mem, color=[colors.get(r.status, "k") for r in records])
+    lab = [row["lab_memory_gb"] for row in rows]
+    if any(v is not None for v in lab) and not cpu:
+        ax.scatter([i for i, v in enumerate(lab) if v is not None], [v for v in lab if v is not None],
+                   marker="_", s=400, color="black", label="lab (A100 80GB)", zorder=3)
+        ax.legend()
+    for i, r in enumerate(records):
+        if r.status != "ok":
+            ax.text(i, max(mem[i], 0) + 0.01 * (max(mem) or 1), r.status.upper(), ha="center", fontsize=7,
+                    color=colors.get(r.status, "k"))
+    ax.set_xticks(range(len(records)), labels, fontsize=7)
+    ax.set_ylabel("peak RSS per process, GB (1e9 B)" if cpu else "peak allocated per GPU, GB (1e9 B)")
+    ax.set_title("Peak memory per row" + (" (tiny model, CPU)" if cpu else ""))
+    fig.tight_layout()
+    paths.append(out_dir / "memory.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(records) + 2), 4))
+    x = range(len(records))
+    ax.bar([i - 0.2 for i in x], [r.tok_s_padded or 0 for r in records], width=0.4, label="ours, padded")
+    ax.bar([i + 0.2 for i in x], [r.tok_s_real or 0 for r in records], width=0.4, label="ours, real")
+    if not cpu and any(row["lab_tok_s"] for row in rows):
+        ax.scatter([i for i, row in enumerate(rows) if row["lab_tok_s"]],
+                   [row["lab_tok_s"] for row in rows if row["lab_tok_s"]], marker="_", s=400, color="black",
+                   label="lab, padded (A100)", zorder=3)
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("steady-state tokens/s, summed over ranks")
+    ax.set_title("Throughput per row" + (" (tiny model, CPU)" if cpu else ""))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    multi = [r for r in records if r.device_count > 1 and r.ranks]
+    if multi:
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(multi) + 2), 4))
+        for i, r in enumerate(multi):
+            vals = [(k.peak_allocated_bytes or k.peak_rss_bytes or 0) / GB for k in sorted(r.ranks, key=lambda k: k.rank)]
+            for j, v in enumerate(vals):
+                ax.bar(i + (j - (len(vals) - 1) / 2) * 0.8 / len(vals), v, width=0.8 / len(vals), color=f"C{j}",
+                       label=f"rank {j}" if i == 0 else None)
+        ax.set_xticks(range(len(multi)), [r.row_id for r in multi])
+        ax.set_ylabel("peak memory per rank, GB (1e9 B)")
+        ax.set_title("Memory by rank (multi-device rows)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / "memory_by_rank.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def default_report_dir(meta: dict, records: list[record_mod.RunRecord]) -> Path:
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    dev = next((r for r in records if r.device_name), None)
+    suffix = ""
+    if dev is not None:
+        suffix = "-cpu-tiny" if dev.device_type == "cpu" else "-" + dev.device_name.lower().replace("nvidia", "") \
+            .strip().replace(" ", "-")
+    return ROOT / "reports" / f"{date}-{meta.get('name', 'sweep')}{suffix}"
+
+
+def write_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
+    meta, records = load_sweep_dir(sweep_dir)
+    if not records:
+        raise FileNotFoundError(f"no run records (*/record.json) under {sweep_dir}")
+    labs = {r["id"]: r.get("lab") or {} for r in meta.get("rows", [])}
+    rows = [row_of(rec, labs.get(rec.row_id, {}), meta.get("lab_hardware", "")) for rec in records]
+    out_dir = Path(out_dir) if out_dir else default_report_dir(meta, records)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+    write_text_atomic(out_dir / "results.csv", buf.getvalue())
+    write_text_atomic(out_dir / "results.md", markdown(meta, records, rows))
+    plots(records, rows, out_dir)
+    return out_dir
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

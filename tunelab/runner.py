@@ -1,0 +1,451 @@
+"""Run one recipe as a child process through the real ``litgpt finetune_*`` (via ``tunelab.entry``) and collect
+everything about it into one :class:`~tunelab.record.RunRecord`, written atomically next to its raw logs.
+
+Layout of a run directory::
+
+    <run_dir>/record.json      the record (written last, atomically)
+    <run_dir>/stdout.log       the child's stdout (litgpt's own printout), stderr.log
+    <run_dir>/stats/rank*.json what each rank measured about itself at exit
+    <run_dir>/litgpt/          litgpt's out_dir (metrics.csv under logs/csv/, final checkpoint)
+"""
+
+from __future__ import annotations
+
+import csv
+import ctypes
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from tunelab import checkpoints, hardware
+from tunelab.flops import flops_per_token, lora_param_count
+from tunelab.gpu_monitor import GPUMonitor
+from tunelab.paths import ROOT
+from tunelab.record import RankStats, RunRecord, save
+from tunelab.recipes import Recipe
+from tunelab.validate import check, litgpt_args
+
+MODEL_CHOICES = ("auto", "checkpoint", "tiny", "random")
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "can't allocate memory",
+               "DefaultCPUAllocator: not enough memory", "std::bad_alloc", "Cannot allocate memory")
+_ITER_LINE = re.compile(r"iter (\d+) step (\d+) \| loss train: ([\d.naninf]+).*iter time: ([\d.]+) ms")
+
+
+class RunError(ValueError):
+    """A run refused before anything starts (invalid recipe, missing checkpoint)."""
+
+
+@dataclass
+class Progress:
+    """What the progress display gets from a running child."""
+
+    iter: int = 0
+    step: int = 0
+    loss: float | None = None
+    iter_ms: float | None = None
+    tok_s: float | None = None
+    """Real (non-padding) tokens/s of rank 0 x ranks, from litgpt's metrics.csv since the first logged iteration."""
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def git_sha() -> str | None:
+    try:
+        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "litgpt", "lightning", "bitsandbytes", "deepspeed", "tunelab"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _checkpoint_override(overrides: list[str]) -> str | None:
+    for i, arg in enumerate(overrides):
+        if arg == "--checkpoint_dir" and i + 1 < len(overrides):
+            return overrides[i + 1]
+        if arg.startswith("--checkpoint_dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None = None) -> tuple[str, Path | None]:
+    """(model_source, checkpoint_dir override or None) for ``model`` in MODEL_CHOICES.
+
+    auto: the recipe's real checkpoint when it is there; else the tiny model when no GPU is present; else an error
+    that says how to get one (download, or --weights random).
+    """
+    if model not in MODEL_CHOICES:
+        raise RunError(f"--model must be one of {', '.join(MODEL_CHOICES)}, got {model!r}")
+    ckpt = Path(checkpoint_dir or recipe.get("checkpoint_dir") or "")
+    have_real = (ckpt / "lit_model.pth").is_file()
+    if model == "tiny" or (model == "auto" and not have_real and not cuda_available()):
+        return "tiny", checkpoints.build("tiny")
+    if model == "random":
+        from litgpt import Config
+
+        try:
+            name = Config.from_name(ckpt.name).name
+        except ValueError:
+            raise RunError(f"{recipe.key}: cannot tell the architecture of {ckpt} for --weights random") from None
+        return "random", checkpoints.build(name)
+    if not have_real:
+        raise RunError(f"{recipe.key}: no checkpoint at {ckpt}; download it ({recipe.download_command()}), or use "
+                       "--model tiny (embedded tiny model) or --weights random (real architecture, random weights)")
+    return "checkpoint", None
+
+
+def _preexec(memory_limit_bytes: int | None):
+    def fn():
+        os.setsid()  # own process group: a timeout kills the whole tree (DDP ranks, loader workers)
+        try:  # die with the parent (a SIGKILLed sweep leaves no orphan training)
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        except OSError:
+            pass
+        if memory_limit_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+    return fn
+
+
+def _read_metrics(out_dir: Path) -> list[dict]:
+    files = sorted(out_dir.glob("logs/csv/version_*/metrics.csv"))
+    if not files:
+        return []
+    with open(files[-1], newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _latest_tokens(out_dir: Path) -> int | None:
+    """The cumulative real-token count of the last row litgpt flushed to metrics.csv (cheap: reads the tail)."""
+    files = sorted(out_dir.glob("logs/csv/version_*/metrics.csv"))
+    if not files:
+        return None
+    try:
+        with open(files[-1], "rb") as f:
+            header = f.readline().decode().strip().split(",")
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            last = f.read().decode(errors="replace").strip().splitlines()[-1].split(",")
+        value = dict(zip(header, last)).get("tokens")
+        return int(float(value)) if value else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _parse_litgpt_report(stdout: str) -> dict:
+    def grab(pattern, cast=float):
+        m = re.findall(pattern, stdout)
+        return cast(m[-1].replace(",", "")) if m else None
+
+    return {
+        "training_time_s": grab(r"Training Time\s*:\s*([\d.]+) s"),
+        "tok_s": grab(r"Tok/sec\s*:\s*([\d.]+) tok/s"),
+        "memory_gb": grab(r"Memory Used\s*:\s*([\d.]+) GB"),
+        "trainable": grab(r"Number of trainable parameters: ([\d,]+)", int),
+        "non_trainable": grab(r"Number of non-trainable parameters: ([\d,]+)", int),
+        "val_loss": grab(r"Final evaluation \| val loss: ([\d.]+)"),
+        "last_iter": grab(r"iter (\d+) step \d+ \|", int),
+    }
+
+
+def _classify(exit_code: int | None, killed_reason: str | None, ranks: list[RankStats], stderr_tail: str,
+              stdout_tail: str) -> tuple[str, str | None]:
+    if killed_reason:
+        return "killed", killed_reason
+    if exit_code == 0:
+        return "ok", None
+    text = "\n".join([*(r.exception or "" for r in ranks), stderr_tail])
+    if any(m in text for m in OOM_MARKERS):
+        line = next((r.exception for r in ranks if r.exception and any(m in r.exception for m in OOM_MARKERS)),
+                    None) or _last_error_line(stderr_tail)
+        return "oom", line
+    if exit_code is not None and exit_code < 0:
+        return "killed", f"killed by signal {signal.Signals(-exit_code).name}"
+    line = next((r.exception for r in ranks if r.exception), None) or _last_error_line(stderr_tail) \
+        or _last_error_line(stdout_tail)
+    return "error", line or f"exit code {exit_code}"
+
+
+def _last_error_line(text: str) -> str | None:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", ln) or ": error:" in ln:
+            return ln[:500]
+    return lines[-1][:500] if lines else None
+
+
+def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
+    """Median step/iteration times and steady-state token rates from each rank's iteration log.
+
+    Iteration k lasts from its batch fetch to the next one; the last iteration (no successor) is dropped, and so
+    is the first 10% of optimizer steps (at least 1 when there are 3 or more): warm-up.
+    """
+    out: dict = {}
+    per_rank = []
+    for iters in ranks_iters:
+        iters = [it for it in iters[:n_iters] if it[1] >= 0]
+        durations = [(iters[k + 1][0] - iters[k][0], iters[k][1], iters[k][2]) for k in range(len(iters) - 1)]
+        n_steps_full = len(durations) // accumulation
+        warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
+        steps = [durations[s * accumulation:(s + 1) * accumulation] for s in range(warm, n_steps_full)]
+        if not steps:
+            continue
+        per_rank.append({
+            "warm": warm,
+            "step_times": [sum(d for d, _, _ in st) for st in steps],
+            "iter_times": [d for st in steps for d, _, _ in st],
+            "time": sum(d for st in steps for d, _, _ in st),
+            "padded": sum(p for st in steps for _, p, _ in st),
+            "real": sum(r for st in steps for _, _, r in st),
+            "samples": len(steps) * accumulation,
+        })
+    if not per_rank:
+        return out
+    r0 = per_rank[0]
+    out["warmup_steps_excluded"] = r0["warm"]
+    out["step_time_s"] = statistics.median(r0["step_times"])
+    out["iter_time_s"] = statistics.median(r0["iter_times"])
+    out["tok_s_padded"] = sum(r["padded"] / r["time"] for r in per_rank if r["time"] > 0)
+    out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
+    return out
+
+
+def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None = None, *, sweep: str | None = None,
+        row_id: str = "run", model: str = "auto", timeout_s: float | None = None,
+        memory_limit_bytes: int | None = None, on_progress: Callable[[Progress], None] | None = None,
+        nvml_hz: float = 4.0, extra_env: dict | None = None) -> RunRecord:
+    """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid."""
+    overrides = list(overrides or [])
+    source, ckpt = choose_model(recipe, model, _checkpoint_override(overrides))
+    run_dir = Path(run_dir or ROOT / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
+    full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
+    if ckpt is not None:
+        full_overrides += ["--checkpoint_dir", str(ckpt)]
+    result = check(recipe, full_overrides)
+    if not result.ok:
+        raise RunError("; ".join(str(p) for p in result.problems if p.severity == "error"))
+    args = result.resolved
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stats_dir = run_dir / "stats"
+    for old in stats_dir.glob("rank*.json"):
+        old.unlink()
+
+    argv = litgpt_args(recipe, full_overrides)
+    devices = int(args.get("devices") or 1) if str(args.get("devices")).lstrip("-").isdigit() else 1
+    world = devices * int(args.get("num_nodes") or 1)
+    train = args["train"]
+    accumulation = max(1, (train["global_batch_size"] // world) // train["micro_batch_size"])
+
+    rec = RunRecord(sweep=sweep, row_id=row_id, recipe=recipe.key, command=recipe.command, overrides=overrides,
+                    litgpt_argv=argv, resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
+                    git_sha=git_sha(), versions=versions(), device_count=world, method=recipe.method,
+                    precision=args.get("precision"), quantize=args.get("quantize"),
+                    micro_batch_size=train["micro_batch_size"], global_batch_size=train["global_batch_size"],
+                    accumulation=accumulation, max_seq_length=train.get("max_seq_length"),
+                    optimizer=(args["optimizer"].get("class_path") if isinstance(args["optimizer"], dict)
+                               else str(args["optimizer"])),
+                    log_dir=".")
+    import torch
+
+    rec.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    rec.device_name = torch.cuda.get_device_name(0) if rec.device_type == "cuda" else cpu_name()
+    rec.cuda = torch.version.cuda
+
+    env = dict(os.environ, TUNELAB_STATS_DIR=str(stats_dir), PYTHONUNBUFFERED="1",
+               JSONARGPARSE_DEPRECATION_WARNINGS="off", **(extra_env or {}))
+    monitor = GPUMonitor(hz=nvml_hz)
+    rec.driver = monitor.driver_version()
+    rec.started_at = now_iso()
+    t0 = time.monotonic()
+    killed_reason = None
+    progress = Progress()
+    with open(run_dir / "stdout.log", "w") as out_f, open(run_dir / "stderr.log", "w") as err_f:
+        monitor.start()
+        proc = subprocess.Popen([sys.executable, "-m", "tunelab.entry", *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=err_f, text=True, bufsize=1,
+                                preexec_fn=_preexec(memory_limit_bytes))
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        exited_at = None
+        first = None
+        while True:
+            if timeout_s is not None and killed_reason is None and time.monotonic() - t0 > timeout_s:
+                killed_reason = f"timeout: killed after {timeout_s:.0f} s"
+                os.killpg(proc.pid, signal.SIGKILL)
+            if sel.select(timeout=0.5):
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                out_f.write(line)
+                m = _ITER_LINE.search(line)
+                if m:
+                    progress.iter, progress.step = int(m.group(1)), int(m.group(2))
+                    progress.loss, progress.iter_ms = float(m.group(3)), float(m.group(4))
+                    tokens = _latest_tokens(run_dir / "litgpt")
+                    if tokens is not None:
+                        first = first or (time.monotonic(), tokens)
+                        if time.monotonic() - first[0] > 0.5:
+                            progress.tok_s = (tokens - first[1]) / (time.monotonic() - first[0]) * world
+                    if on_progress:
+                        on_progress(progress)
+            elif proc.poll() is not None:
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > 5:  # a grandchild still holds the pipe: stop reading
+                    break
+        proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # leftover ranks or loader workers of a failed run
+        except ProcessLookupError:
+            pass
+        gpus = monitor.stop()
+    rec.wall_s = round(time.monotonic() - t0, 3)
+    rec.ended_at = now_iso()
+    rec.exit_code = proc.returncode
+
+    stdout = (run_dir / "stdout.log").read_text(errors="replace")
+    stderr = (run_dir / "stderr.log").read_text(errors="replace")
+    collect(rec, args, stats_dir, run_dir / "litgpt", stdout, stderr, killed_reason, gpus, nvml_hz if gpus else None,
+            ckpt or Path(args["checkpoint_dir"]))
+    save(rec, run_dir / "record.json")
+    return rec
+
+
+def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: str, stderr: str,
+            killed_reason: str | None, gpus: list, sample_hz: float | None, ckpt: Path) -> RunRecord:
+    """Fill ``rec`` from the rank files, litgpt's printout and metrics.csv, and the NVML samples."""
+    ranks_raw = []
+    for f in sorted(stats_dir.glob("rank*.json")):
+        try:
+            ranks_raw.append(json.loads(f.read_text()))
+        except ValueError:
+            continue
+    fields = set(RankStats.__dataclass_fields__)
+    rec.ranks = [RankStats(**{k: v for k, v in r.items() if k in fields}) for r in ranks_raw]
+    rec.status, rec.error = _classify(rec.exit_code, killed_reason, rec.ranks, stderr[-20000:], stdout[-5000:])
+
+    def agg(attr, fn):
+        vals = [getattr(r, attr) for r in rec.ranks if getattr(r, attr) is not None]
+        return fn(vals) if vals else None
+
+    rec.peak_allocated_bytes = agg("peak_allocated_bytes", max)
+    rec.peak_reserved_bytes = agg("peak_reserved_bytes", max)
+    rec.num_alloc_retries = agg("num_alloc_retries", sum)
+    rec.peak_rss_bytes = agg("peak_rss_bytes", max)
+
+    lit = _parse_litgpt_report(stdout)
+    rec.litgpt_training_time_s, rec.litgpt_tok_s, rec.litgpt_memory_gb = (lit["training_time_s"], lit["tok_s"],
+                                                                          lit["memory_gb"])
+    if lit["trainable"] is not None:
+        rec.n_trainable = lit["trainable"]
+        rec.n_params = lit["trainable"] + (lit["non_trainable"] or 0)
+
+    metrics = _read_metrics(out_dir)
+    losses = [float(m["loss"]) for m in metrics if m.get("loss")]
+    if losses:
+        rec.loss_first, rec.loss_last = losses[0], losses[-1]
+    vals = [float(m["val_loss"]) for m in metrics if m.get("val_loss")]
+    rec.val_loss_final = vals[-1] if vals else lit["val_loss"]
+    n_iters = max([int(m["iter"]) for m in metrics if m.get("iter")] or [lit["last_iter"] or 0])
+    rec.iters = n_iters or None
+    rec.optimizer_steps = n_iters // rec.accumulation if n_iters and rec.accumulation else None
+
+    ranks_iters = [r.get("iters", []) for r in sorted(ranks_raw, key=lambda r: r["rank"])]
+    rec.tokens_padded = sum(p for it in ranks_iters for _, p, _ in it[:n_iters] if p >= 0) or None
+    rec.tokens_real = sum(r for it in ranks_iters for _, _, r in it[:n_iters] if r >= 0) or None
+    steady = _steady_state(ranks_iters, rec.accumulation or 1, n_iters)
+    for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
+        setattr(rec, key, steady.get(key))
+    if rec.tok_s_padded is not None:
+        rec.tok_s_padded_per_device = rec.tok_s_padded / rec.device_count
+    if rec.iter_time_s:
+        rec.samples_s = rec.micro_batch_size * rec.device_count / rec.iter_time_s
+
+    # compute
+    try:
+        from litgpt import Config
+
+        config = Config.from_file(ckpt / "model_config.yaml") if (ckpt / "model_config.yaml").is_file() \
+            else Config.from_name(ckpt.name)
+        rec.model_name = config.name
+        seq = (rec.tokens_padded / (n_iters * rec.micro_batch_size * rec.device_count)
+               if rec.tokens_padded and n_iters else (rec.max_seq_length or config.block_size))
+        n_lora = 0
+        if rec.method in ("lora", "qlora"):
+            n_lora = lora_param_count(config, int(args.get("lora_r") or 0),
+                                      {k[5:]: bool(args.get(k)) for k in args if k.startswith("lora_")})
+        fpt = flops_per_token(config, seq, "full" if rec.method == "full" else "lora", n_lora)
+        rec.flops_per_token, rec.flops_formula = fpt.total, fpt.formula
+        if rec.tok_s_real:
+            real_per_dev = rec.tok_s_real / rec.device_count
+            rec.achieved_tflops_per_device = fpt.total * real_per_dev / 1e12
+            gpu = hardware.identify(rec.device_name) if rec.device_type == "cuda" else None
+            peak = gpu.peak_flops(rec.precision or "32-true") if gpu else None
+            if peak:
+                rec.peak_tflops_per_device = peak / 1e12
+                rec.mfu = fpt.total * real_per_dev / peak
+                rec.mfu_padded = fpt.total * (rec.tok_s_padded / rec.device_count) / peak
+    except Exception as e:  # noqa: BLE001 - a compute figure must not lose the record
+        rec.flops_formula = f"not computed: {e!r}"
+
+    # GPU power and utilisation
+    rec.gpus = gpus
+    rec.sample_hz = sample_hz
+    if gpus:
+        utils = [g.util_mean for g in gpus if g.util_mean is not None]
+        stds = [g.util_std for g in gpus if g.util_std is not None]
+        rec.gpu_util_mean = statistics.fmean(utils) if utils else None
+        rec.gpu_util_std = statistics.fmean(stds) if stds else None
+        powers = [g.power_mean_w for g in gpus if g.power_mean_w is not None]
+        rec.power_mean_w = sum(powers) if powers else None
+        energies = [g.energy_j for g in gpus if g.energy_j is not None]
+        rec.energy_j = sum(energies) if energies else None
+        if rec.energy_j and rec.tokens_real:
+            rec.energy_j_per_1k_tokens = rec.energy_j / rec.tokens_real * 1000
+    for name in ("step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
+        v = getattr(rec, name)
+        if v is not None and (math.isnan(v) or math.isinf(v)):
+            setattr(rec, name, None)
+    return rec

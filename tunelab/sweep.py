@@ -1,0 +1,258 @@
+"""Sweeps: a YAML of rows (recipe + litgpt overrides + the lab's published figures), run one child process per
+row, resumable, with a progress line. Every row ends as a record, whatever happened to it.
+
+Sweep file keys (anything else is refused)::
+
+    name: lab-part1                # the sweep's name (directory and report name)
+    description: ...               # free text for the report
+    lab_hardware: 1x A100 80GB     # the hardware of the `lab` figures
+    timeout_s: 1800                # per-run timeout (optional)
+    defaults: {key: value}         # litgpt overrides for every row (dotted keys)
+    rows:                          # explicit rows
+      - id: s3
+        recipe: tiny-llama-1.1b/full
+        set: {precision: 32-true, train.global_batch_size: 32, train.micro_batch_size: 8}
+        lab: {status: ok, memory_gb: 34.82, time_s: 57.19, tok_s: 7646}
+        note: gradient accumulation 4
+    grid:                          # rows made from axes (the product of every axis)
+      - recipe: tiny-llama-1.1b/lora
+        set: {...}                 # fixed overrides
+        axes: {train.micro_batch_size: [1, 2, 4]}
+        id: lora-mbs{train.micro_batch_size}   # optional id template
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tunelab import record as record_mod
+from tunelab.paths import ROOT
+from tunelab.recipes import Recipe, RecipeError, resolve
+from tunelab.runner import Progress, RunError, run
+from tunelab.validate import check
+
+SWEEP_KEYS = {"name", "description", "lab_hardware", "timeout_s", "defaults", "rows", "grid"}
+ROW_KEYS = {"id", "recipe", "set", "lab", "note"}
+GRID_KEYS = {"recipe", "set", "axes", "id", "lab", "note"}
+LAB_KEYS = {"status", "memory_gb", "time_s", "tok_s", "memory_note", "steps", "hardware"}
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot run: every message names the file, the row and the key."""
+
+
+@dataclass
+class Row:
+    """One run of a sweep."""
+
+    id: str
+    recipe: Recipe
+    settings: dict
+    """Dotted litgpt keys -> values (defaults merged in)."""
+    lab: dict = field(default_factory=dict)
+    note: str = ""
+
+    def overrides(self) -> list[str]:
+        return to_overrides(self.settings)
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    rows: list[Row]
+    description: str = ""
+    lab_hardware: str = ""
+    timeout_s: float | None = None
+
+
+def _value(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def to_overrides(settings: dict) -> list[str]:
+    """{'train.micro_batch_size': 8} -> ['--train.micro_batch_size', '8'] (litgpt style)."""
+    out = []
+    for key, value in settings.items():
+        out += [f"--{key}", _value(value)]
+    return out
+
+
+def load(path: Path | str) -> Sweep:
+    """Read and check a sweep file: unknown keys and rows litgpt or the validator would refuse stop it here."""
+    path = Path(path)
+    if not path.is_file() and (ROOT / "configs" / "sweeps" / f"{path}.yaml").is_file():
+        path = ROOT / "configs" / "sweeps" / f"{path}.yaml"
+    if not path.is_file():
+        raise SweepError(f"no sweep file {path}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    where = str(path)
+    if not isinstance(raw, dict):
+        raise SweepError(f"{where}: a sweep is a YAML mapping")
+    unknown = set(raw) - SWEEP_KEYS
+    if unknown:
+        raise SweepError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SWEEP_KEYS)}")
+    if "name" not in raw:
+        raise SweepError(f"{where}: name: missing; fix: add `name: <sweep-name>`")
+    defaults = raw.get("defaults") or {}
+    rows: list[Row] = []
+
+    def make(spec: dict, kind_keys: set, label: str) -> dict:
+        bad = set(spec) - kind_keys
+        if bad:
+            raise SweepError(f"{where}: {label}: unknown key(s) {sorted(bad)}; allowed: {sorted(kind_keys)}")
+        if "recipe" not in spec:
+            raise SweepError(f"{where}: {label}: recipe: missing")
+        lab = spec.get("lab") or {}
+        bad = set(lab) - LAB_KEYS
+        if bad:
+            raise SweepError(f"{where}: {label}: lab: unknown key(s) {sorted(bad)}; allowed: {sorted(LAB_KEYS)}")
+        try:
+            recipe = resolve(spec["recipe"])
+        except RecipeError as e:
+            raise SweepError(f"{where}: {label}: recipe: {e}") from None
+        return {"recipe": recipe, "lab": lab, "note": spec.get("note", "")}
+
+    for i, spec in enumerate(raw.get("rows") or []):
+        label = f"rows[{i}]" + (f" ({spec.get('id')})" if isinstance(spec, dict) and spec.get("id") else "")
+        if not isinstance(spec, dict) or "id" not in spec:
+            raise SweepError(f"{where}: {label}: id: missing; fix: give every row an id")
+        base = make(spec, ROW_KEYS, label)
+        rows.append(Row(id=str(spec["id"]), settings={**defaults, **(spec.get("set") or {})}, **base))
+    for i, spec in enumerate(raw.get("grid") or []):
+        label = f"grid[{i}]"
+        base = make(spec, GRID_KEYS, label)
+        axes = spec.get("axes") or {}
+        if not axes:
+            raise SweepError(f"{where}: {label}: axes: missing or empty")
+        keys = list(axes)
+        for combo in itertools.product(*(axes[k] for k in keys)):
+            point = dict(zip(keys, combo))
+            template = spec.get("id") or (base["recipe"].key.replace("/", "-") + "-" +
+                                          "-".join(f"{k.split('.')[-1]}{{{k}}}" for k in keys))
+            row_id = template
+            for k, v in point.items():
+                row_id = row_id.replace("{" + k + "}", _value(v))
+            rows.append(Row(id=row_id, settings={**defaults, **(spec.get("set") or {}), **point}, **base))
+    if not rows:
+        raise SweepError(f"{where}: rows: no rows (give `rows` or `grid`)")
+    ids = [r.id for r in rows]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SweepError(f"{where}: duplicate row id(s) {dup}")
+    problems = []
+    for row in rows:
+        result = check(row.recipe, row.overrides())
+        problems += [f"{where}: row {row.id}: {p.key}: {p.message}; fix: {p.fix}"
+                     for p in result.problems if p.severity == "error"]
+    if problems:
+        raise SweepError("\n".join(problems))
+    return Sweep(name=str(raw["name"]), path=path, rows=rows, description=raw.get("description", ""),
+                 lab_hardware=raw.get("lab_hardware", ""), timeout_s=raw.get("timeout_s"))
+
+
+def _fmt_time(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class ProgressLine:
+    """One status line on stderr: rewritten in place on a terminal, printed every few seconds otherwise."""
+
+    def __init__(self, total: int, stream=sys.stderr, every_s: float = 10.0):
+        self.total, self.stream, self.every_s = total, stream, every_s
+        self.tty = stream.isatty()
+        self.t0 = time.monotonic()
+        self.durations: list[float] = []
+        self.last_print = 0.0
+
+    def row_started(self, index: int, done: int, row: Row):
+        self.index, self.done, self.row, self.row_t0 = index, done, row, time.monotonic()
+        self.show(Progress(), force=True)
+
+    def show(self, p: Progress, force: bool = False):
+        now = time.monotonic()
+        if not force and not self.tty and now - self.last_print < self.every_s:
+            return
+        self.last_print = now
+        left = self.total - self.done
+        mean = (sum(self.durations) / len(self.durations)) if self.durations else None
+        eta = f"~{_fmt_time(mean * left - (now - self.row_t0))}" if mean else "?"
+        speed = f" | {p.tok_s:,.0f} tok/s" if p.tok_s else ""
+        line = (f"[{self.done}/{self.total} done, {left} left] {self.row.id} {self.row.recipe.key} | "
+                f"iter {p.iter} step {p.step}{speed} | elapsed {_fmt_time(now - self.t0)} | remaining {eta}")
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def row_finished(self, rec):
+        self.durations.append(time.monotonic() - self.row_t0)
+        msg = (f"{rec.row_id}: {rec.status}" + (f" ({rec.error})" if rec.error else "") +
+               (f" | {rec.tok_s_padded:,.0f} tok/s padded" if rec.tok_s_padded else "") +
+               f" | {rec.wall_s:.0f} s")
+        self.stream.write(("\r\033[K" if self.tty else "") + msg + "\n")
+        self.stream.flush()
+
+
+def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
+    return Path(out) if out else ROOT / "runs" / sweep.name
+
+
+def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, model: str = "auto",
+              only: list[str] | None = None, timeout_s: float | None = None,
+              memory_limit_bytes: int | None = None, stream=sys.stderr) -> Path:
+    """Run every row not already recorded in ``out`` (resume); return the sweep directory."""
+    base = sweep_dir_for(sweep, out)
+    base.mkdir(parents=True, exist_ok=True)
+    meta_path = base / "sweep.json"
+    meta = {"name": sweep.name, "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT)
+                                            else sweep.path),
+            "model": model, "description": sweep.description, "lab_hardware": sweep.lab_hardware,
+            "rows": [{"id": r.id, "recipe": r.recipe.key, "settings": r.settings, "lab": r.lab, "note": r.note}
+                     for r in sweep.rows]}
+    if meta_path.is_file() and not rerun:
+        old = json.loads(meta_path.read_text())
+        if old.get("model") != model:
+            raise SweepError(f"{base} holds runs made with --model {old.get('model')}, not {model}: resume with the "
+                             "same choice, or use --rerun or another --out")
+    record_mod.write_json_atomic(meta_path, meta)
+    rows = [r for r in sweep.rows if not only or r.id in only]
+    if only:
+        missing = set(only) - {r.id for r in sweep.rows}
+        if missing:
+            raise SweepError(f"--only: no row(s) {sorted(missing)} in {sweep.path}")
+    todo = [r for r in rows if rerun or not (base / r.id / "record.json").is_file()]
+    progress = ProgressLine(len(rows), stream)
+    done = len(rows) - len(todo)
+    if done:
+        stream.write(f"resuming {sweep.name}: {done} of {len(rows)} rows already recorded in {base}\n")
+    for row in todo:
+        progress.row_started(rows.index(row), done, row)
+        try:
+            rec = run(row.recipe, row.overrides(), base / row.id, sweep=sweep.name, row_id=row.id, model=model,
+                      timeout_s=timeout_s or sweep.timeout_s, memory_limit_bytes=memory_limit_bytes,
+                      on_progress=progress.show)
+        except RunError as e:  # refused before launch: still a row, with its reason
+            rec = record_mod.RunRecord(sweep=sweep.name, row_id=row.id, recipe=row.recipe.key,
+                                       command=row.recipe.command, overrides=row.overrides(), status="error",
+                                       error=str(e), method=row.recipe.method, started_at="", ended_at="",
+                                       wall_s=0.0)
+            record_mod.save(rec, base / row.id / "record.json")
+        done += 1
+        progress.row_finished(rec)
+    return base
