@@ -19,6 +19,9 @@ EPILOG = """examples:
   tunelab run tiny-llama-1.1b/lora --train.max_steps 4   # one run -> record.json (tiny model on CPU)
   tunelab sweep configs/sweeps/lab-part1.yaml    # the lab's Part 1, resumable, report at the end
   tunelab report runs/lab-part1                  # report again from the records
+  tunelab plan open-llama-7b/full --gpu A100-80GB          # will it fit, how long will it take
+  tunelab plan open-llama-13b/full --gpu A100-80GB --devices 4 --strategy fsdp --json
+  tunelab tune-batch tiny-llama-1.1b/full --gpu H100-SXM   # largest and fastest micro batch, real probes
   tunelab build-model tiny                       # the embedded tiny checkpoint (offline, seconds)
   tunelab build-model open_llama_7b --device cuda   # a real architecture with random weights (GPU benchmarks)
 """
@@ -164,6 +167,85 @@ def cmd_report(args, extra) -> int:
     return 0
 
 
+def cmd_plan(args, extra) -> int:
+    from tunelab import hardware, planner
+    from tunelab.plan_cli import epoch_tokens, plan_recipe, render, tokens_per_sample_from_data
+    from tunelab.recipes import RecipeError, resolve
+
+    try:
+        recipe = resolve(args.recipe)
+        if args.gpu:
+            hardware.lookup(args.gpu)
+        x, plan, seq_source, resolved = plan_recipe(
+            recipe, extra, gpu=args.gpu, devices=args.devices, strategy=args.strategy, sharding=args.sharding,
+            zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
+            activation_checkpointing=args.activation_checkpointing, dataset=args.dataset, fsdp_wrap=args.fsdp_wrap)
+    except (RecipeError, ValueError, KeyError) as e:
+        return fail(str(e).strip("'\""))
+    projection, tokens_note = None, ""
+    if args.gpu:
+        per_sample = args.tokens_per_sample or tokens_per_sample_from_data(resolved, x)
+        tokens, tokens_note = (args.tokens, f"--tokens {args.tokens:,.0f}") if args.tokens else \
+            epoch_tokens(resolved, x, per_sample)
+        lo, hi = args.mfu_range
+        projection = planner.project(x, hardware.lookup(args.gpu), tokens, args.calibrate, (lo, hi))
+    if args.json:
+        out = plan.to_json()
+        out["seq_len_source"] = seq_source
+        if projection:
+            out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(x, plan, seq_source, projection, tokens_note))
+    return 0
+
+
+def cmd_plan_accuracy(args, extra) -> int:
+    from tunelab.plan_cli import write_accuracy
+
+    out = write_accuracy(args.out)
+    print((out / "accuracy.md").read_text())
+    print(f"written: {out}/accuracy.md, {out}/accuracy.csv")
+    return 0
+
+
+def cmd_tune_batch(args, extra) -> int:
+    from tunelab import hardware, planner
+    from tunelab.plan_cli import plan_recipe
+    from tunelab.recipes import RecipeError, resolve
+    from tunelab.tune_batch import render, summary_json, tune
+    from tunelab.validate import check
+
+    try:
+        recipe = resolve(args.recipe)
+        model = _model_choice(args)
+        if args.gpu:
+            hardware.lookup(args.gpu)
+    except (RecipeError, ValueError) as e:
+        return fail(str(e))
+    result = check(recipe, extra)
+    if not result.ok:
+        return fail("; ".join(str(p) for p in result.problems if p.severity == "error"))
+    world = int(result.resolved.get("devices") or 1) * int(result.resolved.get("num_nodes") or 1)
+    if args.start:
+        start, why = args.start, "--start"
+    elif args.gpu and model != "tiny":
+        x, plan, _, _ = plan_recipe(recipe, extra, gpu=args.gpu)
+        start = max(1, plan.max_micro_batch_size or 1)
+        why = f"the planner's largest fitting micro batch on {args.gpu}"
+    else:
+        start, why = 1, "no --gpu for the planner to predict from"
+    out = args.out or (Path("runs") / "tune-batch" / recipe.key.replace("/", "-"))
+    try:
+        res = tune(recipe, extra, out, start=start, start_reason=why, max_micro=args.max_micro, steps=args.steps,
+                   model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout, world=world)
+    except RuntimeError as e:
+        return fail(str(e))
+    print(summary_json(res) if args.json else render(res))
+    print(f"probe records and summary: {out}/")
+    return 0
+
+
 def cmd_build_model(args, extra) -> int:
     import torch
 
@@ -187,6 +269,10 @@ def cmd_data(args, extra) -> int:
     data.write(out, data.generate(args.n, args.seed))
     print(out)
     return 0
+
+
+def planner_default_mfu():
+    return (0.25, 0.55)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,6 +346,70 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("sweep_dir", help="the directory a sweep wrote (runs/<sweep name>)")
     s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser(
+        "plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="predict peak memory, fit, largest micro batch, runtime and energy before launch",
+        description="Predict the peak GPU memory of RECIPE (with litgpt-style overrides) per device, broken down "
+                    "into weights, gradients, optimizer states, activations, logits, strategy buffers; the verdict "
+                    "for --gpu with its margin and the largest micro batch that fits; FLOPs per token and a runtime "
+                    "and energy range for the recipe's training run. The model comes from the recipe's "
+                    "checkpoint_dir (its model_config.yaml, else litgpt's config of the directory name), so any "
+                    "model litgpt knows can be planned: --checkpoint_dir checkpoints/meta-llama/Llama-2-7b-hf.",
+        epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
+               "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb "
+               "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
+               "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
+               "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, "
+               "energy_j_per_million_tokens_low/high}.")
+    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
+    s.add_argument("--devices", type=int, help="GPUs per node (default: the recipe's devices)")
+    s.add_argument("--strategy", choices=["single", "ddp", "fsdp", "deepspeed"], default="single",
+                   help="how model states are divided across devices (default single; litgpt's own choice with "
+                        "devices > 1 is FSDP)")
+    s.add_argument("--sharding", choices=["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"],
+                   default="FULL_SHARD", help="FSDP sharding strategy")
+    s.add_argument("--fsdp-wrap", choices=["block", "none"], default="block",
+                   help="FSDP units: each transformer block (litgpt) or the whole model (Lightning without a policy)")
+    s.add_argument("--zero-stage", type=int, choices=[1, 2, 3], default=3, help="DeepSpeed ZeRO stage")
+    s.add_argument("--offload-optimizer", action="store_true", help="optimizer states (and master weights) in host RAM")
+    s.add_argument("--offload-params", action="store_true", help="parameters in host RAM (ZeRO-3 / FSDP offload)")
+    s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
+    s.add_argument("--dataset", type=Path, help="an Alpaca JSON: use its longest sample as the sequence length "
+                                                "(needs the checkpoint's tokenizer)")
+    s.add_argument("--tokens", type=float, help="token budget to project (default: the recipe's training run)")
+    s.add_argument("--tokens-per-sample", type=float,
+                   help="padded tokens per sample (default: from the data and tokenizer when both are here, else "
+                        "the lab's 437)")
+    s.add_argument("--mfu-range", type=float, nargs=2, default=list(planner_default_mfu()), metavar=("LOW", "HIGH"),
+                   help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)")
+    s.add_argument("--calibrate", type=Path, help="a directory of run records: use the measured MFU (and power) of "
+                                                  "the nearest measured configuration")
+    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
+    s.set_defaults(func=cmd_plan, passthrough=True)
+
+    s = sub.add_parser("plan-accuracy", help="the planner against every lab measurement -> reports/planner-accuracy/")
+    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-accuracy)")
+    s.set_defaults(func=cmd_plan_accuracy)
+
+    s = sub.add_parser(
+        "tune-batch", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="find the largest and the fastest micro batch with short real probes",
+        description="Start from the planner's guess, run short real probes (a few steps each), doubling then "
+                    "bisecting the micro batch; report the largest that fits and the best (highest tok/s among "
+                    "probes with no allocator retries). Each probe is a run record under --out. On CPU, give "
+                    "--memory-limit-gb so that 'fits' means something.",
+        epilog="Any other --dotted.key VALUE is a litgpt-style override.")
+    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
+    s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
+    s.add_argument("--start", type=int, help="starting micro batch (default: the planner's guess, or 1)")
+    s.add_argument("--max-micro", type=int, default=1024, help="never probe above this micro batch")
+    s.add_argument("--steps", type=int, default=3, help="optimizer steps per probe (default 3)")
+    s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run_options(s)
+    s.set_defaults(func=cmd_tune_batch, passthrough=True)
 
     s = sub.add_parser(
         "build-model", help="write a litgpt checkpoint directory offline: 'tiny' or a real architecture, random weights",

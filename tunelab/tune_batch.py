@@ -1,0 +1,115 @@
+"""``tunelab tune-batch``: the largest micro batch that fits, and the fastest one, found by real short probes.
+
+Starting from the planner's guess (the largest micro batch it predicts fits the named GPU, or 1), each probe is a
+real run of a few optimizer steps (no accumulation, no final validation) written as a run record. The micro batch
+doubles until a probe runs out of memory, then bisects between the last fit and the first failure. The best
+micro batch is the one with the highest steady-state tokens/s among the probes that fit with no allocator retries
+(seed 000: batch 8 fit but ran slower than 7 because of cudaMalloc retries). On CPU, ``--memory-limit-gb`` caps
+each probe's address space, so the search runs (and is tested) for real without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunelab import record as record_mod
+from tunelab.recipes import Recipe
+from tunelab.runner import run
+
+
+@dataclass
+class TuneResult:
+    largest_fitting: int
+    """Largest micro batch whose probe finished (0 if even the smallest tried failed)."""
+    best: int | None
+    """Micro batch with the highest padded tok/s among fitting probes without allocator retries."""
+    start: int
+    """Where the search started, and why (start_reason)."""
+    start_reason: str
+    probes: list = field(default_factory=list)
+    """One entry per probe: micro batch, status, tok/s, retries, peak memory, record path."""
+
+
+def _probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -> list[str]:
+    return [*overrides, "--train.micro_batch_size", str(micro), "--train.global_batch_size", str(micro * world),
+            "--train.max_steps", str(steps), "--eval.final_validation", "false", "--train.save_interval", "null"]
+
+
+def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1, start_reason: str = "",
+         max_micro: int = 1024, steps: int = 3, model: str = "auto", memory_limit_bytes: int | None = None,
+         timeout_s: float | None = None, world: int = 1, stream=sys.stderr) -> TuneResult:
+    out_dir = Path(out_dir)
+    results: dict[int, record_mod.RunRecord] = {}
+
+    def probe(m: int) -> bool:
+        if m in results:
+            return results[m].status == "ok"
+        run_dir = out_dir / f"mbs{m}"
+        rec = run(recipe, _probe_overrides(overrides, m, world, steps), run_dir, sweep="tune-batch",
+                  row_id=f"mbs{m}", model=model, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes)
+        shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
+        results[m] = rec
+        mem = rec.peak_allocated_bytes or rec.peak_rss_bytes
+        stream.write(f"probe micro {m}: {rec.status}" + (f" ({rec.error})" if rec.status != "ok" else "") +
+                     (f" | {rec.tok_s_padded:,.0f} tok/s" if rec.tok_s_padded else "") +
+                     (f" | peak {mem / 1e9:.2f} GB" if mem else "") + "\n")
+        stream.flush()
+        if rec.status not in ("ok", "oom"):
+            raise RuntimeError(f"probe micro {m} ended with {rec.status}: {rec.error} (see {run_dir}/stderr.log)")
+        return rec.status == "ok"
+
+    m = max(1, min(start, max_micro))
+    if probe(m):
+        lo, hi = m, None
+        while hi is None and lo * 2 <= max_micro:
+            nxt = lo * 2
+            if probe(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+    else:
+        hi, lo = m, 0
+        while hi > 1:
+            nxt = hi // 2
+            if probe(nxt):
+                lo = nxt
+                break
+            hi = nxt
+    if hi is not None and lo:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+    fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
+    clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
+    best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
+    res = TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, probes=[
+        {"micro_batch_size": m, "status": r.status, "tok_s_padded": r.tok_s_padded,
+         "num_alloc_retries": r.num_alloc_retries, "peak_allocated_bytes": r.peak_allocated_bytes,
+         "peak_rss_bytes": r.peak_rss_bytes, "error": r.error, "record": str(out_dir / f"mbs{m}" / "record.json")}
+        for m, r in sorted(results.items())])
+    record_mod.write_json_atomic(out_dir / "tune-batch.json", res.__dict__)
+    return res
+
+
+def render(res: TuneResult) -> str:
+    lines = [f"started at micro batch {res.start} ({res.start_reason})",
+             "micro  status  tok/s padded  retries  peak GB (allocated, else RSS; 1e9 B)"]
+    for p in res.probes:
+        mem = p["peak_allocated_bytes"] or p["peak_rss_bytes"]
+        lines.append(f"{p['micro_batch_size']:>5}  {p['status']:<6}  {p['tok_s_padded'] or 0:>12,.0f}  "
+                     f"{'' if p['num_alloc_retries'] is None else p['num_alloc_retries']:>7}  "
+                     f"{'' if not mem else f'{mem / 1e9:.2f}'}")
+    lines.append(f"largest micro batch that fits: {res.largest_fitting}; best (fastest without allocator retries): "
+                 f"{res.best}")
+    return "\n".join(lines)
+
+
+def summary_json(res: TuneResult) -> str:
+    return json.dumps(res.__dict__, indent=2, default=str)
