@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -38,3 +39,22 @@ def read_metrics(out_dir: Path) -> list[dict]:
     assert files, f"no metrics.csv under {out_dir}"
     with open(files[-1], newline="") as f:
         return list(csv.DictReader(f))
+
+
+def equal_length_dataset(ckpt: Path, path: Path, n: int = 40) -> Path:
+    """Records whose prompt + response have one token count, so no micro batch has padding or a different
+    number of target tokens (litgpt averages the loss per micro batch, then over the accumulation steps)."""
+    from litgpt.prompts import Alpaca
+    from litgpt.tokenizer import Tokenizer
+
+    from tunelab import data
+
+    tok, style = Tokenizer(ckpt), Alpaca()
+    by_len: dict[int, list] = {}
+    for r in data.generate(3000, seed=7):
+        length = len(tok.encode(style.apply(r["instruction"], input=r["input"]) + r["output"], eos=True))
+        by_len.setdefault(length, []).append(r)
+    records = max(by_len.values(), key=len)
+    assert len(records) >= n, "not enough equal-length records"
+    path.write_text(json.dumps(records[:n]))
+    return path

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_litgpt
+from tests.conftest import equal_length_dataset, read_metrics, run_litgpt
 from tunelab.recipes import discover, resolve
 from tunelab.validate import litgpt_args
 
@@ -73,28 +72,9 @@ def test_qlora_trains_on_gpu(recipe, tiny_ckpt, tmp_path):
     assert "Memory Used" in proc.stdout and (out / "final" / "lit_model.pth.lora").is_file()
 
 
-def _equal_length_dataset(ckpt: Path, path: Path, n: int = 40) -> Path:
-    """Records whose prompt + response have one token count, so no micro batch has padding or a different
-    number of target tokens (litgpt averages the loss per micro batch, then over the accumulation steps)."""
-    from litgpt.prompts import Alpaca
-    from litgpt.tokenizer import Tokenizer
-
-    from tunelab import data
-
-    tok, style = Tokenizer(ckpt), Alpaca()
-    by_len: dict[int, list] = {}
-    for r in data.generate(3000, seed=7):
-        length = len(tok.encode(style.apply(r["instruction"], input=r["input"]) + r["output"], eos=True))
-        by_len.setdefault(length, []).append(r)
-    records = max(by_len.values(), key=len)
-    assert len(records) >= n, "not enough equal-length records"
-    path.write_text(json.dumps(records[:n]))
-    return path
-
-
 def test_gradient_accumulation_is_equivalent(tiny_ckpt, tmp_path):
     """micro 4 x accumulation 1 and micro 2 x accumulation 2 give the same losses (fp32, tiny model)."""
-    data_file = _equal_length_dataset(tiny_ckpt, tmp_path / "equal.json")
+    data_file = equal_length_dataset(tiny_ckpt, tmp_path / "equal.json")
     recipe = resolve("tiny-llama-1.1b/full")
     runs = {}
     for micro in (4, 2):

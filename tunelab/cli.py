@@ -126,9 +126,14 @@ def cmd_run(args, extra) -> int:
         args.out = ROOT / "runs" / "single" / f"{recipe.key.replace('/', '-')}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         rec = run(recipe, extra, args.out, row_id=args.id, model=model, timeout_s=args.timeout,
-                  memory_limit_bytes=_memory_limit(args), on_progress=progress.show)
+                  memory_limit_bytes=_memory_limit(args), on_progress=progress.show, strategy=args.strategy,
+                  nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                  master_port=args.master_port)
     except RunError as e:
         return fail(str(e))
+    if args.node_rank:
+        print(f"node {args.node_rank} done (exit code {rec.exit_code}); node 0 writes the record")
+        return 0 if rec.exit_code == 0 else 1
     progress.row_finished(rec)
     print(json.dumps({k: getattr(rec, k) for k in ("status", "error", "peak_allocated_bytes", "peak_rss_bytes",
                                                    "step_time_s", "tok_s_padded", "tok_s_real", "mfu",
@@ -313,6 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--memory-limit-gb", type=float,
                        help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory")
 
+    def strategy_options(s):
+        s.add_argument("--strategy", help="a configs/strategies file or name (ddp, fsdp, fsdp-shard-grad-op, fsdp2, "
+                                          "deepspeed-zero3-offload, ...): run under torchrun with tunelab's "
+                                          "multi-device loop instead of litgpt's built-in strategy; --devices N sets "
+                                          "processes per node")
+        s.add_argument("--nnodes", type=int, default=1, help="nodes (with --strategy); run the same command on each")
+        s.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 writes the record)")
+        s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
+        s.add_argument("--master-port", type=int, help="port on node 0 (default: a free one; give one for >1 node)")
+
     s = sub.add_parser(
         "run", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run one recipe through litgpt as a child process and write its run record",
@@ -324,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, help="run directory (default: runs/single/<recipe>-<time>)")
     s.add_argument("--id", default="run", help="row id stored in the record")
     run_options(s)
+    strategy_options(s)
     s.set_defaults(func=cmd_run, passthrough=True)
 
     s = sub.add_parser(

@@ -82,6 +82,9 @@ class RunRecord:
     """The exact command line run after the entry point."""
     resolved_args: dict = field(default_factory=dict)
     """Every litgpt argument after defaults and overrides (litgpt's own parser)."""
+    strategy: str = "litgpt"
+    """'litgpt' (the recipe's own `litgpt finetune_*`, its built-in strategy) or the configs/strategies file's
+    description (DDP, FSDP ..., FSDP2, DeepSpeed ZeRO-n) run by tunelab.distributed.train."""
     model_source: str = ""
     """'checkpoint' (the recipe's real weights), 'tiny' (embedded tiny model) or 'random' (real shapes, random)."""
     model_name: str = ""

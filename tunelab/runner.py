@@ -136,6 +136,14 @@ def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None
     return "checkpoint", None
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _preexec(memory_limit_bytes: int | None):
     def fn():
         os.setsid()  # own process group: a timeout kills the whole tree (DDP ranks, loader workers)
@@ -254,8 +262,15 @@ def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> d
 def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None = None, *, sweep: str | None = None,
         row_id: str = "run", model: str = "auto", timeout_s: float | None = None,
         memory_limit_bytes: int | None = None, on_progress: Callable[[Progress], None] | None = None,
-        nvml_hz: float = 4.0, extra_env: dict | None = None) -> RunRecord:
-    """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid."""
+        nvml_hz: float = 4.0, extra_env: dict | None = None, strategy: str | None = None, nnodes: int = 1,
+        node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int | None = None) -> RunRecord:
+    """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid.
+
+    Without ``strategy`` the child is ``litgpt finetune_*`` itself (behind tunelab.entry). With a
+    configs/strategies file, the child is torchrun running tunelab.distributed.train with ``devices`` processes
+    per node; for several nodes every node runs this with its ``node_rank`` and the same run directory (a shared
+    filesystem), and node 0 writes the record once all ranks have reported.
+    """
     overrides = list(overrides or [])
     source, ckpt = choose_model(recipe, model, _checkpoint_override(overrides))
     run_dir = Path(run_dir or ROOT / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
@@ -263,22 +278,42 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     if ckpt is not None:
         full_overrides += ["--checkpoint_dir", str(ckpt)]
     result = check(recipe, full_overrides)
-    if not result.ok:
-        raise RunError("; ".join(str(p) for p in result.problems if p.severity == "error"))
+    problems = [p for p in result.problems if p.severity == "error"
+                and not (strategy and p.key == "eval.interval")]  # our loop has no in-loop evaluation to hang
+    if problems or result.resolved is None:
+        raise RunError("; ".join(str(p) for p in problems))
     args = result.resolved
+    strat = None
+    if strategy:
+        from tunelab.distributed.strategy import StrategyError, load_strategy
+
+        try:
+            strat = load_strategy(strategy)
+            strat.check(recipe.method, args)
+        except StrategyError as e:
+            raise RunError(f"{recipe.key}: {e}") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     stats_dir = run_dir / "stats"
-    for old in stats_dir.glob("rank*.json"):
-        old.unlink()
+    if node_rank == 0:
+        for old in stats_dir.glob("rank*.json"):
+            old.unlink()
 
     argv = litgpt_args(recipe, full_overrides)
     devices = int(args.get("devices") or 1) if str(args.get("devices")).lstrip("-").isdigit() else 1
-    world = devices * int(args.get("num_nodes") or 1)
+    world = devices * (nnodes if strat else int(args.get("num_nodes") or 1))
+    if strat:
+        port = master_port or _free_port()
+        launch = ["-m", "torch.distributed.run", f"--nproc_per_node={devices}", f"--nnodes={nnodes}",
+                  f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={port}",
+                  "-m", "tunelab.distributed.train", "--recipe", str(recipe.path), "--strategy", str(strategy),
+                  *full_overrides]
+    else:
+        launch = ["-m", "tunelab.entry", *argv]
     train = args["train"]
     accumulation = max(1, (train["global_batch_size"] // world) // train["micro_batch_size"])
 
     rec = RunRecord(sweep=sweep, row_id=row_id, recipe=recipe.key, command=recipe.command, overrides=overrides,
-                    litgpt_argv=argv, resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
+                    litgpt_argv=launch, strategy=strat.describe() if strat else "litgpt", resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
                     git_sha=git_sha(), versions=versions(), device_count=world, method=recipe.method,
                     precision=args.get("precision"), quantize=args.get("quantize"),
                     micro_batch_size=train["micro_batch_size"], global_batch_size=train["global_batch_size"],
@@ -300,9 +335,10 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     t0 = time.monotonic()
     killed_reason = None
     progress = Progress()
-    with open(run_dir / "stdout.log", "w") as out_f, open(run_dir / "stderr.log", "w") as err_f:
+    suffix = f".node{node_rank}" if node_rank else ""
+    with open(run_dir / f"stdout{suffix}.log", "w") as out_f, open(run_dir / f"stderr{suffix}.log", "w") as err_f:
         monitor.start()
-        proc = subprocess.Popen([sys.executable, "-m", "tunelab.entry", *argv], cwd=ROOT, env=env,
+        proc = subprocess.Popen([sys.executable, *launch], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=err_f, text=True, bufsize=1,
                                 preexec_fn=_preexec(memory_limit_bytes))
         import selectors
@@ -344,6 +380,8 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     rec.wall_s = round(time.monotonic() - t0, 3)
     rec.ended_at = now_iso()
     rec.exit_code = proc.returncode
+    if node_rank:  # node 0 writes the record (its ranks finish after every rank's final barrier)
+        return rec
 
     stdout = (run_dir / "stdout.log").read_text(errors="replace")
     stderr = (run_dir / "stderr.log").read_text(errors="replace")

@@ -39,9 +39,10 @@ from tunelab.runner import Progress, RunError, run
 from tunelab.validate import check
 
 SWEEP_KEYS = {"name", "description", "lab_hardware", "timeout_s", "defaults", "rows", "grid"}
-ROW_KEYS = {"id", "recipe", "set", "lab", "note"}
-GRID_KEYS = {"recipe", "set", "axes", "id", "lab", "note"}
-LAB_KEYS = {"status", "memory_gb", "time_s", "tok_s", "memory_note", "steps", "hardware"}
+ROW_KEYS = {"id", "recipe", "set", "lab", "note", "strategy"}
+GRID_KEYS = {"recipe", "set", "axes", "id", "lab", "note", "strategy"}
+LAB_KEYS = {"status", "memory_gb", "time_s", "tok_s", "memory_note", "steps", "hardware", "allocated_gib",
+            "reserved_gib"}
 
 
 class SweepError(ValueError):
@@ -58,6 +59,8 @@ class Row:
     """Dotted litgpt keys -> values (defaults merged in)."""
     lab: dict = field(default_factory=dict)
     note: str = ""
+    strategy: str | None = None
+    """A configs/strategies file or name: run under tunelab's multi-device loop (None: litgpt's own command)."""
 
     def overrides(self) -> list[str]:
         return to_overrides(self.settings)
@@ -124,7 +127,15 @@ def load(path: Path | str) -> Sweep:
             recipe = resolve(spec["recipe"])
         except RecipeError as e:
             raise SweepError(f"{where}: {label}: recipe: {e}") from None
-        return {"recipe": recipe, "lab": lab, "note": spec.get("note", "")}
+        strategy = spec.get("strategy")
+        if strategy:
+            from tunelab.distributed.strategy import StrategyError, load_strategy
+
+            try:
+                load_strategy(strategy)
+            except StrategyError as e:
+                raise SweepError(f"{where}: {label}: strategy: {e}") from None
+        return {"recipe": recipe, "lab": lab, "note": spec.get("note", ""), "strategy": strategy}
 
     for i, spec in enumerate(raw.get("rows") or []):
         label = f"rows[{i}]" + (f" ({spec.get('id')})" if isinstance(spec, dict) and spec.get("id") else "")
@@ -157,7 +168,8 @@ def load(path: Path | str) -> Sweep:
     for row in rows:
         result = check(row.recipe, row.overrides())
         problems += [f"{where}: row {row.id}: {p.key}: {p.message}; fix: {p.fix}"
-                     for p in result.problems if p.severity == "error"]
+                     for p in result.problems if p.severity == "error"
+                     and not (row.strategy and p.key == "eval.interval")]
     if problems:
         raise SweepError("\n".join(problems))
     return Sweep(name=str(raw["name"]), path=path, rows=rows, description=raw.get("description", ""),
@@ -223,7 +235,8 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
     meta = {"name": sweep.name, "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT)
                                             else sweep.path),
             "model": model, "description": sweep.description, "lab_hardware": sweep.lab_hardware,
-            "rows": [{"id": r.id, "recipe": r.recipe.key, "settings": r.settings, "lab": r.lab, "note": r.note}
+            "rows": [{"id": r.id, "recipe": r.recipe.key, "settings": r.settings, "lab": r.lab, "note": r.note,
+                      "strategy": r.strategy}
                      for r in sweep.rows]}
     if meta_path.is_file() and not rerun:
         old = json.loads(meta_path.read_text())
@@ -246,7 +259,7 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
         try:
             rec = run(row.recipe, row.overrides(), base / row.id, sweep=sweep.name, row_id=row.id, model=model,
                       timeout_s=timeout_s or sweep.timeout_s, memory_limit_bytes=memory_limit_bytes,
-                      on_progress=progress.show)
+                      on_progress=progress.show, strategy=row.strategy)
         except RunError as e:  # refused before launch: still a row, with its reason
             rec = record_mod.RunRecord(sweep=sweep.name, row_id=row.id, recipe=row.recipe.key,
                                        command=row.recipe.command, overrides=row.overrides(), status="error",

@@ -1,0 +1,120 @@
+"""Multi-device strategies for real on CPU: 2 processes over gloo under DDP, FSDP (each sharding), FSDP2 and
+DeepSpeed ZeRO-2/3 (+ CPU offload), each against the single-process `litgpt finetune_full` run with the same
+global batch; two-rank records; a two-"node" torchrun on localhost; the refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cpu_env, equal_length_dataset
+from tunelab import record
+from tunelab.recipes import resolve
+from tunelab.runner import RunError, _free_port, run
+
+ROOT = Path(__file__).resolve().parents[1]
+STRATEGIES = ["ddp", "fsdp", "fsdp-shard-grad-op", "fsdp-no-shard", "fsdp2", "deepspeed-zero2", "deepspeed-zero3",
+              "deepspeed-zero3-offload"]
+
+
+def common(data_file: Path, ckpt: Path) -> list[str]:
+    # fp32, equal-length samples: per-step losses must agree however the global batch of 8 is split
+    return ["--precision", "32-true", "--train.global_batch_size", "8", "--train.max_steps", "3",
+            "--train.lr_warmup_steps", "1", "--data.json_path", str(data_file), "--data.num_workers", "0",
+            "--checkpoint_dir", str(ckpt), "--optimizer.init_args.lr", "0.01"]
+
+
+def step_losses(run_dir: Path, accumulation: int) -> list[float]:
+    import csv
+
+    with open(next(run_dir.glob("litgpt/logs/csv/version_*/metrics.csv")), newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [float(r["loss"]) for r in rows if r.get("loss") and int(r["iter"]) % accumulation == 0]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt, tmp_path_factory):
+    """The single-process run: litgpt's own finetune_full, micro 4 x accumulation 2."""
+    tmp = tmp_path_factory.mktemp("ref")
+    data_file = equal_length_dataset(tiny_ckpt, tmp / "equal.json", n=64)  # 32 training samples: 4 steps
+    rec = run(resolve("tiny-llama-1.1b/full"), [*common(data_file, tiny_ckpt), "--train.micro_batch_size", "4"],
+              tmp / "single", model="checkpoint")
+    assert rec.status == "ok", rec.error
+    losses = step_losses(tmp / "single", 2)
+    assert len(losses) == 3 and losses[0] != losses[-1]
+    return data_file, losses
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_path):
+    data_file, ref = reference
+    rec = run(resolve("tiny-llama-1.1b/full"), [*common(data_file, tiny_ckpt), "--train.micro_batch_size", "2",
+                                                 "--devices", "2"], tmp_path / strategy, model="checkpoint",
+              strategy=strategy, timeout_s=300)
+    assert rec.status == "ok", (rec.error, (tmp_path / strategy / "stderr.log").read_text()[-2000:])
+    assert rec.device_count == 2 and sorted(r.rank for r in rec.ranks) == [0, 1]
+    assert all(r.peak_rss_bytes > 0 for r in rec.ranks) and rec.tok_s_padded > 0
+    assert rec.strategy != "litgpt" and rec.accumulation == 2 and rec.optimizer_steps == 3
+    assert step_losses(tmp_path / strategy, 2) == pytest.approx(ref, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "deepspeed-zero3"])
+def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
+    rec = run(resolve("tiny-llama-1.1b/lora"), ["--devices", "2", "--train.max_steps", "2", "--train.micro_batch_size",
+                                                 "2", "--train.global_batch_size", "8", "--data.num_workers", "0",
+                                                 "--checkpoint_dir", str(tiny_ckpt)], tmp_path / "l",
+              model="checkpoint", strategy=strategy, timeout_s=300)
+    assert rec.status == "ok", rec.error
+    assert rec.n_trainable < rec.n_params and len(rec.ranks) == 2
+
+
+def test_two_nodes_on_localhost(tiny_ckpt, tmp_path):
+    """2 nodes x 1 process: two launchers, one rendezvous, one record with both ranks."""
+    out, port = tmp_path / "two-nodes", _free_port()
+    cmd = [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/full", "--strategy", "ddp", "--devices", "1",
+           "--nnodes", "2", "--master-port", str(port), "--out", str(out), "--precision", "32-true",
+           "--train.max_steps", "2", "--train.micro_batch_size", "2", "--train.global_batch_size", "8",
+           "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)]
+    nodes = [subprocess.Popen([*cmd, "--node-rank", str(k)], cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in (1, 0)]
+    outs = [p.communicate(timeout=300) for p in nodes]
+    assert all(p.returncode == 0 for p in nodes), [o[1][-2000:] for o in outs]
+    rec = record.load(out / "record.json")
+    assert rec.status == "ok" and rec.device_count == 2 and sorted(r.rank for r in rec.ranks) == [0, 1]
+    assert (out / "stdout.node1.log").is_file()
+
+
+def test_refusals(tiny_ckpt, tmp_path):
+    with pytest.raises(RunError, match="single-device"):
+        run(resolve("tiny-llama-1.1b/qlora"), ["--devices", "2", "--checkpoint_dir", str(tiny_ckpt)], tmp_path / "q",
+            model="checkpoint", strategy="fsdp")
+    with pytest.raises(RunError, match="no strategy 'zero9'"):
+        run(resolve("tiny-llama-1.1b/full"), ["--checkpoint_dir", str(tiny_ckpt)], tmp_path / "z", model="checkpoint",
+            strategy="zero9")
+    from tunelab.distributed.strategy import StrategyError, load_strategy
+
+    with pytest.raises(StrategyError, match="QLoRA runs on one device"):
+        load_strategy("fsdp2").check("qlora", {"quantize": "bnb.nf4"})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: fsdp\nsharding: FULL\n")
+    with pytest.raises(RunError, match=r"unknown key\(s\) \['sharding'\]"):
+        run(resolve("tiny-llama-1.1b/full"), ["--checkpoint_dir", str(tiny_ckpt)], tmp_path / "b", model="checkpoint",
+            strategy=str(bad))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2", "deepspeed-zero3-offload"])
+def test_nccl_strategies_on_gpus(strategy, tiny_ckpt, tmp_path):
+    """The same loop over NCCL on 2 GPUs (run on a GPU machine: pytest -m gpu)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    rec = run(resolve("tiny-llama-1.1b/full"), ["--devices", "2", "--train.max_steps", "3", "--data.num_workers", "0",
+                                                 "--checkpoint_dir", str(tiny_ckpt)], tmp_path / strategy,
+              model="checkpoint", strategy=strategy, timeout_s=600)
+    assert rec.status == "ok", rec.error
+    assert len(rec.ranks) == 2 and all(r.peak_allocated_bytes for r in rec.ranks)

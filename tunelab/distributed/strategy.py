@@ -1,0 +1,109 @@
+"""Strategy settings (``configs/strategies/*.yaml``): one dataclass, every knob documented, unknown keys refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from tunelab.paths import CONFIGS_DIR
+
+NAMES = ("single", "ddp", "fsdp", "fsdp2", "deepspeed")
+
+
+class StrategyError(ValueError):
+    """A strategy file or combination that cannot run, with the reason."""
+
+
+@dataclass
+class StrategyConfig:
+    name: str
+    """single, ddp, fsdp (FSDP1 FullyShardedDataParallel), fsdp2 (fully_shard) or deepspeed."""
+    description: str = ""
+    """Free text for reports."""
+    # DDP
+    bucket_cap_mb: int = 25
+    """DDP: gradient bucket size in MB (larger: fewer all-reduces, more memory)."""
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into the buckets (saves one gradient copy)."""
+    # FSDP1
+    sharding_strategy: str = "FULL_SHARD"
+    """FSDP: FULL_SHARD (params+grads+states, like ZeRO-3), SHARD_GRAD_OP (grads+states, ZeRO-2), HYBRID_SHARD
+    (full shard within a node, replicate across nodes), NO_SHARD (DDP)."""
+    auto_wrap: str = "block"
+    """FSDP: 'block' wraps each litgpt transformer Block as a unit; 'none' makes the whole model one unit."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward (True reduces memory, costs ~one extra forward)."""
+    backward_prefetch: str | None = "BACKWARD_PRE"
+    """FSDP: BACKWARD_PRE, BACKWARD_POST or null (prefetch the next unit's parameters during backward)."""
+    cpu_offload: bool = False
+    """FSDP: keep sharded parameters (and gradients) in host RAM."""
+    limit_all_gathers: bool = True
+    """FSDP: rate-limit all-gathers (bounds memory of prefetched units)."""
+    mixed_precision: dict | None = None
+    """FSDP: MixedPrecision dtypes, e.g. {param_dtype: bfloat16, reduce_dtype: float32, buffer_dtype: bfloat16}."""
+    # FSDP2
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (True: ZeRO-3-like; False: ZeRO-2-like, faster, more memory)."""
+    # DeepSpeed
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters sharded."""
+    offload_optimizer: bool = False
+    """DeepSpeed: optimizer states (and fp32 master weights) in host RAM."""
+    offload_params: bool = False
+    """DeepSpeed ZeRO-3: parameters in host RAM."""
+    cpu_adam: bool = False
+    """DeepSpeed: use DeepSpeedCPUAdam for offloaded states (compiled op, much faster) instead of torch AdamW."""
+    reduce_bucket_size: int = 200_000_000
+    """DeepSpeed: elements per gradient reduce bucket (memory vs communication efficiency)."""
+    allgather_bucket_size: int = 200_000_000
+    """DeepSpeed: elements per all-gather bucket."""
+    extra: dict = field(default_factory=dict)
+    """Unused; reserved."""
+
+    def describe(self) -> str:
+        if self.name == "fsdp":
+            return (f"FSDP {self.sharding_strategy}, wrap {self.auto_wrap}"
+                    + (", activation checkpointing" if self.activation_checkpointing else "")
+                    + (", CPU offload" if self.cpu_offload else ""))
+        if self.name == "fsdp2":
+            return f"FSDP2 fully_shard (reshard_after_forward={self.reshard_after_forward})"
+        if self.name == "deepspeed":
+            off = [n for n, on in (("optimizer", self.offload_optimizer), ("params", self.offload_params)) if on]
+            return f"DeepSpeed ZeRO-{self.zero_stage}" + (f", offload {'+'.join(off)} to CPU" if off else "")
+        return self.name.upper() if self.name == "ddp" else self.name
+
+    def check(self, method: str, args: dict) -> None:
+        """Refuse, with the reason, what this stack cannot run."""
+        if args.get("quantize"):
+            raise StrategyError(
+                f"quantize={args['quantize']} under {self.name}: litgpt quantizes through Lightning's "
+                "BitsandbytesPrecision, which it allows on one device only, and sharding 4-bit weights (FSDP-QLoRA) "
+                "needs bitsandbytes quant_storage wiring that litgpt lacks; QLoRA runs on one device with "
+                "`litgpt finetune_lora` (tunelab run without --strategy)")
+        if self.name == "deepspeed" and self.offload_params and self.zero_stage != 3:
+            raise StrategyError("offload_params needs zero_stage: 3")
+        if self.name == "fsdp" and self.sharding_strategy not in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD",
+                                                                  "NO_SHARD"):
+            raise StrategyError(f"sharding_strategy {self.sharding_strategy!r} is not a torch ShardingStrategy")
+        if args.get("precision") in ("16-mixed",):
+            raise StrategyError("16-mixed needs a gradient scaler, which this loop (like litgpt's) does not use; "
+                                "use bf16-mixed or bf16-true")
+
+
+def load_strategy(path: str | Path) -> StrategyConfig:
+    p = Path(path)
+    if not p.is_file() and (CONFIGS_DIR / "strategies" / f"{path}.yaml").is_file():
+        p = CONFIGS_DIR / "strategies" / f"{path}.yaml"
+    if not p.is_file():
+        known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
+        raise StrategyError(f"no strategy {path!r}: give a YAML path or one of: {known}")
+    raw = yaml.safe_load(p.read_text()) or {}
+    allowed = {f.name for f in fields(StrategyConfig)}
+    bad = set(raw) - allowed
+    if bad:
+        raise StrategyError(f"{p}: unknown key(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+    if raw.get("name") not in NAMES:
+        raise StrategyError(f"{p}: name must be one of {NAMES}, got {raw.get('name')!r}")
+    return StrategyConfig(**raw)
