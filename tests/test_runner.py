@@ -3,8 +3,6 @@ a SIGKILLed run, a timed-out run, and a SIGKILLed sweep that resumes without los
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +10,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from tests.conftest import cpu_env
 from tunelab import record

@@ -215,7 +215,7 @@ def cmd_plan_accuracy(args, extra) -> int:
 
 
 def cmd_tune_batch(args, extra) -> int:
-    from tunelab import hardware, planner
+    from tunelab import hardware
     from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import RecipeError, resolve
     from tunelab.tune_batch import render, summary_json, tune
@@ -276,11 +276,9 @@ def cmd_data(args, extra) -> int:
     return 0
 
 
-def planner_default_mfu():
-    return (0.25, 0.55)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from tunelab.planner import DEFAULT_MFU_RANGE
+
     p = argparse.ArgumentParser(
         prog="tunelab", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="LitGPT fine-tuning recipes, with the tools that plan, run, measure and report them.")
@@ -398,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens-per-sample", type=float,
                    help="padded tokens per sample (default: from the data and tokenizer when both are here, else "
                         "the lab's 437)")
-    s.add_argument("--mfu-range", type=float, nargs=2, default=list(planner_default_mfu()), metavar=("LOW", "HIGH"),
+    s.add_argument("--mfu-range", type=float, nargs=2, default=list(DEFAULT_MFU_RANGE), metavar=("LOW", "HIGH"),
                    help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)")
     s.add_argument("--calibrate", type=Path, help="a directory of run records: use the measured MFU (and power) of "
                                                   "the nearest measured configuration")

@@ -388,7 +388,7 @@ def plan_input_from_args(args: dict, method: str, *, strategy: str = "single", s
     if quantize and "AdamW" in str(opt):
         opt = "bitsandbytes.optim.PagedAdamW"  # what litgpt builds for quantized training
     if strategy == "single" and world > 1:
-        strategy = "fsdp" if method == "full" else "fsdp"  # litgpt's own multi-device choice (FSDP / FSDP2)
+        strategy = "fsdp"  # litgpt's own multi-device choice: FSDP for full, FSDP2 (same division) for LoRA
     return PlanInput(
         config=config, method=method, precision=args.get("precision") or "bf16-true", quantize=quantize,
         micro_batch_size=train["micro_batch_size"],

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import yaml
 
 from tunelab import entry
 from tunelab.distributed.strategy import StrategyConfig, load_strategy
