@@ -19,7 +19,7 @@ GB = 1e9
 
 # (column, header in Markdown, how to get it from a record dict + lab dict)
 COLUMNS = [
-    "sweep", "row_id", "recipe", "method", "model_source", "model_name", "precision", "quantize",
+    "sweep", "row_id", "recipe", "strategy", "method", "model_source", "model_name", "precision", "quantize",
     "micro_batch_size", "global_batch_size", "accumulation", "device_count", "device_name", "status", "error",
     "peak_allocated_gb", "peak_reserved_gb", "alloc_retries", "nvml_peak_used_gb", "peak_rss_gb",
     "step_time_s", "tok_s_padded", "tok_s_real", "tok_s_padded_per_device", "samples_s", "padding_pct",
@@ -47,7 +47,7 @@ DEFINITIONS = """\
 | TFLOP/s | FLOPs/token x real tok/s per device / 1e12 |
 | MFU | TFLOP/s over the device's dense peak for the run's precision (configs/hardware/gpus.yaml); empty on CPU or an unknown device |
 | util %, power W, energy | NVML, sampled in the parent at the stated rate: mean (and std) utilisation over GPUs, summed mean power, summed energy; J per 1k real tokens. Empty on CPU: never estimated |
-| lab | the lab's published figure for the same settings, on the lab's hardware (spec `experiments.md`) |
+| lab | the lab's published figure for the same settings, on the lab's hardware (spec `experiments.md`); Part 2 rows: the *current* allocated memory per GPU the lab printed (GiB converted to GB; a range is min-max over GPUs), not a peak |
 """
 
 
@@ -66,12 +66,17 @@ def row_of(rec: record_mod.RunRecord, lab: dict, lab_hardware: str) -> dict:
     padding = (1 - rec.tokens_real / rec.tokens_padded) * 100 if rec.tokens_padded and rec.tokens_real else None
     d = rec.to_dict()
     row = {c: d.get(c) for c in COLUMNS if c in d}
+    lab_mem = lab.get("memory_gb")
+    if lab_mem is None and lab.get("allocated_gib") is not None:  # Part 2: current allocated per GPU, GiB
+        a = lab["allocated_gib"]
+        lab_mem = (f"{a[0] * 2**30 / GB:.2f}-{a[1] * 2**30 / GB:.2f}" if isinstance(a, list)
+                   else round(a * 2**30 / GB, 2))
     row.update({
         "peak_allocated_gb": rec.peak_allocated_bytes / GB if rec.peak_allocated_bytes is not None else None,
         "peak_reserved_gb": rec.peak_reserved_bytes / GB if rec.peak_reserved_bytes is not None else None,
         "alloc_retries": rec.num_alloc_retries, "nvml_peak_used_gb": nvml / GB if nvml else None,
         "peak_rss_gb": rec.peak_rss_bytes / GB if rec.peak_rss_bytes else None, "padding_pct": padding,
-        "lab_status": lab.get("status"), "lab_memory_gb": lab.get("memory_gb"), "lab_time_s": lab.get("time_s"),
+        "lab_status": lab.get("status"), "lab_memory_gb": lab_mem, "lab_time_s": lab.get("time_s"),
         "lab_tok_s": lab.get("tok_s"), "lab_hardware": lab.get("hardware", lab_hardware) if lab else None,
     })
     return row
@@ -154,9 +159,9 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
     if failed:
         out += ["", "## Rows that did not finish", ""]
         out += [f"- **{r.row_id}** ({r.recipe}): {r.status}: `{(r.error or '').replace('`', '')[:300]}`" for r in failed]
-    out += ["", "## Settings of each row", "", "| row | overrides on the recipe | model |", "|---|---|---|"]
-    out += [f"| {r.row_id} | `{' '.join(r.overrides) or '(recipe as is)'}` | {r.model_name} ({r.model_source}) |"
-            for r in records]
+    out += ["", "## Settings of each row", "", "| row | overrides on the recipe | strategy | model |", "|---|---|---|---|"]
+    out += [f"| {r.row_id} | `{' '.join(r.overrides) or '(recipe as is)'}` | {r.strategy} | {r.model_name} "
+            f"({r.model_source}) |" for r in records]
     out += ["", "## Definitions", "", DEFINITIONS, "## Plots", "",
             "![peak memory per row](memory.png)", "", "![throughput per row](throughput.png)", ""]
     if any(r.device_count > 1 for r in records):
@@ -179,7 +184,7 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(records) + 2), 4))
     mem = [(row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]) or 0 for row in rows]
     ax.bar(range(len(records)), mem, color=[colors.get(r.status, "k") for r in records])
-    lab = [row["lab_memory_gb"] for row in rows]
+    lab = [row["lab_memory_gb"] if isinstance(row["lab_memory_gb"], (int, float)) else None for row in rows]
     if any(v is not None for v in lab) and not cpu:
         ax.scatter([i for i, v in enumerate(lab) if v is not None], [v for v in lab if v is not None],
                    marker="_", s=400, color="black", label="lab (A100 80GB)", zorder=3)
