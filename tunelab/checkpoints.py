@@ -119,7 +119,7 @@ def build(name: str = TINY, out_dir: Path | None = None, *, dataset: Path = DATA
     finally:
         torch.set_default_dtype(previous)
     tmp = out_dir / "lit_model.pth.tmp"
-    torch.save(model.state_dict(), tmp)
+    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
     tmp.replace(out_dir / "lit_model.pth")
     save_config(config, out_dir)
     (out_dir / "tunelab_build.json").write_text(json.dumps({

@@ -129,7 +129,8 @@ def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None
             name = Config.from_name(ckpt.name).name
         except ValueError:
             raise RunError(f"{recipe.key}: cannot tell the architecture of {ckpt} for --weights random") from None
-        return "random", checkpoints.build(name)
+        # initialise on the GPU when there is one: a 13B model takes minutes on a CPU
+        return "random", checkpoints.build(name, device="cuda" if cuda_available() else "cpu")
     if not have_real:
         raise RunError(f"{recipe.key}: no checkpoint at {ckpt}; download it ({recipe.download_command()}), or use "
                        "--model tiny (embedded tiny model) or --weights random (real architecture, random weights)")
