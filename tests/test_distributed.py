@@ -16,8 +16,8 @@ from tunelab.recipes import resolve
 from tunelab.runner import RunError, _free_port, run
 
 ROOT = Path(__file__).resolve().parents[1]
-STRATEGIES = ["ddp", "fsdp", "fsdp-shard-grad-op", "fsdp-no-shard", "fsdp2", "deepspeed-zero2", "deepspeed-zero3",
-              "deepspeed-zero3-offload"]
+STRATEGIES = ["ddp", "fsdp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload", "fsdp2",
+              "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload"]
 
 
 def common(data_file: Path, ckpt: Path) -> list[str]:
