@@ -339,33 +339,42 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     suffix = f".node{node_rank}" if node_rank else ""
     with open(run_dir / f"stdout{suffix}.log", "w") as out_f, open(run_dir / f"stderr{suffix}.log", "w") as err_f:
         monitor.start()
-        proc = subprocess.Popen([sys.executable, *launch], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=err_f, text=True, bufsize=1,
-                                preexec_fn=_preexec(memory_limit_bytes))
+        proc = subprocess.Popen([sys.executable, *launch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=err_f, preexec_fn=_preexec(memory_limit_bytes))
         import selectors
 
+        fd = proc.stdout.fileno()
         sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         exited_at = None
         first = None
+        last_tokens_read = 0.0
+        pending = b""
         while True:
             if timeout_s is not None and killed_reason is None and time.monotonic() - t0 > timeout_s:
                 killed_reason = f"timeout: killed after {timeout_s:.0f} s"
                 os.killpg(proc.pid, signal.SIGKILL)
             if sel.select(timeout=0.5):
-                line = proc.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 65536)  # never blocks on a line that has no newline yet (progress bars)
+                if not chunk:
                     break
-                out_f.write(line)
-                m = _ITER_LINE.search(line)
-                if m:
+                out_f.write(chunk.decode(errors="replace"))
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    m = _ITER_LINE.search(raw.decode(errors="replace"))
+                    if not m:
+                        continue
                     progress.iter, progress.step = int(m.group(1)), int(m.group(2))
                     progress.loss, progress.iter_ms = float(m.group(3)), float(m.group(4))
-                    tokens = _latest_tokens(run_dir / "litgpt")
-                    if tokens is not None:
-                        first = first or (time.monotonic(), tokens)
-                        if time.monotonic() - first[0] > 0.5:
-                            progress.tok_s = (tokens - first[1]) / (time.monotonic() - first[0]) * world
+                    now = time.monotonic()
+                    if now - last_tokens_read > 1.0:  # metrics.csv is read at most once a second
+                        last_tokens_read = now
+                        tokens = _latest_tokens(run_dir / "litgpt")
+                        if tokens is not None:
+                            first = first or (now, tokens)
+                            if now - first[0] > 0.5:
+                                progress.tok_s = (tokens - first[1]) / (now - first[0]) * world
                     if on_progress:
                         on_progress(progress)
             elif proc.poll() is not None:
