@@ -118,3 +118,27 @@ def test_nccl_strategies_on_gpus(strategy, tiny_ckpt, tmp_path):
               model="checkpoint", strategy=strategy, timeout_s=600)
     assert rec.status == "ok", rec.error
     assert len(rec.ranks) == 2 and all(r.peak_allocated_bytes for r in rec.ranks)
+
+
+def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
+    """SIGKILL the `tunelab run` parent mid-training: torchrun and every rank go with it (no rank left hanging)."""
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--strategy", "ddp",
+                             "--devices", "2", "--out", str(tmp_path / "k"), "--data.num_workers", "0",
+                             "--checkpoint_dir", str(tiny_ckpt)], cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    t0, ranks = time.time(), []
+    while len(ranks) < 2:
+        assert time.time() - t0 < 120 and proc.poll() is None
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                 if "tunelab.distributed.train" in " ".join(c.cmdline())]
+        time.sleep(0.2)
+    time.sleep(3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, [p.pid for p in alive]

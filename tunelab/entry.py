@@ -89,7 +89,20 @@ def _write_stats() -> None:
     os.replace(tmp, path)
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so that ranks spawned by a launcher (Lightning's,
+    torchrun's) do not outlive a killed run and hang in a collective."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
+    die_with_parent()
     os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
     sys.excepthook = _excepthook
     atexit.register(_write_stats)

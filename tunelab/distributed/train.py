@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", required=True, help="recipe key or YAML path")
     p.add_argument("--strategy", required=True, help="a configs/strategies/*.yaml file")
     ns, overrides = p.parse_known_args(argv)
+    entry.die_with_parent()
     from tunelab.recipes import resolve
     from tunelab.validate import parse
 
