@@ -221,6 +221,12 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
     if strategy.name == "deepspeed":
         import deepspeed
 
+        if device.type == "cpu":
+            # On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op at first use, every rank into one
+            # torch-extensions folder under a file lock; a build killed midway leaves the lock and every later run
+            # waits on it forever (seen here). gloo's all-reduce does the same job.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(strategy, micro, accumulation, precision))
