@@ -173,12 +173,9 @@ def generate(n: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED) -> list[dict]:
 
 def write(path: Path, records: list[dict]) -> Path:
     """Write records as a JSON list (the format ``litgpt.data.JSON`` reads), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    from tunelab.record import write_text_atomic
+
+    return write_text_atomic(Path(path), json.dumps(records, indent=1, ensure_ascii=False) + "\n")
 
 
 def corpus(records: list[dict]) -> list[str]:

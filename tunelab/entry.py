@@ -11,7 +11,6 @@ its padded and real token counts; at exit (normal, exception or sys.exit) it wri
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import resource
 import sys
@@ -81,12 +80,9 @@ def _write_stats() -> None:
     except Exception as e:  # noqa: BLE001 - a broken CUDA context must not lose the rest
         stats["cuda_error"] = repr(e)
     stats["iters"] = _ITERS
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"rank{stats['rank']}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(stats, f)
-    os.replace(tmp, path)
+    from tunelab.record import write_json_atomic
+
+    write_json_atomic(os.path.join(out_dir, f"rank{stats['rank']}.json"), stats, indent=None)
 
 
 def die_with_parent() -> None:

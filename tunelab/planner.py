@@ -137,7 +137,7 @@ def _dtype_bytes(precision: str) -> int:
     return 4
 
 
-def _activations_per_token_layer(c, method: str, s: int, ckpt: bool) -> float:
+def _activations_per_token_layer(c, method: str, s: int, ckpt: bool, targets: dict | None = None) -> float:
     """Bytes autograd keeps per token and per transformer block (see the module docstring)."""
     d, inter = c.n_embd, c.intermediate_size
     q_width = c.n_head * c.head_size
@@ -153,7 +153,7 @@ def _activations_per_token_layer(c, method: str, s: int, ckpt: bool) -> float:
         norms = 2 * (4 * d)
         mlp = 3 * s * inter
         lora = 0
-        t = lambda k: bool(c.__dict__.get(f"lora_{k}", False))  # noqa: E731
+        t = lambda k: bool((targets or {}).get(k, False))  # noqa: E731
         drop = s + 1  # dropout output + bool mask per element
         lora += drop * d if any(t(k) for k in ("query", "key", "value")) else 0
         lora += drop * q_width if t("projection") else 0
@@ -172,10 +172,9 @@ def predict(x: PlanInput) -> Plan:
     world = max(1, x.devices * x.num_nodes)
     notes = []
 
+    targets: dict = {}
     if x.method in ("lora", "qlora"):
         targets = x.lora_targets or {k: True for k in ("query", "key", "value", "projection", "mlp", "head")}
-        for k, v in targets.items():
-            setattr(c, f"lora_{k}", v)
         trainable = lora_param_count(c, x.lora_r or 8, targets)
     else:
         trainable = total
@@ -221,12 +220,13 @@ def predict(x: PlanInput) -> Plan:
     # activations
     n_tok = x.micro_batch_size * x.seq_len
     per_layer = _activations_per_token_layer(c, "full" if x.method == "full" else "lora", s_act,
-                                             x.activation_checkpointing)
+                                             x.activation_checkpointing, targets)
     acts = per_layer * c.n_layer * n_tok
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
     if x.activation_checkpointing:  # one block recomputed at a time
-        acts += _activations_per_token_layer(c, "full" if x.method == "full" else "lora", s_act, False) * n_tok
+        acts += _activations_per_token_layer(c, "full" if x.method == "full" else "lora", s_act, False,
+                                             targets) * n_tok
     loss_s = 4 if mixed else s_act
     if x.method == "full":
         logits = n_tok * c.padded_vocab_size * (s_act + s_act + loss_s) if not mixed else \

@@ -244,17 +244,23 @@ class RunRecord:
         return rec
 
 
-def write_json_atomic(path: Path, data) -> Path:
-    """Write JSON to ``path`` through a temp file in the same directory and an atomic rename."""
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same directory, fsync, then an atomic rename: a reader
+    (or a crash) sees the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def write_json_atomic(path: Path, data, indent: int | None = 2) -> Path:
+    """Write JSON to ``path`` atomically (see write_text_atomic)."""
+    return write_text_atomic(path, json.dumps(data, indent=indent, default=str))
 
 
 def save(record: RunRecord, path: Path) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tunelab import record as record_mod
 from tunelab.paths import ROOT
+from tunelab.record import write_text_atomic
 
 GB = 1e9
 
@@ -265,8 +266,3 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
     plots(records, rows, out_dir)
     return out_dir
 
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -453,10 +453,9 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
 
     # compute
     try:
-        from litgpt import Config
+        from tunelab.flops import load_config
 
-        config = Config.from_file(ckpt / "model_config.yaml") if (ckpt / "model_config.yaml").is_file() \
-            else Config.from_name(ckpt.name)
+        config = load_config(ckpt)
         rec.model_name = config.name
         seq = (rec.tokens_padded / (n_iters * rec.micro_batch_size * rec.device_count)
                if rec.tokens_padded and n_iters else (rec.max_seq_length or config.block_size))

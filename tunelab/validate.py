@@ -240,12 +240,11 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
     ckpt = a.get("checkpoint_dir")
     block_size = None
     if ckpt is not None:
-        from litgpt import Config
+        from tunelab.flops import load_config
 
         ckpt = Path(ckpt)
         try:
-            config = (Config.from_file(ckpt / "model_config.yaml") if (ckpt / "model_config.yaml").is_file()
-                      else Config.from_name(ckpt.name))
+            config = load_config(ckpt)
             block_size = config.block_size
         except (ValueError, TypeError):
             bad("checkpoint_dir", f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
