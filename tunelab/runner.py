@@ -36,7 +36,7 @@ from tunelab.gpu_monitor import GPUMonitor
 from tunelab.paths import ROOT
 from tunelab.record import RankStats, RunRecord, save
 from tunelab.recipes import Recipe
-from tunelab.validate import check, litgpt_args
+from tunelab.validate import check, litgpt_args, split_checkpoint_override
 
 MODEL_CHOICES = ("auto", "checkpoint", "tiny", "random")
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "can't allocate memory",
@@ -99,15 +99,6 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _checkpoint_override(overrides: list[str]) -> str | None:
-    for i, arg in enumerate(overrides):
-        if arg == "--checkpoint_dir" and i + 1 < len(overrides):
-            return overrides[i + 1]
-        if arg.startswith("--checkpoint_dir="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None = None) -> tuple[str, Path | None]:
@@ -273,7 +264,7 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     filesystem), and node 0 writes the record once all ranks have reported.
     """
     overrides = list(overrides or [])
-    source, ckpt = choose_model(recipe, model, _checkpoint_override(overrides))
+    source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
     run_dir = Path(run_dir or ROOT / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
     full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
     if ckpt is not None:

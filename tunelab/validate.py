@@ -71,22 +71,28 @@ def litgpt_parser():
     return parser
 
 
+def split_checkpoint_override(overrides: list[str]) -> tuple[list[str], str | None]:
+    """(the overrides without ``--checkpoint_dir``, its last value or None)."""
+    rest, ckpt = [], None
+    it = iter(overrides)
+    for arg in it:
+        if arg == "--checkpoint_dir":
+            ckpt = next(it, "")
+        elif arg.startswith("--checkpoint_dir="):
+            ckpt = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest, ckpt
+
+
 def litgpt_args(recipe: Recipe, overrides: list[str]) -> list[str]:
     """The litgpt command line (after ``litgpt``) for a recipe plus litgpt-style overrides.
 
     ``checkpoint_dir`` is positional in litgpt's parser: ``--checkpoint_dir X`` is moved to the end, after
     ``--config``, where a positional overrides the file's value.
     """
-    rest, positional = [], []
-    it = iter(overrides)
-    for arg in it:
-        if arg == "--checkpoint_dir":
-            positional = [next(it, "")]
-        elif arg.startswith("--checkpoint_dir="):
-            positional = [arg.split("=", 1)[1]]
-        else:
-            rest.append(arg)
-    return [recipe.command, "--config", str(recipe.path), *rest, *positional]
+    rest, ckpt = split_checkpoint_override(overrides)
+    return [recipe.command, "--config", str(recipe.path), *rest, *([ckpt] if ckpt is not None else [])]
 
 
 def parse(recipe: Recipe, overrides: list[str]) -> dict:
