@@ -28,10 +28,10 @@ def tiny_ckpt(tmp_path_factory) -> Path:
 
 
 def run_litgpt(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the real `litgpt` CLI of this environment as a child process, from the repository root."""
-    litgpt = Path(sys.executable).with_name("litgpt")
-    return subprocess.run([str(litgpt), *args], cwd=ROOT, env=cpu_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    """Run the real `litgpt` CLI of this environment as a child process (``python -m litgpt``: the console script
+    is not beside the interpreter when litgpt is installed with ``pip --target``), from the repository root."""
+    return subprocess.run([sys.executable, "-m", "litgpt", *args], cwd=ROOT, env=cpu_env(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def read_metrics(out_dir: Path) -> list[dict]:

@@ -65,7 +65,7 @@ def test_qlora_trains_on_gpu(recipe, tiny_ckpt, tmp_path):
 
     out = tmp_path / "out"
     env = dict(os.environ)
-    proc = subprocess.run([str(Path(sys.executable).with_name("litgpt")),
+    proc = subprocess.run([sys.executable, "-m", "litgpt",
                            *litgpt_args(recipe, [*FEW_STEPS, "--out_dir", str(out), "--checkpoint_dir", str(tiny_ckpt)])],
                           cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

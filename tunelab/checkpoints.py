@@ -8,7 +8,9 @@ A litgpt checkpoint directory holds ``lit_model.pth`` (the state dict), ``model_
   grouped-query attention 4 heads / 2 query groups) and a 512-token BPE vocabulary trained here on the shipped
   dataset. About 0.1 M parameters: a training step takes milliseconds on a laptop CPU.
 * any litgpt config name (``open_llama_7b``, ``tiny-llama-1.1b``, ...): that architecture, randomly initialised,
-  for benchmarking memory and speed on a GPU with no download (both depend on shapes, not on values).
+  for benchmarking memory and speed on a GPU with no download (both depend on shapes, not on values), with the
+  benchmark tokenizer of :mod:`tunelab.benchmark_data` (word-level, so that the benchmark dataset's batches have
+  the lab's token counts).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def default_dir(name: str) -> Path:
     return cache_dir() / "checkpoints" / (name if name == TINY else f"random-{name}")
 
 
+def is_complete(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a whole checkpoint (the weights are renamed into place last)."""
+    out_dir = Path(out_dir)
+    return (out_dir / "lit_model.pth").is_file() and (out_dir / "model_config.yaml").is_file()
+
+
 def model_config(name: str):
     """The ``litgpt.Config`` for ``tiny`` or for a litgpt config name; ValueError with a hint if unknown."""
     from litgpt import Config
@@ -92,20 +100,28 @@ def build(name: str = TINY, out_dir: Path | None = None, *, dataset: Path = DATA
 
     config = model_config(name)
     out_dir = Path(out_dir) if out_dir is not None else default_dir(name)
-    if (out_dir / "lit_model.pth").is_file() and (out_dir / "model_config.yaml").is_file() and not force:
+    if is_complete(out_dir) and not force:
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or (torch.float32 if name == TINY else torch.bfloat16)
 
-    records = json.loads(Path(dataset).read_text(encoding="utf-8")) if Path(dataset).is_file() else \
-        data_mod.generate()
-    tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
-    tok.save(str(out_dir / "tokenizer.json"))
+    if name == TINY:
+        records = json.loads(Path(dataset).read_text(encoding="utf-8")) if Path(dataset).is_file() else \
+            data_mod.generate()
+        tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
+        tok.save(str(out_dir / "tokenizer.json"))
+        (out_dir / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True,
+            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "model_max_length": config.block_size,
+        }, indent=2))
+    else:  # real architecture: the benchmark tokenizer, whose token counts reproduce the lab's batches
+        from tunelab import benchmark_data
+
+        benchmark_data.write_tokenizer(out_dir)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True,
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "model_max_length": config.block_size,
-    }, indent=2))
     (out_dir / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}, indent=2))
 

@@ -146,18 +146,31 @@ def cmd_sweep(args, extra) -> int:
     from tunelab.report import write_report
     from tunelab.sweep import SweepError, load, run_sweep
 
+    from tunelab.sweep import archive, with_settings
+
+    def after_row(sweep_dir: Path) -> None:  # what a command killed later must still leave behind
+        if args.report_each_row and not args.no_report:
+            write_report(sweep_dir, args.report_dir)
+        if args.archive:
+            archive(sweep_dir, args.archive)
+
     try:
         model = _model_choice(args)
         sweep = load(args.sweep)
+        if args.set:
+            sweep = with_settings(sweep, args.set)
         sweep_dir = run_sweep(sweep, args.out, rerun=args.rerun, model=model,
                               only=args.only.split(",") if args.only else None, timeout_s=args.timeout,
-                              memory_limit_bytes=_memory_limit(args))
-    except (SweepError, ValueError) as e:
+                              memory_limit_bytes=_memory_limit(args), deadline_s=args.deadline,
+                              after_row=after_row, prune_checkpoints=args.prune_checkpoints)
+    except (SweepError, ValueError, OSError) as e:
         return fail(str(e).replace("\n", "\n  "))
     print(f"records: {sweep_dir}")
     if not args.no_report:
         out = write_report(sweep_dir, args.report_dir)
         print(f"report:  {out}/results.md")
+    if args.archive:
+        print(f"archive: {archive(sweep_dir, args.archive)}")
     return 0
 
 
@@ -353,6 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--only", help="comma-separated row ids to run (others untouched)")
     s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a litgpt override for every row (dotted key, YAML value), e.g. --set train.max_steps=5; "
+                        "repeatable; recorded in each row's overrides")
+    s.add_argument("--deadline", type=float, metavar="S",
+                   help="start no row after S seconds, and kill a row still running then (it runs again on resume): "
+                        "for machines that give a command a fixed time")
+    s.add_argument("--report-each-row", action="store_true",
+                   help="rewrite the report after every row, not only at the end")
+    s.add_argument("--archive", type=Path, metavar="FILE.tgz",
+                   help="after every row, write the records and logs (no weights) to this .tar.gz")
+    s.add_argument("--prune-checkpoints", action="store_true",
+                   help="with --weights random: delete a random-weight checkpoint once no later row needs it (disk)")
     run_options(s)
     s.set_defaults(func=cmd_sweep)
 

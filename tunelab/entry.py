@@ -4,13 +4,17 @@ The training loop stays litgpt's: this module only observes. It wraps ``litgpt.u
 (the training batch iterator of every finetune script) to note, per micro-batch iteration, the time it started and
 its padded and real token counts; at exit (normal, exception or sys.exit) it writes ``rank<N>.json`` into
 ``$TUNELAB_STATS_DIR`` with this rank's allocator peaks (``torch.cuda.max_memory_allocated/reserved``,
-``num_alloc_retries``), its peak RSS and the exception that ended it. Lightning's multi-device launcher re-runs
+``num_alloc_retries``), the allocator peak at each phase (model loaded = first batch fetched, first optimizer step,
+end), the float32 matmul precision in force (TF32 or not: it sets the MFU peak), its peak RSS and the exception
+that ended it. Iteration timestamps are ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process of the
+machine), so the parent can line NVML samples up with the steady-state window. Lightning's multi-device launcher re-runs
 ``python -m tunelab.entry ...`` for every rank, so every rank reports for itself (litgpt prints rank 0 only).
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import resource
 import sys
@@ -19,6 +23,34 @@ import traceback
 
 _ITERS: list[tuple[float, int, int]] = []
 _STATE: dict = {"exception": None, "t0": time.time()}
+_PHASES: dict = {}
+
+
+def _cuda_peak() -> int | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    return None
+
+
+def note_phase(name: str) -> None:
+    """Remember the allocator peak so far under ``name`` (first call per name wins)."""
+    if name not in _PHASES:
+        peak = _cuda_peak()
+        if peak is not None:
+            _PHASES[name] = peak
+
+
+def _install_step_hook() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def after_step(optimizer, args, kwargs):
+        note_phase("first_step")
+    register_optimizer_step_post_hook(after_step)
 
 
 def _global_rank() -> int:
@@ -44,7 +76,8 @@ def _install_iterator_probe() -> None:
     original = utils.CycleIterator.__next__
 
     def __next__(self):
-        t = time.perf_counter()
+        note_phase("loaded")  # model, optimizer (and quantization) are in place before the first batch
+        t = time.monotonic()
         batch = original(self)
         try:
             padded = int(batch["input_ids"].numel())
@@ -71,7 +104,11 @@ def _write_stats() -> None:
     try:
         import torch
 
+        stats["float32_matmul_precision"] = torch.get_float32_matmul_precision()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
+            note_phase("end")
+            stats["phase_peak_allocated"] = dict(_PHASES)
+            stats["cuda_total_bytes"] = int(torch.cuda.mem_get_info()[1])
             dev = torch.cuda.current_device()
             ms = torch.cuda.memory_stats(dev)
             stats.update(device=f"cuda:{dev}", peak_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)),
@@ -97,12 +134,36 @@ def die_with_parent() -> None:
         pass
 
 
+SKIP_SAVE_ENV = "TUNELAB_SKIP_SAVE"
+"""Set to 1 (tunelab does for random-weight runs) to skip litgpt's checkpoint saves and the LoRA merge: of random
+weights they are worthless, take 2-26 GB of disk and up to a minute per run. Training is untouched; litgpt's
+Training Time and Tok/sec are measured before the final save anyway."""
+
+
+def _skip_saves() -> None:
+    import lightning.fabric
+
+    def no_save(self, path, state, filter=None):  # noqa: A002 - Fabric.save's signature
+        print(f"tunelab: checkpoint save skipped ({SKIP_SAVE_ENV}=1): {path}", flush=True)
+    lightning.fabric.Fabric.save = no_save
+    for module in ("litgpt.finetune.lora", "litgpt.finetune.adapter", "litgpt.finetune.adapter_v2"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(mod, "merge_lora"):
+            mod.merge_lora = lambda *a, **k: print("tunelab: LoRA merge skipped", flush=True)
+
+
 def main() -> None:
     die_with_parent()
     os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
     sys.excepthook = _excepthook
     atexit.register(_write_stats)
     _install_iterator_probe()
+    _install_step_hook()
+    if os.environ.get(SKIP_SAVE_ENV) == "1":
+        _skip_saves()
     from litgpt.__main__ import main as litgpt_main
 
     try:

@@ -19,7 +19,11 @@ class GPU:
     name: str
     """The table's key, e.g. ``A100-80GB``."""
     memory_gib: float
-    """Board memory in GiB (2^30 bytes)."""
+    """Board memory as marketed, GiB (2^30 bytes); for display."""
+    cuda_total_gib: float
+    """Memory CUDA exposes to a process (torch.cuda.mem_get_info total), GiB: what fit verdicts use."""
+    cuda_total_source: str
+    """Where cuda_total_gib comes from (a measurement, a reported figure, or an estimate: said which)."""
     bf16: bool
     """Whether bfloat16 is computed natively."""
     tdp_w: float
@@ -31,27 +35,41 @@ class GPU:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.memory_gib * 2**30)
+        """The usable total (cuda_total_gib) in bytes; the CUDA context still comes out of it."""
+        return int(self.cuda_total_gib * 2**30)
 
-    def peak_flops(self, precision: str) -> float | None:
-        """Peak FLOP/s for a litgpt/Lightning precision string (``bf16-true``, ``32-true``, ``16-mixed``, ...).
+    def peak_flops(self, precision: str, float32_matmul_precision: str | None = "highest") -> float | None:
+        """Dense peak FLOP/s of the math a run actually does, for a litgpt/Lightning precision string
+        (``bf16-true``, ``32-true``, ``16-mixed``, ...) and the float32 matmul precision in force.
 
-        ``32-true`` counts as plain fp32 (litgpt sets matmul precision 'high', which allows tf32 on Ampere+;
-        we use the fp32 figure so that MFU is never flattered). Mixed precision computes in its 16-bit type.
+        Mixed precision computes in its 16-bit type. ``32-true`` computes its matmuls as TF32 on tensor cores when
+        the float32 matmul precision is 'high' or 'medium' (litgpt's CLI sets 'high') and the GPU has TF32; then
+        the TF32 peak is the honest denominator (dividing by the FP32 one overstates MFU up to ~7x on Hopper).
         """
-        key = precision_compute_dtype(precision)
+        key = precision_compute_dtype(precision, float32_matmul_precision, self)
         value = self.peak_tflops.get(key)
         return None if value is None else float(value) * 1e12
 
 
-def precision_compute_dtype(precision: str) -> str:
-    """The dtype the matmuls run in for a precision string: 'bf16', 'fp16' or 'fp32'."""
+def precision_compute_dtype(precision: str, float32_matmul_precision: str | None = "highest",
+                            gpu: GPU | None = None) -> str:
+    """The dtype the matmuls run in: 'bf16', 'fp16', 'tf32' or 'fp32'."""
     p = str(precision)
     if p.startswith("bf16"):
         return "bf16"
     if p.startswith("16"):
         return "fp16"
+    if float32_matmul_precision in ("high", "medium") and (gpu is None or gpu.peak_tflops.get("tf32")):
+        return "tf32"
     return "fp32"
+
+
+def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | None = None) -> str:
+    """The words for the peak MFU divides by, e.g. 'tf32 dense (float32 matmul precision high)'."""
+    key = precision_compute_dtype(precision, float32_matmul_precision, gpu)
+    if key in ("tf32", "fp32") and float32_matmul_precision:
+        return f"{key} dense (float32 matmul precision {float32_matmul_precision})"
+    return f"{key} dense"
 
 
 @lru_cache(maxsize=1)
@@ -67,6 +85,31 @@ def lookup(name: str) -> GPU:
         if key.lower() == norm:
             return gpu
     raise ValueError(f"unknown GPU {name!r}; known: {', '.join(table())}")
+
+
+def local_gpu() -> GPU | None:
+    """The GPU of this machine (device 0) with its real CUDA-visible total read from the device, or None when
+    there is no GPU or it is not in the table."""
+    try:
+        import pynvml  # cheap check first: no NVIDIA driver, no torch import
+
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() < 1:
+            return None
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        gpu = identify(torch.cuda.get_device_name(0))
+        if gpu is None:
+            return None
+        total = torch.cuda.mem_get_info(0)[1]
+    except Exception:  # noqa: BLE001 - no usable device
+        return None
+    from dataclasses import replace
+
+    return replace(gpu, cuda_total_gib=total / 2**30,
+                   cuda_total_source=f"read from this machine's device 0 (torch.cuda.mem_get_info: {total:,} B)")
 
 
 def identify(device_name: str) -> GPU | None:

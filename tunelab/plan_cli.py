@@ -41,7 +41,7 @@ def plan_recipe(recipe: Recipe, overrides: list[str], *, gpu: str | None, device
                                      offload_params=offload_params,
                                      activation_checkpointing=activation_checkpointing, seq_len=seq,
                                      devices=devices, fsdp_wrap=fsdp_wrap)
-    g = hardware.lookup(gpu) if gpu else None
+    g = hardware.lookup(gpu) if gpu else hardware.local_gpu()  # no --gpu: this machine's GPU, if any
     if g is not None and str(x.precision).startswith("bf16") and not g.bf16:
         x.attention_math = True
     plan = planner.predict(x)
@@ -95,6 +95,9 @@ def render(x, plan, seq_source: str, projection=None, tokens_note: str = "") -> 
         lines.append(f"verdict: {'FITS' if plan.fits else 'DOES NOT FIT'} on {plan.gpu}: needs {need / 1e9:.2f} GB of "
                      f"{plan.gpu_memory_bytes / 1e9:.2f} GB, margin {plan.margin_bytes / 1e9:+.2f} GB; "
                      f"largest micro batch that fits: {plan.max_micro_batch_size}")
+        g = hardware.lookup(plan.gpu) if plan.gpu in hardware.table() else None
+        if g is not None:
+            lines.append(f"  GPU memory: {g.cuda_total_gib:.2f} GiB usable by CUDA ({g.cuda_total_source})")
     for note in plan.notes:
         lines.append(f"note: {note}")
     if projection:

@@ -463,7 +463,7 @@ def project(x: PlanInput, gpu: hardware.GPU, tokens: float, calibrate_dir: Path 
             mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE) -> Projection:
     n_lora = lora_param_count(x.config, x.lora_r or 8, x.lora_targets) if x.method != "full" else 0
     fpt = flops_per_token(x.config, x.seq_len, "full" if x.method == "full" else "lora", n_lora)
-    peak = gpu.peak_flops(x.precision) or 0.0
+    peak = gpu.peak_flops(x.precision, "high") or 0.0  # litgpt's CLI runs float32 matmuls as TF32
     lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
     power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
     if calibrate_dir:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: phase peaks, matmul precision, steady-state power window, peak basis, pruned files
 STATUSES = ("ok", "oom", "error", "killed")
 
 
@@ -37,6 +37,14 @@ class RankStats:
     """Peak resident host memory of the process (getrusage ru_maxrss): the CPU 'memory', and host RAM for offload."""
     exception: str | None = None
     """The exception that ended the process, as 'Type: message' (None when it exited normally)."""
+    float32_matmul_precision: str | None = None
+    """torch.get_float32_matmul_precision() at exit: 'high' (litgpt's CLI sets it) lets float32 matmuls run as
+    TF32 on tensor cores, which sets the peak that MFU of a 32-true run divides by."""
+    cuda_total_bytes: int | None = None
+    """torch.cuda.mem_get_info() total: the device memory CUDA exposes (below NVML's memory.total)."""
+    phase_peak_allocated: dict = field(default_factory=dict)
+    """Peak allocated bytes (CUDA) up to each phase: 'loaded' (the first training batch is fetched: model,
+    optimizer and any quantization are in place), 'first_step' (after the first optimizer step), 'end'."""
 
 
 @dataclass
@@ -197,6 +205,8 @@ class RunRecord:
     """achieved / peak, on real (non-padding) tokens; None on CPU or an unknown device."""
     mfu_padded: float | None = None
     """The same on padded tokens: the work the device did, padding included (hardware utilisation)."""
+    peak_basis: str | None = None
+    """Which peak MFU divides by: 'bf16 dense', 'tf32 dense (float32 matmul precision high)', 'fp32', ..."""
 
     # GPU utilisation and power (NVML; absent on CPU)
     gpus: list = field(default_factory=list)
@@ -208,11 +218,30 @@ class RunRecord:
     gpu_util_std: float | None = None
     """Mean over GPUs of the utilisation standard deviation."""
     power_mean_w: float | None = None
-    """Summed mean power of the GPUs, W."""
+    """Whole run (launch to exit: load, training, validation, save): summed mean power of the GPUs, W."""
     energy_j: float | None = None
-    """Summed GPU energy over the run, J."""
+    """Whole run: summed GPU energy, J."""
     energy_j_per_1k_tokens: float | None = None
-    """energy_j per 1,000 real tokens."""
+    """Whole run: energy_j per 1,000 real training tokens (inflated by load/save time on short runs)."""
+    steady_window_s: float | None = None
+    """Length of the steady-state window: the optimizer steps tok/s is measured over (warm-up excluded)."""
+    gpu_util_steady_mean: float | None = None
+    """Steady-state window: mean NVML utilisation over GPUs, %."""
+    gpu_util_steady_std: float | None = None
+    """Steady-state window: mean over GPUs of the utilisation standard deviation."""
+    power_steady_w: float | None = None
+    """Steady-state window: summed mean power of the GPUs, W."""
+    energy_steady_j: float | None = None
+    """Steady-state window: summed GPU energy, J (NVML energy counter, else mean power x window)."""
+    energy_steady_j_per_1k_tokens: float | None = None
+    """Steady-state window: energy per 1,000 real tokens trained in the window (all ranks)."""
+    device_memory_total_bytes: int | None = None
+    """NVML memory.total of GPU 0 (what nvidia-smi prints); the CUDA-visible total is in ranks[].cuda_total_bytes."""
+    saves_skipped: bool = False
+    """litgpt's checkpoint saves and LoRA merge were skipped (random-weight benchmark runs): training untouched."""
+    pruned: list = field(default_factory=list)
+    """Files removed after the run to save disk (litgpt's final checkpoint of a random-weight run), as paths
+    relative to the run directory."""
 
     # loss
     loss_first: float | None = None

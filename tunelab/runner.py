@@ -120,12 +120,50 @@ def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None
             name = Config.from_name(ckpt.name).name
         except ValueError:
             raise RunError(f"{recipe.key}: cannot tell the architecture of {ckpt} for --weights random") from None
-        # initialise on the GPU when there is one: a 13B model takes minutes on a CPU
-        return "random", checkpoints.build(name, device="cuda" if cuda_available() else "cpu")
+        # built in a child process, on the GPU when there is one (a 13B model takes minutes on a CPU): the memory
+        # it took is the child's and goes with it, so this process holds no CUDA memory while the run trains
+        return "random", build_in_child(name, device="cuda" if cuda_available() else "cpu")
     if not have_real:
         raise RunError(f"{recipe.key}: no checkpoint at {ckpt}; download it ({recipe.download_command()}), or use "
                        "--model tiny (embedded tiny model) or --weights random (real architecture, random weights)")
     return "checkpoint", None
+
+
+def build_in_child(name: str, device: str = "cpu", timeout_s: float = 1800) -> Path:
+    """``tunelab build-model NAME`` as a child process (see choose_model); RunError with the reason if it fails
+    ('disk full' when the disk ran out)."""
+    cached = checkpoints.default_dir(name)
+    if checkpoints.is_complete(cached):
+        return cached
+    proc = subprocess.run([sys.executable, "-m", "tunelab", "build-model", name, "--device", device],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if proc.returncode != 0 or not checkpoints.is_complete(cached):
+        text = proc.stderr + proc.stdout
+        reason = "disk full" if ("No space left on device" in text or "ENOSPC" in text) else \
+            (_last_error_line(text) or f"exit code {proc.returncode}")
+        raise RunError(f"building the random-weight checkpoint {name} failed: {reason}")
+    return cached
+
+
+def benchmark_overrides(recipe: Recipe, overrides: list[str]) -> list[str]:
+    """Random weights are a benchmark: a recipe reading the project's small JSON data reads the benchmark dataset
+    instead (tunelab.benchmark_data: the lab's 2,000 samples and batch shapes under the benchmark tokenizer the
+    random-weight checkpoint carries). The override is added to the run's overrides, so the record says so. A row
+    that sets its own data keeps it."""
+    from tunelab import benchmark_data
+    from tunelab.paths import DATASET
+
+    if any(o in ("--data", "--data.json_path", "--data.class_path") or o.startswith(("--data=", "--data.json_path="))
+           for o in overrides):
+        return overrides
+    path = recipe.get("data.json_path")
+    if not path or (ROOT / path).resolve() != DATASET.resolve():
+        return overrides
+    data_path = benchmark_data.ensure()
+    if data_path.is_relative_to(ROOT):  # the child runs in ROOT; a relative path keeps machine paths out of records
+        data_path = data_path.relative_to(ROOT)
+    return [*overrides, "--data.json_path", str(data_path)]
 
 
 def _free_port() -> int:
@@ -239,6 +277,8 @@ def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> d
             "padded": sum(p for st in steps for _, p, _ in st),
             "real": sum(r for st in steps for _, _, r in st),
             "samples": len(steps) * accumulation,
+            "t0": iters[warm * accumulation][0],
+            "t1": iters[n_steps_full * accumulation][0],  # the end of the last counted iteration
         })
     if not per_rank:
         return out
@@ -248,6 +288,9 @@ def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> d
     out["iter_time_s"] = statistics.median(r0["iter_times"])
     out["tok_s_padded"] = sum(r["padded"] / r["time"] for r in per_rank if r["time"] > 0)
     out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
+    # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
+    out["window"] = (r0["t0"], r0["t1"])
+    out["window_tokens_real"] = sum(r["real"] for r in per_rank)
     return out
 
 
@@ -265,6 +308,8 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     """
     overrides = list(overrides or [])
     source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
+    if source == "random":
+        overrides = benchmark_overrides(recipe, overrides)
     run_dir = Path(run_dir or ROOT / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
     full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
     if ckpt is not None:
@@ -315,13 +360,20 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
                     log_dir=".")
     import torch
 
-    rec.device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    rec.device_name = torch.cuda.get_device_name(0) if rec.device_type == "cuda" else cpu_name()
+    # nothing here touches CUDA (no context, no memory on the GPU in this process): the device is named by NVML
+    monitor = GPUMonitor(hz=nvml_hz)
+    rec.device_type = "cuda" if cuda_available() else "cpu"
+    rec.device_name = (monitor.names[0] if monitor.names else "cuda") if rec.device_type == "cuda" else cpu_name()
+    rec.device_memory_total_bytes = (monitor.memory_total_bytes() or [None])[0]
     rec.cuda = torch.version.cuda
 
     env = dict(os.environ, TUNELAB_STATS_DIR=str(stats_dir), PYTHONUNBUFFERED="1",
                JSONARGPARSE_DEPRECATION_WARNINGS="off", **(extra_env or {}))
-    monitor = GPUMonitor(hz=nvml_hz)
+    if source == "random":  # random weights: a benchmark, nothing worth saving (see tunelab.entry)
+        from tunelab.entry import SKIP_SAVE_ENV
+
+        env[SKIP_SAVE_ENV] = "1"
+        rec.saves_skipped = True
     rec.driver = monitor.driver_version()
     rec.started_at = now_iso()
     t0 = time.monotonic()
@@ -387,13 +439,31 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     stdout = (run_dir / "stdout.log").read_text(errors="replace")
     stderr = (run_dir / "stderr.log").read_text(errors="replace")
     collect(rec, args, stats_dir, run_dir / "litgpt", stdout, stderr, killed_reason, gpus, nvml_hz if gpus else None,
-            ckpt or Path(args["checkpoint_dir"]))
+            ckpt or Path(args["checkpoint_dir"]), monitor)
+    if source == "random":
+        rec.pruned = prune_weights(run_dir)
     save(rec, run_dir / "record.json")
     return rec
 
 
+WEIGHT_SUFFIXES = (".pth", ".bin", ".safetensors", ".pth.lora", ".pth.adapter", ".pth.adapter_v2")
+
+
+def prune_weights(run_dir: Path) -> list[str]:
+    """Delete the model files litgpt saved under the run's out_dir (the final checkpoint, and for LoRA the merged
+    full model): of random weights they are worth nothing and take 2-26 GB per run, which fills a 64 GiB disk
+    within a sweep. Returns the removed paths, relative to the run directory."""
+    removed = []
+    for f in sorted((run_dir / "litgpt").rglob("*")):
+        if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES):
+            f.unlink()
+            removed.append(str(f.relative_to(run_dir)))
+    return removed
+
+
 def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: str, stderr: str,
-            killed_reason: str | None, gpus: list, sample_hz: float | None, ckpt: Path) -> RunRecord:
+            killed_reason: str | None, gpus: list, sample_hz: float | None, ckpt: Path,
+            monitor: GPUMonitor | None = None) -> RunRecord:
     """Fill ``rec`` from the rank files, litgpt's printout and metrics.csv, and the NVML samples."""
     ranks_raw = []
     for f in sorted(stats_dir.glob("rank*.json")):
@@ -437,6 +507,9 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
     steady = _steady_state(ranks_iters, rec.accumulation or 1, n_iters)
     for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
         setattr(rec, key, steady.get(key))
+    window = steady.get("window")
+    if window:
+        rec.steady_window_s = window[1] - window[0]
     if rec.tok_s_padded is not None:
         rec.tok_s_padded_per_device = rec.tok_s_padded / rec.device_count
     if rec.iter_time_s:
@@ -460,8 +533,10 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
             real_per_dev = rec.tok_s_real / rec.device_count
             rec.achieved_tflops_per_device = fpt.total * real_per_dev / 1e12
             gpu = hardware.identify(rec.device_name) if rec.device_type == "cuda" else None
-            peak = gpu.peak_flops(rec.precision or "32-true") if gpu else None
+            matmul = next((r.float32_matmul_precision for r in rec.ranks if r.float32_matmul_precision), None)
+            peak = gpu.peak_flops(rec.precision or "32-true", matmul) if gpu else None
             if peak:
+                rec.peak_basis = hardware.peak_basis(rec.precision or "32-true", matmul, gpu)
                 rec.peak_tflops_per_device = peak / 1e12
                 rec.mfu = fpt.total * real_per_dev / peak
                 rec.mfu_padded = fpt.total * (rec.tok_s_padded / rec.device_count) / peak
@@ -482,6 +557,18 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
         rec.energy_j = sum(energies) if energies else None
         if rec.energy_j and rec.tokens_real:
             rec.energy_j_per_1k_tokens = rec.energy_j / rec.tokens_real * 1000
+        if window and monitor is not None:  # the steady-state window: the steps tok/s is measured over
+            figs = monitor.window(*window)
+            utils = [f.util_mean for f in figs if f.util_mean is not None]
+            stds = [f.util_std for f in figs if f.util_std is not None]
+            powers = [f.power_mean_w for f in figs if f.power_mean_w is not None]
+            energies = [f.energy_j for f in figs if f.energy_j is not None]
+            rec.gpu_util_steady_mean = statistics.fmean(utils) if utils else None
+            rec.gpu_util_steady_std = statistics.fmean(stds) if stds else None
+            rec.power_steady_w = sum(powers) if powers else None
+            rec.energy_steady_j = sum(energies) if energies else None
+            if rec.energy_steady_j and steady.get("window_tokens_real"):
+                rec.energy_steady_j_per_1k_tokens = rec.energy_steady_j / steady["window_tokens_real"] * 1000
     for name in ("step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
         v = getattr(rec, name)
         if v is not None and (math.isnan(v) or math.isinf(v)):

@@ -23,12 +23,15 @@ Sweep file keys (anything else is refused)::
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -176,6 +179,27 @@ def load(path: Path | str) -> Sweep:
                  lab_hardware=raw.get("lab_hardware", ""), timeout_s=raw.get("timeout_s"))
 
 
+def with_settings(sweep: Sweep, pairs: list[str]) -> Sweep:
+    """The sweep with ``KEY=VALUE`` overrides (YAML values) added to every row, checked like the file's own."""
+    extra = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SweepError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set train.max_steps=5")
+        extra[key.strip().lstrip("-")] = yaml.safe_load(value) if value.strip() else None
+    rows = [Row(id=r.id, recipe=r.recipe, settings={**r.settings, **extra}, lab=r.lab, note=r.note,
+                strategy=r.strategy) for r in sweep.rows]
+    problems = []
+    for row in rows:
+        result = check(row.recipe, row.overrides())
+        problems += [f"--set: row {row.id}: {p.key}: {p.message}; fix: {p.fix}" for p in result.problems
+                     if p.severity == "error" and not (row.strategy and p.key == "eval.interval")]
+    if problems:
+        raise SweepError("\n".join(problems))
+    return Sweep(name=sweep.name, path=sweep.path, rows=rows, description=sweep.description,
+                 lab_hardware=sweep.lab_hardware, timeout_s=sweep.timeout_s)
+
+
 def _fmt_time(s: float) -> str:
     s = int(max(0, s))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -225,10 +249,62 @@ def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
     return Path(out) if out else ROOT / "runs" / sweep.name
 
 
+DEADLINE_PREFIX = "deadline:"
+
+
+def finished(record_path: Path) -> bool:
+    """Whether a row is done for resume: it has a record, and the record is not one cut short by --deadline."""
+    if not record_path.is_file():
+        return False
+    try:
+        rec = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # unreadable: run the row again
+    return not (rec.get("status") == "killed" and str(rec.get("error") or "").startswith(DEADLINE_PREFIX))
+
+
+def archive(sweep_dir: Path, dest: Path) -> Path:
+    """A .tar.gz of a sweep directory's records and logs (record.json, stdout/stderr, rank stats, metrics.csv,
+    sweep.json), never model weights: small enough to copy back from a machine that returns few, small files."""
+    import tarfile
+    import tempfile
+
+    from tunelab.runner import WEIGHT_SUFFIXES
+
+    sweep_dir, dest = Path(sweep_dir), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in sorted(sweep_dir.rglob("*")):
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".tmp") \
+                    and f.stat().st_size < 32 * 2**20:
+                tar.add(f, arcname=str(Path(sweep_dir.name) / f.relative_to(sweep_dir)))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dest)
+    return dest
+
+
+class DiskFull(SweepError):
+    """The disk ran out: the row that hit it is recorded, the sweep stops (a resume after freeing space goes on)."""
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno == errno.ENOSPC or "disk full" in str(e) \
+        or "No space left on device" in str(e)
+
+
 def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, model: str = "auto",
               only: list[str] | None = None, timeout_s: float | None = None,
-              memory_limit_bytes: int | None = None, stream=sys.stderr) -> Path:
-    """Run every row not already recorded in ``out`` (resume); return the sweep directory."""
+              memory_limit_bytes: int | None = None, stream=sys.stderr, deadline_s: float | None = None,
+              after_row: Callable[[Path], None] | None = None, prune_checkpoints: bool = False) -> Path:
+    """Run every row not already recorded in ``out`` (resume); return the sweep directory.
+
+    ``deadline_s``: seconds from now after which no row starts, and a running row is killed (status killed,
+    reason 'deadline'): for machines that grant commands a fixed time. ``after_row(sweep_dir)`` runs after every
+    row (the runbook regenerates the report and the archive there, so a command killed later still returns
+    what it measured). ``prune_checkpoints``: delete a random-weight checkpoint once no row left needs it.
+    """
     base = sweep_dir_for(sweep, out)
     base.mkdir(parents=True, exist_ok=True)
     meta_path = base / "sweep.json"
@@ -249,23 +325,72 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
         missing = set(only) - {r.id for r in sweep.rows}
         if missing:
             raise SweepError(f"--only: no row(s) {sorted(missing)} in {sweep.path}")
-    todo = [r for r in rows if rerun or not (base / r.id / "record.json").is_file()]
+    todo = [r for r in rows if rerun or not finished(base / r.id / "record.json")]
     progress = ProgressLine(len(rows), stream)
     done = len(rows) - len(todo)
     if done:
         stream.write(f"resuming {sweep.name}: {done} of {len(rows)} rows already recorded in {base}\n")
-    for row in todo:
+    t_start = time.monotonic()
+    for i, row in enumerate(todo):
+        row_timeout = timeout_s or sweep.timeout_s
+        if deadline_s is not None:
+            left = deadline_s - (time.monotonic() - t_start)
+            if left < 1:
+                stream.write(f"deadline reached: {len(todo) - i} row(s) not started "
+                             f"({', '.join(r.id for r in todo[i:])}); run the same command again to go on\n")
+                break
+            row_timeout = min(row_timeout or left, left)
         progress.row_started(rows.index(row), done, row)
+        disk_full = False
         try:
             rec = run(row.recipe, row.overrides(), base / row.id, sweep=sweep.name, row_id=row.id, model=model,
-                      timeout_s=timeout_s or sweep.timeout_s, memory_limit_bytes=memory_limit_bytes,
+                      timeout_s=row_timeout, memory_limit_bytes=memory_limit_bytes,
                       on_progress=progress.show, strategy=row.strategy)
-        except RunError as e:  # refused before launch: still a row, with its reason
+        except (RunError, OSError) as e:  # refused or failed before launch: still a row, with its reason
+            disk_full = _is_disk_full(e)
+            reason = f"disk full: {e}" if disk_full and "disk full" not in str(e) else str(e)
             rec = record_mod.RunRecord(sweep=sweep.name, row_id=row.id, recipe=row.recipe.key,
                                        command=row.recipe.command, overrides=row.overrides(), status="error",
-                                       error=str(e), method=row.recipe.method, started_at="", ended_at="",
+                                       error=reason, method=row.recipe.method, started_at="", ended_at="",
                                        wall_s=0.0)
+            try:
+                record_mod.save(rec, base / row.id / "record.json")
+            except OSError:
+                pass  # the disk is full: nothing can be written, the sweep stops below
+        if deadline_s is not None and rec.status == "killed" and row_timeout is not None \
+                and time.monotonic() - t_start >= deadline_s - 1:
+            rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
             record_mod.save(rec, base / row.id / "record.json")
         done += 1
         progress.row_finished(rec)
+        if prune_checkpoints and model == "random":
+            _prune_random_checkpoints(row, todo[i + 1:], stream)
+        if after_row is not None:
+            after_row(base)
+        if disk_full:
+            raise DiskFull(f"{row.id}: disk full; free space and run the same command again to go on "
+                           f"({len(todo) - i - 1} row(s) not started)")
     return base
+
+
+def _prune_random_checkpoints(row: Row, later: list[Row], stream) -> None:
+    """Delete the random-weight checkpoint ``row`` used when no later row uses the same architecture."""
+    import shutil
+
+    from tunelab import checkpoints
+
+    def arch(r: Row) -> str:
+        return Path(str(r.settings.get("checkpoint_dir") or r.recipe.get("checkpoint_dir") or "")).name
+
+    name = arch(row)
+    if not name or any(arch(r) == name for r in later):
+        return
+    try:
+        from litgpt import Config
+
+        target = checkpoints.default_dir(Config.from_name(name).name)
+    except ValueError:
+        return
+    if target.is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+        stream.write(f"removed the random-weight checkpoint {target.name} (no later row uses it)\n")

@@ -247,12 +247,12 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
     token_counts = {"raw": 0, "raw_plus_prompt_template": 0, "padded": 0}
     step_count, iter_num, epoch = 0, 0, 0
     running = []
-    train_t0 = time.perf_counter()
+    train_t0 = time.monotonic()
     train_dl.sampler.set_epoch(epoch)
     batches = iter(train_dl)
     model.train()
     while step_count < max_steps:
-        iter_t0 = time.perf_counter()
+        iter_t0 = time.monotonic()
         try:
             batch = next(batches)
         except StopIteration:
@@ -263,6 +263,7 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
             batches = iter(train_dl)
             batch = next(batches)
         iter_num += 1
+        entry.note_phase("loaded")
         entry._ITERS.append((iter_t0, int(batch["input_ids"].numel()),
                              int(batch["token_counts"]["raw_plus_prompt_template"].sum())))
         input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
@@ -304,7 +305,7 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
         window = torch.stack(running[-accumulation:]).mean()
         dist.all_reduce(window, op=dist.ReduceOp.SUM)
         loss_value = window.item() / world
-        t1 = time.perf_counter()
+        t1 = time.monotonic()
         if rank == 0:
             lr = (optimizer.param_groups[0]["lr"])
             print(f"Epoch {epoch + 1} | iter {iter_num} step {step_count} | loss train: {loss_value:.3f}, val: n/a |"
@@ -313,10 +314,9 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
                              "loss": loss_value, "step": iter_num, "tokens": token_counts["raw_plus_prompt_template"],
                              "total_tokens": token_counts["raw_plus_prompt_template"] * world})
             csv_file.flush()
-    training_time = time.perf_counter() - train_t0
-    totals = torch.tensor([token_counts["raw"], token_counts["raw_plus_prompt_template"], token_counts["padded"]],
-                          dtype=torch.float64)
-    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    training_time = time.monotonic() - train_t0
+    totals = reduce_sum([token_counts["raw"], token_counts["raw_plus_prompt_template"], token_counts["padded"]],
+                        device)
     if rank == 0:  # litgpt's performance report
         print(f"| - Total Tokens (w/ Padding) :  {int(totals[2])}\n| - Training Time             :  "
               f"{training_time:.2f} s\n| - Tok/sec                   :  {totals[2].item() / training_time:.2f} tok/s")
@@ -331,19 +331,27 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
         csv_file.close()
 
 
+def reduce_sum(values: list[float], device: torch.device) -> torch.Tensor:
+    """Sum ``values`` over ranks. The tensor lives on the rank's compute device: NCCL, the backend on GPUs, only
+    reduces CUDA tensors (a CPU tensor there fails at the end of every run); gloo takes CPU ones."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 @torch.no_grad()
 def validate(model, val_dl, device, autocast, method) -> float:
     from litgpt.utils import chunked_cross_entropy
 
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64)
+    loss_sum, batches = 0.0, 0
     for batch in val_dl:
         input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
         with autocast:
             logits = model(input_ids)
-        total[0] += chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=0).float().item()
-        total[1] += 1
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        loss_sum += chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=0).float().item()
+        batches += 1
+    total = reduce_sum([loss_sum, batches], device)
     model.train()
     return (total[0] / total[1]).item()
 
@@ -361,10 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     import atexit
 
     atexit.register(entry._write_stats)
+    entry._install_step_hook()
     recipe = resolve(ns.recipe)
     args = parse(recipe, overrides)  # litgpt's own parser resolves the recipe and overrides
     strategy = load_strategy(ns.strategy)
     strategy.check(recipe.method, args)
+    # as litgpt's CLI does (litgpt/__main__.py): float32 matmuls may use TF32 tensor cores. The same recipe then
+    # computes the same way under `litgpt finetune_*` and under a --strategy run, and MFU divides by the same peak.
+    torch.set_float32_matmul_precision("high")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend)
     try:

@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""Where the time of a training step goes: TinyLlama (random weights, litgpt's own model classes), full fine-tuning
+and LoRA, bf16-true, the lab's micro batch, the benchmark workload's padded length.
+
+For each method: warm-up steps, then N timed steps with CUDA events around each phase (forward, loss, backward,
+optimizer step; medians), then one profiled step (torch.profiler) whose CUDA kernel time is split by kernel name
+into matmul, attention, cross-entropy/softmax, optimizer, normalisation/elementwise and other. MFU of the step
+= 6N (full) or 4N + 6N_lora (LoRA) FLOPs per token plus attention, x tokens / step time / the GPU's bf16 peak.
+Writes a Markdown summary (--out) and prints it.
+
+    python scripts/gpu/profile_steps.py [--micro 8] [--seq 437] [--steps 10] [--out profile.md]
+    python scripts/gpu/profile_steps.py --model tiny --steps 2      (CPU rehearsal: the embedded tiny model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+CATEGORIES = [  # (category, substrings of CUDA kernel names, lower case); first match wins
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "wgmma", "matmul", "splitk")),
+    ("cross-entropy/softmax", ("softmax", "nll", "cross_entropy", "logsumexp")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "lerp", "_amp_")),
+    ("norm/rope/elementwise", ("norm", "rsqrt", "elementwise", "vectorized", "pow", "mul", "add", "silu", "cat",
+                               "index", "reduce", "fill")),
+]
+
+
+def categorize(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other (copies, casts, ...)"
+
+
+def build(method: str, model_name: str, device: torch.device, dtype: torch.dtype):
+    from litgpt import Config
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import mark_only_lora_as_trainable
+    from litgpt.model import GPT
+
+    from tunelab import checkpoints
+
+    config = checkpoints.model_config(model_name) if model_name == "tiny" else Config.from_name(model_name)
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        if method == "lora":  # the recipe's LoRA: r 32, alpha 16, dropout 0.05, every target
+            import dataclasses
+
+            from litgpt.lora import Config as LoRAConfig
+
+            cfg = LoRAConfig(**dataclasses.asdict(config), lora_r=32, lora_alpha=16, lora_dropout=0.05,
+                             lora_query=True, lora_key=True, lora_value=True, lora_projection=True, lora_mlp=True,
+                             lora_head=True)
+            model = LoRAGPT(cfg)
+            mark_only_lora_as_trainable(model)
+        else:
+            model = GPT(config)
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
+def step_fn(model, optimizer, input_ids, targets, timers=None):
+    from litgpt.utils import chunked_cross_entropy
+
+    def mark(name):
+        if timers is not None:
+            ev = torch.cuda.Event(enable_timing=True) if input_ids.is_cuda else None
+            if ev is not None:
+                ev.record()
+            timers.append((name, ev, time.perf_counter()))
+
+    mark("start")
+    logits = model(input_ids, lm_head_chunk_size=128)
+    mark("forward")
+    logits[-1] = logits[-1][..., :-1, :]
+    loss = chunked_cross_entropy(logits, targets[..., 1:])
+    mark("loss")
+    loss.backward()
+    mark("backward")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    mark("optimizer")
+    return loss
+
+
+def phase_times(timers) -> dict:
+    out = {}
+    for (_, a, ta), (name, b, tb) in zip(timers, timers[1:]):
+        out[name] = a.elapsed_time(b) / 1000 if a is not None else tb - ta
+    return out
+
+
+def profile_method(method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device) -> dict:
+    from tunelab.flops import flops_per_token, lora_param_count
+
+    model = build(method, model_name, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model.max_seq_length = seq
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=2e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab = model.config.vocab_size
+    batch = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
+    for _ in range(3):  # warm-up: allocator growth, kernel selection
+        step_fn(model, optimizer, batch, batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    per_phase: dict[str, list[float]] = {}
+    for _ in range(steps):
+        timers: list = []
+        step_fn(model, optimizer, batch, batch, timers)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        for k, v in phase_times(timers).items():
+            per_phase.setdefault(k, []).append(v)
+    medians = {k: statistics.median(v) for k, v in per_phase.items()}
+    step_s = sum(medians.values())
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step_fn(model, optimizer, batch, batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    by_cat: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = ev.self_device_time_total if device.type == "cuda" else ev.self_cpu_time_total
+        if t <= 0 or (device.type == "cuda" and ev.device_type != torch.autograd.DeviceType.CUDA):
+            continue
+        by_cat[categorize(ev.key)] = by_cat.get(categorize(ev.key), 0.0) + t / 1e6
+    n_lora = lora_param_count(model.config, 32, {k: True for k in ("query", "key", "value", "projection", "mlp",
+                                                                     "head")}) if method == "lora" else 0
+    fpt = flops_per_token(model.config, seq, "full" if method == "full" else "lora", n_lora)
+    peak = None
+    if device.type == "cuda":
+        from tunelab import hardware
+
+        gpu = hardware.identify(torch.cuda.get_device_name(0))
+        peak = gpu.peak_flops("bf16-true") if gpu else None
+    tokens = micro * seq
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"method": method, "phases": medians, "step_s": step_s, "kernels": by_cat,
+            "tok_s": tokens / step_s, "mfu": fpt.total * tokens / step_s / peak if peak else None,
+            "tflops": fpt.total * tokens / step_s / 1e12, "flops_formula": fpt.formula}
+
+
+def render(results: list[dict], args, device_name: str) -> str:
+    lines = [f"# Where the time goes: {args.model_name}, bf16-true, micro batch {args.micro} x {args.seq} tokens",
+             "", f"Device: {device_name}; torch {torch.__version__}. Random weights, litgpt's model classes, AdamW "
+             "(torch default implementation), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
+             f"scripts. Phase times: medians of {args.steps} steps after 3 warm-up steps (CUDA events). Kernel "
+             "shares: one profiled step, CUDA kernel self time grouped by kernel name.", ""]
+    lines += ["| method | step s | tok/s | TFLOP/s | MFU | forward | loss | backward | optimizer |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ph = r["phases"]
+        share = lambda k: f"{ph[k]:.4f} s ({ph[k] / r['step_s']:.0%})"  # noqa: E731
+        lines.append(f"| {r['method']} | {r['step_s']:.4f} | {r['tok_s']:,.0f} | {r['tflops']:.1f} | "
+                     f"{'' if r['mfu'] is None else format(r['mfu'], '.1%')} | {share('forward')} | "
+                     f"{share('loss')} | {share('backward')} | {share('optimizer')} |")
+    cats = sorted({c for r in results for c in r["kernels"]})
+    lines += ["", "| kernel category | " + " | ".join(r["method"] for r in results) + " |",
+              "|---|" + "---|" * len(results)]
+    for c in cats:
+        cells = []
+        for r in results:
+            tot = sum(r["kernels"].values()) or 1.0
+            v = r["kernels"].get(c, 0.0)
+            cells.append(f"{v * 1000:.1f} ms ({v / tot:.0%})")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += ["", "FLOPs: " + "; ".join(f"{r['method']}: {r['flops_formula']}" for r in results), ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", dest="model_name", default="tiny-llama-1.1b",
+                    help="a litgpt config name, or 'tiny' (the embedded tiny model, for a CPU rehearsal)")
+    ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=437, help="tokens per sample (the benchmark's padded mean)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--methods", default="full,lora")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results = []
+    for method in args.methods.split(","):
+        results.append(profile_method(method, args.model_name, args.micro, args.seq, args.steps, device))
+        print(f"{method}: step {results[-1]['step_s']:.4f} s", flush=True)
+    text = render(results, args, torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU")
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The GPU runbook: stages, each one command that ends well inside the lent machine's 10 minutes, idempotent and
+# resumable. Run on the GPU machine from the repository root, with .whl (bash scripts/gpu/fetch_wheels.sh) and
+# gpu-results/ (the files earlier stages returned, copied back; may be empty) carried along:
+#
+#   bash scripts/gpu/runbook.sh STAGE [STAGE ...]        e.g.  bash scripts/gpu/runbook.sh env tiny
+#
+# stages (expected time on one H100, start-up excluded):
+#   env           versions, GPU memory, toolchain (one line per problem), then pytest -m gpu     ~3 min
+#   tiny          lab Part 1 TinyLlama rows s1-s5, s10 (random weights, benchmark data)
+#                 + the collector's overhead (plain litgpt vs tunelab run, s4's settings)        ~5 min
+#   qlora-memory  QLoRA vs LoRA memory by phase, TinyLlama and OpenLLaMA 7B                       ~6 min
+#   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13                      ~8 min
+#   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint: disk permitting) ~9 min
+#   profile       torch.profiler summary of TinyLlama full and LoRA steps                         ~2 min
+#
+# Every stage writes into $OUT (what comes back: at most 8 files): <sweep>.tgz (every record and log of that
+# sweep, earlier stages' rows included, no weights), report-<sweep>/ (results.md, results.csv, plots) rewritten
+# after EVERY row, and <stage>.log. A command killed at its limit still returns the rows it finished. Copy the
+# files back into gpu-results/ before the next call: rows already recorded there are not run again.
+#
+# BUDGET (seconds, default 540) bounds the whole command: no row starts after it, a row still running then is
+# killed and runs again at the next call. TUNELAB_REHEARSAL=1 rehearses the same stages on a CPU machine with
+# the tiny model (the test suite does: tests/test_gpu_runbook.py).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${OUT:?OUT: the folder whose files come back}"
+RESULTS=${RESULTS:-gpu-results}
+RUNS=${RUNS:-runs/gpu}
+BUDGET=${BUDGET:-540}
+REHEARSAL=${TUNELAB_REHEARSAL:-0}
+export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
+mkdir -p "$OUT" "$RUNS"
+
+left() { echo $(( BUDGET - SECONDS )); }
+
+# 1. the carried wheels (the GPU image has no litgpt, jsonargparse, bitsandbytes, deepspeed, pydantic)
+if [ -d .whl ] && ! python3 -c "import litgpt" 2>/dev/null; then
+  SITE=${SITE:-/tmp/tunelab-site}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    || { echo "runbook: installing the carried wheels failed"; exit 2; }
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# 2. earlier results: unpack every archive that came back, so finished rows are skipped (resume)
+for tgz in "$RESULTS"/*.tgz; do
+  [ -f "$tgz" ] && tar xzf "$tgz" -C "$RUNS" --skip-old-files 2>/dev/null
+done
+
+if [ "$REHEARSAL" = 1 ]; then
+  MODEL=(--model tiny); FAST=(--set train.max_steps=3 --set data.num_workers=0 --set eval.max_iters=2)
+else
+  MODEL=(--weights random); FAST=()
+fi
+
+sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report + archive after every row
+  local name=$1; shift
+  local prune=(); [ "$name:$1" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
+  local only; only=$(IFS=,; echo "$*")
+  python3 -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
+    --out "$RUNS/$name" --report-dir "$OUT/report-$name" --report-each-row --archive "$OUT/$name.tgz" \
+    "${prune[@]}" --deadline "$(left)"
+}
+
+stage_env() {
+  python3 -m tunelab.preflight || return 1
+  python3 - <<'PY'
+import torch
+if torch.cuda.is_available():
+    free, total = torch.cuda.mem_get_info()
+    print(f"CUDA: {torch.cuda.get_device_name(0)}, mem_get_info total {total:,} B ({total / 2**30:.2f} GiB), "
+          f"free with this context {free:,} B; context + driver reserve {total - free:,} B")
+PY
+  if [ "$REHEARSAL" = 1 ]; then
+    echo "rehearsal: pytest -m gpu needs a CUDA GPU; collecting only"
+    python3 -m pytest -q -m gpu --collect-only -q tests | tail -3
+  else
+    timeout "$(( $(left) > 330 ? 300 : $(left) - 30 ))" python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  fi
+}
+
+stage_tiny() {
+  sweep lab-part1 s1 s2 s3 s4 s5 s10
+  if [ "$(left)" -gt 120 ]; then
+    if [ "$REHEARSAL" = 1 ]; then
+      python3 scripts/bench_collector_overhead.py --pairs 1 --steps 4 --micro 8 --model tiny \
+        --json-out "$OUT/collector-overhead.json"
+    else
+      python3 scripts/bench_collector_overhead.py --pairs 3 --steps 30 --micro 8 --precision bf16-true \
+        --model random --json-out "$OUT/collector-overhead.json"
+    fi
+  else
+    echo "collector overhead: not run, $(left) s left"
+  fi
+}
+
+stage_qlora-memory() { sweep qlora-memory; }
+stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
+stage_big() { sweep lab-part1 s8 s9 s14; }
+stage_profile() {
+  if [ "$REHEARSAL" = 1 ]; then
+    python3 scripts/gpu/profile_steps.py --model tiny --out "$OUT/profile.md" --steps 2
+  else
+    python3 scripts/gpu/profile_steps.py --out "$OUT/profile.md"
+  fi
+}
+
+status=0
+for stage in "$@"; do
+  if ! declare -F "stage_$stage" >/dev/null; then
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile)"; exit 2
+  fi
+  if [ "$(left)" -le 30 ]; then
+    echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue
+  fi
+  echo "=== stage $stage ($(left) s of the budget left) ==="
+  "stage_$stage" 2>&1 | tee "$OUT/$stage.log"
+  rc=${PIPESTATUS[0]}
+  echo "=== stage $stage: exit $rc after ${SECONDS} s in all ==="
+  [ "$rc" = 0 ] || status=$rc
+done
+ls -la "$OUT" "$OUT"/report-* 2>/dev/null
+exit $status
