@@ -37,6 +37,7 @@ left() { echo $(( BUDGET - SECONDS )); }
 # 1. the carried wheels (the GPU image has no litgpt, jsonargparse, bitsandbytes, deepspeed, pydantic)
 if [ -d .whl ] && ! python3 -c "import litgpt" 2>/dev/null; then
   SITE=${SITE:-/tmp/tunelab-site}
+  rm -rf "$SITE"  # a fresh target: pip --target never removes what an earlier, different set left there
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     || { echo "runbook: installing the carried wheels failed"; exit 2; }
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -56,7 +57,7 @@ fi
 
 sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report + archive after every row
   local name=$1; shift
-  local prune=(); [ "$name:$1" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
+  local prune=(); [ "$name:${1:-}" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
   local only; only=$(IFS=,; echo "$*")
   python3 -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
     --out "$RUNS/$name" --report-dir "$OUT/report-$name" --report-each-row --archive "$OUT/$name.tgz" \
