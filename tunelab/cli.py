@@ -178,7 +178,7 @@ def cmd_report(args, extra) -> int:
     from tunelab.report import write_report
 
     try:
-        out = write_report(Path(args.sweep_dir), args.out)
+        out = write_report(Path(args.sweep_dir), args.out, not_run_reason=args.not_run_reason)
     except FileNotFoundError as e:
         return fail(str(e))
     print(f"{out}/results.md")
@@ -384,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="write results.csv, results.md and plots from a sweep directory's records")
     s.add_argument("sweep_dir", help="the directory a sweep wrote (runs/<sweep name>)")
     s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser(

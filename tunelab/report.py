@@ -25,9 +25,12 @@ COLUMNS = [
     "peak_allocated_gb", "peak_reserved_gb", "alloc_retries", "nvml_peak_used_gb", "peak_rss_gb",
     "step_time_s", "tok_s_padded", "tok_s_real", "tok_s_padded_per_device", "samples_s", "padding_pct",
     "litgpt_training_time_s", "litgpt_tok_s", "litgpt_memory_gb", "flops_per_token", "achieved_tflops_per_device",
-    "peak_tflops_per_device", "mfu", "mfu_padded", "gpu_util_mean", "gpu_util_std", "power_mean_w", "energy_j",
-    "energy_j_per_1k_tokens", "loss_first", "loss_last", "val_loss_final", "wall_s", "iters", "optimizer_steps",
-    "warmup_steps_excluded", "lab_status", "lab_memory_gb", "lab_time_s", "lab_tok_s", "lab_hardware",
+    "peak_tflops_per_device", "peak_basis", "mfu", "mfu_padded", "steady_window_s", "gpu_util_steady_mean",
+    "gpu_util_steady_std", "power_steady_w", "energy_steady_j", "energy_steady_j_per_1k_tokens", "gpu_util_mean",
+    "gpu_util_std", "power_mean_w", "energy_j", "energy_j_per_1k_tokens", "peak_loaded_gb", "peak_first_step_gb",
+    "planner_peak_gb", "planner_error_pct", "planner_fits", "loss_first", "loss_last", "val_loss_final", "wall_s",
+    "iters", "optimizer_steps", "warmup_steps_excluded", "lab_status", "lab_memory_gb", "lab_time_s", "lab_tok_s",
+    "lab_hardware", "not_run_reason",
 ]
 
 DEFINITIONS = """\
@@ -46,8 +49,12 @@ DEFINITIONS = """\
 | litgpt s / litgpt tok/s | litgpt's own printed "Training Time" (whole fit loop: warm-up and in-loop validation included) and "Tok/sec" (padded tokens / that time), kept beside ours |
 | FLOPs/token | training FLOPs per token: full 6N + attention, LoRA/QLoRA 4N_base + 6N_lora + attention (N excludes the embedding; attention 12*L*H*Q*T) |
 | TFLOP/s | FLOPs/token x real tok/s per device / 1e12 |
-| MFU | TFLOP/s over the device's dense peak for the run's precision (configs/hardware/gpus.yaml); empty on CPU or an unknown device |
-| util %, power W, energy | NVML, sampled in the parent at the stated rate: mean (and std) utilisation over GPUs, summed mean power, summed energy; J per 1k real tokens. Empty on CPU: never estimated |
+| MFU | model FLOPs utilisation on **real** tokens: FLOPs/token x real tok/s per device over the device's dense peak for the math the run did (configs/hardware/gpus.yaml; `peak basis`: bf16 for bf16-true/-mixed, TF32 for 32-true since litgpt sets float32 matmul precision 'high'); empty on CPU or an unknown device |
+| MFU padded | the same on **padded** tokens: the work the GPU actually computed, padding included (>= MFU; the gap is the padding share) |
+| util %, power W, J/1k tok (steady) | NVML, sampled in the parent at the stated rate, over the **steady-state window** (the optimizer steps the tok/s figures use, warm-up excluded; NVML samples and iteration timestamps share one monotonic clock): mean ± std utilisation over GPUs, summed mean power, summed energy per 1,000 real tokens trained in the window. Empty on CPU: never estimated |
+| J/1k tok (run) | energy from launch to exit (imports, checkpoint load, validation, saving included) per 1,000 real training tokens: what the whole command cost, inflated on short runs |
+| plan GB | `tunelab plan`'s predicted peak allocated for the same recipe, overrides and GPU (made when the report is written), with its error against the measurement |
+| loaded / 1st step GB | peak allocated up to the first training batch (model loaded, quantized, litgpt's 2-batch sanity validation done) and up to the end of the first optimizer step; the run's peak is the alloc. column |
 | lab | the lab's published figure for the same settings, on the lab's hardware (spec `experiments.md`); Part 2 rows: the *current* allocated memory per GPU the lab printed (GiB converted to GB; a range is min-max over GPUs), not a peak |
 """
 
@@ -72,7 +79,10 @@ def row_of(rec: record_mod.RunRecord, lab: dict, lab_hardware: str) -> dict:
         a = lab["allocated_gib"]
         lab_mem = (f"{a[0] * 2**30 / GB:.2f}-{a[1] * 2**30 / GB:.2f}" if isinstance(a, list)
                    else round(a * 2**30 / GB, 2))
+    phases = rec.ranks[0].phase_peak_allocated if rec.ranks else {}
     row.update({
+        "peak_loaded_gb": phases["loaded"] / GB if phases.get("loaded") else None,
+        "peak_first_step_gb": phases["first_step"] / GB if phases.get("first_step") else None,
         "peak_allocated_gb": rec.peak_allocated_bytes / GB if rec.peak_allocated_bytes is not None else None,
         "peak_reserved_gb": rec.peak_reserved_bytes / GB if rec.peak_reserved_bytes is not None else None,
         "alloc_retries": rec.num_alloc_retries, "nvml_peak_used_gb": nvml / GB if nvml else None,
@@ -80,7 +90,29 @@ def row_of(rec: record_mod.RunRecord, lab: dict, lab_hardware: str) -> dict:
         "lab_status": lab.get("status"), "lab_memory_gb": lab_mem, "lab_time_s": lab.get("time_s"),
         "lab_tok_s": lab.get("tok_s"), "lab_hardware": lab.get("hardware", lab_hardware) if lab else None,
     })
+    row.update(planner_columns(rec))
     return row
+
+
+def planner_columns(rec: record_mod.RunRecord) -> dict:
+    """The planner's prediction for a GPU row (same recipe, overrides and GPU), and its error."""
+    if rec.device_type != "cuda" or not rec.device_name:
+        return {}
+    try:
+        from tunelab import hardware
+        from tunelab.plan_cli import plan_recipe
+        from tunelab.recipes import resolve
+
+        gpu = hardware.identify(rec.device_name)
+        if gpu is None:
+            return {}
+        _, plan, _, _ = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu.name)
+    except Exception:  # noqa: BLE001 - a prediction that cannot be made is an empty cell, not a lost report
+        return {}
+    out = {"planner_peak_gb": plan.peak_allocated_bytes / GB, "planner_fits": plan.fits}
+    if rec.peak_allocated_bytes and rec.status == "ok":
+        out["planner_error_pct"] = (plan.peak_allocated_bytes - rec.peak_allocated_bytes) / rec.peak_allocated_bytes * 100
+    return out
 
 
 def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
@@ -134,28 +166,55 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
             ""]
     counts = {s: sum(r.status == s for r in records) for s in record_mod.STATUSES}
     out += ["## Summary", "", "Rows by status: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
-    missing = [r["id"] for r in meta.get("rows", []) if r["id"] not in {x.row_id for x in records}]
+    missing = [r for r in meta.get("rows", []) if r["id"] not in {x.row_id for x in records}]
     if missing:
-        out += [f"Not run yet (no record): {', '.join(missing)}.", ""]
+        reason = meta.get("not_run_reason") or "no record in the sweep directory"
+        out += [f"Not run ({len(missing)}): {', '.join(r['id'] for r in missing)}: {reason}.", ""]
 
     mem_label = "RSS GB" if cpu else "alloc. GB"
     header = ["row", "recipe", "precision", "micro/global", "status", mem_label, "reserved GB", "retries",
-              "step s", "tok/s padded", "tok/s real", "padding %", "litgpt s", "litgpt tok/s", "TFLOP/s", "MFU",
-              "util %", "power W", "J/1k tok", "lab status", "lab GB", "lab s", "lab tok/s"]
+              "plan GB (err)", "step s", "tok/s padded", "tok/s real", "padding %", "litgpt s", "litgpt tok/s",
+              "TFLOP/s", "MFU (padded)", "util % (steady)", "power W (steady)", "J/1k tok (steady)",
+              "J/1k tok (run)", "lab status", "lab GB", "lab s", "lab tok/s"]
     out += ["## Results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row, rec in zip(rows, records):
         mem = row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]
-        util = (f"{row['gpu_util_mean']:.0f} ± {row['gpu_util_std']:.0f}" if row.get("gpu_util_mean") is not None
-                and row.get("gpu_util_std") is not None else _f(row.get("gpu_util_mean"), 0))
+        util = (f"{rec.gpu_util_steady_mean:.0f} ± {rec.gpu_util_steady_std:.0f}"
+                if rec.gpu_util_steady_mean is not None and rec.gpu_util_steady_std is not None
+                else _f(rec.gpu_util_steady_mean, 0))
+        mfu = (f"{rec.mfu:.1%} ({rec.mfu_padded:.1%})" if rec.mfu is not None and rec.mfu_padded is not None
+               else "")
+        plan = ""
+        if row.get("planner_peak_gb") is not None:
+            plan = f"{row['planner_peak_gb']:.2f}" + (f" ({row['planner_error_pct']:+.1f}%)"
+                                                      if row.get("planner_error_pct") is not None else
+                                                      f" ({'fits' if row.get('planner_fits') else 'OOM'})")
         cells = [rec.row_id, rec.recipe, (rec.precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
                  f"{rec.micro_batch_size}/{rec.global_batch_size}", rec.status, _f(mem, 3 if cpu else 2),
-                 _f(row["peak_reserved_gb"]), _f(row["alloc_retries"]), _f(rec.step_time_s, 3),
+                 _f(row["peak_reserved_gb"]), _f(row["alloc_retries"]), plan, _f(rec.step_time_s, 3),
                  _f(rec.tok_s_padded, 0), _f(rec.tok_s_real, 0), _f(row["padding_pct"], 1),
-                 _f(rec.litgpt_training_time_s), _f(rec.litgpt_tok_s, 0), _f(rec.achieved_tflops_per_device, 3),
-                 _f(rec.mfu * 100 if rec.mfu is not None else None, 1) + ("%" if rec.mfu is not None else ""),
-                 util, _f(rec.power_mean_w, 0), _f(rec.energy_j_per_1k_tokens, 1), _f(row["lab_status"]),
+                 _f(rec.litgpt_training_time_s), _f(rec.litgpt_tok_s, 0), _f(rec.achieved_tflops_per_device, 1),
+                 mfu, util, _f(rec.power_steady_w, 0), _f(rec.energy_steady_j_per_1k_tokens, 1),
+                 _f(rec.energy_j_per_1k_tokens, 1), _f(row["lab_status"]),
                  _f(row["lab_memory_gb"]), _f(row["lab_time_s"]), _f(row["lab_tok_s"], 0)]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    for r in missing:
+        lab = r.get("lab") or {}
+        cells = [r["id"], r.get("recipe", ""), "", "", "not run", "", "", "", "", "", "", "", "", "", "", "", "", "",
+                 "", "", "", _f(lab.get("status")), _f(lab.get("memory_gb")), _f(lab.get("time_s")),
+                 _f(lab.get("tok_s"), 0)]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if any(r.peak_basis for r in records):
+        out += ["", "MFU peaks used: " + "; ".join(sorted({f"{r.precision}: {r.peak_basis} "
+                                                         f"{r.peak_tflops_per_device:g} TFLOP/s"
+                                                         for r in records if r.peak_basis})) + "."]
+    if any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
+        out += ["", "### Memory by phase", "", "| row | loaded GB | after 1st step GB | peak GB | plan GB |",
+                "|---|---|---|---|---|"]
+        for row, rec in zip(rows, records):
+            if rec.ranks and rec.ranks[0].phase_peak_allocated:
+                out.append(f"| {rec.row_id} | {_f(row['peak_loaded_gb'])} | {_f(row['peak_first_step_gb'])} | "
+                           f"{_f(row['peak_allocated_gb'])} | {_f(row.get('planner_peak_gb'))} |")
     failed = [r for r in records if r.status != "ok"]
     if failed:
         out += ["", "## Rows that did not finish", ""]
@@ -248,18 +307,26 @@ def default_report_dir(meta: dict, records: list[record_mod.RunRecord]) -> Path:
     return ROOT / "reports" / f"{date}-{meta.get('name', 'sweep')}{suffix}"
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
+def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: str | None = None) -> Path:
     meta, records = load_sweep_dir(sweep_dir)
     if not records:
         raise FileNotFoundError(f"no run records (*/record.json) under {sweep_dir}")
+    if not_run_reason:
+        meta["not_run_reason"] = not_run_reason
     labs = {r["id"]: r.get("lab") or {} for r in meta.get("rows", [])}
     rows = [row_of(rec, labs.get(rec.row_id, {}), meta.get("lab_hardware", "")) for rec in records]
+    recorded = {rec.row_id for rec in records}
+    not_run = [{"sweep": meta.get("name"), "row_id": r["id"], "recipe": r.get("recipe"), "status": "not run",
+                "not_run_reason": meta.get("not_run_reason") or "no record in the sweep directory",
+                "lab_status": (r.get("lab") or {}).get("status"), "lab_memory_gb": (r.get("lab") or {}).get("memory_gb"),
+                "lab_time_s": (r.get("lab") or {}).get("time_s"), "lab_tok_s": (r.get("lab") or {}).get("tok_s")}
+               for r in meta.get("rows", []) if r["id"] not in recorded]
     out_dir = Path(out_dir) if out_dir else default_report_dir(meta, records)
     out_dir.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
     w.writeheader()
-    for row in rows:
+    for row in [*rows, *not_run]:
         w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
     write_text_atomic(out_dir / "results.csv", buf.getvalue())
     write_text_atomic(out_dir / "results.md", markdown(meta, records, rows))
