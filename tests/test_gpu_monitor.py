@@ -19,8 +19,10 @@ def test_no_driver_means_no_samples():
     assert m.start().stop() == [] and m.driver_version() is None
 
 
-def fake_nvml(energy_supported: bool):
-    state = {"energy_mj": [1_000_000, 2_000_000], "t": [0, 0]}
+def fake_nvml(energy_supported: bool, watts=lambda h, t: 300.0 if h == 0 else 100.0):
+    """A stand-in NVML whose power follows ``watts(handle, monotonic time)`` and whose energy counter integrates
+    it (as the real counter does), so window figures can be checked against known values."""
+    state = {"t": [0, 0], "energy_mj": [1_000_000.0, 2_000_000.0], "last": [None, None]}
     nv = types.SimpleNamespace()
     nv.nvmlInit = lambda: None
     nv.nvmlDeviceGetCount = lambda: 2
@@ -32,14 +34,17 @@ def fake_nvml(energy_supported: bool):
         state["t"][h] += 1
         return types.SimpleNamespace(gpu=50 + 40 * (state["t"][h] % 2))  # alternates 50 / 90
     nv.nvmlDeviceGetUtilizationRates = util
-    nv.nvmlDeviceGetPowerUsage = lambda h: 300_000 if h == 0 else 100_000  # mW
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h + 1) * 10**9)
+    nv.nvmlDeviceGetPowerUsage = lambda h: watts(h, time.monotonic()) * 1000  # mW
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h + 1) * 10**9, total=80 * 2**30)
 
     def energy(h):
         if not energy_supported:
             raise RuntimeError("not supported")
-        state["energy_mj"][h] += 500_000  # +500 J per read
-        return state["energy_mj"][h]
+        now = time.monotonic()
+        if state["last"][h] is not None:
+            state["energy_mj"][h] += watts(h, now) * (now - state["last"][h]) * 1000
+        state["last"][h] = now
+        return int(state["energy_mj"][h])
     nv.nvmlDeviceGetTotalEnergyConsumption = energy
     return nv
 
@@ -48,15 +53,47 @@ def fake_nvml(energy_supported: bool):
 def test_aggregation(monkeypatch, energy_supported):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy_supported))
     m = GPUMonitor(hz=50)
-    assert m.available and m.driver_version() == "580.1"
+    assert m.available and m.driver_version() == "580.1" and m.names == ["NVIDIA H100 80GB HBM3"] * 2
+    t0 = time.monotonic()
     m.start()
     time.sleep(0.3)
     samples = m.stop()
+    elapsed = time.monotonic() - t0
     assert [s.index for s in samples] == [0, 1] and samples[0].name == "NVIDIA H100 80GB HBM3"
     assert samples[0].samples >= 5 and 50 <= samples[0].util_mean <= 90 and samples[0].util_std > 0
     assert samples[0].power_mean_w == 300.0 and samples[1].power_mean_w == 100.0
     assert samples[1].peak_used_bytes == 2 * 10**9
-    if energy_supported:
-        assert samples[0].energy_j == pytest.approx(500.0)  # counter difference, mJ -> J
-    else:
-        assert 300.0 * 0.25 < samples[0].energy_j < 300.0 * 1.0  # mean power x elapsed time
+    # energy over the run: 300 W x the run's length, from the counter or from mean power x time
+    assert 300.0 * 0.25 < samples[0].energy_j <= 300.0 * elapsed * 1.05
+
+
+def test_steady_window_is_separate_from_the_whole_run(monkeypatch):
+    """Power is 100 W while 'loading', 400 W while 'training': the steady-state window reports 400 W and the
+    energy of 400 W x its length; the whole run's mean is lower. Without timestamped samples both were one mean."""
+    switch = {}
+    watts = lambda h, t: 400.0 if t >= switch.get("t", float("inf")) else 100.0  # noqa: E731
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(True, watts))
+    m = GPUMonitor(hz=100).start()
+    time.sleep(0.3)
+    switch["t"] = t_train = time.monotonic()
+    time.sleep(0.4)
+    t_end = time.monotonic()
+    time.sleep(0.2)  # 'saving' at 400 W still, outside the window
+    whole = m.stop()[0]
+    win = m.window(t_train + 0.02, t_end)[0]
+    assert win.power_mean_w == pytest.approx(400.0)
+    assert win.energy_j == pytest.approx(400.0 * (t_end - t_train - 0.02), rel=0.1)
+    assert whole.power_mean_w < 350.0  # the 100 W 'loading' samples pull the whole-run mean down
+
+
+def test_runner_window_lines_up_with_iteration_timestamps():
+    """The steady-state window is rank 0's counted steps, on the monotonic clock the ranks stamp with."""
+    from tunelab.runner import _steady_state
+
+    t = 1000.0
+    iters = [(t + k * 0.5, 100, 80) for k in range(41)]  # 41 iterations 0.5 s apart, accumulation 2: 20 steps
+    out = _steady_state([iters], accumulation=2, n_iters=41)
+    assert out["warmup_steps_excluded"] == 2  # 10% of 20 optimizer steps
+    assert out["window"] == (t + 4 * 0.5, t + 40 * 0.5)  # from step 3's first iteration to the last one's end
+    assert out["window_tokens_real"] == 36 * 80
+    assert out["tok_s_real"] == pytest.approx(160.0)

@@ -5,19 +5,22 @@
 #
 #   bash scripts/gpu/runbook.sh STAGE [STAGE ...]        e.g.  bash scripts/gpu/runbook.sh env tiny
 #
-# stages (expected time on one H100, start-up excluded):
-#   env           versions, GPU memory, toolchain (one line per problem), then pytest -m gpu     ~3 min
-#   tiny          lab Part 1 TinyLlama rows s1-s5, s10 (random weights, benchmark data)
-#                 + the collector's overhead (plain litgpt vs tunelab run, s4's settings)        ~5 min
-#   qlora-memory  QLoRA vs LoRA memory by phase, TinyLlama and OpenLLaMA 7B                       ~6 min
-#   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13                      ~8 min
-#   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint: disk permitting) ~9 min
-#   profile       torch.profiler summary of TinyLlama full and LoRA steps                         ~2 min
+# stages, with the time each took on one H100 (2026-11-23; a machine's start, 1-2 min, not included):
+#   env           versions, GPU memory, toolchain (one line per problem), then pytest -m gpu     5 min
+#   tiny          lab Part 1 TinyLlama rows s1-s5, s10 (random weights, benchmark data)            6 min
+#                 + the collector's overhead (plain litgpt vs tunelab run, 3 pairs)              + 3.5 min
+#   profile       torch.profiler summary of TinyLlama full and LoRA steps                          0.5 min
+#   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
+#                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
+#   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
+#   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint; not yet timed)  est. 8-10 min
+# A stage cut by BUDGET goes on where it stopped at the next call (same command, gpu-results/ carried).
 #
-# Every stage writes into $OUT (what comes back: at most 8 files): <sweep>.tgz (every record and log of that
-# sweep, earlier stages' rows included, no weights), report-<sweep>/ (results.md, results.csv, plots) rewritten
-# after EVERY row, and <stage>.log. A command killed at its limit still returns the rows it finished. Copy the
-# files back into gpu-results/ before the next call: rows already recorded there are not run again.
+# Every stage writes into $OUT (what comes back: at most 8 files, whatever the stages): <sweep>.tgz (every record
+# and log of that sweep, earlier stages' rows included, no weights, and its report under <sweep>/report/, all
+# rewritten after EVERY row), runbook.log, collector-overhead.json, profile.md. A command killed at its limit still
+# returns the rows it finished. Copy the .tgz files back into gpu-results/ before the next call: rows already
+# recorded there are not run again. The report: `tunelab report runs/gpu/<sweep>` here, or the one in the archive.
 #
 # BUDGET (seconds, default 540) bounds the whole command: no row starts after it, a row still running then is
 # killed and runs again at the next call. TUNELAB_REHEARSAL=1 rehearses the same stages on a CPU machine with
@@ -60,7 +63,7 @@ sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report +
   local prune=(); [ "$name:${1:-}" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
   local only; only=$(IFS=,; echo "$*")
   python3 -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
-    --out "$RUNS/$name" --report-dir "$OUT/report-$name" --report-each-row --archive "$OUT/$name.tgz" \
+    --out "$RUNS/$name" --report-dir "$RUNS/$name/report" --report-each-row --archive "$OUT/$name.tgz" \
     "${prune[@]}" --deadline "$(left)"
 }
 
@@ -116,10 +119,12 @@ for stage in "$@"; do
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue
   fi
   echo "=== stage $stage ($(left) s of the budget left) ==="
-  "stage_$stage" 2>&1 | tee "$OUT/$stage.log"
+  "stage_$stage" 2>&1 | tee -a "$OUT/runbook.log"
   rc=${PIPESTATUS[0]}
   echo "=== stage $stage: exit $rc after ${SECONDS} s in all ==="
   [ "$rc" = 0 ] || status=$rc
 done
-ls -la "$OUT" "$OUT"/report-* 2>/dev/null
+n=$(find "$OUT" -type f | wc -l)
+[ "$n" -le 8 ] || echo "runbook: WARNING: $n files in \$OUT, more than the 8 that come back"
+ls -la "$OUT"
 exit $status

@@ -1,0 +1,211 @@
+"""The GPU runbook rehearsed on this CPU machine, and what a first GPU run needs before it measures anything:
+the carried wheels (checked against the GPU image's package list), the staged runbook (time limit, number and size
+of the files that come back, resume), a full disk, random-weight checkpoints built in a child, `python -m litgpt`
+everywhere, and the preflight's one-line problems."""
+
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from tests.conftest import ROOT, cpu_env
+
+GPU_DIR = ROOT / "scripts" / "gpu"
+
+
+def _names(path: Path) -> set[str]:
+    out = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            out.add(re.split(r"[=<>\[ ]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return out
+
+
+def test_carried_wheels_are_exactly_what_the_gpu_image_lacks():
+    """Walk the requirements (markers for Python 3.12 on Linux x86_64) from what tunelab imports on the GPU
+    machine: each must be in the image or carried; everything carried must be needed and not in the image."""
+    image = _names(GPU_DIR / "gpu-image-packages.txt")
+    carried = _names(GPU_DIR / "carry.txt")
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "os_name": "posix", "platform_python_implementation": "CPython"}
+    roots = ["litgpt", "jsonargparse[signatures]", "lightning", "bitsandbytes", "deepspeed", "nvidia-ml-py", "PyYAML",
+             "tokenizers", "matplotlib", "psutil"]
+    needed, todo, missing = set(), [Requirement(r) for r in roots], []
+    while todo:
+        req = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        key = (name, tuple(sorted(req.extras)))
+        if key in needed:
+            continue
+        needed.add(key)
+        if name in image and name not in carried:
+            continue  # the image's own package brings its own needs
+        if name not in carried:
+            missing.append(name)
+            continue
+        for raw in importlib.metadata.requires(name) or []:
+            sub = Requirement(raw)
+            if sub.marker is None or any(sub.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})):
+                todo.append(sub)
+    assert not missing, f"needed on the GPU machine, neither in its image nor in carry.txt: {sorted(set(missing))}"
+    needed_names = {n for n, _ in needed}
+    assert carried <= needed_names, f"carried but not needed: {sorted(carried - needed_names)}"
+    assert not (carried & image) - {"huggingface-hub"}, f"carried though the image has it: {carried & image}"
+    assert "pydantic" in carried and "pydantic-core" in carried  # deepspeed imports pydantic at import time
+    assert "huggingface-hub" not in carried  # shadowing the image's hub breaks `import lightning` there
+
+
+def _runbook(out: Path, runs: Path, results: Path, budget: int, *stages: str, timeout: int = 600):
+    env = cpu_env(OUT=str(out), RUNS=str(runs), RESULTS=str(results), BUDGET=str(budget), TUNELAB_REHEARSAL="1")
+    return subprocess.run(["bash", str(GPU_DIR / "runbook.sh"), *stages], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _returned_files(out: Path) -> list[Path]:
+    return [p for p in out.rglob("*") if p.is_file()]
+
+
+def test_runbook_rehearsal_within_the_device_limits(tmp_path):
+    """The same stages as on the GPU, with the tiny model: within the time given, at most 8 files of at most 16 MiB
+    no more than 2 folders down, the report rewritten after every row, and a second call skips finished rows."""
+    out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
+    t0 = time.monotonic()
+    proc = _runbook(out, runs, results, 300, "env", "tiny")
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert took < 300 + 60
+    files = _returned_files(out)
+    assert len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files), files
+    assert all(len(f.relative_to(out).parts) <= 3 for f in files)
+    assert "preflight: ok" in (out / "runbook.log").read_text()
+    with tarfile.open(out / "lab-part1.tgz") as tar:
+        names = tar.getnames()
+        md = tar.extractfile("lab-part1/report/results.md").read().decode()
+    assert {f"lab-part1/{r}/record.json" for r in ("s1", "s2", "s3", "s4", "s5", "s10")} <= set(names)
+    assert not [n for n in names if n.endswith((".pth", ".lora"))]  # never weights
+    assert "| s4 | tiny-llama-1.1b/full | bf16-true |" in md and "MFU padded" in md and "Not run (8)" in md
+    overhead = json.loads((out / "collector-overhead.json").read_text())
+    assert overhead["ratio_with_over_without"] > 0
+    # the next call starts from what came back: nothing is run again
+    results.mkdir()
+    (results / "lab-part1.tgz").write_bytes((out / "lab-part1.tgz").read_bytes())
+    again = _runbook(tmp_path / "out2", tmp_path / "runs2", results, 200, "tiny")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "resuming lab-part1: 6 of 6 rows already recorded" in again.stdout
+
+
+def test_deadline_kills_a_row_that_then_runs_again_on_resume(tmp_path):
+    """A row still running at the command's deadline is recorded as killed 'deadline:' and runs on the next call
+    (a plain timeout would be final); the rows after it are listed as not started."""
+    base = [sys.executable, "-m", "tunelab", "sweep", "lab-part1", "--model", "tiny", "--only", "s2,s3", "--out",
+            str(tmp_path / "sw"), "--no-report", "--set", "data.num_workers=0"]
+    slow = subprocess.run([*base, "--set", "train.max_steps=100000", "--set", "train.epochs=50", "--deadline", "25"],
+                          cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+    assert slow.returncode == 0, slow.stderr[-2000:]
+    rec = json.loads((tmp_path / "sw" / "s2" / "record.json").read_text())
+    assert rec["status"] == "killed" and rec["error"].startswith("deadline:")
+    assert "1 row(s) not started (s3)" in slow.stderr
+    fast = subprocess.run([*base, "--set", "train.max_steps=2"], cwd=ROOT, env=cpu_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    assert "resuming" not in fast.stderr  # the deadline-killed row is not 'recorded' for resume
+    for row in ("s2", "s3"):
+        assert json.loads((tmp_path / "sw" / row / "record.json").read_text())["status"] == "ok"
+
+
+def test_disk_full_while_building_a_checkpoint_is_a_row_and_stops_the_sweep(tiny_ckpt, tmp_path, monkeypatch):
+    """ENOSPC while building a random-weight checkpoint: that row is recorded (error, 'disk full'), the sweep
+    stops in one line (DiskFull) without temporary files, and a resume after freeing space runs the rest."""
+    from tunelab import runner, sweep
+
+    calls = []
+
+    def full_disk(name, device="cpu", timeout_s=1800):
+        calls.append(name)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ckpt" / "lit_model.pth.tmp"))
+    monkeypatch.setattr(runner, "build_in_child", full_disk)
+    sw = sweep.with_settings(sweep.load("lab-part1"), ["train.max_steps=2", "data.num_workers=0",
+                                                       "eval.final_validation=false"])
+    sw.rows = [r for r in sw.rows if r.id in ("s2", "s4")]
+    out = tmp_path / "sw"
+    with pytest.raises(sweep.DiskFull, match="s2: disk full; free space and run the same command again"):
+        sweep.run_sweep(sw, out, model="random", stream=open(os.devnull, "w"))
+    rec = json.loads((out / "s2" / "record.json").read_text())
+    assert rec["status"] == "error" and "disk full" in rec["error"]
+    assert not (out / "s4").exists() and calls == ["tiny-llama-1.1b"]
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    # space freed: the same command goes on (the stand-in build now returns the tiny model)
+    monkeypatch.setattr(runner, "build_in_child", lambda name, device="cpu", timeout_s=1800: tiny_ckpt)
+    (out / "s2" / "record.json").unlink()  # the user reruns the row that hit the full disk
+    sweep.run_sweep(sw, out, model="random", stream=open(os.devnull, "w"))
+    for row in ("s2", "s4"):
+        assert json.loads((out / row / "record.json").read_text())["status"] == "ok"
+
+
+def test_random_weights_are_built_in_a_child_and_leave_no_weights(tmp_path, monkeypatch):
+    """--weights random: the checkpoint is built by a child process (this process never builds it, so it holds no
+    GPU memory while the run trains), the benchmark data replaces the small shipped set, litgpt's saves are
+    skipped and no weight file is left (a sweep of random-weight runs fills no disk)."""
+    from tunelab import checkpoints
+    from tunelab.recipes import resolve
+    from tunelab.runner import run
+
+    def not_here(*a, **k):
+        raise AssertionError("checkpoints.build ran in the parent process")
+    monkeypatch.setattr(checkpoints, "build", not_here)
+    rec = run(resolve("tiny-llama-1.1b/lora"), ["--checkpoint_dir", "checkpoints/EleutherAI/pythia-14m",
+                                                "--train.max_steps", "2", "--data.num_workers", "0",
+                                                "--eval.final_validation", "false"], tmp_path / "r", model="random")
+    assert rec.status == "ok", rec.error
+    assert rec.model_source == "random" and rec.model_name == "pythia-14m" and rec.saves_skipped
+    i = rec.overrides.index("--data.json_path")
+    assert rec.overrides[i + 1] == ".tunelab/data/alpaca_benchmark.json" or \
+        not Path(rec.overrides[i + 1]).is_relative_to(ROOT)  # no machine path when under the checkout
+    assert not [p for p in (tmp_path / "r").rglob("*") if p.name.endswith((".pth", ".pth.lora", ".safetensors"))]
+    assert "tunelab: LoRA merge skipped" in (tmp_path / "r" / "stdout.log").read_text()
+
+
+def test_nothing_looks_for_the_litgpt_script_beside_the_interpreter():
+    """With `pip install --target` (the GPU machine) the `litgpt` console script is not beside sys.executable:
+    tests and scripts run `python -m litgpt` / `python -m tunelab`."""
+    bad = re.compile(r"""with_name\(["']litgpt["']\)|bindir\s*/\s*["'](litgpt|tunelab)["']|^\s*litgpt\s+finetune""",
+                     re.M)
+    offenders = []
+    for folder in ("tests", "scripts"):
+        for f in (ROOT / folder).rglob("*"):
+            if f.suffix in (".py", ".sh") and f.name != Path(__file__).name and bad.search(f.read_text()):
+                offenders.append(str(f.relative_to(ROOT)))
+    assert not offenders
+
+
+def test_preflight_says_what_is_missing_in_one_line_each(monkeypatch, tmp_path, capsys):
+    import lightning  # noqa: F401 - imported before `which` is stubbed (lightning calls it at import)
+
+    from tunelab import preflight
+
+    monkeypatch.setattr(preflight, "REQUIRED", (*preflight.REQUIRED, "no_such_module_for_tunelab"))
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    monkeypatch.setattr(preflight.sys, "executable", str(tmp_path / "bin" / "python"))  # no ninja beside it
+    monkeypatch.setattr(preflight.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    monkeypatch.setattr(preflight, "pinned", lambda name: "0.0.1" if name == "torch" else None)
+    assert preflight.main() == 1
+    out = capsys.readouterr().out.splitlines()
+    errors = [ln for ln in out if ln.startswith("error: ")]
+    assert len(errors) == 1 and "no_such_module_for_tunelab: cannot be imported" in errors[0] and "fix:" in errors[0]
+    ds = next(ln for ln in out if "DeepSpeed CPU Adam" in ln)
+    assert "a C++ compiler" in ds and "ninja" in ds and "Python headers" in ds
+    assert any("pinned in requirements.txt" in ln for ln in out)
+    assert out[-1].startswith("preflight: FAILED (1 error(s)")
