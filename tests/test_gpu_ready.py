@@ -3,6 +3,7 @@ loop's all-reduce device, the benchmark workload's token counts, the usable GPU 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -90,7 +91,9 @@ def test_fit_verdicts_use_the_memory_cuda_exposes():
                         peak_allocated_bytes=need, predicted_reserved_bytes=need - planner.CUDA_CONTEXT_BYTES,
                         cuda_context_bytes=planner.CUDA_CONTEXT_BYTES, host_ram_bytes=0)
     planner.verdict(plan, h100)
-    assert plan.fits is False and plan.margin_bytes < 0
+    assert plan.fits is False and plan.margin_bytes < 0 and plan.edge  # short by < 2%: said to be at the edge
+    far = planner.verdict(dataclasses.replace(plan, predicted_reserved_bytes=70 * 2**30), h100)
+    assert far.fits and not far.edge
 
 
 def test_report_defines_mfu_on_real_and_padded_tokens():

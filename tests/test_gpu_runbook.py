@@ -209,3 +209,19 @@ def test_preflight_says_what_is_missing_in_one_line_each(monkeypatch, tmp_path, 
     assert "a C++ compiler" in ds and "ninja" in ds and "Python headers" in ds
     assert any("pinned in requirements.txt" in ln for ln in out)
     assert out[-1].startswith("preflight: FAILED (1 error(s)")
+
+
+def test_a_random_checkpoint_is_pruned_after_its_last_row(tmp_path, monkeypatch):
+    """--prune-checkpoints: the random-weight checkpoint of an architecture goes once no later row needs it (the
+    four models' checkpoints, ~49 GB in bf16, never sit on the disk together)."""
+    from tunelab import checkpoints, sweep
+
+    monkeypatch.setattr(checkpoints, "default_dir", lambda name: tmp_path / f"random-{name}")
+    for name in ("tiny-llama-1.1b", "open_llama_3b"):
+        (tmp_path / f"random-{name}").mkdir()
+    rows = {r.id: r for r in sweep.load("lab-part1").rows}
+    log = open(os.devnull, "w")
+    sweep._prune_random_checkpoints(rows["s2"], [rows["s3"], rows["s6"]], log)  # s3 still needs TinyLlama
+    assert (tmp_path / "random-tiny-llama-1.1b").is_dir()
+    sweep._prune_random_checkpoints(rows["s3"], [rows["s6"]], log)
+    assert not (tmp_path / "random-tiny-llama-1.1b").exists() and (tmp_path / "random-open_llama_3b").is_dir()

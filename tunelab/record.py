@@ -44,7 +44,8 @@ class RankStats:
     """torch.cuda.mem_get_info() total: the device memory CUDA exposes (below NVML's memory.total)."""
     phase_peak_allocated: dict = field(default_factory=dict)
     """Peak allocated bytes (CUDA) up to each phase: 'loaded' (the first training batch is fetched: model,
-    optimizer and any quantization are in place), 'first_step' (after the first optimizer step), 'end'."""
+    optimizer and any quantization are in place, and litgpt's 2-batch sanity validation has run), 'first_step'
+    (after the first optimizer step), 'end'."""
 
 
 @dataclass

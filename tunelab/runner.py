@@ -82,6 +82,10 @@ def versions() -> dict:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = None
+    if out["tunelab"] is None:  # run from a checkout on PYTHONPATH (the GPU runbook), not pip-installed
+        import tunelab
+
+        out["tunelab"] = f"{getattr(tunelab, '__version__', '?')} (source checkout)"
     return out
 
 
