@@ -69,7 +69,8 @@ def test_carried_wheels_are_exactly_what_the_gpu_image_lacks():
 
 
 def _runbook(out: Path, runs: Path, results: Path, budget: int, *stages: str, timeout: int = 600):
-    env = cpu_env(OUT=str(out), RUNS=str(runs), RESULTS=str(results), BUDGET=str(budget), TUNELAB_REHEARSAL="1")
+    env = cpu_env(OUT=str(out), RUNS=str(runs), RESULTS=str(results), BUDGET=str(budget), TUNELAB_REHEARSAL="1",
+                  PYTHON=sys.executable)
     return subprocess.run(["bash", str(GPU_DIR / "runbook.sh"), *stages], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -226,6 +226,8 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
             "![peak memory per row](memory.png)", "", "![throughput per row](throughput.png)", ""]
     if any(r.device_count > 1 for r in records):
         out += ["![memory by rank](memory_by_rank.png)", ""]
+    if any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
+        out += ["![memory by phase](memory_phases.png)", ""]
     out += ["Files: `results.csv` (every column, every row), the run records under the sweep directory.", ""]
     return "\n".join(out)
 
@@ -238,6 +240,11 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
 
     cpu = all(r.device_type == "cpu" for r in records if r.device_name)
     labels = [f"{r.row_id}\n{r.method}" for r in records]
+    long_labels = max((len(r.row_id) for r in records), default=0) > 6
+
+    def xticks(ax, positions, names):
+        ax.set_xticks(list(positions), names, fontsize=7, rotation=30 if long_labels else 0,
+                      ha="right" if long_labels else "center")
     colors = {"ok": "tab:blue", "oom": "tab:red", "error": "tab:gray", "killed": "tab:orange"}
     paths = []
 
@@ -248,14 +255,20 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
     if any(v is not None for v in lab) and not cpu:
         ax.scatter([i for i, v in enumerate(lab) if v is not None], [v for v in lab if v is not None],
                    marker="_", s=400, color="black", label="lab (A100 80GB)", zorder=3)
-        ax.legend()
+    plan = [row.get("planner_peak_gb") for row in rows]
+    if any(v is not None for v in plan):
+        ax.scatter([i for i, v in enumerate(plan) if v is not None], [v for v in plan if v is not None],
+                   marker="x", s=50, color="tab:green", label="tunelab plan (same GPU)", zorder=4)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     for i, r in enumerate(records):
         if r.status != "ok":
             ax.text(i, max(mem[i], 0) + 0.01 * (max(mem) or 1), r.status.upper(), ha="center", fontsize=7,
                     color=colors.get(r.status, "k"))
-    ax.set_xticks(range(len(records)), labels, fontsize=7)
+    xticks(ax, range(len(records)), labels)
     ax.set_ylabel("peak RSS per process, GB (1e9 B)" if cpu else "peak allocated per GPU, GB (1e9 B)")
-    ax.set_title("Peak memory per row" + (" (tiny model, CPU)" if cpu else ""))
+    device = next((r.device_name for r in records if r.device_name), "")
+    ax.set_title("Peak memory per row" + (" (tiny model, CPU)" if cpu else f" ({device})"))
     fig.tight_layout()
     paths.append(out_dir / "memory.png")
     fig.savefig(paths[-1], dpi=110)
@@ -269,14 +282,31 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
         ax.scatter([i for i, row in enumerate(rows) if row["lab_tok_s"]],
                    [row["lab_tok_s"] for row in rows if row["lab_tok_s"]], marker="_", s=400, color="black",
                    label="lab, padded (A100)", zorder=3)
-    ax.set_xticks(list(x), labels, fontsize=7)
+    xticks(ax, x, labels)
     ax.set_ylabel("steady-state tokens/s, summed over ranks")
-    ax.set_title("Throughput per row" + (" (tiny model, CPU)" if cpu else ""))
+    ax.set_title("Throughput per row" + (" (tiny model, CPU)" if cpu else f" ({device})"))
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out_dir / "throughput.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
+
+    phased = [(row, r) for row, r in zip(rows, records) if r.ranks and r.ranks[0].phase_peak_allocated]
+    if phased:  # where the memory comes in: after loading, after the first optimizer step, at the peak
+        fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(phased) + 2), 4.2))
+        keys = [("peak_loaded_gb", "first training batch (model loaded)"),
+                ("peak_first_step_gb", "after the first optimizer step"), ("peak_allocated_gb", "run peak")]
+        for j, (key, label) in enumerate(keys):
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(phased))], [row.get(key) or 0 for row, _ in phased],
+                   width=0.27, label=label, color=f"C{j}")
+        xticks(ax, range(len(phased)), [f"{r.row_id}\n{r.method}" for _, r in phased])
+        ax.set_ylabel("peak allocated up to the phase, GB (1e9 B)")
+        ax.set_title(f"Memory by phase ({device})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / "memory_phases.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
 
     multi = [r for r in records if r.device_count > 1 and r.ranks]
     if multi:

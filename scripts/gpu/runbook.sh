@@ -32,16 +32,17 @@ RESULTS=${RESULTS:-gpu-results}
 RUNS=${RUNS:-runs/gpu}
 BUDGET=${BUDGET:-540}
 REHEARSAL=${TUNELAB_REHEARSAL:-0}
+PY=${PYTHON:-python3}   # the interpreter with torch (the GPU image's python3; a venv's python in the rehearsal)
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 mkdir -p "$OUT" "$RUNS"
 
 left() { echo $(( BUDGET - SECONDS )); }
 
 # 1. the carried wheels (the GPU image has no litgpt, jsonargparse, bitsandbytes, deepspeed, pydantic)
-if [ -d .whl ] && ! python3 -c "import litgpt" 2>/dev/null; then
+if [ -d .whl ] && ! "$PY" -c "import litgpt" 2>/dev/null; then
   SITE=${SITE:-/tmp/tunelab-site}
   rm -rf "$SITE"  # a fresh target: pip --target never removes what an earlier, different set left there
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     || { echo "runbook: installing the carried wheels failed"; exit 2; }
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -62,14 +63,14 @@ sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report +
   local name=$1; shift
   local prune=(); [ "$name:${1:-}" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
   local only; only=$(IFS=,; echo "$*")
-  python3 -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
+  "$PY" -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
     --out "$RUNS/$name" --report-dir "$RUNS/$name/report" --report-each-row --archive "$OUT/$name.tgz" \
     "${prune[@]}" --deadline "$(left)"
 }
 
 stage_env() {
-  python3 -m tunelab.preflight || return 1
-  python3 - <<'PY'
+  "$PY" -m tunelab.preflight || return 1
+  "$PY" - <<'PY'
 import torch
 if torch.cuda.is_available():
     free, total = torch.cuda.mem_get_info()
@@ -78,9 +79,9 @@ if torch.cuda.is_available():
 PY
   if [ "$REHEARSAL" = 1 ]; then
     echo "rehearsal: pytest -m gpu needs a CUDA GPU; collecting only"
-    python3 -m pytest -q -m gpu --collect-only -q tests | tail -3
+    "$PY" -m pytest -q -m gpu --collect-only -q tests | tail -3
   else
-    timeout "$(( $(left) > 330 ? 300 : $(left) - 30 ))" python3 -m pytest -q -m gpu -p no:cacheprovider tests
+    timeout "$(( $(left) > 330 ? 300 : $(left) - 30 ))" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests
   fi
 }
 
@@ -88,10 +89,10 @@ stage_tiny() {
   sweep lab-part1 s1 s2 s3 s4 s5 s10
   if [ "$(left)" -gt 120 ]; then
     if [ "$REHEARSAL" = 1 ]; then
-      python3 scripts/bench_collector_overhead.py --pairs 1 --steps 4 --micro 8 --model tiny \
+      "$PY" scripts/bench_collector_overhead.py --pairs 1 --steps 4 --micro 8 --model tiny \
         --json-out "$OUT/collector-overhead.json"
     else
-      python3 scripts/bench_collector_overhead.py --pairs 3 --steps 30 --micro 8 --precision bf16-true \
+      "$PY" scripts/bench_collector_overhead.py --pairs 3 --steps 30 --micro 8 --precision bf16-true \
         --model random --json-out "$OUT/collector-overhead.json"
     fi
   else
@@ -104,9 +105,9 @@ stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
 stage_big() { sweep lab-part1 s8 s9 s14; }
 stage_profile() {
   if [ "$REHEARSAL" = 1 ]; then
-    python3 scripts/gpu/profile_steps.py --model tiny --out "$OUT/profile.md" --steps 2
+    "$PY" scripts/gpu/profile_steps.py --model tiny --out "$OUT/profile.md" --steps 2
   else
-    python3 scripts/gpu/profile_steps.py --out "$OUT/profile.md"
+    "$PY" scripts/gpu/profile_steps.py --out "$OUT/profile.md"
   fi
 }
 
