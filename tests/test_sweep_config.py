@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tunelab.sweep import SweepError, load, to_overrides
@@ -57,3 +59,17 @@ def test_grid_expands_axes_with_explicit_settings(tmp_path):
 def test_overrides_are_litgpt_style():
     assert to_overrides({"train.max_steps": None, "lora_mlp": False, "optimizer": "SGD"}) == [
         "--train.max_steps", "null", "--lora_mlp", "false", "--optimizer", "SGD"]
+
+
+@pytest.mark.parametrize("bad", ["../../escaped_row", "/abs/path", "a/b", ".", "..", "", ".hidden"])
+def test_row_ids_and_names_are_names_not_paths(tmp_path, bad):
+    """A row id or sweep name becomes a directory: anything that is not a plain name is refused in one line."""
+    from tunelab.sweep import SweepError, load
+
+    for text in (f"name: ok\nrows:\n  - {{id: {json.dumps(bad)}, recipe: tiny-llama-1.1b/lora}}\n",
+                 f"name: {json.dumps(bad)}\nrows:\n  - {{id: r1, recipe: tiny-llama-1.1b/lora}}\n"):
+        f = tmp_path / "s.yaml"
+        f.write_text(text)
+        with pytest.raises(SweepError, match="is not a plain name") as e:
+            load(f)
+        assert "\n" not in str(e.value)

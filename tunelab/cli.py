@@ -283,6 +283,13 @@ def cmd_data(args, extra) -> int:
     from tunelab import data
     from tunelab.paths import DATASET
 
+    if args.benchmark:  # the random-weight benchmark workload (tunelab/benchmark_data.py)
+        from tunelab import benchmark_data
+
+        out = Path(args.out) if args.out else benchmark_data.default_path()
+        data.write(out, benchmark_data.generate())
+        print(out)
+        return 0
     out = Path(args.out) if args.out else DATASET
     data.write(out, data.generate(args.n, args.seed))
     print(out)
@@ -324,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="auto (default): the recipe's checkpoint if downloaded, else the tiny model when no GPU "
                             "is present; tiny: the embedded tiny model; random: the recipe's real architecture with "
                             "random weights; checkpoint: the recipe's checkpoint or fail")
-        s.add_argument("--weights", choices=["random"], help="same as --model random (benchmark without downloads)")
+        s.add_argument("--weights", choices=["random"], help="same as --model random: a benchmark without downloads (the real architecture with "
+                            "random weights, built in a child process; the benchmark tokenizer and dataset with the "
+                            "lab's token counts; litgpt's final save and LoRA merge skipped)")
         s.add_argument("--timeout", type=float, help="kill a run after this many seconds (status killed)")
         s.add_argument("--memory-limit-gb", type=float,
                        help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory")
@@ -470,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=400, help="number of records (default 400, the shipped file)")
     s.add_argument("--seed", type=int, default=42)
     s.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
+    s.add_argument("--benchmark", action="store_true",
+                   help="instead: the 2,000-record benchmark set that random-weight runs read (the lab's ~437 padded "
+                        "tokens per sample at micro 8 under the benchmark tokenizer; default .tunelab/data/)")
     s.set_defaults(func=cmd_data)
     return p
 

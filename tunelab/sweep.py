@@ -27,6 +27,7 @@ import errno
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ ROW_KEYS = {"id", "recipe", "set", "lab", "note", "strategy"}
 GRID_KEYS = {"recipe", "set", "axes", "id", "lab", "note", "strategy"}
 LAB_KEYS = {"status", "memory_gb", "time_s", "tok_s", "memory_note", "steps", "hardware", "allocated_gib",
             "reserved_gib"}
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""Sweep names and row ids become directory names: no separators, no '..', nothing hidden or absolute."""
 
 
 class SweepError(ValueError):
@@ -163,6 +168,10 @@ def load(path: Path | str) -> Sweep:
             rows.append(Row(id=row_id, settings={**defaults, **(spec.get("set") or {}), **point}, **base))
     if not rows:
         raise SweepError(f"{where}: rows: no rows (give `rows` or `grid`)")
+    for name, what in [(str(raw["name"]), "name"), *((r.id, f"row id {r.id!r}") for r in rows)]:
+        if not SAFE_NAME.fullmatch(name):
+            raise SweepError(f"{where}: {what}: {name!r} is not a plain name (it becomes a directory: letters, digits, "
+                             "'.', '_', '-', starting with a letter or digit); fix: rename it")
     ids = [r.id for r in rows]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
