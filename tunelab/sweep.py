@@ -286,7 +286,7 @@ def archive(sweep_dir: Path, dest: Path) -> Path:
     os.close(fd)
     with tarfile.open(tmp, "w:gz") as tar:
         for f in sorted(sweep_dir.rglob("*")):
-            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".tmp") \
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.startswith(".") \
                     and f.stat().st_size < 32 * 2**20:
                 tar.add(f, arcname=str(Path(sweep_dir.name) / f.relative_to(sweep_dir)))
     os.chmod(tmp, 0o644)
@@ -303,6 +303,31 @@ def _is_disk_full(e: BaseException) -> bool:
         or "No space left on device" in str(e)
 
 
+_LOCKS: dict = {}
+
+
+def _lock(base: Path):
+    """An exclusive lock on ``base/.lock`` (flock: released by the kernel when the holder dies, even by SIGKILL).
+    A second sweep on the same directory stops in one line naming the holder."""
+    import fcntl
+
+    path = base / ".lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise SweepError(f"{base} is being swept by {holder}; wait for it to finish, or use another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    f.flush()
+    _LOCKS[str(base)] = f
+    return f
+
+
 def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, model: str = "auto",
               only: list[str] | None = None, timeout_s: float | None = None,
               memory_limit_bytes: int | None = None, stream=sys.stderr, deadline_s: float | None = None,
@@ -316,6 +341,7 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
     """
     base = sweep_dir_for(sweep, out)
     base.mkdir(parents=True, exist_ok=True)
+    lock = _lock(base)  # held until this process exits: one sweep per directory at a time
     meta_path = base / "sweep.json"
     meta = {"name": sweep.name, "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT)
                                             else sweep.path),
