@@ -341,7 +341,18 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
     """
     base = sweep_dir_for(sweep, out)
     base.mkdir(parents=True, exist_ok=True)
-    lock = _lock(base)  # held until this process exits: one sweep per directory at a time
+    lock = _lock(base)  # one sweep per directory at a time; released on return, raise, or the process's death
+    try:
+        return _run_locked(sweep, base, rerun=rerun, model=model, only=only, timeout_s=timeout_s,
+                           memory_limit_bytes=memory_limit_bytes, stream=stream, deadline_s=deadline_s,
+                           after_row=after_row, prune_checkpoints=prune_checkpoints)
+    finally:
+        _LOCKS.pop(str(base), None)
+        lock.close()
+
+
+def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memory_limit_bytes, stream, deadline_s,
+                after_row, prune_checkpoints) -> Path:
     meta_path = base / "sweep.json"
     meta = {"name": sweep.name, "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT)
                                             else sweep.path),
