@@ -102,6 +102,16 @@ def _model_choice(args) -> str:
     return args.model
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
 def _memory_limit(args) -> int | None:
     return int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
 
@@ -283,15 +293,17 @@ def cmd_data(args, extra) -> int:
     from tunelab import data
     from tunelab.paths import DATASET
 
-    if args.benchmark:  # the random-weight benchmark workload (tunelab/benchmark_data.py)
-        from tunelab import benchmark_data
+    try:
+        if args.benchmark:  # the random-weight benchmark workload (tunelab/benchmark_data.py)
+            from tunelab import benchmark_data
 
-        out = Path(args.out) if args.out else benchmark_data.default_path()
-        data.write(out, benchmark_data.generate())
-        print(out)
-        return 0
-    out = Path(args.out) if args.out else DATASET
-    data.write(out, data.generate(args.n, args.seed))
+            out = Path(args.out) if args.out else benchmark_data.default_path()
+            data.write(out, benchmark_data.generate())
+        else:
+            out = Path(args.out) if args.out else DATASET
+            data.write(out, data.generate(args.n, args.seed))
+    except OSError as e:
+        return fail(f"--out {args.out or out}: cannot write ({e.strerror or e}); fix: give a writable path")
     print(out)
     return 0
 
@@ -378,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a litgpt override for every row (dotted key, YAML value), e.g. --set train.max_steps=5; "
                         "repeatable; recorded in each row's overrides")
-    s.add_argument("--deadline", type=float, metavar="S",
+    s.add_argument("--deadline", type=_positive_seconds, metavar="S",
                    help="start no row after S seconds, and kill a row still running then (it runs again on resume): "
                         "for machines that give a command a fixed time")
     s.add_argument("--report-each-row", action="store_true",

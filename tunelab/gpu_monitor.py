@@ -127,8 +127,7 @@ class GPUMonitor:
         self._sample_all()
         self._t1 = time.monotonic()
         out = []
-        for i in range(len(self._handles)):
-            whole = self.window(self._t0, self._t1)[i]
+        for i, whole in enumerate(self.window(self._t0, self._t1)):
             used = [s[3] for s in self._samples[i]]
             out.append(GPUSample(index=i, name=self._names[i], peak_used_bytes=max(used) if used else None,
                                  util_mean=whole.util_mean, util_std=whole.util_std,

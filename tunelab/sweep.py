@@ -303,9 +303,6 @@ def _is_disk_full(e: BaseException) -> bool:
         or "No space left on device" in str(e)
 
 
-_LOCKS: dict = {}
-
-
 def _lock(base: Path):
     """An exclusive lock on ``base/.lock`` (flock: released by the kernel when the holder dies, even by SIGKILL).
     A second sweep on the same directory stops in one line naming the holder."""
@@ -324,7 +321,6 @@ def _lock(base: Path):
     f.truncate()
     f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
     f.flush()
-    _LOCKS[str(base)] = f
     return f
 
 
@@ -347,8 +343,7 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
                            memory_limit_bytes=memory_limit_bytes, stream=stream, deadline_s=deadline_s,
                            after_row=after_row, prune_checkpoints=prune_checkpoints)
     finally:
-        _LOCKS.pop(str(base), None)
-        lock.close()
+        lock.close()  # closing the file releases the flock
 
 
 def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memory_limit_bytes, stream, deadline_s,
