@@ -150,8 +150,7 @@ def test_disk_full_while_building_a_checkpoint_is_a_row_and_stops_the_sweep(tiny
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     # space freed: the same command goes on (the stand-in build now returns the tiny model)
     monkeypatch.setattr(runner, "build_in_child", lambda name, device="cpu", timeout_s=1800: tiny_ckpt)
-    (out / "s2" / "record.json").unlink()  # the user reruns the row that hit the full disk
-    sweep.run_sweep(sw, out, model="random", stream=open(os.devnull, "w"))
+    sweep.run_sweep(sw, out, model="random", stream=open(os.devnull, "w"))  # a disk-full row runs again
     for row in ("s2", "s4"):
         assert json.loads((out / row / "record.json").read_text())["status"] == "ok"
 

@@ -15,6 +15,8 @@ A litgpt checkpoint directory holds ``lit_model.pth`` (the state dict), ``model_
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import time
 from dataclasses import asdict
@@ -52,6 +54,39 @@ SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 def default_dir(name: str) -> Path:
     """Where ``tunelab build-model NAME`` puts its checkpoint by default."""
     return cache_dir() / "checkpoints" / (name if name == TINY else f"random-{name}")
+
+
+WEIGHT_GLOBS = ("*.pth", "*.bin", "*.pt", "*.ckpt")
+"""Files in a checkpoint directory that litgpt (or torch) would unpickle."""
+
+
+def unsafe_files(checkpoint_dir: Path) -> list[str]:
+    """The weight files in ``checkpoint_dir`` that are not plain tensor data: ``torch.load(weights_only=True)``
+    refuses them (a pickle that builds arbitrary objects runs code when litgpt's lazy loader, a plain unpickler,
+    opens it). Cheap: memory-mapped and loaded to the meta device, so no tensor data is read."""
+    out = []
+    for pattern in WEIGHT_GLOBS:
+        for f in sorted(Path(checkpoint_dir).glob(pattern)):
+            if f.is_file():
+                st = f.stat()
+                if not _loads_as_weights(str(f.resolve()), st.st_size, st.st_mtime_ns):
+                    out.append(f.name)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _loads_as_weights(path: str, size: int, mtime_ns: int) -> bool:
+    import pickle
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(path):  # torch's format since 1.6: only the pickled index is read, via mmap
+            torch.load(path, mmap=True, weights_only=True, map_location="meta")
+        else:  # the legacy format cannot be memory-mapped: read it, still with the restricted unpickler
+            torch.load(path, weights_only=True, map_location="cpu")
+        return True
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, AttributeError, OSError):
+        return False
 
 
 def is_complete(out_dir: Path) -> bool:
@@ -95,13 +130,34 @@ def build(name: str = TINY, out_dir: Path | None = None, *, dataset: Path = DATA
     recipes load weights into the precision they train in anyway). An existing complete directory is reused
     unless ``force``.
     """
-    from litgpt.model import GPT
-    from litgpt.utils import save_config
-
     config = model_config(name)
     out_dir = Path(out_dir) if out_dir is not None else default_dir(name)
     if is_complete(out_dir) and not force:
         return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(out_dir):  # two sweeps (or test workers) needing the same model build it once
+        if is_complete(out_dir) and not force:
+            return out_dir
+        return _build(name, config, out_dir, dataset=dataset, seed=seed, dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def _build_lock(out_dir: Path):
+    """An exclusive flock beside ``out_dir`` (released by the kernel if the holder dies)."""
+    import fcntl
+
+    with open(out_dir.parent / f".{out_dir.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype, device: str) -> Path:
+    from litgpt.model import GPT
+    from litgpt.utils import save_config
+
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or (torch.float32 if name == TINY else torch.bfloat16)
 
@@ -136,11 +192,11 @@ def build(name: str = TINY, out_dir: Path | None = None, *, dataset: Path = DATA
         torch.set_default_dtype(previous)
     tmp = out_dir / "lit_model.pth.tmp"
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
-    tmp.replace(out_dir / "lit_model.pth")
     save_config(config, out_dir)
     (out_dir / "tunelab_build.json").write_text(json.dumps({
         "model": name, "weights": "random", "seed": seed, "dtype": str(dtype).replace("torch.", ""),
         "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_vocab": tok.get_vocab_size(),
         "build_seconds": round(time.perf_counter() - t0, 3), "config": asdict(config),
     }, indent=2, default=str))
+    tmp.replace(out_dir / "lit_model.pth")  # last: is_complete() sees a whole directory or none
     return out_dir

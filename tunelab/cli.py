@@ -7,7 +7,9 @@ code 2. litgpt-style overrides (``--train.micro_batch_size 8``) pass through to 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -102,14 +104,26 @@ def _model_choice(args) -> str:
     return args.model
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
-    return value
+def _number(kind, low=None, high=None, low_open=False, what="a number"):
+    """An argparse type: ``kind`` (int or float) within [low, high] (low excluded when ``low_open``), checked where
+    it is parsed, so that 0, negative or NaN values never reach a run."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value != value or (low is not None and (value <= low if low_open else value < low)) \
+                or (high is not None and value > high):
+            bound = (f"> {low}" if low_open else f">= {low}") if high is None else \
+                f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what} {bound}")
+        return value
+    return parse
+
+
+_positive_seconds = _number(float, 0, low_open=True, what="a number of seconds")
+_positive_gb = _number(float, 0, low_open=True, what="a size in GB")
+_count = _number(int, 1, what="an integer")
 
 
 def _memory_limit(args) -> int | None:
@@ -121,6 +135,10 @@ def cmd_run(args, extra) -> int:
     from tunelab.runner import RunError, run
     from tunelab.sweep import ProgressLine, Row
 
+    if args.node_rank >= args.nnodes:
+        return fail(f"--node-rank {args.node_rank}: must be below --nnodes {args.nnodes} (ranks count from 0)")
+    if args.nnodes > 1 and not args.strategy:
+        return fail("--nnodes > 1 needs --strategy (litgpt's own command runs on one node here)")
     try:
         recipe = resolve(args.recipe)
         model = _model_choice(args)
@@ -164,6 +182,8 @@ def cmd_sweep(args, extra) -> int:
         if args.archive:
             archive(sweep_dir, args.archive)
 
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        return fail(f"--out {args.out}: is a file; fix: give a directory for the sweep's records")
     try:
         model = _model_choice(args)
         sweep = load(args.sweep)
@@ -200,6 +220,12 @@ def cmd_plan(args, extra) -> int:
     from tunelab.plan_cli import epoch_tokens, plan_recipe, render, tokens_per_sample_from_data
     from tunelab.recipes import RecipeError, resolve
 
+    lo, hi = args.mfu_range
+    if lo > hi:
+        return fail(f"--mfu-range {lo} {hi}: LOW must not exceed HIGH")
+    if args.calibrate and not any(Path(args.calibrate).glob("**/record.json")):
+        return fail(f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: give a sweep "
+                    "directory such as runs/lab-part1")
     try:
         recipe = resolve(args.recipe)
         if args.gpu:
@@ -209,7 +235,7 @@ def cmd_plan(args, extra) -> int:
             zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
             activation_checkpointing=args.activation_checkpointing, dataset=args.dataset, fsdp_wrap=args.fsdp_wrap)
     except (RecipeError, ValueError, KeyError) as e:
-        return fail(str(e).strip("'\""))
+        return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     projection, tokens_note = None, ""
     if args.gpu:
         per_sample = args.tokens_per_sample or tokens_per_sample_from_data(resolved, x)
@@ -283,6 +309,14 @@ def cmd_build_model(args, extra) -> int:
         checkpoints.model_config(args.name)
     except ValueError as e:
         return fail(str(e))
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        return fail(f"--device {args.device!r} is not a torch device; fix: cpu, cuda or cuda:N")
+    if device.type not in ("cpu", "cuda"):
+        return fail(f"--device {args.device}: build on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return fail(f"--device {args.device}: this machine has no CUDA device; fix: --device cpu")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, None: None}[args.dtype]
     out = checkpoints.build(args.name, args.out, dtype=dtype, device=args.device, force=args.force)
     print(out)
@@ -308,12 +342,25 @@ def cmd_data(args, extra) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with whole option names only (``--data`` is never taken as ``--dataset``) and one-line errors."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tunelab.planner import DEFAULT_MFU_RANGE
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="tunelab", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="LitGPT fine-tuning recipes, with the tools that plan, run, measure and report them.")
+    p.add_argument("--debug", action="store_true",
+                   help="show the Python traceback of an error instead of one line (accepted anywhere on the line)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser("ls", help="list the recipes (model, method, precision, batch, devices) from the files")
@@ -346,8 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--weights", choices=["random"], help="same as --model random: a benchmark without downloads (the real architecture with "
                             "random weights, built in a child process; the benchmark tokenizer and dataset with the "
                             "lab's token counts; litgpt's final save and LoRA merge skipped)")
-        s.add_argument("--timeout", type=float, help="kill a run after this many seconds (status killed)")
-        s.add_argument("--memory-limit-gb", type=float,
+        s.add_argument("--timeout", type=_positive_seconds, metavar="S",
+                       help="kill a run after S seconds (status killed)")
+        s.add_argument("--memory-limit-gb", type=_positive_gb, metavar="GB",
                        help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory")
 
     def strategy_options(s):
@@ -355,10 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "deepspeed-zero3-offload, ...): run under torchrun with tunelab's "
                                           "multi-device loop instead of litgpt's built-in strategy; --devices N sets "
                                           "processes per node")
-        s.add_argument("--nnodes", type=int, default=1, help="nodes (with --strategy); run the same command on each")
-        s.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 writes the record)")
+        s.add_argument("--nnodes", type=_count, default=1, help="nodes (with --strategy); run the same command on each")
+        s.add_argument("--node-rank", type=_number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)")
         s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
-        s.add_argument("--master-port", type=int, help="port on node 0 (default: a free one; give one for >1 node)")
+        s.add_argument("--master-port", type=_number(int, 1, 65535, what="a port"), help="port on node 0 (default: a free one; give one for >1 node)")
 
     s = sub.add_parser(
         "run", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -425,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                "energy_j_per_million_tokens_low/high}.")
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
-    s.add_argument("--devices", type=int, help="GPUs per node (default: the recipe's devices)")
+    s.add_argument("--devices", type=_count, help="GPUs per node (default: the recipe's devices)")
     s.add_argument("--strategy", choices=["single", "ddp", "fsdp", "deepspeed"], default="single",
                    help="how model states are divided across devices (default single; litgpt's own choice with "
                         "devices > 1 is FSDP)")
@@ -439,11 +487,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
     s.add_argument("--dataset", type=Path, help="an Alpaca JSON: use its longest sample as the sequence length "
                                                 "(needs the checkpoint's tokenizer)")
-    s.add_argument("--tokens", type=float, help="token budget to project (default: the recipe's training run)")
-    s.add_argument("--tokens-per-sample", type=float,
+    s.add_argument("--tokens", type=_number(float, 0, low_open=True, what="a token count"), help="token budget to project (default: the recipe's training run)")
+    s.add_argument("--tokens-per-sample", type=_number(float, 0, low_open=True, what="a token count"),
                    help="padded tokens per sample (default: from the data and tokenizer when both are here, else "
                         "the lab's 437)")
-    s.add_argument("--mfu-range", type=float, nargs=2, default=list(DEFAULT_MFU_RANGE), metavar=("LOW", "HIGH"),
+    s.add_argument("--mfu-range", type=_number(float, 0, 1, low_open=True, what="an MFU fraction"), nargs=2, default=list(DEFAULT_MFU_RANGE), metavar=("LOW", "HIGH"),
                    help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)")
     s.add_argument("--calibrate", type=Path, help="a directory of run records: use the measured MFU (and power) of "
                                                   "the nearest measured configuration")
@@ -464,9 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Any other --dotted.key VALUE is a litgpt-style override.")
     s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
     s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
-    s.add_argument("--start", type=int, help="starting micro batch (default: the planner's guess, or 1)")
-    s.add_argument("--max-micro", type=int, default=1024, help="never probe above this micro batch")
-    s.add_argument("--steps", type=int, default=3, help="optimizer steps per probe (default 3)")
+    s.add_argument("--start", type=_count, help="starting micro batch (default: the planner's guess, or 1)")
+    s.add_argument("--max-micro", type=_count, default=1024, help="never probe above this micro batch")
+    s.add_argument("--steps", type=_count, default=3, help="optimizer steps per probe (default 3)")
     s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_options(s)
@@ -488,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
     s.add_argument("action", choices=["generate"])
-    s.add_argument("--n", type=int, default=400, help="number of records (default 400, the shipped file)")
+    s.add_argument("--n", type=_count, default=400, help="number of records (default 400, the shipped file)")
     s.add_argument("--seed", type=int, default=42)
     s.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
     s.add_argument("--benchmark", action="store_true",
@@ -498,7 +546,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _os_error_line(e: OSError) -> str:
+    where = f"{e.filename}: " if e.filename else ""
+    fix = "free space and run the same command again" if e.errno == errno.ENOSPC else \
+        "check the path and its permissions"
+    return f"{where}{e.strerror or e}; fix: {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: show tracebacks instead of one-line errors
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "command", None):
@@ -509,7 +571,31 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in extra if x.startswith("-") and not x.startswith("--")]
     if bad:
         return fail(f"litgpt-style overrides are --dotted.key VALUE, got {bad[0]!r}")
-    return args.func(args, extra)
+    from tunelab.errors import InputError, Interrupted
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a killed sweep records its row, like Ctrl-C
+    try:
+        return args.func(args, extra)
+    except Interrupted as e:
+        print(f"tunelab: interrupted: {e}", file=sys.stderr)
+        return Interrupted.exit_code
+    except KeyboardInterrupt:
+        print("tunelab: interrupted", file=sys.stderr)
+        return Interrupted.exit_code
+    except InputError as e:
+        return fail(str(e).replace("\n", "\n  "))
+    except BrokenPipeError:  # `tunelab ls | head`
+        return 0
+    except OSError as e:
+        if debug:
+            raise
+        return fail(_os_error_line(e))
+    except Exception as e:  # noqa: BLE001 - a bug or a fault of the machine: one line, the traceback on --debug
+        if debug:
+            raise
+        return fail(f"{type(e).__name__}: {e} (unexpected; rerun with --debug for the traceback, and report it)")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

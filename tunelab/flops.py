@@ -90,8 +90,23 @@ def load_config(checkpoint_dir):
             spec.loader.exec_module(mod)
         Config = mod.Config
     ckpt = Path(checkpoint_dir)
-    if (ckpt / "model_config.yaml").is_file():
-        return Config.from_file(ckpt / "model_config.yaml")
+    cfg_file = ckpt / "model_config.yaml"
+    if cfg_file.is_file():  # read as plain data here (litgpt's Config.from_file would pass anything to Config)
+        import dataclasses
+
+        from tunelab import yaml_input
+        from tunelab.errors import InputError
+
+        raw = yaml_input.load_mapping(cfg_file, "model_config.yaml")
+        unknown = set(raw) - {f.name for f in dataclasses.fields(Config)}
+        if unknown:
+            raise InputError(f"{cfg_file}: unknown key(s) {sorted(unknown)[:5]}: not fields of litgpt's Config; "
+                             "fix: use the model_config.yaml `litgpt download` writes")
+        try:
+            return Config(**raw)
+        except Exception as e:  # noqa: BLE001 - litgpt's __post_init__ does arithmetic on whatever it is given
+            raise InputError(f"{cfg_file}: litgpt's Config refuses it ({type(e).__name__}: {e}); fix: use the "
+                             "model_config.yaml `litgpt download` writes") from None
     return Config.from_name(ckpt.name)
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-import yaml
-
+from tunelab import yaml_input
 from tunelab.paths import CONFIGS_DIR
 
 GPU_TABLE = CONFIGS_DIR / "hardware" / "gpus.yaml"
@@ -74,7 +73,7 @@ def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | 
 
 @lru_cache(maxsize=1)
 def table() -> dict[str, GPU]:
-    raw = yaml.safe_load(GPU_TABLE.read_text())["gpus"]
+    raw = yaml_input.load_mapping(GPU_TABLE, "the GPU table")["gpus"]
     return {name: GPU(name=name, match=tuple(row.pop("match", ())), **row) for name, row in raw.items()}
 
 

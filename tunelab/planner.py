@@ -389,7 +389,25 @@ def merge_overrides(config: dict, overrides: list[str]) -> dict:
         if parts[-1] not in node and "init_args" in node:
             node = node["init_args"]
         node[parts[-1]] = yaml.safe_load(value)
+    if isinstance(out.get("data"), str):  # `--data Alpaca`: a class name, as litgpt's parser reads it
+        name = out["data"]
+        out["data"] = {"class_path": name if "." in name else f"litgpt.data.{name}", "init_args": {}}
+    check_ranges(out)
     return out
+
+
+def check_ranges(args: dict) -> None:
+    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer."""
+    train = args.get("train") if isinstance(args.get("train"), dict) else {}
+    for key, value in (("train.micro_batch_size", train.get("micro_batch_size")),
+                       ("train.global_batch_size", train.get("global_batch_size")),
+                       ("train.max_seq_length", train.get("max_seq_length")),
+                       ("devices", args.get("devices")), ("num_nodes", args.get("num_nodes")),
+                       ("lora_r", args.get("lora_r"))):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
 
 
 def plan_input_from_args(args: dict, method: str, *, strategy: str = "single", sharding: str = "FULL_SHARD",

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from tunelab import yaml_input
+from tunelab.errors import InputError
 from tunelab.paths import RECIPES_DIR, ROOT
 
 COMMANDS = {"full": "finetune_full", "lora": "finetune_lora", "qlora": "finetune_lora",
@@ -18,7 +18,7 @@ COMMANDS = {"full": "finetune_full", "lora": "finetune_lora", "qlora": "finetune
 """Recipe method -> the ``litgpt`` subcommand that runs it."""
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A recipe reference that names no recipe file, or a file that is not a recipe."""
 
 
@@ -101,11 +101,12 @@ def display_path(path: Path) -> str:
 def load(path: Path) -> Recipe:
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        config = yaml_input.load_file(path, display_path(path))
+    except InputError as e:
+        raise RecipeError(str(e)) from None
     if not isinstance(config, dict):
-        raise RecipeError(f"{path}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}")
+        raise RecipeError(f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got "
+                          f"{type(config).__name__}")
     recipe = Recipe(path=path, config=config)
     if recipe.method not in COMMANDS:
         raise RecipeError(f"{path}: method {recipe.method!r} (from the file name) is not one of "

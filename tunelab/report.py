@@ -118,11 +118,23 @@ def planner_columns(rec: record_mod.RunRecord) -> dict:
 def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
     sweep_dir = Path(sweep_dir)
     meta_path = sweep_dir / "sweep.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": sweep_dir.name, "rows": []}
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"{sweep_dir}: no such sweep directory")
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": sweep_dir.name, "rows": []}
+        if not isinstance(meta, dict) or not isinstance(meta.get("rows", []), list):
+            raise ValueError("not a sweep.json")
+    except (OSError, ValueError) as e:
+        meta = {"name": sweep_dir.name, "rows": [], "note": f"sweep.json unreadable ({e}): row order and lab "
+                                                            "figures are missing"}
     records = []
-    order = [r["id"] for r in meta.get("rows", [])]
+    order = [r.get("id") for r in meta.get("rows", []) if isinstance(r, dict)]
     for path in sorted(sweep_dir.glob("*/record.json")):
-        records.append(record_mod.load(path))
+        try:
+            records.append(record_mod.load(path))
+        except (OSError, ValueError, TypeError) as e:  # kept as a row that says so: nothing dropped silently
+            records.append(record_mod.RunRecord(row_id=path.parent.name, status="error",
+                                                error=f"unreadable record.json ({type(e).__name__}: {str(e)[:120]})"))
     records.sort(key=lambda r: (order.index(r.row_id) if r.row_id in order else len(order), r.row_id))
     return meta, records
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from tunelab import checkpoints, hardware
+from tunelab.errors import InputError, Interrupted
 from tunelab.flops import flops_per_token, lora_param_count
 from tunelab.gpu_monitor import GPUMonitor
 from tunelab.paths import ROOT
@@ -44,7 +45,7 @@ OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "can't a
 _ITER_LINE = re.compile(r"iter (\d+) step (\d+) \| loss train: ([\d.naninf]+).*iter time: ([\d.]+) ms")
 
 
-class RunError(ValueError):
+class RunError(InputError):
     """A run refused before anything starts (invalid recipe, missing checkpoint)."""
 
 
@@ -381,59 +382,22 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     rec.driver = monitor.driver_version()
     rec.started_at = now_iso()
     t0 = time.monotonic()
-    killed_reason = None
-    progress = Progress()
+    interrupted = False
     suffix = f".node{node_rank}" if node_rank else ""
     with open(run_dir / f"stdout{suffix}.log", "w") as out_f, open(run_dir / f"stderr{suffix}.log", "w") as err_f:
         monitor.start()
         proc = subprocess.Popen([sys.executable, *launch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=err_f, preexec_fn=_preexec(memory_limit_bytes))
-        import selectors
-
-        fd = proc.stdout.fileno()
-        sel = selectors.DefaultSelector()
-        sel.register(fd, selectors.EVENT_READ)
-        exited_at = None
-        first = None
-        last_tokens_read = 0.0
-        pending = b""
-        while True:
-            if timeout_s is not None and killed_reason is None and time.monotonic() - t0 > timeout_s:
-                killed_reason = f"timeout: killed after {timeout_s:.0f} s"
-                os.killpg(proc.pid, signal.SIGKILL)
-            if sel.select(timeout=0.5):
-                chunk = os.read(fd, 65536)  # never blocks on a line that has no newline yet (progress bars)
-                if not chunk:
-                    break
-                out_f.write(chunk.decode(errors="replace"))
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    m = _ITER_LINE.search(raw.decode(errors="replace"))
-                    if not m:
-                        continue
-                    progress.iter, progress.step = int(m.group(1)), int(m.group(2))
-                    progress.loss, progress.iter_ms = float(m.group(3)), float(m.group(4))
-                    now = time.monotonic()
-                    if now - last_tokens_read > 1.0:  # metrics.csv is read at most once a second
-                        last_tokens_read = now
-                        tokens = _latest_tokens(run_dir / "litgpt")
-                        if tokens is not None:
-                            first = first or (now, tokens)
-                            if now - first[0] > 0.5:
-                                progress.tok_s = (tokens - first[1]) / (now - first[0]) * world
-                    if on_progress:
-                        on_progress(progress)
-            elif proc.poll() is not None:
-                exited_at = exited_at or time.monotonic()
-                if time.monotonic() - exited_at > 5:  # a grandchild still holds the pipe: stop reading
-                    break
-        proc.wait()
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # leftover ranks or loader workers of a failed run
-        except ProcessLookupError:
-            pass
-        gpus = monitor.stop()
+            killed_reason = watch(proc, out_f, t0, timeout_s, run_dir / "litgpt", world, on_progress)
+            proc.wait()  # exited: its stdout closed
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (tunelab.cli turns it into this): record, then stop
+            killed_reason = f"{INTERRUPTED_PREFIX} stopped by Ctrl-C or SIGTERM; the row runs again on resume"
+            interrupted = True
+        finally:  # whatever happened (interrupt, a full disk while logging): no training, no rank is left running
+            _kill_group(proc)
+            proc.wait()
+            gpus = monitor.stop()
     rec.wall_s = round(time.monotonic() - t0, 3)
     rec.ended_at = now_iso()
     rec.exit_code = proc.returncode
@@ -447,7 +411,71 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     if source == "random":
         rec.pruned = prune_weights(run_dir)
     save(rec, run_dir / "record.json")
+    if interrupted:
+        raise Interrupted(f"{row_id}: stopped; recorded as killed in {run_dir / 'record.json'}")
     return rec
+
+
+INTERRUPTED_PREFIX = "interrupted:"
+"""Start of the error of a row stopped by Ctrl-C or SIGTERM (like a --deadline kill, it runs again on resume)."""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (its ranks, loader workers): it has its own session, see _preexec."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def watch(proc: subprocess.Popen, out_f, t0: float, timeout_s: float | None, litgpt_dir: Path, world: int,
+          on_progress: Callable[[Progress], None] | None) -> str | None:
+    """Follow a running child until it exits: copy its stdout to ``out_f``, report progress (iteration, step, loss,
+    tokens/s from litgpt's metrics.csv), kill it at ``timeout_s``. Returns the kill reason, or None."""
+    import selectors
+
+    killed_reason = None
+    progress = Progress()
+    fd = proc.stdout.fileno()
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    exited_at = None
+    first = None
+    last_tokens_read = 0.0
+    pending = b""
+    while True:
+        if timeout_s is not None and killed_reason is None and time.monotonic() - t0 > timeout_s:
+            killed_reason = f"timeout: killed after {timeout_s:.0f} s"
+            _kill_group(proc)
+        if sel.select(timeout=0.5):
+            chunk = os.read(fd, 65536)  # never blocks on a line that has no newline yet (progress bars)
+            if not chunk:
+                break
+            out_f.write(chunk.decode(errors="replace"))
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                m = _ITER_LINE.search(raw.decode(errors="replace"))
+                if not m:
+                    continue
+                progress.iter, progress.step = int(m.group(1)), int(m.group(2))
+                progress.loss, progress.iter_ms = float(m.group(3)), float(m.group(4))
+                now = time.monotonic()
+                if now - last_tokens_read > 1.0:  # metrics.csv is read at most once a second
+                    last_tokens_read = now
+                    tokens = _latest_tokens(litgpt_dir)
+                    if tokens is not None:
+                        first = first or (now, tokens)
+                        if now - first[0] > 0.5:
+                            progress.tok_s = (tokens - first[1]) / (now - first[0]) * world
+                if on_progress:
+                    on_progress(progress)
+        elif proc.poll() is not None:
+            exited_at = exited_at or time.monotonic()
+            if time.monotonic() - exited_at > 5:  # a grandchild still holds the pipe: stop reading
+                break
+    sel.close()
+    return killed_reason
 
 
 WEIGHT_SUFFIXES = (".pth", ".bin", ".safetensors", ".pth.lora", ".pth.adapter", ".pth.adapter_v2")

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from tunelab import record as record_mod
+from tunelab import yaml_input
+from tunelab.errors import InputError, Interrupted
 from tunelab.paths import ROOT
 from tunelab.recipes import Recipe, RecipeError, resolve
-from tunelab.runner import Progress, RunError, run
+from tunelab.runner import INTERRUPTED_PREFIX, Progress, RunError, run
 from tunelab.validate import check
 
 SWEEP_KEYS = {"name", "description", "lab_hardware", "timeout_s", "defaults", "rows", "grid"}
@@ -53,7 +53,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """Sweep names and row ids become directory names: no separators, no '..', nothing hidden or absolute."""
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """A sweep file that cannot run: every message names the file, the row and the key."""
 
 
@@ -102,23 +102,54 @@ def to_overrides(settings: dict) -> list[str]:
     return out
 
 
+def _expect(value, kind, where: str, key: str, fix: str):
+    """``value`` if it is of ``kind`` (bool is no number), else SweepError naming the file and key."""
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
+                                                                                   else (kind,)))
+    if not ok:
+        raise SweepError(f"{where}: {key}: got the {type(value).__name__} {str(value)[:60]!r}; fix: {fix}")
+    return value
+
+
+def _row_problems(where: str, rows: list["Row"]) -> list[str]:
+    """What the validator refuses in each row, one line per distinct problem (naming every row it hits)."""
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        result = check(row.recipe, row.overrides())
+        for p in result.problems:
+            if p.severity == "error" and not (row.strategy and p.key == "eval.interval"):
+                found.setdefault(f"{p.key}: {p.message}; fix: {p.fix}", []).append(row.id)
+    return [f"{where}: row{'s' if len(ids) > 1 else ''} {', '.join(ids)}: {text}" for text, ids in found.items()]
+
+
 def load(path: Path | str) -> Sweep:
-    """Read and check a sweep file: unknown keys and rows litgpt or the validator would refuse stop it here."""
+    """Read and check a sweep file: unknown keys, wrong types and rows litgpt or the validator would refuse stop
+    it here, in one line each."""
     path = Path(path)
-    if not path.is_file() and (ROOT / "configs" / "sweeps" / f"{path}.yaml").is_file():
+    if not path.is_file() and SAFE_NAME.fullmatch(str(path)) \
+            and (ROOT / "configs" / "sweeps" / f"{path}.yaml").is_file():
         path = ROOT / "configs" / "sweeps" / f"{path}.yaml"
     if not path.is_file():
-        raise SweepError(f"no sweep file {path}")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raise SweepError(f"no sweep file {path}; fix: give a sweep YAML path or a name under configs/sweeps/")
     where = str(path)
-    if not isinstance(raw, dict):
-        raise SweepError(f"{where}: a sweep is a YAML mapping")
+    try:
+        raw = yaml_input.load_mapping(path, "a sweep")
+    except InputError as e:
+        raise SweepError(str(e)) from None
     unknown = set(raw) - SWEEP_KEYS
     if unknown:
         raise SweepError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SWEEP_KEYS)}")
     if "name" not in raw:
         raise SweepError(f"{where}: name: missing; fix: add `name: <sweep-name>`")
-    defaults = raw.get("defaults") or {}
+    _expect(raw["name"], str, where, "name", "give the sweep a plain name such as lab-part1")
+    for key in ("description", "lab_hardware"):
+        _expect(raw.get(key, ""), str, where, key, "write it as text")
+    timeout = raw.get("timeout_s")
+    if timeout is not None and not (_expect(timeout, (int, float), where, "timeout_s", "give seconds > 0") > 0):
+        raise SweepError(f"{where}: timeout_s: {timeout} must be > 0; fix: give seconds, or leave it out")
+    defaults = _expect(raw.get("defaults") or {}, dict, where, "defaults", "write `defaults: {key: value}`")
+    row_specs = _expect(raw.get("rows") or [], list, where, "rows", "write rows as a list (`- id: ...`)")
+    grid_specs = _expect(raw.get("grid") or [], list, where, "grid", "write grid as a list (`- recipe: ...`)")
     rows: list[Row] = []
 
     def make(spec: dict, kind_keys: set, label: str) -> dict:
@@ -127,7 +158,10 @@ def load(path: Path | str) -> Sweep:
             raise SweepError(f"{where}: {label}: unknown key(s) {sorted(bad)}; allowed: {sorted(kind_keys)}")
         if "recipe" not in spec:
             raise SweepError(f"{where}: {label}: recipe: missing")
-        lab = spec.get("lab") or {}
+        _expect(spec["recipe"], str, where, f"{label}: recipe", "give a recipe key such as tiny-llama-1.1b/lora")
+        _expect(spec.get("set") or {}, dict, where, f"{label}: set", "write `set: {key: value}`")
+        _expect(spec.get("note", ""), str, where, f"{label}: note", "write it as text")
+        lab = _expect(spec.get("lab") or {}, dict, where, f"{label}: lab", "write `lab: {key: value}`")
         bad = set(lab) - LAB_KEYS
         if bad:
             raise SweepError(f"{where}: {label}: lab: unknown key(s) {sorted(bad)}; allowed: {sorted(LAB_KEYS)}")
@@ -136,7 +170,8 @@ def load(path: Path | str) -> Sweep:
         except RecipeError as e:
             raise SweepError(f"{where}: {label}: recipe: {e}") from None
         strategy = spec.get("strategy")
-        if strategy:
+        if strategy is not None:
+            _expect(strategy, str, where, f"{label}: strategy", "name a file of configs/strategies")
             from tunelab.distributed.strategy import StrategyError, load_strategy
 
             try:
@@ -145,47 +180,51 @@ def load(path: Path | str) -> Sweep:
                 raise SweepError(f"{where}: {label}: strategy: {e}") from None
         return {"recipe": recipe, "lab": lab, "note": spec.get("note", ""), "strategy": strategy}
 
-    for i, spec in enumerate(raw.get("rows") or []):
-        label = f"rows[{i}]" + (f" ({spec.get('id')})" if isinstance(spec, dict) and spec.get("id") else "")
-        if not isinstance(spec, dict) or "id" not in spec:
+    for i, spec in enumerate(row_specs):
+        _expect(spec, dict, where, f"rows[{i}]", "each row is a mapping with id, recipe, set, ...")
+        label = f"rows[{i}]" + (f" ({str(spec.get('id'))[:40]})" if spec.get("id") is not None else "")
+        if "id" not in spec:
             raise SweepError(f"{where}: {label}: id: missing; fix: give every row an id")
+        _expect(spec["id"], (str, int), where, f"{label}: id", "give a plain name")
         base = make(spec, ROW_KEYS, label)
         rows.append(Row(id=str(spec["id"]), settings={**defaults, **(spec.get("set") or {})}, **base))
-    for i, spec in enumerate(raw.get("grid") or []):
+    for i, spec in enumerate(grid_specs):
         label = f"grid[{i}]"
+        _expect(spec, dict, where, label, "each grid entry is a mapping with recipe, set, axes")
         base = make(spec, GRID_KEYS, label)
-        axes = spec.get("axes") or {}
+        axes = _expect(spec.get("axes") or {}, dict, where, f"{label}: axes", "write `axes: {key: [v1, v2]}`")
         if not axes:
             raise SweepError(f"{where}: {label}: axes: missing or empty")
+        for k, values in axes.items():
+            if not isinstance(values, list) or not values:
+                raise SweepError(f"{where}: {label}: axes: {k}: {values!r} is not a non-empty list; "
+                                 f"fix: write `{k}: [v1, v2]`")
+        template = _expect(spec.get("id", ""), str, where, f"{label}: id", "give an id template such as "
+                                                                                "lora-mbs{train.micro_batch_size}")
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
             point = dict(zip(keys, combo))
-            template = spec.get("id") or (base["recipe"].key.replace("/", "-") + "-" +
-                                          "-".join(f"{k.split('.')[-1]}{{{k}}}" for k in keys))
-            row_id = template
+            row_id = template or (base["recipe"].key.replace("/", "-") + "-" +
+                                  "-".join(f"{k.split('.')[-1]}{{{k}}}" for k in keys))
             for k, v in point.items():
                 row_id = row_id.replace("{" + k + "}", _value(v))
             rows.append(Row(id=row_id, settings={**defaults, **(spec.get("set") or {}), **point}, **base))
     if not rows:
         raise SweepError(f"{where}: rows: no rows (give `rows` or `grid`)")
-    for name, what in [(str(raw["name"]), "name"), *((r.id, f"row id {r.id!r}") for r in rows)]:
+    for name, what in [(str(raw["name"]), "name"), *((r.id, "row id") for r in rows)]:
         if not SAFE_NAME.fullmatch(name):
-            raise SweepError(f"{where}: {what}: {name!r} is not a plain name (it becomes a directory: letters, digits, "
-                             "'.', '_', '-', starting with a letter or digit); fix: rename it")
+            shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name)} characters)"
+            raise SweepError(f"{where}: {what}: {shown!r} is not a plain name (it becomes a directory: up to 100 "
+                             "letters, digits, '.', '_', '-', starting with a letter or digit); fix: rename it")
     ids = [r.id for r in rows]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise SweepError(f"{where}: duplicate row id(s) {dup}")
-    problems = []
-    for row in rows:
-        result = check(row.recipe, row.overrides())
-        problems += [f"{where}: row {row.id}: {p.key}: {p.message}; fix: {p.fix}"
-                     for p in result.problems if p.severity == "error"
-                     and not (row.strategy and p.key == "eval.interval")]
+    problems = _row_problems(where, rows)
     if problems:
         raise SweepError("\n".join(problems))
     return Sweep(name=str(raw["name"]), path=path, rows=rows, description=raw.get("description", ""),
-                 lab_hardware=raw.get("lab_hardware", ""), timeout_s=raw.get("timeout_s"))
+                 lab_hardware=raw.get("lab_hardware", ""), timeout_s=timeout)
 
 
 def with_settings(sweep: Sweep, pairs: list[str]) -> Sweep:
@@ -195,14 +234,14 @@ def with_settings(sweep: Sweep, pairs: list[str]) -> Sweep:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise SweepError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set train.max_steps=5")
-        extra[key.strip().lstrip("-")] = yaml.safe_load(value) if value.strip() else None
+        try:
+            extra[key.strip().lstrip("-")] = yaml_input.loads(value, f"--set {key.strip()}") if value.strip() \
+                else None
+        except InputError as e:
+            raise SweepError(str(e)) from None
     rows = [Row(id=r.id, recipe=r.recipe, settings={**r.settings, **extra}, lab=r.lab, note=r.note,
                 strategy=r.strategy) for r in sweep.rows]
-    problems = []
-    for row in rows:
-        result = check(row.recipe, row.overrides())
-        problems += [f"--set: row {row.id}: {p.key}: {p.message}; fix: {p.fix}" for p in result.problems
-                     if p.severity == "error" and not (row.strategy and p.key == "eval.interval")]
+    problems = _row_problems("--set", rows)
     if problems:
         raise SweepError("\n".join(problems))
     return Sweep(name=sweep.name, path=sweep.path, rows=rows, description=sweep.description,
@@ -259,17 +298,64 @@ def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
 
 
 DEADLINE_PREFIX = "deadline:"
+DISK_FULL_PREFIX = "disk full"
+RERUN_PREFIXES = (DEADLINE_PREFIX, INTERRUPTED_PREFIX)
+"""Killed rows whose error starts so were cut short by the command, not by themselves: they run again on resume."""
+
+
+def _same_overrides(recorded: list, wanted: list[str]) -> bool:
+    """Whether a record's overrides are the row's (a random-weight run appends its benchmark data path)."""
+    recorded = [str(x) for x in recorded or []]
+    extra = recorded[len(wanted):]
+    return recorded[:len(wanted)] == wanted and (not extra or (len(extra) == 2 and extra[0] == "--data.json_path"))
+
+
+def resume_state(record_path: Path, row: Row | None = None) -> tuple[bool, str | None]:
+    """(done, why not) for a row on resume. Done: a readable record made with the row's current recipe,
+    overrides and strategy, not cut short by --deadline or an interrupt. Not done with a reason: the record is
+    corrupt or stale (the caller keeps it aside and reruns the row)."""
+    if not record_path.is_file():
+        return False, None
+    try:
+        rec = json.loads(record_path.read_text(encoding="utf-8"))
+        if not isinstance(rec, dict) or "status" not in rec:
+            raise ValueError("not a run record")
+    except (OSError, ValueError) as e:
+        return False, f"unreadable record ({str(e)[:80]})"
+    if rec.get("status") == "killed" and str(rec.get("error") or "").startswith(RERUN_PREFIXES):
+        return False, None
+    if rec.get("status") == "error" and str(rec.get("error") or "").startswith(DISK_FULL_PREFIX):
+        return False, None  # the machine's fault, not the row's: it runs again once there is space
+    if row is not None:
+        if rec.get("recipe") != row.recipe.key:
+            return False, f"recipe changed ({rec.get('recipe')} -> {row.recipe.key})"
+        if not _same_overrides(rec.get("overrides"), row.overrides()):
+            return False, (f"settings changed ({' '.join(map(str, rec.get('overrides') or [])) or 'none'} -> "
+                           f"{' '.join(row.overrides()) or 'none'})")
+        if (rec.get("strategy") or "litgpt") != _strategy_label(row.strategy):
+            return False, f"strategy changed ({rec.get('strategy')} -> {_strategy_label(row.strategy)})"
+    return True, None
+
+
+def _strategy_label(strategy: str | None) -> str:
+    if not strategy:
+        return "litgpt"
+    from tunelab.distributed.strategy import load_strategy
+
+    return load_strategy(strategy).describe()
 
 
 def finished(record_path: Path) -> bool:
-    """Whether a row is done for resume: it has a record, and the record is not one cut short by --deadline."""
-    if not record_path.is_file():
-        return False
-    try:
-        rec = json.loads(record_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # unreadable: run the row again
-    return not (rec.get("status") == "killed" and str(rec.get("error") or "").startswith(DEADLINE_PREFIX))
+    """Whether a row has a usable record (see resume_state)."""
+    return resume_state(record_path)[0]
+
+
+def _set_aside(record_path: Path, why: str) -> Path:
+    """Rename a stale or corrupt record out of the report's way, keeping it: record.json.<why>-<time>."""
+    kind = "corrupt" if why.startswith("unreadable") else "stale"
+    dest = record_path.with_name(f"record.json.{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(record_path, dest)
+    return dest
 
 
 def archive(sweep_dir: Path, dest: Path) -> Path:
@@ -366,7 +452,14 @@ def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memo
         missing = set(only) - {r.id for r in sweep.rows}
         if missing:
             raise SweepError(f"--only: no row(s) {sorted(missing)} in {sweep.path}")
-    todo = [r for r in rows if rerun or not finished(base / r.id / "record.json")]
+    todo = []
+    for r in rows:
+        done, why = (False, None) if rerun else resume_state(base / r.id / "record.json", r)
+        if why:
+            kept = _set_aside(base / r.id / "record.json", why)
+            stream.write(f"{r.id}: {why}: the old record is kept as {kept.name}; running the row again\n")
+        if not done:
+            todo.append(r)
     progress = ProgressLine(len(rows), stream)
     done = len(rows) - len(todo)
     if done:
@@ -387,17 +480,29 @@ def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memo
             rec = run(row.recipe, row.overrides(), base / row.id, sweep=sweep.name, row_id=row.id, model=model,
                       timeout_s=row_timeout, memory_limit_bytes=memory_limit_bytes,
                       on_progress=progress.show, strategy=row.strategy)
+        except (Interrupted, KeyboardInterrupt):
+            recorded = sum(1 for r in rows if resume_state(base / r.id / "record.json", r)[0])
+            raise Interrupted(f"sweep {sweep.name} stopped during row {row.id}: {recorded} of {len(rows)} rows "
+                              f"recorded in {base}; run the same command again to go on (row {row.id} runs "
+                              "again)") from None
         except (RunError, OSError) as e:  # refused or failed before launch: still a row, with its reason
             disk_full = _is_disk_full(e)
-            reason = f"disk full: {e}" if disk_full and "disk full" not in str(e) else str(e)
+            reason = f"{DISK_FULL_PREFIX}: {e}" if disk_full and not str(e).startswith(DISK_FULL_PREFIX) else str(e)
             rec = record_mod.RunRecord(sweep=sweep.name, row_id=row.id, recipe=row.recipe.key,
                                        command=row.recipe.command, overrides=row.overrides(), status="error",
                                        error=reason, method=row.recipe.method, started_at="", ended_at="",
-                                       wall_s=0.0)
+                                       wall_s=0.0, strategy=_strategy_label(row.strategy))
             try:
                 record_mod.save(rec, base / row.id / "record.json")
             except OSError:
                 pass  # the disk is full: nothing can be written, the sweep stops below
+        if rec.status == "error" and not disk_full and "No space left on device" in (rec.error or ""):
+            disk_full = True  # the run itself hit the full disk (litgpt saving a checkpoint): the machine's fault
+            rec.error = f"{DISK_FULL_PREFIX}: {rec.error}"
+            try:
+                record_mod.save(rec, base / row.id / "record.json")
+            except OSError:
+                pass
         if deadline_s is not None and rec.status == "killed" and row_timeout is not None \
                 and time.monotonic() - t_start >= deadline_s - 1:
             rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
@@ -407,7 +512,12 @@ def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memo
         if prune_checkpoints and model == "random":
             _prune_random_checkpoints(row, todo[i + 1:], stream)
         if after_row is not None:
-            after_row(base)
+            try:
+                after_row(base)
+            except OSError as e:
+                if not (disk_full or _is_disk_full(e)):
+                    raise
+                disk_full = True
         if disk_full:
             raise DiskFull(f"{row.id}: disk full; free space and run the same command again to go on "
                            f"({len(todo) - i - 1} row(s) not started)")

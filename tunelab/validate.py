@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tunelab import hardware
+from tunelab.errors import InputError
 from tunelab.recipes import Recipe, display_path
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
@@ -147,6 +148,38 @@ def check(recipe: Recipe, overrides: list[str] | None = None, *, gpu: str | None
     return result
 
 
+OPTIMIZER_MODULES = ("torch.optim", "bitsandbytes.optim")
+"""Where an optimizer class may come from. litgpt imports whatever module the optimizer string names; a name
+outside these packages is refused without importing it (importing runs the module's code)."""
+
+
+def optimizer_problem(name: str) -> str | None:
+    """Why ``name`` is not an optimizer class litgpt can build, or None. Imports only allowed packages."""
+    module, _, cls = name.rpartition(".")
+    module = module or "torch.optim"
+    if not any(module == m or module.startswith(m + ".") for m in OPTIMIZER_MODULES):
+        return f"{name!r} is not in an optimizer package (tunelab imports nothing else)"
+    try:
+        obj = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError):
+        return f"{name!r} cannot be imported"
+    except Exception as e:  # noqa: BLE001 - e.g. bitsandbytes without its native library
+        return f"{name!r}: importing {module} failed ({type(e).__name__}: {str(e)[:100]})"
+    import torch
+
+    if not (isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer)):
+        return f"{name!r} is not a torch.optim.Optimizer class"
+    return None
+
+
+def _unsafe_weight_files(ckpt: Path) -> list[str]:
+    if not any(Path(ckpt).glob("*.pth")) and not any(Path(ckpt).glob("*.bin")):
+        return []  # nothing to check: no torch import for a plan of a model that is not downloaded
+    from tunelab.checkpoints import unsafe_files
+
+    return unsafe_files(ckpt)
+
+
 def _optimizer_name(optimizer) -> str:
     if isinstance(optimizer, dict):
         return str(optimizer.get("class_path", ""))
@@ -182,8 +215,15 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
         devices = int(devices_raw)
     except (TypeError, ValueError):
         devices = None
-        if devices_raw not in ("auto", -1, "-1"):
+        if devices_raw != "auto":
             bad("devices", f"{devices_raw!r} is not a device count", "give an integer such as 1 or 4")
+    if devices is not None and devices < 1:
+        bad("devices", f"is {devices_raw}: tunelab records per-device figures, so it needs the count "
+            "(litgpt reads -1 as 'every visible GPU')", "give the number of devices, such as 1 or 4")
+        devices = None
+    if nodes < 1:
+        bad("num_nodes", f"is {nodes}", "set num_nodes >= 1")
+        nodes = 1
     world = (devices or 1) * nodes
 
     # precision
@@ -252,9 +292,16 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
         try:
             config = load_config(ckpt)
             block_size = config.block_size
+        except InputError as e:  # a model_config.yaml that is there but wrong
+            what, _, fix = str(e).partition("; fix: ")
+            bad("checkpoint_dir", what, fix or "use the model_config.yaml `litgpt download` writes")
         except (ValueError, TypeError):
             bad("checkpoint_dir", f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
                 "use the directory `litgpt download <repo>` creates (checkpoints/<org>/<name>)")
+        for unsafe in _unsafe_weight_files(ckpt):
+            bad("checkpoint_dir", f"{unsafe} is not plain tensor data (torch.load with weights_only=True refuses "
+                "it: loading it would run code from the file)", "use checkpoints from a source you trust, "
+                "converted by `litgpt download` / `litgpt convert_to_litgpt`")
     seq = train.get("max_seq_length")
     if block_size and seq and seq > block_size:
         bad("train.max_seq_length", f"{seq} exceeds the model's block size {block_size}",
@@ -295,12 +342,10 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
     # optimizer
     name = _optimizer_name(a.get("optimizer"))
     if name:
-        module, _, cls = name.rpartition(".")
-        try:
-            getattr(importlib.import_module(module or "torch.optim"), cls)
-        except (ImportError, AttributeError):
-            bad("optimizer", f"{name!r} cannot be imported", "use a torch.optim class such as AdamW or SGD, "
-                "or a full dotted path")
+        why = optimizer_problem(name)
+        if why:
+            bad("optimizer", why, "use a torch.optim class such as AdamW or SGD (or torch.optim.AdamW, "
+                f"bitsandbytes.optim.AdamW8bit); allowed packages: {', '.join(OPTIMIZER_MODULES)}")
 
     # data
     data = a.get("data")

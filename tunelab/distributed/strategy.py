@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
+from tunelab import yaml_input
+from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR
 
 NAMES = ("single", "ddp", "fsdp", "fsdp2", "deepspeed")
 
 
-class StrategyError(ValueError):
+class StrategyError(InputError):
     """A strategy file or combination that cannot run, with the reason."""
 
 
@@ -99,11 +99,40 @@ def load_strategy(path: str | Path) -> StrategyConfig:
     if not p.is_file():
         known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
         raise StrategyError(f"no strategy {path!r}: give a YAML path or one of: {known}")
-    raw = yaml.safe_load(p.read_text()) or {}
+    try:
+        raw = yaml_input.load_mapping(p, "a strategy")
+    except InputError as e:
+        raise StrategyError(str(e)) from None
     allowed = {f.name for f in fields(StrategyConfig)}
     bad = set(raw) - allowed
     if bad:
         raise StrategyError(f"{p}: unknown key(s) {sorted(bad)}; allowed: {sorted(allowed)}")
     if raw.get("name") not in NAMES:
-        raise StrategyError(f"{p}: name must be one of {NAMES}, got {raw.get('name')!r}")
+        raise StrategyError(f"{p}: name: must be one of {NAMES}, got {raw.get('name')!r}")
+    for f in fields(StrategyConfig):
+        if f.name in raw and not _type_ok(raw[f.name], f.type):
+            raise StrategyError(f"{p}: {f.name}: {raw[f.name]!r} is not a {f.type}; fix: see the field's "
+                                "description in tunelab/distributed/strategy.py")
+    for key, allowed_values in CHOICES.items():
+        if key in raw and raw[key] not in allowed_values:
+            raise StrategyError(f"{p}: {key}: {raw[key]!r} is not one of {allowed_values}")
+    for key in ("bucket_cap_mb", "reduce_bucket_size", "allgather_bucket_size"):
+        if key in raw and raw[key] < 1:
+            raise StrategyError(f"{p}: {key}: {raw[key]} must be >= 1")
     return StrategyConfig(**raw)
+
+
+CHOICES = {"sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"),
+           "auto_wrap": ("block", "none"), "backward_prefetch": ("BACKWARD_PRE", "BACKWARD_POST", None),
+           "zero_stage": (1, 2, 3)}
+"""Keys whose values come from a fixed set."""
+
+_TYPES = {"int": (int,), "bool": (bool,), "str": (str,), "dict": (dict,), "None": (type(None),)}
+
+
+def _type_ok(value, annotation: str) -> bool:
+    """Whether ``value`` (from YAML) matches a field annotation such as 'int' or 'dict | None' (bool is no int)."""
+    allowed = tuple(t for part in str(annotation).split("|") for t in _TYPES.get(part.strip(), (object,)))
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)

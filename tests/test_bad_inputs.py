@@ -1,0 +1,194 @@
+"""Bad input, tried as a hostile but realistic user would, against the real ``tunelab`` CLI as subprocesses: every
+case is refused in one line with a non-zero exit, names what is wrong, and prints no Python traceback; nothing
+from a file runs as code; nothing is written outside the output directory.
+
+The cases run a few at a time (each is its own process: the exit code and the output are the real ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, cpu_env
+
+R = "tiny-llama-1.1b/lora"
+
+
+def tunelab(*args, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tunelab", *map(str, args)], cwd=cwd, env=cpu_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _files(tmp: Path) -> dict[str, Path]:
+    """The crafted files the cases point at."""
+    f = {}
+
+    def write(name, text):
+        p = tmp / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        f[name] = p
+        return p
+
+    row = "  - id: a\n    recipe: tiny-llama-1.1b/lora\n"
+    write("rows-int.yaml", "name: x\nrows: 5\n")
+    write("set-list.yaml", f"name: x\nrows:\n{row}    set: [1, 2]\n")
+    write("timeout-text.yaml", f"name: x\ntimeout_s: abc\nrows:\n{row}")
+    write("syntax.yaml", f"name: x\nrows:\n{row}    set: {{train.micro_batch_size: [1\n")
+    write("long-id.yaml", "name: x\nrows:\n  - id: " + "a" * 5000 + "\n    recipe: tiny-llama-1.1b/lora\n")
+    write("devices-neg.yaml", f"name: x\nrows:\n{row}    set: {{devices: -1}}\n")
+    write("tag.yaml", f"name: !!python/object/apply:os.system ['touch {tmp}/pwned-sweep']\nrows:\n{row}")
+    bomb = "name: x\na0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 30))
+    write("bomb.yaml", bomb + f"rows:\n{row}")
+    write("strategies/broken.yaml", "name: fsdp\nsharding_strategy: [FULL_SHARD\n")
+    write("strategies/wrong-type.yaml", "name: deepspeed\nzero_stage: three\n")
+    write("strategy-broken.yaml", f"name: x\nrows:\n{row}    strategy: {tmp}/strategies/broken.yaml\n")
+    write("strategy-type.yaml", f"name: x\nrows:\n{row}    strategy: {tmp}/strategies/wrong-type.yaml\n")
+    write("escape.yaml", "name: x\nrows:\n  - id: ../../escaped_row\n    recipe: tiny-llama-1.1b/lora\n")
+    write("name-escape.yaml", f"name: ../../../../x\nrows:\n{row}")
+    # crafted checkpoint directories (model_config.yaml as a YAML tag, a list, unknown keys)
+    write("ckpt-tag/model_config.yaml", f"name: !!python/object/apply:os.system ['touch {tmp}/pwned-config']\n")
+    write("ckpt-list/model_config.yaml", "- 1\n- 2\n")
+    write("ckpt-keys/model_config.yaml", "name: x\nn_layer: 2\nnot_a_field: 1\n")
+    write("a-file", "not a directory\n")
+    return f
+
+
+def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
+    """(label, argv, a fragment the one line must hold)."""
+    return [
+        # numbers, range-checked where they are parsed
+        ("memory limit -1", ["run", R, "--memory-limit-gb", "-1"], "--memory-limit-gb"),
+        ("memory limit 0", ["run", R, "--memory-limit-gb", "0"], "--memory-limit-gb"),
+        ("timeout 0", ["run", R, "--timeout", "0"], "--timeout"),
+        ("sweep timeout -1", ["sweep", "lab-part1", "--timeout", "-1"], "--timeout"),
+        ("nnodes 0", ["run", R, "--nnodes", "0"], "--nnodes"),
+        ("node rank beyond nnodes", ["run", R, "--strategy", "ddp", "--nnodes", "2", "--node-rank", "2"],
+         "--node-rank"),
+        ("plan devices 0", ["plan", R, "--devices", "0"], "--devices"),
+        ("mfu range 0 0", ["plan", R, "--mfu-range", "0", "0"], "--mfu-range"),
+        ("mfu range reversed", ["plan", R, "--mfu-range", "0.5", "0.2"], "--mfu-range"),
+        ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),
+        ("calibrate missing", ["plan", R, "--calibrate", tmp / "nope"], "--calibrate"),
+        ("plan micro batch 0", ["plan", R, "--train.micro_batch_size", "0"], "micro_batch_size"),
+        ("plan unknown model", ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"], "'NotAModel'"),
+        ("tune-batch steps 0", ["tune-batch", R, "--steps", "0"], "--steps"),
+        ("tune-batch start -4", ["tune-batch", R, "--start", "-4"], "--start"),
+        ("build-model device", ["build-model", "tiny", "--device", "nope"], "--device"),
+        ("data n -1", ["data", "generate", "--n", "-1"], "--n"),
+        ("data out under a file", ["data", "generate", "--out", f["a-file"] / "x.json"], "--out"),
+        ("sweep out is a file", ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", f["a-file"]],
+         "a-file"),
+        ("report of nothing", ["report", tmp / "no-such-sweep"], "no-such-sweep"),
+        ("validate devices 0", ["validate", R, "--devices", "0"], "devices"),
+        ("optimizer os.system", ["validate", R, "--optimizer", "os.system"], "optimizer"),
+        ("optimizer this.AdamW", ["validate", R, "--optimizer", "this.AdamW"], "optimizer"),
+        # sweep files
+        ("rows: 5", ["sweep", f["rows-int.yaml"]], "rows"),
+        ("set: [1, 2]", ["sweep", f["set-list.yaml"]], "set"),
+        ("timeout_s: abc", ["sweep", f["timeout-text.yaml"]], "timeout_s"),
+        ("YAML syntax", ["sweep", f["syntax.yaml"]], "syntax.yaml:5"),
+        ("5,000-character id", ["sweep", f["long-id.yaml"]], "5000 characters"),
+        ("devices -1 in a row", ["sweep", f["devices-neg.yaml"]], "devices"),
+        ("python tag", ["sweep", f["tag.yaml"]], "tag"),
+        ("alias bomb", ["sweep", f["bomb.yaml"]], "alias"),
+        ("strategy YAML broken", ["sweep", f["strategy-broken.yaml"]], "broken.yaml:2"),
+        ("strategy wrong type", ["sweep", f["strategy-type.yaml"]], "zero_stage"),
+        ("row id escapes", ["sweep", f["escape.yaml"]], "not a plain name"),
+        ("sweep name escapes", ["sweep", f["name-escape.yaml"]], "not a plain name"),
+        # crafted model_config.yaml
+        ("model_config tag", ["plan", R, "--checkpoint_dir", f["ckpt-tag/model_config.yaml"].parent], "tag"),
+        ("model_config list", ["plan", R, "--checkpoint_dir", f["ckpt-list/model_config.yaml"].parent], "mapping"),
+        ("model_config keys", ["validate", R, "--checkpoint_dir", f["ckpt-keys/model_config.yaml"].parent],
+         "not_a_field"),
+    ]
+
+
+def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
+    f = _files(tmp_path)
+    todo = cases(tmp_path, f)
+    before = set(os.listdir(ROOT.parent))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda c: tunelab(*c[1]), todo))
+    failures = []
+    for (label, argv, fragment), proc in zip(todo, results):
+        out = (proc.stdout + proc.stderr).strip()
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        problems = []
+        if proc.returncode == 0:
+            problems.append("exit 0")
+        if "Traceback" in out:
+            problems.append("traceback")
+        if len(lines) != 1:
+            problems.append(f"{len(lines)} lines")
+        if fragment not in out:
+            problems.append(f"no {fragment!r}")
+        if problems:
+            failures.append(f"{label}: {', '.join(problems)}: {out[-400:]!r}")
+    assert not failures, "\n".join(failures)
+    # nothing ran from a file, nothing was written outside the working directory, the alias bomb never expanded
+    assert not list(tmp_path.glob("pwned*"))
+    assert set(os.listdir(ROOT.parent)) == before
+    assert not (ROOT / "runs" / "x").exists()
+
+
+def test_abbreviations_are_never_taken_for_other_options():
+    """``--data`` is a litgpt override, not an abbreviation of ``plan --dataset``."""
+    proc = tunelab("plan", "open-llama-7b/lora", "--gpu", "A100-80GB", "--data", "Alpaca", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fits"] is True
+
+
+def test_pickled_code_in_a_checkpoint_never_runs(tiny_ckpt, tmp_path):
+    """A lit_model.pth whose pickle calls os.system (litgpt's lazy loader would run it) is refused before
+    launch, without running it: every weight file is opened with torch.load(weights_only=True) semantics."""
+    import shutil
+
+    import torch
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, ckpt)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"transformer.wte.weight": Payload()}, ckpt / "lit_model.pth")
+    proc = tunelab("run", R, "--model", "checkpoint", "--checkpoint_dir", ckpt, "--precision", "32-true",
+                   "--out", tmp_path / "run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "lit_model.pth is not plain tensor data" in proc.stderr
+    assert not marker.exists() and not (tmp_path / "run" / "stdout.log").exists()
+
+
+def test_report_over_a_bad_record_keeps_the_row(tmp_path):
+    """A truncated record is a row of the report that says so (nothing dropped), not a traceback."""
+    sweep = tmp_path / "sw"
+    (sweep / "r1").mkdir(parents=True)
+    (sweep / "r1" / "record.json").write_text('{"status": "ok", "row_id": "r1", "tok_')
+    proc = tunelab("report", sweep, "--out", tmp_path / "rep")
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "rep" / "results.md").read_text()
+    assert "r1" in md and "unreadable record.json" in md
+
+
+def test_alias_bomb_is_refused_before_it_grows():
+    """The loader refuses the first alias: a 30-level bomb (9**29 elements) is refused at once."""
+    from tunelab import yaml_input
+    from tunelab.errors import InputError
+
+    bomb = "a0: &a0 [1, 1]\n" + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 30))
+    t0 = time.process_time()
+    with pytest.raises(InputError, match=r"x.yaml:2: YAML alias \*a0 is not accepted"):
+        yaml_input.loads(bomb, "x.yaml")
+    assert time.process_time() - t0 < 1.0

@@ -1,0 +1,187 @@
+"""Faults on a real 3-row sweep of the tiny model (real `litgpt` children): a second sweep racing the first on the
+same directory, Ctrl-C in the middle of a row, a disk that fills during a row, then resume. Every finished row
+stays intact, no row runs twice, nothing is written outside the output directory, no training is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, cpu_env
+
+ROW = """  - id: {id}
+    recipe: tiny-llama-1.1b/lora
+    set: {{precision: 32-true, train.max_steps: {steps}, train.epochs: {epochs}, data.num_workers: 0,
+           eval.final_validation: false, train.global_batch_size: {micro}, train.micro_batch_size: {micro}}}
+"""
+
+
+def write_sweep(path: Path, r2_steps: int, r2_epochs: int = 1, r2_micro: int = 4) -> Path:
+    path.write_text("name: faults\nrows:\n" + ROW.format(id="r1", steps=2, epochs=1, micro=4)
+                    + ROW.format(id="r2", steps=r2_steps, epochs=r2_epochs, micro=r2_micro)
+                    + ROW.format(id="r3", steps=2, epochs=1, micro=4))
+    return path
+
+
+def sweep_cmd(sweep_file: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "tunelab", "sweep", str(sweep_file), "--out", str(out), "--model", "tiny",
+            "--no-report"]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def training_processes(out: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(out) in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def full_disk_wrapper(mount: Path) -> list[str] | None:
+    """A command prefix that runs the sweep with ``mount`` as a 16 KiB tmpfs (a real filesystem that fills up),
+    through an unprivileged user + mount namespace; None where the kernel does not allow one."""
+    if not shutil.which("unshare"):
+        return None
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=16k tmpfs {mount}"],
+                           capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        return None
+    return ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=16k tmpfs {mount} && exec "$@"', "sh"]
+
+
+def test_race_interrupt_full_disk_then_resume(tmp_path):
+    out = tmp_path / "sw"
+    sweep_file = write_sweep(tmp_path / "faults.yaml", r2_steps=100000, r2_epochs=100)  # r2 runs until stopped
+    env = cpu_env()
+
+    # 1. the first sweep runs r1, then trains r2; a second sweep on the same directory is refused in one line
+    first = subprocess.Popen(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "iter 3 " in (out / "r2" / "stdout.log").read_text()
+                 if (out / "r2" / "stdout.log").is_file() else False, 180, "r2 to train")
+        second = subprocess.run(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1 and "is being swept by pid" in second.stderr
+
+        # 2. Ctrl-C: the row in progress is recorded as interrupted, the sweep says how to go on, exit 130
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert "stopped during row r2: 1 of 3 rows recorded" in err and "run the same command again" in err
+    r1 = (out / "r1" / "record.json").read_bytes()
+    assert json.loads(r1)["status"] == "ok"
+    r2 = json.loads((out / "r2" / "record.json").read_text())
+    assert r2["status"] == "killed" and r2["error"].startswith("interrupted:") and r2["iters"] >= 3
+    wait_for(lambda: not training_processes(out), 10, "no training process left")
+
+    # 3. r2 made short (the interrupted row runs again); the disk fills while r3 writes its logs
+    write_sweep(sweep_file, r2_steps=2)
+    (out / "r3").mkdir()
+    wrapper = full_disk_wrapper(out / "r3")
+    if wrapper is None:  # no user namespaces: r3's log is /dev/full, where every write fails with ENOSPC
+        (out / "r3" / "stdout.log").symlink_to("/dev/full")
+        wrapper = []
+    full = subprocess.run([*wrapper, *sweep_cmd(sweep_file, out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert full.returncode == 2, full.stderr[-2000:]
+    assert "Traceback" not in full.stderr
+    assert "r3: disk full; free space and run the same command again" in full.stderr
+    assert json.loads((out / "r2" / "record.json").read_text())["status"] == "ok"
+    r2_done = (out / "r2" / "record.json").read_bytes()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    wait_for(lambda: not training_processes(out), 10, "no training process left")
+
+    # 4. space freed (the namespace's filesystem is gone; the /dev/full link removed): resume finishes r3 only
+    (out / "r3" / "stdout.log").unlink(missing_ok=True)
+    resume = subprocess.run(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert resume.returncode == 0, resume.stderr[-2000:]
+    assert "resuming faults: 2 of 3 rows already recorded" in resume.stderr
+    for row in ("r1", "r2", "r3"):
+        assert json.loads((out / row / "record.json").read_text())["status"] == "ok"
+    assert (out / "r1" / "record.json").read_bytes() == r1  # never run twice
+    assert (out / "r2" / "record.json").read_bytes() == r2_done
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["faults.yaml", "sw"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["r1", "r2", "r3", "sweep.json"]
+
+
+def test_a_changed_or_corrupt_record_is_kept_aside_and_rerun(tmp_path):
+    """Resume trusts a record only if it is readable and made with the row's current settings; otherwise the old
+    file is kept beside it and the row runs again, with a line saying why."""
+    import io
+
+    from tunelab import sweep
+
+    base = tmp_path / "sweep.yaml"
+    write_sweep(base, r2_steps=2)
+    sw = sweep.load(base)
+    sw.rows = sw.rows[:2]
+    out = tmp_path / "sw"
+    sweep.run_sweep(sw, out, model="tiny", stream=io.StringIO())
+    (out / "r1" / "record.json").write_text('{"status": "ok", "row_')  # truncated
+    write_sweep(base, r2_steps=2, r2_micro=2)
+    sw = sweep.load(base)
+    sw.rows = sw.rows[:2]
+    assert sw.rows[1].settings["train.micro_batch_size"] == 2  # r2 changed: micro batch 4 -> 2
+    log = io.StringIO()
+    sweep.run_sweep(sw, out, model="tiny", stream=log)
+    text = log.getvalue()
+    assert "r1: unreadable record" in text and "r2: settings changed" in text
+    assert "--train.micro_batch_size 4" in text and "--train.micro_batch_size 2" in text
+    for row in ("r1", "r2"):
+        rec = json.loads((out / row / "record.json").read_text())
+        assert rec["status"] == "ok"
+        kept = list((out / row).glob("record.json.*"))
+        assert len(kept) == 1 and kept[0].name.startswith(f"record.json.{'corrupt' if row == 'r1' else 'stale'}-")
+    assert json.loads((out / "r2" / "record.json").read_text())["micro_batch_size"] == 2
+    # the same command again: nothing to do
+    log = io.StringIO()
+    sweep.run_sweep(sw, out, model="tiny", stream=log)
+    assert "2 of 2 rows already recorded" in log.getvalue()
+
+
+def test_a_record_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """write_json_atomic on a full disk: the old record stays whole and no temporary file is left behind."""
+    import errno
+    import os
+
+    from tunelab import record
+
+    target = tmp_path / "record.json"
+    target.write_text('{"old": true}')
+    real_fsync = os.fsync
+
+    def full(fd):  # the write reaches the disk at fsync; make that the moment the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        record.write_json_atomic(target, {"new": True})
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert json.loads(target.read_text()) == {"old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"]

@@ -1,0 +1,79 @@
+"""Reading YAML that a user wrote: plain data only, bounded, and one line with file:line when it is wrong.
+
+PyYAML's SafeLoader builds only plain types (no Python objects), but it expands aliases: a few hundred bytes of
+nested ``*a`` references (the "billion laughs") grow into gigabytes before anything can check them. tunelab's
+files (recipes, sweeps, strategies, the GPU table, model_config.yaml) never need aliases, so they are refused
+when they are read, before any expansion.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tunelab.errors import InputError
+
+MAX_BYTES = 4 * 2**20
+"""Largest YAML file read (4 MiB: every tunelab file is a few KiB; litgpt's own configs are under 10 KiB)."""
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (the only way a small YAML file becomes a large object)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise InputError(f"{self.name}:{event.start_mark.line + 1}: YAML alias *{event.anchor} is not accepted "
+                             "(aliases can expand a small file into gigabytes); fix: write the value out in full")
+        return super().compose_node(parent, index)
+
+
+def loads(text: str, name: str = "<text>"):
+    """Parse YAML text into plain data; InputError naming ``name:line`` if it is not valid or uses aliases."""
+    loader = _PlainLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.context_mark or e.problem_mark  # where the broken construct starts, if known
+        where = f"{name}:{mark.line + 1}" if mark else name
+        what = " ".join(x for x in (e.context, e.problem) if x)
+        fix = "remove the tag: tunelab files hold plain data only" if "for the tag" in what else \
+            "correct the syntax there"
+        raise InputError(f"{where}: not valid YAML ({what}); fix: {fix}") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{name}: not valid YAML ({str(e).splitlines()[0]}); fix: correct the syntax") from None
+    finally:
+        loader.dispose()
+
+
+def load_file(path: Path | str, shown: str | None = None):
+    """Read and parse a YAML file (see :func:`loads`); InputError if it cannot be read or is too large."""
+    path = Path(path)
+    shown = shown or str(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise InputError(f"{shown}: {size:,} bytes is too large for a tunelab YAML file (limit {MAX_BYTES:,}); "
+                             "fix: give the right file")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{shown}: not a UTF-8 text file; fix: give a YAML file") from None
+    except IsADirectoryError:
+        raise InputError(f"{shown}: is a directory, not a YAML file") from None
+    except OSError as e:
+        raise InputError(f"{shown}: cannot be read ({e.strerror or e})") from None
+    return loads(text, shown)
+
+
+def load_mapping(path: Path | str, what: str, shown: str | None = None) -> dict:
+    """A YAML file that must hold a mapping (empty file: {})."""
+    shown = shown or str(path)
+    data = load_file(path, shown)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{shown}: {what} is a YAML mapping of keys to values, got a {type(data).__name__}; "
+                         "fix: write `key: value` lines")
+    return data
