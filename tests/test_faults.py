@@ -1,6 +1,7 @@
 """Faults on a real 3-row sweep of the tiny model (real `litgpt` children): a second sweep racing the first on the
-same directory, Ctrl-C in the middle of a row, a disk that fills during a row, then resume. Every finished row
-stays intact, no row runs twice, nothing is written outside the output directory, no training is left running.
+same directory, SIGKILL of the sweep and Ctrl-C in the middle of a row, a disk that fills during a row, then
+resume. Every finished row stays intact, no row runs twice, nothing is written outside the output directory, no
+training is left running.
 """
 
 from __future__ import annotations
@@ -74,28 +75,46 @@ def test_race_interrupt_full_disk_then_resume(tmp_path):
     sweep_file = write_sweep(tmp_path / "faults.yaml", r2_steps=100000, r2_epochs=100)  # r2 runs until stopped
     env = cpu_env()
 
-    # 1. the first sweep runs r1, then trains r2; a second sweep on the same directory is refused in one line
-    first = subprocess.Popen(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    def start_and_wait_for_r2_training(min_iter: int) -> subprocess.Popen:
+        log = out / "r2" / "stdout.log"
+        log.unlink(missing_ok=True)  # the log of an earlier attempt must not count
+        proc = subprocess.Popen(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: log.is_file() and f"iter {min_iter} " in log.read_text(), 180, "r2 to train")
+        except AssertionError:
+            proc.kill()
+            raise
+        return proc
+
+    # 1. the first sweep runs r1, then trains r2; a second sweep on the same directory is refused in one line;
+    #    then the first is SIGKILLed (no handler runs): its training child dies with it, r2 has no record
+    first = start_and_wait_for_r2_training(2)
     try:
-        wait_for(lambda: "iter 3 " in (out / "r2" / "stdout.log").read_text()
-                 if (out / "r2" / "stdout.log").is_file() else False, 180, "r2 to train")
         second = subprocess.run(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, capture_output=True, text=True,
                                 timeout=120)
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1 and "is being swept by pid" in second.stderr
-
-        # 2. Ctrl-C: the row in progress is recorded as interrupted, the sweep says how to go on, exit 130
-        first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=60)
     finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130, err[-2000:]
-    assert "Traceback" not in err
-    assert "stopped during row r2: 1 of 3 rows recorded" in err and "run the same command again" in err
+        first.kill()
+        first.wait(timeout=30)
+    wait_for(lambda: not training_processes(out), 30, "the training child to die with the sweep")
+    assert not (out / "r2" / "record.json").exists()
     r1 = (out / "r1" / "record.json").read_bytes()
     assert json.loads(r1)["status"] == "ok"
+
+    # 2. the same command resumes at r2; Ctrl-C: the row in progress is recorded as interrupted, the sweep says
+    #    how to go on, exit 130
+    again = start_and_wait_for_r2_training(3)
+    try:
+        again.send_signal(signal.SIGINT)
+        _, err = again.communicate(timeout=60)
+    finally:
+        if again.poll() is None:
+            again.kill()
+    assert again.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "resuming faults: 1 of 3 rows already recorded" in err
+    assert "stopped during row r2: 1 of 3 rows recorded" in err and "run the same command again" in err
     r2 = json.loads((out / "r2" / "record.json").read_text())
     assert r2["status"] == "killed" and r2["error"].startswith("interrupted:") and r2["iters"] >= 3
     wait_for(lambda: not training_processes(out), 10, "no training process left")
@@ -117,18 +136,21 @@ def test_race_interrupt_full_disk_then_resume(tmp_path):
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     wait_for(lambda: not training_processes(out), 10, "no training process left")
 
-    # 4. space freed (the namespace's filesystem is gone; the /dev/full link removed): resume finishes r3 only
+    # 4. space freed (the namespace's filesystem is gone; the /dev/full link removed): resume finishes r3 only,
+    #    and the report lists the three rows in order
     (out / "r3" / "stdout.log").unlink(missing_ok=True)
-    resume = subprocess.run(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    cmd = [*sweep_cmd(sweep_file, out)[:-1], "--report-dir", str(tmp_path / "report")]
+    resume = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert resume.returncode == 0, resume.stderr[-2000:]
     assert "resuming faults: 2 of 3 rows already recorded" in resume.stderr
     for row in ("r1", "r2", "r3"):
         assert json.loads((out / row / "record.json").read_text())["status"] == "ok"
     assert (out / "r1" / "record.json").read_bytes() == r1  # never run twice
     assert (out / "r2" / "record.json").read_bytes() == r2_done
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["faults.yaml", "sw"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["faults.yaml", "report", "sw"]
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["r1", "r2", "r3", "sweep.json"]
+    csv_rows = (tmp_path / "report" / "results.csv").read_text().strip().splitlines()
+    assert [r.split(",")[1] for r in csv_rows[1:]] == ["r1", "r2", "r3"]
 
 
 def test_a_changed_or_corrupt_record_is_kept_aside_and_rerun(tmp_path):

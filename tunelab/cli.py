@@ -561,26 +561,26 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # anywhere on the line: show tracebacks instead of one-line errors
     argv = [a for a in argv if a != "--debug"]
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 2
-    if extra and not getattr(args, "passthrough", False):
-        return fail(f"unrecognized arguments: {' '.join(extra)} (see: tunelab {args.command} --help)")
-    bad = [x for x in extra if x.startswith("-") and not x.startswith("--")]
-    if bad:
-        return fail(f"litgpt-style overrides are --dotted.key VALUE, got {bad[0]!r}")
     from tunelab.errors import InputError, Interrupted
 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a killed sweep records its row, like Ctrl-C
     try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help()
+            return 2
+        if extra and not getattr(args, "passthrough", False):
+            return fail(f"unrecognized arguments: {' '.join(extra)} (see: tunelab {args.command} --help)")
+        bad = [x for x in extra if x.startswith("-") and not x.startswith("--")]
+        if bad:
+            return fail(f"litgpt-style overrides are --dotted.key VALUE, got {bad[0]!r}")
         return args.func(args, extra)
     except Interrupted as e:
         print(f"tunelab: interrupted: {e}", file=sys.stderr)
         return Interrupted.exit_code
-    except KeyboardInterrupt:
-        print("tunelab: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # before any run started: nothing to record
+        print("tunelab: interrupted (nothing was running yet; nothing recorded)", file=sys.stderr)
         return Interrupted.exit_code
     except InputError as e:
         return fail(str(e).replace("\n", "\n  "))

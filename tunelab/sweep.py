@@ -428,6 +428,10 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, rerun: bool = False, mod
         return _run_locked(sweep, base, rerun=rerun, model=model, only=only, timeout_s=timeout_s,
                            memory_limit_bytes=memory_limit_bytes, stream=stream, deadline_s=deadline_s,
                            after_row=after_row, prune_checkpoints=prune_checkpoints)
+    except KeyboardInterrupt:  # between rows (a row's own interrupt is recorded by the row, see _run_locked)
+        recorded = sum(1 for r in sweep.rows if resume_state(base / r.id / "record.json", r)[0])
+        raise Interrupted(f"sweep {sweep.name} stopped between rows: {recorded} of {len(sweep.rows)} rows recorded "
+                          f"in {base}; run the same command again to go on") from None
     finally:
         lock.close()  # closing the file releases the flock
 
