@@ -264,7 +264,7 @@ def cmd_plan_accuracy(args, extra) -> int:
 
 
 def cmd_tune_batch(args, extra) -> int:
-    from tunelab import hardware
+    from tunelab import hardware, settings
     from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import RecipeError, resolve
     from tunelab.tune_batch import render, summary_json, tune
@@ -280,7 +280,7 @@ def cmd_tune_batch(args, extra) -> int:
     result = check(recipe, extra)
     if not result.ok:
         return fail("; ".join(str(p) for p in result.problems if p.severity == "error"))
-    world = int(result.resolved.get("devices") or 1) * int(result.resolved.get("num_nodes") or 1)
+    world = settings.from_args(recipe, result.resolved).world_size
     if args.start:
         start, why = args.start, "--start"
     elif args.gpu and model != "tiny":

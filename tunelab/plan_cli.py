@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tunelab import hardware, planner
+from tunelab import hardware, planner, settings
 from tunelab.paths import CONFIGS_DIR, ROOT
 from tunelab.recipes import Recipe
 
@@ -22,10 +22,10 @@ def plan_recipe(recipe: Recipe, overrides: list[str], *, gpu: str | None, device
                 offload_optimizer: bool = False, offload_params: bool = False,
                 activation_checkpointing: bool = False, dataset: Path | None = None, fsdp_wrap: str = "block"):
     """(PlanInput, Plan, seq_source) for a recipe with overrides."""
-    args = planner.merge_overrides(recipe.config, overrides)
-    args.setdefault("devices", 1)
+    args = settings.resolve_args(recipe, overrides)
     if devices:
         args["devices"] = devices
+    planner.check_ranges(args)
     seq_source = "the recipe's train.max_seq_length"
     seq = None
     if dataset is not None:
@@ -133,9 +133,7 @@ def accuracy_rows() -> list[dict]:
                          r.lab.get("status"), "peak allocated, GB (litgpt Memory Used)"))
     for spec in yaml.safe_load(PART2.read_text())["rows"]:
         recipe = resolve(spec["recipe"])
-        from tunelab.sweep import to_overrides
-
-        x, plan, _, _ = plan_recipe(recipe, to_overrides(spec.get("set") or {}), gpu=spec["gpu"],
+        x, plan, _, _ = plan_recipe(recipe, settings.to_overrides(spec.get("set") or {}), gpu=spec["gpu"],
                                     devices=spec.get("devices"), strategy=spec.get("strategy", "single"),
                                     sharding=spec.get("sharding", "FULL_SHARD"),
                                     fsdp_wrap=spec.get("fsdp_wrap", "block"))

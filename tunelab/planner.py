@@ -42,6 +42,7 @@ from pathlib import Path
 
 from tunelab import hardware
 from tunelab.flops import count_params, flops_per_token, lora_param_count
+from tunelab.settings import accumulation, world_size
 
 GiB = 2**30
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
@@ -181,7 +182,7 @@ def predict(x: PlanInput) -> Plan:
     s_act = _dtype_bytes(x.precision)
     mixed = "mixed" in str(x.precision)
     s_param = 4 if mixed else _dtype_bytes(x.precision)
-    world = max(1, x.devices * x.num_nodes)
+    world = world_size(x.devices, x.num_nodes)
     notes = []
 
     targets: dict = {}
@@ -361,41 +362,6 @@ def max_micro_batch(x: PlanInput, gpu: hardware.GPU, limit: int = 4096) -> int:
 # From a recipe
 
 
-def merge_overrides(config: dict, overrides: list[str]) -> dict:
-    """The recipe's keys with litgpt-style overrides applied (``--train.micro_batch_size 8``), without litgpt's
-    parser (planning must be fast; ``tunelab validate`` checks the same command line against the parser)."""
-    import copy
-
-    import yaml
-
-    out = copy.deepcopy(config)
-    it = iter(overrides)
-    for arg in it:
-        if not arg.startswith("--"):
-            raise ValueError(f"override {arg!r} is not --dotted.key VALUE")
-        key, _, value = arg[2:].partition("=")
-        if not _:
-            value = next(it, None)
-            if value is None:
-                raise ValueError(f"override --{key} has no value")
-        parts = key.split(".")
-        node = out
-        for part in parts[:-1]:
-            if part not in node and "init_args" in node:
-                node = node["init_args"]
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        if parts[-1] not in node and "init_args" in node:
-            node = node["init_args"]
-        node[parts[-1]] = yaml.safe_load(value)
-    if isinstance(out.get("data"), str):  # `--data Alpaca`: a class name, as litgpt's parser reads it
-        name = out["data"]
-        out["data"] = {"class_path": name if "." in name else f"litgpt.data.{name}", "init_args": {}}
-    check_ranges(out)
-    return out
-
-
 def check_ranges(args: dict) -> None:
     """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer."""
     train = args.get("train") if isinstance(args.get("train"), dict) else {}
@@ -421,7 +387,7 @@ def plan_input_from_args(args: dict, method: str, *, strategy: str = "single", s
     train = args["train"]
     dev = devices or int(args.get("devices") or 1)
     nodes = int(args.get("num_nodes") or 1)
-    world = dev * nodes
+    world = world_size(dev, nodes)
     opt = args.get("optimizer")
     momentum = 0.0
     if isinstance(opt, dict):
@@ -436,7 +402,7 @@ def plan_input_from_args(args: dict, method: str, *, strategy: str = "single", s
         config=config, method=method, precision=args.get("precision") or "bf16-true", quantize=quantize,
         micro_batch_size=train["micro_batch_size"],
         seq_len=seq_len or min(train.get("max_seq_length") or config.block_size, config.block_size),
-        accumulation=max(1, (train["global_batch_size"] // world) // train["micro_batch_size"]),
+        accumulation=accumulation(train["global_batch_size"], world, train["micro_batch_size"]),
         optimizer=str(opt), momentum=momentum, lora_r=int(args.get("lora_r") or 0),
         lora_targets={k[5:]: bool(args[k]) for k in args if k.startswith("lora_") and k not in ("lora_r",
                                                                                                  "lora_alpha",
@@ -519,7 +485,7 @@ def project(x: PlanInput, gpu: hardware.GPU, tokens: float, calibrate_dir: Path 
             if rec.power_mean_w:
                 power = rec.power_mean_w / max(rec.device_count, 1)
                 power_source = f"measured mean {power:.0f} W per GPU in that run"
-    world = x.devices * x.num_nodes
+    world = world_size(x.devices, x.num_nodes)
     total_flops = fpt.total * tokens
     rate = lambda m: m * peak * world  # noqa: E731
     t_low = total_flops / rate(hi) if peak and hi else float("inf")

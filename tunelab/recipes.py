@@ -65,17 +65,14 @@ class Recipe:
         return node
 
     def summary(self) -> dict:
-        """The row ``tunelab ls`` prints."""
-        devices, nodes = self.get("devices", 1), self.get("num_nodes", 1)
-        micro, global_ = self.get("train.micro_batch_size"), self.get("train.global_batch_size")
-        try:
-            accumulation = global_ // (int(devices) * int(nodes) * micro)
-        except (TypeError, ValueError, ZeroDivisionError):
-            accumulation = None
+        """The row ``tunelab ls`` prints (litgpt's defaults applied: see tunelab.settings)."""
+        from tunelab import settings
+
+        s = settings.resolve(self)
         return {
-            "recipe": self.key, "model": self.model, "method": self.method, "precision": self.get("precision"),
-            "quantize": self.get("quantize") or "-", "micro": micro, "global": global_,
-            "accum": accumulation, "devices": devices, "nodes": nodes,
+            "recipe": self.key, "model": self.model, "method": self.method, "precision": s.precision,
+            "quantize": s.quantize or "-", "micro": s.micro_batch_size, "global": s.global_batch_size,
+            "accum": s.accumulation, "devices": s.devices, "nodes": s.num_nodes,
         }
 
     def launch_command(self) -> str:

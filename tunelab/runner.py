@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from tunelab import checkpoints, hardware
+from tunelab import checkpoints, hardware, settings
 from tunelab.errors import InputError, Interrupted
 from tunelab.flops import flops_per_token, lora_param_count
 from tunelab.gpu_monitor import GPUMonitor
@@ -341,8 +341,9 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
             old.unlink()
 
     argv = litgpt_args(recipe, full_overrides)
-    devices = int(args.get("devices") or 1) if str(args.get("devices")).lstrip("-").isdigit() else 1
-    world = devices * (nnodes if strat else int(args.get("num_nodes") or 1))
+    s = settings.from_args(recipe, args)
+    devices = s.devices
+    world = settings.world_size(devices, nnodes if strat else s.num_nodes)
     if strat:
         port = master_port or _free_port()
         launch = ["-m", "torch.distributed.run", f"--nproc_per_node={devices}", f"--nnodes={nnodes}",
@@ -351,18 +352,14 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
                   *full_overrides]
     else:
         launch = ["-m", "tunelab.entry", *argv]
-    train = args["train"]
-    accumulation = max(1, (train["global_batch_size"] // world) // train["micro_batch_size"])
+    accumulation = settings.accumulation(s.global_batch_size, world, s.micro_batch_size)
 
     rec = RunRecord(sweep=sweep, row_id=row_id, recipe=recipe.key, command=recipe.command, overrides=overrides,
                     litgpt_argv=launch, strategy=strat.describe() if strat else "litgpt", resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
                     git_sha=git_sha(), versions=versions(), device_count=world, method=recipe.method,
-                    precision=args.get("precision"), quantize=args.get("quantize"),
-                    micro_batch_size=train["micro_batch_size"], global_batch_size=train["global_batch_size"],
-                    accumulation=accumulation, max_seq_length=train.get("max_seq_length"),
-                    optimizer=(args["optimizer"].get("class_path") if isinstance(args["optimizer"], dict)
-                               else str(args["optimizer"])),
-                    log_dir=".")
+                    precision=s.precision, quantize=s.quantize, micro_batch_size=s.micro_batch_size,
+                    global_batch_size=s.global_batch_size, accumulation=accumulation,
+                    max_seq_length=s.max_seq_length, optimizer=s.optimizer, log_dir=".")
     import torch
 
     # nothing here touches CUDA (no context, no memory on the GPU in this process): the device is named by NVML
@@ -557,8 +554,8 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
                if rec.tokens_padded and n_iters else (rec.max_seq_length or config.block_size))
         n_lora = 0
         if rec.method in ("lora", "qlora"):
-            n_lora = lora_param_count(config, int(args.get("lora_r") or 0),
-                                      {k[5:]: bool(args.get(k)) for k in args if k.startswith("lora_")})
+            st = settings.settings_of(args, method=rec.method, command=rec.command, recipe=rec.recipe)
+            n_lora = lora_param_count(config, int(st.lora_r or 0), {t: True for t in st.lora_targets})
         fpt = flops_per_token(config, seq, "full" if rec.method == "full" else "lora", n_lora)
         rec.flops_per_token, rec.flops_formula = fpt.total, fpt.formula
         if rec.tok_s_real:

@@ -40,6 +40,7 @@ from tunelab.errors import InputError, Interrupted
 from tunelab.paths import ROOT
 from tunelab.recipes import Recipe, RecipeError, resolve
 from tunelab.runner import INTERRUPTED_PREFIX, Progress, RunError, run
+from tunelab.settings import override_text, to_overrides
 from tunelab.validate import check
 
 SWEEP_KEYS = {"name", "description", "lab_hardware", "timeout_s", "defaults", "rows", "grid"}
@@ -82,24 +83,6 @@ class Sweep:
     description: str = ""
     lab_hardware: str = ""
     timeout_s: float | None = None
-
-
-def _value(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return str(v)
-
-
-def to_overrides(settings: dict) -> list[str]:
-    """{'train.micro_batch_size': 8} -> ['--train.micro_batch_size', '8'] (litgpt style)."""
-    out = []
-    for key, value in settings.items():
-        out += [f"--{key}", _value(value)]
-    return out
 
 
 def _expect(value, kind, where: str, key: str, fix: str):
@@ -207,7 +190,7 @@ def load(path: Path | str) -> Sweep:
             row_id = template or (base["recipe"].key.replace("/", "-") + "-" +
                                   "-".join(f"{k.split('.')[-1]}{{{k}}}" for k in keys))
             for k, v in point.items():
-                row_id = row_id.replace("{" + k + "}", _value(v))
+                row_id = row_id.replace("{" + k + "}", override_text(v))
             rows.append(Row(id=row_id, settings={**defaults, **(spec.get("set") or {}), **point}, **base))
     if not rows:
         raise SweepError(f"{where}: rows: no rows (give `rows` or `grid`)")

@@ -19,6 +19,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab.errors import InputError
 from tunelab.recipes import Recipe, display_path
+from tunelab.settings import accumulation, world_size
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
 """Precision strings accepted here: Lightning's full names (its short aliases hide what they mean)."""
@@ -224,7 +225,7 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
     if nodes < 1:
         bad("num_nodes", f"is {nodes}", "set num_nodes >= 1")
         nodes = 1
-    world = (devices or 1) * nodes
+    world = world_size(devices or 1, nodes)
 
     # precision
     if precision is not None and precision not in PRECISIONS:
@@ -243,7 +244,7 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
                 bad("precision", f"{precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
                     "use 16-mixed (or 16-true) on this GPU")
 
-    # batch sizes: litgpt computes accumulation = (global // world) // micro, flooring silently
+    # batch sizes: litgpt floors the accumulation silently (tunelab.settings.accumulation)
     gbs, mbs = train.get("global_batch_size"), train.get("micro_batch_size")
     if isinstance(gbs, int) and isinstance(mbs, int):
         if mbs < 1 or gbs < 1:
@@ -252,10 +253,10 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
         else:
             unit = world * mbs
             if gbs % unit:
-                floor = (gbs // world) // mbs * unit
+                floor = accumulation(gbs, world, mbs) * unit
                 bad("train.global_batch_size",
                     f"{gbs} is not divisible by devices x num_nodes x micro_batch_size = {devices or 1}x{nodes}x{mbs}"
-                    f" = {unit}; litgpt would floor it to {floor} samples per step" if floor else
+                    f" = {unit}; litgpt would floor it to {floor} samples per step" if gbs > unit else
                     f"{gbs} is smaller than devices x num_nodes x micro_batch_size = {unit} (litgpt asserts)",
                     f"set train.global_batch_size to a multiple of {unit} (e.g. {(gbs // unit + 1) * unit})")
 

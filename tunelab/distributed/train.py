@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tunelab import entry
+from tunelab import entry, settings
 from tunelab.distributed.strategy import StrategyConfig, load_strategy
 
 
@@ -92,8 +92,12 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, precision: str, 
             mp = MixedPrecision(**{k: getattr(torch, v) for k, v in strategy.mixed_precision.items()})
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}) \
             if strategy.auto_wrap == "block" else None
+        # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
+        offload = strategy.cpu_offload and device.type == "cuda"
+        if strategy.cpu_offload and not offload and dist.get_rank() == 0:
+            print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)")
         fsdp = FSDP(model, sharding_strategy=getattr(ShardingStrategy, strategy.sharding_strategy),
-                    auto_wrap_policy=policy, cpu_offload=CPUOffload(offload_params=strategy.cpu_offload),
+                    auto_wrap_policy=policy, cpu_offload=CPUOffload(offload_params=offload),
                     backward_prefetch=getattr(BackwardPrefetch, strategy.backward_prefetch)
                     if strategy.backward_prefetch else None, mixed_precision=mp,
                     device_id=device, use_orig_params=True,
@@ -202,7 +206,7 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
     precision = args.get("precision") or "bf16-true"
     train = args["train"]
     micro = train["micro_batch_size"]
-    accumulation = (train["global_batch_size"] // world) // micro
+    accumulation = settings.accumulation(train["global_batch_size"], world, micro)
     model, config = build_model(args, method, device, precision)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if rank == 0:

@@ -1,0 +1,74 @@
+"""One resolver for litgpt's arguments (tunelab.settings), checked against litgpt's own parser; the derived
+figures (world size, accumulation) computed in one place; strategy files that say they offload do."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from tunelab import settings
+from tunelab.recipes import discover, resolve
+from tunelab.sweep import load
+from tunelab.validate import parse
+
+VARIANTS = [
+    [],
+    ["--data", "Alpaca", "--train.micro_batch_size=2", "--optimizer", "SGD", "--devices", "2",
+     "--checkpoint_dir", "checkpoints/meta-llama/Llama-2-7b-hf"],
+    ["--data", "Alpaca2k", "--data.val_split_fraction", "0.1", "--precision", "16-true", "--num_nodes", "2",
+     "--train.max_steps", "null", "--train.epochs", "3"],
+]
+
+
+def cases():
+    recipes = discover()
+    one_per_method = {r.method: r for r in recipes}.values()
+    out = [(r, []) for r in recipes] + [(r, v) for r in one_per_method for v in VARIANTS[1:]]
+    for name in ("lab-part1", "lab-part2", "qlora-memory"):
+        out += [(row.recipe, row.overrides()) for row in load(name).rows]
+    return out
+
+
+def test_fast_resolver_equals_litgpts_parser_on_every_recipe_and_sweep_row():
+    """The planner's resolver (litgpt's defaults read from its source, no import) gives the same Settings as
+    litgpt's jsonargparse parser, for every recipe (with overrides of every form) and every sweep row."""
+    checked, t_fast = 0, 0.0
+    for recipe, overrides in cases():
+        t0 = time.perf_counter()
+        fast = settings.resolve(recipe, overrides)
+        t_fast += time.perf_counter() - t0
+        slow = settings.from_args(recipe, parse(recipe, overrides))
+        diff = {f.name: (getattr(fast, f.name), getattr(slow, f.name)) for f in dataclasses.fields(fast)
+                if f.compare and getattr(fast, f.name) != getattr(slow, f.name)}
+        assert not diff, (recipe.key, overrides, diff)
+        checked += 1
+    assert checked > 45
+
+
+def test_world_size_and_accumulation_are_litgpts():
+    assert settings.world_size(4, 2) == 8
+    assert settings.accumulation(16, 4, 1) == 4
+    assert settings.accumulation(10, 1, 4) == 2  # floored, as litgpt does (validate refuses it)
+    assert settings.accumulation(2, 4, 1) == 1  # litgpt would assert; never 0 here
+    s = settings.resolve(resolve("open-llama-13b/full"))
+    assert (s.world_size, s.accumulation) == (4, 4)
+    s = settings.resolve(resolve("open-llama-13b/full"), ["--devices", "2", "--train.micro_batch_size", "2"])
+    assert (s.world_size, s.accumulation) == (2, 4)
+
+
+def test_data_module_defaults_come_from_litgpt():
+    """Alpaca2k holds 5% out for validation by default (its own field, inherited fields from Alpaca)."""
+    d = settings.data_defaults("litgpt.data.Alpaca2k")
+    assert d["val_split_fraction"] == 0.05 and d["mask_prompt"] is False and "tokenizer" not in d
+    s = settings.resolve(resolve("tiny-llama-1.1b/lora"), ["--data", "Alpaca2k"])
+    assert s.data_class == "litgpt.data.Alpaca2k" and s.data_path is None
+
+
+@pytest.mark.parametrize("name", ["deepspeed-zero3-offload", "fsdp-offload"])
+def test_strategy_files_that_say_offload_do(name):
+    from tunelab.distributed.strategy import load_strategy
+
+    st = load_strategy(name)
+    assert st.offload_optimizer or st.offload_params or st.cpu_offload

@@ -1,0 +1,309 @@
+"""The settings of one run, resolved once: a recipe plus litgpt-style overrides -> :class:`Settings`.
+
+Everything tunelab derives from litgpt's arguments (world size, gradient accumulation, LoRA targets, the data
+module) is computed here and nowhere else; the runner, the planner, the validator, the multi-device loop,
+``tunelab ls`` and the report read it.
+
+Two ways in, one result:
+
+* :func:`resolve_args` (fast, ~1 ms after the first call): litgpt's own defaults, read from the pinned litgpt's
+  source (the ``setup()`` signature of each ``finetune_*`` command and the ``TrainArgs`` / ``EvalArgs``
+  dataclasses, parsed with ``ast``: nothing of litgpt, torch or Lightning is imported), then the recipe's keys,
+  then the overrides. The planner uses it (``tunelab plan`` answers in a fraction of a second).
+* ``tunelab.validate.parse``: litgpt's real jsonargparse parser (seconds), which also refuses bad types. The
+  runner and the validator use it. ``tests/test_settings.py`` checks that both give the same :class:`Settings`
+  on every recipe and every sweep row.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib.util
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from tunelab.errors import InputError
+
+LORA_TARGETS = ("query", "key", "value", "projection", "mlp", "head")
+"""litgpt's ``lora_<target>`` switches."""
+
+
+def world_size(devices: int, num_nodes: int = 1) -> int:
+    """Data-parallel ranks: devices per node x nodes."""
+    return max(1, int(devices)) * max(1, int(num_nodes))
+
+
+def accumulation(global_batch_size: int, world: int, micro_batch_size: int) -> int:
+    """Gradient-accumulation iterations per optimizer step, as litgpt computes it: ``(global // world) // micro``
+    (floored, silently: ``tunelab validate`` refuses a global batch that does not divide), at least 1."""
+    return max(1, (int(global_batch_size) // max(1, world)) // max(1, int(micro_batch_size)))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run's litgpt arguments that tunelab reasons about, after defaults and overrides."""
+
+    recipe: str
+    """The recipe key (``tiny-llama-1.1b/lora``) or the YAML path."""
+    method: str
+    """full, lora, qlora, adapter or adapter_v2."""
+    command: str
+    """The litgpt subcommand (``finetune_lora``)."""
+    checkpoint_dir: str
+    """The model's checkpoint directory (its name or model_config.yaml names the architecture)."""
+    precision: str | None
+    """Lightning precision (``bf16-true``, ``32-true``, ...); None lets litgpt choose."""
+    quantize: str | None
+    """bitsandbytes quantization (``bnb.nf4``) for QLoRA, else None."""
+    devices: int
+    """Devices per node (``auto`` / -1 are refused by the validator: figures are per device)."""
+    num_nodes: int
+    """Nodes."""
+    micro_batch_size: int
+    """Samples per rank per forward/backward."""
+    global_batch_size: int
+    """Samples per optimizer step, all ranks together."""
+    max_steps: int | None
+    """Optimizer steps to stop after (None: the epochs decide)."""
+    epochs: int | None
+    """Passes over the training split."""
+    lr_warmup_steps: int | None
+    """Linear warm-up, in optimizer steps."""
+    max_seq_length: int | None
+    """Longest sequence after truncation (None: the model's block size)."""
+    lora_r: int | None
+    """LoRA rank (None for full fine-tuning)."""
+    lora_targets: tuple[str, ...]
+    """Which of litgpt's LoRA targets are on (``query``, ``mlp``, ...); empty for full fine-tuning."""
+    optimizer: str
+    """The optimizer class as litgpt reads it (``AdamW`` or a dotted path)."""
+    data_class: str | None
+    """The data module's class path (None: litgpt's default, Alpaca)."""
+    data_path: str | None
+    """``json_path`` of a JSON data module."""
+    val_split_fraction: float | None
+    """The data module's validation split, when it has one."""
+    args: dict = field(default_factory=dict, compare=False, repr=False)
+    """Every resolved litgpt argument (plain data)."""
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.devices, self.num_nodes)
+
+    @property
+    def accumulation(self) -> int:
+        return accumulation(self.global_batch_size, self.world_size, self.micro_batch_size)
+
+
+def from_args(recipe, args: dict) -> Settings:
+    """Settings of a recipe from its resolved litgpt arguments (either resolver's)."""
+    return settings_of(args, method=recipe.method, command=recipe.command, recipe=recipe.key)
+
+
+def settings_of(args: dict, *, method: str, command: str, recipe: str = "") -> Settings:
+    """Settings from resolved litgpt arguments, given the method and litgpt command that run them."""
+    train = args.get("train") or {}
+    data = args.get("data")
+    data_class, data_init = None, {}
+    if isinstance(data, dict):
+        data_class, data_init = data.get("class_path"), data.get("init_args") or {}
+    elif isinstance(data, str):
+        data_class = data if "." in data else f"litgpt.data.{data}"
+    opt = args.get("optimizer") or "AdamW"
+    lora = command == "finetune_lora"
+    devices = args.get("devices", 1)
+    return Settings(
+        recipe=recipe, method=method, command=command,
+        checkpoint_dir=str(args.get("checkpoint_dir") or ""), precision=args.get("precision"),
+        quantize=args.get("quantize"),
+        devices=int(devices) if str(devices).lstrip("-").isdigit() else 1,
+        num_nodes=int(args.get("num_nodes") or 1),
+        micro_batch_size=train.get("micro_batch_size"), global_batch_size=train.get("global_batch_size"),
+        max_steps=train.get("max_steps"), epochs=train.get("epochs"), lr_warmup_steps=train.get("lr_warmup_steps"),
+        max_seq_length=train.get("max_seq_length"),
+        lora_r=args.get("lora_r") if lora else None,
+        lora_targets=tuple(t for t in LORA_TARGETS if lora and args.get(f"lora_{t}")),
+        optimizer=str(opt.get("class_path") if isinstance(opt, dict) else opt),
+        data_class=data_class, data_path=None if data_init.get("json_path") is None else str(data_init["json_path"]),
+        val_split_fraction=data_init.get("val_split_fraction"), args=args)
+
+
+def resolve(recipe, overrides: list[str] | None = None) -> Settings:
+    """Settings of a recipe with litgpt-style overrides (the fast resolver)."""
+    return from_args(recipe, resolve_args(recipe, overrides or []))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fast resolver
+
+
+def resolve_args(recipe, overrides: list[str]) -> dict:
+    """litgpt's arguments for ``recipe`` + ``overrides``: litgpt's defaults, the recipe's keys, the overrides
+    (``--train.micro_batch_size 8``, ``--key=value``, ``--data Alpaca``); values are read as YAML, as litgpt's
+    parser reads them. InputError for an override without a value."""
+    import yaml
+
+    out = copy.deepcopy(litgpt_defaults(recipe.command))
+    _merge(out, copy.deepcopy(recipe.config))
+    it = iter(overrides)
+    for arg in it:
+        if not arg.startswith("--"):
+            raise InputError(f"override {arg!r} is not --dotted.key VALUE")
+        key, sep, value = arg[2:].partition("=")
+        if not sep:
+            value = next(it, None)
+            if value is None:
+                raise InputError(f"override --{key} has no value; fix: give one, e.g. --{key} 8")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        if key == "checkpoint_dir" or key == "out_dir":
+            parsed = value  # paths stay text
+        if key == "data" and isinstance(parsed, str):  # `--data Alpaca`: switch the class, as jsonargparse does
+            out["data"] = _switch_data_class(out.get("data"), parsed)
+        else:
+            _set(out, key.split("."), parsed)
+    if isinstance(out.get("data"), dict) and out["data"].get("class_path"):
+        out["data"] = {"class_path": out["data"]["class_path"],
+                       "init_args": {**data_defaults(out["data"]["class_path"]),
+                                     **(out["data"].get("init_args") or {})}}
+    return out
+
+
+def _switch_data_class(old, name: str) -> dict:
+    """``--data NAME`` on top of a recipe's data block: the new class, keeping the old init_args it accepts
+    (jsonargparse's rule), its own defaults for the rest."""
+    class_path = name if "." in name else f"litgpt.data.{name}"
+    accepted = data_defaults(class_path)
+    kept = {k: v for k, v in ((old or {}).get("init_args") or {}).items() if k in accepted} \
+        if isinstance(old, dict) else {}
+    return {"class_path": class_path, "init_args": kept}
+
+
+@lru_cache(maxsize=None)
+def data_defaults(class_path: str) -> dict:
+    """The constructor arguments of a litgpt data module with their defaults (``litgpt.data.Alpaca2k`` ->
+    {'val_split_fraction': 0.05, ...}), read from litgpt's source; {} for a class outside litgpt.data."""
+    module, _, cls = class_path.rpartition(".")
+    if module != "litgpt.data":
+        return {}
+    init = ast.parse(_litgpt_source("data/__init__.py").read_text(encoding="utf-8"))
+    where = {alias.name: node.module for node in init.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    return _class_fields(where.get(cls), cls) if where.get(cls) else {}
+
+
+def _class_fields(module: str, cls: str) -> dict:
+    tree = ast.parse(_litgpt_source(module.replace("litgpt.", "", 1).replace(".", "/") + ".py")
+                     .read_text(encoding="utf-8"))
+    imported = {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("litgpt.data") for alias in node.names}
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if node is None:
+        return {}
+    out = {}
+    for base in node.bases:  # inherited fields first (Alpaca2k extends Alpaca)
+        if isinstance(base, ast.Name) and base.id in imported and base.id != "DataModule":
+            out.update(_class_fields(imported[base.id], base.id))
+        elif isinstance(base, ast.Name) and any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
+            out.update(_class_fields(module, base.id))
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        value = stmt.value
+        if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+            kw = {k.arg: k.value for k in value.keywords}
+            if isinstance(kw.get("init"), ast.Constant) and kw["init"].value is False:
+                continue
+            value = kw.get("default")
+        out[stmt.target.id] = _literal(value) if value is not None else None
+    return out
+
+
+def _merge(base: dict, top: dict) -> None:
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict) and "class_path" not in v:
+            _merge(base[k], v)
+        else:
+            base[k] = v
+
+
+def _set(node: dict, parts: list[str], value) -> None:
+    for part in parts[:-1]:
+        if part not in node and isinstance(node.get("init_args"), dict):
+            node = node["init_args"]
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    if parts[-1] not in node and isinstance(node.get("init_args"), dict):
+        node = node["init_args"]
+    node[parts[-1]] = value
+
+
+def _litgpt_source(relative: str) -> Path:
+    spec = importlib.util.find_spec("litgpt")
+    return Path(next(iter(spec.submodule_search_locations))) / relative
+
+
+@lru_cache(maxsize=None)
+def _dataclass_defaults(cls_name: str) -> dict:
+    """Field defaults of one of litgpt's argument dataclasses (``TrainArgs``, ``EvalArgs``, ``LogArgs``)."""
+    tree = ast.parse(_litgpt_source("args.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            return {stmt.target.id: _literal(stmt.value) for stmt in node.body
+                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value}
+    raise InputError(f"litgpt's args.py has no {cls_name}: is the pinned litgpt installed?")
+
+
+def _literal(node):
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("Args"):
+        values = dict(_dataclass_defaults(node.func.id))
+        values.update({kw.arg: _literal(kw.value) for kw in node.keywords})
+        return values
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Path" and node.args:
+        return _literal(node.args[0])
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=None)
+def _litgpt_defaults(command: str) -> dict:
+    module = {"finetune_full": "full", "finetune_lora": "lora", "finetune_adapter": "adapter",
+              "finetune_adapter_v2": "adapter_v2"}[command]
+    tree = ast.parse(_litgpt_source(f"finetune/{module}.py").read_text(encoding="utf-8"))
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "setup")
+    a = fn.args
+    defaults = [None] * (len(a.args) - len(a.defaults)) + list(a.defaults)
+    return {arg.arg: (_literal(d) if d is not None else None) for arg, d in zip(a.args, defaults)}
+
+
+def litgpt_defaults(command: str) -> dict:
+    """The defaults of ``litgpt <command>``'s arguments, as plain data (a fresh copy)."""
+    return copy.deepcopy(_litgpt_defaults(command))
+
+
+def override_text(value) -> str:
+    """A value as litgpt's command line writes it (YAML: null, true/false, JSON for lists and mappings)."""
+    import json
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def to_overrides(values: dict) -> list[str]:
+    """{'train.micro_batch_size': 8} -> ['--train.micro_batch_size', '8'] (litgpt style; what resolve_args reads)."""
+    out = []
+    for key, value in values.items():
+        out += [f"--{key}", override_text(value)]
+    return out
