@@ -65,11 +65,24 @@ def test_monotonic_and_strategies_divide_states():
     assert peaks == sorted(peaks) and peaks[0] == peaks[1] < peaks[2] < peaks[3]
     single = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="ddp")[1]
     fsdp = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp")[1]
-    grad_op = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp", sharding="SHARD_GRAD_OP")[1]
-    zero3_off = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="deepspeed", zero_stage=3,
-                            offload_optimizer=True)[1]
+    grad_op = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp-shard-grad-op")[1]
+    whole = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp-no-wrap")[1]
+    zero3_off = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="deepspeed-zero3-offload")[1]
     assert fsdp.peak_allocated_bytes < grad_op.peak_allocated_bytes < single.peak_allocated_bytes
+    assert fsdp.peak_allocated_bytes < whole.peak_allocated_bytes  # the whole model gathered at once
     assert zero3_off.breakdown_bytes["optimizer_states"] == 0 and zero3_off.host_ram_bytes > 50e9
+
+
+def test_every_strategy_file_can_be_planned():
+    """One vocabulary: every file `run --strategy` accepts, `plan --strategy` accepts too."""
+    from tunelab.paths import CONFIGS_DIR
+
+    r = resolve("open-llama-7b/full")
+    names = sorted(p.stem for p in (CONFIGS_DIR / "strategies").glob("*.yaml"))
+    assert len(names) >= 10
+    for name in names:
+        plan = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy=name)[1]
+        assert plan.peak_allocated_bytes > 0 and plan.devices == 4, name
 
 
 def test_qlora_weights_are_nf4_with_scales():

@@ -22,7 +22,7 @@ EPILOG = """examples:
   tunelab sweep configs/sweeps/lab-part1.yaml    # the lab's Part 1, resumable, report at the end
   tunelab report runs/lab-part1                  # report again from the records
   tunelab plan open-llama-7b/full --gpu A100-80GB          # will it fit, how long will it take
-  tunelab plan open-llama-13b/full --gpu A100-80GB --devices 4 --strategy fsdp --json
+  tunelab plan open-llama-13b/full --gpu A100-80GB --devices 4 --strategy fsdp-offload --json
   tunelab tune-batch tiny-llama-1.1b/full --gpu H100-SXM   # largest and fastest micro batch, real probes
   tunelab build-model tiny                       # the embedded tiny checkpoint (offline, seconds)
   tunelab build-model open_llama_7b --device cuda   # a real architecture with random weights (GPU benchmarks)
@@ -231,9 +231,8 @@ def cmd_plan(args, extra) -> int:
         if args.gpu:
             hardware.lookup(args.gpu)
         x, plan, seq_source, resolved = plan_recipe(
-            recipe, extra, gpu=args.gpu, devices=args.devices, strategy=args.strategy, sharding=args.sharding,
-            zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
-            activation_checkpointing=args.activation_checkpointing, dataset=args.dataset, fsdp_wrap=args.fsdp_wrap)
+            recipe, extra, gpu=args.gpu, devices=args.devices, strategy=args.strategy,
+            activation_checkpointing=args.activation_checkpointing, dataset=args.dataset)
     except (RecipeError, ValueError, KeyError) as e:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     projection, tokens_note = None, ""
@@ -474,16 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
     s.add_argument("--devices", type=_count, help="GPUs per node (default: the recipe's devices)")
-    s.add_argument("--strategy", choices=["single", "ddp", "fsdp", "deepspeed"], default="single",
-                   help="how model states are divided across devices (default single; litgpt's own choice with "
-                        "devices > 1 is FSDP)")
-    s.add_argument("--sharding", choices=["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"],
-                   default="FULL_SHARD", help="FSDP sharding strategy")
-    s.add_argument("--fsdp-wrap", choices=["block", "none"], default="block",
-                   help="FSDP units: each transformer block (litgpt) or the whole model (Lightning without a policy)")
-    s.add_argument("--zero-stage", type=int, choices=[1, 2, 3], default=3, help="DeepSpeed ZeRO stage")
-    s.add_argument("--offload-optimizer", action="store_true", help="optimizer states (and master weights) in host RAM")
-    s.add_argument("--offload-params", action="store_true", help="parameters in host RAM (ZeRO-3 / FSDP offload)")
+    s.add_argument("--strategy", default="litgpt", metavar="NAME",
+                   help="how model states are divided across devices: a configs/strategies file or name (ddp, fsdp, "
+                        "fsdp-no-wrap, fsdp-shard-grad-op, fsdp-offload, fsdp2, deepspeed-zero2, deepspeed-zero3, "
+                        "deepspeed-zero3-offload, ...), the same files `run --strategy` runs; default litgpt: the "
+                        "recipe's own choice (one device; FSDP per block on several)")
     s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
     s.add_argument("--dataset", type=Path, help="an Alpaca JSON: use its longest sample as the sequence length "
                                                 "(needs the checkpoint's tokenizer)")

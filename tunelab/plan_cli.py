@@ -7,7 +7,6 @@ import json
 import random
 from pathlib import Path
 
-import yaml
 
 from tunelab import hardware, planner, settings
 from tunelab.paths import CONFIGS_DIR, ROOT
@@ -18,14 +17,23 @@ LAB_PADDED_TOKENS_PER_SAMPLE = 437
 
 
 def plan_recipe(recipe: Recipe, overrides: list[str], *, gpu: str | None, devices: int | None = None,
-                strategy: str = "single", sharding: str = "FULL_SHARD", zero_stage: int = 3,
-                offload_optimizer: bool = False, offload_params: bool = False,
-                activation_checkpointing: bool = False, dataset: Path | None = None, fsdp_wrap: str = "block"):
-    """(PlanInput, Plan, seq_source) for a recipe with overrides."""
+                strategy: str | None = None, activation_checkpointing: bool = False, dataset: Path | None = None):
+    """(PlanInput, Plan, seq_source, resolved args) for a recipe with overrides.
+
+    ``strategy``: a configs/strategies file or name (``fsdp``, ``fsdp-no-wrap``, ``deepspeed-zero3-offload``, ...);
+    None or 'litgpt' for litgpt's own choice (one device; FSDP on several). ``activation_checkpointing`` turns it
+    on whatever the strategy says."""
+    from tunelab.distributed.strategy import load_strategy
+
     args = settings.resolve_args(recipe, overrides)
     if devices:
         args["devices"] = devices
     planner.check_ranges(args)
+    s = settings.from_args(recipe, args)
+    strat = None if strategy in (None, "litgpt") else load_strategy(strategy)
+    fields = planner.strategy_fields(strat, s.world_size)
+    if activation_checkpointing:
+        fields["activation_checkpointing"] = True
     seq_source = "the recipe's train.max_seq_length"
     seq = None
     if dataset is not None:
@@ -36,11 +44,7 @@ def plan_recipe(recipe: Recipe, overrides: list[str], *, gpu: str | None, device
         cap = args["train"].get("max_seq_length")
         seq = min(longest, cap) if cap else longest
         seq_source = f"the dataset's longest sample ({longest} tokens){' capped at max_seq_length' if cap and longest > cap else ''}"
-    x = planner.plan_input_from_args(args, recipe.method, strategy=strategy, sharding=sharding,
-                                     zero_stage=zero_stage, offload_optimizer=offload_optimizer,
-                                     offload_params=offload_params,
-                                     activation_checkpointing=activation_checkpointing, seq_len=seq,
-                                     devices=devices, fsdp_wrap=fsdp_wrap)
+    x = planner.plan_input_from_args(args, recipe.method, seq_len=seq, devices=devices, **fields)
     g = hardware.lookup(gpu) if gpu else hardware.local_gpu()  # no --gpu: this machine's GPU, if any
     if g is not None and str(x.precision).startswith("bf16") and not g.bf16:
         x.attention_math = True
@@ -118,31 +122,25 @@ def render(x, plan, seq_source: str, projection=None, tokens_note: str = "") -> 
 # ---------------------------------------------------------------------------------------------------------------
 # Accuracy against the lab
 
-PART2 = CONFIGS_DIR / "lab" / "part2.yaml"
-
-
 def accuracy_rows() -> list[dict]:
-    """Predicted vs measured for every lab row of Part 1 (sweep lab-part1) and Part 2 (configs/lab/part2.yaml)."""
-    from tunelab.recipes import resolve
+    """Predicted vs measured for every lab row with a figure or a verdict: Part 1 (configs/sweeps/lab-part1.yaml)
+    and Part 2 (configs/sweeps/lab-part2.yaml), each row planned for its GPU with its strategy file."""
     from tunelab.sweep import load
 
     rows = []
     for r in load(CONFIGS_DIR / "sweeps" / "lab-part1.yaml").rows:
-        x, plan, _, _ = plan_recipe(r.recipe, r.overrides(), gpu="A100-80GB")
-        rows.append(_row("Part 1", r.id, r.recipe.key, r.note, "A100-80GB", plan, r.lab.get("memory_gb"),
+        x, plan, _, _ = plan_recipe(r.recipe, r.overrides(), gpu=r.gpu)
+        rows.append(_row("Part 1", r.id, r.recipe.key, r.note, r.gpu, plan, r.lab.get("memory_gb"),
                          r.lab.get("status"), "peak allocated, GB (litgpt Memory Used)"))
-    for spec in yaml.safe_load(PART2.read_text())["rows"]:
-        recipe = resolve(spec["recipe"])
-        x, plan, _, _ = plan_recipe(recipe, settings.to_overrides(spec.get("set") or {}), gpu=spec["gpu"],
-                                    devices=spec.get("devices"), strategy=spec.get("strategy", "single"),
-                                    sharding=spec.get("sharding", "FULL_SHARD"),
-                                    fsdp_wrap=spec.get("fsdp_wrap", "block"))
-        lab = spec.get("lab") or {}
-        measured = lab.get("allocated_gib")
+    for r in load(CONFIGS_DIR / "sweeps" / "lab-part2.yaml").rows:
+        measured = r.lab.get("allocated_gib")
+        if measured is None and r.lab.get("status") != "oom":
+            continue  # the lab printed no figure and no failure: nothing to compare
+        x, plan, _, _ = plan_recipe(r.recipe, r.overrides(), gpu=r.gpu, strategy=r.strategy)
         measured = [m * 2**30 / 1e9 for m in measured] if isinstance(measured, list) else (
             measured * 2**30 / 1e9 if measured is not None else None)
-        rows.append(_row("Part 2", spec["id"], recipe.key, spec.get("note", ""), spec["gpu"], plan, measured,
-                         lab.get("status"), "current allocated per GPU as the lab printed it (GiB, converted to GB)"))
+        rows.append(_row("Part 2", r.id, r.recipe.key, r.note, r.gpu, plan, measured, r.lab.get("status"),
+                         "current allocated per GPU as the lab printed it (GiB, converted to GB)"))
     return rows
 
 

@@ -376,6 +376,24 @@ def check_ranges(args: dict) -> None:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
 
 
+def strategy_fields(strategy, world: int) -> dict:
+    """PlanInput fields for a configs/strategies file (a StrategyConfig; None: litgpt's own choice, which is one
+    device, or FSDP when there are several)."""
+    if strategy is None or strategy.name == "single" or (strategy.name == "ddp" and world == 1):
+        return {"strategy": "single"}
+    if strategy.name == "ddp":
+        return {"strategy": "ddp"}
+    if strategy.name == "fsdp":
+        return {"strategy": "fsdp", "sharding": strategy.sharding_strategy, "fsdp_wrap": strategy.auto_wrap,
+                "offload_params": strategy.cpu_offload, "activation_checkpointing": strategy.activation_checkpointing}
+    if strategy.name == "fsdp2":  # per-block fully_shard: reshard_after_forward False keeps parameters (ZeRO-2)
+        return {"strategy": "fsdp", "sharding": "FULL_SHARD" if strategy.reshard_after_forward else "SHARD_GRAD_OP"}
+    if strategy.name == "deepspeed":
+        return {"strategy": "deepspeed", "zero_stage": strategy.zero_stage,
+                "offload_optimizer": strategy.offload_optimizer, "offload_params": strategy.offload_params}
+    raise ValueError(f"strategy {strategy.name!r} has no memory model")
+
+
 def plan_input_from_args(args: dict, method: str, *, strategy: str = "single", sharding: str = "FULL_SHARD",
                          zero_stage: int = 3, offload_optimizer: bool = False, offload_params: bool = False,
                          activation_checkpointing: bool = False, seq_len: int | None = None,

@@ -94,6 +94,8 @@ class RunRecord:
     strategy: str = "litgpt"
     """'litgpt' (the recipe's own `litgpt finetune_*`, its built-in strategy) or the configs/strategies file's
     description (DDP, FSDP ..., FSDP2, DeepSpeed ZeRO-n) run by tunelab.distributed.train."""
+    strategy_file: str | None = None
+    """The configs/strategies file or name the run was given (None: litgpt's own strategy)."""
     model_source: str = ""
     """'checkpoint' (the recipe's real weights), 'tiny' (embedded tiny model) or 'random' (real shapes, random)."""
     model_name: str = ""

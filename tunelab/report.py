@@ -106,7 +106,8 @@ def planner_columns(rec: record_mod.RunRecord) -> dict:
         gpu = hardware.identify(rec.device_name)
         if gpu is None:
             return {}
-        _, plan, _, _ = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu.name)
+        _, plan, _, _ = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu.name,
+                                    strategy=rec.strategy_file)
     except Exception:  # noqa: BLE001 - a prediction that cannot be made is an empty cell, not a lost report
         return {}
     out = {"planner_peak_gb": plan.peak_allocated_bytes / GB, "planner_fits": plan.fits}

@@ -355,7 +355,8 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     accumulation = settings.accumulation(s.global_batch_size, world, s.micro_batch_size)
 
     rec = RunRecord(sweep=sweep, row_id=row_id, recipe=recipe.key, command=recipe.command, overrides=overrides,
-                    litgpt_argv=launch, strategy=strat.describe() if strat else "litgpt", resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
+                    litgpt_argv=launch, strategy=strat.describe() if strat else "litgpt", strategy_file=strategy,
+                    resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
                     git_sha=git_sha(), versions=versions(), device_count=world, method=recipe.method,
                     precision=s.precision, quantize=s.quantize, micro_batch_size=s.micro_batch_size,
                     global_batch_size=s.global_batch_size, accumulation=accumulation,

@@ -6,6 +6,7 @@ Sweep file keys (anything else is refused)::
     name: lab-part1                # the sweep's name (directory and report name)
     description: ...               # free text for the report
     lab_hardware: 1x A100 80GB     # the hardware of the `lab` figures
+    gpu: A100-80GB                 # the GPU table row of that hardware (the planner's comparison; rows may differ)
     timeout_s: 1800                # per-run timeout (optional)
     defaults: {key: value}         # litgpt overrides for every row (dotted keys)
     rows:                          # explicit rows
@@ -43,9 +44,9 @@ from tunelab.runner import INTERRUPTED_PREFIX, Progress, RunError, run
 from tunelab.settings import override_text, to_overrides
 from tunelab.validate import check
 
-SWEEP_KEYS = {"name", "description", "lab_hardware", "timeout_s", "defaults", "rows", "grid"}
-ROW_KEYS = {"id", "recipe", "set", "lab", "note", "strategy"}
-GRID_KEYS = {"recipe", "set", "axes", "id", "lab", "note", "strategy"}
+SWEEP_KEYS = {"name", "description", "lab_hardware", "gpu", "timeout_s", "defaults", "rows", "grid"}
+ROW_KEYS = {"id", "recipe", "set", "lab", "note", "strategy", "gpu"}
+GRID_KEYS = {"recipe", "set", "axes", "id", "lab", "note", "strategy", "gpu"}
 LAB_KEYS = {"status", "memory_gb", "time_s", "tok_s", "memory_note", "steps", "hardware", "allocated_gib",
             "reserved_gib"}
 
@@ -70,6 +71,8 @@ class Row:
     note: str = ""
     strategy: str | None = None
     """A configs/strategies file or name: run under tunelab's multi-device loop (None: litgpt's own command)."""
+    gpu: str | None = None
+    """The GPU table row the lab ran this row on (what plan-accuracy plans it for); None: not stated."""
 
     def overrides(self) -> list[str]:
         return to_overrides(self.settings)
@@ -161,7 +164,15 @@ def load(path: Path | str) -> Sweep:
                 load_strategy(strategy)
             except StrategyError as e:
                 raise SweepError(f"{where}: {label}: strategy: {e}") from None
-        return {"recipe": recipe, "lab": lab, "note": spec.get("note", ""), "strategy": strategy}
+        gpu = spec.get("gpu", raw.get("gpu"))
+        if gpu is not None:
+            from tunelab import hardware
+
+            try:
+                hardware.lookup(_expect(gpu, str, where, f"{label}: gpu", "name a row of configs/hardware/gpus.yaml"))
+            except ValueError as e:
+                raise SweepError(f"{where}: {label}: gpu: {e}") from None
+        return {"recipe": recipe, "lab": lab, "note": spec.get("note", ""), "strategy": strategy, "gpu": gpu}
 
     for i, spec in enumerate(row_specs):
         _expect(spec, dict, where, f"rows[{i}]", "each row is a mapping with id, recipe, set, ...")
@@ -223,7 +234,7 @@ def with_settings(sweep: Sweep, pairs: list[str]) -> Sweep:
         except InputError as e:
             raise SweepError(str(e)) from None
     rows = [Row(id=r.id, recipe=r.recipe, settings={**r.settings, **extra}, lab=r.lab, note=r.note,
-                strategy=r.strategy) for r in sweep.rows]
+                strategy=r.strategy, gpu=r.gpu) for r in sweep.rows]
     problems = _row_problems("--set", rows)
     if problems:
         raise SweepError("\n".join(problems))
