@@ -149,9 +149,9 @@ def cmd_run(args, extra) -> int:
     if args.out is None:
         from datetime import datetime
 
-        from tunelab.paths import ROOT
+        from tunelab.paths import output_root
 
-        args.out = ROOT / "runs" / "single" / f"{recipe.key.replace('/', '-')}-{datetime.now():%Y%m%d-%H%M%S}"
+        args.out = output_root() / "runs" / "single" / f"{recipe.key.replace('/', '-')}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         rec = run(recipe, extra, args.out, row_id=args.id, model=model, timeout_s=args.timeout,
                   memory_limit_bytes=_memory_limit(args), on_progress=progress.show, strategy=args.strategy,

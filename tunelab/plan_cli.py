@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from tunelab import hardware, planner, settings
-from tunelab.paths import CONFIGS_DIR, ROOT
+from tunelab.paths import CONFIGS_DIR, output_root, project_path
 from tunelab.recipes import Recipe
 
 LAB_PADDED_TOKENS_PER_SAMPLE = 437
@@ -60,8 +60,8 @@ def epoch_tokens(args: dict, x: planner.PlanInput, tokens_per_sample: float | No
     data = (args.get("data") or {}).get("init_args", {})
     path = data.get("json_path")
     n = None
-    if path and Path(path).is_file():
-        n = len(json.loads(Path(path).read_text(encoding="utf-8")))
+    if path and project_path(path).is_file():
+        n = len(json.loads(project_path(path).read_text(encoding="utf-8")))
     train = args["train"]
     per_sample = tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE
     how = (f"{per_sample:.0f} padded tokens/sample" +
@@ -164,7 +164,7 @@ def _row(part, rid, recipe, note, gpu, plan, measured, lab_status, what) -> dict
 
 
 def write_accuracy(out: Path | None = None) -> Path:
-    out = Path(out or ROOT / "reports" / "planner-accuracy")
+    out = Path(out or output_root() / "reports" / "planner-accuracy")
     out.mkdir(parents=True, exist_ok=True)
     rows = accuracy_rows()
     import csv
@@ -219,7 +219,7 @@ def tokens_per_sample_from_data(args: dict, x: planner.PlanInput) -> float | Non
     """Mean padded tokens per sample of the recipe's data under its batching (needs the checkpoint's tokenizer)."""
     data = (args.get("data") or {}).get("init_args", {})
     path, ckpt = data.get("json_path"), Path(args["checkpoint_dir"])
-    if not path or not Path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
+    if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
         return None
     from litgpt.prompts import PromptStyle
     from litgpt.tokenizer import Tokenizer
@@ -227,7 +227,7 @@ def tokens_per_sample_from_data(args: dict, x: planner.PlanInput) -> float | Non
     tok, style = Tokenizer(ckpt), PromptStyle.from_name(data.get("prompt_style", "alpaca"))
     cap = args["train"].get("max_seq_length") or 10**9
     lengths = [min(cap, len(tok.encode(style.apply(r["instruction"], input=r.get("input", "")) + r["output"],
-                                       eos=True))) for r in json.loads(Path(path).read_text(encoding="utf-8"))]
+                                       eos=True))) for r in json.loads(project_path(path).read_text(encoding="utf-8"))]
     random.Random(data.get("seed", 42)).shuffle(lengths)
     m = x.micro_batch_size
     batches = [lengths[i:i + m] for i in range(0, len(lengths), m)]

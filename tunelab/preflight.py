@@ -32,7 +32,9 @@ OPTIONAL = {"bitsandbytes": "QLoRA (quantize bnb.nf4)", "deepspeed": "the deepsp
 
 
 def pinned(name: str) -> str | None:
-    """The version requirements.txt pins for ``name`` (None if not pinned)."""
+    """The version requirements.txt pins for ``name`` (None if not pinned, or no checkout: a wheel install)."""
+    if not (ROOT / "requirements.txt").is_file():
+        return None
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if line.lower().startswith(name.lower() + "=="):

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tunelab import record as record_mod
-from tunelab.paths import ROOT
+from tunelab.paths import ROOT, output_root
 from tunelab.record import write_text_atomic
 
 GB = 1e9
@@ -347,7 +347,7 @@ def default_report_dir(meta: dict, records: list[record_mod.RunRecord]) -> Path:
     if dev is not None:
         suffix = "-cpu-tiny" if dev.device_type == "cpu" else "-" + dev.device_name.lower().replace("nvidia", "") \
             .strip().replace(" ", "-")
-    return ROOT / "reports" / f"{date}-{meta.get('name', 'sweep')}{suffix}"
+    return output_root() / "reports" / f"{date}-{meta.get('name', 'sweep')}{suffix}"
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: str | None = None) -> Path:

@@ -34,7 +34,7 @@ from tunelab import checkpoints, hardware, settings
 from tunelab.errors import InputError, Interrupted
 from tunelab.flops import flops_per_token, lora_param_count
 from tunelab.gpu_monitor import GPUMonitor
-from tunelab.paths import ROOT
+from tunelab.paths import ROOT, output_root
 from tunelab.record import RankStats, RunRecord, save
 from tunelab.recipes import Recipe
 from tunelab.validate import check, litgpt_args, split_checkpoint_override
@@ -315,7 +315,9 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
     if source == "random":
         overrides = benchmark_overrides(recipe, overrides)
-    run_dir = Path(run_dir or ROOT / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
+    run_dir = Path(run_dir or output_root() / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
+    if not run_dir.is_absolute() and Path.cwd().resolve() != ROOT.resolve():
+        run_dir = run_dir.absolute()  # the child runs in ROOT: a path relative to here must not move there
     full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
     if ckpt is not None:
         full_overrides += ["--checkpoint_dir", str(ckpt)]

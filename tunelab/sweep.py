@@ -38,7 +38,7 @@ from typing import Callable
 from tunelab import record as record_mod
 from tunelab import yaml_input
 from tunelab.errors import InputError, Interrupted
-from tunelab.paths import ROOT
+from tunelab.paths import ROOT, output_root
 from tunelab.recipes import Recipe, RecipeError, resolve
 from tunelab.runner import INTERRUPTED_PREFIX, Progress, RunError, run
 from tunelab.settings import override_text, to_overrides
@@ -288,7 +288,7 @@ class ProgressLine:
 
 
 def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
-    return Path(out) if out else ROOT / "runs" / sweep.name
+    return Path(out) if out else output_root() / "runs" / sweep.name
 
 
 DEADLINE_PREFIX = "deadline:"

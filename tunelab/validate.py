@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tunelab import hardware
 from tunelab.errors import InputError
+from tunelab.paths import project_path
 from tunelab.recipes import Recipe, display_path
 from tunelab.settings import accumulation, world_size
 
@@ -352,9 +353,9 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
     data = a.get("data")
     if isinstance(data, dict):
         path = data.get("init_args", {}).get("json_path")
-        if path is not None and not Path(path).exists():
-            bad("data.json_path", f"{path} does not exist (relative paths are read from the current directory: "
-                f"{Path.cwd().name}/)", "run from the repository root, or give an existing file")
+        if path is not None and not project_path(path).exists():
+            bad("data.json_path", f"{path} does not exist (relative paths are read from the project directory, "
+                "where tunelab runs litgpt)", "give an existing file (an absolute path from anywhere else)")
         workers = data.get("init_args", {}).get("num_workers")
         if isinstance(workers, int) and workers < 0:
             bad("data.num_workers", f"is {workers}", "set data.num_workers >= 0")
