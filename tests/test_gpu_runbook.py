@@ -113,7 +113,7 @@ def test_deadline_kills_a_row_that_then_runs_again_on_resume(tmp_path):
     (a plain timeout would be final); the rows after it are listed as not started."""
     base = [sys.executable, "-m", "tunelab", "sweep", "lab-part1", "--model", "tiny", "--only", "s2,s3", "--out",
             str(tmp_path / "sw"), "--no-report", "--set", "data.num_workers=0"]
-    slow = subprocess.run([*base, "--set", "train.max_steps=100000", "--set", "train.epochs=50", "--deadline", "25"],
+    slow = subprocess.run([*base, "--set", "train.max_steps=100000", "--set", "train.epochs=50", "--deadline", "15"],
                           cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
     assert slow.returncode == 0, slow.stderr[-2000:]
     rec = json.loads((tmp_path / "sw" / "s2" / "record.json").read_text())
@@ -225,30 +225,3 @@ def test_a_random_checkpoint_is_pruned_after_its_last_row(tmp_path, monkeypatch)
     assert (tmp_path / "random-tiny-llama-1.1b").is_dir()
     sweep._prune_random_checkpoints(rows["s3"], [rows["s6"]], log)
     assert not (tmp_path / "random-tiny-llama-1.1b").exists() and (tmp_path / "random-open_llama_3b").is_dir()
-
-
-def test_a_second_sweep_on_the_same_directory_is_refused_in_one_line(tmp_path):
-    """Two sweeps on one directory would run the same row twice and interleave its logs: the second one stops at
-    once, naming the holder (issue 12, item 3)."""
-    cmd = [sys.executable, "-m", "tunelab", "sweep", "lab-part1", "--model", "tiny", "--only", "s2", "--out",
-           str(tmp_path / "sw"), "--no-report", "--set", "data.num_workers=0"]
-    first = subprocess.Popen([*cmd, "--set", "train.max_steps=100000", "--set", "train.epochs=50"], cwd=ROOT,
-                             env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        t0 = time.time()
-        while not (tmp_path / "sw" / ".lock").is_file() or not (tmp_path / "sw" / ".lock").read_text():
-            assert time.time() - t0 < 60 and first.poll() is None
-            time.sleep(0.2)
-        second = subprocess.run([*cmd, "--set", "train.max_steps=1"], cwd=ROOT, env=cpu_env(), capture_output=True,
-                                text=True, timeout=120)
-        assert second.returncode != 0
-        lines = [ln for ln in second.stderr.strip().splitlines() if ln.strip()]
-        assert len(lines) == 1 and f"is being swept by pid {first.pid}" in lines[0], second.stderr
-        assert "Traceback" not in second.stderr
-    finally:
-        first.kill()
-        first.wait(timeout=30)
-    # the holder died (SIGKILL): the kernel released the lock, the next sweep runs
-    again = subprocess.run([*cmd, "--set", "train.max_steps=1", "--rerun"], cwd=ROOT, env=cpu_env(),
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]

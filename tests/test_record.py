@@ -65,3 +65,17 @@ def test_every_field_has_a_docstring(cls):
             documented.add(node.target.id)
     missing = {f.name for f in dataclasses.fields(cls)} - documented
     assert not missing, f"{cls.__name__} fields without a docstring: {sorted(missing)}"
+
+
+def test_rank_files_are_read_through_the_schema():
+    """A rank file holds RankStats fields plus the iteration log; anything else is an error the collector notes,
+    not a field dropped silently."""
+    import pytest
+
+    from tunelab.record import read_rank_file
+
+    stats, iters = read_rank_file({"rank": 1, "device": "cuda:1", "peak_allocated_bytes": 5, "cuda_error": None,
+                                   "iters": [[1.0, 16, 12], [2.0, 16, 10]]})
+    assert stats.rank == 1 and stats.peak_allocated_bytes == 5 and iters == [[1.0, 16, 12], [2.0, 16, 10]]
+    with pytest.raises(ValueError, match="unknown keys \\['surprise'\\]"):
+        read_rank_file({"rank": 0, "surprise": 1})

@@ -41,6 +41,12 @@ def fail(message: str) -> int:
     return 2
 
 
+def parser_ls(sub) -> None:
+    s = sub.add_parser("ls", help="list the recipes (model, method, precision, batch, devices) from the files")
+    s.add_argument("--json", action="store_true", help="print the rows as JSON")
+    s.set_defaults(func=cmd_ls)
+
+
 def cmd_ls(args, extra) -> int:
     from tunelab.recipes import discover
 
@@ -51,6 +57,12 @@ def cmd_ls(args, extra) -> int:
         print(_table(rows, ["recipe", "model", "method", "precision", "quantize", "micro", "global", "accum",
                             "devices", "nodes"]))
     return 0
+
+
+def parser_show(sub) -> None:
+    s = sub.add_parser("show", help="print one recipe with its download and launch commands")
+    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    s.set_defaults(func=cmd_show)
 
 
 def cmd_show(args, extra) -> int:
@@ -69,6 +81,22 @@ def cmd_show(args, extra) -> int:
     print(f"# on the tiny model (CPU): {recipe.launch_command()} --checkpoint_dir $(tunelab build-model tiny) "
           "--precision 32-true --devices 1 --train.max_steps 2 --data.num_workers 0")
     return 0
+
+
+def parser_validate(sub) -> None:
+    s = sub.add_parser(
+        "validate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="check recipes with litgpt's own parser plus the rules litgpt leaves unchecked",
+        description="Check each recipe against the argument parser of the pinned litgpt command that runs it, then "
+                    "against rules litgpt leaves unchecked or checks late (batch divisibility, warm-up, QLoRA on one "
+                    "device with a -true precision, quantize only for LoRA, a known model, max_seq_length within the "
+                    "block size, bf16 on the named GPU, CPU precision limits, LoRA eval hang on several devices, ...)."
+                    " One line per problem: file: key: what; fix: how. Exit 1 if any recipe fails.",
+        epilog="Any other --dotted.key VALUE is a litgpt-style override applied to every recipe checked.")
+    s.add_argument("recipes", nargs="*", help="recipe keys or YAML paths (default: every recipe)")
+    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (e.g. V100-32GB) to check hardware rules")
+    s.add_argument("--device", choices=["cpu", "cuda"], help="the target device kind, for the CPU-only rules")
+    s.set_defaults(func=cmd_validate, passthrough=True)
 
 
 def cmd_validate(args, extra) -> int:
@@ -130,10 +158,51 @@ def _memory_limit(args) -> int | None:
     return int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
 
 
+def _run_options(s):
+    s.add_argument("--model", choices=["auto", "checkpoint", "tiny", "random"], default="auto",
+                   help="auto (default): the recipe's checkpoint if downloaded, else the tiny model when no GPU "
+                        "is present; tiny: the embedded tiny model; random: the recipe's real architecture with "
+                        "random weights; checkpoint: the recipe's checkpoint or fail")
+    s.add_argument("--weights", choices=["random"], help="same as --model random: a benchmark without downloads (the real architecture with "
+                        "random weights, built in a child process; the benchmark tokenizer and dataset with the "
+                        "lab's token counts; litgpt's final save and LoRA merge skipped)")
+    s.add_argument("--timeout", type=_positive_seconds, metavar="S",
+                   help="kill a run after S seconds (status killed)")
+    s.add_argument("--memory-limit-gb", type=_positive_gb, metavar="GB",
+                   help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory")
+
+
+def _strategy_options(s):
+    s.add_argument("--strategy", help="a configs/strategies file or name (ddp, fsdp, fsdp-shard-grad-op, fsdp2, "
+                                      "deepspeed-zero3-offload, ...): run under torchrun with tunelab's "
+                                      "multi-device loop instead of litgpt's built-in strategy; --devices N sets "
+                                      "processes per node")
+    s.add_argument("--nnodes", type=_count, default=1, help="nodes (with --strategy); run the same command on each")
+    s.add_argument("--node-rank", type=_number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)")
+    s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
+    s.add_argument("--master-port", type=_number(int, 1, 65535, what="a port"), help="port on node 0 (default: a free one; give one for >1 node)")
+
+
+def parser_run(sub) -> None:
+    s = sub.add_parser(
+        "run", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run one recipe through litgpt as a child process and write its run record",
+        description="Validate, then run `litgpt finetune_*` for RECIPE in a child process (litgpt's own CLI behind "
+                    "tunelab.entry, which records each rank's allocator peaks at exit), collect memory, speed, FLOPs, "
+                    "MFU, GPU power and loss into record.json under --out.",
+        epilog="Any other --dotted.key VALUE is a litgpt-style override, e.g. --train.max_steps 10.")
+    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/lora, or a YAML path")
+    s.add_argument("--out", type=Path, help="run directory (default: runs/single/<recipe>-<time>)")
+    s.add_argument("--id", default="run", help="row id stored in the record")
+    _run_options(s)
+    _strategy_options(s)
+    s.set_defaults(func=cmd_run, passthrough=True)
+
+
 def cmd_run(args, extra) -> int:
     from tunelab.recipes import RecipeError, resolve
     from tunelab.runner import RunError, run
-    from tunelab.sweep import ProgressLine, Row
+    from tunelab.progress import ProgressLine
 
     if args.node_rank >= args.nnodes:
         return fail(f"--node-rank {args.node_rank}: must be below --nnodes {args.nnodes} (ranks count from 0)")
@@ -145,7 +214,7 @@ def cmd_run(args, extra) -> int:
     except (RecipeError, ValueError) as e:
         return fail(str(e))
     progress = ProgressLine(1)
-    progress.row_started(0, 0, Row(id=args.id, recipe=recipe, settings={}))
+    progress.started(0, f"{args.id} {recipe.key}")
     if args.out is None:
         from datetime import datetime
 
@@ -162,12 +231,42 @@ def cmd_run(args, extra) -> int:
     if args.node_rank:
         print(f"node {args.node_rank} done (exit code {rec.exit_code}); node 0 writes the record")
         return 0 if rec.exit_code == 0 else 1
-    progress.row_finished(rec)
+    progress.finished(rec)
     print(json.dumps({k: getattr(rec, k) for k in ("status", "error", "peak_allocated_bytes", "peak_rss_bytes",
                                                    "step_time_s", "tok_s_padded", "tok_s_real", "mfu",
                                                    "val_loss_final")}, indent=2))
     print(f"record: {Path(args.out) / 'record.json'}")
     return 0 if rec.status == "ok" else 1
+
+
+def parser_sweep(sub) -> None:
+    s = sub.add_parser(
+        "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run every row of a sweep YAML (resumable), then write the report",
+        description="Run each row of SWEEP (configs/sweeps/*.yaml) as its own child process, one record per row "
+                    "(OOM, crashed, killed and timed-out runs included), with a progress line. Rows already "
+                    "recorded in the sweep directory are skipped (resume) unless --rerun. Writes "
+                    "reports/<date>-<sweep>[-<device>]/ at the end.")
+    s.add_argument("sweep", help="a sweep YAML path, or a name under configs/sweeps/ (lab-part1)")
+    s.add_argument("--out", type=Path, help="sweep directory for the records (default: runs/<sweep name>)")
+    s.add_argument("--rerun", action="store_true", help="run rows again even if they have a record")
+    s.add_argument("--only", help="comma-separated row ids to run (others untouched)")
+    s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a litgpt override for every row (dotted key, YAML value), e.g. --set train.max_steps=5; "
+                        "repeatable; recorded in each row's overrides")
+    s.add_argument("--deadline", type=_positive_seconds, metavar="S",
+                   help="start no row after S seconds, and kill a row still running then (it runs again on resume): "
+                        "for machines that give a command a fixed time")
+    s.add_argument("--report-each-row", action="store_true",
+                   help="rewrite the report after every row, not only at the end")
+    s.add_argument("--archive", type=Path, metavar="FILE.tgz",
+                   help="after every row, write the records and logs (no weights) to this .tar.gz")
+    s.add_argument("--prune-checkpoints", action="store_true",
+                   help="with --weights random: delete a random-weight checkpoint once no later row needs it (disk)")
+    _run_options(s)
+    s.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args, extra) -> int:
@@ -204,6 +303,14 @@ def cmd_sweep(args, extra) -> int:
     return 0
 
 
+def parser_report(sub) -> None:
+    s = sub.add_parser("report", help="write results.csv, results.md and plots from a sweep directory's records")
+    s.add_argument("sweep_dir", help="the directory a sweep wrote (runs/<sweep name>)")
+    s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
+    s.set_defaults(func=cmd_report)
+
+
 def cmd_report(args, extra) -> int:
     from tunelab.report import write_report
 
@@ -213,6 +320,47 @@ def cmd_report(args, extra) -> int:
         return fail(str(e))
     print(f"{out}/results.md")
     return 0
+
+
+def parser_plan(sub) -> None:
+    from tunelab.planner import DEFAULT_MFU_RANGE
+
+    s = sub.add_parser(
+        "plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="predict peak memory, fit, largest micro batch, runtime and energy before launch",
+        description="Predict the peak GPU memory of RECIPE (with litgpt-style overrides) per device, broken down "
+                    "into weights, gradients, optimizer states, activations, logits, strategy buffers; the verdict "
+                    "for --gpu with its margin and the largest micro batch that fits; FLOPs per token and a runtime "
+                    "and energy range for the recipe's training run. The model comes from the recipe's "
+                    "checkpoint_dir (its model_config.yaml, else litgpt's config of the directory name), so any "
+                    "model litgpt knows can be planned: --checkpoint_dir checkpoints/meta-llama/Llama-2-7b-hf.",
+        epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
+               "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb "
+               "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
+               "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
+               "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, "
+               "energy_j_per_million_tokens_low/high}.")
+    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
+    s.add_argument("--devices", type=_count, help="GPUs per node (default: the recipe's devices)")
+    s.add_argument("--strategy", default="litgpt", metavar="NAME",
+                   help="how model states are divided across devices: a configs/strategies file or name (ddp, fsdp, "
+                        "fsdp-no-wrap, fsdp-shard-grad-op, fsdp-offload, fsdp2, deepspeed-zero2, deepspeed-zero3, "
+                        "deepspeed-zero3-offload, ...), the same files `run --strategy` runs; default litgpt: the "
+                        "recipe's own choice (one device; FSDP per block on several)")
+    s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
+    s.add_argument("--dataset", type=Path, help="an Alpaca JSON: use its longest sample as the sequence length "
+                                                "(needs the checkpoint's tokenizer)")
+    s.add_argument("--tokens", type=_number(float, 0, low_open=True, what="a token count"), help="token budget to project (default: the recipe's training run)")
+    s.add_argument("--tokens-per-sample", type=_number(float, 0, low_open=True, what="a token count"),
+                   help="padded tokens per sample (default: from the data and tokenizer when both are here, else "
+                        "the lab's 437)")
+    s.add_argument("--mfu-range", type=_number(float, 0, 1, low_open=True, what="an MFU fraction"), nargs=2, default=list(DEFAULT_MFU_RANGE), metavar=("LOW", "HIGH"),
+                   help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)")
+    s.add_argument("--calibrate", type=Path, help="a directory of run records: use the measured MFU (and power) of "
+                                                  "the nearest measured configuration")
+    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
+    s.set_defaults(func=cmd_plan, passthrough=True)
 
 
 def cmd_plan(args, extra) -> int:
@@ -253,6 +401,12 @@ def cmd_plan(args, extra) -> int:
     return 0
 
 
+def parser_plan_accuracy(sub) -> None:
+    s = sub.add_parser("plan-accuracy", help="the planner against every lab measurement -> reports/planner-accuracy/")
+    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-accuracy)")
+    s.set_defaults(func=cmd_plan_accuracy)
+
+
 def cmd_plan_accuracy(args, extra) -> int:
     from tunelab.plan_cli import write_accuracy
 
@@ -260,6 +414,26 @@ def cmd_plan_accuracy(args, extra) -> int:
     print((out / "accuracy.md").read_text())
     print(f"written: {out}/accuracy.md, {out}/accuracy.csv")
     return 0
+
+
+def parser_tune_batch(sub) -> None:
+    s = sub.add_parser(
+        "tune-batch", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="find the largest and the fastest micro batch with short real probes",
+        description="Start from the planner's guess, run short real probes (a few steps each), doubling then "
+                    "bisecting the micro batch; report the largest that fits and the best (highest tok/s among "
+                    "probes with no allocator retries). Each probe is a run record under --out. On CPU, give "
+                    "--memory-limit-gb so that 'fits' means something.",
+        epilog="Any other --dotted.key VALUE is a litgpt-style override.")
+    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
+    s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
+    s.add_argument("--start", type=_count, help="starting micro batch (default: the planner's guess, or 1)")
+    s.add_argument("--max-micro", type=_count, default=1024, help="never probe above this micro batch")
+    s.add_argument("--steps", type=_count, default=3, help="optimizer steps per probe (default 3)")
+    s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _run_options(s)
+    s.set_defaults(func=cmd_tune_batch, passthrough=True)
 
 
 def cmd_tune_batch(args, extra) -> int:
@@ -299,6 +473,22 @@ def cmd_tune_batch(args, extra) -> int:
     return 0
 
 
+def parser_build_model(sub) -> None:
+    s = sub.add_parser(
+        "build-model", help="write a litgpt checkpoint directory offline: 'tiny' or a real architecture, random weights",
+        description="Build a checkpoint directory that `litgpt finetune_*` accepts as it is (lit_model.pth, "
+                    "model_config.yaml, a tokenizer trained here with `tokenizers`, tokenizer_config.json, "
+                    "generation_config.json). Prints its path.")
+    s.add_argument("name", help="'tiny' (2-layer TinyLlama layout, ~0.1M parameters) or a litgpt config name such as "
+                                "open_llama_7b or tiny-llama-1.1b (random weights)")
+    s.add_argument("--out", type=Path, help="directory to write (default: .tunelab/checkpoints/<name>)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weight dtype (default: float32 for tiny, bfloat16 for real architectures)")
+    s.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for 7B+)")
+    s.add_argument("--force", action="store_true", help="rebuild even if the directory is complete")
+    s.set_defaults(func=cmd_build_model)
+
+
 def cmd_build_model(args, extra) -> int:
     import torch
 
@@ -320,6 +510,18 @@ def cmd_build_model(args, extra) -> int:
     out = checkpoints.build(args.name, args.out, dtype=dtype, device=args.device, force=args.force)
     print(out)
     return 0
+
+
+def parser_data(sub) -> None:
+    s = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
+    s.add_argument("action", choices=["generate"])
+    s.add_argument("--n", type=_count, default=400, help="number of records (default 400, the shipped file)")
+    s.add_argument("--seed", type=int, default=42)
+    s.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
+    s.add_argument("--benchmark", action="store_true",
+                   help="instead: the 2,000-record benchmark set that random-weight runs read (the lab's ~437 padded "
+                        "tokens per sample at micro 8 under the benchmark tokenizer; default .tunelab/data/)")
+    s.set_defaults(func=cmd_data)
 
 
 def cmd_data(args, extra) -> int:
@@ -353,190 +555,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tunelab.planner import DEFAULT_MFU_RANGE
-
+    """The whole command line: each subcommand's parser is built by parser_<command>, next to its handler."""
     p = _Parser(
         prog="tunelab", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="LitGPT fine-tuning recipes, with the tools that plan, run, measure and report them.")
     p.add_argument("--debug", action="store_true",
                    help="show the Python traceback of an error instead of one line (accepted anywhere on the line)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
-    s = sub.add_parser("ls", help="list the recipes (model, method, precision, batch, devices) from the files")
-    s.add_argument("--json", action="store_true", help="print the rows as JSON")
-    s.set_defaults(func=cmd_ls)
-
-    s = sub.add_parser("show", help="print one recipe with its download and launch commands")
-    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
-    s.set_defaults(func=cmd_show)
-
-    s = sub.add_parser(
-        "validate", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="check recipes with litgpt's own parser plus the rules litgpt leaves unchecked",
-        description="Check each recipe against the argument parser of the pinned litgpt command that runs it, then "
-                    "against rules litgpt leaves unchecked or checks late (batch divisibility, warm-up, QLoRA on one "
-                    "device with a -true precision, quantize only for LoRA, a known model, max_seq_length within the "
-                    "block size, bf16 on the named GPU, CPU precision limits, LoRA eval hang on several devices, ...)."
-                    " One line per problem: file: key: what; fix: how. Exit 1 if any recipe fails.",
-        epilog="Any other --dotted.key VALUE is a litgpt-style override applied to every recipe checked.")
-    s.add_argument("recipes", nargs="*", help="recipe keys or YAML paths (default: every recipe)")
-    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (e.g. V100-32GB) to check hardware rules")
-    s.add_argument("--device", choices=["cpu", "cuda"], help="the target device kind, for the CPU-only rules")
-    s.set_defaults(func=cmd_validate, passthrough=True)
-
-    def run_options(s):
-        s.add_argument("--model", choices=["auto", "checkpoint", "tiny", "random"], default="auto",
-                       help="auto (default): the recipe's checkpoint if downloaded, else the tiny model when no GPU "
-                            "is present; tiny: the embedded tiny model; random: the recipe's real architecture with "
-                            "random weights; checkpoint: the recipe's checkpoint or fail")
-        s.add_argument("--weights", choices=["random"], help="same as --model random: a benchmark without downloads (the real architecture with "
-                            "random weights, built in a child process; the benchmark tokenizer and dataset with the "
-                            "lab's token counts; litgpt's final save and LoRA merge skipped)")
-        s.add_argument("--timeout", type=_positive_seconds, metavar="S",
-                       help="kill a run after S seconds (status killed)")
-        s.add_argument("--memory-limit-gb", type=_positive_gb, metavar="GB",
-                       help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory")
-
-    def strategy_options(s):
-        s.add_argument("--strategy", help="a configs/strategies file or name (ddp, fsdp, fsdp-shard-grad-op, fsdp2, "
-                                          "deepspeed-zero3-offload, ...): run under torchrun with tunelab's "
-                                          "multi-device loop instead of litgpt's built-in strategy; --devices N sets "
-                                          "processes per node")
-        s.add_argument("--nnodes", type=_count, default=1, help="nodes (with --strategy); run the same command on each")
-        s.add_argument("--node-rank", type=_number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)")
-        s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
-        s.add_argument("--master-port", type=_number(int, 1, 65535, what="a port"), help="port on node 0 (default: a free one; give one for >1 node)")
-
-    s = sub.add_parser(
-        "run", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="run one recipe through litgpt as a child process and write its run record",
-        description="Validate, then run `litgpt finetune_*` for RECIPE in a child process (litgpt's own CLI behind "
-                    "tunelab.entry, which records each rank's allocator peaks at exit), collect memory, speed, FLOPs, "
-                    "MFU, GPU power and loss into record.json under --out.",
-        epilog="Any other --dotted.key VALUE is a litgpt-style override, e.g. --train.max_steps 10.")
-    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/lora, or a YAML path")
-    s.add_argument("--out", type=Path, help="run directory (default: runs/single/<recipe>-<time>)")
-    s.add_argument("--id", default="run", help="row id stored in the record")
-    run_options(s)
-    strategy_options(s)
-    s.set_defaults(func=cmd_run, passthrough=True)
-
-    s = sub.add_parser(
-        "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="run every row of a sweep YAML (resumable), then write the report",
-        description="Run each row of SWEEP (configs/sweeps/*.yaml) as its own child process, one record per row "
-                    "(OOM, crashed, killed and timed-out runs included), with a progress line. Rows already "
-                    "recorded in the sweep directory are skipped (resume) unless --rerun. Writes "
-                    "reports/<date>-<sweep>[-<device>]/ at the end.")
-    s.add_argument("sweep", help="a sweep YAML path, or a name under configs/sweeps/ (lab-part1)")
-    s.add_argument("--out", type=Path, help="sweep directory for the records (default: runs/<sweep name>)")
-    s.add_argument("--rerun", action="store_true", help="run rows again even if they have a record")
-    s.add_argument("--only", help="comma-separated row ids to run (others untouched)")
-    s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a litgpt override for every row (dotted key, YAML value), e.g. --set train.max_steps=5; "
-                        "repeatable; recorded in each row's overrides")
-    s.add_argument("--deadline", type=_positive_seconds, metavar="S",
-                   help="start no row after S seconds, and kill a row still running then (it runs again on resume): "
-                        "for machines that give a command a fixed time")
-    s.add_argument("--report-each-row", action="store_true",
-                   help="rewrite the report after every row, not only at the end")
-    s.add_argument("--archive", type=Path, metavar="FILE.tgz",
-                   help="after every row, write the records and logs (no weights) to this .tar.gz")
-    s.add_argument("--prune-checkpoints", action="store_true",
-                   help="with --weights random: delete a random-weight checkpoint once no later row needs it (disk)")
-    run_options(s)
-    s.set_defaults(func=cmd_sweep)
-
-    s = sub.add_parser("report", help="write results.csv, results.md and plots from a sweep directory's records")
-    s.add_argument("sweep_dir", help="the directory a sweep wrote (runs/<sweep name>)")
-    s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
-    s.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
-    s.set_defaults(func=cmd_report)
-
-    s = sub.add_parser(
-        "plan", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="predict peak memory, fit, largest micro batch, runtime and energy before launch",
-        description="Predict the peak GPU memory of RECIPE (with litgpt-style overrides) per device, broken down "
-                    "into weights, gradients, optimizer states, activations, logits, strategy buffers; the verdict "
-                    "for --gpu with its margin and the largest micro batch that fits; FLOPs per token and a runtime "
-                    "and energy range for the recipe's training run. The model comes from the recipe's "
-                    "checkpoint_dir (its model_config.yaml, else litgpt's config of the directory name), so any "
-                    "model litgpt knows can be planned: --checkpoint_dir checkpoints/meta-llama/Llama-2-7b-hf.",
-        epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
-               "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb "
-               "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
-               "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
-               "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, "
-               "energy_j_per_million_tokens_low/high}.")
-    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
-    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
-    s.add_argument("--devices", type=_count, help="GPUs per node (default: the recipe's devices)")
-    s.add_argument("--strategy", default="litgpt", metavar="NAME",
-                   help="how model states are divided across devices: a configs/strategies file or name (ddp, fsdp, "
-                        "fsdp-no-wrap, fsdp-shard-grad-op, fsdp-offload, fsdp2, deepspeed-zero2, deepspeed-zero3, "
-                        "deepspeed-zero3-offload, ...), the same files `run --strategy` runs; default litgpt: the "
-                        "recipe's own choice (one device; FSDP per block on several)")
-    s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
-    s.add_argument("--dataset", type=Path, help="an Alpaca JSON: use its longest sample as the sequence length "
-                                                "(needs the checkpoint's tokenizer)")
-    s.add_argument("--tokens", type=_number(float, 0, low_open=True, what="a token count"), help="token budget to project (default: the recipe's training run)")
-    s.add_argument("--tokens-per-sample", type=_number(float, 0, low_open=True, what="a token count"),
-                   help="padded tokens per sample (default: from the data and tokenizer when both are here, else "
-                        "the lab's 437)")
-    s.add_argument("--mfu-range", type=_number(float, 0, 1, low_open=True, what="an MFU fraction"), nargs=2, default=list(DEFAULT_MFU_RANGE), metavar=("LOW", "HIGH"),
-                   help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)")
-    s.add_argument("--calibrate", type=Path, help="a directory of run records: use the measured MFU (and power) of "
-                                                  "the nearest measured configuration")
-    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
-    s.set_defaults(func=cmd_plan, passthrough=True)
-
-    s = sub.add_parser("plan-accuracy", help="the planner against every lab measurement -> reports/planner-accuracy/")
-    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-accuracy)")
-    s.set_defaults(func=cmd_plan_accuracy)
-
-    s = sub.add_parser(
-        "tune-batch", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="find the largest and the fastest micro batch with short real probes",
-        description="Start from the planner's guess, run short real probes (a few steps each), doubling then "
-                    "bisecting the micro batch; report the largest that fits and the best (highest tok/s among "
-                    "probes with no allocator retries). Each probe is a run record under --out. On CPU, give "
-                    "--memory-limit-gb so that 'fits' means something.",
-        epilog="Any other --dotted.key VALUE is a litgpt-style override.")
-    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
-    s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
-    s.add_argument("--start", type=_count, help="starting micro batch (default: the planner's guess, or 1)")
-    s.add_argument("--max-micro", type=_count, default=1024, help="never probe above this micro batch")
-    s.add_argument("--steps", type=_count, default=3, help="optimizer steps per probe (default 3)")
-    s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
-    s.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run_options(s)
-    s.set_defaults(func=cmd_tune_batch, passthrough=True)
-
-    s = sub.add_parser(
-        "build-model", help="write a litgpt checkpoint directory offline: 'tiny' or a real architecture, random weights",
-        description="Build a checkpoint directory that `litgpt finetune_*` accepts as it is (lit_model.pth, "
-                    "model_config.yaml, a tokenizer trained here with `tokenizers`, tokenizer_config.json, "
-                    "generation_config.json). Prints its path.")
-    s.add_argument("name", help="'tiny' (2-layer TinyLlama layout, ~0.1M parameters) or a litgpt config name such as "
-                                "open_llama_7b or tiny-llama-1.1b (random weights)")
-    s.add_argument("--out", type=Path, help="directory to write (default: .tunelab/checkpoints/<name>)")
-    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="weight dtype (default: float32 for tiny, bfloat16 for real architectures)")
-    s.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for 7B+)")
-    s.add_argument("--force", action="store_true", help="rebuild even if the directory is complete")
-    s.set_defaults(func=cmd_build_model)
-
-    s = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
-    s.add_argument("action", choices=["generate"])
-    s.add_argument("--n", type=_count, default=400, help="number of records (default 400, the shipped file)")
-    s.add_argument("--seed", type=int, default=42)
-    s.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
-    s.add_argument("--benchmark", action="store_true",
-                   help="instead: the 2,000-record benchmark set that random-weight runs read (the lab's ~437 padded "
-                        "tokens per sample at micro 8 under the benchmark tokenizer; default .tunelab/data/)")
-    s.set_defaults(func=cmd_data)
+    parser_ls(sub)
+    parser_show(sub)
+    parser_validate(sub)
+    parser_run(sub)
+    parser_sweep(sub)
+    parser_report(sub)
+    parser_plan(sub)
+    parser_plan_accuracy(sub)
+    parser_tune_batch(sub)
+    parser_build_model(sub)
+    parser_data(sub)
     return p
 
 

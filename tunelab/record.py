@@ -46,6 +46,24 @@ class RankStats:
     """Peak allocated bytes (CUDA) up to each phase: 'loaded' (the first training batch is fetched: model,
     optimizer and any quantization are in place, and litgpt's 2-batch sanity validation has run), 'first_step'
     (after the first optimizer step), 'end'."""
+    cuda_error: str | None = None
+    """Why the CUDA figures are missing when reading them failed at exit (a broken CUDA context)."""
+
+
+RANK_FILE_LOG = ("iters",)
+"""Keys of ``rank<N>.json`` beside the RankStats fields that stay in the rank file: ``iters``, one
+[monotonic start time, padded tokens, real tokens] per micro-batch iteration, from which the runner computes the
+steady-state figures (step time, tok/s, the NVML window). Too long for the record; the rank files stay in the run
+directory."""
+
+
+def read_rank_file(data: dict) -> tuple[RankStats, list]:
+    """(RankStats, iteration log) from a rank file's JSON; ValueError naming any key the schema does not know."""
+    known = {f.name for f in dataclasses.fields(RankStats)}
+    unknown = set(data) - known - set(RANK_FILE_LOG)
+    if unknown:
+        raise ValueError(f"rank file has unknown keys {sorted(unknown)} (schema: tunelab.record.RankStats)")
+    return RankStats(**{k: v for k, v in data.items() if k in known}), list(data.get("iters") or [])
 
 
 @dataclass
@@ -130,6 +148,8 @@ class RunRecord:
     """Child exit code (negative: killed by that signal)."""
     error: str | None = None
     """Last line of the error (exception or kill reason); None when ok."""
+    notes: list = field(default_factory=list)
+    """What the collector could not read (a rank file cut short, ...): said here, never dropped silently."""
 
     # settings echoed for tables (taken from resolved_args, never parsed from names)
     method: str = ""

@@ -32,10 +32,10 @@ from typing import Callable
 
 from tunelab import checkpoints, hardware, settings
 from tunelab.errors import InputError, Interrupted
-from tunelab.flops import flops_per_token, lora_param_count
+from tunelab.flops import flops_per_token, lora_param_count, mfu
 from tunelab.gpu_monitor import GPUMonitor
 from tunelab.paths import ROOT, output_root
-from tunelab.record import RankStats, RunRecord, save
+from tunelab.record import RunRecord, read_rank_file, save
 from tunelab.recipes import Recipe
 from tunelab.validate import check, litgpt_args, split_checkpoint_override
 
@@ -497,14 +497,14 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
             killed_reason: str | None, gpus: list, sample_hz: float | None, ckpt: Path,
             monitor: GPUMonitor | None = None) -> RunRecord:
     """Fill ``rec`` from the rank files, litgpt's printout and metrics.csv, and the NVML samples."""
-    ranks_raw = []
+    ranks_read = []
     for f in sorted(stats_dir.glob("rank*.json")):
         try:
-            ranks_raw.append(json.loads(f.read_text()))
-        except ValueError:
-            continue
-    fields = set(RankStats.__dataclass_fields__)
-    rec.ranks = [RankStats(**{k: v for k, v in r.items() if k in fields}) for r in ranks_raw]
+            ranks_read.append(read_rank_file(json.loads(f.read_text())))
+        except (ValueError, TypeError) as e:  # a rank killed mid-write, or a foreign file: said, not hidden
+            rec.notes.append(f"{f.name} not read: {e}")
+    ranks_read.sort(key=lambda r: r[0].rank)
+    rec.ranks = [stats for stats, _ in ranks_read]
     rec.status, rec.error = _classify(rec.exit_code, killed_reason, rec.ranks, stderr[-20000:], stdout[-5000:])
 
     def agg(attr, fn):
@@ -533,7 +533,7 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
     rec.iters = n_iters or None
     rec.optimizer_steps = n_iters // rec.accumulation if n_iters and rec.accumulation else None
 
-    ranks_iters = [r.get("iters", []) for r in sorted(ranks_raw, key=lambda r: r["rank"])]
+    ranks_iters = [iters for _, iters in ranks_read]
     rec.tokens_padded = sum(p for it in ranks_iters for _, p, _ in it[:n_iters] if p >= 0) or None
     rec.tokens_real = sum(r for it in ranks_iters for _, _, r in it[:n_iters] if r >= 0) or None
     steady = _steady_state(ranks_iters, rec.accumulation or 1, n_iters)
@@ -570,8 +570,8 @@ def collect(rec: RunRecord, args: dict, stats_dir: Path, out_dir: Path, stdout: 
             if peak:
                 rec.peak_basis = hardware.peak_basis(rec.precision or "32-true", matmul, gpu)
                 rec.peak_tflops_per_device = peak / 1e12
-                rec.mfu = fpt.total * real_per_dev / peak
-                rec.mfu_padded = fpt.total * (rec.tok_s_padded / rec.device_count) / peak
+                rec.mfu = mfu(fpt.total, real_per_dev, peak)
+                rec.mfu_padded = mfu(fpt.total, rec.tok_s_padded / rec.device_count, peak)
     except Exception as e:  # noqa: BLE001 - a compute figure must not lose the record
         rec.flops_formula = f"not computed: {e!r}"
 

@@ -40,7 +40,8 @@ from tunelab import yaml_input
 from tunelab.errors import InputError, Interrupted
 from tunelab.paths import ROOT, output_root
 from tunelab.recipes import Recipe, RecipeError, resolve
-from tunelab.runner import INTERRUPTED_PREFIX, Progress, RunError, run
+from tunelab.progress import ProgressLine
+from tunelab.runner import INTERRUPTED_PREFIX, RunError, run
 from tunelab.settings import override_text, to_overrides
 from tunelab.validate import check
 
@@ -242,51 +243,6 @@ def with_settings(sweep: Sweep, pairs: list[str]) -> Sweep:
                  lab_hardware=sweep.lab_hardware, timeout_s=sweep.timeout_s)
 
 
-def _fmt_time(s: float) -> str:
-    s = int(max(0, s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-class ProgressLine:
-    """One status line on stderr: rewritten in place on a terminal, printed every few seconds otherwise."""
-
-    def __init__(self, total: int, stream=sys.stderr, every_s: float = 10.0):
-        self.total, self.stream, self.every_s = total, stream, every_s
-        self.tty = stream.isatty()
-        self.t0 = time.monotonic()
-        self.durations: list[float] = []
-        self.last_print = 0.0
-
-    def row_started(self, index: int, done: int, row: Row):
-        self.index, self.done, self.row, self.row_t0 = index, done, row, time.monotonic()
-        self.show(Progress(), force=True)
-
-    def show(self, p: Progress, force: bool = False):
-        now = time.monotonic()
-        if not force and not self.tty and now - self.last_print < self.every_s:
-            return
-        self.last_print = now
-        left = self.total - self.done
-        mean = (sum(self.durations) / len(self.durations)) if self.durations else None
-        eta = f"~{_fmt_time(mean * left - (now - self.row_t0))}" if mean else "?"
-        speed = f" | {p.tok_s:,.0f} tok/s" if p.tok_s else ""
-        line = (f"[{self.done}/{self.total} done, {left} left] {self.row.id} {self.row.recipe.key} | "
-                f"iter {p.iter} step {p.step}{speed} | elapsed {_fmt_time(now - self.t0)} | remaining {eta}")
-        if self.tty:
-            self.stream.write("\r\033[K" + line)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def row_finished(self, rec):
-        self.durations.append(time.monotonic() - self.row_t0)
-        msg = (f"{rec.row_id}: {rec.status}" + (f" ({rec.error})" if rec.error else "") +
-               (f" | {rec.tok_s_padded:,.0f} tok/s padded" if rec.tok_s_padded else "") +
-               f" | {rec.wall_s:.0f} s")
-        self.stream.write(("\r\033[K" if self.tty else "") + msg + "\n")
-        self.stream.flush()
-
-
 def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
     return Path(out) if out else output_root() / "runs" / sweep.name
 
@@ -472,7 +428,7 @@ def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memo
                              f"({', '.join(r.id for r in todo[i:])}); run the same command again to go on\n")
                 break
             row_timeout = min(row_timeout or left, left)
-        progress.row_started(rows.index(row), done, row)
+        progress.started(done, f"{row.id} {row.recipe.key}")
         disk_full = False
         try:
             rec = run(row.recipe, row.overrides(), base / row.id, sweep=sweep.name, row_id=row.id, model=model,
@@ -506,7 +462,7 @@ def _run_locked(sweep: Sweep, base: Path, *, rerun, model, only, timeout_s, memo
             rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
             record_mod.save(rec, base / row.id / "record.json")
         done += 1
-        progress.row_finished(rec)
+        progress.finished(rec)
         if prune_checkpoints and model == "random":
             _prune_random_checkpoints(row, todo[i + 1:], stream)
         if after_row is not None:

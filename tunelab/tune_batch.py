@@ -42,15 +42,20 @@ def _probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -
 def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1, start_reason: str = "",
          max_micro: int = 1024, steps: int = 3, model: str = "auto", memory_limit_bytes: int | None = None,
          timeout_s: float | None = None, world: int = 1, stream=sys.stderr) -> TuneResult:
+    from tunelab.progress import ProgressLine
+
     out_dir = Path(out_dir)
     results: dict[int, record_mod.RunRecord] = {}
+    progress = ProgressLine(None, stream)
 
     def probe(m: int) -> bool:
         if m in results:
             return results[m].status == "ok"
         run_dir = out_dir / f"mbs{m}"
+        progress.started(len(results), f"probe micro {m} {recipe.key}")
         rec = run(recipe, _probe_overrides(overrides, m, world, steps), run_dir, sweep="tune-batch",
-                  row_id=f"mbs{m}", model=model, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes)
+                  row_id=f"mbs{m}", model=model, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes,
+                  on_progress=progress.show)
         shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
         results[m] = rec
         mem = rec.peak_allocated_bytes or rec.peak_rss_bytes

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tunelab import entry, settings
+from tunelab import rank_stats, settings
 from tunelab.distributed.strategy import StrategyConfig, load_strategy
 
 
@@ -267,9 +267,9 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
             batches = iter(train_dl)
             batch = next(batches)
         iter_num += 1
-        entry.note_phase("loaded")
-        entry._ITERS.append((iter_t0, int(batch["input_ids"].numel()),
-                             int(batch["token_counts"]["raw_plus_prompt_template"].sum())))
+        rank_stats.note_phase("loaded")
+        rank_stats.record_iteration(iter_t0, int(batch["input_ids"].numel()),
+                                    int(batch["token_counts"]["raw_plus_prompt_template"].sum()))
         input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
         is_accumulating = iter_num % accumulation != 0
         sync = contextlib.nullcontext()
@@ -365,15 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", required=True, help="recipe key or YAML path")
     p.add_argument("--strategy", required=True, help="a configs/strategies/*.yaml file")
     ns, overrides = p.parse_known_args(argv)
-    entry.die_with_parent()
+    rank_stats.die_with_parent()
     from tunelab.recipes import resolve
     from tunelab.validate import parse
 
-    sys.excepthook = entry._excepthook
+    sys.excepthook = rank_stats.excepthook
     import atexit
 
-    atexit.register(entry._write_stats)
-    entry._install_step_hook()
+    atexit.register(rank_stats.write)
+    rank_stats.install_step_hook()
     recipe = resolve(ns.recipe)
     args = parse(recipe, overrides)  # litgpt's own parser resolves the recipe and overrides
     strategy = load_strategy(ns.strategy)
@@ -386,11 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fit(args, "full" if recipe.method == "full" else "lora", strategy)
     except BaseException as e:
-        entry._STATE["exception"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        rank_stats.record_exception(e)
         raise
     finally:
-        entry._write_stats()
-        atexit.unregister(entry._write_stats)
+        rank_stats.write()
+        atexit.unregister(rank_stats.write)
     # all ranks leave together: tearing gloo down while a peer is still in a collective aborts the process
     dist.barrier()
     dist.destroy_process_group()
