@@ -227,64 +227,100 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
         bad("num_nodes", f"is {nodes}", "set num_nodes >= 1")
         nodes = 1
     world = world_size(devices or 1, nodes)
+    c = _Context(command=command, gpu=gpu, device=device, train=train, eval_=eval_, precision=precision,
+                 quantize=quantize, devices=devices, nodes=nodes, world=world)
+    for rules in RULES:
+        rules(c, a, bad)
+    return out
 
-    # precision
-    if precision is not None and precision not in PRECISIONS:
-        bad("precision", f"{precision!r} is not a full Lightning precision name",
+
+@dataclass
+class _Context:
+    """What the rules share: the command, the target, and the figures derived once from the arguments."""
+
+    command: str
+    gpu: str | None
+    device: str | None
+    train: dict
+    eval_: dict
+    precision: str | None
+    quantize: str | None
+    devices: int | None
+    nodes: int
+    world: int
+    gbs: int | None = None
+    mbs: int | None = None
+    steps: int | None = None
+    """The run's optimizer steps (set by the schedule rules when the data size or max_steps tells)."""
+
+
+def _precision_rules(c: _Context, a: dict, bad) -> None:
+    """Lightning's full precision names; no 16-bit float on CPU; bf16 only on GPUs that have it."""
+    if c.precision is not None and c.precision not in PRECISIONS:
+        bad("precision", f"{c.precision!r} is not a full Lightning precision name",
             f"use one of {', '.join(PRECISIONS)}")
-    if device == "cpu" and precision in ("16-true", "16-mixed"):
-        bad("precision", f"{precision} on CPU: 16-true gives NaN losses and 16-mixed silently becomes bf16-mixed",
+    if c.device == "cpu" and c.precision in ("16-true", "16-mixed"):
+        bad("precision", f"{c.precision} on CPU: 16-true gives NaN losses and 16-mixed silently becomes bf16-mixed",
             "use 32-true or bf16-true on CPU")
-    if gpu:
+    if c.gpu:
         try:
-            g = hardware.lookup(gpu)
+            g = hardware.lookup(c.gpu)
         except ValueError as e:
             bad("--gpu", str(e), "name a row of configs/hardware/gpus.yaml")
         else:
-            if precision and precision.startswith("bf16") and not g.bf16:
-                bad("precision", f"{precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
+            if c.precision and c.precision.startswith("bf16") and not g.bf16:
+                bad("precision", f"{c.precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
                     "use 16-mixed (or 16-true) on this GPU")
 
-    # batch sizes: litgpt floors the accumulation silently (tunelab.settings.accumulation)
-    gbs, mbs = train.get("global_batch_size"), train.get("micro_batch_size")
-    if isinstance(gbs, int) and isinstance(mbs, int):
-        if mbs < 1 or gbs < 1:
-            bad("train.micro_batch_size" if mbs < 1 else "train.global_batch_size", "must be >= 1",
+
+def _batch_rules(c: _Context, a: dict, bad) -> None:
+    """The global batch divides by devices x nodes x micro batch (litgpt floors the accumulation
+    silently: tunelab.settings.accumulation)."""
+    c.gbs, c.mbs = c.train.get("global_batch_size"), c.train.get("micro_batch_size")
+    if isinstance(c.gbs, int) and isinstance(c.mbs, int):
+        if c.mbs < 1 or c.gbs < 1:
+            bad("train.micro_batch_size" if c.mbs < 1 else "train.global_batch_size", "must be >= 1",
                 "set a positive batch size")
         else:
-            unit = world * mbs
-            if gbs % unit:
-                floor = accumulation(gbs, world, mbs) * unit
+            unit = c.world * c.mbs
+            if c.gbs % unit:
+                floor = accumulation(c.gbs, c.world, c.mbs) * unit
                 bad("train.global_batch_size",
-                    f"{gbs} is not divisible by devices x num_nodes x micro_batch_size = {devices or 1}x{nodes}x{mbs}"
-                    f" = {unit}; litgpt would floor it to {floor} samples per step" if gbs > unit else
-                    f"{gbs} is smaller than devices x num_nodes x micro_batch_size = {unit} (litgpt asserts)",
-                    f"set train.global_batch_size to a multiple of {unit} (e.g. {(gbs // unit + 1) * unit})")
+                    f"{c.gbs} is not divisible by devices x num_nodes x micro_batch_size = {c.devices or 1}x{c.nodes}x{c.mbs}"
+                    f" = {unit}; litgpt would floor it to {floor} samples per step" if c.gbs > unit else
+                    f"{c.gbs} is smaller than devices x num_nodes x micro_batch_size = {unit} (litgpt asserts)",
+                    f"set train.global_batch_size to a multiple of {unit} (e.g. {(c.gbs // unit + 1) * unit})")
 
-    # schedule
-    warmup = train.get("lr_warmup_steps")
-    if command.startswith("finetune") and (warmup is None or warmup < 1):
+
+def _schedule_rules(c: _Context, a: dict, bad) -> None:
+    """Warm-up and epochs that litgpt's loop divides or compares by; warm-up longer than the run. Sets
+    ``c.steps``: the run's optimizer steps when the data size is known."""
+    warmup = c.train.get("lr_warmup_steps")
+    if c.command.startswith("finetune") and (warmup is None or warmup < 1):
         bad("train.lr_warmup_steps", f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
             "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)")
-    epochs, max_steps = train.get("epochs"), train.get("max_steps")
+    epochs, max_steps = c.train.get("epochs"), c.train.get("max_steps")
     if epochs is None or epochs < 1:
         bad("train.epochs", f"is {epochs}; litgpt's fit loop compares the epoch with it and sizes the schedule",
             "set train.epochs >= 1 (and train.max_steps to stop earlier)")
     n_samples = _dataset_size(a.get("data"))
-    steps = None
-    if n_samples and isinstance(gbs, int) and gbs > 0:
+    c.steps = None
+    if n_samples and isinstance(c.gbs, int) and c.gbs > 0:
         val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
-        per_epoch = int(n_samples * (1 - val)) // gbs
-        steps = per_epoch * (epochs or 1)
+        per_epoch = int(n_samples * (1 - val)) // c.gbs
+        c.steps = per_epoch * (epochs or 1)
         if max_steps:
-            steps = min(steps, max_steps)
-        if isinstance(warmup, int) and warmup >= 1 and steps and warmup >= steps:
-            bad("train.lr_warmup_steps", f"{warmup} warm-up steps >= the run's {steps} optimizer steps: the "
+            c.steps = min(c.steps, max_steps)
+        if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
+            bad("train.lr_warmup_steps", f"{warmup} warm-up steps >= the run's {c.steps} optimizer steps: the "
                 "learning rate never reaches its peak", "lower train.lr_warmup_steps", "warning")
     elif max_steps:
-        steps = max_steps
+        c.steps = max_steps
 
-    # model
+
+def _model_rules(c: _Context, a: dict, bad) -> None:
+    """A model litgpt knows (or a plain-data model_config.yaml), weights that load as plain tensors,
+    max_seq_length within the block size."""
     ckpt = a.get("checkpoint_dir")
     block_size = None
     if ckpt is not None:
@@ -304,30 +340,34 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
             bad("checkpoint_dir", f"{unsafe} is not plain tensor data (torch.load with weights_only=True refuses "
                 "it: loading it would run code from the file)", "use checkpoints from a source you trust, "
                 "converted by `litgpt download` / `litgpt convert_to_litgpt`")
-    seq = train.get("max_seq_length")
+    seq = c.train.get("max_seq_length")
     if block_size and seq and seq > block_size:
         bad("train.max_seq_length", f"{seq} exceeds the model's block size {block_size}",
             f"set train.max_seq_length <= {block_size}")
 
-    # quantization (QLoRA)
-    if quantize:
-        if command not in QUANTIZE_METHODS:
+
+def _quantization_rules(c: _Context, a: dict, bad) -> None:
+    """QLoRA: LoRA/adapter only, one device, a -true precision, AdamW, not on CPU."""
+    if c.quantize:
+        if c.command not in QUANTIZE_METHODS:
             bad("quantize", "quantize is only for LoRA/adapter methods", "remove quantize or use a lora recipe")
-        if world > 1:
-            bad("quantize", f"{quantize} with devices x num_nodes = {world}: litgpt quantized training is "
+        if c.world > 1:
+            bad("quantize", f"{c.quantize} with devices x num_nodes = {c.world}: litgpt quantized training is "
                 "single-device", "set devices: 1 and num_nodes: 1, or drop quantize (LoRA shards over GPUs)")
-        if precision is not None and not str(precision).endswith("-true"):
-            bad("precision", f"{precision} with quantize {quantize}: litgpt refuses quantization with mixed "
+        if c.precision is not None and not str(c.precision).endswith("-true"):
+            bad("precision", f"{c.precision} with quantize {c.quantize}: litgpt refuses quantization with mixed "
                 "precision", "use bf16-true (or 16-true on GPUs without bf16)")
         if "AdamW" not in _optimizer_name(a.get("optimizer")):
             bad("optimizer", f"{_optimizer_name(a.get('optimizer'))} with quantize: litgpt only builds bitsandbytes' "
                 "PagedAdamW for quantized training", "use optimizer torch.optim.AdamW (its init_args are passed on)")
-        if device == "cpu":
-            bad("quantize", f"{quantize} on CPU: bitsandbytes' 4-bit/8-bit training layers need a CUDA GPU "
+        if c.device == "cpu":
+            bad("quantize", f"{c.quantize} on CPU: bitsandbytes' 4-bit/8-bit training layers need a CUDA GPU "
                 "(Lightning's BitsandbytesPrecision refuses CPU)", "run on a GPU, or drop quantize on CPU (LoRA)")
 
-    # LoRA
-    if command == "finetune_lora":
+
+def _lora_rules(c: _Context, a: dict, bad) -> None:
+    """At least one target, a positive rank, no in-loop eval that hangs several devices."""
+    if c.command == "finetune_lora":
         targets = [k for k in ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
                    if a.get(k)]
         if not targets:
@@ -335,13 +375,15 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
                 "set at least one of lora_query/key/value/projection/mlp/head to true")
         if (a.get("lora_r") or 0) < 1:
             bad("lora_r", f"is {a.get('lora_r')}", "set lora_r >= 1")
-        interval = eval_.get("interval")
-        if world > 1 and interval is not None and (steps is None or interval <= steps):
-            bad("eval.interval", f"{interval} falls inside the {steps if steps else 'unbounded'}-step run on {world} "
+        interval = c.eval_.get("interval")
+        if c.world > 1 and interval is not None and (c.steps is None or interval <= c.steps):
+            bad("eval.interval", f"{interval} falls inside the {c.steps if c.steps else 'unbounded'}-step run on {c.world} "
                 "devices: litgpt's LoRA eval generates a sample on rank 0 only and the other ranks hang",
-                f"set eval.interval above the run's optimizer steps (e.g. {(steps or 0) + 1 if steps else 10**6})")
+                f"set eval.interval above the run's optimizer steps (e.g. {(c.steps or 0) + 1 if c.steps else 10**6})")
 
-    # optimizer
+
+def _optimizer_rules(c: _Context, a: dict, bad) -> None:
+    """A torch.optim / bitsandbytes.optim class (nothing else is imported)."""
     name = _optimizer_name(a.get("optimizer"))
     if name:
         why = optimizer_problem(name)
@@ -349,7 +391,9 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
             bad("optimizer", why, "use a torch.optim class such as AdamW or SGD (or torch.optim.AdamW, "
                 f"bitsandbytes.optim.AdamW8bit); allowed packages: {', '.join(OPTIMIZER_MODULES)}")
 
-    # data
+
+def _data_rules(c: _Context, a: dict, bad) -> None:
+    """The JSON data file exists where litgpt will read it; workers >= 0."""
     data = a.get("data")
     if isinstance(data, dict):
         path = data.get("init_args", {}).get("json_path")
@@ -359,4 +403,7 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
         workers = data.get("init_args", {}).get("num_workers")
         if isinstance(workers, int) and workers < 0:
             bad("data.num_workers", f"is {workers}", "set data.num_workers >= 0")
-    return out
+
+
+RULES = (_precision_rules, _batch_rules, _schedule_rules, _model_rules, _quantization_rules, _lora_rules, _optimizer_rules, _data_rules)
+"""The rule groups, in the order their problems are printed."""
