@@ -299,19 +299,29 @@ def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> d
     return out
 
 
-def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None = None, *, sweep: str | None = None,
-        row_id: str = "run", model: str = "auto", timeout_s: float | None = None,
-        memory_limit_bytes: int | None = None, on_progress: Callable[[Progress], None] | None = None,
-        nvml_hz: float = 4.0, extra_env: dict | None = None, strategy: str | None = None, nnodes: int = 1,
-        node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int | None = None) -> RunRecord:
-    """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid.
+@dataclass
+class Prepared:
+    """A run checked and ready to launch: litgpt's resolved arguments, the model choice, the strategy."""
 
-    Without ``strategy`` the child is ``litgpt finetune_*`` itself (behind tunelab.entry). With a
-    configs/strategies file, the child is torchrun running tunelab.distributed.train with ``devices`` processes
-    per node; for several nodes every node runs this with its ``node_rank`` and the same run directory (a shared
-    filesystem), and node 0 writes the record once all ranks have reported.
-    """
-    overrides = list(overrides or [])
+    recipe: Recipe
+    overrides: list[str]
+    """The row's overrides as given (plus the benchmark data path for random weights): what the record keeps."""
+    full_overrides: list[str]
+    """Those plus out_dir and the chosen checkpoint: what the child gets."""
+    args: dict
+    settings: settings.Settings
+    source: str
+    """Model source: checkpoint, tiny or random."""
+    ckpt: Path | None
+    strategy: str | None
+    strat: object | None
+    run_dir: Path
+
+
+def prepare(recipe: Recipe, overrides: list[str], run_dir: Path | None, model: str,
+            strategy: str | None) -> Prepared:
+    """Step 1: choose the model, resolve and validate everything; RunError (one line) before anything starts."""
+    overrides = list(overrides)
     source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
     if source == "random":
         overrides = benchmark_overrides(recipe, overrides)
@@ -326,43 +336,70 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
                 and not (strategy and p.key == "eval.interval")]  # our loop has no in-loop evaluation to hang
     if problems or result.resolved is None:
         raise RunError("; ".join(str(p) for p in problems))
-    args = result.resolved
     strat = None
     if strategy:
         from tunelab.distributed.strategy import StrategyError, load_strategy
 
         try:
             strat = load_strategy(strategy)
-            strat.check(recipe.method, args)
+            strat.check(recipe.method, result.resolved)
         except StrategyError as e:
             raise RunError(f"{recipe.key}: {e}") from None
+    return Prepared(recipe=recipe, overrides=overrides, full_overrides=full_overrides, args=result.resolved,
+                    settings=settings.from_args(recipe, result.resolved), source=source, ckpt=ckpt,
+                    strategy=strategy, strat=strat, run_dir=run_dir)
+
+
+def launch_command(prep: Prepared, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+                   master_port: int | None = None) -> tuple[list[str], int]:
+    """Step 2: the child's command line (after ``python``) and the world size: ``litgpt finetune_*`` behind
+    tunelab.entry, or torchrun running tunelab's multi-device loop under a strategy file."""
+    s = prep.settings
+    if prep.strat is None:
+        return ["-m", "tunelab.entry", *litgpt_args(prep.recipe, prep.full_overrides)], s.world_size
+    port = master_port or _free_port()
+    launch = ["-m", "torch.distributed.run", f"--nproc_per_node={s.devices}", f"--nnodes={nnodes}",
+              f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={port}",
+              "-m", "tunelab.distributed.train", "--recipe", str(prep.recipe.path), "--strategy", str(prep.strategy),
+              *prep.full_overrides]
+    return launch, settings.world_size(s.devices, nnodes)
+
+
+def new_record(prep: Prepared, launch: list[str], world: int, sweep: str | None, row_id: str) -> RunRecord:
+    """The record's identity and settings, before the run (never parsed from names: from the resolved args)."""
+    s = prep.settings
+    return RunRecord(sweep=sweep, row_id=row_id, recipe=prep.recipe.key, command=prep.recipe.command,
+                     overrides=prep.overrides, litgpt_argv=launch,
+                     strategy=prep.strat.describe() if prep.strat else "litgpt", strategy_file=prep.strategy,
+                     resolved_args=json.loads(json.dumps(prep.args, default=str)), model_source=prep.source,
+                     git_sha=git_sha(), versions=versions(), device_count=world, method=prep.recipe.method,
+                     precision=s.precision, quantize=s.quantize, micro_batch_size=s.micro_batch_size,
+                     global_batch_size=s.global_batch_size,
+                     accumulation=settings.accumulation(s.global_batch_size, world, s.micro_batch_size),
+                     max_seq_length=s.max_seq_length, optimizer=s.optimizer, log_dir=".")
+
+
+def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None = None, *, sweep: str | None = None,
+        row_id: str = "run", model: str = "auto", timeout_s: float | None = None,
+        memory_limit_bytes: int | None = None, on_progress: Callable[[Progress], None] | None = None,
+        nvml_hz: float = 4.0, extra_env: dict | None = None, strategy: str | None = None, nnodes: int = 1,
+        node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int | None = None) -> RunRecord:
+    """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid.
+
+    Without ``strategy`` the child is ``litgpt finetune_*`` itself (behind tunelab.entry). With a
+    configs/strategies file, the child is torchrun running tunelab.distributed.train with ``devices`` processes
+    per node; for several nodes every node runs this with its ``node_rank`` and the same run directory (a shared
+    filesystem), and node 0 writes the record once all ranks have reported.
+    """
+    prep = prepare(recipe, overrides or [], run_dir, model, strategy)
+    run_dir = prep.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     stats_dir = run_dir / "stats"
     if node_rank == 0:
         for old in stats_dir.glob("rank*.json"):
             old.unlink()
-
-    argv = litgpt_args(recipe, full_overrides)
-    s = settings.from_args(recipe, args)
-    devices = s.devices
-    world = settings.world_size(devices, nnodes if strat else s.num_nodes)
-    if strat:
-        port = master_port or _free_port()
-        launch = ["-m", "torch.distributed.run", f"--nproc_per_node={devices}", f"--nnodes={nnodes}",
-                  f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={port}",
-                  "-m", "tunelab.distributed.train", "--recipe", str(recipe.path), "--strategy", str(strategy),
-                  *full_overrides]
-    else:
-        launch = ["-m", "tunelab.entry", *argv]
-    accumulation = settings.accumulation(s.global_batch_size, world, s.micro_batch_size)
-
-    rec = RunRecord(sweep=sweep, row_id=row_id, recipe=recipe.key, command=recipe.command, overrides=overrides,
-                    litgpt_argv=launch, strategy=strat.describe() if strat else "litgpt", strategy_file=strategy,
-                    resolved_args=json.loads(json.dumps(args, default=str)), model_source=source,
-                    git_sha=git_sha(), versions=versions(), device_count=world, method=recipe.method,
-                    precision=s.precision, quantize=s.quantize, micro_batch_size=s.micro_batch_size,
-                    global_batch_size=s.global_batch_size, accumulation=accumulation,
-                    max_seq_length=s.max_seq_length, optimizer=s.optimizer, log_dir=".")
+    launch, world = launch_command(prep, nnodes, node_rank, master_addr, master_port)
+    rec = new_record(prep, launch, world, sweep, row_id)
     import torch
 
     # nothing here touches CUDA (no context, no memory on the GPU in this process): the device is named by NVML
@@ -374,7 +411,7 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
 
     env = dict(os.environ, TUNELAB_STATS_DIR=str(stats_dir), PYTHONUNBUFFERED="1",
                JSONARGPARSE_DEPRECATION_WARNINGS="off", **(extra_env or {}))
-    if source == "random":  # random weights: a benchmark, nothing worth saving (see tunelab.entry)
+    if prep.source == "random":  # random weights: a benchmark, nothing worth saving (see tunelab.entry)
         from tunelab.entry import SKIP_SAVE_ENV
 
         env[SKIP_SAVE_ENV] = "1"
@@ -388,7 +425,7 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
         monitor.start()
         proc = subprocess.Popen([sys.executable, *launch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=err_f, preexec_fn=_preexec(memory_limit_bytes))
-        try:
+        try:  # step 3: watch the child
             killed_reason = watch(proc, out_f, t0, timeout_s, run_dir / "litgpt", world, on_progress)
             proc.wait()  # exited: its stdout closed
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (tunelab.cli turns it into this): record, then stop
@@ -404,11 +441,12 @@ def run(recipe: Recipe, overrides: list[str] | None = None, run_dir: Path | None
     if node_rank:  # node 0 writes the record (its ranks finish after every rank's final barrier)
         return rec
 
+    # step 4: collect the record
     stdout = (run_dir / "stdout.log").read_text(errors="replace")
     stderr = (run_dir / "stderr.log").read_text(errors="replace")
-    collect(rec, args, stats_dir, run_dir / "litgpt", stdout, stderr, killed_reason, gpus, nvml_hz if gpus else None,
-            ckpt or Path(args["checkpoint_dir"]), monitor)
-    if source == "random":
+    collect(rec, prep.args, stats_dir, run_dir / "litgpt", stdout, stderr, killed_reason, gpus,
+            nvml_hz if gpus else None, prep.ckpt or Path(prep.args["checkpoint_dir"]), monitor)
+    if prep.source == "random":
         rec.pruned = prune_weights(run_dir)
     save(rec, run_dir / "record.json")
     if interrupted:
