@@ -55,7 +55,7 @@ DEFINITIONS = """\
 | J/1k tok (run) | energy from launch to exit (imports, checkpoint load, validation, saving included) per 1,000 real training tokens: what the whole command cost, inflated on short runs |
 | plan GB | `tunelab plan`'s predicted peak allocated for the same recipe, overrides and GPU (made when the report is written), with its error against the measurement |
 | loaded / 1st step GB | peak allocated up to the first training batch (model loaded, quantized, litgpt's 2-batch sanity validation done) and up to the end of the first optimizer step; the run's peak is the alloc. column |
-| lab | the lab's published figure for the same settings, on the lab's hardware (spec `experiments.md`); Part 2 rows: the *current* allocated memory per GPU the lab printed (GiB converted to GB; a range is min-max over GPUs), not a peak |
+| lab | the lab's published figure for the same settings, on the lab's hardware (`docs/lab.md`); Part 2 rows: the *current* allocated memory per GPU the lab printed (GiB converted to GB; a range is min-max over GPUs), not a peak |
 """
 
 
@@ -174,7 +174,7 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
     if meta.get("description"):
         out += [meta["description"], ""]
     out += ["## Environment", "", *_environment(records),
-            f"- lab figures: {meta.get('lab_hardware') or 'none'} (spec `experiments.md`)",
+            f"- lab figures: {meta.get('lab_hardware') or 'none'} (`docs/lab.md`)",
             f"- sweep file: `{meta.get('file', '?')}`; rows: {len(records)} recorded of {len(meta.get('rows', [])) or len(records)}",
             ""]
     counts = {s: sum(r.status == s for r in records) for s in record_mod.STATUSES}
