@@ -72,3 +72,17 @@ def test_strategy_files_that_say_offload_do(name):
 
     st = load_strategy(name)
     assert st.offload_optimizer or st.offload_params or st.cpu_offload
+
+
+def test_data_size_from_the_file_or_the_known_module():
+    """The warm-up check and the runtime projection know the data's size for JSON files and litgpt's modules."""
+    from tunelab.validate import check
+
+    n, src = settings.data_size(settings.resolve_args(resolve("tiny-llama-1.1b/full"), []))
+    assert n == 400 and "data/alpaca_tunelab.json" in src
+    n, src = settings.data_size(settings.resolve_args(resolve("tiny-llama-1.1b/full"), ["--data", "Alpaca2k"]))
+    assert n == 2000 and "alpaca_2k" in src
+    # the lab's full YAMLs warm up for 100 steps of a 62-step epoch (Alpaca2k, val split 0.5, batch 16): warned
+    result = check(resolve("tiny-llama-1.1b/full"), ["--data", "Alpaca2k", "--train.lr_warmup_steps", "100"])
+    assert any(p.key == "train.lr_warmup_steps" and p.severity == "warning" and "62 optimizer steps" in p.message
+               for p in result.problems)

@@ -78,8 +78,7 @@ def cmd_show(args, extra) -> int:
     present = ckpt and (Path(ckpt) / "lit_model.pth").is_file()
     print(f"# download: {recipe.download_command()}" + ("" if present else "   (not downloaded here yet)"))
     print(f"# launch:   {recipe.launch_command()}")
-    print(f"# on the tiny model (CPU): {recipe.launch_command()} --checkpoint_dir $(tunelab build-model tiny) "
-          "--precision 32-true --devices 1 --train.max_steps 2 --data.num_workers 0")
+    print(f"# on the tiny model (CPU): {recipe.tiny_command()}")
     return 0
 
 
@@ -220,7 +219,7 @@ def cmd_run(args, extra) -> int:
 
         from tunelab.paths import output_root
 
-        args.out = output_root() / "runs" / "single" / f"{recipe.key.replace('/', '-')}-{datetime.now():%Y%m%d-%H%M%S}"
+        args.out = output_root() / "runs" / "single" / f"{recipe.slug()}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         rec = run(recipe, extra, args.out, row_id=args.id, model=model, timeout_s=args.timeout,
                   memory_limit_bytes=_memory_limit(args), on_progress=progress.show, strategy=args.strategy,
@@ -438,6 +437,7 @@ def parser_tune_batch(sub) -> None:
 
 def cmd_tune_batch(args, extra) -> int:
     from tunelab import hardware, settings
+    from tunelab.paths import output_root
     from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import RecipeError, resolve
     from tunelab.tune_batch import render, summary_json, tune
@@ -462,7 +462,7 @@ def cmd_tune_batch(args, extra) -> int:
         why = f"the planner's largest fitting micro batch on {args.gpu}"
     else:
         start, why = 1, "no --gpu for the planner to predict from"
-    out = args.out or (Path("runs") / "tune-batch" / recipe.key.replace("/", "-"))
+    out = args.out or (output_root() / "runs" / "tune-batch" / recipe.slug())
     try:
         res = tune(recipe, extra, out, start=start, start_reason=why, max_micro=args.max_micro, steps=args.steps,
                    model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout, world=world)

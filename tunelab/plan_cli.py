@@ -58,10 +58,7 @@ def plan_recipe(recipe: Recipe, overrides: list[str], *, gpu: str | None, device
 def epoch_tokens(args: dict, x: planner.PlanInput, tokens_per_sample: float | None) -> tuple[float, str]:
     """Padded tokens of the recipe's training run (epochs over its data, or max_steps)."""
     data = (args.get("data") or {}).get("init_args", {})
-    path = data.get("json_path")
-    n = None
-    if path and project_path(path).is_file():
-        n = len(json.loads(project_path(path).read_text(encoding="utf-8")))
+    n, src = settings.data_size(args)
     train = args["train"]
     per_sample = tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE
     how = (f"{per_sample:.0f} padded tokens/sample" +
@@ -71,9 +68,7 @@ def epoch_tokens(args: dict, x: planner.PlanInput, tokens_per_sample: float | No
         return samples * per_sample, f"max_steps {train['max_steps']} x global batch {train['global_batch_size']} x {how}"
     if n is None:
         n = 2000
-        src = "the lab's 2,000-sample Alpaca subset (data file not found)"
-    else:
-        src = f"{n} records of {path}"
+        src = f"the lab's 2,000-sample Alpaca subset assumed: {src}"
     train_samples = int(n * (1 - (data.get("val_split_fraction") or 0)))
     epochs = train.get("epochs") or 1
     return train_samples * epochs * per_sample, f"{epochs} epoch(s) of {train_samples} training samples ({src}) x {how}"

@@ -40,6 +40,11 @@ class Recipe:
         except ValueError:
             return str(self.path)
 
+    def slug(self) -> str:
+        """A directory name for this recipe's runs: ``<model>-<method>`` (a recipe outside recipes/ included: its
+        folder and file stem, never a leading '-' or a path)."""
+        return f"{self.path.parent.name or 'recipe'}-{self.path.stem}".lstrip("-.") or "recipe"
+
     @property
     def model(self) -> str:
         return self.path.parent.name
@@ -77,6 +82,13 @@ class Recipe:
 
     def launch_command(self) -> str:
         return f"litgpt {self.command} --config {display_path(self.path)}"
+
+    def tiny_command(self) -> str:
+        """The launch command on the embedded tiny model, on a CPU, for two steps (litgpt takes the checkpoint
+        directory as its positional argument, after the options)."""
+        extra = " --quantize null" if self.get("quantize") else ""  # bitsandbytes' 4-bit layers need a CUDA GPU
+        return (f"{self.launch_command()} --precision 32-true --devices 1 --train.max_steps 2 "
+                f"--data.num_workers 0{extra} $(tunelab build-model tiny)")
 
     def download_command(self) -> str | None:
         ckpt = self.get("checkpoint_dir")

@@ -173,6 +173,46 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
     return out
 
 
+DATA_MODULE_SIZES = {
+    "litgpt.data.Alpaca": (52_002, "Stanford Alpaca's 52,002 instructions (litgpt downloads a cleaned copy of "
+                                   "about the same size)"),
+    "litgpt.data.AlpacaGPT4": (52_002, "Alpaca's 52,002 instructions answered by GPT-4"),
+    "litgpt.data.Alpaca2k": (2_000, "the 2,000-sample Alpaca subset (mhenrichsen/alpaca_2k_test), the lab's data"),
+    "litgpt.data.Dolly": (15_011, "databricks-dolly-15k's 15,011 records"),
+    "litgpt.data.LIMA": (1_030, "LIMA's 1,030 training conversations"),
+}
+"""Records of the litgpt data modules that download their data (before the validation split), for the warm-up
+check and the runtime projection when the file is not here."""
+
+
+def data_size(args: dict) -> tuple[int | None, str]:
+    """(records before the validation split, where the figure comes from) for resolved args: the JSON file's
+    records when it is here, a known litgpt data module's size, else (None, why)."""
+    import json
+
+    data = args.get("data")
+    if not isinstance(data, dict):
+        return None, "litgpt's default data module (Alpaca) is not named"
+    init = data.get("init_args") or {}
+    path = init.get("json_path")
+    if path is not None:
+        from tunelab.paths import project_path
+
+        f = project_path(path)
+        if not f.is_file():
+            return None, f"{path} is not here"
+        try:
+            text = f.read_text(encoding="utf-8")
+            n = len(json.loads(text)) if f.suffix == ".json" else sum(1 for line in text.splitlines() if line)
+        except (OSError, ValueError) as e:
+            return None, f"{path} cannot be read ({e})"
+        return n, f"{n:,} records of {path}"
+    known = DATA_MODULE_SIZES.get(str(data.get("class_path")))
+    if known:
+        return known
+    return None, f"{data.get('class_path')}: size not known here"
+
+
 def _switch_data_class(old, name: str) -> dict:
     """``--data NAME`` on top of a recipe's data block: the new class, keeping the old init_args it accepts
     (jsonargparse's rule), its own defaults for the rest."""

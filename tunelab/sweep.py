@@ -199,7 +199,7 @@ def load(path: Path | str) -> Sweep:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
             point = dict(zip(keys, combo))
-            row_id = template or (base["recipe"].key.replace("/", "-") + "-" +
+            row_id = template or (base["recipe"].slug() + "-" +
                                   "-".join(f"{k.split('.')[-1]}{{{k}}}" for k in keys))
             for k, v in point.items():
                 row_id = row_id.replace("{" + k + "}", override_text(v))

@@ -189,17 +189,11 @@ def _optimizer_name(optimizer) -> str:
 
 
 def _dataset_size(data) -> int | None:
-    """Records in the JSON data file the recipe points at (None when it is not a JSON file)."""
-    if not isinstance(data, dict):
-        return None
-    path = data.get("init_args", {}).get("json_path")
-    if path is None or not Path(path).is_file():
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        return len(json.loads(text)) if str(path).endswith(".json") else sum(1 for line in text.splitlines() if line)
-    except (OSError, ValueError):
-        return None
+    """Records the run's data holds before its validation split (a JSON file here, or a known litgpt data module:
+    tunelab.settings.data_size), None when unknown."""
+    from tunelab.settings import data_size
+
+    return data_size({"data": data})[0]
 
 
 def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = None,
