@@ -107,8 +107,8 @@ def cmd_validate(args, extra) -> int:
     for ref in refs:
         try:
             recipe = resolve(ref)
-        except RecipeError as e:
-            print(f"{ref}: error: {e}")
+        except RecipeError as e:  # the message names the file already, or says there is none
+            print(f"error: {e}")
             failed += 1
             continue
         result = check(recipe, extra, gpu=args.gpu, device=args.device)

@@ -1,7 +1,8 @@
 """The recipe registry: every ``recipes/<model>/<method>.yaml``, read from the files themselves.
 
-A recipe is a complete LitGPT config file. Its method (the file's stem, up to a first '-': ``lora-fast`` is a
-LoRA recipe) names the litgpt command that runs it; nothing else is inferred from names.
+A recipe is a complete LitGPT config file, ours or any other (litgpt's config_hub, the lab's originals). Its method
+comes from its contents (``quantize`` -> QLoRA, ``lora_*`` keys -> LoRA, else full) and names the litgpt command
+that runs it; a file name that contradicts the contents (a full config saved as ``lora.yaml``) is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class Recipe:
 
     @property
     def method(self) -> str:
-        return self.path.stem.split("-")[0]
+        """full, lora, qlora, adapter or adapter_v2: from the file's contents (quantize -> qlora, lora_* keys ->
+        lora), else from its name (adapter files have no keys of their own), else full. See :func:`load`."""
+        return method_of(self.config, self.path.stem)
 
     @property
     def command(self) -> str:
@@ -117,10 +120,34 @@ def load(path: Path) -> Recipe:
         raise RecipeError(f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got "
                           f"{type(config).__name__}")
     recipe = Recipe(path=path, config=config)
-    if recipe.method not in COMMANDS:
-        raise RecipeError(f"{path}: method {recipe.method!r} (from the file name) is not one of "
-                          f"{', '.join(sorted(COMMANDS))}; name the file <method>.yaml or <method>-<variant>.yaml")
+    named, content = path.stem.split("-")[0], method_of(config, "")
+    if named in COMMANDS and not _name_agrees(named, content):
+        raise RecipeError(f"{display_path(path)}: the file is named {named} but holds a {content} config "
+                          f"({_why(content)}); fix: rename it {content}.yaml, or give it the keys of a {named} config")
     return recipe
+
+
+def method_of(config: dict, stem: str = "") -> str:
+    """The fine-tuning method a litgpt config describes, from its keys: ``quantize`` set -> qlora, any ``lora_*``
+    key -> lora; otherwise the file name's method when it names an adapter (adapter configs have no keys of their
+    own), else full."""
+    if config.get("quantize"):
+        return "qlora"
+    if any(str(k).startswith("lora_") for k in config):
+        return "lora"
+    named = stem.split("-")[0]
+    return named if named in ("adapter", "adapter_v2") else "full"
+
+
+def _name_agrees(named: str, content: str) -> bool:
+    if named in ("adapter", "adapter_v2"):
+        return content in ("full", "adapter", "adapter_v2", "qlora")  # adapters may quantize as well
+    return named == content or (named == "lora" and content == "qlora")  # QLoRA is LoRA with quantize
+
+
+def _why(content: str) -> str:
+    return {"qlora": "quantize is set", "lora": "it has lora_* keys",
+            "full": "no lora_* key and no quantize"}.get(content, content)
 
 
 def discover(root: Path = RECIPES_DIR) -> list[Recipe]:
