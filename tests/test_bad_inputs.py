@@ -192,3 +192,21 @@ def test_alias_bomb_is_refused_before_it_grows():
     with pytest.raises(InputError, match=r"x.yaml:2: YAML alias \*a0 is not accepted"):
         yaml_input.loads(bomb, "x.yaml")
     assert time.process_time() - t0 < 1.0
+
+
+def test_a_data_module_that_cannot_download_is_one_line_and_leaves_nothing(tmp_path):
+    """Offline (declared here with TUNELAB_OFFLINE=1, as HF_HUB_OFFLINE=1 does for Hugging Face), `--data Alpaca`
+    is refused before launch in one line saying what to do; no data/alpaca directory is left behind."""
+    import subprocess as sp
+
+    from tests.conftest import cpu_env
+
+    before = sorted(p.name for p in (ROOT / "data").iterdir())
+    proc = sp.run([sys.executable, "-m", "tunelab", "run", R, "--model", "tiny", "--data", "Alpaca", "--out",
+                   str(tmp_path / "run")], cwd=ROOT, env=cpu_env(TUNELAB_OFFLINE="1"), capture_output=True,
+                  text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Alpaca downloads" in lines[0] and "--data JSON --data.json_path FILE" in lines[0]
+    assert sorted(p.name for p in (ROOT / "data").iterdir()) == before
+    assert not (tmp_path / "run" / "stdout.log").exists()

@@ -213,7 +213,7 @@ def cmd_run(args, extra) -> int:
     except (RecipeError, ValueError) as e:
         return fail(str(e))
     progress = ProgressLine(1)
-    progress.started(0, f"{args.id} {recipe.key}")
+    progress.started(0, f"{args.id} {recipe.key}", show=False)
     if args.out is None:
         from datetime import datetime
 

@@ -28,10 +28,12 @@ class ProgressLine:
         self.last_print = 0.0
         self.done, self.label, self.run_t0 = 0, "", self.t0
 
-    def started(self, done: int, label: str) -> None:
-        """A run begins; ``done`` runs are finished before it; ``label`` names it (row id and recipe)."""
+    def started(self, done: int, label: str, show: bool = True) -> None:
+        """A run begins; ``done`` runs are finished before it; ``label`` names it (row id and recipe). ``show``
+        False: print nothing until the run reports progress (a run refused before launch stays one line)."""
         self.done, self.label, self.run_t0 = done, label, time.monotonic()
-        self.show(None, force=True)
+        if show:
+            self.show(None, force=True)
 
     def show(self, p=None, force: bool = False) -> None:
         """Print the line for progress snapshot ``p`` (iteration, step, tok/s), at most every ``every_s`` off a

@@ -336,6 +336,11 @@ def prepare(recipe: Recipe, overrides: list[str], run_dir: Path | None, model: s
                 and not (strategy and p.key == "eval.interval")]  # our loop has no in-loop evaluation to hang
     if problems or result.resolved is None:
         raise RunError("; ".join(str(p) for p in problems))
+    from tunelab import data_modules
+
+    missing = data_modules.problem(result.resolved)  # before anything starts: nothing left behind
+    if missing:
+        raise RunError(f"{recipe.key}: {missing}")
     strat = None
     if strategy:
         from tunelab.distributed.strategy import StrategyError, load_strategy
