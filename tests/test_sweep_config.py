@@ -73,3 +73,19 @@ def test_row_ids_and_names_are_names_not_paths(tmp_path, bad):
         with pytest.raises(SweepError, match="is not a plain name") as e:
             load(f)
         assert "\n" not in str(e.value)
+
+
+def test_lab_part2_rows_reach_the_labs_step_counts_on_the_benchmark_data():
+    """The lab ran m1 for 400 steps, v2 for 50 at global batch 128, ...: on the benchmark data that random-weight
+    runs read (1,000 training samples) every row reaches its max_steps; validate warns about a row that cannot."""
+    from tunelab import runner
+    from tunelab.validate import check
+
+    sweep = load("lab-part2")
+    for row in sweep.rows:
+        result = check(row.recipe, runner.benchmark_overrides(row.recipe, row.overrides()))
+        assert not [p for p in result.problems if p.key == "train.max_steps"], row.id
+    short = check(sweep.rows[0].recipe, runner.benchmark_overrides(sweep.rows[0].recipe,
+                                                                    [*sweep.rows[0].overrides(), "--train.epochs", "1"]))
+    assert any(p.key == "train.max_steps" and p.severity == "warning" and "give 250" in p.message
+               for p in short.problems)

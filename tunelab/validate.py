@@ -303,6 +303,11 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
         per_epoch = int(n_samples * (1 - val)) // c.gbs
         c.steps = per_epoch * (epochs or 1)
+        if max_steps and per_epoch and c.steps < max_steps:
+            need = -(-max_steps // per_epoch)
+            bad("train.max_steps", f"{max_steps} steps asked, but {epochs or 1} epoch(s) of "
+                f"{int(n_samples * (1 - val)):,} training samples at global batch {c.gbs} give {c.steps}: the "
+                "run stops there", f"set train.epochs to {need} (or more data)", "warning")
         if max_steps:
             c.steps = min(c.steps, max_steps)
         if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
