@@ -89,6 +89,8 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("sweep out is a file", ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", f["a-file"]],
          "a-file"),
         ("report of nothing", ["report", tmp / "no-such-sweep"], "no-such-sweep"),
+        ("archive under a file", ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--archive",
+                                  f["a-file"] / "x.tgz"], "--archive"),
         ("validate devices 0", ["validate", R, "--devices", "0"], "devices"),
         ("optimizer os.system", ["validate", R, "--optimizer", "os.system"], "optimizer"),
         ("optimizer this.AdamW", ["validate", R, "--optimizer", "this.AdamW"], "optimizer"),

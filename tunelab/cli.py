@@ -153,6 +153,25 @@ _positive_gb = _number(float, 0, low_open=True, what="a size in GB")
 _count = _number(int, 1, what="an integer")
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (its directory is created if missing), or None; leaves nothing."""
+    import tempfile
+
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory"
+    blocker = next((q for q in path.parents if q.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{blocker} is a file, not a folder"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe."):
+            pass
+    except OSError as e:
+        return f"cannot be written ({e.strerror or e})"
+    return None
+
+
 def _memory_limit(args) -> int | None:
     return int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
 
@@ -282,6 +301,10 @@ def cmd_sweep(args, extra) -> int:
 
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         return fail(f"--out {args.out}: is a file; fix: give a directory for the sweep's records")
+    if args.archive is not None:  # found now, not after the first row has run
+        why = _unwritable(args.archive)
+        if why:
+            return fail(f"--archive {args.archive}: {why}; fix: give a .tgz path in a writable directory")
     try:
         model = _model_choice(args)
         sweep = load(args.sweep)
