@@ -147,3 +147,24 @@ def test_tune_batch_finds_the_limit_under_a_memory_cap(tmp_path):
     assert summary["best"] in [m for m, s in probes.items() if s == "ok"]
     for m in probes:
         assert (out / f"mbs{m}" / "record.json").is_file()
+
+
+def test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing(tmp_path):
+    """Two ranks over gloo (tunelab's multi-device loop), the tiny model, both settings: each is searched from its
+    own copy of the strategy file (recorded in every probe), and both tables are printed in the study's columns."""
+    out = tmp_path / "tb"
+    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-batch", "tiny-llama-1.1b/full", "--model", "tiny",
+                        "--strategy", "ddp", "--devices", "2", "--activation-checkpointing", "both", "--start", "2",
+                        "--max-micro", "2", "--steps", "2", "--precision", "32-true", "--data.num_workers", "0",
+                        "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "ddp, activation checkpointing off: started at micro batch 2" in p.stdout
+    assert "ddp, activation checkpointing on: started at micro batch 2" in p.stdout
+    assert p.stdout.count("TFLOP/s/dev") == 2 and p.stdout.count("*     2  ok") == 2
+    import yaml
+
+    for setting, flag in (("off", False), ("on", True)):
+        rec = json.loads((out / f"ac-{setting}" / "mbs2" / "record.json").read_text())
+        assert rec["status"] == "ok" and rec["device_count"] == 2 and rec["strategy_file"].endswith(
+            f"strategy-ac-{setting}.yaml")
+        assert yaml.safe_load(open(rec["strategy_file"]))["activation_checkpointing"] is flag

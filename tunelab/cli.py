@@ -452,6 +452,11 @@ def parser_tune_batch(sub) -> None:
     s.add_argument("--start", type=_count, help="starting micro batch (default: the planner's guess, or 1)")
     s.add_argument("--max-micro", type=_count, default=1024, help="never probe above this micro batch")
     s.add_argument("--steps", type=_count, default=3, help="optimizer steps per probe (default 3)")
+    s.add_argument("--strategy", metavar="NAME", help="probe under a configs/strategies file (ddp, fsdp, fsdp2, "
+                                                       "deepspeed-zero3, ...) with tunelab's multi-device loop")
+    s.add_argument("--devices", type=_count, help="devices per node for the probes (default: the recipe's)")
+    s.add_argument("--activation-checkpointing", choices=["on", "off", "both"],
+                   help="with --strategy: search with activation checkpointing on, off, or each (two tables)")
     s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     _run_options(s)
@@ -463,35 +468,62 @@ def cmd_tune_batch(args, extra) -> int:
     from tunelab.paths import output_root
     from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import RecipeError, resolve
-    from tunelab.tune_batch import render, summary_json, tune
+    from tunelab.tune_batch import probe_overrides, render, strategy_variant, summary_json, tune
     from tunelab.validate import check
 
+    if args.activation_checkpointing and not args.strategy:
+        return fail("--activation-checkpointing needs --strategy (litgpt's own command decides it for itself: on "
+                    "for LoRA on several devices)")
+    if args.devices:
+        extra = [*extra, "--devices", str(args.devices)]
     try:
         recipe = resolve(args.recipe)
         model = _model_choice(args)
         if args.gpu:
             hardware.lookup(args.gpu)
+        if args.strategy:
+            from tunelab.distributed.strategy import load_strategy
+
+            load_strategy(args.strategy)
     except (RecipeError, ValueError) as e:
         return fail(str(e))
-    result = check(recipe, extra)
-    if not result.ok:
-        return fail("; ".join(str(p) for p in result.problems if p.severity == "error"))
-    world = settings.from_args(recipe, result.resolved).world_size
-    if args.start:
-        start, why = args.start, "--start"
-    elif args.gpu and model != "tiny":
-        x, plan, _, _ = plan_recipe(recipe, extra, gpu=args.gpu)
-        start = max(1, plan.max_micro_batch_size or 1)
-        why = f"the planner's largest fitting micro batch on {args.gpu}"
-    else:
-        start, why = 1, "no --gpu for the planner to predict from"
+    world = settings.resolve(recipe, extra).world_size
+    result = check(recipe, probe_overrides(extra, 1, world, args.steps))  # as the probes will run it
+    problems = [p for p in result.problems if p.severity == "error" and not (args.strategy and p.key == "eval.interval")]
+    if problems or result.resolved is None:
+        return fail("; ".join(str(p) for p in problems))
     out = args.out or (output_root() / "runs" / "tune-batch" / recipe.slug())
-    try:
-        res = tune(recipe, extra, out, start=start, start_reason=why, max_micro=args.max_micro, steps=args.steps,
-                   model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout, world=world)
-    except RuntimeError as e:
-        return fail(str(e))
-    print(summary_json(res) if args.json else render(res))
+    ac = {"on": [True], "off": [False], "both": [False, True], None: [None]}[args.activation_checkpointing]
+    results = []
+    for setting in ac:
+        strategy, sub_out, label = args.strategy, out, args.strategy or ""
+        if setting is not None:
+            sub_out = out / f"ac-{'on' if setting else 'off'}"
+            strategy = str(strategy_variant(args.strategy, setting, sub_out))
+            label = f"{args.strategy}, activation checkpointing {'on' if setting else 'off'}"
+        predicted = None
+        if args.gpu:
+            _, plan, _, _ = plan_recipe(recipe, extra, gpu=args.gpu, strategy=strategy,
+                                        activation_checkpointing=bool(setting))
+            predicted = plan.max_micro_batch_size
+        if args.start:
+            start, why = args.start, "--start"
+        elif predicted and model != "tiny":
+            start, why = max(1, predicted), f"the planner's largest fitting micro batch on {args.gpu}"
+        else:
+            start, why = 1, "no --gpu for the planner to predict from"
+        try:
+            res = tune(recipe, extra, sub_out, start=start, start_reason=why, max_micro=args.max_micro,
+                       steps=args.steps, model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout,
+                       world=world, strategy=strategy, setting=label)
+        except RuntimeError as e:
+            return fail(str(e))
+        res.predicted_largest = predicted
+        results.append(res)
+    if args.json:
+        print("[" + ",\n".join(summary_json(r) for r in results) + "]" if len(results) > 1 else summary_json(results[0]))
+    else:
+        print("\n\n".join(render(r) for r in results))
     print(f"probe records and summary: {out}/")
     return 0
 

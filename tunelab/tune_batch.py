@@ -6,6 +6,13 @@ doubles until a probe runs out of memory, then bisects between the last fit and 
 micro batch is the one with the highest steady-state tokens/s among the probes that fit with no allocator retries
 (seed 000: batch 8 fit but ran slower than 7 because of cudaMalloc retries). On CPU, ``--memory-limit-gb`` caps
 each probe's address space, so the search runs (and is tested) for real without a GPU.
+
+Under a strategy (``--strategy fsdp --devices 4``) the probes run tunelab's multi-device loop; with
+``--activation-checkpointing on|off|both`` each setting is searched on its own, from a copy of the strategy file
+with that one key changed (written beside the probes, so every record names the exact file it ran). The table has
+the columns of the FSDP tuning study the project reproduces (docs/lab.md, Part 3): micro batch, peak allocated and
+reserved, GPU utilisation mean +/- std, TFLOP/s per device, iteration time, allocator retries, status; the best
+micro batch is starred, and the planner's predicted largest micro batch is shown beside the probed one.
 """
 
 from __future__ import annotations
@@ -31,17 +38,22 @@ class TuneResult:
     """Where the search started, and why (start_reason)."""
     start_reason: str
     probes: list = field(default_factory=list)
-    """One entry per probe: micro batch, status, tok/s, retries, peak memory, record path."""
+    """One entry per probe: micro batch, status, tok/s, retries, peak memory, utilisation, TFLOP/s, record path."""
+    setting: str = ""
+    """The strategy and activation-checkpointing setting searched ('' for the recipe's own litgpt run)."""
+    predicted_largest: int | None = None
+    """The planner's largest fitting micro batch for the same setting on the named GPU (None without --gpu)."""
 
 
-def _probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -> list[str]:
+def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -> list[str]:
     return [*overrides, "--train.micro_batch_size", str(micro), "--train.global_batch_size", str(micro * world),
             "--train.max_steps", str(steps), "--eval.final_validation", "false", "--train.save_interval", "null"]
 
 
 def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1, start_reason: str = "",
          max_micro: int = 1024, steps: int = 3, model: str = "auto", memory_limit_bytes: int | None = None,
-         timeout_s: float | None = None, world: int = 1, stream=sys.stderr) -> TuneResult:
+         timeout_s: float | None = None, world: int = 1, stream=sys.stderr, strategy: str | None = None,
+         setting: str = "") -> TuneResult:
     from tunelab.progress import ProgressLine
 
     out_dir = Path(out_dir)
@@ -53,9 +65,9 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
             return results[m].status == "ok"
         run_dir = out_dir / f"mbs{m}"
         progress.started(len(results), f"probe micro {m} {recipe.key}")
-        rec = run(recipe, _probe_overrides(overrides, m, world, steps), run_dir, sweep="tune-batch",
+        rec = run(recipe, probe_overrides(overrides, m, world, steps), run_dir, sweep="tune-batch",
                   row_id=f"mbs{m}", model=model, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes,
-                  on_progress=progress.show)
+                  on_progress=progress.show, strategy=strategy)
         shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
         results[m] = rec
         mem = rec.peak_allocated_bytes or rec.peak_rss_bytes
@@ -94,25 +106,60 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
     fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
     clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
     best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
-    res = TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, probes=[
+    res = TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, setting=setting, probes=[
         {"micro_batch_size": m, "status": r.status, "tok_s_padded": r.tok_s_padded,
          "num_alloc_retries": r.num_alloc_retries, "peak_allocated_bytes": r.peak_allocated_bytes,
-         "peak_rss_bytes": r.peak_rss_bytes, "error": r.error, "record": str(out_dir / f"mbs{m}" / "record.json")}
+         "peak_reserved_bytes": r.peak_reserved_bytes, "peak_rss_bytes": r.peak_rss_bytes,
+         "gpu_util_mean": r.gpu_util_steady_mean, "gpu_util_std": r.gpu_util_steady_std,
+         "tflops_per_device": r.achieved_tflops_per_device, "iter_time_s": r.iter_time_s, "error": r.error,
+         "record": str(out_dir / f"mbs{m}" / "record.json")}
         for m, r in sorted(results.items())])
     record_mod.write_json_atomic(out_dir / "tune-batch.json", res.__dict__)
     return res
 
 
+def strategy_variant(strategy: str, activation_checkpointing: bool, out_dir: Path) -> Path:
+    """A copy of a configs/strategies file with ``activation_checkpointing`` set, written into ``out_dir``."""
+    import dataclasses
+
+    import yaml
+
+    from tunelab.distributed.strategy import load_strategy
+
+    cfg = dataclasses.asdict(load_strategy(strategy))
+    cfg["activation_checkpointing"] = activation_checkpointing
+    cfg["description"] = (cfg.get("description") or cfg["name"]) + \
+        f" (activation checkpointing {'on' if activation_checkpointing else 'off'}: tunelab tune-batch)"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"strategy-ac-{'on' if activation_checkpointing else 'off'}.yaml"
+    record_mod.write_text_atomic(path, yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _gb(b) -> str:
+    return "" if not b else f"{b / 1e9:.2f}"
+
+
+def _num(value, fmt: str, scale: float = 1.0) -> str:
+    return "" if value is None else format(value * scale, fmt)
+
+
 def render(res: TuneResult) -> str:
-    lines = [f"started at micro batch {res.start} ({res.start_reason})",
-             "micro  status  tok/s padded  retries  peak GB (allocated, else RSS; 1e9 B)"]
+    """The probes as the FSDP tuning study tabled them, the best micro batch starred."""
+    lines = [f"{res.setting or 'litgpt'}: started at micro batch {res.start} ({res.start_reason})",
+             "  micro  status  alloc GB  reserved GB  RSS GB  GPU util %   TFLOP/s/dev  iter ms  tok/s padded  retries"]
     for p in res.probes:
-        mem = p["peak_allocated_bytes"] or p["peak_rss_bytes"]
-        lines.append(f"{p['micro_batch_size']:>5}  {p['status']:<6}  {p['tok_s_padded'] or 0:>12,.0f}  "
-                     f"{'' if p['num_alloc_retries'] is None else p['num_alloc_retries']:>7}  "
-                     f"{'' if not mem else f'{mem / 1e9:.2f}'}")
-    lines.append(f"largest micro batch that fits: {res.largest_fitting}; best (fastest without allocator retries): "
-                 f"{res.best}")
+        util = "" if p.get("gpu_util_mean") is None else \
+            f"{p['gpu_util_mean']:.0f} +/- {p.get('gpu_util_std') or 0:.0f}"
+        star = "*" if p["micro_batch_size"] == res.best else " "
+        retries = "" if p["num_alloc_retries"] is None else str(p["num_alloc_retries"])
+        lines.append(f"{star}{p['micro_batch_size']:>6}  {p['status']:<6}  {_gb(p.get('peak_allocated_bytes')):>8}  "
+                     f"{_gb(p.get('peak_reserved_bytes')):>11}  {_gb(p.get('peak_rss_bytes')):>6}  {util:>10}  "
+                     f"{_num(p.get('tflops_per_device'), '.1f'):>11}  {_num(p.get('iter_time_s'), '.0f', 1000):>7}  "
+                     f"{p['tok_s_padded'] or 0:>12,.0f}  {retries:>7}")
+    predicted = "" if res.predicted_largest is None else f" (planner predicted {res.predicted_largest})"
+    lines.append(f"largest micro batch that fits: {res.largest_fitting}{predicted}; best (* fastest without allocator "
+                 f"retries): {res.best}")
     return "\n".join(lines)
 
 
