@@ -18,7 +18,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 USES_DATASETS = {"litgpt.data.Alpaca2k", "litgpt.data.LIMA", "litgpt.data.Deita"}
-"""Modules that read their data through Hugging Face ``datasets`` (not part of tunelab's pinned stack yet)."""
+"""Modules that read their data through Hugging Face ``datasets`` (pinned in requirements.txt; not carried to the
+GPU machine, whose random-weight runs read the benchmark JSON data)."""
 HF_HOST = "huggingface.co"
 
 
@@ -56,8 +57,8 @@ def problem(args: dict) -> str | None:
     download_dir = init.get("download_dir")
     if cls in USES_DATASETS:
         if importlib.util.find_spec("datasets") is None:
-            return (f"data: {name} reads its data with Hugging Face `datasets`, which is not installed here (it is "
-                    "not part of tunelab's pinned stack); fix: pip install datasets, or --data JSON "
+            return (f"data: {name} reads its data with Hugging Face `datasets`, which is not installed here; fix: "
+                    "pip install -c constraints.txt -r requirements.txt (it pins datasets), or --data JSON "
                     "--data.json_path FILE")
         if download_dir and _cached(project_path(download_dir)):
             return None
