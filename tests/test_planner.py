@@ -168,3 +168,23 @@ def test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing(t
         assert rec["status"] == "ok" and rec["device_count"] == 2 and rec["strategy_file"].endswith(
             f"strategy-ac-{setting}.yaml")
         assert yaml.safe_load(open(rec["strategy_file"]))["activation_checkpointing"] is flag
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_raises_the_largest_micro_batch_that_fits(tmp_path):
+    """Two DDP ranks over gloo, the 24-block tiny-deep model, a 3 GB address-space cap per process: with activation
+    checkpointing a larger micro batch fits (measured here: 19 without, 31 with). About 3 minutes on 2 cores: behind
+    the slow marker (run with: pytest -m slow); CI runs the same path at micro 2 in the test above."""
+    from tunelab import checkpoints
+
+    ckpt = checkpoints.build("tiny-deep", tmp_path / "tiny-deep")
+    out = tmp_path / "tb"
+    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-batch", "tiny-llama-1.1b/full", "--model", "checkpoint",
+                        "--checkpoint_dir", str(ckpt), "--strategy", "ddp", "--devices", "2",
+                        "--activation-checkpointing", "both", "--start", "8", "--max-micro", "32", "--steps", "1",
+                        "--precision", "32-true", "--data.num_workers", "0", "--memory-limit-gb", "3", "--out",
+                        str(out), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    off = json.loads((out / "ac-off" / "tune-batch.json").read_text())["largest_fitting"]
+    on = json.loads((out / "ac-on" / "tune-batch.json").read_text())["largest_fitting"]
+    assert 0 < off < on, (off, on)

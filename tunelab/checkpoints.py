@@ -48,12 +48,19 @@ TINY_CONFIG = dict(
     intermediate_size=172,
     rope_base=10000,
 )
+TINY_DEEP = "tiny-deep"
+TINY_DEEP_CONFIG = dict(TINY_CONFIG, name="tunelab-tiny-deep", n_layer=24, n_embd=128, head_size=32,
+                        intermediate_size=344)
+"""24 narrow blocks (4.5 M parameters): activations dominate its memory, as in a real model at long sequences, so
+activation checkpointing changes what fits (tests and `tune-batch` demonstrations on CPU)."""
+EMBEDDED = {TINY: TINY_CONFIG, TINY_DEEP: TINY_DEEP_CONFIG}
+"""The models built here from nothing (float32, the BPE tokenizer trained on the shipped data)."""
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 
 
 def default_dir(name: str) -> Path:
     """Where ``tunelab build-model NAME`` puts its checkpoint by default."""
-    return cache_dir() / "checkpoints" / (name if name == TINY else f"random-{name}")
+    return cache_dir() / "checkpoints" / (name if name in EMBEDDED else f"random-{name}")
 
 
 WEIGHT_GLOBS = ("*.pth", "*.bin", "*.pt", "*.ckpt")
@@ -99,8 +106,8 @@ def model_config(name: str):
     """The ``litgpt.Config`` for ``tiny`` or for a litgpt config name; ValueError with a hint if unknown."""
     from litgpt import Config
 
-    if name == TINY:
-        return Config(**TINY_CONFIG)
+    if name in EMBEDDED:
+        return Config(**EMBEDDED[name])
     try:
         return Config.from_name(name)
     except ValueError:
@@ -159,9 +166,9 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
     from litgpt.utils import save_config
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or (torch.float32 if name == TINY else torch.bfloat16)
+    dtype = dtype or (torch.float32 if name in EMBEDDED else torch.bfloat16)
 
-    if name == TINY:
+    if name in EMBEDDED:
         records = json.loads(Path(dataset).read_text(encoding="utf-8")) if Path(dataset).is_file() else \
             data_mod.generate()
         tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))

@@ -534,7 +534,9 @@ def parser_build_model(sub) -> None:
         description="Build a checkpoint directory that `litgpt finetune_*` accepts as it is (lit_model.pth, "
                     "model_config.yaml, a tokenizer trained here with `tokenizers`, tokenizer_config.json, "
                     "generation_config.json). Prints its path.")
-    s.add_argument("name", help="'tiny' (2-layer TinyLlama layout, ~0.1M parameters) or a litgpt config name such as "
+    s.add_argument("name", help="'tiny' (2-layer TinyLlama layout, ~0.1M parameters), 'tiny-deep' (24 narrow blocks, "
+                                "4.5M parameters: activations dominate, for activation-checkpointing demonstrations) "
+                                "or a litgpt config name such as "
                                 "open_llama_7b or tiny-llama-1.1b (random weights)")
     s.add_argument("--out", type=Path, help="directory to write (default: .tunelab/checkpoints/<name>)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
