@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tunelab import record as record_mod
-from tunelab.paths import ROOT, output_root
+from tunelab.paths import output_root
 from tunelab.record import write_text_atomic
 
 GB = 1e9

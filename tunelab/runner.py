@@ -35,7 +35,7 @@ from tunelab.errors import InputError, Interrupted
 from tunelab.flops import flops_per_token, lora_param_count, mfu
 from tunelab.gpu_monitor import GPUMonitor
 from tunelab.paths import ROOT, output_root
-from tunelab.record import RunRecord, read_rank_file, save
+from tunelab.record import RankStats, RunRecord, read_rank_file, save
 from tunelab.recipes import Recipe
 from tunelab.validate import check, litgpt_args, split_checkpoint_override
 

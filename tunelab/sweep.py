@@ -25,6 +25,7 @@ Sweep file keys (anything else is refused)::
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import os
@@ -287,17 +288,14 @@ def resume_state(record_path: Path, row: Row | None = None) -> tuple[bool, str |
     return True, None
 
 
+@functools.lru_cache(maxsize=None)
 def _strategy_label(strategy: str | None) -> str:
+    """What a record says of the row's strategy (read once per sweep, not once per row and resume check)."""
     if not strategy:
         return "litgpt"
     from tunelab.distributed.strategy import load_strategy
 
     return load_strategy(strategy).describe()
-
-
-def finished(record_path: Path) -> bool:
-    """Whether a row has a usable record (see resume_state)."""
-    return resume_state(record_path)[0]
 
 
 def _set_aside(record_path: Path, why: str) -> Path:

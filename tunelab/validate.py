@@ -9,7 +9,6 @@ a :class:`Problem`: one line naming the file, the key and the fix.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from tunelab import hardware
 from tunelab.errors import InputError
 from tunelab.paths import project_path
 from tunelab.recipes import Recipe, display_path
-from tunelab.settings import accumulation, world_size
+from tunelab.settings import accumulation, data_size, world_size
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
 """Precision strings accepted here: Lightning's full names (its short aliases hide what they mean)."""
@@ -188,14 +187,6 @@ def _optimizer_name(optimizer) -> str:
     return str(optimizer)
 
 
-def _dataset_size(data) -> int | None:
-    """Records the run's data holds before its validation split (a JSON file here, or a known litgpt data module:
-    tunelab.settings.data_size), None when unknown."""
-    from tunelab.settings import data_size
-
-    return data_size({"data": data})[0]
-
-
 def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = None,
                       device: str | None = None) -> list[Problem]:
     """The rules on resolved arguments ``a`` that litgpt's parser does not enforce."""
@@ -297,7 +288,7 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
     if epochs is None or epochs < 1:
         bad("train.epochs", f"is {epochs}; litgpt's fit loop compares the epoch with it and sizes the schedule",
             "set train.epochs >= 1 (and train.max_steps to stop earlier)")
-    n_samples = _dataset_size(a.get("data"))
+    n_samples = data_size(a)[0]  # a JSON file here, or a known litgpt data module
     c.steps = None
     if n_samples and isinstance(c.gbs, int) and c.gbs > 0:
         val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
