@@ -4,6 +4,7 @@ calibration, and the batch search against a real memory limit on CPU."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,40 @@ def test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing(t
         assert rec["status"] == "ok" and rec["device_count"] == 2 and rec["strategy_file"].endswith(
             f"strategy-ac-{setting}.yaml")
         assert yaml.safe_load(open(rec["strategy_file"]))["activation_checkpointing"] is flag
+    # the same command again: every probe is answered by its record (a search cut by a time limit goes on)
+    again = subprocess.run(p.args, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0 and again.stderr.count("[recorded earlier: not run again]") == 2, again.stderr[-2000:]
+    assert "iter 0 step 0" not in again.stderr  # nothing was launched
+    # backward prefetch belongs to FSDP: refused in one line under DDP, before any probe
+    wrong = subprocess.run([*p.args, "--backward-prefetch", "pre"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+    assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+    assert "not FSDP" in wrong.stderr
+
+
+def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp_path, monkeypatch):
+    """The search itself (records stand in for probes here; the tests above and the H100 run in
+    reports/ probe for real): micro 47 fits with retries, 42-44 retry, 48 runs out: doubling, bisection to the
+    largest fitting (47), then bisection below it to the largest without retries (41), the best; --also rows
+    are probed first and reused by the search."""
+    from tunelab import record as record_mod
+    from tunelab import tune_batch
+    from tunelab.recipes import resolve
+
+    calls = []
+
+    def fake_run(recipe, overrides, run_dir, **kw):
+        m = int(overrides[overrides.index("--train.micro_batch_size") + 1])
+        calls.append(m)
+        fits, retries = m <= 47, (0 if m <= 41 else 26 if m == 47 else 2)
+        return record_mod.RunRecord(status="ok" if fits else "oom", tok_s_padded=1000.0 * m if fits else None,
+                                    num_alloc_retries=retries, error=None if fits else "CUDA out of memory")
+    monkeypatch.setattr(tune_batch, "run", fake_run)
+    res = tune_batch.tune(resolve("tiny-llama-1.1b/full"), [], tmp_path, start=47, max_micro=128, also=[8, 16, 32],
+                          stream=open(os.devnull, "w"))
+    assert calls[:4] == [8, 16, 32, 47] and len(calls) == len(set(calls))  # each micro batch probed once
+    assert res.largest_fitting == 47 and res.best == 41
+    assert 42 in calls and 48 in calls  # both edges were probed, not guessed
 
 
 @pytest.mark.slow
@@ -181,7 +216,7 @@ def test_activation_checkpointing_raises_the_largest_micro_batch_that_fits(tmp_p
     out = tmp_path / "tb"
     p = subprocess.run([sys.executable, "-m", "tunelab", "tune-batch", "tiny-llama-1.1b/full", "--model", "checkpoint",
                         "--checkpoint_dir", str(ckpt), "--strategy", "ddp", "--devices", "2",
-                        "--activation-checkpointing", "both", "--start", "8", "--max-micro", "32", "--steps", "1",
+                        "--activation-checkpointing", "both", "--start", "8", "--max-micro", "32", "--steps", "2",
                         "--precision", "32-true", "--data.num_workers", "0", "--memory-limit-gb", "3", "--out",
                         str(out), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]

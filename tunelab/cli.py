@@ -451,16 +451,26 @@ def parser_tune_batch(sub) -> None:
     s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
     s.add_argument("--start", type=_count, help="starting micro batch (default: the planner's guess, or 1)")
     s.add_argument("--max-micro", type=_count, default=1024, help="never probe above this micro batch")
-    s.add_argument("--steps", type=_count, default=3, help="optimizer steps per probe (default 3)")
+    s.add_argument("--steps", type=_number(int, 2, what="a number of optimizer steps"), default=3,
+                   help="optimizer steps per probe, 2 or more (default 3; the first is warm-up)")
     s.add_argument("--strategy", metavar="NAME", help="probe under a configs/strategies file (ddp, fsdp, fsdp2, "
                                                        "deepspeed-zero3, ...) with tunelab's multi-device loop")
     s.add_argument("--devices", type=_count, help="devices per node for the probes (default: the recipe's)")
     s.add_argument("--activation-checkpointing", choices=["on", "off", "both"],
                    help="with --strategy: search with activation checkpointing on, off, or each (two tables)")
+    s.add_argument("--backward-prefetch", choices=["none", "pre", "post"],
+                   help="with an FSDP --strategy: prefetch the next unit's parameters during backward before (pre) "
+                        "or after (post) the current unit's gradients, or not at all (none); default: the file's")
+    s.add_argument("--also", type=_micro_list, default=[], metavar="N,N,...",
+                   help="also probe these micro batches (rows for the table: how tok/s grows with the batch)")
     s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     _run_options(s)
     s.set_defaults(func=cmd_tune_batch, passthrough=True)
+
+
+def _micro_list(text: str) -> list[int]:
+    return [_count(x) for x in text.split(",") if x.strip()]
 
 
 def cmd_tune_batch(args, extra) -> int:
@@ -468,12 +478,14 @@ def cmd_tune_batch(args, extra) -> int:
     from tunelab.paths import output_root
     from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import RecipeError, resolve
-    from tunelab.tune_batch import probe_overrides, render, strategy_variant, summary_json, tune
+    from tunelab.tune_batch import probe_overrides, render, strategy_variant, summary_json, tune, variant_name
     from tunelab.validate import check
 
     if args.activation_checkpointing and not args.strategy:
         return fail("--activation-checkpointing needs --strategy (litgpt's own command decides it for itself: on "
                     "for LoRA on several devices)")
+    if args.backward_prefetch and not args.strategy:
+        return fail("--backward-prefetch needs an FSDP --strategy (fsdp, fsdp-no-wrap, ...)")
     if args.devices:
         extra = [*extra, "--devices", str(args.devices)]
     try:
@@ -484,7 +496,10 @@ def cmd_tune_batch(args, extra) -> int:
         if args.strategy:
             from tunelab.distributed.strategy import load_strategy
 
-            load_strategy(args.strategy)
+            strat = load_strategy(args.strategy)
+            if args.backward_prefetch and strat.name != "fsdp":
+                raise ValueError(f"--backward-prefetch: strategy {args.strategy} is {strat.name}, not FSDP; "
+                                 "fix: give an FSDP strategy or leave the option out")
     except (RecipeError, ValueError) as e:
         return fail(str(e))
     world = settings.resolve(recipe, extra).world_size
@@ -497,10 +512,12 @@ def cmd_tune_batch(args, extra) -> int:
     results = []
     for setting in ac:
         strategy, sub_out, label = args.strategy, out, args.strategy or ""
-        if setting is not None:
-            sub_out = out / f"ac-{'on' if setting else 'off'}"
-            strategy = str(strategy_variant(args.strategy, setting, sub_out))
-            label = f"{args.strategy}, activation checkpointing {'on' if setting else 'off'}"
+        if setting is not None or args.backward_prefetch:
+            sub_out = out / variant_name(setting, args.backward_prefetch)
+            strategy = str(strategy_variant(args.strategy, setting, sub_out, args.backward_prefetch))
+            label = ", ".join([args.strategy] + ([] if setting is None else [
+                f"activation checkpointing {'on' if setting else 'off'}"]) + ([] if not args.backward_prefetch else [
+                    f"backward prefetch {args.backward_prefetch}"]))
         predicted = None
         if args.gpu:
             _, plan, _, _ = plan_recipe(recipe, extra, gpu=args.gpu, strategy=strategy,
@@ -515,7 +532,7 @@ def cmd_tune_batch(args, extra) -> int:
         try:
             res = tune(recipe, extra, sub_out, start=start, start_reason=why, max_micro=args.max_micro,
                        steps=args.steps, model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout,
-                       world=world, strategy=strategy, setting=label)
+                       world=world, strategy=strategy, setting=label, also=args.also)
         except RuntimeError as e:
             return fail(str(e))
         res.predicted_largest = predicted

@@ -46,14 +46,17 @@ class TuneResult:
 
 
 def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -> list[str]:
+    """A probe: ``steps`` optimizer steps of one micro batch each, one warm-up step (litgpt's cosine schedule divides
+    by max_steps - lr_warmup_steps, so a recipe's warm-up equal to the probe's steps would crash it), no saving."""
     return [*overrides, "--train.micro_batch_size", str(micro), "--train.global_batch_size", str(micro * world),
-            "--train.max_steps", str(steps), "--eval.final_validation", "false", "--train.save_interval", "null"]
+            "--train.max_steps", str(steps), "--train.lr_warmup_steps", "1", "--eval.final_validation", "false",
+            "--train.save_interval", "null"]
 
 
 def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1, start_reason: str = "",
          max_micro: int = 1024, steps: int = 3, model: str = "auto", memory_limit_bytes: int | None = None,
          timeout_s: float | None = None, world: int = 1, stream=sys.stderr, strategy: str | None = None,
-         setting: str = "") -> TuneResult:
+         setting: str = "", also: list[int] | None = None) -> TuneResult:
     from tunelab.progress import ProgressLine
 
     out_dir = Path(out_dir)
@@ -64,14 +67,20 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
         if m in results:
             return results[m].status == "ok"
         run_dir = out_dir / f"mbs{m}"
-        progress.started(len(results), f"probe micro {m} {recipe.key}")
-        rec = run(recipe, probe_overrides(overrides, m, world, steps), run_dir, sweep="tune-batch",
-                  row_id=f"mbs{m}", model=model, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes,
-                  on_progress=progress.show, strategy=strategy)
-        shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
+        wanted = probe_overrides(overrides, m, world, steps)
+        rec = reusable(run_dir / "record.json", recipe, wanted, strategy, model)
+        if rec is None:
+            progress.started(len(results), f"probe micro {m} {recipe.key}")
+            rec = run(recipe, wanted, run_dir, sweep="tune-batch", row_id=f"mbs{m}", model=model,
+                      timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes, on_progress=progress.show,
+                      strategy=strategy)
+            shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
+            again = ""
+        else:
+            again = " [recorded earlier: not run again]"
         results[m] = rec
         mem = rec.peak_allocated_bytes or rec.peak_rss_bytes
-        stream.write(f"probe micro {m}: {rec.status}" + (f" ({rec.error})" if rec.status != "ok" else "") +
+        stream.write(f"probe micro {m}{again}: {rec.status}" + (f" ({rec.error})" if rec.status != "ok" else "") +
                      (f" | {rec.tok_s_padded:,.0f} tok/s" if rec.tok_s_padded else "") +
                      (f" | peak {mem / 1e9:.2f} GB" if mem else "") + "\n")
         stream.flush()
@@ -79,6 +88,9 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
             raise RuntimeError(f"probe micro {m} ended with {rec.status}: {rec.error} (see {run_dir}/stderr.log)")
         return rec.status == "ok"
 
+    for m in sorted(set(also or ())):  # extra rows for the table (the shape of the curve), each a real probe, first:
+        if m <= max_micro:            # a search cut short by a time limit still leaves them; the search reuses them
+            probe(m)
     m = max(1, min(start, max_micro))
     if probe(m):
         lo, hi = m, None
@@ -103,6 +115,17 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
                 lo = mid
             else:
                 hi = mid
+    # the largest micro batch that fits without allocator retries (seed 000: 8 fit, but its cudaMalloc retries made
+    # 7 the fastest): bisect between the largest clean probe and the smallest one that retried or ran out
+    def clean(m: int) -> bool:
+        return results[m].status == "ok" and not results[m].num_alloc_retries
+    while True:
+        lo_c = max([m for m in results if clean(m)], default=0)
+        above = [m for m in results if m > lo_c and not clean(m)]
+        hi_c = min(above, default=None)
+        if hi_c is None or hi_c - lo_c <= 1:
+            break
+        probe(max(1, (lo_c + hi_c) // 2))
     fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
     clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
     best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
@@ -118,8 +141,33 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
     return res
 
 
-def strategy_variant(strategy: str, activation_checkpointing: bool, out_dir: Path) -> Path:
-    """A copy of a configs/strategies file with ``activation_checkpointing`` set, written into ``out_dir``."""
+def reusable(record_path: Path, recipe: Recipe, overrides: list[str], strategy: str | None,
+             model: str) -> record_mod.RunRecord | None:
+    """An earlier probe's record that answers this probe (same recipe, overrides, strategy file and model choice;
+    finished or out of memory, not cut short): a search stopped by a time limit or Ctrl-C goes on where it was."""
+    from tunelab.sweep import _same_overrides, _strategy_label, resume_state
+
+    done, _ = resume_state(record_path)
+    if not done:
+        return None
+    try:
+        rec = record_mod.load(record_path)
+    except (OSError, ValueError, TypeError):
+        return None
+    same = rec.recipe == recipe.key and _same_overrides(rec.overrides, overrides) and \
+        (rec.strategy or "litgpt") == _strategy_label(strategy) and rec.status in ("ok", "oom") and \
+        (model in ("auto", rec.model_source) or (model == "checkpoint" and rec.model_source == "checkpoint"))
+    return rec if same else None
+
+
+PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+"""``--backward-prefetch`` words and the FSDP BackwardPrefetch member each names (none: no prefetch)."""
+
+
+def strategy_variant(strategy: str, activation_checkpointing: bool | None, out_dir: Path,
+                     backward_prefetch: str | None = None) -> Path:
+    """A copy of a configs/strategies file with ``activation_checkpointing`` (and, if given, ``backward_prefetch``:
+    a key of :data:`PREFETCH`) set, written into ``out_dir``."""
     import dataclasses
 
     import yaml
@@ -127,13 +175,26 @@ def strategy_variant(strategy: str, activation_checkpointing: bool, out_dir: Pat
     from tunelab.distributed.strategy import load_strategy
 
     cfg = dataclasses.asdict(load_strategy(strategy))
-    cfg["activation_checkpointing"] = activation_checkpointing
-    cfg["description"] = (cfg.get("description") or cfg["name"]) + \
-        f" (activation checkpointing {'on' if activation_checkpointing else 'off'}: tunelab tune-batch)"
+    what = []
+    if activation_checkpointing is not None:
+        cfg["activation_checkpointing"] = activation_checkpointing
+        what.append(f"activation checkpointing {'on' if activation_checkpointing else 'off'}")
+    if backward_prefetch is not None:
+        cfg["backward_prefetch"] = PREFETCH[backward_prefetch]
+        what.append(f"backward prefetch {backward_prefetch}")
+    cfg["description"] = (cfg.get("description") or cfg["name"]) + f" ({', '.join(what)}: tunelab tune-batch)"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"strategy-ac-{'on' if activation_checkpointing else 'off'}.yaml"
+    path = out_dir / f"strategy-{variant_name(activation_checkpointing, backward_prefetch)}.yaml"
     record_mod.write_text_atomic(path, yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def variant_name(activation_checkpointing: bool | None, backward_prefetch: str | None) -> str:
+    """The directory/file stem of a setting: ``ac-on``, ``ac-off-prefetch-none``, ``prefetch-pre``."""
+    parts = [] if activation_checkpointing is None else [f"ac-{'on' if activation_checkpointing else 'off'}"]
+    if backward_prefetch is not None:
+        parts.append(f"prefetch-{backward_prefetch}")
+    return "-".join(parts) or "strategy"
 
 
 def _gb(b) -> str:

@@ -66,6 +66,8 @@ class StrategyConfig:
         if self.name == "fsdp":
             return (f"FSDP {self.sharding_strategy}, wrap {self.auto_wrap}"
                     + (", activation checkpointing" if self.activation_checkpointing else "")
+                    + (", no backward prefetch" if self.backward_prefetch is None else
+                       ", backward prefetch post" if self.backward_prefetch == "BACKWARD_POST" else "")
                     + (", CPU offload" if self.cpu_offload else ""))
         if self.name == "fsdp2":
             return f"FSDP2 fully_shard (reshard_after_forward={self.reshard_after_forward})"
