@@ -24,6 +24,7 @@ EPILOG = """examples:
   tunelab plan open-llama-7b/full --gpu A100-80GB          # will it fit, how long will it take
   tunelab plan open-llama-13b/full --gpu A100-80GB --devices 4 --strategy fsdp-offload --json
   tunelab tune-batch tiny-llama-1.1b/full --gpu H100-SXM   # largest and fastest micro batch, real probes
+  tunelab tune-study lab-part3 --only cpu-example          # the FSDP tuning tables (CPU example), then its report
   tunelab build-model tiny                       # the embedded tiny checkpoint (offline, seconds)
   tunelab build-model open_llama_7b --device cuda   # a real architecture with random weights (GPU benchmarks)
 """
@@ -326,21 +327,88 @@ def cmd_sweep(args, extra) -> int:
 
 
 def parser_report(sub) -> None:
-    s = sub.add_parser("report", help="write results.csv, results.md and plots from a sweep directory's records")
-    s.add_argument("sweep_dir", help="the directory a sweep wrote (runs/<sweep name>)")
+    s = sub.add_parser("report", help="write results.csv, results.md and plots from a sweep's or tuning study's records")
+    s.add_argument("sweep_dir", help="the directory a sweep or tune-study wrote (runs/<name>)")
     s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
     s.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
+    s.add_argument("--study", help="the tuning-study file the directory's probes came from (tune-study writes it "
+                                   "into tune-study.json; give it for a directory without one)")
     s.set_defaults(func=cmd_report)
 
 
 def cmd_report(args, extra) -> int:
+    from tunelab import tune_report, tune_study
     from tunelab.report import write_report
 
+    base = Path(args.sweep_dir)
     try:
-        out = write_report(Path(args.sweep_dir), args.out, not_run_reason=args.not_run_reason)
+        index = tune_study.read_index(base)
+        if args.study or index:  # a tuning study's directory (tunelab tune-study): its own report
+            sf = tune_study.load(args.study or tune_study.resolve_index_path(index))
+            out = tune_report.write_report(base, sf, args.out)
+        else:
+            out = write_report(base, args.out, not_run_reason=args.not_run_reason)
     except FileNotFoundError as e:
         return fail(str(e))
     print(f"{out}/results.md")
+    return 0
+
+
+def parser_tune_study(sub) -> None:
+    s = sub.add_parser(
+        "tune-study", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run a tuning study (configs/sweeps/lab-part3.yaml): tune-batch per strategy setting, then its report",
+        description="For each study of FILE (a recipe, a strategy, a device count) and each of its settings "
+                    "(activation checkpointing on/off, backward prefetch), search the micro batch with real short "
+                    "probes as tune-batch does: the --also rows first, doubling from the planner's guess, bisecting "
+                    "to the largest that fits, then to the largest without allocator retries; a setting with "
+                    "at_best_of probes only the best micro batch of an earlier one. Every probe is a run record "
+                    "under OUT/<study>/<setting>/mbs<N>/; the same command again reuses them. The report (tables "
+                    "in the study's columns beside its reference figures, predicted vs probed, plot, CSV) is "
+                    "written at the end, or with `tunelab report OUT`.",
+        epilog="examples:\n  tunelab tune-study lab-part3 --only cpu-example     # CPU: tiny-deep, 2 processes, "
+               "3 GB cap each\n  tunelab tune-study lab-part3 --only tiny-llama-1.1b-full --weights random   # one GPU")
+    s.add_argument("study_file", help="a study YAML, or a name under configs/sweeps/ (lab-part3)")
+    s.add_argument("--only", help="comma-separated study ids (default: every study in the file)")
+    s.add_argument("--out", type=Path, help="probe directory (default: runs/<name>)")
+    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<name>-<device>)")
+    s.add_argument("--no-report", action="store_true", help="only probe; write no report")
+    s.add_argument("--max-micro", type=_count, help="cap every setting's micro batch (a quick rehearsal)")
+    s.add_argument("--deadline", type=_positive_seconds, metavar="S",
+                   help="start no setting after S seconds (a running probe finishes or hits --timeout)")
+    _run_options(s)
+    s.set_defaults(func=cmd_tune_study)
+
+
+def cmd_tune_study(args, extra) -> int:
+    import time
+
+    from tunelab import tune_report, tune_study
+    from tunelab.paths import output_root
+
+    try:
+        sf = tune_study.load(args.study_file)
+        chosen = tune_study.check(sf, [x for x in (args.only or "").split(",") if x] or None)
+        model = _model_choice(args)
+    except (tune_study.StudyError, ValueError) as e:
+        return fail(str(e))
+    out = args.out or (output_root() / "runs" / sf.name)
+    out.mkdir(parents=True, exist_ok=True)
+    tune_study.write_index(sf, out)
+    deadline = None if args.deadline is None else time.monotonic() + args.deadline
+    from tunelab.tune_batch import render
+
+    for study in chosen:
+        try:
+            results = tune_study.run_study(sf, study, out, model=model, max_micro=args.max_micro,
+                                           deadline=deadline, timeout_s=args.timeout)
+        except RuntimeError as e:
+            return fail(str(e))
+        print("\n\n".join(render(r) for r in results))
+    print(f"probe records: {out}/")
+    if not args.no_report:
+        report = tune_report.write_report(out, sf, args.report_dir)
+        print(f"{report}/results.md")
     return 0
 
 
@@ -532,10 +600,9 @@ def cmd_tune_batch(args, extra) -> int:
         try:
             res = tune(recipe, extra, sub_out, start=start, start_reason=why, max_micro=args.max_micro,
                        steps=args.steps, model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout,
-                       world=world, strategy=strategy, setting=label, also=args.also)
+                       world=world, strategy=strategy, setting=label, also=args.also, predicted_largest=predicted)
         except RuntimeError as e:
             return fail(str(e))
-        res.predicted_largest = predicted
         results.append(res)
     if args.json:
         print("[" + ",\n".join(summary_json(r) for r in results) + "]" if len(results) > 1 else summary_json(results[0]))
@@ -645,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser_plan(sub)
     parser_plan_accuracy(sub)
     parser_tune_batch(sub)
+    parser_tune_study(sub)
     parser_build_model(sub)
     parser_data(sub)
     return p

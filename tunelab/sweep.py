@@ -125,6 +125,8 @@ def load(path: Path | str) -> Sweep:
     except InputError as e:
         raise SweepError(str(e)) from None
     unknown = set(raw) - SWEEP_KEYS
+    if "studies" in raw and "rows" not in raw:
+        raise SweepError(f"{where}: a tuning study (studies:), not a sweep; fix: tunelab tune-study {path}")
     if unknown:
         raise SweepError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SWEEP_KEYS)}")
     if "name" not in raw:

@@ -56,7 +56,7 @@ def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) ->
 def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1, start_reason: str = "",
          max_micro: int = 1024, steps: int = 3, model: str = "auto", memory_limit_bytes: int | None = None,
          timeout_s: float | None = None, world: int = 1, stream=sys.stderr, strategy: str | None = None,
-         setting: str = "", also: list[int] | None = None) -> TuneResult:
+         setting: str = "", also: list[int] | None = None, predicted_largest: int | None = None) -> TuneResult:
     from tunelab.progress import ProgressLine
 
     out_dir = Path(out_dir)
@@ -129,7 +129,8 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
     fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
     clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
     best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
-    res = TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, setting=setting, probes=[
+    res = TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, setting=setting,
+                     predicted_largest=predicted_largest, probes=[
         {"micro_batch_size": m, "status": r.status, "tok_s_padded": r.tok_s_padded,
          "num_alloc_retries": r.num_alloc_retries, "peak_allocated_bytes": r.peak_allocated_bytes,
          "peak_reserved_bytes": r.peak_reserved_bytes, "peak_rss_bytes": r.peak_rss_bytes,

@@ -14,9 +14,9 @@
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
 #   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint; not yet timed)  est. 8-10 min
-#   part3         the FSDP tuning tables (docs/lab.md, Part 3) for TinyLlama full, bf16-mixed, FSDP on this one
-#                 GPU: tune-batch without and with activation checkpointing (no backward prefetch), then the
-#                 best micro batch with activation checkpointing again with backward prefetch (not yet timed)
+#   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
+#                 PART3 (default tiny-llama-1.1b-full: TinyLlama full, bf16-mixed, FSDP, one GPU); 33 probes
+#                 took 3 calls (~21 min) on the H100; a cut search goes on where it stopped    ~20 min: 3 calls
 # A stage cut by BUDGET goes on where it stopped at the next call (same command, gpu-results/ carried).
 #
 # Every stage writes into $OUT (what comes back: at most 8 files, whatever the stages): <sweep>.tgz (every record
@@ -103,37 +103,14 @@ stage_tiny() {
   fi
 }
 
-stage_part3() {  # one probe directory per setting under $RUNS/lab-part3/tiny-llama-1.1b-full; archive after each
-  local dir="$RUNS/lab-part3/tiny-llama-1.1b-full" opts off on
-  if [ "$REHEARSAL" = 1 ]; then
-    opts=(--model tiny --steps 2 --data.num_workers 0); off=(--max-micro 2 --also 1); on=(--max-micro 2 --also 1)
-  else  # the --also rows show the curve below the largest batch, as the seed's tables do
-    opts=(--weights random --gpu H100-SXM --steps 10 --timeout 240)
-    off=(--max-micro 128 --also 8,16,32); on=(--max-micro 256 --also 32,64)
-  fi
-  local tb=("$PY" -m tunelab tune-batch recipes/tiny-llama-1.1b/full.yaml --strategy fsdp --devices 1
-            --precision bf16-mixed --out "$dir" "${opts[@]}")
-  pack() { "$PY" -c "import sys; from pathlib import Path; from tunelab.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/lab-part3" "$OUT/lab-part3.tgz"; }
+stage_part3() {  # tunelab tune-study: probes under $RUNS/lab-part3/<study>/<setting>/, archive + report after
+  local opts=(--weights random --timeout 240)
+  [ "$REHEARSAL" = 1 ] && opts=(--model tiny --max-micro 2)
   local rc=0
-  timeout -s INT "$(left)" "${tb[@]}" --activation-checkpointing off --backward-prefetch none "${off[@]}" || rc=$?
-  pack
-  local m  # the --also rows first (short probes), so that a search cut by the budget still leaves the curve
-  for m in $(printf '%s\n' "${on[@]}" | sed -n '/,/p;/^[0-9]*$/p' | tail -1 | tr , ' '); do
-    [ "$(left)" -gt 60 ] && timeout -s INT "$(left)" "${tb[@]}" --activation-checkpointing on --backward-prefetch none \
-      --start "$m" --max-micro "$m" >/dev/null
-  done
-  [ "$(left)" -gt 60 ] && { timeout -s INT "$(left)" "${tb[@]}" --activation-checkpointing on --backward-prefetch none \
-    "${on[@]}" || rc=$?; pack; }
-  local best  # the best micro batch with activation checkpointing, probed once more with backward prefetch
-  best=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['best'] or '')" \
-    "$dir/ac-on-prefetch-none/tune-batch.json" 2>/dev/null)
-  if [ -n "$best" ] && [ "$(left)" -gt 60 ]; then
-    timeout -s INT "$(left)" "${tb[@]}" --activation-checkpointing on --backward-prefetch pre --start "$best" \
-      --max-micro "$best" || rc=$?
-    pack
-  else
-    echo "part3: backward prefetch not probed (best micro batch '${best}', $(left) s left)"
-  fi
+  timeout -s INT "$(left)" "$PY" -m tunelab tune-study configs/sweeps/lab-part3.yaml --only "${PART3:-tiny-llama-1.1b-full}" \
+    --out "$RUNS/lab-part3" --no-report "${opts[@]}" || rc=$?
+  "$PY" -m tunelab report "$RUNS/lab-part3" --out "$RUNS/lab-part3/report" || rc=$?
+  "$PY" -c "import sys; from pathlib import Path; from tunelab.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/lab-part3" "$OUT/lab-part3.tgz"
   return $rc
 }
 stage_qlora-memory() { sweep qlora-memory; }

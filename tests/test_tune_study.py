@@ -1,0 +1,119 @@
+"""Tuning studies (tunelab tune-study, configs/sweeps/lab-part3.yaml): the file is checked in one line per problem,
+the settings run as real probes (tunelab's multi-device loop under FSDP, the tiny model, CPU), a second call reuses
+every probe, and the report reads the records back: the tables, the reference figures, predicted vs probed, the
+CSV in fixed columns, the plot, and the probes a time limit cut short."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, cpu_env
+from tunelab import tune_report, tune_study
+
+STUDY = {
+    "name": "fsdp-tune",
+    "description": "a two-setting study of the tiny model",
+    "lab_hardware": "a reference machine",
+    "studies": [{
+        "id": "tiny-fsdp", "recipe": "tiny-llama-1.1b/full", "strategy": "fsdp", "devices": 1, "checkpoint": "tiny",
+        "gpu": "H100-SXM", "steps": 2, "set": {"precision": "32-true", "data.num_workers": 0},
+        "settings": [
+            {"id": "fsdp", "activation_checkpointing": False, "backward_prefetch": "none", "max_micro": 1},
+            {"id": "fsdp-ac", "activation_checkpointing": True, "backward_prefetch": "none", "max_micro": 1},
+            {"id": "fsdp-ac-prefetch", "activation_checkpointing": True, "backward_prefetch": "pre",
+             "at_best_of": "fsdp-ac"}]}],
+    "lab": {"fsdp": [{"micro": 7, "memory_mb": 14736, "util": 86.2, "util_std": 9.7, "tflops": 43.52,
+                      "iter_ms": 748, "best": True}, {"micro": 9, "status": "oom"}]},
+}
+
+
+def _write(tmp_path: Path, study: dict) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def test_the_shipped_study_file_loads_and_names_real_recipes_strategies_and_gpus():
+    sf = tune_study.load("lab-part3")
+    chosen = tune_study.check(sf, None)
+    assert {s.id for s in chosen} >= {"tiny-llama-1.1b-full", "open-llama-3b-full", "cpu-example"}
+    assert {s.devices for s in chosen} == {1, 2, 4}
+    for s in chosen:  # every study has the three tables of the reference: off, on, on + prefetch at the best
+        assert [(st.activation_checkpointing, st.backward_prefetch) for st in s.settings] == \
+            [(False, "none"), (True, "none"), (True, "pre")]
+    assert set(sf.lab) == {"fsdp", "fsdp-ac", "fsdp-ac-prefetch", "fsdp-ac-3b"}
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda s: s["studies"][0].update(color="red"), "unknown key(s) ['color']"),
+    (lambda s: s["studies"][0]["settings"][2].update(at_best_of="nope"), "at_best_of: 'nope' is not an earlier"),
+    (lambda s: s["studies"][0]["settings"][0].update(backward_prefetch="sometimes"), "backward_prefetch: 'sometimes'"),
+    (lambda s: s["studies"][0]["settings"][1].update(activation_checkpointing=False), "the same activation"),
+    (lambda s: s["studies"][0].update(steps=1), "steps: give 2 or more"),
+    (lambda s: s["studies"][0]["settings"][0].update(max_micro=0), "max_micro: 0 must be >= 1"),
+    (lambda s: s.update(rows=[]), "unknown key(s) ['rows']"),
+])
+def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, expected):
+    study = json.loads(json.dumps(STUDY))
+    change(study)
+    with pytest.raises(tune_study.StudyError) as e:
+        tune_study.load(_write(tmp_path, study))
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_prefetch_under_a_strategy_that_is_not_fsdp_is_refused_before_any_probe(tmp_path):
+    study = json.loads(json.dumps(STUDY))
+    study["studies"][0]["strategy"] = "ddp"
+    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-study", str(_write(tmp_path, study)), "--out",
+                        str(tmp_path / "runs")], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "backward_prefetch needs an FSDP strategy" in p.stderr and not (tmp_path / "runs" / "tiny-fsdp").exists()
+
+
+def test_a_study_runs_for_real_resumes_and_reports(tmp_path):
+    path = _write(tmp_path, STUDY)
+    runs, report = tmp_path / "runs", tmp_path / "report"
+    cmd = [sys.executable, "-m", "tunelab", "tune-study", str(path), "--model", "tiny", "--out", str(runs),
+           "--report-dir", str(report)]
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for setting in ("ac-off-prefetch-none", "ac-on-prefetch-none", "ac-on-prefetch-pre"):
+        rec = json.loads((runs / "tiny-fsdp" / setting / "mbs1" / "record.json").read_text())
+        assert rec["status"] == "ok" and rec["strategy_file"].endswith(f"strategy-{setting}.yaml")
+        strat = yaml.safe_load(Path(rec["strategy_file"]).read_text())
+        assert strat["activation_checkpointing"] is ("ac-on" in setting)
+        assert strat["backward_prefetch"] == ("BACKWARD_PRE" if setting.endswith("pre") else None)
+    md = (report / "results.md").read_text()
+    assert "**CPU example, not a GPU measurement**" in md
+    assert "| tiny-fsdp | fsdp | 1 |" in md and "| 1 * | ok |" in md  # the best starred
+    assert "Reference, the study's own table (a reference machine)" in md and "| 7 * | 14736 | 86.2 +/- 9.7 |" in md
+    assert "| 1 of the probes 1 (from fsdp-ac's best when it ran) |" in md
+    with open(report / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == tune_report.COLUMNS and len(rows) == 3
+    assert (report / "tune.png").stat().st_size > 10_000
+    assert json.loads((runs / "tune-study.json").read_text())["name"] == "fsdp-tune"
+
+    # the same command again: nothing runs, every probe is reused
+    again = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stderr.count("[recorded earlier: not run again]") == 3, again.stderr[-2000:]
+    assert "iter 0 step 0" not in again.stderr
+
+    # a probe cut short by a time limit is reported as not finished (and is not a fit)
+    cut = runs / "tiny-fsdp" / "ac-on-prefetch-none" / "mbs2" / "record.json"
+    cut.parent.mkdir()
+    rec = json.loads((runs / "tiny-fsdp" / "ac-on-prefetch-none" / "mbs1" / "record.json").read_text())
+    rec.update(status="killed", error="deadline: the command's time ran out")
+    cut.write_text(json.dumps(rec))
+    p = subprocess.run([sys.executable, "-m", "tunelab", "report", str(runs), "--out", str(report)], cwd=ROOT,
+                       env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    md = (report / "results.md").read_text()
+    assert "| tiny-fsdp | fsdp-ac | 1; search cut at 2 |" in md and "Not finished" in md and "| 2 | killed: deadline" in md
