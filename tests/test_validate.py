@@ -80,3 +80,22 @@ def test_resolved_arguments_apply_litgpt_defaults_and_overrides():
     r = result.resolved
     assert r["train"]["micro_batch_size"] == 2 and r["train"]["max_norm"] is None  # litgpt's default filled in
     json.dumps(r, default=str)  # plain data, ready for a run record
+
+
+def test_warmup_equal_to_max_steps_is_refused_because_litgpt_divides_by_zero_there():
+    """litgpt's own scheduler (called here, in-process) dies at the last step when lr_warmup_steps == max_steps
+    (CosineAnnealingLR with T_max=0; a tune-batch probe hit it on the H100); validate refuses it before launch."""
+    import torch
+    from litgpt.finetune.full import get_lr_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = get_lr_scheduler(opt, warmup_steps=2, max_steps=2)
+    with pytest.raises(ZeroDivisionError):
+        for _ in range(2):
+            opt.step()
+            sched.step()
+    r = check(resolve("tiny-llama-1.1b/full"), ["--train.max_steps", "4", "--train.lr_warmup_steps", "4"])
+    assert [p.key for p in r.problems if p.severity == "error"] == ["train.lr_warmup_steps"]
+    assert "ZeroDivisionError" in str(r.problems[0])
+    r = check(resolve("tiny-llama-1.1b/full"), ["--train.max_steps", "4", "--train.lr_warmup_steps", "3"])
+    assert not [p for p in r.problems if p.severity == "error"]

@@ -301,11 +301,19 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
                 "run stops there", f"set train.epochs to {need} (or more data)", "warning")
         if max_steps:
             c.steps = min(c.steps, max_steps)
-        if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
+        if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup == max_steps == c.steps:
+            bad("train.lr_warmup_steps", f"{warmup} warm-up steps = train.max_steps: litgpt's cosine schedule "
+                "divides by max_steps - lr_warmup_steps (CosineAnnealingLR T_max=0), so the run dies with "
+                "ZeroDivisionError at its last step", "lower train.lr_warmup_steps below train.max_steps")
+        elif isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
             bad("train.lr_warmup_steps", f"{warmup} warm-up steps >= the run's {c.steps} optimizer steps: the "
                 "learning rate never reaches its peak", "lower train.lr_warmup_steps", "warning")
     elif max_steps:
         c.steps = max_steps
+        if isinstance(warmup, int) and warmup == max_steps:
+            bad("train.lr_warmup_steps", f"{warmup} warm-up steps = train.max_steps: if the data holds that many "
+                "steps, litgpt's cosine schedule divides by zero (T_max = max_steps - lr_warmup_steps) at the last "
+                "one", "lower train.lr_warmup_steps below train.max_steps", "warning")
 
 
 def _model_rules(c: _Context, a: dict, bad) -> None:
