@@ -128,8 +128,13 @@ def test_calibration_uses_nearest_measured_run(tmp_path):
     assert proj.seconds_low == pytest.approx(proj.flops_per_token * 1e6 / (0.41 * 989.4e12))
 
 
+@pytest.mark.slow
 def test_tune_batch_finds_the_limit_under_a_memory_cap(tmp_path):
-    """Real probes of a 70M-parameter model under a 4 GB address-space cap: doubling, then bisection."""
+    """Real probes of a 70M-parameter model under a 4 GB address-space cap: doubling, then bisection to the exact
+    limit (~90 s on 2 cores: behind the slow marker; CI checks the search on records
+    (test_tune_batch_search_finds_the_largest_batch_without_allocator_retries), a real out-of-memory against a fit
+    at one micro batch (test_activation_checkpointing_makes_a_micro_batch_fit_that_does_not_fit_without) and real
+    probes under FSDP (tests/test_tune_study.py))."""
     from tunelab import checkpoints
 
     ckpt = checkpoints.build("pythia-70m", tmp_path / "pythia")

@@ -449,6 +449,10 @@ def parser_plan(sub) -> None:
                    help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)")
     s.add_argument("--calibrate", type=Path, help="a directory of run records: use the measured MFU (and power) of "
                                                   "the nearest measured configuration")
+    s.add_argument("--measure", action="store_true",
+                   help="also count what autograd keeps in one real forward of litgpt's model for this case (full "
+                        "width, 2 blocks, one sequence of the planned length, on this CPU; seconds to a minute) and "
+                        "print it beside the planner's activation term")
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
     s.set_defaults(func=cmd_plan, passthrough=True)
 
@@ -480,14 +484,64 @@ def cmd_plan(args, extra) -> int:
             epoch_tokens(resolved, x, per_sample)
         lo, hi = args.mfu_range
         projection = planner.project(x, hardware.lookup(args.gpu), tokens, args.calibrate, (lo, hi))
+    measured = None
+    if args.measure:
+        if str(x.precision) not in ("bf16-true", "16-true", "32-true"):
+            return fail(f"--measure: precision {x.precision} is not measured (CPU autocast keeps other ops in fp32 "
+                        "than CUDA's); fix: measure with --precision bf16-true or 32-true")
+        from tunelab.measure_activations import compare
+
+        print(f"measuring {x.config.name} ({x.method}, {x.precision}, one sequence of {x.seq_len} tokens, 2 blocks "
+              "at full width) on this CPU ...", file=sys.stderr, flush=True)
+        measured = compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r or 8,
+                           x.lora_targets or None)
     if args.json:
         out = plan.to_json()
         out["seq_len_source"] = seq_source
         if projection:
             out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
+        if measured:
+            out["measured_activations"] = measured
         print(json.dumps(out, indent=2))
     else:
         print(render(x, plan, seq_source, projection, tokens_note))
+        if measured:
+            m, micro = measured, x.micro_batch_size
+            print(f"\nactivations, measured (autograd's saved tensors, one real forward on this CPU) vs planned, "
+                  f"for micro batch {micro} (the measurement x {micro}; GB = 1e9 bytes):")
+            for what, key in (("a block", "block"), ("the first block", "first_block"), ("head and loss", "head"),
+                              (f"all {m['n_layer']} blocks + head", "total")):
+                mb, pb = m[f"measured_{key}"] * micro, m[f"planned_{key}"] * micro
+                print(f"  {what:<22} measured {mb / 1e9:8.3f}  planned {pb / 1e9:8.3f}  "
+                      f"({(pb - mb) / mb:+.1%})" if mb else f"  {what}: nothing measured")
+            print("  (planned as counted on CPU: dropout masks in the activation dtype; on CUDA they are 1 byte)")
+    return 0
+
+
+def parser_plan_families(sub) -> None:
+    s = sub.add_parser("plan-families",
+                       help="the planner's activation term against autograd's saved tensors, per model family -> "
+                            "reports/planner-families/",
+                       description="For each model family (TinyLlama, OpenLLaMA, Llama 2, 3, 3.2, Mistral, Gemma 1 "
+                                   "and 2, Phi-2, Phi-3, Falcon, StableLM), full and LoRA: one real forward of "
+                                   "litgpt's model (full width, 2 blocks) on this CPU, the bytes autograd keeps per "
+                                   "block and for the head and loss, beside tunelab's derivation from the Config.")
+    s.add_argument("--families", help="comma-separated litgpt config names (default: the 13 families)")
+    s.add_argument("--seq-len", type=_count, default=128, help="tokens per sequence (default 128)")
+    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-families)")
+    s.set_defaults(func=cmd_plan_families)
+
+
+def cmd_plan_families(args, extra) -> int:
+    from tunelab.plan_cli import write_families
+
+    names = [x for x in (args.families or "").split(",") if x] or None
+    try:
+        out = write_families(args.out, names, args.seq_len)
+    except (ValueError, RuntimeError) as e:
+        return fail(str(e))
+    print((out / "families.md").read_text())
+    print(f"written: {out}/families.md, {out}/families.csv")
     return 0
 
 
@@ -711,6 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser_report(sub)
     parser_plan(sub)
     parser_plan_accuracy(sub)
+    parser_plan_families(sub)
     parser_tune_batch(sub)
     parser_tune_study(sub)
     parser_build_model(sub)

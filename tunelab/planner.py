@@ -12,17 +12,27 @@ Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = mi
   momentum 1, plain SGD none; bitsandbytes 8-bit Adam 2 bytes; bitsandbytes paged optimizers (litgpt's QLoRA
   PagedAdamW) live in CUDA unified memory, outside torch's allocator (not in "allocated").
 * mixed precision: autocast caches a 16-bit copy of every trainable weight during forward (+2 bytes/param).
-* activations (what autograd saves, per token per layer; d = n_embd, I = MLP width, s = activation dtype):
-  - RMSNorm (computed in fp32 by litgpt): its fp32 input copy (4d) always; its fp32 normalised value (4d) when
-    the norm weight trains (full); its output (s d) when the next linear's weight trains (full).
-  - attention: q, k, v (expanded to all heads for grouped-query attention), the SDPA output and its reshaped
-    copy: 5 s d; multi-head models keep the fused qkv buffer alive through v: 7 s d.
-  - LLaMA MLP (SwiGLU): fc_1 out, silu out, fc_2 out, their product: 4 s I (LoRA: the product is not kept by
-    the frozen projection: 3 s I).
-  - LoRA: per adapted linear, its dropout output (s x in_features) and mask (1 byte x in_features).
-  - activation checkpointing: only each block's input (s d) plus one block recomputed at a time.
-  - logits and loss: full: logits, their reshaped copy and log-softmax outputs (3 x N_tok x V x s; mixed
-    precision computes the loss in fp32); LoRA (litgpt chunks the head): 2 x N_tok x V x s.
+* activations: what autograd keeps for backward, derived op by op from the model's litgpt Config for any family
+  (RMSNorm / LayerNorm, SwiGLU / GeGLU / GELU MLPs, multi-head / grouped / multi-query attention, partial rotary,
+  parallel residual, shared and post norms, attention and final-logit softcapping, LoRA's dropout and adapter
+  inputs, a frozen embedding's first block): ``tunelab/activations.py``, checked against a real forward of
+  litgpt's own model per family (``tunelab plan-families``, ``tunelab plan --measure``). Activation checkpointing
+  keeps each block's input (s d per token) plus one block recomputed at a time. Mixed precision (autocast) keeps
+  the older LLaMA-shaped approximation (not derived: said in the plan's notes).
+* logits and loss: the loss's saved tensors (litgpt's chunked cross-entropy keeps each chunk's log-softmax) plus
+  what is alive beside them when backward starts: the logits litgpt's loop still holds and, for full fine-tuning,
+  their gradient (3 x N_tok x V x s in all); LoRA's chunked head: 2 x N_tok x V x s.
+* QLoRA, from the code (Lightning's BitsandbytesPrecision and litgpt's loading, bitsandbytes 0.50): on one device
+  the model is built under ``fabric.init_module`` with every ``torch.nn.Linear`` replaced by an NF4 layer that
+  quantizes itself in ``__init__`` on CUDA, and ``load_checkpoint`` streams the memory-mapped weights through a
+  load hook that quantizes each one (``weight.to(cuda, float16)`` then ``quantize_4bit``): the bf16 model never sits
+  on the GPU, one layer's 16-bit copy at a time does (the measured peak right after loading, 1.3-1.8 GB for
+  TinyLlama and 5.6-6.0 GB for OpenLLaMA 7B, is far below the training peak, so loading never sets it). In training,
+  ``MatMul4Bit`` keeps only the packed weight for backward (no activation beyond LoRA's), but every forward and
+  backward matmul dequantizes its weight to a 16-bit temporary (``dequantize_4bit``, then a cast to the compute
+  dtype): the largest is the lm_head (V x d: 0.13 GB for TinyLlama, 0.26 GB for 7B, once per 128-token chunk of
+  litgpt's chunked head), which accounts for up to about half of the measured QLoRA extra below; the rest stays a
+  measured term (QLORA_EXTRA_BYTES), not attributed to a buffer.
 * CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, 1.10:
   PyTorch typically reserves 5-15% above what it allocates) decide the fit, not the allocated peak alone.
 
@@ -40,22 +50,22 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tunelab import hardware
+from tunelab import activations, hardware
 from tunelab.flops import count_params, flops_per_token, lora_param_count
 from tunelab.settings import accumulation, world_size
 
 GiB = 2**30
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
-QLORA_EXTRA_BYTES = int(0.733e9)
-QLORA_EXTRA_PER_PARAM = 0.0404
-"""QLoRA (bnb.nf4) peaks sat above the sum of the other terms by 0.69-0.85 GB for TinyLlama (4 runs: micro 2 and 4,
-LoRA on all layers and on query/value) and 0.84-1.16 GB for OpenLLaMA 7B (2 runs), measured on an NVIDIA H100
-(reports/2026-11-23-qlora-memory-h100), while the same LoRA without quantization sat within 0.3-0.5 GB (TinyLlama)
-and 0.1 GB (7B). The load phase does not set the peak (peak allocated at the first training batch: 1.3-1.8 GB for
-TinyLlama, 5.6-6.0 GB for 7B, against peaks of 3.4-6.8 and 13.4-21.0 GB); the extra appears during training. Not
-attributed to a particular bitsandbytes buffer: fitted as 0.733 GB + 0.0404 bytes per quantized parameter (mean
-residual 0.78 GB at 1.03 B quantized parameters, 1.00 GB at 6.6 B). Checked against an independent figure: the
-lab's s13 (7B QLoRA, A100) moved from -5.0% to within 1% (reports/planner-accuracy)."""
+QLORA_EXTRA_BYTES = int(0.812e9)
+QLORA_EXTRA_PER_PARAM = 0.0822
+"""QLoRA (bnb.nf4) peaks measured on an NVIDIA H100 (reports/2026-11-23-qlora-memory-h100) sit above the sum of the
+other terms by 0.84-1.02 GB for TinyLlama (4 runs: micro 2 and 4, LoRA on all layers and on query/value) and
+1.32-1.40 GB for OpenLLaMA 7B (2 runs); refit with `python scripts/fit_qlora_extra.py <unpacked records>` as
+0.812 GB + 0.0822 bytes per quantized parameter (worst residual after the fit 0.12 GB). Part of it is not
+quantization's: the same LoRA runs without quantization sit 0.32-0.66 GB above the plan too (a LoRA peak term not
+yet attributed, also seen as the lab's s10 at -5%); dequantized 16-bit weight temporaries (the module docstring)
+account for some of the rest. The load phase does not set the peak (peak allocated at the first training batch:
+1.3-1.8 GB for TinyLlama, 5.6-6.0 GB for 7B, against peaks of 3.4-6.8 and 13.4-21.0 GB)."""
 ALLOCATOR_SLACK = 1.05
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -232,20 +242,29 @@ def predict(x: PlanInput) -> Plan:
 
     # activations
     n_tok = x.micro_batch_size * x.seq_len
-    per_layer = _activations_per_token_layer(c, "full" if x.method == "full" else "lora", s_act,
-                                             x.activation_checkpointing, targets)
-    acts = per_layer * c.n_layer * n_tok
+    kind = "full" if x.method == "full" else "lora"
+    if mixed:  # autocast: not derived op by op (LLaMA-shaped approximation, checked on the lab's s5 row only)
+        per_layer = _activations_per_token_layer(c, kind, s_act, x.activation_checkpointing, targets)
+        acts = per_layer * c.n_layer * n_tok
+        if x.activation_checkpointing:  # one block recomputed at a time
+            acts += _activations_per_token_layer(c, kind, s_act, False, targets) * n_tok
+        logits = n_tok * c.padded_vocab_size * (2 + 4 + 4) if x.method == "full" else \
+            2 * n_tok * c.padded_vocab_size * 4
+        notes.append("mixed precision: activations from a LLaMA-shaped approximation (autocast is not derived "
+                     "op by op; tunelab.activations covers -true precisions)")
+    else:  # what autograd keeps, derived from the Config (tunelab/activations.py; measured per family on CPU)
+        saved = activations.saved_bytes(c, kind, s_act, x.micro_batch_size, x.seq_len, targets, x.lora_r or 8)
+        notes.extend(saved.notes)
+        if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
+            acts = s_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
+        else:
+            acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
+        # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
+        # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
+        # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
+        logits = saved.head + n_tok * c.padded_vocab_size * s_act * (2 if x.method == "full" else 1)
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
-    if x.activation_checkpointing:  # one block recomputed at a time
-        acts += _activations_per_token_layer(c, "full" if x.method == "full" else "lora", s_act, False,
-                                             targets) * n_tok
-    loss_s = 4 if mixed else s_act
-    if x.method == "full":
-        logits = n_tok * c.padded_vocab_size * (s_act + s_act + loss_s) if not mixed else \
-            n_tok * c.padded_vocab_size * (2 + 4 + 4)
-    else:
-        logits = 2 * n_tok * c.padded_vocab_size * loss_s
 
     # strategy division of the model states
     shard_w = shard_g = shard_o = 1
@@ -295,8 +314,8 @@ def predict(x: PlanInput) -> Plan:
     qlora_extra = 0
     if quantize.startswith(("bnb.nf4", "bnb.fp4")):
         qlora_extra = QLORA_EXTRA_BYTES + QLORA_EXTRA_PER_PARAM * (total - emb)
-        notes.append("QLoRA: + a measured term (bitsandbytes at training time, not attributed to a buffer; fitted "
-                     "to 6 QLoRA runs on an H100, see QLORA_EXTRA_BYTES)")
+        notes.append("QLoRA: + a measured term (bitsandbytes at training time, not attributed to one buffer; fitted "
+                     "to 6 QLoRA runs on an H100 by scripts/fit_qlora_extra.py, see QLORA_EXTRA_BYTES)")
     model_states = {"weights": weights_dev, "lora_weights": lora_w_dev, "optimizer_states": opt_dev,
                     "autocast_weight_cache": autocast_cache, "sharding_buffers": extra,
                     "qlora_measured_extra": qlora_extra}

@@ -1,0 +1,81 @@
+"""The planner's activation term (tunelab/activations.py, derived from the Config) against what autograd really keeps
+in one real forward of litgpt's own model (tunelab/measure_activations.py), per model family, full and LoRA.
+
+CI checks one family per distinct code path (norm, MLP, attention layout, softcapping, parallel residual) at full
+width; every family of the issue runs behind the slow marker (`pytest -m slow`), and `tunelab plan-families`
+writes the same comparison to reports/planner-families/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from litgpt import Config
+
+from tests.conftest import ROOT, cpu_env
+from tunelab.measure_activations import FAMILIES, compare, measure
+
+CI_FAMILIES = {
+    "tiny-llama-1.1b": "RMSNorm, SwiGLU, grouped-query attention",
+    "phi-2": "LayerNorm, GELU MLP, parallel residual with a shared norm, multi-head attention, partial rotary, biases",
+    "falcon-7b": "multi-query attention, parallel residual",
+    "stablelm-3b-4e1t": "LayerNorm with SwiGLU, multi-head attention, partial rotary",
+    "gemma-2-2b": "attention and final-logit softcapping (scores kept), post-norms, GeGLU, 256k vocabulary",
+}
+
+
+def _check(name: str, method: str, seq_len: int = 64) -> dict:
+    r = compare(Config.from_name(name), method, "bf16-true", 1, seq_len)
+    assert abs(r["error_block"]) <= 0.03, r
+    assert abs(r["error_head"]) <= 0.03, r
+    assert abs(r["error_total"]) <= 0.03, r
+    assert abs(r["planned_first_block"] - r["measured_first_block"]) <= 0.03 * r["measured_first_block"], r
+    return r
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("name", list(CI_FAMILIES))
+def test_planner_matches_autograd_for_each_code_path(name, method):
+    _check(name, method)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("name", [f for f in FAMILIES if f not in CI_FAMILIES])
+def test_planner_matches_autograd_for_every_family(name, method):
+    _check(name, method)
+
+
+def test_the_measurement_counts_storages_once_and_scales_with_the_batch():
+    """Two sequences keep exactly twice what one keeps (no storage counted twice, nothing per-batch constant but
+    the norms' fp32 weights); the first LoRA block keeps less than the others (a frozen embedding feeds it)."""
+    c = Config.from_name("tiny-llama-1.1b")
+    one, two = measure(c, "full", "bf16-true", 1, 32), measure(c, "full", "bf16-true", 2, 32)
+    norm_weights = 2 * 4 * c.n_embd  # two RMSNorm weights cast to fp32 once per forward
+    assert two.per_layer_bytes[1] - norm_weights == 2 * (one.per_layer_bytes[1] - norm_weights)
+    lora = measure(c, "lora", "bf16-true", 1, 32)
+    assert lora.per_layer_bytes[0] < lora.per_layer_bytes[1]
+
+
+def test_softcapping_attention_is_quadratic_in_the_sequence_and_planned_so():
+    c = Config.from_name("gemma-2-2b")
+    short, long = _check("gemma-2-2b", "full", 32), _check("gemma-2-2b", "full", 64)
+    norm_weights = 4 * 4 * c.n_embd  # four RMSNorms (two of them Gemma 2's post-norms), fp32 weights once each
+    per_token_short = (short["measured_block"] - norm_weights) / 32
+    per_token_long = (long["measured_block"] - norm_weights) / 64
+    assert per_token_long - per_token_short == pytest.approx((2 * 2 + 4) * c.n_head * 32, rel=1e-6)
+
+
+def test_plan_measure_prints_both_and_refuses_mixed_precision():
+    p = subprocess.run([sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--precision", "bf16-true",
+                        "--train.max_seq_length", "64", "--measure", "--json"], cwd=ROOT, env=cpu_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    m = json.loads(p.stdout)["measured_activations"]
+    assert m["model"] == "tiny-llama-1.1b" and m["seq_len"] == 64 and abs(m["error_total"]) <= 0.03
+    mixed = subprocess.run([sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/full", "--precision",
+                            "bf16-mixed", "--measure"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert mixed.returncode == 2 and "--measure: precision bf16-mixed is not measured" in mixed.stderr
