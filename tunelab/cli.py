@@ -459,7 +459,7 @@ def parser_plan(sub) -> None:
 
 def cmd_plan(args, extra) -> int:
     from tunelab import hardware, planner
-    from tunelab.plan_cli import epoch_tokens, plan_recipe, render, tokens_per_sample_from_data
+    from tunelab.plan_cli import epoch_tokens, plan_recipe, render, runtime_terms, tokens_per_sample_from_data
     from tunelab.recipes import RecipeError, resolve
 
     lo, hi = args.mfu_range
@@ -483,7 +483,8 @@ def cmd_plan(args, extra) -> int:
         tokens, tokens_note = (args.tokens, f"--tokens {args.tokens:,.0f}") if args.tokens else \
             epoch_tokens(resolved, x, per_sample)
         lo, hi = args.mfu_range
-        projection = planner.project(x, hardware.lookup(args.gpu), tokens, args.calibrate, (lo, hi))
+        projection = planner.project(x, hardware.lookup(args.gpu), tokens, args.calibrate, (lo, hi),
+                                     work=runtime_terms(resolved, x, per_sample))
     measured = None
     if args.measure:
         if str(x.precision) not in ("bf16-true", "16-true", "32-true"):

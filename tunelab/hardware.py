@@ -31,6 +31,8 @@ class GPU:
     """Dense peak TFLOP/s by precision key (fp32, tf32, fp16, bf16); None where there is no fast path."""
     match: tuple = ()
     """Lower-case substrings of device names that identify this board."""
+    bandwidth_gbs: float | None = None
+    """Peak memory bandwidth, GB/s (datasheet): the runtime estimate's memory-bound terms divide by it."""
 
     @property
     def memory_bytes(self) -> int:

@@ -109,6 +109,8 @@ def render(x, plan, seq_source: str, projection=None, tokens_note: str = "") -> 
                   f"[{p.flops_formula}]",
                   f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
                   f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
+                  (f"  point estimate of litgpt's Training Time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
+                   f"{p.seconds_band[1]:,.0f} s; {p.seconds_source})" if p.seconds else f"  {p.seconds_source}"),
                   f"  energy: {p.energy_j_low / 3.6e6:.3f}-{p.energy_j_high / 3.6e6:.3f} kWh, "
                   f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
                   f"per million tokens; power: {p.power_source}"]
@@ -159,10 +161,8 @@ def _row(part, rid, recipe, note, gpu, plan, measured, lab_status, what) -> dict
             "verdict_ok": None if lab_fits is None or plan.edge else plan.fits == lab_fits, "measured_is": what}
 
 
-def write_accuracy(out: Path | None = None) -> Path:
-    out = Path(out or output_root() / "reports" / "planner-accuracy")
-    out.mkdir(parents=True, exist_ok=True)
-    rows = accuracy_rows()
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    """Rows (dicts with the same keys, in order) as a CSV file."""
     import csv
     import io
 
@@ -170,7 +170,15 @@ def write_accuracy(out: Path | None = None) -> Path:
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()
     w.writerows(rows)
-    (out / "accuracy.csv").write_text(buf.getvalue())
+    path.write_text(buf.getvalue())
+
+
+def write_accuracy(out: Path | None = None) -> Path:
+    out = Path(out or output_root() / "reports" / "planner-accuracy")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = accuracy_rows()
+    _write_csv(out / "accuracy.csv", rows)
+    runtime_lines = _runtime_section(out)
 
     def fmt_meas(m):
         if m is None:
@@ -207,7 +215,7 @@ def write_accuracy(out: Path | None = None) -> Path:
         lines.append(f"| {r['part']} | {r['id']} | {r['recipe']} | {r['note']} | {r['gpu']} | {r['strategy']} | "
                      f"{r['devices']} | {r['micro']} | {r['predicted_gb']:.2f} | {fmt_meas(r['measured_gb'])} | {err} | "
                      f"{'fits' if r['predicted_fits'] else 'OOM'} | {lab} | {ok} |")
-    (out / "accuracy.md").write_text("\n".join(lines) + "\n")
+    (out / "accuracy.md").write_text("\n".join(lines + runtime_lines) + "\n")
     return out
 
 
@@ -300,3 +308,92 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
         lines += ["", "Notes: " + " / ".join(notes)]
     (out / "families.md").write_text("\n".join(lines) + "\n")
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runtime against the lab's times
+
+def _runtime_section(out: Path) -> list[str]:
+    """runtime.csv and the runtime section of accuracy.md: the lab's times beside the estimate, leave-one-out."""
+    from tunelab import runtime
+
+    rows = runtime_rows()
+    _write_csv(out / "runtime.csv", rows)
+    loo = [abs(r["loo_error"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["loo_error"]))
+    fitted = fit_runtime_constants()
+    lines = ["", "## Runtime: the point estimate against the lab's A100 times", "",
+             "litgpt's \"Training Time\" (one epoch of 1,000 training samples, the fit loop with its in-loop "
+             "validations and generated samples under the lab's eval settings: interval 25, 100 batches, 100 new "
+             "tokens) against `tunelab.runtime`: compute FLOPs / (peak x ETA) + memory-bound bytes / (bandwidth x "
+             f"MU) + iterations x OVERHEAD_S, with ETA {runtime.ETA}, MU {runtime.MU}, OVERHEAD_S "
+             f"{runtime.OVERHEAD_S} s fitted on these rows (a refit now gives {fitted[0]:.4f}, {fitted[1]:.4f}, "
+             f"{fitted[2]:.4f}). Leave-one-out: each row estimated with the constants refitted without it. "
+             f"Padded tokens per sample: the lab's {LAB_PADDED_TOKENS_PER_SAMPLE}.", "",
+             f"- Leave-one-out error: mean absolute {sum(loo) / len(loo):.1%}, worst {worst['loo_error']:+.1%} "
+             f"({worst['id']}: the only QLoRA row, the one that holds the memory-bound constant); in-sample worst "
+             f"{max(rows, key=lambda r: abs(r['error']))['error']:+.1%} "
+             f"({max(rows, key=lambda r: abs(r['error']))['id']}).", "",
+             "| row | recipe | lab s | estimate s | error | leave-one-out s | error | optimizer steps | validations | "
+             "compute s | memory-bound s | overhead s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['id']} | {r['recipe']} | {r['lab_s']:.1f} | {r['estimate_s']:.1f} | {r['error']:+.1%} | "
+                     f"{r['loo_estimate_s']:.1f} | {r['loo_error']:+.1%} | {r['optimizer_steps']} | "
+                     f"{r['evaluations']} | {r['compute_s']:.1f} | {r['memory_s']:.1f} | {r['overhead_s']:.1f} |")
+    return lines
+
+
+def runtime_terms(args: dict, x: planner.PlanInput, tokens_per_sample: float | None):
+    """The recipe's run as tunelab.runtime.Terms: its data's size and split (or the lab's 2,000 samples), epochs or
+    max_steps, eval settings, padded tokens per sample."""
+    from tunelab import runtime
+
+    n, _ = settings.data_size(args)
+    n = n or 2000
+    val = (args.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0
+    train_samples = int(n * (1 - val))
+    return runtime.terms(x, args, train_samples, n - train_samples, tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE)
+
+
+def _lab_runtime_items() -> list:
+    """(row, terms, peak FLOP/s, bandwidth B/s, lab seconds) for every Part 1 row with a time: the row's settings
+    under the lab's eval settings, one epoch of the lab's 1,000 training samples (1,000 more validate)."""
+    from tunelab import runtime
+    from tunelab.sweep import load
+
+    items = []
+    for r in load(CONFIGS_DIR / "sweeps" / "lab-part1.yaml").rows:
+        if not r.lab.get("time_s"):
+            continue
+        extra = [*r.overrides(), *settings.to_overrides(runtime.LAB_EVAL)]
+        x, _, _, resolved = plan_recipe(r.recipe, extra, gpu=r.gpu)
+        t = runtime.terms(x, resolved, 1000, 1000, LAB_PADDED_TOKENS_PER_SAMPLE)
+        g = hardware.lookup(r.gpu)
+        items.append((r, t, g.peak_flops(x.precision, "high"), g.bandwidth_gbs * 1e9, float(r.lab["time_s"])))
+    return items
+
+
+def fit_runtime_constants() -> tuple[float, float, float]:
+    """(ETA, MU, OVERHEAD_S) fitted on every lab row with a time: what tunelab.runtime holds."""
+    from tunelab import runtime
+
+    return runtime.fit([item[1:] for item in _lab_runtime_items()])
+
+
+def runtime_rows() -> list[dict]:
+    """Each lab row's time beside the estimate with tunelab.runtime's constants and the estimate with the constants
+    refitted without that row (leave-one-out), and the split of the estimate into its terms."""
+    from tunelab import runtime
+
+    items = _lab_runtime_items()
+    fitted = (runtime.ETA, runtime.MU, runtime.OVERHEAD_S)
+    rows = []
+    for i, (r, t, peak, bw, secs) in enumerate(items):
+        loo = runtime.fit([item[1:] for j, item in enumerate(items) if j != i])
+        est, est_loo = t.seconds(peak, bw, *fitted), t.seconds(peak, bw, *loo)
+        rows.append({"id": r.id, "recipe": r.recipe.key, "note": r.note, "gpu": r.gpu, "lab_s": secs,
+                     "estimate_s": est, "error": est / secs - 1, "loo_estimate_s": est_loo,
+                     "loo_error": est_loo / secs - 1, **t.detail,
+                     "compute_s": t.compute_flops / (peak * fitted[0]), "memory_s": t.memory_bytes / (bw * fitted[1]),
+                     "overhead_s": t.iterations * fitted[2]})
+    return rows

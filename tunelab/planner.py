@@ -484,6 +484,12 @@ class Projection:
     energy_j_high: float
     energy_j_per_million_tokens_low: float
     energy_j_per_million_tokens_high: float
+    seconds: float | None = None
+    """Point estimate of litgpt's "Training Time" for the run (tunelab.runtime: compute + memory-bound work +
+    per-iteration overhead, constants fitted on the lab's A100 times), None without the GPU's bandwidth."""
+    seconds_band: tuple | None = None
+    """seconds x (1 -/+ the estimate's mean absolute leave-one-out error on the lab's rows)."""
+    seconds_source: str = ""
 
 
 def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int):
@@ -506,7 +512,9 @@ def calibration(records_dir: Path, model: str, method: str, precision: str, micr
 
 
 def project(x: PlanInput, gpu: hardware.GPU, tokens: float, calibrate_dir: Path | None = None,
-            mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE) -> Projection:
+            mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE, work=None) -> Projection:
+    """The runtime and energy range from an MFU range (or a measured run's MFU), and with ``work`` (the run's
+    tunelab.runtime.Terms) the point estimate."""
     n_lora = lora_param_count(x.config, x.lora_r or 8, x.lora_targets) if x.method != "full" else 0
     fpt = flops_per_token(x.config, x.seq_len, "full" if x.method == "full" else "lora", n_lora)
     peak = gpu.peak_flops(x.precision, "high") or 0.0  # litgpt's CLI runs float32 matmuls as TF32
@@ -532,4 +540,21 @@ def project(x: PlanInput, gpu: hardware.GPU, tokens: float, calibrate_dir: Path 
                       mfu_source=source, peak_flops_per_device=peak, seconds_low=t_low, seconds_high=t_high,
                       power_w=power, power_source=power_source, energy_j_low=e_low, energy_j_high=e_high,
                       energy_j_per_million_tokens_low=e_low / tokens * 1e6 if tokens else 0.0,
-                      energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0)
+                      energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
+                      **_point_estimate(work, gpu, x))
+
+
+def _point_estimate(work, gpu: hardware.GPU, x: PlanInput) -> dict:
+    from tunelab import runtime
+
+    if work is None or not gpu.bandwidth_gbs or not gpu.peak_flops(x.precision, "high"):
+        return {"seconds_source": "no point estimate: the GPU table has no bandwidth or peak for this precision"
+                if work is not None else ""}
+    secs = work.seconds(gpu.peak_flops(x.precision, "high"), gpu.bandwidth_gbs * 1e9)
+    e = runtime.LOO_MEAN_ABS_ERROR
+    return {"seconds": secs, "seconds_band": (secs * (1 - e), secs * (1 + e)),
+            "seconds_source": (f"tunelab.runtime fitted on the lab's A100 times (leave-one-out error mean "
+                               f"{e:.0%}, worst {runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: "
+                               f"{gpu.peak_flops(x.precision, 'high') / 1e12:.0f} TFLOP/s, "
+                               f"{gpu.bandwidth_gbs:.0f} GB/s; {work.detail['optimizer_steps']} optimizer steps, "
+                               f"{work.detail['evaluations']} in-loop validations")}

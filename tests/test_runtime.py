@@ -1,0 +1,45 @@
+"""The runtime point estimate (tunelab/runtime.py): its constants are the fit to the lab's A100 times (not
+hand-set), leave-one-out errors are what the module states, its terms count litgpt's validations and optimizer
+steps as the lab ran them, and `tunelab plan --json` carries it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, cpu_env
+from tunelab import runtime
+from tunelab.plan_cli import fit_runtime_constants, runtime_rows
+
+
+def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_hold():
+    eta, mu, overhead = fit_runtime_constants()
+    assert (eta, mu, overhead) == pytest.approx((runtime.ETA, runtime.MU, runtime.OVERHEAD_S), abs=1e-4)
+    rows = runtime_rows()
+    assert {r["id"] for r in rows} == {"s2", "s3", "s4", "s5", "s6", "s7", "s10", "s11", "s12", "s13", "s14"}
+    loo = [abs(r["loo_error"]) for r in rows]
+    assert sum(loo) / len(loo) == pytest.approx(runtime.LOO_MEAN_ABS_ERROR, abs=5e-4)
+    assert max((r["loo_error"] for r in rows), key=abs) == pytest.approx(runtime.LOO_WORST_ERROR, abs=5e-4)
+
+
+def test_terms_count_the_lab_loop():
+    rows = {r["id"]: r for r in runtime_rows()}
+    # global batch 8 vs 32 over 1,000 samples: 125 vs 31 optimizer steps, validations every 25 steps
+    assert (rows["s2"]["optimizer_steps"], rows["s2"]["evaluations"]) == (125, 5)
+    assert (rows["s3"]["optimizer_steps"], rows["s3"]["evaluations"]) == (31, 1)
+    assert rows["s2"]["eval_batches_each"] == 100  # eval.max_iters caps the 125 validation batches
+    assert rows["s13"]["dequantization_bytes"] > 0 and rows["s12"]["dequantization_bytes"] == 0
+    # the steps and validations s2 adds over s3 are what separates their times, and the estimate sees most of it
+    assert rows["s2"]["estimate_s"] - rows["s3"]["estimate_s"] > 0.75 * (rows["s2"]["lab_s"] - rows["s3"]["lab_s"])
+
+
+def test_plan_json_has_the_point_estimate_inside_its_band():
+    p = subprocess.run([sys.executable, "-m", "tunelab", "plan", "open-llama-7b/lora", "--gpu", "H100-SXM", "--json"],
+                       cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    proj = json.loads(p.stdout)["projection"]
+    lo, hi = proj["seconds_band"]
+    assert lo < proj["seconds"] < hi and "leave-one-out" in proj["seconds_source"]
