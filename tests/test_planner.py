@@ -206,6 +206,16 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
     assert res.largest_fitting == 47 and res.best == 41
     assert 42 in calls and 48 in calls  # both edges were probed, not guessed
 
+    # a cap that doubling would overshoot is itself probed, then bisected below it
+    calls.clear()
+    res = tune_batch.tune(resolve("tiny-llama-1.1b/full"), [], tmp_path / "capped", start=32, max_micro=60,
+                          stream=open(os.devnull, "w"))
+    assert calls[:2] == [32, 60] and res.largest_fitting == 47 and 48 in calls
+    calls.clear()
+    res = tune_batch.tune(resolve("tiny-llama-1.1b/full"), [], tmp_path / "capped-fits", start=30, max_micro=45,
+                          stream=open(os.devnull, "w"))
+    assert calls[:2] == [30, 45] and res.largest_fitting == 45
+
 
 def test_activation_checkpointing_makes_a_micro_batch_fit_that_does_not_fit_without(tmp_path):
     """The CI form of the claim below: one process, the 24-block tiny-deep model, a 3 GB address-space cap, micro

@@ -94,8 +94,8 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
     m = max(1, min(start, max_micro))
     if probe(m):
         lo, hi = m, None
-        while hi is None and lo * 2 <= max_micro:
-            nxt = lo * 2
+        while hi is None and lo < max_micro:
+            nxt = min(lo * 2, max_micro)  # the cap itself is probed: 244 fitting under a cap of 256 says nothing of 256
             if probe(nxt):
                 lo = nxt
             else:
