@@ -2,7 +2,8 @@
 QLoRA run records of a sweep directory, and show LoRA's residuals beside them (the check that the extra belongs to
 quantization, not to the activation model).
 
-    tar xzf reports/2026-11-23-qlora-memory-h100/records.tgz -C /tmp/q && python scripts/fit_qlora_extra.py /tmp/q/qlora-memory
+    mkdir -p runs/qlora-h100 && tar xzf reports/2026-11-23-qlora-memory-h100/records.tgz -C runs/qlora-h100
+    python scripts/fit_qlora_extra.py runs/qlora-h100/qlora-memory
 
 For each run: residual = measured peak allocated - the planner's peak without the QLoRA term; the fit is least
 squares residual = a + b x quantized parameters over the QLoRA runs. Prints the residuals and the two constants.

@@ -59,6 +59,8 @@ def test_the_shipped_study_file_loads_and_names_real_recipes_strategies_and_gpus
     (lambda s: s["studies"][0].update(steps=1), "steps: give 2 or more"),
     (lambda s: s["studies"][0]["settings"][0].update(max_micro=0), "max_micro: 0 must be >= 1"),
     (lambda s: s.update(rows=[]), "unknown key(s) ['rows']"),
+    (lambda s: s["studies"][0].update(gpu=5), "gpu: got the int '5'"),
+    (lambda s: s["studies"][0].update(id="../escape"), "id '../escape' is repeated or not a plain name"),
 ])
 def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, expected):
     study = json.loads(json.dumps(STUDY))
@@ -66,6 +68,14 @@ def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change
     with pytest.raises(tune_study.StudyError) as e:
         tune_study.load(_write(tmp_path, study))
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_settings_litgpt_refuses_are_refused_before_any_probe(tmp_path):
+    study = json.loads(json.dumps(STUDY))
+    study["studies"][0]["set"]["trian.micro_batch_size"] = 2
+    with pytest.raises(tune_study.StudyError) as e:
+        tune_study.check(tune_study.load(_write(tmp_path, study)), None)
+    assert "study tiny-fsdp: set:" in str(e.value) and "trian.micro_batch_size" in str(e.value)
 
 
 def test_prefetch_under_a_strategy_that_is_not_fsdp_is_refused_before_any_probe(tmp_path):
@@ -105,6 +115,17 @@ def test_a_study_runs_for_real_resumes_and_reports(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stderr.count("[recorded earlier: not run again]") == 3, again.stderr[-2000:]
     assert "iter 0 step 0" not in again.stderr
+
+    # a probe recorded with other settings runs again; the record it replaces is kept aside, not lost
+    rec_path = runs / "tiny-fsdp" / "ac-off-prefetch-none" / "mbs1" / "record.json"
+    rec = json.loads(rec_path.read_text())
+    rec["overrides"] = [*rec["overrides"], "--train.seed", "7"]
+    rec_path.write_text(json.dumps(rec))
+    third = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0 and third.stderr.count("[recorded earlier: not run again]") == 2, third.stderr[-2000:]
+    kept = list(rec_path.parent.glob("record.json.stale-*"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["overrides"][-1] == "7"
+    assert json.loads(rec_path.read_text())["status"] == "ok"
 
     # a probe cut short by a time limit is reported as not finished (and is not a fit)
     cut = runs / "tiny-fsdp" / "ac-on-prefetch-none" / "mbs2" / "record.json"

@@ -53,6 +53,32 @@ def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) ->
             "--train.save_interval", "null"]
 
 
+def probe_problems(recipe: Recipe, overrides: list[str], world: int, steps: int, strategy: bool) -> list[str]:
+    """What the validator refuses in a probe as it will run (under tunelab's multi-device loop, ``strategy``, the
+    in-loop evaluation litgpt could hang on is not run, so eval.interval is not a problem there)."""
+    from tunelab.validate import check
+
+    result = check(recipe, probe_overrides(overrides, 1, world, steps))
+    problems = [str(p) for p in result.problems if p.severity == "error" and not (strategy and p.key == "eval.interval")]
+    return problems or ([] if result.resolved is not None else [f"{recipe.key}: litgpt could not resolve the settings"])
+
+
+def planned_start(recipe: Recipe, overrides: list[str], gpu: str | None, strategy: str | None,
+                  activation_checkpointing: bool, model: str) -> tuple[int | None, int, str]:
+    """(the planner's largest fitting micro batch on ``gpu``, or None without one; the micro batch a search starts
+    from; why). The tiny model is nothing like the GPU row's model: its searches start at 1."""
+    from tunelab.plan_cli import plan_recipe
+
+    if not gpu:
+        return None, 1, "no GPU row for the planner to predict from"
+    _, plan, _, _ = plan_recipe(recipe, overrides, gpu=gpu, strategy=strategy,
+                                activation_checkpointing=activation_checkpointing)
+    predicted = plan.max_micro_batch_size
+    if predicted and model != "tiny":
+        return predicted, max(1, predicted), f"the planner's largest fitting micro batch on {gpu}"
+    return predicted, 1, "the tiny model: the planner's prediction is for the real one"
+
+
 def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1, start_reason: str = "",
          max_micro: int = 1024, steps: int = 3, model: str = "auto", memory_limit_bytes: int | None = None,
          timeout_s: float | None = None, world: int = 1, stream=sys.stderr, strategy: str | None = None,
@@ -69,6 +95,10 @@ def tune(recipe: Recipe, overrides: list[str], out_dir: Path, *, start: int = 1,
         run_dir = out_dir / f"mbs{m}"
         wanted = probe_overrides(overrides, m, world, steps)
         rec = reusable(run_dir / "record.json", recipe, wanted, strategy, model)
+        if rec is None and (run_dir / "record.json").is_file():  # another probe's record: kept aside, not lost
+            from tunelab.sweep import _set_aside
+
+            _set_aside(run_dir / "record.json", "settings changed")
         if rec is None:
             progress.started(len(results), f"probe micro {m} {recipe.key}")
             rec = run(recipe, wanted, run_dir, sweep="tune-batch", row_id=f"mbs{m}", model=model,

@@ -167,10 +167,12 @@ def load(path: Path | str) -> StudyFile:
             id=sid, recipe=_expect(spec["recipe"], str, where, f"{label}: recipe", "a recipe key"),
             strategy=_expect(spec["strategy"], str, where, f"{label}: strategy", "a configs/strategies name"),
             devices=_positive_int(spec.get("devices", 1), where, f"{label}: devices"), settings=settings,
-            gpu=spec.get("gpu"), steps=steps,
+            gpu=_expect(spec.get("gpu"), (str, type(None)), where, f"{label}: gpu", "a configs/hardware/gpus.yaml "
+                        "row such as H100-SXM"), steps=steps,
             set=_expect(spec.get("set") or {}, dict, where, f"{label}: set", "write `set: {key: value}`"),
             note=_expect(spec.get("note", ""), str, where, f"{label}: note", "text"),
-            checkpoint=spec.get("checkpoint"), memory_limit_gb=limit))
+            checkpoint=_expect(spec.get("checkpoint"), (str, type(None)), where, f"{label}: checkpoint",
+                               "tiny or tiny-deep"), memory_limit_gb=limit))
     lab = _expect(raw.get("lab") or {}, dict, where, "lab", "write `lab: {setting id: [rows]}`")
     for key, rows in lab.items():
         for k, row in enumerate(_expect(rows, list, where, f"lab: {key}", "a list of rows")):
@@ -203,9 +205,24 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
                                  f"{', '.join(checkpoints.EMBEDDED)} (real architectures: --weights random)")
         except (InputError, ValueError) as e:
             raise StudyError(f"{where}: {e}") from None
+        from tunelab import settings
+        from tunelab.tune_batch import probe_problems
+
+        extra = study_overrides(s)
+        world = settings.resolve(resolve(s.recipe), extra).world_size
+        problems = probe_problems(resolve(s.recipe), extra, world, s.steps, strategy=True)
+        if problems:
+            raise StudyError(f"{where}: set: {'; '.join(problems)}")
         if any(st.backward_prefetch for st in s.settings) and strat.name != "fsdp":
             raise StudyError(f"{where}: backward_prefetch needs an FSDP strategy, and {s.strategy} is {strat.name}")
     return chosen
+
+
+def study_overrides(study: Study) -> list[str]:
+    """The litgpt overrides every probe of a study starts from: its ``set`` and its device count."""
+    from tunelab import settings
+
+    return [*settings.to_overrides(study.set), "--devices", str(study.devices)]
 
 
 def run_study(sf: StudyFile, study: Study, out: Path, *, model: str, max_micro: int | None = None,
@@ -213,12 +230,11 @@ def run_study(sf: StudyFile, study: Study, out: Path, *, model: str, max_micro: 
     """Every setting of one study, in order; returns the TuneResults. ``max_micro`` caps every setting (a
     rehearsal); ``deadline`` (time.monotonic()) stops before a setting that would start after it."""
     from tunelab import checkpoints, settings
-    from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import resolve
-    from tunelab.tune_batch import strategy_variant, tune
+    from tunelab.tune_batch import planned_start, strategy_variant, tune
 
     recipe = resolve(study.recipe)
-    extra = [*settings.to_overrides(study.set), "--devices", str(study.devices)]
+    extra = study_overrides(study)
     if study.checkpoint:
         ckpt = checkpoints.build(study.checkpoint)  # built once, in tunelab's checkpoint cache
         extra += ["--checkpoint_dir", str(ckpt)]
@@ -234,11 +250,7 @@ def run_study(sf: StudyFile, study: Study, out: Path, *, model: str, max_micro: 
         strategy = str(strategy_variant(study.strategy, st.activation_checkpointing, sub, st.backward_prefetch))
         cap = min(st.max_micro, max_micro or st.max_micro)
         also = [m for m in st.also if m <= cap]
-        predicted = None
-        if study.gpu:
-            _, plan, _, _ = plan_recipe(recipe, extra, gpu=study.gpu, strategy=strategy,
-                                        activation_checkpointing=st.activation_checkpointing)
-            predicted = plan.max_micro_batch_size
+        predicted, start, why = planned_start(recipe, extra, study.gpu, strategy, st.activation_checkpointing, model)
         if st.at_best_of:
             best = by_id.get(st.at_best_of)
             if best is None or not best.best:
@@ -246,11 +258,7 @@ def run_study(sf: StudyFile, study: Study, out: Path, *, model: str, max_micro: 
                 continue
             start, why, cap = best.best, f"the best micro batch of {st.at_best_of}", best.best
         elif st.start:
-            start, why = min(st.start, cap), "the study's start"
-        elif predicted and model != "tiny":
-            start, why = max(1, min(predicted, cap)), f"the planner's largest fitting micro batch on {study.gpu}"
-        else:
-            start, why = 1, "no GPU row for the planner to predict from"
+            start, why = st.start, "the study's start"
         label = f"{study.id}: {st.id} ({study.strategy}, activation checkpointing " \
                 f"{'on' if st.activation_checkpointing else 'off'}, backward prefetch {st.backward_prefetch or 'as the file'})"
         res = tune(recipe, extra, sub, start=start, start_reason=why, max_micro=cap, steps=study.steps, model=model,
