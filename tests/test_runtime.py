@@ -12,13 +12,14 @@ import pytest
 
 from tests.conftest import ROOT, cpu_env
 from tunelab import runtime
-from tunelab.plan_cli import fit_runtime_constants, runtime_rows
+from tunelab.plan_cli import _lab_runtime_items, fit_runtime_constants, runtime_rows
 
 
 def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_hold():
-    eta, mu, overhead = fit_runtime_constants()
+    items = _lab_runtime_items()
+    eta, mu, overhead = fit_runtime_constants(items)
     assert (eta, mu, overhead) == pytest.approx((runtime.ETA, runtime.MU, runtime.OVERHEAD_S), abs=1e-4)
-    rows = runtime_rows()
+    rows = runtime_rows(items)
     assert {r["id"] for r in rows} == {"s2", "s3", "s4", "s5", "s6", "s7", "s10", "s11", "s12", "s13", "s14"}
     loo = [abs(r["loo_error"]) for r in rows]
     assert sum(loo) / len(loo) == pytest.approx(runtime.LOO_MEAN_ABS_ERROR, abs=5e-4)

@@ -599,10 +599,9 @@ def _micro_list(text: str) -> list[int]:
 def cmd_tune_batch(args, extra) -> int:
     from tunelab import hardware, settings
     from tunelab.paths import output_root
-    from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import RecipeError, resolve
-    from tunelab.tune_batch import probe_overrides, render, strategy_variant, summary_json, tune, variant_name
-    from tunelab.validate import check
+    from tunelab.tune_batch import (planned_start, probe_problems, render, strategy_variant, summary_json, tune,
+                                    variant_name)
 
     if args.activation_checkpointing and not args.strategy:
         return fail("--activation-checkpointing needs --strategy (litgpt's own command decides it for itself: on "
@@ -626,10 +625,9 @@ def cmd_tune_batch(args, extra) -> int:
     except (RecipeError, ValueError) as e:
         return fail(str(e))
     world = settings.resolve(recipe, extra).world_size
-    result = check(recipe, probe_overrides(extra, 1, world, args.steps))  # as the probes will run it
-    problems = [p for p in result.problems if p.severity == "error" and not (args.strategy and p.key == "eval.interval")]
-    if problems or result.resolved is None:
-        return fail("; ".join(str(p) for p in problems))
+    problems = probe_problems(recipe, extra, world, args.steps, bool(args.strategy))
+    if problems:
+        return fail("; ".join(problems))
     out = args.out or (output_root() / "runs" / "tune-batch" / recipe.slug())
     ac = {"on": [True], "off": [False], "both": [False, True], None: [None]}[args.activation_checkpointing]
     results = []
@@ -641,17 +639,9 @@ def cmd_tune_batch(args, extra) -> int:
             label = ", ".join([args.strategy] + ([] if setting is None else [
                 f"activation checkpointing {'on' if setting else 'off'}"]) + ([] if not args.backward_prefetch else [
                     f"backward prefetch {args.backward_prefetch}"]))
-        predicted = None
-        if args.gpu:
-            _, plan, _, _ = plan_recipe(recipe, extra, gpu=args.gpu, strategy=strategy,
-                                        activation_checkpointing=bool(setting))
-            predicted = plan.max_micro_batch_size
+        predicted, start, why = planned_start(recipe, extra, args.gpu, strategy, bool(setting), model)
         if args.start:
             start, why = args.start, "--start"
-        elif predicted and model != "tiny":
-            start, why = max(1, predicted), f"the planner's largest fitting micro batch on {args.gpu}"
-        else:
-            start, why = 1, "no --gpu for the planner to predict from"
         try:
             res = tune(recipe, extra, sub_out, start=start, start_reason=why, max_micro=args.max_micro,
                        steps=args.steps, model=model, memory_limit_bytes=_memory_limit(args), timeout_s=args.timeout,

@@ -176,8 +176,9 @@ def compare(config, method: str, precision: str = "bf16-true", micro_batch_size:
     """The planner's saved-activation bytes (tunelab.activations, counted as on this CPU: dropout masks in the
     activation dtype) beside the measurement, per block and for the head; errors relative to the measurement."""
     from tunelab.activations import saved_bytes
+    from tunelab.planner import _dtype_bytes
 
-    s = {"bf16-true": 2, "16-true": 2, "32-true": 4}[precision]
+    s = _dtype_bytes(precision)
     m = measure(config, method, precision, micro_batch_size, seq_len, layers=2, lora_r=lora_r, targets=targets)
     p = saved_bytes(config, "full" if method == "full" else "lora", s, micro_batch_size, seq_len, targets, lora_r,
                     device="cpu")

@@ -317,11 +317,12 @@ def _runtime_section(out: Path) -> list[str]:
     """runtime.csv and the runtime section of accuracy.md: the lab's times beside the estimate, leave-one-out."""
     from tunelab import runtime
 
-    rows = runtime_rows()
+    items = _lab_runtime_items()  # the 11 rows planned once, for the table and the refit
+    rows = runtime_rows(items)
     _write_csv(out / "runtime.csv", rows)
     loo = [abs(r["loo_error"]) for r in rows]
     worst = max(rows, key=lambda r: abs(r["loo_error"]))
-    fitted = fit_runtime_constants()
+    fitted = fit_runtime_constants(items)
     lines = ["", "## Runtime: the point estimate against the lab's A100 times", "",
              "litgpt's \"Training Time\" (one epoch of 1,000 training samples, the fit loop with its in-loop "
              "validations and generated samples under the lab's eval settings: interval 25, 100 batches, 100 new "
@@ -373,19 +374,19 @@ def _lab_runtime_items() -> list:
     return items
 
 
-def fit_runtime_constants() -> tuple[float, float, float]:
+def fit_runtime_constants(items: list | None = None) -> tuple[float, float, float]:
     """(ETA, MU, OVERHEAD_S) fitted on every lab row with a time: what tunelab.runtime holds."""
     from tunelab import runtime
 
-    return runtime.fit([item[1:] for item in _lab_runtime_items()])
+    return runtime.fit([item[1:] for item in (items or _lab_runtime_items())])
 
 
-def runtime_rows() -> list[dict]:
+def runtime_rows(items: list | None = None) -> list[dict]:
     """Each lab row's time beside the estimate with tunelab.runtime's constants and the estimate with the constants
     refitted without that row (leave-one-out), and the split of the estimate into its terms."""
     from tunelab import runtime
 
-    items = _lab_runtime_items()
+    items = items or _lab_runtime_items()
     fitted = (runtime.ETA, runtime.MU, runtime.OVERHEAD_S)
     rows = []
     for i, (r, t, peak, bw, secs) in enumerate(items):

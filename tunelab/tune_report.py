@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tunelab import record as record_mod
 from tunelab.record import write_text_atomic
-from tunelab.tune_study import Setting, Study, StudyFile
+from tunelab.tune_study import Setting, Study, StudyFile, study_overrides
 
 COLUMNS = ["study", "setting", "activation_checkpointing", "backward_prefetch", "devices", "micro_batch_size",
            "status", "error", "best", "peak_allocated_gb", "peak_reserved_gb", "peak_rss_gb", "gpu_util_mean",
@@ -67,7 +67,6 @@ def _padded_tflops(r: record_mod.RunRecord) -> float | None:
 def collect(sf: StudyFile, base: Path) -> list[SettingResult]:
     from tunelab.plan_cli import plan_recipe
     from tunelab.recipes import resolve
-    from tunelab import settings as settings_mod
 
     out = []
     for study in sf.studies:
@@ -89,7 +88,7 @@ def collect(sf: StudyFile, base: Path) -> list[SettingResult]:
             strategy_file = sub / f"strategy-{st.dir_name}.yaml"
             if study.gpu and strategy_file.is_file():
                 try:
-                    extra = [*settings_mod.to_overrides(study.set), "--devices", str(study.devices)]
+                    extra = study_overrides(study)
                     _, plan, _, _ = plan_recipe(resolve(study.recipe), extra, gpu=study.gpu,
                                                 strategy=str(strategy_file),
                                                 activation_checkpointing=st.activation_checkpointing)
