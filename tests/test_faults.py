@@ -78,7 +78,10 @@ def test_race_interrupt_full_disk_then_resume(tmp_path):
     def start_and_wait_for_r2_training(min_iter: int) -> subprocess.Popen:
         log = out / "r2" / "stdout.log"
         log.unlink(missing_ok=True)  # the log of an earlier attempt must not count
+        # SIGINT at its default in the sweep (Python then raises KeyboardInterrupt), as in a terminal: a pytest
+        # started in the background by a non-interactive shell inherits SIGINT ignored, and so would the sweep
         proc = subprocess.Popen(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                 stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: log.is_file() and f"iter {min_iter} " in log.read_text(), 180, "r2 to train")

@@ -331,7 +331,9 @@ def prepare(recipe: Recipe, overrides: list[str], run_dir: Path | None, model: s
     full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
     if ckpt is not None:
         full_overrides += ["--checkpoint_dir", str(ckpt)]
-    result = check(recipe, full_overrides)
+    # the CPU rules (no bitsandbytes, no 16-bit float) apply when the child will find no GPU: one line now, not
+    # Lightning's error after the model is built
+    result = check(recipe, full_overrides, device="cuda" if cuda_available() else "cpu")
     problems = [p for p in result.problems if p.severity == "error"
                 and not (strategy and p.key == "eval.interval")]  # our loop has no in-loop evaluation to hang
     if problems or result.resolved is None:
