@@ -4,20 +4,41 @@ global batch; two-rank records; a two-"node" torchrun on localhost; the refusals
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import printed
 from tests.conftest import cpu_env, equal_length_dataset
-from tunelab import record
+from tunelab import cli, record
 from tunelab.recipes import resolve
 from tunelab.runner import RunError, _free_port, run
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ["ddp", "fsdp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload", "fsdp2",
               "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload"]
+PRINTED = {p.command for p in printed.readme() if p.command.startswith("tunelab run ")}
+"""The README's `tunelab run` lines: this file runs each (tests/test_printed_commands.py checks they are all here),
+on CPU with 2 processes instead of 4 GPUs, on the tiny checkpoint, with the loss-comparison overrides below."""
+
+
+def printed_run(strategy: str | None) -> list[str]:
+    """The README's `tunelab run` line for ``strategy`` (None: the single-device one), else the same line for the
+    TinyLlama recipe; as argv after `tunelab`, with 2 devices where it names a count."""
+    for command in sorted(PRINTED):
+        argv = shlex.split(command)[1:]
+        named = argv[argv.index("--strategy") + 1] if "--strategy" in argv else None
+        if named == strategy:
+            return ["2" if i and argv[i - 1] == "--devices" else a for i, a in enumerate(argv)]
+    return ["run", "tiny-llama-1.1b/full", "--strategy", strategy, "--devices", "2"]
+
+
+def run_cli(argv: list[str], out: Path) -> record.RunRecord:
+    assert cli.main([*argv, "--model", "checkpoint", "--out", str(out)]) in (0, 1)
+    return record.load(out / "record.json")
 
 
 def common(data_file: Path, ckpt: Path) -> list[str]:
@@ -37,11 +58,11 @@ def step_losses(run_dir: Path, accumulation: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_ckpt, tmp_path_factory):
-    """The single-process run: litgpt's own finetune_full, micro 4 x accumulation 2."""
+    """The single-process run: litgpt's own finetune_full (the README's `tunelab run open-llama-7b/full`, on the
+    tiny checkpoint), micro 4 x accumulation 2."""
     tmp = tmp_path_factory.mktemp("ref")
     data_file = equal_length_dataset(tiny_ckpt, tmp / "equal.json", n=64)  # 32 training samples: 4 steps
-    rec = run(resolve("tiny-llama-1.1b/full"), [*common(data_file, tiny_ckpt), "--train.micro_batch_size", "4"],
-              tmp / "single", model="checkpoint")
+    rec = run_cli([*printed_run(None), *common(data_file, tiny_ckpt), "--train.micro_batch_size", "4"], tmp / "single")
     assert rec.status == "ok", rec.error
     losses = step_losses(tmp / "single", 2)
     assert len(losses) == 3 and losses[0] != losses[-1]
@@ -51,9 +72,8 @@ def reference(tiny_ckpt, tmp_path_factory):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_path):
     data_file, ref = reference
-    rec = run(resolve("tiny-llama-1.1b/full"), [*common(data_file, tiny_ckpt), "--train.micro_batch_size", "2",
-                                                 "--devices", "2"], tmp_path / strategy, model="checkpoint",
-              strategy=strategy, timeout_s=300)
+    rec = run_cli([*printed_run(strategy), *common(data_file, tiny_ckpt), "--train.micro_batch_size", "2",
+                   "--timeout", "300"], tmp_path / strategy)
     assert rec.status == "ok", (rec.error, (tmp_path / strategy / "stderr.log").read_text()[-2000:])
     assert rec.device_count == 2 and sorted(r.rank for r in rec.ranks) == [0, 1]
     assert all(r.peak_rss_bytes > 0 for r in rec.ranks) and rec.tok_s_padded > 0

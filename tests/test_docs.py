@@ -33,21 +33,26 @@ def test_the_project_stands_alone():
     assert "| s13 | OpenLLaMA 7B | QLoRA (bnb.nf4) |" in (ROOT / "docs" / "lab.md").read_text()
 
 
-def test_the_command_show_prints_for_the_tiny_model_runs(tmp_path):
-    """`tunelab show` prints a CPU command on the tiny model: it is run as printed, through bash, with litgpt."""
+BY_HAND = ("litgpt finetune_lora --config recipes/tiny-llama-1.1b/lora.yaml --train.max_steps 4 --data.num_workers 0 "
+           '--out_dir out/try "$(tunelab build-model tiny)"')
+PRINTED = {BY_HAND}
+"""The README line this file runs through bash (tests/test_printed_commands.py checks it is the README's)."""
+
+
+def test_the_readme_line_for_the_tiny_model_runs_through_bash(tmp_path):
+    """The README's by-hand command, run by bash as printed (the `$(tunelab build-model tiny)` substitution
+    included, real `litgpt`), its output in a temporary folder instead of the checkout's out/try."""
     import os
     import subprocess
     import sys
 
+    from tests import printed
     from tests.conftest import cpu_env
 
-    shown = subprocess.run([sys.executable, "-m", "tunelab", "show", "tiny-llama-1.1b/qlora"], cwd=ROOT,
-                           env=cpu_env(), capture_output=True, text=True, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("# on the tiny model (CPU): "))
-    command = line.split(": ", 1)[1] + f" --out_dir {tmp_path / 'out'} --eval.final_validation false"
+    assert BY_HAND in {p.command for p in printed.readme()}
+    command = BY_HAND.replace("--out_dir out/try", f"--out_dir {tmp_path / 'try'}")
     env = cpu_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     ran = subprocess.run(["bash", "-c", command.replace("litgpt ", f"{sys.executable} -m litgpt ", 1)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
-    assert (tmp_path / "out" / "final" / "lit_model.pth.lora").is_file()
+    assert (tmp_path / "try" / "final" / "lit_model.pth.lora").is_file()

@@ -68,6 +68,13 @@ def test_carried_wheels_are_exactly_what_the_gpu_image_lacks():
     assert "huggingface-hub" not in carried  # shadowing the image's hub breaks `import lightning` there
 
 
+PRINTED = {"tunelab sweep configs/sweeps/lab-part1.yaml", "tunelab sweep configs/sweeps/lab-part1.yaml --weights random",
+           "OUT=/where/files/come/back bash scripts/gpu/runbook.sh env tiny"}
+"""README commands test_runbook_rehearsal_within_the_device_limits runs in their CPU variant (the runbook's own
+TUNELAB_REHEARSAL=1: the tiny model, a few steps; OUT a temporary folder). tests/test_printed_commands.py checks
+they are the README's."""
+
+
 def _runbook(out: Path, runs: Path, results: Path, budget: int, *stages: str, timeout: int = 600):
     env = cpu_env(OUT=str(out), RUNS=str(runs), RESULTS=str(results), BUDGET=str(budget), TUNELAB_REHEARSAL="1",
                   PYTHON=sys.executable)
@@ -91,7 +98,14 @@ def test_runbook_rehearsal_within_the_device_limits(tmp_path):
     files = _returned_files(out)
     assert len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files), files
     assert all(len(f.relative_to(out).parts) <= 3 for f in files)
-    assert "preflight: ok" in (out / "runbook.log").read_text()
+    log = (out / "runbook.log").read_text()
+    assert "preflight: ok" in log
+    # the README's sweep commands, as the rehearsal runs them: the tiny model in place of random weights (or of
+    # the recipe's checkpoint), 3 steps, the TinyLlama rows
+    swept = next(ln for ln in log.splitlines() if ln.startswith("runbook: tunelab sweep"))[len("runbook: "):]
+    for command in PRINTED:
+        if command.startswith("tunelab sweep"):
+            assert swept.startswith(command.replace(" --weights random", "") + " --model tiny --set "), (command, swept)
     with tarfile.open(out / "lab-part1.tgz") as tar:
         names = tar.getnames()
         md = tar.extractfile("lab-part1/report/results.md").read().decode()

@@ -6,53 +6,72 @@ from pathlib import Path
 
 import pytest
 
+from tests import printed
 from tests.conftest import equal_length_dataset, read_metrics, run_litgpt
 from tunelab.recipes import discover, resolve
-from tunelab.validate import litgpt_args
+from tunelab.validate import check, litgpt_args
 
-RUNNABLE = [r for r in discover() if r.method != "qlora"]
 QLORA = [r for r in discover() if r.method == "qlora"]
 FEW_STEPS = ["--train.max_steps", "2", "--data.num_workers", "0", "--eval.max_iters", "2"]
+_SHOWN = {p.source: p.command for p in printed.show_lines()}
+_HEADERS = {p.source: p.command for p in printed.recipe_headers()}
 
 
-def cpu_overrides(recipe, ckpt: Path, out: Path) -> list[str]:
-    # the recipe as written, plus: the tiny checkpoint, a few steps, no loader processes, one device
-    return [*FEW_STEPS, "--devices", "1", "--out_dir", str(out), "--checkpoint_dir", str(ckpt)]
+def cpu_command(recipe) -> str:
+    """What this file runs for ``recipe``: the line `tunelab show` prints for the tiny model on CPU (the header's
+    Launch line plus CPU arguments) followed by the extra arguments of the header's Override line, so that one run
+    is the CPU variant of all three."""
+    launch = _HEADERS[f"{recipe.path.relative_to(printed.ROOT)} header (Launch)"]
+    override = _HEADERS[f"{recipe.path.relative_to(printed.ROOT)} header (Override)"]
+    tiny = _SHOWN[f"tunelab show {recipe.key} (on the tiny model (CPU))"]
+    assert override.startswith(launch + " ") and tiny.startswith(launch + " "), (launch, override, tiny)
+    return f"{tiny} {override[len(launch) + 1:]}"
 
 
-@pytest.mark.parametrize("recipe", RUNNABLE, ids=lambda r: r.key)
+PRINTED = {c for r in discover() for c in (
+    _HEADERS[f"{r.path.relative_to(printed.ROOT)} header (Launch)"],
+    _HEADERS[f"{r.path.relative_to(printed.ROOT)} header (Override)"],
+    _SHOWN[f"tunelab show {r.key} (launch)"], _SHOWN[f"tunelab show {r.key} (on the tiny model (CPU))"])}
+"""The printed commands test_recipe_trains_on_cpu runs (tests/test_printed_commands.py checks every printed
+`litgpt finetune_*` line is one of these or covered by one)."""
+RUN_COMMANDS = {r.key: cpu_command(r) for r in discover()}
+
+
+@pytest.mark.parametrize("recipe", discover(), ids=lambda r: r.key)
 def test_recipe_trains_on_cpu(recipe, tiny_ckpt, tmp_path):
+    """Every recipe, QLoRA included (`tunelab show` prints it with --quantize null on CPU: bitsandbytes' layers
+    need CUDA), through the real `litgpt finetune_*`, as `cpu_command` says."""
     out = tmp_path / "out"
-    proc = run_litgpt(litgpt_args(recipe, cpu_overrides(recipe, tiny_ckpt, out)))
+    argv = printed.tiny_training_argv(RUN_COMMANDS[recipe.key], tiny_ckpt, out)
+    proc = run_litgpt(argv)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = read_metrics(out)
     # litgpt logs with step=iter_num, so metrics.csv's "step" column counts micro-batch iterations
-    accumulation = recipe.get("train.global_batch_size") // recipe.get("train.micro_batch_size")
+    resolved = check(recipe, argv[3:]).resolved
+    train = resolved["train"]
+    accumulation = train["global_batch_size"] // train["micro_batch_size"]
+    assert train["max_steps"] == 2 and accumulation > 1
     assert max(int(r["iter"]) for r in rows if r.get("iter")) == 2 * accumulation
     losses = [float(r["loss"]) for r in rows if r.get("loss")]
     assert losses and all(0 < x < 20 for x in losses)
     assert any(r.get("val_loss") for r in rows)  # the final validation ran
     final = out / "final"
     assert (final / "lit_model.pth").is_file() and (final / "model_config.yaml").is_file()
-    if recipe.method == "lora":
-        assert (final / "lit_model.pth.lora").is_file()
+    if recipe.method != "full":
+        assert (final / "lit_model.pth.lora").is_file() and resolved["lora_r"] == 16
 
 
-@pytest.mark.parametrize("recipe", QLORA, ids=lambda r: r.key)
-def test_qlora_on_cpu_is_refused_only_for_bitsandbytes(recipe, tiny_ckpt, tmp_path):
-    """QLoRA fails on CPU at Lightning's bitsandbytes precision, and the same recipe minus quantize trains (shown
-    for one of them: without quantize they are the LoRA recipes, which test_recipe_trains_on_cpu trains)."""
-    proc = run_litgpt(litgpt_args(recipe, cpu_overrides(recipe, tiny_ckpt, tmp_path / "q")))
+def test_qlora_on_cpu_is_refused_only_for_bitsandbytes(tiny_ckpt, tmp_path):
+    """QLoRA fails on CPU at Lightning's bitsandbytes precision (`tunelab validate --device cpu` and `tunelab run`
+    say so before launch); the same recipe with --quantize null trains (test_recipe_trains_on_cpu). One recipe
+    shows it: the refusal is Lightning's, whatever the recipe."""
+    recipe = resolve("tiny-llama-1.1b/qlora")
+    proc = run_litgpt(litgpt_args(recipe, [*FEW_STEPS, "--devices", "1", "--out_dir", str(tmp_path / "q"),
+                                           "--checkpoint_dir", str(tiny_ckpt)]))
     assert proc.returncode != 0
     assert "bitsandbytes" in proc.stderr.lower() or "bitsandbytes" in proc.stdout.lower()
     assert "cpu" in (proc.stderr + proc.stdout).lower()
     assert not (tmp_path / "q" / "final").exists()
-    if recipe.model != "tiny-llama-1.1b":
-        return
-
-    proc = run_litgpt(litgpt_args(recipe, [*cpu_overrides(recipe, tiny_ckpt, tmp_path / "l"), "--quantize", "null"]))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "l" / "final" / "lit_model.pth.lora").is_file()
 
 
 @pytest.mark.gpu

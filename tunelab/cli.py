@@ -17,7 +17,7 @@ EPILOG = """examples:
   tunelab ls                                     # the recipes, from the files
   tunelab show open-llama-7b/lora                # one recipe, with its download and launch commands
   tunelab validate recipes/*/*.yaml --gpu A100-80GB
-  tunelab validate tiny-llama-1.1b/full --train.micro_batch_size 6   # litgpt-style overrides
+  tunelab validate tiny-llama-1.1b/full --train.micro_batch_size 8   # with litgpt-style overrides
   tunelab run tiny-llama-1.1b/lora --train.max_steps 4   # one run -> record.json (tiny model on CPU)
   tunelab sweep configs/sweeps/lab-part1.yaml    # the lab's Part 1, resumable, report at the end
   tunelab report runs/lab-part1                  # report again from the records

@@ -66,6 +66,7 @@ sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report +
   local name=$1; shift
   local prune=(); [ "$name:${1:-}" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
   local only; only=$(IFS=,; echo "$*")
+  echo "runbook: tunelab sweep configs/sweeps/$name.yaml ${MODEL[*]} ${FAST[*]}${only:+ --only $only}"
   "$PY" -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
     --out "$RUNS/$name" --report-dir "$RUNS/$name/report" --report-each-row --archive "$OUT/$name.tgz" \
     "${prune[@]}" --deadline "$(left)"
