@@ -49,8 +49,8 @@ RULES = [
     Rule(r"tunelab report runs/lab-part1", "here",
          "the records of the committed H100 sweep (reports/2026-11-23-lab-part1-h100/records.tgz) stand in for "
          "runs/lab-part1, the report goes to a temporary folder"),
-    Rule(r"tunelab run tiny-llama-1.1b/lora --train\.max_steps 4", "here",
-         "as printed (the tiny model on CPU), its run directory in a temporary folder"),
+    Rule(r"tunelab run tiny-llama-1\.1b/lora --train\.max_steps 4", "by tests/test_runner.py",
+         "as printed (the tiny model on CPU), its run directory in a temporary folder, 2 validation batches"),
     Rule(r"tunelab run \S+( --strategy \S+ --devices 4)?", "by tests/test_distributed.py",
          "2 CPU processes over gloo instead of 4 GPUs, the tiny checkpoint, fp32 and a fixed global batch so that the "
          "loss curve can be compared with the single-device run"),
@@ -209,18 +209,15 @@ def test_printed_command_runs(command, tmp_path):
         assert rc == 0, out
         md = (tmp_path / "report" / "results.md").read_text()
         assert "NVIDIA H100" in md and "| s4 | tiny-llama-1.1b/full | bf16-true |" in md
-    else:  # run, tune-batch, tune-study: child processes, through the real CLI
-        extra = {"run": ["--out", str(tmp_path / "run"), "--data.num_workers", "0"],
-                 "tune-batch": ["--model", "tiny", "--max-micro", "2", "--steps", "2", "--data.num_workers", "0",
+    else:  # tune-batch, tune-study: child processes, through the real CLI
+        extra = {"tune-batch": ["--model", "tiny", "--max-micro", "2", "--steps", "2", "--data.num_workers", "0",
                                 "--out", str(tmp_path / "tb")],
                  "tune-study": ["--model", "tiny", "--max-micro", "1", "--out", str(tmp_path / "ts"), "--no-report"]}
         argv = [a for a in argv if a not in ("--weights", "random")] if argv[0] == "tune-study" else argv
         p = subprocess.run([sys.executable, "-m", "tunelab", *argv, *extra[argv[0]]], cwd=ROOT, env=cpu_env(),
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-        if argv[0] == "run":
-            assert '"status": "ok"' in p.stdout and (tmp_path / "run" / "record.json").is_file()
-        elif argv[0] == "tune-batch":
+        if argv[0] == "tune-batch":
             assert "largest micro batch that fits: 2" in p.stdout, p.stdout
         else:
             assert p.stdout.count("largest micro batch that fits: 1") == 3, p.stdout

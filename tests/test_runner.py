@@ -20,24 +20,32 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--train.max_steps", "3", "--data.num_workers", "0", "--eval.max_iters", "2"]
 
 
-def test_ok_run_record(tiny_ckpt, tmp_path):
-    rec = run(resolve("tiny-llama-1.1b/full"), [*FAST, "--train.max_steps", "5", "--train.micro_batch_size", "4"],
-              tmp_path / "r",
-              model="tiny", row_id="ok1")
-    assert rec.status == "ok" and rec.exit_code == 0 and rec.error is None
-    again = record.load(tmp_path / "r" / "record.json")
-    assert again == rec
+EXAMPLE = "tunelab run tiny-llama-1.1b/lora --train.max_steps 4"
+PRINTED = {EXAMPLE}
+"""The `tunelab --help` example test_ok_run_record runs (tests/test_printed_commands.py checks it is printed)."""
+
+
+def test_ok_run_record(tmp_path):
+    """`tunelab --help`'s example, as printed (the tiny model on CPU, the recipe's checkpoint not downloaded), plus
+    a run directory, a row id and no loader processes."""
+    p = subprocess.run([sys.executable, "-m", *EXAMPLE.split(), "--out", str(tmp_path / "r"), "--id", "ok1",
+                        "--data.num_workers", "0", "--eval.max_iters", "2"], cwd=ROOT, env=cpu_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = record.load(tmp_path / "r" / "record.json")
+    assert rec.status == "ok" and rec.exit_code == 0 and rec.error is None and rec.row_id == "ok1"
     assert rec.model_source == "tiny" and rec.model_name == "tunelab-tiny-llama" and rec.device_type == "cpu"
-    assert rec.accumulation == 4 and rec.iters == 20 and rec.optimizer_steps == 5
+    assert rec.accumulation == 4 and rec.iters == 16 and rec.optimizer_steps == 4  # micro 4, global 16
     assert len(rec.ranks) == 1 and rec.ranks[0].peak_rss_bytes > 50e6 and rec.peak_allocated_bytes is None
     assert rec.tokens_padded >= rec.tokens_real > 0
     assert rec.tok_s_padded >= rec.tok_s_real > 0 and rec.step_time_s > 0 and rec.warmup_steps_excluded == 1
     assert rec.litgpt_tok_s > 0 and rec.litgpt_training_time_s > 0  # litgpt's own figures kept beside ours
-    assert rec.flops_per_token > 0 and "6N" in rec.flops_formula
+    assert rec.flops_per_token > 0 and "4N_base + 6N_lora" in rec.flops_formula and rec.n_trainable < rec.n_params
     assert rec.mfu is None and rec.gpus == [] and rec.energy_j is None  # CPU: no peak table, no NVML, not faked
     assert rec.loss_first and rec.loss_last and rec.val_loss_final
     assert rec.resolved_args["train"]["micro_batch_size"] == 4 and rec.versions["litgpt"] == "0.5.13"
-    assert (tmp_path / "r" / "stdout.log").read_text().count("iter ") >= 20
+    assert (tmp_path / "r" / "stdout.log").read_text().count("iter ") >= 16
+    assert '"status": "ok"' in p.stdout and f"record: {tmp_path / 'r' / 'record.json'}" in p.stdout
 
 
 def test_real_oom_under_memory_limit(tmp_path):

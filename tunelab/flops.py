@@ -107,7 +107,15 @@ def load_config(checkpoint_dir):
         except Exception as e:  # noqa: BLE001 - litgpt's __post_init__ does arithmetic on whatever it is given
             raise InputError(f"{cfg_file}: litgpt's Config refuses it ({type(e).__name__}: {e}); fix: use the "
                              "model_config.yaml `litgpt download` writes") from None
-    return Config.from_name(ckpt.name)
+    try:
+        return Config.from_name(ckpt.name)
+    except ValueError:
+        from tunelab.errors import InputError
+
+        raise InputError(f"{checkpoint_dir}: {ckpt.name!r} is not a model litgpt knows and the "
+                         "directory holds no model_config.yaml; fix: name a litgpt config (checkpoints/<org>/<name> as "
+                         "`litgpt download` writes it, e.g. checkpoints/meta-llama/Llama-2-7b-hf) or a downloaded "
+                         "checkpoint") from None
 
 
 def lora_param_count(config, r: int, targets: dict) -> int:
