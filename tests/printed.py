@@ -97,11 +97,20 @@ def everything() -> list[Printed]:
     return readme() + help_examples() + recipe_headers() + show_lines()
 
 
+TINY_CHECKPOINT = re.compile(r'"?\$\(tunelab build-model tiny\)"?')
+"""How a printed command names the embedded tiny checkpoint (a shell substitution of `tunelab build-model tiny`)."""
+
+
+def split(command: str, ckpt: Path | str = "TINY_CHECKPOINT") -> list[str]:
+    """A printed command's words, as the shell would pass them, with ``ckpt`` for ``$(tunelab build-model tiny)``
+    (the same command, run once by the tests' fixture)."""
+    return shlex.split(TINY_CHECKPOINT.sub(shlex.quote(str(ckpt)), command))
+
+
 def tiny_training_argv(command: str, ckpt: Path, out_dir: Path) -> list[str]:
     """A printed `litgpt finetune_* ...` line as the tests run it on CPU: the embedded tiny checkpoint in place of
-    ``$(tunelab build-model tiny)`` (the same command, run once by the fixture), its output under ``out_dir``
-    instead of the recipe's ``out/``, and validation cut to 2 batches. Returns the argv after ``litgpt``."""
-    command = re.sub(r'"?\$\(tunelab build-model tiny\)"?', shlex.quote(str(ckpt)), command)
-    argv = shlex.split(command)
-    assert argv[0] == "litgpt" and "$(" not in command, command
+    ``$(tunelab build-model tiny)``, its output under ``out_dir`` instead of the recipe's ``out/``, and validation
+    cut to 2 batches. Returns the argv after ``litgpt``."""
+    argv = split(command, ckpt)
+    assert argv[0] == "litgpt" and not any("$(" in a for a in argv), command
     return [*argv[1:], "--out_dir", str(out_dir), "--eval.max_iters", "2"]

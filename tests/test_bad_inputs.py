@@ -80,7 +80,9 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),
         ("calibrate missing", ["plan", R, "--calibrate", tmp / "nope"], "--calibrate"),
         ("plan micro batch 0", ["plan", R, "--train.micro_batch_size", "0"], "micro_batch_size"),
-        ("plan unknown model", ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"], "'NotAModel'"),
+        ("plan unknown model", ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"],
+         "'NotAModel' is not a model litgpt knows"),
+        ("run QLoRA without a GPU", ["run", "tiny-llama-1.1b/qlora", "--out", tmp / "qlora-run"], "bnb.nf4 on CPU"),
         ("tune-batch steps 0", ["tune-batch", R, "--steps", "0"], "--steps"),
         ("tune-batch start -4", ["tune-batch", R, "--start", "-4"], "--start"),
         ("build-model device", ["build-model", "tiny", "--device", "nope"], "--device"),
@@ -140,7 +142,7 @@ def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     # nothing ran from a file, nothing was written outside the working directory, the alias bomb never expanded
     assert not list(tmp_path.glob("pwned*"))
     assert set(os.listdir(ROOT.parent)) == before
-    assert not (ROOT / "runs" / "x").exists()
+    assert not (ROOT / "runs" / "x").exists() and not (tmp_path / "qlora-run").exists()
 
 
 def test_abbreviations_are_never_taken_for_other_options():

@@ -114,16 +114,14 @@ def test_every_printed_command_has_a_rule_and_every_rule_a_command():
         rule = rule_for(p.command)
         assert rule.why, rule
         if rule.how.startswith("by "):
-            module = _delegate_module(rule)
-            covered = module.PRINTED if not rule.how.endswith("test_train_cpu.py") else module.RUN_COMMANDS.values()
-            assert any(_covers(c, p.command) for c in covered), (p.source, p.command, rule.how)
+            assert any(_covers(c, p.command) for c in _delegate_module(rule).PRINTED), (p.source, p.command, rule.how)
 
 
 def _covers(run: str, command: str) -> bool:
     """``run`` is ``command`` or ``command`` with more arguments after it (every `--key value` of it, in run)."""
     if run == command:
         return True
-    a, b = shlex.split(run.replace("$(", "").replace(")", "")), shlex.split(command.replace("$(", "").replace(")", ""))
+    a, b = printed.split(run), printed.split(command)
     if a[:4] != b[:4]:  # litgpt finetune_x --config FILE
         return False
     pairs = {(x, y) for x, y in zip(a, a[1:]) if x.startswith("--")}
@@ -245,7 +243,7 @@ def test_printed_litgpt_line_is_accepted_by_litgpts_parser(command, tiny_ckpt):
     from tunelab.recipes import resolve
     from tunelab.validate import check
 
-    argv = shlex.split(re.sub(r'"?\$\(tunelab build-model tiny\)"?', str(tiny_ckpt), command))
+    argv = printed.split(command, tiny_ckpt)
     recipe = resolve(argv[3])
     assert argv[1] == recipe.command
     gpu = re.search(r"^# Check: .*--gpu (\S+)", recipe.path.read_text(), re.M).group(1)

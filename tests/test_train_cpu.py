@@ -28,13 +28,10 @@ def cpu_command(recipe) -> str:
     return f"{tiny} {override[len(launch) + 1:]}"
 
 
-PRINTED = {c for r in discover() for c in (
-    _HEADERS[f"{r.path.relative_to(printed.ROOT)} header (Launch)"],
-    _HEADERS[f"{r.path.relative_to(printed.ROOT)} header (Override)"],
-    _SHOWN[f"tunelab show {r.key} (launch)"], _SHOWN[f"tunelab show {r.key} (on the tiny model (CPU))"])}
-"""The printed commands test_recipe_trains_on_cpu runs (tests/test_printed_commands.py checks every printed
-`litgpt finetune_*` line is one of these or covered by one)."""
 RUN_COMMANDS = {r.key: cpu_command(r) for r in discover()}
+PRINTED = set(RUN_COMMANDS.values())
+"""What test_recipe_trains_on_cpu runs: each holds every argument of its recipe's printed Launch, Override and show
+lines (tests/test_printed_commands.py checks every printed `litgpt finetune_*` line is covered by one)."""
 
 
 @pytest.mark.parametrize("recipe", discover(), ids=lambda r: r.key)

@@ -334,10 +334,9 @@ def prepare(recipe: Recipe, overrides: list[str], run_dir: Path | None, model: s
     # the CPU rules (no bitsandbytes, no 16-bit float) apply when the child will find no GPU: one line now, not
     # Lightning's error after the model is built
     result = check(recipe, full_overrides, device="cuda" if cuda_available() else "cpu")
-    problems = [p for p in result.problems if p.severity == "error"
-                and not (strategy and p.key == "eval.interval")]  # our loop has no in-loop evaluation to hang
-    if problems or result.resolved is None:
-        raise RunError("; ".join(str(p) for p in problems))
+    problems = result.blocking(under_strategy=bool(strategy))
+    if problems:
+        raise RunError("; ".join(problems))
     from tunelab import data_modules
 
     missing = data_modules.problem(result.resolved)  # before anything starts: nothing left behind

@@ -58,9 +58,7 @@ def probe_problems(recipe: Recipe, overrides: list[str], world: int, steps: int,
     in-loop evaluation litgpt could hang on is not run, so eval.interval is not a problem there)."""
     from tunelab.validate import check
 
-    result = check(recipe, probe_overrides(overrides, 1, world, steps))
-    problems = [str(p) for p in result.problems if p.severity == "error" and not (strategy and p.key == "eval.interval")]
-    return problems or ([] if result.resolved is not None else [f"{recipe.key}: litgpt could not resolve the settings"])
+    return check(recipe, probe_overrides(overrides, 1, world, steps)).blocking(under_strategy=strategy)
 
 
 def planned_start(recipe: Recipe, overrides: list[str], gpu: str | None, strategy: str | None,

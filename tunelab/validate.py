@@ -55,6 +55,14 @@ class Result:
     def ok(self) -> bool:
         return not any(p.severity == "error" for p in self.problems)
 
+    def blocking(self, under_strategy: bool = False) -> list[str]:
+        """The errors that stop a launch, one line each (empty: it may start). Under tunelab's multi-device loop
+        (``under_strategy``) eval.interval is not one: that loop runs no in-loop evaluation to hang on."""
+        lines = [str(p) for p in self.problems
+                 if p.severity == "error" and not (under_strategy and p.key == "eval.interval")]
+        return lines or ([] if self.resolved is not None else [f"{self.recipe.key}: litgpt could not resolve the "
+                                                                "settings"])
+
 
 @lru_cache(maxsize=1)
 def litgpt_parser():
