@@ -48,4 +48,8 @@ def main(sweep_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        print("usage: python scripts/fit_qlora_extra.py SWEEP_DIR (a directory of <row>/record.json, e.g. "
+              "runs/qlora-h100/qlora-memory)", file=sys.stderr)
+        raise SystemExit(2)
     raise SystemExit(main(Path(sys.argv[1])))

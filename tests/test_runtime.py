@@ -15,8 +15,12 @@ from tunelab import runtime
 from tunelab.plan_cli import _lab_runtime_items, fit_runtime_constants, runtime_rows
 
 
-def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_hold():
-    items = _lab_runtime_items()
+@pytest.fixture(scope="module")
+def items():
+    return _lab_runtime_items()  # the lab's timed rows, planned once for this file
+
+
+def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_hold(items):
     eta, mu, overhead = fit_runtime_constants(items)
     assert (eta, mu, overhead) == pytest.approx((runtime.ETA, runtime.MU, runtime.OVERHEAD_S), abs=1e-4)
     rows = runtime_rows(items)
@@ -26,8 +30,8 @@ def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_ho
     assert max((r["loo_error"] for r in rows), key=abs) == pytest.approx(runtime.LOO_WORST_ERROR, abs=5e-4)
 
 
-def test_terms_count_the_lab_loop():
-    rows = {r["id"]: r for r in runtime_rows()}
+def test_terms_count_the_lab_loop(items):
+    rows = {r["id"]: r for r in runtime_rows(items)}
     # global batch 8 vs 32 over 1,000 samples: 125 vs 31 optimizer steps, validations every 25 steps
     assert (rows["s2"]["optimizer_steps"], rows["s2"]["evaluations"]) == (125, 5)
     assert (rows["s3"]["optimizer_steps"], rows["s3"]["evaluations"]) == (31, 1)

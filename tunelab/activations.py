@@ -73,17 +73,16 @@ def saved_bytes(c, method: str, s: int, micro: int, seq: int, targets: dict | No
     qw = nh * hs
     mask_b = 1 if device == "cuda" else s
     notes = []
-    rms = c.norm_class_name == "RMSNorm"
+    gated = c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
 
     def norm(weight_trains: bool, input_needs_grad: bool = True) -> float:
         if not (weight_trains or input_needs_grad):
             return 0  # nothing needs a gradient through it (LoRA's first block: a frozen embedding feeds it)
-        if rms:
-            return (4 * d + 4) * n + 4 * d + (4 * d * n if weight_trains else 0)
-        if c.norm_class_name != "LayerNorm":
+        if c.norm_class_name == "LayerNorm":
+            return (s * d + 2 * (4 if device == "cuda" else s)) * n
+        if c.norm_class_name != "RMSNorm":
             notes.append(f"norm {c.norm_class_name}: counted as RMSNorm")
-            return (4 * d + 4) * n + 4 * d + (4 * d * n if weight_trains else 0)
-        return (s * d + 2 * (4 if device == "cuda" else s)) * n
+        return (4 * d + 4) * n + 4 * d + (4 * d * n if weight_trains else 0)
 
     def lora_in(width: int, outs: int = 1, input_needs_grad: bool = True) -> float:
         """dropout mask (only when its input needs a gradient) + dropout output + lora_A output(s)"""
@@ -117,10 +116,10 @@ def saved_bytes(c, method: str, s: int, micro: int, seq: int, targets: dict | No
             if full:
                 b += s * d * n  # norm_2's output: fc_1 / fc_2 input
             elif lora("mlp"):
-                b += lora_in(d) * (2 if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 1)
+                b += lora_in(d) * (2 if gated else 1)
         elif lora("mlp"):
-            b += lora_in(d, input_needs_grad=grad_in) * (2 if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 1)
-        if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP"):
+            b += lora_in(d, input_needs_grad=grad_in) * (2 if gated else 1)
+        if gated:
             b += 3 * s * inter * n
             if full:
                 b += s * inter * n

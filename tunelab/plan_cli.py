@@ -248,8 +248,6 @@ first block, for the head and loss, and for the whole model (first + (n_layer - 
 
 def write_families(out: Path | None = None, names: list[str] | None = None, seq_len: int = 128) -> Path:
     """reports/planner-families/: the planner's activation term against one real forward per family."""
-    import csv
-    import io
     import platform
 
     import torch
@@ -274,12 +272,7 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
             progress.started(len(rows), f"{name} {method}")
             rows.append(compare_in_child(name, method, "bf16-true", 1, seq_len))
     sys.stderr.write("\n" if progress.tty else "")
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FAMILY_COLUMNS)
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: r.get(k) for k in FAMILY_COLUMNS})
-    (out / "families.csv").write_text(buf.getvalue())
+    _write_csv(out / "families.csv", [{k: r.get(k) for k in FAMILY_COLUMNS} for r in rows])
     worst = max(rows, key=lambda r: abs(r["error_total"]))
     worst_block = max(rows, key=lambda r: abs(r["error_block"]))
     lines = [

@@ -33,7 +33,7 @@ Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = mi
   dtype): the largest is the lm_head (V x d: 0.13 GB for TinyLlama, 0.26 GB for 7B, once per 128-token chunk of
   litgpt's chunked head), which accounts for up to about half of the measured QLoRA extra below; the rest stays a
   measured term (QLORA_EXTRA_BYTES), not attributed to a buffer.
-* CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, 1.10:
+* CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, ALLOCATOR_SLACK = 1.05:
   PyTorch typically reserves 5-15% above what it allocates) decide the fit, not the allocated peak alone.
 
 Strategies divide the model states: DDP adds gradient buckets (a second copy of the gradients); FSDP
@@ -67,6 +67,12 @@ yet attributed, also seen as the lab's s10 at -5%); dequantized 16-bit weight te
 account for some of the rest. The load phase does not set the peak (peak allocated at the first training batch:
 1.3-1.8 GB for TinyLlama, 5.6-6.0 GB for 7B, against peaks of 3.4-6.8 and 13.4-21.0 GB)."""
 ALLOCATOR_SLACK = 1.05
+
+
+def four_bit_bytes_per_param(quantize: str) -> float:
+    """Bytes per quantized weight of bnb.nf4 / bnb.fp4: 4 bits plus one fp32 absmax per 64-weight block; with
+    double quantization (``-dq``) the absmax is 8-bit with an fp32 scale per 256 blocks."""
+    return 0.5 + (1 / 64 + 4 / (64 * 256) if quantize.endswith("-dq") else 4 / 64)
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 DEFAULT_MFU_RANGE = (0.25, 0.55)
@@ -206,7 +212,7 @@ def predict(x: PlanInput) -> Plan:
     quantize = x.quantize or ""
     if quantize.startswith(("bnb.nf4", "bnb.fp4")):
         linear = total - emb
-        per = 0.5 + (1 / 64 + 4 / (64 * 256) if quantize.endswith("-dq") else 4 / 64)
+        per = four_bit_bytes_per_param(quantize)
         weights = linear * per + emb * s_param
         notes.append(f"{quantize}: linear weights {per:.4f} bytes/param (4-bit + block absmax)")
     elif quantize == "bnb.int8-training":
@@ -541,20 +547,20 @@ def project(x: PlanInput, gpu: hardware.GPU, tokens: float, calibrate_dir: Path 
                       power_w=power, power_source=power_source, energy_j_low=e_low, energy_j_high=e_high,
                       energy_j_per_million_tokens_low=e_low / tokens * 1e6 if tokens else 0.0,
                       energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
-                      **_point_estimate(work, gpu, x))
+                      **_point_estimate(work, gpu, peak))
 
 
-def _point_estimate(work, gpu: hardware.GPU, x: PlanInput) -> dict:
+def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     from tunelab import runtime
 
-    if work is None or not gpu.bandwidth_gbs or not gpu.peak_flops(x.precision, "high"):
+    if work is None or not gpu.bandwidth_gbs or not peak:
         return {"seconds_source": "no point estimate: the GPU table has no bandwidth or peak for this precision"
                 if work is not None else ""}
-    secs = work.seconds(gpu.peak_flops(x.precision, "high"), gpu.bandwidth_gbs * 1e9)
+    secs = work.seconds(peak, gpu.bandwidth_gbs * 1e9)
     e = runtime.LOO_MEAN_ABS_ERROR
     return {"seconds": secs, "seconds_band": (secs * (1 - e), secs * (1 + e)),
             "seconds_source": (f"tunelab.runtime fitted on the lab's A100 times (leave-one-out error mean "
                                f"{e:.0%}, worst {runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: "
-                               f"{gpu.peak_flops(x.precision, 'high') / 1e12:.0f} TFLOP/s, "
+                               f"{peak / 1e12:.0f} TFLOP/s, "
                                f"{gpu.bandwidth_gbs:.0f} GB/s; {work.detail['optimizer_steps']} optimizer steps, "
                                f"{work.detail['evaluations']} in-loop validations")}

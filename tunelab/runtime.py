@@ -57,7 +57,7 @@ class Terms:
 def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:
     """The run's work (see the module docstring) for a PlanInput ``x`` and litgpt's resolved ``args``."""
     from tunelab.flops import count_params, flops_per_token, lora_param_count
-    from tunelab.planner import _dtype_bytes
+    from tunelab.planner import _dtype_bytes, four_bit_bytes_per_param
     from tunelab.settings import world_size
 
     c = x.config
@@ -87,7 +87,7 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     per_param = 7 if opt.startswith("Adam") else (5 if x.momentum else 3)
     opt_bytes = steps * trainable * per_param * s_param
     quant = str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
-    weight_bytes = (total - emb) * (0.5625 if quant else s_param) + emb * s_param
+    weight_bytes = (total - emb) * (four_bit_bytes_per_param(x.quantize) if quant else s_param) + emb * s_param
     gen_bytes = n_evals * (ev.get("max_new_tokens") or 0) * weight_bytes
     dequant = 0.0
     train_iters = samples / micro
