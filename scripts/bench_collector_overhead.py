@@ -4,7 +4,7 @@
 Alternates N pairs, on the embedded tiny model (default) or the recipe's real architecture with random weights
 (--model random, on a GPU: the benchmark dataset and tokenizer, as `tunelab run --weights random` uses them):
   without: `python -m litgpt finetune_* ...`                  (plain litgpt CLI)
-  with:    `python -m tunelab run ...` (tunelab.entry in the child, record collection, NVML sampling where a GPU is)
+  with:    `python -m tunelab run ...` (tunelab.run.entry in the child, record collection, NVML sampling where a GPU is)
 and compares litgpt's own printed Tok/sec (padded tokens over its Training Time) of each, so both sides are
 measured by the same clock. Prints the medians and their ratio (and writes them as JSON with --json-out).
 
@@ -27,10 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tunelab import benchmark_data, checkpoints  # noqa: E402
-from tunelab.gpu_monitor import GPUMonitor  # noqa: E402
+from tunelab import checkpoints  # noqa: E402
+from tunelab.data import benchmark as benchmark_data  # noqa: E402
 from tunelab.recipes import resolve  # noqa: E402
-from tunelab.runner import build_in_child, cpu_name, cuda_available  # noqa: E402
+from tunelab.run.gpu_monitor import GPUMonitor  # noqa: E402
+from tunelab.run.runner import build_in_child, cpu_name, cuda_available  # noqa: E402
 
 TOK = re.compile(r"Tok/sec\s*:\s*([\d.]+)")
 
@@ -46,9 +47,22 @@ def main() -> int:
     ap.add_argument("--json-out", type=Path, help="write the per-pair figures and medians here")
     a = ap.parse_args()
     recipe = resolve(a.recipe)
-    common = ["--config", str(recipe.path), "--train.max_steps", str(a.steps), "--train.micro_batch_size",
-              str(a.micro), "--train.global_batch_size", str(a.micro), "--data.num_workers", "0",
-              "--eval.final_validation", "false", "--train.save_interval", "null"]
+    common = [
+        "--config",
+        str(recipe.path),
+        "--train.max_steps",
+        str(a.steps),
+        "--train.micro_batch_size",
+        str(a.micro),
+        "--train.global_batch_size",
+        str(a.micro),
+        "--data.num_workers",
+        "0",
+        "--eval.final_validation",
+        "false",
+        "--train.save_interval",
+        "null",
+    ]
     if a.precision:
         common += ["--precision", a.precision]
     if a.model == "tiny":
@@ -65,12 +79,30 @@ def main() -> int:
             for side in ("without", "with"):
                 out = Path(tmp) / f"{side}{i}"
                 if side == "without":
-                    cmd = [sys.executable, "-m", "litgpt", recipe.command, *common, "--out_dir", str(out),
-                           str(ckpt)]  # litgpt 0.5.13: the checkpoint directory is positional
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "litgpt",
+                        recipe.command,
+                        *common,
+                        "--out_dir",
+                        str(out),
+                        str(ckpt),
+                    ]  # litgpt 0.5.13: the checkpoint directory is positional
                     text = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
                 else:
-                    cmd = [sys.executable, "-m", "tunelab", "run", str(recipe.path), "--model", a.model, "--out",
-                           str(out), *common[2:]]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "tunelab",
+                        "run",
+                        str(recipe.path),
+                        "--model",
+                        a.model,
+                        "--out",
+                        str(out),
+                        *common[2:],
+                    ]
                     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
                     text = (out / "stdout.log").read_text()
                 tok = float(TOK.findall(text)[-1])
@@ -80,14 +112,29 @@ def main() -> int:
                 shutil.rmtree(out / "final", ignore_errors=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     ratio = med["with"] / med["without"]
-    print(f"median without collector: {med['without']:,.0f} tok/s; with: {med['with']:,.0f} tok/s; "
-          f"ratio with/without = {ratio:.4f} ({a.pairs} pairs, {a.steps} steps, micro {a.micro}, "
-          f"{a.precision or 'recipe precision'}, model {a.model}, {device_name()})")
+    print(
+        f"median without collector: {med['without']:,.0f} tok/s; with: {med['with']:,.0f} tok/s; "
+        f"ratio with/without = {ratio:.4f} ({a.pairs} pairs, {a.steps} steps, micro {a.micro}, "
+        f"{a.precision or 'recipe precision'}, model {a.model}, {device_name()})"
+    )
     if a.json_out:
-        a.json_out.write_text(json.dumps({"pairs": a.pairs, "steps": a.steps, "micro": a.micro,
-                                          "precision": a.precision, "model": a.model, "recipe": recipe.key,
-                                          "device": device_name(), "tok_s": results, "median": med,
-                                          "ratio_with_over_without": ratio}, indent=2))
+        a.json_out.write_text(
+            json.dumps(
+                {
+                    "pairs": a.pairs,
+                    "steps": a.steps,
+                    "micro": a.micro,
+                    "precision": a.precision,
+                    "model": a.model,
+                    "recipe": recipe.key,
+                    "device": device_name(),
+                    "tok_s": results,
+                    "median": med,
+                    "ratio_with_over_without": ratio,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

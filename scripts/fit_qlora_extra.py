@@ -1,4 +1,4 @@
-"""Refit the planner's one measured QLoRA term (tunelab.planner.QLORA_EXTRA_BYTES, QLORA_EXTRA_PER_PARAM) from the
+"""Refit the planner's one measured QLoRA term (tunelab.plan.memory.QLORA_EXTRA_BYTES, QLORA_EXTRA_PER_PARAM) from the
 QLoRA run records of a sweep directory, and show LoRA's residuals beside them (the check that the extra belongs to
 quantization, not to the activation model).
 
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from tunelab import record as record_mod
-from tunelab.flops import count_params
-from tunelab.plan_cli import plan_recipe
+from tunelab.models import count_params
+from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import resolve
 
 
@@ -26,14 +26,17 @@ def main(sweep_dir: Path) -> int:
         rec = record_mod.load(path)
         if rec.status != "ok" or not rec.peak_allocated_bytes:
             continue
-        x, plan, _, _ = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None)
+        planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None)
+        x, plan = planned.input, planned.plan
         without = plan.peak_allocated_bytes - plan.breakdown_bytes.get("qlora_measured_extra", 0)
         total, emb = count_params(x.config)
         rows.append((rec.row_id, rec.method, total - emb, rec.peak_allocated_bytes, without))
     q = [(n, meas - plan) for _, m, n, meas, plan in rows if m == "qlora"]
-    for row_id, method, n, meas, plan in rows:
-        print(f"{row_id:22s} {method:6s} measured {meas / 1e9:7.3f} GB  planned without the QLoRA term "
-              f"{plan / 1e9:7.3f} GB  residual {(meas - plan) / 1e9:+.3f} GB")
+    for row_id, method, _n, meas, plan in rows:
+        print(
+            f"{row_id:22s} {method:6s} measured {meas / 1e9:7.3f} GB  planned without the QLoRA term "
+            f"{plan / 1e9:7.3f} GB  residual {(meas - plan) / 1e9:+.3f} GB"
+        )
     if len(q) < 2:
         print("fewer than two QLoRA runs: nothing to fit")
         return 1
@@ -41,15 +44,20 @@ def main(sweep_dir: Path) -> int:
     my = sum(r for _, r in q) / len(q)
     b = sum((n - mx) * (r - my) for n, r in q) / sum((n - mx) ** 2 for n, _ in q)
     a = my - b * mx
-    print(f"QLORA_EXTRA_BYTES = int({a / 1e9:.3f}e9)\nQLORA_EXTRA_PER_PARAM = {b:.4f}  "
-          f"(over {len(q)} QLoRA runs; worst residual after the fit "
-          f"{max(abs(r - a - b * n) for n, r in q) / 1e9:.3f} GB)")
+    print(
+        f"QLORA_EXTRA_BYTES = int({a / 1e9:.3f}e9)\nQLORA_EXTRA_PER_PARAM = {b:.4f}  "
+        f"(over {len(q)} QLoRA runs; worst residual after the fit "
+        f"{max(abs(r - a - b * n) for n, r in q) / 1e9:.3f} GB)"
+    )
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
-        print("usage: python scripts/fit_qlora_extra.py SWEEP_DIR (a directory of <row>/record.json, e.g. "
-              "runs/qlora-h100/qlora-memory)", file=sys.stderr)
+        print(
+            "usage: python scripts/fit_qlora_extra.py SWEEP_DIR (a directory of <row>/record.json, e.g. "
+            "runs/qlora-h100/qlora-memory)",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     raise SystemExit(main(Path(sys.argv[1])))

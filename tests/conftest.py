@@ -30,8 +30,14 @@ def tiny_ckpt(tmp_path_factory) -> Path:
 def run_litgpt(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the real `litgpt` CLI of this environment as a child process (``python -m litgpt``: the console script
     is not beside the interpreter when litgpt is installed with ``pip --target``), from the repository root."""
-    return subprocess.run([sys.executable, "-m", "litgpt", *args], cwd=ROOT, env=cpu_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "litgpt", *args],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_metrics(out_dir: Path) -> list[dict]:
@@ -47,7 +53,7 @@ def equal_length_dataset(ckpt: Path, path: Path, n: int = 40) -> Path:
     from litgpt.prompts import Alpaca
     from litgpt.tokenizer import Tokenizer
 
-    from tunelab import data
+    from tunelab.data import alpaca as data
 
     tok, style = Tokenizer(ckpt), Alpaca()
     by_len: dict[int, list] = {}

@@ -1,7 +1,8 @@
 """The commands the project prints for a user to type, read from where they are printed, and the CPU variants the
 tests run instead where this 2-core machine without a GPU or a model hub cannot run them as printed.
 
-Printed in: the README's code blocks (``bash`` lines, ``$ `` lines of ``text`` blocks), the examples of
+Printed in: the code blocks of the README and of ``docs/*.md`` (``bash`` lines, ``$ `` lines of ``text`` blocks), the
+examples of
 ``tunelab --help`` and of each subcommand's ``--help``, each recipe's header (Download, Launch, Override, Check)
 and the lines ``tunelab show`` adds after the file (download, launch, the tiny-model CPU command).
 """
@@ -35,16 +36,22 @@ def _commands(line: str) -> list[str]:
     return [" ".join(part.split()) for part in _strip_comment(line).split("&&") if part.strip()]
 
 
+DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+"""The pages a user reads commands from."""
+
+
 def readme() -> list[Printed]:
-    text = (ROOT / "README.md").read_text()
+    """The commands of the README's and the docs' code blocks."""
     found = []
-    for lang, body in re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, re.M | re.S):
-        for line in body.replace("\\\n", " ").splitlines():
-            line = line.strip()
-            if lang == "bash" and line and not line.startswith("#"):
-                found += [Printed("README.md", c) for c in _commands(line)]
-            elif lang == "text" and line.startswith("$ "):
-                found += [Printed("README.md", c) for c in _commands(line[2:])]
+    for page in DOCS:
+        text = (ROOT / page).read_text()
+        for lang, body in re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, re.M | re.S):
+            for line in body.replace("\\\n", " ").splitlines():
+                line = line.strip()
+                if lang == "bash" and line and not line.startswith("#"):
+                    found += [Printed(page, c) for c in _commands(line)]
+                elif lang == "text" and line.startswith("$ "):
+                    found += [Printed(page, c) for c in _commands(line[2:])]
     return found
 
 

@@ -23,8 +23,14 @@ R = "tiny-llama-1.1b/lora"
 
 
 def tunelab(*args, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunelab", *map(str, args)], cwd=cwd, env=cpu_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tunelab", *map(str, args)],
+        cwd=cwd,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _files(tmp: Path) -> dict[str, Path]:
@@ -47,7 +53,8 @@ def _files(tmp: Path) -> dict[str, Path]:
     write("devices-neg.yaml", f"name: x\nrows:\n{row}    set: {{devices: -1}}\n")
     write("tag.yaml", f"name: !!python/object/apply:os.system ['touch {tmp}/pwned-sweep']\nrows:\n{row}")
     bomb = "name: x\na0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
-        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 30))
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 30)
+    )
     write("bomb.yaml", bomb + f"rows:\n{row}")
     write("strategies/broken.yaml", "name: fsdp\nsharding_strategy: [FULL_SHARD\n")
     write("strategies/wrong-type.yaml", "name: deepspeed\nzero_stage: three\n")
@@ -72,27 +79,39 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("timeout 0", ["run", R, "--timeout", "0"], "--timeout"),
         ("sweep timeout -1", ["sweep", "lab-part1", "--timeout", "-1"], "--timeout"),
         ("nnodes 0", ["run", R, "--nnodes", "0"], "--nnodes"),
-        ("node rank beyond nnodes", ["run", R, "--strategy", "ddp", "--nnodes", "2", "--node-rank", "2"],
-         "--node-rank"),
+        (
+            "node rank beyond nnodes",
+            ["run", R, "--strategy", "ddp", "--nnodes", "2", "--node-rank", "2"],
+            "--node-rank",
+        ),
         ("plan devices 0", ["plan", R, "--devices", "0"], "--devices"),
         ("mfu range 0 0", ["plan", R, "--mfu-range", "0", "0"], "--mfu-range"),
         ("mfu range reversed", ["plan", R, "--mfu-range", "0.5", "0.2"], "--mfu-range"),
         ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),
         ("calibrate missing", ["plan", R, "--calibrate", tmp / "nope"], "--calibrate"),
         ("plan micro batch 0", ["plan", R, "--train.micro_batch_size", "0"], "micro_batch_size"),
-        ("plan unknown model", ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"],
-         "'NotAModel' is not a model litgpt knows"),
+        (
+            "plan unknown model",
+            ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"],
+            "'NotAModel' is not a model litgpt knows",
+        ),
         ("run QLoRA without a GPU", ["run", "tiny-llama-1.1b/qlora", "--out", tmp / "qlora-run"], "bnb.nf4 on CPU"),
         ("tune-batch steps 0", ["tune-batch", R, "--steps", "0"], "--steps"),
         ("tune-batch start -4", ["tune-batch", R, "--start", "-4"], "--start"),
         ("build-model device", ["build-model", "tiny", "--device", "nope"], "--device"),
         ("data n -1", ["data", "generate", "--n", "-1"], "--n"),
         ("data out under a file", ["data", "generate", "--out", f["a-file"] / "x.json"], "--out"),
-        ("sweep out is a file", ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", f["a-file"]],
-         "a-file"),
+        (
+            "sweep out is a file",
+            ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", f["a-file"]],
+            "a-file",
+        ),
         ("report of nothing", ["report", tmp / "no-such-sweep"], "no-such-sweep"),
-        ("archive under a file", ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--archive",
-                                  f["a-file"] / "x.tgz"], "--archive"),
+        (
+            "archive under a file",
+            ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--archive", f["a-file"] / "x.tgz"],
+            "--archive",
+        ),
         ("validate devices 0", ["validate", R, "--devices", "0"], "devices"),
         ("optimizer os.system", ["validate", R, "--optimizer", "os.system"], "optimizer"),
         ("optimizer this.AdamW", ["validate", R, "--optimizer", "this.AdamW"], "optimizer"),
@@ -112,8 +131,11 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         # crafted model_config.yaml
         ("model_config tag", ["plan", R, "--checkpoint_dir", f["ckpt-tag/model_config.yaml"].parent], "tag"),
         ("model_config list", ["plan", R, "--checkpoint_dir", f["ckpt-list/model_config.yaml"].parent], "mapping"),
-        ("model_config keys", ["validate", R, "--checkpoint_dir", f["ckpt-keys/model_config.yaml"].parent],
-         "not_a_field"),
+        (
+            "model_config keys",
+            ["validate", R, "--checkpoint_dir", f["ckpt-keys/model_config.yaml"].parent],
+            "not_a_field",
+        ),
     ]
 
 
@@ -124,7 +146,7 @@ def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda c: tunelab(*c[1]), todo))
     failures = []
-    for (label, argv, fragment), proc in zip(todo, results):
+    for (label, _argv, fragment), proc in zip(todo, results):
         out = (proc.stdout + proc.stderr).strip()
         lines = [ln for ln in out.splitlines() if ln.strip()]
         problems = []
@@ -168,8 +190,9 @@ def test_pickled_code_in_a_checkpoint_never_runs(tiny_ckpt, tmp_path):
             return (os.system, (f"touch {marker}",))
 
     torch.save({"transformer.wte.weight": Payload()}, ckpt / "lit_model.pth")
-    proc = tunelab("run", R, "--model", "checkpoint", "--checkpoint_dir", ckpt, "--precision", "32-true",
-                   "--out", tmp_path / "run")
+    proc = tunelab(
+        "run", R, "--model", "checkpoint", "--checkpoint_dir", ckpt, "--precision", "32-true", "--out", tmp_path / "run"
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "lit_model.pth is not plain tensor data" in proc.stderr
     assert not marker.exists() and not (tmp_path / "run" / "stdout.log").exists()
@@ -206,9 +229,26 @@ def test_a_data_module_that_cannot_download_is_one_line_and_leaves_nothing(tmp_p
     from tests.conftest import cpu_env
 
     before = sorted(p.name for p in (ROOT / "data").iterdir())
-    proc = sp.run([sys.executable, "-m", "tunelab", "run", R, "--model", "tiny", "--data", "Alpaca", "--out",
-                   str(tmp_path / "run")], cwd=ROOT, env=cpu_env(TUNELAB_OFFLINE="1"), capture_output=True,
-                  text=True, timeout=120)
+    proc = sp.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "run",
+            R,
+            "--model",
+            "tiny",
+            "--data",
+            "Alpaca",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env=cpu_env(TUNELAB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and "Alpaca downloads" in lines[0] and "--data JSON --data.json_path FILE" in lines[0]

@@ -15,11 +15,21 @@ from tests import printed
 from tests.conftest import cpu_env, equal_length_dataset
 from tunelab import cli, record
 from tunelab.recipes import resolve
-from tunelab.runner import RunError, _free_port, run
+from tunelab.run.runner import RunError, _free_port, run
 
 ROOT = Path(__file__).resolve().parents[1]
-STRATEGIES = ["ddp", "fsdp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload", "fsdp2",
-              "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload"]
+STRATEGIES = [
+    "ddp",
+    "fsdp",
+    "fsdp-shard-grad-op",
+    "fsdp-hybrid",
+    "fsdp-no-shard",
+    "fsdp-offload",
+    "fsdp2",
+    "deepspeed-zero2",
+    "deepspeed-zero3",
+    "deepspeed-zero3-offload",
+]
 PRINTED = {p.command for p in printed.readme() if p.command.startswith("tunelab run ")}
 """The README's `tunelab run` lines: this file runs each (tests/test_printed_commands.py checks they are all here),
 on CPU with 2 processes instead of 4 GPUs, on the tiny checkpoint, with the loss-comparison overrides below."""
@@ -43,9 +53,24 @@ def run_cli(argv: list[str], out: Path) -> record.RunRecord:
 
 def common(data_file: Path, ckpt: Path) -> list[str]:
     # fp32, equal-length samples: per-step losses must agree however the global batch of 8 is split
-    return ["--precision", "32-true", "--train.global_batch_size", "8", "--train.max_steps", "3",
-            "--train.lr_warmup_steps", "1", "--data.json_path", str(data_file), "--data.num_workers", "0",
-            "--checkpoint_dir", str(ckpt), "--optimizer.init_args.lr", "0.01"]
+    return [
+        "--precision",
+        "32-true",
+        "--train.global_batch_size",
+        "8",
+        "--train.max_steps",
+        "3",
+        "--train.lr_warmup_steps",
+        "1",
+        "--data.json_path",
+        str(data_file),
+        "--data.num_workers",
+        "0",
+        "--checkpoint_dir",
+        str(ckpt),
+        "--optimizer.init_args.lr",
+        "0.01",
+    ]
 
 
 def step_losses(run_dir: Path, accumulation: int) -> list[float]:
@@ -72,8 +97,10 @@ def reference(tiny_ckpt, tmp_path_factory):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_path):
     data_file, ref = reference
-    rec = run_cli([*printed_run(strategy), *common(data_file, tiny_ckpt), "--train.micro_batch_size", "2",
-                   "--timeout", "300"], tmp_path / strategy)
+    rec = run_cli(
+        [*printed_run(strategy), *common(data_file, tiny_ckpt), "--train.micro_batch_size", "2", "--timeout", "300"],
+        tmp_path / strategy,
+    )
     assert rec.status == "ok", (rec.error, (tmp_path / strategy / "stderr.log").read_text()[-2000:])
     assert rec.device_count == 2 and sorted(r.rank for r in rec.ranks) == [0, 1]
     assert all(r.peak_rss_bytes > 0 for r in rec.ranks) and rec.tok_s_padded > 0
@@ -83,10 +110,27 @@ def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "deepspeed-zero3"])
 def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
-    rec = run(resolve("tiny-llama-1.1b/lora"), ["--devices", "2", "--train.max_steps", "2", "--train.micro_batch_size",
-                                                 "2", "--train.global_batch_size", "8", "--data.num_workers", "0",
-                                                 "--checkpoint_dir", str(tiny_ckpt)], tmp_path / "l",
-              model="checkpoint", strategy=strategy, timeout_s=300)
+    rec = run(
+        resolve("tiny-llama-1.1b/lora"),
+        [
+            "--devices",
+            "2",
+            "--train.max_steps",
+            "2",
+            "--train.micro_batch_size",
+            "2",
+            "--train.global_batch_size",
+            "8",
+            "--data.num_workers",
+            "0",
+            "--checkpoint_dir",
+            str(tiny_ckpt),
+        ],
+        tmp_path / "l",
+        model="checkpoint",
+        strategy=strategy,
+        timeout_s=300,
+    )
     assert rec.status == "ok", rec.error
     assert rec.n_trainable < rec.n_params and len(rec.ranks) == 2
 
@@ -94,12 +138,46 @@ def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
 def test_two_nodes_on_localhost(tiny_ckpt, tmp_path):
     """2 nodes x 1 process: two launchers, one rendezvous, one record with both ranks."""
     out, port = tmp_path / "two-nodes", _free_port()
-    cmd = [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/full", "--strategy", "ddp", "--devices", "1",
-           "--nnodes", "2", "--master-port", str(port), "--out", str(out), "--precision", "32-true",
-           "--train.max_steps", "2", "--train.micro_batch_size", "2", "--train.global_batch_size", "8",
-           "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)]
-    nodes = [subprocess.Popen([*cmd, "--node-rank", str(k)], cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for k in (1, 0)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tunelab",
+        "run",
+        "tiny-llama-1.1b/full",
+        "--strategy",
+        "ddp",
+        "--devices",
+        "1",
+        "--nnodes",
+        "2",
+        "--master-port",
+        str(port),
+        "--out",
+        str(out),
+        "--precision",
+        "32-true",
+        "--train.max_steps",
+        "2",
+        "--train.micro_batch_size",
+        "2",
+        "--train.global_batch_size",
+        "8",
+        "--data.num_workers",
+        "0",
+        "--checkpoint_dir",
+        str(tiny_ckpt),
+    ]
+    nodes = [
+        subprocess.Popen(
+            [*cmd, "--node-rank", str(k)],
+            cwd=ROOT,
+            env=cpu_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in (1, 0)
+    ]
     outs = [p.communicate(timeout=300) for p in nodes]
     assert all(p.returncode == 0 for p in nodes), [o[1][-2000:] for o in outs]
     rec = record.load(out / "record.json")
@@ -109,20 +187,35 @@ def test_two_nodes_on_localhost(tiny_ckpt, tmp_path):
 
 def test_refusals(tiny_ckpt, tmp_path):
     with pytest.raises(RunError, match="single-device"):
-        run(resolve("tiny-llama-1.1b/qlora"), ["--devices", "2", "--checkpoint_dir", str(tiny_ckpt)], tmp_path / "q",
-            model="checkpoint", strategy="fsdp")
+        run(
+            resolve("tiny-llama-1.1b/qlora"),
+            ["--devices", "2", "--checkpoint_dir", str(tiny_ckpt)],
+            tmp_path / "q",
+            model="checkpoint",
+            strategy="fsdp",
+        )
     with pytest.raises(RunError, match="no strategy 'zero9'"):
-        run(resolve("tiny-llama-1.1b/full"), ["--checkpoint_dir", str(tiny_ckpt)], tmp_path / "z", model="checkpoint",
-            strategy="zero9")
-    from tunelab.distributed.strategy import StrategyError, load_strategy
+        run(
+            resolve("tiny-llama-1.1b/full"),
+            ["--checkpoint_dir", str(tiny_ckpt)],
+            tmp_path / "z",
+            model="checkpoint",
+            strategy="zero9",
+        )
+    from tunelab.strategies import StrategyError, load_strategy
 
     with pytest.raises(StrategyError, match="QLoRA runs on one device"):
         load_strategy("fsdp2").check("qlora", {"quantize": "bnb.nf4"})
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: fsdp\nsharding: FULL\n")
     with pytest.raises(RunError, match=r"unknown key\(s\) \['sharding'\]"):
-        run(resolve("tiny-llama-1.1b/full"), ["--checkpoint_dir", str(tiny_ckpt)], tmp_path / "b", model="checkpoint",
-            strategy=str(bad))
+        run(
+            resolve("tiny-llama-1.1b/full"),
+            ["--checkpoint_dir", str(tiny_ckpt)],
+            tmp_path / "b",
+            model="checkpoint",
+            strategy=str(bad),
+        )
 
 
 @pytest.mark.gpu
@@ -133,9 +226,14 @@ def test_nccl_strategies_on_gpus(strategy, tiny_ckpt, tmp_path):
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
-    rec = run(resolve("tiny-llama-1.1b/full"), ["--devices", "2", "--train.max_steps", "3", "--data.num_workers", "0",
-                                                 "--checkpoint_dir", str(tiny_ckpt)], tmp_path / strategy,
-              model="checkpoint", strategy=strategy, timeout_s=600)
+    rec = run(
+        resolve("tiny-llama-1.1b/full"),
+        ["--devices", "2", "--train.max_steps", "3", "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)],
+        tmp_path / strategy,
+        model="checkpoint",
+        strategy=strategy,
+        timeout_s=600,
+    )
     assert rec.status == "ok", rec.error
     assert len(rec.ranks) == 2 and all(r.peak_allocated_bytes for r in rec.ranks)
 
@@ -147,15 +245,35 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
 
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--strategy", "ddp",
-                             "--devices", "2", "--out", str(tmp_path / "k"), "--data.num_workers", "0",
-                             "--checkpoint_dir", str(tiny_ckpt)], cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "run",
+            "tiny-llama-1.1b/lora",
+            "--strategy",
+            "ddp",
+            "--devices",
+            "2",
+            "--out",
+            str(tmp_path / "k"),
+            "--data.num_workers",
+            "0",
+            "--checkpoint_dir",
+            str(tiny_ckpt),
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     t0, ranks = time.time(), []
     while len(ranks) < 2:
         assert time.time() - t0 < 120 and proc.poll() is None
-        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                 if "tunelab.distributed.train" in " ".join(c.cmdline())]
+        ranks = [
+            c for c in psutil.Process(proc.pid).children(recursive=True) if "tunelab.run.loop" in " ".join(c.cmdline())
+        ]
         time.sleep(0.2)
     time.sleep(3)
     proc.send_signal(signal.SIGKILL)

@@ -1,19 +1,31 @@
-"""The README's layout table matches the tree."""
+"""The docs match the tree: the module map, the README's layout and links, no pointer outside the project."""
 
 from __future__ import annotations
+
+import re
 
 from tests.conftest import ROOT
 
 
-def test_readme_layout_names_every_module_and_top_level_folder():
+def test_the_module_map_names_every_module_and_the_readme_every_folder():
+    """docs/architecture.md's module map names every module of the package; the README's layout every top-level
+    folder; the README stays a five-minute read."""
+    arch = (ROOT / "docs" / "architecture.md").read_text()
+    modules = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tunelab").rglob("*.py")
+        if not (p.parent.name == "cli" and p.stem not in ("__init__", "common"))
+        and not (p.name == "__init__.py" and p.parent.name != "cli")
+    ]  # a package's docstring only
+    missing = [m for m in modules if f"`{m}`" not in arch]
+    assert not missing, f"docs/architecture.md lacks {missing}"
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Layout"):readme.index("## The recipes")]
-    modules = [p.name for p in (ROOT / "tunelab").glob("*.py") if not p.name.startswith("__")]
-    missing = [m for m in modules if f"`{m}`" not in table]
-    assert not missing, f"README layout lacks {missing}"
+    table = readme[readme.index("## Layout") :]
     for folder in ("recipes/", "configs/", "data/", "docs/", "scripts/", "reports/", "tests/", "tunelab/"):
-        assert folder in table, folder
-    assert "configs/lab" not in table and (ROOT / "configs" / "lab").exists() is False
+        assert f"`{folder}" in table, folder
+    assert len(readme.splitlines()) <= 150
+    for page in re.findall(r"\]\((docs/[\w-]+\.md)", readme):
+        assert (ROOT / page).is_file(), page
 
 
 def test_the_project_stands_alone():
@@ -25,16 +37,29 @@ def test_the_project_stands_alone():
         import pytest
 
         pytest.skip("not a git checkout: the tracked files cannot be listed")
-    offenders = [f for f in files if (ROOT / f).is_file() and f.endswith((".md", ".py", ".yaml", ".sh", ".txt"))
-                 and "../shared" in (ROOT / f).read_text(errors="replace")]
-    offenders = [f for f in offenders if f != "tests/test_docs.py" and not (  # tests may read foreign configs
-        f.startswith("tests/") and "../shared/" not in (ROOT / f).read_text().replace("../shared/foreign", ""))]
+    offenders = [
+        f
+        for f in files
+        if (ROOT / f).is_file()
+        and f.endswith((".md", ".py", ".yaml", ".sh", ".txt"))
+        and "../shared" in (ROOT / f).read_text(errors="replace")
+    ]
+    offenders = [
+        f
+        for f in offenders
+        if f != "tests/test_docs.py"
+        and not (  # tests may read foreign configs
+            f.startswith("tests/") and "../shared/" not in (ROOT / f).read_text().replace("../shared/foreign", "")
+        )
+    ]
     assert not offenders, offenders
     assert "| s13 | OpenLLaMA 7B | QLoRA (bnb.nf4) |" in (ROOT / "docs" / "lab.md").read_text()
 
 
-BY_HAND = ("litgpt finetune_lora --config recipes/tiny-llama-1.1b/lora.yaml --train.max_steps 4 --data.num_workers 0 "
-           '--out_dir out/try "$(tunelab build-model tiny)"')
+BY_HAND = (
+    "litgpt finetune_lora --config recipes/tiny-llama-1.1b/lora.yaml --train.max_steps 4 --data.num_workers 0 "
+    '--out_dir out/try "$(tunelab build-model tiny)"'
+)
 PRINTED = {BY_HAND}
 """The README line this file runs through bash (tests/test_printed_commands.py checks it is the README's)."""
 
@@ -52,7 +77,13 @@ def test_the_readme_line_for_the_tiny_model_runs_through_bash(tmp_path):
     assert BY_HAND in {p.command for p in printed.readme()}
     command = BY_HAND.replace("--out_dir out/try", f"--out_dir {tmp_path / 'try'}")
     env = cpu_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    ran = subprocess.run(["bash", "-c", command.replace("litgpt ", f"{sys.executable} -m litgpt ", 1)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        ["bash", "-c", command.replace("litgpt ", f"{sys.executable} -m litgpt ", 1)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert (tmp_path / "try" / "final" / "lit_model.pth.lora").is_file()

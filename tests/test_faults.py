@@ -27,15 +27,28 @@ ROW = """  - id: {id}
 
 
 def write_sweep(path: Path, r2_steps: int, r2_epochs: int = 1, r2_micro: int = 4) -> Path:
-    path.write_text("name: faults\nrows:\n" + ROW.format(id="r1", steps=2, epochs=1, micro=4)
-                    + ROW.format(id="r2", steps=r2_steps, epochs=r2_epochs, micro=r2_micro)
-                    + ROW.format(id="r3", steps=2, epochs=1, micro=4))
+    path.write_text(
+        "name: faults\nrows:\n"
+        + ROW.format(id="r1", steps=2, epochs=1, micro=4)
+        + ROW.format(id="r2", steps=r2_steps, epochs=r2_epochs, micro=r2_micro)
+        + ROW.format(id="r3", steps=2, epochs=1, micro=4)
+    )
     return path
 
 
 def sweep_cmd(sweep_file: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "tunelab", "sweep", str(sweep_file), "--out", str(out), "--model", "tiny",
-            "--no-report"]
+    return [
+        sys.executable,
+        "-m",
+        "tunelab",
+        "sweep",
+        str(sweep_file),
+        "--out",
+        str(out),
+        "--model",
+        "tiny",
+        "--no-report",
+    ]
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -63,8 +76,9 @@ def full_disk_wrapper(mount: Path) -> list[str] | None:
     through an unprivileged user + mount namespace; None where the kernel does not allow one."""
     if not shutil.which("unshare"):
         return None
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=16k tmpfs {mount}"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=16k tmpfs {mount}"], capture_output=True, timeout=30
+    )
     if probe.returncode != 0:
         return None
     return ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=16k tmpfs {mount} && exec "$@"', "sh"]
@@ -80,9 +94,15 @@ def test_race_interrupt_full_disk_then_resume(tmp_path):
         log.unlink(missing_ok=True)  # the log of an earlier attempt must not count
         # SIGINT at its default in the sweep (Python then raises KeyboardInterrupt), as in a terminal: a pytest
         # started in the background by a non-interactive shell inherits SIGINT ignored, and so would the sweep
-        proc = subprocess.Popen(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            sweep_cmd(sweep_file, out),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             wait_for(lambda: log.is_file() and f"iter {min_iter} " in log.read_text(), 180, "r2 to train")
         except AssertionError:
@@ -94,8 +114,9 @@ def test_race_interrupt_full_disk_then_resume(tmp_path):
     #    then the first is SIGKILLed (no handler runs): its training child dies with it, r2 has no record
     first = start_and_wait_for_r2_training(2)
     try:
-        second = subprocess.run(sweep_cmd(sweep_file, out), cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=120)
+        second = subprocess.run(
+            sweep_cmd(sweep_file, out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1 and "is being swept by pid" in second.stderr
     finally:
@@ -129,8 +150,9 @@ def test_race_interrupt_full_disk_then_resume(tmp_path):
     if wrapper is None:  # no user namespaces: r3's log is /dev/full, where every write fails with ENOSPC
         (out / "r3" / "stdout.log").symlink_to("/dev/full")
         wrapper = []
-    full = subprocess.run([*wrapper, *sweep_cmd(sweep_file, out)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    full = subprocess.run(
+        [*wrapper, *sweep_cmd(sweep_file, out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert full.returncode == 2, full.stderr[-2000:]
     assert "Traceback" not in full.stderr
     assert "r3: disk full; free space and run the same command again" in full.stderr
@@ -161,17 +183,18 @@ def test_a_changed_or_corrupt_record_is_kept_aside_and_rerun(tmp_path):
     file is kept beside it and the row runs again, with a line saying why."""
     import io
 
-    from tunelab import sweep
+    from tunelab import sweep_file
+    from tunelab.run import sweep
 
     base = tmp_path / "sweep.yaml"
     write_sweep(base, r2_steps=2)
-    sw = sweep.load(base)
+    sw = sweep_file.load(base)
     sw.rows = sw.rows[:2]
     out = tmp_path / "sw"
     sweep.run_sweep(sw, out, model="tiny", stream=io.StringIO())
     (out / "r1" / "record.json").write_text('{"status": "ok", "row_')  # truncated
     write_sweep(base, r2_steps=2, r2_micro=2)
-    sw = sweep.load(base)
+    sw = sweep_file.load(base)
     sw.rows = sw.rows[:2]
     assert sw.rows[1].settings["train.micro_batch_size"] == 2  # r2 changed: micro batch 4 -> 2
     log = io.StringIO()
@@ -204,6 +227,7 @@ def test_a_record_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monk
 
     def full(fd):  # the write reaches the disk at fsync; make that the moment the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError):
         record.write_json_atomic(target, {"new": True})

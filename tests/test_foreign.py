@@ -12,29 +12,35 @@ import pytest
 from tests.conftest import ROOT
 
 FOREIGN = ROOT.parent / "shared" / "foreign"
-pytestmark = pytest.mark.skipif(not FOREIGN.is_dir(), reason=f"no foreign configs at {FOREIGN} (a clone outside "
-                                                               "the workspace): nothing to feed")
+pytestmark = pytest.mark.skipif(
+    not FOREIGN.is_dir(), reason=f"no foreign configs at {FOREIGN} (a clone outside the workspace): nothing to feed"
+)
 YAMLS = sorted(FOREIGN.glob("*/**/*.yaml")) if FOREIGN.is_dir() else []
 
 
 def test_every_foreign_yaml_is_validated_shown_and_planned(capsys):
-    from tunelab import cli
-    from tunelab.plan_cli import plan_recipe
+    from tunelab import cli, hardware
+    from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import load
     from tunelab.validate import check
 
     assert len(YAMLS) >= 40
     for path in YAMLS:
         recipe = load(path)  # refused here only if its name contradicts its contents: none of these do
-        expected = "qlora" if recipe.config.get("quantize") else \
-            "lora" if any(k.startswith("lora_") for k in recipe.config) else "full"
+        expected = (
+            "qlora"
+            if recipe.config.get("quantize")
+            else "lora"
+            if any(k.startswith("lora_") for k in recipe.config)
+            else "full"
+        )
         assert recipe.method == expected, path
         result = check(recipe, [], gpu="A10G")
         assert all("\n" not in str(p) for p in result.problems), path
         errors = [p for p in result.problems if p.severity == "error"]
         # what a clone without the data and checkpoints can still refuse: nothing, for these files
         assert not errors, (path, [str(p) for p in errors])
-        _, plan, _, _ = plan_recipe(recipe, [], gpu="A10G")
+        plan = plan_recipe(recipe, [], gpu=hardware.lookup("A10G")).plan
         assert plan.peak_allocated_bytes > 0 and plan.fits in (True, False), path
         assert cli.main(["show", str(path)]) == 0
         shown = capsys.readouterr().out
@@ -76,9 +82,29 @@ def test_one_file_per_method_runs_two_steps_on_cpu_or_is_refused_in_one_line(tmp
     from tests.conftest import cpu_env
 
     def tunelab_run(path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tunelab", "run", str(path), "--out", str(out),
-                               "--train.max_steps", "2", "--data.num_workers", "0", "--eval.max_iters", "2", *extra],
-                              cwd=ROOT, env=cpu_env(TUNELAB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tunelab",
+                "run",
+                str(path),
+                "--out",
+                str(out),
+                "--train.max_steps",
+                "2",
+                "--data.num_workers",
+                "0",
+                "--eval.max_iters",
+                "2",
+                *extra,
+            ],
+            cwd=ROOT,
+            env=cpu_env(TUNELAB_OFFLINE="1"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     json_data = ["--data", "JSON", "--data.json_path", "data/alpaca_tunelab.json"]
     data_before = sorted(p.name for p in (ROOT / "data").iterdir())
@@ -91,8 +117,10 @@ def test_one_file_per_method_runs_two_steps_on_cpu_or_is_refused_in_one_line(tmp
     assert qlora.returncode == 2 and len(qlora.stderr.strip().splitlines()) == 1, qlora.stderr
     assert "quantize: bnb.nf4 on CPU" in qlora.stderr and not (tmp_path / "qlora").exists()
 
-    for method, path in (("full", FOREIGN / "lab-configs" / "tiny-llama-full.yaml"),
-                         ("lora", FOREIGN / "litgpt-config-hub" / "tiny-llama" / "lora.yaml")):
+    for method, path in (
+        ("full", FOREIGN / "lab-configs" / "tiny-llama-full.yaml"),
+        ("lora", FOREIGN / "litgpt-config-hub" / "tiny-llama" / "lora.yaml"),
+    ):
         p = tunelab_run(path, tmp_path / method, *json_data)
         assert p.returncode == 0, p.stderr[-3000:]
         rec = json.loads((tmp_path / method / "record.json").read_text())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tunelab.recipes import resolve
-from tunelab.runner import run
+from tunelab.run.runner import run
 
 pytestmark = pytest.mark.gpu
 
@@ -26,11 +26,20 @@ def test_record_holds_allocator_nvml_and_steady_window(tiny_ckpt, tmp_path):
     need_cuda()
     import torch
 
-    rec = run(resolve("tiny-llama-1.1b/lora"), [*STEPS, "--train.max_steps", "40", "--checkpoint_dir",
-                                                str(tiny_ckpt)], tmp_path / "r", model="checkpoint", nvml_hz=50)
+    rec = run(
+        resolve("tiny-llama-1.1b/lora"),
+        [*STEPS, "--train.max_steps", "40", "--checkpoint_dir", str(tiny_ckpt)],
+        tmp_path / "r",
+        model="checkpoint",
+        nvml_hz=50,
+    )
     assert rec.status == "ok", rec.error
-    assert rec.device_type == "cuda" and rec.peak_allocated_bytes > 0 and rec.peak_reserved_bytes >= \
-        rec.peak_allocated_bytes and rec.num_alloc_retries is not None
+    assert (
+        rec.device_type == "cuda"
+        and rec.peak_allocated_bytes > 0
+        and rec.peak_reserved_bytes >= rec.peak_allocated_bytes
+        and rec.num_alloc_retries is not None
+    )
     r0 = rec.ranks[0]
     assert r0.float32_matmul_precision == "high" and r0.cuda_total_bytes > 0
     assert set(r0.phase_peak_allocated) == {"loaded", "first_step", "end"}
@@ -45,9 +54,14 @@ def test_strategy_at_world_size_one_over_nccl(strategy, tiny_ckpt, tmp_path):
     """The multi-device loop's code path on one GPU (NCCL, world size 1): it must finish and write its record
     (an all-reduce of a CPU tensor on NCCL failed every --strategy run at its end)."""
     need_cuda()
-    rec = run(resolve("tiny-llama-1.1b/full"), ["--devices", "1", "--train.max_steps", "3", "--data.num_workers", "0",
-                                                 "--checkpoint_dir", str(tiny_ckpt)], tmp_path / strategy,
-              model="checkpoint", strategy=strategy, timeout_s=600)
+    rec = run(
+        resolve("tiny-llama-1.1b/full"),
+        ["--devices", "1", "--train.max_steps", "3", "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)],
+        tmp_path / strategy,
+        model="checkpoint",
+        strategy=strategy,
+        timeout_s=600,
+    )
     assert rec.status == "ok", rec.error
     assert rec.val_loss_final is not None  # the final validation's all-reduce ran
     assert len(rec.ranks) == 1 and rec.ranks[0].peak_allocated_bytes > 0
@@ -59,8 +73,12 @@ def test_random_weights_build_in_a_child(tmp_path):
     need_cuda()
     import torch
 
-    rec = run(resolve("tiny-llama-1.1b/lora"), [*STEPS, "--train.max_steps", "2", "--checkpoint_dir",
-                                                "checkpoints/EleutherAI/pythia-14m"], tmp_path / "p", model="random")
+    rec = run(
+        resolve("tiny-llama-1.1b/lora"),
+        [*STEPS, "--train.max_steps", "2", "--checkpoint_dir", "checkpoints/EleutherAI/pythia-14m"],
+        tmp_path / "p",
+        model="random",
+    )
     assert rec.status == "ok", rec.error
     assert not torch.cuda.is_initialized()
     assert rec.saves_skipped and not list((tmp_path / "p" / "litgpt").rglob("*.pth*"))

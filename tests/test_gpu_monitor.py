@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from tunelab.gpu_monitor import GPUMonitor
+from tunelab.run.gpu_monitor import GPUMonitor
 
 
 def test_no_driver_means_no_samples():
@@ -33,6 +33,7 @@ def fake_nvml(energy_supported: bool, watts=lambda h, t: 300.0 if h == 0 else 10
     def util(h):
         state["t"][h] += 1
         return types.SimpleNamespace(gpu=50 + 40 * (state["t"][h] % 2))  # alternates 50 / 90
+
     nv.nvmlDeviceGetUtilizationRates = util
     nv.nvmlDeviceGetPowerUsage = lambda h: watts(h, time.monotonic()) * 1000  # mW
     nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h + 1) * 10**9, total=80 * 2**30)
@@ -45,6 +46,7 @@ def fake_nvml(energy_supported: bool, watts=lambda h, t: 300.0 if h == 0 else 10
             state["energy_mj"][h] += watts(h, now) * (now - state["last"][h]) * 1000
         state["last"][h] = now
         return int(state["energy_mj"][h])
+
     nv.nvmlDeviceGetTotalEnergyConsumption = energy
     return nv
 
@@ -88,7 +90,7 @@ def test_steady_window_is_separate_from_the_whole_run(monkeypatch):
 
 def test_runner_window_lines_up_with_iteration_timestamps():
     """The steady-state window is rank 0's counted steps, on the monotonic clock the ranks stamp with."""
-    from tunelab.runner import _steady_state
+    from tunelab.run.collect import _steady_state
 
     t = 1000.0
     iters = [(t + k * 0.5, 100, 80) for k in range(41)]  # 41 iterations 0.5 s apart, accumulation 2: 20 steps

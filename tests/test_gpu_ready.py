@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from tunelab import hardware, planner
+from tunelab import hardware
+from tunelab.plan import memory as planner
 
 
 def test_mfu_peak_is_the_math_the_run_did():
@@ -27,13 +28,28 @@ def test_litgpt_and_strategy_runs_compute_float32_the_same_way(tiny_ckpt, tmp_pa
     """Both paths run with float32 matmul precision 'high' (litgpt's CLI sets it; the multi-device loop now does
     too), and the record keeps it: a 32-true recipe is the same computation on one GPU and under --strategy."""
     from tunelab.recipes import resolve
-    from tunelab.runner import run
+    from tunelab.run.runner import run
 
-    common = ["--precision", "32-true", "--train.max_steps", "2", "--data.num_workers", "0",
-              "--eval.final_validation", "false", "--checkpoint_dir", str(tiny_ckpt)]
+    common = [
+        "--precision",
+        "32-true",
+        "--train.max_steps",
+        "2",
+        "--data.num_workers",
+        "0",
+        "--eval.final_validation",
+        "false",
+        "--checkpoint_dir",
+        str(tiny_ckpt),
+    ]
     single = run(resolve("tiny-llama-1.1b/full"), common, tmp_path / "single", model="checkpoint")
-    ddp = run(resolve("tiny-llama-1.1b/full"), [*common, "--devices", "1"], tmp_path / "ddp", model="checkpoint",
-              strategy="ddp")
+    ddp = run(
+        resolve("tiny-llama-1.1b/full"),
+        [*common, "--devices", "1"],
+        tmp_path / "ddp",
+        model="checkpoint",
+        strategy="ddp",
+    )
     assert single.status == ddp.status == "ok", (single.error, ddp.error)
     assert single.ranks[0].float32_matmul_precision == ddp.ranks[0].float32_matmul_precision == "high"
 
@@ -41,7 +57,7 @@ def test_litgpt_and_strategy_runs_compute_float32_the_same_way(tiny_ckpt, tmp_pa
 def test_all_reduce_uses_the_compute_device(monkeypatch):
     """NCCL reduces CUDA tensors only: the loop's sums are made on the rank's device (a CPU tensor there failed
     every --strategy run at its end). 'meta' stands in for cuda here."""
-    from tunelab.distributed import train
+    from tunelab.run import loop as train
 
     seen = []
     monkeypatch.setattr(train.dist, "all_reduce", lambda t, op=None: seen.append(t.device))
@@ -56,7 +72,7 @@ def test_benchmark_workload_has_the_labs_token_counts(tmp_path):
     from litgpt.data import JSON
     from litgpt.tokenizer import Tokenizer
 
-    from tunelab import benchmark_data
+    from tunelab.data import benchmark as benchmark_data
 
     records = benchmark_data.generate()
     assert len(records) == 2000 and records == benchmark_data.generate()  # deterministic
@@ -64,8 +80,7 @@ def test_benchmark_workload_has_the_labs_token_counts(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(records))
     L.seed_everything(1337)
-    dm = JSON(json_path=path, mask_prompt=False, val_split_fraction=0.5, prompt_style="alpaca", seed=42,
-              num_workers=0)
+    dm = JSON(json_path=path, mask_prompt=False, val_split_fraction=0.5, prompt_style="alpaca", seed=42, num_workers=0)
     dm.connect(tokenizer=Tokenizer(tmp_path), batch_size=8, max_seq_length=512)
     dm.setup()
     n = padded = full = 0
@@ -86,10 +101,22 @@ def test_fit_verdicts_use_the_memory_cuda_exposes():
     h100 = hardware.lookup("H100-SXM")
     assert h100.memory_bytes == pytest.approx(85_017_493_504, rel=1e-3)
     need = int(79.6 * 2**30)  # fits 80 GiB nominal, not 79.18 GiB
-    plan = planner.Plan(model="m", method="full", precision="bf16-true", strategy="single", devices=1,
-                        micro_batch_size=1, seq_len=512, params=1, trainable_params=1, breakdown_bytes={},
-                        peak_allocated_bytes=need, predicted_reserved_bytes=need - planner.CUDA_CONTEXT_BYTES,
-                        cuda_context_bytes=planner.CUDA_CONTEXT_BYTES, host_ram_bytes=0)
+    plan = planner.Plan(
+        model="m",
+        method="full",
+        precision="bf16-true",
+        strategy="single",
+        devices=1,
+        micro_batch_size=1,
+        seq_len=512,
+        params=1,
+        trainable_params=1,
+        breakdown_bytes={},
+        peak_allocated_bytes=need,
+        predicted_reserved_bytes=need - planner.CUDA_CONTEXT_BYTES,
+        cuda_context_bytes=planner.CUDA_CONTEXT_BYTES,
+        host_ram_bytes=0,
+    )
     planner.verdict(plan, h100)
     assert plan.fits is False and plan.margin_bytes < 0 and plan.edge  # short by < 2%: said to be at the edge
     far = planner.verdict(dataclasses.replace(plan, predicted_reserved_bytes=70 * 2**30), h100)
@@ -97,10 +124,16 @@ def test_fit_verdicts_use_the_memory_cuda_exposes():
 
 
 def test_report_defines_mfu_on_real_and_padded_tokens():
-    from tunelab.report import COLUMNS, DEFINITIONS
+    from tunelab.report.sweep import COLUMNS, DEFINITIONS
 
-    assert {"mfu", "mfu_padded", "peak_basis", "power_steady_w", "energy_steady_j_per_1k_tokens",
-            "energy_j_per_1k_tokens"} <= set(COLUMNS)
+    assert {
+        "mfu",
+        "mfu_padded",
+        "peak_basis",
+        "power_steady_w",
+        "energy_steady_j_per_1k_tokens",
+        "energy_j_per_1k_tokens",
+    } <= set(COLUMNS)
     assert "**real** tokens" in DEFINITIONS and "**padded** tokens" in DEFINITIONS
     assert "steady-state window" in DEFINITIONS
 

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from tunelab import checkpoints, data
+from tunelab import checkpoints
+from tunelab.data import alpaca as data
 from tunelab.paths import DATASET
 
 

@@ -16,20 +16,38 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     checkout, so nothing can be read from the source tree."""
     wheels, site, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
     work.mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = wheels.glob("tunelab-*.whl")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     env = cpu_env(PYTHONPATH=str(site), TUNELAB_HOME=str(tmp_path / "home"))
 
     def tunelab(*args):
-        return subprocess.run([sys.executable, "-m", "tunelab", *args], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "tunelab", *args], cwd=work, env=env, capture_output=True, text=True, timeout=300
+        )
 
-    where = subprocess.run([sys.executable, "-c", "import tunelab.paths as p, tunelab.distributed.train as t; "
-                            "print(p.__file__, p.INSTALLED, t.__name__)"], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=120)
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tunelab.paths as p, tunelab.run.loop as t; print(p.__file__, p.INSTALLED, t.__name__)",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert where.returncode == 0, where.stderr
     path, installed, _ = where.stdout.split()
     assert path.startswith(str(site)) and installed == "True"

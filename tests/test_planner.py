@@ -11,13 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from tunelab import hardware, planner
-from tunelab.plan_cli import accuracy_rows, plan_recipe
+from tunelab import hardware
+from tunelab.plan import projection
+from tunelab.plan.accuracy import accuracy_rows
+from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import discover, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-LAB_VERDICTS = {"s1": False, **{f"s{i}": True for i in range(2, 8)}, "s8": False, "s9": True,
-                **{f"s{i}": True for i in range(10, 15)}}
+LAB_VERDICTS = {
+    "s1": False,
+    **{f"s{i}": True for i in range(2, 8)},
+    "s8": False,
+    "s9": True,
+    **{f"s{i}": True for i in range(10, 15)},
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +46,12 @@ def test_lab_peaks_within_15_percent(rows):
 
 
 def test_accuracy_report_regenerates(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tunelab", "plan-accuracy", "--out", str(tmp_path)],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "tunelab", "plan-accuracy", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "accuracy.md").read_text()
     assert "| Part 1 | s7 | open-llama-7b/full |" in md and "worst relative error" in md
@@ -51,24 +62,30 @@ def test_accuracy_report_regenerates(tmp_path):
 
 @pytest.mark.parametrize("recipe", discover(), ids=lambda r: r.key)
 def test_every_recipe_plans_and_breakdown_sums(recipe):
-    _, plan, _, _ = plan_recipe(recipe, [], gpu="H100-SXM")
+    plan = plan_recipe(recipe, [], gpu=hardware.lookup("H100-SXM")).plan
     assert sum(plan.breakdown_bytes.values()) == plan.peak_allocated_bytes > 0
     assert plan.fits is not None and plan.max_micro_batch_size is not None
-    assert plan.margin_bytes == hardware.lookup("H100-SXM").memory_bytes - plan.predicted_reserved_bytes \
-        - plan.cuda_context_bytes
+    assert (
+        plan.margin_bytes
+        == hardware.lookup("H100-SXM").memory_bytes - plan.predicted_reserved_bytes - plan.cuda_context_bytes
+    )
 
 
 def test_monotonic_and_strategies_divide_states():
     r = resolve("open-llama-7b/full")
-    peaks = [plan_recipe(r, ["--train.micro_batch_size", str(m), "--train.global_batch_size", "16"],
-                         gpu="A100-80GB")[1].peak_allocated_bytes for m in (1, 2, 4, 8)]
+    peaks = [
+        plan_recipe(
+            r, ["--train.micro_batch_size", str(m), "--train.global_batch_size", "16"], gpu=hardware.lookup("A100-80GB")
+        ).plan.peak_allocated_bytes
+        for m in (1, 2, 4, 8)
+    ]
     # non-decreasing; at micro 1-2 the optimizer step (gradients + its temporary) is the peak, not activations
     assert peaks == sorted(peaks) and peaks[0] == peaks[1] < peaks[2] < peaks[3]
-    single = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="ddp")[1]
-    fsdp = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp")[1]
-    grad_op = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp-shard-grad-op")[1]
-    whole = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="fsdp-no-wrap")[1]
-    zero3_off = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy="deepspeed-zero3-offload")[1]
+    single = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="ddp").plan
+    fsdp = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="fsdp").plan
+    grad_op = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="fsdp-shard-grad-op").plan
+    whole = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="fsdp-no-wrap").plan
+    zero3_off = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="deepspeed-zero3-offload").plan
     assert fsdp.peak_allocated_bytes < grad_op.peak_allocated_bytes < single.peak_allocated_bytes
     assert fsdp.peak_allocated_bytes < whole.peak_allocated_bytes  # the whole model gathered at once
     assert zero3_off.breakdown_bytes["optimizer_states"] == 0 and zero3_off.host_ram_bytes > 50e9
@@ -82,47 +99,89 @@ def test_every_strategy_file_can_be_planned():
     names = sorted(p.stem for p in (CONFIGS_DIR / "strategies").glob("*.yaml"))
     assert len(names) >= 10
     for name in names:
-        plan = plan_recipe(r, [], gpu="A100-80GB", devices=4, strategy=name)[1]
+        plan = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy=name).plan
         assert plan.peak_allocated_bytes > 0 and plan.devices == 4, name
 
 
 def test_qlora_weights_are_nf4_with_scales():
-    _, q, _, _ = plan_recipe(resolve("open-llama-7b/qlora"), [], gpu="A100-80GB")
-    _, l, _, _ = plan_recipe(resolve("open-llama-7b/lora"), [], gpu="A100-80GB")
+    q = plan_recipe(resolve("open-llama-7b/qlora"), [], gpu=hardware.lookup("A100-80GB")).plan
+    lora = plan_recipe(resolve("open-llama-7b/lora"), [], gpu=hardware.lookup("A100-80GB")).plan
     # 6.607 B linear weights x (0.5 + 4/64) bytes + 131 M embedding x 2 bytes
     assert q.breakdown_bytes["weights"] == pytest.approx(6_607_343_616 * 0.5625 + 131_072_000 * 2, rel=1e-6)
-    assert q.peak_allocated_bytes < l.peak_allocated_bytes
+    assert q.peak_allocated_bytes < lora.peak_allocated_bytes
 
 
 def test_cli_json_any_litgpt_model_and_errors():
-    p = subprocess.run([sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--gpu", "L4", "--json",
-                        "--checkpoint_dir", "checkpoints/meta-llama/Llama-2-7b-hf"], capture_output=True, text=True,
-                       cwd=ROOT)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "plan",
+            "tiny-llama-1.1b/lora",
+            "--gpu",
+            "L4",
+            "--json",
+            "--checkpoint_dir",
+            "checkpoints/meta-llama/Llama-2-7b-hf",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["model"] == "Llama-2-7b-hf" and isinstance(d["fits"], bool) and d["max_micro_batch_size"] >= 0
     assert d["peak_memory_gb"] == pytest.approx(sum(d["breakdown_gb"].values()), abs=0.01)
     assert d["projection"]["seconds_low"] <= d["projection"]["seconds_high"]
     assert "upper bound" in d["projection"]["power_source"]
-    bad = subprocess.run([sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--gpu", "Z9"],
-                         capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--gpu", "Z9"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown GPU" in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--checkpoint_dir",
-                          "checkpoints/acme/nonesuch"], capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "plan",
+            "tiny-llama-1.1b/lora",
+            "--checkpoint_dir",
+            "checkpoints/acme/nonesuch",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert bad.returncode == 2 and "nonesuch" in bad.stderr
 
 
 def test_calibration_uses_nearest_measured_run(tmp_path):
     from tunelab import record
 
-    for i, (model, micro, mfu) in enumerate([("open_llama_7b", 4, 0.41), ("open_llama_7b", 16, 0.5),
-                                             ("tiny-llama-1.1b", 4, 0.3)]):
-        record.save(record.RunRecord(row_id=f"r{i}", status="ok", model_name=model, method="full",
-                                     precision="bf16-true", micro_batch_size=micro, mfu=mfu, power_mean_w=500.0,
-                                     device_count=1, device_name="NVIDIA H100 80GB HBM3"), tmp_path / f"r{i}" /
-                    "record.json")
-    x, _, _, _ = plan_recipe(resolve("open-llama-7b/full"), [], gpu="H100-SXM")
-    proj = planner.project(x, hardware.lookup("H100-SXM"), 1e6, tmp_path)
+    for i, (model, micro, mfu) in enumerate(
+        [("open_llama_7b", 4, 0.41), ("open_llama_7b", 16, 0.5), ("tiny-llama-1.1b", 4, 0.3)]
+    ):
+        record.save(
+            record.RunRecord(
+                row_id=f"r{i}",
+                status="ok",
+                model_name=model,
+                method="full",
+                precision="bf16-true",
+                micro_batch_size=micro,
+                mfu=mfu,
+                power_mean_w=500.0,
+                device_count=1,
+                device_name="NVIDIA H100 80GB HBM3",
+            ),
+            tmp_path / f"r{i}" / "record.json",
+        )
+    x = plan_recipe(resolve("open-llama-7b/full"), [], gpu=hardware.lookup("H100-SXM")).input
+    proj = projection.project(x, hardware.lookup("H100-SXM"), 1e6, tmp_path)
     assert proj.mfu_low == proj.mfu_high == 0.41 and "r0" in proj.mfu_source and proj.power_w == 500.0
     # runtime = FLOPs / (MFU x peak): by hand
     assert proj.seconds_low == pytest.approx(proj.flops_per_token * 1e6 / (0.41 * 989.4e12))
@@ -139,10 +198,34 @@ def test_tune_batch_finds_the_limit_under_a_memory_cap(tmp_path):
 
     ckpt = checkpoints.build("pythia-70m", tmp_path / "pythia")
     out = tmp_path / "tb"
-    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-batch", "tiny-llama-1.1b/full", "--checkpoint_dir",
-                        str(ckpt), "--memory-limit-gb", "4", "--start", "16", "--steps", "2", "--max-micro", "64",
-                        "--data.num_workers", "0", "--out", str(out), "--json"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "tune-batch",
+            "tiny-llama-1.1b/full",
+            "--checkpoint_dir",
+            str(ckpt),
+            "--memory-limit-gb",
+            "4",
+            "--start",
+            "16",
+            "--steps",
+            "2",
+            "--max-micro",
+            "64",
+            "--data.num_workers",
+            "0",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "tune-batch.json").read_text())
     probes = {q["micro_batch_size"]: q["status"] for q in summary["probes"]}
@@ -159,10 +242,39 @@ def test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing(t
     """Two ranks over gloo (tunelab's multi-device loop), the tiny model, both settings: each is searched from its
     own copy of the strategy file (recorded in every probe), and both tables are printed in the study's columns."""
     out = tmp_path / "tb"
-    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-batch", "tiny-llama-1.1b/full", "--model", "tiny",
-                        "--strategy", "ddp", "--devices", "2", "--activation-checkpointing", "both", "--start", "2",
-                        "--max-micro", "2", "--steps", "2", "--precision", "32-true", "--data.num_workers", "0",
-                        "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "tune-batch",
+            "tiny-llama-1.1b/full",
+            "--model",
+            "tiny",
+            "--strategy",
+            "ddp",
+            "--devices",
+            "2",
+            "--activation-checkpointing",
+            "both",
+            "--start",
+            "2",
+            "--max-micro",
+            "2",
+            "--steps",
+            "2",
+            "--precision",
+            "32-true",
+            "--data.num_workers",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "ddp, activation checkpointing off: started at micro batch 2" in p.stdout
     assert "ddp, activation checkpointing on: started at micro batch 2" in p.stdout
@@ -171,13 +283,17 @@ def test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing(t
 
     for setting, flag in (("off", False), ("on", True)):
         rec = json.loads((out / f"ac-{setting}" / "mbs2" / "record.json").read_text())
-        assert rec["status"] == "ok" and rec["device_count"] == 2 and rec["strategy_file"].endswith(
-            f"strategy-ac-{setting}.yaml")
+        assert (
+            rec["status"] == "ok"
+            and rec["device_count"] == 2
+            and rec["strategy_file"].endswith(f"strategy-ac-{setting}.yaml")
+        )
         assert yaml.safe_load(open(rec["strategy_file"]))["activation_checkpointing"] is flag
     # (a second call reusing every probe: tests/test_tune_study.py)
     # backward prefetch belongs to FSDP: refused in one line under DDP, before any probe
-    wrong = subprocess.run([*p.args, "--backward-prefetch", "pre"], capture_output=True, text=True, cwd=ROOT,
-                           timeout=120)
+    wrong = subprocess.run(
+        [*p.args, "--backward-prefetch", "pre"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
     assert "not FSDP" in wrong.stderr
 
@@ -188,8 +304,8 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
     largest fitting (47), then bisection below it to the largest without retries (41), the best; --also rows
     are probed first and reused by the search."""
     from tunelab import record as record_mod
-    from tunelab import tune_batch
     from tunelab.recipes import resolve
+    from tunelab.tune import batch as tune_batch
 
     calls = []
 
@@ -197,23 +313,42 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
         m = int(overrides[overrides.index("--train.micro_batch_size") + 1])
         calls.append(m)
         fits, retries = m <= 47, (0 if m <= 41 else 26 if m == 47 else 2)
-        return record_mod.RunRecord(status="ok" if fits else "oom", tok_s_padded=1000.0 * m if fits else None,
-                                    num_alloc_retries=retries, error=None if fits else "CUDA out of memory")
+        return record_mod.RunRecord(
+            status="ok" if fits else "oom",
+            tok_s_padded=1000.0 * m if fits else None,
+            num_alloc_retries=retries,
+            error=None if fits else "CUDA out of memory",
+        )
+
     monkeypatch.setattr(tune_batch, "run", fake_run)
-    res = tune_batch.tune(resolve("tiny-llama-1.1b/full"), [], tmp_path, start=47, max_micro=128, also=[8, 16, 32],
-                          stream=open(os.devnull, "w"))
+    res = tune_batch.tune(
+        resolve("tiny-llama-1.1b/full"),
+        [],
+        tmp_path,
+        start=47,
+        max_micro=128,
+        also=[8, 16, 32],
+        stream=open(os.devnull, "w"),
+    )
     assert calls[:4] == [8, 16, 32, 47] and len(calls) == len(set(calls))  # each micro batch probed once
     assert res.largest_fitting == 47 and res.best == 41
     assert 42 in calls and 48 in calls  # both edges were probed, not guessed
 
     # a cap that doubling would overshoot is itself probed, then bisected below it
     calls.clear()
-    res = tune_batch.tune(resolve("tiny-llama-1.1b/full"), [], tmp_path / "capped", start=32, max_micro=60,
-                          stream=open(os.devnull, "w"))
+    res = tune_batch.tune(
+        resolve("tiny-llama-1.1b/full"), [], tmp_path / "capped", start=32, max_micro=60, stream=open(os.devnull, "w")
+    )
     assert calls[:2] == [32, 60] and res.largest_fitting == 47 and 48 in calls
     calls.clear()
-    res = tune_batch.tune(resolve("tiny-llama-1.1b/full"), [], tmp_path / "capped-fits", start=30, max_micro=45,
-                          stream=open(os.devnull, "w"))
+    res = tune_batch.tune(
+        resolve("tiny-llama-1.1b/full"),
+        [],
+        tmp_path / "capped-fits",
+        start=30,
+        max_micro=45,
+        stream=open(os.devnull, "w"),
+    )
     assert calls[:2] == [30, 45] and res.largest_fitting == 45
 
 
@@ -222,18 +357,51 @@ def test_activation_checkpointing_makes_a_micro_batch_fit_that_does_not_fit_with
     batch 25 under the two strategy files tune-batch derives (activation checkpointing off / on): off runs out of
     memory, on fits (measured here: out of memory at 2.48 GB RSS; 1.49 GB RSS with checkpointing). ~30 s."""
     from tunelab import checkpoints
-    from tunelab.tune_batch import strategy_variant
+    from tunelab.tune.batch import strategy_variant
 
     ckpt = checkpoints.build("tiny-deep", tmp_path / "tiny-deep")
     status = {}
     for ac in (False, True):
         strategy = strategy_variant("ddp", ac, tmp_path / f"ac-{ac}")
-        p = subprocess.run([sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/full", "--model", "checkpoint",
-                            "--checkpoint_dir", str(ckpt), "--strategy", str(strategy), "--devices", "1",
-                            "--train.micro_batch_size", "25", "--train.global_batch_size", "25", "--train.max_steps",
-                            "2", "--train.lr_warmup_steps", "1", "--precision", "32-true", "--data.num_workers", "0",
-                            "--eval.final_validation", "false", "--memory-limit-gb", "3", "--out",
-                            str(tmp_path / f"run-{ac}")], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tunelab",
+                "run",
+                "tiny-llama-1.1b/full",
+                "--model",
+                "checkpoint",
+                "--checkpoint_dir",
+                str(ckpt),
+                "--strategy",
+                str(strategy),
+                "--devices",
+                "1",
+                "--train.micro_batch_size",
+                "25",
+                "--train.global_batch_size",
+                "25",
+                "--train.max_steps",
+                "2",
+                "--train.lr_warmup_steps",
+                "1",
+                "--precision",
+                "32-true",
+                "--data.num_workers",
+                "0",
+                "--eval.final_validation",
+                "false",
+                "--memory-limit-gb",
+                "3",
+                "--out",
+                str(tmp_path / f"run-{ac}"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=600,
+        )
         rec = json.loads((tmp_path / f"run-{ac}" / "record.json").read_text())
         status[ac] = rec["status"]
         assert rec["strategy_file"] == str(strategy), p.stderr[-2000:]
@@ -249,11 +417,44 @@ def test_activation_checkpointing_raises_the_largest_micro_batch_that_fits(tmp_p
 
     ckpt = checkpoints.build("tiny-deep", tmp_path / "tiny-deep")
     out = tmp_path / "tb"
-    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-batch", "tiny-llama-1.1b/full", "--model", "checkpoint",
-                        "--checkpoint_dir", str(ckpt), "--strategy", "ddp", "--devices", "2",
-                        "--activation-checkpointing", "both", "--start", "8", "--max-micro", "32", "--steps", "2",
-                        "--precision", "32-true", "--data.num_workers", "0", "--memory-limit-gb", "3", "--out",
-                        str(out), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "tune-batch",
+            "tiny-llama-1.1b/full",
+            "--model",
+            "checkpoint",
+            "--checkpoint_dir",
+            str(ckpt),
+            "--strategy",
+            "ddp",
+            "--devices",
+            "2",
+            "--activation-checkpointing",
+            "both",
+            "--start",
+            "8",
+            "--max-micro",
+            "32",
+            "--steps",
+            "2",
+            "--precision",
+            "32-true",
+            "--data.num_workers",
+            "0",
+            "--memory-limit-gb",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     off = json.loads((out / "ac-off" / "tune-batch.json").read_text())["largest_fitting"]
     on = json.loads((out / "ac-on" / "tune-batch.json").read_text())["largest_fitting"]

@@ -43,47 +43,109 @@ RULES = [
     Rule(r"tunelab validate .*", "here", "as printed (a glob expanded as the shell would)"),
     Rule(r"tunelab plan .*", "here", "as printed"),
     Rule(r"tunelab build-model tiny", "here", "as printed (it builds into the checkout's .tunelab/ cache)"),
-    Rule(r"tunelab build-model open_llama_7b --device cuda", "here",
-         "7B parameters of float32 random weights (27 GB) exceed this machine's 24 GiB and it has no CUDA: the same "
-         "code path (a litgpt config name -> random weights + the benchmark tokenizer) with pythia-14m on CPU"),
-    Rule(r"tunelab report runs/lab-part1", "here",
-         "the records of the committed H100 sweep (reports/2026-11-23-lab-part1-h100/records.tgz) stand in for "
-         "runs/lab-part1, the report goes to a temporary folder"),
-    Rule(r"tunelab run tiny-llama-1\.1b/lora --train\.max_steps 4", "by tests/test_runner.py",
-         "as printed (the tiny model on CPU), its run directory in a temporary folder, 2 validation batches"),
-    Rule(r"tunelab run \S+( --strategy \S+ --devices 4)?", "by tests/test_distributed.py",
-         "2 CPU processes over gloo instead of 4 GPUs, the tiny checkpoint, fp32 and a fixed global batch so that the "
-         "loss curve can be compared with the single-device run"),
-    Rule(r"tunelab sweep configs/sweeps/lab-part1\.yaml( --weights random)?", "by tests/test_gpu_runbook.py",
-         "the runbook's rehearsal runs this sweep with the tiny model (not random weights of 1.1B-13B models) for "
-         "3 steps, TinyLlama's rows"),
-    Rule(r"OUT=\S+ bash scripts/gpu/runbook\.sh env tiny", "by tests/test_gpu_runbook.py",
-         "TUNELAB_REHEARSAL=1: the same stages with the tiny model, OUT a temporary folder"),
-    Rule(r"tunelab tune-batch tiny-llama-1\.1b/full --gpu H100-SXM", "here",
-         "the tiny model, micro batches up to 2, 2 steps per probe (the planner's H100 start, 47, is capped)"),
-    Rule(r"tunelab tune-study lab-part3 --only cpu-example", "by tests/test_tune_study.py",
-         "every setting capped at micro batch 1 (one probe each)"),
-    Rule(r"tunelab tune-study lab-part3 --only tiny-llama-1\.1b-full --weights random", "here, slow",
-         "the tiny model instead of TinyLlama's random weights, micro batch 1 (3 probes, ~35 s: slow marker)"),
-    Rule(r"litgpt download \S+", "here",
-         "no model hub here: litgpt's own parser reads the command (--print_config) and the repo is where a "
-         "recipe's checkpoint_dir points"),
-    Rule(r"litgpt finetune_(full|lora) --config recipes/\S+\.yaml.*", "by tests/test_train_cpu.py",
-         "parsed here by the pinned litgpt's parser as printed; trained on the tiny model by "
-         "test_recipe_trains_on_cpu (the show line + the Override's arguments, which hold every README variant's)"),
-    Rule(r'litgpt finetune_lora --config recipes/tiny-llama-1\.1b/lora\.yaml .* "\$\(tunelab build-model tiny\)"',
-         "by tests/test_docs.py", "run through bash as printed, --out_dir in a temporary folder"),
-    Rule(r"bash scripts/setup\.sh", "not run",
-         "installs torch and the pinned stack from the package registry (a minute or more); CI installs with the "
-         "same pip commands (checked here against .ci/run)"),
+    Rule(
+        r"tunelab build-model open_llama_7b --device cuda",
+        "here",
+        "7B parameters of float32 random weights (27 GB) exceed this machine's 24 GiB and it has no CUDA: the same "
+        "code path (a litgpt config name -> random weights + the benchmark tokenizer) with pythia-14m on CPU",
+    ),
+    Rule(
+        r"tunelab report runs/lab-part1",
+        "here",
+        "the records of the committed H100 sweep (reports/2026-11-23-lab-part1-h100/records.tgz) stand in for "
+        "runs/lab-part1, the report goes to a temporary folder",
+    ),
+    Rule(
+        r"tunelab run tiny-llama-1\.1b/lora --train\.max_steps 4",
+        "by tests/test_runner.py",
+        "as printed (the tiny model on CPU), its run directory in a temporary folder, 2 validation batches",
+    ),
+    Rule(
+        r"tunelab run tiny-llama-1\.1b/full --strategy fast --devices 1",
+        "by tests/test_fast.py",
+        "the tiny model on CPU for 6 steps, 2 validation batches",
+    ),
+    Rule(
+        r"tunelab bench tiny-llama-1\.1b/full --pairs 1 --train\.max_steps 8",
+        "by tests/test_bench.py",
+        "as printed on the tiny model, records and report in a temporary folder",
+    ),
+    Rule(
+        r"tunelab bench tiny-llama-1\.1b/full --weights random --pairs 3 --best-micro --gpu H100-SXM",
+        "not run",
+        "TinyLlama's random weights and a batch-size search need a GPU; the same code path (tune-batch per arm, then "
+        "a pair at each arm's best) runs on the tiny model in tests/test_bench.py (slow marker, micro capped at 2)",
+    ),
+    Rule(
+        r"tunelab run \S+( --strategy \S+ --devices 4)?",
+        "by tests/test_distributed.py",
+        "2 CPU processes over gloo instead of 4 GPUs, the tiny checkpoint, fp32 and a fixed global batch so that the "
+        "loss curve can be compared with the single-device run",
+    ),
+    Rule(
+        r"tunelab sweep configs/sweeps/lab-part1\.yaml( --weights random)?",
+        "by tests/test_gpu_runbook.py",
+        "the runbook's rehearsal runs this sweep with the tiny model (not random weights of 1.1B-13B models) for "
+        "3 steps, TinyLlama's rows",
+    ),
+    Rule(
+        r"OUT=\S+ bash scripts/gpu/runbook\.sh env tiny",
+        "by tests/test_gpu_runbook.py",
+        "TUNELAB_REHEARSAL=1: the same stages with the tiny model, OUT a temporary folder",
+    ),
+    Rule(
+        r"tunelab tune-batch tiny-llama-1\.1b/full --gpu H100-SXM",
+        "here",
+        "the tiny model, micro batches up to 2, 2 steps per probe (the planner's H100 start, 47, is capped)",
+    ),
+    Rule(
+        r"tunelab tune-study lab-part3 --only cpu-example",
+        "by tests/test_tune_study.py",
+        "every setting capped at micro batch 1 (one probe each)",
+    ),
+    Rule(
+        r"tunelab tune-study lab-part3 --only tiny-llama-1\.1b-full --weights random",
+        "here, slow",
+        "the tiny model instead of TinyLlama's random weights, micro batch 1 (3 probes, ~35 s: slow marker)",
+    ),
+    Rule(
+        r"litgpt download \S+",
+        "here",
+        "no model hub here: litgpt's own parser reads the command (--print_config) and the repo is where a "
+        "recipe's checkpoint_dir points",
+    ),
+    Rule(
+        r"litgpt finetune_(full|lora) --config recipes/\S+\.yaml.*",
+        "by tests/test_train_cpu.py",
+        "parsed here by the pinned litgpt's parser as printed; trained on the tiny model by "
+        "test_recipe_trains_on_cpu (the show line + the Override's arguments, which hold every README variant's)",
+    ),
+    Rule(
+        r'litgpt finetune_lora --config recipes/tiny-llama-1\.1b/lora\.yaml .* "\$\(tunelab build-model tiny\)"',
+        "by tests/test_docs.py",
+        "run through bash as printed, --out_dir in a temporary folder",
+    ),
+    Rule(
+        r"bash scripts/setup\.sh",
+        "not run",
+        "installs torch and the pinned stack from the package registry (a minute or more); CI installs with the "
+        "same pip commands (checked here against .ci/run)",
+    ),
+    Rule(r"ruff (check|format --check) \.", "here", "as printed: lint and format of the checkout"),
     Rule(r"\. \.venv/bin/activate", "not run", "a shell built-in for the user's shell; the suite runs inside it"),
     Rule(r"python -m pytest -q", "not run", "the suite itself"),
-    Rule(r"sbatch scripts/slurm/tunelab-multinode\.sbatch \S+ \S+", "not run",
-         "needs a SLURM cluster; its torchrun launch across nodes is run by tests/test_distributed.py "
-         "(two nodes on localhost); here: bash -n and the recipe and strategy it names exist"),
-    Rule(r"bash scripts/gpu/fetch_wheels\.sh", "not run",
-         "downloads 48 MB of wheels from the registry; tests/test_gpu_runbook.py checks the list it downloads "
-         "against the GPU image's packages; here: bash -n"),
+    Rule(
+        r"sbatch scripts/slurm/tunelab-multinode\.sbatch \S+ \S+",
+        "not run",
+        "needs a SLURM cluster; its torchrun launch across nodes is run by tests/test_distributed.py "
+        "(two nodes on localhost); here: bash -n and the recipe and strategy it names exist",
+    ),
+    Rule(
+        r"bash scripts/gpu/fetch_wheels\.sh",
+        "not run",
+        "downloads 48 MB of wheels from the registry; tests/test_gpu_runbook.py checks the list it downloads "
+        "against the GPU image's packages; here: bash -n",
+    ),
 ]
 
 
@@ -104,8 +166,11 @@ def _delegate_module(rule: Rule):
 
 
 def test_every_printed_command_has_a_rule_and_every_rule_a_command():
-    assert len(PRINTED) > 60 and {p.source.split()[0] for p in PRINTED} >= {"README.md", "tunelab", "recipes/"
-                                                                           "tiny-llama-1.1b/full.yaml"}
+    assert len(PRINTED) > 60 and {p.source.split()[0] for p in PRINTED} >= {
+        "README.md",
+        "tunelab",
+        "recipes/tiny-llama-1.1b/full.yaml",
+    }
     unmatched = sorted({f"{p.source}: {p.command}" for p in PRINTED if rule_for(p.command) is None})
     assert not unmatched, "printed commands no rule runs (add one to RULES):\n" + "\n".join(unmatched)
     unused = [r.pattern for r in RULES if not any(rule_for(p.command) is r for p in PRINTED)]
@@ -135,8 +200,8 @@ def test_setup_sh_installs_as_ci_does_and_the_scripts_not_run_parse():
     assert pip_lines(ROOT / "scripts" / "setup.sh") == pip_lines(ROOT / ".ci" / "run") != []
     for script in ("scripts/slurm/tunelab-multinode.sbatch", "scripts/gpu/fetch_wheels.sh", "scripts/setup.sh"):
         assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0, script
-    from tunelab.distributed.strategy import load_strategy
     from tunelab.recipes import resolve
+    from tunelab.strategies import load_strategy
 
     for p in PRINTED:
         if p.command.startswith("sbatch "):
@@ -155,15 +220,16 @@ def _tunelab(argv: list[str]) -> tuple[int, str]:
 
 
 def _samples() -> dict[str, list[str]]:
-    """The README's `$ command` sample outputs: command -> its lines (`...` dropped, `<- ...` annotations cut)."""
-    text = (ROOT / "README.md").read_text()
+    """The docs' `$ command` sample outputs: command -> its lines (`...` dropped, `<- ...` annotations cut), every
+    page's sample of one command together."""
+    text = "\n".join((ROOT / page).read_text() for page in printed.DOCS)
     found: dict[str, list[str]] = {}
     for body in re.findall(r"^[ \t]*```text\n(.*?)^[ \t]*```", text, re.M | re.S):
         current = None
         for line in body.splitlines():
             if line.strip().startswith("$ "):
                 current = " ".join(line.strip()[2:].split())
-                found[current] = []
+                found.setdefault(current, [])
             elif current and line.strip() and line.strip() != "...":
                 found[current].append(" ".join(line.split("<-")[0].split()))
     return found
@@ -174,15 +240,22 @@ def _check_sample(command: str, out: str) -> None:
     if sample:
         printed_now = {" ".join(ln.split()) for ln in out.splitlines()}
         stale = [ln for ln in sample if ln not in printed_now]
-        assert not stale, f"README's sample of `{command}` is not what it prints now: {stale}"
+        assert not stale, f"the docs' sample of `{command}` is not what it prints now: {stale}"
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if rule_for(c).how == "here, slow"
-                                     else c for c in HERE])
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, marks=pytest.mark.slow) if rule_for(c).how == "here, slow" else c for c in HERE]
+)
 def test_printed_command_runs(command, tmp_path):
     argv = shlex.split(command)
     if argv[0] == "litgpt":
         return _litgpt_download(argv)
+    if argv[0] == "ruff":
+        p = subprocess.run(
+            [sys.executable, "-m", "ruff", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]
+        return
     argv = argv[1:]
     if argv[0] == "validate":
         argv = [x for a in argv for x in (sorted(glob.glob(a, root_dir=ROOT)) if "*" in a else [a])]
@@ -208,12 +281,30 @@ def test_printed_command_runs(command, tmp_path):
         md = (tmp_path / "report" / "results.md").read_text()
         assert "NVIDIA H100" in md and "| s4 | tiny-llama-1.1b/full | bf16-true |" in md
     else:  # tune-batch, tune-study: child processes, through the real CLI
-        extra = {"tune-batch": ["--model", "tiny", "--max-micro", "2", "--steps", "2", "--data.num_workers", "0",
-                                "--out", str(tmp_path / "tb")],
-                 "tune-study": ["--model", "tiny", "--max-micro", "1", "--out", str(tmp_path / "ts"), "--no-report"]}
+        extra = {
+            "tune-batch": [
+                "--model",
+                "tiny",
+                "--max-micro",
+                "2",
+                "--steps",
+                "2",
+                "--data.num_workers",
+                "0",
+                "--out",
+                str(tmp_path / "tb"),
+            ],
+            "tune-study": ["--model", "tiny", "--max-micro", "1", "--out", str(tmp_path / "ts"), "--no-report"],
+        }
         argv = [a for a in argv if a not in ("--weights", "random")] if argv[0] == "tune-study" else argv
-        p = subprocess.run([sys.executable, "-m", "tunelab", *argv, *extra[argv[0]]], cwd=ROOT, env=cpu_env(),
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [sys.executable, "-m", "tunelab", *argv, *extra[argv[0]]],
+            cwd=ROOT,
+            env=cpu_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
         if argv[0] == "tune-batch":
             assert "largest micro batch that fits: 2" in p.stdout, p.stdout
@@ -226,11 +317,15 @@ def _litgpt_download(argv: list[str]) -> None:
     from unittest import mock
 
     from litgpt.__main__ import main
+
     from tunelab.recipes import discover
 
     buf = io.StringIO()
-    with mock.patch.object(sys, "argv", [*argv, "--print_config"]), contextlib.redirect_stdout(buf), \
-            pytest.raises(SystemExit) as done:
+    with (
+        mock.patch.object(sys, "argv", [*argv, "--print_config"]),
+        contextlib.redirect_stdout(buf),
+        pytest.raises(SystemExit) as done,
+    ):
         main()
     assert done.value.code in (0, None) and f"repo_id: {argv[2]}" in buf.getvalue(), buf.getvalue()
     assert any(r.get("checkpoint_dir") == f"checkpoints/{argv[2]}" for r in discover()), argv

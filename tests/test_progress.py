@@ -6,7 +6,7 @@ import io
 
 from tunelab.progress import ProgressLine
 from tunelab.record import RunRecord
-from tunelab.runner import Progress
+from tunelab.run.runner import Progress
 
 
 def test_progress_line_counts_runs_and_estimates_the_rest():

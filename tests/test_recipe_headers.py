@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from tunelab.plan_cli import plan_recipe
+from tunelab import hardware
+from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import discover
 
 
@@ -17,7 +18,7 @@ def test_each_header_override_example_fits_the_gpu_the_header_names():
         gpu = re.search(r"^# Check: .*--gpu (\S+)", text, re.M).group(1)
         argv = shlex.split(override)
         assert argv[:2] == ["litgpt", recipe.command] and argv[3].endswith(f"{recipe.key}.yaml"), override
-        _, plan, _, _ = plan_recipe(recipe, argv[4:], gpu=gpu)
+        plan = plan_recipe(recipe, argv[4:], gpu=hardware.lookup(gpu)).plan
         assert plan.fits and not plan.edge, (recipe.key, override, plan.peak_allocated_bytes / 1e9)
         checked += 1
     assert checked == len(discover()) >= 12

@@ -77,8 +77,9 @@ def test_ls_and_show_read_the_files():
     assert row[3:9] == ["bf16-true", "-", "1", "16", "4", "4"]  # accumulation 16 / (4 devices x micro 1)
     assert len([ln for ln in out.splitlines()[2:] if ln.strip()]) == len(RECIPES)
 
-    shown = subprocess.run([sys.executable, "-m", "tunelab", "show", "open-llama-7b/qlora"], capture_output=True,
-                           text=True, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "tunelab", "show", "open-llama-7b/qlora"], capture_output=True, text=True, check=True
+    ).stdout
     assert "quantize: bnb.nf4" in shown
     assert "# launch:   litgpt finetune_lora --config recipes/open-llama-7b/qlora.yaml" in shown
     assert "# download: litgpt download openlm-research/open_llama_7b" in shown

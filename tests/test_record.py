@@ -15,13 +15,23 @@ from tunelab.record import GPUSample, RankStats, RunRecord
 
 def full_record() -> RunRecord:
     return RunRecord(
-        sweep="s", row_id="r1", recipe="tiny-llama-1.1b/lora", command="finetune_lora",
-        overrides=["--train.max_steps", "2"], resolved_args={"train": {"micro_batch_size": 4}}, status="oom",
-        error="torch.OutOfMemoryError: CUDA out of memory", ranks=[
+        sweep="s",
+        row_id="r1",
+        recipe="tiny-llama-1.1b/lora",
+        command="finetune_lora",
+        overrides=["--train.max_steps", "2"],
+        resolved_args={"train": {"micro_batch_size": 4}},
+        status="oom",
+        error="torch.OutOfMemoryError: CUDA out of memory",
+        ranks=[
             RankStats(rank=0, device="cuda:0", peak_allocated_bytes=10, peak_reserved_bytes=20, num_alloc_retries=1),
-            RankStats(rank=1, device="cuda:1", peak_allocated_bytes=11, exception="MemoryError: x")],
+            RankStats(rank=1, device="cuda:1", peak_allocated_bytes=11, exception="MemoryError: x"),
+        ],
         gpus=[GPUSample(index=0, name="NVIDIA H100", util_mean=90.0, util_std=3.0, energy_j=12.5, samples=8)],
-        tok_s_padded=123.4, mfu=0.41, versions={"torch": "2.13.0"})
+        tok_s_padded=123.4,
+        mfu=0.41,
+        versions={"torch": "2.13.0"},
+    )
 
 
 def test_round_trip_through_json(tmp_path):
@@ -74,8 +84,15 @@ def test_rank_files_are_read_through_the_schema():
 
     from tunelab.record import read_rank_file
 
-    stats, iters = read_rank_file({"rank": 1, "device": "cuda:1", "peak_allocated_bytes": 5, "cuda_error": None,
-                                   "iters": [[1.0, 16, 12], [2.0, 16, 10]]})
+    stats, iters = read_rank_file(
+        {
+            "rank": 1,
+            "device": "cuda:1",
+            "peak_allocated_bytes": 5,
+            "cuda_error": None,
+            "iters": [[1.0, 16, 12], [2.0, 16, 10]],
+        }
+    )
     assert stats.rank == 1 and stats.peak_allocated_bytes == 5 and iters == [[1.0, 16, 12], [2.0, 16, 10]]
     with pytest.raises(ValueError, match="unknown keys \\['surprise'\\]"):
         read_rank_file({"rank": 0, "surprise": 1})

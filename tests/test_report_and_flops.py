@@ -7,9 +7,11 @@ import csv
 import pytest
 
 from tunelab import hardware
-from tunelab.flops import flops_per_token, lora_param_count, mfu
-from tunelab.report import COLUMNS, write_report
-from tunelab.sweep import load, run_sweep
+from tunelab.models import lora_param_count
+from tunelab.plan.flops import flops_per_token, mfu
+from tunelab.report.sweep import COLUMNS, write_report
+from tunelab.run.sweep import run_sweep
+from tunelab.sweep_file import load
 
 
 def test_flops_per_token_by_hand():
@@ -37,13 +39,17 @@ def test_lora_param_count_matches_litgpt():
         model = GPT(config)
     mark_only_lora_as_trainable(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert lora_param_count(config, 32, targets) == trainable
+    assert lora_param_count(config, 32, tuple(targets)) == trainable
 
 
 def test_mfu_by_hand():
     h100 = hardware.lookup("H100-SXM")
     peak = h100.peak_flops("bf16-true")
-    assert peak == 989.4e12 and h100.peak_flops("bf16-mixed") == 989.4e12 and h100.peak_flops("32-true") == pytest.approx(66.9e12)
+    assert (
+        peak == 989.4e12
+        and h100.peak_flops("bf16-mixed") == 989.4e12
+        and h100.peak_flops("32-true") == pytest.approx(66.9e12)
+    )
     # 6,483,898,368 FLOPs/token x 10,000 tokens/s / 989.4e12 FLOP/s = 0.065533...
     assert mfu(6_483_898_368, 10_000, peak) == pytest.approx(0.0655336, rel=1e-5)
     assert mfu(6_483_898_368, 10_000, hardware.lookup("V100-32GB").peak_flops("bf16-true")) is None  # no bf16
@@ -56,8 +62,19 @@ def test_mfu_by_hand():
 
 def test_gpu_table_covers_the_named_gpus():
     names = set(hardware.table())
-    assert {"V100-16GB", "V100-32GB", "T4", "A10G", "L4", "RTX-4090", "A100-40GB", "A100-80GB", "H100-PCIe",
-            "H100-SXM", "H200"} <= names
+    assert {
+        "V100-16GB",
+        "V100-32GB",
+        "T4",
+        "A10G",
+        "L4",
+        "RTX-4090",
+        "A100-40GB",
+        "A100-80GB",
+        "H100-PCIe",
+        "H100-SXM",
+        "H200",
+    } <= names
 
 
 SWEEP = """name: mini
@@ -96,9 +113,18 @@ def test_report_columns_units_and_failed_rows(tmp_path):
 
     md = (out / "results.md").read_text()
     assert "Example report: embedded tiny model" in md
-    for words in ("GB = 1e9 bytes", "max_memory_allocated", "max_memory_reserved", "num_alloc_retries",
-                  "padding included", "warm-up steps", "summed over ranks", "device: ", "litgpt 0.5.13",
-                  "lab figures: 1x A100 80GB"):
+    for words in (
+        "GB = 1e9 bytes",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "num_alloc_retries",
+        "padding included",
+        "warm-up steps",
+        "summed over ranks",
+        "device: ",
+        "litgpt 0.5.13",
+        "lab figures: 1x A100 80GB",
+    ):
         assert words in md, words
     assert "| huge | tiny-llama-1.1b/full | 32-true | 32/32 | oom |" in md
     assert "**huge** (tiny-llama-1.1b/full): oom" in md

@@ -14,7 +14,7 @@ import psutil
 from tests.conftest import cpu_env
 from tunelab import record
 from tunelab.recipes import resolve
-from tunelab.runner import run
+from tunelab.run.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--train.max_steps", "3", "--data.num_workers", "0", "--eval.max_iters", "2"]
@@ -28,9 +28,26 @@ PRINTED = {EXAMPLE}
 def test_ok_run_record(tmp_path):
     """`tunelab --help`'s example, as printed (the tiny model on CPU, the recipe's checkpoint not downloaded), plus
     a run directory, a row id and no loader processes."""
-    p = subprocess.run([sys.executable, "-m", *EXAMPLE.split(), "--out", str(tmp_path / "r"), "--id", "ok1",
-                        "--data.num_workers", "0", "--eval.max_iters", "2"], cwd=ROOT, env=cpu_env(),
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            *EXAMPLE.split(),
+            "--out",
+            str(tmp_path / "r"),
+            "--id",
+            "ok1",
+            "--data.num_workers",
+            "0",
+            "--eval.max_iters",
+            "2",
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rec = record.load(tmp_path / "r" / "record.json")
     assert rec.status == "ok" and rec.exit_code == 0 and rec.error is None and rec.row_id == "ok1"
@@ -53,17 +70,36 @@ def test_real_oom_under_memory_limit(tmp_path):
     from tunelab import checkpoints
 
     ckpt = checkpoints.build("pythia-70m", tmp_path / "pythia")
-    rec = run(resolve("tiny-llama-1.1b/full"), [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size",
-                                                  "32", "--train.global_batch_size", "32"],
-              tmp_path / "oom", model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9))
+    rec = run(
+        resolve("tiny-llama-1.1b/full"),
+        [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size", "32", "--train.global_batch_size", "32"],
+        tmp_path / "oom",
+        model="checkpoint",
+        memory_limit_bytes=int(OOM_LIMIT_GB * 1e9),
+    )
     assert rec.status == "oom", (rec.status, rec.error)
     assert rec.error and any(w in rec.error for w in ("memory", "Memory", "alloc"))
     assert record.load(tmp_path / "oom" / "record.json").status == "oom"
     # the same run without the limit is fine: the limit is the only reason
-    ok = run(resolve("tiny-llama-1.1b/full"), [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size", "1",
-                                               "--train.global_batch_size", "1", "--train.max_steps", "1",
-                                               "--eval.final_validation", "false"],
-             tmp_path / "fits", model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9))
+    ok = run(
+        resolve("tiny-llama-1.1b/full"),
+        [
+            *FAST,
+            "--checkpoint_dir",
+            str(ckpt),
+            "--train.micro_batch_size",
+            "1",
+            "--train.global_batch_size",
+            "1",
+            "--train.max_steps",
+            "1",
+            "--eval.final_validation",
+            "false",
+        ],
+        tmp_path / "fits",
+        model="checkpoint",
+        memory_limit_bytes=int(OOM_LIMIT_GB * 1e9),
+    )
     assert ok.status == "ok", ok.error
 
 
@@ -71,8 +107,7 @@ OOM_LIMIT_GB = 4.0
 
 
 def test_timeout_kills_a_run(tiny_ckpt, tmp_path):
-    rec = run(resolve("tiny-llama-1.1b/lora"), ["--data.num_workers", "0"], tmp_path / "t", model="tiny",
-              timeout_s=4)
+    rec = run(resolve("tiny-llama-1.1b/lora"), ["--data.num_workers", "0"], tmp_path / "t", model="tiny", timeout_s=4)
     assert rec.status == "killed" and "timeout" in rec.error
     assert rec.wall_s < 30
 
@@ -82,7 +117,7 @@ def _child_of(pid: int, timeout: float = 60) -> psutil.Process:
     while time.time() - t0 < timeout:
         for c in psutil.Process(pid).children(recursive=True):
             try:
-                if "tunelab.entry" in " ".join(c.cmdline()):
+                if "tunelab.run.entry" in " ".join(c.cmdline()):
                     return c
             except psutil.NoSuchProcess:
                 pass
@@ -92,9 +127,26 @@ def _child_of(pid: int, timeout: float = 60) -> psutil.Process:
 
 def test_sigkill_of_a_run_becomes_a_killed_row(tiny_ckpt, tmp_path):
     out = tmp_path / "k"
-    proc = subprocess.Popen([sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--model", "tiny",
-                             "--out", str(out), "--data.num_workers", "0"], cwd=ROOT, env=cpu_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "run",
+            "tiny-llama-1.1b/lora",
+            "--model",
+            "tiny",
+            "--out",
+            str(out),
+            "--data.num_workers",
+            "0",
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child = _child_of(proc.pid)
     time.sleep(2)
     child.send_signal(signal.SIGKILL)

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, cpu_env
-from tunelab import runtime
-from tunelab.plan_cli import _lab_runtime_items, fit_runtime_constants, runtime_rows
+from tunelab.plan import runtime
+from tunelab.plan.accuracy import _lab_runtime_items, fit_runtime_constants, runtime_rows
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,14 @@ def test_terms_count_the_lab_loop(items):
 
 
 def test_plan_json_has_the_point_estimate_inside_its_band():
-    p = subprocess.run([sys.executable, "-m", "tunelab", "plan", "open-llama-7b/lora", "--gpu", "H100-SXM", "--json"],
-                       cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tunelab", "plan", "open-llama-7b/lora", "--gpu", "H100-SXM", "--json"],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     proj = json.loads(p.stdout)["projection"]
     lo, hi = proj["seconds_band"]

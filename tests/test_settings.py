@@ -10,15 +10,36 @@ import pytest
 
 from tunelab import settings
 from tunelab.recipes import discover, resolve
-from tunelab.sweep import load
+from tunelab.sweep_file import load
 from tunelab.validate import parse
 
 VARIANTS = [
     [],
-    ["--data", "Alpaca", "--train.micro_batch_size=2", "--optimizer", "SGD", "--devices", "2",
-     "--checkpoint_dir", "checkpoints/meta-llama/Llama-2-7b-hf"],
-    ["--data", "Alpaca2k", "--data.val_split_fraction", "0.1", "--precision", "16-true", "--num_nodes", "2",
-     "--train.max_steps", "null", "--train.epochs", "3"],
+    [
+        "--data",
+        "Alpaca",
+        "--train.micro_batch_size=2",
+        "--optimizer",
+        "SGD",
+        "--devices",
+        "2",
+        "--checkpoint_dir",
+        "checkpoints/meta-llama/Llama-2-7b-hf",
+    ],
+    [
+        "--data",
+        "Alpaca2k",
+        "--data.val_split_fraction",
+        "0.1",
+        "--precision",
+        "16-true",
+        "--num_nodes",
+        "2",
+        "--train.max_steps",
+        "null",
+        "--train.epochs",
+        "3",
+    ],
 ]
 
 
@@ -40,8 +61,11 @@ def test_fast_resolver_equals_litgpts_parser_on_every_recipe_and_sweep_row():
         fast = settings.resolve(recipe, overrides)
         t_fast += time.perf_counter() - t0
         slow = settings.from_args(recipe, parse(recipe, overrides))
-        diff = {f.name: (getattr(fast, f.name), getattr(slow, f.name)) for f in dataclasses.fields(fast)
-                if f.compare and getattr(fast, f.name) != getattr(slow, f.name)}
+        diff = {
+            f.name: (getattr(fast, f.name), getattr(slow, f.name))
+            for f in dataclasses.fields(fast)
+            if f.compare and getattr(fast, f.name) != getattr(slow, f.name)
+        }
         assert not diff, (recipe.key, overrides, diff)
         checked += 1
     assert checked > 45
@@ -68,7 +92,7 @@ def test_data_module_defaults_come_from_litgpt():
 
 @pytest.mark.parametrize("name", ["deepspeed-zero3-offload", "fsdp-offload"])
 def test_strategy_files_that_say_offload_do(name):
-    from tunelab.distributed.strategy import load_strategy
+    from tunelab.strategies import load_strategy
 
     st = load_strategy(name)
     assert st.offload_optimizer or st.offload_params or st.cpu_offload
@@ -84,5 +108,7 @@ def test_data_size_from_the_file_or_the_known_module():
     assert n == 2000 and "alpaca_2k" in src
     # the lab's full YAMLs warm up for 100 steps of a 62-step epoch (Alpaca2k, val split 0.5, batch 16): warned
     result = check(resolve("tiny-llama-1.1b/full"), ["--data", "Alpaca2k", "--train.lr_warmup_steps", "100"])
-    assert any(p.key == "train.lr_warmup_steps" and p.severity == "warning" and "62 optimizer steps" in p.message
-               for p in result.problems)
+    assert any(
+        p.key == "train.lr_warmup_steps" and p.severity == "warning" and "62 optimizer steps" in p.message
+        for p in result.problems
+    )

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tunelab.sweep import SweepError, load, to_overrides
+from tunelab.sweep_file import SweepError, load, to_overrides
 
 
 def test_lab_part1_is_the_spec():
@@ -38,36 +38,58 @@ def test_unknown_keys_refused(tmp_path):
 
 
 def test_impossible_row_refused_before_anything_runs(tmp_path):
-    text = ("name: x\nrows:\n  - {id: ok, recipe: tiny-llama-1.1b/lora}\n"
-            "  - {id: bad, recipe: tiny-llama-1.1b/full, set: {train.global_batch_size: 30, train.micro_batch_size: 8}}\n")
+    text = (
+        "name: x\nrows:\n  - {id: ok, recipe: tiny-llama-1.1b/lora}\n"
+        "  - {id: bad, recipe: tiny-llama-1.1b/full, set: {train.global_batch_size: 30, train.micro_batch_size: 8}}\n"
+    )
     with pytest.raises(SweepError, match="row bad: train.global_batch_size: 30 is not divisible"):
         load(_write(tmp_path, text))
     with pytest.raises(SweepError, match="duplicate row id"):
-        load(_write(tmp_path, "name: x\nrows: [{id: a, recipe: tiny-llama-1.1b/lora}, {id: a, recipe: tiny-llama-1.1b/full}]\n"))
+        load(
+            _write(
+                tmp_path,
+                "name: x\nrows: [{id: a, recipe: tiny-llama-1.1b/lora}, {id: a, recipe: tiny-llama-1.1b/full}]\n",
+            )
+        )
 
 
 def test_grid_expands_axes_with_explicit_settings(tmp_path):
-    sweep = load(_write(tmp_path, "name: g\ndefaults: {train.max_steps: 3}\ngrid:\n  - recipe: tiny-llama-1.1b/full\n"
-                                  "    axes: {train.micro_batch_size: [1, 2], precision: [32-true, bf16-true]}\n"))
-    assert [r.id for r in sweep.rows] == ["tiny-llama-1.1b-full-micro_batch_size1-precision32-true",
-                                          "tiny-llama-1.1b-full-micro_batch_size1-precisionbf16-true",
-                                          "tiny-llama-1.1b-full-micro_batch_size2-precision32-true",
-                                          "tiny-llama-1.1b-full-micro_batch_size2-precisionbf16-true"]
+    sweep = load(
+        _write(
+            tmp_path,
+            "name: g\ndefaults: {train.max_steps: 3}\ngrid:\n  - recipe: tiny-llama-1.1b/full\n"
+            "    axes: {train.micro_batch_size: [1, 2], precision: [32-true, bf16-true]}\n",
+        )
+    )
+    assert [r.id for r in sweep.rows] == [
+        "tiny-llama-1.1b-full-micro_batch_size1-precision32-true",
+        "tiny-llama-1.1b-full-micro_batch_size1-precisionbf16-true",
+        "tiny-llama-1.1b-full-micro_batch_size2-precision32-true",
+        "tiny-llama-1.1b-full-micro_batch_size2-precisionbf16-true",
+    ]
     assert sweep.rows[3].settings == {"train.max_steps": 3, "train.micro_batch_size": 2, "precision": "bf16-true"}
 
 
 def test_overrides_are_litgpt_style():
     assert to_overrides({"train.max_steps": None, "lora_mlp": False, "optimizer": "SGD"}) == [
-        "--train.max_steps", "null", "--lora_mlp", "false", "--optimizer", "SGD"]
+        "--train.max_steps",
+        "null",
+        "--lora_mlp",
+        "false",
+        "--optimizer",
+        "SGD",
+    ]
 
 
 @pytest.mark.parametrize("bad", ["../../escaped_row", "/abs/path", "a/b", ".", "..", "", ".hidden"])
 def test_row_ids_and_names_are_names_not_paths(tmp_path, bad):
     """A row id or sweep name becomes a directory: anything that is not a plain name is refused in one line."""
-    from tunelab.sweep import SweepError, load
+    from tunelab.sweep_file import SweepError, load
 
-    for text in (f"name: ok\nrows:\n  - {{id: {json.dumps(bad)}, recipe: tiny-llama-1.1b/lora}}\n",
-                 f"name: {json.dumps(bad)}\nrows:\n  - {{id: r1, recipe: tiny-llama-1.1b/lora}}\n"):
+    for text in (
+        f"name: ok\nrows:\n  - {{id: {json.dumps(bad)}, recipe: tiny-llama-1.1b/lora}}\n",
+        f"name: {json.dumps(bad)}\nrows:\n  - {{id: r1, recipe: tiny-llama-1.1b/lora}}\n",
+    ):
         f = tmp_path / "s.yaml"
         f.write_text(text)
         with pytest.raises(SweepError, match="is not a plain name") as e:
@@ -78,14 +100,17 @@ def test_row_ids_and_names_are_names_not_paths(tmp_path, bad):
 def test_lab_part2_rows_reach_the_labs_step_counts_on_the_benchmark_data():
     """The lab ran m1 for 400 steps, v2 for 50 at global batch 128, ...: on the benchmark data that random-weight
     runs read (1,000 training samples) every row reaches its max_steps; validate warns about a row that cannot."""
-    from tunelab import runner
+    from tunelab.run import runner
     from tunelab.validate import check
 
     sweep = load("lab-part2")
     for row in sweep.rows:
         result = check(row.recipe, runner.benchmark_overrides(row.recipe, row.overrides()))
         assert not [p for p in result.problems if p.key == "train.max_steps"], row.id
-    short = check(sweep.rows[0].recipe, runner.benchmark_overrides(sweep.rows[0].recipe,
-                                                                    [*sweep.rows[0].overrides(), "--train.epochs", "1"]))
-    assert any(p.key == "train.max_steps" and p.severity == "warning" and "give 250" in p.message
-               for p in short.problems)
+    short = check(
+        sweep.rows[0].recipe,
+        runner.benchmark_overrides(sweep.rows[0].recipe, [*sweep.rows[0].overrides(), "--train.epochs", "1"]),
+    )
+    assert any(
+        p.key == "train.max_steps" and p.severity == "warning" and "give 250" in p.message for p in short.problems
+    )

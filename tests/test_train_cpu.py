@@ -25,7 +25,7 @@ def cpu_command(recipe) -> str:
     override = _HEADERS[f"{recipe.path.relative_to(printed.ROOT)} header (Override)"]
     tiny = _SHOWN[f"tunelab show {recipe.key} (on the tiny model (CPU))"]
     assert override.startswith(launch + " ") and tiny.startswith(launch + " "), (launch, override, tiny)
-    return f"{tiny} {override[len(launch) + 1:]}"
+    return f"{tiny} {override[len(launch) + 1 :]}"
 
 
 RUN_COMMANDS = {r.key: cpu_command(r) for r in discover()}
@@ -63,8 +63,11 @@ def test_qlora_on_cpu_is_refused_only_for_bitsandbytes(tiny_ckpt, tmp_path):
     say so before launch); the same recipe with --quantize null trains (test_recipe_trains_on_cpu). One recipe
     shows it: the refusal is Lightning's, whatever the recipe."""
     recipe = resolve("tiny-llama-1.1b/qlora")
-    proc = run_litgpt(litgpt_args(recipe, [*FEW_STEPS, "--devices", "1", "--out_dir", str(tmp_path / "q"),
-                                           "--checkpoint_dir", str(tiny_ckpt)]))
+    proc = run_litgpt(
+        litgpt_args(
+            recipe, [*FEW_STEPS, "--devices", "1", "--out_dir", str(tmp_path / "q"), "--checkpoint_dir", str(tiny_ckpt)]
+        )
+    )
     assert proc.returncode != 0
     assert "bitsandbytes" in proc.stderr.lower() or "bitsandbytes" in proc.stdout.lower()
     assert "cpu" in (proc.stderr + proc.stdout).lower()
@@ -84,9 +87,19 @@ def test_qlora_trains_on_gpu(recipe, tiny_ckpt, tmp_path):
 
     out = tmp_path / "out"
     env = dict(os.environ)
-    proc = subprocess.run([sys.executable, "-m", "litgpt",
-                           *litgpt_args(recipe, [*FEW_STEPS, "--out_dir", str(out), "--checkpoint_dir", str(tiny_ckpt)])],
-                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "litgpt",
+            *litgpt_args(recipe, [*FEW_STEPS, "--out_dir", str(out), "--checkpoint_dir", str(tiny_ckpt)]),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Memory Used" in proc.stdout and (out / "final" / "lit_model.pth.lora").is_file()
 
@@ -98,10 +111,28 @@ def test_gradient_accumulation_is_equivalent(tiny_ckpt, tmp_path):
     runs = {}
     for micro in (4, 2):
         out = tmp_path / f"micro{micro}"
-        args = ["--precision", "32-true", "--train.global_batch_size", "4", "--train.micro_batch_size", str(micro),
-                "--train.max_steps", "4", "--train.lr_warmup_steps", "1", "--data.json_path", str(data_file),
-                "--data.num_workers", "0", "--out_dir", str(out), "--checkpoint_dir", str(tiny_ckpt),
-                "--optimizer.init_args.lr", "0.01"]
+        args = [
+            "--precision",
+            "32-true",
+            "--train.global_batch_size",
+            "4",
+            "--train.micro_batch_size",
+            str(micro),
+            "--train.max_steps",
+            "4",
+            "--train.lr_warmup_steps",
+            "1",
+            "--data.json_path",
+            str(data_file),
+            "--data.num_workers",
+            "0",
+            "--out_dir",
+            str(out),
+            "--checkpoint_dir",
+            str(tiny_ckpt),
+            "--optimizer.init_args.lr",
+            "0.01",
+        ]
         proc = run_litgpt(litgpt_args(recipe, args))
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows = read_metrics(out)
@@ -110,8 +141,10 @@ def test_gradient_accumulation_is_equivalent(tiny_ckpt, tmp_path):
         for r in rows:
             if r.get("loss") and int(r["iter"]) % (4 // micro) == 0:
                 per_step[int(r["iter"]) // (4 // micro)] = float(r["loss"])
-        runs[micro] = ([per_step[s] for s in sorted(per_step)],
-                       [float(r["val_loss"]) for r in rows if r.get("val_loss")][-1])
+        runs[micro] = (
+            [per_step[s] for s in sorted(per_step)],
+            [float(r["val_loss"]) for r in rows if r.get("val_loss")][-1],
+        )
     (losses4, val4), (losses2, val2) = runs[4], runs[2]
     assert len(losses4) == len(losses2) == 4
     assert losses4[0] != losses4[-1]  # the weights did change: the comparison is not of a frozen model

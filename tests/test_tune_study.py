@@ -16,22 +16,49 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, cpu_env
-from tunelab import tune_report, tune_study
+from tunelab.tune import report as tune_report
+from tunelab.tune import study as tune_study
 
 STUDY = {
     "name": "fsdp-tune",
     "description": "a two-setting study of the tiny model",
     "lab_hardware": "a reference machine",
-    "studies": [{
-        "id": "tiny-fsdp", "recipe": "tiny-llama-1.1b/full", "strategy": "fsdp", "devices": 1, "checkpoint": "tiny",
-        "gpu": "H100-SXM", "steps": 2, "set": {"precision": "32-true", "data.num_workers": 0},
-        "settings": [
-            {"id": "fsdp", "activation_checkpointing": False, "backward_prefetch": "none", "max_micro": 1},
-            {"id": "fsdp-ac", "activation_checkpointing": True, "backward_prefetch": "none", "max_micro": 1},
-            {"id": "fsdp-ac-prefetch", "activation_checkpointing": True, "backward_prefetch": "pre",
-             "at_best_of": "fsdp-ac"}]}],
-    "lab": {"fsdp": [{"micro": 7, "memory_mb": 14736, "util": 86.2, "util_std": 9.7, "tflops": 43.52,
-                      "iter_ms": 748, "best": True}, {"micro": 9, "status": "oom"}]},
+    "studies": [
+        {
+            "id": "tiny-fsdp",
+            "recipe": "tiny-llama-1.1b/full",
+            "strategy": "fsdp",
+            "devices": 1,
+            "checkpoint": "tiny",
+            "gpu": "H100-SXM",
+            "steps": 2,
+            "set": {"precision": "32-true", "data.num_workers": 0},
+            "settings": [
+                {"id": "fsdp", "activation_checkpointing": False, "backward_prefetch": "none", "max_micro": 1},
+                {"id": "fsdp-ac", "activation_checkpointing": True, "backward_prefetch": "none", "max_micro": 1},
+                {
+                    "id": "fsdp-ac-prefetch",
+                    "activation_checkpointing": True,
+                    "backward_prefetch": "pre",
+                    "at_best_of": "fsdp-ac",
+                },
+            ],
+        }
+    ],
+    "lab": {
+        "fsdp": [
+            {
+                "micro": 7,
+                "memory_mb": 14736,
+                "util": 86.2,
+                "util_std": 9.7,
+                "tflops": 43.52,
+                "iter_ms": 748,
+                "best": True,
+            },
+            {"micro": 9, "status": "oom"},
+        ]
+    },
 }
 
 
@@ -47,22 +74,31 @@ def test_the_shipped_study_file_loads_and_names_real_recipes_strategies_and_gpus
     assert {s.id for s in chosen} >= {"tiny-llama-1.1b-full", "open-llama-3b-full", "cpu-example"}
     assert {s.devices for s in chosen} == {1, 2, 4}
     for s in chosen:  # every study has the three tables of the reference: off, on, on + prefetch at the best
-        assert [(st.activation_checkpointing, st.backward_prefetch) for st in s.settings] == \
-            [(False, "none"), (True, "none"), (True, "pre")]
+        assert [(st.activation_checkpointing, st.backward_prefetch) for st in s.settings] == [
+            (False, "none"),
+            (True, "none"),
+            (True, "pre"),
+        ]
     assert set(sf.lab) == {"fsdp", "fsdp-ac", "fsdp-ac-prefetch", "fsdp-ac-3b"}
 
 
-@pytest.mark.parametrize("change, expected", [
-    (lambda s: s["studies"][0].update(color="red"), "unknown key(s) ['color']"),
-    (lambda s: s["studies"][0]["settings"][2].update(at_best_of="nope"), "at_best_of: 'nope' is not an earlier"),
-    (lambda s: s["studies"][0]["settings"][0].update(backward_prefetch="sometimes"), "backward_prefetch: 'sometimes'"),
-    (lambda s: s["studies"][0]["settings"][1].update(activation_checkpointing=False), "the same activation"),
-    (lambda s: s["studies"][0].update(steps=1), "steps: give 2 or more"),
-    (lambda s: s["studies"][0]["settings"][0].update(max_micro=0), "max_micro: 0 must be >= 1"),
-    (lambda s: s.update(rows=[]), "unknown key(s) ['rows']"),
-    (lambda s: s["studies"][0].update(gpu=5), "gpu: got the int '5'"),
-    (lambda s: s["studies"][0].update(id="../escape"), "id '../escape' is repeated or not a plain name"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda s: s["studies"][0].update(color="red"), "unknown key(s) ['color']"),
+        (lambda s: s["studies"][0]["settings"][2].update(at_best_of="nope"), "at_best_of: 'nope' is not an earlier"),
+        (
+            lambda s: s["studies"][0]["settings"][0].update(backward_prefetch="sometimes"),
+            "backward_prefetch: 'sometimes'",
+        ),
+        (lambda s: s["studies"][0]["settings"][1].update(activation_checkpointing=False), "the same activation"),
+        (lambda s: s["studies"][0].update(steps=1), "steps: give 2 or more"),
+        (lambda s: s["studies"][0]["settings"][0].update(max_micro=0), "max_micro: 0 must be >= 1"),
+        (lambda s: s.update(rows=[]), "unknown key(s) ['rows']"),
+        (lambda s: s["studies"][0].update(gpu=5), "gpu: got the int '5'"),
+        (lambda s: s["studies"][0].update(id="../escape"), "id '../escape' is repeated or not a plain name"),
+    ],
+)
 def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, expected):
     study = json.loads(json.dumps(STUDY))
     change(study)
@@ -82,8 +118,14 @@ def test_settings_litgpt_refuses_are_refused_before_any_probe(tmp_path):
 def test_prefetch_under_a_strategy_that_is_not_fsdp_is_refused_before_any_probe(tmp_path):
     study = json.loads(json.dumps(STUDY))
     study["studies"][0]["strategy"] = "ddp"
-    p = subprocess.run([sys.executable, "-m", "tunelab", "tune-study", str(_write(tmp_path, study)), "--out",
-                        str(tmp_path / "runs")], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tunelab", "tune-study", str(_write(tmp_path, study)), "--out", str(tmp_path / "runs")],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "backward_prefetch needs an FSDP strategy" in p.stderr and not (tmp_path / "runs" / "tiny-fsdp").exists()
 
@@ -98,8 +140,17 @@ def test_the_cpu_example_runs_for_real_resumes_and_reports(tmp_path):
     """`tunelab --help`'s example, the shipped study's CPU example (tiny-deep, FSDP over 2 processes), with every
     setting capped at micro batch 1 (--max-micro 1: one probe each) and its output in a temporary folder."""
     runs, report = tmp_path / "runs", tmp_path / "report"
-    cmd = [sys.executable, "-m", *shlex.split(EXAMPLE), "--max-micro", "1", "--out", str(runs), "--report-dir",
-           str(report)]
+    cmd = [
+        sys.executable,
+        "-m",
+        *shlex.split(EXAMPLE),
+        "--max-micro",
+        "1",
+        "--out",
+        str(runs),
+        "--report-dir",
+        str(report),
+    ]
     p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     for setting in ("ac-off-prefetch-none", "ac-on-prefetch-none", "ac-on-prefetch-pre"):
@@ -142,8 +193,18 @@ def test_the_cpu_example_runs_for_real_resumes_and_reports(tmp_path):
     rec = json.loads((runs / "cpu-example" / "ac-on-prefetch-none" / "mbs1" / "record.json").read_text())
     rec.update(status="killed", error="deadline: the command's time ran out")
     cut.write_text(json.dumps(rec))
-    p = subprocess.run([sys.executable, "-m", "tunelab", "report", str(runs), "--out", str(report)], cwd=ROOT,
-                       env=cpu_env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tunelab", "report", str(runs), "--out", str(report)],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     md = (report / "results.md").read_text()
-    assert "| cpu-example | fsdp-ac | 1; search cut at 2 |" in md and "Not finished" in md and "| 2 | killed: deadline" in md
+    assert (
+        "| cpu-example | fsdp-ac | 1; search cut at 2 |" in md
+        and "Not finished" in md
+        and "| 2 | killed: deadline" in md
+    )

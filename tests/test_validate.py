@@ -13,10 +13,20 @@ from tunelab.validate import check
 
 # (recipe, overrides, options, key, words expected in the message)
 BAD = [
-    ("tiny-llama-1.1b/full", ["--train.global_batch_size", "30", "--train.micro_batch_size", "8"], {},
-     "train.global_batch_size", "floor it to 24"),
-    ("open-llama-7b/lora", ["--devices", "4", "--train.global_batch_size", "8", "--eval.interval", "1000"], {},
-     "train.global_batch_size", "smaller than"),
+    (
+        "tiny-llama-1.1b/full",
+        ["--train.global_batch_size", "30", "--train.micro_batch_size", "8"],
+        {},
+        "train.global_batch_size",
+        "floor it to 24",
+    ),
+    (
+        "open-llama-7b/lora",
+        ["--devices", "4", "--train.global_batch_size", "8", "--eval.interval", "1000"],
+        {},
+        "train.global_batch_size",
+        "smaller than",
+    ),
     ("tiny-llama-1.1b/lora", ["--train.lr_warmup_steps", "0"], {}, "train.lr_warmup_steps", "divides by it"),
     ("tiny-llama-1.1b/lora", ["--train.lr_warmup_steps", "null"], {}, "train.lr_warmup_steps", "divides by it"),
     ("open-llama-7b/qlora", ["--devices", "2", "--eval.interval", "1000"], {}, "quantize", "single-device"),
@@ -24,16 +34,38 @@ BAD = [
     ("open-llama-7b/qlora", ["--optimizer", "SGD"], {}, "optimizer", "PagedAdamW"),
     ("open-llama-7b/qlora", [], {"device": "cpu"}, "quantize", "need a CUDA GPU"),
     ("tiny-llama-1.1b/full", ["--quantize", "bnb.nf4"], {}, "quantize", "only for LoRA/adapter"),
-    ("tiny-llama-1.1b/lora", ["--checkpoint_dir", "checkpoints/acme/not-a-model"], {}, "checkpoint_dir",
-     "not a model litgpt knows"),
+    (
+        "tiny-llama-1.1b/lora",
+        ["--checkpoint_dir", "checkpoints/acme/not-a-model"],
+        {},
+        "checkpoint_dir",
+        "not a model litgpt knows",
+    ),
     ("tiny-llama-1.1b/lora", [], {"gpu": "V100-32GB"}, "precision", "no bfloat16"),
     ("tiny-llama-1.1b/lora", ["--train.max_seq_length", "4096"], {}, "train.max_seq_length", "block size 2048"),
     ("tiny-llama-1.1b/lora", ["--precision", "16-true"], {"device": "cpu"}, "precision", "NaN"),
     ("tiny-llama-1.1b/lora", ["--precision", "bf16"], {}, "precision", "full Lightning precision name"),
     ("tiny-llama-1.1b/lora", ["--train.epochs", "null"], {}, "train.epochs", "set train.epochs >= 1"),
-    ("tiny-llama-1.1b/lora", ["--lora_query", "false", "--lora_key", "false", "--lora_value", "false",
-                              "--lora_projection", "false", "--lora_mlp", "false", "--lora_head", "false"], {},
-     "lora_query", "nothing would be trained"),
+    (
+        "tiny-llama-1.1b/lora",
+        [
+            "--lora_query",
+            "false",
+            "--lora_key",
+            "false",
+            "--lora_value",
+            "false",
+            "--lora_projection",
+            "false",
+            "--lora_mlp",
+            "false",
+            "--lora_head",
+            "false",
+        ],
+        {},
+        "lora_query",
+        "nothing would be trained",
+    ),
     ("tiny-llama-1.1b/lora", ["--devices", "2", "--eval.interval", "5"], {}, "eval.interval", "hang"),
     ("tiny-llama-1.1b/lora", ["--optimizer", "Adamz"], {}, "optimizer", "cannot be imported"),
     ("tiny-llama-1.1b/lora", ["--data.json_path", "missing.json"], {}, "data.json_path", "does not exist"),
@@ -62,11 +94,26 @@ def test_warmup_longer_than_run_is_a_warning_only():
 
 
 def test_cli_exit_codes_and_one_line_per_problem():
-    ok = subprocess.run([sys.executable, "-m", "tunelab", "validate", "tiny-llama-1.1b/lora"],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "tunelab", "validate", "tiny-llama-1.1b/lora"], capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "ok  tiny-llama-1.1b/lora" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "tunelab", "validate", "tiny-llama-1.1b/lora", "open-llama-7b/qlora",
-                          "--devices", "2", "--train.lr_warmup_steps", "0"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "validate",
+            "tiny-llama-1.1b/lora",
+            "open-llama-7b/qlora",
+            "--devices",
+            "2",
+            "--train.lr_warmup_steps",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 1
     lines = bad.stdout.splitlines()
     assert "recipes/open-llama-7b/qlora.yaml: quantize: bnb.nf4 with devices x num_nodes = 2" in bad.stdout

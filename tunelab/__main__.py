@@ -1,3 +1,5 @@
+"""``python -m tunelab``: the same as the ``tunelab`` command."""
+
 from tunelab.cli import main
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ A litgpt checkpoint directory holds ``lit_model.pth`` (the state dict), ``model_
   dataset. About 0.1 M parameters: a training step takes milliseconds on a laptop CPU.
 * any litgpt config name (``open_llama_7b``, ``tiny-llama-1.1b``, ...): that architecture, randomly initialised,
   for benchmarking memory and speed on a GPU with no download (both depend on shapes, not on values), with the
-  benchmark tokenizer of :mod:`tunelab.benchmark_data` (word-level, so that the benchmark dataset's batches have
+  benchmark tokenizer of :mod:`tunelab.data.benchmark` (word-level, so that the benchmark dataset's batches have
   the lab's token counts).
 """
 
@@ -18,13 +18,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import pickle
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from tunelab import data as data_mod
+from tunelab.data import alpaca as data_mod
+from tunelab.data import benchmark
 from tunelab.paths import DATASET, cache_dir
 
 TINY = "tiny"
@@ -49,8 +52,9 @@ TINY_CONFIG = dict(
     rope_base=10000,
 )
 TINY_DEEP = "tiny-deep"
-TINY_DEEP_CONFIG = dict(TINY_CONFIG, name="tunelab-tiny-deep", n_layer=24, n_embd=128, head_size=32,
-                        intermediate_size=344)
+TINY_DEEP_CONFIG = dict(
+    TINY_CONFIG, name="tunelab-tiny-deep", n_layer=24, n_embd=128, head_size=32, intermediate_size=344
+)
 """24 narrow blocks (4.5 M parameters): activations dominate its memory, as in a real model at long sequences, so
 activation checkpointing changes what fits (tests and `tune-batch` demonstrations on CPU)."""
 EMBEDDED = {TINY: TINY_CONFIG, TINY_DEEP: TINY_DEEP_CONFIG}
@@ -83,9 +87,6 @@ def unsafe_files(checkpoint_dir: Path) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _loads_as_weights(path: str, size: int, mtime_ns: int) -> bool:
-    import pickle
-    import zipfile
-
     try:
         if zipfile.is_zipfile(path):  # torch's format since 1.6: only the pickled index is read, via mmap
             torch.load(path, mmap=True, weights_only=True, map_location="meta")
@@ -111,9 +112,11 @@ def model_config(name: str):
     try:
         return Config.from_name(name)
     except ValueError:
-        raise ValueError(f"unknown model {name!r}: use 'tiny', 'tiny-deep' or a litgpt config name such as 'open_llama_7b' "
-                         "(list them with: python -c 'from litgpt.config import name_to_config; "
-                         "print(sorted(name_to_config))')") from None
+        raise ValueError(
+            f"unknown model {name!r}: use 'tiny', 'tiny-deep' or a litgpt config name such as 'open_llama_7b' "
+            "(list them with: python -c 'from litgpt.config import name_to_config; "
+            "print(sorted(name_to_config))')"
+        ) from None
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -123,14 +126,26 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
 
-def build(name: str = TINY, out_dir: Path | None = None, *, dataset: Path = DATASET, seed: int = 1337,
-          dtype: torch.dtype | None = None, device: str = "cpu", force: bool = False) -> Path:
+def build(
+    name: str = TINY,
+    out_dir: Path | None = None,
+    *,
+    dataset: Path = DATASET,
+    seed: int = 1337,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+    force: bool = False,
+) -> Path:
     """Write a litgpt checkpoint directory for ``name`` and return its path.
 
     ``dtype`` defaults to float32 for ``tiny`` and bfloat16 for real architectures (half the disk and RAM; the
@@ -169,24 +184,33 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
     dtype = dtype or (torch.float32 if name in EMBEDDED else torch.bfloat16)
 
     if name in EMBEDDED:
-        records = json.loads(Path(dataset).read_text(encoding="utf-8")) if Path(dataset).is_file() else \
-            data_mod.generate()
+        records = (
+            json.loads(Path(dataset).read_text(encoding="utf-8")) if Path(dataset).is_file() else data_mod.generate()
+        )
         tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
         tok.save(str(out_dir / "tokenizer.json"))
-        (out_dir / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True,
-            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "model_max_length": config.block_size,
-        }, indent=2))
+        (out_dir / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "add_bos_token": True,
+                    "bos_token": "<s>",
+                    "eos_token": "</s>",
+                    "unk_token": "<unk>",
+                    "model_max_length": config.block_size,
+                },
+                indent=2,
+            )
+        )
     else:  # real architecture: the benchmark tokenizer, whose token counts reproduce the lab's batches
-        from tunelab import benchmark_data
-
-        benchmark_data.write_tokenizer(out_dir)
+        benchmark.write_tokenizer(out_dir)
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-    (out_dir / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}, indent=2))
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}, indent=2)
+    )
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
@@ -200,10 +224,21 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
     tmp = out_dir / "lit_model.pth.tmp"
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
     save_config(config, out_dir)
-    (out_dir / "tunelab_build.json").write_text(json.dumps({
-        "model": name, "weights": "random", "seed": seed, "dtype": str(dtype).replace("torch.", ""),
-        "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_vocab": tok.get_vocab_size(),
-        "build_seconds": round(time.perf_counter() - t0, 3), "config": asdict(config),
-    }, indent=2, default=str))
+    (out_dir / "tunelab_build.json").write_text(
+        json.dumps(
+            {
+                "model": name,
+                "weights": "random",
+                "seed": seed,
+                "dtype": str(dtype).replace("torch.", ""),
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "tokenizer_vocab": tok.get_vocab_size(),
+                "build_seconds": round(time.perf_counter() - t0, 3),
+                "config": asdict(config),
+            },
+            indent=2,
+            default=str,
+        )
+    )
     tmp.replace(out_dir / "lit_model.pth")  # last: is_complete() sees a whole directory or none
     return out_dir

@@ -52,8 +52,9 @@ class GPU:
         return None if value is None else float(value) * 1e12
 
 
-def precision_compute_dtype(precision: str, float32_matmul_precision: str | None = "highest",
-                            gpu: GPU | None = None) -> str:
+def precision_compute_dtype(
+    precision: str, float32_matmul_precision: str | None = "highest", gpu: GPU | None = None
+) -> str:
     """The dtype the matmuls run in: 'bf16', 'fp16', 'tf32' or 'fp32'."""
     p = str(precision)
     if p.startswith("bf16"):
@@ -75,6 +76,7 @@ def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | 
 
 @lru_cache(maxsize=1)
 def table() -> dict[str, GPU]:
+    """Every row of configs/hardware/gpus.yaml by name (read once)."""
     raw = yaml_input.load_mapping(GPU_TABLE, "the GPU table")["gpus"]
     return {name: GPU(name=name, match=tuple(row.pop("match", ())), **row) for name, row in raw.items()}
 
@@ -109,8 +111,11 @@ def local_gpu() -> GPU | None:
         return None
     from dataclasses import replace
 
-    return replace(gpu, cuda_total_gib=total / 2**30,
-                   cuda_total_source=f"read from this machine's device 0 (torch.cuda.mem_get_info: {total:,} B)")
+    return replace(
+        gpu,
+        cuda_total_gib=total / 2**30,
+        cuda_total_source=f"read from this machine's device 0 (torch.cuda.mem_get_info: {total:,} B)",
+    )
 
 
 def identify(device_name: str) -> GPU | None:

@@ -48,8 +48,9 @@ class ProgressLine:
         count = f"[{self.done} done]" if left is None else f"[{self.done}/{self.total} done, {left} left]"
         it, step = (p.iter, p.step) if p is not None else (0, 0)
         speed = f" | {p.tok_s:,.0f} tok/s" if p is not None and p.tok_s else ""
-        line = (f"{count} {self.label} | iter {it} step {step}{speed} | "
-                f"elapsed {fmt_time(now - self.t0)} | remaining {eta}")
+        line = (
+            f"{count} {self.label} | iter {it} step {step}{speed} | elapsed {fmt_time(now - self.t0)} | remaining {eta}"
+        )
         self.stream.write(("\r\033[K" + line) if self.tty else (line + "\n"))
         self.stream.flush()
 
@@ -57,8 +58,11 @@ class ProgressLine:
         """A run ended with record ``rec``: one line with its status, error, speed and time."""
         self.durations.append(time.monotonic() - self.run_t0)
         self.done += 1
-        msg = (f"{rec.row_id}: {rec.status}" + (f" ({rec.error})" if rec.error else "") +
-               (f" | {rec.tok_s_padded:,.0f} tok/s padded" if rec.tok_s_padded else "") +
-               f" | {rec.wall_s:.0f} s")
+        msg = (
+            f"{rec.row_id}: {rec.status}"
+            + (f" ({rec.error})" if rec.error else "")
+            + (f" | {rec.tok_s_padded:,.0f} tok/s padded" if rec.tok_s_padded else "")
+            + f" | {rec.wall_s:.0f} s"
+        )
         self.stream.write(("\r\033[K" if self.tty else "") + msg + "\n")
         self.stream.flush()

@@ -10,12 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunelab import yaml_input
+from tunelab import settings, yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import RECIPES_DIR, ROOT
 
-COMMANDS = {"full": "finetune_full", "lora": "finetune_lora", "qlora": "finetune_lora",
-            "adapter": "finetune_adapter", "adapter_v2": "finetune_adapter_v2"}
+COMMANDS = {
+    "full": "finetune_full",
+    "lora": "finetune_lora",
+    "qlora": "finetune_lora",
+    "adapter": "finetune_adapter",
+    "adapter_v2": "finetune_adapter_v2",
+}
 """Recipe method -> the ``litgpt`` subcommand that runs it."""
 
 
@@ -74,13 +79,18 @@ class Recipe:
 
     def summary(self) -> dict:
         """The row ``tunelab ls`` prints (litgpt's defaults applied: see tunelab.settings)."""
-        from tunelab import settings
-
         s = settings.resolve(self)
         return {
-            "recipe": self.key, "model": self.model, "method": self.method, "precision": s.precision,
-            "quantize": s.quantize or "-", "micro": s.micro_batch_size, "global": s.global_batch_size,
-            "accum": s.accumulation, "devices": s.devices, "nodes": s.num_nodes,
+            "recipe": self.key,
+            "model": self.model,
+            "method": self.method,
+            "precision": s.precision,
+            "quantize": s.quantize or "-",
+            "micro": s.micro_batch_size,
+            "global": s.global_batch_size,
+            "accum": s.accumulation,
+            "devices": s.devices,
+            "nodes": s.num_nodes,
         }
 
     def launch_command(self) -> str:
@@ -90,8 +100,10 @@ class Recipe:
         """The launch command on the embedded tiny model, on a CPU, for two steps (litgpt takes the checkpoint
         directory as its positional argument, after the options)."""
         extra = " --quantize null" if self.get("quantize") else ""  # bitsandbytes' 4-bit layers need a CUDA GPU
-        return (f"{self.launch_command()} --precision 32-true --devices 1 --train.max_steps 2 "
-                f"--data.num_workers 0{extra} $(tunelab build-model tiny)")
+        return (
+            f"{self.launch_command()} --precision 32-true --devices 1 --train.max_steps 2 "
+            f"--data.num_workers 0{extra} $(tunelab build-model tiny)"
+        )
 
     def download_command(self) -> str | None:
         ckpt = self.get("checkpoint_dir")
@@ -111,19 +123,23 @@ def display_path(path: Path) -> str:
 
 
 def load(path: Path) -> Recipe:
+    """The recipe in ``path``; RecipeError when it is not a YAML mapping or its name contradicts its contents."""
     path = Path(path)
     try:
         config = yaml_input.load_file(path, display_path(path))
     except InputError as e:
         raise RecipeError(str(e)) from None
     if not isinstance(config, dict):
-        raise RecipeError(f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got "
-                          f"{type(config).__name__}")
+        raise RecipeError(
+            f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}"
+        )
     recipe = Recipe(path=path, config=config)
     named, content = path.stem.split("-")[0], method_of(config, "")
     if named in COMMANDS and not _name_agrees(named, content):
-        raise RecipeError(f"{display_path(path)}: the file is named {named} but holds a {content} config "
-                          f"({_why(content)}); fix: rename it {content}.yaml, or give it the keys of a {named} config")
+        raise RecipeError(
+            f"{display_path(path)}: the file is named {named} but holds a {content} config "
+            f"({_why(content)}); fix: rename it {content}.yaml, or give it the keys of a {named} config"
+        )
     return recipe
 
 
@@ -146,8 +162,9 @@ def _name_agrees(named: str, content: str) -> bool:
 
 
 def _why(content: str) -> str:
-    return {"qlora": "quantize is set", "lora": "it has lora_* keys",
-            "full": "no lora_* key and no quantize"}.get(content, content)
+    return {"qlora": "quantize is set", "lora": "it has lora_* keys", "full": "no lora_* key and no quantize"}.get(
+        content, content
+    )
 
 
 def discover(root: Path = RECIPES_DIR) -> list[Recipe]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 2  # 2: phase peaks, matmul precision, steady-state power window, peak basis, pruned files
+from tunelab.files import write_json_atomic
+
+SCHEMA_VERSION = 3  # 2: phase peaks, matmul precision, steady-state power window, peak basis, pruned files;
+# 3: the first iteration apart (compilation)
 STATUSES = ("ok", "oom", "error", "killed")
 
 
@@ -48,6 +50,9 @@ class RankStats:
     (after the first optimizer step), 'end'."""
     cuda_error: str | None = None
     """Why the CUDA figures are missing when reading them failed at exit (a broken CUDA context)."""
+    first_iteration_s: float | None = None
+    """Wall time of the first training iteration, synchronised (tunelab's loop only): with ``compile: blocks`` the
+    compilation happens here; a cost of its own, kept apart from the steady-state figures."""
 
 
 RANK_FILE_LOG = ("iters",)
@@ -111,7 +116,7 @@ class RunRecord:
     """Every litgpt argument after defaults and overrides (litgpt's own parser)."""
     strategy: str = "litgpt"
     """'litgpt' (the recipe's own `litgpt finetune_*`, its built-in strategy) or the configs/strategies file's
-    description (DDP, FSDP ..., FSDP2, DeepSpeed ZeRO-n) run by tunelab.distributed.train."""
+    description (DDP, FSDP ..., FSDP2, DeepSpeed ZeRO-n) run by tunelab.run.loop."""
     strategy_file: str | None = None
     """The configs/strategies file or name the run was given (None: litgpt's own strategy)."""
     model_source: str = ""
@@ -190,6 +195,8 @@ class RunRecord:
     """Micro-batch iterations run (per rank)."""
     optimizer_steps: int | None = None
     """Optimizer steps run."""
+    first_iteration_s: float | None = None
+    """Max over ranks of the first training iteration's wall time (compilation included; tunelab's loop only)."""
     warmup_steps_excluded: int | None = None
     """Optimizer steps left out of the steady-state figures (warm-up: compilation, allocator growth)."""
     step_time_s: float | None = None
@@ -282,7 +289,7 @@ class RunRecord:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunRecord":
+    def from_dict(cls, d: dict) -> RunRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
@@ -296,32 +303,11 @@ class RunRecord:
         return rec
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file in the same directory, fsync, then an atomic rename: a reader
-    (or a crash) sees the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an interrupt: the old file stays whole and no temporary file is left
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_json_atomic(path: Path, data, indent: int | None = 2) -> Path:
-    """Write JSON to ``path`` atomically (see write_text_atomic)."""
-    return write_text_atomic(path, json.dumps(data, indent=indent, default=str))
-
-
 def save(record: RunRecord, path: Path) -> Path:
+    """Write a record atomically (tunelab.files)."""
     return write_json_atomic(path, record.to_dict())
 
 
 def load(path: Path) -> RunRecord:
+    """Read a record; ValueError for unknown fields or status, OSError when it cannot be read."""
     return RunRecord.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

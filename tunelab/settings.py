@@ -20,14 +20,21 @@ from __future__ import annotations
 import ast
 import copy
 import importlib.util
+import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
+import yaml
+
 from tunelab.errors import InputError
+from tunelab.paths import project_path
 
 LORA_TARGETS = ("query", "key", "value", "projection", "mlp", "head")
-"""litgpt's ``lora_<target>`` switches."""
+"""litgpt's ``lora_<target>`` switches: the one list of LoRA target names (the planner, the activation model, the
+measurement and the multi-device loop read it)."""
+LITGPT_LORA_R = 8
+"""litgpt's default LoRA rank (``finetune_lora``'s ``lora_r``)."""
 
 
 def world_size(devices: int, num_nodes: int = 1) -> int:
@@ -78,7 +85,9 @@ class Settings:
     lora_targets: tuple[str, ...]
     """Which of litgpt's LoRA targets are on (``query``, ``mlp``, ...); empty for full fine-tuning."""
     optimizer: str
-    """The optimizer class as litgpt reads it (``AdamW`` or a dotted path)."""
+    """The optimizer class as the recipe names it (``AdamW`` or a dotted path)."""
+    momentum: float
+    """The optimizer's ``momentum`` init argument (0 when not given): SGD with momentum keeps one state."""
     data_class: str | None
     """The data module's class path (None: litgpt's default, Alpaca)."""
     data_path: str | None
@@ -96,6 +105,19 @@ class Settings:
     def accumulation(self) -> int:
         return accumulation(self.global_batch_size, self.world_size, self.micro_batch_size)
 
+    @property
+    def built_optimizer(self) -> str:
+        """The optimizer litgpt builds: for quantized training (``quantize`` set) an AdamW becomes bitsandbytes'
+        PagedAdamW (``litgpt.utils.instantiate_bnb_optimizer``); otherwise the recipe's."""
+        if self.quantize and "AdamW" in self.optimizer:
+            return "bitsandbytes.optim.PagedAdamW"
+        return self.optimizer
+
+    @property
+    def lora(self) -> bool:
+        """Whether the run trains LoRA adapters (lora and qlora)."""
+        return self.command == "finetune_lora"
+
 
 def from_args(recipe, args: dict) -> Settings:
     """Settings of a recipe from its resolved litgpt arguments (either resolver's)."""
@@ -112,22 +134,33 @@ def settings_of(args: dict, *, method: str, command: str, recipe: str = "") -> S
     elif isinstance(data, str):
         data_class = data if "." in data else f"litgpt.data.{data}"
     opt = args.get("optimizer") or "AdamW"
+    opt_init = (opt.get("init_args") or {}) if isinstance(opt, dict) else {}
     lora = command == "finetune_lora"
     devices = args.get("devices", 1)
     return Settings(
-        recipe=recipe, method=method, command=command,
-        checkpoint_dir=str(args.get("checkpoint_dir") or ""), precision=args.get("precision"),
+        recipe=recipe,
+        method=method,
+        command=command,
+        checkpoint_dir=str(args.get("checkpoint_dir") or ""),
+        precision=args.get("precision"),
         quantize=args.get("quantize"),
         devices=int(devices) if str(devices).lstrip("-").isdigit() else 1,
         num_nodes=int(args.get("num_nodes") or 1),
-        micro_batch_size=train.get("micro_batch_size"), global_batch_size=train.get("global_batch_size"),
-        max_steps=train.get("max_steps"), epochs=train.get("epochs"), lr_warmup_steps=train.get("lr_warmup_steps"),
+        micro_batch_size=train.get("micro_batch_size"),
+        global_batch_size=train.get("global_batch_size"),
+        max_steps=train.get("max_steps"),
+        epochs=train.get("epochs"),
+        lr_warmup_steps=train.get("lr_warmup_steps"),
         max_seq_length=train.get("max_seq_length"),
         lora_r=args.get("lora_r") if lora else None,
         lora_targets=tuple(t for t in LORA_TARGETS if lora and args.get(f"lora_{t}")),
         optimizer=str(opt.get("class_path") if isinstance(opt, dict) else opt),
-        data_class=data_class, data_path=None if data_init.get("json_path") is None else str(data_init["json_path"]),
-        val_split_fraction=data_init.get("val_split_fraction"), args=args)
+        momentum=float(opt_init.get("momentum") or 0.0),
+        data_class=data_class,
+        data_path=None if data_init.get("json_path") is None else str(data_init["json_path"]),
+        val_split_fraction=data_init.get("val_split_fraction"),
+        args=args,
+    )
 
 
 def resolve(recipe, overrides: list[str] | None = None) -> Settings:
@@ -143,8 +176,6 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
     """litgpt's arguments for ``recipe`` + ``overrides``: litgpt's defaults, the recipe's keys, the overrides
     (``--train.micro_batch_size 8``, ``--key=value``, ``--data Alpaca``); values are read as YAML, as litgpt's
     parser reads them. InputError for an override without a value."""
-    import yaml
-
     out = copy.deepcopy(litgpt_defaults(recipe.command))
     _merge(out, copy.deepcopy(recipe.config))
     it = iter(overrides)
@@ -167,15 +198,18 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         else:
             _set(out, key.split("."), parsed)
     if isinstance(out.get("data"), dict) and out["data"].get("class_path"):
-        out["data"] = {"class_path": out["data"]["class_path"],
-                       "init_args": {**data_defaults(out["data"]["class_path"]),
-                                     **(out["data"].get("init_args") or {})}}
+        out["data"] = {
+            "class_path": out["data"]["class_path"],
+            "init_args": {**data_defaults(out["data"]["class_path"]), **(out["data"].get("init_args") or {})},
+        }
     return out
 
 
 DATA_MODULE_SIZES = {
-    "litgpt.data.Alpaca": (52_002, "Stanford Alpaca's 52,002 instructions (litgpt downloads a cleaned copy of "
-                                   "about the same size)"),
+    "litgpt.data.Alpaca": (
+        52_002,
+        "Stanford Alpaca's 52,002 instructions (litgpt downloads a cleaned copy of about the same size)",
+    ),
     "litgpt.data.AlpacaGPT4": (52_002, "Alpaca's 52,002 instructions answered by GPT-4"),
     "litgpt.data.Alpaca2k": (2_000, "the 2,000-sample Alpaca subset (mhenrichsen/alpaca_2k_test), the lab's data"),
     "litgpt.data.Dolly": (15_011, "databricks-dolly-15k's 15,011 records"),
@@ -188,16 +222,12 @@ check and the runtime projection when the file is not here."""
 def data_size(args: dict) -> tuple[int | None, str]:
     """(records before the validation split, where the figure comes from) for resolved args: the JSON file's
     records when it is here, a known litgpt data module's size, else (None, why)."""
-    import json
-
     data = args.get("data")
     if not isinstance(data, dict):
         return None, "litgpt's default data module (Alpaca) is not named"
     init = data.get("init_args") or {}
     path = init.get("json_path")
     if path is not None:
-        from tunelab.paths import project_path
-
         f = project_path(path)
         if not f.is_file():
             return None, f"{path} is not here"
@@ -218,12 +248,15 @@ def _switch_data_class(old, name: str) -> dict:
     (jsonargparse's rule), its own defaults for the rest."""
     class_path = name if "." in name else f"litgpt.data.{name}"
     accepted = data_defaults(class_path)
-    kept = {k: v for k, v in ((old or {}).get("init_args") or {}).items() if k in accepted} \
-        if isinstance(old, dict) else {}
+    kept = (
+        {k: v for k, v in ((old or {}).get("init_args") or {}).items() if k in accepted}
+        if isinstance(old, dict)
+        else {}
+    )
     return {"class_path": class_path, "init_args": kept}
 
 
-@lru_cache(maxsize=None)
+@cache
 def data_defaults(class_path: str) -> dict:
     """The constructor arguments of a litgpt data module with their defaults (``litgpt.data.Alpaca2k`` ->
     {'val_split_fraction': 0.05, ...}), read from litgpt's source; {} for a class outside litgpt.data."""
@@ -231,16 +264,20 @@ def data_defaults(class_path: str) -> dict:
     if module != "litgpt.data":
         return {}
     init = ast.parse(_litgpt_source("data/__init__.py").read_text(encoding="utf-8"))
-    where = {alias.name: node.module for node in init.body if isinstance(node, ast.ImportFrom)
-             for alias in node.names}
+    where = {alias.name: node.module for node in init.body if isinstance(node, ast.ImportFrom) for alias in node.names}
     return _class_fields(where.get(cls), cls) if where.get(cls) else {}
 
 
 def _class_fields(module: str, cls: str) -> dict:
-    tree = ast.parse(_litgpt_source(module.replace("litgpt.", "", 1).replace(".", "/") + ".py")
-                     .read_text(encoding="utf-8"))
-    imported = {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
-                and (node.module or "").startswith("litgpt.data") for alias in node.names}
+    tree = ast.parse(
+        _litgpt_source(module.replace("litgpt.", "", 1).replace(".", "/") + ".py").read_text(encoding="utf-8")
+    )
+    imported = {
+        alias.asname or alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("litgpt.data")
+        for alias in node.names
+    }
     node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
     if node is None:
         return {}
@@ -288,14 +325,17 @@ def _litgpt_source(relative: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / relative
 
 
-@lru_cache(maxsize=None)
+@cache
 def _dataclass_defaults(cls_name: str) -> dict:
     """Field defaults of one of litgpt's argument dataclasses (``TrainArgs``, ``EvalArgs``, ``LogArgs``)."""
     tree = ast.parse(_litgpt_source("args.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            return {stmt.target.id: _literal(stmt.value) for stmt in node.body
-                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value}
+            return {
+                stmt.target.id: _literal(stmt.value)
+                for stmt in node.body
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value
+            }
     raise InputError(f"litgpt's args.py has no {cls_name}: is the pinned litgpt installed?")
 
 
@@ -312,10 +352,14 @@ def _literal(node):
         return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _litgpt_defaults(command: str) -> dict:
-    module = {"finetune_full": "full", "finetune_lora": "lora", "finetune_adapter": "adapter",
-              "finetune_adapter_v2": "adapter_v2"}[command]
+    module = {
+        "finetune_full": "full",
+        "finetune_lora": "lora",
+        "finetune_adapter": "adapter",
+        "finetune_adapter_v2": "adapter_v2",
+    }[command]
     tree = ast.parse(_litgpt_source(f"finetune/{module}.py").read_text(encoding="utf-8"))
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "setup")
     a = fn.args
@@ -330,8 +374,6 @@ def litgpt_defaults(command: str) -> dict:
 
 def override_text(value) -> str:
     """A value as litgpt's command line writes it (YAML: null, true/false, JSON for lists and mappings)."""
-    import json
-
     if value is None:
         return "null"
     if isinstance(value, bool):

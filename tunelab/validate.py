@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tunelab import hardware
 from tunelab.errors import InputError
+from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.recipes import Recipe, display_path
 from tunelab.settings import accumulation, data_size, world_size
@@ -55,13 +56,18 @@ class Result:
     def ok(self) -> bool:
         return not any(p.severity == "error" for p in self.problems)
 
-    def blocking(self, under_strategy: bool = False) -> list[str]:
-        """The errors that stop a launch, one line each (empty: it may start). Under tunelab's multi-device loop
-        (``under_strategy``) eval.interval is not one: that loop runs no in-loop evaluation to hang on."""
-        lines = [str(p) for p in self.problems
-                 if p.severity == "error" and not (under_strategy and p.key == "eval.interval")]
-        return lines or ([] if self.resolved is not None else [f"{self.recipe.key}: litgpt could not resolve the "
-                                                                "settings"])
+    def blocking(self, under_strategy: bool = False, with_file: bool = True) -> list[str]:
+        """The errors that stop a launch, one line each (empty: it may start). Under tunelab's own loop
+        (``under_strategy``) eval.interval is not one: that loop runs no in-loop evaluation to hang on. Without
+        ``with_file`` the lines start at the key (the caller names the file)."""
+        lines = [
+            str(p) if with_file else f"{p.key}: {p.message}; fix: {p.fix}"
+            for p in self.problems
+            if p.severity == "error" and not (under_strategy and p.key == "eval.interval")
+        ]
+        return lines or (
+            [] if self.resolved is not None else [f"{self.recipe.key}: litgpt could not resolve the settings"]
+        )
 
 
 @lru_cache(maxsize=1)
@@ -123,22 +129,36 @@ def _parser_problem(recipe: Recipe, err: Exception) -> Problem:
     if m:
         key = m.group(1)
         if key == "quantize" and recipe.command == "finetune_full":
-            return Problem(file, key, "quantize is only for LoRA/adapter methods (finetune_full has no quantized "
-                                      "training)", "remove quantize, or use a lora/qlora recipe")
-        return Problem(file, key, f"litgpt {recipe.command} has no such argument",
-                       f"remove it or correct its spelling (see: litgpt {recipe.command} --help)")
+            return Problem(
+                file,
+                key,
+                "quantize is only for LoRA/adapter methods (finetune_full has no quantized training)",
+                "remove quantize, or use a lora/qlora recipe",
+            )
+        return Problem(
+            file,
+            key,
+            f"litgpt {recipe.command} has no such argument",
+            f"remove it or correct its spelling (see: litgpt {recipe.command} --help)",
+        )
     m = re.search(r'Parser key "([^"]+)":\s*(.*)', text)
     if m:
         key, why = m.group(1), m.group(2)
         why = re.sub(r"\s*Subtypes:.*?Given value type: <class '\w+'>\s*", " ", why)
-        return Problem(file, key, f"litgpt's parser refuses the value ({why[:200]})",
-                       f"use a value of the type litgpt {recipe.command} --help lists for --{key}")
-    return Problem(file, "-", f"litgpt's parser refuses the recipe: {text[:300]}",
-                   f"compare with: litgpt {recipe.command} --help")
+        return Problem(
+            file,
+            key,
+            f"litgpt's parser refuses the value ({why[:200]})",
+            f"use a value of the type litgpt {recipe.command} --help lists for --{key}",
+        )
+    return Problem(
+        file, "-", f"litgpt's parser refuses the recipe: {text[:300]}", f"compare with: litgpt {recipe.command} --help"
+    )
 
 
-def check(recipe: Recipe, overrides: list[str] | None = None, *, gpu: str | None = None,
-          device: str | None = None) -> Result:
+def check(
+    recipe: Recipe, overrides: list[str] | None = None, *, gpu: str | None = None, device: str | None = None
+) -> Result:
     """Validate one recipe with litgpt-style ``overrides``.
 
     ``gpu`` names a row of the GPU table (enables the hardware rules: bf16 support). ``device`` is 'cpu' or 'cuda'
@@ -155,6 +175,35 @@ def check(recipe: Recipe, overrides: list[str] | None = None, *, gpu: str | None
     result.resolved = args
     result.problems.extend(semantic_problems(recipe.command, args, file, gpu=gpu, device=device))
     return result
+
+
+def recheck(
+    result: Result,
+    *,
+    checkpoint_dir: str | None = None,
+    out_dir: str | None = None,
+    gpu: str | None = None,
+    device: str | None = None,
+) -> Result:
+    """The rules again on arguments litgpt's parser already resolved (no second parse), with the run's
+    ``checkpoint_dir`` and ``out_dir`` set (paths: what the parser would have given) and the target known."""
+    if result.resolved is None:
+        return result
+    args = dict(result.resolved)
+    if checkpoint_dir is not None:
+        args["checkpoint_dir"] = Path(checkpoint_dir)
+    if out_dir is not None:
+        args["out_dir"] = Path(out_dir)
+    overrides = [
+        *result.overrides,
+        *(["--out_dir", str(out_dir)] if out_dir is not None else []),
+        *(["--checkpoint_dir", str(checkpoint_dir)] if checkpoint_dir is not None else []),
+    ]
+    out = Result(recipe=result.recipe, overrides=overrides, resolved=args)
+    out.problems = semantic_problems(
+        result.recipe.command, args, display_path(result.recipe.path), gpu=gpu, device=device
+    )
+    return out
 
 
 OPTIMIZER_MODULES = ("torch.optim", "bitsandbytes.optim")
@@ -184,7 +233,7 @@ def optimizer_problem(name: str) -> str | None:
 def _unsafe_weight_files(ckpt: Path) -> list[str]:
     if not any(Path(ckpt).glob("*.pth")) and not any(Path(ckpt).glob("*.bin")):
         return []  # nothing to check: no torch import for a plan of a model that is not downloaded
-    from tunelab.checkpoints import unsafe_files
+    from tunelab.checkpoints import unsafe_files  # imports torch
 
     return unsafe_files(ckpt)
 
@@ -195,8 +244,9 @@ def _optimizer_name(optimizer) -> str:
     return str(optimizer)
 
 
-def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = None,
-                      device: str | None = None) -> list[Problem]:
+def semantic_problems(
+    command: str, a: dict, file: str, *, gpu: str | None = None, device: str | None = None
+) -> list[Problem]:
     """The rules on resolved arguments ``a`` that litgpt's parser does not enforce."""
     out: list[Problem] = []
 
@@ -213,15 +263,29 @@ def semantic_problems(command: str, a: dict, file: str, *, gpu: str | None = Non
         if devices_raw != "auto":
             bad("devices", f"{devices_raw!r} is not a device count", "give an integer such as 1 or 4")
     if devices is not None and devices < 1:
-        bad("devices", f"is {devices_raw}: tunelab records per-device figures, so it needs the count "
-            "(litgpt reads -1 as 'every visible GPU')", "give the number of devices, such as 1 or 4")
+        bad(
+            "devices",
+            f"is {devices_raw}: tunelab records per-device figures, so it needs the count "
+            "(litgpt reads -1 as 'every visible GPU')",
+            "give the number of devices, such as 1 or 4",
+        )
         devices = None
     if nodes < 1:
         bad("num_nodes", f"is {nodes}", "set num_nodes >= 1")
         nodes = 1
     world = world_size(devices or 1, nodes)
-    c = _Context(command=command, gpu=gpu, device=device, train=train, eval_=eval_, precision=precision,
-                 quantize=quantize, devices=devices, nodes=nodes, world=world)
+    c = _Context(
+        command=command,
+        gpu=gpu,
+        device=device,
+        train=train,
+        eval_=eval_,
+        precision=precision,
+        quantize=quantize,
+        devices=devices,
+        nodes=nodes,
+        world=world,
+    )
     for rules in RULES:
         rules(c, a, bad)
     return out
@@ -250,11 +314,17 @@ class _Context:
 def _precision_rules(c: _Context, a: dict, bad) -> None:
     """Lightning's full precision names; no 16-bit float on CPU; bf16 only on GPUs that have it."""
     if c.precision is not None and c.precision not in PRECISIONS:
-        bad("precision", f"{c.precision!r} is not a full Lightning precision name",
-            f"use one of {', '.join(PRECISIONS)}")
+        bad(
+            "precision",
+            f"{c.precision!r} is not a full Lightning precision name",
+            f"use one of {', '.join(PRECISIONS)}",
+        )
     if c.device == "cpu" and c.precision in ("16-true", "16-mixed"):
-        bad("precision", f"{c.precision} on CPU: 16-true gives NaN losses and 16-mixed silently becomes bf16-mixed",
-            "use 32-true or bf16-true on CPU")
+        bad(
+            "precision",
+            f"{c.precision} on CPU: 16-true gives NaN losses and 16-mixed silently becomes bf16-mixed",
+            "use 32-true or bf16-true on CPU",
+        )
     if c.gpu:
         try:
             g = hardware.lookup(c.gpu)
@@ -262,8 +332,11 @@ def _precision_rules(c: _Context, a: dict, bad) -> None:
             bad("--gpu", str(e), "name a row of configs/hardware/gpus.yaml")
         else:
             if c.precision and c.precision.startswith("bf16") and not g.bf16:
-                bad("precision", f"{c.precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
-                    "use 16-mixed (or 16-true) on this GPU")
+                bad(
+                    "precision",
+                    f"{c.precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
+                    "use 16-mixed (or 16-true) on this GPU",
+                )
 
 
 def _batch_rules(c: _Context, a: dict, bad) -> None:
@@ -272,17 +345,23 @@ def _batch_rules(c: _Context, a: dict, bad) -> None:
     c.gbs, c.mbs = c.train.get("global_batch_size"), c.train.get("micro_batch_size")
     if isinstance(c.gbs, int) and isinstance(c.mbs, int):
         if c.mbs < 1 or c.gbs < 1:
-            bad("train.micro_batch_size" if c.mbs < 1 else "train.global_batch_size", "must be >= 1",
-                "set a positive batch size")
+            bad(
+                "train.micro_batch_size" if c.mbs < 1 else "train.global_batch_size",
+                "must be >= 1",
+                "set a positive batch size",
+            )
         else:
             unit = c.world * c.mbs
             if c.gbs % unit:
                 floor = accumulation(c.gbs, c.world, c.mbs) * unit
-                bad("train.global_batch_size",
+                bad(
+                    "train.global_batch_size",
                     f"{c.gbs} is not divisible by devices x num_nodes x micro_batch_size = {c.devices or 1}x{c.nodes}x{c.mbs}"
-                    f" = {unit}; litgpt would floor it to {floor} samples per step" if c.gbs > unit else
-                    f"{c.gbs} is smaller than devices x num_nodes x micro_batch_size = {unit} (litgpt asserts)",
-                    f"set train.global_batch_size to a multiple of {unit} (e.g. {(c.gbs // unit + 1) * unit})")
+                    f" = {unit}; litgpt would floor it to {floor} samples per step"
+                    if c.gbs > unit
+                    else f"{c.gbs} is smaller than devices x num_nodes x micro_batch_size = {unit} (litgpt asserts)",
+                    f"set train.global_batch_size to a multiple of {unit} (e.g. {(c.gbs // unit + 1) * unit})",
+                )
 
 
 def _schedule_rules(c: _Context, a: dict, bad) -> None:
@@ -290,12 +369,18 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
     ``c.steps``: the run's optimizer steps when the data size is known."""
     warmup = c.train.get("lr_warmup_steps")
     if c.command.startswith("finetune") and (warmup is None or warmup < 1):
-        bad("train.lr_warmup_steps", f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
-            "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)")
+        bad(
+            "train.lr_warmup_steps",
+            f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
+            "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)",
+        )
     epochs, max_steps = c.train.get("epochs"), c.train.get("max_steps")
     if epochs is None or epochs < 1:
-        bad("train.epochs", f"is {epochs}; litgpt's fit loop compares the epoch with it and sizes the schedule",
-            "set train.epochs >= 1 (and train.max_steps to stop earlier)")
+        bad(
+            "train.epochs",
+            f"is {epochs}; litgpt's fit loop compares the epoch with it and sizes the schedule",
+            "set train.epochs >= 1 (and train.max_steps to stop earlier)",
+        )
     n_samples = data_size(a)[0]  # a JSON file here, or a known litgpt data module
     c.steps = None
     if n_samples and isinstance(c.gbs, int) and c.gbs > 0:
@@ -304,24 +389,43 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         c.steps = per_epoch * (epochs or 1)
         if max_steps and per_epoch and c.steps < max_steps:
             need = -(-max_steps // per_epoch)
-            bad("train.max_steps", f"{max_steps} steps asked, but {epochs or 1} epoch(s) of "
+            bad(
+                "train.max_steps",
+                f"{max_steps} steps asked, but {epochs or 1} epoch(s) of "
                 f"{int(n_samples * (1 - val)):,} training samples at global batch {c.gbs} give {c.steps}: the "
-                "run stops there", f"set train.epochs to {need} (or more data)", "warning")
+                "run stops there",
+                f"set train.epochs to {need} (or more data)",
+                "warning",
+            )
         if max_steps:
             c.steps = min(c.steps, max_steps)
         if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup == max_steps == c.steps:
-            bad("train.lr_warmup_steps", f"{warmup} warm-up steps = train.max_steps: litgpt's cosine schedule "
+            bad(
+                "train.lr_warmup_steps",
+                f"{warmup} warm-up steps = train.max_steps: litgpt's cosine schedule "
                 "divides by max_steps - lr_warmup_steps (CosineAnnealingLR T_max=0), so the run dies with "
-                "ZeroDivisionError at its last step", "lower train.lr_warmup_steps below train.max_steps")
+                "ZeroDivisionError at its last step",
+                "lower train.lr_warmup_steps below train.max_steps",
+            )
         elif isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
-            bad("train.lr_warmup_steps", f"{warmup} warm-up steps >= the run's {c.steps} optimizer steps: the "
-                "learning rate never reaches its peak", "lower train.lr_warmup_steps", "warning")
+            bad(
+                "train.lr_warmup_steps",
+                f"{warmup} warm-up steps >= the run's {c.steps} optimizer steps: the "
+                "learning rate never reaches its peak",
+                "lower train.lr_warmup_steps",
+                "warning",
+            )
     elif max_steps:
         c.steps = max_steps
         if isinstance(warmup, int) and warmup == max_steps:
-            bad("train.lr_warmup_steps", f"{warmup} warm-up steps = train.max_steps: if the data holds that many "
+            bad(
+                "train.lr_warmup_steps",
+                f"{warmup} warm-up steps = train.max_steps: if the data holds that many "
                 "steps, litgpt's cosine schedule divides by zero (T_max = max_steps - lr_warmup_steps) at the last "
-                "one", "lower train.lr_warmup_steps below train.max_steps", "warning")
+                "one",
+                "lower train.lr_warmup_steps below train.max_steps",
+                "warning",
+            )
 
 
 def _model_rules(c: _Context, a: dict, bad) -> None:
@@ -330,8 +434,6 @@ def _model_rules(c: _Context, a: dict, bad) -> None:
     ckpt = a.get("checkpoint_dir")
     block_size = None
     if ckpt is not None:
-        from tunelab.flops import load_config
-
         ckpt = Path(ckpt)
         try:
             config = load_config(ckpt)
@@ -340,16 +442,25 @@ def _model_rules(c: _Context, a: dict, bad) -> None:
             what, _, fix = str(e).partition("; fix: ")
             bad("checkpoint_dir", what, fix or "use the model_config.yaml `litgpt download` writes")
         except (ValueError, TypeError):
-            bad("checkpoint_dir", f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
-                "use the directory `litgpt download <repo>` creates (checkpoints/<org>/<name>)")
+            bad(
+                "checkpoint_dir",
+                f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
+                "use the directory `litgpt download <repo>` creates (checkpoints/<org>/<name>)",
+            )
         for unsafe in _unsafe_weight_files(ckpt):
-            bad("checkpoint_dir", f"{unsafe} is not plain tensor data (torch.load with weights_only=True refuses "
-                "it: loading it would run code from the file)", "use checkpoints from a source you trust, "
-                "converted by `litgpt download` / `litgpt convert_to_litgpt`")
+            bad(
+                "checkpoint_dir",
+                f"{unsafe} is not plain tensor data (torch.load with weights_only=True refuses "
+                "it: loading it would run code from the file)",
+                "use checkpoints from a source you trust, converted by `litgpt download` / `litgpt convert_to_litgpt`",
+            )
     seq = c.train.get("max_seq_length")
     if block_size and seq and seq > block_size:
-        bad("train.max_seq_length", f"{seq} exceeds the model's block size {block_size}",
-            f"set train.max_seq_length <= {block_size}")
+        bad(
+            "train.max_seq_length",
+            f"{seq} exceeds the model's block size {block_size}",
+            f"set train.max_seq_length <= {block_size}",
+        )
 
 
 def _quantization_rules(c: _Context, a: dict, bad) -> None:
@@ -358,34 +469,55 @@ def _quantization_rules(c: _Context, a: dict, bad) -> None:
         if c.command not in QUANTIZE_METHODS:
             bad("quantize", "quantize is only for LoRA/adapter methods", "remove quantize or use a lora recipe")
         if c.world > 1:
-            bad("quantize", f"{c.quantize} with devices x num_nodes = {c.world}: litgpt quantized training is "
-                "single-device", "set devices: 1 and num_nodes: 1, or drop quantize (LoRA shards over GPUs)")
+            bad(
+                "quantize",
+                f"{c.quantize} with devices x num_nodes = {c.world}: litgpt quantized training is single-device",
+                "set devices: 1 and num_nodes: 1, or drop quantize (LoRA shards over GPUs)",
+            )
         if c.precision is not None and not str(c.precision).endswith("-true"):
-            bad("precision", f"{c.precision} with quantize {c.quantize}: litgpt refuses quantization with mixed "
-                "precision", "use bf16-true (or 16-true on GPUs without bf16)")
+            bad(
+                "precision",
+                f"{c.precision} with quantize {c.quantize}: litgpt refuses quantization with mixed precision",
+                "use bf16-true (or 16-true on GPUs without bf16)",
+            )
         if "AdamW" not in _optimizer_name(a.get("optimizer")):
-            bad("optimizer", f"{_optimizer_name(a.get('optimizer'))} with quantize: litgpt only builds bitsandbytes' "
-                "PagedAdamW for quantized training", "use optimizer torch.optim.AdamW (its init_args are passed on)")
+            bad(
+                "optimizer",
+                f"{_optimizer_name(a.get('optimizer'))} with quantize: litgpt only builds bitsandbytes' "
+                "PagedAdamW for quantized training",
+                "use optimizer torch.optim.AdamW (its init_args are passed on)",
+            )
         if c.device == "cpu":
-            bad("quantize", f"{c.quantize} on CPU: bitsandbytes' 4-bit/8-bit training layers need a CUDA GPU "
-                "(Lightning's BitsandbytesPrecision refuses CPU)", "run on a GPU, or drop quantize on CPU (LoRA)")
+            bad(
+                "quantize",
+                f"{c.quantize} on CPU: bitsandbytes' 4-bit/8-bit training layers need a CUDA GPU "
+                "(Lightning's BitsandbytesPrecision refuses CPU)",
+                "run on a GPU, or drop quantize on CPU (LoRA)",
+            )
 
 
 def _lora_rules(c: _Context, a: dict, bad) -> None:
     """At least one target, a positive rank, no in-loop eval that hangs several devices."""
     if c.command == "finetune_lora":
-        targets = [k for k in ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
-                   if a.get(k)]
+        targets = [
+            k for k in ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head") if a.get(k)
+        ]
         if not targets:
-            bad("lora_query", "no lora_* target is true: nothing would be trained",
-                "set at least one of lora_query/key/value/projection/mlp/head to true")
+            bad(
+                "lora_query",
+                "no lora_* target is true: nothing would be trained",
+                "set at least one of lora_query/key/value/projection/mlp/head to true",
+            )
         if (a.get("lora_r") or 0) < 1:
             bad("lora_r", f"is {a.get('lora_r')}", "set lora_r >= 1")
         interval = c.eval_.get("interval")
         if c.world > 1 and interval is not None and (c.steps is None or interval <= c.steps):
-            bad("eval.interval", f"{interval} falls inside the {c.steps if c.steps else 'unbounded'}-step run on {c.world} "
+            bad(
+                "eval.interval",
+                f"{interval} falls inside the {c.steps if c.steps else 'unbounded'}-step run on {c.world} "
                 "devices: litgpt's LoRA eval generates a sample on rank 0 only and the other ranks hang",
-                f"set eval.interval above the run's optimizer steps (e.g. {(c.steps or 0) + 1 if c.steps else 10**6})")
+                f"set eval.interval above the run's optimizer steps (e.g. {(c.steps or 0) + 1 if c.steps else 10**6})",
+            )
 
 
 def _optimizer_rules(c: _Context, a: dict, bad) -> None:
@@ -394,8 +526,12 @@ def _optimizer_rules(c: _Context, a: dict, bad) -> None:
     if name:
         why = optimizer_problem(name)
         if why:
-            bad("optimizer", why, "use a torch.optim class such as AdamW or SGD (or torch.optim.AdamW, "
-                f"bitsandbytes.optim.AdamW8bit); allowed packages: {', '.join(OPTIMIZER_MODULES)}")
+            bad(
+                "optimizer",
+                why,
+                "use a torch.optim class such as AdamW or SGD (or torch.optim.AdamW, "
+                f"bitsandbytes.optim.AdamW8bit); allowed packages: {', '.join(OPTIMIZER_MODULES)}",
+            )
 
 
 def _data_rules(c: _Context, a: dict, bad) -> None:
@@ -404,12 +540,25 @@ def _data_rules(c: _Context, a: dict, bad) -> None:
     if isinstance(data, dict):
         path = data.get("init_args", {}).get("json_path")
         if path is not None and not project_path(path).exists():
-            bad("data.json_path", f"{path} does not exist (relative paths are read from the project directory, "
-                "where tunelab runs litgpt)", "give an existing file (an absolute path from anywhere else)")
+            bad(
+                "data.json_path",
+                f"{path} does not exist (relative paths are read from the project directory, "
+                "where tunelab runs litgpt)",
+                "give an existing file (an absolute path from anywhere else)",
+            )
         workers = data.get("init_args", {}).get("num_workers")
         if isinstance(workers, int) and workers < 0:
             bad("data.num_workers", f"is {workers}", "set data.num_workers >= 0")
 
 
-RULES = (_precision_rules, _batch_rules, _schedule_rules, _model_rules, _quantization_rules, _lora_rules, _optimizer_rules, _data_rules)
+RULES = (
+    _precision_rules,
+    _batch_rules,
+    _schedule_rules,
+    _model_rules,
+    _quantization_rules,
+    _lora_rules,
+    _optimizer_rules,
+    _data_rules,
+)
 """The rule groups, in the order their problems are printed."""

@@ -24,8 +24,10 @@ class _PlainLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise InputError(f"{self.name}:{event.start_mark.line + 1}: YAML alias *{event.anchor} is not accepted "
-                             "(aliases can expand a small file into gigabytes); fix: write the value out in full")
+            raise InputError(
+                f"{self.name}:{event.start_mark.line + 1}: YAML alias *{event.anchor} is not accepted "
+                "(aliases can expand a small file into gigabytes); fix: write the value out in full"
+            )
         return super().compose_node(parent, index)
 
 
@@ -39,8 +41,11 @@ def loads(text: str, name: str = "<text>"):
         mark = e.context_mark or e.problem_mark  # where the broken construct starts, if known
         where = f"{name}:{mark.line + 1}" if mark else name
         what = " ".join(x for x in (e.context, e.problem) if x)
-        fix = "remove the tag: tunelab files hold plain data only" if "for the tag" in what else \
-            "correct the syntax there"
+        fix = (
+            "remove the tag: tunelab files hold plain data only"
+            if "for the tag" in what
+            else "correct the syntax there"
+        )
         raise InputError(f"{where}: not valid YAML ({what}); fix: {fix}") from None
     except yaml.YAMLError as e:
         raise InputError(f"{name}: not valid YAML ({str(e).splitlines()[0]}); fix: correct the syntax") from None
@@ -55,8 +60,10 @@ def load_file(path: Path | str, shown: str | None = None):
     try:
         size = path.stat().st_size
         if size > MAX_BYTES:
-            raise InputError(f"{shown}: {size:,} bytes is too large for a tunelab YAML file (limit {MAX_BYTES:,}); "
-                             "fix: give the right file")
+            raise InputError(
+                f"{shown}: {size:,} bytes is too large for a tunelab YAML file (limit {MAX_BYTES:,}); "
+                "fix: give the right file"
+            )
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{shown}: not a UTF-8 text file; fix: give a YAML file") from None
@@ -74,6 +81,8 @@ def load_mapping(path: Path | str, what: str, shown: str | None = None) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError(f"{shown}: {what} is a YAML mapping of keys to values, got a {type(data).__name__}; "
-                         "fix: write `key: value` lines")
+        raise InputError(
+            f"{shown}: {what} is a YAML mapping of keys to values, got a {type(data).__name__}; "
+            "fix: write `key: value` lines"
+        )
     return data

@@ -30,8 +30,10 @@ CATEGORIES = [  # (category, substrings of CUDA kernel names, lower case); first
     ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "wgmma", "matmul", "splitk")),
     ("cross-entropy/softmax", ("softmax", "nll", "cross_entropy", "logsumexp")),
     ("optimizer", ("adam", "multi_tensor", "foreach", "lerp", "_amp_")),
-    ("norm/rope/elementwise", ("norm", "rsqrt", "elementwise", "vectorized", "pow", "mul", "add", "silu", "cat",
-                               "index", "reduce", "fill")),
+    (
+        "norm/rope/elementwise",
+        ("norm", "rsqrt", "elementwise", "vectorized", "pow", "mul", "add", "silu", "cat", "index", "reduce", "fill"),
+    ),
 ]
 
 
@@ -59,9 +61,18 @@ def build(method: str, model_name: str, device: torch.device, dtype: torch.dtype
 
             from litgpt.lora import Config as LoRAConfig
 
-            cfg = LoRAConfig(**dataclasses.asdict(config), lora_r=32, lora_alpha=16, lora_dropout=0.05,
-                             lora_query=True, lora_key=True, lora_value=True, lora_projection=True, lora_mlp=True,
-                             lora_head=True)
+            cfg = LoRAConfig(
+                **dataclasses.asdict(config),
+                lora_r=32,
+                lora_alpha=16,
+                lora_dropout=0.05,
+                lora_query=True,
+                lora_key=True,
+                lora_value=True,
+                lora_projection=True,
+                lora_mlp=True,
+                lora_head=True,
+            )
             model = LoRAGPT(cfg)
             mark_only_lora_as_trainable(model)
         else:
@@ -102,7 +113,9 @@ def phase_times(timers) -> dict:
 
 
 def profile_method(method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device) -> dict:
-    from tunelab.flops import flops_per_token, lora_param_count
+    from tunelab.models import lora_param_count
+    from tunelab.plan.flops import flops_per_token
+    from tunelab.settings import LORA_TARGETS
 
     model = build(method, model_name, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     model.max_seq_length = seq
@@ -138,8 +151,7 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         if t <= 0 or (device.type == "cuda" and ev.device_type != torch.autograd.DeviceType.CUDA):
             continue
         by_cat[categorize(ev.key)] = by_cat.get(categorize(ev.key), 0.0) + t / 1e6
-    n_lora = lora_param_count(model.config, 32, {k: True for k in ("query", "key", "value", "projection", "mlp",
-                                                                     "head")}) if method == "lora" else 0
+    n_lora = lora_param_count(model.config, 32, LORA_TARGETS) if method == "lora" else 0
     fpt = flops_per_token(model.config, seq, "full" if method == "full" else "lora", n_lora)
     peak = None
     if device.type == "cuda":
@@ -151,27 +163,46 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"method": method, "phases": medians, "step_s": step_s, "kernels": by_cat,
-            "tok_s": tokens / step_s, "mfu": fpt.total * tokens / step_s / peak if peak else None,
-            "tflops": fpt.total * tokens / step_s / 1e12, "flops_formula": fpt.formula}
+    return {
+        "method": method,
+        "phases": medians,
+        "step_s": step_s,
+        "kernels": by_cat,
+        "tok_s": tokens / step_s,
+        "mfu": fpt.total * tokens / step_s / peak if peak else None,
+        "tflops": fpt.total * tokens / step_s / 1e12,
+        "flops_formula": fpt.formula,
+    }
 
 
 def render(results: list[dict], args, device_name: str) -> str:
-    lines = [f"# Where the time goes: {args.model_name}, bf16-true, micro batch {args.micro} x {args.seq} tokens",
-             "", f"Device: {device_name}; torch {torch.__version__}. Random weights, litgpt's model classes, AdamW "
-             "(torch default implementation), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
-             f"scripts. Phase times: medians of {args.steps} steps after 3 warm-up steps (CUDA events). Kernel "
-             "shares: one profiled step, CUDA kernel self time grouped by kernel name.", ""]
-    lines += ["| method | step s | tok/s | TFLOP/s | MFU | forward | loss | backward | optimizer |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Where the time goes: {args.model_name}, bf16-true, micro batch {args.micro} x {args.seq} tokens",
+        "",
+        f"Device: {device_name}; torch {torch.__version__}. Random weights, litgpt's model classes, AdamW "
+        "(torch default implementation), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
+        f"scripts. Phase times: medians of {args.steps} steps after 3 warm-up steps (CUDA events). Kernel "
+        "shares: one profiled step, CUDA kernel self time grouped by kernel name.",
+        "",
+    ]
+    lines += [
+        "| method | step s | tok/s | TFLOP/s | MFU | forward | loss | backward | optimizer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ph = r["phases"]
-        share = lambda k: f"{ph[k]:.4f} s ({ph[k] / r['step_s']:.0%})"  # noqa: E731
-        lines.append(f"| {r['method']} | {r['step_s']:.4f} | {r['tok_s']:,.0f} | {r['tflops']:.1f} | "
-                     f"{'' if r['mfu'] is None else format(r['mfu'], '.1%')} | {share('forward')} | "
-                     f"{share('loss')} | {share('backward')} | {share('optimizer')} |")
+        share = lambda k, ph=ph, r=r: f"{ph[k]:.4f} s ({ph[k] / r['step_s']:.0%})"  # noqa: E731
+        lines.append(
+            f"| {r['method']} | {r['step_s']:.4f} | {r['tok_s']:,.0f} | {r['tflops']:.1f} | "
+            f"{'' if r['mfu'] is None else format(r['mfu'], '.1%')} | {share('forward')} | "
+            f"{share('loss')} | {share('backward')} | {share('optimizer')} |"
+        )
     cats = sorted({c for r in results for c in r["kernels"]})
-    lines += ["", "| kernel category | " + " | ".join(r["method"] for r in results) + " |",
-              "|---|" + "---|" * len(results)]
+    lines += [
+        "",
+        "| kernel category | " + " | ".join(r["method"] for r in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
     for c in cats:
         cells = []
         for r in results:
@@ -185,8 +216,12 @@ def render(results: list[dict], args, device_name: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", dest="model_name", default="tiny-llama-1.1b",
-                    help="a litgpt config name, or 'tiny' (the embedded tiny model, for a CPU rehearsal)")
+    ap.add_argument(
+        "--model",
+        dest="model_name",
+        default="tiny-llama-1.1b",
+        help="a litgpt config name, or 'tiny' (the embedded tiny model, for a CPU rehearsal)",
+    )
     ap.add_argument("--micro", type=int, default=8)
     ap.add_argument("--seq", type=int, default=437, help="tokens per sample (the benchmark's padded mean)")
     ap.add_argument("--steps", type=int, default=10)

@@ -73,7 +73,7 @@ sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report +
 }
 
 stage_env() {
-  "$PY" -m tunelab.preflight || return 1
+  "$PY" -m tunelab.run.preflight || return 1
   "$PY" - <<'PY'
 import torch
 if torch.cuda.is_available():
@@ -111,7 +111,7 @@ stage_part3() {  # tunelab tune-study: probes under $RUNS/lab-part3/<study>/<set
   timeout -s INT "$(left)" "$PY" -m tunelab tune-study configs/sweeps/lab-part3.yaml --only "${PART3:-tiny-llama-1.1b-full}" \
     --out "$RUNS/lab-part3" --no-report "${opts[@]}" || rc=$?
   "$PY" -m tunelab report "$RUNS/lab-part3" --out "$RUNS/lab-part3/report" || rc=$?
-  "$PY" -c "import sys; from pathlib import Path; from tunelab.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/lab-part3" "$OUT/lab-part3.tgz"
+  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/lab-part3" "$OUT/lab-part3.tgz"
   return $rc
 }
 stage_qlora-memory() { sweep qlora-memory; }

@@ -1,0 +1,85 @@
+"""`tunelab bench` on CPU: litgpt's own command and tunelab's fast path side by side on the tiny model, the report
+written from the records, and the records reused by a second call."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import shlex
+
+import pytest
+
+from tests import printed
+from tunelab import cli
+from tunelab.tune.bench import COLUMNS
+
+BENCH = "tunelab bench tiny-llama-1.1b/full --pairs 1 --train.max_steps 8"
+PRINTED = {BENCH}
+"""The docs' and --help's CPU bench line: run here as printed (the tiny model), its output in a temporary folder."""
+
+
+def bench(argv: list[str]) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(argv) == 0
+    return buf.getvalue()
+
+
+def test_bench_runs_both_arms_and_reports_the_ratio(tmp_path):
+    assert BENCH in {p.command for p in printed.everything()}
+    argv = [
+        *shlex.split(BENCH)[1:],
+        "--model",
+        "tiny",
+        "--data.num_workers",
+        "0",
+        "--out",
+        str(tmp_path / "runs"),
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
+    out = bench(argv)
+    md = (tmp_path / "report" / "bench.md").read_text()
+    assert "CPU rehearsal" in md and "Speed-up, fast / litgpt real tokens/s" in md and md in out
+    with open(tmp_path / "report" / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == COLUMNS and [r["arm"] for r in rows] == ["litgpt", "fast"]
+    assert all(r["status"] == "ok" and float(r["tok_s_real"]) > 0 for r in rows)
+    litgpt, fast = rows
+    assert (
+        litgpt["strategy"] == "litgpt"
+        and fast["strategy"].startswith("single (")
+        and float(fast["first_iteration_s"]) > 0
+    )
+    assert float(fast["padding_pct"]) < float(litgpt["padding_pct"])  # length grouping
+    assert (tmp_path / "report" / "loss.png").stat().st_size > 0
+    again = bench(argv)  # the records answer the same command: nothing runs again
+    assert "Speed-up" in again
+
+
+@pytest.mark.slow
+def test_bench_best_micro_batches_on_cpu(tmp_path):
+    """--best-micro: tune-batch per arm (capped at micro 2 here), then a pair at each arm's best."""
+    out = bench(
+        [
+            "bench",
+            "tiny-llama-1.1b/full",
+            "--pairs",
+            "1",
+            "--best-micro",
+            "--max-micro",
+            "2",
+            "--model",
+            "tiny",
+            "--train.max_steps",
+            "4",
+            "--data.num_workers",
+            "0",
+            "--out",
+            str(tmp_path / "r"),
+            "--report-dir",
+            str(tmp_path / "rep"),
+        ]
+    )
+    assert "Each at its best micro batch" in out

@@ -1,0 +1,69 @@
+"""``tunelab bench RECIPE``: litgpt's own command against tunelab's fast path, side by side, on one device."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tunelab.cli.common import count, fail, memory_limit, model_choice, run_options
+
+
+def add_parser(sub) -> None:
+    """The subcommand's parser."""
+    s = sub.add_parser(
+        "bench",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="litgpt against tunelab's fast path on one device: tok/s, MFU, memory, loss, the speed-up with spread",
+        description="Run RECIPE (with litgpt-style overrides) as `litgpt finetune_*` and under tunelab's loop with "
+        "a strategy file (default: fast, every speed switch on), in alternating pairs on one device, at the same "
+        "settings; then, with --best-micro, each at its own best micro batch (tune-batch). Every run is a record "
+        "(reused when the command runs again); the report (bench.md, bench.csv, loss.png) gives real and padded "
+        "tok/s, MFU on real tokens, peak memory, the first iteration (compilation) apart, and the speed-up as the "
+        "median of the pairs' ratios with its range.",
+        epilog="examples:\n  tunelab bench tiny-llama-1.1b/full --pairs 1 --train.max_steps 8   # CPU: the tiny "
+        "model\n  tunelab bench tiny-llama-1.1b/full --weights random --pairs 3 --best-micro --gpu H100-SXM   # a GPU",
+    )
+    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
+    s.add_argument("--strategy", default="fast", help="the fast arm's strategy file or name (default: fast)")
+    s.add_argument("--pairs", type=count, default=3, help="alternating pairs per phase (default 3)")
+    s.add_argument("--best-micro", action="store_true", help="also run each arm at its own best micro batch")
+    s.add_argument("--gpu", help="GPU table row for tune-batch's starting guess (with --best-micro)")
+    s.add_argument("--max-micro", type=count, default=256, help="with --best-micro: never probe above this")
+    s.add_argument("--out", type=Path, help="run directory (default: runs/bench/<recipe>)")
+    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-bench-<recipe>-<device>)")
+    run_options(s)
+    s.set_defaults(func=handle, passthrough=True)
+
+
+def handle(args, extra) -> int:
+    """Run the subcommand; the exit code."""
+    from tunelab import hardware
+    from tunelab.paths import output_root
+    from tunelab.recipes import RecipeError, resolve
+    from tunelab.strategies import load_strategy
+    from tunelab.tune import bench
+
+    try:
+        recipe = resolve(args.recipe)
+        model = model_choice(args)
+        gpu = hardware.lookup(args.gpu) if args.gpu else None
+        load_strategy(args.strategy)
+    except (RecipeError, ValueError) as e:
+        return fail(str(e))
+    out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
+    limits = {"timeout_s": args.timeout, "memory_limit_bytes": memory_limit(args)}
+    arms = [bench.Arm("litgpt", None), bench.Arm("fast", args.strategy)]
+    phases = [bench.run_phase(recipe, extra, out, "recipe", arms, args.pairs, model=model, **limits)]
+    if args.best_micro:
+        best = bench.best_micro(
+            recipe, extra, out, arms, gpu=gpu, model=model, max_micro=args.max_micro, steps=3, **limits
+        )
+        if len(best) == len(arms):
+            fresh = [bench.Arm(a.name, a.strategy) for a in arms]
+            phases.append(bench.run_phase(recipe, extra, out, "best", fresh, args.pairs, best, model=model, **limits))
+        else:
+            print(f"best micro batch: not found for {sorted({a.name for a in arms} - set(best))}; phase skipped")
+    report = bench.write_report(recipe, phases, out, args.report_dir)
+    print((report / "bench.md").read_text())
+    print(f"records: {out}/\nreport:  {report}/bench.md")
+    return 0

@@ -1,0 +1,144 @@
+"""What the subcommands share: the one-line error, number types checked where they are parsed, the options of
+the commands that run training, and the argparse subclass that never abbreviates an option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+
+def fail(message: str) -> int:
+    """Print ``tunelab: error: <message>`` on stderr; the exit code of bad input (2)."""
+    print(f"tunelab: error: {message}", file=sys.stderr)
+    return 2
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """Rows as aligned text columns with a header and a rule."""
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns), "  ".join("-" * widths[c] for c in columns)]
+    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def model_choice(args) -> str:
+    """--model / --weights as one model source (auto, checkpoint, tiny, random); ValueError if they contradict."""
+    if args.weights == "random":
+        if args.model not in ("auto", "random"):
+            raise ValueError("--weights random and --model tiny/checkpoint contradict each other")
+        return "random"
+    return args.model
+
+
+def number(kind, low=None, high=None, low_open=False, what="a number"):
+    """An argparse type: ``kind`` (int or float) within [low, high] (low excluded when ``low_open``), checked where
+    it is parsed, so that 0, negative or NaN values never reach a run."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if (
+            value != value
+            or (low is not None and (value <= low if low_open else value < low))
+            or (high is not None and value > high)
+        ):
+            bound = (f"> {low}" if low_open else f">= {low}") if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what} {bound}")
+        return value
+
+    return parse
+
+
+positive_seconds = number(float, 0, low_open=True, what="a number of seconds")
+positive_gb = number(float, 0, low_open=True, what="a size in GB")
+count = number(int, 1, what="an integer")
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (its directory is created if missing), or None; leaves nothing."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory"
+    blocker = next((q for q in path.parents if q.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{blocker} is a file, not a folder"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe."):
+            pass
+    except OSError as e:
+        return f"cannot be written ({e.strerror or e})"
+    return None
+
+
+def memory_limit(args) -> int | None:
+    """--memory-limit-gb in bytes (GB = 1e9), or None."""
+    return int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
+
+
+def run_options(s):
+    """--model, --weights, --timeout, --memory-limit-gb: the options of every command that runs training."""
+    s.add_argument(
+        "--model",
+        choices=["auto", "checkpoint", "tiny", "random"],
+        default="auto",
+        help="auto (default): the recipe's checkpoint if downloaded, else the tiny model when no GPU "
+        "is present; tiny: the embedded tiny model; random: the recipe's real architecture with "
+        "random weights; checkpoint: the recipe's checkpoint or fail",
+    )
+    s.add_argument(
+        "--weights",
+        choices=["random"],
+        help="same as --model random: a benchmark without downloads (the real architecture with "
+        "random weights, built in a child process; the benchmark tokenizer and dataset with the "
+        "lab's token counts; litgpt's final save and LoRA merge skipped)",
+    )
+    s.add_argument("--timeout", type=positive_seconds, metavar="S", help="kill a run after S seconds (status killed)")
+    s.add_argument(
+        "--memory-limit-gb",
+        type=positive_gb,
+        metavar="GB",
+        help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory",
+    )
+
+
+def strategy_options(s):
+    """--strategy and the multi-node rendezvous options of `run`."""
+    s.add_argument(
+        "--strategy",
+        help="a configs/strategies file or name (ddp, fsdp, fsdp-shard-grad-op, fsdp2, "
+        "deepspeed-zero3-offload, ...): run under torchrun with tunelab's "
+        "multi-device loop instead of litgpt's built-in strategy; --devices N sets "
+        "processes per node",
+    )
+    s.add_argument("--nnodes", type=count, default=1, help="nodes (with --strategy); run the same command on each")
+    s.add_argument(
+        "--node-rank", type=number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)"
+    )
+    s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
+    s.add_argument(
+        "--master-port",
+        type=number(int, 1, 65535, what="a port"),
+        help="port on node 0 (default: a free one; give one for >1 node)",
+    )
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with whole option names only (``--data`` is never taken as ``--dataset``) and one-line errors."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def micro_list(text: str) -> list[int]:
+    """An argparse type: a comma-separated list of micro batches, each >= 1."""
+    return [count(x) for x in text.split(",") if x.strip()]

@@ -1,0 +1,154 @@
+"""``tunelab plan RECIPE``: predicted memory, fit, largest micro batch, runtime and energy before launch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tunelab.cli.common import count, fail, number
+from tunelab.plan.projection import DEFAULT_MFU_RANGE
+
+
+def add_parser(sub) -> None:
+    """The subcommand's parser."""
+    s = sub.add_parser(
+        "plan",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="predict peak memory, fit, largest micro batch, runtime and energy before launch",
+        description="Predict the peak GPU memory of RECIPE (with litgpt-style overrides) per device, broken down "
+        "into weights, gradients, optimizer states, activations, logits, strategy buffers; the verdict "
+        "for --gpu with its margin and the largest micro batch that fits; FLOPs per token and a runtime "
+        "and energy range for the recipe's training run. The model comes from the recipe's "
+        "checkpoint_dir (its model_config.yaml, else litgpt's config of the directory name), so any "
+        "model litgpt knows can be planned: --checkpoint_dir checkpoints/meta-llama/Llama-2-7b-hf.",
+        epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
+        "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb "
+        "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
+        "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
+        "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, "
+        "energy_j_per_million_tokens_low/high}.",
+    )
+    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
+    s.add_argument("--devices", type=count, help="GPUs per node (default: the recipe's devices)")
+    s.add_argument(
+        "--strategy",
+        default="litgpt",
+        metavar="NAME",
+        help="how model states are divided across devices: a configs/strategies file or name (ddp, fsdp, "
+        "fsdp-no-wrap, fsdp-shard-grad-op, fsdp-offload, fsdp2, deepspeed-zero2, deepspeed-zero3, "
+        "deepspeed-zero3-offload, ...), the same files `run --strategy` runs; default litgpt: the "
+        "recipe's own choice (one device; FSDP per block on several)",
+    )
+    s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
+    s.add_argument(
+        "--dataset",
+        type=Path,
+        help="an Alpaca JSON: use its longest sample as the sequence length (needs the checkpoint's tokenizer)",
+    )
+    s.add_argument(
+        "--tokens",
+        type=number(float, 0, low_open=True, what="a token count"),
+        help="token budget to project (default: the recipe's training run)",
+    )
+    s.add_argument(
+        "--tokens-per-sample",
+        type=number(float, 0, low_open=True, what="a token count"),
+        help="padded tokens per sample (default: from the data and tokenizer when both are here, else the lab's 437)",
+    )
+    s.add_argument(
+        "--mfu-range",
+        type=number(float, 0, 1, low_open=True, what="an MFU fraction"),
+        nargs=2,
+        default=list(DEFAULT_MFU_RANGE),
+        metavar=("LOW", "HIGH"),
+        help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)",
+    )
+    s.add_argument(
+        "--calibrate",
+        type=Path,
+        help="a directory of run records: use the measured MFU (and power) of the nearest measured configuration",
+    )
+    s.add_argument(
+        "--measure",
+        action="store_true",
+        help="also count what autograd keeps in one real forward of litgpt's model for this case (full "
+        "width, 2 blocks, one sequence of the planned length, on this CPU; seconds to a minute) and "
+        "print it beside the planner's activation term",
+    )
+    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
+    s.set_defaults(func=handle, passthrough=True)
+
+
+def handle(args, extra) -> int:
+    """Run the subcommand; the exit code."""
+    from tunelab import hardware
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.render import render, render_measured
+    from tunelab.recipes import RecipeError, resolve
+
+    lo, hi = args.mfu_range
+    if lo > hi:
+        return fail(f"--mfu-range {lo} {hi}: LOW must not exceed HIGH")
+    if args.calibrate and not any(Path(args.calibrate).glob("**/record.json")):
+        return fail(
+            f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: give a sweep "
+            "directory such as runs/lab-part1"
+        )
+    try:
+        recipe = resolve(args.recipe)
+        gpu = hardware.lookup(args.gpu) if args.gpu else hardware.local_gpu()  # no --gpu: this machine's, if any
+        planned = plan_recipe(
+            recipe,
+            extra,
+            gpu=gpu,
+            devices=args.devices,
+            strategy=args.strategy,
+            activation_checkpointing=args.activation_checkpointing,
+            dataset=args.dataset,
+        )
+    except (RecipeError, ValueError, KeyError) as e:
+        return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
+    x = planned.input
+    projection, tokens_note = None, ""
+    if args.gpu:
+        projection, tokens_note = project_recipe(
+            planned,
+            gpu,
+            tokens=args.tokens,
+            tokens_per_sample=args.tokens_per_sample,
+            calibrate_dir=args.calibrate,
+            mfu_range=(lo, hi),
+        )
+    measured = None
+    if args.measure:
+        if str(x.precision) not in ("bf16-true", "16-true", "32-true"):
+            return fail(
+                f"--measure: precision {x.precision} is not measured (CPU autocast keeps other ops in fp32 "
+                "than CUDA's); fix: measure with --precision bf16-true or 32-true"
+            )
+        from tunelab.plan.measure import compare
+
+        print(
+            f"measuring {x.config.name} ({x.method}, {x.precision}, one sequence of {x.seq_len} tokens, 2 blocks "
+            "at full width) on this CPU ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        measured = compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r, x.lora_targets)
+    if args.json:
+        out = planned.plan.to_json()
+        out["seq_len_source"] = planned.seq_source
+        if projection:
+            out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
+        if measured:
+            out["measured_activations"] = measured
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(planned, gpu, projection, tokens_note))
+        if measured:
+            print(render_measured(measured, x.micro_batch_size))
+    return 0

@@ -1,0 +1,38 @@
+"""``tunelab plan-families``: the planner's activation term against autograd, per model family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunelab.cli.common import count, fail
+
+
+def add_parser(sub) -> None:
+    """The subcommand's parser."""
+    s = sub.add_parser(
+        "plan-families",
+        help="the planner's activation term against autograd's saved tensors, per model family -> "
+        "reports/planner-families/",
+        description="For each model family (TinyLlama, OpenLLaMA, Llama 2, 3, 3.2, Mistral, Gemma 1 "
+        "and 2, Phi-2, Phi-3, Falcon, StableLM), full and LoRA: one real forward of "
+        "litgpt's model (full width, 2 blocks) on this CPU, the bytes autograd keeps per "
+        "block and for the head and loss, beside tunelab's derivation from the Config.",
+    )
+    s.add_argument("--families", help="comma-separated litgpt config names (default: the 13 families)")
+    s.add_argument("--seq-len", type=count, default=128, help="tokens per sequence (default 128)")
+    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-families)")
+    s.set_defaults(func=handle)
+
+
+def handle(args, extra) -> int:
+    """Run the subcommand; the exit code."""
+    from tunelab.plan.families import write_families
+
+    names = [x for x in (args.families or "").split(",") if x] or None
+    try:
+        out = write_families(args.out, names, args.seq_len)
+    except (ValueError, RuntimeError) as e:
+        return fail(str(e))
+    print((out / "families.md").read_text())
+    print(f"written: {out}/families.md, {out}/families.csv")
+    return 0

@@ -1,0 +1,32 @@
+"""``tunelab show RECIPE``: one recipe with its download and launch commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunelab.cli.common import fail
+
+
+def add_parser(sub) -> None:
+    """The subcommand's parser."""
+    s = sub.add_parser("show", help="print one recipe with its download and launch commands")
+    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    s.set_defaults(func=handle)
+
+
+def handle(args, extra) -> int:
+    """Run the subcommand; the exit code."""
+    from tunelab.recipes import RecipeError, resolve
+
+    try:
+        recipe = resolve(args.recipe)
+    except RecipeError as e:
+        return fail(str(e))
+    print(recipe.path.read_text(encoding="utf-8").rstrip())
+    print()
+    ckpt = recipe.get("checkpoint_dir")
+    present = ckpt and (Path(ckpt) / "lit_model.pth").is_file()
+    print(f"# download: {recipe.download_command()}" + ("" if present else "   (not downloaded here yet)"))
+    print(f"# launch:   {recipe.launch_command()}")
+    print(f"# on the tiny model (CPU): {recipe.tiny_command()}")
+    return 0

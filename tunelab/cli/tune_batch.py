@@ -1,0 +1,126 @@
+"""``tunelab tune-batch RECIPE``: the largest and the fastest micro batch, by real short probes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tunelab.cli.common import count, fail, memory_limit, micro_list, model_choice, number, run_options
+
+
+def add_parser(sub) -> None:
+    """The subcommand's parser."""
+    s = sub.add_parser(
+        "tune-batch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="find the largest and the fastest micro batch with short real probes",
+        description="Start from the planner's guess, run short real probes (a few steps each), doubling then "
+        "bisecting the micro batch; report the largest that fits and the best (highest tok/s among "
+        "probes with no allocator retries). Each probe is a run record under --out. On CPU, give "
+        "--memory-limit-gb so that 'fits' means something.",
+        epilog="Any other --dotted.key VALUE is a litgpt-style override.",
+    )
+    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
+    s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
+    s.add_argument("--start", type=count, help="starting micro batch (default: the planner's guess, or 1)")
+    s.add_argument("--max-micro", type=count, default=1024, help="never probe above this micro batch")
+    s.add_argument(
+        "--steps",
+        type=number(int, 2, what="a number of optimizer steps"),
+        default=3,
+        help="optimizer steps per probe, 2 or more (default 3; the first is warm-up)",
+    )
+    s.add_argument(
+        "--strategy",
+        metavar="NAME",
+        help="probe under a configs/strategies file (ddp, fsdp, fsdp2, "
+        "deepspeed-zero3, ...) with tunelab's multi-device loop",
+    )
+    s.add_argument("--devices", type=count, help="devices per node for the probes (default: the recipe's)")
+    s.add_argument(
+        "--activation-checkpointing",
+        choices=["on", "off", "both"],
+        help="with --strategy: search with activation checkpointing on, off, or each (two tables)",
+    )
+    s.add_argument(
+        "--backward-prefetch",
+        choices=["none", "pre", "post"],
+        help="with an FSDP --strategy: prefetch the next unit's parameters during backward before (pre) "
+        "or after (post) the current unit's gradients, or not at all (none); default: the file's",
+    )
+    s.add_argument(
+        "--also",
+        type=micro_list,
+        default=[],
+        metavar="N,N,...",
+        help="also probe these micro batches (rows for the table: how tok/s grows with the batch)",
+    )
+    s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run_options(s)
+    s.set_defaults(func=handle, passthrough=True)
+
+
+def handle(args, extra) -> int:
+    """Run the subcommand; the exit code."""
+    from tunelab import hardware, settings
+    from tunelab.paths import output_root
+    from tunelab.recipes import RecipeError, resolve
+    from tunelab.strategies import load_strategy
+    from tunelab.tune.batch import probe_problems, render, search, summary_json
+
+    if args.activation_checkpointing and not args.strategy:
+        return fail(
+            "--activation-checkpointing needs --strategy (litgpt's own command decides it for itself: on "
+            "for LoRA on several devices)"
+        )
+    if args.backward_prefetch and not args.strategy:
+        return fail("--backward-prefetch needs an FSDP --strategy (fsdp, fsdp-no-wrap, ...)")
+    if args.devices:
+        extra = [*extra, "--devices", str(args.devices)]
+    try:
+        recipe = resolve(args.recipe)
+        model = model_choice(args)
+        gpu = hardware.lookup(args.gpu) if args.gpu else None
+        if args.strategy:
+            strat = load_strategy(args.strategy)
+            if args.backward_prefetch and strat.name != "fsdp":
+                raise ValueError(
+                    f"--backward-prefetch: strategy {args.strategy} is {strat.name}, not FSDP; "
+                    "fix: give an FSDP strategy or leave the option out"
+                )
+    except (RecipeError, ValueError) as e:
+        return fail(str(e))
+    world = settings.resolve(recipe, extra).world_size
+    problems = probe_problems(recipe, extra, world, args.steps, bool(args.strategy))
+    if problems:
+        return fail("; ".join(problems))
+    out = args.out or (output_root() / "runs" / "tune-batch" / recipe.slug())
+    try:
+        results = search(
+            recipe,
+            extra,
+            out,
+            gpu=gpu,
+            model=model,
+            strategy=args.strategy,
+            activation_checkpointing=args.activation_checkpointing,
+            backward_prefetch=args.backward_prefetch,
+            start=args.start,
+            max_micro=args.max_micro,
+            steps=args.steps,
+            memory_limit_bytes=memory_limit(args),
+            timeout_s=args.timeout,
+            world=world,
+            also=args.also,
+        )
+    except RuntimeError as e:
+        return fail(str(e))
+    if args.json:
+        print(
+            "[" + ",\n".join(summary_json(r) for r in results) + "]" if len(results) > 1 else summary_json(results[0])
+        )
+    else:
+        print("\n\n".join(render(r) for r in results))
+    print(f"probe records and summary: {out}/")
+    return 0

@@ -1,0 +1,1 @@
+"""The data tunelab ships and builds: the Alpaca-format dataset, the benchmark workload, litgpt data modules."""

@@ -1,0 +1,124 @@
+"""A model's litgpt ``Config`` and the arithmetic on it that every stage shares: parameter counts (all, embedding,
+LoRA adapters). Reading a Config costs no torch import (``tunelab plan`` answers in a fraction of a second).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+from tunelab import yaml_input
+from tunelab.errors import InputError
+from tunelab.settings import LORA_TARGETS
+
+_PLAIN = dict(n_expert=0, norm_qk=False, post_attention_norm=False, post_mlp_norm=False, mlp_class_name=None)
+
+
+def count_params(config) -> tuple[int, int]:
+    """(all parameters, token-embedding parameters) of a litgpt Config.
+
+    Arithmetic for the dense decoder layouts (LLaMA/SwiGLU, GPT-NeoX/GELU MLP, RMSNorm/LayerNorm; checked against
+    litgpt's own model in the tests); other layouts (MoE, extra norms) are counted on the meta device.
+    """
+    c = config
+    simple = (
+        getattr(c, "n_expert", 0) == 0
+        and not getattr(c, "norm_qk", False)
+        and not getattr(c, "post_attention_norm", False)
+        and not getattr(c, "post_mlp_norm", False)
+        and c.mlp_class_name in ("LLaMAMLP", "GptNeoxMLP", "GemmaMLP")
+        and c.norm_class_name in ("RMSNorm", "LayerNorm")
+        and not getattr(c, "shared_attention_norm", False)
+    )
+    if not simple:
+        import torch
+        from litgpt.model import GPT
+
+        with torch.device("meta"):
+            model = GPT(c)
+        return sum(p.numel() for p in model.parameters()), model.transformer.wte.weight.numel()
+    d, hs, inter = c.n_embd, c.head_size, c.intermediate_size
+    q, kv = c.n_head * hs, c.n_query_groups * hs
+    bias = 1 if c.bias else 0
+    attn_bias = 1 if (c.bias or getattr(c, "attn_bias", False)) else 0
+    attn = d * (q + 2 * kv) + attn_bias * (q + 2 * kv) + q * d + bias * d
+    if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP"):
+        mlp = 3 * d * inter + bias * (2 * inter + d)
+    else:
+        mlp = 2 * d * inter + bias * (inter + d)
+    norm = d * (2 if c.norm_class_name == "LayerNorm" else 1)
+    layer = attn + mlp + 2 * norm
+    emb = c.padded_vocab_size * d
+    head = c.padded_vocab_size * d + (c.padded_vocab_size if getattr(c, "lm_head_bias", False) else 0)
+    return c.n_layer * layer + norm + emb + head, emb
+
+
+def load_config(checkpoint_dir):
+    """The litgpt Config of a checkpoint directory (its model_config.yaml, else litgpt's config of its name).
+
+    Reads litgpt's ``config.py`` on its own (it imports nothing of litgpt), so planning does not pay for importing
+    torch and Lightning: ~50 ms instead of ~4 s.
+    """
+    if "litgpt" in sys.modules:
+        from litgpt.config import Config
+    else:
+        mod = sys.modules.get("tunelab._litgpt_config")
+        if mod is None:
+            spec = importlib.util.find_spec("litgpt")
+            path = Path(next(iter(spec.submodule_search_locations))) / "config.py"
+            spec = importlib.util.spec_from_file_location("tunelab._litgpt_config", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["tunelab._litgpt_config"] = mod
+            spec.loader.exec_module(mod)
+        Config = mod.Config
+    ckpt = Path(checkpoint_dir)
+    cfg_file = ckpt / "model_config.yaml"
+    if cfg_file.is_file():  # read as plain data here (litgpt's Config.from_file would pass anything to Config)
+        raw = yaml_input.load_mapping(cfg_file, "model_config.yaml")
+        unknown = set(raw) - {f.name for f in dataclasses.fields(Config)}
+        if unknown:
+            raise InputError(
+                f"{cfg_file}: unknown key(s) {sorted(unknown)[:5]}: not fields of litgpt's Config; "
+                "fix: use the model_config.yaml `litgpt download` writes"
+            )
+        try:
+            return Config(**raw)
+        except Exception as e:  # noqa: BLE001 - litgpt's __post_init__ does arithmetic on whatever it is given
+            raise InputError(
+                f"{cfg_file}: litgpt's Config refuses it ({type(e).__name__}: {e}); fix: use the "
+                "model_config.yaml `litgpt download` writes"
+            ) from None
+    try:
+        return Config.from_name(ckpt.name)
+    except ValueError:
+        raise InputError(
+            f"{checkpoint_dir}: {ckpt.name!r} is not a model litgpt knows and the "
+            "directory holds no model_config.yaml; fix: name a litgpt config (checkpoints/<org>/<name> as "
+            "`litgpt download` writes it, e.g. checkpoints/meta-llama/Llama-2-7b-hf) or a downloaded "
+            "checkpoint"
+        ) from None
+
+
+def lora_param_count(config, r: int, targets=LORA_TARGETS) -> int:
+    """Trainable parameters LoRA adds for rank ``r`` on ``targets`` (names of litgpt's ``lora_*`` switches that are
+    on: tunelab.settings.LORA_TARGETS)."""
+    targets = set(targets)
+    d, L = config.n_embd, config.n_layer
+    q = config.n_head * config.head_size
+    kv = config.n_query_groups * config.head_size
+    per_layer = 0
+    if "query" in targets:
+        per_layer += r * (d + q)
+    if "key" in targets:
+        per_layer += r * (d + kv)
+    if "value" in targets:
+        per_layer += r * (d + kv)
+    if "projection" in targets:
+        per_layer += r * (q + d)
+    if "mlp" in targets:
+        n_mlp = 3 if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 2
+        per_layer += n_mlp * r * (d + config.intermediate_size)
+    head = r * (d + config.padded_vocab_size) if "head" in targets else 0
+    return L * per_layer + head

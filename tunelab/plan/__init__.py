@@ -1,0 +1,1 @@
+"""Plan: predict memory, fit, runtime and energy of a recipe before launch (no GPU needed)."""

@@ -1,0 +1,165 @@
+"""What autograd keeps for backward in litgpt's models, derived from the ``Config`` (no LLaMA assumptions).
+
+Bytes per block and for the head, for ``n = micro x T`` tokens, ``s`` = activation dtype bytes. Each term is a
+tensor litgpt's code saves (the op that saves it in brackets), counted once per storage, as
+``tunelab.plan.measure`` counts them on a real forward (``tests/test_activations.py`` compares the two for
+13 model families, full and LoRA; ``reports/planner-families/``):
+
+Norms (``config.norm_class_name``):
+  * litgpt ``RMSNorm`` computes in fp32: the fp32 copy of its input (4d) [pow, mul], ``rsqrt`` (4) [mul], the
+    fp32 weight (4d, once per norm, not per token) [mul]; when the weight trains (full), the fp32 normalised value
+    (4d) [mul by the weight]. A 32-bit model's input is already fp32: the "copy" is its input (still 4d, once).
+  * ``LayerNorm`` (torch's native kernel): its input (s d) and mean and rstd (per token: 2 x 4 bytes on CUDA, 2 x s
+    on CPU) [native_layer_norm].
+  * ``norm_1``; ``norm_2`` unless ``shared_attention_norm``; ``post_attention_norm`` / ``post_mlp_norm`` (Gemma 2)
+    normalise the attention / MLP output (their output feeds a residual add, not a linear: nothing more kept).
+Linear inputs: a linear whose weight trains keeps its input (s x in_features) [mm / addmm]; inputs shared by
+  several linears are one storage (qkv, fc_1 and fc_2 read one normalised input; with a shared attention norm the
+  MLP reads it too). A frozen linear keeps nothing for its weight.
+Attention, fused SDPA (flash / memory-efficient on CUDA; torch's CPU flash kernel saves the same): q and k after
+  RoPE (partial rotary: a concatenation, still one new tensor each), v, the output (s x n_head x head_size each;
+  with grouped-query or multi-query attention k and v are expanded to every head first), the fp32 log-sum-exp
+  (4 x n_head). Multi-head attention's v is a view of the fused qkv output, which stays alive whole:
+  s x (n_head + 2 n_query_groups) x head_size instead of v alone. The output's reshaped copy is the projection's input.
+Attention with logit softcapping (Gemma 2): litgpt's math path on every device: q and k (expanded) [bmm], the
+  tanh of the scaled scores (s x n_head x T per token) [tanh], the fp32 softmax (4 x n_head x T) [softmax], its
+  cast to the dtype (s x n_head x T) and v [bmm]: quadratic in T.
+MLP (``config.mlp_class_name``): ``LLaMAMLP`` (SwiGLU) and ``GemmaMLP`` (GeGLU): fc_1 out (the activation's input),
+  the activation's output and fc_2 out (the product's inputs): 3 s I, + the product (s I) as the projection's
+  input when it trains. ``GptNeoxMLP``: fc out (the GELU's input) s I + the GELU output (s I, the projection's input
+  when it trains; LoRA: the adapter's dropout reads it instead).
+LoRA, per adapted linear (litgpt.lora): the dropout mask (1 byte per input element on CUDA's fused dropout; on CPU
+  torch multiplies by a mask in the input dtype: s), the dropout output (s x in_features) [lora_A], lora_A's
+  output (s x r) [lora_B]. The fused qkv has one dropout (and one lora_A output of r per enabled q, k, v);
+  fc_1 and fc_2 each have their own dropout on the same input.
+Head (outside the blocks): the final norm, the lm_head input when it trains, and the loss: litgpt's chunked
+  cross-entropy keeps each chunk's log-softmax (s x V for T-1 positions per sequence) and the targets; Gemma 2's
+  final softcapping adds the tanh (s x V). A frozen embedding (LoRA) makes block 0 keep less (its norm's input
+  needs no gradient): the first block is counted apart.
+
+Not modelled (said where a plan uses them): mixed precision under autocast (the planner keeps its older
+approximation; CPU autocast differs from CUDA's so it is not measured here), mixture-of-experts MLPs, latent
+attention, an explicit attention mask (sequences longer than a sliding window).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+
+
+@dataclass
+class SavedBytes:
+    """Bytes autograd keeps: per block, for the first block, and for the head and loss."""
+
+    per_layer: float
+    """A block after the first (its input carries a gradient)."""
+    first_layer: float
+    head: float
+    """Final norm, lm_head input, loss (the logits themselves and their gradient are a peak term, not saved)."""
+    notes: tuple = ()
+
+    def total(self, n_layer: int) -> float:
+        return self.first_layer + self.per_layer * (n_layer - 1) + self.head
+
+
+def saved_bytes(
+    c,
+    method: str,
+    s: int,
+    micro: int,
+    seq: int,
+    targets=LORA_TARGETS,
+    lora_r: int = LITGPT_LORA_R,
+    device: str = "cuda",
+) -> SavedBytes:
+    """Bytes autograd keeps for ``micro`` sequences of ``seq`` tokens (see the module docstring); ``targets``: the
+    names of the LoRA targets that are on."""
+    full = method == "full"
+    on = set(targets)
+
+    def lora(k: str) -> bool:
+        return not full and k in on
+
+    n = micro * seq
+    d, inter, hs, nh, ng = c.n_embd, c.intermediate_size, c.head_size, c.n_head, c.n_query_groups
+    qw = nh * hs
+    mask_b = 1 if device == "cuda" else s
+    notes = []
+    gated = c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
+
+    def norm(weight_trains: bool, input_needs_grad: bool = True) -> float:
+        if not (weight_trains or input_needs_grad):
+            return 0  # nothing needs a gradient through it (LoRA's first block: a frozen embedding feeds it)
+        if c.norm_class_name == "LayerNorm":
+            return (s * d + 2 * (4 if device == "cuda" else s)) * n
+        if c.norm_class_name != "RMSNorm":
+            notes.append(f"norm {c.norm_class_name}: counted as RMSNorm")
+        return (4 * d + 4) * n + 4 * d + (4 * d * n if weight_trains else 0)
+
+    def lora_in(width: int, outs: int = 1, input_needs_grad: bool = True) -> float:
+        """dropout mask (only when its input needs a gradient) + dropout output + lora_A output(s)"""
+        return ((mask_b if input_needs_grad else 0) + s) * width * n + s * lora_r * outs * n
+
+    def block(first: bool) -> float:
+        grad_in = full or not first  # LoRA's first block: its input (a frozen embedding's output) needs no gradient
+        b = norm(full, input_needs_grad=grad_in)
+        qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))
+        if full:
+            b += s * d * n  # the normalised input, kept by the qkv linear
+        elif qkv_targets:
+            b += lora_in(d, qkv_targets, input_needs_grad=grad_in)
+        if c.attention_logit_softcapping is not None:
+            b += 3 * s * qw * n  # q, k and v (k, v expanded to every head)
+            b += (2 * s + 4) * nh * seq * n  # tanh of the scores, fp32 softmax, its cast: T per head per token
+        else:
+            if ng == nh:  # MHA: k roped (a new tensor), v a view of the whole fused qkv output
+                kv = s * qw * n + s * (nh + 2 * ng) * hs * n
+            else:  # GQA / MQA: k and v expanded to every head
+                kv = 2 * s * qw * n
+            b += s * qw * n + kv + s * qw * n + 4 * nh * n  # q, k and v, the output, fp32 log-sum-exp
+        if full:
+            b += s * qw * n  # the output's reshaped copy: the projection's input
+        elif lora("projection"):
+            b += lora_in(qw)
+        if c.post_attention_norm:
+            b += norm(full)
+        if not c.shared_attention_norm:
+            b += norm(full)
+            if full:
+                b += s * d * n  # norm_2's output: fc_1 / fc_2 input
+            elif lora("mlp"):
+                b += lora_in(d) * (2 if gated else 1)
+        elif lora("mlp"):
+            b += lora_in(d, input_needs_grad=grad_in) * (2 if gated else 1)
+        if gated:
+            b += 3 * s * inter * n
+            if full:
+                b += s * inter * n
+            elif lora("mlp"):
+                b += lora_in(inter)
+        elif c.mlp_class_name == "GptNeoxMLP":
+            b += s * inter * n  # the GELU's input
+            if full:
+                b += s * inter * n
+            elif lora("mlp"):
+                b += lora_in(inter)
+        else:
+            notes.append(f"MLP {c.mlp_class_name}: not modelled (counted as SwiGLU)")
+            b += 4 * s * inter * n
+        if c.post_mlp_norm:
+            b += norm(full)
+        return b
+
+    per = block(first=False)
+    first = block(first=True)
+    v = c.padded_vocab_size
+    head = norm(full) + (s * d * n if full else (lora_in(d) if lora("head") else 0))
+    positions = micro * (seq - 1)
+    head += s * v * positions + 8 * positions  # log-softmax per chunk, int64 targets
+    if c.final_logit_softcapping is not None:
+        head += s * v * positions  # tanh of the logits
+    if c.attention_logit_softcapping is not None:
+        notes.append("attention softcapping: scores kept (T x T per head), on every device")
+    return SavedBytes(per_layer=per, first_layer=first, head=head, notes=tuple(dict.fromkeys(notes)))

@@ -1,0 +1,294 @@
+"""Count what autograd really keeps for backward in one training forward of litgpt's own model, on this CPU.
+
+The planner's activation term is arithmetic over the ``Config``; this module is the measurement that checks it,
+for any model litgpt knows (``tunelab plan --measure``, ``tunelab measure-activations``, the per-family report):
+
+* the real module classes: ``litgpt.GPT`` (full) or ``litgpt.lora.GPT`` (LoRA / QLoRA adapters), built from the
+  model's ``Config`` at full width with only ``layers`` blocks (default 2), so that 7B-13B shapes fit in this
+  machine's memory: what one block keeps does not depend on how many blocks follow it; the weights are left
+  uninitialised-then-zeroed (their values do not change what is saved, and building is instant);
+* the real loss path of litgpt's finetune scripts: full -> ``chunked_cross_entropy(logits[..., :-1, :], ...)``;
+  LoRA -> ``model(x, lm_head_chunk_size=128)`` then ``chunked_cross_entropy`` over the chunk list;
+* the fused attention CUDA uses: on CPU, ``F.scaled_dot_product_attention`` with ``is_causal`` dispatches to
+  torch's CPU flash kernel, which keeps what the CUDA flash kernel keeps (q, k, v, the output and the fp32
+  log-sum-exp; not the T x T matrix). Models with attention softcapping (Gemma 2) take litgpt's own math path on
+  every device and keep the scores: that is counted too;
+* ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor saved for backward; each is counted once per
+  storage (views of one buffer share it) at its storage's size, parameters and buffers excluded (they are model
+  states, not activations), attributed to the block being run when it was first saved, or to the head and loss.
+
+Only the forward is run (everything autograd keeps is saved by then); no backward, no optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tunelab.plan.activations import saved_bytes
+from tunelab.plan.memory import dtype_bytes
+from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+
+DTYPES = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}
+"""Precisions measured as litgpt runs them (weights and activations in that dtype). Mixed precision (autocast) is
+not measured here: CPU autocast keeps different ops in fp32 than CUDA's does."""
+
+
+@dataclass
+class Measurement:
+    """What one real forward kept for backward, per built block and for the head and loss (bytes)."""
+
+    model: str
+    method: str
+    precision: str
+    micro_batch_size: int
+    seq_len: int
+    layers_built: int
+    per_layer_bytes: list[int]
+    """Bytes first saved inside each built block (block input included: the previous block's output)."""
+    head_bytes: int
+    """Bytes saved outside the blocks: final norm, lm_head (chunked for LoRA), cross-entropy."""
+    tensors: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def per_layer_mean(self) -> float:
+        return sum(self.per_layer_bytes) / len(self.per_layer_bytes)
+
+    def total_for(self, n_layer: int) -> float:
+        """The whole model's activations: the mean block times ``n_layer``, plus the head and loss."""
+        return self.per_layer_mean * n_layer + self.head_bytes
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "method": self.method,
+            "precision": self.precision,
+            "micro_batch_size": self.micro_batch_size,
+            "seq_len": self.seq_len,
+            "layers_built": self.layers_built,
+            "per_layer_bytes": self.per_layer_bytes,
+            "per_layer_mean_bytes": self.per_layer_mean,
+            "head_bytes": self.head_bytes,
+            "tensors": self.tensors,
+            "seconds": round(self.seconds, 2),
+            "notes": self.notes,
+        }
+
+
+def lora_config(config, r: int, alpha: int, dropout: float, targets=LORA_TARGETS):
+    """litgpt.lora.Config of ``config`` with the adapters on ``targets`` (names of tunelab.settings.LORA_TARGETS)."""
+    from litgpt.lora import Config as LoRAConfig
+
+    base = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+    return LoRAConfig(
+        **base,
+        lora_r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        **{f"lora_{k}": k in set(targets) for k in LORA_TARGETS},
+    )
+
+
+def measure(
+    config,
+    method: str = "full",
+    precision: str = "bf16-true",
+    micro_batch_size: int = 1,
+    seq_len: int = 128,
+    layers: int = 2,
+    lora_r: int = LITGPT_LORA_R,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.05,
+    targets=LORA_TARGETS,
+) -> Measurement:
+    """One real training forward of ``config`` (a litgpt Config) with ``layers`` blocks; see the module doc."""
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if precision not in DTYPES:
+        raise ValueError(
+            f"precision {precision!r}: measured are {', '.join(DTYPES)} (mixed precision is not: CPU "
+            "autocast differs from CUDA's)"
+        )
+    dtype = getattr(torch, DTYPES[precision])
+    t0 = time.perf_counter()
+    small = dataclasses.replace(config, n_layer=min(layers, config.n_layer))
+    lora = method in ("lora", "qlora")
+    if lora:
+        from litgpt.lora import GPT as LoRAGPT
+        from litgpt.lora import mark_only_lora_as_trainable
+
+        small = lora_config(small, lora_r, lora_alpha, lora_dropout, targets)
+        cls = LoRAGPT
+    else:
+        from litgpt import GPT as cls
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # parameters are created in the run's dtype (no fp32 copy first)
+    try:
+        with torch.device("meta"):
+            model = cls(small)
+    finally:
+        torch.set_default_dtype(default)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    model.max_seq_length = seq_len  # computes the rope cache for this length
+    if lora:
+        mark_only_lora_as_trainable(model)
+    else:
+        model.requires_grad_(True)
+    model.train()
+
+    skip = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
+    for t in (getattr(model, "cos", None), getattr(model, "sin", None)):
+        if isinstance(t, torch.Tensor):
+            skip.add(StorageWeakRef(t.untyped_storage()))
+    seen: set = set()
+    where = ["head"]
+    counts: dict[str, int] = {}
+    n_tensors = [0]
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            ref = StorageWeakRef(t.untyped_storage())
+            if ref not in skip and ref not in seen:
+                seen.add(ref)
+                counts[where[0]] = counts.get(where[0], 0) + t.untyped_storage().nbytes()
+                n_tensors[0] += 1
+        return t
+
+    hooks = []
+    for i, block in enumerate(model.transformer.h):
+        hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, f"block{i}")))
+        hooks.append(block.register_forward_hook(lambda m, a, o: where.__setitem__(0, "head")))
+    idx = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
+    targets_ids = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
+    kept = []
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if lora:
+                logits = model(idx, lm_head_chunk_size=128)
+                logits[-1] = logits[-1][..., :-1, :]
+                loss = chunked_cross_entropy(logits, targets_ids[..., 1:])
+            else:
+                logits = model(idx)
+                loss = chunked_cross_entropy(logits[..., :-1, :], targets_ids[..., 1:])
+            kept.append(loss)  # the graph (and what it saved) stays alive until counted
+    finally:
+        for h in hooks:
+            h.remove()
+    notes = []
+    if config.attention_logit_softcapping is not None:
+        notes.append("attention softcapping: scores kept (T x T per head), on every device")
+    per_layer = [counts.get(f"block{i}", 0) for i in range(small.n_layer)]
+    return Measurement(
+        model=config.name,
+        method=method,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        layers_built=small.n_layer,
+        per_layer_bytes=per_layer,
+        head_bytes=counts.get("head", 0),
+        tensors=n_tensors[0],
+        seconds=time.perf_counter() - t0,
+        notes=notes,
+    )
+
+
+FAMILIES = (
+    "tiny-llama-1.1b",
+    "open_llama_7b",
+    "Llama-2-7b-hf",
+    "Llama-3-8B",
+    "Llama-3.2-1B",
+    "Mistral-7B-v0.1",
+    "gemma-2b",
+    "gemma-7b",
+    "gemma-2-2b",
+    "phi-2",
+    "Phi-3-mini-4k-instruct",
+    "falcon-7b",
+    "stablelm-3b-4e1t",
+)
+"""One litgpt config per model family the planner is checked on (LLaMA 1/2/3/3.2, Mistral, Gemma 1 and 2, Phi-2
+and Phi-3, Falcon, StableLM)."""
+
+
+def compare(
+    config,
+    method: str,
+    precision: str = "bf16-true",
+    micro_batch_size: int = 1,
+    seq_len: int = 128,
+    lora_r: int = LITGPT_LORA_R,
+    targets=LORA_TARGETS,
+) -> dict:
+    """The planner's saved-activation bytes (tunelab.plan.activations, counted as on this CPU: dropout masks in the
+    activation dtype) beside the measurement, per block and for the head; errors relative to the measurement."""
+    s = dtype_bytes(precision)
+    m = measure(config, method, precision, micro_batch_size, seq_len, layers=2, lora_r=lora_r, targets=targets)
+    p = saved_bytes(
+        config, "full" if method == "full" else "lora", s, micro_batch_size, seq_len, targets, lora_r, device="cpu"
+    )
+    total_m = m.per_layer_bytes[0] + m.per_layer_bytes[1] * (config.n_layer - 1) + m.head_bytes
+    total_p = p.total(config.n_layer)
+    err = lambda a, b: (a - b) / b if b else None  # noqa: E731
+    return {
+        "model": config.name,
+        "method": method,
+        "precision": precision,
+        "micro_batch_size": micro_batch_size,
+        "seq_len": seq_len,
+        "n_layer": config.n_layer,
+        "measured_first_block": m.per_layer_bytes[0],
+        "planned_first_block": p.first_layer,
+        "measured_block": m.per_layer_bytes[1],
+        "planned_block": p.per_layer,
+        "measured_head": m.head_bytes,
+        "planned_head": p.head,
+        "measured_total": total_m,
+        "planned_total": total_p,
+        "error_block": err(p.per_layer, m.per_layer_bytes[1]),
+        "error_head": err(p.head, m.head_bytes),
+        "error_total": err(total_p, total_m),
+        "seconds": round(m.seconds, 1),
+        "notes": "; ".join(dict.fromkeys([*m.notes, *p.notes])),
+    }
+
+
+def compare_in_child(
+    name: str,
+    method: str,
+    precision: str = "bf16-true",
+    micro_batch_size: int = 1,
+    seq_len: int = 128,
+    timeout_s: float = 900,
+) -> dict:
+    """:func:`compare` for a litgpt config name in a fresh process: each model's memory goes back to the system when
+    it ends (one long process measuring 13 families grows until the kernel kills it on a 24 GiB machine)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "tunelab.plan.measure", name, method, precision, str(micro_batch_size), str(seq_len)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        raise RuntimeError(f"measuring {name} {method} failed: {tail}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # python -m tunelab.plan.measure NAME METHOD PRECISION MICRO SEQ -> one JSON line
+    from litgpt import Config
+
+    name, method, precision, micro, seq = sys.argv[1:6]
+    print(json.dumps(compare(Config.from_name(name), method, precision, int(micro), int(seq))))

@@ -1,0 +1,519 @@
+"""Predict peak GPU memory, fit, FLOPs, runtime and energy of a recipe before launch, from arithmetic alone.
+
+Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = micro_batch x sequence length):
+
+* weights: P x s (bf16-true 2, 32-true 4; mixed precision keeps fp32 weights, 4). QLoRA: the linear layers in
+  NF4, 0.5 byte/param plus one fp32 absmax per 64-weight block (0.0625 byte/param; nf4-dq: 8-bit absmax + fp32
+  per 256 blocks), embedding kept in the compute dtype.
+* gradients of the trainable parameters: P_train x s_param. Without accumulation they are created during the
+  backward pass while activations are freed, so the peak holds max(activations, gradients); with accumulation
+  they persist from the first micro batch, so they add.
+* optimizer states: AdamW 2 per trainable parameter in the parameter dtype (bf16-true: bf16 states), SGD with
+  momentum 1, plain SGD none; bitsandbytes 8-bit Adam 2 bytes; bitsandbytes paged optimizers (litgpt's QLoRA
+  PagedAdamW) live in CUDA unified memory, outside torch's allocator (not in "allocated").
+* mixed precision: autocast caches a 16-bit copy of every trainable weight during forward (+2 bytes/param).
+* activations: what autograd keeps for backward, derived op by op from the model's litgpt Config for any family
+  (RMSNorm / LayerNorm, SwiGLU / GeGLU / GELU MLPs, multi-head / grouped / multi-query attention, partial rotary,
+  parallel residual, shared and post norms, attention and final-logit softcapping, LoRA's dropout and adapter
+  inputs, a frozen embedding's first block): ``tunelab/plan/activations.py``, checked against a real forward of
+  litgpt's own model per family (``tunelab plan-families``, ``tunelab plan --measure``). Activation checkpointing
+  keeps each block's input (s d per token) plus one block recomputed at a time. Mixed precision (autocast) keeps
+  the older LLaMA-shaped approximation (not derived: said in the plan's notes).
+* logits and loss: the loss's saved tensors (litgpt's chunked cross-entropy keeps each chunk's log-softmax) plus
+  what is alive beside them when backward starts: the logits litgpt's loop still holds and, for full fine-tuning,
+  their gradient (3 x N_tok x V x s in all); LoRA's chunked head: 2 x N_tok x V x s.
+* QLoRA, from the code (Lightning's BitsandbytesPrecision and litgpt's loading, bitsandbytes 0.50): on one device
+  the model is built under ``fabric.init_module`` with every ``torch.nn.Linear`` replaced by an NF4 layer that
+  quantizes itself in ``__init__`` on CUDA, and ``load_checkpoint`` streams the memory-mapped weights through a
+  load hook that quantizes each one (``weight.to(cuda, float16)`` then ``quantize_4bit``): the bf16 model never sits
+  on the GPU, one layer's 16-bit copy at a time does (the measured peak right after loading, 1.3-1.8 GB for
+  TinyLlama and 5.6-6.0 GB for OpenLLaMA 7B, is far below the training peak, so loading never sets it). In training,
+  ``MatMul4Bit`` keeps only the packed weight for backward (no activation beyond LoRA's), but every forward and
+  backward matmul dequantizes its weight to a 16-bit temporary (``dequantize_4bit``, then a cast to the compute
+  dtype): the largest is the lm_head (V x d: 0.13 GB for TinyLlama, 0.26 GB for 7B, once per 128-token chunk of
+  litgpt's chunked head), which accounts for up to about half of the measured QLoRA extra below; the rest stays a
+  measured term (QLORA_EXTRA_BYTES), not attributed to a buffer.
+* CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, ALLOCATOR_SLACK = 1.05:
+  PyTorch typically reserves 5-15% above what it allocates) decide the fit, not the allocated peak alone.
+
+Strategies divide the model states: DDP adds gradient buckets (a second copy of the gradients); FSDP
+FULL_SHARD shards weights, gradients and optimizer states (plus one unsharded block in flight), SHARD_GRAD_OP
+shards gradients and states, HYBRID_SHARD shards within a node, NO_SHARD is DDP; DeepSpeed ZeRO-1/2/3 shard
+states / + gradients / + weights and keep fp32 master weights and fp32 Adam states (12 bytes/param) whatever the
+training precision; offload moves optimizer states (and with ZeRO-3 parameters) to host RAM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field
+
+from tunelab import hardware
+from tunelab.models import count_params, lora_param_count
+from tunelab.plan import activations
+from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
+
+GiB = 2**30
+CUDA_CONTEXT_BYTES = int(0.5 * GiB)
+"""The CUDA context a process holds outside torch's allocator (outside "allocated" and "reserved")."""
+ALLOCATOR_SLACK = 1.05
+"""Reserved / allocated at the peak: the caching allocator keeps some blocks it cannot reuse (5-15% typically)."""
+EDGE_FRACTION = 0.02
+"""A verdict whose margin is within 2% of the GPU's memory is 'at the edge': the caching allocator's fragmentation
+decides it, and the planner cannot (measured on an H100: reserved / allocated 1.05-1.40 at the peak of runs that
+fit; s1 ran out of memory with 7.84 GiB reserved but unallocated)."""
+QLORA_EXTRA_BYTES = int(0.812e9)
+"""The constant part of QLoRA's measured extra (see :data:`QLORA_EXTRA_PER_PARAM` for the fit and its cause)."""
+QLORA_EXTRA_PER_PARAM = 0.0822
+"""Bytes per quantized parameter of QLoRA's measured extra. QLoRA (bnb.nf4) peaks measured on an NVIDIA H100
+(reports/2026-11-23-qlora-memory-h100) sit above the sum of the other terms by 0.84-1.02 GB for TinyLlama (4 runs:
+micro 2 and 4, LoRA on all layers and on query/value) and 1.32-1.40 GB for OpenLLaMA 7B (2 runs); refit with
+`python scripts/fit_qlora_extra.py <unpacked records>` as QLORA_EXTRA_BYTES (0.812 GB) + 0.0822 bytes per quantized
+parameter (worst residual after the fit 0.12 GB). Part of it is not quantization's: the same LoRA runs without
+quantization sit 0.32-0.66 GB above the plan too (a LoRA peak term not yet attributed, also seen as the lab's s10 at
+-5%); dequantized 16-bit weight temporaries (the module docstring) account for some of the rest. The load phase
+does not set the peak (peak allocated at the first training batch: 1.3-1.8 GB for TinyLlama, 5.6-6.0 GB for 7B,
+against peaks of 3.4-6.8 and 13.4-21.0 GB)."""
+STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
+"""How the model states are divided (what :func:`predict` models)."""
+SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+"""FSDP sharding strategies."""
+
+
+def dtype_bytes(precision: str) -> int:
+    """Bytes per element of a Lightning precision's training dtype (bf16 / 16: 2, 64: 8, else 4)."""
+    p = str(precision)
+    if p.startswith("bf16") or p.startswith("16"):
+        return 2
+    if p.startswith("64"):
+        return 8
+    return 4
+
+
+def four_bit_bytes_per_param(quantize: str) -> float:
+    """Bytes per quantized weight of bnb.nf4 / bnb.fp4: 4 bits plus one fp32 absmax per 64-weight block; with
+    double quantization (``-dq``) the absmax is 8-bit with an fp32 scale per 256 blocks."""
+    return 0.5 + (1 / 64 + 4 / (64 * 256) if quantize.endswith("-dq") else 4 / 64)
+
+
+@dataclass
+class PlanInput:
+    """Everything the model needs (built from a recipe's Settings by tunelab.plan.recipe, or given directly)."""
+
+    config: object
+    """litgpt Config of the model."""
+    method: str = "full"
+    """full, lora or qlora."""
+    precision: str = "bf16-true"
+    """Lightning precision string."""
+    quantize: str | None = None
+    """bitsandbytes quantization (bnb.nf4, ...) or None."""
+    micro_batch_size: int = 1
+    """Samples per device per forward/backward."""
+    seq_len: int = 512
+    """Sequence length of the peak batch (the recipe's max_seq_length, or the dataset's longest sample)."""
+    accumulation: int = 1
+    """Micro batches per optimizer step per device."""
+    optimizer: str = "AdamW"
+    """Optimizer class name as built (AdamW, SGD, bnb AdamW8bit / PagedAdamW; QLoRA: PagedAdamW)."""
+    momentum: float = 0.0
+    """SGD momentum (an SGD with momentum keeps one state per parameter)."""
+    lora_r: int = LITGPT_LORA_R
+    """LoRA rank (litgpt's default 8)."""
+    lora_targets: tuple = LORA_TARGETS
+    """Names of the LoRA targets that are on (tunelab.settings.LORA_TARGETS)."""
+    strategy: str = "single"
+    """One of STRATEGIES."""
+    devices: int = 1
+    """Devices per node."""
+    num_nodes: int = 1
+    """Nodes."""
+    sharding: str = "FULL_SHARD"
+    """FSDP sharding strategy (SHARDING)."""
+    zero_stage: int = 3
+    """DeepSpeed ZeRO stage."""
+    offload_optimizer: bool = False
+    """Optimizer states (and master weights) in host RAM."""
+    offload_params: bool = False
+    """Parameters in host RAM."""
+    activation_checkpointing: bool = False
+    """Keep only each block's input; recompute one block at a time in backward."""
+    fsdp_wrap: str = "block"
+    """FSDP units: 'block' (each transformer block, litgpt's policy) or 'none' (the whole model one unit, Lightning's
+    default when no auto_wrap_policy is given: every parameter is gathered for the whole forward and backward)."""
+    attention_math: bool = False
+    """SDPA falls back to the math kernel (scores materialised): bf16 on a GPU without bf16 (V100, T4)."""
+    fused_optimizer: bool = False
+    """torch's fused Adam/AdamW kernel updates in place: no parameter-sized temporary during the step."""
+    compiled: bool = False
+    """Transformer blocks compiled (torch.compile): planned as eager, an upper bound (inductor's partitioner
+    recomputes cheap ops in backward instead of saving them)."""
+
+    @property
+    def world(self) -> int:
+        return world_size(self.devices, self.num_nodes)
+
+    @property
+    def lora(self) -> bool:
+        return self.method != "full"
+
+
+@dataclass
+class Plan:
+    """The prediction: a breakdown that sums to the peak, the verdict and the throughput projection."""
+
+    model: str
+    method: str
+    precision: str
+    strategy: str
+    devices: int
+    micro_batch_size: int
+    seq_len: int
+    params: int
+    trainable_params: int
+    breakdown_bytes: dict
+    """Per-device allocated bytes by component; sums to peak_allocated_bytes."""
+    peak_allocated_bytes: int
+    """Predicted peak of torch.cuda.max_memory_allocated per device (what litgpt prints as Memory Used)."""
+    predicted_reserved_bytes: int
+    """peak x allocator slack."""
+    cuda_context_bytes: int
+    host_ram_bytes: int
+    """Host RAM for offloaded states (0 without offload)."""
+    gpu: str | None = None
+    gpu_memory_bytes: int | None = None
+    fits: bool | None = None
+    margin_bytes: int | None = None
+    """GPU memory left after reserved + context (negative: short by that much)."""
+    edge: bool = False
+    """The margin is within EDGE_FRACTION of the GPU's memory: fits or not is decided by fragmentation."""
+    max_micro_batch_size: int | None = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def peak_memory_gb(self) -> float:
+        return self.peak_allocated_bytes / 1e9
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["peak_memory_gb"] = round(self.peak_memory_gb, 3)
+        d["breakdown_gb"] = {k: round(v / 1e9, 3) for k, v in self.breakdown_bytes.items()}
+        d["margin_gb"] = None if self.margin_bytes is None else round(self.margin_bytes / 1e9, 3)
+        d["host_ram_gb"] = round(self.host_ram_bytes / 1e9, 3)
+        return d
+
+
+def _mixed_activations_per_token_layer(c, lora: bool, s: int, ckpt: bool, targets) -> float:
+    """Bytes autograd keeps per token and per block under autocast (a LLaMA-shaped approximation, see the module
+    docstring)."""
+    d, inter = c.n_embd, c.intermediate_size
+    q_width = c.n_head * c.head_size
+    if ckpt:
+        return s * d  # only the block input; one block is recomputed at a time (added separately)
+    mha = c.n_query_groups == c.n_head
+    attn = (7 if mha else 5) * s * q_width
+    if not lora:
+        norms = 2 * (4 * d + 4 * d + s * d)
+        mlp = 4 * s * inter
+        adapters = 0
+    else:
+        norms = 2 * (4 * d)
+        mlp = 3 * s * inter
+        adapters = 0
+        drop = s + 1  # dropout output + bool mask per element
+        adapters += drop * d if any(k in targets for k in ("query", "key", "value")) else 0
+        adapters += drop * q_width if "projection" in targets else 0
+        adapters += (2 * drop * d + drop * inter) if "mlp" in targets else 0
+    if c.mlp_class_name not in ("LLaMAMLP", "GemmaMLP"):  # GptNeoxMLP: fc out + gelu out (+ saved input)
+        mlp = 2 * s * inter
+    return norms + attn + mlp + adapters
+
+
+@dataclass
+class _States:
+    """The model states of one configuration before they are divided among devices (bytes, all devices)."""
+
+    total: int
+    """All parameters."""
+    emb: int
+    """Token-embedding parameters."""
+    trainable: int
+    weights: float
+    lora_weights: float
+    grads: float
+    optimizer: float
+    """Optimizer states (AdamW moments, ...)."""
+    master: float
+    """fp32 master weights (DeepSpeed)."""
+    step_temp: float
+    """The optimizer step's temporary (torch's foreach AdamW: one parameter-sized buffer)."""
+    autocast_cache: float
+    """Mixed precision: autocast's 16-bit copy of every trainable weight."""
+    s_param: int
+    """Bytes per parameter element."""
+
+
+def _model_states(x: PlanInput, notes: list) -> _States:
+    """Step 1: weights (quantized or not), gradients, optimizer states, master weights, step temporaries."""
+    c = x.config
+    total, emb = count_params(c)
+    mixed = "mixed" in str(x.precision)
+    s_param = 4 if mixed else dtype_bytes(x.precision)
+    trainable = lora_param_count(c, x.lora_r, x.lora_targets) if x.lora else total
+    quantize = x.quantize or ""
+    if quantize.startswith(("bnb.nf4", "bnb.fp4")):
+        linear = total - emb
+        per = four_bit_bytes_per_param(quantize)
+        weights = linear * per + emb * s_param
+        notes.append(f"{quantize}: linear weights {per:.4f} bytes/param (4-bit + block absmax)")
+    elif quantize == "bnb.int8-training":
+        weights = (total - emb) * 1.0 + emb * s_param
+    else:
+        weights = total * s_param  # the base model (LoRA adapters are counted apart)
+    lora_weights = trainable * s_param if x.lora else 0
+    grads = trainable * s_param
+    opt = x.optimizer.split(".")[-1]
+    if x.strategy == "deepspeed":
+        opt_bytes = trainable * 8  # fp32 Adam moments
+        master = trainable * 4 if s_param < 4 else 0
+        notes.append("DeepSpeed keeps fp32 master weights and fp32 optimizer states")
+    else:
+        master = 0
+        if "Paged" in opt:
+            opt_bytes = 0
+            notes.append(f"{opt}: states in CUDA unified memory, outside torch's allocator (not in 'allocated')")
+        elif "8bit" in opt:
+            opt_bytes = trainable * 2
+        elif opt.startswith("Adam") or opt in ("AdamW", "Adam"):
+            opt_bytes = trainable * 2 * s_param
+        elif opt == "SGD":
+            opt_bytes = trainable * s_param if x.momentum else 0
+        else:
+            opt_bytes = trainable * 2 * s_param
+            notes.append(f"optimizer {opt}: assumed 2 states per parameter")
+    # torch's foreach AdamW (the default on CUDA) allocates one parameter-sized temporary (sqrt of exp_avg_sq)
+    # during the step, on top of weights, gradients and states
+    step_temp = (
+        trainable * s_param
+        if (
+            opt.startswith("Adam")
+            and "8bit" not in opt
+            and "Paged" not in opt
+            and x.strategy != "deepspeed"
+            and not x.fused_optimizer
+        )
+        else 0
+    )
+    if x.fused_optimizer and opt.startswith("Adam"):
+        notes.append("fused AdamW: the update runs in place, no parameter-sized temporary")
+    if x.compiled:
+        notes.append("compiled blocks: activations planned as eager (an upper bound: inductor may save less)")
+    return _States(
+        total=total,
+        emb=emb,
+        trainable=trainable,
+        weights=weights,
+        lora_weights=lora_weights,
+        grads=grads,
+        optimizer=opt_bytes,
+        master=master,
+        step_temp=step_temp,
+        autocast_cache=trainable * 2 if mixed else 0,
+        s_param=s_param,
+    )
+
+
+def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
+    """Step 2: (activations, logits and loss) per device at the end of the forward pass."""
+    c = x.config
+    s_act = dtype_bytes(x.precision)
+    n_tok = x.micro_batch_size * x.seq_len
+    if "mixed" in str(x.precision):  # autocast: not derived op by op (LLaMA-shaped, checked on the lab's s5 only)
+        per_layer = _mixed_activations_per_token_layer(c, x.lora, s_act, x.activation_checkpointing, x.lora_targets)
+        acts = per_layer * c.n_layer * n_tok
+        if x.activation_checkpointing:  # one block recomputed at a time
+            acts += _mixed_activations_per_token_layer(c, x.lora, s_act, False, x.lora_targets) * n_tok
+        logits = n_tok * c.padded_vocab_size * (2 + 4 + 4) if not x.lora else 2 * n_tok * c.padded_vocab_size * 4
+        notes.append(
+            "mixed precision: activations from a LLaMA-shaped approximation (autocast is not derived "
+            "op by op; tunelab.plan.activations covers -true precisions)"
+        )
+    else:  # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
+        kind = "lora" if x.lora else "full"
+        saved = activations.saved_bytes(c, kind, s_act, x.micro_batch_size, x.seq_len, x.lora_targets, x.lora_r)
+        notes.extend(saved.notes)
+        if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
+            acts = s_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
+        else:
+            acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
+        # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
+        # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
+        # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
+        logits = saved.head + n_tok * c.padded_vocab_size * s_act * (2 if not x.lora else 1)
+    if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
+        acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
+    return acts, logits
+
+
+@dataclass
+class _PerDevice:
+    """Step 3's result: the model states one device holds under the strategy, and what lives on the host."""
+
+    weights: float
+    lora_weights: float
+    grads: float
+    optimizer: float
+    step_temp: float
+    extra: float
+    """Strategy buffers: DDP's gradient buckets, FSDP's unsharded block in flight, ZeRO-3's gathered blocks."""
+    host: float
+
+
+def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
+    """Step 3: the strategy's division of the model states among devices (and into host RAM for offload)."""
+    c, world = x.config, x.world
+    shard_w = shard_g = shard_o = 1
+    host = 0
+    extra = 0
+    block = (st.total - st.emb) / c.n_layer
+    if x.strategy == "ddp" or (x.strategy == "fsdp" and x.sharding == "NO_SHARD"):
+        extra = st.grads  # gradient buckets
+        notes.append("DDP: gradient buckets hold a second copy of the gradients")
+    elif x.strategy == "fsdp":
+        group = world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+        if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
+            shard_w = shard_g = shard_o = group
+            extra = block * st.s_param * 2  # one unsharded block's weights + its gradient in flight
+            if x.fsdp_wrap == "none":
+                extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
+                notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
+        if x.accumulation > 1 and x.sharding != "NO_SHARD":
+            extra += st.grads  # no_sync() during accumulation keeps unsharded gradients
+            notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
+        elif x.sharding == "SHARD_GRAD_OP":
+            shard_g = shard_o = group
+    elif x.strategy == "deepspeed":
+        if x.zero_stage >= 1:
+            shard_o = world
+        if x.zero_stage >= 2:
+            shard_g = world
+        if x.zero_stage >= 3:
+            shard_w = world
+            extra = block * st.s_param * 2
+    weights_dev = st.weights / shard_w
+    grads_dev = st.grads / shard_g
+    opt_dev = (st.optimizer + st.master) / shard_o
+    if x.offload_optimizer:
+        host += st.optimizer + st.master + st.trainable * 4  # states, master weights and fp32 gradients on the host
+        opt_dev = 0
+        grads_dev = min(grads_dev, block * st.s_param * 2)  # gradients stream out per bucket
+        notes.append("optimizer offload: states, master weights and their gradients in host RAM")
+    if x.offload_params:
+        host += st.weights
+        weights_dev = block * st.s_param * 2
+        notes.append("parameter offload: weights in host RAM, two blocks resident at a time")
+    return _PerDevice(
+        weights=weights_dev,
+        lora_weights=st.lora_weights / shard_w,
+        grads=grads_dev,
+        optimizer=opt_dev,
+        step_temp=0 if x.offload_optimizer else st.step_temp / shard_o,
+        extra=extra,
+        host=host,
+    )
+
+
+def _qlora_extra(x: PlanInput, st: _States, notes: list) -> float:
+    """Step 4: QLoRA's measured term (QLORA_EXTRA_BYTES + QLORA_EXTRA_PER_PARAM per quantized parameter)."""
+    if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
+        return 0
+    notes.append(
+        "QLoRA: + a measured term (bitsandbytes at training time, not attributed to one buffer; fitted "
+        "to 6 QLoRA runs on an H100 by scripts/fit_qlora_extra.py, see QLORA_EXTRA_PER_PARAM)"
+    )
+    return QLORA_EXTRA_BYTES + QLORA_EXTRA_PER_PARAM * (st.total - st.emb)
+
+
+def predict(x: PlanInput) -> Plan:
+    """The predicted peak allocated memory per device, as a breakdown that sums to it: model states (step 1),
+    divided by the strategy (step 3), plus the larger of two candidate peaks: the end of the forward pass
+    (activations and logits alive, step 2) or the optimizer step (gradients and the step's temporary)."""
+    notes: list = []
+    st = _model_states(x, notes)
+    acts, logits = _activations(x, notes)
+    dev = _divide(x, st, notes)
+    model_states = {
+        "weights": dev.weights,
+        "lora_weights": dev.lora_weights,
+        "optimizer_states": dev.optimizer,
+        "autocast_weight_cache": st.autocast_cache,
+        "sharding_buffers": dev.extra,
+        "qlora_measured_extra": _qlora_extra(x, st, notes),
+    }
+    # Without accumulation the gradients are created while the activations are freed, so the forward peak does
+    # not hold them; with accumulation they persist and add to both.
+    forward_peak = acts + logits + (dev.grads if x.accumulation > 1 else 0)
+    step_peak = dev.grads + dev.step_temp
+    if forward_peak >= step_peak:
+        parts = {
+            "gradients": dev.grads if x.accumulation > 1 else 0,
+            "activations": acts,
+            "logits_and_loss": logits,
+            "optimizer_step_temporary": 0,
+        }
+    else:
+        parts = {
+            "gradients": dev.grads,
+            "activations": 0,
+            "logits_and_loss": 0,
+            "optimizer_step_temporary": dev.step_temp,
+        }
+        notes.append("the peak is the optimizer step (gradients + the step's temporary), not the forward pass")
+    breakdown = {k: int(v) for k, v in {**model_states, **parts}.items()}
+    peak = sum(breakdown.values())
+    return Plan(
+        model=x.config.name,
+        method=x.method,
+        precision=x.precision,
+        strategy=x.strategy,
+        devices=x.world,
+        micro_batch_size=x.micro_batch_size,
+        seq_len=x.seq_len,
+        params=st.total,
+        trainable_params=st.trainable,
+        breakdown_bytes=breakdown,
+        peak_allocated_bytes=peak,
+        predicted_reserved_bytes=int(peak * ALLOCATOR_SLACK),
+        cuda_context_bytes=CUDA_CONTEXT_BYTES,
+        host_ram_bytes=int(dev.host),
+        notes=notes,
+    )
+
+
+def verdict(plan: Plan, gpu: hardware.GPU) -> Plan:
+    """Fill in the plan's fit verdict for ``gpu``: reserved + CUDA context against the memory CUDA exposes."""
+    plan.gpu, plan.gpu_memory_bytes = gpu.name, gpu.memory_bytes
+    need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
+    plan.margin_bytes = gpu.memory_bytes - need
+    plan.fits = plan.margin_bytes >= 0
+    plan.edge = abs(plan.margin_bytes) <= EDGE_FRACTION * gpu.memory_bytes
+    return plan
+
+
+def max_micro_batch(x: PlanInput, gpu: hardware.GPU, limit: int = 4096) -> int:
+    """The largest micro batch whose predicted reserved memory + context fits (0 if even 1 does not)."""
+
+    def fits(m):
+        return verdict(predict(dataclasses.replace(x, micro_batch_size=m)), gpu).fits
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

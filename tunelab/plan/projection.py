@@ -1,0 +1,166 @@
+"""Time and energy of a planned run: a range from an MFU range (or the measured MFU and power of the nearest run
+record, ``--calibrate``), and the point estimate of litgpt's "Training Time" (:mod:`tunelab.plan.runtime`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunelab import hardware
+from tunelab import record as record_mod
+from tunelab.models import lora_param_count
+from tunelab.plan import runtime
+from tunelab.plan.flops import flops_per_token
+from tunelab.plan.memory import PlanInput
+from tunelab.plan.recipe import PlannedRecipe, epoch_tokens, runtime_terms, tokens_per_sample_from_data
+
+DEFAULT_MFU_RANGE = (0.25, 0.55)
+"""The MFU range a projection assumes without a measurement."""
+
+
+@dataclass
+class Projection:
+    """The runtime and energy of a run: a range from an MFU range, and a point estimate (tunelab.plan.runtime)."""
+
+    tokens: float
+    """Tokens to process (padded), all devices."""
+    flops_per_token: float
+    flops_formula: str
+    mfu_low: float
+    mfu_high: float
+    mfu_source: str
+    """Where the MFU range comes from (a default range, or the calibration record)."""
+    peak_flops_per_device: float
+    seconds_low: float
+    seconds_high: float
+    power_w: float
+    power_source: str
+    energy_j_low: float
+    energy_j_high: float
+    energy_j_per_million_tokens_low: float
+    energy_j_per_million_tokens_high: float
+    seconds: float | None = None
+    """Point estimate of litgpt's "Training Time" for the run (tunelab.plan.runtime: compute + memory-bound work +
+    per-iteration overhead, constants fitted on the lab's A100 times), None without the GPU's bandwidth."""
+    seconds_band: tuple | None = None
+    """seconds x (1 -/+ the estimate's mean absolute leave-one-out error on the lab's rows)."""
+    seconds_source: str = ""
+
+
+def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int):
+    """The measured run nearest to this configuration (same model, method and precision first, then micro batch)."""
+    best, best_key = None, None
+    for path in Path(records_dir).rglob("record.json"):
+        try:
+            rec = record_mod.load(path)
+        except (ValueError, OSError):
+            continue
+        if rec.status != "ok" or rec.mfu is None:
+            continue
+        key = (
+            rec.model_name != model,
+            rec.method != method,
+            rec.precision != precision,
+            abs(math.log2(max(rec.micro_batch_size or 1, 1)) - math.log2(max(micro, 1))),
+        )
+        if best_key is None or key < best_key:
+            best, best_key = (rec, path), key
+    return best
+
+
+def project(
+    x: PlanInput,
+    gpu: hardware.GPU,
+    tokens: float,
+    calibrate_dir: Path | None = None,
+    mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
+    work=None,
+) -> Projection:
+    """The runtime and energy range from an MFU range (or a measured run's MFU), and with ``work`` (the run's
+    tunelab.plan.runtime.Terms) the point estimate."""
+    n_lora = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else 0
+    fpt = flops_per_token(x.config, x.seq_len, "full" if x.method == "full" else "lora", n_lora)
+    peak = gpu.peak_flops(x.precision, "high") or 0.0  # litgpt's CLI runs float32 matmuls as TF32
+    lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
+    power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
+    if calibrate_dir:
+        found = calibration(calibrate_dir, x.config.name, x.method, x.precision, x.micro_batch_size)
+        if found:
+            rec, path = found
+            lo = hi = rec.mfu
+            source = (
+                f"measured MFU {rec.mfu:.1%} of run {rec.sweep or ''}/{rec.row_id} ({rec.model_name} "
+                f"{rec.method} {rec.precision} micro {rec.micro_batch_size} on {rec.device_name}; {path})"
+            )
+            if rec.power_mean_w:
+                power = rec.power_mean_w / max(rec.device_count, 1)
+                power_source = f"measured mean {power:.0f} W per GPU in that run"
+    world = x.world
+    total_flops = fpt.total * tokens
+    rate = lambda m: m * peak * world  # noqa: E731
+    t_low = total_flops / rate(hi) if peak and hi else float("inf")
+    t_high = total_flops / rate(lo) if peak and lo else float("inf")
+    e_low, e_high = power * world * t_low, power * world * t_high
+    return Projection(
+        tokens=tokens,
+        flops_per_token=fpt.total,
+        flops_formula=fpt.formula,
+        mfu_low=lo,
+        mfu_high=hi,
+        mfu_source=source,
+        peak_flops_per_device=peak,
+        seconds_low=t_low,
+        seconds_high=t_high,
+        power_w=power,
+        power_source=power_source,
+        energy_j_low=e_low,
+        energy_j_high=e_high,
+        energy_j_per_million_tokens_low=e_low / tokens * 1e6 if tokens else 0.0,
+        energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
+        **_point_estimate(work, gpu, peak),
+    )
+
+
+def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
+    if work is None or not gpu.bandwidth_gbs or not peak:
+        return {
+            "seconds_source": "no point estimate: the GPU table has no bandwidth or peak for this precision"
+            if work is not None
+            else ""
+        }
+    secs = work.seconds(peak, gpu.bandwidth_gbs * 1e9)
+    e = runtime.LOO_MEAN_ABS_ERROR
+    return {
+        "seconds": secs,
+        "seconds_band": (secs * (1 - e), secs * (1 + e)),
+        "seconds_source": (
+            f"tunelab.plan.runtime fitted on the lab's A100 times (leave-one-out error mean "
+            f"{e:.0%}, worst {runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: "
+            f"{peak / 1e12:.0f} TFLOP/s, "
+            f"{gpu.bandwidth_gbs:.0f} GB/s; {work.detail['optimizer_steps']} optimizer steps, "
+            f"{work.detail['evaluations']} in-loop validations"
+        ),
+    }
+
+
+def project_recipe(
+    planned: PlannedRecipe,
+    gpu: hardware.GPU,
+    *,
+    tokens: float | None = None,
+    tokens_per_sample: float | None = None,
+    calibrate_dir: Path | None = None,
+    mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
+) -> tuple[Projection, str]:
+    """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
+    if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
+    measured on the recipe's data with its tokenizer when both are here, else the lab's figure)."""
+    s, x = planned.settings, planned.input
+    per_sample = tokens_per_sample or tokens_per_sample_from_data(s, x.micro_batch_size)
+    if tokens:
+        note = f"--tokens {tokens:,.0f}"
+    else:
+        tokens, note = epoch_tokens(s, per_sample)
+    return project(x, gpu, tokens, calibrate_dir, mfu_range, work=runtime_terms(s, x, per_sample)), note

@@ -1,0 +1,242 @@
+"""The planner from a recipe: litgpt-style overrides resolved once into :class:`tunelab.settings.Settings`, then the
+planner's input built from them (:func:`plan_input`), the memory prediction and the fit verdict for one GPU
+(:func:`plan_recipe`), and the run's size in tokens for the runtime projection.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunelab import hardware, settings
+from tunelab.models import load_config
+from tunelab.paths import project_path
+from tunelab.plan import memory, runtime
+from tunelab.plan.memory import Plan, PlanInput
+from tunelab.recipes import Recipe
+from tunelab.settings import Settings
+from tunelab.strategies import StrategyConfig, load_strategy
+
+LAB_PADDED_TOKENS_PER_SAMPLE = 437
+"""The lab's padded tokens per training sample (spec: 7,646 tok/s x 57.19 s over 1,000 samples, micro 8)."""
+LAB_DATA_SAMPLES = 2000
+"""Samples assumed when the run's data size is not known here: the lab's 2,000-sample Alpaca subset."""
+
+
+@dataclass
+class PlannedRecipe:
+    """A recipe planned for one configuration: what went in, what came out, and where the sequence length came
+    from."""
+
+    settings: Settings
+    """The recipe's resolved settings (overrides and --devices applied)."""
+    input: PlanInput
+    plan: Plan
+    seq_source: str
+    """Where the planned sequence length comes from (the recipe's max_seq_length, or the dataset's longest sample)."""
+
+
+def check_ranges(s: Settings) -> None:
+    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer."""
+    for key, value in (
+        ("train.micro_batch_size", s.micro_batch_size),
+        ("train.global_batch_size", s.global_batch_size),
+        ("train.max_seq_length", s.max_seq_length),
+        ("devices", s.args.get("devices")),
+        ("num_nodes", s.args.get("num_nodes")),
+        ("lora_r", s.args.get("lora_r")),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
+
+
+def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
+    """PlanInput fields for a configs/strategies file (None: litgpt's own choice, which is one device, or FSDP when
+    there are several: FSDP for full fine-tuning, FSDP2 with the same division for LoRA): how it divides the model
+    states, and the speed switches that change memory (fused or bitsandbytes optimizer, compiled blocks)."""
+    fields = _division(strategy, world)
+    if strategy is not None:
+        fields.update(fused_optimizer=strategy.fused_optimizer, compiled=bool(strategy.compile))
+        if strategy.optimizer:
+            fields["optimizer"] = f"bitsandbytes.optim.{BNB_OPTIMIZERS[strategy.optimizer]}"
+    return fields
+
+
+BNB_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW", "paged_adamw8bit": "PagedAdamW8bit"}
+"""A strategy's ``optimizer`` memory options: the bitsandbytes classes they name."""
+
+
+def _division(strategy: StrategyConfig | None, world: int) -> dict:
+    if strategy is None:
+        return {"strategy": "single" if world == 1 else "fsdp"}
+    if strategy.name == "single" or (strategy.name == "ddp" and world == 1):
+        return {"strategy": "single"}
+    if strategy.name == "ddp":
+        return {"strategy": "ddp"}
+    if strategy.name == "fsdp":
+        return {
+            "strategy": "fsdp",
+            "sharding": strategy.sharding_strategy,
+            "fsdp_wrap": strategy.auto_wrap,
+            "offload_params": strategy.cpu_offload,
+            "activation_checkpointing": strategy.activation_checkpointing,
+        }
+    if strategy.name == "fsdp2":  # per-block fully_shard: reshard_after_forward False keeps parameters (ZeRO-2)
+        return {"strategy": "fsdp", "sharding": "FULL_SHARD" if strategy.reshard_after_forward else "SHARD_GRAD_OP"}
+    if strategy.name == "deepspeed":
+        return {
+            "strategy": "deepspeed",
+            "zero_stage": strategy.zero_stage,
+            "offload_optimizer": strategy.offload_optimizer,
+            "offload_params": strategy.offload_params,
+        }
+    raise ValueError(f"strategy {strategy.name!r} has no memory model")
+
+
+def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
+    """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
+    Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices checkpoints
+    activations, as litgpt's FSDP2 LoRA path does."""
+    lora = {"lora_r": s.lora_r, "lora_targets": s.lora_targets} if s.lora else {}
+    fields.setdefault("strategy", "single")
+    fields.setdefault("optimizer", s.built_optimizer)
+    fields["activation_checkpointing"] = fields.get("activation_checkpointing", False) or (s.lora and s.world_size > 1)
+    return PlanInput(
+        config=config,
+        method=s.method,
+        precision=s.precision or "bf16-true",
+        quantize=s.quantize,
+        micro_batch_size=s.micro_batch_size,
+        seq_len=seq_len or min(s.max_seq_length or config.block_size, config.block_size),
+        accumulation=s.accumulation,
+        momentum=s.momentum,
+        devices=s.devices,
+        num_nodes=s.num_nodes,
+        **lora,
+        **fields,
+    )
+
+
+def longest_sample_tokens(json_path: Path, checkpoint_dir: Path, prompt_style: str = "alpaca") -> int:
+    """Token count of the dataset's longest sample with its prompt template (needs the checkpoint's tokenizer)."""
+    from litgpt.prompts import PromptStyle
+    from litgpt.tokenizer import Tokenizer
+
+    tok = Tokenizer(checkpoint_dir)
+    style = PromptStyle.from_name(prompt_style)
+    records = json.loads(Path(json_path).read_text(encoding="utf-8"))
+    return max(
+        len(tok.encode(style.apply(r["instruction"], input=r.get("input", "")) + r["output"], eos=True))
+        for r in records
+    )
+
+
+def _dataset_seq_len(s: Settings, dataset: Path) -> tuple[int, str]:
+    ckpt = Path(s.checkpoint_dir)
+    if not (ckpt / "tokenizer.json").is_file() and not (ckpt / "tokenizer.model").is_file():
+        raise ValueError(f"--dataset needs the model's tokenizer, and {ckpt} has none (download the checkpoint)")
+    longest = longest_sample_tokens(dataset, ckpt)
+    cap = s.max_seq_length
+    capped = " capped at max_seq_length" if cap and longest > cap else ""
+    return (min(longest, cap) if cap else longest), f"the dataset's longest sample ({longest} tokens){capped}"
+
+
+def plan_recipe(
+    recipe: Recipe,
+    overrides: list[str],
+    *,
+    gpu: hardware.GPU | None,
+    devices: int | None = None,
+    strategy: str | StrategyConfig | None = None,
+    activation_checkpointing: bool = False,
+    dataset: Path | None = None,
+) -> PlannedRecipe:
+    """Plan a recipe with overrides for ``gpu`` (None: no verdict).
+
+    ``strategy``: a configs/strategies file or name (``fsdp``, ``fsdp-no-wrap``, ``deepspeed-zero3-offload``, ...)
+    or a loaded StrategyConfig; None or 'litgpt' for litgpt's own choice (one device; FSDP on several).
+    ``activation_checkpointing`` turns it on whatever the strategy says."""
+    extra = [*overrides, "--devices", str(devices)] if devices else overrides
+    s = settings.resolve(recipe, extra)
+    check_ranges(s)
+    strat = (
+        load_strategy(strategy)
+        if isinstance(strategy, (str, Path)) and strategy != "litgpt"
+        else strategy
+        if isinstance(strategy, StrategyConfig)
+        else None
+    )
+    fields = strategy_fields(strat, s.world_size)
+    if activation_checkpointing:
+        fields["activation_checkpointing"] = True
+    seq, seq_source = None, "the recipe's train.max_seq_length"
+    if dataset is not None:
+        seq, seq_source = _dataset_seq_len(s, dataset)
+    x = plan_input(s, load_config(s.checkpoint_dir), seq_len=seq, **fields)
+    if gpu is not None and str(x.precision).startswith("bf16") and not gpu.bf16:
+        x.attention_math = True
+    plan = memory.predict(x)
+    if gpu is not None:
+        memory.verdict(plan, gpu)
+        plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
+    return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source)
+
+
+def _data_init(s: Settings) -> dict:
+    data = s.args.get("data")
+    return (data.get("init_args") or {}) if isinstance(data, dict) else {}
+
+
+def train_samples(s: Settings) -> tuple[int, int, str]:
+    """(training samples, validation samples, where the figure comes from) of the run's data: the file here or a
+    known litgpt data module, split by its val_split_fraction; else the lab's 2,000 samples, said so."""
+    n, src = settings.data_size(s.args)
+    if n is None:
+        n, src = LAB_DATA_SAMPLES, f"the lab's 2,000-sample Alpaca subset assumed: {src}"
+    train = int(n * (1 - (s.val_split_fraction or 0)))
+    return train, n - train, src
+
+
+def epoch_tokens(s: Settings, tokens_per_sample: float | None) -> tuple[float, str]:
+    """Padded tokens of the recipe's training run (epochs over its data, or max_steps), and how they were counted."""
+    per_sample = tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE
+    how = f"{per_sample:.0f} padded tokens/sample" + (
+        "" if tokens_per_sample else " (the lab's Alpaca figure; --tokens-per-sample to change)"
+    )
+    if s.max_steps:
+        samples = s.max_steps * s.global_batch_size
+        return samples * per_sample, f"max_steps {s.max_steps} x global batch {s.global_batch_size} x {how}"
+    train, _, src = train_samples(s)
+    epochs = s.epochs or 1
+    return train * epochs * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}) x {how}"
+
+
+def tokens_per_sample_from_data(s: Settings, micro: int) -> float | None:
+    """Mean padded tokens per sample of the recipe's data under its batching (needs the checkpoint's tokenizer)."""
+    data = _data_init(s)
+    path, ckpt = data.get("json_path"), Path(s.checkpoint_dir)
+    if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
+        return None
+    from litgpt.prompts import PromptStyle
+    from litgpt.tokenizer import Tokenizer
+
+    tok, style = Tokenizer(ckpt), PromptStyle.from_name(data.get("prompt_style", "alpaca"))
+    cap = s.max_seq_length or 10**9
+    lengths = [
+        min(cap, len(tok.encode(style.apply(r["instruction"], input=r.get("input", "")) + r["output"], eos=True)))
+        for r in json.loads(project_path(path).read_text(encoding="utf-8"))
+    ]
+    random.Random(data.get("seed", 42)).shuffle(lengths)
+    batches = [lengths[i : i + micro] for i in range(0, len(lengths), micro)]
+    return sum(max(b) * len(b) for b in batches) / len(lengths)
+
+
+def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None):
+    """The recipe's run as tunelab.plan.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
+    epochs or max_steps, eval settings, padded tokens per sample."""
+    train, val, _ = train_samples(s)
+    return runtime.terms(x, s.args, train, val, tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE)

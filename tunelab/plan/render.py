@@ -1,0 +1,91 @@
+"""``tunelab plan`` as text: the breakdown, the verdict, the time and energy, and ``--measure``'s table."""
+
+from __future__ import annotations
+
+from tunelab import hardware
+from tunelab.plan import memory
+from tunelab.plan.projection import Projection
+from tunelab.plan.recipe import PlannedRecipe
+
+
+def render(
+    planned: PlannedRecipe, gpu: hardware.GPU | None = None, projection: Projection | None = None, tokens_note: str = ""
+) -> str:
+    """The plan as text: the breakdown summing to the peak, the verdict for ``gpu``, the notes, time and energy."""
+    plan, seq_source = planned.plan, planned.seq_source
+    gb = lambda b: f"{b / 1e9:9.2f}"  # noqa: E731
+    lines = [
+        f"plan: {plan.model} {plan.method} on {plan.gpu or '(no GPU named: --gpu for a verdict)'} "
+        f"({plan.devices} device(s), {plan.strategy}), {plan.precision}, micro batch {plan.micro_batch_size}, "
+        f"sequence {plan.seq_len} ({seq_source})",
+        f"model: {plan.params / 1e9:.2f} B parameters, {plan.trainable_params / 1e6:,.1f} M trainable",
+        "predicted peak allocated per device, GB (1e9 bytes):",
+    ]
+    for k, v in plan.breakdown_bytes.items():
+        if v:
+            lines.append(f"  {k:<28}{gb(v)}")
+    lines.append(f"  {'= peak allocated':<28}{gb(plan.peak_allocated_bytes)}   (litgpt's 'Memory Used')")
+    slack = f"reserved (x{memory.ALLOCATOR_SLACK:.2f} slack)"
+    lines.append(f"  {slack:<28}{gb(plan.predicted_reserved_bytes)}")
+    lines.append(f"  {'+ CUDA context':<28}{gb(plan.cuda_context_bytes)}")
+    if plan.host_ram_bytes:
+        lines.append(f"  host RAM (offload)          {gb(plan.host_ram_bytes)}")
+    if plan.gpu:
+        need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
+        word = (
+            (
+                "AT THE EDGE (" + ("fits" if plan.fits else "short") + " by less than "
+                f"{memory.EDGE_FRACTION:.0%} of memory: allocator fragmentation decides; expect retries)"
+            )
+            if plan.edge
+            else ("FITS" if plan.fits else "DOES NOT FIT")
+        )
+        lines.append(
+            f"verdict: {word} on {plan.gpu}: needs {need / 1e9:.2f} GB of "
+            f"{plan.gpu_memory_bytes / 1e9:.2f} GB, margin {plan.margin_bytes / 1e9:+.2f} GB; "
+            f"largest micro batch that fits: {plan.max_micro_batch_size}"
+        )
+        if gpu is not None:
+            lines.append(f"  GPU memory: {gpu.cuda_total_gib:.2f} GiB usable by CUDA ({gpu.cuda_total_source})")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    if projection:
+        p = projection
+        lines += [
+            f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / 1e9:.2f} GFLOPs/token "
+            f"[{p.flops_formula}]",
+            f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
+            f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
+            (
+                f"  point estimate of litgpt's Training Time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
+                f"{p.seconds_band[1]:,.0f} s; {p.seconds_source})"
+                if p.seconds
+                else f"  {p.seconds_source}"
+            ),
+            f"  energy: {p.energy_j_low / 3.6e6:.3f}-{p.energy_j_high / 3.6e6:.3f} kWh, "
+            f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
+            f"per million tokens; power: {p.power_source}",
+        ]
+    return "\n".join(lines)
+
+
+def render_measured(m: dict, micro: int) -> str:
+    """``plan --measure``: what autograd kept in one real forward (x the micro batch) beside the planner's term."""
+    lines = [
+        f"\nactivations, measured (autograd's saved tensors, one real forward on this CPU) vs planned, for micro "
+        f"batch {micro} (the measurement x {micro}; GB = 1e9 bytes):"
+    ]
+    for what, key in (
+        ("a block", "block"),
+        ("the first block", "first_block"),
+        ("head and loss", "head"),
+        (f"all {m['n_layer']} blocks + head", "total"),
+    ):
+        mb, pb = m[f"measured_{key}"] * micro, m[f"planned_{key}"] * micro
+        lines.append(
+            f"  {what:<22} measured {mb / 1e9:8.3f}  planned {pb / 1e9:8.3f}  ({(pb - mb) / mb:+.1%})"
+            if mb
+            else f"  {what}: nothing measured"
+        )
+    lines.append("  (planned as counted on CPU: dropout masks in the activation dtype; on CUDA they are 1 byte)")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Report: tables (Markdown, CSV) and plots from run records."""

@@ -1,0 +1,168 @@
+"""Batches for tunelab's own training loop (:mod:`tunelab.run.loop`): litgpt's sample order dealt to the ranks, and
+the fast path's switches (a strategy file's ``pretokenize``, ``length_grouping``, ``prefetch``).
+
+* :func:`litgpt_order`: the global sample order of ``litgpt finetune_*`` on one device, epoch by epoch, so that the
+  global batch of every optimizer step holds the same samples whatever the number of ranks.
+* :class:`Tokenized`: every sample tokenised once, before the loop, by litgpt's own dataset code (``SFTDataset``:
+  prompt template, truncation, prompt masking), instead of once per sample per epoch in a loader worker.
+* :func:`plan_epoch`: the epoch's micro batches as sample indices: litgpt's order cut into micro batches, or
+  length-grouped: the order cut into windows of ``group`` micro batches, each window sorted by length and cut into
+  micro batches, the micro batches then shuffled (seeded). Every sample is in exactly one micro batch per epoch;
+  attention and the loss are unchanged, only which samples share a micro batch (and so how much padding it has)
+  and their order change.
+* :func:`collate`: litgpt's own collate function (right padding, ignore index), with the batch's padded, real and raw
+  token counts as Python ints computed from the tokenised lengths: reading them needs no tensor, so no host
+  synchronisation.
+* :class:`Prefetcher`: on a GPU, the next batch pinned and copied on a side stream while the current one trains.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+
+def litgpt_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The sample order of epoch ``epoch`` as litgpt's data modules produce it on one device.
+
+    litgpt builds ``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))``; each epoch's iterator first
+    draws one base seed from that generator, then RandomSampler draws its permutation."""
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator()
+    g.manual_seed(seed)
+    for _ in range(epoch + 1):  # one DataLoader iterator per epoch: base-seed draw, then randperm
+        torch.empty((), dtype=torch.int64).random_(generator=g)
+        order = torch.randperm(n, generator=g).tolist()
+    return order
+
+
+def rank_share(order: list[int], rank: int, world: int) -> list[int]:
+    """Rank ``rank``'s samples of a global order, as DistributedSampler deals them: positions rank, rank + world, ...,
+    the last round padded by wrapping around (every rank gets the same count)."""
+    per_rank = math.ceil(len(order) / world)
+    order = order + order[: per_rank * world - len(order)]
+    return order[rank::world]
+
+
+class LitgptOrderSampler(torch.utils.data.Sampler):
+    """A DataLoader sampler giving this rank its share (:func:`rank_share`) of litgpt's order (:func:`litgpt_order`)."""
+
+    def __init__(self, n: int, rank: int, world: int, seed: int, shuffle: bool = True):
+        self.n, self.rank, self.world, self.seed, self.shuffle = n, rank, world, seed, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next iteration gives."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.world)
+
+    def __iter__(self):
+        return iter(rank_share(litgpt_order(self.n, self.seed, self.epoch, self.shuffle), self.rank, self.world))
+
+
+@dataclass
+class Tokenized:
+    """Every sample of a split, tokenised once by litgpt's dataset code."""
+
+    samples: list[dict]
+    """litgpt's items: ``input_ids`` and ``labels`` tensors (truncated, prompt masked) and ``token_counts``."""
+
+    @classmethod
+    def of(cls, dataset) -> Tokenized:
+        """Tokenise every item of a litgpt ``SFTDataset`` (its ``__getitem__``, the code litgpt's loader runs)."""
+        return cls([dataset[i] for i in range(len(dataset))])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of each sample (prompt template included, after truncation)."""
+        return [int(s["token_counts"]["raw_plus_prompt_template"]) for s in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def plan_epoch(
+    order: list[int],
+    micro: int,
+    lengths: list[int] | None = None,
+    group: int | None = None,
+    seed: int = 0,
+    epoch: int = 0,
+) -> list[list[int]]:
+    """The epoch's micro batches (lists of sample indices) from an ``order``: cut in order, or, with ``group`` and the
+    samples' ``lengths``, grouped by length within windows of ``group`` micro batches (see the module docstring)."""
+    if not group:
+        return [order[i : i + micro] for i in range(0, len(order), micro)]
+    window = micro * group
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: lengths[i], reverse=True)
+        batches += [chunk[i : i + micro] for i in range(0, len(chunk), micro)]
+    random.Random(seed * 1_000_003 + epoch).shuffle(batches)
+    return batches
+
+
+def rank_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
+    """Rank ``rank``'s micro batches of a global plan (round robin, the last round padded by wrapping around so that
+    every rank runs the same number of iterations: collectives must match)."""
+    per_rank = math.ceil(len(batches) / world)
+    batches = batches + batches[: per_rank * world - len(batches)]
+    return batches[rank::world]
+
+
+def padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
+    """Padding tokens / padded tokens over a plan (each micro batch padded to its longest sample)."""
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+    real = sum(lengths[i] for b in batches for i in b)
+    return 1 - real / padded if padded else 0.0
+
+
+def collate(tokenized: Tokenized, indices: list[int], collate_fn) -> dict:
+    """One micro batch: litgpt's ``collate_fn`` over the samples, plus ``padded``, ``real`` and ``raw`` token counts as
+    ints (padded = micro batch x longest sample, as litgpt pads right; real = prompt template + text; raw = text)."""
+    items = [tokenized.samples[i] for i in indices]
+    batch = collate_fn(items)
+    batch["padded"] = int(batch["input_ids"].numel())
+    batch["real"] = sum(int(s["token_counts"]["raw_plus_prompt_template"]) for s in items)
+    batch["raw"] = sum(int(s["token_counts"]["raw"]) for s in items)
+    return batch
+
+
+class Prefetcher:
+    """Iterate batches with the next one already on ``device``: pinned host memory and a non-blocking copy on a side
+    CUDA stream while the current batch trains. On a CPU device the batches pass through unchanged."""
+
+    def __init__(self, batches, device: torch.device):
+        self.batches, self.device = iter(batches), device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.next = self._load()
+
+    def _load(self):
+        batch = next(self.batches, None)
+        if batch is None or self.stream is None:
+            return batch
+        with torch.cuda.stream(self.stream):
+            for key in ("input_ids", "labels"):
+                batch[key] = batch[key].pin_memory().to(self.device, non_blocking=True)
+        return batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.next
+        if batch is None:
+            raise StopIteration
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.stream)
+            for key in ("input_ids", "labels"):
+                batch[key].record_stream(current)
+        self.next = self._load()
+        return batch

@@ -1,0 +1,302 @@
+"""Collecting one run's record (step 4 of :mod:`tunelab.run.runner`): what each rank measured about itself
+(``stats/rank<N>.json``), litgpt's printout and ``metrics.csv``, and the NVML samples, into the
+:class:`~tunelab.record.RunRecord`. Nothing is parsed from names: the settings come from the run's resolved
+arguments.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import signal
+import statistics
+from pathlib import Path
+
+from tunelab import hardware
+from tunelab.models import load_config, lora_param_count
+from tunelab.plan.flops import flops_per_token, mfu
+from tunelab.record import RankStats, RunRecord, read_rank_file
+from tunelab.run.gpu_monitor import GPUMonitor
+from tunelab.settings import Settings
+
+OOM_MARKERS = (
+    "OutOfMemoryError",
+    "CUDA out of memory",
+    "MemoryError",
+    "can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+    "std::bad_alloc",
+    "Cannot allocate memory",
+)
+"""Text in a rank's exception or the child's stderr that means it ran out of memory (CUDA or host)."""
+
+
+def _read_metrics(out_dir: Path) -> list[dict]:
+    files = sorted(out_dir.glob("logs/csv/version_*/metrics.csv"))
+    if not files:
+        return []
+    with open(files[-1], newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def latest_tokens(out_dir: Path) -> int | None:
+    """The cumulative real-token count of the last row litgpt flushed to metrics.csv (cheap: reads the tail)."""
+    files = sorted(out_dir.glob("logs/csv/version_*/metrics.csv"))
+    if not files:
+        return None
+    try:
+        with open(files[-1], "rb") as f:
+            header = f.readline().decode().strip().split(",")
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            last = f.read().decode(errors="replace").strip().splitlines()[-1].split(",")
+        value = dict(zip(header, last)).get("tokens")
+        return int(float(value)) if value else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _parse_litgpt_report(stdout: str) -> dict:
+    def grab(pattern, cast=float):
+        m = re.findall(pattern, stdout)
+        return cast(m[-1].replace(",", "")) if m else None
+
+    return {
+        "training_time_s": grab(r"Training Time\s*:\s*([\d.]+) s"),
+        "tok_s": grab(r"Tok/sec\s*:\s*([\d.]+) tok/s"),
+        "memory_gb": grab(r"Memory Used\s*:\s*([\d.]+) GB"),
+        "trainable": grab(r"Number of trainable parameters: ([\d,]+)", int),
+        "non_trainable": grab(r"Number of non-trainable parameters: ([\d,]+)", int),
+        "val_loss": grab(r"Final evaluation \| val loss: ([\d.]+)"),
+        "last_iter": grab(r"iter (\d+) step \d+ \|", int),
+    }
+
+
+def _classify(
+    exit_code: int | None, killed_reason: str | None, ranks: list[RankStats], stderr_tail: str, stdout_tail: str
+) -> tuple[str, str | None]:
+    if killed_reason:
+        return "killed", killed_reason
+    if exit_code == 0:
+        return "ok", None
+    text = "\n".join([*(r.exception or "" for r in ranks), stderr_tail])
+    if any(m in text for m in OOM_MARKERS):
+        line = next(
+            (r.exception for r in ranks if r.exception and any(m in r.exception for m in OOM_MARKERS)), None
+        ) or last_error_line(stderr_tail)
+        return "oom", line
+    if exit_code is not None and exit_code < 0:
+        return "killed", f"killed by signal {signal.Signals(-exit_code).name}"
+    line = (
+        next((r.exception for r in ranks if r.exception), None)
+        or last_error_line(stderr_tail)
+        or last_error_line(stdout_tail)
+    )
+    return "error", line or f"exit code {exit_code}"
+
+
+def last_error_line(text: str) -> str | None:
+    """The last line of ``text`` that names an error (an exception or an ``error:`` line), else its last line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", ln) or ": error:" in ln:
+            return ln[:500]
+    return lines[-1][:500] if lines else None
+
+
+def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
+    """Median step/iteration times and steady-state token rates from each rank's iteration log.
+
+    Iteration k lasts from its batch fetch to the next one; the last iteration (no successor) is dropped, and so
+    is the first 10% of optimizer steps (at least 1 when there are 3 or more): warm-up.
+    """
+    out: dict = {}
+    per_rank = []
+    for iters in ranks_iters:
+        iters = [it for it in iters[:n_iters] if it[1] >= 0]
+        durations = [(iters[k + 1][0] - iters[k][0], iters[k][1], iters[k][2]) for k in range(len(iters) - 1)]
+        n_steps_full = len(durations) // accumulation
+        warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
+        steps = [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
+        if not steps:
+            continue
+        per_rank.append(
+            {
+                "warm": warm,
+                "step_times": [sum(d for d, _, _ in st) for st in steps],
+                "iter_times": [d for st in steps for d, _, _ in st],
+                "time": sum(d for st in steps for d, _, _ in st),
+                "padded": sum(p for st in steps for _, p, _ in st),
+                "real": sum(r for st in steps for _, _, r in st),
+                "samples": len(steps) * accumulation,
+                "t0": iters[warm * accumulation][0],
+                "t1": iters[n_steps_full * accumulation][0],  # the end of the last counted iteration
+            }
+        )
+    if not per_rank:
+        return out
+    r0 = per_rank[0]
+    out["warmup_steps_excluded"] = r0["warm"]
+    out["step_time_s"] = statistics.median(r0["step_times"])
+    out["iter_time_s"] = statistics.median(r0["iter_times"])
+    out["tok_s_padded"] = sum(r["padded"] / r["time"] for r in per_rank if r["time"] > 0)
+    out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
+    # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
+    out["window"] = (r0["t0"], r0["t1"])
+    out["window_tokens_real"] = sum(r["real"] for r in per_rank)
+    return out
+
+
+def _read_ranks(rec: RunRecord, stats_dir: Path) -> list[list]:
+    """Step 1: every rank's file (its RankStats into the record); returns each rank's iteration log."""
+    ranks_read = []
+    for f in sorted(stats_dir.glob("rank*.json")):
+        try:
+            ranks_read.append(read_rank_file(json.loads(f.read_text())))
+        except (ValueError, TypeError) as e:  # a rank killed mid-write, or a foreign file: said, not hidden
+            rec.notes.append(f"{f.name} not read: {e}")
+    ranks_read.sort(key=lambda r: r[0].rank)
+    rec.ranks = [stats for stats, _ in ranks_read]
+    return [iters for _, iters in ranks_read]
+
+
+def _memory(rec: RunRecord) -> None:
+    """Step 2: the run's memory figures from its ranks (max of the peaks, sum of the retries)."""
+
+    def agg(attr, fn):
+        vals = [getattr(r, attr) for r in rec.ranks if getattr(r, attr) is not None]
+        return fn(vals) if vals else None
+
+    rec.peak_allocated_bytes = agg("peak_allocated_bytes", max)
+    rec.peak_reserved_bytes = agg("peak_reserved_bytes", max)
+    rec.num_alloc_retries = agg("num_alloc_retries", sum)
+    rec.peak_rss_bytes = agg("peak_rss_bytes", max)
+    rec.first_iteration_s = agg("first_iteration_s", max)
+
+
+def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:
+    """Step 3: litgpt's printed figures and metrics.csv (losses, iterations, steps); returns the iterations run."""
+    lit = _parse_litgpt_report(stdout)
+    rec.litgpt_training_time_s, rec.litgpt_tok_s, rec.litgpt_memory_gb = (
+        lit["training_time_s"],
+        lit["tok_s"],
+        lit["memory_gb"],
+    )
+    if lit["trainable"] is not None:
+        rec.n_trainable = lit["trainable"]
+        rec.n_params = lit["trainable"] + (lit["non_trainable"] or 0)
+    metrics = _read_metrics(out_dir)
+    losses = [float(m["loss"]) for m in metrics if m.get("loss")]
+    if losses:
+        rec.loss_first, rec.loss_last = losses[0], losses[-1]
+    vals = [float(m["val_loss"]) for m in metrics if m.get("val_loss")]
+    rec.val_loss_final = vals[-1] if vals else lit["val_loss"]
+    n_iters = max([int(m["iter"]) for m in metrics if m.get("iter")] or [lit["last_iter"] or 0])
+    rec.iters = n_iters or None
+    rec.optimizer_steps = n_iters // rec.accumulation if n_iters and rec.accumulation else None
+    return n_iters
+
+
+def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
+    """Step 4: token counts and the steady-state figures (warm-up excluded); returns the steady-state summary."""
+    rec.tokens_padded = sum(p for it in ranks_iters for _, p, _ in it[:n_iters] if p >= 0) or None
+    rec.tokens_real = sum(r for it in ranks_iters for _, _, r in it[:n_iters] if r >= 0) or None
+    steady = _steady_state(ranks_iters, rec.accumulation or 1, n_iters)
+    for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
+        setattr(rec, key, steady.get(key))
+    if steady.get("window"):
+        rec.steady_window_s = steady["window"][1] - steady["window"][0]
+    if rec.tok_s_padded is not None:
+        rec.tok_s_padded_per_device = rec.tok_s_padded / rec.device_count
+    if rec.iter_time_s:
+        rec.samples_s = rec.micro_batch_size * rec.device_count / rec.iter_time_s
+    return steady
+
+
+def _compute(rec: RunRecord, s: Settings, ckpt: Path, n_iters: int) -> None:
+    """Step 5: FLOPs per token at the run's mean padded length, achieved TFLOP/s and MFU against the GPU table."""
+    try:
+        config = load_config(ckpt)
+        rec.model_name = config.name
+        seq = (
+            rec.tokens_padded / (n_iters * rec.micro_batch_size * rec.device_count)
+            if rec.tokens_padded and n_iters
+            else (rec.max_seq_length or config.block_size)
+        )
+        n_lora = lora_param_count(config, int(s.lora_r or 0), s.lora_targets) if s.lora else 0
+        fpt = flops_per_token(config, seq, "lora" if s.lora else "full", n_lora)
+        rec.flops_per_token, rec.flops_formula = fpt.total, fpt.formula
+        if rec.tok_s_real:
+            real_per_dev = rec.tok_s_real / rec.device_count
+            rec.achieved_tflops_per_device = fpt.total * real_per_dev / 1e12
+            gpu = hardware.identify(rec.device_name) if rec.device_type == "cuda" else None
+            matmul = next((r.float32_matmul_precision for r in rec.ranks if r.float32_matmul_precision), None)
+            peak = gpu.peak_flops(rec.precision or "32-true", matmul) if gpu else None
+            if peak:
+                rec.peak_basis = hardware.peak_basis(rec.precision or "32-true", matmul, gpu)
+                rec.peak_tflops_per_device = peak / 1e12
+                rec.mfu = mfu(fpt.total, real_per_dev, peak)
+                rec.mfu_padded = mfu(fpt.total, rec.tok_s_padded / rec.device_count, peak)
+    except Exception as e:  # noqa: BLE001 - a compute figure must not lose the record
+        rec.flops_formula = f"not computed: {e!r}"
+
+
+def _gpu_summary(figs: list) -> tuple:
+    """(mean utilisation, mean of the utilisation std, summed power, summed energy) over GPUs, None where absent."""
+
+    def mean_of(attr):
+        vals = [getattr(f, attr) for f in figs if getattr(f, attr) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    def sum_of(attr):
+        vals = [getattr(f, attr) for f in figs if getattr(f, attr) is not None]
+        return sum(vals) if vals else None
+
+    return mean_of("util_mean"), mean_of("util_std"), sum_of("power_mean_w"), sum_of("energy_j")
+
+
+def _gpu_figures(rec: RunRecord, gpus: list, steady: dict, monitor: GPUMonitor | None) -> None:
+    """Step 6: NVML utilisation, power and energy over the whole run and over the steady-state window."""
+    if not gpus:
+        return
+    rec.gpu_util_mean, rec.gpu_util_std, rec.power_mean_w, rec.energy_j = _gpu_summary(gpus)
+    if rec.energy_j and rec.tokens_real:
+        rec.energy_j_per_1k_tokens = rec.energy_j / rec.tokens_real * 1000
+    window = steady.get("window")
+    if window and monitor is not None:  # the steady-state window: the steps tok/s is measured over
+        (rec.gpu_util_steady_mean, rec.gpu_util_steady_std, rec.power_steady_w, rec.energy_steady_j) = _gpu_summary(
+            monitor.window(*window)
+        )
+        if rec.energy_steady_j and steady.get("window_tokens_real"):
+            rec.energy_steady_j_per_1k_tokens = rec.energy_steady_j / steady["window_tokens_real"] * 1000
+
+
+def collect(
+    rec: RunRecord,
+    s: Settings,
+    stats_dir: Path,
+    out_dir: Path,
+    stdout: str,
+    stderr: str,
+    killed_reason: str | None,
+    gpus: list,
+    sample_hz: float | None,
+    ckpt: Path,
+    monitor: GPUMonitor | None = None,
+) -> RunRecord:
+    """Fill ``rec`` from the rank files, litgpt's printout and metrics.csv, and the NVML samples."""
+    ranks_iters = _read_ranks(rec, stats_dir)
+    rec.status, rec.error = _classify(rec.exit_code, killed_reason, rec.ranks, stderr[-20000:], stdout[-5000:])
+    _memory(rec)
+    n_iters = _litgpt_figures(rec, stdout, out_dir)
+    steady = _speed(rec, ranks_iters, n_iters)
+    _compute(rec, s, ckpt, n_iters)
+    rec.gpus, rec.sample_hz = gpus, sample_hz
+    _gpu_figures(rec, gpus, steady, monitor)
+    for name in ("step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
+        v = getattr(rec, name)
+        if v is not None and (math.isnan(v) or math.isinf(v)):
+            setattr(rec, name, None)
+    return rec

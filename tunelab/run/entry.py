@@ -1,0 +1,92 @@
+"""``python -m tunelab.run.entry <litgpt args>``: litgpt's own CLI, run in-process, that leaves per-rank figures at exit.
+
+The training loop stays litgpt's: this module only observes. It wraps ``litgpt.utils.CycleIterator.__next__``
+(the training batch iterator of every finetune script) to note, per micro-batch iteration, the time it started and
+its padded and real token counts; at exit (normal, exception or sys.exit) it writes ``rank<N>.json`` into
+``$TUNELAB_STATS_DIR`` with this rank's allocator peaks (``torch.cuda.max_memory_allocated/reserved``,
+``num_alloc_retries``), the allocator peak at each phase (model loaded = first batch fetched, first optimizer step,
+end), the float32 matmul precision in force (TF32 or not: it sets the MFU peak), its peak RSS and the exception
+that ended it. Iteration timestamps are ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process of the
+machine), so the parent can line NVML samples up with the steady-state window. Lightning's multi-device launcher re-runs
+``python -m tunelab.run.entry ...`` for every rank, so every rank reports for itself (litgpt prints rank 0 only). What a
+rank measures and how it is written is :mod:`tunelab.run.rank_stats` (shared with tunelab's multi-device loop).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import sys
+import time
+import traceback
+
+from tunelab.run import rank_stats
+
+
+def _install_iterator_probe() -> None:
+    from litgpt import utils
+
+    original = utils.CycleIterator.__next__
+
+    def __next__(self):
+        rank_stats.note_phase("loaded")  # model, optimizer (and quantization) are in place before the first batch
+        t = time.monotonic()
+        batch = original(self)
+        try:
+            padded = int(batch["input_ids"].numel())
+            real = int(batch["token_counts"]["raw_plus_prompt_template"].sum())
+        except (KeyError, TypeError, AttributeError):
+            padded, real = -1, -1
+        rank_stats.record_iteration(t, padded, real)
+        return batch
+
+    utils.CycleIterator.__next__ = __next__
+
+
+SKIP_SAVE_ENV = "TUNELAB_SKIP_SAVE"
+"""Set to 1 (tunelab does for random-weight runs) to skip litgpt's checkpoint saves and the LoRA merge: of random
+weights they are worthless, take 2-26 GB of disk and up to a minute per run. Training is untouched; litgpt's
+Training Time and Tok/sec are measured before the final save anyway."""
+
+
+def _skip_saves() -> None:
+    import lightning.fabric
+
+    def no_save(self, path, state, filter=None):  # noqa: A002 - Fabric.save's signature
+        print(f"tunelab: checkpoint save skipped ({SKIP_SAVE_ENV}=1): {path}", flush=True)
+
+    lightning.fabric.Fabric.save = no_save
+    for module in ("litgpt.finetune.lora", "litgpt.finetune.adapter", "litgpt.finetune.adapter_v2"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(mod, "merge_lora"):
+            mod.merge_lora = lambda *a, **k: print("tunelab: LoRA merge skipped", flush=True)
+
+
+def main() -> None:
+    """Run litgpt's CLI on this process's arguments, recording this rank's figures at exit."""
+    rank_stats.die_with_parent()
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+    sys.excepthook = rank_stats.excepthook
+    atexit.register(rank_stats.write)
+    _install_iterator_probe()
+    rank_stats.install_step_hook()
+    if os.environ.get(SKIP_SAVE_ENV) == "1":
+        _skip_saves()
+    from litgpt.__main__ import main as litgpt_main
+
+    try:
+        litgpt_main()  # parses sys.argv[1:], exactly as the `litgpt` command does
+    except SystemExit:
+        raise
+    except BaseException as e:  # record, then let Python print and exit as usual
+        rank_stats.record_exception(e)
+        traceback.print_exc()
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""NVML sampling (nvidia-ml-py) in a background thread of the parent: utilisation, power, used memory, energy.
+
+Every sample keeps its timestamp (``time.monotonic()``, CLOCK_MONOTONIC: the same clock the training ranks stamp
+their iterations with, see ``tunelab.run.entry``), so that the record can give two sets of figures, each labelled:
+
+* the whole run, launch to exit (imports, checkpoint load, training, validation, saving, LoRA merge);
+* the steady-state window: the same optimizer steps the tokens/s figures use (warm-up excluded), from
+  :meth:`GPUMonitor.window`. Energy per token is only meaningful over this window.
+
+On a machine without an NVIDIA driver NVML does not initialise and the monitor returns no samples: GPU figures
+are then absent from the record, never made up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+from tunelab.record import GPUSample
+
+
+@dataclass
+class WindowFigures:
+    """NVML figures of one GPU between two instants."""
+
+    util_mean: float | None
+    util_std: float | None
+    power_mean_w: float | None
+    energy_j: float | None
+    """From NVML's energy counter when the board has one (difference across the window, scaled to its exact
+    length), else mean power x duration."""
+    samples: int
+
+
+class GPUMonitor:
+    """Samples every visible GPU at ``hz`` (default 4 Hz) between start() and stop()."""
+
+    def __init__(self, hz: float = 4.0):
+        self.hz = hz
+        self.available = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handles: list = []
+        self._names: list[str] = []
+        self._samples: list[list[tuple]] = []
+        """Per GPU: (t monotonic, util %, power W, used bytes, energy counter mJ or None)."""
+        self._energy_ok: list[bool] = []
+        self._t0 = self._t1 = 0.0
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._names = [self._name(h) for h in self._handles]
+            self.available = count > 0
+        except Exception:  # noqa: BLE001 - no driver, no library, no GPU: no samples
+            self.available = False
+
+    def _name(self, handle) -> str:
+        name = self._nvml.nvmlDeviceGetName(handle)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    @property
+    def names(self) -> list[str]:
+        """NVML device names (read without creating a CUDA context in this process)."""
+        return list(self._names)
+
+    def memory_total_bytes(self) -> list[int]:
+        """NVML total memory per GPU (what nvidia-smi prints as memory.total)."""
+        if not self.available:
+            return []
+        return [int(self._nvml.nvmlDeviceGetMemoryInfo(h).total) for h in self._handles]
+
+    def driver_version(self) -> str | None:
+        if not self.available:
+            return None
+        v = self._nvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def _energy(self, i: int) -> int | None:
+        if not self._energy_ok[i]:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handles[i]))  # mJ since driver load
+        except Exception:  # noqa: BLE001 - not supported on every board
+            self._energy_ok[i] = False
+            return None
+
+    def start(self) -> GPUMonitor:
+        if not self.available:
+            return self
+        n = len(self._handles)
+        self._samples = [[] for _ in range(n)]
+        self._energy_ok = [True] * n
+        self._t0 = time.monotonic()
+        self._sample_all()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample_all(self) -> None:
+        for i, h in enumerate(self._handles):
+            try:
+                t = time.monotonic()
+                util = float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+                power = self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                used = int(self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+                self._samples[i].append((t, util, power, used, self._energy(i)))
+            except Exception:  # noqa: BLE001 - a failed read is a missing sample
+                pass
+
+    def _loop(self) -> None:
+        period = 1.0 / self.hz
+        while not self._stop.wait(period):
+            self._sample_all()
+
+    def stop(self) -> list[GPUSample]:
+        """Stop sampling; the whole-run figures per GPU (launch to exit)."""
+        if not self.available or self._thread is None:
+            return []
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample_all()
+        self._t1 = time.monotonic()
+        out = []
+        for i, whole in enumerate(self.window(self._t0, self._t1)):
+            used = [s[3] for s in self._samples[i]]
+            out.append(
+                GPUSample(
+                    index=i,
+                    name=self._names[i],
+                    peak_used_bytes=max(used) if used else None,
+                    util_mean=whole.util_mean,
+                    util_std=whole.util_std,
+                    power_mean_w=whole.power_mean_w,
+                    energy_j=whole.energy_j,
+                    samples=whole.samples,
+                )
+            )
+        return out
+
+    def window(self, t0: float, t1: float) -> list[WindowFigures]:
+        """Figures per GPU over [t0, t1] (monotonic seconds), from the samples taken inside it."""
+        out = []
+        for samples in self._samples:
+            inside = [s for s in samples if t0 <= s[0] <= t1]
+            util = [s[1] for s in inside]
+            power = [s[2] for s in inside]
+            energy = None
+            counted = [s for s in inside if s[4] is not None]
+            if len(counted) >= 2 and counted[-1][0] > counted[0][0]:
+                rate_w = (counted[-1][4] - counted[0][4]) / 1000.0 / (counted[-1][0] - counted[0][0])
+                energy = rate_w * (t1 - t0)
+            elif power:
+                energy = statistics.fmean(power) * (t1 - t0)
+            out.append(
+                WindowFigures(
+                    util_mean=statistics.fmean(util) if util else None,
+                    util_std=statistics.pstdev(util) if len(util) > 1 else None,
+                    power_mean_w=statistics.fmean(power) if power else None,
+                    energy_j=energy,
+                    samples=len(inside),
+                )
+            )
+        return out

@@ -1,0 +1,613 @@
+"""Multi-device fine-tuning of a litgpt recipe under a chosen strategy: DDP, FSDP (FSDP1 with its knobs),
+FSDP2 (``fully_shard``) or DeepSpeed ZeRO 2/3 with CPU offload. Launched by torchrun (one process per device):
+
+    python -m torch.distributed.run --nproc_per_node 4 -m tunelab.run.loop \\
+        --recipe recipes/open-llama-7b/full.yaml --strategy configs/strategies/fsdp.yaml [litgpt overrides]
+
+Why a loop of our own: ``litgpt finetune_*`` hard-codes its strategy (FSDP for full, FSDP2 for LoRA) and offers
+neither DDP nor DeepSpeed. This ``fit`` is a faithful copy of litgpt 0.5.13's ``finetune/full.py`` and
+``finetune/lora.py`` fit loops, minus checkpoint saving and in-loop evaluation (the lab's Part 2 scripts had
+neither): the same model classes and checkpoint loading, the same data module, the same loss
+(``chunked_cross_entropy`` on shifted targets, LoRA's ``lm_head_chunk_size=128``), the same accumulation (loss
+divided by the accumulation steps, gradient sync only on the last micro batch), the same optimizer construction
+(``instantiate_torch_optimizer``) and learning-rate schedule (``get_lr_scheduler``: linear warm-up then cosine),
+the same token counting. Each rank takes its share of litgpt's single-device sample order (LitgptOrderSampler), so
+the global batch of every step holds the same samples as ``litgpt finetune_*`` on one device.
+
+Each rank writes ``rank<N>.json`` into ``$TUNELAB_STATS_DIR`` (tunelab.run.entry's format: allocator peaks, retries,
+RSS, per-iteration tokens); rank 0 writes litgpt's ``metrics.csv`` columns under ``<out_dir>/logs/csv/version_0``
+and prints litgpt's per-iteration line, so ``tunelab run`` collects the same record as for a single device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import functools
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tunelab import settings
+from tunelab.plan.recipe import BNB_OPTIMIZERS
+from tunelab.recipes import resolve
+from tunelab.run import batching, rank_stats
+from tunelab.strategies import StrategyConfig, load_strategy
+from tunelab.validate import parse
+
+
+def _dtype(precision: str) -> torch.dtype:
+    return torch.bfloat16 if precision == "bf16-true" else torch.float16 if precision == "16-true" else torch.float32
+
+
+def build_model(args: dict, method: str, device: torch.device, precision: str):
+    """litgpt's GPT (or LoRA GPT) with the checkpoint's weights, in the training dtype, trainable params marked."""
+    ckpt = Path(args["checkpoint_dir"])
+    if method == "full":
+        from litgpt.model import GPT, Config
+
+        config = Config.from_file(ckpt / "model_config.yaml")
+    else:
+        from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+
+        config = Config.from_file(
+            ckpt / "model_config.yaml",
+            **{
+                k: args[k]
+                for k in (
+                    "lora_r",
+                    "lora_alpha",
+                    "lora_dropout",
+                    "lora_query",
+                    "lora_key",
+                    "lora_value",
+                    "lora_projection",
+                    "lora_mlp",
+                    "lora_head",
+                )
+            },
+        )
+    torch.manual_seed(args.get("seed", 1337))  # same init on every rank (litgpt: fabric.seed_everything)
+    model = GPT(config)
+    state = torch.load(ckpt / "lit_model.pth", map_location="cpu", weights_only=True)
+    model.load_state_dict(state, strict=method == "full")
+    if method != "full":
+        mark_only_lora_as_trainable(model)
+    model = model.to(device=device, dtype=_dtype(precision) if "true" in precision else torch.float32)
+    return model, config
+
+
+def wrap(model, strategy: StrategyConfig, device: torch.device, precision: str, world: int):
+    """Apply the strategy; returns the module to train (DeepSpeed is wrapped later, with the optimizer)."""
+    from litgpt.model import Block
+
+    kind = strategy.name
+    if strategy.activation_checkpointing and kind not in ("fsdp",):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        model.transformer.h = torch.nn.ModuleList([checkpoint_wrapper(b) for b in model.transformer.h])
+    if kind == "single" or world == 1 and kind == "ddp":
+        return model
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=strategy.bucket_cap_mb,
+            gradient_as_bucket_view=strategy.gradient_as_bucket_view,
+            find_unused_parameters=False,
+        )
+    if kind == "fsdp":
+        from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        mp = None
+        if strategy.mixed_precision:
+            mp = MixedPrecision(**{k: getattr(torch, v) for k, v in strategy.mixed_precision.items()})
+        policy = (
+            functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+            if strategy.auto_wrap == "block"
+            else None
+        )
+        # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
+        offload = strategy.cpu_offload and device.type == "cuda"
+        if strategy.cpu_offload and not offload and dist.get_rank() == 0:
+            print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)")
+        fsdp = FSDP(
+            model,
+            sharding_strategy=getattr(ShardingStrategy, strategy.sharding_strategy),
+            auto_wrap_policy=policy,
+            cpu_offload=CPUOffload(offload_params=offload),
+            backward_prefetch=getattr(BackwardPrefetch, strategy.backward_prefetch)
+            if strategy.backward_prefetch
+            else None,
+            mixed_precision=mp,
+            device_id=device,
+            use_orig_params=True,
+            limit_all_gathers=strategy.limit_all_gathers,
+        )
+        if strategy.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+            apply_activation_checkpointing(fsdp, check_fn=lambda m: isinstance(m, Block))
+        return fsdp
+    if kind == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (world,))
+        for block in model.transformer.h:  # litgpt's parallelize_fn: each block, then the root
+            fully_shard(block, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+        return model
+    if kind == "deepspeed":
+        return model
+    raise ValueError(f"unknown strategy {kind!r}")
+
+
+def deepspeed_config(strategy: StrategyConfig, micro: int, accumulation: int, precision: str) -> dict:
+    """The DeepSpeed config of a strategy file for this run's batch, accumulation and precision."""
+    zero: dict = {
+        "stage": strategy.zero_stage,
+        "reduce_bucket_size": strategy.reduce_bucket_size,
+        "allgather_bucket_size": strategy.allgather_bucket_size,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+    }
+    if strategy.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if strategy.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision.startswith("bf16")},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": strategy.cpu_adam,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class _Data:
+    """The training batches of each epoch and the validation loader, on this rank.
+
+    Without the fast switches: litgpt's data module and collate function through a DataLoader (its workers tokenise
+    each sample every epoch), each rank its share of litgpt's order. With ``pretokenize`` (or ``length_grouping``):
+    every sample tokenised once by the same code, micro batches planned per epoch (litgpt's order, or grouped by
+    length), collated in this process; with ``prefetch`` the next batch is on the GPU before it is needed. Every
+    batch carries its ``padded``, ``real`` and ``raw`` token counts as ints."""
+
+    def __init__(self, args: dict, tokenizer, micro: int, rank: int, world: int, strategy: StrategyConfig, device):
+        import importlib
+
+        from torch.utils.data import DataLoader
+
+        spec = args["data"]
+        module, _, cls = spec["class_path"].rpartition(".")
+        data = getattr(importlib.import_module(module), cls)(**spec.get("init_args", {}))
+        data.connect(tokenizer=tokenizer, batch_size=micro, max_seq_length=args["train"].get("max_seq_length"))
+        if rank == 0:
+            data.prepare_data()
+        if world > 1:
+            dist.barrier()
+        data.setup()
+        self.micro, self.rank, self.world, self.device = micro, rank, world, device
+        self.seed, self.strategy = getattr(data, "seed", 42), strategy
+        train_dl, val_dl = data.train_dataloader(), data.val_dataloader()
+        self.shuffle = isinstance(train_dl.sampler, torch.utils.data.RandomSampler)
+        self.collate_fn = train_dl.collate_fn
+        self.fast = strategy.pretokenize or bool(strategy.length_grouping)
+        if self.fast:
+            self.tokenized = batching.Tokenized.of(train_dl.dataset)
+            self.lengths = self.tokenized.lengths
+        else:
+            sampler = batching.LitgptOrderSampler(len(train_dl.dataset), rank, world, self.seed, self.shuffle)
+            workers = getattr(data, "num_workers", 0)
+            self.loader = DataLoader(
+                train_dl.dataset, batch_size=micro, sampler=sampler, collate_fn=self.collate_fn, num_workers=workers
+            )
+        val_sampler = batching.LitgptOrderSampler(
+            len(val_dl.dataset), rank, world, self.seed, isinstance(val_dl.sampler, torch.utils.data.RandomSampler)
+        )
+        self.val = DataLoader(
+            val_dl.dataset,
+            batch_size=micro,
+            sampler=val_sampler,
+            collate_fn=val_dl.collate_fn,
+            num_workers=getattr(data, "num_workers", 0),
+        )
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        """This rank's micro batches of an epoch (fast path), as sample indices."""
+        order = batching.litgpt_order(len(self.tokenized), self.seed, epoch, self.shuffle)
+        if not self.strategy.length_grouping:  # litgpt's order: each rank batches its share of samples
+            return batching.plan_epoch(batching.rank_share(order, self.rank, self.world), self.micro)
+        plan = batching.plan_epoch(order, self.micro, self.lengths, self.strategy.length_grouping, self.seed, epoch)
+        return batching.rank_batches(plan, self.rank, self.world)
+
+    def iterations_per_epoch(self) -> int:
+        """Micro batches this rank runs per epoch."""
+        return len(self.plan(0)) if self.fast else len(self.loader)
+
+    def epochs(self, n: int):
+        """(epoch, batch) over ``n`` epochs, each batch with its token counts as ints."""
+        for epoch in range(n):
+            if self.fast:
+                batches = (batching.collate(self.tokenized, b, self.collate_fn) for b in self.plan(epoch))
+            else:
+                self.loader.sampler.set_epoch(epoch)
+                batches = map(_with_counts, self.loader)
+            if self.strategy.prefetch:
+                batches = batching.Prefetcher(batches, self.device)
+            for batch in batches:
+                yield epoch, batch
+
+
+def _with_counts(batch: dict) -> dict:
+    """A litgpt loader batch with its token counts as ints (read from its CPU tensors)."""
+    batch["padded"] = int(batch["input_ids"].numel())
+    batch["real"] = int(batch["token_counts"]["raw_plus_prompt_template"].sum())
+    batch["raw"] = int(batch["token_counts"]["raw"].sum())
+    return batch
+
+
+METRICS_COLUMNS = [
+    "epoch",
+    "iter",
+    "iter_time",
+    "learning_rate",
+    "loss",
+    "step",
+    "tokens",
+    "total_tokens",
+    "val_loss",
+    "val_ppl",
+]
+"""litgpt's metrics.csv columns (rank 0 writes them under ``<out_dir>/logs/csv/version_0``)."""
+
+
+class _MetricsLog:
+    """Rank 0's metrics.csv and litgpt's per-iteration line; the other ranks write nothing."""
+
+    def __init__(self, out_dir: Path, rank: int):
+        self.file = None
+        if rank == 0:
+            path = out_dir / "logs" / "csv" / "version_0" / "metrics.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "w", newline="")
+            self.writer = csv.DictWriter(self.file, fieldnames=METRICS_COLUMNS)
+            self.writer.writeheader()
+
+    def row(self, values: dict) -> None:
+        if self.file is not None:
+            self.writer.writerow(values)
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _setup_device() -> tuple[int, int, torch.device]:
+    """(rank, world size, this rank's device): its GPU when there is one, else the CPU."""
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _setup_model(args: dict, method: str, strategy: StrategyConfig, device, precision: str, rank: int, world: int):
+    """The model with the checkpoint's weights, its trainable parameters marked, under the strategy."""
+    model, _ = build_model(args, method, device, precision)
+    if strategy.compile == "blocks":  # regional: each block compiled in place, one graph shared by all of them
+        for block in model.transformer.h:
+            block.compile()
+    if rank == 0:
+        n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        print(f"Number of trainable parameters: {n_train:,}")
+        print(f"Number of non-trainable parameters: {n_frozen:,}")
+        print(f"Strategy: {strategy.describe()} on {world} process(es), device {device.type}")
+    return wrap(model, strategy, device, precision, world)
+
+
+def _setup_optimizer(
+    args: dict, model, strategy: StrategyConfig, device, precision: str, micro: int, accumulation: int, max_steps: int
+):
+    """(model or DeepSpeed engine, optimizer, scheduler, engine or None): litgpt's optimizer and schedule (linear
+    warm-up, then cosine), handed to DeepSpeed under a ZeRO strategy."""
+    from litgpt.finetune.full import get_lr_scheduler
+    from litgpt.utils import instantiate_torch_optimizer
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if strategy.optimizer:
+        optimizer = _bnb_optimizer(strategy.optimizer, args["optimizer"], params)
+    elif strategy.fused_optimizer:  # kept only by classes that take it (torch's Adam, AdamW, SGD)
+        optimizer = instantiate_torch_optimizer(args["optimizer"], params, fused=True)
+    else:
+        optimizer = instantiate_torch_optimizer(args["optimizer"], params)
+    scheduler = get_lr_scheduler(optimizer, warmup_steps=args["train"]["lr_warmup_steps"], max_steps=max_steps)
+    if strategy.name != "deepspeed":
+        return model, optimizer, scheduler, None
+    import deepspeed
+
+    if device.type == "cpu":
+        # On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op at first use, every rank into one
+        # torch-extensions folder under a file lock; a build killed midway leaves the lock and every later run
+        # waits on it forever (seen here). gloo's all-reduce does the same job.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(strategy, micro, accumulation, precision),
+    )
+    return engine, optimizer, scheduler, engine
+
+
+def _bnb_optimizer(name: str, recipe_optimizer, params):
+    """bitsandbytes' ``name`` optimizer with the recipe optimizer's learning rate, betas, eps and weight decay."""
+    import inspect
+
+    import bitsandbytes as bnb
+
+    cls = getattr(bnb.optim, BNB_OPTIMIZERS[name])
+    init = (recipe_optimizer.get("init_args") or {}) if isinstance(recipe_optimizer, dict) else {}
+    accepted = set(inspect.signature(cls).parameters)
+    return cls(params, **{k: v for k, v in init.items() if k in accepted})
+
+
+def _loss(model, input_ids, targets, method: str, strategy: StrategyConfig):
+    """litgpt's loss: chunked cross-entropy on shifted targets (LoRA: the head in 128-token chunks)."""
+    from litgpt.utils import chunked_cross_entropy
+
+    # ZeRO-3 hangs when a module (the chunked LoRA head) runs a data-dependent number of times per forward (its
+    # prefetch trace changes between steps): there the head is not chunked (same loss).
+    if method == "full" or (strategy.name == "deepspeed" and strategy.zero_stage == 3):
+        logits = model(input_ids)
+        logits = logits[..., :-1, :]
+    else:
+        logits = model(input_ids, lm_head_chunk_size=128)
+        logits[-1] = logits[-1][..., :-1, :]
+    return chunked_cross_entropy(logits, targets[..., 1:])
+
+
+def _forward_backward(
+    model,
+    engine,
+    input_ids,
+    targets,
+    method: str,
+    strategy: StrategyConfig,
+    autocast,
+    accumulation: int,
+    is_accumulating: bool,
+):
+    """One micro batch's forward and backward; gradients are synchronised only on the last micro batch of a step."""
+    sync = contextlib.nullcontext()
+    if is_accumulating and strategy.name in ("ddp", "fsdp") and hasattr(model, "no_sync"):
+        sync = model.no_sync()
+    elif strategy.name == "fsdp2":
+        model.set_requires_gradient_sync(not is_accumulating)
+    with sync:
+        with autocast:
+            loss = _loss(model, input_ids, targets, method, strategy)
+        if engine is not None:
+            engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+        else:
+            (loss / accumulation).backward()
+    return loss
+
+
+def _optimizer_step(engine, optimizer, scheduler, is_accumulating: bool) -> bool:
+    """Step at an accumulation boundary (DeepSpeed decides that itself); whether an optimizer step was taken."""
+    if engine is not None:
+        engine.step()  # steps the optimizer and scheduler at accumulation boundaries only
+        return not is_accumulating
+    if is_accumulating:
+        return False
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return True
+
+
+class _LossLog:
+    """litgpt's logged loss (the mean over the last accumulation window, here also over ranks), kept on the device
+    and read every ``interval`` iterations: one host synchronisation per interval, none in between."""
+
+    def __init__(self, accumulation: int, interval: int, world: int):
+        self.accumulation, self.interval, self.world = accumulation, interval, world
+        self.window: list = []
+        self.pending = 0
+
+    def add(self, loss) -> None:
+        self.window = (
+            [*self.window[-(self.accumulation - 1) :], loss.detach().float()]
+            if self.accumulation > 1
+            else [loss.detach().float()]
+        )
+        self.pending += 1
+
+    def due(self, iter_num: int) -> bool:
+        return iter_num % self.interval == 0
+
+    def read(self) -> float:
+        """The mean over the window and the ranks (an all-reduce and one ``.item()``)."""
+        window = torch.stack(self.window).mean()
+        dist.all_reduce(window, op=dist.ReduceOp.SUM)
+        self.pending = 0
+        return window.item() / self.world
+
+
+def _first_iteration_done(t0: float, device: torch.device) -> None:
+    """Record the first iteration's wall time (compilation included): one synchronisation, before the steady state."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    rank_stats.note_first_iteration(time.monotonic() - t0)
+
+
+def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
+    """Train ``args`` (litgpt's resolved arguments) under ``strategy`` on this rank, as litgpt's fit loop does:
+    set up the device, model, data and optimizer, then iterate micro batches until the run's optimizer steps are
+    done, then litgpt's performance report and the final validation."""
+    from litgpt.tokenizer import Tokenizer
+
+    rank, world, device = _setup_device()
+    precision = args.get("precision") or "bf16-true"
+    train = args["train"]
+    micro, epochs = train["micro_batch_size"], train.get("epochs") or 1
+    accumulation = settings.accumulation(train["global_batch_size"], world, micro)
+    model = _setup_model(args, method, strategy, device, precision, rank, world)
+    data = _Data(args, Tokenizer(Path(args["checkpoint_dir"])), micro, rank, world, strategy, device)
+    max_steps = min(epochs * (data.iterations_per_epoch() // accumulation), train.get("max_steps") or float("inf"))
+    model, optimizer, scheduler, engine = _setup_optimizer(
+        args, model, strategy, device, precision, micro, accumulation, max_steps
+    )
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+    )
+    log = _MetricsLog(Path(args["out_dir"]), rank)
+    losses = _LossLog(accumulation, strategy.log_interval or 1, world)
+    token_counts = {"raw": 0, "raw_plus_prompt_template": 0, "padded": 0}
+    step_count, iter_num, epoch = 0, 0, 0
+    train_t0 = time.monotonic()
+    batches = data.epochs(epochs)
+    model.train()
+
+    def report(iter_t0: float, is_accumulating: bool) -> None:  # litgpt's iteration line and metrics.csv row
+        loss_value, t1 = losses.read(), time.monotonic()
+        if rank == 0:
+            print(
+                f"Epoch {epoch + 1} | iter {iter_num} step {step_count} | loss train: {loss_value:.3f}, val: n/a |"
+                f" iter time: {(t1 - iter_t0) * 1000:.2f} ms{' (step)' if not is_accumulating else ''}",
+                flush=True,
+            )
+        log.row(
+            {
+                "epoch": epoch,
+                "iter": iter_num,
+                "iter_time": t1 - iter_t0,
+                "learning_rate": optimizer.param_groups[0]["lr"],
+                "loss": loss_value,
+                "step": iter_num,
+                "tokens": token_counts["raw_plus_prompt_template"],
+                "total_tokens": token_counts["raw_plus_prompt_template"] * world,
+            }
+        )
+
+    while step_count < max_steps:
+        iter_t0 = time.monotonic()
+        epoch, batch = next(batches, (epoch, None))
+        if batch is None:
+            break
+        iter_num += 1
+        rank_stats.note_phase("loaded")
+        rank_stats.record_iteration(iter_t0, batch["padded"], batch["real"])
+        input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
+        is_accumulating = iter_num % accumulation != 0
+        loss = _forward_backward(
+            model, engine, input_ids, targets, method, strategy, autocast, accumulation, is_accumulating
+        )
+        losses.add(loss)
+        step_count += _optimizer_step(engine, optimizer, scheduler, is_accumulating)
+        token_counts["raw"] += batch["raw"]
+        token_counts["raw_plus_prompt_template"] += batch["real"]
+        token_counts["padded"] += batch["padded"]
+        if iter_num == 1:
+            _first_iteration_done(iter_t0, device)
+        if losses.due(iter_num):
+            report(iter_t0, is_accumulating)
+    if losses.pending:  # the last iterations since the last read: the run's final figures
+        report(iter_t0, is_accumulating)
+    training_time = time.monotonic() - train_t0
+    totals = reduce_sum([token_counts["raw"], token_counts["raw_plus_prompt_template"], token_counts["padded"]], device)
+    if rank == 0:  # litgpt's performance report
+        print(
+            f"| - Total Tokens (w/ Padding) :  {int(totals[2])}\n| - Training Time             :  "
+            f"{training_time:.2f} s\n| - Tok/sec                   :  {totals[2].item() / training_time:.2f} tok/s"
+        )
+        if device.type == "cuda":
+            print(f"| - Memory Used               :  {torch.cuda.max_memory_allocated() / 1e9:.02f} GB")
+    if args.get("eval", {}).get("final_validation", True):
+        val = validate(model, data.val, device, autocast, method)
+        if rank == 0:
+            print(f"Final evaluation | val loss: {val:.3f} | val ppl: {math.exp(val):.3f}")
+        log.row({"iter": iter_num, "step": iter_num, "val_loss": val, "val_ppl": math.exp(val)})
+    log.close()
+
+
+def reduce_sum(values: list[float], device: torch.device) -> torch.Tensor:
+    """Sum ``values`` over ranks. The tensor lives on the rank's compute device: NCCL, the backend on GPUs, only
+    reduces CUDA tensors (a CPU tensor there fails at the end of every run); gloo takes CPU ones."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+@torch.no_grad()
+def validate(model, val_dl, device, autocast, method) -> float:
+    """The mean validation loss over ``val_dl``, averaged over ranks."""
+    from litgpt.utils import chunked_cross_entropy
+
+    model.eval()
+    loss_sum, batches = 0.0, 0
+    for batch in val_dl:
+        input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
+        with autocast:
+            logits = model(input_ids)
+        loss_sum += chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=0).float().item()
+        batches += 1
+    total = reduce_sum([loss_sum, batches], device)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun's entry: resolve the recipe with litgpt's parser, set up the process group, train."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", required=True, help="recipe key or YAML path")
+    p.add_argument("--strategy", required=True, help="a configs/strategies/*.yaml file")
+    ns, overrides = p.parse_known_args(argv)
+    rank_stats.die_with_parent()
+    sys.excepthook = rank_stats.excepthook
+    import atexit
+
+    atexit.register(rank_stats.write)
+    rank_stats.install_step_hook()
+    recipe = resolve(ns.recipe)
+    args = parse(recipe, overrides)  # litgpt's own parser resolves the recipe and overrides
+    strategy = load_strategy(ns.strategy)
+    strategy.check(recipe.method, args, "cuda" if torch.cuda.is_available() else "cpu")
+    # as litgpt's CLI does (litgpt/__main__.py): float32 matmuls may use TF32 tensor cores. The same recipe then
+    # computes the same way under `litgpt finetune_*` and under a --strategy run, and MFU divides by the same peak.
+    torch.set_float32_matmul_precision("high")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend=backend)
+    try:
+        fit(args, "full" if recipe.method == "full" else "lora", strategy)
+    except BaseException as e:
+        rank_stats.record_exception(e)
+        raise
+    finally:
+        rank_stats.write()
+        atexit.unregister(rank_stats.write)
+    # all ranks leave together: tearing gloo down while a peer is still in a collective aborts the process
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""What each training process (rank) measures about itself, written to ``$TUNELAB_STATS_DIR/rank<N>.json`` at exit.
+
+Used by both training paths: ``tunelab.run.entry`` (litgpt's own CLI) and ``tunelab.run.loop`` (tunelab's
+multi-device loop). The file's schema is :class:`tunelab.record.RankStats` plus the iteration log
+(:data:`tunelab.record.RANK_FILE_LOG`); the runner reads it back with :func:`tunelab.record.read_rank_file`.
+
+* allocator peaks (``torch.cuda.max_memory_allocated/reserved``, ``num_alloc_retries``, ``num_ooms``) and the
+  peak at each phase (``loaded``, ``first_step``, ``end``: :func:`note_phase`);
+* one entry per micro-batch iteration: its start on ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process
+  of the machine, so the parent lines NVML samples up with it), padded and real tokens (:func:`record_iteration`);
+* the float32 matmul precision in force, the device's CUDA total, peak RSS, the exception that ended the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import sys
+
+from tunelab.files import write_json_atomic
+
+_ITERS: list[tuple[float, int, int]] = []
+_STATE: dict = {"exception": None}
+_PHASES: dict = {}
+
+
+def _cuda_peak() -> int | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    return None
+
+
+def note_phase(name: str) -> None:
+    """Remember the allocator peak so far under ``name`` (the first call per name wins; no CUDA: nothing)."""
+    if name not in _PHASES:
+        peak = _cuda_peak()
+        if peak is not None:
+            _PHASES[name] = peak
+
+
+def note_first_iteration(seconds: float) -> None:
+    """The first training iteration's wall time (model compilation, when on, happens in it): a cost of its own,
+    kept apart from the steady-state figures."""
+    _STATE["first_iteration_s"] = seconds
+
+
+def record_iteration(t_monotonic: float, padded_tokens: int, real_tokens: int) -> None:
+    """One micro-batch iteration began at ``t_monotonic`` with this many padded and real tokens (-1: unknown)."""
+    _ITERS.append((t_monotonic, padded_tokens, real_tokens))
+
+
+def install_step_hook() -> None:
+    """Note the ``first_step`` phase after the first optimizer step of any torch optimizer."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def after_step(optimizer, args, kwargs):
+        note_phase("first_step")
+
+    register_optimizer_step_post_hook(after_step)
+
+
+def record_exception(exc: BaseException) -> None:
+    """The exception that ends this process, as 'Type: first line of the message'."""
+    text = str(exc).strip()
+    _STATE["exception"] = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def excepthook(exc_type, exc, tb) -> None:
+    """A ``sys.excepthook`` that records the exception, then prints it as Python would."""
+    record_exception(exc)
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+def global_rank() -> int:
+    """This process's global rank (torch.distributed when initialised, else the launcher's environment)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+    for key in ("RANK", "GLOBAL_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    node = int(os.environ.get("NODE_RANK", 0))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return node * per_node + local
+
+
+def write() -> None:
+    """Write ``rank<N>.json`` into ``$TUNELAB_STATS_DIR`` (atomically; nothing when the variable is unset)."""
+    out_dir = os.environ.get("TUNELAB_STATS_DIR")
+    if not out_dir:
+        return
+    stats = {
+        "rank": global_rank(),
+        "device": "cpu",
+        "exception": _STATE["exception"],
+        "first_iteration_s": _STATE.get("first_iteration_s"),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    try:
+        import torch
+
+        stats["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            note_phase("end")
+            stats["phase_peak_allocated"] = dict(_PHASES)
+            stats["cuda_total_bytes"] = int(torch.cuda.mem_get_info()[1])
+            dev = torch.cuda.current_device()
+            ms = torch.cuda.memory_stats(dev)
+            stats.update(
+                device=f"cuda:{dev}",
+                peak_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)),
+                peak_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)),
+                num_alloc_retries=int(ms.get("num_alloc_retries", 0)),
+                num_ooms=int(ms.get("num_ooms", 0)),
+            )
+    except Exception as e:  # noqa: BLE001 - a broken CUDA context must not lose the rest
+        stats["cuda_error"] = repr(e)
+    stats["iters"] = _ITERS
+    write_json_atomic(os.path.join(out_dir, f"rank{stats['rank']}.json"), stats, indent=None)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so that ranks spawned by a launcher (Lightning's,
+    torchrun's) do not outlive a killed run and hang in a collective."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

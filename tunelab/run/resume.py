@@ -1,0 +1,64 @@
+"""Resume: whether a run record already answers a run (a sweep row, a tune-batch probe), so the run is skipped.
+
+A record answers a run when it is readable, was made with the run's recipe, overrides and strategy, and was not cut
+short by the command itself (a ``--deadline``, Ctrl-C or SIGTERM, a full disk: those rows run again). A record
+that is unreadable or was made with other settings is kept aside (:func:`tunelab.files.set_aside`) by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tunelab.strategies import load_strategy
+
+INTERRUPTED_PREFIX = "interrupted:"
+"""Start of the error of a run stopped by Ctrl-C or SIGTERM."""
+DEADLINE_PREFIX = "deadline:"
+"""Start of the error of a run killed because the command's ``--deadline`` ran out."""
+DISK_FULL_PREFIX = "disk full"
+"""Start of the error of a run that hit a full disk (the machine's fault, not the run's)."""
+RERUN_PREFIXES = (DEADLINE_PREFIX, INTERRUPTED_PREFIX)
+"""Killed runs whose error starts so were cut short by the command, not by themselves: they run again."""
+
+
+def same_overrides(recorded: list, wanted: list[str]) -> bool:
+    """Whether a record's overrides are the run's (a random-weight run appends its benchmark data path)."""
+    recorded = [str(x) for x in recorded or []]
+    extra = recorded[len(wanted) :]
+    return recorded[: len(wanted)] == wanted and (not extra or (len(extra) == 2 and extra[0] == "--data.json_path"))
+
+
+def strategy_label(strategy: str | None) -> str:
+    """What a record says of a strategy file or name (its description), or 'litgpt' for litgpt's own command."""
+    return load_strategy(strategy).describe() if strategy else "litgpt"
+
+
+def resume_state(
+    record_path: Path, recipe: str | None = None, overrides: list[str] | None = None, strategy: str | None = None
+) -> tuple[bool, str | None]:
+    """(done, why not) for a run whose record would be ``record_path``. Done: a readable record, not cut short by
+    the command, made with ``recipe``, ``overrides`` and ``strategy`` (a label, see :func:`strategy_label`) when they
+    are given. Not done with a reason: the record is corrupt or stale (the caller keeps it aside and runs again)."""
+    if not record_path.is_file():
+        return False, None
+    try:
+        rec = json.loads(record_path.read_text(encoding="utf-8"))
+        if not isinstance(rec, dict) or "status" not in rec:
+            raise ValueError("not a run record")
+    except (OSError, ValueError) as e:
+        return False, f"unreadable record ({str(e)[:80]})"
+    if rec.get("status") == "killed" and str(rec.get("error") or "").startswith(RERUN_PREFIXES):
+        return False, None
+    if rec.get("status") == "error" and str(rec.get("error") or "").startswith(DISK_FULL_PREFIX):
+        return False, None  # the machine's fault, not the row's: it runs again once there is space
+    if recipe is not None and rec.get("recipe") != recipe:
+        return False, f"recipe changed ({rec.get('recipe')} -> {recipe})"
+    if overrides is not None and not same_overrides(rec.get("overrides"), overrides):
+        return False, (
+            f"settings changed ({' '.join(map(str, rec.get('overrides') or [])) or 'none'} -> "
+            f"{' '.join(overrides) or 'none'})"
+        )
+    if strategy is not None and (rec.get("strategy") or "litgpt") != strategy:
+        return False, f"strategy changed ({rec.get('strategy')} -> {strategy})"
+    return True, None

@@ -1,0 +1,297 @@
+"""Running a sweep (``tunelab sweep``): every row of a sweep file (:mod:`tunelab.sweep_file`) as its own child
+process, resumable, with a progress line. Every row ends as a record, whatever happened to it: a run that runs out
+of memory, crashes, is killed or times out; a row refused before launch; a full disk. One sweep per directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tunelab import checkpoints
+from tunelab import record as record_mod
+from tunelab.errors import Interrupted
+from tunelab.files import Busy, exclusive_lock, set_aside, write_json_atomic
+from tunelab.paths import ROOT, output_root
+from tunelab.progress import ProgressLine
+from tunelab.run.resume import DEADLINE_PREFIX, DISK_FULL_PREFIX, resume_state
+from tunelab.run.runner import WEIGHT_SUFFIXES, RunError, run
+from tunelab.sweep_file import Row, Sweep, SweepError
+
+
+def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
+    """The sweep's directory: ``out``, else runs/<sweep name>."""
+    return Path(out) if out else output_root() / "runs" / sweep.name
+
+
+def row_done(base: Path, row: Row) -> tuple[bool, str | None]:
+    """Whether row ``row`` of the sweep in ``base`` is recorded with its current settings (see resume_state)."""
+    return resume_state(base / row.id / "record.json", row.recipe.key, row.overrides(), row.strategy_label)
+
+
+def archive(sweep_dir: Path, dest: Path) -> Path:
+    """A .tar.gz of a sweep directory's records and logs (record.json, stdout/stderr, rank stats, metrics.csv,
+    sweep.json), never model weights: small enough to copy back from a machine that returns few, small files."""
+    sweep_dir, dest = Path(sweep_dir), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in sorted(sweep_dir.rglob("*")):
+            if (
+                f.is_file()
+                and not f.name.endswith(WEIGHT_SUFFIXES)
+                and not f.name.startswith(".")
+                and f.stat().st_size < 32 * 2**20
+            ):
+                tar.add(f, arcname=str(Path(sweep_dir.name) / f.relative_to(sweep_dir)))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dest)
+    return dest
+
+
+class DiskFull(SweepError):
+    """The disk ran out: the row that hit it is recorded, the sweep stops (a resume after freeing space goes on)."""
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    return (
+        isinstance(e, OSError)
+        and e.errno == errno.ENOSPC
+        or "disk full" in str(e)
+        or "No space left on device" in str(e)
+    )
+
+
+def _lock(base: Path):
+    """An exclusive lock on ``base/.lock`` (released by the kernel when the holder dies, even by SIGKILL). A second
+    sweep on the same directory stops in one line naming the holder."""
+    try:
+        return exclusive_lock(base / ".lock")
+    except Busy as e:
+        raise SweepError(f"{base} is being swept by {e}; wait for it to finish, or use another --out") from None
+
+
+def run_sweep(
+    sweep: Sweep,
+    out: Path | None = None,
+    *,
+    rerun: bool = False,
+    model: str = "auto",
+    only: list[str] | None = None,
+    timeout_s: float | None = None,
+    memory_limit_bytes: int | None = None,
+    stream=sys.stderr,
+    deadline_s: float | None = None,
+    after_row: Callable[[Path], None] | None = None,
+    prune_checkpoints: bool = False,
+) -> Path:
+    """Run every row not already recorded in ``out`` (resume); return the sweep directory.
+
+    ``deadline_s``: seconds from now after which no row starts, and a running row is killed (status killed,
+    reason 'deadline'): for machines that grant commands a fixed time. ``after_row(sweep_dir)`` runs after every
+    row (the runbook regenerates the report and the archive there, so a command killed later still returns
+    what it measured). ``prune_checkpoints``: delete a random-weight checkpoint once no row left needs it.
+    """
+    base = sweep_dir_for(sweep, out)
+    base.mkdir(parents=True, exist_ok=True)
+    lock = _lock(base)  # one sweep per directory at a time; released on return, raise, or the process's death
+    try:
+        return _run_locked(
+            sweep,
+            base,
+            rerun=rerun,
+            model=model,
+            only=only,
+            timeout_s=timeout_s,
+            memory_limit_bytes=memory_limit_bytes,
+            stream=stream,
+            deadline_s=deadline_s,
+            after_row=after_row,
+            prune_checkpoints=prune_checkpoints,
+        )
+    except KeyboardInterrupt:  # between rows (a row's own interrupt is recorded by the row, see _run_locked)
+        recorded = sum(1 for r in sweep.rows if row_done(base, r)[0])
+        raise Interrupted(
+            f"sweep {sweep.name} stopped between rows: {recorded} of {len(sweep.rows)} rows recorded "
+            f"in {base}; run the same command again to go on"
+        ) from None
+    finally:
+        lock.close()  # closing the file releases the flock
+
+
+def _run_locked(
+    sweep: Sweep,
+    base: Path,
+    *,
+    rerun,
+    model,
+    only,
+    timeout_s,
+    memory_limit_bytes,
+    stream,
+    deadline_s,
+    after_row,
+    prune_checkpoints,
+) -> Path:
+    meta_path = base / "sweep.json"
+    meta = {
+        "name": sweep.name,
+        "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT) else sweep.path),
+        "model": model,
+        "description": sweep.description,
+        "lab_hardware": sweep.lab_hardware,
+        "rows": [
+            {
+                "id": r.id,
+                "recipe": r.recipe.key,
+                "settings": r.settings,
+                "lab": r.lab,
+                "note": r.note,
+                "strategy": r.strategy,
+            }
+            for r in sweep.rows
+        ],
+    }
+    if meta_path.is_file() and not rerun:
+        old = json.loads(meta_path.read_text())
+        if old.get("model") != model:
+            raise SweepError(
+                f"{base} holds runs made with --model {old.get('model')}, not {model}: resume with the "
+                "same choice, or use --rerun or another --out"
+            )
+    write_json_atomic(meta_path, meta)
+    rows = [r for r in sweep.rows if not only or r.id in only]
+    if only:
+        missing = set(only) - {r.id for r in sweep.rows}
+        if missing:
+            raise SweepError(f"--only: no row(s) {sorted(missing)} in {sweep.path}")
+    todo = []
+    for r in rows:
+        done, why = (False, None) if rerun else row_done(base, r)
+        if why:
+            kept = set_aside(base / r.id / "record.json", why)
+            stream.write(f"{r.id}: {why}: the old record is kept as {kept.name}; running the row again\n")
+        if not done:
+            todo.append(r)
+    progress = ProgressLine(len(rows), stream)
+    done = len(rows) - len(todo)
+    if done:
+        stream.write(f"resuming {sweep.name}: {done} of {len(rows)} rows already recorded in {base}\n")
+    t_start = time.monotonic()
+    for i, row in enumerate(todo):
+        row_timeout = timeout_s or sweep.timeout_s
+        if deadline_s is not None:
+            left = deadline_s - (time.monotonic() - t_start)
+            if left < 1:
+                stream.write(
+                    f"deadline reached: {len(todo) - i} row(s) not started "
+                    f"({', '.join(r.id for r in todo[i:])}); run the same command again to go on\n"
+                )
+                break
+            row_timeout = min(row_timeout or left, left)
+        progress.started(done, f"{row.id} {row.recipe.key}")
+        disk_full = False
+        try:
+            rec = run(
+                row.recipe,
+                row.overrides(),
+                base / row.id,
+                sweep=sweep.name,
+                row_id=row.id,
+                model=model,
+                timeout_s=row_timeout,
+                memory_limit_bytes=memory_limit_bytes,
+                on_progress=progress.show,
+                strategy=row.strategy,
+                strategy_config=row.strategy_config,
+                checked=row.checked,
+            )
+        except (Interrupted, KeyboardInterrupt):
+            recorded = sum(1 for r in rows if row_done(base, r)[0])
+            raise Interrupted(
+                f"sweep {sweep.name} stopped during row {row.id}: {recorded} of {len(rows)} rows "
+                f"recorded in {base}; run the same command again to go on (row {row.id} runs "
+                "again)"
+            ) from None
+        except (RunError, OSError) as e:  # refused or failed before launch: still a row, with its reason
+            disk_full = _is_disk_full(e)
+            reason = f"{DISK_FULL_PREFIX}: {e}" if disk_full and not str(e).startswith(DISK_FULL_PREFIX) else str(e)
+            rec = record_mod.RunRecord(
+                sweep=sweep.name,
+                row_id=row.id,
+                recipe=row.recipe.key,
+                command=row.recipe.command,
+                overrides=row.overrides(),
+                status="error",
+                error=reason,
+                method=row.recipe.method,
+                started_at="",
+                ended_at="",
+                wall_s=0.0,
+                strategy=row.strategy_label,
+            )
+            try:
+                record_mod.save(rec, base / row.id / "record.json")
+            except OSError:
+                pass  # the disk is full: nothing can be written, the sweep stops below
+        if rec.status == "error" and not disk_full and "No space left on device" in (rec.error or ""):
+            disk_full = True  # the run itself hit the full disk (litgpt saving a checkpoint): the machine's fault
+            rec.error = f"{DISK_FULL_PREFIX}: {rec.error}"
+            try:
+                record_mod.save(rec, base / row.id / "record.json")
+            except OSError:
+                pass
+        if (
+            deadline_s is not None
+            and rec.status == "killed"
+            and row_timeout is not None
+            and time.monotonic() - t_start >= deadline_s - 1
+        ):
+            rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
+            record_mod.save(rec, base / row.id / "record.json")
+        done += 1
+        progress.finished(rec)
+        if prune_checkpoints and model == "random":
+            _prune_random_checkpoints(row, todo[i + 1 :], stream)
+        if after_row is not None:
+            try:
+                after_row(base)
+            except OSError as e:
+                if not (disk_full or _is_disk_full(e)):
+                    raise
+                disk_full = True
+        if disk_full:
+            raise DiskFull(
+                f"{row.id}: disk full; free space and run the same command again to go on "
+                f"({len(todo) - i - 1} row(s) not started)"
+            )
+    return base
+
+
+def _prune_random_checkpoints(row: Row, later: list[Row], stream) -> None:
+    """Delete the random-weight checkpoint ``row`` used when no later row uses the same architecture."""
+
+    def arch(r: Row) -> str:
+        return Path(str(r.settings.get("checkpoint_dir") or r.recipe.get("checkpoint_dir") or "")).name
+
+    name = arch(row)
+    if not name or any(arch(r) == name for r in later):
+        return
+    try:
+        from litgpt import Config  # a random-weight sweep has litgpt imported already
+
+        target = checkpoints.default_dir(Config.from_name(name).name)
+    except ValueError:
+        return
+    if target.is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+        stream.write(f"removed the random-weight checkpoint {target.name} (no later row uses it)\n")

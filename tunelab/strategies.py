@@ -1,0 +1,218 @@
+"""Strategy settings (``configs/strategies/*.yaml``): one dataclass, every knob documented, unknown keys refused."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from tunelab import yaml_input
+from tunelab.errors import InputError
+from tunelab.paths import CONFIGS_DIR
+
+NAMES = ("single", "ddp", "fsdp", "fsdp2", "deepspeed")
+
+
+class StrategyError(InputError):
+    """A strategy file or combination that cannot run, with the reason."""
+
+
+@dataclass
+class StrategyConfig:
+    """One strategy file: the strategy and its knobs (every field documented; unknown keys refused)."""
+
+    name: str
+    """single, ddp, fsdp (FSDP1 FullyShardedDataParallel), fsdp2 (fully_shard) or deepspeed."""
+    description: str = ""
+    """Free text for reports."""
+    # DDP
+    bucket_cap_mb: int = 25
+    """DDP: gradient bucket size in MB (larger: fewer all-reduces, more memory)."""
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into the buckets (saves one gradient copy)."""
+    # FSDP1
+    sharding_strategy: str = "FULL_SHARD"
+    """FSDP: FULL_SHARD (params+grads+states, like ZeRO-3), SHARD_GRAD_OP (grads+states, ZeRO-2), HYBRID_SHARD
+    (full shard within a node, replicate across nodes), NO_SHARD (DDP)."""
+    auto_wrap: str = "block"
+    """FSDP: 'block' wraps each litgpt transformer Block as a unit; 'none' makes the whole model one unit."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward (True reduces memory, costs ~one extra forward)."""
+    backward_prefetch: str | None = "BACKWARD_PRE"
+    """FSDP: BACKWARD_PRE, BACKWARD_POST or null (prefetch the next unit's parameters during backward)."""
+    cpu_offload: bool = False
+    """FSDP: keep sharded parameters (and gradients) in host RAM."""
+    limit_all_gathers: bool = True
+    """FSDP: rate-limit all-gathers (bounds memory of prefetched units)."""
+    mixed_precision: dict | None = None
+    """FSDP: MixedPrecision dtypes, e.g. {param_dtype: bfloat16, reduce_dtype: float32, buffer_dtype: bfloat16}."""
+    # FSDP2
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (True: ZeRO-3-like; False: ZeRO-2-like, faster, more memory)."""
+    # DeepSpeed
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters sharded."""
+    offload_optimizer: bool = False
+    """DeepSpeed: optimizer states (and fp32 master weights) in host RAM."""
+    offload_params: bool = False
+    """DeepSpeed ZeRO-3: parameters in host RAM."""
+    cpu_adam: bool = False
+    """DeepSpeed: use DeepSpeedCPUAdam for offloaded states (compiled op, much faster) instead of torch AdamW."""
+    reduce_bucket_size: int = 200_000_000
+    """DeepSpeed: elements per gradient reduce bucket (memory vs communication efficiency)."""
+    allgather_bucket_size: int = 200_000_000
+    """DeepSpeed: elements per all-gather bucket."""
+    # Speed switches of tunelab's loop (any strategy; configs/strategies/fast.yaml turns them all on for one GPU)
+    pretokenize: bool = False
+    """Tokenise every sample once before the loop (litgpt's own dataset code) instead of in a loader per batch, and
+    take the batch's token counts from the tokenised lengths (no tensor read)."""
+    prefetch: bool = False
+    """Copy the next batch to the GPU (pinned memory, a side stream) while the current one trains."""
+    log_interval: int | None = None
+    """Read the loss from the device every N iterations (accumulated there in between, with the token counts as plain
+    ints): no host synchronisation in between. None: every iteration, as litgpt's recipes log (a ``.item()`` each)."""
+    fused_optimizer: bool = False
+    """torch's fused AdamW / Adam kernel (``fused=True``: one kernel for all parameters) in place of the recipe's
+    for-each implementation; the same update, computed in one pass."""
+    optimizer: str | None = None
+    """A memory option that changes the optimizer's maths: ``adamw8bit`` (bitsandbytes 8-bit states),
+    ``paged_adamw`` or ``paged_adamw8bit`` (states in CUDA unified memory), with the recipe's learning rate, betas
+    and weight decay. None: the recipe's optimizer."""
+    compile: str | None = None
+    """``blocks``: ``torch.compile`` each transformer block (regional compilation: one compiled graph reused by every
+    block, so compilation takes seconds; its time is the first iteration's, reported apart). None: eager."""
+    length_grouping: int | None = None
+    """Form micro batches from samples of similar length: litgpt's order cut into windows of N micro batches, each
+    window sorted by length, the micro batches shuffled. Every sample once per epoch, attention and loss unchanged;
+    the sample order (which samples share a micro batch) changes. None: litgpt's order."""
+    extra: dict = field(default_factory=dict)
+    """Unused; reserved."""
+
+    @property
+    def fast(self) -> list[str]:
+        """The speed switches that are on, in words (empty: tunelab's loop runs as litgpt's does)."""
+        return [
+            w
+            for w, on in (
+                ("tokenised once", self.pretokenize),
+                ("prefetch", self.prefetch),
+                (f"loss read every {self.log_interval} iterations", self.log_interval),
+                ("fused optimizer", self.fused_optimizer),
+                (f"optimizer {self.optimizer}", self.optimizer),
+                (f"compiled {self.compile}", self.compile),
+                (f"length-grouped micro batches (windows of {self.length_grouping})", self.length_grouping),
+            )
+            if on
+        ]
+
+    def describe(self) -> str:
+        """The strategy in words, as records and reports name it."""
+        if self.name == "fsdp":
+            return (
+                f"FSDP {self.sharding_strategy}, wrap {self.auto_wrap}"
+                + (", activation checkpointing" if self.activation_checkpointing else "")
+                + (
+                    ", no backward prefetch"
+                    if self.backward_prefetch is None
+                    else ", backward prefetch post"
+                    if self.backward_prefetch == "BACKWARD_POST"
+                    else ""
+                )
+                + (", CPU offload" if self.cpu_offload else "")
+            )
+        if self.name == "fsdp2":
+            return f"FSDP2 fully_shard (reshard_after_forward={self.reshard_after_forward})"
+        if self.name == "deepspeed":
+            off = [n for n, on in (("optimizer", self.offload_optimizer), ("params", self.offload_params)) if on]
+            return f"DeepSpeed ZeRO-{self.zero_stage}" + (f", offload {'+'.join(off)} to CPU" if off else "")
+        base = self.name.upper() if self.name == "ddp" else self.name
+        return base + (f" ({', '.join(self.fast)})" if self.fast else "")
+
+    def check(self, method: str, args: dict, device: str | None = None) -> None:
+        """Refuse, with the reason, what this stack cannot run (``device``: 'cpu' or 'cuda' when known)."""
+        if self.optimizer and device == "cpu":
+            raise StrategyError(
+                f"optimizer: {self.optimizer} is a bitsandbytes optimizer, which needs a CUDA GPU; "
+                "fix: leave optimizer out on CPU (fused_optimizer: true keeps the recipe's AdamW)"
+            )
+        if self.compile and device == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
+            raise StrategyError(
+                "compile: blocks on CPU: torch.compile's inductor builds C++ kernels and there is no "
+                "C++ compiler here; fix: install g++, or leave compile out"
+            )
+        if args.get("quantize"):
+            raise StrategyError(
+                f"quantize={args['quantize']} under {self.name}: litgpt quantizes through Lightning's "
+                "BitsandbytesPrecision, which it allows on one device only, and sharding 4-bit weights (FSDP-QLoRA) "
+                "needs bitsandbytes quant_storage wiring that litgpt lacks; QLoRA runs on one device with "
+                "`litgpt finetune_lora` (tunelab run without --strategy)"
+            )
+        if self.name == "deepspeed" and self.offload_params and self.zero_stage != 3:
+            raise StrategyError("offload_params needs zero_stage: 3")
+        if self.name == "fsdp" and self.sharding_strategy not in (
+            "FULL_SHARD",
+            "SHARD_GRAD_OP",
+            "HYBRID_SHARD",
+            "NO_SHARD",
+        ):
+            raise StrategyError(f"sharding_strategy {self.sharding_strategy!r} is not a torch ShardingStrategy")
+        if args.get("precision") in ("16-mixed",):
+            raise StrategyError(
+                "16-mixed needs a gradient scaler, which this loop (like litgpt's) does not use; "
+                "use bf16-mixed or bf16-true"
+            )
+
+
+def load_strategy(path: str | Path) -> StrategyConfig:
+    """A strategy file from a path or a name under configs/strategies/, type- and range-checked;
+    StrategyError naming the file and key."""
+    p = Path(path)
+    if not p.is_file() and (CONFIGS_DIR / "strategies" / f"{path}.yaml").is_file():
+        p = CONFIGS_DIR / "strategies" / f"{path}.yaml"
+    if not p.is_file():
+        known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
+        raise StrategyError(f"no strategy {path!r}: give a YAML path or one of: {known}")
+    try:
+        raw = yaml_input.load_mapping(p, "a strategy")
+    except InputError as e:
+        raise StrategyError(str(e)) from None
+    allowed = {f.name for f in fields(StrategyConfig)}
+    bad = set(raw) - allowed
+    if bad:
+        raise StrategyError(f"{p}: unknown key(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+    if raw.get("name") not in NAMES:
+        raise StrategyError(f"{p}: name: must be one of {NAMES}, got {raw.get('name')!r}")
+    for f in fields(StrategyConfig):
+        if f.name in raw and not _type_ok(raw[f.name], f.type):
+            raise StrategyError(
+                f"{p}: {f.name}: {raw[f.name]!r} is not a {f.type}; fix: see the field's "
+                "description in tunelab/strategies.py"
+            )
+    for key, allowed_values in CHOICES.items():
+        if key in raw and raw[key] not in allowed_values:
+            raise StrategyError(f"{p}: {key}: {raw[key]!r} is not one of {allowed_values}")
+    for key in ("bucket_cap_mb", "reduce_bucket_size", "allgather_bucket_size", "log_interval", "length_grouping"):
+        if raw.get(key) is not None and raw[key] < 1:
+            raise StrategyError(f"{p}: {key}: {raw[key]} must be >= 1")
+    return StrategyConfig(**raw)
+
+
+CHOICES = {
+    "sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"),
+    "auto_wrap": ("block", "none"),
+    "backward_prefetch": ("BACKWARD_PRE", "BACKWARD_POST", None),
+    "zero_stage": (1, 2, 3),
+    "optimizer": ("adamw8bit", "paged_adamw", "paged_adamw8bit", None),
+    "compile": ("blocks", None),
+}
+"""Keys whose values come from a fixed set."""
+
+_TYPES = {"int": (int,), "bool": (bool,), "str": (str,), "dict": (dict,), "None": (type(None),)}
+
+
+def _type_ok(value, annotation: str) -> bool:
+    """Whether ``value`` (from YAML) matches a field annotation such as 'int' or 'dict | None' (bool is no int)."""
+    allowed = tuple(t for part in str(annotation).split("|") for t in _TYPES.get(part.strip(), (object,)))
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)

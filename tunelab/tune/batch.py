@@ -1,0 +1,386 @@
+"""``tunelab tune-batch``: the largest micro batch that fits, and the fastest one, found by real short probes.
+
+Starting from the planner's guess (the largest micro batch it predicts fits the named GPU, or 1), each probe is a
+real run of a few optimizer steps (no accumulation, no final validation) written as a run record. The micro batch
+doubles until a probe runs out of memory, then bisects between the last fit and the first failure. The best
+micro batch is the one with the highest steady-state tokens/s among the probes that fit with no allocator retries
+(seed 000: batch 8 fit but ran slower than 7 because of cudaMalloc retries). On CPU, ``--memory-limit-gb`` caps
+each probe's address space, so the search runs (and is tested) for real without a GPU.
+
+Under a strategy (``--strategy fsdp --devices 4``) the probes run tunelab's multi-device loop; with
+``--activation-checkpointing on|off|both`` each setting is searched on its own, from a copy of the strategy file
+with that one key changed (written beside the probes, so every record names the exact file it ran). The table has
+the columns of the FSDP tuning study the project reproduces (docs/lab.md, Part 3): micro batch, peak allocated and
+reserved, GPU utilisation mean +/- std, TFLOP/s per device, iteration time, allocator retries, status; the best
+micro batch is starred, and the planner's predicted largest micro batch is shown beside the probed one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tunelab import hardware
+from tunelab import record as record_mod
+from tunelab.files import set_aside, write_json_atomic, write_text_atomic
+from tunelab.plan.recipe import plan_recipe
+from tunelab.progress import ProgressLine
+from tunelab.recipes import Recipe
+from tunelab.run.resume import resume_state, same_overrides, strategy_label
+from tunelab.run.runner import run
+from tunelab.strategies import load_strategy
+from tunelab.validate import check
+
+
+@dataclass
+class TuneResult:
+    """One search: the largest fitting micro batch, the best one, and every probe."""
+
+    largest_fitting: int
+    """Largest micro batch whose probe finished (0 if even the smallest tried failed)."""
+    best: int | None
+    """Micro batch with the highest padded tok/s among fitting probes without allocator retries."""
+    start: int
+    """Where the search started, and why (start_reason)."""
+    start_reason: str
+    probes: list = field(default_factory=list)
+    """One entry per probe: micro batch, status, tok/s, retries, peak memory, utilisation, TFLOP/s, record path."""
+    setting: str = ""
+    """The strategy and activation-checkpointing setting searched ('' for the recipe's own litgpt run)."""
+    predicted_largest: int | None = None
+    """The planner's largest fitting micro batch for the same setting on the named GPU (None without --gpu)."""
+
+
+def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -> list[str]:
+    """A probe: ``steps`` optimizer steps of one micro batch each, one warm-up step (litgpt's cosine schedule divides
+    by max_steps - lr_warmup_steps, so a recipe's warm-up equal to the probe's steps would crash it), no saving."""
+    return [
+        *overrides,
+        "--train.micro_batch_size",
+        str(micro),
+        "--train.global_batch_size",
+        str(micro * world),
+        "--train.max_steps",
+        str(steps),
+        "--train.lr_warmup_steps",
+        "1",
+        "--eval.final_validation",
+        "false",
+        "--train.save_interval",
+        "null",
+    ]
+
+
+def probe_problems(recipe: Recipe, overrides: list[str], world: int, steps: int, strategy: bool) -> list[str]:
+    """What the validator refuses in a probe as it will run (under tunelab's multi-device loop, ``strategy``, the
+    in-loop evaluation litgpt could hang on is not run, so eval.interval is not a problem there)."""
+    return check(recipe, probe_overrides(overrides, 1, world, steps)).blocking(under_strategy=strategy)
+
+
+def planned_start(
+    recipe: Recipe,
+    overrides: list[str],
+    gpu: hardware.GPU | None,
+    strategy: str | None,
+    activation_checkpointing: bool,
+    model: str,
+) -> tuple[int | None, int, str]:
+    """(the planner's largest fitting micro batch on ``gpu``, or None without one; the micro batch a search starts
+    from; why). The tiny model is nothing like the GPU row's model: its searches start at 1."""
+    if gpu is None:
+        return None, 1, "no GPU row for the planner to predict from"
+    plan = plan_recipe(
+        recipe, overrides, gpu=gpu, strategy=strategy, activation_checkpointing=activation_checkpointing
+    ).plan
+    predicted = plan.max_micro_batch_size
+    if predicted and model != "tiny":
+        return predicted, max(1, predicted), f"the planner's largest fitting micro batch on {gpu.name}"
+    return predicted, 1, "the tiny model: the planner's prediction is for the real one"
+
+
+def tune(
+    recipe: Recipe,
+    overrides: list[str],
+    out_dir: Path,
+    *,
+    start: int = 1,
+    start_reason: str = "",
+    max_micro: int = 1024,
+    steps: int = 3,
+    model: str = "auto",
+    memory_limit_bytes: int | None = None,
+    timeout_s: float | None = None,
+    world: int = 1,
+    stream=sys.stderr,
+    strategy: str | None = None,
+    setting: str = "",
+    also: list[int] | None = None,
+    predicted_largest: int | None = None,
+) -> TuneResult:
+    """Search the micro batch by real probes (see the module docstring); every probe is a run record under
+    ``out_dir/mbs<N>/``, and one already there with the same settings is reused."""
+    out_dir = Path(out_dir)
+    results: dict[int, record_mod.RunRecord] = {}
+    progress = ProgressLine(None, stream)
+
+    def probe(m: int) -> bool:
+        if m in results:
+            return results[m].status == "ok"
+        run_dir = out_dir / f"mbs{m}"
+        wanted = probe_overrides(overrides, m, world, steps)
+        rec = reusable(run_dir / "record.json", recipe, wanted, strategy, model)
+        if rec is None and (run_dir / "record.json").is_file():  # another probe's record: kept aside, not lost
+            set_aside(run_dir / "record.json", "settings changed")
+        if rec is None:
+            progress.started(len(results), f"probe micro {m} {recipe.key}")
+            rec = run(
+                recipe,
+                wanted,
+                run_dir,
+                sweep="tune-batch",
+                row_id=f"mbs{m}",
+                model=model,
+                timeout_s=timeout_s,
+                memory_limit_bytes=memory_limit_bytes,
+                on_progress=progress.show,
+                strategy=strategy,
+            )
+            shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
+            again = ""
+        else:
+            again = " [recorded earlier: not run again]"
+        results[m] = rec
+        mem = rec.peak_allocated_bytes or rec.peak_rss_bytes
+        stream.write(
+            f"probe micro {m}{again}: {rec.status}"
+            + (f" ({rec.error})" if rec.status != "ok" else "")
+            + (f" | {rec.tok_s_padded:,.0f} tok/s" if rec.tok_s_padded else "")
+            + (f" | peak {mem / 1e9:.2f} GB" if mem else "")
+            + "\n"
+        )
+        stream.flush()
+        if rec.status not in ("ok", "oom"):
+            raise RuntimeError(f"probe micro {m} ended with {rec.status}: {rec.error} (see {run_dir}/stderr.log)")
+        return rec.status == "ok"
+
+    for m in sorted(set(also or ())):  # extra rows for the table (the shape of the curve), each a real probe, first:
+        if m <= max_micro:  # a search cut short by a time limit still leaves them; the search reuses them
+            probe(m)
+    m = max(1, min(start, max_micro))
+    if probe(m):
+        lo, hi = m, None
+        while hi is None and lo < max_micro:
+            nxt = min(lo * 2, max_micro)  # the cap itself is probed: 244 fitting under a cap of 256 says nothing of 256
+            if probe(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+    else:
+        hi, lo = m, 0
+        while hi > 1:
+            nxt = hi // 2
+            if probe(nxt):
+                lo = nxt
+                break
+            hi = nxt
+    if hi is not None and lo:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+
+    # the largest micro batch that fits without allocator retries (seed 000: 8 fit, but its cudaMalloc retries made
+    # 7 the fastest): bisect between the largest clean probe and the smallest one that retried or ran out
+    def clean(m: int) -> bool:
+        return results[m].status == "ok" and not results[m].num_alloc_retries
+
+    while True:
+        lo_c = max([m for m in results if clean(m)], default=0)
+        above = [m for m in results if m > lo_c and not clean(m)]
+        hi_c = min(above, default=None)
+        if hi_c is None or hi_c - lo_c <= 1:
+            break
+        probe(max(1, (lo_c + hi_c) // 2))
+    fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
+    clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
+    best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
+    res = TuneResult(
+        largest_fitting=lo,
+        best=best,
+        start=start,
+        start_reason=start_reason,
+        setting=setting,
+        predicted_largest=predicted_largest,
+        probes=[
+            {
+                "micro_batch_size": m,
+                "status": r.status,
+                "tok_s_padded": r.tok_s_padded,
+                "num_alloc_retries": r.num_alloc_retries,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+                "peak_rss_bytes": r.peak_rss_bytes,
+                "gpu_util_mean": r.gpu_util_steady_mean,
+                "gpu_util_std": r.gpu_util_steady_std,
+                "tflops_per_device": r.achieved_tflops_per_device,
+                "iter_time_s": r.iter_time_s,
+                "error": r.error,
+                "record": str(out_dir / f"mbs{m}" / "record.json"),
+            }
+            for m, r in sorted(results.items())
+        ],
+    )
+    write_json_atomic(out_dir / "tune-batch.json", res.__dict__)
+    return res
+
+
+def reusable(
+    record_path: Path, recipe: Recipe, overrides: list[str], strategy: str | None, model: str
+) -> record_mod.RunRecord | None:
+    """An earlier probe's record that answers this probe (same recipe, overrides, strategy file and model choice;
+    finished or out of memory, not cut short): a search stopped by a time limit or Ctrl-C goes on where it was."""
+    done, _ = resume_state(record_path)
+    if not done:
+        return None
+    try:
+        rec = record_mod.load(record_path)
+    except (OSError, ValueError, TypeError):
+        return None
+    same = (
+        rec.recipe == recipe.key
+        and same_overrides(rec.overrides, overrides)
+        and (rec.strategy or "litgpt") == strategy_label(strategy)
+        and rec.status in ("ok", "oom")
+        and (model in ("auto", rec.model_source) or (model == "checkpoint" and rec.model_source == "checkpoint"))
+    )
+    return rec if same else None
+
+
+PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+"""``--backward-prefetch`` words and the FSDP BackwardPrefetch member each names (none: no prefetch)."""
+
+
+def strategy_variant(
+    strategy: str, activation_checkpointing: bool | None, out_dir: Path, backward_prefetch: str | None = None
+) -> Path:
+    """A copy of a configs/strategies file with ``activation_checkpointing`` (and, if given, ``backward_prefetch``:
+    a key of :data:`PREFETCH`) set, written into ``out_dir``."""
+    cfg = dataclasses.asdict(load_strategy(strategy))
+    what = []
+    if activation_checkpointing is not None:
+        cfg["activation_checkpointing"] = activation_checkpointing
+        what.append(f"activation checkpointing {'on' if activation_checkpointing else 'off'}")
+    if backward_prefetch is not None:
+        cfg["backward_prefetch"] = PREFETCH[backward_prefetch]
+        what.append(f"backward prefetch {backward_prefetch}")
+    cfg["description"] = (cfg.get("description") or cfg["name"]) + f" ({', '.join(what)}: tunelab tune-batch)"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"strategy-{variant_name(activation_checkpointing, backward_prefetch)}.yaml"
+    write_text_atomic(path, yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def variant_name(activation_checkpointing: bool | None, backward_prefetch: str | None) -> str:
+    """The directory/file stem of a setting: ``ac-on``, ``ac-off-prefetch-none``, ``prefetch-pre``."""
+    parts = [] if activation_checkpointing is None else [f"ac-{'on' if activation_checkpointing else 'off'}"]
+    if backward_prefetch is not None:
+        parts.append(f"prefetch-{backward_prefetch}")
+    return "-".join(parts) or "strategy"
+
+
+AC_SETTINGS = {"on": [True], "off": [False], "both": [False, True], None: [None]}
+"""``--activation-checkpointing`` words and the settings each searches (None: the strategy file's own)."""
+
+
+def search(
+    recipe: Recipe,
+    overrides: list[str],
+    out: Path,
+    *,
+    gpu: hardware.GPU | None,
+    model: str,
+    strategy: str | None = None,
+    activation_checkpointing: str | None = None,
+    backward_prefetch: str | None = None,
+    start: int | None = None,
+    **tune_args,
+) -> list[TuneResult]:
+    """``tunelab tune-batch``: one :func:`tune` per activation-checkpointing setting (``on``, ``off``, ``both``),
+    each under its own copy of the strategy file with that setting (and ``backward_prefetch``) written into its
+    own directory under ``out``; the search starts at the planner's largest fitting micro batch unless ``start``."""
+    results = []
+    for setting in AC_SETTINGS[activation_checkpointing]:
+        variant, sub_out, label = strategy, out, strategy or ""
+        if setting is not None or backward_prefetch:
+            sub_out = out / variant_name(setting, backward_prefetch)
+            variant = str(strategy_variant(strategy, setting, sub_out, backward_prefetch))
+            label = ", ".join(
+                [strategy]
+                + ([] if setting is None else [f"activation checkpointing {'on' if setting else 'off'}"])
+                + ([] if not backward_prefetch else [f"backward prefetch {backward_prefetch}"])
+            )
+        predicted, first, why = planned_start(recipe, overrides, gpu, variant, bool(setting), model)
+        if start:
+            first, why = start, "--start"
+        results.append(
+            tune(
+                recipe,
+                overrides,
+                sub_out,
+                start=first,
+                start_reason=why,
+                model=model,
+                strategy=variant,
+                setting=label,
+                predicted_largest=predicted,
+                **tune_args,
+            )
+        )
+    return results
+
+
+def _gb(b) -> str:
+    return "" if not b else f"{b / 1e9:.2f}"
+
+
+def _num(value, fmt: str, scale: float = 1.0) -> str:
+    return "" if value is None else format(value * scale, fmt)
+
+
+def render(res: TuneResult) -> str:
+    """The probes as the FSDP tuning study tabled them, the best micro batch starred."""
+    lines = [
+        f"{res.setting or 'litgpt'}: started at micro batch {res.start} ({res.start_reason})",
+        "  micro  status  alloc GB  reserved GB  RSS GB  GPU util %   TFLOP/s/dev  iter ms  tok/s padded  retries",
+    ]
+    for p in res.probes:
+        util = (
+            "" if p.get("gpu_util_mean") is None else f"{p['gpu_util_mean']:.0f} +/- {p.get('gpu_util_std') or 0:.0f}"
+        )
+        star = "*" if p["micro_batch_size"] == res.best else " "
+        retries = "" if p["num_alloc_retries"] is None else str(p["num_alloc_retries"])
+        lines.append(
+            f"{star}{p['micro_batch_size']:>6}  {p['status']:<6}  {_gb(p.get('peak_allocated_bytes')):>8}  "
+            f"{_gb(p.get('peak_reserved_bytes')):>11}  {_gb(p.get('peak_rss_bytes')):>6}  {util:>10}  "
+            f"{_num(p.get('tflops_per_device'), '.1f'):>11}  {_num(p.get('iter_time_s'), '.0f', 1000):>7}  "
+            f"{p['tok_s_padded'] or 0:>12,.0f}  {retries:>7}"
+        )
+    predicted = "" if res.predicted_largest is None else f" (planner predicted {res.predicted_largest})"
+    lines.append(
+        f"largest micro batch that fits: {res.largest_fitting}{predicted}; best (* fastest without allocator "
+        f"retries): {res.best}"
+    )
+    return "\n".join(lines)
+
+
+def summary_json(res: TuneResult) -> str:
+    """A search as JSON (what ``tune-batch --json`` prints)."""
+    return json.dumps(res.__dict__, indent=2, default=str)

@@ -1,0 +1,387 @@
+"""``tunelab bench RECIPE``: litgpt's own command against tunelab's fast path, side by side on one device.
+
+Both arms run the same recipe with the same settings (micro and global batch, precision, data, steps; one device)
+as real runs with their records: arm ``litgpt`` is ``litgpt finetune_*`` itself (behind tunelab's observer), arm
+``fast`` is tunelab's loop under a strategy file (default ``configs/strategies/fast.yaml``). They alternate, litgpt
+first then fast in each pair, so that a drift of the machine (clocks, temperature, other work) touches both; the
+speed-up is the ratio of each pair's steady-state real tokens/s (warm-up excluded), reported as the median with
+its range over the pairs. The fast arm's first iteration (compilation) is reported apart. With ``--best-micro``
+each arm is also run at its own best micro batch (tune-batch: the fastest without allocator retries).
+
+Every run is a record under ``<out>/<arm>-<pair>/`` (``<out>/best-<arm>-<pair>/``), reused when the same command
+runs again; ``bench.md``, ``bench.csv`` (one row per run, fixed columns) and ``loss.png`` (the two loss curves of the
+first pair) are written from the records.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tunelab import record as record_mod
+from tunelab.files import save_figure, set_aside, write_csv, write_json_atomic, write_text_atomic
+from tunelab.paths import output_root
+from tunelab.progress import ProgressLine
+from tunelab.recipes import Recipe
+from tunelab.report.sweep import environment
+from tunelab.run.resume import resume_state, strategy_label
+from tunelab.run.runner import run
+
+COLUMNS = [
+    "phase",
+    "arm",
+    "pair",
+    "strategy",
+    "micro_batch_size",
+    "status",
+    "error",
+    "tok_s_real",
+    "tok_s_padded",
+    "padding_pct",
+    "mfu",
+    "mfu_padded",
+    "peak_allocated_gb",
+    "peak_rss_gb",
+    "first_iteration_s",
+    "step_time_s",
+    "optimizer_steps",
+    "warmup_steps_excluded",
+    "loss_first",
+    "loss_last",
+    "val_loss_final",
+    "device_name",
+    "record",
+]
+"""bench.csv: one row per run (GB = 1e9 bytes; tok/s in the steady state, warm-up excluded, summed over ranks;
+MFU on real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time, compilation
+included)."""
+
+
+@dataclass
+class Arm:
+    """One side of the comparison."""
+
+    name: str
+    """``litgpt`` or ``fast``."""
+    strategy: str | None
+    """None: litgpt's own command; else a configs/strategies file run by tunelab's loop."""
+    records: list = field(default_factory=list)
+    """(pair, record, path) of each run."""
+
+
+@dataclass
+class Phase:
+    """The pairs run at one setting: the recipe's micro batch, or each arm's best."""
+
+    name: str
+    arms: list
+    micro: dict = field(default_factory=dict)
+    """The micro batch of each arm (by name)."""
+
+    def ratios(self) -> list[float]:
+        """fast / litgpt real tokens/s, pair by pair (pairs where both finished)."""
+        by = {a.name: {p: r for p, r, _ in a.records} for a in self.arms}
+        return [
+            by["fast"][p].tok_s_real / by["litgpt"][p].tok_s_real
+            for p in sorted(by["litgpt"])
+            if p in by["fast"] and by["fast"][p].tok_s_real and by["litgpt"][p].tok_s_real
+        ]
+
+
+def _one(
+    recipe: Recipe,
+    overrides: list[str],
+    run_dir: Path,
+    arm: Arm,
+    pair: int,
+    *,
+    model: str,
+    stream,
+    progress: ProgressLine,
+    **run_args,
+) -> record_mod.RunRecord:
+    path = run_dir / "record.json"
+    done, why = resume_state(path, recipe.key, overrides, strategy_label(arm.strategy))
+    if done:
+        stream.write(f"{run_dir.name}: recorded earlier, not run again\n")
+        return record_mod.load(path)
+    if why:
+        set_aside(path, why)
+    progress.started(progress.done, f"{run_dir.name} {recipe.key}")
+    rec = run(
+        recipe,
+        overrides,
+        run_dir,
+        sweep="bench",
+        row_id=run_dir.name,
+        model=model,
+        strategy=arm.strategy,
+        on_progress=progress.show,
+        **run_args,
+    )
+    progress.finished(rec)
+    return rec
+
+
+def run_phase(
+    recipe: Recipe,
+    overrides: list[str],
+    out: Path,
+    name: str,
+    arms: list[Arm],
+    pairs: int,
+    micro: dict | None = None,
+    *,
+    model: str,
+    stream=sys.stderr,
+    **run_args,
+) -> Phase:
+    """``pairs`` alternating pairs (litgpt, then fast) of the recipe with ``overrides`` on one device; ``micro``:
+    an arm's own micro batch (its global batch follows: micro x accumulation of the recipe is not kept)."""
+    phase = Phase(name=name, arms=arms, micro=micro or {})
+    progress = ProgressLine(pairs * len(arms), stream)
+    prefix = "" if name == "recipe" else f"{name}-"
+    for pair in range(pairs):
+        for arm in arms:
+            extra = [*overrides, "--devices", "1"]
+            if arm.name in phase.micro:
+                m = phase.micro[arm.name]
+                extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(m)]
+            run_dir = out / f"{prefix}{arm.name}-{pair}"
+            rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **run_args)
+            arm.records.append((pair, rec, run_dir / "record.json"))
+    return phase
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _spread(values: list) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    return (
+        f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+        if len(values) > 1
+        else f"{values[0]:,.0f}"
+    )
+
+
+def rows(phases: list[Phase], base: Path) -> list[dict]:
+    """bench.csv's rows: every run of every phase, finished or not."""
+    out = []
+    for phase in phases:
+        for arm in phase.arms:
+            for pair, r, path in arm.records:
+                pad = None if not (r.tokens_padded and r.tokens_real) else 100 * (1 - r.tokens_real / r.tokens_padded)
+                out.append(
+                    {
+                        "phase": phase.name,
+                        "arm": arm.name,
+                        "pair": pair,
+                        "strategy": r.strategy,
+                        "micro_batch_size": r.micro_batch_size,
+                        "status": r.status,
+                        "error": r.error,
+                        "tok_s_real": r.tok_s_real,
+                        "tok_s_padded": r.tok_s_padded,
+                        "padding_pct": pad,
+                        "mfu": r.mfu,
+                        "mfu_padded": r.mfu_padded,
+                        "peak_allocated_gb": None if r.peak_allocated_bytes is None else r.peak_allocated_bytes / 1e9,
+                        "peak_rss_gb": None if r.peak_rss_bytes is None else r.peak_rss_bytes / 1e9,
+                        "first_iteration_s": r.first_iteration_s,
+                        "step_time_s": r.step_time_s,
+                        "optimizer_steps": r.optimizer_steps,
+                        "warmup_steps_excluded": r.warmup_steps_excluded,
+                        "loss_first": r.loss_first,
+                        "loss_last": r.loss_last,
+                        "val_loss_final": r.val_loss_final,
+                        "device_name": r.device_name,
+                        "record": str(path.relative_to(base)),
+                    }
+                )
+    return out
+
+
+def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
+    """bench.md: environment, definitions, per phase the arms' medians and the pair-by-pair ratio."""
+    records = [r for p in phases for a in p.arms for _, r, _ in a.records]
+    cpu = all(r.device_type == "cpu" for r in records)
+    lines = [
+        f"# {recipe.key}: litgpt against tunelab's fast path" + (" (CPU, the embedded tiny model)" if cpu else ""),
+        "",
+        "Regenerate with `tunelab bench` (records are reused). "
+        + (
+            "**A CPU rehearsal**: the tiny model on this CPU says nothing about GPU speed; it shows that both "
+            "arms run the same recipe and what the report holds."
+            if cpu
+            else ""
+        ),
+        "",
+        "## Environment",
+        "",
+        *environment(records),
+        "",
+        "Definitions: tok/s in the steady state (warm-up steps excluded), real = without padding, padded = as "
+        "computed; MFU on real tokens (padded tokens in brackets) against the GPU table's dense peak; peak "
+        "allocated is torch's allocator peak (GB = 1e9 bytes), peak RSS the process's resident memory; the "
+        "first iteration's wall time (compilation included) is a cost of its own, not in the steady state. "
+        "Medians over the pairs, range in brackets. Ratio: fast / litgpt real tokens/s, pair by pair.",
+        "",
+    ]
+    for phase in phases:
+        lines += [
+            f"## {'At the recipe settings' if phase.name == 'recipe' else 'Each at its best micro batch'}",
+            "",
+            "| arm | strategy | micro | runs ok | tok/s real | tok/s padded | MFU (padded) | peak alloc. GB | "
+            "peak RSS GB | first iteration s | last loss |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for arm in phase.arms:
+            recs = [r for _, r, _ in arm.records]
+            ok = [r for r in recs if r.status == "ok"]
+            mfu, mfu_p = _median([r.mfu for r in ok]), _median([r.mfu_padded for r in ok])
+            alloc = max((r.peak_allocated_bytes for r in ok if r.peak_allocated_bytes), default=None)
+            rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
+            first = _median([r.first_iteration_s for r in ok])
+            lines.append(
+                f"| {arm.name} | {recs[0].strategy if recs else ''} | {recs[0].micro_batch_size if recs else ''} | "
+                f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
+                f"{_spread([r.tok_s_padded for r in ok])} | "
+                f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
+                f"{'' if alloc is None else f'{alloc / 1e9:.2f}'} | {'' if rss is None else f'{rss / 1e9:.2f}'} | "
+                f"{'' if first is None else f'{first:.1f}'} | {_median([r.loss_last for r in ok]) or ''} |"
+            )
+        ratios = phase.ratios()
+        if ratios:
+            lines += [
+                "",
+                f"Speed-up, fast / litgpt real tokens/s: **{statistics.median(ratios):.2f}x** (range "
+                f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pair(s)).",
+            ]
+        failed = [(arm.name, r) for arm in phase.arms for _, r, _ in arm.records if r.status != "ok"]
+        lines += [f"- {name} {r.row_id}: {r.status}: {r.error}" for name, r in failed]
+        lines.append("")
+    lines += [
+        "What the fast path changes and keeps: the model, the loss and the optimizer's update are litgpt's; "
+        "with length grouping the micro batches are formed from samples of similar length (every sample "
+        "once per epoch), so the sample order, the padding and the loss curve's path differ (`loss.png`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _curve(run_dir: Path) -> list[tuple[int, float]]:
+    files = sorted(run_dir.glob("litgpt/logs/csv/version_*/metrics.csv"))
+    if not files:
+        return []
+    with open(files[-1], newline="") as f:
+        return [(int(r["iter"]), float(r["loss"])) for r in csv.DictReader(f) if r.get("loss")]
+
+
+def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:
+    """loss.png: the training loss of each arm's first run, against the iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phase = phases[0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for arm in phase.arms:
+        if not arm.records:
+            continue
+        points = _curve(arm.records[0][2].parent)
+        if points:
+            ax.plot(
+                *zip(*points),
+                marker="." if len(points) < 60 else None,
+                label=f"{arm.name} ({arm.records[0][1].strategy})",
+            )
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("iteration (micro batch)")
+    ax.set_ylabel("training loss (as logged)")
+    ax.set_title("Loss: litgpt vs tunelab's fast path (first pair)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = save_figure(fig, out_dir / "loss.png")
+    plt.close(fig)
+    return path
+
+
+def default_report_dir(recipe: Recipe, phases: list[Phase]) -> Path:
+    """reports/<date>-bench-<recipe>-<device>."""
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    rec = next((r for p in phases for a in p.arms for _, r, _ in a.records if r.device_name), None)
+    suffix = (
+        ""
+        if rec is None
+        else "-cpu-tiny"
+        if rec.device_type == "cpu"
+        else "-" + rec.device_name.lower().replace("nvidia", "").strip().split(" ")[0]
+    )
+    return output_root() / "reports" / f"{date}-bench-{recipe.slug()}{suffix}"
+
+
+def write_report(recipe: Recipe, phases: list[Phase], base: Path, out_dir: Path | None = None) -> Path:
+    """bench.md, bench.csv, bench.json and loss.png from the phases' records."""
+    out_dir = Path(out_dir) if out_dir else default_report_dir(recipe, phases)
+    table = rows(phases, base)
+    write_csv(out_dir / "bench.csv", table, COLUMNS)
+    write_json_atomic(
+        out_dir / "bench.json",
+        {
+            "recipe": recipe.key,
+            "phases": [{"phase": p.name, "micro": p.micro, "ratios_real_tok_s": p.ratios()} for p in phases],
+            "runs": table,
+        },
+    )
+    write_text_atomic(out_dir / "bench.md", markdown(recipe, phases, base))
+    plot(phases, base, out_dir)
+    return out_dir
+
+
+def best_micro(
+    recipe: Recipe,
+    overrides: list[str],
+    out: Path,
+    arms: list[Arm],
+    *,
+    gpu,
+    model: str,
+    max_micro: int,
+    steps: int,
+    **probe_args,
+) -> dict:
+    """Each arm's best micro batch on one device: tune-batch's search (the fastest without allocator retries), its
+    probes under ``<out>/tune-<arm>/``. An arm with no clean probe is left out."""
+    from tunelab.tune.batch import search
+
+    best = {}
+    for arm in arms:
+        results = search(
+            recipe,
+            [*overrides, "--devices", "1"],
+            out / f"tune-{arm.name}",
+            gpu=gpu,
+            model=model,
+            strategy=arm.strategy,
+            max_micro=max_micro,
+            steps=steps,
+            world=1,
+            **probe_args,
+        )
+        if results and results[0].best:
+            best[arm.name] = results[0].best
+    return best
