@@ -123,7 +123,7 @@ def test_runbook_rehearsal_within_the_device_limits(tmp_path):
     test checks what the stages leave behind, on a machine however busy; how a budget cuts a row and how the next
     call goes on is test_deadline_kills_a_row_that_then_runs_again_on_resume (a row that cannot finish in time)."""
     out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
-    proc = _runbook(out, runs, results, 1500, "env", "tiny", timeout=1800)
+    proc = _runbook(out, runs, results, 1500, "env", "tiny", "bench", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "deadline reached" not in proc.stdout + proc.stderr
     files = _returned_files(out)
@@ -143,6 +143,14 @@ def test_runbook_rehearsal_within_the_device_limits(tmp_path):
     assert {f"lab-part1/{r}/record.json" for r in ("s1", "s2", "s3", "s4", "s5", "s10")} <= set(names)
     assert not [n for n in names if n.endswith((".pth", ".lora"))]  # never weights
     assert "| s4 | tiny-llama-1.1b/full | bf16-true |" in md and "MFU padded" in md and "Not run (8)" in md
+    with tarfile.open(out / "bench.tgz") as tar:  # the bench stage: both arms of each recipe, and their report
+        names = tar.getnames()
+    for slug in ("tiny-llama-1.1b-full",):
+        assert {
+            f"bench/{slug}/litgpt-0/record.json",
+            f"bench/{slug}/fast-0/record.json",
+            f"bench/{slug}/report/bench.md",
+        } <= set(names), (slug, names)
     overhead = json.loads((out / "collector-overhead.json").read_text())
     assert overhead["ratio_with_over_without"] > 0
     # the next call starts from what came back: nothing is run again

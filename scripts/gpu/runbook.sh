@@ -17,6 +17,9 @@
 #   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
 #                 PART3 (default tiny-llama-1.1b-full: TinyLlama full, bf16-mixed, FSDP, one GPU); 33 probes
 #                 took 3 calls (~21 min) on the H100; a cut search goes on where it stopped    ~20 min: 3 calls
+#   bench         litgpt against tunelab's fast path (tunelab bench, 3 alternating pairs of 30 steps, then each
+#                 at its best micro batch): BENCH recipes in turn (default TinyLlama full, TinyLlama LoRA,
+#                 OpenLLaMA 7B LoRA); records reused by the next call (not yet timed)        est. 25-40 min: 3-5 calls
 # A stage cut by BUDGET goes on where it stopped at the next call (same command, gpu-results/ carried).
 #
 # Every stage writes into $OUT (what comes back: at most 8 files, whatever the stages): <sweep>.tgz (every record
@@ -114,6 +117,23 @@ stage_part3() {  # tunelab tune-study: probes under $RUNS/lab-part3/<study>/<set
   "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/lab-part3" "$OUT/lab-part3.tgz"
   return $rc
 }
+stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $RUNS/bench/<recipe>/, archived after
+  local opts=(--weights random --pairs 3 --best-micro --gpu "${GPU:-H100-SXM}" --train.max_steps 30 --timeout 300)
+  local recipes=${BENCH:-tiny-llama-1.1b/full tiny-llama-1.1b/lora open-llama-7b/lora}
+  if [ "$REHEARSAL" = 1 ]; then  # the tiny model stands in for every recipe: one is enough
+    opts=(--model tiny --pairs 1 --train.max_steps 4 --data.num_workers 0); recipes=${BENCH:-tiny-llama-1.1b/full}
+  fi
+  local rc=0 recipe slug
+  for recipe in $recipes; do
+    if [ "$(left)" -le 90 ]; then echo "bench $recipe: not started, $(left) s of the budget left"; continue; fi
+    slug=${recipe//\//-}
+    echo "runbook: tunelab bench $recipe ${opts[*]}"
+    timeout -s INT "$(left)" "$PY" -m tunelab bench "$recipe" "${opts[@]}" --deadline "$(( $(left) - 60 ))" \
+      --out "$RUNS/bench/$slug" --report-dir "$RUNS/bench/$slug/report" || rc=$?
+  done
+  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/bench" "$OUT/bench.tgz"
+  return $rc
+}
 stage_qlora-memory() { sweep qlora-memory; }
 stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
 stage_big() { sweep lab-part1 s8 s9 s14; }
@@ -128,7 +148,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, part3)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, part3, bench)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
-from tunelab.cli.common import count, fail, memory_limit, model_choice, run_options
+from tunelab.cli.common import count, fail, memory_limit, model_choice, positive_seconds, run_options
 
 
 def add_parser(sub) -> None:
@@ -29,6 +30,13 @@ def add_parser(sub) -> None:
     s.add_argument("--best-micro", action="store_true", help="also run each arm at its own best micro batch")
     s.add_argument("--gpu", help="GPU table row for tune-batch's starting guess (with --best-micro)")
     s.add_argument("--max-micro", type=count, default=256, help="with --best-micro: never probe above this")
+    s.add_argument(
+        "--deadline",
+        type=positive_seconds,
+        metavar="S",
+        help="start no run after S seconds and kill one still running then (it runs again when the same command "
+        "runs again): for machines that give a command a fixed time",
+    )
     s.add_argument("--out", type=Path, help="run directory (default: runs/bench/<recipe>)")
     s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-bench-<recipe>-<device>)")
     run_options(s)
@@ -52,15 +60,20 @@ def handle(args, extra) -> int:
         return fail(str(e))
     out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
     limits = {"timeout_s": args.timeout, "memory_limit_bytes": memory_limit(args)}
+    deadline = None if args.deadline is None else time.monotonic() + args.deadline
     arms = [bench.Arm("litgpt", None), bench.Arm("fast", args.strategy)]
-    phases = [bench.run_phase(recipe, extra, out, "recipe", arms, args.pairs, model=model, **limits)]
-    if args.best_micro:
+    phases = [bench.run_phase(recipe, extra, out, "recipe", arms, args.pairs, model=model, deadline=deadline, **limits)]
+    if args.best_micro and (deadline is None or time.monotonic() < deadline):
         best = bench.best_micro(
             recipe, extra, out, arms, gpu=gpu, model=model, max_micro=args.max_micro, steps=3, **limits
         )
         if len(best) == len(arms):
             fresh = [bench.Arm(a.name, a.strategy) for a in arms]
-            phases.append(bench.run_phase(recipe, extra, out, "best", fresh, args.pairs, best, model=model, **limits))
+            phases.append(
+                bench.run_phase(
+                    recipe, extra, out, "best", fresh, args.pairs, best, model=model, deadline=deadline, **limits
+                )
+            )
         else:
             print(f"best micro batch: not found for {sorted({a.name for a in arms} - set(best))}; phase skipped")
     report = bench.write_report(recipe, phases, out, args.report_dir)

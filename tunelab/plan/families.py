@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tunelab.files import write_csv, write_text_atomic
 from tunelab.paths import output_root
-from tunelab.plan.measure import FAMILIES, compare_in_child
+from tunelab.plan.measure import FAMILIES, compare_methods_in_child
 from tunelab.progress import ProgressLine
 
 FAMILY_COLUMNS = [
@@ -53,12 +53,11 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
                 f"--families {name}: not a litgpt config name; fix: e.g. {', '.join(FAMILIES[:3])}"
             ) from None
     out = Path(out or output_root() / "reports" / "planner-families")
-    progress = ProgressLine(2 * len(names))
+    progress = ProgressLine(len(names))
     rows = []
-    for name in names:
-        for method in ("full", "lora"):
-            progress.started(len(rows), f"{name} {method}")
-            rows.append(compare_in_child(name, method, "bf16-true", 1, seq_len))
+    for i, name in enumerate(names):  # full and LoRA of a family in one child process
+        progress.started(i, f"{name} full and lora")
+        rows += compare_methods_in_child(name, ["full", "lora"], "bf16-true", 1, seq_len)
     sys.stderr.write("\n" if progress.tty else "")
     write_csv(out / "families.csv", rows, FAMILY_COLUMNS)
     worst = max(rows, key=lambda r: abs(r["error_total"]))

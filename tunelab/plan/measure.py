@@ -275,20 +275,45 @@ def compare_in_child(
 ) -> dict:
     """:func:`compare` for a litgpt config name in a fresh process: each model's memory goes back to the system when
     it ends (one long process measuring 13 families grows until the kernel kills it on a 24 GiB machine)."""
+    return compare_methods_in_child(name, [method], precision, micro_batch_size, seq_len, timeout_s)[0]
+
+
+def compare_methods_in_child(
+    name: str,
+    methods: list[str],
+    precision: str = "bf16-true",
+    micro_batch_size: int = 1,
+    seq_len: int = 128,
+    timeout_s: float = 900,
+) -> list[dict]:
+    """:func:`compare` for each of ``methods`` (full, lora) of one family, in one fresh process (one import of torch
+    and litgpt; the process's memory goes back to the system when it ends)."""
     p = subprocess.run(
-        [sys.executable, "-m", "tunelab.plan.measure", name, method, precision, str(micro_batch_size), str(seq_len)],
+        [
+            sys.executable,
+            "-m",
+            "tunelab.plan.measure",
+            name,
+            ",".join(methods),
+            precision,
+            str(micro_batch_size),
+            str(seq_len),
+        ],
         capture_output=True,
         text=True,
         timeout=timeout_s,
     )
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
-        raise RuntimeError(f"measuring {name} {method} failed: {tail}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"measuring {name} {','.join(methods)} failed: {tail}")
+    return [json.loads(line) for line in p.stdout.strip().splitlines()[-len(methods) :]]
 
 
-if __name__ == "__main__":  # python -m tunelab.plan.measure NAME METHOD PRECISION MICRO SEQ -> one JSON line
+if (
+    __name__ == "__main__"
+):  # python -m tunelab.plan.measure NAME METHOD[,METHOD] PRECISION MICRO SEQ -> a JSON line each
     from litgpt import Config
 
-    name, method, precision, micro, seq = sys.argv[1:6]
-    print(json.dumps(compare(Config.from_name(name), method, precision, int(micro), int(seq))))
+    name, methods, precision, micro, seq = sys.argv[1:6]
+    for method in methods.split(","):
+        print(json.dumps(compare(Config.from_name(name), method, precision, int(micro), int(seq))), flush=True)

@@ -49,8 +49,9 @@ class Projection:
     seconds_source: str = ""
 
 
-def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int):
-    """The measured run nearest to this configuration (same model, method and precision first, then micro batch)."""
+def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None):
+    """The measured run nearest to this configuration (same model, method and precision first, then the same
+    strategy when given, then the nearest micro batch)."""
     best, best_key = None, None
     for path in Path(records_dir).rglob("record.json"):
         try:
@@ -63,6 +64,7 @@ def calibration(records_dir: Path, model: str, method: str, precision: str, micr
             rec.model_name != model,
             rec.method != method,
             rec.precision != precision,
+            strategy is not None and (rec.strategy or "litgpt") != strategy,
             abs(math.log2(max(rec.micro_batch_size or 1, 1)) - math.log2(max(micro, 1))),
         )
         if best_key is None or key < best_key:
@@ -77,6 +79,7 @@ def project(
     calibrate_dir: Path | None = None,
     mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
     work=None,
+    strategy: str | None = None,
 ) -> Projection:
     """The runtime and energy range from an MFU range (or a measured run's MFU), and with ``work`` (the run's
     tunelab.plan.runtime.Terms) the point estimate."""
@@ -86,7 +89,7 @@ def project(
     lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
     power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
     if calibrate_dir:
-        found = calibration(calibrate_dir, x.config.name, x.method, x.precision, x.micro_batch_size)
+        found = calibration(calibrate_dir, x.config.name, x.method, x.precision, x.micro_batch_size, strategy)
         if found:
             rec, path = found
             lo = hi = rec.mfu
@@ -163,4 +166,5 @@ def project_recipe(
         note = f"--tokens {tokens:,.0f}"
     else:
         tokens, note = epoch_tokens(s, per_sample)
-    return project(x, gpu, tokens, calibrate_dir, mfu_range, work=runtime_terms(s, x, per_sample)), note
+    work = runtime_terms(s, x, per_sample)
+    return project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy), note

@@ -36,6 +36,8 @@ class PlannedRecipe:
     plan: Plan
     seq_source: str
     """Where the planned sequence length comes from (the recipe's max_seq_length, or the dataset's longest sample)."""
+    strategy: str = "litgpt"
+    """The strategy as a run record names it ('litgpt', or the strategy file's description)."""
 
 
 def check_ranges(s: Settings) -> None:
@@ -180,10 +182,17 @@ def plan_recipe(
     if gpu is not None and str(x.precision).startswith("bf16") and not gpu.bf16:
         x.attention_math = True
     plan = memory.predict(x)
+    if strat is not None and strat.fast:
+        plan.notes.append(
+            f"tunelab's fast path ({', '.join(strat.fast)}): the time point estimate is fitted to "
+            "litgpt's loop; --calibrate with the fast path's run records (tunelab bench) uses its "
+            "measured MFU"
+        )
     if gpu is not None:
         memory.verdict(plan, gpu)
         plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
-    return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source)
+    label = strat.describe() if strat is not None else "litgpt"
+    return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source, strategy=label)
 
 
 def _data_init(s: Settings) -> dict:
