@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +29,7 @@ from tunelab.paths import output_root
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.report.sweep import environment
-from tunelab.run.resume import resume_state, strategy_label
+from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label
 from tunelab.run.runner import run
 
 COLUMNS = [
@@ -138,21 +139,36 @@ def run_phase(
     *,
     model: str,
     stream=sys.stderr,
+    deadline: float | None = None,
     **run_args,
 ) -> Phase:
     """``pairs`` alternating pairs (litgpt, then fast) of the recipe with ``overrides`` on one device; ``micro``:
-    an arm's own micro batch (its global batch follows: micro x accumulation of the recipe is not kept)."""
+    an arm's own micro batch (its global batch follows: micro x accumulation of the recipe is not kept).
+    ``deadline`` (time.monotonic()): no run starts after it, and one still running then is killed and recorded as
+    cut by the deadline (it runs again when the same command runs again)."""
     phase = Phase(name=name, arms=arms, micro=micro or {})
     progress = ProgressLine(pairs * len(arms), stream)
     prefix = "" if name == "recipe" else f"{name}-"
     for pair in range(pairs):
         for arm in arms:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left < 1:
+                    stream.write(
+                        f"deadline reached: {name} pair {pair} {arm.name} and later runs not started; the "
+                        "same command goes on\n"
+                    )
+                    return phase
+                run_args["timeout_s"] = min(run_args.get("timeout_s") or left, left)
             extra = [*overrides, "--devices", "1"]
             if arm.name in phase.micro:
                 m = phase.micro[arm.name]
                 extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(m)]
             run_dir = out / f"{prefix}{arm.name}-{pair}"
             rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **run_args)
+            if deadline is not None and rec.status == "killed" and time.monotonic() >= deadline - 1:
+                rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this run; it runs again"
+                record_mod.save(rec, run_dir / "record.json")
             arm.records.append((pair, rec, run_dir / "record.json"))
     return phase
 
