@@ -31,6 +31,7 @@ from tunelab.recipes import Recipe
 from tunelab.report.sweep import environment
 from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label
 from tunelab.run.runner import run
+from tunelab.strategies import load_strategy
 
 COLUMNS = [
     "phase",
@@ -267,13 +268,14 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
             alloc = max((r.peak_allocated_bytes for r in ok if r.peak_allocated_bytes), default=None)
             rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
             first = _median([r.first_iteration_s for r in ok])
+            last = _median([r.loss_last for r in ok])
             lines.append(
                 f"| {arm.name} | {recs[0].strategy if recs else ''} | {recs[0].micro_batch_size if recs else ''} | "
                 f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
                 f"{_spread([r.tok_s_padded for r in ok])} | "
                 f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
                 f"{'' if alloc is None else f'{alloc / 1e9:.2f}'} | {'' if rss is None else f'{rss / 1e9:.2f}'} | "
-                f"{'' if first is None else f'{first:.1f}'} | {_median([r.loss_last for r in ok]) or ''} |"
+                f"{'' if first is None else f'{first:.1f}'} | {'' if last is None else f'{last:.3f}'} |"
             )
         ratios = phase.ratios()
         if ratios:
@@ -317,11 +319,12 @@ def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:
             continue
         points = _curve(arm.records[0][2].parent)
         if points:
-            ax.plot(
-                *zip(*points),
-                marker="." if len(points) < 60 else None,
-                label=f"{arm.name} ({arm.records[0][1].strategy})",
+            label = (
+                "litgpt finetune_* (loss logged every iteration)"
+                if arm.strategy is None
+                else f"tunelab --strategy {arm.strategy} (loss read every {load_strategy(arm.strategy).log_interval or 1})"
             )
+            ax.plot(*zip(*points), marker="o" if len(points) < 60 else None, markersize=3, label=label)
             drawn = True
     if not drawn:
         plt.close(fig)
