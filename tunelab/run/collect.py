@@ -162,8 +162,8 @@ def _read_ranks(rec: RunRecord, stats_dir: Path) -> list[list]:
     return [iters for _, iters in ranks_read]
 
 
-def _memory(rec: RunRecord) -> None:
-    """Step 2: the run's memory figures from its ranks (max of the peaks, sum of the retries)."""
+def _rank_figures(rec: RunRecord) -> None:
+    """Step 2: the run's figures from its ranks: max of the peaks and of the first iteration, sum of the retries."""
 
     def agg(attr, fn):
         vals = [getattr(r, attr) for r in rec.ranks if getattr(r, attr) is not None]
@@ -289,7 +289,7 @@ def collect(
     """Fill ``rec`` from the rank files, litgpt's printout and metrics.csv, and the NVML samples."""
     ranks_iters = _read_ranks(rec, stats_dir)
     rec.status, rec.error = _classify(rec.exit_code, killed_reason, rec.ranks, stderr[-20000:], stdout[-5000:])
-    _memory(rec)
+    _rank_figures(rec)
     n_iters = _litgpt_figures(rec, stdout, out_dir)
     steady = _speed(rec, ranks_iters, n_iters)
     _compute(rec, s, ckpt, n_iters)

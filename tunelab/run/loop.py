@@ -22,6 +22,7 @@ and prints litgpt's per-iteration line, so ``tunelab run`` collects the same rec
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import csv
 import functools
@@ -429,15 +430,11 @@ class _LossLog:
 
     def __init__(self, accumulation: int, interval: int, world: int):
         self.accumulation, self.interval, self.world = accumulation, interval, world
-        self.window: list = []
+        self.window = collections.deque(maxlen=accumulation)
         self.pending = 0
 
     def add(self, loss) -> None:
-        self.window = (
-            [*self.window[-(self.accumulation - 1) :], loss.detach().float()]
-            if self.accumulation > 1
-            else [loss.detach().float()]
-        )
+        self.window.append(loss.detach().float())  # a deque of the last `accumulation` losses
         self.pending += 1
 
     def due(self, iter_num: int) -> bool:
@@ -445,7 +442,7 @@ class _LossLog:
 
     def read(self) -> float:
         """The mean over the window and the ranks (an all-reduce and one ``.item()``)."""
-        window = torch.stack(self.window).mean()
+        window = torch.stack(list(self.window)).mean()
         dist.all_reduce(window, op=dist.ReduceOp.SUM)
         self.pending = 0
         return window.item() / self.world

@@ -160,13 +160,14 @@ def run_phase(
                         "same command goes on\n"
                     )
                     return phase
-                run_args["timeout_s"] = min(run_args.get("timeout_s") or left, left)
+                timeout = min(run_args.get("timeout_s") or left, left)
             extra = [*overrides, "--devices", "1"]
             if arm.name in phase.micro:
                 m = phase.micro[arm.name]
                 extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(m)]
             run_dir = out / f"{prefix}{arm.name}-{pair}"
-            rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **run_args)
+            args = run_args if deadline is None else {**run_args, "timeout_s": timeout}
+            rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **args)
             if deadline is not None and rec.status == "killed" and time.monotonic() >= deadline - 1:
                 rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this run; it runs again"
                 record_mod.save(rec, run_dir / "record.json")
