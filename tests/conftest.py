@@ -20,6 +20,37 @@ def cpu_env(**extra) -> dict:
     return env
 
 
+def tunelab_cli(*args, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
+    """The real ``tunelab`` CLI as a subprocess on CPU (arguments str()-ed), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "tunelab", *map(str, args)],
+        cwd=cwd,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line_problems(label: str, proc, fragment: str) -> str | None:
+    """What is wrong with a refusal (None: nothing): a zero exit, a hang, a traceback or an "unexpected" line,
+    more than one line, or a line without ``fragment``."""
+    out = (proc.stdout + proc.stderr).strip()
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    problems = []
+    if proc.returncode == 0:
+        problems.append("exit 0")
+    if "HANG" in out:
+        problems.append("hang")
+    if "Traceback" in out or "unexpected" in out:
+        problems.append("traceback or unexpected")
+    if len(lines) != 1:
+        problems.append(f"{len(lines)} lines")
+    if fragment not in out:
+        problems.append(f"no {fragment!r}")
+    return f"{label}: {', '.join(problems)}: {out[-400:]!r}" if problems else None
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> Path:
     from tunelab import checkpoints

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,20 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, cpu_env
+from tests.conftest import ROOT, cpu_env, one_line_problems, tunelab_cli
 
 R = "tiny-llama-1.1b/lora"
 
 
-def tunelab(*args, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tunelab", *map(str, args)],
-        cwd=cwd,
-        env=cpu_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+tunelab = tunelab_cli
 
 
 def _files(tmp: Path) -> dict[str, Path]:
@@ -145,21 +136,7 @@ def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     before = set(os.listdir(ROOT.parent))
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda c: tunelab(*c[1]), todo))
-    failures = []
-    for (label, _argv, fragment), proc in zip(todo, results):
-        out = (proc.stdout + proc.stderr).strip()
-        lines = [ln for ln in out.splitlines() if ln.strip()]
-        problems = []
-        if proc.returncode == 0:
-            problems.append("exit 0")
-        if "Traceback" in out:
-            problems.append("traceback")
-        if len(lines) != 1:
-            problems.append(f"{len(lines)} lines")
-        if fragment not in out:
-            problems.append(f"no {fragment!r}")
-        if problems:
-            failures.append(f"{label}: {', '.join(problems)}: {out[-400:]!r}")
+    failures = [m for (label, _, frag), p in zip(todo, results) if (m := one_line_problems(label, p, frag))]
     assert not failures, "\n".join(failures)
     # nothing ran from a file, nothing was written outside the working directory, the alias bomb never expanded
     assert not list(tmp_path.glob("pwned*"))
@@ -225,8 +202,6 @@ def test_a_data_module_that_cannot_download_is_one_line_and_leaves_nothing(tmp_p
     """Offline (declared here with TUNELAB_OFFLINE=1, as HF_HUB_OFFLINE=1 does for Hugging Face), `--data Alpaca`
     is refused before launch in one line saying what to do; no data/alpaca directory is left behind."""
     import subprocess as sp
-
-    from tests.conftest import cpu_env
 
     before = sorted(p.name for p in (ROOT / "data").iterdir())
     proc = sp.run(

@@ -46,7 +46,7 @@ def test_round_trip_through_json(tmp_path):
 
 def test_unknown_field_and_bad_status_refused():
     d = full_record().to_dict()
-    with pytest.raises(ValueError, match="unknown fields"):
+    with pytest.raises(ValueError, match="unknown keys"):
         RunRecord.from_dict({**d, "tokens_per_second": 1})
     with pytest.raises(ValueError, match="status"):
         RunRecord.from_dict({**d, "status": "maybe"})

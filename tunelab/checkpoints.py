@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from tunelab import files
 from tunelab.data import alpaca as data_mod
 from tunelab.data import benchmark
 from tunelab.paths import DATASET, cache_dir
@@ -74,14 +75,17 @@ WEIGHT_GLOBS = ("*.pth", "*.bin", "*.pt", "*.ckpt")
 def unsafe_files(checkpoint_dir: Path) -> list[str]:
     """The weight files in ``checkpoint_dir`` that are not plain tensor data: ``torch.load(weights_only=True)``
     refuses them (a pickle that builds arbitrary objects runs code when litgpt's lazy loader, a plain unpickler,
-    opens it). Cheap: memory-mapped and loaded to the meta device, so no tensor data is read."""
+    opens it), and any that is not a regular file (a FIFO or a device). Cheap: memory-mapped and loaded to the
+    meta device, so no tensor data is read."""
     out = []
     for pattern in WEIGHT_GLOBS:
         for f in sorted(Path(checkpoint_dir).glob(pattern)):
-            if f.is_file():
-                st = f.stat()
-                if not _loads_as_weights(str(f.resolve()), st.st_size, st.st_mtime_ns):
-                    out.append(f.name)
+            if not f.is_file():  # a FIFO or a device would block or never end when litgpt reads it
+                out.append(f.name)
+                continue
+            st = f.stat()
+            if not _loads_as_weights(str(f.resolve()), st.st_size, st.st_mtime_ns):
+                out.append(f.name)
     return out
 
 
@@ -165,10 +169,12 @@ def build(
 
 @contextlib.contextmanager
 def _build_lock(out_dir: Path):
-    """An exclusive flock beside ``out_dir`` (released by the kernel if the holder dies)."""
+    """An exclusive flock on a file inside ``out_dir`` (nothing is left beside it; never through a link; released
+    by the kernel if the holder dies)."""
     import fcntl
 
-    with open(out_dir.parent / f".{out_dir.name}.lock", "a") as f:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with files.open_output(out_dir / ".tunelab-build.lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -185,11 +191,14 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
 
     if name in EMBEDDED:
         records = (
-            json.loads(Path(dataset).read_text(encoding="utf-8")) if Path(dataset).is_file() else data_mod.generate()
+            files.read_json(dataset, files.DATASET_MAX_BYTES, "dataset")
+            if Path(dataset).exists()
+            else data_mod.generate()
         )
         tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
         tok.save(str(out_dir / "tokenizer.json"))
-        (out_dir / "tokenizer_config.json").write_text(
+        files.write_text_atomic(
+            out_dir / "tokenizer_config.json",
             json.dumps(
                 {
                     "tokenizer_class": "PreTrainedTokenizerFast",
@@ -200,7 +209,7 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
                     "model_max_length": config.block_size,
                 },
                 indent=2,
-            )
+            ),
         )
     else:  # real architecture: the benchmark tokenizer, whose token counts reproduce the lab's batches
         benchmark.write_tokenizer(out_dir)
@@ -208,8 +217,9 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
 
         tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-    (out_dir / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}, indent=2)
+    files.write_text_atomic(
+        out_dir / "generation_config.json",
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}, indent=2),
     )
 
     torch.manual_seed(seed)
@@ -224,7 +234,8 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
     tmp = out_dir / "lit_model.pth.tmp"
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
     save_config(config, out_dir)
-    (out_dir / "tunelab_build.json").write_text(
+    files.write_text_atomic(
+        out_dir / "tunelab_build.json",
         json.dumps(
             {
                 "model": name,
@@ -238,7 +249,7 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
             },
             indent=2,
             default=str,
-        )
+        ),
     )
     tmp.replace(out_dir / "lit_model.pth")  # last: is_complete() sees a whole directory or none
     return out_dir

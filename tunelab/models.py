@@ -55,6 +55,23 @@ def count_params(config) -> tuple[int, int]:
     return c.n_layer * layer + norm + emb + head, emb
 
 
+_POSITIVE_INTS = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "vocab_size",
+    "padded_vocab_size",
+    "padding_multiple",
+    "n_query_groups",
+    "head_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+)
+"""model_config.yaml keys that count something: positive integers (``n_layer: -5`` would plan a negative model,
+``block_size: 0`` a model that holds no token)."""
+
+
 def load_config(checkpoint_dir):
     """The litgpt Config of a checkpoint directory (its model_config.yaml, else litgpt's config of its name).
 
@@ -75,7 +92,8 @@ def load_config(checkpoint_dir):
         Config = mod.Config
     ckpt = Path(checkpoint_dir)
     cfg_file = ckpt / "model_config.yaml"
-    if cfg_file.is_file():  # read as plain data here (litgpt's Config.from_file would pass anything to Config)
+    if cfg_file.exists():  # plain data, read here: litgpt's Config.from_file would pass anything to Config (and
+        # a FIFO or a device in its place is refused by the reader)
         raw = yaml_input.load_mapping(cfg_file, "model_config.yaml")
         unknown = set(raw) - {f.name for f in dataclasses.fields(Config)}
         if unknown:
@@ -83,6 +101,13 @@ def load_config(checkpoint_dir):
                 f"{cfg_file}: unknown key(s) {sorted(unknown)[:5]}: not fields of litgpt's Config; "
                 "fix: use the model_config.yaml `litgpt download` writes"
             )
+        for key in _POSITIVE_INTS:
+            value = raw.get(key)
+            if value is not None and (type(value) is not int or not 0 < value <= 10**7):
+                raise InputError(
+                    f"{cfg_file}: {key}: {value!r} is not a positive integer (at most 1e7); fix: use the "
+                    "model_config.yaml `litgpt download` writes"
+                )
         try:
             return Config(**raw)
         except Exception as e:  # noqa: BLE001 - litgpt's __post_init__ does arithmetic on whatever it is given

@@ -9,6 +9,7 @@ directory (runs/, reports/) and to ``$TUNELAB_HOME`` or ``~/.cache/tunelab`` (bu
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -43,3 +44,17 @@ def project_path(path) -> Path:
     directory."""
     path = Path(path)
     return path if path.is_absolute() else ROOT / path
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""Names that become directory names (sweep and study names, row ids): no separators, no '..', nothing hidden
+or absolute, at most 100 characters."""
+
+
+def slug(text: object, default: str = "unnamed") -> str:
+    """``text`` made into a plain directory name (:data:`SAFE_NAME`) however it came (a record's device name, an
+    index file's sweep name): characters outside letters, digits, '.', '_', '-' become '-', leading dots and
+    dashes go, 100 characters at most; ``default`` when nothing is left. The one check for names read from files
+    that become paths."""
+    out = "" if text is None else re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).lstrip(".-")[:100].rstrip("-")
+    return out if SAFE_NAME.fullmatch(out) else default

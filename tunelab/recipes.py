@@ -176,7 +176,7 @@ def resolve(ref: str) -> Recipe:
     """A recipe from a path (``recipes/open-llama-7b/lora.yaml``) or a key (``open-llama-7b/lora``)."""
     candidates = [Path(ref), RECIPES_DIR / ref, RECIPES_DIR / f"{ref}.yaml"]
     for c in candidates:
-        if c.is_file():
-            return load(c)
+        if c.is_file() or (c is candidates[0] and c.exists() and not c.is_dir()):  # a FIFO, a device: the reader
+            return load(c)  # refuses it by name
     known = ", ".join(r.key for r in discover())
     raise RecipeError(f"no recipe {ref!r}: give a YAML path or one of: {known}")

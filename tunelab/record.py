@@ -8,11 +8,14 @@ Records are JSON files written atomically (temp file + rename) next to the run's
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunelab.files import write_json_atomic
+from tunelab.files import read_json, write_json_atomic
 
 SCHEMA_VERSION = 3  # 2: phase peaks, matmul precision, steady-state power window, peak basis, pruned files;
 # 3: the first iteration apart (compilation)
@@ -64,11 +67,16 @@ directory."""
 
 def read_rank_file(data: dict) -> tuple[RankStats, list]:
     """(RankStats, iteration log) from a rank file's JSON; ValueError naming any key the schema does not know."""
-    known = {f.name for f in dataclasses.fields(RankStats)}
-    unknown = set(data) - known - set(RANK_FILE_LOG)
-    if unknown:
-        raise ValueError(f"rank file has unknown keys {sorted(unknown)} (schema: tunelab.record.RankStats)")
-    return RankStats(**{k: v for k, v in data.items() if k in known}), list(data.get("iters") or [])
+    if not isinstance(data, dict):
+        raise ValueError(f"a rank file is a JSON object, got {type(data).__name__}")
+    stats = checked_fields(RankStats, {k: v for k, v in data.items() if k not in RANK_FILE_LOG}, "rank file")
+    iters = data.get("iters") or []
+    if not isinstance(iters, list) or not all(
+        isinstance(it, list) and len(it) == 3 and all(type(x) in (int, float) and math.isfinite(x) for x in it)
+        for it in iters
+    ):
+        raise ValueError("rank file: iters is not a list of [time, padded tokens, real tokens]")
+    return RankStats(**stats), iters
 
 
 @dataclass
@@ -290,17 +298,68 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunRecord:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"run record has unknown fields {sorted(unknown)} (schema {SCHEMA_VERSION})")
-        d = dict(d)
-        d["ranks"] = [r if isinstance(r, RankStats) else RankStats(**r) for r in d.get("ranks", [])]
-        d["gpus"] = [g if isinstance(g, GPUSample) else GPUSample(**g) for g in d.get("gpus", [])]
-        rec = cls(**d)
+        """A record from its JSON data; ValueError naming the field for an unknown field, a wrong type (a string
+        for a number, a list for a mapping), a negative or non-finite figure, or an unknown status."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a run record is a JSON object, got {type(d).__name__}")
+        d = checked_fields(cls, d, "run record")
+        try:
+            d["ranks"] = [RankStats(**checked_fields(RankStats, r, "ranks[]")) for r in d.get("ranks", [])]
+            d["gpus"] = [GPUSample(**checked_fields(GPUSample, g, "gpus[]")) for g in d.get("gpus", [])]
+            rec = cls(**d)
+        except TypeError as e:  # a required field missing
+            raise ValueError(f"run record: {e}") from None
         if rec.status not in STATUSES:
             raise ValueError(f"run record status {rec.status!r} is not one of {STATUSES}")
         return rec
+
+
+LOSS_FIELDS = ("loss_first", "loss_last", "val_loss_final")
+"""Figures that may be NaN or infinite in a real record: a diverged run's loss."""
+SIGNED_FIELDS = ("exit_code",)
+"""Figures that may be negative: a child killed by signal N exits with -N."""
+
+
+def checked_fields(cls, d, where: str) -> dict:
+    """``d`` checked against the dataclass ``cls``: known keys only, each value of its field's type (an int is a
+    float, a bool is not a number), numbers finite and non-negative (losses may be NaN or infinite: divergence is
+    a result; an exit code is negative for a signal). ValueError naming the field otherwise."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: a JSON object expected, got {type(d).__name__}")
+    hints = _hints(cls)
+    unknown = set(d) - set(hints)
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {sorted(unknown)} (schema {SCHEMA_VERSION})")
+    for key, value in d.items():
+        allowed = hints[key]
+        ok = (
+            (value is None and type(None) in allowed)
+            or (isinstance(value, bool) and bool in allowed)
+            or (type(value) is int and (int in allowed or float in allowed))
+            or (type(value) is float and float in allowed)
+            or (type(value) in (str, list, dict) and type(value) in allowed)
+        )
+        if not ok:
+            want = " or ".join(t.__name__ for t in allowed if t is not type(None))
+            raise ValueError(f"{where}: {key} is a {type(value).__name__}, expected {want}")
+        if type(value) in (int, float) and key not in LOSS_FIELDS:
+            if not math.isfinite(value) or (value < 0 and key not in SIGNED_FIELDS):
+                raise ValueError(f"{where}: {key} = {value!r} is not a finite non-negative number")
+    return dict(d)
+
+
+@functools.cache
+def _hints(cls) -> dict[str, tuple]:
+    """{field: the Python types its annotation allows} (``int | None`` -> (int, NoneType))."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = typing.get_args(hint)
+        out[name] = (
+            tuple(typing.get_origin(a) or a for a in args)
+            if args and typing.get_origin(hint) in (typing.Union, types.UnionType)
+            else (typing.get_origin(hint) or hint,)
+        )
+    return out
 
 
 def save(record: RunRecord, path: Path) -> Path:
@@ -309,5 +368,6 @@ def save(record: RunRecord, path: Path) -> Path:
 
 
 def load(path: Path) -> RunRecord:
-    """Read a record; ValueError for unknown fields or status, OSError when it cannot be read."""
-    return RunRecord.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    """Read a record (:func:`tunelab.files.read_json`: a regular file, bounded); ValueError (FileRefused is one)
+    for a file that is not a readable record or a field of the wrong type or range."""
+    return RunRecord.from_dict(read_json(path, what="run record"))

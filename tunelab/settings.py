@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
 from tunelab.paths import project_path
 
@@ -229,14 +230,12 @@ def data_size(args: dict) -> tuple[int | None, str]:
     path = init.get("json_path")
     if path is not None:
         f = project_path(path)
-        if not f.is_file():
+        if not f.exists():
             return None, f"{path} is not here"
         try:
-            text = f.read_text(encoding="utf-8")
-            n = len(json.loads(text)) if f.suffix == ".json" else sum(1 for line in text.splitlines() if line)
-        except (OSError, ValueError) as e:
-            return None, f"{path} cannot be read ({e})"
-        return n, f"{n:,} records of {path}"
+            return dataset_records.count(f)
+        except InputError as e:  # validation names it as a problem of data.json_path
+            return None, str(e)
     known = DATA_MODULE_SIZES.get(str(data.get("class_path")))
     if known:
         return known

@@ -167,9 +167,9 @@ def load_strategy(path: str | Path) -> StrategyConfig:
     """A strategy file from a path or a name under configs/strategies/, type- and range-checked;
     StrategyError naming the file and key."""
     p = Path(path)
-    if not p.is_file() and (CONFIGS_DIR / "strategies" / f"{path}.yaml").is_file():
+    if not p.exists() and (CONFIGS_DIR / "strategies" / f"{path}.yaml").is_file():
         p = CONFIGS_DIR / "strategies" / f"{path}.yaml"
-    if not p.is_file():
+    if not p.exists():  # what is there but is no regular file (a FIFO, a directory) is refused by the reader
         known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
         raise StrategyError(f"no strategy {path!r}: give a YAML path or one of: {known}")
     try:
@@ -191,10 +191,29 @@ def load_strategy(path: str | Path) -> StrategyConfig:
     for key, allowed_values in CHOICES.items():
         if key in raw and raw[key] not in allowed_values:
             raise StrategyError(f"{p}: {key}: {raw[key]!r} is not one of {allowed_values}")
-    for key in ("bucket_cap_mb", "reduce_bucket_size", "allgather_bucket_size", "log_interval", "length_grouping"):
-        if raw.get(key) is not None and raw[key] < 1:
-            raise StrategyError(f"{p}: {key}: {raw[key]} must be >= 1")
+    for key, high in RANGES.items():
+        if raw.get(key) is not None and not 1 <= raw[key] <= high:
+            raise StrategyError(f"{p}: {key}: {raw[key]} must be between 1 and {high:,}")
+    for key, value in (raw.get("mixed_precision") or {}).items():
+        if key not in MIXED_PRECISION_KEYS or value not in MIXED_PRECISION_DTYPES:
+            raise StrategyError(
+                f"{p}: mixed_precision: {key}: {value!r}: keys are {MIXED_PRECISION_KEYS}, values one of "
+                f"{MIXED_PRECISION_DTYPES}"
+            )
     return StrategyConfig(**raw)
+
+
+RANGES = {
+    "bucket_cap_mb": 100_000,
+    "reduce_bucket_size": 10**11,
+    "allgather_bucket_size": 10**11,
+    "log_interval": 1_000_000,
+    "length_grouping": 10_000,
+}
+"""Integer keys and their largest accepted value (the smallest is 1): a 1e30 bucket fails in the ranks."""
+MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
+MIXED_PRECISION_DTYPES = ("float32", "bfloat16", "float16")
+"""FSDP MixedPrecision: the keys torch takes and the dtypes the loop maps to torch dtypes."""
 
 
 CHOICES = {

@@ -26,13 +26,15 @@ Sweep file keys (anything else is refused)::
 from __future__ import annotations
 
 import itertools
-import re
+import math
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunelab import hardware, yaml_input
 from tunelab.errors import InputError
-from tunelab.paths import CONFIGS_DIR
+from tunelab.paths import CONFIGS_DIR, SAFE_NAME
 from tunelab.recipes import Recipe, RecipeError, resolve
 from tunelab.settings import override_text, to_overrides
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
@@ -52,10 +54,6 @@ LAB_KEYS = {
     "allocated_gib",
     "reserved_gib",
 }
-
-
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-"""Sweep names and row ids become directory names: no separators, no '..', nothing hidden or absolute."""
 
 
 class SweepError(InputError):
@@ -112,11 +110,22 @@ def _expect(value, kind, where: str, key: str, fix: str):
     return value
 
 
+MAX_ROWS = 1_000
+"""Rows a sweep may have (rows and grid points together): each is checked by litgpt's parser when the file is
+loaded (about 0.1 s a row) and is a training run."""
+
+
 def _check_rows(where: str, rows: list[Row]) -> list[str]:
     """Validate every row once (litgpt's parser and tunelab's rules), keeping each row's result; the problems that
     stop a launch, one line per distinct problem (naming every row it hits)."""
     found: dict[str, list[str]] = {}
-    for row in rows:
+    t0 = last = time.monotonic()
+    for i, row in enumerate(rows):
+        if (
+            len(rows) >= 50 and time.monotonic() - last > 5
+        ):  # a large grid: say how far the check is (litgpt's parser per row)
+            last = time.monotonic()
+            print(f"checking sweep rows: {i}/{len(rows)} ({last - t0:.0f} s)", file=sys.stderr, flush=True)
         row.checked = check(row.recipe, row.overrides())
         for line in row.checked.blocking(under_strategy=bool(row.strategy), with_file=False):
             found.setdefault(line, []).append(row.id)
@@ -127,9 +136,9 @@ def find(path: Path | str) -> Path:
     """A sweep file from a path or a name under configs/sweeps/ (``lab-part1``); SweepError when there is none."""
     path = Path(path)
     named = CONFIGS_DIR / "sweeps" / f"{path}.yaml"
-    if not path.is_file() and SAFE_NAME.fullmatch(str(path)) and named.is_file():
+    if not path.exists() and SAFE_NAME.fullmatch(str(path)) and named.is_file():
         path = named
-    if not path.is_file():
+    if not path.exists():  # what is there but is no regular file is refused by the reader, by name
         raise SweepError(f"no sweep file {path}; fix: give a sweep YAML path or a name under configs/sweeps/")
     return path
 
@@ -172,6 +181,7 @@ def _row_base(spec: dict, kind_keys: set, label: str, where: str, default_gpu) -
     bad = set(lab) - LAB_KEYS
     if bad:
         raise SweepError(f"{where}: {label}: lab: unknown key(s) {sorted(bad)}; allowed: {sorted(LAB_KEYS)}")
+    check_lab(lab, where, f"{label}: lab")
     try:
         recipe = resolve(spec["recipe"])
     except RecipeError as e:
@@ -235,6 +245,12 @@ def _grid_rows(specs: list, defaults: dict, where: str, default_gpu) -> list[Row
             "give an id template such as lora-mbs{train.micro_batch_size}",
         )
         keys = list(axes)
+        n = math.prod(len(axes[k]) if isinstance(axes[k], list) else 1 for k in keys)
+        if n > MAX_ROWS:
+            raise SweepError(
+                f"{where}: {label}: axes give {n:,} rows, more than a sweep runs ({MAX_ROWS:,}); fix: fewer values, "
+                "or split the grid into several sweeps"
+            )
         for combo in itertools.product(*(axes[k] for k in keys)):
             point = dict(zip(keys, combo))
             row_id = template or (base["recipe"].slug() + "-" + "-".join(f"{k.split('.')[-1]}{{{k}}}" for k in keys))
@@ -242,6 +258,25 @@ def _grid_rows(specs: list, defaults: dict, where: str, default_gpu) -> list[Row
                 row_id = row_id.replace("{" + k + "}", override_text(v))
             rows.append(Row(id=row_id, settings={**defaults, **(spec.get("set") or {}), **point}, **base))
     return rows
+
+
+def check_lab(lab: dict, where: str, label: str) -> None:
+    """The lab's figures: text for status and hardware, a non-negative number (or a [min, max] pair of them for
+    the GiB figures) for the rest; a string figure would train the row and then break its report."""
+    for key, value in lab.items():
+        if key in ("status", "hardware"):
+            ok = isinstance(value, str)
+        elif key.endswith("_gib") and isinstance(value, list):
+            ok = len(value) == 2 and all(_figure(v) for v in value)
+        else:
+            ok = _figure(value)
+        if not ok:
+            want = "text" if key in ("status", "hardware") else "a non-negative number"
+            raise SweepError(f"{where}: {label}: {key}: {value!r} is not {want}; fix: write the lab's figure as {want}")
+
+
+def _figure(v) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and v >= 0
 
 
 def _check_names(name: str, rows: list[Row], where: str) -> None:
@@ -291,6 +326,8 @@ def load(path: Path | str, extra: list[str] | None = None) -> Sweep:
     )
     if not rows:
         raise SweepError(f"{where}: rows: no rows (give `rows` or `grid`)")
+    if len(rows) > MAX_ROWS:
+        raise SweepError(f"{where}: {len(rows):,} rows, more than a sweep runs ({MAX_ROWS:,}); fix: split it")
     _check_names(str(head["name"]), rows, where)
     if extra:
         added = parse_set(extra)

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tunelab import hardware
+from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
 from tunelab.models import load_config
 from tunelab.paths import project_path
@@ -230,7 +231,19 @@ def optimizer_problem(name: str) -> str | None:
     return None
 
 
+def _irregular_files(ckpt: Path) -> list[str]:
+    """Entries of a checkpoint directory that are no regular file or directory (a FIFO or a device: litgpt's read
+    of it would block or never end); the first 10,000 entries are looked at."""
+    try:
+        with os.scandir(ckpt) as entries:
+            return [e.name for _, e in zip(range(10_000), entries) if not e.is_dir() and not e.is_file()]
+    except OSError:
+        return []
+
+
 def _unsafe_weight_files(ckpt: Path) -> list[str]:
+    if _irregular_files(ckpt):
+        return []  # said on their own; torch.load must not open them
     if not any(Path(ckpt).glob("*.pth")) and not any(Path(ckpt).glob("*.bin")):
         return []  # nothing to check: no torch import for a plan of a model that is not downloaded
     from tunelab.checkpoints import unsafe_files  # imports torch
@@ -387,6 +400,13 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
         per_epoch = int(n_samples * (1 - val)) // c.gbs
         c.steps = per_epoch * (epochs or 1)
+        if per_epoch == 0:
+            bad(
+                "train.global_batch_size",
+                f"{c.gbs} is more than the {int(n_samples * (1 - val)):,} training samples: an epoch has no "
+                "optimizer step (litgpt divides by the steps per epoch)",
+                f"lower train.global_batch_size to at most {int(n_samples * (1 - val)):,}, or give more data",
+            )
         if max_steps and per_epoch and c.steps < max_steps:
             need = -(-max_steps // per_epoch)
             bad(
@@ -446,6 +466,12 @@ def _model_rules(c: _Context, a: dict, bad) -> None:
                 "checkpoint_dir",
                 f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
                 "use the directory `litgpt download <repo>` creates (checkpoints/<org>/<name>)",
+            )
+        for odd in _irregular_files(ckpt):
+            bad(
+                "checkpoint_dir",
+                f"{odd} is not a regular file (a FIFO or a device: reading it would block or never end)",
+                "remove it and put the file itself there",
             )
         for unsafe in _unsafe_weight_files(ckpt):
             bad(
@@ -546,6 +572,12 @@ def _data_rules(c: _Context, a: dict, bad) -> None:
                 "where tunelab runs litgpt)",
                 "give an existing file (an absolute path from anywhere else)",
             )
+        elif path is not None:
+            try:
+                dataset_records.count(project_path(path))
+            except InputError as e:
+                what, _, fix = str(e).partition("; fix: ")
+                bad("data.json_path", what, fix or "give an Alpaca-format dataset")
         workers = data.get("init_args", {}).get("num_workers")
         if isinstance(workers, int) and workers < 0:
             bad("data.num_workers", f"is {workers}", "set data.num_workers >= 0")

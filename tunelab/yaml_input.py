@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from tunelab import files
 from tunelab.errors import InputError
 
 MAX_BYTES = 4 * 2**20
@@ -31,9 +32,20 @@ class _PlainLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _code(ch) -> str:
+    return f"U+{ch if isinstance(ch, int) else ord(ch[:1] or ' '):04X}"
+
+
 def loads(text: str, name: str = "<text>"):
     """Parse YAML text into plain data; InputError naming ``name:line`` if it is not valid or uses aliases."""
-    loader = _PlainLoader(text)
+    try:
+        loader = _PlainLoader(text)  # the reader checks every character here: a control character fails now
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        raise InputError(
+            f"{name}:{line}: not valid YAML (character {_code(e.character)} is not allowed in YAML text); "
+            "fix: remove the control character"
+        ) from None
     loader.name = name
     try:
         return loader.get_single_data()
@@ -54,24 +66,9 @@ def loads(text: str, name: str = "<text>"):
 
 
 def load_file(path: Path | str, shown: str | None = None):
-    """Read and parse a YAML file (see :func:`loads`); InputError if it cannot be read or is too large."""
-    path = Path(path)
-    shown = shown or str(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise InputError(
-                f"{shown}: {size:,} bytes is too large for a tunelab YAML file (limit {MAX_BYTES:,}); "
-                "fix: give the right file"
-            )
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{shown}: not a UTF-8 text file; fix: give a YAML file") from None
-    except IsADirectoryError:
-        raise InputError(f"{shown}: is a directory, not a YAML file") from None
-    except OSError as e:
-        raise InputError(f"{shown}: cannot be read ({e.strerror or e})") from None
-    return loads(text, shown)
+    """Read and parse a YAML file (see :func:`loads`): a regular file of at most :data:`MAX_BYTES`, UTF-8 text
+    (:func:`tunelab.files.read_text`); InputError otherwise."""
+    return loads(files.read_text(path, MAX_BYTES, "YAML file", shown or str(path)), shown or str(path))
 
 
 def load_mapping(path: Path | str, what: str, shown: str | None = None) -> dict:

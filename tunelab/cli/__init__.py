@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tunelab: interrupted: {e}", file=sys.stderr)
         return Interrupted.exit_code
     except KeyboardInterrupt:  # before any run started: nothing to record
-        print("tunelab: interrupted (nothing was running yet; nothing recorded)", file=sys.stderr)
+        print("tunelab: interrupted (no run was in progress; what finished before is kept)", file=sys.stderr)
         return Interrupted.exit_code
     except InputError as e:
         return fail(str(e).replace("\n", "\n  "))

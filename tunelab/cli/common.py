@@ -5,6 +5,7 @@ the commands that run training, and the argparse subclass that never abbreviates
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -43,27 +44,38 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if (
-            value != value
+            not math.isfinite(value)
             or (low is not None and (value <= low if low_open else value < low))
             or (high is not None and value > high)
         ):
-            bound = (f"> {low}" if low_open else f">= {low}") if high is None else f"between {low} and {high}"
+            bound = (f"> {low}" if low_open else f">= {low}") if high is None else f"between {low:g} and {high:g}"
             raise argparse.ArgumentTypeError(f"{text!r}: give {what} {bound}")
         return value
 
     return parse
 
 
-positive_seconds = number(float, 0, low_open=True, what="a number of seconds")
-positive_gb = number(float, 0, low_open=True, what="a size in GB")
-count = number(int, 1, what="an integer")
+positive_seconds = number(float, 0, 3e7, low_open=True, what="a number of seconds")
+"""Seconds: more than 0, at most 3e7 (a year: larger values overflow the timers they set)."""
+positive_gb = number(float, 0.001, 1e6, what="a size in GB")
+"""GB (1e9 bytes): 0.001 (1 MB: smaller rounds to nothing) to 1e6."""
+count = number(int, 1, 10**9, what="an integer")
+"""A count (micro batch, steps, pairs, records): 1 to 1e9."""
 
 
 def unwritable(path: Path) -> str | None:
     """Why a file cannot be written at ``path`` (its directory is created if missing), or None; leaves nothing."""
+    from tunelab.files import FileRefused, check_target
+
+    if str(path) == "":
+        return "an empty path"
     path = Path(path)
     if path.is_dir():
         return "is a directory"
+    try:
+        check_target(path)
+    except FileRefused as e:
+        return str(e).split(": ", 1)[-1].split("; fix:")[0]
     blocker = next((q for q in path.parents if q.exists()), None)
     if blocker is not None and not blocker.is_dir():
         return f"{blocker} is a file, not a folder"

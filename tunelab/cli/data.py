@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import count, fail
+from tunelab.cli.common import fail, number, unwritable
 
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
     s = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
     s.add_argument("action", choices=["generate"])
-    s.add_argument("--n", type=count, default=400, help="number of records (default 400, the shipped file)")
+    s.add_argument(
+        "--n",
+        type=number(int, 1, 1_000_000, what="a number of records"),
+        default=400,
+        help="number of records (default 400, the shipped file; at most 1,000,000)",
+    )
     s.add_argument("--seed", type=int, default=42)
     s.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
     s.add_argument(
@@ -29,12 +34,15 @@ def handle(args, extra) -> int:
     from tunelab.data import benchmark as benchmark_data
     from tunelab.paths import DATASET
 
+    default = benchmark_data.default_path() if args.benchmark else DATASET
+    out = default if args.out is None else Path(args.out)
+    why = unwritable(args.out) if args.out is not None else None
+    if why:
+        return fail(f"--out {args.out!r}: {why}; fix: give a file path in a writable directory")
     try:
         if args.benchmark:  # the random-weight benchmark workload (tunelab/benchmark_data.py)
-            out = Path(args.out) if args.out else benchmark_data.default_path()
             data.write(out, benchmark_data.generate())
         else:
-            out = Path(args.out) if args.out else DATASET
             data.write(out, data.generate(args.n, args.seed))
     except OSError as e:
         return fail(f"--out {args.out or out}: cannot write ({e.strerror or e}); fix: give a writable path")

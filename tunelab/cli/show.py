@@ -16,13 +16,14 @@ def add_parser(sub) -> None:
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
+    from tunelab.files import read_text
     from tunelab.recipes import RecipeError, resolve
 
     try:
         recipe = resolve(args.recipe)
     except RecipeError as e:
         return fail(str(e))
-    print(recipe.path.read_text(encoding="utf-8").rstrip())
+    print(read_text(recipe.path, what="recipe").rstrip())  # the file load() just read, read the same way
     print()
     ckpt = recipe.get("checkpoint_dir")
     present = ckpt and (Path(ckpt) / "lit_model.pth").is_file()

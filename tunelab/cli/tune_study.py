@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tunelab.cli.common import count, fail, model_choice, positive_seconds, run_options
+from tunelab.errors import InputError
 
 
 def add_parser(sub) -> None:
@@ -64,7 +65,7 @@ def handle(args, extra) -> int:
             results = tune_study.run_study(
                 sf, study, out, model=model, max_micro=args.max_micro, deadline=deadline, timeout_s=args.timeout
             )
-        except RuntimeError as e:
+        except (RuntimeError, InputError) as e:  # a probe failed or was refused: the line names it
             return fail(str(e))
         print("\n\n".join(render(r) for r in results))
     print(f"probe records: {out}/")

@@ -26,6 +26,7 @@ import random
 from pathlib import Path
 
 from tunelab.data.alpaca import write
+from tunelab.files import write_text_atomic
 from tunelab.paths import cache_dir
 
 SIZE = 2000
@@ -110,7 +111,8 @@ def write_tokenizer(out_dir: Path) -> None:
     out_dir = Path(out_dir)
     tok = build_tokenizer()
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(
+    write_text_atomic(
+        out_dir / "tokenizer_config.json",
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
@@ -120,7 +122,7 @@ def write_tokenizer(out_dir: Path) -> None:
                 "unk_token": "<unk>",
             },
             indent=2,
-        )
+        ),
     )
 
 

@@ -5,12 +5,12 @@ planner's input built from them (:func:`plan_input`), the memory prediction and 
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from tunelab import hardware, settings
+from tunelab.data import records as dataset_records
 from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.plan import memory, runtime
@@ -123,18 +123,23 @@ def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> 
     )
 
 
+TOKENIZED_MAX = 2_000
+"""Records the planner tokenises at most: the longest by characters for ``--dataset`` (the longest in tokens is
+among them in any natural text), a seeded sample for the padded tokens per sample; a million-record file plans in
+seconds."""
+
+
 def longest_sample_tokens(json_path: Path, checkpoint_dir: Path, prompt_style: str = "alpaca") -> int:
-    """Token count of the dataset's longest sample with its prompt template (needs the checkpoint's tokenizer)."""
+    """Token count of the dataset's longest sample with its prompt template (needs the checkpoint's tokenizer):
+    the :data:`TOKENIZED_MAX` longest records by characters are tokenised."""
     from litgpt.prompts import PromptStyle
     from litgpt.tokenizer import Tokenizer
 
-    tok = Tokenizer(checkpoint_dir)
+    records = [r for part in dataset_records.split_files(json_path) for r in dataset_records.read(part)]
     style = PromptStyle.from_name(prompt_style)
-    records = json.loads(Path(json_path).read_text(encoding="utf-8"))
-    return max(
-        len(tok.encode(style.apply(r["instruction"], input=r.get("input", "")) + r["output"], eos=True))
-        for r in records
-    )
+    texts = sorted((style.apply(r["instruction"], input=r.get("input", "")) + r["output"] for r in records), key=len)
+    tok = Tokenizer(checkpoint_dir)
+    return max(len(tok.encode(t, eos=True)) for t in texts[-TOKENIZED_MAX:])
 
 
 def _dataset_seq_len(s: Settings, dataset: Path) -> tuple[int, str]:
@@ -235,9 +240,12 @@ def tokens_per_sample_from_data(s: Settings, micro: int) -> float | None:
 
     tok, style = Tokenizer(ckpt), PromptStyle.from_name(data.get("prompt_style", "alpaca"))
     cap = s.max_seq_length or 10**9
+    records = dataset_records.read(project_path(path))
+    if len(records) > TOKENIZED_MAX:  # a seeded sample: the mean padded length is estimated from it
+        records = random.Random(data.get("seed", 42)).sample(records, TOKENIZED_MAX)
     lengths = [
         min(cap, len(tok.encode(style.apply(r["instruction"], input=r.get("input", "")) + r["output"], eos=True)))
-        for r in json.loads(project_path(path).read_text(encoding="utf-8"))
+        for r in records
     ]
     random.Random(data.get("seed", 42)).shuffle(lengths)
     batches = [lengths[i : i + micro] for i in range(0, len(lengths), micro)]

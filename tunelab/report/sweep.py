@@ -6,16 +6,16 @@ lab's published figure beside ours with the hardware of each.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tunelab import hardware
 from tunelab import record as record_mod
-from tunelab.files import save_figure, write_csv, write_text_atomic
-from tunelab.paths import output_root
+from tunelab.files import read_json, save_figure, write_csv, write_text_atomic
+from tunelab.paths import output_root, slug
 from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import resolve
+from tunelab.sweep_file import SweepError, check_lab
 
 GB = 1e9
 
@@ -177,6 +177,28 @@ def planner_columns(rec: record_mod.RunRecord) -> dict:
     return out
 
 
+def _readable_rows(meta: dict, path: Path) -> list[dict]:
+    """sweep.json's rows that can be read: each a mapping with a text id; a lab block that is not a mapping of
+    the lab's figures is dropped from its row with a note in the report (the row and its record stay)."""
+    rows, notes = [], []
+    for i, row in enumerate(meta.get("rows") or []):
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            notes.append(f"rows[{i}] is not a row with a text id")
+            continue
+        lab = row.get("lab") or {}
+        try:
+            if not isinstance(lab, dict):
+                raise SweepError("lab is not a mapping")
+            check_lab(lab, str(path), f"row {row['id']}: lab")
+        except SweepError as e:
+            notes.append(str(e))
+            row = {**row, "lab": {}}
+        rows.append(row)
+    if notes:
+        meta["note"] = "; ".join(filter(None, [meta.get("note"), "sweep.json: " + "; ".join(notes)[:600]]))
+    return rows
+
+
 def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
     """(sweep.json's contents, the records in the sweep's order) of a sweep directory; a record that cannot be
     read is a row marked unreadable, never dropped."""
@@ -185,7 +207,7 @@ def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"{sweep_dir}: no such sweep directory")
     try:
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": sweep_dir.name, "rows": []}
+        meta = read_json(meta_path, what="sweep index") if meta_path.exists() else {"name": sweep_dir.name, "rows": []}
         if not isinstance(meta, dict) or not isinstance(meta.get("rows", []), list):
             raise ValueError("not a sweep.json")
     except (OSError, ValueError) as e:
@@ -194,8 +216,13 @@ def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
             "rows": [],
             "note": f"sweep.json unreadable ({e}): row order and lab figures are missing",
         }
+    for key in ("name", "description", "lab_hardware", "file", "note"):
+        if key in meta and not isinstance(meta[key], str):
+            bad = type(meta.pop(key)).__name__
+            meta["note"] = "; ".join(filter(None, [meta.get("note"), f"sweep.json: {key} is a {bad}, not text"]))
+    meta["rows"] = _readable_rows(meta, sweep_dir / "sweep.json")
     records = []
-    order = [r.get("id") for r in meta.get("rows", []) if isinstance(r, dict)]
+    order = [r.get("id") for r in meta.get("rows", [])]
     for path in sorted(sweep_dir.glob("*/record.json")):
         try:
             records.append(record_mod.load(path))
@@ -257,6 +284,8 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
         ]
     if meta.get("description"):
         out += [meta["description"], ""]
+    if meta.get("note"):
+        out += [f"> Note: {meta['note']}", ""]
     out += [
         "## Environment",
         "",
@@ -582,9 +611,9 @@ def default_report_dir(meta: dict, records: list[record_mod.RunRecord]) -> Path:
         suffix = (
             "-cpu-tiny"
             if dev.device_type == "cpu"
-            else "-" + dev.device_name.lower().replace("nvidia", "").strip().replace(" ", "-")
+            else "-" + slug(dev.device_name.lower().replace("nvidia", "").strip(), "gpu")
         )
-    return output_root() / "reports" / f"{date}-{meta.get('name', 'sweep')}{suffix}"
+    return output_root() / "reports" / f"{date}-{slug(meta.get('name'), 'sweep')}{suffix}"
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: str | None = None) -> Path:

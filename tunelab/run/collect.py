@@ -7,7 +7,7 @@ arguments.
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 import re
 import signal
@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from tunelab import hardware
+from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_json, read_text
 from tunelab.models import load_config, lora_param_count
 from tunelab.plan.flops import flops_per_token, mfu
 from tunelab.record import RankStats, RunRecord, read_rank_file
@@ -33,12 +34,17 @@ OOM_MARKERS = (
 """Text in a rank's exception or the child's stderr that means it ran out of memory (CUDA or host)."""
 
 
-def _read_metrics(out_dir: Path) -> list[dict]:
+def read_metrics(out_dir: Path) -> list[dict]:
+    """The rows of the newest metrics.csv litgpt wrote under ``out_dir`` (bounded read; [] when there is none or
+    it is not a readable file)."""
     files = sorted(out_dir.glob("logs/csv/version_*/metrics.csv"))
     if not files:
         return []
-    with open(files[-1], newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        text = read_text(files[-1], RECORD_MAX_BYTES * 4, "metrics file")
+    except FileRefused:
+        return []  # not a file litgpt wrote: the figures it would give stay empty, the record says why elsewhere
+    return list(csv.DictReader(io.StringIO(text)))
 
 
 def latest_tokens(out_dir: Path) -> int | None:
@@ -154,7 +160,7 @@ def _read_ranks(rec: RunRecord, stats_dir: Path) -> list[list]:
     ranks_read = []
     for f in sorted(stats_dir.glob("rank*.json")):
         try:
-            ranks_read.append(read_rank_file(json.loads(f.read_text())))
+            ranks_read.append(read_rank_file(read_json(f, what="rank file")))
         except (ValueError, TypeError) as e:  # a rank killed mid-write, or a foreign file: said, not hidden
             rec.notes.append(f"{f.name} not read: {e}")
     ranks_read.sort(key=lambda r: r[0].rank)
@@ -187,7 +193,7 @@ def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:
     if lit["trainable"] is not None:
         rec.n_trainable = lit["trainable"]
         rec.n_params = lit["trainable"] + (lit["non_trainable"] or 0)
-    metrics = _read_metrics(out_dir)
+    metrics = read_metrics(out_dir)
     losses = [float(m["loss"]) for m in metrics if m.get("loss")]
     if losses:
         rec.loss_first, rec.loss_last = losses[0], losses[-1]

@@ -7,9 +7,9 @@ that is unreadable or was made with other settings is kept aside (:func:`tunelab
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from tunelab.files import read_json
 from tunelab.strategies import load_strategy
 
 INTERRUPTED_PREFIX = "interrupted:"
@@ -43,7 +43,7 @@ def resume_state(
     if not record_path.is_file():
         return False, None
     try:
-        rec = json.loads(record_path.read_text(encoding="utf-8"))
+        rec = read_json(record_path, what="run record")
         if not isinstance(rec, dict) or "status" not in rec:
             raise ValueError("not a run record")
     except (OSError, ValueError) as e:

@@ -34,6 +34,7 @@ from tunelab import checkpoints, settings
 from tunelab.data import benchmark
 from tunelab.data import modules as data_modules
 from tunelab.errors import InputError, Interrupted
+from tunelab.files import open_output, read_tail
 from tunelab.paths import DATASET, ROOT, output_root
 from tunelab.recipes import Recipe
 from tunelab.record import RunRecord, save
@@ -139,6 +140,12 @@ def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None
         # built in a child process, on the GPU when there is one (a 13B model takes minutes on a CPU): the memory
         # it took is the child's and goes with it, so this process holds no CUDA memory while the run trains
         return "random", build_in_child(name, device="cuda" if cuda_available() else "cpu")
+    odd = [n for n in ("lit_model.pth", "model_config.yaml") if (ckpt / n).exists() and not (ckpt / n).is_file()]
+    if not have_real and odd:
+        raise RunError(
+            f"{recipe.key}: {ckpt / odd[0]} is not a regular file (a FIFO, a device or a directory: reading it "
+            "would block or fail); fix: put the file itself there"
+        )
     if not have_real:
         raise RunError(
             f"{recipe.key}: no checkpoint at {ckpt}; download it ({recipe.download_command()}), or use "
@@ -250,6 +257,12 @@ def prepare(
     run_dir = Path(run_dir or output_root() / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
     if not run_dir.is_absolute() and Path.cwd().resolve() != ROOT.resolve():
         run_dir = run_dir.absolute()  # the child runs in ROOT: a path relative to here must not move there
+    for inside in ("litgpt", "stats", "stdout.log", "stderr.log", "record.json"):  # a resumed row's own files
+        if (run_dir / inside).is_symlink():
+            raise RunError(
+                f"{run_dir / inside}: is a symbolic link; tunelab never writes through links (the run would "
+                "write wherever it points); fix: remove the link"
+            )
     full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
     if ckpt is not None:
         full_overrides += ["--checkpoint_dir", str(ckpt)]
@@ -408,7 +421,10 @@ def run(
     t0 = time.monotonic()
     interrupted = False
     suffix = f".node{node_rank}" if node_rank else ""
-    with open(run_dir / f"stdout{suffix}.log", "w") as out_f, open(run_dir / f"stderr{suffix}.log", "w") as err_f:
+    with (
+        open_output(run_dir / f"stdout{suffix}.log") as out_f,
+        open_output(run_dir / f"stderr{suffix}.log") as err_f,
+    ):
         monitor.start()
         proc = subprocess.Popen(
             [sys.executable, *launch],
@@ -435,8 +451,8 @@ def run(
         return rec
 
     # step 4: collect the record
-    stdout = (run_dir / "stdout.log").read_text(errors="replace")
-    stderr = (run_dir / "stderr.log").read_text(errors="replace")
+    stdout = read_tail(run_dir / "stdout.log")  # the last 256 MiB: millions of iteration lines
+    stderr = read_tail(run_dir / "stderr.log")
     collect(
         rec,
         prep.settings,

@@ -19,7 +19,7 @@ from pathlib import Path
 from tunelab import checkpoints
 from tunelab import record as record_mod
 from tunelab.errors import Interrupted
-from tunelab.files import Busy, exclusive_lock, set_aside, write_json_atomic
+from tunelab.files import Busy, check_target, exclusive_lock, set_aside, write_json_atomic
 from tunelab.paths import ROOT, output_root
 from tunelab.progress import ProgressLine
 from tunelab.run.resume import DEADLINE_PREFIX, DISK_FULL_PREFIX, resume_state
@@ -40,20 +40,22 @@ def row_done(base: Path, row: Row) -> tuple[bool, str | None]:
 def archive(sweep_dir: Path, dest: Path) -> Path:
     """A .tar.gz of a sweep directory's records and logs (record.json, stdout/stderr, rank stats, metrics.csv,
     sweep.json), never model weights: small enough to copy back from a machine that returns few, small files."""
-    sweep_dir, dest = Path(sweep_dir), Path(dest)
+    sweep_dir, dest = Path(sweep_dir), check_target(Path(dest), "--archive")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     os.close(fd)
     with tarfile.open(tmp, "w:gz") as tar:
         for f in sorted(sweep_dir.rglob("*")):
             if (
-                f.is_file()
+                not f.is_symlink()
+                and f.is_file()
                 and not f.name.endswith(WEIGHT_SUFFIXES)
                 and not f.name.startswith(".")
                 and f.stat().st_size < 32 * 2**20
             ):
                 tar.add(f, arcname=str(Path(sweep_dir.name) / f.relative_to(sweep_dir)))
     os.chmod(tmp, 0o644)
+    check_target(dest, "--archive")
     os.replace(tmp, dest)
     return dest
 

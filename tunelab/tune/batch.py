@@ -28,7 +28,8 @@ import yaml
 
 from tunelab import hardware
 from tunelab import record as record_mod
-from tunelab.files import set_aside, write_json_atomic, write_text_atomic
+from tunelab.errors import InputError
+from tunelab.files import Busy, exclusive_lock, set_aside, write_json_atomic, write_text_atomic
 from tunelab.plan.recipe import plan_recipe
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
@@ -104,6 +105,11 @@ def planned_start(
     return predicted, 1, "the tiny model: the planner's prediction is for the real one"
 
 
+class TuneError(InputError):
+    """A search that cannot go on: a probe failed or was refused, or another search holds the directory; the
+    message names the cause and the probes finished before it."""
+
+
 def tune(
     recipe: Recipe,
     overrides: list[str],
@@ -126,6 +132,7 @@ def tune(
     """Search the micro batch by real probes (see the module docstring); every probe is a run record under
     ``out_dir/mbs<N>/``, and one already there with the same settings is reused."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[int, record_mod.RunRecord] = {}
     progress = ProgressLine(None, stream)
 
@@ -169,46 +176,61 @@ def tune(
             raise RuntimeError(f"probe micro {m} ended with {rec.status}: {rec.error} (see {run_dir}/stderr.log)")
         return rec.status == "ok"
 
-    for m in sorted(set(also or ())):  # extra rows for the table (the shape of the curve), each a real probe, first:
-        if m <= max_micro:  # a search cut short by a time limit still leaves them; the search reuses them
-            probe(m)
-    m = max(1, min(start, max_micro))
-    if probe(m):
-        lo, hi = m, None
-        while hi is None and lo < max_micro:
-            nxt = min(lo * 2, max_micro)  # the cap itself is probed: 244 fitting under a cap of 256 says nothing of 256
-            if probe(nxt):
-                lo = nxt
-            else:
+    try:
+        lock = exclusive_lock(out_dir / ".lock")
+    except Busy as e:
+        raise TuneError(f"{out_dir} is being searched by {e}; wait for it to finish, or use another --out") from None
+    try:
+        for m in sorted(
+            set(also or ())
+        ):  # extra rows for the table (the shape of the curve), each a real probe, first:
+            if m <= max_micro:  # a search cut short by a time limit still leaves them; the search reuses them
+                probe(m)
+        m = max(1, min(start, max_micro))
+        if probe(m):
+            lo, hi = m, None
+            while hi is None and lo < max_micro:
+                nxt = min(
+                    lo * 2, max_micro
+                )  # the cap itself is probed: 244 fitting under a cap of 256 says nothing of 256
+                if probe(nxt):
+                    lo = nxt
+                else:
+                    hi = nxt
+        else:
+            hi, lo = m, 0
+            while hi > 1:
+                nxt = hi // 2
+                if probe(nxt):
+                    lo = nxt
+                    break
                 hi = nxt
-    else:
-        hi, lo = m, 0
-        while hi > 1:
-            nxt = hi // 2
-            if probe(nxt):
-                lo = nxt
+        if hi is not None and lo:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if probe(mid):
+                    lo = mid
+                else:
+                    hi = mid
+
+        # the largest micro batch that fits without allocator retries (seed 000: 8 fit, but its cudaMalloc retries made
+        # 7 the fastest): bisect between the largest clean probe and the smallest one that retried or ran out
+        def clean(m: int) -> bool:
+            return results[m].status == "ok" and not results[m].num_alloc_retries
+
+        while True:
+            lo_c = max([m for m in results if clean(m)], default=0)
+            above = [m for m in results if m > lo_c and not clean(m)]
+            hi_c = min(above, default=None)
+            if hi_c is None or hi_c - lo_c <= 1:
                 break
-            hi = nxt
-    if hi is not None and lo:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if probe(mid):
-                lo = mid
-            else:
-                hi = mid
+            probe(max(1, (lo_c + hi_c) // 2))
+    except (RuntimeError, InputError) as e:  # a probe that failed, or one refused before launch
+        done = ", ".join(f"micro {m} {r.status}" for m, r in sorted(results.items())) or "none"
+        raise TuneError(f"{e}; probes finished before it: {done} (records under {out_dir})") from None
+    finally:
+        lock.close()
 
-    # the largest micro batch that fits without allocator retries (seed 000: 8 fit, but its cudaMalloc retries made
-    # 7 the fastest): bisect between the largest clean probe and the smallest one that retried or ran out
-    def clean(m: int) -> bool:
-        return results[m].status == "ok" and not results[m].num_alloc_retries
-
-    while True:
-        lo_c = max([m for m in results if clean(m)], default=0)
-        above = [m for m in results if m > lo_c and not clean(m)]
-        hi_c = min(above, default=None)
-        if hi_c is None or hi_c - lo_c <= 1:
-            break
-        probe(max(1, (lo_c + hi_c) // 2))
     fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
     clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
     best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None

@@ -15,7 +15,6 @@ first pair) are written from the records.
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from tunelab.paths import output_root
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.report.sweep import environment
+from tunelab.run.collect import read_metrics
 from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label
 from tunelab.run.runner import run
 from tunelab.strategies import load_strategy
@@ -298,11 +298,7 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
 
 
 def _curve(run_dir: Path) -> list[tuple[int, float]]:
-    files = sorted(run_dir.glob("litgpt/logs/csv/version_*/metrics.csv"))
-    if not files:
-        return []
-    with open(files[-1], newline="") as f:
-        return [(int(r["iter"]), float(r["loss"])) for r in csv.DictReader(f) if r.get("loss")]
+    return [(int(r["iter"]), float(r["loss"])) for r in read_metrics(run_dir / "litgpt") if r.get("loss")]
 
 
 def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:

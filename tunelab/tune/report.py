@@ -16,7 +16,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.files import save_figure, write_csv, write_text_atomic
-from tunelab.paths import output_root
+from tunelab.paths import output_root, slug
 from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import resolve
 from tunelab.report.sweep import environment
@@ -104,9 +104,12 @@ def collect(sf: StudyFile, base: Path) -> list[SettingResult]:
             for path in sorted(sub.glob("mbs*/record.json")):
                 try:
                     rec = record_mod.load(path)
-                except (OSError, ValueError, TypeError):
-                    continue
-                m = int(path.parent.name[3:]) if path.parent.name[3:].isdigit() else None
+                except (OSError, ValueError) as e:  # kept as a row that says so: no probe dropped silently
+                    rec = record_mod.RunRecord(
+                        row_id=path.parent.name, status="error", error=f"unreadable record.json ({str(e)[:120]})"
+                    )
+                # the micro batch the probe ran (its record), else the one its directory was made for
+                m = rec.micro_batch_size or (int(path.parent.name[3:]) if path.parent.name[3:].isdigit() else None)
                 if m is not None:
                     probes.append((m, rec, path))
             if not probes:
@@ -342,9 +345,9 @@ def default_report_dir(sf: StudyFile, results: list[SettingResult]) -> Path:
         if rec is None
         else "-cpu-tiny"
         if rec.device_type == "cpu"
-        else "-" + rec.device_name.lower().replace("nvidia", "").strip().split(" ")[0]
+        else "-" + slug(rec.device_name.lower().replace("nvidia", "").strip().split(" ")[0], "gpu")
     )
-    return output_root() / "reports" / f"{date}-{sf.name}{suffix}"
+    return output_root() / "reports" / f"{date}-{slug(sf.name, 'study')}{suffix}"
 
 
 def write_report(base: Path, sf: StudyFile, out_dir: Path | None = None) -> Path:

@@ -10,7 +10,7 @@ backward prefetch, the micro batches to search and to add as table rows). Every 
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,11 +18,10 @@ from pathlib import Path
 
 from tunelab import checkpoints, hardware, settings, yaml_input
 from tunelab.errors import InputError
-from tunelab.files import write_json_atomic
-from tunelab.paths import ROOT
+from tunelab.files import read_json, write_json_atomic
+from tunelab.paths import ROOT, SAFE_NAME
 from tunelab.recipes import resolve
 from tunelab.strategies import load_strategy
-from tunelab.sweep_file import SAFE_NAME
 from tunelab.tune.batch import PREFETCH, planned_start, probe_problems, strategy_variant, tune, variant_name
 
 STUDY_FILE_KEYS = {"name", "description", "lab_hardware", "studies", "lab"}
@@ -122,12 +121,12 @@ def load(path: Path | str) -> StudyFile:
     """Read and check a study file; every problem is one StudyError line naming the file and key."""
     path = Path(path)
     if (
-        not path.is_file()
+        not path.exists()
         and SAFE_NAME.fullmatch(str(path))
         and (ROOT / "configs" / "sweeps" / f"{path}.yaml").is_file()
     ):
         path = ROOT / "configs" / "sweeps" / f"{path}.yaml"
-    if not path.is_file():
+    if not path.exists():  # what is there but is no regular file is refused by the reader, by name
         raise StudyError(f"no study file {path}; fix: give a study YAML path or a name under configs/sweeps/")
     where = str(path)
     raw = yaml_input.load_mapping(path, "a tuning study")
@@ -357,8 +356,18 @@ def resolve_index_path(index: dict) -> Path:
 
 
 def read_index(out: Path) -> dict | None:
-    """The tune-study.json a study directory holds, or None when it has none or it cannot be read."""
-    try:
-        return json.loads((out / "tune-study.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The tune-study.json a study directory holds (:func:`tunelab.files.read_json`), None when it has none;
+    StudyError naming the file when it is not an index tune-study wrote (the report needs ``--study FILE``)."""
+    path = out / "tune-study.json"
+    if not os.path.lexists(path):
         return None
+    try:
+        index = read_json(path, what="tune-study index")
+    except InputError as e:
+        raise StudyError(f"{e}; or give the study with --study FILE") from None
+    if not isinstance(index, dict) or not isinstance(index.get("study_file"), str) or not index["study_file"]:
+        raise StudyError(
+            f"{path}: not an index tune-study wrote (a mapping with the text key study_file); fix: give the study "
+            "with --study FILE"
+        )
+    return index
