@@ -33,6 +33,9 @@ class GPU:
     """Lower-case substrings of device names that identify this board."""
     bandwidth_gbs: float | None = None
     """Peak memory bandwidth, GB/s (datasheet): the runtime estimate's memory-bound terms divide by it."""
+    link: str | None = None
+    """The usual link between such GPUs in one node (a key of configs/hardware/links.yaml: nvlink4, pcie4, ...):
+    the communication term's default (``plan --interconnect`` says otherwise)."""
 
     @property
     def memory_bytes(self) -> int:

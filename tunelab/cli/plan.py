@@ -27,8 +27,11 @@ def add_parser(sub) -> None:
         "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb "
         "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
         "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
-        "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, "
-        "energy_j_per_million_tokens_low/high}.",
+        "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, energy_j_per_million_tokens_low/high, "
+        "comm_bytes_per_step, comm_seconds_per_step, comm_source}. On several devices the time adds communication: "
+        "bytes per device per step by strategy (DDP: the gradients all-reduced, 2(n-1)/n x their bytes; FSDP and "
+        "ZeRO-3: parameters gathered for forward and backward plus gradients reduce-scattered, ~3x the parameter "
+        "bytes) over the links of configs/hardware/links.yaml, less what compute hides (docs/planner.md).",
     )
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
@@ -50,12 +53,12 @@ def add_parser(sub) -> None:
     )
     s.add_argument(
         "--tokens",
-        type=number(float, 0, low_open=True, what="a token count"),
+        type=number(float, 0, 1e18, low_open=True, what="a token count"),
         help="token budget to project (default: the recipe's training run)",
     )
     s.add_argument(
         "--tokens-per-sample",
-        type=number(float, 0, low_open=True, what="a token count"),
+        type=number(float, 0, 1e18, low_open=True, what="a token count"),
         help="padded tokens per sample (default: from the data and tokenizer when both are here, else the lab's 437)",
     )
     s.add_argument(
@@ -78,6 +81,8 @@ def add_parser(sub) -> None:
         "width, 2 blocks, one sequence of the planned length, on this CPU; seconds to a minute) and "
         "print it beside the planner's activation term",
     )
+    s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
+    s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
     s.set_defaults(func=handle, passthrough=True)
 
@@ -94,10 +99,7 @@ def handle(args, extra) -> int:
     if lo > hi:
         return fail(f"--mfu-range {lo} {hi}: LOW must not exceed HIGH")
     if args.calibrate and not any(Path(args.calibrate).glob("**/record.json")):
-        return fail(
-            f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: give a sweep "
-            "directory such as runs/lab-part1"
-        )
+        return fail(f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: a sweep directory")
     try:
         recipe = resolve(args.recipe)
         gpu = hardware.lookup(args.gpu) if args.gpu else hardware.local_gpu()  # no --gpu: this machine's, if any
@@ -122,6 +124,8 @@ def handle(args, extra) -> int:
             tokens_per_sample=args.tokens_per_sample,
             calibrate_dir=args.calibrate,
             mfu_range=(lo, hi),
+            interconnect=args.interconnect,
+            internode=args.internode,
         )
     measured = None
     if args.measure:

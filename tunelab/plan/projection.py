@@ -11,6 +11,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.models import lora_param_count
+from tunelab.plan import comm as comm_mod
 from tunelab.plan import runtime
 from tunelab.plan.flops import flops_per_token
 from tunelab.plan.memory import PlanInput
@@ -47,18 +48,26 @@ class Projection:
     seconds_band: tuple | None = None
     """seconds x (1 -/+ the estimate's mean absolute leave-one-out error on the lab's rows)."""
     seconds_source: str = ""
+    comm_bytes_per_step: dict | None = None
+    """Bytes one device moves per optimizer step over each link ({'gpu': ..., 'node': ..., 'host': ...}), None on
+    one device (tunelab.plan.comm)."""
+    comm_seconds_per_step: float | None = None
+    """Seconds that traffic takes per optimizer step, before overlap."""
+    comm_source: str = ""
+    """The links, their achieved bandwidth and the volume formula; the seconds above include the exposed part."""
 
 
 def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None):
     """The measured run nearest to this configuration (same model, method and precision first, then the same
-    strategy when given, then the nearest micro batch)."""
+    strategy when given, then the nearest micro batch). Records that cannot be read, or whose MFU is not in
+    (0, 1], are passed over (the types and ranges are checked by :func:`tunelab.record.load`)."""
     best, best_key = None, None
     for path in Path(records_dir).rglob("record.json"):
         try:
             rec = record_mod.load(path)
         except (ValueError, OSError):
             continue
-        if rec.status != "ok" or rec.mfu is None:
+        if rec.status != "ok" or rec.mfu is None or not 0 < rec.mfu <= 1:
             continue
         key = (
             rec.model_name != model,
@@ -97,7 +106,7 @@ def project(
                 f"measured MFU {rec.mfu:.1%} of run {rec.sweep or ''}/{rec.row_id} ({rec.model_name} "
                 f"{rec.method} {rec.precision} micro {rec.micro_batch_size} on {rec.device_name}; {path})"
             )
-            if rec.power_mean_w:
+            if rec.power_mean_w and rec.power_mean_w > 0:
                 power = rec.power_mean_w / max(rec.device_count, 1)
                 power_source = f"measured mean {power:.0f} W per GPU in that run"
     world = x.world
@@ -105,6 +114,8 @@ def project(
     rate = lambda m: m * peak * world  # noqa: E731
     t_low = total_flops / rate(hi) if peak and hi else float("inf")
     t_high = total_flops / rate(lo) if peak and lo else float("inf")
+    if work is not None and work.comm is not None and math.isfinite(t_high):
+        t_low, t_high = t_low + work.comm_seconds(t_low), t_high + work.comm_seconds(t_high)
     e_low, e_high = power * world * t_low, power * world * t_high
     return Projection(
         tokens=tokens,
@@ -123,7 +134,24 @@ def project(
         energy_j_per_million_tokens_low=e_low / tokens * 1e6 if tokens else 0.0,
         energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
         **_point_estimate(work, gpu, peak),
+        **_comm_fields(work),
     )
+
+
+def _comm_fields(work) -> dict:
+    c = getattr(work, "comm", None)
+    if c is None:
+        return {}
+    links = comm_mod.table()
+    used = "; ".join(
+        f"{scope} link {name}: {links[name].gbs:g} GB/s x {links[name].efficiency:g} ({links[name].source})"
+        for scope, name in c.links.items()
+    )
+    return {
+        "comm_bytes_per_step": {"gpu": c.bytes_gpu, "node": c.bytes_node, "host": c.bytes_host},
+        "comm_seconds_per_step": c.seconds,
+        "comm_source": f"{c.formula}; {used}; hidden under the {c.hideable_under} at overlap {comm_mod.OVERLAP:g}",
+    }
 
 
 def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
@@ -156,10 +184,14 @@ def project_recipe(
     tokens_per_sample: float | None = None,
     calibrate_dir: Path | None = None,
     mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
+    interconnect: str | None = None,
+    internode: str | None = None,
 ) -> tuple[Projection, str]:
     """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
-    measured on the recipe's data with its tokenizer when both are here, else the lab's figure)."""
+    measured on the recipe's data with its tokenizer when both are here, else the lab's figure). On several devices
+    the communication term (tunelab.plan.comm) is added, over ``interconnect`` (default: the GPU's own link) and
+    between nodes over ``internode`` (needed for several nodes)."""
     s, x = planned.settings, planned.input
     per_sample = tokens_per_sample or tokens_per_sample_from_data(s, x.micro_batch_size)
     if tokens:
@@ -167,4 +199,11 @@ def project_recipe(
     else:
         tokens, note = epoch_tokens(s, per_sample)
     work = runtime_terms(s, x, per_sample)
+    if x.world > 1:
+        work.comm = comm_mod.per_step(
+            x,
+            comm_mod.lookup(interconnect or gpu.link or "pcie4", "gpu"),
+            comm_mod.lookup(internode, "node") if internode else None,
+            comm_mod.lookup("host-pcie4", "host"),
+        )
     return project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy), note

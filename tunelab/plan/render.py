@@ -66,6 +66,12 @@ def render(
             f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
             f"per million tokens; power: {p.power_source}",
         ]
+        if p.comm_bytes_per_step is not None:
+            moved = ", ".join(f"{v / 1e9:.2f} GB over the {k} link" for k, v in p.comm_bytes_per_step.items() if v)
+            lines.append(
+                f"  communication per optimizer step and device: {moved or 'none'}: {p.comm_seconds_per_step:.3f} s "
+                f"before overlap (included above) [{p.comm_source}]"
+            )
     return "\n".join(lines)
 
 

@@ -52,6 +52,8 @@ class Terms:
     memory_bytes: float
     iterations: float
     detail: dict
+    comm: object = None
+    """The communication of one optimizer step (:class:`tunelab.plan.comm.Comm`), None on one device."""
 
     def seconds(
         self,
@@ -61,11 +63,23 @@ class Terms:
         mu: float = MU,
         overhead_s: float = OVERHEAD_S,
     ) -> float:
+        """The run's seconds: compute, memory-bound work, host overhead, and the communication compute does not
+        hide (:meth:`comm_seconds`)."""
+        compute = self.compute_flops / (peak_flops * eta)
         return (
-            self.compute_flops / (peak_flops * eta)
+            compute
             + self.memory_bytes / (bandwidth_bytes_s * mu)
             + self.iterations * overhead_s
+            + self.comm_seconds(compute)
         )
+
+    def comm_seconds(self, compute_s: float) -> float:
+        """Seconds of communication over the run left exposed, given the run's ``compute_s``: each optimizer step
+        adds what its traffic takes beyond the compute it overlaps (tunelab.plan.comm)."""
+        steps = self.detail.get("optimizer_steps") or 0
+        if self.comm is None or not steps:
+            return 0.0
+        return steps * self.comm.exposed(compute_s / steps)
 
 
 def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:

@@ -1,0 +1,172 @@
+"""Communication of a multi-device run: the bytes each device moves per optimizer step under its strategy, over
+the links of the system (``configs/hardware/links.yaml``), and the seconds of it that compute does not hide.
+
+Ring collectives on n devices move, per device: an all-reduce of B bytes 2 (n-1)/n x B; an all-gather or a
+reduce-scatter (n-1)/n x B. Per optimizer step, with ``a`` micro batches accumulated (litgpt skips the gradient
+sync while accumulating), P parameters of s_p bytes, T trainable ones with gradients of s_g bytes:
+
+* DDP, FSDP NO_SHARD, ZeRO-1: the gradients all-reduced once: 2 (n-1)/n x T s_g.
+* FSDP FULL_SHARD, FSDP2 resharding, ZeRO-3: the parameters all-gathered for each forward and again for each
+  backward, the gradients reduce-scattered: a x 2 (n-1)/n x P s_p + (n-1)/n x T s_g (about 3x the parameter bytes
+  for full fine-tuning). LoRA under FSDP still gathers every frozen weight: its traffic is that of full
+  fine-tuning less the gradients.
+* FSDP SHARD_GRAD_OP, FSDP2 without resharding: gathered once per forward and kept: a x (n-1)/n x P s_p + (n-1)/n x
+  T s_g. DeepSpeed ZeRO-2: gradients reduce-scattered, updated parameters all-gathered once per step.
+* HYBRID_SHARD: FULL_SHARD inside each node of g devices, and across the m nodes an all-reduce of each device's
+  gradient shard: 2 (m-1)/m x T s_g / g.
+* CPU offload over the host link: FSDP ``cpu_offload`` copies the parameter shard in for each gather and the
+  gradient shard out; DeepSpeed ``offload_optimizer`` sends the gradient shard out and the updated parameter shard
+  back each step, ``offload_params`` also brings the parameter shard in for each forward and backward.
+
+A ring that spans nodes runs at the slowest hop: the node's network link shared by its g devices (flat ring; NCCL's
+trees and hierarchical rings do better on many nodes: an upper bound of the time there). Seconds = bytes /
+(peak x the link's efficiency).
+
+Overlap: gradient traffic runs beside the backward pass (DDP's buckets, ZeRO's reduce-scatter), parameter gathers
+beside the whole forward and backward (FSDP's prefetch). The step then takes compute + max(0, comm - OVERLAP x the
+compute it can hide under). OVERLAP is fitted once on the lab's Part 2 rows (``tunelab plan-accuracy``); its
+leave-one-out error is reported there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from tunelab import yaml_input
+from tunelab.errors import InputError
+from tunelab.models import count_params, lora_param_count
+from tunelab.paths import CONFIGS_DIR
+from tunelab.plan.memory import PlanInput, dtype_bytes
+
+LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
+OVERLAP = 0.03
+"""Fraction of the compute window that hides communication, fitted on the lab's Part 2 rows (``tunelab
+plan-accuracy`` refits it, and leaves each row out): on those PCIe-connected A100s almost nothing is hidden."""
+BACKWARD_SHARE = 2 / 3
+"""Share of a step's matmul FLOPs in the backward pass (4 of the 6 FLOPs per parameter and token)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One row of the link table."""
+
+    name: str
+    """The table's key, e.g. ``nvlink4``."""
+    scope: str
+    """gpu (between the GPUs of a node), node (between nodes, shared by the node's GPUs) or host (GPU <-> RAM)."""
+    gbs: float
+    """Peak bandwidth per direction, GB/s (per GPU; per node for scope node)."""
+    efficiency: float
+    """Fraction of the peak a ring collective reaches."""
+    source: str
+    """Where the peak comes from."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achieved bandwidth, bytes/s."""
+        return self.gbs * 1e9 * self.efficiency
+
+
+@lru_cache(maxsize=1)
+def table() -> dict[str, Link]:
+    """The links of ``configs/hardware/links.yaml``, checked (positive bandwidth, efficiency in (0, 1])."""
+    raw = yaml_input.load_mapping(LINK_TABLE, "the link table").get("links") or {}
+    out = {}
+    for name, row in raw.items():
+        where = f"{LINK_TABLE}: links: {name}"
+        if not isinstance(row, dict) or set(row) != {"scope", "gbs", "efficiency", "source"}:
+            raise InputError(f"{where}: give exactly scope, gbs, efficiency and source")
+        gbs, eff = row["gbs"], row["efficiency"]
+        if row["scope"] not in ("gpu", "node", "host"):
+            raise InputError(f"{where}: scope: {row['scope']!r} is not gpu, node or host")
+        if type(gbs) not in (int, float) or not (0 < gbs < 1e5) or type(eff) not in (int, float) or not 0 < eff <= 1:
+            raise InputError(f"{where}: gbs must be a positive number of GB/s and efficiency within (0, 1]")
+        out[name] = Link(name, row["scope"], float(gbs), float(eff), str(row["source"]))
+    return out
+
+
+def lookup(name: str, scope: str) -> Link:
+    """A link of the table by name and scope; InputError naming the ones there are."""
+    links = table()
+    if name in links and links[name].scope == scope:
+        return links[name]
+    known = ", ".join(k for k, v in links.items() if v.scope == scope)
+    raise InputError(f"unknown {scope} link {name!r}; known: {known} (configs/hardware/links.yaml)")
+
+
+@dataclass
+class Comm:
+    """Bytes one device moves per optimizer step over each link, and the seconds they take."""
+
+    bytes_gpu: float = 0.0
+    """Over the links between the GPUs of a node."""
+    bytes_node: float = 0.0
+    """Over the network between nodes (the part of a ring that crosses it)."""
+    bytes_host: float = 0.0
+    """Between the GPU and host RAM (CPU offload)."""
+    hideable_under: str = "backward"
+    """The compute the traffic can run beside: 'backward' (gradient sync) or 'step' (parameter gathers too)."""
+    seconds: float = 0.0
+    """Seconds of communication per optimizer step (no overlap)."""
+    links: dict = field(default_factory=dict)
+    """The links used: {'gpu': name, 'node': name, 'host': name}."""
+    formula: str = ""
+    """The volume in words."""
+
+    def exposed(self, compute_s: float, overlap: float = OVERLAP) -> float:
+        """Seconds per step the communication adds to a step whose compute takes ``compute_s``."""
+        window = compute_s * (BACKWARD_SHARE if self.hideable_under == "backward" else 1.0)
+        return max(0.0, self.seconds - overlap * window)
+
+
+def per_step(x: PlanInput, gpu_link: Link, node_link: Link | None = None, host_link: Link | None = None) -> Comm:
+    """The communication of one optimizer step of ``x`` (its strategy, devices, nodes, accumulation)."""
+    n, g, m, a = x.world, max(x.devices, 1), max(x.num_nodes, 1), max(x.accumulation, 1)
+    total, _ = count_params(x.config)
+    trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
+    s_p = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    P, G = total * s_p, trainable * s_p  # noqa: N806 - the docstring's symbols
+    ring = (n - 1) / n
+    c = Comm(links={"gpu": gpu_link.name})
+    if n == 1:
+        c.formula = "one device: none"
+    elif (
+        x.strategy == "ddp"
+        or (x.strategy == "fsdp" and x.sharding == "NO_SHARD")
+        or (x.strategy == "deepspeed" and x.zero_stage == 1)
+    ):
+        c.bytes_gpu, c.formula = 2 * ring * G, "gradient all-reduce 2(n-1)/n x T s_g"
+    elif x.strategy == "fsdp" and x.sharding == "HYBRID_SHARD":
+        r = (g - 1) / g
+        c.bytes_gpu = a * 2 * r * P + r * G
+        c.bytes_node = 2 * (m - 1) / m * G / g
+        c.formula = "within a node: a x 2(g-1)/g x P s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
+        c.hideable_under = "step"
+    elif (x.strategy == "fsdp" and x.sharding == "SHARD_GRAD_OP") or (x.strategy == "deepspeed" and x.zero_stage == 2):
+        gathers = 1 if x.strategy == "deepspeed" else a
+        c.bytes_gpu = gathers * ring * P + ring * G
+        c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
+        c.hideable_under = "step"
+    elif x.strategy in ("fsdp", "deepspeed"):  # FULL_SHARD, FSDP2 resharding, ZeRO-3
+        c.bytes_gpu = a * 2 * ring * P + ring * G
+        c.formula = "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
+        c.hideable_under = "step"
+    if m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
+        c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
+    if host_link is not None and x.offload_params and x.strategy == "fsdp":
+        c.bytes_host = a * 2 * P / n + G / n
+    elif host_link is not None and x.strategy == "deepspeed" and (x.offload_optimizer or x.offload_params):
+        c.bytes_host = (G + trainable * s_p) / n + (a * 2 * P / n if x.offload_params else 0.0)
+    seconds = c.bytes_gpu / gpu_link.bytes_per_s
+    if c.bytes_node:
+        if node_link is None:
+            raise InputError("a run on several nodes needs the network between them: give --internode LINK")
+        c.links["node"] = node_link.name
+        seconds += c.bytes_node / (node_link.bytes_per_s / g)
+    if c.bytes_host:
+        c.links["host"] = host_link.name
+        seconds += c.bytes_host / host_link.bytes_per_s
+    c.seconds = seconds if math.isfinite(seconds) else float("inf")
+    return c
