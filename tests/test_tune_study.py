@@ -191,7 +191,7 @@ def test_the_cpu_example_runs_for_real_resumes_and_reports(tmp_path):
     cut = runs / "cpu-example" / "ac-on-prefetch-none" / "mbs2" / "record.json"
     cut.parent.mkdir()
     rec = json.loads((runs / "cpu-example" / "ac-on-prefetch-none" / "mbs1" / "record.json").read_text())
-    rec.update(status="killed", error="deadline: the command's time ran out")
+    rec.update(status="killed", error="deadline: the command's time ran out", micro_batch_size=2, row_id="mbs2")
     cut.write_text(json.dumps(rec))
     p = subprocess.run(
         [sys.executable, "-m", "tunelab", "report", str(runs), "--out", str(report)],
