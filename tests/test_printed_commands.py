@@ -42,6 +42,7 @@ RULES = [
     Rule(r"tunelab show \S+", "here", "as printed"),
     Rule(r"tunelab validate .*", "here", "as printed (a glob expanded as the shell would)"),
     Rule(r"tunelab plan .*", "here", "as printed"),
+    Rule(r"tunelab advise .*", "here", "as printed"),
     Rule(r"tunelab build-model tiny", "here", "as printed (it builds into the checkout's .tunelab/ cache)"),
     Rule(
         r"tunelab build-model open_llama_7b --device cuda",
@@ -261,7 +262,7 @@ def test_printed_command_runs(command, tmp_path):
         argv = [x for a in argv for x in (sorted(glob.glob(a, root_dir=ROOT)) if "*" in a else [a])]
         rc, out = _tunelab(argv)
         assert rc == 0 and "error" not in out, out
-    elif argv[0] in ("ls", "show", "plan"):
+    elif argv[0] in ("ls", "show", "plan", "advise"):
         rc, out = _tunelab(argv)
         assert rc == 0 and out.strip(), out
         _check_sample(command, out)

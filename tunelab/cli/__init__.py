@@ -14,6 +14,7 @@ import signal
 import sys
 
 from tunelab.cli import (
+    advise,
     bench,
     build_model,
     data,
@@ -40,6 +41,7 @@ COMMANDS = (
     sweep,
     report,
     plan,
+    advise,
     plan_accuracy,
     plan_families,
     tune_batch,
