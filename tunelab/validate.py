@@ -242,8 +242,6 @@ def _irregular_files(ckpt: Path) -> list[str]:
 
 
 def _unsafe_weight_files(ckpt: Path) -> list[str]:
-    if _irregular_files(ckpt):
-        return []  # said on their own; torch.load must not open them
     if not any(Path(ckpt).glob("*.pth")) and not any(Path(ckpt).glob("*.bin")):
         return []  # nothing to check: no torch import for a plan of a model that is not downloaded
     from tunelab.checkpoints import unsafe_files  # imports torch
@@ -467,13 +465,14 @@ def _model_rules(c: _Context, a: dict, bad) -> None:
                 f"{ckpt.name!r} is not a model litgpt knows and {ckpt} has no model_config.yaml",
                 "use the directory `litgpt download <repo>` creates (checkpoints/<org>/<name>)",
             )
-        for odd in _irregular_files(ckpt):
+        odd_files = _irregular_files(ckpt)  # listed once; torch.load must never open them
+        for odd in odd_files:
             bad(
                 "checkpoint_dir",
                 f"{odd} is not a regular file (a FIFO or a device: reading it would block or never end)",
                 "remove it and put the file itself there",
             )
-        for unsafe in _unsafe_weight_files(ckpt):
+        for unsafe in [] if odd_files else _unsafe_weight_files(ckpt):
             bad(
                 "checkpoint_dir",
                 f"{unsafe} is not plain tensor data (torch.load with weights_only=True refuses "

@@ -30,7 +30,6 @@ leave-one-out error is reported there.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -168,5 +167,5 @@ def per_step(x: PlanInput, gpu_link: Link, node_link: Link | None = None, host_l
     if c.bytes_host:
         c.links["host"] = host_link.name
         seconds += c.bytes_host / host_link.bytes_per_s
-    c.seconds = seconds if math.isfinite(seconds) else float("inf")
+    c.seconds = seconds
     return c
