@@ -54,3 +54,22 @@ def test_plan_json_has_the_point_estimate_inside_its_band():
     proj = json.loads(p.stdout)["projection"]
     lo, hi = proj["seconds_band"]
     assert lo < proj["seconds"] < hi and "leave-one-out" in proj["seconds_source"]
+
+
+def test_activation_checkpointing_recomputes_the_forward():
+    """With checkpointing each training token's forward runs again: the compute grows by the forward FLOPs of the
+    training tokens (a third of training's), and nothing else changes."""
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=hardware.lookup("H100-SXM")).input
+    args = {"train": {"global_batch_size": 16, "epochs": 1}, "eval": {"interval": None}}
+    off = runtime.terms(dataclasses.replace(x, activation_checkpointing=False), args, 1000, 0, 437.0)
+    on = runtime.terms(dataclasses.replace(x, activation_checkpointing=True), args, 1000, 0, 437.0)
+    assert off.detail["recompute_flops"] == 0
+    assert on.detail["recompute_flops"] == pytest.approx(on.detail["train_flops"] / 3, rel=0.02)
+    assert on.compute_flops - off.compute_flops == pytest.approx(on.detail["recompute_flops"])
+    assert on.memory_bytes == off.memory_bytes and on.iterations == off.iterations

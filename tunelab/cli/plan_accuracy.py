@@ -18,5 +18,5 @@ def handle(args, extra) -> int:
 
     out = write_accuracy(args.out)
     print((out / "accuracy.md").read_text())
-    print(f"written: {out}/accuracy.md, {out}/accuracy.csv")
+    print("written: " + ", ".join(str(p) for p in sorted(out.iterdir()) if p.suffix in (".md", ".csv")))
     return 0

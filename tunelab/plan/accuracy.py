@@ -95,11 +95,12 @@ def _row(part, rid, recipe, note, gpu, plan, measured, lab_status, what) -> dict
 
 
 def write_accuracy(out: Path | None = None) -> Path:
-    """reports/planner-accuracy/: accuracy.md and .csv (memory and verdicts), runtime.csv (times)."""
+    """reports/planner-accuracy/: accuracy.md and .csv (memory and verdicts), runtime.csv (times), comm.csv (the
+    lab's multi-GPU steps), multinode.csv (the FSDP study's nodes)."""
     out = Path(out or output_root() / "reports" / "planner-accuracy")
     rows = accuracy_rows()
     write_csv(out / "accuracy.csv", rows)
-    runtime_lines = _runtime_section(out) + _comm_section(out)
+    runtime_lines = _runtime_section(out) + _comm_section(out) + _multinode_section(out)
 
     def fmt_meas(m):
         if m is None:
@@ -336,6 +337,126 @@ def _comm_section(out: Path) -> list[str]:
         "hold both. The lab's times include start-up (model load), which the per-step figure spreads over the "
         "steps.",
     ]
+    return lines
+
+
+MULTINODE_ROWS = (
+    # (GPUs, parameters, iteration ms) as published; 4 V100 16 GB per node, AMP, sequence 128, batch 16 per GPU
+    (4, 2.9e9, 12772),
+    (8, 4.4e9, 15717),
+    (16, 8.4e9, 39228),
+)
+"""The FSDP study's multi-node table: GPT-2-shaped models scaled (layers, heads, width) to fill 16 GB V100s at
+batch 16 per GPU, 4 GPUs per node, mixed precision, sequence length 128, 30 iterations averaged. The network
+between nodes was not described."""
+MULTINODE_GPU = "V100-16GB"
+MULTINODE_GPUS_PER_NODE = 4
+MULTINODE_TOKENS = 16 * 128
+"""Tokens per GPU per iteration (batch 16 x sequence 128)."""
+MULTINODE_FLOPS_PER_PARAM_TOKEN = 8
+"""Forward, backward and the forward again of activation checkpointing (the study's TFLOP/s figures for 8 and 16
+GPUs match 8 FLOPs per parameter and token: 36.7 and 55.7 published, 36.8 and 56.1 from its times)."""
+MULTINODE_PARAM_BYTES = 2
+"""Bytes per gathered parameter: 16-bit gathers assumed (float32 gathers double the bytes and the bandwidth
+fitted: the errors do not change)."""
+
+
+def multinode_rows() -> list[dict]:
+    """Each multi-node row of :data:`MULTINODE_ROWS` as compute (the runtime's own efficiency on the V100's fp16
+    peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.comm.per_step``: a flat ring over the nodes' network,
+    shared by a node's GPUs) over one network bandwidth fitted to the rows, and fitted without the row
+    (leave-one-out). The single-node row has no network and is shown apart."""
+    gpu = hardware.lookup(MULTINODE_GPU)
+    peak = gpu.peak_flops("16-mixed", "high")
+    items = []
+    for n, params, ms in MULTINODE_ROWS:
+        nodes = n // MULTINODE_GPUS_PER_NODE
+        x = memory.PlanInput(
+            config=None, strategy="fsdp", precision="16-mixed", devices=MULTINODE_GPUS_PER_NODE, num_nodes=nodes
+        )
+        unit = comm.Link("unit", "node" if nodes > 1 else "gpu", 1.0, 1.0, "1 GB/s: scaled by the fit")
+        k = comm.per_step(x, unit, unit, params=(int(params), int(params)), param_bytes=MULTINODE_PARAM_BYTES)
+        compute = MULTINODE_FLOPS_PER_PARAM_TOKEN * params * MULTINODE_TOKENS / (peak * runtime.ETA)
+        items.append((n, nodes, params, compute, k, ms / 1000))
+    across = [i for i in items if i[1] > 1]
+    fitted = _fit_bandwidth(across)
+    out = []
+    for n, nodes, params, compute, k, secs in items:
+        loo = _fit_bandwidth([i for i in across if i[0] != n]) if nodes > 1 else None
+        row = {
+            "gpus": n,
+            "nodes": nodes,
+            "params_b": params / 1e9,
+            "study_step_s": secs,
+            "compute_step_s": compute,
+            "comm_gb": (k.bytes_gpu + k.bytes_node) / 1e9,
+            "implied_gbs": (k.bytes_gpu + k.bytes_node * MULTINODE_GPUS_PER_NODE) / 1e9 / max(secs - compute, 1e-9),
+        }
+        if nodes > 1:
+            est, est_loo = _step(compute, k, fitted), _step(compute, k, loo)
+            row.update(
+                fitted_gbs=fitted, estimate_s=est, error=est / secs - 1, loo_gbs=loo, loo_estimate_s=est_loo,
+                loo_error=est_loo / secs - 1,
+            )  # fmt: skip
+        out.append(row)
+    return out
+
+
+def _step(compute: float, k: comm.Comm, gbs: float) -> float:
+    """A step of ``compute`` seconds with the traffic of ``k`` (timed at 1 GB/s) over ``gbs`` GB/s."""
+    scaled = comm.Comm(bytes_node=k.bytes_node, hideable_under=k.hideable_under, seconds=k.seconds / gbs)
+    return compute + scaled.exposed(compute)
+
+
+def _fit_bandwidth(items: list[tuple]) -> float:
+    """The network bandwidth (GB/s per node, achieved) minimising the squared relative step error over the items,
+    on a log grid from 0.1 to 1,000 GB/s."""
+    grid = [10 ** (i / 400 - 1) for i in range(1601)]
+    return min(grid, key=lambda b: sum((_step(c, k, b) / s - 1) ** 2 for _, _, _, c, k, s in items))
+
+
+def _multinode_section(out: Path) -> list[str]:
+    rows = multinode_rows()
+    write_csv(out / "multinode.csv", rows)
+    across = [r for r in rows if r["nodes"] > 1]
+    eth = comm.lookup("ethernet-25g", "node")
+    lines = [
+        "",
+        "## Communication across nodes: the FSDP study's multi-node table (V100s)",
+        "",
+        "Each row: compute (8 FLOPs per parameter and token: activation checkpointing; the V100's fp16 peak at the "
+        f"runtime's fitted efficiency {runtime.ETA:g}) plus FSDP FULL_SHARD's bytes per device per step "
+        "(`tunelab.plan.comm`: gathers in forward and backward, gradient reduce-scatter; 16-bit; a flat ring whose "
+        "slowest hop is the node's network, shared by its 4 GPUs), less what compute hides. The study did not say "
+        "which network joined its nodes, so its bandwidth is fitted: on both multi-node rows, and on the other row "
+        "alone (leave-one-out: the check of how the term scales from 2 to 4 nodes and from 4.4B to 8.4B "
+        "parameters).",
+        "",
+        "| GPUs | nodes | parameters | study s/step | compute s | GB per device | network GB/s fitted | estimate s "
+        "| error | leave-one-out GB/s | estimate s | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in across:
+        lines.append(
+            f"| {r['gpus']} | {r['nodes']} | {r['params_b']:.1f}B | {r['study_step_s']:.2f} | "
+            f"{r['compute_step_s']:.2f} | {r['comm_gb']:.1f} | {r['fitted_gbs']:.2f} | {r['estimate_s']:.2f} | "
+            f"{r['error']:+.1%} | {r['loo_gbs']:.2f} | {r['loo_estimate_s']:.2f} | {r['loo_error']:+.1%} |"
+        )
+    one = next((r for r in rows if r["nodes"] == 1), None)
+    lines += [
+        "",
+        f"The fitted network, {across[0]['fitted_gbs']:.1f} GB/s achieved per node, is about "
+        f"{across[0]['fitted_gbs'] * 8 / 0.7:.0f} Gb/s at the table's 0.7 ring efficiency for Ethernet "
+        f"(`{eth.name}` would give {eth.bytes_per_s / 1e9:.2f} GB/s). The planner's term grows from 2 to 4 nodes "
+        "by the ring's (n-1)/n and the parameter count; the study's step grew more, which a ring over more "
+        "network hops (or NCCL's choice of algorithm there) would explain; not measured here.",
+    ]
+    if one:
+        lines.append(
+            f"The 4-GPU row (one node, {one['params_b']:.1f}B, {one['study_step_s']:.2f} s) implies "
+            f"{one['implied_gbs']:.1f} GB/s between the node's GPUs: far below NVLink or PCIe, and its published "
+            "TFLOP/s (7.67) disagrees with its own time; it is shown, not used."
+        )
     return lines
 
 

@@ -120,12 +120,27 @@ class Comm:
         return max(0.0, self.seconds - overlap * window)
 
 
-def per_step(x: PlanInput, gpu_link: Link, node_link: Link | None = None, host_link: Link | None = None) -> Comm:
-    """The communication of one optimizer step of ``x`` (its strategy, devices, nodes, accumulation)."""
+def per_step(
+    x: PlanInput,
+    gpu_link: Link,
+    node_link: Link | None = None,
+    host_link: Link | None = None,
+    *,
+    params: tuple[int, int] | None = None,
+    param_bytes: int | None = None,
+) -> Comm:
+    """The communication of one optimizer step of ``x`` (its strategy, devices, nodes, accumulation).
+
+    ``params``: (total, trainable) parameter counts instead of those of ``x.config`` (a model given by its size
+    only); ``param_bytes``: bytes per gathered parameter and gradient instead of the precision's (4 under mixed
+    precision, whose FSDP keeps float32 parameters; 2 where a framework gathers 16-bit copies)."""
     n, g, m, a = x.world, max(x.devices, 1), max(x.num_nodes, 1), max(x.accumulation, 1)
-    total, _ = count_params(x.config)
-    trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
-    s_p = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    if params is None:
+        total, _ = count_params(x.config)
+        trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
+    else:
+        total, trainable = params
+    s_p = param_bytes or (4 if "mixed" in str(x.precision) else dtype_bytes(x.precision))
     P, G = total * s_p, trainable * s_p  # noqa: N806 - the docstring's symbols
     ring = (n - 1) / n
     c = Comm(links={"gpu": gpu_link.name})

@@ -62,6 +62,13 @@ EDGE_FRACTION = 0.02
 """A verdict whose margin is within 2% of the GPU's memory is 'at the edge': the caching allocator's fragmentation
 decides it, and the planner cannot (measured on an H100: reserved / allocated 1.05-1.40 at the peak of runs that
 fit; s1 ran out of memory with 7.84 GiB reserved but unallocated)."""
+ALLOCATOR_HEADROOM = 0.10
+"""Fraction of the GPU's memory a configuration chosen for speed leaves above its predicted peak allocated. Past
+it the caching allocator retries (frees its cache, calls cudaMalloc again) and throughput drops although the run
+fits: measured on the H100 (reports/2026-11-23-lab-part3-h100), retries began at 75.2 GB allocated of 85.0 GB (FSDP,
+micro 42 of the 47 that fit: 88%) and at 78.5 GB (with activation checkpointing, micro 244: 92%); micro 47 ran at
+82% of the best throughput with 26 retries. ``tunelab advise`` ranks only configurations within it
+(``--headroom``)."""
 QLORA_EXTRA_BYTES = int(0.812e9)
 """The constant part of QLoRA's measured extra (see :data:`QLORA_EXTRA_PER_PARAM` for the fit and its cause)."""
 QLORA_EXTRA_PER_PARAM = 0.0822
@@ -500,11 +507,20 @@ def verdict(plan: Plan, gpu: hardware.GPU) -> Plan:
     return plan
 
 
-def max_micro_batch(x: PlanInput, gpu: hardware.GPU, limit: int = 4096) -> int:
-    """The largest micro batch whose predicted reserved memory + context fits (0 if even 1 does not)."""
+def tight(plan: Plan, gpu: hardware.GPU, headroom: float = ALLOCATOR_HEADROOM) -> bool:
+    """The predicted peak allocated leaves less than ``headroom`` of the GPU's memory free: the caching allocator is
+    likely to retry (free its cache and call cudaMalloc again), which costs throughput though the run fits."""
+    return headroom > 0 and plan.peak_allocated_bytes > (1 - headroom) * gpu.memory_bytes
+
+
+def max_micro_batch(x: PlanInput, gpu: hardware.GPU, limit: int = 4096, headroom: float = 0.0) -> int:
+    """The largest micro batch whose predicted reserved memory + context fits (0 if even 1 does not); with
+    ``headroom`` > 0 also leaving that fraction of the GPU's memory above the predicted peak allocated (see
+    :func:`tight`)."""
 
     def fits(m):
-        return verdict(predict(dataclasses.replace(x, micro_batch_size=m)), gpu).fits
+        plan = verdict(predict(dataclasses.replace(x, micro_batch_size=m)), gpu)
+        return plan.fits and not tight(plan, gpu, headroom)
 
     if not fits(1):
         return 0

@@ -5,6 +5,7 @@ planner's input built from them (:func:`plan_input`), the memory prediction and 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,14 +133,8 @@ seconds."""
 def longest_sample_tokens(json_path: Path, checkpoint_dir: Path, prompt_style: str = "alpaca") -> int:
     """Token count of the dataset's longest sample with its prompt template (needs the checkpoint's tokenizer):
     the :data:`TOKENIZED_MAX` longest records by characters are tokenised."""
-    from litgpt.prompts import PromptStyle
-    from litgpt.tokenizer import Tokenizer
-
     records = [r for part in dataset_records.split_files(json_path) for r in dataset_records.read(part)]
-    style = PromptStyle.from_name(prompt_style)
-    texts = sorted((style.apply(r["instruction"], input=r.get("input", "")) + r["output"] for r in records), key=len)
-    tok = Tokenizer(checkpoint_dir)
-    return max(len(tok.encode(t, eos=True)) for t in texts[-TOKENIZED_MAX:])
+    return sample_lengths(records, checkpoint_dir, prompt_style)[1]
 
 
 def _dataset_seq_len(s: Settings, dataset: Path) -> tuple[int, str]:
@@ -235,21 +230,66 @@ def tokens_per_sample_from_data(s: Settings, micro: int) -> float | None:
     path, ckpt = data.get("json_path"), Path(s.checkpoint_dir)
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
         return None
-    from litgpt.prompts import PromptStyle
-    from litgpt.tokenizer import Tokenizer
+    lengths = sample_lengths(
+        dataset_records.read(project_path(path)), ckpt, data.get("prompt_style", "alpaca"), s.max_seq_length,
+        data.get("seed", 42),
+    )[0]  # fmt: skip
+    return padded_per_sample(lengths, micro, data.get("seed", 42))
 
-    tok, style = Tokenizer(ckpt), PromptStyle.from_name(data.get("prompt_style", "alpaca"))
-    cap = s.max_seq_length or 10**9
-    records = dataset_records.read(project_path(path))
-    if len(records) > TOKENIZED_MAX:  # a seeded sample: the mean padded length is estimated from it
-        records = random.Random(data.get("seed", 42)).sample(records, TOKENIZED_MAX)
-    lengths = [
-        min(cap, len(tok.encode(style.apply(r["instruction"], input=r.get("input", "")) + r["output"], eos=True)))
-        for r in records
-    ]
-    random.Random(data.get("seed", 42)).shuffle(lengths)
-    batches = [lengths[i : i + micro] for i in range(0, len(lengths), micro)]
-    return sum(max(b) * len(b) for b in batches) / len(lengths)
+
+CHARS_PER_TOKEN = 4.0
+"""Characters per token where the model's tokenizer is not here: about 4 for English prose under LLaMA-style
+tokenizers (an estimate; give the checkpoint to count exactly)."""
+
+
+def has_tokenizer(checkpoint_dir: Path) -> bool:
+    """Whether the checkpoint directory holds a tokenizer litgpt can load."""
+    return (Path(checkpoint_dir) / "tokenizer.json").is_file() or (Path(checkpoint_dir) / "tokenizer.model").is_file()
+
+
+def sample_lengths(
+    records: list[dict], checkpoint_dir: Path, prompt_style: str = "alpaca", cap: int | None = None, seed: int = 42
+) -> tuple[list[int], int, str]:
+    """(token lengths of a seeded sample of at most :data:`TOKENIZED_MAX` records, the longest sample's length
+    (among the :data:`TOKENIZED_MAX` longest by characters), how they were counted), each with the prompt template
+    and EOS, capped at ``cap``: with the checkpoint's tokenizer, else characters / :data:`CHARS_PER_TOKEN`."""
+    from litgpt.prompts import PromptStyle
+
+    style = PromptStyle.from_name(prompt_style)
+    if has_tokenizer(checkpoint_dir):
+        from litgpt.tokenizer import Tokenizer
+
+        tok = Tokenizer(Path(checkpoint_dir))
+        how = "tokenised with the model's tokenizer"
+
+        def count(text):
+            return len(tok.encode(text, eos=True))
+    else:
+        how = f"estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer in {checkpoint_dir})"
+
+        def count(text):
+            return math.ceil(len(text) / CHARS_PER_TOKEN) + 1
+
+    def text(r):
+        return style.apply(r["instruction"], input=r.get("input", "")) + r["output"]
+
+    limit = cap or 10**9
+    picked = random.Random(seed).sample(records, TOKENIZED_MAX) if len(records) > TOKENIZED_MAX else records
+    lengths = [min(limit, count(text(r))) for r in picked]
+    longest_texts = sorted((text(r) for r in records), key=len)[-TOKENIZED_MAX:]
+    longest = min(limit, max((count(t) for t in longest_texts), default=0))
+    return lengths, longest, how
+
+
+def padded_per_sample(lengths: list[int], micro: int, seed: int = 42) -> float:
+    """Mean tokens per sample after padding each micro batch to its longest sample, the samples shuffled as
+    litgpt's loader shuffles them (seeded)."""
+    if not lengths:
+        return 0.0
+    order = list(lengths)
+    random.Random(seed).shuffle(order)
+    batches = [order[i : i + micro] for i in range(0, len(order), micro)]
+    return sum(max(b) * len(b) for b in batches) / len(order)
 
 
 def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None):

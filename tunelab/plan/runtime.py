@@ -5,7 +5,8 @@
 * compute FLOPs: training (the model's matmul FLOPs per padded token, ``tunelab.plan.flops.flops_per_token``, times the
   epoch's padded tokens) and every validation litgpt runs inside its fit loop: the 2-batch sanity check at the
   start, then ``eval.max_iters`` batches (at most the validation set) every ``eval.interval`` optimizer steps, at a
-  third of the training FLOPs per token (forward only);
+  third of the training FLOPs per token (forward only); with activation checkpointing each training token's
+  forward runs again in the backward pass (a third more);
 * memory-bound bytes: the optimizer step over the trainable parameters every optimizer step (AdamW reads weights,
   gradients and both moments and writes three of them: 7 x the parameter dtype's bytes; SGD 3 x, with momentum 5 x),
   the sample litgpt generates after each in-loop validation (``eval.max_new_tokens`` decode steps, each reading
@@ -104,6 +105,7 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     eval_iters = 2 + n_evals * val_batches  # the sanity check, then each in-loop validation
     train_flops = samples * tokens_per_sample * fpt
     eval_flops = eval_iters * micro * tokens_per_sample * fpt_fwd
+    recompute_flops = samples * tokens_per_sample * fpt_fwd if x.activation_checkpointing else 0.0
     total, emb = count_params(c)
     s_param = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
     trainable = n_lora if lora else total
@@ -123,7 +125,7 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
         dequant = train_iters * per_train_iter + eval_iters * per_eval_iter
     memory = (opt_bytes + gen_bytes + dequant) / world
     return Terms(
-        compute_flops=(train_flops + eval_flops) / world,
+        compute_flops=(train_flops + recompute_flops + eval_flops) / world,
         memory_bytes=memory,
         iterations=(train_iters + eval_iters) / world,
         detail={
@@ -132,6 +134,7 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
             "eval_batches_each": val_batches,
             "train_flops": train_flops,
             "eval_flops": eval_flops,
+            "recompute_flops": recompute_flops,
             "optimizer_bytes": opt_bytes,
             "generation_bytes": gen_bytes,
             "dequantization_bytes": dequant,
