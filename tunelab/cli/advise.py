@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import count, fail, number
+from tunelab.cli.common import count, fail, number, unwritable
 
 
 def add_parser(sub) -> None:
@@ -13,18 +13,39 @@ def add_parser(sub) -> None:
         "advise",
         help="rank every configuration of a model by predicted time and cost, before renting",
         description="Plan MODEL (a recipes/ folder such as open-llama-7b, or a recipe key) on each --gpus row with "
-        "every method (full, LoRA, QLoRA), micro batch, activation checkpointing and strategy (one device; DDP, "
-        "FSDP, DeepSpeed ZeRO-2/3 on 2, 4, 8 devices): keep what the planner says fits, rank by predicted wall "
-        "time for --tokens (compute, memory-bound work, overhead and the communication compute does not hide), "
-        "with energy (board power, an upper bound) and cost (devices x hours x the price of "
-        "configs/hardware/prices.yaml). The recipe's global batch is kept. Plans, not measurements: "
-        "docs/planner.md says how accurate each term is.",
+        "every method (full, LoRA, QLoRA), precision, micro batch, activation checkpointing and strategy (one "
+        "device; DDP, FSDP, DeepSpeed ZeRO-2/3 on 2, 4, 8, 16 devices per node): keep what the planner says fits "
+        "with --headroom to spare, rank by predicted wall time for the data (compute, memory-bound work, "
+        "overhead and the communication compute does not hide), with energy (board power, an upper bound) and "
+        "cost (devices x hours x the price of configs/hardware/prices.yaml). Communication: bytes per optimizer "
+        "step by strategy (DDP all-reduces gradients, 2x their bytes; FSDP/ZeRO-3 gather parameters twice and "
+        "reduce-scatter gradients, about 3x; ZeRO-2 about 2x; offload crosses PCIe) over the slowest link they "
+        "cross (configs/hardware/links.yaml: NVLink, PCIe, InfiniBand, Ethernet, each with its source), less what "
+        "the backward pass hides. The recipe's global batch is kept unless --global-batch free (which changes the "
+        "training maths: no accumulation, global = micro x devices). Plans, not measurements: docs/planner.md "
+        "says how accurate each term is; configurations within that error are marked ~ (a tie to measure).",
     )
     s.add_argument("model", help="a folder of recipes/ (open-llama-7b) or a recipe key (open-llama-7b/lora)")
     s.add_argument("--gpus", default="A10G,A100-80GB,H100-SXM", help="GPU table rows, comma-separated")
     s.add_argument("--method", choices=["full", "lora", "qlora", "any"], default="any")
+    s.add_argument("--precision", metavar="LIST", help="precisions to try (default: bf16-true,bf16-mixed where "
+                   "the GPU has bfloat16, else 16-mixed)")  # fmt: skip
+    s.add_argument("--strategies", metavar="LIST", help="strategy files to try, comma-separated (default: single "
+                   "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several)")  # fmt: skip
     s.add_argument("--max-devices", type=number(int, 1, 64, what="a device count"), default=8)
-    s.add_argument("--tokens", type=number(float, 0, 1e15, low_open=True, what="a token count"), default=5e7)
+    work = s.add_mutually_exclusive_group()
+    work.add_argument("--tokens", type=number(float, 0, 1e15, low_open=True, what="a token count"),
+                      help="padded tokens to train on (default 5e7), as samples of the lab's Alpaca length")  # fmt: skip
+    work.add_argument("--data", metavar="FILE|MODULE", help="the dataset: a .json/.jsonl file or folder litgpt "
+                      "reads (sample lengths from the tokenizer where the checkpoint has one, else 4 characters per "
+                      "token; padding per micro batch), or a litgpt data module (Alpaca, Dolly, ...)")  # fmt: skip
+    s.add_argument("--epochs", type=number(int, 1, 10**4, what="an epoch count"), default=1)
+    s.add_argument("--global-batch", choices=["keep", "free"], default="keep",
+                   help="keep the recipe's global batch (default), or free: no accumulation, micro batches up to "
+                   "the planner's largest")  # fmt: skip
+    s.add_argument("--headroom", type=number(float, 0, 0.5, what="a fraction"), default=0.10,
+                   help="memory left free for the allocator (default 0.10: past 88-92%% of an H100 the measured "
+                   "steps retried allocations); 0 ranks tight configurations too")  # fmt: skip
     s.add_argument("--deadline", type=number(float, 0, 1e5, low_open=True, what="hours"), help="hours at most")
     s.add_argument("--budget", type=number(float, 0, 1e9, low_open=True, what="dollars"), help="USD at most")
     s.add_argument("--prices", type=Path, help="a price file like configs/hardware/prices.yaml")
@@ -45,6 +66,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.plan import advise
     from tunelab.recipes import RECIPES_DIR, resolve
+    from tunelab.strategies import StrategyError, load_strategy
 
     folder = RECIPES_DIR / args.model
     if folder.is_dir() and "/" not in args.model:
@@ -59,19 +81,54 @@ def handle(args, extra) -> int:
         gpus = [hardware.lookup(g.strip()) for g in args.gpus.split(",") if g.strip()]
     except ValueError as e:
         return fail(f"--gpus: {e}")
+    precision = _listed(args.precision)
+    if precision and (bad := sorted(set(precision) - {"bf16-true", "bf16-mixed", "16-mixed", "16-true", "32-true"})):
+        return fail(f"--precision: {', '.join(bad)} unknown; fix: bf16-true, bf16-mixed, 16-mixed, 16-true, 32-true")
+    strategies = _listed(args.strategies)
+    for name in strategies or []:
+        try:
+            if name != "single":
+                load_strategy(name)
+        except StrategyError as e:
+            return fail(f"--strategies: {e}")
+    if args.write is not None and (why := _unwritable_dir(args.write, [f"{m}.yaml" for m in recipes])):
+        return fail(f"--write {args.write}: {why}; fix: give a new or empty folder")
+    first = next(iter(recipes.values()))
+    work = (
+        advise.workload_from_data(args.data, first, args.epochs)
+        if args.data
+        else advise.workload_from_tokens(args.tokens or 5e7, args.epochs)
+    )
     table = advise.prices(args.prices or advise.PRICE_TABLE)
     cands = advise.candidates(
-        recipes, gpus, tokens=args.tokens, max_devices=args.max_devices, nodes=args.nodes,
-        interconnect=args.interconnect, internode=args.internode, price_table=table,
+        recipes, gpus, workload=work, max_devices=args.max_devices, nodes=args.nodes,
+        interconnect=args.interconnect, internode=args.internode, price_table=table, precision=precision,
+        strategies=strategies, global_batch=args.global_batch, headroom=args.headroom,
     )  # fmt: skip
-    ranked = advise.rank(cands, by=args.by, deadline_h=args.deadline, budget=args.budget)
+    limits = {"deadline_h": args.deadline, "budget": args.budget, "tight_ok": args.headroom == 0}
+    ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:
         print(json.dumps([{**c.__dict__, "world": c.world} for c in ranked], indent=1))
         return 0 if ranked else 1
-    print(advise.render(cands, ranked, gpus, table, args.top, args.tokens))
+    print(advise.render(cands, ranked, gpus, table, args.top, work, limits))
     if args.write and ranked:
         chosen = ranked[0]
         by_key = {r.key: r for r in recipes.values()}
-        for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write):
+        for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data):
             print(f"launch: {line}")
     return 0 if ranked else 1
+
+
+def _listed(text: str | None) -> list[str] | None:
+    """A comma-separated option as a list (None when not given)."""
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _unwritable_dir(folder: Path, names: list[str]) -> str | None:
+    """Why the advice cannot be written into ``folder`` (a link, a file, a device in the way), or None."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return "is not a folder (tunelab never writes through links)"
+    for name in [*names, "strategy.yaml", "launch.txt"]:
+        if why := unwritable(folder / name):
+            return f"{name} {why}"
+    return None

@@ -23,7 +23,13 @@ from tunelab import hardware, yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan import comm, memory, runtime
-from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe, strategy_fields
+from tunelab.plan.recipe import (
+    LAB_PADDED_TOKENS_PER_SAMPLE,
+    padded_per_sample,
+    plan_recipe,
+    sample_lengths,
+    strategy_fields,
+)
 from tunelab.recipes import Recipe
 from tunelab.strategies import load_strategy
 
@@ -61,12 +67,88 @@ def prices(path=PRICE_TABLE) -> dict[str, Price]:
     return out
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What is to be trained: samples and how many tokens each takes once padded, from --tokens or --data."""
+
+    samples: int
+    """Training samples per epoch."""
+    epochs: int = 1
+    """Passes over them."""
+    tokens_per_sample: float = LAB_PADDED_TOKENS_PER_SAMPLE
+    """Padded tokens per sample where no lengths are known (--tokens; a litgpt data module not here)."""
+    lengths: tuple = ()
+    """Token lengths of a sample of the data (--data FILE): padding is computed per micro batch from them."""
+    longest: int | None = None
+    """The longest sample in tokens (the sequence length memory is planned at), or None: the recipe's."""
+    how: str = ""
+    """Where the figures come from, in words."""
+
+    def per_sample(self, micro: int) -> float:
+        """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample)."""
+        return padded_per_sample(list(self.lengths), micro) if self.lengths else self.tokens_per_sample
+
+    @property
+    def tokens(self) -> float:
+        """Tokens before padding (or as given)."""
+        real = sum(self.lengths) / len(self.lengths) if self.lengths else self.tokens_per_sample
+        return self.samples * self.epochs * real
+
+
+def workload_from_tokens(tokens: float, epochs: int = 1) -> Workload:
+    """``--tokens N``: N padded tokens per epoch, as samples of the lab's Alpaca length."""
+    return Workload(
+        samples=max(1, int(tokens / LAB_PADDED_TOKENS_PER_SAMPLE)),
+        epochs=epochs,
+        how=f"{tokens:,.0f} tokens x {epochs} epoch(s) as samples of {LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens "
+        "(the lab's Alpaca figure)",
+    )
+
+
+def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
+    """``--data FILE`` (a dataset as litgpt reads it: .json, .jsonl, or a directory of train and val files) or
+    ``--data MODULE`` (a litgpt data module that downloads its data: its known size, the lab's tokens per
+    sample)."""
+    from pathlib import Path
+
+    from tunelab.data import records as dataset_records
+    from tunelab.settings import DATA_MODULE_SIZES, resolve
+
+    s = resolve(recipe, [])
+    path = Path(data)
+    if path.exists():
+        parts = dataset_records.split_files(path)
+        records = dataset_records.read(parts[0])
+        if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file
+            records = records[: max(1, int(len(records) * (1 - (s.val_split_fraction or 0))))]
+        if not records:
+            raise InputError(f"--data {data}: no records")
+        lengths, longest, how = sample_lengths(records, Path(s.checkpoint_dir), "alpaca", s.max_seq_length)
+        return Workload(
+            samples=len(records), epochs=epochs, lengths=tuple(lengths), longest=longest,
+            how=f"{len(records):,} training samples of {data} x {epochs} epoch(s), lengths {how}",
+        )  # fmt: skip
+    name = data if "." in data else f"litgpt.data.{data}"
+    if name not in DATA_MODULE_SIZES:
+        known = ", ".join(k.rsplit(".", 1)[1] for k in DATA_MODULE_SIZES)
+        raise InputError(f"--data {data}: neither a file here nor a data module of known size ({known})")
+    n, what = DATA_MODULE_SIZES[name]
+    held_out = resolve(recipe, ["--data", name]).val_split_fraction or 0  # what `--data NAME` keeps of the recipe
+    train = int(n * (1 - held_out))
+    return Workload(
+        samples=train, epochs=epochs,
+        how=f"{train:,} training samples ({what}; val_split_fraction {held_out:g} held out) x {epochs} epoch(s) x "
+        f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure)",
+    )  # fmt: skip
+
+
 @dataclass
 class Candidate:
     """One configuration, planned."""
 
     gpu: str
     method: str
+    precision: str
     strategy: str
     devices: int
     nodes: int
@@ -78,6 +160,8 @@ class Candidate:
     fits: bool
     edge: bool
     """Within the planner's edge margin: fragmentation decides; said, not hidden."""
+    tight: bool
+    """Fits, but leaves less than the headroom free: allocator retries likely (not ranked unless --headroom 0)."""
     hours: float
     """Predicted wall time of the training run (compute, memory-bound work, overhead, exposed communication)."""
     comm_s_per_step: float
@@ -87,6 +171,8 @@ class Candidate:
     """devices x hours x the hourly price (None without a price for the GPU)."""
     recipe: str
     """The recipe it starts from."""
+    global_batch_size: int = 0
+    """Samples per optimizer step (the recipe's, or micro x devices with a free global batch)."""
 
     @property
     def world(self) -> int:
@@ -94,20 +180,39 @@ class Candidate:
         return self.devices * self.nodes
 
 
+def precisions(gpu: hardware.GPU, asked: list[str] | None = None) -> list[str]:
+    """The precisions tried on ``gpu``: by default bf16-true and bf16-mixed where it computes bfloat16, 16-mixed
+    where not (16-true trains without a loss scaler; 32-true is slower everywhere); ``asked`` replaces them, less
+    the bfloat16 ones on a GPU without bfloat16."""
+    if asked is None:
+        return ["bf16-true", "bf16-mixed"] if gpu.bf16 else ["16-mixed"]
+    return [p for p in asked if gpu.bf16 or not p.startswith("bf16")]
+
+
 def candidates(
     recipes: dict[str, Recipe],
     gpus: list[hardware.GPU],
     *,
-    tokens: float,
+    tokens: float | None = None,
+    workload: Workload | None = None,
     max_devices: int = 8,
     nodes: int = 1,
-    tokens_per_sample: float = LAB_PADDED_TOKENS_PER_SAMPLE,
     interconnect: str | None = None,
     internode: str | None = None,
     price_table: dict[str, Price] | None = None,
+    precision: list[str] | None = None,
+    strategies: list[str] | None = None,
+    global_batch: str = "keep",
+    headroom: float = memory.ALLOCATOR_HEADROOM,
 ) -> list[Candidate]:
-    """Every configuration of ``recipes`` ({method: recipe}) on each GPU, planned (fitting or not)."""
+    """Every configuration of ``recipes`` ({method: recipe}) on each GPU, planned (fitting or not).
+
+    ``global_batch``: 'keep' the recipe's (micro batches of :data:`MICRO_BATCHES` that divide it) or 'free'
+    (no accumulation: global = micro x devices; micro batches up to the planner's largest within ``headroom``).
+    ``strategies``: strategy files to try (default: one device alone, :data:`STRATEGIES` on several; 'single'
+    names one device without a strategy file)."""
     price_table = price_table or {}
+    work = workload or workload_from_tokens(tokens if tokens is not None else 5e7)
     out = []
     device_counts = [1] + [d for d in (2, 4, 8, 16) if d <= max_devices]
     for gpu in gpus:
@@ -115,26 +220,29 @@ def candidates(
         if not peak or not gpu.bandwidth_gbs:
             continue
         links = (
-            comm.lookup(interconnect or gpu.link or "pcie4", "gpu"),
+            _link(interconnect, gpu, "gpu"),
             comm.lookup(internode, "node") if internode else None,
             comm.lookup("host-pcie4", "host"),
         )
         for method, recipe in recipes.items():
-            precision = [] if gpu.bf16 else ["--precision", "16-mixed"]
-            base = plan_recipe(recipe, precision, gpu=gpu)
-            s, x0 = base.settings, base.input
-            gbs = s.global_batch_size
-            for d in device_counts:
-                if method == "qlora" and d * nodes > 1:
-                    continue
-                for strat in ["single"] if d * nodes == 1 else STRATEGIES:
-                    fields = strategy_fields(None if strat == "single" else load_strategy(strat), d * nodes)
-                    for mb in MICRO_BATCHES:
-                        if gbs % (mb * d * nodes):
+            for prec in precisions(gpu, precision):
+                base = plan_recipe(recipe, ["--precision", prec], gpu=gpu)
+                s, x0 = base.settings, base.input
+                if work.longest:
+                    x0 = dataclasses.replace(x0, seq_len=work.longest)
+                for d in device_counts:
+                    world = d * nodes
+                    if method == "qlora" and world > 1:
+                        continue
+                    tried = strategies or (["single"] if world == 1 else list(STRATEGIES))
+                    if method == "qlora":  # litgpt quantizes on one device without a strategy only
+                        tried = ["single"]
+                    for strat in tried:
+                        if strat == "single" and world > 1:
                             continue
-                        for ac in (False, True) if strat == "fsdp" else (False,):  # where a file sets it
-                            world = d * nodes
-                            x = dataclasses.replace(
+                        fields = strategy_fields(None if strat == "single" else load_strategy(strat), world)
+                        for ac in (False, True) if strat.startswith("fsdp") else (False,):  # where a file sets it
+                            x1 = dataclasses.replace(
                                 x0,
                                 **{
                                     **fields,
@@ -142,28 +250,47 @@ def candidates(
                                     or fields.get("activation_checkpointing", False)
                                     or (x0.lora and world > 1),
                                 },
-                                micro_batch_size=mb,
                                 devices=d,
                                 num_nodes=nodes,
-                                accumulation=gbs // (mb * world),
                             )
-                            out.append(_planned(x, gpu, peak, links, s, tokens, tokens_per_sample, strat, recipe,
-                                                price_table.get(gpu.name)))  # fmt: skip
+                            for mb, acc in _micro_batches(x1, gpu, s.global_batch_size, world, global_batch, headroom):
+                                x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
+                                out.append(_planned(x, gpu, peak, links, work, strat, recipe,
+                                                    price_table.get(gpu.name), headroom))  # fmt: skip
     return _dedupe(out)
 
 
-def _planned(x, gpu, peak, links, s, tokens, tps, strat, recipe, price) -> Candidate:
+def _link(name: str | None, gpu: hardware.GPU, scope: str) -> comm.Link:
+    """The link ``name`` (or the GPU's usual one from the GPU table), named by where it came from when unknown."""
+    if name:
+        return comm.lookup(name, scope)
+    try:
+        return comm.lookup(gpu.link or "pcie4", scope)
+    except InputError as e:
+        raise InputError(f"{hardware.GPU_TABLE}: gpus: {gpu.name}: link: {e}") from None
+
+
+def _micro_batches(x, gpu, gbs: int, world: int, global_batch: str, headroom: float) -> list[tuple[int, int]]:
+    """(micro batch, accumulation) pairs to plan."""
+    if global_batch == "keep":
+        return [(mb, gbs // (mb * world)) for mb in MICRO_BATCHES if gbs % (mb * world) == 0]
+    top = memory.max_micro_batch(x, gpu, headroom=headroom)
+    return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
+
+
+def _planned(x, gpu, peak, links, work: Workload, strat, recipe, price, headroom) -> Candidate:
     plan = memory.verdict(memory.predict(x), gpu)
-    train_samples = max(1, int(tokens / tps))
-    args = {"train": {"global_batch_size": s.global_batch_size, "epochs": 1}, "eval": {"interval": None}}
-    work = runtime.terms(x, args, train_samples, 0, tps)
+    gbs = x.micro_batch_size * x.accumulation * x.world
+    args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
+    terms = runtime.terms(x, args, work.samples, 0, work.per_sample(x.micro_batch_size))
     if x.world > 1:
-        work.comm = comm.per_step(x, *links)
-    seconds = work.seconds(peak, gpu.bandwidth_gbs * 1e9)
+        terms.comm = comm.per_step(x, *links)
+    seconds = terms.seconds(peak, gpu.bandwidth_gbs * 1e9)
     hours = seconds / 3600
     return Candidate(
         gpu=gpu.name,
         method=x.method,
+        precision=x.precision,
         strategy=strat,
         devices=x.devices,
         nodes=x.num_nodes,
@@ -173,47 +300,74 @@ def _planned(x, gpu, peak, links, s, tokens, tps, strat, recipe, price) -> Candi
         peak_gb=plan.peak_allocated_bytes / 1e9,
         fits=bool(plan.fits),
         edge=plan.edge,
+        tight=bool(plan.fits) and memory.tight(plan, gpu, headroom),
         hours=hours,
-        comm_s_per_step=work.comm.seconds if work.comm is not None else 0.0,
+        comm_s_per_step=terms.comm.seconds if terms.comm is not None else 0.0,
         energy_kwh=gpu.tdp_w * x.world * seconds / 3.6e6,
         cost_usd=None if price is None else price.usd_per_hour * x.world * hours,
         recipe=recipe.key,
+        global_batch_size=gbs,
     )
 
 
 def _dedupe(cands: list[Candidate]) -> list[Candidate]:
     seen, out = set(), []
     for c in cands:
-        key = (c.gpu, c.method, c.strategy, c.devices, c.nodes, c.micro_batch_size, c.activation_checkpointing)
+        key = (c.gpu, c.method, c.precision, c.strategy, c.devices, c.nodes, c.micro_batch_size,
+               c.activation_checkpointing)  # fmt: skip
         if key not in seen:
             seen.add(key)
             out.append(c)
     return out
 
 
-def rank(cands: list[Candidate], by: str = "time", deadline_h: float | None = None, budget: float | None = None):
-    """The fitting candidates within the deadline and budget, fastest first (``by='cost'``: cheapest first, time
-    breaking ties)."""
-    keep = [
-        c
-        for c in cands
-        if c.fits
-        and math.isfinite(c.hours)
-        and (deadline_h is None or c.hours <= deadline_h)
-        and (budget is None or (c.cost_usd is not None and c.cost_usd <= budget))
-    ]
+def rank(
+    cands: list[Candidate],
+    by: str = "time",
+    deadline_h: float | None = None,
+    budget: float | None = None,
+    tight_ok: bool = False,
+):
+    """The fitting candidates (not tight, unless ``tight_ok``) within the deadline and budget, fastest first
+    (``by='cost'``: cheapest first, time breaking ties)."""
+    keep = [c for c in cands if why_not(c, deadline_h, budget, tight_ok) is None]
     if by == "cost":
         return sorted(keep, key=lambda c: (math.inf if c.cost_usd is None else c.cost_usd, c.hours))
     return sorted(keep, key=lambda c: (c.hours, c.world))
 
 
-def render(cands, ranked, gpus, price_table, top: int, tokens: float) -> str:
+def why_not(c: Candidate, deadline_h=None, budget=None, tight_ok=False) -> str | None:
+    """Why ``c`` is not ranked ('does not fit', 'tight', 'deadline', 'budget'), or None."""
+    if not c.fits or not math.isfinite(c.hours):
+        return "does not fit"
+    if c.tight and not tight_ok:
+        return "tight"
+    if deadline_h is not None and c.hours > deadline_h:
+        return "deadline"
+    if budget is not None and (c.cost_usd is None or c.cost_usd > budget):
+        return "budget"
+    return None
+
+
+TIE = runtime.LOO_MEAN_ABS_ERROR
+"""Configurations within this fraction of the best time are marked a tie: the runtime estimate's mean
+leave-one-out error on the lab's rows; a measurement (``tunelab tune-batch``, ``tunelab bench``) decides them."""
+
+
+def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: dict | None = None) -> str:
     """The answer as text: per GPU its best ``top`` configurations and why the rest lost, then the fastest and
     the cheapest overall."""
+    limits = limits or {}
     head = (
-        "| method | strategy | devices | micro x accumulation | act. ckpt | peak GB | hours | comm s/step | kWh | USD |"
+        "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | hours | "
+        "comm s/step | kWh | USD |"
     )
-    lines = [f"advise: {tokens:,.0f} tokens; {len(cands)} configurations planned, {len(ranked)} fit and qualify", ""]
+    lines = [
+        f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
+        f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
+        f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
+        "",
+    ]
     for gpu in gpus:
         mine = [c for c in ranked if c.gpu == gpu.name]
         planned = [c for c in cands if c.gpu == gpu.name]
@@ -224,24 +378,20 @@ def render(cands, ranked, gpus, price_table, top: int, tokens: float) -> str:
             else f"## {gpu.name} (no price: cost not computed)",
             "",
         ]
-        if not mine:
+        if mine:
+            best = min(c.hours for c in mine)
+            lines += [head, "|" + "---|" * 11]
+            for c in mine[:top]:
+                lines.append(
+                    f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
+                    f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
+                    f"{' (edge)' if c.edge else ''} | {_num(c.hours)}{' ~' if c.hours <= best * (1 + TIE) else ''} | "
+                    f"{c.comm_s_per_step:.3f} | {_num(c.energy_kwh)} | {'' if c.cost_usd is None else _num(c.cost_usd)} |"
+                )
+            lines.append("")
+        else:
             lines += ["nothing fits within the limits given", ""]
-            continue
-        lines += [head, "|" + "---|" * 10]
-        for c in mine[:top]:
-            lines.append(
-                f"| {c.method} | {c.strategy} | {c.world} | {c.micro_batch_size} x {c.accumulation} | "
-                f"{'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}{' (edge)' if c.edge else ''} | "
-                f"{c.hours:.2f} | {c.comm_s_per_step:.3f} | {c.energy_kwh:.1f} | "
-                f"{'' if c.cost_usd is None else f'{c.cost_usd:,.2f}'} |"
-            )
-        too_big = sum(not c.fits for c in planned)
-        lines += [
-            "",
-            f"the others: {too_big} do not fit in {gpu.memory_bytes / 1e9:.1f} GB, {len(mine) - min(top, len(mine))} "
-            f"fit but are slower, {len(planned) - too_big - len(mine)} fit but miss the deadline or budget",
-            "",
-        ]
+        lines += [f"why the others lost on {gpu.name}:", *_why_lost(planned, mine, gpu, limits), ""]
     if ranked:
         fast = ranked[0]
         priced = [c for c in ranked if c.cost_usd is not None]
@@ -251,19 +401,58 @@ def render(cands, ranked, gpus, price_table, top: int, tokens: float) -> str:
     return "\n".join(lines)
 
 
+def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: dict) -> list[str]:
+    """One line per method and one per strategy: its best ranked time against the GPU's best, or why none of its
+    configurations is ranked (none fits: the smallest peak; tight; past the deadline or budget)."""
+    best = min((c.hours for c in ranked), default=None)
+    out = []
+    for label, key in (("method", lambda c: f"{c.method} {c.precision}"), ("strategy", lambda c: c.strategy)):
+        groups: dict[str, list[Candidate]] = {}
+        for c in planned:
+            groups.setdefault(key(c), []).append(c)
+        parts = []
+        for name, group in groups.items():
+            ok = [c for c in group if c in ranked]
+            if ok:
+                h = min(c.hours for c in ok)
+                parts.append(f"{name} {_num(h)} h" + ("" if h == best else f" ({h / best:.2f}x)"))
+                continue
+            reasons = {
+                why_not(c, limits.get("deadline_h"), limits.get("budget"), limits.get("tight_ok")) for c in group
+            }
+            if reasons == {"does not fit"}:
+                need = min(c.peak_gb for c in group)
+                parts.append(f"{name}: does not fit (at least {need:.1f} GB of {gpu.memory_bytes / 1e9:.1f})")
+            elif reasons - {"does not fit"} == {"tight"}:
+                need = min(c.peak_gb for c in group if c.fits)
+                parts.append(
+                    f"{name}: tight (at least {need:.1f} GB of {gpu.memory_bytes / 1e9:.1f}, within the headroom)"
+                )
+            else:
+                parts.append(f"{name}: {', '.join(sorted(reasons - {'does not fit'}))}")
+        out.append(f"- by {label}: " + "; ".join(parts))
+    return out
+
+
 def _words(c: Candidate) -> str:
-    cost = "" if c.cost_usd is None else f", {c.cost_usd:,.2f} USD"
+    cost = "" if c.cost_usd is None else f", {_num(c.cost_usd)} USD"
     return (
-        f"{c.world}x {c.gpu}, {c.method} ({c.recipe}), {c.strategy}, micro {c.micro_batch_size} x "
+        f"{c.world}x {c.gpu}, {c.method} ({c.recipe}), {c.precision}, {c.strategy}, micro {c.micro_batch_size} x "
         f"{c.accumulation}, activation checkpointing {'on' if c.activation_checkpointing else 'off'}: "
-        f"{c.hours:.2f} h{cost}"
+        f"{_num(c.hours)} h{cost}"
     )
 
 
-def write_choice(c: Candidate, recipe: Recipe, out_dir) -> list[str]:
-    """The chosen configuration as files a user launches: ``<method>.yaml`` (the recipe with its devices, micro
-    batch and, where the GPU has no bfloat16, precision set), ``strategy.yaml`` on several devices (the strategy
-    file with activation checkpointing as chosen), and ``launch.txt``; returns the launch commands."""
+def _num(x: float) -> str:
+    """Two decimals, or three significant figures below 1 (a short run's hours and dollars are not 0.00)."""
+    return f"{x:,.2f}" if x >= 1 or x == 0 else f"{x:.3g}"
+
+
+def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None) -> list[str]:
+    """The chosen configuration as files a user launches: ``<method>.yaml`` (the recipe with its devices, nodes,
+    precision, micro batch, global batch and, for ``data`` a dataset file, its ``json_path``), ``strategy.yaml``
+    where a strategy was chosen (the strategy file with activation checkpointing as chosen), and ``launch.txt``;
+    returns the launch commands."""
     from pathlib import Path
 
     import yaml
@@ -273,11 +462,21 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir) -> list[str]:
 
     out_dir = Path(out_dir)
     config = dict(recipe.config)
+    config["precision"] = c.precision
     config["devices"] = c.devices
     config["num_nodes"] = c.nodes
-    config["train"] = {**(config.get("train") or {}), "micro_batch_size": c.micro_batch_size}
-    if not hardware.lookup(c.gpu).bf16 and str(config.get("precision", "")).startswith("bf16"):
-        config["precision"] = "16-mixed"
+    config["train"] = {
+        **(config.get("train") or {}),
+        "micro_batch_size": c.micro_batch_size,
+        "global_batch_size": c.global_batch_size,
+    }
+    block = config.get("data")
+    if data and Path(data).exists() and isinstance(block, dict) and isinstance(block.get("init_args"), dict):
+        config["data"] = {**block, "init_args": {**block["init_args"], "json_path": str(Path(data).resolve())}}
+    elif data:  # a litgpt data module: its class, as `--data NAME` switches it
+        from tunelab.settings import resolve_args
+
+        config["data"] = resolve_args(recipe, ["--data", data])["data"]
     head = (
         f"# tunelab advise: {_words(c)}\n# from {display_path(recipe.path)}; predicted peak {c.peak_gb:.1f} GB per "
         f"device (GB = 1e9 bytes), a plan, not a measurement\n"
@@ -286,7 +485,7 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir) -> list[str]:
         out_dir / f"{recipe.path.stem}.yaml", head + yaml.safe_dump(config, sort_keys=False)
     )
     commands = [f"tunelab run {recipe_path}"]
-    if c.world > 1:
+    if c.strategy != "single":
         strat = dataclasses.asdict(load_strategy(c.strategy))
         strat["activation_checkpointing"] = c.activation_checkpointing
         strat_path = write_text_atomic(out_dir / "strategy.yaml", yaml.safe_dump(strat, sort_keys=False))
