@@ -218,3 +218,21 @@ def test_bad_advise_options_are_one_line(tmp_path):
         problem = one_line_problems(" ".join(map(str, argv)), tunelab_cli(*argv), fragment)
         assert problem is None, problem
     assert a_file.read_text() == "mine\n" and not (tmp_path / "elsewhere").exists()
+
+
+def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
+    cands = advise.candidates(
+        {"full": resolve("open-llama-7b/full")}, [hardware.lookup("A100-80GB")], tokens=1e7, max_devices=8,
+        nodes=2, internode="efa-400g",
+    )  # fmt: skip
+    assert {c.nodes for c in cands} == {2}
+    pairs = [
+        (f, h)
+        for f in cands
+        for h in cands
+        if f.strategy == "fsdp" and h.strategy == "fsdp-hybrid"
+        and (f.devices, f.micro_batch_size, f.activation_checkpointing, f.precision)
+        == (h.devices, h.micro_batch_size, h.activation_checkpointing, h.precision)
+    ]  # fmt: skip
+    assert pairs and all(h.comm_s_per_step < f.comm_s_per_step for f, h in pairs)
+    assert not any("offload" in c.strategy for c in cands)  # offload only when asked: its CPU step is not modelled

@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
     s.add_argument("--precision", metavar="LIST", help="precisions to try (default: bf16-true,bf16-mixed where "
                    "the GPU has bfloat16, else 16-mixed)")  # fmt: skip
     s.add_argument("--strategies", metavar="LIST", help="strategy files to try, comma-separated (default: single "
-                   "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several)")  # fmt: skip
+                   "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several, fsdp-hybrid too on several nodes; "
+                   "offload files only when named: their CPU optimizer step is not in the time)")  # fmt: skip
     s.add_argument("--max-devices", type=number(int, 1, 64, what="a device count"), default=8)
     work = s.add_mutually_exclusive_group()
     work.add_argument("--tokens", type=number(float, 0, 1e15, low_open=True, what="a token count"),
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
     s.add_argument("--global-batch", choices=["keep", "free"], default="keep",
                    help="keep the recipe's global batch (default), or free: no accumulation, micro batches up to "
                    "the planner's largest")  # fmt: skip
-    s.add_argument("--headroom", type=number(float, 0, 0.5, what="a fraction"), default=0.10,
+    s.add_argument("--headroom", type=number(float, 0, 0.5, what="a fraction"),
                    help="memory left free for the allocator (default 0.10: past 88-92%% of an H100 the measured "
                    "steps retried allocations); 0 ranks tight configurations too")  # fmt: skip
     s.add_argument("--deadline", type=number(float, 0, 1e5, low_open=True, what="hours"), help="hours at most")
@@ -64,7 +65,7 @@ def handle(args, extra) -> int:
     import json
 
     from tunelab import hardware
-    from tunelab.plan import advise
+    from tunelab.plan import advise, memory
     from tunelab.recipes import RECIPES_DIR, resolve
     from tunelab.strategies import StrategyError, load_strategy
 
@@ -93,6 +94,7 @@ def handle(args, extra) -> int:
             return fail(f"--strategies: {e}")
     if args.write is not None and (why := _unwritable_dir(args.write, [f"{m}.yaml" for m in recipes])):
         return fail(f"--write {args.write}: {why}; fix: give a new or empty folder")
+    headroom = memory.ALLOCATOR_HEADROOM if args.headroom is None else args.headroom
     first = next(iter(recipes.values()))
     work = (
         advise.workload_from_data(args.data, first, args.epochs)
@@ -103,9 +105,9 @@ def handle(args, extra) -> int:
     cands = advise.candidates(
         recipes, gpus, workload=work, max_devices=args.max_devices, nodes=args.nodes,
         interconnect=args.interconnect, internode=args.internode, price_table=table, precision=precision,
-        strategies=strategies, global_batch=args.global_batch, headroom=args.headroom,
+        strategies=strategies, global_batch=args.global_batch, headroom=headroom,
     )  # fmt: skip
-    limits = {"deadline_h": args.deadline, "budget": args.budget, "tight_ok": args.headroom == 0}
+    limits = {"deadline_h": args.deadline, "budget": args.budget, "tight_ok": headroom == 0}
     ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:
         print(json.dumps([{**c.__dict__, "world": c.world} for c in ranked], indent=1))

@@ -37,7 +37,8 @@ PRICE_TABLE = CONFIGS_DIR / "hardware" / "prices.yaml"
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 """Micro batches tried (per device)."""
 STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3")
-"""configs/strategies files tried on several devices."""
+"""configs/strategies files tried on several devices (and fsdp-hybrid on several nodes). Offload is tried only when
+asked (``--strategies deepspeed-zero3-offload``): the runtime has no term for its optimizer step on the CPU."""
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,9 @@ def candidates(
                     world = d * nodes
                     if method == "qlora" and world > 1:
                         continue
-                    tried = strategies or (["single"] if world == 1 else list(STRATEGIES))
+                    tried = strategies or (
+                        ["single"] if world == 1 else [*STRATEGIES, *(["fsdp-hybrid"] if nodes > 1 else [])]
+                    )
                     if method == "qlora":  # litgpt quantizes on one device without a strategy only
                         tried = ["single"]
                     for strat in tried:
@@ -392,6 +395,12 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
         else:
             lines += ["nothing fits within the limits given", ""]
         lines += [f"why the others lost on {gpu.name}:", *_why_lost(planned, mine, gpu, limits), ""]
+    if any("offload" in c.strategy for c in ranked):
+        lines += [
+            "offload: the time counts the host-link traffic, not the optimizer step on the CPU (no measurement to "
+            "fit it yet): a lower bound",
+            "",
+        ]
     if ranked:
         fast = ranked[0]
         priced = [c for c in ranked if c.cost_usd is not None]
