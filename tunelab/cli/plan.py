@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from tunelab.cli.common import count, fail, number
@@ -81,6 +80,13 @@ def add_parser(sub) -> None:
         "width, 2 blocks, one sequence of the planned length, on this CPU; seconds to a minute) and "
         "print it beside the planner's activation term",
     )
+    s.add_argument(
+        "--simulate",
+        action="store_true",
+        help="also run the training step (forward, backward, two optimizer steps) of litgpt's model on fake tensors "
+        "under torch's MemTracker (full width, 1 and 2 blocks extrapolated; seconds, no memory) and print the "
+        "peak of each phase, what is alive there, beside the plan (one device, no sharding)",
+    )
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
@@ -92,7 +98,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe
-    from tunelab.plan.render import render, render_measured
+    from tunelab.plan.render import render, render_measured, render_simulated
     from tunelab.recipes import RecipeError, resolve
 
     lo, hi = args.mfu_range
@@ -127,22 +133,10 @@ def handle(args, extra) -> int:
             interconnect=args.interconnect,
             internode=args.internode,
         )
-    measured = None
-    if args.measure:
-        if str(x.precision) not in ("bf16-true", "16-true", "32-true"):
-            return fail(
-                f"--measure: precision {x.precision} is not measured (CPU autocast keeps other ops in fp32 "
-                "than CUDA's); fix: measure with --precision bf16-true or 32-true"
-            )
-        from tunelab.plan.measure import compare
+    from tunelab.plan import measure, simulate
 
-        print(
-            f"measuring {x.config.name} ({x.method}, {x.precision}, one sequence of {x.seq_len} tokens, 2 blocks "
-            "at full width) on this CPU ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        measured = compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r, x.lora_targets)
+    measured = measure.for_plan(x) if args.measure else None
+    simulated = simulate.for_plan(x) if args.simulate else None
     if args.json:
         out = planned.plan.to_json()
         out["seq_len_source"] = planned.seq_source
@@ -150,9 +144,13 @@ def handle(args, extra) -> int:
             out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
         if measured:
             out["measured_activations"] = measured
+        if simulated:
+            out["simulated"] = simulated.to_json()
         print(json.dumps(out, indent=2))
     else:
         print(render(planned, gpu, projection, tokens_note))
         if measured:
             print(render_measured(measured, x.micro_batch_size))
+        if simulated:
+            print(render_simulated(simulated, planned.plan))
     return 0

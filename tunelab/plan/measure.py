@@ -317,3 +317,22 @@ if (
     name, methods, precision, micro, seq = sys.argv[1:6]
     for method in methods.split(","):
         print(json.dumps(compare(Config.from_name(name), method, precision, int(micro), int(seq))), flush=True)
+
+
+def for_plan(x) -> dict:
+    """``plan --measure``: :func:`compare` for a planned configuration (one sequence of its length); InputError for
+    mixed precision (CPU autocast keeps other ops in fp32 than CUDA's)."""
+    from tunelab.errors import InputError
+
+    if str(x.precision) not in DTYPES:
+        raise InputError(
+            f"--measure: precision {x.precision} is not measured (CPU autocast keeps other ops in fp32 than "
+            "CUDA's); fix: measure with --precision bf16-true or 32-true, or use --simulate"
+        )
+    print(
+        f"measuring {x.config.name} ({x.method}, {x.precision}, one sequence of {x.seq_len} tokens, 2 blocks at full "
+        "width) on this CPU ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    return compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r, x.lora_targets)

@@ -95,3 +95,28 @@ def render_measured(m: dict, micro: int) -> str:
         )
     lines.append("  (planned as counted on CPU: dropout masks in the activation dtype; on CUDA they are 1 byte)")
     return "\n".join(lines)
+
+
+def render_simulated(sim, plan) -> str:
+    """``plan --simulate``: each phase's peak of the simulated step, what is alive there, beside the plan."""
+    kinds = (("Parameter", "weights"), ("Gradient", "grads"), ("Activation", "activations"), ("Temp", "temps"),
+             ("Optstate", "optimizer"))  # fmt: skip
+    lines = [
+        f"\nsimulated step (litgpt's model on fake tensors under torch's MemTracker; {sim.layers_built[0]} and "
+        f"{sim.layers_built[1]} blocks extrapolated to {sim.n_layer}; {sim.seconds:.1f} s): peak allocated per phase, "
+        "GB = 1e9 bytes",
+        f"  {'phase':<15}{'total':>8}" + "".join(f"{label:>13}" for _, label in kinds) + "  running there",
+    ]
+    for phase, snap in sim.phases.items():
+        lines.append(
+            f"  {phase:<15}{snap['Total'] / 1e9:8.2f}"
+            + "".join(f"{snap.get(k, 0) / 1e9:13.2f}" for k, _ in kinds)
+            + f"  {sim.where.get(phase, '')}"
+        )
+    planned = plan.peak_allocated_bytes
+    lines.append(
+        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
+        f"({(planned - sim.peak_bytes) / sim.peak_bytes:+.1%})"
+    )
+    lines += [f"  ({note})" for note in sim.notes]
+    return "\n".join(lines)

@@ -1,0 +1,401 @@
+"""A simulated training step: where the peak is and what is alive there, for any litgpt Config, on this CPU.
+
+The analytic planner (:mod:`tunelab.plan.memory`) adds terms; this module runs the step those terms describe and
+lets torch count it:
+
+* litgpt's own model classes (``litgpt.GPT``, ``litgpt.lora.GPT``) at full width, built under
+  ``torch._subclasses.fake_tensor.FakeTensorMode``: every tensor has its real shape, dtype and storage size, none
+  has memory, so a 13B model simulates in seconds on a laptop;
+* litgpt's training step as its finetune scripts run it: full -> ``logits = model(x)`` and
+  ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
+  over the chunk list; ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or
+  the optimizer asked) with the logits still referenced, as in litgpt's loop; then ``zero_grad``. Two optimizer
+  steps: the second runs beside the states the first created; with gradient accumulation a second micro batch
+  runs beside the gradients;
+* dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the activation dtype;
+* QLoRA: bitsandbytes cannot run here, so a stand-in linear follows its code: every ``torch.nn.Linear`` (as
+  Lightning's BitsandbytesPrecision converts them) stored as NF4 (half a byte per weight, one fp32 absmax per 64),
+  each forward and backward matmul dequantizing it to a temporary in the compute dtype
+  (``bnb.functional.dequantize_4bit``), nothing but the packed weight kept for backward (``MatMul4Bit`` keeps
+  ``(None, B)``); a paged optimizer's states live outside torch's allocator, so they are left out;
+* ``torch.distributed._tools.mem_tracker.MemTracker`` counts every storage by kind (parameters, buffers,
+  gradients, activations, temporaries, optimizer states) and keeps the peak; a subclass keeps one peak per phase
+  (forward, backward, optimizer step) and the module running there.
+
+Blocks: the step is simulated with ``layers`` and ``layers + 1`` blocks; each phase's peak (by kind) is extrapolated
+linearly to the model's ``n_layer`` (one block more adds the same bytes), and the whole step's peak is the largest
+phase. The differences from a CUDA step, said in every result: attention runs torch's CPU flash kernel, which keeps
+what CUDA's flash kernel keeps (output and fp32 log-sum-exp) but not its workspace; mixed precision runs CPU
+autocast, whose op lists differ from CUDA's in ops (softmax, layer_norm, pow, exp, log_softmax) that these models
+call on fp32 inputs, or (the loss: CPU upcasts cross_entropy, CUDA log_softmax) with the same fp32 output saved;
+the caching allocator's rounding (512 bytes) and CUDA-side buffers (kernel workspaces) are not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from dataclasses import dataclass, field
+
+from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+
+PHASES = ("forward", "backward", "optimizer step")
+KINDS = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+"""MemTracker's kinds of storage (``_MemRefType``): Temp is what the backward pass creates beside the gradients."""
+DTYPES = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32", "bf16-mixed": "float32"}
+"""The parameter dtype per precision (mixed precision keeps fp32 weights and computes under autocast)."""
+NF4_BLOCK = 64
+"""Weights per fp32 absmax in bitsandbytes' NF4 (``blocksize=64``)."""
+
+
+@dataclass
+class Simulation:
+    """The simulated step's peak per phase (bytes by kind, extrapolated to the model's blocks) and where it is."""
+
+    model: str
+    method: str
+    precision: str
+    micro_batch_size: int
+    seq_len: int
+    n_layer: int
+    layers_built: tuple[int, int]
+    phases: dict[str, dict[str, float]]
+    """{phase: {kind: bytes, 'Total': bytes}} at each phase's peak, for ``n_layer`` blocks."""
+    where: dict[str, str]
+    """{phase: the innermost module running at that phase's peak (in the larger simulation)}."""
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda p: self.phases[p]["Total"])
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.phases[self.peak_phase]["Total"]
+
+    def to_json(self) -> dict:
+        return {
+            **{k: v for k, v in dataclasses.asdict(self).items() if k != "seconds"},
+            "peak_phase": self.peak_phase,
+            "peak_bytes": self.peak_bytes,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def _phase_tracker():
+    """MemTracker that also keeps the peak of each phase and the module running at it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class PhaseTracker(MemTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.phase_peaks: dict[str, dict] = {}
+            self.phase_where: dict[str, str] = {}
+            self.skip_opt = False
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            for p in module.parameters():  # frozen weights take no gradient hook (torch refuses one)
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p, None) is None:
+                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _update_peak_stats(self, peak_state) -> None:
+            super()._update_peak_stats(peak_state)
+            phase = "optimizer step" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            for snap in self._curr_mem_snap.values():
+                counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
+                if self.skip_opt:  # paged optimizer states: outside torch's allocator
+                    counted["Total"] -= counted.get("Optstate", 0)
+                    counted["Optstate"] = 0
+                if counted["Total"] > self.phase_peaks.get(phase, {}).get("Total", -1):
+                    self.phase_peaks[phase] = counted
+                    parents = [p for p in self._mod_tracker.parents if p != "Global"]
+                    self.phase_where[phase] = (
+                        max(parents, key=len) if parents else "between modules (the loss, the step)"
+                    )
+
+    return PhaseTracker()
+
+
+class _NoHook:
+    """A hook handle for a frozen parameter: nothing to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
+class _Dequantized:
+    """bitsandbytes' ``MatMul4Bit`` (as 0.49 writes it) as memory sees it: dequantize the NF4 weight to a temporary
+    for the forward matmul, keep nothing but the packed weight for backward, dequantize again there for the input's
+    gradient."""
+
+    @staticmethod
+    def function():
+        import torch
+
+        class MatMul4Bit(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, packed, out_features, in_features):
+                w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantize_4bit
+                ctx.shape = (out_features, in_features)  # bitsandbytes keeps (None, B): not the input
+                return torch.nn.functional.linear(x, w)
+
+            @staticmethod
+            def backward(ctx, grad):
+                w = torch.empty(*ctx.shape, dtype=grad.dtype, device=grad.device)  # dequantized again
+                return grad @ w, None, None, None
+
+        return MatMul4Bit
+
+
+def _quantize(model, dtype) -> int:
+    """Replace every Linear of the model (Lightning's BitsandbytesPrecision converts each ``torch.nn.Linear``,
+    lm_head's included; the embedding is no Linear) by NF4 storage; returns the count."""
+    import torch
+
+    fn = _Dequantized.function()
+
+    class FakeLinear4bit(torch.nn.Module):
+        def __init__(self, linear: torch.nn.Linear):
+            super().__init__()
+            n = linear.weight.numel()
+            self.out_features, self.in_features = linear.weight.shape
+            self.weight = torch.nn.Parameter(torch.empty(n // 2, dtype=torch.uint8), requires_grad=False)
+            self.absmax = torch.nn.Parameter(torch.empty(-(-n // NF4_BLOCK), dtype=torch.float32), requires_grad=False)
+            self.bias = linear.bias
+
+        def forward(self, x):
+            out = fn.apply(x, self.weight, self.out_features, self.in_features)
+            return out if self.bias is None else out + self.bias
+
+    count = 0
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(module, child_name, FakeLinear4bit(child))
+                count += 1
+    return count
+
+
+def _one_step(config, method, precision, micro, seq_len, ac, lora, accumulation=1, optimizer="AdamW") -> tuple:
+    """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built."""
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunelab.plan.measure import lora_config
+
+    dtype = getattr(torch, DTYPES[precision])
+    with FakeTensorMode():
+        if method in ("lora", "qlora"):
+            from litgpt.lora import GPT, mark_only_lora_as_trainable
+
+            built = lora_config(config, **lora)
+        else:
+            from litgpt import GPT
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = GPT(built if method != "full" else config)
+        finally:
+            torch.set_default_dtype(default)
+        model.max_seq_length = seq_len
+        if method == "full":
+            model.requires_grad_(True)
+        else:
+            mark_only_lora_as_trainable(model)
+        if method == "qlora":
+            _quantize(model, dtype)
+        if ac:
+            _checkpoint_blocks(model)
+        model.train()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        opt = _optimizer(optimizer, trainable)
+        x = torch.zeros(micro, seq_len, dtype=torch.long)
+        tracker = _phase_tracker()
+        tracker.skip_opt = "Paged" in optimizer
+        tracker.track_external(model, opt, x)
+        autocast = (
+            torch.autocast("cpu", dtype=torch.bfloat16)
+            if precision == "bf16-mixed"
+            else torch.autocast("cpu", enabled=False)
+        )
+        dropout = torch.nn.functional.dropout
+        torch.nn.functional.dropout = _fused_dropout
+        try:
+            with tracker, warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Module is None")  # ModTracker on modules already gone
+                for _ in range(2):  # the second step runs with the optimizer states the first one created
+                    for _ in range(min(accumulation, 2)):  # a later micro batch runs beside the gradients
+                        tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
+                        with autocast:
+                            if method == "full":
+                                logits = model(x)
+                                loss = chunked_cross_entropy(logits[..., :-1, :], x[..., 1:])
+                            else:
+                                logits = model(x, lm_head_chunk_size=128)
+                                logits[-1] = logits[-1][..., :-1, :]
+                                loss = chunked_cross_entropy(logits, x[..., 1:])
+                        loss.backward()
+                    opt.step()  # litgpt's loop still holds `logits` here
+                    opt.zero_grad()
+                    del logits, loss
+        finally:
+            torch.nn.functional.dropout = dropout
+    return tracker.phase_peaks, tracker.phase_where
+
+
+OPTIMIZERS = ("AdamW", "AdamW fused", "SGD", "SGD momentum", "PagedAdamW", "PagedAdamW32bit")
+"""Optimizers simulated: torch's AdamW (``foreach=True``, CUDA's default; ``fused=True``), SGD (with momentum:
+one state), and bitsandbytes' paged AdamW (its states outside torch's allocator: left out)."""
+
+
+def _optimizer(name: str, params):
+    import torch
+
+    if name == "AdamW fused":
+        return torch.optim.AdamW(params, lr=1e-4, fused=True)
+    if name.startswith("SGD"):
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9 if "momentum" in name else 0.0, foreach=True)
+    return torch.optim.AdamW(params, lr=1e-4, foreach=True)  # AdamW, and the paged ones' shapes
+
+
+def _fused_dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
+    """Dropout as CUDA runs it (``native_dropout``: a 1-byte mask kept for backward), not CPU's mask in the
+    activation dtype."""
+    import torch
+
+    if not training or p == 0:
+        return input
+    return torch.native_dropout(input, p, True)[0]
+
+
+def _checkpoint_blocks(model) -> None:
+    """Activation checkpointing of every block, as litgpt's FSDP policy wraps them (non-reentrant)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.transformer.h:
+        forward = block.forward
+
+        def wrapped(*args, _f=forward, **kwargs):
+            return checkpoint(_f, *args, use_reentrant=False, **kwargs)
+
+        block.forward = wrapped
+
+
+def simulate(
+    config,
+    method: str = "full",
+    precision: str = "bf16-true",
+    micro_batch_size: int = 1,
+    seq_len: int = 512,
+    activation_checkpointing: bool = False,
+    accumulation: int = 1,
+    optimizer: str = "AdamW",
+    layers: int = 1,
+    lora_r: int = LITGPT_LORA_R,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.05,
+    lora_targets=LORA_TARGETS,
+) -> Simulation:
+    """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring."""
+    if precision not in DTYPES:
+        raise ValueError(f"precision {precision!r}: simulated are {', '.join(DTYPES)}")
+    if method not in ("full", "lora", "qlora"):
+        raise ValueError(f"method {method!r}: full, lora or qlora")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r}: simulated are {', '.join(OPTIMIZERS)}")
+    t0 = time.perf_counter()
+    lora = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "targets": lora_targets}
+    small = min(layers, max(1, config.n_layer - 1))
+    runs = []
+    for n in (small, small + 1):
+        built = dataclasses.replace(config, n_layer=n)
+        runs.append(
+            _one_step(
+                built,
+                method,
+                precision,
+                micro_batch_size,
+                seq_len,
+                activation_checkpointing,
+                lora,
+                accumulation,
+                optimizer,
+            )
+        )
+    (a, _), (b, where) = runs
+    phases = {}
+    for phase in PHASES:
+        if phase not in a or phase not in b:
+            continue
+        grown = config.n_layer - (small + 1)
+        phases[phase] = {
+            k: b[phase].get(k, 0) + grown * (b[phase].get(k, 0) - a[phase].get(k, 0)) for k in (*KINDS, "Total")
+        }
+    notes = [
+        "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
+        "no caching-allocator rounding",
+    ]
+    if precision == "bf16-mixed":
+        notes.append("mixed precision under CPU autocast: its fp32 op list differs from CUDA's")
+    if method == "qlora":
+        notes.append("NF4 weights and their dequantization as bitsandbytes' code does it")
+    if "Paged" in optimizer:
+        notes.append("paged optimizer: its states live outside torch's allocator and are left out")
+    return Simulation(
+        model=config.name,
+        method=method,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        n_layer=config.n_layer,
+        layers_built=(small, small + 1),
+        phases=phases,
+        where=where,
+        seconds=time.perf_counter() - t0,
+        notes=notes,
+    )
+
+
+def optimizer_of(x) -> str:
+    """The simulated optimizer for a PlanInput (:data:`OPTIMIZERS`); InputError for one that is not simulated."""
+    from tunelab.errors import InputError
+
+    name = str(x.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
+    if name in ("AdamW", "Adam"):
+        return "AdamW fused" if x.fused_optimizer else "AdamW"
+    if name == "SGD":
+        return "SGD momentum" if x.momentum else "SGD"
+    if name in ("PagedAdamW", "PagedAdamW32bit"):
+        return name
+    raise InputError(
+        f"--simulate: optimizer {name} is not simulated ({', '.join(OPTIMIZERS)}); fix: plan without --simulate"
+    )
+
+
+def for_plan(x) -> Simulation:
+    """The simulated step of a planned configuration (:class:`tunelab.plan.memory.PlanInput`): one device, no
+    sharding (InputError otherwise: sharding is not simulated)."""
+    import sys
+
+    from tunelab.errors import InputError
+
+    if x.world > 1 or x.strategy not in ("single", None):
+        raise InputError(
+            f"--simulate: {x.strategy} on {x.world} device(s) is not simulated (sharding and its buffers are not); "
+            "fix: simulate the one-device case (no --strategy, --devices 1)"
+        )
+    optimizer = optimizer_of(x)
+    print(
+        f"simulating {x.config.name} ({x.method}, {x.precision}, micro {x.micro_batch_size} x {x.seq_len} tokens, "
+        f"{optimizer}) on fake tensors ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    return simulate(
+        x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, x.activation_checkpointing,
+        x.accumulation, optimizer, lora_r=x.lora_r, lora_targets=x.lora_targets,
+    )  # fmt: skip
