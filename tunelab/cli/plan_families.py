@@ -19,8 +19,14 @@ def add_parser(sub) -> None:
         "block and for the head and loss, beside tunelab's derivation from the Config.",
     )
     s.add_argument("--families", help="comma-separated litgpt config names (default: the 13 families)")
-    s.add_argument("--seq-len", type=count, default=128, help="tokens per sequence (default 128)")
+    s.add_argument("--seq-len", type=count, help="tokens per sequence (default 128; with --simulate 512)")
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-families)")
+    s.add_argument(
+        "--simulate",
+        action="store_true",
+        help="instead: the analytic plan's peak against the simulated step (fake tensors under torch's MemTracker; "
+        "full bf16-true/mixed, LoRA bf16-true/mixed, QLoRA), micro 4 x --seq-len 512 -> simulated.md/.csv",
+    )
     s.set_defaults(func=handle)
 
 
@@ -29,8 +35,18 @@ def handle(args, extra) -> int:
     from tunelab.plan.families import write_families
 
     names = [x for x in (args.families or "").split(",") if x] or None
+    if args.simulate:
+        from tunelab.plan.families import write_simulated
+
+        try:
+            out = write_simulated(args.out, names, seq_len=args.seq_len or 512)
+        except (ValueError, RuntimeError) as e:
+            return fail(str(e))
+        print((out / "simulated.md").read_text())
+        print(f"written: {out}/simulated.md, {out}/simulated.csv")
+        return 0
     try:
-        out = write_families(args.out, names, args.seq_len)
+        out = write_families(args.out, names, args.seq_len or 128)
     except (ValueError, RuntimeError) as e:
         return fail(str(e))
     print((out / "families.md").read_text())

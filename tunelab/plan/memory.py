@@ -46,6 +46,7 @@ training precision; offload moves optimizer states (and with ZeRO-3 parameters) 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 
 from tunelab import hardware
@@ -69,18 +70,19 @@ fits: measured on the H100 (reports/2026-11-23-lab-part3-h100), retries began at
 micro 42 of the 47 that fit: 88%) and at 78.5 GB (with activation checkpointing, micro 244: 92%); micro 47 ran at
 82% of the best throughput with 26 retries. ``tunelab advise`` ranks only configurations within it
 (``--headroom``)."""
-QLORA_EXTRA_BYTES = int(0.812e9)
-"""The constant part of QLoRA's measured extra (see :data:`QLORA_EXTRA_PER_PARAM` for the fit and its cause)."""
-QLORA_EXTRA_PER_PARAM = 0.0822
-"""Bytes per quantized parameter of QLoRA's measured extra. QLoRA (bnb.nf4) peaks measured on an NVIDIA H100
-(reports/2026-11-23-qlora-memory-h100) sit above the sum of the other terms by 0.84-1.02 GB for TinyLlama (4 runs:
-micro 2 and 4, LoRA on all layers and on query/value) and 1.32-1.40 GB for OpenLLaMA 7B (2 runs); refit with
-`python scripts/fit_qlora_extra.py <unpacked records>` as QLORA_EXTRA_BYTES (0.812 GB) + 0.0822 bytes per quantized
-parameter (worst residual after the fit 0.12 GB). Part of it is not quantization's: the same LoRA runs without
-quantization sit 0.32-0.66 GB above the plan too (a LoRA peak term not yet attributed, also seen as the lab's s10 at
--5%); dequantized 16-bit weight temporaries (the module docstring) account for some of the rest. The load phase
-does not set the peak (peak allocated at the first training batch: 1.3-1.8 GB for TinyLlama, 5.6-6.0 GB for 7B,
-against peaks of 3.4-6.8 and 13.4-21.0 GB)."""
+QLORA_EXTRA_BYTES = int(0.681e9)
+"""QLoRA's measured extra, constant part: what bitsandbytes' QLoRA runs on an NVIDIA H100 allocated beyond every
+term the planner derives (reports/2026-11-23-qlora-memory-h100: 0.68-0.86 GB for TinyLlama over 4 runs, micro 2
+and 4, LoRA on all layers and on query/value; 1.02-1.12 GB for OpenLLaMA 7B over 2 runs), fitted with
+:data:`QLORA_EXTRA_PER_PARAM` as a + b x quantized parameters by `python scripts/fit_qlora_extra.py <unpacked
+records>` (worst residual after the fit 0.12 GB). Its cause is not found: the simulated step
+(tunelab/plan/simulate.py), which follows bitsandbytes' code (NF4 storage, a dequantized temporary per matmul in
+forward and backward, nothing else kept), shows no such term, so it lies on the CUDA side (bitsandbytes' kernels
+and their buffers, the load path's leftovers) and needs a GPU memory snapshot to attribute. The same runs without
+quantization sit 0.27-0.57 GB above the plan too (LoRA, also unattributed), so part of it is not quantization's."""
+QLORA_EXTRA_PER_PARAM = 0.0587
+"""QLoRA's measured extra, bytes per quantized (linear, non-embedding) parameter: the slope of the fit described at
+:data:`QLORA_EXTRA_BYTES` (0.06 bytes: as much as a second fp32 absmax per 64 weights would take; not shown to be one)."""
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 """How the model states are divided (what :func:`predict` models)."""
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -255,7 +257,7 @@ class _States:
     step_temp: float
     """The optimizer step's temporary (torch's foreach AdamW: one parameter-sized buffer)."""
     autocast_cache: float
-    """Mixed precision: autocast's 16-bit copy of every trainable weight."""
+    """Mixed precision: autocast's 16-bit copies of the matmul weights (:func:`autocast_weight_copies`)."""
     s_param: int
     """Bytes per parameter element."""
 
@@ -325,9 +327,26 @@ def _model_states(x: PlanInput, notes: list) -> _States:
         optimizer=opt_bytes,
         master=master,
         step_temp=step_temp,
-        autocast_cache=trainable * 2 if mixed else 0,
+        autocast_cache=autocast_weight_copies(x) if mixed else 0,
         s_param=s_param,
     )
+
+
+def autocast_weight_copies(x: PlanInput) -> float:
+    """Bytes of the 16-bit weight copies autocast makes under mixed precision, alive from the forward until backward
+    has used them. Autocast casts each matmul's fp32 weight to 16 bits; it caches the copy of a weight that requires
+    grad (one per forward) but casts a frozen one at every call, and the graph keeps each copy for the input's
+    gradient. So full fine-tuning keeps one copy of every linear weight (lm_head included, the embedding not: it is
+    a lookup), and LoRA one copy of each frozen block weight, one of lm_head per 128-token chunk litgpt's loop
+    calls it for, and one of the adapters. Seen in the simulated step (tunelab/plan/simulate.py): the difference
+    between bf16-mixed and bf16-true LoRA is 2 x the block weights + one lm_head copy per chunk, to 0.2%."""
+    c = x.config
+    total, emb = count_params(c)
+    if not x.lora:
+        return 2 * (total - emb)
+    head = c.padded_vocab_size * c.n_embd
+    chunks = math.ceil(x.seq_len / LM_HEAD_CHUNK)
+    return 2 * (total - emb - head) + 2 * head * chunks + 2 * lora_param_count(c, x.lora_r, x.lora_targets)
 
 
 def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
@@ -357,6 +376,8 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
         # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
         # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
         logits = saved.head + n_tok * c.padded_vocab_size * s_act * (2 if not x.lora else 1)
+        if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
+            logits += lora_loss_backward_temporaries(x, s_act)
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
     return acts, logits
@@ -430,6 +451,42 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
     )
 
 
+LM_HEAD_CHUNK = 128
+"""Tokens per lm_head chunk in litgpt's LoRA finetune loop (``model(x, lm_head_chunk_size=128)``)."""
+
+
+def lora_loss_backward_temporaries(x: PlanInput, s_act: float) -> float:
+    """Bytes the chunked loss's backward allocates first under LoRA, beside everything the forward kept: three
+    vocabulary-sized tensors of one 128-token chunk (the gradients of cross-entropy's nll_loss and log_softmax, and
+    the last chunk's slice ``logits[-1][..., :-1, :]`` padded back), as the simulated step shows
+    (tunelab/plan/simulate.py). Full fine-tuning's loss gradient is counted whole in the logits term."""
+    chunk = min(LM_HEAD_CHUNK, x.seq_len)
+    return 3 * x.micro_batch_size * chunk * x.config.padded_vocab_size * s_act
+
+
+def dequantized_weight_temporary(x: PlanInput) -> float:
+    """Bytes a 4-bit (QLoRA) matmul's dequantized weight adds to the peak. bitsandbytes' ``MatMul4Bit`` dequantizes
+    its weight to a 16-bit temporary in the forward and again in the backward pass, one at a time; the largest is
+    lm_head's (vocabulary x embedding) or the MLP's. The peak is the start of backward, where the loss's chunk
+    gradients are alive (:func:`lora_loss_backward_temporaries`: three chunks); lm_head's backward then holds one
+    chunk's gradient and the dequantized weight, so the weight adds what exceeds two chunks. Seen in the simulated
+    step (tunelab/plan/simulate.py)."""
+    if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
+        return 0
+    c, s = x.config, dtype_bytes(x.precision)
+    largest = max(c.padded_vocab_size, c.intermediate_size, c.n_embd) * c.n_embd * s
+    chunk = x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size * s
+    return max(0, largest - 2 * chunk)
+
+
+def logits_held_at_step(x: PlanInput) -> float:
+    """Bytes of the logits alive during the optimizer step: micro batch x sequence x padded vocabulary in the
+    logits' dtype (the compute dtype: 2 bytes under bf16/16 precisions and autocast, 4 at 32-true). litgpt's fit loop
+    keeps ``logits`` referenced until the next iteration, so they sit beside the gradients and optimizer states."""
+    s = 2 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    return x.micro_batch_size * x.seq_len * x.config.padded_vocab_size * s
+
+
 def _qlora_extra(x: PlanInput, st: _States, notes: list) -> float:
     """Step 4: QLoRA's measured term (QLORA_EXTRA_BYTES + QLORA_EXTRA_PER_PARAM per quantized parameter)."""
     if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
@@ -453,15 +510,25 @@ def predict(x: PlanInput) -> Plan:
         "weights": dev.weights,
         "lora_weights": dev.lora_weights,
         "optimizer_states": dev.optimizer,
-        "autocast_weight_cache": st.autocast_cache,
+        "autocast_weight_cache": 0,
+        "dequantized_weight_temporary": 0,
         "sharding_buffers": dev.extra,
         "qlora_measured_extra": _qlora_extra(x, st, notes),
     }
     # Without accumulation the gradients are created while the activations are freed, so the forward peak does
     # not hold them; with accumulation they persist and add to both.
-    forward_peak = acts + logits + (dev.grads if x.accumulation > 1 else 0)
-    step_peak = dev.grads + dev.step_temp
+    # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
+    # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
+    forward_peak = (
+        acts + logits + (dev.grads if x.accumulation > 1 else 0) + st.autocast_cache + dequantized_weight_temporary(x)
+    )
+    # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
+    # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
+    held = logits_held_at_step(x)
+    step_peak = dev.grads + dev.step_temp + held
     if forward_peak >= step_peak:
+        model_states["autocast_weight_cache"] = st.autocast_cache
+        model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {
             "gradients": dev.grads if x.accumulation > 1 else 0,
             "activations": acts,
@@ -472,10 +539,13 @@ def predict(x: PlanInput) -> Plan:
         parts = {
             "gradients": dev.grads,
             "activations": 0,
-            "logits_and_loss": 0,
+            "logits_and_loss": held,
             "optimizer_step_temporary": dev.step_temp,
         }
-        notes.append("the peak is the optimizer step (gradients + the step's temporary), not the forward pass")
+        notes.append(
+            "the peak is the optimizer step (gradients, the step's temporary and the logits the loop still holds), "
+            "not the forward pass"
+        )
     breakdown = {k: int(v) for k, v in {**model_states, **parts}.items()}
     peak = sum(breakdown.values())
     return Plan(
