@@ -192,6 +192,8 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
         f"- {within} of {len(rows)} cases within 3%; worst {worst['error']:+.1%} ({worst['model']}, "
         f"{worst['method']}, {worst['precision']}).",
         "",
+        *_dominant(rows),
+        "",
         "| model | method | precision | simulated GB | phase | weights | grads | activations | temps | optimizer | "
         "planned GB | error | QLoRA measured term GB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -206,4 +208,30 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
             + (f"{r['qlora_measured_extra'] / 1e9:.2f} |" if r["qlora_measured_extra"] else " |")
         )  # fmt: skip
     write_text_atomic(out / "simulated.md", "\n".join(lines) + "\n")
+    return out
+
+
+KIND_WORDS = {"parameter": "weights", "gradient": "gradients", "activation": "activations", "temp": "temporaries",
+              "optstate": "optimizer states"}  # fmt: skip
+
+
+def _dominant(rows: list[dict]) -> list[str]:
+    """Which phase sets the peak and which kind of memory is largest there, per method and precision."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["precision"]), []).append(r)
+    out = ["Where the peak is and what dominates it (families per phase; the largest kind at the peak):", ""]
+    for (method, precision), group in groups.items():
+        phases: dict[str, int] = {}
+        kinds: dict[str, int] = {}
+        for r in group:
+            phases[r["simulated_phase"]] = phases.get(r["simulated_phase"], 0) + 1
+            top = max(KIND_WORDS, key=lambda k: r[f"simulated_{k}"])
+            kinds[KIND_WORDS[top]] = kinds.get(KIND_WORDS[top], 0) + 1
+        out.append(
+            f"- {method} {precision}: peak in "
+            + ", ".join(f"{p} ({n})" for p, n in sorted(phases.items(), key=lambda kv: -kv[1]))
+            + "; largest there: "
+            + ", ".join(f"{k} ({n})" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+        )
     return out
