@@ -28,3 +28,15 @@ def test_progress_line_without_a_total():
     line = ProgressLine(None, out, every_s=0)
     line.started(2, "probe micro 8")
     assert out.getvalue().startswith("[2 done] probe micro 8 | iter 0 step 0") and "remaining ?" in out.getvalue()
+
+
+def test_work_without_records_still_estimates_what_remains():
+    """plan-families --simulate counts cases, not runs: each completed case feeds the estimate."""
+    out = io.StringIO()
+    line = ProgressLine(4, out, every_s=0)
+    line.started(0, "tiny-llama-1.1b full bf16-true")
+    line.completed()
+    line.started(1, "tiny-llama-1.1b lora bf16-true")
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("[1/4 done, 3 left] tiny-llama-1.1b lora") and "remaining ~0:00:" in last
+    assert line.done == 1 and len(line.durations) == 1

@@ -54,6 +54,12 @@ class ProgressLine:
         self.stream.write(("\r\033[K" + line) if self.tty else (line + "\n"))
         self.stream.flush()
 
+    def completed(self) -> None:
+        """A unit of work without a run record ended (a simulated case): counted, and its time feeds the estimate
+        of what remains."""
+        self.durations.append(time.monotonic() - self.run_t0)
+        self.done += 1
+
     def finished(self, rec) -> None:
         """A run ended with record ``rec``: one line with its status, error, speed and time."""
         self.durations.append(time.monotonic() - self.run_t0)

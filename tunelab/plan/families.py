@@ -163,6 +163,8 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
                     "where": sim.where.get(sim.peak_phase, ""), "seconds": round(sim.seconds, 1),
                 }
             )  # fmt: skip
+            if progress:
+                progress.completed()
     return rows
 
 
