@@ -126,24 +126,31 @@ def load_config(checkpoint_dir):
         ) from None
 
 
+def lora_tensor_numels(config, r: int, targets=LORA_TARGETS) -> list[int]:
+    """Elements of each trainable tensor LoRA adds (litgpt.lora: the fused qkv has one lora_A of r per enabled q, k,
+    v and one lora_B over their outputs; every other adapted linear an A of r x in and a B of out x r)."""
+    targets = set(targets)
+    d = config.n_embd
+    q = config.n_head * config.head_size
+    kv = config.n_query_groups * config.head_size
+    per_layer = []
+    outs = [w for k, w in (("query", q), ("key", kv), ("value", kv)) if k in targets]
+    if outs:
+        per_layer += [r * len(outs) * d, r * sum(outs)]
+    if "projection" in targets:
+        per_layer += [r * q, d * r]
+    if "mlp" in targets:
+        if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP"):
+            linears = [(d, config.intermediate_size)] * 2 + [(config.intermediate_size, d)]
+        else:
+            linears = [(d, config.intermediate_size), (config.intermediate_size, d)]
+        for n_in, n_out in linears:
+            per_layer += [r * n_in, n_out * r]
+    head = [r * d, config.padded_vocab_size * r] if "head" in targets else []
+    return per_layer * config.n_layer + head
+
+
 def lora_param_count(config, r: int, targets=LORA_TARGETS) -> int:
     """Trainable parameters LoRA adds for rank ``r`` on ``targets`` (names of litgpt's ``lora_*`` switches that are
     on: tunelab.settings.LORA_TARGETS)."""
-    targets = set(targets)
-    d, L = config.n_embd, config.n_layer
-    q = config.n_head * config.head_size
-    kv = config.n_query_groups * config.head_size
-    per_layer = 0
-    if "query" in targets:
-        per_layer += r * (d + q)
-    if "key" in targets:
-        per_layer += r * (d + kv)
-    if "value" in targets:
-        per_layer += r * (d + kv)
-    if "projection" in targets:
-        per_layer += r * (q + d)
-    if "mlp" in targets:
-        n_mlp = 3 if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 2
-        per_layer += n_mlp * r * (d + config.intermediate_size)
-    head = r * (d + config.padded_vocab_size) if "head" in targets else 0
-    return L * per_layer + head
+    return sum(lora_tensor_numels(config, r, targets))

@@ -14,11 +14,11 @@ def add_parser(sub) -> None:
         help="the planner's activation term against autograd's saved tensors, per model family -> "
         "reports/planner-families/",
         description="For each model family (TinyLlama, OpenLLaMA, Llama 2, 3, 3.2, Mistral, Gemma 1 "
-        "and 2, Phi-2, Phi-3, Falcon, StableLM), full and LoRA: one real forward of "
-        "litgpt's model (full width, 2 blocks) on this CPU, the bytes autograd keeps per "
-        "block and for the head and loss, beside tunelab's derivation from the Config.",
+        "and 2, Phi-2, Phi-3, Falcon, StableLM, GPT-NeoX), full and LoRA, bf16-true and bf16-mixed: one real "
+        "forward of litgpt's model (full width, 2 blocks) on this CPU, the bytes autograd keeps per "
+        "block and for the head and loss, beside tunelab's derivation from the Config (about 11 minutes).",
     )
-    s.add_argument("--families", help="comma-separated litgpt config names (default: the 13 families)")
+    s.add_argument("--families", help="comma-separated litgpt config names (default: the 14 families)")
     s.add_argument("--seq-len", type=count, help="tokens per sequence (default 128; with --simulate 512)")
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-families)")
     s.add_argument(

@@ -3,7 +3,7 @@
 Bytes per block and for the head, for ``n = micro x T`` tokens, ``s`` = activation dtype bytes. Each term is a
 tensor litgpt's code saves (the op that saves it in brackets), counted once per storage, as
 ``tunelab.plan.measure`` counts them on a real forward (``tests/test_activations.py`` compares the two for
-13 model families, full and LoRA; ``reports/planner-families/``):
+14 model families, full and LoRA, bf16-true and bf16-mixed; ``reports/planner-families/``):
 
 Norms (``config.norm_class_name``):
   * litgpt ``RMSNorm`` computes in fp32: the fp32 copy of its input (4d) [pow, mul], ``rsqrt`` (4) [mul], the
@@ -37,9 +37,17 @@ Head (outside the blocks): the final norm, the lm_head input when it trains, and
   final softcapping adds the tanh (s x V). A frozen embedding (LoRA) makes block 0 keep less (its norm's input
   needs no gradient): the first block is counted apart.
 
-Not modelled (said where a plan uses them): mixed precision under autocast (the planner keeps its older
-approximation; CPU autocast differs from CUDA's so it is not measured here), mixture-of-experts MLPs, latent
-attention, an explicit attention mask (sequences longer than a sliding window).
+Mixed precision (``mixed=True``; Lightning's bf16-mixed: fp32 weights, the model's forward under autocast, its
+  outputs converted to fp32 before the loss; checked against CPU autocast, whose op lists differ from CUDA's only
+  in ops these models call on fp32 inputs): the residual stream is fp32, so a norm of it keeps an fp32 input
+  (LayerNorm too: autocast runs it in fp32) and its fp32 weight is the parameter itself (no copy; Gemma's
+  ``1 + w`` still is one); matmuls compute in 16 bits, so q, k, v, attention, the MLP and LoRA's adapter inputs
+  keep what 16-bit -true keeps, except that each trainable linear reading a normalised input keeps its own 16-bit
+  cast of it (autocast caches weight casts only: fc_1 and fc_2 keep two); the loss's log-softmax is fp32.
+  Autocast's 16-bit weight copies are the planner's own term (``memory.autocast_weight_copies``), not counted here.
+
+Not modelled (said where a plan uses them): mixture-of-experts MLPs, latent attention, an explicit attention mask
+(sequences longer than a sliding window).
 """
 
 from __future__ import annotations
@@ -73,9 +81,11 @@ def saved_bytes(
     targets=LORA_TARGETS,
     lora_r: int = LITGPT_LORA_R,
     device: str = "cuda",
+    mixed: bool = False,
 ) -> SavedBytes:
     """Bytes autograd keeps for ``micro`` sequences of ``seq`` tokens (see the module docstring); ``targets``: the
-    names of the LoRA targets that are on."""
+    names of the LoRA targets that are on; ``mixed``: autocast with fp32 weights (``s`` is then the 16-bit compute
+    dtype's bytes)."""
     full = method == "full"
     on = set(targets)
 
@@ -88,15 +98,28 @@ def saved_bytes(
     mask_b = 1 if device == "cuda" else s
     notes = []
     gated = c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
+    mlp_inputs = 2 if gated else 1  # linears reading the MLP's normalised input
+    # a norm's weight is cast to fp32 (a new tensor) unless it already is (mixed); Gemma's 1 + w is always new
+    norm_weight_copy = 4 * d if (not mixed or "Gemma" in c.name) else 0
 
-    def norm(weight_trains: bool, input_needs_grad: bool = True) -> float:
+    def norm(weight_trains: bool, input_needs_grad: bool = True, residual: bool = True, again: bool = False) -> float:
+        """``residual``: it normalises the residual stream (fp32 under mixed), not a sublayer's 16-bit output;
+        ``again``: a second norm of the same input (a parallel residual's norm_2), whose input is already kept
+        unless the norm makes its own fp32 copy of it (RMSNorm of a 16-bit input)."""
         if not (weight_trains or input_needs_grad):
             return 0  # nothing needs a gradient through it (LoRA's first block: a frozen embedding feeds it)
-        if c.norm_class_name == "LayerNorm":
-            return (s * d + 2 * (4 if device == "cuda" else s)) * n
+        if c.norm_class_name == "LayerNorm":  # autocast runs layer_norm in fp32: its input, fp32 under mixed
+            kept_input = 0 if again else (4 if mixed and residual else s) * d
+            return (kept_input + 2 * (4 if device == "cuda" else s)) * n
         if c.norm_class_name != "RMSNorm":
             notes.append(f"norm {c.norm_class_name}: counted as RMSNorm")
-        return (4 * d + 4) * n + 4 * d + (4 * d * n if weight_trains else 0)
+        own_copy = not again or (not mixed and s < 4)  # x.float() of a 16-bit input is a new tensor each time
+        return (4 * d * own_copy + 4) * n + norm_weight_copy + (4 * d * n if weight_trains else 0)
+
+    def linear_inputs(k: int) -> float:
+        """Full fine-tuning: what ``k`` trainable linears reading one normalised input keep. -true: that input, one
+        storage. Mixed: it is fp32 and each linear keeps its own 16-bit cast (autocast caches weights only)."""
+        return s * d * n * (k if mixed else min(k, 1))
 
     def lora_in(width: int, outs: int = 1, input_needs_grad: bool = True) -> float:
         """dropout mask (only when its input needs a gradient) + dropout output + lora_A output(s)"""
@@ -107,7 +130,7 @@ def saved_bytes(
         b = norm(full, input_needs_grad=grad_in)
         qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))
         if full:
-            b += s * d * n  # the normalised input, kept by the qkv linear
+            b += linear_inputs(1 + (mlp_inputs if c.shared_attention_norm else 0))  # qkv's (+ the MLP's) input
         elif qkv_targets:
             b += lora_in(d, qkv_targets, input_needs_grad=grad_in)
         if c.attention_logit_softcapping is not None:
@@ -124,13 +147,14 @@ def saved_bytes(
         elif lora("projection"):
             b += lora_in(qw)
         if c.post_attention_norm:
-            b += norm(full)
+            b += norm(full, residual=False)
         if not c.shared_attention_norm:
-            b += norm(full)
+            mlp_grad_in = grad_in or not c.parallel_residual  # parallel: norm_2 reads the block input too
+            b += norm(full, input_needs_grad=mlp_grad_in, again=c.parallel_residual)
             if full:
-                b += s * d * n  # norm_2's output: fc_1 / fc_2 input
+                b += linear_inputs(mlp_inputs)  # norm_2's output: fc_1 / fc_2 input
             elif lora("mlp"):
-                b += lora_in(d) * (2 if gated else 1)
+                b += lora_in(d, input_needs_grad=mlp_grad_in) * (2 if gated else 1)
         elif lora("mlp"):
             b += lora_in(d, input_needs_grad=grad_in) * (2 if gated else 1)
         if gated:
@@ -149,7 +173,7 @@ def saved_bytes(
             notes.append(f"MLP {c.mlp_class_name}: not modelled (counted as SwiGLU)")
             b += 4 * s * inter * n
         if c.post_mlp_norm:
-            b += norm(full)
+            b += norm(full, residual=False)
         return b
 
     per = block(first=False)
@@ -157,7 +181,8 @@ def saved_bytes(
     v = c.padded_vocab_size
     head = norm(full) + (s * d * n if full else (lora_in(d) if lora("head") else 0))
     positions = micro * (seq - 1)
-    head += s * v * positions + 8 * positions  # log-softmax per chunk, int64 targets
+    # log-softmax per chunk, int64 targets; mixed: Fabric hands the loss fp32 logits (outside autocast)
+    head += (4 if mixed else s) * v * positions + 8 * positions
     if c.final_logit_softcapping is not None:
         head += s * v * positions  # tanh of the logits
     if c.attention_logit_softcapping is not None:

@@ -43,6 +43,10 @@ FAMILY_COLUMNS = [
 first block, for the head and loss, and for the whole model (first + (n_layer - 1) blocks + head)."""
 
 
+FAMILY_PRECISIONS = ("bf16-true", "bf16-mixed")
+"""The precisions plan-families measures each family at (the activation dtypes differ: see activations.py)."""
+
+
 def _checked(names: list[str] | None) -> list[str]:
     """The family names asked for (default :data:`FAMILIES`), each a litgpt config name (ValueError otherwise)."""
     from litgpt import Config
@@ -64,11 +68,13 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
 
     names = _checked(names)
     out = Path(out or output_root() / "reports" / "planner-families")
-    progress = ProgressLine(len(names))
     rows = []
-    for i, name in enumerate(names):  # full and LoRA of a family in one child process
-        progress.started(i, f"{name} full and lora")
-        rows += compare_methods_in_child(name, ["full", "lora"], "bf16-true", 1, seq_len)
+    progress = ProgressLine(len(names) * len(FAMILY_PRECISIONS))
+    for i, name in enumerate(names):
+        for j, precision in enumerate(FAMILY_PRECISIONS):  # full and LoRA in one child process per precision
+            progress.started(i * len(FAMILY_PRECISIONS) + j, f"{name} full and lora, {precision}")
+            rows += compare_methods_in_child(name, ["full", "lora"], [precision], 1, seq_len)
+            progress.completed()
     sys.stderr.write("\n" if progress.tty else "")
     write_csv(out / "families.csv", rows, FAMILY_COLUMNS)
     worst = max(rows, key=lambda r: abs(r["error_total"]))
@@ -80,23 +86,27 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
         f"{torch.__version__}). Measured: one real training forward of litgpt's own model classes (`litgpt.GPT`, "
         "`litgpt.lora.GPT`, litgpt's chunked loss) at full width with 2 blocks, every tensor saved for backward "
         "counted once per storage (`torch.autograd.graph.saved_tensors_hooks`), parameters excluded; attention "
-        "through torch's CPU flash kernel, which keeps what CUDA's flash kernel keeps. Planned: "
-        "`tunelab/plan/activations.py` from the Config alone, counted as on this CPU (LoRA dropout masks in the "
-        "activation dtype; CUDA's fused dropout keeps 1 byte, which `tunelab plan` uses). bf16-true, micro batch 1, "
-        f"{seq_len} tokens; LoRA r 8 on query, key, value, projection, MLP and head. Bytes; error = planned / "
-        "measured - 1. The whole model = the first block + (n_layer - 1) blocks + head and loss.",
+        "through torch's CPU flash kernel, which keeps what CUDA's flash kernel keeps; dropout as CUDA's fused kernel "
+        "(a 1-byte mask). bf16-mixed as Lightning Fabric runs it: fp32 weights, the model's forward under (CPU) "
+        "autocast, its outputs converted to fp32 before the loss; autocast's 16-bit weight copies are not "
+        "activations (the planner's `autocast_weight_cache`). Planned: `tunelab/plan/activations.py` from the "
+        f"Config alone. Micro batch 1, {seq_len} tokens; LoRA r 8 on query, key, value, projection, MLP and head. "
+        "Bytes; error = planned / measured - 1. The whole model = the first block + (n_layer - 1) blocks + head "
+        "and loss.",
         "",
-        f"- Worst whole-model error: {worst['error_total']:+.2%} ({worst['model']}, {worst['method']}); worst "
-        f"per-block error: {worst_block['error_block']:+.2%} ({worst_block['model']}, {worst_block['method']}); "
+        f"- Worst whole-model error: {worst['error_total']:+.2%} ({worst['model']}, {worst['method']}, "
+        f"{worst['precision']}); worst per-block error: {worst_block['error_block']:+.2%} ({worst_block['model']}, "
+        f"{worst_block['method']}, {worst_block['precision']}); "
         f"{sum(abs(r['error_total']) <= 0.03 for r in rows)} of {len(rows)} cases within 3%.",
         "",
-        "| model | method | layers | block measured | block planned | error | head measured | head planned | error | "
-        "whole model measured | planned | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | method | precision | layers | block measured | block planned | error | head measured | "
+        "head planned | error | whole model measured | planned | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['method']} | {r['n_layer']} | {r['measured_block']:,} | {r['planned_block']:,.0f} | "
+            f"| {r['model']} | {r['method']} | {r['precision']} | {r['n_layer']} | {r['measured_block']:,} | "
+            f"{r['planned_block']:,.0f} | "
             f"{r['error_block']:+.2%} | {r['measured_head']:,} | {r['planned_head']:,.0f} | {r['error_head']:+.2%} | "
             f"{r['measured_total']:,} | {r['planned_total']:,.0f} | {r['error_total']:+.2%} |"
         )
@@ -187,9 +197,10 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
         "model and loss at full width on fake tensors (`FakeTensorMode`), forward, backward and two optimizer steps "
         "under torch's `MemTracker`, 1 and 2 blocks extrapolated to the model's (`tunelab/plan/simulate.py`). "
         f"Planned: `tunelab/plan/memory.py`. One device, micro batch {micro} x {seq_len} tokens, AdamW (QLoRA: "
-        "paged AdamW, its states outside the allocator), no accumulation, LoRA r 8 on every target. Peak allocated, "
+        "paged AdamW: states of tensors from 1e5 elements outside the allocator, smaller ones' on the device), no "
+        "accumulation, LoRA r 8 on every target. Peak allocated, "
         "GB = 1e9 bytes; error = planned / simulated - 1. QLoRA's plan is compared without its measured term "
-        "(`QLORA_EXTRA_BYTES` + `QLORA_EXTRA_PER_PARAM`, fitted to H100 runs, cause not found), shown apart.",
+        "(`QLORA_EXTRA_BYTES`, fitted to H100 runs, CUDA-side, not attributed), shown apart.",
         "",
         f"- {within} of {len(rows)} cases within 3%; worst {worst['error']:+.1%} ({worst['model']}, "
         f"{worst['method']}, {worst['precision']}).",

@@ -7,8 +7,11 @@ for any model litgpt knows (``tunelab plan --measure``, ``tunelab measure-activa
   model's ``Config`` at full width with only ``layers`` blocks (default 2), so that 7B-13B shapes fit in this
   machine's memory: what one block keeps does not depend on how many blocks follow it; the weights are left
   uninitialised-then-zeroed (their values do not change what is saved, and building is instant);
-* the real loss path of litgpt's finetune scripts: full -> ``chunked_cross_entropy(logits[..., :-1, :], ...)``;
-  LoRA -> ``model(x, lm_head_chunk_size=128)`` then ``chunked_cross_entropy`` over the chunk list;
+* the real loss path of litgpt's finetune scripts as Lightning Fabric runs them (:func:`training_forward`): full ->
+  ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` then
+  ``chunked_cross_entropy`` over the chunk list; bf16-mixed: the model's forward under autocast, its outputs
+  converted to fp32, autocast's weight copies left to the planner's own term;
+* dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the input's dtype;
 * the fused attention CUDA uses: on CPU, ``F.scaled_dot_product_attention`` with ``is_causal`` dispatches to
   torch's CPU flash kernel, which keeps what the CUDA flash kernel keeps (q, k, v, the output and the fp32
   log-sum-exp; not the T x T matrix). Models with attention softcapping (Gemma 2) take litgpt's own math path on
@@ -22,6 +25,7 @@ Only the forward is run (everything autograd keeps is saved by then); no backwar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -33,9 +37,98 @@ from tunelab.plan.activations import saved_bytes
 from tunelab.plan.memory import dtype_bytes
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
-DTYPES = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}
-"""Precisions measured as litgpt runs them (weights and activations in that dtype). Mixed precision (autocast) is
-not measured here: CPU autocast keeps different ops in fp32 than CUDA's does."""
+DTYPES = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32", "bf16-mixed": "float32"}
+"""The parameter dtype of each precision measured: the -true ones run weights and activations in that dtype;
+bf16-mixed keeps fp32 weights and runs the model's forward under autocast, as Lightning Fabric does
+(:func:`training_forward`). CPU autocast's op lists differ from CUDA's only in ops these models call on fp32
+inputs (layer_norm, softmax with an explicit dtype, rsqrt) or outside autocast (the loss), so what is saved is the
+same; autocast's 16-bit weight copies are the planner's own term (``autocast_weight_copies``), not counted here."""
+
+
+def build_model(config, method: str, precision: str, lora_r: int = LITGPT_LORA_R, targets=LORA_TARGETS):
+    """litgpt's model for ``method`` (full: ``litgpt.GPT``, every parameter trainable; lora / qlora:
+    ``litgpt.lora.GPT`` with only the adapters trainable), its parameters created in ``precision``'s parameter
+    dtype on the current device (``meta``, or fake under ``FakeTensorMode``). Adapter alpha and dropout rate do not
+    change memory (a dropout mask is kept whenever the rate is above 0): litgpt's defaults, 16 and 0.05."""
+    import torch
+
+    if method in ("lora", "qlora"):
+        from litgpt.lora import GPT, mark_only_lora_as_trainable
+
+        config = lora_config(config, lora_r, 16, 0.05, targets)
+    else:
+        from litgpt import GPT
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, DTYPES[precision]))  # no fp32 copy first
+    try:
+        model = GPT(config)
+    finally:
+        torch.set_default_dtype(default)
+    if method == "full":
+        model.requires_grad_(True)
+    else:
+        mark_only_lora_as_trainable(model)
+    return model
+
+
+def training_forward(model, idx, method: str, precision: str) -> tuple:
+    """(logits, loss) of litgpt's finetune step as Lightning Fabric runs it: full -> ``model(x)`` and
+    ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
+    over the chunk list. Under bf16-mixed only the model's forward runs under autocast, and Fabric converts its
+    outputs to fp32 (``MixedPrecision.convert_output``): the loss runs outside autocast on fp32 logits."""
+    import contextlib
+
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+
+    mixed = precision == "bf16-mixed"
+    with torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
+        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
+    if mixed:
+        logits = [t.float() for t in logits] if isinstance(logits, list) else logits.float()
+    if method == "full":
+        return logits, chunked_cross_entropy(logits[..., :-1, :], idx[..., 1:])
+    logits[-1] = logits[-1][..., :-1, :]
+    return logits, chunked_cross_entropy(logits, idx[..., 1:])
+
+
+def _fused_dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
+    import torch
+
+    if not training or p == 0:
+        return input
+    return torch.native_dropout(input, p, True)[0]
+
+
+@contextlib.contextmanager
+def cuda_dropout():
+    """Dropout as CUDA runs it (``native_dropout``: a 1-byte mask kept for backward) instead of CPU's (a mask in the
+    input's dtype), for litgpt's ``nn.Dropout`` modules while the block runs."""
+    import torch
+
+    original = torch.nn.functional.dropout
+    torch.nn.functional.dropout = _fused_dropout
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = original
+
+
+def _weight_copy_tracker(params: set, skip: set):
+    """A dispatch mode adding to ``skip`` the storage of every cast of a parameter, for mixed precision: autocast's
+    16-bit weight copies, which the planner counts as their own term (fp32 weights make no other cast)."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class WeightCopies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and StorageWeakRef(args[0].untyped_storage()) in params:
+                skip.add(StorageWeakRef(out.untyped_storage()))
+            return out
+
+    return WeightCopies()
 
 
 @dataclass
@@ -103,54 +196,30 @@ def measure(
     seq_len: int = 128,
     layers: int = 2,
     lora_r: int = LITGPT_LORA_R,
-    lora_alpha: int = 16,
-    lora_dropout: float = 0.05,
     targets=LORA_TARGETS,
 ) -> Measurement:
     """One real training forward of ``config`` (a litgpt Config) with ``layers`` blocks; see the module doc."""
     import torch
-    from litgpt.utils import chunked_cross_entropy
     from torch.multiprocessing.reductions import StorageWeakRef
 
     if precision not in DTYPES:
-        raise ValueError(
-            f"precision {precision!r}: measured are {', '.join(DTYPES)} (mixed precision is not: CPU "
-            "autocast differs from CUDA's)"
-        )
-    dtype = getattr(torch, DTYPES[precision])
+        raise ValueError(f"precision {precision!r}: measured are {', '.join(DTYPES)}")
     t0 = time.perf_counter()
     small = dataclasses.replace(config, n_layer=min(layers, config.n_layer))
-    lora = method in ("lora", "qlora")
-    if lora:
-        from litgpt.lora import GPT as LoRAGPT
-        from litgpt.lora import mark_only_lora_as_trainable
-
-        small = lora_config(small, lora_r, lora_alpha, lora_dropout, targets)
-        cls = LoRAGPT
-    else:
-        from litgpt import GPT as cls
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # parameters are created in the run's dtype (no fp32 copy first)
-    try:
-        with torch.device("meta"):
-            model = cls(small)
-    finally:
-        torch.set_default_dtype(default)
+    with torch.device("meta"):
+        model = build_model(small, method, precision, lora_r, targets)
     model = model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
     model.max_seq_length = seq_len  # computes the rope cache for this length
-    if lora:
-        mark_only_lora_as_trainable(model)
-    else:
-        model.requires_grad_(True)
     model.train()
 
-    skip = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
+    params = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
     for t in (getattr(model, "cos", None), getattr(model, "sin", None)):
         if isinstance(t, torch.Tensor):
-            skip.add(StorageWeakRef(t.untyped_storage()))
+            params.add(StorageWeakRef(t.untyped_storage()))
+    skip = set(params)  # + autocast's weight copies, as they are made
     seen: set = set()
     where = ["head"]
     counts: dict[str, int] = {}
@@ -170,18 +239,14 @@ def measure(
         hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, f"block{i}")))
         hooks.append(block.register_forward_hook(lambda m, a, o: where.__setitem__(0, "head")))
     idx = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
-    targets_ids = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
     kept = []
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            if lora:
-                logits = model(idx, lm_head_chunk_size=128)
-                logits[-1] = logits[-1][..., :-1, :]
-                loss = chunked_cross_entropy(logits, targets_ids[..., 1:])
-            else:
-                logits = model(idx)
-                loss = chunked_cross_entropy(logits[..., :-1, :], targets_ids[..., 1:])
-            kept.append(loss)  # the graph (and what it saved) stays alive until counted
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            _weight_copy_tracker(params, skip) if precision == "bf16-mixed" else contextlib.nullcontext(),
+            cuda_dropout(),
+        ):
+            kept.append(training_forward(model, idx, method, precision))  # the graph stays alive until counted
     finally:
         for h in hooks:
             h.remove()
@@ -218,9 +283,10 @@ FAMILIES = (
     "Phi-3-mini-4k-instruct",
     "falcon-7b",
     "stablelm-3b-4e1t",
+    "pythia-1b",
 )
 """One litgpt config per model family the planner is checked on (LLaMA 1/2/3/3.2, Mistral, Gemma 1 and 2, Phi-2
-and Phi-3, Falcon, StableLM)."""
+and Phi-3, Falcon, StableLM, GPT-NeoX)."""
 
 
 def compare(
@@ -232,13 +298,15 @@ def compare(
     lora_r: int = LITGPT_LORA_R,
     targets=LORA_TARGETS,
 ) -> dict:
-    """The planner's saved-activation bytes (tunelab.plan.activations, counted as on this CPU: dropout masks in the
-    activation dtype) beside the measurement, per block and for the head; errors relative to the measurement."""
+    """The planner's saved-activation bytes (tunelab.plan.activations, as CUDA keeps them: the measurement runs
+    CUDA's 1-byte dropout mask) beside the measurement, per block and for the head; errors relative to the
+    measurement."""
     s = dtype_bytes(precision)
     m = measure(config, method, precision, micro_batch_size, seq_len, layers=2, lora_r=lora_r, targets=targets)
     p = saved_bytes(
-        config, "full" if method == "full" else "lora", s, micro_batch_size, seq_len, targets, lora_r, device="cpu"
-    )
+        config, "full" if method == "full" else "lora", s, micro_batch_size, seq_len, targets, lora_r,
+        mixed=precision == "bf16-mixed",
+    )  # fmt: skip
     total_m = m.per_layer_bytes[0] + m.per_layer_bytes[1] * (config.n_layer - 1) + m.head_bytes
     total_p = p.total(config.n_layer)
     err = lambda a, b: (a - b) / b if b else None  # noqa: E731
@@ -265,29 +333,17 @@ def compare(
     }
 
 
-def compare_in_child(
-    name: str,
-    method: str,
-    precision: str = "bf16-true",
-    micro_batch_size: int = 1,
-    seq_len: int = 128,
-    timeout_s: float = 900,
-) -> dict:
-    """:func:`compare` for a litgpt config name in a fresh process: each model's memory goes back to the system when
-    it ends (one long process measuring 13 families grows until the kernel kills it on a 24 GiB machine)."""
-    return compare_methods_in_child(name, [method], precision, micro_batch_size, seq_len, timeout_s)[0]
-
-
 def compare_methods_in_child(
     name: str,
     methods: list[str],
-    precision: str = "bf16-true",
+    precisions: list[str] = ("bf16-true",),
     micro_batch_size: int = 1,
     seq_len: int = 128,
     timeout_s: float = 900,
 ) -> list[dict]:
-    """:func:`compare` for each of ``methods`` (full, lora) of one family, in one fresh process (one import of torch
-    and litgpt; the process's memory goes back to the system when it ends)."""
+    """:func:`compare` for each of ``methods`` (full, lora) x ``precisions`` of one family (precision outer), in one
+    fresh process: one import of torch and litgpt, and the process's memory goes back to the system when it ends
+    (one long process measuring 14 families grows until the kernel kills it on a 24 GiB machine)."""
     p = subprocess.run(
         [
             sys.executable,
@@ -295,7 +351,7 @@ def compare_methods_in_child(
             "tunelab.plan.measure",
             name,
             ",".join(methods),
-            precision,
+            ",".join(precisions),
             str(micro_batch_size),
             str(seq_len),
         ],
@@ -306,28 +362,19 @@ def compare_methods_in_child(
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
         raise RuntimeError(f"measuring {name} {','.join(methods)} failed: {tail}")
-    return [json.loads(line) for line in p.stdout.strip().splitlines()[-len(methods) :]]
-
-
-if (
-    __name__ == "__main__"
-):  # python -m tunelab.plan.measure NAME METHOD[,METHOD] PRECISION MICRO SEQ -> a JSON line each
-    from litgpt import Config
-
-    name, methods, precision, micro, seq = sys.argv[1:6]
-    for method in methods.split(","):
-        print(json.dumps(compare(Config.from_name(name), method, precision, int(micro), int(seq))), flush=True)
+    n = len(methods) * len(precisions)
+    return [json.loads(line) for line in p.stdout.strip().splitlines()[-n:]]
 
 
 def for_plan(x) -> dict:
     """``plan --measure``: :func:`compare` for a planned configuration (one sequence of its length); InputError for
-    mixed precision (CPU autocast keeps other ops in fp32 than CUDA's)."""
+    a precision that is not measured (:data:`DTYPES`)."""
     from tunelab.errors import InputError
 
     if str(x.precision) not in DTYPES:
         raise InputError(
-            f"--measure: precision {x.precision} is not measured (CPU autocast keeps other ops in fp32 than "
-            "CUDA's); fix: measure with --precision bf16-true or 32-true, or use --simulate"
+            f"--measure: precision {x.precision} is not measured ({', '.join(DTYPES)}); fix: measure with one of "
+            "them, or use --simulate"
         )
     print(
         f"measuring {x.config.name} ({x.method}, {x.precision}, one sequence of {x.seq_len} tokens, 2 blocks at full "
@@ -336,3 +383,12 @@ def for_plan(x) -> dict:
         flush=True,
     )
     return compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r, x.lora_targets)
+
+
+if __name__ == "__main__":  # python -m tunelab.plan.measure NAME METHOD[,..] PRECISION[,..] MICRO SEQ -> JSON lines
+    from litgpt import Config
+
+    name, methods, precisions, micro, seq = sys.argv[1:6]
+    for precision in precisions.split(","):
+        for method in methods.split(","):
+            print(json.dumps(compare(Config.from_name(name), method, precision, int(micro), int(seq))), flush=True)

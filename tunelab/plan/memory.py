@@ -10,29 +10,34 @@ Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = mi
   they persist from the first micro batch, so they add.
 * optimizer states: AdamW 2 per trainable parameter in the parameter dtype (bf16-true: bf16 states), SGD with
   momentum 1, plain SGD none; bitsandbytes 8-bit Adam 2 bytes; bitsandbytes paged optimizers (litgpt's QLoRA
-  PagedAdamW) live in CUDA unified memory, outside torch's allocator (not in "allocated").
-* mixed precision: autocast caches a 16-bit copy of every trainable weight during forward (+2 bytes/param).
+  PagedAdamW) keep the states of tensors from 1e5 elements in CUDA unified memory, outside torch's allocator (not
+  in "allocated"), and smaller tensors' states (most LoRA adapters) on the device.
+* mixed precision: autocast's 16-bit weight copies alive from the forward until backward has used them
+  (``autocast_weight_copies``: every linear weight for full fine-tuning; LoRA: every frozen block weight, one
+  lm_head copy per 128-token chunk, the adapters).
 * activations: what autograd keeps for backward, derived op by op from the model's litgpt Config for any family
   (RMSNorm / LayerNorm, SwiGLU / GeGLU / GELU MLPs, multi-head / grouped / multi-query attention, partial rotary,
   parallel residual, shared and post norms, attention and final-logit softcapping, LoRA's dropout and adapter
   inputs, a frozen embedding's first block): ``tunelab/plan/activations.py``, checked against a real forward of
   litgpt's own model per family (``tunelab plan-families``, ``tunelab plan --measure``). Activation checkpointing
-  keeps each block's input (s d per token) plus one block recomputed at a time. Mixed precision (autocast) keeps
-  the older LLaMA-shaped approximation (not derived: said in the plan's notes).
+  keeps each block's input (s d per token; fp32 under mixed precision) plus one block recomputed at a time. Mixed
+  precision is derived the same way, per tensor dtype (fp32 residual stream and norms, 16-bit matmuls).
 * logits and loss: the loss's saved tensors (litgpt's chunked cross-entropy keeps each chunk's log-softmax) plus
   what is alive beside them when backward starts: the logits litgpt's loop still holds and, for full fine-tuning,
-  their gradient (3 x N_tok x V x s in all); LoRA's chunked head: 2 x N_tok x V x s.
+  their gradient (3 x N_tok x V x s in all); LoRA's chunked head: 2 x N_tok x V x s plus the loss backward's
+  chunk gradients. Under mixed precision the logits are fp32 (Fabric converts the model's outputs): s = 4 here.
 * QLoRA, from the code (Lightning's BitsandbytesPrecision and litgpt's loading, bitsandbytes 0.50): on one device
   the model is built under ``fabric.init_module`` with every ``torch.nn.Linear`` replaced by an NF4 layer that
   quantizes itself in ``__init__`` on CUDA, and ``load_checkpoint`` streams the memory-mapped weights through a
   load hook that quantizes each one (``weight.to(cuda, float16)`` then ``quantize_4bit``): the bf16 model never sits
   on the GPU, one layer's 16-bit copy at a time does (the measured peak right after loading, 1.3-1.8 GB for
   TinyLlama and 5.6-6.0 GB for OpenLLaMA 7B, is far below the training peak, so loading never sets it). In training,
-  ``MatMul4Bit`` keeps only the packed weight for backward (no activation beyond LoRA's), but every forward and
-  backward matmul dequantizes its weight to a 16-bit temporary (``dequantize_4bit``, then a cast to the compute
-  dtype): the largest is the lm_head (V x d: 0.13 GB for TinyLlama, 0.26 GB for 7B, once per 128-token chunk of
-  litgpt's chunked head), which accounts for up to about half of the measured QLoRA extra below; the rest stays a
-  measured term (QLORA_EXTRA_BYTES), not attributed to a buffer.
+  ``MatMul4Bit`` keeps only the packed weight for backward (no activation beyond LoRA's); every forward matmul
+  dequantizes its weight to a 16-bit temporary and every backward one to fp16 and then a compute-dtype copy
+  (``dequantized_weight_temporary``: lm_head's, 2 x 0.13 GB for TinyLlama, 2 x 0.26 GB for 7B, sets the peak);
+  PagedAdamW keeps the states of tensors under 1e5 elements on the device (``paged_optimizer_device_states``).
+  What the H100 measured beyond these stays one measured constant (QLORA_EXTRA_BYTES), fitted on TinyLlama alone
+  and checked on OpenLLaMA 7B out of sample.
 * CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, ALLOCATOR_SLACK = 1.05:
   PyTorch typically reserves 5-15% above what it allocates) decide the fit, not the allocated peak alone.
 
@@ -50,7 +55,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tunelab import hardware
-from tunelab.models import count_params, lora_param_count
+from tunelab.models import count_params, lora_param_count, lora_tensor_numels
 from tunelab.plan import activations
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
 
@@ -70,19 +75,17 @@ fits: measured on the H100 (reports/2026-11-23-lab-part3-h100), retries began at
 micro 42 of the 47 that fit: 88%) and at 78.5 GB (with activation checkpointing, micro 244: 92%); micro 47 ran at
 82% of the best throughput with 26 retries. ``tunelab advise`` ranks only configurations within it
 (``--headroom``)."""
-QLORA_EXTRA_BYTES = int(0.681e9)
-"""QLoRA's measured extra, constant part: what bitsandbytes' QLoRA runs on an NVIDIA H100 allocated beyond every
-term the planner derives (reports/2026-11-23-qlora-memory-h100: 0.68-0.86 GB for TinyLlama over 4 runs, micro 2
-and 4, LoRA on all layers and on query/value; 1.02-1.12 GB for OpenLLaMA 7B over 2 runs), fitted with
-:data:`QLORA_EXTRA_PER_PARAM` as a + b x quantized parameters by `python scripts/fit_qlora_extra.py <unpacked
-records>` (worst residual after the fit 0.12 GB). Its cause is not found: the simulated step
-(tunelab/plan/simulate.py), which follows bitsandbytes' code (NF4 storage, a dequantized temporary per matmul in
-forward and backward, nothing else kept), shows no such term, so it lies on the CUDA side (bitsandbytes' kernels
-and their buffers, the load path's leftovers) and needs a GPU memory snapshot to attribute. The same runs without
-quantization sit 0.27-0.57 GB above the plan too (LoRA, also unattributed), so part of it is not quantization's."""
-QLORA_EXTRA_PER_PARAM = 0.0587
-"""QLoRA's measured extra, bytes per quantized (linear, non-embedding) parameter: the slope of the fit described at
-:data:`QLORA_EXTRA_BYTES` (0.06 bytes: as much as a second fp32 absmax per 64 weights would take; not shown to be one)."""
+QLORA_EXTRA_BYTES = int(0.592e9)
+"""QLoRA's measured extra: what bitsandbytes' QLoRA runs on an NVIDIA H100 allocated beyond every term the planner
+derives (reports/2026-11-23-qlora-memory-h100), the mean over TinyLlama's four runs (micro 2 and 4, LoRA on all
+layers and on query/value; 0.51-0.75 GB each) by `python scripts/fit_qlora_extra.py <unpacked records>`. Fitted
+without the OpenLLaMA 7B runs, it predicts them out of sample: -2.1% (micro 2) and -0.9% (micro 4) of the
+measured peak. Derived from bitsandbytes' and Lightning's code and no longer part of it: the backward's fp16
+dequantized copy beside the compute-dtype one (:func:`dequantized_weight_temporary`) and the paged optimizer's
+device-resident states (:func:`paged_optimizer_device_states`). What is left is not in the simulated step
+(tunelab/plan/simulate.py), so it lies on the CUDA side (bitsandbytes' kernels and buffers, the load path's
+leftovers); the same runs without quantization sit 0.28-0.60 GB above the plan too (LoRA, unattributed), so most
+of it is not quantization's. A GPU memory snapshot (``torch.cuda.memory._record_memory_history``) would name it."""
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 """How the model states are divided (what :func:`predict` models)."""
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -212,32 +215,6 @@ class Plan:
         return d
 
 
-def _mixed_activations_per_token_layer(c, lora: bool, s: int, ckpt: bool, targets) -> float:
-    """Bytes autograd keeps per token and per block under autocast (a LLaMA-shaped approximation, see the module
-    docstring)."""
-    d, inter = c.n_embd, c.intermediate_size
-    q_width = c.n_head * c.head_size
-    if ckpt:
-        return s * d  # only the block input; one block is recomputed at a time (added separately)
-    mha = c.n_query_groups == c.n_head
-    attn = (7 if mha else 5) * s * q_width
-    if not lora:
-        norms = 2 * (4 * d + 4 * d + s * d)
-        mlp = 4 * s * inter
-        adapters = 0
-    else:
-        norms = 2 * (4 * d)
-        mlp = 3 * s * inter
-        adapters = 0
-        drop = s + 1  # dropout output + bool mask per element
-        adapters += drop * d if any(k in targets for k in ("query", "key", "value")) else 0
-        adapters += drop * q_width if "projection" in targets else 0
-        adapters += (2 * drop * d + drop * inter) if "mlp" in targets else 0
-    if c.mlp_class_name not in ("LLaMAMLP", "GemmaMLP"):  # GptNeoxMLP: fc out + gelu out (+ saved input)
-        mlp = 2 * s * inter
-    return norms + attn + mlp + adapters
-
-
 @dataclass
 class _States:
     """The model states of one configuration before they are divided among devices (bytes, all devices)."""
@@ -289,8 +266,11 @@ def _model_states(x: PlanInput, notes: list) -> _States:
     else:
         master = 0
         if "Paged" in opt:
-            opt_bytes = 0
-            notes.append(f"{opt}: states in CUDA unified memory, outside torch's allocator (not in 'allocated')")
+            opt_bytes = paged_optimizer_device_states(x)
+            notes.append(
+                f"{opt}: states of tensors from {PAGED_MIN_NUMEL:,} elements in CUDA unified memory, outside torch's "
+                "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
+            )
         elif "8bit" in opt:
             opt_bytes = trainable * 2
         elif opt.startswith("Adam") or opt in ("AdamW", "Adam"):
@@ -332,6 +312,25 @@ def _model_states(x: PlanInput, notes: list) -> _States:
     )
 
 
+PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes pages an optimizer state only for a tensor of at least this many elements
+(``Optimizer8bit.get_state_buffer``: ``p.numel() < 1e5`` gets ``torch.zeros_like``, ordinary device memory)."""
+
+
+def paged_optimizer_device_states(x: PlanInput) -> float:
+    """Bytes of a paged optimizer's states that are ordinary device memory: the states of trainable tensors under
+    :data:`PAGED_MIN_NUMEL` elements. PagedAdamW keeps two fp32 states (8 bytes per element); the 8-bit one keeps two
+    uint8 states (2 bytes) for tensors from 4096 elements (``min_8bit_size``), fp32 below. Under LoRA nearly every
+    adapter tensor is small (r x width), so nearly all LoRA states stay on the device; full fine-tuning's small
+    tensors are the norm weights and biases (not counted: kilobytes per block)."""
+    if not x.lora:
+        return 0
+    small = [n for n in lora_tensor_numels(x.config, x.lora_r, x.lora_targets) if n < PAGED_MIN_NUMEL]
+    if "8bit" in str(x.optimizer):
+        return sum(8 * n if n < 4096 else 2 * n for n in small)
+    return 8 * sum(small)
+
+
 def autocast_weight_copies(x: PlanInput) -> float:
     """Bytes of the 16-bit weight copies autocast makes under mixed precision, alive from the forward until backward
     has used them. Autocast casts each matmul's fp32 weight to 16 bits; it caches the copy of a weight that requires
@@ -352,32 +351,28 @@ def autocast_weight_copies(x: PlanInput) -> float:
 def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     """Step 2: (activations, logits and loss) per device at the end of the forward pass."""
     c = x.config
-    s_act = dtype_bytes(x.precision)
+    s_act = dtype_bytes(x.precision)  # the compute dtype (16-bit under mixed precision)
+    mixed = "mixed" in str(x.precision)
+    # mixed precision: the residual stream is fp32 (fp32 weights, autocast only for matmuls) and Fabric converts
+    # the model's outputs, the logits, to fp32 before the loss
+    s_fp32_or_act = 4 if mixed else s_act
     n_tok = x.micro_batch_size * x.seq_len
-    if "mixed" in str(x.precision):  # autocast: not derived op by op (LLaMA-shaped, checked on the lab's s5 only)
-        per_layer = _mixed_activations_per_token_layer(c, x.lora, s_act, x.activation_checkpointing, x.lora_targets)
-        acts = per_layer * c.n_layer * n_tok
-        if x.activation_checkpointing:  # one block recomputed at a time
-            acts += _mixed_activations_per_token_layer(c, x.lora, s_act, False, x.lora_targets) * n_tok
-        logits = n_tok * c.padded_vocab_size * (2 + 4 + 4) if not x.lora else 2 * n_tok * c.padded_vocab_size * 4
-        notes.append(
-            "mixed precision: activations from a LLaMA-shaped approximation (autocast is not derived "
-            "op by op; tunelab.plan.activations covers -true precisions)"
-        )
-    else:  # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
-        kind = "lora" if x.lora else "full"
-        saved = activations.saved_bytes(c, kind, s_act, x.micro_batch_size, x.seq_len, x.lora_targets, x.lora_r)
-        notes.extend(saved.notes)
-        if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
-            acts = s_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
-        else:
-            acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
-        # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
-        # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
-        # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
-        logits = saved.head + n_tok * c.padded_vocab_size * s_act * (2 if not x.lora else 1)
-        if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
-            logits += lora_loss_backward_temporaries(x, s_act)
+    # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
+    kind = "lora" if x.lora else "full"
+    saved = activations.saved_bytes(
+        c, kind, s_act, x.micro_batch_size, x.seq_len, x.lora_targets, x.lora_r, mixed=mixed
+    )
+    notes.extend(saved.notes)
+    if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
+        acts = s_fp32_or_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
+    else:
+        acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
+    # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
+    # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
+    # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
+    logits = saved.head + n_tok * c.padded_vocab_size * s_fp32_or_act * (2 if not x.lora else 1)
+    if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
+        logits += lora_loss_backward_temporaries(x, s_fp32_or_act)
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
     return acts, logits
@@ -456,46 +451,55 @@ LM_HEAD_CHUNK = 128
 
 
 def lora_loss_backward_temporaries(x: PlanInput, s_act: float) -> float:
-    """Bytes the chunked loss's backward allocates first under LoRA, beside everything the forward kept: three
+    """Bytes the chunked loss's backward adds under LoRA at its peak, beside everything the forward kept: three
     vocabulary-sized tensors of one 128-token chunk (the gradients of cross-entropy's nll_loss and log_softmax, and
-    the last chunk's slice ``logits[-1][..., :-1, :]`` padded back), as the simulated step shows
-    (tunelab/plan/simulate.py). Full fine-tuning's loss gradient is counted whole in the logits term."""
+    the last chunk's slice ``logits[-1][..., :-1, :]`` padded back), less the last chunk's log-softmax, which
+    autograd has freed by then (its node has run), as the simulated step shows (tunelab/plan/simulate.py).
+    ``s_act``: the logits' bytes per element. Full fine-tuning's loss gradient is counted whole in the logits term."""
     chunk = min(LM_HEAD_CHUNK, x.seq_len)
-    return 3 * x.micro_batch_size * chunk * x.config.padded_vocab_size * s_act
+    last = x.seq_len - (math.ceil(x.seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK  # tokens in the last chunk
+    v = x.config.padded_vocab_size
+    return (3 * chunk - (last - 1)) * x.micro_batch_size * v * s_act
 
 
 def dequantized_weight_temporary(x: PlanInput) -> float:
-    """Bytes a 4-bit (QLoRA) matmul's dequantized weight adds to the peak. bitsandbytes' ``MatMul4Bit`` dequantizes
-    its weight to a 16-bit temporary in the forward and again in the backward pass, one at a time; the largest is
-    lm_head's (vocabulary x embedding) or the MLP's. The peak is the start of backward, where the loss's chunk
-    gradients are alive (:func:`lora_loss_backward_temporaries`: three chunks); lm_head's backward then holds one
-    chunk's gradient and the dequantized weight, so the weight adds what exceeds two chunks. Seen in the simulated
-    step (tunelab/plan/simulate.py)."""
+    """Bytes a 4-bit (QLoRA) matmul's dequantized weight adds to the peak. bitsandbytes' ``MatMul4Bit`` (0.50)
+    dequantizes its weight to a temporary in the forward pass and again in the backward pass, one matmul at a time;
+    in backward ``dequantize_4bit`` returns the dtype the weight was quantized from, fp16 (Lightning's
+    ``_Linear4bit`` casts to half before quantizing), and ``.to(grad.dtype)`` copies it to the compute dtype, so
+    under bf16 two weight-sized temporaries are alive at once. The largest weight is lm_head's (vocabulary x
+    embedding) or the MLP's. LoRA's peak otherwise is the start of backward, where the loss's chunk gradients are
+    alive (:func:`lora_loss_backward_temporaries`); lm_head's backward holds one chunk's gradient beside the
+    dequantized copies, so they add what exceeds two chunks (three with final-logit softcapping, Gemma 2: that chunk's
+    saved tanh is freed by then). Seen in the simulated step (tunelab/plan/simulate.py)."""
     if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
         return 0
     c, s = x.config, dtype_bytes(x.precision)
-    largest = max(c.padded_vocab_size, c.intermediate_size, c.n_embd) * c.n_embd * s
+    fp16_copy = 0 if str(x.precision).startswith("16") else 2  # under fp16 compute, .to() returns the fp16 copy
+    largest = max(c.padded_vocab_size, c.intermediate_size, c.n_embd) * c.n_embd * (s + fp16_copy)
     chunk = x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size * s
-    return max(0, largest - 2 * chunk)
+    freed = 3 if x.config.final_logit_softcapping is not None else 2
+    return max(0, largest - freed * chunk)
 
 
 def logits_held_at_step(x: PlanInput) -> float:
     """Bytes of the logits alive during the optimizer step: micro batch x sequence x padded vocabulary in the
-    logits' dtype (the compute dtype: 2 bytes under bf16/16 precisions and autocast, 4 at 32-true). litgpt's fit loop
-    keeps ``logits`` referenced until the next iteration, so they sit beside the gradients and optimizer states."""
-    s = 2 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    logits' dtype (the compute dtype: 2 bytes under bf16/16-true, 4 at 32-true; 4 under mixed precision, where
+    Fabric converts the model's outputs to fp32). litgpt's fit loop keeps ``logits`` referenced until the next
+    iteration, so they sit beside the gradients and optimizer states."""
+    s = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
     return x.micro_batch_size * x.seq_len * x.config.padded_vocab_size * s
 
 
-def _qlora_extra(x: PlanInput, st: _States, notes: list) -> float:
-    """Step 4: QLoRA's measured term (QLORA_EXTRA_BYTES + QLORA_EXTRA_PER_PARAM per quantized parameter)."""
+def _qlora_extra(x: PlanInput, notes: list) -> float:
+    """Step 4: QLoRA's measured term (:data:`QLORA_EXTRA_BYTES`)."""
     if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
         return 0
     notes.append(
-        "QLoRA: + a measured term (bitsandbytes at training time, not attributed to one buffer; fitted "
-        "to 6 QLoRA runs on an H100 by scripts/fit_qlora_extra.py, see QLORA_EXTRA_PER_PARAM)"
+        "QLoRA: + a measured term (CUDA-side, not attributed to a buffer; fitted to TinyLlama's 4 QLoRA runs "
+        "on an H100 by scripts/fit_qlora_extra.py, checked on OpenLLaMA 7B's, see QLORA_EXTRA_BYTES)"
     )
-    return QLORA_EXTRA_BYTES + QLORA_EXTRA_PER_PARAM * (st.total - st.emb)
+    return QLORA_EXTRA_BYTES
 
 
 def predict(x: PlanInput) -> Plan:
@@ -513,7 +517,7 @@ def predict(x: PlanInput) -> Plan:
         "autocast_weight_cache": 0,
         "dequantized_weight_temporary": 0,
         "sharding_buffers": dev.extra,
-        "qlora_measured_extra": _qlora_extra(x, st, notes),
+        "qlora_measured_extra": _qlora_extra(x, notes),
     }
     # Without accumulation the gradients are created while the activations are freed, so the forward peak does
     # not hold them; with accumulation they persist and add to both.

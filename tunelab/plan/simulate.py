@@ -8,16 +8,19 @@ lets torch count it:
   has memory, so a 13B model simulates in seconds on a laptop;
 * litgpt's training step as its finetune scripts run it: full -> ``logits = model(x)`` and
   ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
-  over the chunk list; ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or
+  over the chunk list (``tunelab.plan.measure.training_forward``; under bf16-mixed only the model's forward runs
+  under autocast and its outputs are converted to fp32, as Lightning Fabric does); ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or
   the optimizer asked) with the logits still referenced, as in litgpt's loop; then ``zero_grad``. Two optimizer
   steps: the second runs beside the states the first created; with gradient accumulation a second micro batch
   runs beside the gradients;
 * dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the activation dtype;
 * QLoRA: bitsandbytes cannot run here, so a stand-in linear follows its code: every ``torch.nn.Linear`` (as
   Lightning's BitsandbytesPrecision converts them) stored as NF4 (half a byte per weight, one fp32 absmax per 64),
-  each forward and backward matmul dequantizing it to a temporary in the compute dtype
-  (``bnb.functional.dequantize_4bit``), nothing but the packed weight kept for backward (``MatMul4Bit`` keeps
-  ``(None, B)``); a paged optimizer's states live outside torch's allocator, so they are left out;
+  each forward matmul dequantizing it to a temporary in the compute dtype, each backward one to fp16 (the dtype
+  Lightning quantized from) and then a copy in the compute dtype (``bitsandbytes.functional.dequantize_4bit``,
+  0.50), nothing but the packed weight kept for backward (``MatMul4Bit`` keeps ``(None, B)``); a paged optimizer
+  keeps the states of tensors from 1e5 elements outside torch's allocator (left out) and smaller tensors' fp32
+  states on the device (counted);
 * ``torch.distributed._tools.mem_tracker.MemTracker`` counts every storage by kind (parameters, buffers,
   gradients, activations, temporaries, optimizer states) and keeps the peak; a subclass keeps one peak per phase
   (forward, backward, optimizer step) and the module running there.
@@ -26,9 +29,8 @@ Blocks: the step is simulated with ``layers`` and ``layers + 1`` blocks; each ph
 linearly to the model's ``n_layer`` (one block more adds the same bytes), and the whole step's peak is the largest
 phase. The differences from a CUDA step, said in every result: attention runs torch's CPU flash kernel, which keeps
 what CUDA's flash kernel keeps (output and fp32 log-sum-exp) but not its workspace; mixed precision runs CPU
-autocast, whose op lists differ from CUDA's in ops (softmax, layer_norm, pow, exp, log_softmax) that these models
-call on fp32 inputs, or (the loss: CPU upcasts cross_entropy, CUDA log_softmax) with the same fp32 output saved;
-the caching allocator's rounding (512 bytes) and CUDA-side buffers (kernel workspaces) are not counted.
+autocast, whose op lists differ from CUDA's in ops (softmax, layer_norm, pow, exp, rsqrt) that these models call
+on fp32 inputs only, so the same tensors are made and saved; the caching allocator's rounding (512 bytes) and CUDA-side buffers (kernel workspaces) are not counted.
 """
 
 from __future__ import annotations
@@ -38,13 +40,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from tunelab.plan.measure import DTYPES
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 PHASES = ("forward", "backward", "optimizer step")
 KINDS = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 """MemTracker's kinds of storage (``_MemRefType``): Temp is what the backward pass creates beside the gradients."""
-DTYPES = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32", "bf16-mixed": "float32"}
-"""The parameter dtype per precision (mixed precision keeps fp32 weights and computes under autocast)."""
 NF4_BLOCK = 64
 """Weights per fp32 absmax in bitsandbytes' NF4 (``blocksize=64``)."""
 
@@ -93,7 +94,6 @@ def _phase_tracker():
             super().__init__()
             self.phase_peaks: dict[str, dict] = {}
             self.phase_where: dict[str, str] = {}
-            self.skip_opt = False
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
             for p in module.parameters():  # frozen weights take no gradient hook (torch refuses one)
@@ -106,9 +106,6 @@ def _phase_tracker():
             phase = "optimizer step" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
             for snap in self._curr_mem_snap.values():
                 counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
-                if self.skip_opt:  # paged optimizer states: outside torch's allocator
-                    counted["Total"] -= counted.get("Optstate", 0)
-                    counted["Optstate"] = 0
                 if counted["Total"] > self.phase_peaks.get(phase, {}).get("Total", -1):
                     self.phase_peaks[phase] = counted
                     parents = [p for p in self._mod_tracker.parents if p != "Global"]
@@ -126,36 +123,36 @@ class _NoHook:
         pass
 
 
-class _Dequantized:
-    """bitsandbytes' ``MatMul4Bit`` (as 0.49 writes it) as memory sees it: dequantize the NF4 weight to a temporary
-    for the forward matmul, keep nothing but the packed weight for backward, dequantize again there for the input's
-    gradient."""
+def _matmul_4bit():
+    """bitsandbytes' ``MatMul4Bit`` (0.50) as memory sees it, with the weights Lightning quantizes: forward, the
+    dequantize-then-``F.linear`` path (CUDA takes it for large inputs, always on an H100 past 1536 rows) dequantizes
+    the NF4 weight to a temporary in the input's dtype; nothing but the packed weight is kept for backward
+    (``ctx.tensors = (None, B)``); backward, ``dequantize_4bit(B, state)`` returns the dtype the weight was quantized
+    from, fp16 (Lightning's ``_Linear4bit.quantize`` casts to half first), and ``.to(grad.dtype)`` copies it to the
+    compute dtype: two weight-sized temporaries at once under bf16."""
+    import torch
 
-    @staticmethod
-    def function():
-        import torch
+    class MatMul4Bit(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, packed, out_features, in_features):
+            w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantized
+            ctx.shape = (out_features, in_features)
+            return torch.nn.functional.linear(x, w)
 
-        class MatMul4Bit(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x, packed, out_features, in_features):
-                w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantize_4bit
-                ctx.shape = (out_features, in_features)  # bitsandbytes keeps (None, B): not the input
-                return torch.nn.functional.linear(x, w)
+        @staticmethod
+        def backward(ctx, grad):
+            w = torch.empty(*ctx.shape, dtype=torch.float16, device=grad.device).to(grad.dtype)
+            return grad @ w, None, None, None
 
-            @staticmethod
-            def backward(ctx, grad):
-                w = torch.empty(*ctx.shape, dtype=grad.dtype, device=grad.device)  # dequantized again
-                return grad @ w, None, None, None
-
-        return MatMul4Bit
+    return MatMul4Bit
 
 
-def _quantize(model, dtype) -> int:
+def _quantize(model) -> int:
     """Replace every Linear of the model (Lightning's BitsandbytesPrecision converts each ``torch.nn.Linear``,
     lm_head's included; the embedding is no Linear) by NF4 storage; returns the count."""
     import torch
 
-    fn = _Dequantized.function()
+    fn = _matmul_4bit()
 
     class FakeLinear4bit(torch.nn.Module):
         def __init__(self, linear: torch.nn.Linear):
@@ -179,35 +176,18 @@ def _quantize(model, dtype) -> int:
     return count
 
 
-def _one_step(config, method, precision, micro, seq_len, ac, lora, accumulation=1, optimizer="AdamW") -> tuple:
+def _one_step(config, method, precision, micro, seq_len, ac, lora_r, targets, accumulation=1, optimizer="AdamW"):
     """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built."""
     import torch
-    from litgpt.utils import chunked_cross_entropy
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunelab.plan.measure import lora_config
+    from tunelab.plan.measure import build_model, cuda_dropout, training_forward
 
-    dtype = getattr(torch, DTYPES[precision])
     with FakeTensorMode():
-        if method in ("lora", "qlora"):
-            from litgpt.lora import GPT, mark_only_lora_as_trainable
-
-            built = lora_config(config, **lora)
-        else:
-            from litgpt import GPT
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            model = GPT(built if method != "full" else config)
-        finally:
-            torch.set_default_dtype(default)
+        model = build_model(config, method, precision, lora_r, targets)
         model.max_seq_length = seq_len
-        if method == "full":
-            model.requires_grad_(True)
-        else:
-            mark_only_lora_as_trainable(model)
         if method == "qlora":
-            _quantize(model, dtype)
+            _quantize(model)
         if ac:
             _checkpoint_blocks(model)
         model.train()
@@ -215,41 +195,24 @@ def _one_step(config, method, precision, micro, seq_len, ac, lora, accumulation=
         opt = _optimizer(optimizer, trainable)
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _phase_tracker()
-        tracker.skip_opt = "Paged" in optimizer
         tracker.track_external(model, opt, x)
-        autocast = (
-            torch.autocast("cpu", dtype=torch.bfloat16)
-            if precision == "bf16-mixed"
-            else torch.autocast("cpu", enabled=False)
-        )
-        dropout = torch.nn.functional.dropout
-        torch.nn.functional.dropout = _fused_dropout
-        try:
-            with tracker, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Module is None")  # ModTracker on modules already gone
-                for _ in range(2):  # the second step runs with the optimizer states the first one created
-                    for _ in range(min(accumulation, 2)):  # a later micro batch runs beside the gradients
-                        tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
-                        with autocast:
-                            if method == "full":
-                                logits = model(x)
-                                loss = chunked_cross_entropy(logits[..., :-1, :], x[..., 1:])
-                            else:
-                                logits = model(x, lm_head_chunk_size=128)
-                                logits[-1] = logits[-1][..., :-1, :]
-                                loss = chunked_cross_entropy(logits, x[..., 1:])
-                        loss.backward()
-                    opt.step()  # litgpt's loop still holds `logits` here
-                    opt.zero_grad()
-                    del logits, loss
-        finally:
-            torch.nn.functional.dropout = dropout
+        with tracker, cuda_dropout(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Module is None")  # ModTracker on modules already gone
+            for _ in range(2):  # the second step runs with the optimizer states the first one created
+                for _ in range(min(accumulation, 2)):  # a later micro batch runs beside the gradients
+                    tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
+                    logits, loss = training_forward(model, x, method, precision)
+                    loss.backward()
+                opt.step()  # litgpt's loop still holds `logits` here
+                opt.zero_grad()
+                del logits, loss
     return tracker.phase_peaks, tracker.phase_where
 
 
 OPTIMIZERS = ("AdamW", "AdamW fused", "SGD", "SGD momentum", "PagedAdamW", "PagedAdamW32bit")
 """Optimizers simulated: torch's AdamW (``foreach=True``, CUDA's default; ``fused=True``), SGD (with momentum:
-one state), and bitsandbytes' paged AdamW (its states outside torch's allocator: left out)."""
+one state), and bitsandbytes' paged AdamW (the states of tensors from 1e5 elements outside torch's allocator: left
+out; smaller tensors' fp32 states on the device)."""
 
 
 def _optimizer(name: str, params):
@@ -259,17 +222,33 @@ def _optimizer(name: str, params):
         return torch.optim.AdamW(params, lr=1e-4, fused=True)
     if name.startswith("SGD"):
         return torch.optim.SGD(params, lr=1e-4, momentum=0.9 if "momentum" in name else 0.0, foreach=True)
-    return torch.optim.AdamW(params, lr=1e-4, foreach=True)  # AdamW, and the paged ones' shapes
+    if name.startswith("Paged"):
+        return _paged_adamw(params)
+    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
 
-def _fused_dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
-    """Dropout as CUDA runs it (``native_dropout``: a 1-byte mask kept for backward), not CPU's mask in the
-    activation dtype."""
+def _paged_adamw(params):
+    """bitsandbytes' PagedAdamW (0.50) as torch's allocator sees it: two fp32 states for each tensor under
+    ``memory.PAGED_MIN_NUMEL`` elements, created at the first step as ordinary device memory
+    (``get_state_buffer``); larger tensors' states are paged (CUDA unified memory, not counted); the update is one
+    fused kernel per tensor, no temporaries."""
     import torch
 
-    if not training or p == 0:
-        return input
-    return torch.native_dropout(input, p, True)[0]
+    from tunelab.plan.memory import PAGED_MIN_NUMEL
+
+    class PagedAdamW(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and not self.state[p] and p.numel() < PAGED_MIN_NUMEL:
+                        self.state[p]["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        self.state[p]["state2"] = torch.zeros_like(p, dtype=torch.float32)
+
+    return PagedAdamW(params)
 
 
 def _checkpoint_blocks(model) -> None:
@@ -296,8 +275,6 @@ def simulate(
     optimizer: str = "AdamW",
     layers: int = 1,
     lora_r: int = LITGPT_LORA_R,
-    lora_alpha: int = 16,
-    lora_dropout: float = 0.05,
     lora_targets=LORA_TARGETS,
 ) -> Simulation:
     """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring."""
@@ -308,7 +285,6 @@ def simulate(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r}: simulated are {', '.join(OPTIMIZERS)}")
     t0 = time.perf_counter()
-    lora = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "targets": lora_targets}
     small = min(layers, max(1, config.n_layer - 1))
     runs = []
     for n in (small, small + 1):
@@ -321,7 +297,8 @@ def simulate(
                 micro_batch_size,
                 seq_len,
                 activation_checkpointing,
-                lora,
+                lora_r,
+                lora_targets,
                 accumulation,
                 optimizer,
             )
@@ -344,7 +321,10 @@ def simulate(
     if method == "qlora":
         notes.append("NF4 weights and their dequantization as bitsandbytes' code does it")
     if "Paged" in optimizer:
-        notes.append("paged optimizer: its states live outside torch's allocator and are left out")
+        notes.append(
+            "paged optimizer: the states of tensors from 1e5 elements live outside torch's allocator (left out); "
+            "smaller tensors' states are counted"
+        )
     return Simulation(
         model=config.name,
         method=method,
