@@ -83,8 +83,10 @@ def handle(args, extra) -> int:
     except ValueError as e:
         return fail(f"--gpus: {e}")
     precision = _listed(args.precision)
-    if precision and (bad := sorted(set(precision) - {"bf16-true", "bf16-mixed", "16-mixed", "16-true", "32-true"})):
-        return fail(f"--precision: {', '.join(bad)} unknown; fix: bf16-true, bf16-mixed, 16-mixed, 16-true, 32-true")
+    from tunelab.validate import PRECISIONS
+
+    if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
+        return fail(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
     strategies = _listed(args.strategies)
     for name in strategies or []:
         try:
