@@ -60,6 +60,26 @@ def test_accuracy_report_regenerates(tmp_path):
     assert committed.read_text() == md  # the committed table is what the command produces now
 
 
+def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
+    """One device: autocast over fp32 weights (copies of the weights, an fp32 residual stream). FSDP's and
+    DeepSpeed's mixed precision hand the forward 16-bit weights: activations as bf16-true, no autocast copies, the
+    logits still converted to fp32."""
+    from litgpt import Config
+
+    from tunelab.plan import memory
+
+    c = Config.from_name("tiny-llama-1.1b")
+
+    def plan(precision, strategy):
+        x = memory.PlanInput(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512)
+        return memory.predict(x).breakdown_bytes
+
+    single, fsdp, true = plan("bf16-mixed", "single"), plan("bf16-mixed", "fsdp"), plan("bf16-true", "fsdp")
+    assert single["autocast_weight_cache"] > 0 and fsdp["autocast_weight_cache"] == 0
+    assert fsdp["activations"] == true["activations"] < single["activations"]
+    assert fsdp["logits_and_loss"] > true["logits_and_loss"]  # fp32 logits and log-softmax
+
+
 def test_our_h100_records_are_planned_from_their_own_recipes():
     """Every measured run of the committed H100 archives, planned as `tunelab plan` would from its recipe and
     overrides: the OpenLLaMA 7B QLoRA rows (outside the sample of the one measured QLoRA term) and the bf16-mixed row

@@ -82,10 +82,12 @@ def saved_bytes(
     lora_r: int = LITGPT_LORA_R,
     device: str = "cuda",
     mixed: bool = False,
+    logits_bytes: int | None = None,
 ) -> SavedBytes:
     """Bytes autograd keeps for ``micro`` sequences of ``seq`` tokens (see the module docstring); ``targets``: the
     names of the LoRA targets that are on; ``mixed``: autocast with fp32 weights (``s`` is then the 16-bit compute
-    dtype's bytes)."""
+    dtype's bytes); ``logits_bytes``: the dtype the loss sees (default: fp32 under ``mixed``, else ``s``; FSDP's
+    mixed precision computes in 16-bit weights but still hands the loss fp32 logits)."""
     full = method == "full"
     on = set(targets)
 
@@ -182,7 +184,7 @@ def saved_bytes(
     head = norm(full) + (s * d * n if full else (lora_in(d) if lora("head") else 0))
     positions = micro * (seq - 1)
     # log-softmax per chunk, int64 targets; mixed: Fabric hands the loss fp32 logits (outside autocast)
-    head += (4 if mixed else s) * v * positions + 8 * positions
+    head += (logits_bytes or (4 if mixed else s)) * v * positions + 8 * positions
     if c.final_logit_softcapping is not None:
         head += s * v * positions  # tanh of the logits
     if c.attention_logit_softcapping is not None:

@@ -71,25 +71,36 @@ def build_model(config, method: str, precision: str, lora_r: int = LITGPT_LORA_R
     return model
 
 
-def training_forward(model, idx, method: str, precision: str) -> tuple:
-    """(logits, loss) of litgpt's finetune step as Lightning Fabric runs it: full -> ``model(x)`` and
-    ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
-    over the chunk list. Under bf16-mixed only the model's forward runs under autocast, and Fabric converts its
-    outputs to fp32 (``MixedPrecision.convert_output``): the loss runs outside autocast on fp32 logits."""
+def model_logits(model, idx, method: str, precision: str):
+    """The logits of litgpt's finetune step as Lightning Fabric computes them: full -> ``model(x)``; LoRA ->
+    ``model(x, lm_head_chunk_size=128)`` (a list of chunks). Under bf16-mixed only the model's forward runs under
+    autocast, and Fabric converts its outputs to fp32 (``MixedPrecision.convert_output``)."""
     import contextlib
 
     import torch
+
+    with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext():
+        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
+    if precision == "bf16-mixed":
+        logits = [t.float() for t in logits] if isinstance(logits, list) else logits.float()
+    return logits
+
+
+def training_loss(logits, idx, method: str):
+    """litgpt's loss on :func:`model_logits` (outside autocast): full -> ``chunked_cross_entropy(logits[..., :-1,
+    :], ...)``; LoRA -> the last chunk sliced in place, then the loss over the chunk list."""
     from litgpt.utils import chunked_cross_entropy
 
-    mixed = precision == "bf16-mixed"
-    with torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
-        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
-    if mixed:
-        logits = [t.float() for t in logits] if isinstance(logits, list) else logits.float()
     if method == "full":
-        return logits, chunked_cross_entropy(logits[..., :-1, :], idx[..., 1:])
+        return chunked_cross_entropy(logits[..., :-1, :], idx[..., 1:])
     logits[-1] = logits[-1][..., :-1, :]
-    return logits, chunked_cross_entropy(logits, idx[..., 1:])
+    return chunked_cross_entropy(logits, idx[..., 1:])
+
+
+def training_forward(model, idx, method: str, precision: str) -> tuple:
+    """(logits, loss): :func:`model_logits` then :func:`training_loss`."""
+    logits = model_logits(model, idx, method, precision)
+    return logits, training_loss(logits, idx, method)
 
 
 def _fused_dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):

@@ -307,9 +307,17 @@ def _model_states(x: PlanInput, notes: list) -> _States:
         optimizer=opt_bytes,
         master=master,
         step_temp=step_temp,
-        autocast_cache=autocast_weight_copies(x) if mixed else 0,
+        autocast_cache=autocast_weight_copies(x) if autocast_over_fp32_weights(x) else 0,
         s_param=s_param,
     )
+
+
+def autocast_over_fp32_weights(x: PlanInput) -> bool:
+    """Mixed precision as autocast over fp32 weights (one device, DDP): activations in per-tensor dtypes and
+    autocast's weight copies. Under FSDP (``MixedPrecision(param_dtype=bfloat16)``, Lightning's FSDPPrecision) and
+    DeepSpeed (``bf16.enabled``) the weights the forward sees are already 16-bit: activations as at 16-bit -true,
+    no autocast copies; the outputs are still converted to fp32."""
+    return "mixed" in str(x.precision) and x.strategy not in ("fsdp", "deepspeed")
 
 
 PAGED_MIN_NUMEL = 100_000
@@ -352,15 +360,16 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     """Step 2: (activations, logits and loss) per device at the end of the forward pass."""
     c = x.config
     s_act = dtype_bytes(x.precision)  # the compute dtype (16-bit under mixed precision)
-    mixed = "mixed" in str(x.precision)
-    # mixed precision: the residual stream is fp32 (fp32 weights, autocast only for matmuls) and Fabric converts
-    # the model's outputs, the logits, to fp32 before the loss
+    mixed = autocast_over_fp32_weights(x)
+    # mixed precision: the residual stream is fp32 (fp32 weights, autocast only for matmuls); Fabric converts the
+    # model's outputs, the logits, to fp32 before the loss under every strategy
     s_fp32_or_act = 4 if mixed else s_act
+    s_logits = 4 if "mixed" in str(x.precision) else s_act
     n_tok = x.micro_batch_size * x.seq_len
     # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
     kind = "lora" if x.lora else "full"
     saved = activations.saved_bytes(
-        c, kind, s_act, x.micro_batch_size, x.seq_len, x.lora_targets, x.lora_r, mixed=mixed
+        c, kind, s_act, x.micro_batch_size, x.seq_len, x.lora_targets, x.lora_r, mixed=mixed, logits_bytes=s_logits
     )
     notes.extend(saved.notes)
     if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
@@ -370,9 +379,9 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
     # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
     # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
-    logits = saved.head + n_tok * c.padded_vocab_size * s_fp32_or_act * (2 if not x.lora else 1)
+    logits = saved.head + n_tok * c.padded_vocab_size * s_logits * (2 if not x.lora else 1)
     if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
-        logits += lora_loss_backward_temporaries(x, s_fp32_or_act)
+        logits += lora_loss_backward_temporaries(x, s_logits)
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
     return acts, logits

@@ -8,11 +8,12 @@ lets torch count it:
   has memory, so a 13B model simulates in seconds on a laptop;
 * litgpt's training step as its finetune scripts run it: full -> ``logits = model(x)`` and
   ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
-  over the chunk list (``tunelab.plan.measure.training_forward``; under bf16-mixed only the model's forward runs
-  under autocast and its outputs are converted to fp32, as Lightning Fabric does); ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or
-  the optimizer asked) with the logits still referenced, as in litgpt's loop; then ``zero_grad``. Two optimizer
-  steps: the second runs beside the states the first created; with gradient accumulation a second micro batch
-  runs beside the gradients;
+  over the chunk list (``tunelab.plan.measure.model_logits`` and ``training_loss``; under bf16-mixed only the
+  model's forward runs under autocast and its outputs are converted to fp32, as Lightning Fabric does);
+  ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or the optimizer asked)
+  with the logits still referenced, as in litgpt's loop, which keeps them until the next forward returns; then
+  ``zero_grad``. Two optimizer steps: the second runs beside the states the first created; with gradient
+  accumulation a second micro batch runs beside the gradients;
 * dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the activation dtype;
 * QLoRA: bitsandbytes cannot run here, so a stand-in linear follows its code: every ``torch.nn.Linear`` (as
   Lightning's BitsandbytesPrecision converts them) stored as NF4 (half a byte per weight, one fp32 absmax per 64),
@@ -94,6 +95,8 @@ def _phase_tracker():
             super().__init__()
             self.phase_peaks: dict[str, dict] = {}
             self.phase_where: dict[str, str] = {}
+            self.in_backward = False
+            """Set around ``loss.backward()``: the loss's own backward runs before any module's backward hook."""
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
             for p in module.parameters():  # frozen weights take no gradient hook (torch refuses one)
@@ -103,7 +106,8 @@ def _phase_tracker():
 
         def _update_peak_stats(self, peak_state) -> None:
             super()._update_peak_stats(peak_state)
-            phase = "optimizer step" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            backward = self.in_backward or self._mod_tracker.is_bw
+            phase = "optimizer step" if self._in_opt else "backward" if backward else "forward"
             for snap in self._curr_mem_snap.values():
                 counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
                 if counted["Total"] > self.phase_peaks.get(phase, {}).get("Total", -1):
@@ -181,7 +185,7 @@ def _one_step(config, method, precision, micro, seq_len, ac, lora_r, targets, ac
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunelab.plan.measure import build_model, cuda_dropout, training_forward
+    from tunelab.plan.measure import build_model, cuda_dropout, model_logits, training_loss
 
     with FakeTensorMode():
         model = build_model(config, method, precision, lora_r, targets)
@@ -196,16 +200,22 @@ def _one_step(config, method, precision, micro, seq_len, ac, lora_r, targets, ac
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _phase_tracker()
         tracker.track_external(model, opt, x)
+        logits = None
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Module is None")  # ModTracker on modules already gone
             for _ in range(2):  # the second step runs with the optimizer states the first one created
                 for _ in range(min(accumulation, 2)):  # a later micro batch runs beside the gradients
                     tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
-                    logits, loss = training_forward(model, x, method, precision)
+                    # litgpt's loop: the previous logits stay referenced through the next forward, until
+                    # `logits = model(...)` rebinds the name; the loss is computed after that
+                    logits = model_logits(model, x, method, precision)
+                    loss = training_loss(logits, x, method)
+                    tracker.in_backward = True
                     loss.backward()
+                    tracker.in_backward = False
                 opt.step()  # litgpt's loop still holds `logits` here
                 opt.zero_grad()
-                del logits, loss
+                del loss
     return tracker.phase_peaks, tracker.phase_where
 
 
