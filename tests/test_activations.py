@@ -91,6 +91,29 @@ def test_planner_matches_autograd_for_every_family(name, method, precision):
     _check(name, method, precision=precision)
 
 
+TARGET_SETS = (("query", "value"), ("key",), ("query", "key", "mlp"), ("mlp",), ("projection",))
+"""LoRA target sets other than the recipes' (all): litgpt's own default (query and value), where zero_pad scatters
+the adapters' output into the full qkv width (``index_copy_``, which keeps its source for backward); and sets whose
+first block has nothing to differentiate in its attention or its MLP (a frozen embedding feeds it)."""
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-1.1b", "pythia-1b"])  # grouped-query and multi-head qkv layouts
+def test_planner_matches_autograd_for_other_lora_targets(name):
+    code = (
+        "import json, sys; from litgpt import Config; from tunelab.plan.measure import compare; "
+        "c = Config.from_name(sys.argv[1]); "
+        "print(json.dumps([compare(c, 'lora', seq_len=64, targets=t) for t in json.loads(sys.argv[2])]))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, name, json.dumps(TARGET_SETS)],
+        cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    for targets, r in zip(TARGET_SETS, json.loads(p.stdout.strip().splitlines()[-1])):
+        assert abs(r["error_block"]) <= 0.002, (targets, r)
+        assert abs(r["planned_first_block"] - r["measured_first_block"]) <= 0.002 * r["measured_first_block"], r
+
+
 def test_the_measurement_counts_storages_once_and_scales_with_the_batch():
     """Two sequences keep exactly twice what one keeps (no storage counted twice, nothing per-batch constant but
     the norms' fp32 weights); the first LoRA block keeps less than the others (a frozen embedding feeds it)."""

@@ -62,22 +62,27 @@ def test_accuracy_report_regenerates(tmp_path):
 
 def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     """One device: autocast over fp32 weights (copies of the weights, an fp32 residual stream). FSDP's and
-    DeepSpeed's mixed precision hand the forward 16-bit weights: activations as bf16-true, no autocast copies, the
-    logits still converted to fp32."""
+    DeepSpeed's mixed precision hand the forward 16-bit weights: activations as bf16-true, no autocast copies. The
+    logits are fp32 under Lightning Fabric whatever the precision (its plugins convert the model's outputs); in
+    tunelab's own loop (a strategies file) bf16-true keeps them in bf16."""
     from litgpt import Config
 
     from tunelab.plan import memory
 
     c = Config.from_name("tiny-llama-1.1b")
 
-    def plan(precision, strategy):
-        x = memory.PlanInput(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512)
+    def plan(precision, strategy, fabric=True):
+        x = memory.PlanInput(
+            config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512, fabric=fabric
+        )
         return memory.predict(x).breakdown_bytes
 
     single, fsdp, true = plan("bf16-mixed", "single"), plan("bf16-mixed", "fsdp"), plan("bf16-true", "fsdp")
     assert single["autocast_weight_cache"] > 0 and fsdp["autocast_weight_cache"] == 0
     assert fsdp["activations"] == true["activations"] < single["activations"]
-    assert fsdp["logits_and_loss"] > true["logits_and_loss"]  # fp32 logits and log-softmax
+    assert fsdp["logits_and_loss"] == true["logits_and_loss"]  # fp32 logits and log-softmax under Fabric
+    loop_true, loop_mixed = plan("bf16-true", "fsdp", fabric=False), plan("bf16-mixed", "fsdp", fabric=False)
+    assert loop_true["logits_and_loss"] < loop_mixed["logits_and_loss"] == fsdp["logits_and_loss"]
 
 
 def test_our_h100_records_are_planned_from_their_own_recipes():
@@ -118,7 +123,7 @@ def test_monotonic_and_strategies_divide_states():
     step = plan_recipe(r, ["--train.micro_batch_size", "1", "--train.global_batch_size", "16"], gpu=None)
     step = step.plan.breakdown_bytes
     assert step["activations"] == 0 and step["optimizer_step_temporary"] > 0
-    assert step["logits_and_loss"] == 1 * 512 * 32000 * 2  # micro x sequence x padded vocabulary x bf16
+    assert step["logits_and_loss"] == 1 * 512 * 32000 * 4  # micro x sequence x padded vocabulary x fp32 (Fabric)
     single = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="ddp").plan
     fsdp = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="fsdp").plan
     grad_op = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy="fsdp-shard-grad-op").plan

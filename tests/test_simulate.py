@@ -1,17 +1,14 @@
 """The simulated step (litgpt's model on fake tensors under torch's MemTracker) and the planner terms named from it:
 the fast CPU subset of `tunelab plan-families --simulate` (TinyLlama and Llama 3.2 1B: a 32k and a 128k vocabulary),
-the CLI, and the refit of the one measured QLoRA term."""
+the CLI, and QLoRA's terms against our H100 runs."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tarfile
 
 import pytest
 
-from tests.conftest import ROOT, one_line_problems, tunelab_cli
+from tests.conftest import one_line_problems, tunelab_cli
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan import memory
 from tunelab.plan.simulate import simulate
@@ -41,14 +38,14 @@ def test_the_plan_is_within_1_percent_of_the_simulated_step(configs, name, metho
 
 
 def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01):
-    """The analytic plan's derived peak (QLoRA: without its measured term) against the simulated step."""
+    """The analytic plan's peak against the simulated step."""
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     x = memory.PlanInput(
         config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
         quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer,
     )  # fmt: skip
     plan = memory.predict(x)
-    planned = plan.peak_allocated_bytes - plan.breakdown_bytes["qlora_measured_extra"]
+    planned = plan.peak_allocated_bytes
     sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, optimizer=optimizer)
     assert set(sim.phases) == {"forward", "backward", "optimizer step"}
     assert planned == pytest.approx(sim.peak_bytes, rel=rel), (sim.peak_phase, sim.phases[sim.peak_phase])
@@ -98,7 +95,8 @@ def test_extrapolation_by_block_is_linear(configs):
 
 def test_autocast_copies_are_the_difference_between_mixed_and_true_lora(configs):
     """bf16-mixed LoRA keeps 16-bit copies of every frozen block weight and one of lm_head per 128-token chunk:
-    the simulated difference to bf16-true is that term, plus what mixed activations add (under 10% of it)."""
+    the simulated difference to bf16-true is that term, give or take what the activations differ by (the logits
+    are fp32 in both: Fabric converts the model's outputs under every precision)."""
     c = configs["tiny-llama-1.1b"]
     mixed = simulate(c, "lora", "bf16-mixed", 1, 256).phases["forward"]
     true = simulate(c, "lora", "bf16-true", 1, 256).phases["forward"]
@@ -106,32 +104,41 @@ def test_autocast_copies_are_the_difference_between_mixed_and_true_lora(configs)
         memory.PlanInput(config=c, method="lora", precision="bf16-mixed", seq_len=256)
     )
     extra = mixed["Activation"] - true["Activation"]
-    assert copies <= extra <= copies * 1.10
+    assert copies * 0.99 <= extra <= copies * 1.10
 
 
 def test_qlora_follows_bitsandbytes_storage(configs):
     """NF4 weights (half a byte and an fp32 absmax per 64) for every linear; the paged optimizer keeps two fp32
     states of every tensor under 1e5 elements on the device (at rank 8 every adapter but lm_head's B) and pages the
-    rest; the adapters alone take gradients."""
+    rest; the adapters take gradients, and so does the StableEmbedding litgpt swaps in."""
     c = configs["tiny-llama-1.1b"]
     q = simulate(c, "qlora", "bf16-true", 2, 256, optimizer="PagedAdamW")
     lo = simulate(c, "lora", "bf16-true", 2, 256)
     total, emb = count_params(c)
     linear = total - emb  # every Linear, lm_head's included (Lightning converts them all)
     saved = lo.phases["forward"]["Parameter"] - q.phases["forward"]["Parameter"]
-    assert saved == pytest.approx(linear * (2 - 0.5 - 4 / 64), rel=0.01)
+    swap = emb + 2 * c.n_embd  # litgpt's StableEmbedding: the old embedding stays referenced, + a LayerNorm
+    assert saved == pytest.approx(linear * (2 - 0.5 - 4 / 64) - 2 * swap, rel=0.01)
     lora = memory.PlanInput(config=c, method="lora", lora_r=8, optimizer="bitsandbytes.optim.PagedAdamW")
     resident = memory.paged_optimizer_device_states(lora)
     assert resident == 8 * (lora_param_count(c, 8) - 8 * c.padded_vocab_size)  # lm_head's B: 8 x 32000, paged
     assert q.phases["optimizer step"]["Optstate"] == pytest.approx(resident, rel=1e-3) and "paged" in " ".join(q.notes)
-    assert q.phases["forward"]["Gradient"] == lo.phases["forward"]["Gradient"] < 0.01 * total
+    # the adapters' gradients, and the StableEmbedding's, which no zero_grad frees (it is not in the optimizer)
+    assert q.phases["forward"]["Gradient"] == lo.phases["forward"]["Gradient"] + 2 * swap
+    assert lo.phases["forward"]["Gradient"] < 0.01 * total
 
 
 def test_plan_simulate_prints_beside_the_plan_and_refuses_sharding():
     proc = tunelab_cli("plan", "tiny-llama-1.1b/lora", "--gpu", "A100-80GB", "--simulate", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "simulated step" in proc.stdout and "peak: " in proc.stdout and "planned" in proc.stdout
-    js = json.loads(tunelab_cli("plan", "tiny-llama-1.1b/full", "--simulate", "--json", timeout=300).stdout)
+    # bf16: CUDA's flash kernel, which keeps what torch's CPU kernel keeps (at 32-true CUDA runs the memory-efficient
+    # kernel, whose output the projection reads as a view: the plan counts one copy per block less than the CPU)
+    js = json.loads(
+        tunelab_cli(
+            "plan", "tiny-llama-1.1b/full", "--precision", "bf16-true", "--simulate", "--json", timeout=300
+        ).stdout
+    )
     assert js["simulated"]["peak_phase"] in ("forward", "backward", "optimizer step")
     assert js["simulated"]["peak_bytes"] == pytest.approx(js["peak_memory_gb"] * 1e9, rel=0.03)
     argv = ["plan", "tiny-llama-1.1b/full", "--simulate", "--devices", "2", "--strategy", "fsdp"]
@@ -139,20 +146,19 @@ def test_plan_simulate_prints_beside_the_plan_and_refuses_sharding():
     assert problem is None, problem
 
 
-def test_the_qlora_term_is_the_fit_to_the_committed_h100_records(tmp_path):
-    """QLORA_EXTRA_BYTES is what scripts/fit_qlora_extra.py fits to TinyLlama's records of
-    reports/2026-11-23-qlora-memory-h100 against the planner as it is now (its other terms changed: refit), and it
-    predicts the OpenLLaMA 7B records, which the fit does not see, within 3%."""
-    archive = ROOT / "reports" / "2026-11-23-qlora-memory-h100" / "records.tgz"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path, filter="data")
-    fit = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "fit_qlora_extra.py"), str(tmp_path / "qlora-memory")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert fit.returncode == 0, fit.stderr
-    assert f"QLORA_EXTRA_BYTES = int({memory.QLORA_EXTRA_BYTES / 1e9:.3f}e9)" in fit.stdout
-    checks = [line for line in fit.stdout.splitlines() if line.startswith("out of sample: 7b-qlora")]
-    assert len(checks) == 2, fit.stdout
-    for line in checks:
-        assert abs(float(line.split("error")[1].strip().rstrip("%"))) <= 3.0, line
+def test_no_quantization_specific_residual_is_left_on_the_h100_runs():
+    """Every QLoRA run of reports/2026-11-23-qlora-memory-h100 beside its twin without quantization (same model,
+    micro batch and targets): the derived QLoRA terms (dequantized copies, paged states, litgpt's StableEmbedding
+    swap) leave the same residual with bitsandbytes as without. The fitted constant they replace was 0.59 GB;
+    before the StableEmbedding swap was modelled the QLoRA residuals were 0.37-0.81 GB against the twins'
+    0.03-0.16."""
+    from tunelab.plan.accuracy import own_rows, quantization_twins
+
+    rows = own_rows()
+    twins = quantization_twins(rows)
+    assert len(twins) >= 5, [r["row"] for r in rows]
+    for q, lo in twins:
+        assert abs(q["residual_gb"] - lo["residual_gb"]) <= 0.15, (q, lo)
+    for r in rows:
+        if r["method"] in ("lora", "qlora"):
+            assert abs(r["rel_error"]) <= 0.05, r

@@ -20,7 +20,13 @@ Attention, fused SDPA (flash / memory-efficient on CUDA; torch's CPU flash kerne
   RoPE (partial rotary: a concatenation, still one new tensor each), v, the output (s x n_head x head_size each;
   with grouped-query or multi-query attention k and v are expanded to every head first), the fp32 log-sum-exp
   (4 x n_head). Multi-head attention's v is a view of the fused qkv output, which stays alive whole:
-  s x (n_head + 2 n_query_groups) x head_size instead of v alone. The output's reshaped copy is the projection's input.
+  s x (n_head + 2 n_query_groups) x head_size instead of v alone. The output's reshaped copy is the projection's
+  input: flash and cuDNN (and torch's CPU kernel) write the output in q's layout, so reshaping it back to
+  (B, T, d) copies; CUDA's memory-efficient kernel, the one fp32 runs, writes (B, T, heads, head_size), so there
+  the reshape is a view and nothing more is kept (``attention_output_view``). A head size that is not a multiple
+  of 8 (OpenLLaMA 3B: 100) makes torch's SDPA pad q, k and v before CUDA's flash kernel (``pad_last_dim<8>``):
+  the kernel keeps the three padded copies and its padded output, and the roped q and k and the fused qkv are not
+  kept (``flash_pad``).
 Attention with logit softcapping (Gemma 2): litgpt's math path on every device: q and k (expanded) [bmm], the
   tanh of the scaled scores (s x n_head x T per token) [tanh], the fp32 softmax (4 x n_head x T) [softmax], its
   cast to the dtype (s x n_head x T) and v [bmm]: quadratic in T.
@@ -31,9 +37,15 @@ MLP (``config.mlp_class_name``): ``LLaMAMLP`` (SwiGLU) and ``GemmaMLP`` (GeGLU):
 LoRA, per adapted linear (litgpt.lora): the dropout mask (1 byte per input element on CUDA's fused dropout; on CPU
   torch multiplies by a mask in the input dtype: s), the dropout output (s x in_features) [lora_A], lora_A's
   output (s x r) [lora_B]. The fused qkv has one dropout (and one lora_A output of r per enabled q, k, v);
-  fc_1 and fc_2 each have their own dropout on the same input.
+  fc_1 and fc_2 each have their own dropout on the same input. When only some of q, k, v are adapted, litgpt
+  scatters the adapters' output into a zero tensor of the full qkv width (``zero_pad``: ``index_copy_``), whose
+  backward keeps its source for ``expand_as``: s x the enabled width (q: n_head x head_size, k and v:
+  n_query_groups x head_size each) [index_copy], and the int64 index (8 x that width per block, not per token:
+  ``lora_ind`` returns a clone of its buffer).
 Head (outside the blocks): the final norm, the lm_head input when it trains, and the loss: litgpt's chunked
-  cross-entropy keeps each chunk's log-softmax (s x V for T-1 positions per sequence) and the targets; Gemma 2's
+  cross-entropy keeps each chunk's log-softmax (V per position, T-1 positions per sequence, in the logits' dtype:
+  fp32, as Lightning Fabric, which runs litgpt's scripts, converts the model's outputs to fp32 under every
+  precision, bf16-true included) and the targets; Gemma 2's
   final softcapping adds the tanh (s x V). A frozen embedding (LoRA) makes block 0 keep less (its norm's input
   needs no gradient): the first block is counted apart.
 
@@ -82,12 +94,18 @@ def saved_bytes(
     lora_r: int = LITGPT_LORA_R,
     device: str = "cuda",
     mixed: bool = False,
-    logits_bytes: int | None = None,
+    logits_bytes: int = 4,
+    attention_output_view: bool = False,
+    flash_pad: bool = False,
 ) -> SavedBytes:
     """Bytes autograd keeps for ``micro`` sequences of ``seq`` tokens (see the module docstring); ``targets``: the
     names of the LoRA targets that are on; ``mixed``: autocast with fp32 weights (``s`` is then the 16-bit compute
-    dtype's bytes); ``logits_bytes``: the dtype the loss sees (default: fp32 under ``mixed``, else ``s``; FSDP's
-    mixed precision computes in 16-bit weights but still hands the loss fp32 logits)."""
+    dtype's bytes); ``logits_bytes``: the bytes per element of the logits the loss sees (default 4: Lightning
+    Fabric, which runs litgpt's scripts, converts the model's outputs to fp32 under every precision);
+    ``attention_output_view``: attention runs CUDA's memory-efficient kernel (fp32), whose output is laid out so
+    that the projection's input is a view of it, not a copy (flash, cuDNN and torch's CPU kernel: a copy);
+    ``flash_pad``: CUDA's flash kernel with a head size that is not a multiple of 8 (OpenLLaMA 3B's 100): torch's
+    SDPA pads q, k and v to new tensors first, and the kernel keeps those and its padded output instead."""
     full = method == "full"
     on = set(targets)
 
@@ -131,34 +149,44 @@ def saved_bytes(
         grad_in = full or not first  # LoRA's first block: its input (a frozen embedding's output) needs no gradient
         b = norm(full, input_needs_grad=grad_in)
         qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))
+        attn_grad = grad_in or qkv_targets > 0  # q, k, v need a gradient: attention keeps its inputs
         if full:
             b += linear_inputs(1 + (mlp_inputs if c.shared_attention_norm else 0))  # qkv's (+ the MLP's) input
         elif qkv_targets:
             b += lora_in(d, qkv_targets, input_needs_grad=grad_in)
-        if c.attention_logit_softcapping is not None:
+            if qkv_targets < 3:  # zero_pad's index_copy_ keeps the adapters' output and a copy of its int64 index
+                width = hs * sum(w for k, w in (("query", nh), ("key", ng), ("value", ng)) if lora(k))
+                b += s * n * width + 8 * width
+        if not attn_grad:
+            pass  # a first LoRA block without q, k, v adapters: nothing in its attention needs a gradient
+        elif c.attention_logit_softcapping is not None:
             b += 3 * s * qw * n  # q, k and v (k, v expanded to every head)
             b += (2 * s + 4) * nh * seq * n  # tanh of the scores, fp32 softmax, its cast: T per head per token
+        elif flash_pad:  # padded copies of q, k, v (every head) and the padded output; not q, k, v themselves
+            b += 4 * s * nh * (-(-hs // 8) * 8) * n + 4 * nh * n
         else:
             if ng == nh:  # MHA: k roped (a new tensor), v a view of the whole fused qkv output
                 kv = s * qw * n + s * (nh + 2 * ng) * hs * n
             else:  # GQA / MQA: k and v expanded to every head
                 kv = 2 * s * qw * n
             b += s * qw * n + kv + s * qw * n + 4 * nh * n  # q, k and v, the output, fp32 log-sum-exp
-        if full:
+        if full and not attention_output_view:
             b += s * qw * n  # the output's reshaped copy: the projection's input
         elif lora("projection"):
-            b += lora_in(qw)
+            b += lora_in(qw, input_needs_grad=attn_grad)
+        attn_out_grad = attn_grad or lora("projection")
         if c.post_attention_norm:
-            b += norm(full, residual=False)
+            b += norm(full, input_needs_grad=attn_out_grad, residual=False)
+        # the MLP's input: the block input (parallel residual) or the block input plus the attention's output
+        mlp_in_grad = grad_in or (attn_out_grad and not c.parallel_residual)
         if not c.shared_attention_norm:
-            mlp_grad_in = grad_in or not c.parallel_residual  # parallel: norm_2 reads the block input too
-            b += norm(full, input_needs_grad=mlp_grad_in, again=c.parallel_residual)
+            b += norm(full, input_needs_grad=mlp_in_grad, again=c.parallel_residual)
             if full:
                 b += linear_inputs(mlp_inputs)  # norm_2's output: fc_1 / fc_2 input
-            elif lora("mlp"):
-                b += lora_in(d, input_needs_grad=mlp_grad_in) * (2 if gated else 1)
-        elif lora("mlp"):
-            b += lora_in(d, input_needs_grad=grad_in) * (2 if gated else 1)
+        if lora("mlp"):
+            b += lora_in(d, input_needs_grad=mlp_in_grad) * (2 if gated else 1)
+        if not (mlp_in_grad or lora("mlp")):
+            return b  # a frozen MLP with no gradient through its input keeps nothing
         if gated:
             b += 3 * s * inter * n
             if full:
@@ -183,8 +211,8 @@ def saved_bytes(
     v = c.padded_vocab_size
     head = norm(full) + (s * d * n if full else (lora_in(d) if lora("head") else 0))
     positions = micro * (seq - 1)
-    # log-softmax per chunk, int64 targets; mixed: Fabric hands the loss fp32 logits (outside autocast)
-    head += (logits_bytes or (4 if mixed else s)) * v * positions + 8 * positions
+    # log-softmax per chunk in the logits' dtype (fp32 under Fabric), int64 targets
+    head += logits_bytes * v * positions + 8 * positions
     if c.final_logit_softcapping is not None:
         head += s * v * positions  # tanh of the logits
     if c.attention_logit_softcapping is not None:

@@ -122,7 +122,6 @@ SIMULATED_COLUMNS = [
     "simulated_peak",
     "simulated_phase",
     "planned_peak",
-    "qlora_measured_extra",
     "error",
     *(f"simulated_{k.lower()}" for k in ("Parameter", "Gradient", "Activation", "Temp", "Optstate")),
     "where",
@@ -156,9 +155,7 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
                 config=config, method=method, precision=precision, micro_batch_size=micro, seq_len=seq_len,
                 quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer,
             )  # fmt: skip
-            plan = memory.predict(x)
-            measured_term = plan.breakdown_bytes.get("qlora_measured_extra", 0)
-            planned = plan.peak_allocated_bytes - measured_term  # what the planner derives; the simulation likewise
+            planned = memory.predict(x).peak_allocated_bytes
             sim = simulate(config, method, precision, micro, seq_len, optimizer=optimizer)
             snap = sim.phases[sim.peak_phase]
             rows.append(
@@ -166,7 +163,6 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
                     "model": name, "method": method, "precision": precision, "micro_batch_size": micro,
                     "seq_len": seq_len, "n_layer": config.n_layer, "simulated_peak": round(sim.peak_bytes),
                     "simulated_phase": sim.peak_phase, "planned_peak": round(planned),
-                    "qlora_measured_extra": measured_term,
                     "error": planned / sim.peak_bytes - 1,
                     **{f"simulated_{k.lower()}": round(snap.get(k, 0)) for k in ("Parameter", "Gradient",
                                                                                    "Activation", "Temp", "Optstate")},
@@ -199,8 +195,7 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
         f"Planned: `tunelab/plan/memory.py`. One device, micro batch {micro} x {seq_len} tokens, AdamW (QLoRA: "
         "paged AdamW: states of tensors from 1e5 elements outside the allocator, smaller ones' on the device), no "
         "accumulation, LoRA r 8 on every target. Peak allocated, "
-        "GB = 1e9 bytes; error = planned / simulated - 1. QLoRA's plan is compared without its measured term "
-        "(`QLORA_EXTRA_BYTES`, fitted to H100 runs, CUDA-side, not attributed), shown apart.",
+        "GB = 1e9 bytes; error = planned / simulated - 1.",
         "",
         f"- {within} of {len(rows)} cases within 3%; worst {worst['error']:+.1%} ({worst['model']}, "
         f"{worst['method']}, {worst['precision']}).",
@@ -208,8 +203,8 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
         *_dominant(rows),
         "",
         "| model | method | precision | simulated GB | phase | weights | grads | activations | temps | optimizer | "
-        "planned GB | error | QLoRA measured term GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "planned GB | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -217,8 +212,7 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
             f"{r['simulated_phase']} | "
             + " | ".join(f"{r[f'simulated_{k}'] / 1e9:.2f}" for k in ("parameter", "gradient", "activation",
                                                                        "temp", "optstate"))
-            + f" | {r['planned_peak'] / 1e9:.2f} | {r['error']:+.1%} | "
-            + (f"{r['qlora_measured_extra'] / 1e9:.2f} |" if r["qlora_measured_extra"] else " |")
+            + f" | {r['planned_peak'] / 1e9:.2f} | {r['error']:+.1%} |"
         )  # fmt: skip
     write_text_atomic(out / "simulated.md", "\n".join(lines) + "\n")
     return out

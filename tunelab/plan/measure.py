@@ -58,12 +58,8 @@ def build_model(config, method: str, precision: str, lora_r: int = LITGPT_LORA_R
         config = lora_config(config, lora_r, 16, 0.05, targets)
     else:
         from litgpt import GPT
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, DTYPES[precision]))  # no fp32 copy first
-    try:
+    with _default_dtype(getattr(torch, DTYPES[precision])):  # no fp32 copy first
         model = GPT(config)
-    finally:
-        torch.set_default_dtype(default)
     if method == "full":
         model.requires_grad_(True)
     else:
@@ -71,19 +67,40 @@ def build_model(config, method: str, precision: str, lora_r: int = LITGPT_LORA_R
     return model
 
 
-def model_logits(model, idx, method: str, precision: str):
-    """The logits of litgpt's finetune step as Lightning Fabric computes them: full -> ``model(x)``; LoRA ->
-    ``model(x, lm_head_chunk_size=128)`` (a list of chunks). Under bf16-mixed only the model's forward runs under
-    autocast, and Fabric converts its outputs to fp32 (``MixedPrecision.convert_output``)."""
+def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
+    """The logits of litgpt's finetune step: full -> ``model(x)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` (a
+    list of chunks). Under bf16-mixed the model's forward runs under autocast. ``fabric``: as litgpt's scripts run
+    it, under Lightning Fabric, whose precision plugins (``HalfPrecision``, ``MixedPrecision``, bitsandbytes,
+    FSDP, DeepSpeed) all convert the model's outputs to the default dtype, fp32 (``convert_output``): bf16-true
+    logits reach the loss as fp32. Without Fabric (tunelab's multi-device loop) they stay in the compute dtype,
+    except under bf16-mixed, where that loop's loss runs under autocast, which computes log-softmax in fp32."""
     import contextlib
 
     import torch
 
-    with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext():
-        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
     if precision == "bf16-mixed":
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+    elif fabric and precision != "32-true":  # Fabric's forward_context: the default dtype is the weights' meanwhile
+        context = _default_dtype(getattr(torch, DTYPES[precision]))
+    else:
+        context = contextlib.nullcontext()
+    with context:
+        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
+    if fabric or precision == "bf16-mixed":
         logits = [t.float() for t in logits] if isinstance(logits, list) else logits.float()
     return logits
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
 
 
 def training_loss(logits, idx, method: str):

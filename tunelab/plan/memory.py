@@ -25,7 +25,9 @@ Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = mi
 * logits and loss: the loss's saved tensors (litgpt's chunked cross-entropy keeps each chunk's log-softmax) plus
   what is alive beside them when backward starts: the logits litgpt's loop still holds and, for full fine-tuning,
   their gradient (3 x N_tok x V x s in all); LoRA's chunked head: 2 x N_tok x V x s plus the loss backward's
-  chunk gradients. Under mixed precision the logits are fp32 (Fabric converts the model's outputs): s = 4 here.
+  chunk gradients. The logits are fp32 (s = 4 here) under every precision in litgpt's scripts: Lightning Fabric's
+  precision plugins convert the model's outputs to fp32, bf16-true included (tunelab's own multi-device loop does
+  not: the compute dtype there).
 * QLoRA, from the code (Lightning's BitsandbytesPrecision and litgpt's loading, bitsandbytes 0.50): on one device
   the model is built under ``fabric.init_module`` with every ``torch.nn.Linear`` replaced by an NF4 layer that
   quantizes itself in ``__init__`` on CUDA, and ``load_checkpoint`` streams the memory-mapped weights through a
@@ -35,9 +37,10 @@ Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = mi
   ``MatMul4Bit`` keeps only the packed weight for backward (no activation beyond LoRA's); every forward matmul
   dequantizes its weight to a 16-bit temporary and every backward one to fp16 and then a compute-dtype copy
   (``dequantized_weight_temporary``: lm_head's, 2 x 0.13 GB for TinyLlama, 2 x 0.26 GB for 7B, sets the peak);
-  PagedAdamW keeps the states of tensors under 1e5 elements on the device (``paged_optimizer_device_states``).
-  What the H100 measured beyond these stays one measured constant (QLORA_EXTRA_BYTES), fitted on TinyLlama alone
-  and checked on OpenLLaMA 7B out of sample.
+  PagedAdamW keeps the states of tensors under 1e5 elements on the device (``paged_optimizer_device_states``);
+  litgpt's script swaps the embedding for bitsandbytes' ``StableEmbedding`` after building the optimizer: the old
+  one stays referenced, the new one trains outside the optimizer (``stable_embedding_states``). No measured
+  constant: these causes leave the H100's QLoRA runs as close to the plan as its LoRA runs without quantization.
 * CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, ALLOCATOR_SLACK = 1.05:
   PyTorch typically reserves 5-15% above what it allocates) decide the fit, not the allocated peak alone.
 
@@ -75,17 +78,6 @@ fits: measured on the H100 (reports/2026-11-23-lab-part3-h100), retries began at
 micro 42 of the 47 that fit: 88%) and at 78.5 GB (with activation checkpointing, micro 244: 92%); micro 47 ran at
 82% of the best throughput with 26 retries. ``tunelab advise`` ranks only configurations within it
 (``--headroom``)."""
-QLORA_EXTRA_BYTES = int(0.592e9)
-"""QLoRA's measured extra: what bitsandbytes' QLoRA runs on an NVIDIA H100 allocated beyond every term the planner
-derives (reports/2026-11-23-qlora-memory-h100), the mean over TinyLlama's four runs (micro 2 and 4, LoRA on all
-layers and on query/value; 0.51-0.75 GB each) by `python scripts/fit_qlora_extra.py <unpacked records>`. Fitted
-without the OpenLLaMA 7B runs, it predicts them out of sample: -2.1% (micro 2) and -0.9% (micro 4) of the
-measured peak. Derived from bitsandbytes' and Lightning's code and no longer part of it: the backward's fp16
-dequantized copy beside the compute-dtype one (:func:`dequantized_weight_temporary`) and the paged optimizer's
-device-resident states (:func:`paged_optimizer_device_states`). What is left is not in the simulated step
-(tunelab/plan/simulate.py), so it lies on the CUDA side (bitsandbytes' kernels and buffers, the load path's
-leftovers); the same runs without quantization sit 0.28-0.60 GB above the plan too (LoRA, unattributed), so most
-of it is not quantization's. A GPU memory snapshot (``torch.cuda.memory._record_memory_history``) would name it."""
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 """How the model states are divided (what :func:`predict` models)."""
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -157,6 +149,10 @@ class PlanInput:
     """SDPA falls back to the math kernel (scores materialised): bf16 on a GPU without bf16 (V100, T4)."""
     fused_optimizer: bool = False
     """torch's fused Adam/AdamW kernel updates in place: no parameter-sized temporary during the step."""
+    fabric: bool = True
+    """The run is litgpt's own script under Lightning Fabric, whose precision plugins convert the model's outputs
+    (the logits) to fp32 under every precision; False: tunelab's multi-device loop (a strategies file), which hands
+    the loss the logits in the compute dtype (fp32 under mixed precision, as before)."""
     compiled: bool = False
     """Transformer blocks compiled (torch.compile): planned as eager, an upper bound (inductor's partitioner
     recomputes cheap ops in backward instead of saving them)."""
@@ -361,21 +357,36 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     c = x.config
     s_act = dtype_bytes(x.precision)  # the compute dtype (16-bit under mixed precision)
     mixed = autocast_over_fp32_weights(x)
-    # mixed precision: the residual stream is fp32 (fp32 weights, autocast only for matmuls); Fabric converts the
-    # model's outputs, the logits, to fp32 before the loss under every strategy
+    # mixed precision: the residual stream is fp32 (fp32 weights, autocast only for matmuls)
     s_fp32_or_act = 4 if mixed else s_act
-    s_logits = 4 if "mixed" in str(x.precision) else s_act
+    s_logits = logits_bytes(x)
     n_tok = x.micro_batch_size * x.seq_len
     # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
     kind = "lora" if x.lora else "full"
+    efficient = s_act == 4 and not x.attention_math  # fp32 attention: CUDA's memory-efficient kernel, not flash
     saved = activations.saved_bytes(
-        c, kind, s_act, x.micro_batch_size, x.seq_len, x.lora_targets, x.lora_r, mixed=mixed, logits_bytes=s_logits
+        c,
+        kind,
+        s_act,
+        x.micro_batch_size,
+        x.seq_len,
+        x.lora_targets,
+        x.lora_r,
+        mixed=mixed,
+        logits_bytes=s_logits,
+        attention_output_view=efficient,
+        flash_pad=not (efficient or x.attention_math) and c.head_size % 8 != 0,
     )
     notes.extend(saved.notes)
     if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
         acts = s_fp32_or_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
     else:
         acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
+    if bnb_quantized(x):  # QLoRA's trainable StableEmbedding: its norm keeps its input (and mean and rstd), and the
+        # first block's input carries a gradient, so it keeps what the others keep (stable_embedding_states)
+        acts += (s_act * c.n_embd + 8) * n_tok + (
+            0 if x.activation_checkpointing else saved.per_layer - saved.first_layer
+        )
     # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
     # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
     # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
@@ -472,43 +483,62 @@ def lora_loss_backward_temporaries(x: PlanInput, s_act: float) -> float:
 
 
 def dequantized_weight_temporary(x: PlanInput) -> float:
-    """Bytes a 4-bit (QLoRA) matmul's dequantized weight adds to the peak. bitsandbytes' ``MatMul4Bit`` (0.50)
-    dequantizes its weight to a temporary in the forward pass and again in the backward pass, one matmul at a time;
-    in backward ``dequantize_4bit`` returns the dtype the weight was quantized from, fp16 (Lightning's
-    ``_Linear4bit`` casts to half before quantizing), and ``.to(grad.dtype)`` copies it to the compute dtype, so
-    under bf16 two weight-sized temporaries are alive at once. The largest weight is lm_head's (vocabulary x
-    embedding) or the MLP's. LoRA's peak otherwise is the start of backward, where the loss's chunk gradients are
-    alive (:func:`lora_loss_backward_temporaries`); lm_head's backward holds one chunk's gradient beside the
-    dequantized copies, so they add what exceeds two chunks (three with final-logit softcapping, Gemma 2: that chunk's
-    saved tanh is freed by then). Seen in the simulated step (tunelab/plan/simulate.py)."""
+    """Bytes a 4-bit (QLoRA) matmul's dequantized weight adds to LoRA's peak (the start of backward). bitsandbytes'
+    ``MatMul4Bit`` (0.50) dequantizes its weight to a temporary in the forward pass and again in the backward pass,
+    one matmul at a time; in backward ``dequantize_4bit`` returns the dtype the weight was quantized from, fp16
+    (Lightning's ``_Linear4bit`` casts to half before quantizing), and ``.to(grad.dtype)`` copies it to the compute
+    dtype: under bf16 two weight-sized temporaries at once. The largest weight is lm_head's (vocabulary x
+    embedding) or the MLP's. lm_head's backward runs after every chunk's loss backward (autograd runs the nodes
+    made last first): the loss's saved log-softmax and its backward temporaries are freed by then, and every
+    chunk's logits gradient is alive in the compute dtype (Fabric's fp32 conversion, undone by its backward); with
+    final-logit softcapping (Gemma 2) the last chunk's saved tanh is freed too. Seen in the simulated step
+    (tunelab/plan/simulate.py)."""
     if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
         return 0
     c, s = x.config, dtype_bytes(x.precision)
     fp16_copy = 0 if str(x.precision).startswith("16") else 2  # under fp16 compute, .to() returns the fp16 copy
-    largest = max(c.padded_vocab_size, c.intermediate_size, c.n_embd) * c.n_embd * (s + fp16_copy)
-    chunk = x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size * s
-    freed = 3 if x.config.final_logit_softcapping is not None else 2
-    return max(0, largest - freed * chunk)
+    v, positions = c.padded_vocab_size, x.micro_batch_size * (x.seq_len - 1)
+    freed = positions * v * logits_bytes(x) + lora_loss_backward_temporaries(x, logits_bytes(x))  # the loss's
+    head = v * c.n_embd * (s + fp16_copy) + x.micro_batch_size * x.seq_len * v * s  # + every chunk's gradient
+    if c.final_logit_softcapping is not None:
+        last = x.seq_len - (math.ceil(x.seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK
+        head -= x.micro_batch_size * last * v * s
+    mlp = max(c.intermediate_size, c.n_embd) * c.n_embd * (s + fp16_copy)  # a block's, the head's gradients gone
+    return max(0, head - freed, mlp - freed)
+
+
+def logits_bytes(x: PlanInput) -> int:
+    """Bytes per element of the logits the loss sees: 4 under Lightning Fabric (litgpt's scripts), whose precision
+    plugins all convert the model's outputs to fp32 (``convert_output``), bf16-true included; in tunelab's own loop
+    the compute dtype (4 under mixed precision)."""
+    return 4 if x.fabric or "mixed" in str(x.precision) else dtype_bytes(x.precision)
 
 
 def logits_held_at_step(x: PlanInput) -> float:
     """Bytes of the logits alive during the optimizer step: micro batch x sequence x padded vocabulary in the
-    logits' dtype (the compute dtype: 2 bytes under bf16/16-true, 4 at 32-true; 4 under mixed precision, where
-    Fabric converts the model's outputs to fp32). litgpt's fit loop keeps ``logits`` referenced until the next
-    iteration, so they sit beside the gradients and optimizer states."""
-    s = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
-    return x.micro_batch_size * x.seq_len * x.config.padded_vocab_size * s
+    logits' dtype (:func:`logits_bytes`). litgpt's fit loop keeps ``logits`` referenced until the next iteration, so
+    they sit beside the gradients and optimizer states."""
+    return x.micro_batch_size * x.seq_len * x.config.padded_vocab_size * logits_bytes(x)
 
 
-def _qlora_extra(x: PlanInput, notes: list) -> float:
-    """Step 4: QLoRA's measured term (:data:`QLORA_EXTRA_BYTES`)."""
-    if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
+def bnb_quantized(x: PlanInput) -> bool:
+    """litgpt runs the model under Lightning's BitsandbytesPrecision (any ``bnb.*`` quantization)."""
+    return str(x.quantize or "").startswith("bnb.")
+
+
+def stable_embedding_states(x: PlanInput) -> float:
+    """Bytes of litgpt's QLoRA embedding swap (``finetune/lora.py`` main, 0.5.13; any bitsandbytes quantization):
+    after the optimizer is built, ``model.transformer.wte`` is replaced by bitsandbytes' ``StableEmbedding`` (an
+    embedding and a LayerNorm, moved to the weights' dtype). ``main`` keeps the old embedding referenced for the
+    whole run, and the new weight trains (made after ``mark_only_lora_as_trainable``) without being in the
+    optimizer, so ``zero_grad`` never frees its vocabulary-sized gradient: two vocabulary x embedding tensors, plus
+    the norm's weight, bias and their gradients. Its activations (the norm's input; the first block's input now
+    carries a gradient) are in the activation term. Seen in the simulated step (tunelab/plan/simulate.py)."""
+    if not bnb_quantized(x):
         return 0
-    notes.append(
-        "QLoRA: + a measured term (CUDA-side, not attributed to a buffer; fitted to TinyLlama's 4 QLoRA runs "
-        "on an H100 by scripts/fit_qlora_extra.py, checked on OpenLLaMA 7B's, see QLORA_EXTRA_BYTES)"
-    )
-    return QLORA_EXTRA_BYTES
+    c = x.config
+    s = 4 if "mixed" in str(x.precision) or str(x.precision).startswith("32") else 2  # the weights' dtype
+    return 2 * c.padded_vocab_size * c.n_embd * s + 4 * c.n_embd * s
 
 
 def predict(x: PlanInput) -> Plan:
@@ -526,7 +556,7 @@ def predict(x: PlanInput) -> Plan:
         "autocast_weight_cache": 0,
         "dequantized_weight_temporary": 0,
         "sharding_buffers": dev.extra,
-        "qlora_measured_extra": _qlora_extra(x, notes),
+        "qlora_stable_embedding": stable_embedding_states(x),
     }
     # Without accumulation the gradients are created while the activations are freed, so the forward peak does
     # not hold them; with accumulation they persist and add to both.

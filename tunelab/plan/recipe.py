@@ -62,8 +62,8 @@ def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
     there are several: FSDP for full fine-tuning, FSDP2 with the same division for LoRA): how it divides the model
     states, and the speed switches that change memory (fused or bitsandbytes optimizer, compiled blocks)."""
     fields = _division(strategy, world)
-    if strategy is not None:
-        fields.update(fused_optimizer=strategy.fused_optimizer, compiled=bool(strategy.compile))
+    if strategy is not None:  # a strategies file runs tunelab's own loop, not litgpt's script under Fabric
+        fields.update(fused_optimizer=strategy.fused_optimizer, compiled=bool(strategy.compile), fabric=False)
         if strategy.optimizer:
             fields["optimizer"] = f"bitsandbytes.optim.{BNB_OPTIMIZERS[strategy.optimizer]}"
     return fields

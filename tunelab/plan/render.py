@@ -93,7 +93,11 @@ def render_measured(m: dict, micro: int) -> str:
             if mb
             else f"  {what}: nothing measured"
         )
-    lines.append("  (planned as counted on CPU: dropout masks in the activation dtype; on CUDA they are 1 byte)")
+    lines.append(
+        "  (planned for the kernels the measurement runs: CUDA's 1-byte dropout masks, torch's CPU flash attention; "
+        "at 32-true CUDA runs the memory-efficient kernel, whose output the projection reads as a view: the plan "
+        "above counts that)"
+    )
     return "\n".join(lines)
 
 

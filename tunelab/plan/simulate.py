@@ -9,13 +9,15 @@ lets torch count it:
 * litgpt's training step as its finetune scripts run it: full -> ``logits = model(x)`` and
   ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
   over the chunk list (``tunelab.plan.measure.model_logits`` and ``training_loss``; under bf16-mixed only the
-  model's forward runs under autocast and its outputs are converted to fp32, as Lightning Fabric does);
+  model's forward runs under autocast; the outputs are converted to fp32, as Lightning Fabric's precision plugins
+  do under every precision, bf16-true included);
   ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or the optimizer asked)
   with the logits still referenced, as in litgpt's loop, which keeps them until the next forward returns; then
   ``zero_grad``. Two optimizer steps: the second runs beside the states the first created; with gradient
   accumulation a second micro batch runs beside the gradients;
 * dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the activation dtype;
-* QLoRA: bitsandbytes cannot run here, so a stand-in linear follows its code: every ``torch.nn.Linear`` (as
+* QLoRA: litgpt's setup replaces the embedding by bitsandbytes' ``StableEmbedding`` (:func:`_stable_embedding`);
+  bitsandbytes' 4-bit kernels cannot run here, so a stand-in linear follows its code: every ``torch.nn.Linear`` (as
   Lightning's BitsandbytesPrecision converts them) stored as NF4 (half a byte per weight, one fp32 absmax per 64),
   each forward matmul dequantizing it to a temporary in the compute dtype, each backward one to fp16 (the dtype
   Lightning quantized from) and then a copy in the compute dtype (``bitsandbytes.functional.dequantize_4bit``,
@@ -180,7 +182,26 @@ def _quantize(model) -> int:
     return count
 
 
-def _one_step(config, method, precision, micro, seq_len, ac, lora_r, targets, accumulation=1, optimizer="AdamW"):
+def _stable_embedding(model):
+    """litgpt's QLoRA setup (``finetune/lora.py`` main, 0.5.13), after the optimizer is built from the parameters:
+    the embedding is replaced by bitsandbytes' ``StableEmbedding`` (an embedding and a LayerNorm) in the weight's
+    dtype. Made after ``mark_only_lora_as_trainable``, its weight and norm train: a vocabulary-sized gradient that
+    no ``optimizer.zero_grad`` frees (they are not in the optimizer), the norm's input kept, and the first block's
+    input now carrying a gradient. ``old_embedding`` stays a local of ``main`` for the whole run: returned, so the
+    caller keeps it alive the same way."""
+    from bitsandbytes.nn import StableEmbedding
+
+    from tunelab.plan.measure import _default_dtype
+
+    old = model.transformer.wte
+    with _default_dtype(old.weight.dtype):  # made in the weight's dtype: litgpt's .to(dtype) afterwards
+        model.transformer.wte = StableEmbedding(old.num_embeddings, old.embedding_dim)
+    return old
+
+
+def _one_step(
+    config, method, precision, micro, seq_len, ac, lora_r, targets, accumulation=1, optimizer="AdamW", fabric=True
+):
     """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -197,9 +218,11 @@ def _one_step(config, method, precision, micro, seq_len, ac, lora_r, targets, ac
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
         opt = _optimizer(optimizer, trainable)
+        # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
+        kept = [_stable_embedding(model)] if method == "qlora" else []
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _phase_tracker()
-        tracker.track_external(model, opt, x)
+        tracker.track_external(model, opt, x, *kept)
         logits = None
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Module is None")  # ModTracker on modules already gone
@@ -208,7 +231,7 @@ def _one_step(config, method, precision, micro, seq_len, ac, lora_r, targets, ac
                     tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
                     # litgpt's loop: the previous logits stay referenced through the next forward, until
                     # `logits = model(...)` rebinds the name; the loss is computed after that
-                    logits = model_logits(model, x, method, precision)
+                    logits = model_logits(model, x, method, precision, fabric)
                     loss = training_loss(logits, x, method)
                     tracker.in_backward = True
                     loss.backward()
@@ -286,8 +309,10 @@ def simulate(
     layers: int = 1,
     lora_r: int = LITGPT_LORA_R,
     lora_targets=LORA_TARGETS,
+    fabric: bool = True,
 ) -> Simulation:
-    """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring."""
+    """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring. ``fabric``:
+    litgpt's script under Lightning Fabric (fp32 logits under every precision); False: tunelab's own loop."""
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r}: simulated are {', '.join(DTYPES)}")
     if method not in ("full", "lora", "qlora"):
@@ -311,6 +336,7 @@ def simulate(
                 lora_targets,
                 accumulation,
                 optimizer,
+                fabric,
             )
         )
     (a, _), (b, where) = runs
@@ -326,6 +352,16 @@ def simulate(
         "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
         "no caching-allocator rounding",
     ]
+    if precision == "32-true" and method == "full":
+        notes.append(
+            "fp32 attention on CUDA runs the memory-efficient kernel, whose output the projection reads as a view: "
+            "the CPU kernel's copy (one per block) is not there on a GPU, and the plan does not count it"
+        )
+    if config.head_size % 8 and precision != "32-true":
+        notes.append(
+            f"head size {config.head_size}: on CUDA torch pads q, k and v to a multiple of 8 for the flash kernel "
+            "(new tensors kept instead of q, k and the fused qkv); the plan counts that, the CPU kernel does not pad"
+        )
     if precision == "bf16-mixed":
         notes.append("mixed precision under CPU autocast: its fp32 op list differs from CUDA's")
     if method == "qlora":
@@ -387,5 +423,5 @@ def for_plan(x) -> Simulation:
     )
     return simulate(
         x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, x.activation_checkpointing,
-        x.accumulation, optimizer, lora_r=x.lora_r, lora_targets=x.lora_targets,
+        x.accumulation, optimizer, lora_r=x.lora_r, lora_targets=x.lora_targets, fabric=x.fabric,
     )  # fmt: skip
