@@ -162,3 +162,45 @@ def test_no_quantization_specific_residual_is_left_on_the_h100_runs():
     for r in rows:
         if r["method"] in ("lora", "qlora"):
             assert abs(r["rel_error"]) <= 0.05, r
+
+
+def test_the_caching_allocator_rounds_splits_and_merges_as_cudas_does():
+    """c10's rules: 512-byte rounding; from 10 MiB a segment of its own rounded to 2 MiB, handed out whole when 1 MiB
+    or less would remain (allocated then exceeds the request); the smallest cached block that fits is reused, split
+    when more than 1 MiB remains (large pool); small requests from 2 MiB segments; a freed block merges back."""
+    from tunelab.plan.allocator import CachingAllocator
+
+    mib = 1 << 20
+    a = CachingAllocator()
+    whole = a.malloc(11 * mib + 600 * 1024)  # a 12 MiB segment; 424 KiB would remain: not split
+    assert (a.allocated, a.reserved, a.requested) == (12 * mib, 12 * mib, 11 * mib + 600 * 1024)
+    a.free(whole, 11 * mib + 600 * 1024)
+    again = a.malloc(11 * mib + 700 * 1024)  # the cached block, reused whole: no new segment
+    assert (a.allocated, a.reserved) == (12 * mib, 12 * mib)
+    a.free(again, 11 * mib + 700 * 1024)
+    small = a.malloc(100)  # the small pool: a 2 MiB segment, 512 bytes handed out
+    assert (a.allocated, a.reserved) == (512, 14 * mib)
+    mid = a.malloc(mib + 1)  # the cached 12 MiB block, split: 1 MiB + 512 handed out
+    assert (a.allocated, a.reserved) == (512 + mib + 512, 14 * mib)
+    a.free(mid, mib + 1)
+    last = a.malloc(11 * mib + 600 * 1024)  # the split merged back: the whole 12 MiB block again
+    assert (a.allocated, a.reserved) == (512 + 12 * mib, 14 * mib)
+    a.free(last, 11 * mib + 600 * 1024)
+    a.free(small, 100)
+    assert (a.allocated, a.requested) == (0, 0)
+    assert (a.peaks.allocated, a.peaks.reserved) == (512 + 12 * mib, 14 * mib)
+
+
+def test_a_replayed_run_is_the_simulated_step_plus_the_allocators_blocks(configs):
+    """litgpt's loop over a run's sequence lengths at full depth: with one length throughout it holds what the
+    simulated step (built with 1 and 2 blocks, extrapolated) holds; the allocator's blocks are at least the requests
+    and its segments at least the blocks."""
+    import dataclasses
+
+    from tunelab.plan.simulate import replay_run
+
+    c = dataclasses.replace(configs["tiny-llama-1.1b"], n_layer=3)
+    same = replay_run(c, "lora", "bf16-true", 2, [64] * 4, accumulation=2)["end"]
+    assert same.requested == pytest.approx(simulate(c, "lora", "bf16-true", 2, 64, accumulation=2).peak_bytes, abs=64)
+    varied = replay_run(c, "lora", "bf16-true", 2, [64, 32, 128, 16], accumulation=2)["end"]
+    assert varied.requested <= varied.allocated <= varied.reserved

@@ -58,7 +58,7 @@ def build_model(config, method: str, precision: str, lora_r: int = LITGPT_LORA_R
         config = lora_config(config, lora_r, 16, 0.05, targets)
     else:
         from litgpt import GPT
-    with _default_dtype(getattr(torch, DTYPES[precision])):  # no fp32 copy first
+    with default_dtype(getattr(torch, DTYPES[precision])):  # no fp32 copy first
         model = GPT(config)
     if method == "full":
         model.requires_grad_(True)
@@ -81,7 +81,7 @@ def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
     if precision == "bf16-mixed":
         context = torch.autocast("cpu", dtype=torch.bfloat16)
     elif fabric and precision != "32-true":  # Fabric's forward_context: the default dtype is the weights' meanwhile
-        context = _default_dtype(getattr(torch, DTYPES[precision]))
+        context = default_dtype(getattr(torch, DTYPES[precision]))
     else:
         context = contextlib.nullcontext()
     with context:
@@ -92,7 +92,8 @@ def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype):
+def default_dtype(dtype):
+    """torch's default dtype set to ``dtype`` meanwhile (as Fabric's ``init_module`` and ``forward_context`` do)."""
     import torch
 
     default = torch.get_default_dtype()

@@ -88,11 +88,20 @@ class Simulation:
         }
 
 
-def _phase_tracker():
-    """MemTracker that also keeps the peak of each phase and the module running at it."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+def _phase_tracker(events: list | None = None):
+    """MemTracker that also keeps the peak of each phase and the module running at it, and, given ``events``,
+    appends every storage it sees made or freed (``("alloc" | "free", key, bytes)``, in order)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 
     class PhaseTracker(MemTracker):
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+            if events is not None:
+                if u_type in (_UpdateType.DEL, _UpdateType.SIZE):
+                    events.append(("free", id(winfo), old_mem_consumed or winfo.mem_consumed))
+                if u_type in (_UpdateType.ADD, _UpdateType.SIZE):
+                    events.append(("alloc", id(winfo), winfo.mem_consumed))
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
         def __init__(self) -> None:
             super().__init__()
             self.phase_peaks: dict[str, dict] = {}
@@ -191,12 +200,30 @@ def _stable_embedding(model):
     caller keeps it alive the same way."""
     from bitsandbytes.nn import StableEmbedding
 
-    from tunelab.plan.measure import _default_dtype
+    from tunelab.plan.measure import default_dtype
 
     old = model.transformer.wte
-    with _default_dtype(old.weight.dtype):  # made in the weight's dtype: litgpt's .to(dtype) afterwards
+    with default_dtype(old.weight.dtype):  # made in the weight's dtype: litgpt's .to(dtype) afterwards
         model.transformer.wte = StableEmbedding(old.num_embeddings, old.embedding_dim)
     return old
+
+
+def _setup(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
+    """(model, optimizer, what litgpt's main keeps beside them) as litgpt's finetune script sets them up, on the
+    current (fake) device."""
+    from tunelab.plan.measure import build_model
+
+    model = build_model(config, method, precision, lora_r, targets)
+    model.max_seq_length = seq_len
+    if method == "qlora":
+        _quantize(model)
+    if ac:
+        _checkpoint_blocks(model)
+    model.train()
+    opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
+    # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
+    kept = [_stable_embedding(model)] if method == "qlora" else []
+    return model, opt, kept
 
 
 def _one_step(
@@ -206,20 +233,10 @@ def _one_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunelab.plan.measure import build_model, cuda_dropout, model_logits, training_loss
+    from tunelab.plan.measure import cuda_dropout, model_logits, training_loss
 
     with FakeTensorMode():
-        model = build_model(config, method, precision, lora_r, targets)
-        model.max_seq_length = seq_len
-        if method == "qlora":
-            _quantize(model)
-        if ac:
-            _checkpoint_blocks(model)
-        model.train()
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = _optimizer(optimizer, trainable)
-        # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
-        kept = [_stable_embedding(model)] if method == "qlora" else []
+        model, opt, kept = _setup(config, method, precision, seq_len, ac, lora_r, targets, optimizer)
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _phase_tracker()
         tracker.track_external(model, opt, x, *kept)
@@ -240,6 +257,66 @@ def _one_step(
                 opt.zero_grad()
                 del loss
     return tracker.phase_peaks, tracker.phase_where
+
+
+def replay_run(
+    config,
+    method: str,
+    precision: str,
+    micro_batch_size: int,
+    seq_lens: list[int],
+    accumulation: int = 1,
+    optimizer: str = "AdamW",
+    lora_r: int = LITGPT_LORA_R,
+    lora_targets=LORA_TARGETS,
+    validation_seq: int | None = None,
+) -> dict:
+    """litgpt's finetune loop over a run's own padded sequence lengths (one per micro batch, in order), at full depth
+    (no extrapolation), its storage allocations replayed through CUDA's caching allocator
+    (:mod:`tunelab.plan.allocator`): {"end", "loaded", "first_step"} -> :class:`~tunelab.plan.allocator.Peaks`, as
+    a run record's phases: "loaded" before the first training batch (the model, the optimizer, and the sanity
+    validation litgpt runs on two batches of ``validation_seq`` tokens, default the longest), "first_step" after the
+    first optimizer step. Minutes for a 1B model's dozen steps: a check of the allocator's share, not a planner."""
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunelab.plan.allocator import replay
+    from tunelab.plan.measure import cuda_dropout, model_logits, training_loss
+
+    events: list = []
+    marks: dict[str, int] = {}
+    longest = max(seq_lens)
+    with FakeTensorMode():
+        model, opt, kept = _setup(config, method, precision, longest, False, lora_r, lora_targets, optimizer)
+        tracker = _phase_tracker(events)
+        tracker.track_external(model, opt, *kept)
+        loss = None
+        with tracker, cuda_dropout(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Module is None")
+            model.eval()  # litgpt's sanity check: validate() on two batches, the whole head, unchunked loss
+            with torch.no_grad():
+                for _ in range(2):
+                    tracker.reset_mod_stats()
+                    v = torch.zeros(micro_batch_size, validation_seq or longest, dtype=torch.long)
+                    logits = model_logits(model, v, "full", precision)
+                    chunked_cross_entropy(logits[..., :-1, :], v[..., 1:], chunk_size=0)
+                    del v, logits
+            model.train()
+            marks["loaded"] = len(events)
+            for i, t in enumerate(seq_lens):
+                tracker.reset_mod_stats()
+                x = torch.zeros(micro_batch_size, t, dtype=torch.long)
+                logits = model_logits(model, x, method, precision)
+                loss = training_loss(logits, x, method)
+                (loss / accumulation).backward()
+                if (i + 1) % accumulation == 0:
+                    opt.step()
+                    opt.zero_grad()
+                    marks.setdefault("first_step", len(events))
+        del logits, loss
+    end, so_far = replay(events, marks)
+    return {"end": end, **so_far}
 
 
 OPTIMIZERS = ("AdamW", "AdamW fused", "SGD", "SGD momentum", "PagedAdamW", "PagedAdamW32bit")
