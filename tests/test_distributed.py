@@ -94,7 +94,14 @@ def reference(tiny_ckpt, tmp_path_factory):
     return data_file, losses
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+SLOW_STRATEGIES = {"fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload"}
+"""FSDP1's other sharding strategies and its CPU offload: the same wrapper and loop as `fsdp` with one argument
+changed; they run with -m slow (CI keeps DDP, FSDP, FSDP2 and each DeepSpeed stage)."""
+
+
+@pytest.mark.parametrize(
+    "strategy", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_STRATEGIES else s for s in STRATEGIES]
+)
 def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_path):
     data_file, ref = reference
     rec = run_cli(

@@ -117,8 +117,10 @@ def _returned_files(out: Path) -> list[Path]:
     return [p for p in out.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow  # 3 minutes on 2 cores; run before every GPU session: pytest -m slow tests/test_gpu_runbook.py
 def test_runbook_rehearsal_within_the_device_limits(tmp_path):
-    """The same stages as on the GPU, with the tiny model: at most 8 files of at most 16 MiB no more than 2 folders
+    """The whole runbook end to end (its parts run in CI: the deadline, disk-full and random-weights tests here,
+    tunelab bench in tests/test_bench.py, the sweep in tests/test_tune_study.py and tests/test_faults.py). The same stages as on the GPU, with the tiny model: at most 8 files of at most 16 MiB no more than 2 folders
     down, the report rewritten after every row, and a second call skips finished rows. The budget is generous: this
     test checks what the stages leave behind, on a machine however busy; how a budget cuts a row and how the next
     call goes on is test_deadline_kills_a_row_that_then_runs_again_on_resume (a row that cannot finish in time)."""

@@ -34,7 +34,16 @@ PRINTED = set(RUN_COMMANDS.values())
 lines (tests/test_printed_commands.py checks every printed `litgpt finetune_*` line is covered by one)."""
 
 
-@pytest.mark.parametrize("recipe", discover(), ids=lambda r: r.key)
+CI_MODEL = "tiny-llama-1.1b"
+"""Recipes of this model run in CI (one per method); the others run with -m slow: on the tiny model they differ only
+in their YAML's values, which tests/test_settings.py checks against litgpt's own parser on every recipe."""
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [r if r.key.startswith(CI_MODEL + "/") else pytest.param(r, marks=pytest.mark.slow) for r in discover()],
+    ids=lambda r: r.key,
+)
 def test_recipe_trains_on_cpu(recipe, tiny_ckpt, tmp_path):
     """Every recipe, QLoRA included (`tunelab show` prints it with --quantize null on CPU: bitsandbytes' layers
     need CUDA), through the real `litgpt finetune_*`, as `cpu_command` says."""
