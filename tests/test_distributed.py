@@ -94,9 +94,10 @@ def reference(tiny_ckpt, tmp_path_factory):
     return data_file, losses
 
 
-SLOW_STRATEGIES = {"fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload"}
+SLOW_STRATEGIES = {"fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload", "deepspeed-zero2"}
 """FSDP1's other sharding strategies and its CPU offload: the same wrapper and loop as `fsdp` with one argument
-changed; they run with -m slow (CI keeps DDP, FSDP, FSDP2 and each DeepSpeed stage)."""
+changed; ZeRO stage 2: the same DeepSpeed engine and loop as stage 3 with its stage number changed. They run with
+-m slow (CI keeps DDP, FSDP, FSDP2, ZeRO-3 and ZeRO-3 with offload)."""
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,11 @@ def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_
     assert step_losses(tmp_path / strategy, 2) == pytest.approx(ref, rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "deepspeed-zero3"])
+@pytest.mark.parametrize(
+    "strategy",
+    # DDP wraps a LoRA model as it wraps a full one (test_two_processes_match_single_process[ddp] in CI): -m slow
+    [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2", "deepspeed-zero3"],
+)
 def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
     rec = run(
         resolve("tiny-llama-1.1b/lora"),

@@ -251,6 +251,12 @@ def prepare(
     are checked again for this run's model and device without a second parse. ``strategy_config``: the strategy
     file already loaded."""
     overrides = list(overrides)
+    strat = strategy_config
+    if strategy and strat is None:  # the file first: an unreadable one is refused before litgpt is imported
+        try:
+            strat = load_strategy(strategy)
+        except StrategyError as e:
+            raise RunError(f"{recipe.key}: {e}") from None
     source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
     if source == "random":
         overrides = benchmark_overrides(recipe, overrides)
@@ -281,10 +287,8 @@ def prepare(
     missing = data_modules.problem(result.resolved)  # before anything starts: nothing left behind
     if missing:
         raise RunError(f"{recipe.key}: {missing}")
-    strat = strategy_config
     if strategy:
         try:
-            strat = strat or load_strategy(strategy)
             strat.check(recipe.method, result.resolved, device)
         except StrategyError as e:
             raise RunError(f"{recipe.key}: {e}") from None
