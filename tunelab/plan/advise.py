@@ -371,9 +371,14 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
         f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
         "",
     ]
+    ranked_on: dict[str, list[Candidate]] = {}
+    planned_on: dict[str, list[Candidate]] = {}
+    for group, among in ((ranked_on, ranked), (planned_on, cands)):  # one pass each, in rank order
+        for c in among:
+            group.setdefault(c.gpu, []).append(c)
     for gpu in gpus:
-        mine = [c for c in ranked if c.gpu == gpu.name]
-        planned = [c for c in cands if c.gpu == gpu.name]
+        mine = ranked_on.get(gpu.name, [])
+        planned = planned_on.get(gpu.name, [])
         price = price_table.get(gpu.name)
         lines += [
             f"## {gpu.name} ({price.usd_per_hour:g} USD/h: {price.source}, {price.date})"
