@@ -6,7 +6,8 @@ allocations through a model of CUDA's caching allocator (tunelab/plan/allocator.
 
 For each row of the archive: the run's recipe and overrides give the model, method, precision, micro batch,
 accumulation, optimizer and LoRA targets (as ``tunelab plan`` reads them); its rank file gives the padded tokens of
-every micro batch, in order. Printed per phase (loaded, first step, end: the run record's ``phase_peak_allocated``):
+every micro batch, in order; its tokenizer and data settings (litgpt/final/) give the two batches litgpt validated
+on before training. Printed per phase (loaded, first step, end: the run record's ``phase_peak_allocated``):
 the measured peak allocated, the simulated bytes requested (what the planner counts), the replayed allocated (the
 allocator's blocks), and the run's peak reserved beside the replayed one. A few minutes per 1B-model row.
 """
@@ -14,11 +15,16 @@ allocator's blocks), and the run's peak reserved beside the replayed one. A few 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
+import yaml
+
+from tunelab.data import benchmark
 from tunelab.files import RECORD_MAX_BYTES, write_text_atomic
 from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.simulate import optimizer_of, replay_run
@@ -26,11 +32,56 @@ from tunelab.recipes import resolve
 from tunelab.record import RunRecord
 
 
-def _member(tar: tarfile.TarFile, names: dict, suffix: str) -> dict:
+def _bytes(tar: tarfile.TarFile, names: dict, suffix: str) -> bytes | None:
     member = names.get(suffix)
     if member is None or not member.isfile() or member.size > RECORD_MAX_BYTES:
+        return None
+    return tar.extractfile(member).read()
+
+
+def _member(tar: tarfile.TarFile, names: dict, suffix: str) -> dict:
+    data = _bytes(tar, names, suffix)
+    if data is None:
         raise SystemExit(f"replay_allocator: {suffix}: not a regular file of at most {RECORD_MAX_BYTES} bytes")
-    return json.loads(tar.extractfile(member).read())
+    return json.loads(data)
+
+
+SANITY_BATCHES = 2
+"""litgpt's fit() validates on two batches before it trains (its sanity check): the 'loaded' phase's peak."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def validation_lengths(tar: tarfile.TarFile, names: dict, row: str, micro_batch_size: int) -> tuple[list[int], str]:
+    """The padded lengths of the batches litgpt's sanity validation ran: the run's validation split through litgpt's
+    own data module (its split, order and collate) with the run's tokenizer and data settings, both read from the
+    archive (litgpt/final/). ([], why) where that data cannot be rebuilt here: only the benchmark dataset, which
+    this project regenerates byte for byte, can (then the replay validates at the longest training length)."""
+    hp_text = _bytes(tar, names, f"{row}/litgpt/final/hyperparameters.yaml")
+    if hp_text is None:
+        return [], "no hyperparameters.yaml in the archive"
+    hp = yaml.safe_load(hp_text) or {}
+    data, train = hp.get("data") or {}, hp.get("train") or {}
+    init = data.get("init_args") or {}
+    if (
+        data.get("class_path") != "litgpt.data.JSON"
+        or Path(str(init.get("json_path"))).name != benchmark.default_path().name
+    ):
+        return [], f"its data ({data.get('class_path')}) is not the benchmark dataset"
+    from litgpt.data import JSON
+    from litgpt.tokenizer import Tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in TOKENIZER_FILES:
+            text = _bytes(tar, names, f"{row}/litgpt/final/{name}")
+            if text is None:
+                return [], f"no {name} in the archive"
+            (Path(tmp) / name).write_bytes(text)
+        keys = ("mask_prompt", "val_split_fraction", "prompt_style", "ignore_index", "seed")
+        dm = JSON(json_path=benchmark.ensure(), num_workers=0, **{k: init[k] for k in keys if k in init})
+        dm.connect(tokenizer=Tokenizer(tmp), batch_size=micro_batch_size, max_seq_length=train.get("max_seq_length"))
+        dm.setup()
+        batches = itertools.islice(dm.val_dataloader(), SANITY_BATCHES)
+        return [int(b["input_ids"].shape[1]) for b in batches], "the run's validation split and tokenizer"
 
 
 def replay_row(tar: tarfile.TarFile, row: str) -> dict:
@@ -39,15 +90,17 @@ def replay_row(tar: tarfile.TarFile, row: str) -> dict:
     rank = _member(tar, names, f"{row}/stats/rank0.json")
     x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None).input
     seq_lens = [int(padded) // x.micro_batch_size for _t, padded, _real in rank["iters"]]
+    val_lens, val_source = validation_lengths(tar, names, row, x.micro_batch_size)
     print(f"{row}: {x.config.name} {x.method} {x.precision}, micro {x.micro_batch_size}, {len(seq_lens)} micro "
-          "batches ...", file=sys.stderr, flush=True)  # fmt: skip
+          f"batches, validation batches {val_lens or 'unknown'} ({val_source}) ...", file=sys.stderr, flush=True)  # fmt: skip
     peaks = replay_run(
         x.config, x.method, str(x.precision), x.micro_batch_size, seq_lens, x.accumulation, optimizer_of(x),
-        x.lora_r, x.lora_targets,
+        x.lora_r, x.lora_targets, validation_seqs=val_lens or None,
     )  # fmt: skip
     measured = rank.get("phase_peak_allocated") or {}
     return {
         "row": row, "device": rec.device_name, "seq_lens": seq_lens, "peak_reserved": rec.peak_reserved_bytes,
+        "validation": (val_lens, val_source),
         "phases": {p: (measured.get(p), peaks[p]) for p in ("loaded", "first_step", "end") if p in peaks},
     }  # fmt: skip
 
@@ -58,7 +111,8 @@ def render(results: list[dict], archive: str) -> str:
         "# The caching allocator's share of the peak, replayed on CPU",
         "",
         f"Regenerate with `python scripts/replay_allocator.py {archive} ROW ... --out FILE`. Each run replayed with "
-        "its own padded sequence lengths, in order (litgpt's two-batch sanity validation at the longest), on fake "
+        "its own padded sequence lengths, in order, and litgpt's two-batch sanity validation at the longer of the "
+        "two batches the run's own validation split gives (listed below the table), on fake "
         "tensors at full depth; allocations through a model of CUDA's caching allocator "
         "(`tunelab/plan/allocator.py`: 512-byte rounding, 2 MiB / 20 MiB segments, best fit, split and merge rules). "
         "GB = 1e9 bytes. requested = what the simulated step holds (the planner's quantity); allocated = the "
@@ -78,6 +132,14 @@ def render(results: list[dict], archive: str) -> str:
                 + (f"{p.allocated / measured - 1:+.1%}" if measured else "")
                 + f" | {gb(r['peak_reserved']) if end else ''} | {gb(p.reserved) if end else ''} |"
             )
+    lines += ["", "Sanity validation (padded tokens of litgpt's two validation batches; 'loaded' holds the longer):"]
+    for r in results:
+        lens, source = r["validation"]
+        lines.append(
+            f"- {r['row']}: {' and '.join(map(str, lens))} ({source}); training batches up to {max(r['seq_lens'])}"
+            if lens
+            else f"- {r['row']}: unknown ({source}): the longest training length, {max(r['seq_lens'])}, taken"
+        )
     return "\n".join(lines) + "\n"
 
 

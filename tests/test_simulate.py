@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import one_line_problems, tunelab_cli
+from tests.conftest import ROOT, one_line_problems, tunelab_cli
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan import memory
 from tunelab.plan.simulate import simulate
@@ -204,3 +204,23 @@ def test_a_replayed_run_is_the_simulated_step_plus_the_allocators_blocks(configs
     assert same.requested == pytest.approx(simulate(c, "lora", "bf16-true", 2, 64, accumulation=2).peak_bytes, abs=64)
     varied = replay_run(c, "lora", "bf16-true", 2, [64, 32, 128, 16], accumulation=2)["end"]
     assert varied.requested <= varied.allocated <= varied.reserved
+
+
+def test_the_replayed_sanity_validation_uses_the_runs_own_validation_batches(tmp_path):
+    """scripts/replay_allocator.py rebuilds the two batches litgpt validated on before training from the archived
+    run's tokenizer and data settings: consecutive batches of the unshuffled validation split, so micro batch 4's
+    first batch is micro batch 2's first two, padded to the longer; data it cannot rebuild is said, not guessed."""
+    import importlib.util
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("replay_allocator", ROOT / "scripts" / "replay_allocator.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with tarfile.open(ROOT / "reports" / "2026-11-23-qlora-memory-h100" / "records.tgz") as tar:
+        names = {m.name.split("/", 1)[-1]: m for m in tar.getmembers()}
+        two, source = script.validation_lengths(tar, names, "tiny-lora-all-mb2", 2)
+        four, _ = script.validation_lengths(tar, names, "tiny-lora-all-mb4", 4)
+        missing = script.validation_lengths(tar, names, "no-such-row", 2)
+    assert len(two) == len(four) == script.SANITY_BATCHES and source == "the run's validation split and tokenizer"
+    assert four[0] == max(two) and all(0 < n <= 512 for n in two + four)  # 512: the recipe's max_seq_length
+    assert missing == ([], "no hyperparameters.yaml in the archive")

@@ -269,14 +269,15 @@ def replay_run(
     optimizer: str = "AdamW",
     lora_r: int = LITGPT_LORA_R,
     lora_targets=LORA_TARGETS,
-    validation_seq: int | None = None,
+    validation_seqs: list[int] | None = None,
 ) -> dict:
     """litgpt's finetune loop over a run's own padded sequence lengths (one per micro batch, in order), at full depth
     (no extrapolation), its storage allocations replayed through CUDA's caching allocator
     (:mod:`tunelab.plan.allocator`): {"end", "loaded", "first_step"} -> :class:`~tunelab.plan.allocator.Peaks`, as
     a run record's phases: "loaded" before the first training batch (the model, the optimizer, and the sanity
-    validation litgpt runs on two batches of ``validation_seq`` tokens, default the longest), "first_step" after the
-    first optimizer step. Minutes for a 1B model's dozen steps: a check of the allocator's share, not a planner."""
+    validation litgpt runs on two batches of ``validation_seqs`` tokens, by default the longest twice),
+    "first_step" after the first optimizer step. Minutes for a 1B model's dozen steps: a check of the allocator's
+    share, not a planner."""
     import torch
     from litgpt.utils import chunked_cross_entropy
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -296,9 +297,9 @@ def replay_run(
             warnings.filterwarnings("ignore", message="Module is None")
             model.eval()  # litgpt's sanity check: validate() on two batches, the whole head, unchunked loss
             with torch.no_grad():
-                for _ in range(2):
+                for length in validation_seqs or [longest, longest]:
                     tracker.reset_mod_stats()
-                    v = torch.zeros(micro_batch_size, validation_seq or longest, dtype=torch.long)
+                    v = torch.zeros(micro_batch_size, length, dtype=torch.long)
                     logits = model_logits(model, v, "full", precision)
                     chunked_cross_entropy(logits[..., :-1, :], v[..., 1:], chunk_size=0)
                     del v, logits
