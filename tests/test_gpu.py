@@ -100,3 +100,28 @@ def test_fast_path_on_a_gpu(method, tiny_ckpt, tmp_path):
     assert rec.status == "ok", rec.error
     assert rec.first_iteration_s > 0 and rec.tok_s_real > 0 and rec.peak_allocated_bytes > 0
     assert rec.loss_last < rec.loss_first and rec.optimizer_steps == 60
+
+
+def test_memory_history_replays_to_the_allocators_own_peak(tiny_ckpt, tmp_path, monkeypatch):
+    """TUNELAB_MEMORY_HISTORY=1: the child records the allocator's history and leaves memory-rank0.json; replayed,
+    the history's highest point is the peak torch reports (max_memory_allocated), and the loaded phase lies below
+    it with litgpt's model code among what is alive there."""
+    need_cuda()
+    import json
+
+    from tunelab.run import memory_history
+
+    monkeypatch.setenv(memory_history.ENV, "1")
+    rec = run(
+        resolve("tiny-llama-1.1b/lora"),
+        [*STEPS, "--train.max_steps", "4", "--checkpoint_dir", str(tiny_ckpt)],
+        tmp_path / "r",
+        model="checkpoint",
+    )
+    assert rec.status == "ok", rec.error
+    mem = json.loads((tmp_path / "r" / "stats" / "memory-rank0.json").read_text())
+    phases = mem["phases"]
+    assert not mem["truncated"] and mem["events"] > 0
+    assert max(p["peak_bytes"] for p in phases.values()) == mem["max_memory_allocated_bytes"]
+    assert 0 < phases["loaded"]["peak_bytes"] <= phases["training"]["peak_bytes"]
+    assert any("litgpt/" in who for who, _ in phases["loaded"]["alive_by_caller"])

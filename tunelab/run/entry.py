@@ -9,7 +9,8 @@ end), the float32 matmul precision in force (TF32 or not: it sets the MFU peak),
 that ended it. Iteration timestamps are ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process of the
 machine), so the parent can line NVML samples up with the steady-state window. Lightning's multi-device launcher re-runs
 ``python -m tunelab.run.entry ...`` for every rank, so every rank reports for itself (litgpt prints rank 0 only). What a
-rank measures and how it is written is :mod:`tunelab.run.rank_stats` (shared with tunelab's multi-device loop).
+rank measures and how it is written is :mod:`tunelab.run.rank_stats` (shared with tunelab's multi-device loop);
+with ``TUNELAB_MEMORY_HISTORY=1`` a rank also leaves what was alive at its peaks (:mod:`tunelab.run.memory_history`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import time
 import traceback
 
-from tunelab.run import rank_stats
+from tunelab.run import memory_history, rank_stats
 
 
 def _install_iterator_probe() -> None:
@@ -31,6 +32,7 @@ def _install_iterator_probe() -> None:
 
     def __next__(self):
         rank_stats.note_phase("loaded")  # model, optimizer (and quantization) are in place before the first batch
+        memory_history.mark_first_batch()
         t = time.monotonic()
         batch = original(self)
         try:
@@ -66,12 +68,20 @@ def _skip_saves() -> None:
             mod.merge_lora = lambda *a, **k: print("tunelab: LoRA merge skipped", flush=True)
 
 
+def _write_memory_history() -> None:
+    out_dir = os.environ.get("TUNELAB_STATS_DIR")
+    if out_dir:
+        memory_history.write(out_dir, rank_stats.global_rank())
+
+
 def main() -> None:
     """Run litgpt's CLI on this process's arguments, recording this rank's figures at exit."""
     rank_stats.die_with_parent()
     os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
     sys.excepthook = rank_stats.excepthook
     atexit.register(rank_stats.write)
+    memory_history.start()  # opt-in (TUNELAB_MEMORY_HISTORY=1): what is alive at the peaks, written at exit
+    atexit.register(_write_memory_history)  # atexit runs last-registered first: before rank<N>.json
     _install_iterator_probe()
     rank_stats.install_step_hook()
     if os.environ.get(SKIP_SAVE_ENV) == "1":
