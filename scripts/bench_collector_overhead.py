@@ -1,27 +1,32 @@
 #!/usr/bin/env python
 """Measure the collector's overhead: the same litgpt run with and without tunelab around it.
 
-Alternates N pairs, on the embedded tiny model (default) or the recipe's real architecture with random weights
+Alternates pairs, on the embedded tiny model (default) or the recipe's real architecture with random weights
 (--model random, on a GPU: the benchmark dataset and tokenizer, as `tunelab run --weights random` uses them):
   without: `python -m litgpt finetune_* ...`                  (plain litgpt CLI)
   with:    `python -m tunelab run ...` (tunelab.run.entry in the child, record collection, NVML sampling where a GPU is)
-and compares litgpt's own printed Tok/sec (padded tokens over its Training Time) of each, so both sides are
-measured by the same clock. Prints the medians and their ratio (and writes them as JSON with --json-out).
+and compares litgpt's own printed Tok/sec (padded tokens over its Training Time, its first iterations included)
+of each, so both sides are measured by the same clock. Each pair's ratio (with / without, the two runs side by
+side) is the unit: the report is their median with its distribution-free 95% interval (from 6 pairs on). With
+--target T it stops once that interval's half-width is within T of the median (after at least 6 pairs), at
+--pairs, or when --deadline seconds are spent (no pair starts that could not finish by then, judged by the
+slowest pair so far). The JSON is rewritten after every pair, so a run cut short keeps what it measured.
 
-Usage: python scripts/bench_collector_overhead.py [--pairs 5] [--steps 20] [--micro 8] [--precision bf16-true]
+Usage: python scripts/bench_collector_overhead.py [--pairs 5] [--target 0.01] [--deadline S] [--steps 20]
+                                                  [--micro 8] [--precision bf16-true] [--recipe FILE]
                                                   [--model tiny|random] [--json-out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from tunelab import checkpoints  # noqa: E402
 from tunelab.data import benchmark as benchmark_data  # noqa: E402
+from tunelab.files import write_json_atomic  # noqa: E402
 from tunelab.recipes import resolve  # noqa: E402
+from tunelab.report.stats import median_interval  # noqa: E402
 from tunelab.run.gpu_monitor import GPUMonitor  # noqa: E402
 from tunelab.run.runner import build_in_child, cpu_name, cuda_available  # noqa: E402
 
@@ -38,7 +45,11 @@ TOK = re.compile(r"Tok/sec\s*:\s*([\d.]+)")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=5, help="at most this many pairs (default 5)")
+    ap.add_argument(
+        "--target", type=float, help="stop once the 95%% interval's half-width is within this fraction of the median"
+    )
+    ap.add_argument("--deadline", type=float, help="start no pair that would end after S seconds")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--micro", type=int, default=8, help="micro batch = global batch (no accumulation)")
     ap.add_argument("--precision", help="override the recipe's precision (e.g. bf16-true)")
@@ -46,6 +57,12 @@ def main() -> int:
     ap.add_argument("--model", choices=["tiny", "random"], default="tiny")
     ap.add_argument("--json-out", type=Path, help="write the per-pair figures and medians here")
     a = ap.parse_args()
+    if a.pairs < 1 or a.steps < 1 or a.micro < 1:
+        ap.error("--pairs, --steps and --micro must be at least 1")
+    if a.target is not None and not 0 < a.target < 1:
+        ap.error(f"--target is a fraction of the median in (0, 1), e.g. 0.01; got {a.target}")
+    if a.deadline is not None and not a.deadline > 0:
+        ap.error(f"--deadline is seconds, more than 0; got {a.deadline}")
     recipe = resolve(a.recipe)
     common = [
         "--config",
@@ -74,68 +91,79 @@ def main() -> int:
         ckpt = build_in_child(name, device="cuda" if cuda_available() else "cpu")
         common += ["--data.json_path", str(benchmark_data.ensure())]
     results: dict[str, list[float]] = {"without": [], "with": []}
+    started, slowest, why = time.monotonic(), 0.0, f"{a.pairs} pairs"
+    device = device_name()
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.pairs):
+            spent = time.monotonic() - started
+            if a.deadline is not None and spent + slowest > a.deadline:
+                why = f"deadline: {spent:.0f} s spent of {a.deadline:.0f}, a pair takes up to {slowest:.0f} s"
+                break
+            t0 = time.monotonic()
             for side in ("without", "with"):
-                out = Path(tmp) / f"{side}{i}"
-                if side == "without":
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "litgpt",
-                        recipe.command,
-                        *common,
-                        "--out_dir",
-                        str(out),
-                        str(ckpt),
-                    ]  # litgpt 0.5.13: the checkpoint directory is positional
-                    text = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
-                else:
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "tunelab",
-                        "run",
-                        str(recipe.path),
-                        "--model",
-                        a.model,
-                        "--out",
-                        str(out),
-                        *common[2:],
-                    ]
-                    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-                    text = (out / "stdout.log").read_text()
-                tok = float(TOK.findall(text)[-1])
-                results[side].append(tok)
-                print(f"pair {i + 1} {side:>7}: {tok:,.0f} tok/s (litgpt's figure)", flush=True)
-                shutil.rmtree(out / "litgpt" / "final", ignore_errors=True)
-                shutil.rmtree(out / "final", ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in results.items()}
-    ratio = med["with"] / med["without"]
-    print(
-        f"median without collector: {med['without']:,.0f} tok/s; with: {med['with']:,.0f} tok/s; "
-        f"ratio with/without = {ratio:.4f} ({a.pairs} pairs, {a.steps} steps, micro {a.micro}, "
-        f"{a.precision or 'recipe precision'}, model {a.model}, {device_name()})"
-    )
+                results[side].append(run_side(side, recipe, a.model, common, ckpt, Path(tmp) / f"{side}{i}"))
+                print(f"pair {i + 1} {side:>7}: {results[side][-1]:,.0f} tok/s (litgpt's figure)", flush=True)
+            slowest = max(slowest, time.monotonic() - t0)
+            summary = summarise(results)
+            if a.json_out:
+                write_json_atomic(a.json_out, {**settings(a, recipe, device), **summary, "stopped": "running"})
+            ci = summary["interval_95"]
+            if a.target is not None and ci and ci["half_width"] <= a.target:
+                why = f"target: the 95% interval is within +-{ci['half_width']:.2%} after {i + 1} pairs"
+                break
+    summary = summarise(results)
     if a.json_out:
-        a.json_out.write_text(
-            json.dumps(
-                {
-                    "pairs": a.pairs,
-                    "steps": a.steps,
-                    "micro": a.micro,
-                    "precision": a.precision,
-                    "model": a.model,
-                    "recipe": recipe.key,
-                    "device": device_name(),
-                    "tok_s": results,
-                    "median": med,
-                    "ratio_with_over_without": ratio,
-                },
-                indent=2,
-            )
-        )
+        write_json_atomic(a.json_out, {**settings(a, recipe, device), **summary, "stopped": why})
+    if not summary["ratios"]:
+        print(f"no pair measured ({why})")
+        return 1
+    ci = summary["interval_95"]
+    print(
+        f"median without collector: {summary['median']['without']:,.0f} tok/s; with: "
+        f"{summary['median']['with']:,.0f} tok/s; ratio with/without, median of {len(summary['ratios'])} pair "
+        f"ratios = {summary['ratio_with_over_without']:.4f}, 95% interval "
+        + (f"{ci['low']:.4f}-{ci['high']:.4f} (+-{ci['half_width']:.2%})" if ci else "needs 6 pairs")
+        + f"; range {min(summary['ratios']):.4f}-{max(summary['ratios']):.4f}; stopped: {why} "
+        f"({a.steps} steps, micro {a.micro}, {a.precision or 'recipe precision'}, model {a.model}, {device})"
+    )
     return 0
+
+
+def run_side(side: str, recipe, model: str, common: list[str], ckpt: Path, out: Path) -> float:
+    """One run, plain litgpt or under ``tunelab run``; litgpt's last printed Tok/sec."""
+    if side == "without":
+        cmd = [sys.executable, "-m", "litgpt", recipe.command, *common, "--out_dir", str(out), str(ckpt)]
+        text = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    else:  # litgpt 0.5.13: the checkpoint directory is positional (above); tunelab run chooses it by --model
+        cmd = [sys.executable, "-m", "tunelab", "run", str(recipe.path), "--model", model, "--out", str(out)]
+        subprocess.run([*cmd, *common[2:]], cwd=ROOT, capture_output=True, text=True, check=True)
+        text = (out / "stdout.log").read_text()
+    shutil.rmtree(out / "litgpt" / "final", ignore_errors=True)
+    shutil.rmtree(out / "final", ignore_errors=True)
+    return float(TOK.findall(text)[-1])
+
+
+def summarise(results: dict[str, list[float]]) -> dict:
+    """Per-pair ratios (with / without), their median and 95% interval, and each side's median."""
+    ratios = [w / wo for w, wo in zip(results["with"], results["without"])]
+    ci = median_interval(ratios) if ratios else None
+    return {
+        "tok_s": results,
+        "median": {k: statistics.median(v) for k, v in results.items() if v},
+        "ratios": ratios,
+        "ratio_with_over_without": statistics.median(ratios) if ratios else None,
+        "interval_95": (
+            {"low": ci.low, "high": ci.high, "coverage": ci.coverage, "half_width": ci.half_width} if ci else None
+        ),
+    }
+
+
+def settings(a, recipe, device: str) -> dict:
+    return {
+        "pairs_max": a.pairs, "target": a.target, "deadline_s": a.deadline, "steps": a.steps, "micro": a.micro,
+        "precision": a.precision, "model": a.model, "recipe": recipe.key, "device": device,
+        "tok_s_is": "litgpt's printed Tok/sec: padded tokens over its Training Time, first iterations included",
+    }  # fmt: skip
 
 
 def device_name() -> str:

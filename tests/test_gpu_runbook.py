@@ -320,3 +320,31 @@ def test_a_random_checkpoint_is_pruned_after_its_last_row(tmp_path, monkeypatch)
     assert (tmp_path / "random-tiny-llama-1.1b").is_dir()
     sweep._prune_random_checkpoints(rows["s3"], [rows["s6"]], log)
     assert not (tmp_path / "random-tiny-llama-1.1b").exists() and (tmp_path / "random-open_llama_3b").is_dir()
+
+
+@pytest.mark.slow  # 3 minutes on 2 cores; with the rehearsal above before a GPU session that runs these stages
+def test_second_round_stages_rehearsed(tmp_path):
+    """The stages issue 27 needs (families, history, overhead) rehearsed with the tiny model: what each returns, in
+    the device's limits. families: a record per row run, QLoRA's refusal recorded (no CUDA here), never dropped;
+    history: both runs' records and no weights; overhead: the JSON with the pairs it measured and why it stopped."""
+    out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
+    proc = _runbook(out, runs, results, 1500, "families", "history", "overhead", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = _returned_files(out)
+    assert {f.name for f in files} == {"families-gpu.tgz", "history.tgz", "collector-overhead.json", "runbook.log"}
+    assert all(f.stat().st_size <= 16 * 2**20 for f in files)
+    with tarfile.open(out / "families-gpu.tgz") as tar:
+        records = {
+            n.split("/")[1]: json.loads(tar.extractfile(n).read()) for n in tar.getnames() if n.endswith("/record.json")
+        }
+    assert set(records) == {"gemma-2b-lora-mb2", "llama-3.2-1b-full-mb2", "mistral-7b-qlora-mb2"}
+    assert records["gemma-2b-lora-mb2"]["status"] == "ok" and records["llama-3.2-1b-full-mb2"]["method"] == "full"
+    assert records["mistral-7b-qlora-mb2"]["status"] == "error" and "CUDA" in records["mistral-7b-qlora-mb2"]["error"]
+    with tarfile.open(out / "history.tgz") as tar:
+        names = tar.getnames()
+    assert {"history/Llama-3.2-1B/record.json", "history/TinyLlama-1.1B-intermediate-step-1431k-3T/record.json"} <= set(
+        names
+    )
+    assert not [n for n in names if n.endswith((".pth", ".lora"))]
+    overhead = json.loads((out / "collector-overhead.json").read_text())
+    assert 1 <= len(overhead["ratios"]) <= 2 and overhead["stopped"] != "running" and overhead["target"] == 0.01

@@ -114,3 +114,30 @@ def test_lab_part2_rows_reach_the_labs_step_counts_on_the_benchmark_data():
     assert any(
         p.key == "train.max_steps" and p.severity == "warning" and "give 250" in p.message for p in short.problems
     )
+
+
+def test_families_gpu_rows_plan_the_architectures_they_name():
+    """configs/sweeps/families-gpu.yaml (the GPU runbook's `families` stage) points TinyLlama recipes at other
+    architectures by checkpoint_dir: each row plans (as plan-accuracy will plan its record) the model, method and
+    micro batch it says, and every one fits one H100 by the plan, so the stage measures peaks, not OOMs."""
+    from tunelab import hardware
+    from tunelab.plan.recipe import plan_recipe
+
+    sweep = load("configs/sweeps/families-gpu.yaml")
+    got = {}
+    for row in sweep.rows:
+        planned = plan_recipe(row.recipe, to_overrides(row.settings), gpu=hardware.lookup("H100-SXM"))
+        x = planned.input
+        got[row.id] = (x.config.name, x.method, str(x.precision), x.micro_batch_size, x.seq_len)
+        assert planned.plan.fits, row.id
+    assert got == {
+        f"{name}-{method}-mb{mb}": (model, method, "bf16-true", mb, 512)
+        for name, model, method in [
+            ("gemma-2b", "Gemma-2b", "lora"),
+            ("phi-2", "phi-2", "lora"),
+            ("llama-3.2-1b", "Llama-3.2-1B", "full"),
+            ("llama-3.2-1b", "Llama-3.2-1B", "lora"),
+            ("mistral-7b", "Mistral-7B-v0.1", "qlora"),
+        ]
+        for mb in (2, 4)
+    }

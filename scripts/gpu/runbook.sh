@@ -20,6 +20,15 @@
 #   bench         litgpt against tunelab's fast path (tunelab bench, 3 alternating pairs of 30 steps, then each
 #                 at its best micro batch): BENCH recipes in turn (default TinyLlama full, TinyLlama LoRA,
 #                 OpenLLaMA 7B LoRA); records reused by the next call (not yet timed)        est. 25-40 min: 3-5 calls
+#   families      the planner across families (configs/sweeps/families-gpu.yaml: Gemma 2B and Phi-2 LoRA,
+#                 Llama 3.2 1B full and LoRA, Mistral 7B QLoRA; micro 2 and 4; random weights) (not yet timed)
+#                                                                                               est. 10-15 min: 2 calls
+#   history       what is alive at the peak: one LoRA run each of HISTORY (default TinyLlama and Llama 3.2 1B,
+#                 micro 4, 2 steps) under TUNELAB_MEMORY_HISTORY=1 -> history.tgz (stats/memory-rank0.json)
+#                                                                                       (not yet timed) est. 3 min
+#   overhead      the collector's overhead to 1%: TinyLlama full bf16-true at OVERHEAD_MICRO (default 16; set it
+#                 to the bench stage's best micro batch), 30 steps, alternating pairs until the median ratio's 95%
+#                 interval is within +-1% (at most 40 pairs, BUDGET) -> collector-overhead.json (not yet timed)
 # A stage cut by BUDGET goes on where it stopped at the next call (same command, gpu-results/ carried).
 #
 # Every stage writes into $OUT (what comes back: at most 8 files, whatever the stages): <sweep>.tgz (every record
@@ -135,6 +144,33 @@ stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $
   return $rc
 }
 stage_qlora-memory() { sweep qlora-memory; }
+stage_families() {  # the rehearsal (tiny model, CPU) runs one row per method; QLoRA's is refused there: no CUDA
+  if [ "$REHEARSAL" = 1 ]; then sweep families-gpu gemma-2b-lora-mb2 llama-3.2-1b-full-mb2 mistral-7b-qlora-mb2
+  else sweep families-gpu; fi
+}
+stage_history() {  # TUNELAB_MEMORY_HISTORY=1 runs; their records and stats/ (no weights) -> history.tgz
+  local models=${HISTORY:-"TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T meta-llama/Llama-3.2-1B"}
+  local fast=(); [ "$REHEARSAL" = 1 ] && fast=(--train.max_steps 3 --data.num_workers 0 --eval.max_iters 2)
+  local rc=0 model
+  for model in $models; do
+    if [ "$(left)" -le 90 ]; then echo "history $model: not started, $(left) s of the budget left"; continue; fi
+    echo "runbook: TUNELAB_MEMORY_HISTORY=1 tunelab run tiny-llama-1.1b/lora --checkpoint_dir checkpoints/$model"
+    TUNELAB_MEMORY_HISTORY=1 timeout -s INT "$(left)" "$PY" -m tunelab run tiny-llama-1.1b/lora "${MODEL[@]}" \
+      --checkpoint_dir "checkpoints/$model" --train.max_steps 2 --train.micro_batch_size 4 \
+      --eval.final_validation false "${fast[@]}" --out "$RUNS/history/${model##*/}" || rc=$?
+  done
+  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/history" "$OUT/history.tgz"
+  return $rc
+}
+stage_overhead() {
+  if [ "$REHEARSAL" = 1 ]; then
+    "$PY" scripts/bench_collector_overhead.py --pairs 2 --steps 4 --micro 8 --model tiny --target 0.01 \
+      --deadline "$(( $(left) - 30 ))" --json-out "$OUT/collector-overhead.json"
+  else
+    "$PY" scripts/bench_collector_overhead.py --pairs 40 --target 0.01 --steps 30 --micro "${OVERHEAD_MICRO:-16}" \
+      --precision bf16-true --model random --deadline "$(( $(left) - 30 ))" --json-out "$OUT/collector-overhead.json"
+  fi
+}
 stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
 stage_big() { sweep lab-part1 s8 s9 s14; }
 stage_profile() {
@@ -148,7 +184,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, part3, bench)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, part3, bench, families, history, overhead)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue

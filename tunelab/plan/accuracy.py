@@ -215,6 +215,12 @@ def quantization_twins(rows: list[dict]) -> list[tuple[dict, dict]]:
     return [(r, lora[key(r)]) for r in rows if r["method"] == "qlora" and key(r) in lora]
 
 
+def _residual_range(twins: list[tuple[dict, dict]]) -> str:
+    """The smallest and largest residual of the rows in ``twins`` (both of each pair), e.g. '0.033 to 0.252'."""
+    values = [r["residual_gb"] for pair in twins for r in pair]
+    return f"{min(values):+.3f} to {max(values):+.3f}"
+
+
 def _own_section(out: Path) -> list[str]:
     rows = own_rows()
     if not rows:
@@ -232,13 +238,14 @@ def _own_section(out: Path) -> list[str]:
         "run's own recipe and overrides, as `tunelab plan` reads them; residual = measured - predicted. No term is "
         f"fitted to these rows. {within} of {len(rows)} within 3%. `own.csv` has the rows.",
         "",
-        "| report | row | recipe | device | precision | micro | LoRA targets | predicted GB | measured GB | residual GB | "
-        "error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| report | row | recipe | model | device | precision | micro | LoRA targets | predicted GB | measured GB | "
+        "residual GB | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['report']} | {r['row']} | {r['recipe']} | {r['device']} | {r['precision']} | {r['micro']} | "
+            f"| {r['report']} | {r['row']} | {r['recipe']} | {r['model']} | {r['device']} | {r['precision']} | "
+            f"{r['micro']} | "
             f"{r['lora_targets'] or '-'} | {r['predicted_gb']:.2f} | {r['measured_gb']:.2f} | "
             f"{r['residual_gb']:+.3f} | {r['rel_error']:+.1%} |"
         )
@@ -247,7 +254,9 @@ def _own_section(out: Path) -> list[str]:
             "",
             "QLoRA beside the same run without quantization (same model, micro batch, targets): what the plan leaves "
             "unexplained is the same with and without bitsandbytes, so no quantization-specific term is left to fit. "
-            "The common residual (0.03-0.25 GB here, larger at micro 2 than at 4) is not in the simulated step.",
+            f"The common residual ({_residual_range(twins)} GB over these rows) is not in the simulated step; "
+            "`allocator-replay.md` replays runs of this table through a model of CUDA's caching allocator, which "
+            "puts most of it on the allocator's block rounding.",
             "",
             "| QLoRA row | LoRA row | QLoRA residual GB | LoRA residual GB | difference GB |",
             "|---|---|---|---|---|",

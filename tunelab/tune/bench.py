@@ -27,6 +27,7 @@ from tunelab.files import save_figure, set_aside, write_csv, write_json_atomic, 
 from tunelab.paths import output_root
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
+from tunelab.report.stats import median_interval
 from tunelab.report.sweep import environment
 from tunelab.run.collect import read_metrics
 from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label
@@ -280,10 +281,13 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
             )
         ratios = phase.ratios()
         if ratios:
+            ci = median_interval(ratios)
             lines += [
                 "",
                 f"Speed-up, fast / litgpt real tokens/s: **{statistics.median(ratios):.2f}x** (range "
-                f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pair(s)).",
+                f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pair(s)"
+                + (f"; 95% interval of the median {ci.low:.2f}-{ci.high:.2f}" if ci else "")
+                + ").",
             ]
         failed = [(arm.name, r) for arm in phase.arms for _, r, _ in arm.records if r.status != "ok"]
         lines += [f"- {name} {r.row_id}: {r.status}: {r.error}" for name, r in failed]

@@ -1,0 +1,80 @@
+"""The benchmarks' median interval (tunelab/report/stats.py), and the collector-overhead script that stops on it:
+a deadline that leaves no time for a second pair, its JSON rewritten as it goes, bad arguments in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, cpu_env
+from tunelab.report.stats import median_interval
+
+
+def test_interval_is_the_binomial_order_statistics():
+    xs = [float(v) for v in range(1, 13)]  # 12 values: P(Bin(12, 1/2) <= 2) = 79/4096, so k = 3
+    ci = median_interval(list(reversed(xs)))
+    assert (ci.median, ci.low, ci.high, ci.n) == (6.5, 3.0, 10.0, 12)
+    assert ci.coverage == pytest.approx(1 - 2 * 79 / 4096)
+    assert ci.half_width == pytest.approx(3.5 / 6.5)
+    six = median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0])  # the fewest values with a 95% interval: min and max
+    assert (six.low, six.high) == (1.0, 6.0) and six.coverage == pytest.approx(1 - 2 / 64)
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # 5 values: min-max covers only 93.75%
+    assert median_interval([]) is None
+    with pytest.raises(ValueError):
+        median_interval(xs, confidence=1.0)
+
+
+def test_interval_covers_the_median_of_a_skewed_distribution():
+    """Distribution-free: on exponential draws (skewed like timings on a busy machine) the interval holds the true
+    median (ln 2) at least as often as it claims, within the sampling error of 4,000 trials."""
+    rng = random.Random(7)
+    for n in (6, 10, 25):
+        hits, claimed = 0, None
+        for _ in range(4000):
+            ci = median_interval([rng.expovariate(1.0) for _ in range(n)])
+            claimed = ci.coverage
+            hits += ci.low <= math.log(2) <= ci.high
+        assert hits / 4000 >= claimed - 3 * math.sqrt(claimed * (1 - claimed) / 4000), (n, hits, claimed)
+        assert claimed >= 0.95
+
+
+def _overhead(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_collector_overhead.py"), *args],
+        cwd=ROOT,
+        env=cpu_env(TMPDIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_collector_overhead_stops_at_its_deadline_and_keeps_what_it_measured(tmp_path):
+    """One real pair (plain litgpt, then tunelab run, tiny model), then no second: the deadline leaves less time
+    than the first pair took. The JSON says why it stopped and holds the pair's ratio; no interval from one pair."""
+    out = tmp_path / "overhead.json"
+    proc = _overhead("--pairs", "3", "--steps", "2", "--micro", "2", "--deadline", "1", "--json-out", str(out),
+                     tmp_path=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert len(got["ratios"]) == 1 and got["stopped"].startswith("deadline:")
+    assert got["ratios"][0] == pytest.approx(got["tok_s"]["with"][0] / got["tok_s"]["without"][0])
+    assert got["interval_95"] is None and "needs 6 pairs" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--pairs", "0"], "--pairs, --steps and --micro must be at least 1"),
+        (["--target", "5"], "--target is a fraction of the median"),
+        (["--deadline", "-3"], "--deadline is seconds"),
+    ],
+)
+def test_collector_overhead_bad_arguments_in_one_line(args, says, tmp_path):
+    proc = _overhead(*args, tmp_path=tmp_path)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
