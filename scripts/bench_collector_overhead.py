@@ -20,7 +20,6 @@ Usage: python scripts/bench_collector_overhead.py [--pairs 5] [--target 0.01] [-
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
 import subprocess
@@ -32,15 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tunelab import checkpoints  # noqa: E402
+from tunelab import checkpoints, record  # noqa: E402
 from tunelab.data import benchmark as benchmark_data  # noqa: E402
-from tunelab.files import write_json_atomic  # noqa: E402
+from tunelab.errors import InputError  # noqa: E402
+from tunelab.files import check_target, write_json_atomic  # noqa: E402
 from tunelab.recipes import resolve  # noqa: E402
 from tunelab.report.stats import median_interval  # noqa: E402
+from tunelab.run.collect import parse_litgpt_report  # noqa: E402
 from tunelab.run.gpu_monitor import GPUMonitor  # noqa: E402
 from tunelab.run.runner import build_in_child, cpu_name, cuda_available  # noqa: E402
-
-TOK = re.compile(r"Tok/sec\s*:\s*([\d.]+)")
 
 
 def main() -> int:
@@ -63,7 +62,12 @@ def main() -> int:
         ap.error(f"--target is a fraction of the median in (0, 1), e.g. 0.01; got {a.target}")
     if a.deadline is not None and not a.deadline > 0:
         ap.error(f"--deadline is seconds, more than 0; got {a.deadline}")
-    recipe = resolve(a.recipe)
+    try:
+        recipe = resolve(a.recipe)
+        if a.json_out is not None:
+            check_target(a.json_out, "--json-out")
+    except InputError as e:  # a recipe that cannot be read, an output that is a link, FIFO or directory
+        ap.error(str(e))
     common = [
         "--config",
         str(recipe.path),
@@ -130,17 +134,37 @@ def main() -> int:
 
 
 def run_side(side: str, recipe, model: str, common: list[str], ckpt: Path, out: Path) -> float:
-    """One run, plain litgpt or under ``tunelab run``; litgpt's last printed Tok/sec."""
-    if side == "without":
+    """One run, plain litgpt or under ``tunelab run``: litgpt's printed Tok/sec (from its output, or from the run
+    record, which holds the same figure parsed the same way). A run that fails ends the script in one line."""
+    if side == "without":  # litgpt 0.5.13: the checkpoint directory is positional
         cmd = [sys.executable, "-m", "litgpt", recipe.command, *common, "--out_dir", str(out), str(ckpt)]
-        text = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    else:  # litgpt 0.5.13: the checkpoint directory is positional (above); tunelab run chooses it by --model
-        cmd = [sys.executable, "-m", "tunelab", "run", str(recipe.path), "--model", model, "--out", str(out)]
-        subprocess.run([*cmd, *common[2:]], cwd=ROOT, capture_output=True, text=True, check=True)
-        text = (out / "stdout.log").read_text()
+    else:  # tunelab run chooses the checkpoint by --model
+        cmd = [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "run",
+            str(recipe.path),
+            "--model",
+            model,
+            "--out",
+            str(out),
+            *common[2:],
+        ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tok_s = (
+        parse_litgpt_report(proc.stdout)["tok_s"]
+        if side == "without"
+        else record.load(out / "record.json").litgpt_tok_s
+        if (out / "record.json").is_file()
+        else None
+    )
     shutil.rmtree(out / "litgpt" / "final", ignore_errors=True)
     shutil.rmtree(out / "final", ignore_errors=True)
-    return float(TOK.findall(text)[-1])
+    if proc.returncode != 0 or tok_s is None:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise SystemExit(f"bench_collector_overhead: the {side} run failed (exit {proc.returncode}): {last[0]}")
+    return tok_s
 
 
 def summarise(results: dict[str, list[float]]) -> dict:

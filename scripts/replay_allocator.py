@@ -59,9 +59,13 @@ def validation_lengths(tar: tarfile.TarFile, names: dict, row: str, micro_batch_
     hp_text = _bytes(tar, names, f"{row}/litgpt/final/hyperparameters.yaml")
     if hp_text is None:
         return [], "no hyperparameters.yaml in the archive"
-    hp = yaml.safe_load(hp_text) or {}
-    data, train = hp.get("data") or {}, hp.get("train") or {}
-    init = data.get("init_args") or {}
+    try:
+        hp = yaml.safe_load(hp_text)
+    except yaml.YAMLError:
+        return [], "hyperparameters.yaml is not valid YAML"
+    mapping = lambda v: v if isinstance(v, dict) else {}  # noqa: E731 (a missing or malformed section: empty)
+    data, train = mapping(mapping(hp).get("data")), mapping(mapping(hp).get("train"))
+    init = mapping(data.get("init_args"))
     if (
         data.get("class_path") != "litgpt.data.JSON"
         or Path(str(init.get("json_path"))).name != benchmark.default_path().name
@@ -77,11 +81,14 @@ def validation_lengths(tar: tarfile.TarFile, names: dict, row: str, micro_batch_
                 return [], f"no {name} in the archive"
             (Path(tmp) / name).write_bytes(text)
         keys = ("mask_prompt", "val_split_fraction", "prompt_style", "ignore_index", "seed")
-        dm = JSON(json_path=benchmark.ensure(), num_workers=0, **{k: init[k] for k in keys if k in init})
-        dm.connect(tokenizer=Tokenizer(tmp), batch_size=micro_batch_size, max_seq_length=train.get("max_seq_length"))
-        dm.setup()
-        batches = itertools.islice(dm.val_dataloader(), SANITY_BATCHES)
-        return [int(b["input_ids"].shape[1]) for b in batches], "the run's validation split and tokenizer"
+        try:  # settings of the wrong type or a tokenizer that cannot be read: say so, validate at the longest
+            dm = JSON(json_path=benchmark.ensure(), num_workers=0, **{k: init[k] for k in keys if k in init})
+            dm.connect(Tokenizer(tmp), batch_size=micro_batch_size, max_seq_length=train.get("max_seq_length"))
+            dm.setup()
+            batches = itertools.islice(dm.val_dataloader(), SANITY_BATCHES)
+            return [int(b["input_ids"].shape[1]) for b in batches], "the run's validation split and tokenizer"
+        except Exception as e:  # noqa: BLE001 (the tokenizers library raises a bare Exception for a bad file)
+            return [], f"its data settings could not be rebuilt ({type(e).__name__}: {str(e)[:120]})"
 
 
 def replay_row(tar: tarfile.TarFile, row: str) -> dict:

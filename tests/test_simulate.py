@@ -224,3 +224,33 @@ def test_the_replayed_sanity_validation_uses_the_runs_own_validation_batches(tmp
     assert len(two) == len(four) == script.SANITY_BATCHES and source == "the run's validation split and tokenizer"
     assert four[0] == max(two) and all(0 < n <= 512 for n in two + four)  # 512: the recipe's max_seq_length
     assert missing == ([], "no hyperparameters.yaml in the archive")
+    # an archive whose settings are broken: the reason, never a traceback (the replay then validates at the longest)
+    import io
+
+    from tunelab.data import benchmark
+
+    broken = {
+        "list": b"[1, 2]\n",
+        "yaml": b"data: {unclosed\n",
+        "type": (
+            f"data: {{class_path: litgpt.data.JSON, init_args: {{json_path: {benchmark.default_path().name}, "
+            "val_split_fraction: many}}\n"
+        ).encode(),
+    }
+    archive = tmp_path / "broken.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for row, text in broken.items():
+            for name, data in (
+                ("hyperparameters.yaml", text),
+                ("tokenizer.json", b"{}"),
+                ("tokenizer_config.json", b"{}"),
+            ):
+                info = tarfile.TarInfo(f"sweep/{row}/litgpt/final/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(archive) as tar:
+        names = {m.name.split("/", 1)[-1]: m for m in tar.getmembers()}
+        said = {row: script.validation_lengths(tar, names, row, 2) for row in broken}
+    assert said["list"] == ([], "its data (None) is not the benchmark dataset")
+    assert said["yaml"] == ([], "hyperparameters.yaml is not valid YAML")
+    assert said["type"][0] == [] and said["type"][1].startswith("its data settings could not be rebuilt")

@@ -78,3 +78,20 @@ def test_collector_overhead_stops_at_its_deadline_and_keeps_what_it_measured(tmp
 def test_collector_overhead_bad_arguments_in_one_line(args, says, tmp_path):
     proc = _overhead(*args, tmp_path=tmp_path)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_collector_overhead_refuses_an_output_it_must_not_write_through_and_a_failing_run(tmp_path):
+    """--json-out that is a FIFO or a link leading outside is refused before any run (one line, exit 2); a run
+    that fails (Lightning refuses the precision) ends the script in one line naming the side, not a traceback."""
+    import os
+
+    fifo, link = tmp_path / "fifo", tmp_path / "link"
+    os.mkfifo(fifo)
+    link.symlink_to(tmp_path.parent / "elsewhere.json")
+    for target in (fifo, link):
+        proc = _overhead("--json-out", str(target), tmp_path=tmp_path)
+        assert proc.returncode == 2 and "--json-out" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path.parent / "elsewhere.json").exists()
+    proc = _overhead("--pairs", "1", "--steps", "1", "--precision", "banana", tmp_path=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("bench_collector_overhead: the without run failed (exit")

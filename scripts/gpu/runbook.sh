@@ -84,6 +84,10 @@ sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report +
     "${prune[@]}" --deadline "$(left)"
 }
 
+archive() {  # archive DIR FILE.tgz: DIR's records and logs, no weights (tunelab.run.sweep.archive)
+  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$1" "$2"
+}
+
 stage_env() {
   "$PY" -m tunelab.run.preflight || return 1
   "$PY" - <<'PY'
@@ -123,7 +127,7 @@ stage_part3() {  # tunelab tune-study: probes under $RUNS/lab-part3/<study>/<set
   timeout -s INT "$(left)" "$PY" -m tunelab tune-study configs/sweeps/lab-part3.yaml --only "${PART3:-tiny-llama-1.1b-full}" \
     --out "$RUNS/lab-part3" --no-report "${opts[@]}" || rc=$?
   "$PY" -m tunelab report "$RUNS/lab-part3" --out "$RUNS/lab-part3/report" || rc=$?
-  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/lab-part3" "$OUT/lab-part3.tgz"
+  archive "$RUNS/lab-part3" "$OUT/lab-part3.tgz"
   return $rc
 }
 stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $RUNS/bench/<recipe>/, archived after
@@ -140,7 +144,7 @@ stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $
     timeout -s INT "$(left)" "$PY" -m tunelab bench "$recipe" "${opts[@]}" --deadline "$(( $(left) - 60 ))" \
       --out "$RUNS/bench/$slug" --report-dir "$RUNS/bench/$slug/report" || rc=$?
   done
-  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/bench" "$OUT/bench.tgz"
+  archive "$RUNS/bench" "$OUT/bench.tgz"
   return $rc
 }
 stage_qlora-memory() { sweep qlora-memory; }
@@ -159,7 +163,7 @@ stage_history() {  # TUNELAB_MEMORY_HISTORY=1 runs; their records and stats/ (no
       --checkpoint_dir "checkpoints/$model" --train.max_steps 2 --train.micro_batch_size 4 \
       --eval.final_validation false "${fast[@]}" --out "$RUNS/history/${model##*/}" || rc=$?
   done
-  "$PY" -c "import sys; from pathlib import Path; from tunelab.run.sweep import archive; archive(Path(sys.argv[1]), Path(sys.argv[2]))" "$RUNS/history" "$OUT/history.tgz"
+  archive "$RUNS/history" "$OUT/history.tgz"
   return $rc
 }
 stage_overhead() {

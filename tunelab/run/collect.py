@@ -64,7 +64,10 @@ def latest_tokens(out_dir: Path) -> int | None:
         return None
 
 
-def _parse_litgpt_report(stdout: str) -> dict:
+def parse_litgpt_report(stdout: str) -> dict:
+    """The figures litgpt prints at the end of a fine-tune (its Training Time, Tok/sec: padded tokens over that time,
+    Memory Used, parameter counts, final val loss, last iteration); None for each it did not print."""
+
     def grab(pattern, cast=float):
         m = re.findall(pattern, stdout)
         return cast(m[-1].replace(",", "")) if m else None
@@ -184,7 +187,7 @@ def _rank_figures(rec: RunRecord) -> None:
 
 def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:
     """Step 3: litgpt's printed figures and metrics.csv (losses, iterations, steps); returns the iterations run."""
-    lit = _parse_litgpt_report(stdout)
+    lit = parse_litgpt_report(stdout)
     rec.litgpt_training_time_s, rec.litgpt_tok_s, rec.litgpt_memory_gb = (
         lit["training_time_s"],
         lit["tok_s"],

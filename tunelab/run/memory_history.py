@@ -53,15 +53,15 @@ def mark_first_batch() -> None:
 def caller(frames: list[dict]) -> str:
     """The first frame outside torch (frames run innermost first), as 'path:line function' with the path cut to
     its package; the innermost frame when every frame is torch's; '?' without frames."""
-    for f in frames:
-        name = str(f.get("filename", ""))
-        if "/torch/" not in name and not name.startswith("<"):
-            short = name.split("site-packages/")[-1]
-            return f"{short}:{f.get('line')} {f.get('name')}"
-    if frames:
-        f = frames[0]
-        return f"{str(f.get('filename', '')).split('site-packages/')[-1]}:{f.get('line')} {f.get('name')}"
-    return "?"
+    outside = [
+        f
+        for f in frames
+        if "/torch/" not in str(f.get("filename", "")) and not str(f.get("filename", "")).startswith("<")
+    ]
+    f = (outside or frames or [None])[0]
+    if f is None:
+        return "?"
+    return f"{str(f.get('filename', '')).split('site-packages/')[-1]}:{f.get('line')} {f.get('name')}"
 
 
 def summarise(snapshot: dict, max_entries: int = MAX_ENTRIES, top: int = TOP, mark: int | None = None) -> dict:
@@ -71,37 +71,42 @@ def summarise(snapshot: dict, max_entries: int = MAX_ENTRIES, top: int = TOP, ma
 
     Phases: "loaded" until event number ``mark`` (the history's length at the first training batch), or without
     it until the first 'snapshot' event; "training" after. Sizes are the bytes requested, as the history records
-    them."""
+    them. Two passes: the first finds each phase's peak event, the second groups what is alive at each by caller."""
     traces = [t for t in snapshot.get("device_traces", []) if t]
     trace = max(traces, key=len) if traces else []
-    live: dict[int, tuple[int, str]] = {}
-    by_caller: Counter = Counter()
+    if mark is None:
+        mark = next((i for i, e in enumerate(trace) if e.get("action") == "snapshot"), len(trace))
+    peaks = {"loaded": (0, -1), "training": (0, -1)}  # phase -> (bytes, index of the event that reached them)
+    live: dict[int, int] = {}
     current = 0
-    phase = "loaded"
-    best: dict[str, tuple[int, Counter]] = {"loaded": (0, Counter()), "training": (0, Counter())}
     for i, e in enumerate(trace):
-        action = e.get("action")
-        if (i >= mark) if mark is not None else action == "snapshot":
-            phase = "training"
+        action, addr = e.get("action"), e.get("addr")
         if action == "alloc":
-            size, who = int(e["size"]), caller(e.get("frames") or [])
-            live[e["addr"]] = (size, who)
-            by_caller[who] += size
-            current += size
-            if current > best[phase][0]:
-                best[phase] = (current, +by_caller)
-        elif action == "free_requested" and e.get("addr") in live:
-            size, who = live.pop(e["addr"])
-            by_caller[who] -= size
-            current -= size
+            live[addr] = int(e["size"])
+            current += live[addr]
+            phase = "loaded" if i < mark else "training"
+            if current > peaks[phase][0]:
+                peaks[phase] = (current, i)
+        elif action == "free_requested" and addr in live:
+            current -= live.pop(addr)
+    phases = {name: {"peak_bytes": peak, "alive_by_caller": []} for name, (peak, _at) in peaks.items()}
+    at = {i: name for name, (_peak, i) in peaks.items() if i >= 0}
+    alive: dict[int, tuple[int, list]] = {}
+    for i, e in enumerate(trace[: max(at, default=-1) + 1]):
+        if e.get("action") == "alloc":
+            alive[e["addr"]] = (int(e["size"]), e.get("frames") or [])
+        elif e.get("action") == "free_requested":
+            alive.pop(e.get("addr"), None)
+        if i in at:
+            by_caller: Counter = Counter()
+            for size, frames in alive.values():
+                by_caller[caller(frames)] += size
+            phases[at[i]]["alive_by_caller"] = [[who, n] for who, n in by_caller.most_common(top)]
     return {
         "events": len(trace),
         "truncated": len(trace) >= max_entries,
         "units": "bytes requested (before the allocator's rounding; max_memory_allocated counts its blocks)",
-        "phases": {
-            name: {"peak_bytes": peak, "alive_by_caller": [[who, n] for who, n in alive.most_common(top)]}
-            for name, (peak, alive) in best.items()
-        },
+        "phases": phases,
     }
 
 
