@@ -91,8 +91,25 @@ def test_rank_files_are_read_through_the_schema():
             "peak_allocated_bytes": 5,
             "cuda_error": None,
             "iters": [[1.0, 16, 12], [2.0, 16, 10]],
+            "pauses": [[0, 0.25], [0, 0.5]],
         }
     )
-    assert stats.rank == 1 and stats.peak_allocated_bytes == 5 and iters == [[1.0, 16, 12], [2.0, 16, 10]]
+    assert stats.rank == 1 and stats.peak_allocated_bytes == 5
+    assert iters == [[1.0, 16, 12, 0.75], [2.0, 16, 10, 0.0]]  # [start, padded, real, paused inside]
+    for bad in ([[0]], [[0, -1.0]], [["0", 1.0]], [[0, float("nan")]]):
+        with pytest.raises(ValueError, match="pauses"):
+            read_rank_file({"rank": 0, "pauses": bad})
     with pytest.raises(ValueError, match="unknown keys \\['surprise'\\]"):
         read_rank_file({"rank": 0, "surprise": 1})
+
+
+def test_steady_state_leaves_the_pauses_out():
+    """A validation or save inside the loop (a pause noted on the iteration it interrupted) is not training time:
+    the iteration and step times and tok/s exclude it; without the subtraction the median step would be 3 s."""
+    from tunelab.run.collect import _steady_state
+
+    starts = [0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 8.0]  # iteration 2 took 3 s, 2 of them a validation
+    log = [[t, 100, 80, 2.0 if i == 2 else 0.0] for i, t in enumerate(starts)]
+    steady = _steady_state([log], 1, len(log))
+    assert steady["iter_time_s"] == 1.0 and steady["step_time_s"] == 1.0 and steady["window"] == (1.0, 8.0)
+    assert steady["tok_s_real"] == 80 * 5 / 5.0  # 5 counted iterations of 1 s each (the first is warm-up)

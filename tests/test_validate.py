@@ -68,6 +68,12 @@ BAD = [
     ),
     ("tiny-llama-1.1b/lora", ["--devices", "2", "--eval.interval", "5"], {}, "eval.interval", "hang"),
     ("tiny-llama-1.1b/lora", ["--optimizer", "Adamz"], {}, "optimizer", "cannot be imported"),
+    # litgpt's parser keeps these beside init_args and litgpt never reads them: the run would train at 2e-4
+    ("tiny-llama-1.1b/full", ["--optimizer.init_args.lr", "0.01"], {}, "optimizer.lr", "ignores this override"),
+    ("tiny-llama-1.1b/lora", ["--optimizer.lr", "0.01"], {}, "optimizer.lr", "--config FILE"),
+    # refused by litgpt's own validate_args once the model is being set up: here before anything is built
+    ("tiny-llama-1.1b/full", ["--train.max_norm", "1.0"], {}, "train.max_norm", "does not support"),
+    ("tiny-llama-1.1b/lora", ["--train.lr_warmup_fraction", "0.1"], {}, "train", "Choose one"),
     ("tiny-llama-1.1b/lora", ["--data.json_path", "missing.json"], {}, "data.json_path", "does not exist"),
     ("tiny-llama-1.1b/lora", [], {"gpu": "Z9000"}, "--gpu", "unknown GPU"),
     # refused by litgpt's own parser

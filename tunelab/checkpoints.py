@@ -140,6 +140,18 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
+def construct(cls, config, device, dtype):
+    """``cls(config)`` constructed on ``device`` with ``dtype`` as the default dtype (what Fabric's ``init_module``
+    does under a true precision): parameters are created and initialised there, in that dtype."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def build(
     name: str = TINY,
     out_dir: Path | None = None,
@@ -224,13 +236,7 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = GPT(config)
-    finally:
-        torch.set_default_dtype(previous)
+    model = construct(GPT, config, device, dtype)
     tmp = out_dir / "lit_model.pth.tmp"
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
     save_config(config, out_dir)

@@ -54,19 +54,30 @@ class RankStats:
     cuda_error: str | None = None
     """Why the CUDA figures are missing when reading them failed at exit (a broken CUDA context)."""
     first_iteration_s: float | None = None
-    """Wall time of the first training iteration, synchronised (tunelab's loop only): with ``compile: blocks`` the
-    compilation happens here; a cost of its own, kept apart from the steady-state figures."""
+    """Wall time of the first training iteration, synchronised (tunelab's loop only): a cost of its own, kept apart
+    from the steady-state figures (with ``compile: blocks`` and no ``pad_to_multiple``, compilation happens here)."""
+    compile_s: float | None = None
+    """Wall time of compiling every shape the run will train on, before the first iteration (tunelab's loop with
+    ``compile: blocks`` and ``pad_to_multiple``): a forward and backward per shape, their gradients discarded."""
+    graphs_compiled_in_loop: int | None = None
+    """Graphs torch.compile built after the first training iteration (dynamo's ``unique_graphs`` counter):
+    recompilations that fell inside the training loop. A measured window with any is refused by ``tunelab bench``."""
+    paused_s: float | None = None
+    """Time spent in the loop on validation, sample generation and checkpoint saves (tunelab's loop): left out of
+    the iteration it interrupted, so the steady-state figures count training only."""
 
 
-RANK_FILE_LOG = ("iters",)
+RANK_FILE_LOG = ("iters", "pauses")
 """Keys of ``rank<N>.json`` beside the RankStats fields that stay in the rank file: ``iters``, one
 [monotonic start time, padded tokens, real tokens] per micro-batch iteration, from which the runner computes the
-steady-state figures (step time, tok/s, the NVML window). Too long for the record; the rank files stay in the run
-directory."""
+steady-state figures (step time, tok/s, the NVML window), and ``pauses``, one [iteration index, seconds] per
+validation or save inside the loop (subtracted from that iteration's time). Too long for the record; the rank files
+stay in the run directory."""
 
 
 def read_rank_file(data: dict) -> tuple[RankStats, list]:
-    """(RankStats, iteration log) from a rank file's JSON; ValueError naming any key the schema does not know."""
+    """(RankStats, iteration log) from a rank file's JSON; ValueError naming any key the schema does not know. The
+    log holds one [start, padded tokens, real tokens, seconds paused inside the iteration] per iteration."""
     if not isinstance(data, dict):
         raise ValueError(f"a rank file is a JSON object, got {type(data).__name__}")
     stats = checked_fields(RankStats, {k: v for k, v in data.items() if k not in RANK_FILE_LOG}, "rank file")
@@ -76,7 +87,22 @@ def read_rank_file(data: dict) -> tuple[RankStats, list]:
         for it in iters
     ):
         raise ValueError("rank file: iters is not a list of [time, padded tokens, real tokens]")
-    return RankStats(**stats), iters
+    pauses = data.get("pauses") or []
+    if not isinstance(pauses, list) or not all(
+        isinstance(p, list)
+        and len(p) == 2
+        and type(p[0]) is int
+        and type(p[1]) in (int, float)
+        and math.isfinite(p[1])
+        and p[1] >= 0
+        for p in pauses
+    ):
+        raise ValueError("rank file: pauses is not a list of [iteration index, seconds]")
+    log = [[*it, 0.0] for it in iters]  # [start, padded, real, seconds paused inside it]
+    for index, seconds in pauses:  # a pause belongs to the iteration it interrupted
+        if 0 <= index < len(log):
+            log[index][3] += seconds
+    return RankStats(**stats), log
 
 
 @dataclass
@@ -204,7 +230,17 @@ class RunRecord:
     optimizer_steps: int | None = None
     """Optimizer steps run."""
     first_iteration_s: float | None = None
-    """Max over ranks of the first training iteration's wall time (compilation included; tunelab's loop only)."""
+    """Max over ranks of the first training iteration's wall time (compilation included unless compiled ahead;
+    tunelab's loop only)."""
+    compile_s: float | None = None
+    """Max over ranks of the time spent compiling every training shape before the first iteration (tunelab's loop
+    with compiled blocks and static shapes); apart from the steady-state figures."""
+    graphs_compiled_in_loop: int | None = None
+    """Max over ranks of the graphs torch.compile built after the first iteration: recompilations inside the loop
+    (0 with static shapes compiled ahead; ``tunelab bench`` refuses a measured run with any)."""
+    paused_s: float | None = None
+    """Max over ranks of the time spent on validation, sample generation and checkpoints inside the loop (excluded
+    from the iteration and step times)."""
     warmup_steps_excluded: int | None = None
     """Optimizer steps left out of the steady-state figures (warm-up: compilation, allocator growth)."""
     step_time_s: float | None = None

@@ -81,6 +81,12 @@ class StrategyConfig:
     compile: str | None = None
     """``blocks``: ``torch.compile`` each transformer block (regional compilation: one compiled graph reused by every
     block, so compilation takes seconds; its time is the first iteration's, reported apart). None: eager."""
+    pad_to_multiple: int | None = None
+    """Static shapes for compiled code: pad each micro batch's length on to a multiple of N tokens (never past the
+    model's max_seq_length) and fill a short last micro batch with rows of padding (litgpt's own pad id and ignore
+    index: the loss and gradients are unchanged, only padded work grows). With ``compile: blocks`` every shape the
+    epoch plan holds is compiled before the first iteration, so the training loop never recompiles. None: litgpt's
+    shapes (the longest sample of each micro batch)."""
     length_grouping: int | None = None
     """Form micro batches from samples of similar length: litgpt's order cut into windows of N micro batches, each
     window sorted by length, the micro batches shuffled. Every sample once per epoch, attention and loss unchanged;
@@ -100,6 +106,7 @@ class StrategyConfig:
                 ("fused optimizer", self.fused_optimizer),
                 (f"optimizer {self.optimizer}", self.optimizer),
                 (f"compiled {self.compile}", self.compile),
+                (f"lengths padded to multiples of {self.pad_to_multiple}", self.pad_to_multiple),
                 (f"length-grouped micro batches (windows of {self.length_grouping})", self.length_grouping),
             )
             if on
@@ -209,6 +216,7 @@ RANGES = {
     "allgather_bucket_size": 10**11,
     "log_interval": 1_000_000,
     "length_grouping": 10_000,
+    "pad_to_multiple": 65_536,
 }
 """Integer keys and their largest accepted value (the smallest is 1): a 1e30 bucket fails in the ranks."""
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")

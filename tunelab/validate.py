@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -59,7 +60,8 @@ class Result:
 
     def blocking(self, under_strategy: bool = False, with_file: bool = True) -> list[str]:
         """The errors that stop a launch, one line each (empty: it may start). Under tunelab's own loop
-        (``under_strategy``) eval.interval is not one: that loop runs no in-loop evaluation to hang on. Without
+        (``under_strategy``) eval.interval is not one: that loop samples on rank 0 with the unwrapped model (no
+        collective) and skips the sample under sharding, so no rank waits on another. Without
         ``with_file`` the lines start at the key (the caller names the file)."""
         lines = [
             str(p) if with_file else f"{p.key}: {p.message}; fix: {p.fix}"
@@ -141,6 +143,13 @@ def _parser_problem(recipe: Recipe, err: Exception) -> Problem:
             key,
             f"litgpt {recipe.command} has no such argument",
             f"remove it or correct its spelling (see: litgpt {recipe.command} --help)",
+        )
+    if "object has no attribute 'init_args'" in text:  # jsonargparse fails replacing a class_path mapping
+        return Problem(
+            file,
+            "optimizer",
+            "litgpt's parser cannot replace the recipe's class_path/init_args optimizer from the command line",
+            "put the whole optimizer (class_path and init_args) in a YAML file and add `--config FILE` after the recipe",
         )
     m = re.search(r'Parser key "([^"]+)":\s*(.*)', text)
     if m:
@@ -546,8 +555,26 @@ def _lora_rules(c: _Context, a: dict, bad) -> None:
 
 
 def _optimizer_rules(c: _Context, a: dict, bad) -> None:
-    """A torch.optim / bitsandbytes.optim class (nothing else is imported)."""
-    name = _optimizer_name(a.get("optimizer"))
+    """A torch.optim / bitsandbytes.optim class (nothing else is imported); no override that litgpt drops."""
+    optimizer = a.get("optimizer")
+    if isinstance(optimizer, dict):
+        dropped = sorted(set(optimizer) - {"class_path", "init_args"})
+        if dropped:  # `--optimizer.init_args.lr X` / `--optimizer.lr X` on a recipe whose optimizer is a mapping
+            bad(
+                f"optimizer.{dropped[0]}",
+                f"litgpt ignores this override: with a class_path/init_args optimizer its parser stores "
+                f"{', '.join(dropped)} beside init_args, and litgpt builds the optimizer from init_args alone "
+                "(it would train with the recipe's values)",
+                "put the whole optimizer (class_path and init_args) in a YAML file and add `--config FILE` after "
+                "the recipe, or edit a copy of the recipe",
+            )
+        if "class_path" not in optimizer:
+            bad(
+                "optimizer.class_path",
+                "is missing (a second --config that gives only init_args replaces the whole optimizer mapping)",
+                "give class_path beside init_args, e.g. class_path: torch.optim.AdamW",
+            )
+    name = _optimizer_name(optimizer)
     if name:
         why = optimizer_problem(name)
         if why:
@@ -582,7 +609,36 @@ def _data_rules(c: _Context, a: dict, bad) -> None:
             bad("data.num_workers", f"is {workers}", "set data.num_workers >= 0")
 
 
+def _litgpt_refusal_rules(c: _Context, a: dict, bad) -> None:
+    """What ``litgpt finetune_full`` / ``finetune_lora`` refuse in their own ``validate_args`` once the model is
+    being set up (train.max_norm, max_tokens, tie_embeddings, lr_warmup_fraction set; epochs or eval.max_new_tokens
+    missing): refused here, before anything is built, from litgpt's own function; tunelab's loop takes the same."""
+    module = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}.get(c.command)
+    if module is None or not isinstance(a.get("train"), dict):
+        return
+    from litgpt.args import EvalArgs, TrainArgs
+
+    try:
+        with warnings.catch_warnings():  # TrainArgs warns about a warm-up longer than the run: a rule below says so
+            warnings.simplefilter("ignore")
+            train, eval_args = TrainArgs(**a["train"]), EvalArgs(**(a.get("eval") or {}))
+    except TypeError:
+        return  # litgpt's parser gave other keys: its own error says so
+    except ValueError as e:  # TrainArgs' own checks, e.g. both lr_warmup_fraction and lr_warmup_steps
+        bad("train", f"litgpt's TrainArgs refuses it: {' '.join(str(e).split())[:200]}", "change the train settings")
+        return
+    try:
+        importlib.import_module(module).validate_args(train, eval_args)
+    except ValueError as e:
+        for name in re.findall(r"doesn't support the '(\w+)' argument", str(e)):
+            bad(f"train.{name}", f"litgpt {c.command} does not support it (its validate_args refuses it)", "remove it")
+        for name in re.findall(r"requires the '(\w+)' argument", str(e)):
+            key = "eval.max_new_tokens" if name == "max_new_tokens" else f"train.{name}"
+            bad(key, f"is not set; litgpt {c.command} requires it", f"set {key}")
+
+
 RULES = (
+    _litgpt_refusal_rules,
     _precision_rules,
     _batch_rules,
     _schedule_rules,

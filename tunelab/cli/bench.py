@@ -8,6 +8,10 @@ from pathlib import Path
 
 from tunelab.cli.common import count, fail, memory_limit, model_choice, positive_seconds, run_options
 
+PROBE_STEPS = 8
+"""Optimizer steps of each --best-micro probe: the first is warm-up (excluded); the fast arm compiles every shape
+before its first iteration, so no probe is timed on its compilation."""
+
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
@@ -65,7 +69,7 @@ def handle(args, extra) -> int:
     phases = [bench.run_phase(recipe, extra, out, "recipe", arms, args.pairs, model=model, deadline=deadline, **limits)]
     if args.best_micro and (deadline is None or time.monotonic() < deadline):
         best = bench.best_micro(
-            recipe, extra, out, arms, gpu=gpu, model=model, max_micro=args.max_micro, steps=3, **limits
+            recipe, extra, out, arms, gpu=gpu, model=model, max_micro=args.max_micro, steps=PROBE_STEPS, **limits
         )
         if len(best) == len(arms):
             fresh = [bench.Arm(a.name, a.strategy) for a in arms]

@@ -12,7 +12,8 @@ the fast path's switches (a strategy file's ``pretokenize``, ``length_grouping``
   and their order change.
 * :func:`collate`: litgpt's own collate function (right padding, ignore index), with the batch's padded, real and raw
   token counts as Python ints computed from the tokenised lengths: reading them needs no tensor, so no host
-  synchronisation.
+  synchronisation. With a strategy's ``pad_to_multiple`` the length is padded on to a multiple (:func:`bucket`)
+  and a short last micro batch filled with rows of padding, so compiled code sees a few fixed shapes.
 * :class:`Prefetcher`: on a GPU, the next batch pinned and copied on a side stream while the current one trains.
 """
 
@@ -123,11 +124,43 @@ def padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
     return 1 - real / padded if padded else 0.0
 
 
-def collate(tokenized: Tokenized, indices: list[int], collate_fn) -> dict:
+def bucket(length: int, multiple: int | None, cap: int) -> int:
+    """The padded length of a micro batch whose longest sample has ``length`` tokens: the next multiple of
+    ``multiple`` (None: ``length`` itself), never above ``cap`` (the model's ``max_seq_length``)."""
+    if not multiple:
+        return length
+    return min(-(-length // multiple) * multiple, max(cap, length))
+
+
+def collate(
+    tokenized: Tokenized,
+    indices: list[int],
+    collate_fn,
+    *,
+    rows: int | None = None,
+    multiple: int | None = None,
+    cap: int = 0,
+) -> dict:
     """One micro batch: litgpt's ``collate_fn`` over the samples, plus ``padded``, ``real`` and ``raw`` token counts as
-    ints (padded = micro batch x longest sample, as litgpt pads right; real = prompt template + text; raw = text)."""
+    ints (padded = rows x padded length, as computed; real = prompt template + text; raw = text).
+
+    Static shapes for compiled code (``rows`` and ``multiple``): the length padded on to :func:`bucket`'s multiple,
+    and a short last micro batch filled up to ``rows`` with rows of padding. Padding is litgpt's own (input id
+    ``pad_id``, label ``ignore_index``), placed after every real token: causal attention never lets a real token
+    see it and the loss (a mean over labels that are not ignored) does not count it, so the loss and its gradient
+    are litgpt's; only the work done grows."""
     items = [tokenized.samples[i] for i in indices]
     batch = collate_fn(items)
+    if rows or multiple:
+        keywords = getattr(collate_fn, "keywords", {})
+        pads = {"input_ids": keywords.get("pad_id", 0), "labels": keywords.get("ignore_index", -100)}
+        n, length = batch["input_ids"].shape
+        target = (max(rows or 0, n), bucket(length, multiple, cap))
+        if target != (n, length):
+            for key, value in pads.items():
+                padded = batch[key].new_full(target, value)
+                padded[:n, :length] = batch[key]
+                batch[key] = padded
     batch["padded"] = int(batch["input_ids"].numel())
     batch["real"] = sum(int(s["token_counts"]["raw_plus_prompt_template"]) for s in items)
     batch["raw"] = sum(int(s["token_counts"]["raw"]) for s in items)

@@ -118,14 +118,18 @@ def last_error_line(text: str) -> str | None:
 def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
     """Median step/iteration times and steady-state token rates from each rank's iteration log.
 
-    Iteration k lasts from its batch fetch to the next one; the last iteration (no successor) is dropped, and so
-    is the first 10% of optimizer steps (at least 1 when there are 3 or more): warm-up.
+    Iteration k lasts from its batch fetch to the next one, less the time paused inside it (validation, sample
+    generation, a checkpoint save in tunelab's loop); the last iteration (no successor) is dropped, and so is the
+    first 10% of optimizer steps (at least 1 when there are 3 or more): warm-up.
     """
     out: dict = {}
     per_rank = []
     for iters in ranks_iters:
         iters = [it for it in iters[:n_iters] if it[1] >= 0]
-        durations = [(iters[k + 1][0] - iters[k][0], iters[k][1], iters[k][2]) for k in range(len(iters) - 1)]
+        durations = [
+            (iters[k + 1][0] - iters[k][0] - (iters[k][3] if len(iters[k]) > 3 else 0.0), iters[k][1], iters[k][2])
+            for k in range(len(iters) - 1)
+        ]
         n_steps_full = len(durations) // accumulation
         warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
         steps = [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
@@ -183,6 +187,9 @@ def _rank_figures(rec: RunRecord) -> None:
     rec.num_alloc_retries = agg("num_alloc_retries", sum)
     rec.peak_rss_bytes = agg("peak_rss_bytes", max)
     rec.first_iteration_s = agg("first_iteration_s", max)
+    rec.compile_s = agg("compile_s", max)
+    rec.graphs_compiled_in_loop = agg("graphs_compiled_in_loop", max)
+    rec.paused_s = agg("paused_s", max)
 
 
 def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:
@@ -210,8 +217,8 @@ def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:
 
 def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
     """Step 4: token counts and the steady-state figures (warm-up excluded); returns the steady-state summary."""
-    rec.tokens_padded = sum(p for it in ranks_iters for _, p, _ in it[:n_iters] if p >= 0) or None
-    rec.tokens_real = sum(r for it in ranks_iters for _, _, r in it[:n_iters] if r >= 0) or None
+    rec.tokens_padded = sum(it[1] for its in ranks_iters for it in its[:n_iters] if it[1] >= 0) or None
+    rec.tokens_real = sum(it[2] for its in ranks_iters for it in its[:n_iters] if it[2] >= 0) or None
     steady = _steady_state(ranks_iters, rec.accumulation or 1, n_iters)
     for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
         setattr(rec, key, steady.get(key))

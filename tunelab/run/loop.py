@@ -22,7 +22,6 @@ and prints litgpt's per-iteration line, so ``tunelab run`` collects the same rec
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import csv
 import functools
@@ -35,10 +34,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tunelab import settings
+from tunelab import checkpoints, files, settings
 from tunelab.plan.recipe import BNB_OPTIMIZERS
 from tunelab.recipes import resolve
-from tunelab.run import batching, rank_stats
+from tunelab.run import batching, outputs, rank_stats
 from tunelab.strategies import StrategyConfig, load_strategy
 from tunelab.validate import parse
 
@@ -48,7 +47,12 @@ def _dtype(precision: str) -> torch.dtype:
 
 
 def build_model(args: dict, method: str, device: torch.device, precision: str):
-    """litgpt's GPT (or LoRA GPT) with the checkpoint's weights, in the training dtype, trainable params marked."""
+    """litgpt's GPT (or LoRA GPT) as ``litgpt finetune_*`` builds it, with the checkpoint's weights and the trainable
+    parameters marked: ``seed_everything(seed)`` (Python, NumPy, torch and CUDA), then the model constructed on the
+    device in the training dtype (what ``fabric.init_module`` does under a true precision; fp32 under a mixed one),
+    so LoRA's randomly initialised adapters draw the same numbers as litgpt's on the same device."""
+    from lightning.fabric.utilities.seed import seed_everything
+
     ckpt = Path(args["checkpoint_dir"])
     if method == "full":
         from litgpt.model import GPT, Config
@@ -74,13 +78,13 @@ def build_model(args: dict, method: str, device: torch.device, precision: str):
                 )
             },
         )
-    torch.manual_seed(args.get("seed", 1337))  # same init on every rank (litgpt: fabric.seed_everything)
-    model = GPT(config)
-    state = torch.load(ckpt / "lit_model.pth", map_location="cpu", weights_only=True)
-    model.load_state_dict(state, strict=method == "full")
+    seed_everything(args.get("seed", 1337), verbose=False)  # same init on every rank (litgpt: fabric.seed_everything)
+    dtype = _dtype(precision) if "true" in precision else torch.float32
+    model = checkpoints.construct(GPT, config, device, dtype)
     if method != "full":
         mark_only_lora_as_trainable(model)
-    model = model.to(device=device, dtype=_dtype(precision) if "true" in precision else torch.float32)
+    state = torch.load(ckpt / "lit_model.pth", map_location="cpu", weights_only=True)
+    model.load_state_dict(state.get("model", state), strict=method == "full")
     return model, config
 
 
@@ -207,7 +211,8 @@ class _Data:
         train_dl, val_dl = data.train_dataloader(), data.val_dataloader()
         self.shuffle = isinstance(train_dl.sampler, torch.utils.data.RandomSampler)
         self.collate_fn = train_dl.collate_fn
-        self.fast = strategy.pretokenize or bool(strategy.length_grouping)
+        self.module, self.max_seq_length = data, None
+        self.fast = strategy.pretokenize or bool(strategy.length_grouping) or bool(strategy.pad_to_multiple)
         if self.fast:
             self.tokenized = batching.Tokenized.of(train_dl.dataset)
             self.lengths = self.tokenized.lengths
@@ -236,6 +241,33 @@ class _Data:
         plan = batching.plan_epoch(order, self.micro, self.lengths, self.strategy.length_grouping, self.seed, epoch)
         return batching.rank_batches(plan, self.rank, self.world)
 
+    def longest(self) -> int:
+        """The longest tokenised sample of the training and validation splits (litgpt's ``get_longest_seq_length``,
+        which sets the model's ``max_seq_length``)."""
+        train = self.tokenized.samples if self.fast else self.loader.dataset
+        val = self.val.dataset
+        return max(
+            max(len(train[i]["input_ids"]) for i in range(len(train))),
+            max((len(val[i]["input_ids"]) for i in range(len(val))), default=0),
+        )
+
+    def shapes(self, epochs: int, iterations: float) -> list[tuple[int, int]]:
+        """The (rows, length) shapes of this rank's first ``iterations`` training micro batches (at most ``epochs``
+        epochs), when static (``pad_to_multiple``): what compiled code will see. Empty without static shapes."""
+        if not (self.fast and self.strategy.pad_to_multiple):
+            return []
+        lengths = [len(s["input_ids"]) for s in self.tokenized.samples]
+        found, seen = set(), 0
+        for epoch in range(epochs):
+            for b in self.plan(epoch):
+                if seen >= iterations:
+                    break
+                found.add(
+                    batching.bucket(max(lengths[i] for i in b), self.strategy.pad_to_multiple, self.max_seq_length)
+                )
+                seen += 1
+        return [(self.micro, n) for n in sorted(found)]
+
     def iterations_per_epoch(self) -> int:
         """Micro batches this rank runs per epoch."""
         return len(self.plan(0)) if self.fast else len(self.loader)
@@ -244,7 +276,18 @@ class _Data:
         """(epoch, batch) over ``n`` epochs, each batch with its token counts as ints."""
         for epoch in range(n):
             if self.fast:
-                batches = (batching.collate(self.tokenized, b, self.collate_fn) for b in self.plan(epoch))
+                static = self.strategy.pad_to_multiple
+                batches = (
+                    batching.collate(
+                        self.tokenized,
+                        b,
+                        self.collate_fn,
+                        rows=self.micro if static else None,
+                        multiple=static,
+                        cap=self.max_seq_length or 0,
+                    )
+                    for b in self.plan(epoch)
+                )
             else:
                 self.loader.sampler.set_epoch(epoch)
                 batches = map(_with_counts, self.loader)
@@ -308,12 +351,28 @@ def _setup_device() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def _setup_model(args: dict, method: str, strategy: StrategyConfig, device, precision: str, rank: int, world: int):
-    """The model with the checkpoint's weights, its trainable parameters marked, under the strategy."""
+def _setup_model(
+    args: dict,
+    method: str,
+    strategy: StrategyConfig,
+    device,
+    precision: str,
+    rank: int,
+    world: int,
+    max_seq_length: int,
+    n_shapes: int,
+):
+    """The model with the checkpoint's weights, its trainable parameters marked, its ``max_seq_length`` set as
+    litgpt's fit sets it (the longest sample, at most ``train.max_seq_length``: assigning it rebuilds RoPE's cos/sin
+    in float32, as under litgpt), compiled when asked, under the strategy."""
     model, _ = build_model(args, method, device, precision)
-    if strategy.compile == "blocks":  # regional: each block compiled in place, one graph shared by all of them
+    model.max_seq_length = max_seq_length
+    if strategy.compile == "blocks":  # regional: each block compiled in place, one graph per shape for all of them
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, n_shapes + 2)
         for block in model.transformer.h:
-            block.compile()
+            block.compile(dynamic=False) if strategy.pad_to_multiple else block.compile()
     if rank == 0:
         n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
@@ -370,16 +429,18 @@ def _bnb_optimizer(name: str, recipe_optimizer, params):
 
 
 def _loss(model, input_ids, targets, method: str, strategy: StrategyConfig):
-    """litgpt's loss: chunked cross-entropy on shifted targets (LoRA: the head in 128-token chunks)."""
+    """litgpt's loss: chunked cross-entropy on shifted targets (LoRA: the head in 128-token chunks), on float32
+    logits: Fabric's precision plugins hand a model's outputs back in float32 under every precision litgpt runs
+    (bf16-true and bf16-mixed included), so the loss is computed in float32 there too."""
     from litgpt.utils import chunked_cross_entropy
 
     # ZeRO-3 hangs when a module (the chunked LoRA head) runs a data-dependent number of times per forward (its
     # prefetch trace changes between steps): there the head is not chunked (same loss).
     if method == "full" or (strategy.name == "deepspeed" and strategy.zero_stage == 3):
-        logits = model(input_ids)
+        logits = model(input_ids).float()
         logits = logits[..., :-1, :]
     else:
-        logits = model(input_ids, lm_head_chunk_size=128)
+        logits = [chunk.float() for chunk in model(input_ids, lm_head_chunk_size=128)]
         logits[-1] = logits[-1][..., :-1, :]
     return chunked_cross_entropy(logits, targets[..., 1:])
 
@@ -425,150 +486,358 @@ def _optimizer_step(engine, optimizer, scheduler, is_accumulating: bool) -> bool
 
 
 class _LossLog:
-    """litgpt's logged loss (the mean over the last accumulation window, here also over ranks), kept on the device
-    and read every ``interval`` iterations: one host synchronisation per interval, none in between."""
+    """Every iteration's loss kept on the device (no host read in the loop) and read at the log interval as litgpt
+    logs it: the mean over the last accumulation window (litgpt's ``RunningMean``), here also over ranks. At the end
+    :meth:`all_losses` reads every iteration's loss in one transfer, for the point-by-point comparison."""
 
     def __init__(self, accumulation: int, interval: int, world: int):
         self.accumulation, self.interval, self.world = accumulation, interval, world
-        self.window = collections.deque(maxlen=accumulation)
+        self.losses: list[torch.Tensor] = []
         self.pending = 0
 
     def add(self, loss) -> None:
-        self.window.append(loss.detach().float())  # a deque of the last `accumulation` losses
+        self.losses.append(loss.detach().float())
         self.pending += 1
 
     def due(self, iter_num: int) -> bool:
         return iter_num % self.interval == 0
 
     def read(self) -> float:
-        """The mean over the window and the ranks (an all-reduce and one ``.item()``)."""
-        window = torch.stack(list(self.window)).mean()
-        dist.all_reduce(window, op=dist.ReduceOp.SUM)
+        """The mean over the window and the ranks (an all-reduce on several ranks, and one ``.item()``)."""
+        window = torch.stack(self.losses[-self.accumulation :]).mean()
+        if self.world > 1:
+            dist.all_reduce(window, op=dist.ReduceOp.SUM)
         self.pending = 0
         return window.item() / self.world
+
+    def all_losses(self) -> list[float]:
+        """This rank's loss of every iteration (one device-to-host copy)."""
+        return torch.stack(self.losses).tolist() if self.losses else []
 
 
 def _first_iteration_done(t0: float, device: torch.device) -> None:
     """Record the first iteration's wall time (compilation included): one synchronisation, before the steady state."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    _synchronize(device)
     rank_stats.note_first_iteration(time.monotonic() - t0)
 
 
-def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
-    """Train ``args`` (litgpt's resolved arguments) under ``strategy`` on this rank, as litgpt's fit loop does:
-    set up the device, model, data and optimizer, then iterate micro batches until the run's optimizer steps are
-    done, then litgpt's performance report and the final validation."""
-    from litgpt.tokenizer import Tokenizer
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    rank, world, device = _setup_device()
-    precision = args.get("precision") or "bf16-true"
-    train = args["train"]
-    micro, epochs = train["micro_batch_size"], train.get("epochs") or 1
-    accumulation = settings.accumulation(train["global_batch_size"], world, micro)
-    model = _setup_model(args, method, strategy, device, precision, rank, world)
-    data = _Data(args, Tokenizer(Path(args["checkpoint_dir"])), micro, rank, world, strategy, device)
-    max_steps = min(epochs * (data.iterations_per_epoch() // accumulation), train.get("max_steps") or float("inf"))
-    model, optimizer, scheduler, engine = _setup_optimizer(
-        args, model, strategy, device, precision, micro, accumulation, max_steps
-    )
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
-    )
-    log = _MetricsLog(Path(args["out_dir"]), rank)
-    losses = _LossLog(accumulation, strategy.log_interval or 1, world)
-    token_counts = {"raw": 0, "raw_plus_prompt_template": 0, "padded": 0}
-    step_count, iter_num, epoch = 0, 0, 0
-    train_t0 = time.monotonic()
-    batches = data.epochs(epochs)
-    model.train()
 
-    def report(iter_t0: float, is_accumulating: bool) -> None:  # litgpt's iteration line and metrics.csv row
-        loss_value, t1 = losses.read(), time.monotonic()
-        if rank == 0:
+def _graphs_compiled() -> int:
+    """Graphs torch.compile has built in this process so far (dynamo's counter; 0 without compilation)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _compile_shapes(model, shapes, device, method, strategy, autocast, engine) -> None:
+    """Compile every training shape before the first iteration: a forward and backward of a batch of padding per
+    (rows, length), gradients discarded, random state restored (dropout's draws stay litgpt's)."""
+    if not shapes or strategy.compile != "blocks" or engine is not None:
+        return
+    t0 = time.monotonic()
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    for rows, length in shapes:
+        ids = torch.zeros((rows, length), dtype=torch.long, device=device)
+        labels = torch.full((rows, length), -100, dtype=torch.long, device=device)
+        labels[:, 1] = 0  # one counted target, so the backward runs through every block
+        _forward_backward(model, None, ids, labels, method, strategy, autocast, 1, is_accumulating=True)
+    for p in model.parameters():
+        p.grad = None
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+    _synchronize(device)
+    rank_stats.note_compile(time.monotonic() - t0)
+
+
+def _eval_args(args: dict):
+    """litgpt's TrainArgs and EvalArgs from the resolved arguments."""
+    from litgpt.args import EvalArgs, TrainArgs
+
+    return TrainArgs(**args["train"]), EvalArgs(**(args.get("eval") or {}))
+
+
+class _Loop:
+    """One rank's training run (``fit``): the state litgpt's fit loop keeps, and the steps around the iterations
+    (validation and its sample, checkpoints) that are timed apart from them."""
+
+    def __init__(self, args: dict, method: str, strategy: StrategyConfig):
+        from litgpt.tokenizer import Tokenizer
+
+        self.args, self.method, self.strategy = args, method, strategy
+        self.rank, self.world, self.device = _setup_device()
+        self.precision = args.get("precision") or "bf16-true"
+        self.train = args["train"]
+        self.train_args, self.eval_args = _eval_args(args)
+        self.out_dir = Path(args["out_dir"])
+        self.micro, self.epochs = self.train["micro_batch_size"], self.train.get("epochs") or 1
+        self.accumulation = settings.accumulation(self.train["global_batch_size"], self.world, self.micro)
+        self.tokenizer = Tokenizer(Path(args["checkpoint_dir"]))
+        self.data = _Data(args, self.tokenizer, self.micro, self.rank, self.world, strategy, self.device)
+        self.data.max_seq_length = min(self.data.longest(), self.train.get("max_seq_length") or 10**9)
+        steps = self.epochs * (self.data.iterations_per_epoch() // self.accumulation)
+        self.max_steps = min(steps, self.train.get("max_steps") or float("inf"))
+        shapes = self.data.shapes(self.epochs, self.max_steps * self.accumulation)
+        model = _setup_model(
+            args,
+            method,
+            strategy,
+            self.device,
+            self.precision,
+            self.rank,
+            self.world,
+            self.data.max_seq_length,
+            len(shapes),
+        )
+        self.model, self.optimizer, self.scheduler, self.engine = _setup_optimizer(
+            args, model, strategy, self.device, self.precision, self.micro, self.accumulation, self.max_steps
+        )
+        self.autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.precision == "bf16-mixed"
+            else contextlib.nullcontext()
+        )
+        self.log = _MetricsLog(self.out_dir, self.rank)
+        self.losses = _LossLog(self.accumulation, strategy.log_interval or 1, self.world)
+        self.lrs: list[float] = []
+        self.val_loss = "n/a"
+        _compile_shapes(self.model, shapes, self.device, method, strategy, self.autocast, self.engine)
+
+    @property
+    def gpt(self):
+        """The litgpt GPT inside the wrappers (DDP's ``module``; FSDP keeps the GPT as the root)."""
+        model = self.engine.module if self.engine is not None else self.model
+        return getattr(model, "module", model)
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy.name in ("fsdp", "fsdp2") or self.engine is not None and self.strategy.zero_stage == 3
+
+    def validate(self, max_iters: int) -> float:
+        """litgpt's validation (the mean of the first ``max_iters`` batches' losses, on float32 logits), eagerly."""
+        with torch.compiler.set_stance("force_eager"):
+            return validate(self.model, self.data.val, self.device, self.autocast, max_iters, self.world)
+
+    def generate(self) -> None:
+        """litgpt's sample after a validation (rank 0; not under sharding, where the forward is a collective)."""
+        if self.rank != 0:
+            return
+        if self.sharded:
+            print("Sample generation skipped: the model is sharded across ranks")
+            return
+        text = outputs.generate_example(
+            self.gpt, self.tokenizer, self.eval_args, self.data.module, self.device, _dtype(self.precision)
+        )
+        print(text if text is not None else "Sample generation skipped: prompt + eval.max_new_tokens too long")
+
+    def save(self, directory: Path, with_state: bool, iter_num: int, step_count: int) -> None:
+        state = None
+        if with_state and self.method == "full" and not self.sharded and self.engine is None:
+            state = {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "iter_num": iter_num,
+                "step_count": step_count,
+            }
+        path = outputs.save(
+            directory, self.method, self.model, self.engine, self.args, self.data.module.prompt_style, state
+        )
+        if path is not None:
+            print(f"Saving checkpoint to {str(directory)!r}", flush=True)
+        if self.world > 1:
+            dist.barrier()
+
+    def before_training(self) -> None:
+        """litgpt's initial validation (the whole validation set) or its 2-batch sanity check."""
+        if self.eval_args.initial_validation:
+            self.val_loss = f"{self.validate(len(self.data.val)):.3f}"
+            if self.rank == 0:
+                print(f"Initial validation | val loss: {self.val_loss}", flush=True)
+        else:
+            if self.rank == 0:
+                print("Verifying settings ...", flush=True)
+            self.validate(2)
+
+    def after_step(self, iter_num: int, step_count: int, is_accumulating: bool) -> None:
+        """At an optimizer step, as litgpt: validation + sample every ``eval.interval`` steps, a checkpoint every
+        ``train.save_interval`` steps; their time is noted as a pause of this iteration."""
+        if is_accumulating:
+            return
+        t0 = time.monotonic()
+        paused = False
+        if step_count % self.eval_args.interval == 0:
+            val = self.validate(self.eval_args.max_iters)
+            self.generate()
+            if self.rank == 0:
+                print(f"iter {iter_num}: val loss {val:.4f}", flush=True)
+            self.log.row({"iter": iter_num, "step": iter_num, "val_loss": val, "val_ppl": math.exp(val)})
+            self.val_loss, paused = f"{val:.3f}", True
+        save_interval = self.train.get("save_interval")
+        if save_interval and step_count % save_interval == 0:
+            self.save(self.out_dir / f"step-{step_count:06d}", True, iter_num, step_count)
+            paused = True
+        if paused:
+            _synchronize(self.device)
+            rank_stats.note_pause(time.monotonic() - t0)
+
+    def report(self, epoch: int, iter_num: int, step_count: int, iter_t0: float, is_accumulating: bool) -> None:
+        """litgpt's iteration line and metrics.csv row (the loss read from the device: a synchronisation)."""
+        loss_value, t1 = self.losses.read(), time.monotonic()
+        tokens = self.token_counts["raw_plus_prompt_template"]
+        if self.rank == 0:
             print(
-                f"Epoch {epoch + 1} | iter {iter_num} step {step_count} | loss train: {loss_value:.3f}, val: n/a |"
-                f" iter time: {(t1 - iter_t0) * 1000:.2f} ms{' (step)' if not is_accumulating else ''}",
+                f"Epoch {epoch + 1} | iter {iter_num} step {step_count} | loss train: {loss_value:.3f}, val: "
+                f"{self.val_loss} | iter time: {(t1 - iter_t0) * 1000:.2f} ms{' (step)' if not is_accumulating else ''}",
                 flush=True,
             )
-        log.row(
+        self.log.row(
             {
                 "epoch": epoch,
                 "iter": iter_num,
                 "iter_time": t1 - iter_t0,
-                "learning_rate": optimizer.param_groups[0]["lr"],
+                "learning_rate": self.lrs[-1],
                 "loss": loss_value,
                 "step": iter_num,
-                "tokens": token_counts["raw_plus_prompt_template"],
-                "total_tokens": token_counts["raw_plus_prompt_template"] * world,
+                "tokens": tokens,
+                "total_tokens": tokens * self.world,
             }
         )
 
-    while step_count < max_steps:
-        iter_t0 = time.monotonic()
-        epoch, batch = next(batches, (epoch, None))
-        if batch is None:
-            break
-        iter_num += 1
-        rank_stats.note_phase("loaded")
-        rank_stats.record_iteration(iter_t0, batch["padded"], batch["real"])
-        input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
-        is_accumulating = iter_num % accumulation != 0
-        loss = _forward_backward(
-            model, engine, input_ids, targets, method, strategy, autocast, accumulation, is_accumulating
-        )
-        losses.add(loss)
-        step_count += _optimizer_step(engine, optimizer, scheduler, is_accumulating)
-        token_counts["raw"] += batch["raw"]
-        token_counts["raw_plus_prompt_template"] += batch["real"]
-        token_counts["padded"] += batch["padded"]
-        if iter_num == 1:
-            _first_iteration_done(iter_t0, device)
-        if losses.due(iter_num):
-            report(iter_t0, is_accumulating)
-    if losses.pending:  # the last iterations since the last read: the run's final figures
-        report(iter_t0, is_accumulating)
-    training_time = time.monotonic() - train_t0
-    totals = reduce_sum([token_counts["raw"], token_counts["raw_plus_prompt_template"], token_counts["padded"]], device)
-    if rank == 0:  # litgpt's performance report
-        print(
-            f"| - Total Tokens (w/ Padding) :  {int(totals[2])}\n| - Training Time             :  "
-            f"{training_time:.2f} s\n| - Tok/sec                   :  {totals[2].item() / training_time:.2f} tok/s"
-        )
-        if device.type == "cuda":
-            print(f"| - Memory Used               :  {torch.cuda.max_memory_allocated() / 1e9:.02f} GB")
-    if args.get("eval", {}).get("final_validation", True):
-        val = validate(model, data.val, device, autocast, method)
-        if rank == 0:
-            print(f"Final evaluation | val loss: {val:.3f} | val ppl: {math.exp(val):.3f}")
-        log.row({"iter": iter_num, "step": iter_num, "val_loss": val, "val_ppl": math.exp(val)})
-    log.close()
+    def run(self) -> None:
+        """litgpt's fit: iterate micro batches until the run's optimizer steps are done (or the epochs, or LoRA's
+        ``train.max_time``), then its performance report, final validation and checkpoint."""
+        self.before_training()
+        self.token_counts = {"raw": 0, "raw_plus_prompt_template": 0, "padded": 0}
+        step_count, iter_num, epoch, iter_t0, is_accumulating = 0, 0, 0, time.monotonic(), True
+        ended_early = False  # by the epochs or max_time, not max_steps: litgpt's LoRA loop then samples
+        max_time = (self.train.get("max_time") if self.method != "full" else None) or float("inf")
+        train_t0 = time.monotonic()
+        batches = self.data.epochs(self.epochs)
+        graphs_at_start = None
+        self.model.train()
+        while step_count < self.max_steps:
+            iter_t0 = time.monotonic()
+            epoch, batch = next(batches, (epoch, None))
+            if batch is None:
+                ended_early = True
+                break
+            if iter_t0 - train_t0 > max_time:
+                if self.rank == 0:
+                    print(f"Max time ({max_time / 60.0:.2f}m) reached, stopping training...")
+                ended_early = True
+                break
+            iter_num += 1
+            rank_stats.note_phase("loaded")
+            rank_stats.record_iteration(iter_t0, batch["padded"], batch["real"])
+            input_ids, targets = batch["input_ids"].to(self.device), batch["labels"].to(self.device)
+            is_accumulating = iter_num % self.accumulation != 0
+            loss = _forward_backward(
+                self.model,
+                self.engine,
+                input_ids,
+                targets,
+                self.method,
+                self.strategy,
+                self.autocast,
+                self.accumulation,
+                is_accumulating,
+            )
+            self.losses.add(loss)
+            step_count += _optimizer_step(self.engine, self.optimizer, self.scheduler, is_accumulating)
+            self.lrs.append(self.optimizer.param_groups[0]["lr"])
+            for key, field_ in (("raw", "raw"), ("raw_plus_prompt_template", "real"), ("padded", "padded")):
+                self.token_counts[key] += batch[field_]
+            if iter_num == 1:
+                _first_iteration_done(iter_t0, self.device)
+                graphs_at_start = _graphs_compiled()
+            if self.losses.due(iter_num):
+                self.report(epoch, iter_num, step_count, iter_t0, is_accumulating)
+            self.after_step(iter_num, step_count, is_accumulating)
+        if self.losses.pending:  # the last iterations since the last read: the run's final figures
+            self.report(epoch, iter_num, step_count, iter_t0, is_accumulating)
+        if graphs_at_start is not None:
+            rank_stats.note_graphs_compiled_in_loop(_graphs_compiled() - graphs_at_start)
+        if ended_early and self.method != "full":
+            self.generate()  # litgpt's LoRA loop samples when the epochs or max_time end it
+        self.finish(time.monotonic() - train_t0, iter_num)
+
+    def finish(self, training_time: float, iter_num: int) -> None:
+        """litgpt's performance report, the final validation, the final checkpoint (LoRA: merged by litgpt's
+        ``merge_lora``), every iteration's loss and learning rate for comparisons."""
+        counts = self.token_counts
+        totals = reduce_sum([counts["raw"], counts["raw_plus_prompt_template"], counts["padded"]], self.device)
+        paused = rank_stats.paused_seconds()
+        if self.rank == 0:  # litgpt's performance report (its Training Time includes in-loop validation too)
+            print(
+                f"| - Total Tokens (w/ Padding) :  {int(totals[2])}\n| - Training Time             :  "
+                f"{training_time:.2f} s\n| - Tok/sec                   :  "
+                f"{totals[2].item() / max(training_time - paused, 1e-9):.2f} tok/s"
+            )
+            if self.device.type == "cuda":
+                print(f"| - Memory Used               :  {torch.cuda.max_memory_allocated() / 1e9:.02f} GB")
+        if self.eval_args.final_validation:
+            val = self.validate(len(self.data.val))
+            if self.rank == 0:
+                print(f"Final evaluation | val loss: {val:.3f} | val ppl: {math.exp(val):.3f}")
+            self.log.row({"iter": iter_num, "step": iter_num, "val_loss": val, "val_ppl": math.exp(val)})
+        self.log.close()
+        self._write_iterations()
+        final = self.out_dir / "final"
+        self.save(final, False, iter_num, 0)
+        if self.rank == 0 and self.method != "full":
+            outputs.merge(final, self.args)
+
+    def _write_iterations(self) -> None:
+        """``<out_dir>/logs/csv/version_0/iterations.csv`` (rank 0): every iteration's own loss, the loss litgpt
+        would log there (the mean over the accumulation window) and the learning rate after it."""
+        losses = self.losses.all_losses()
+        if self.rank != 0:
+            return
+        path = self.out_dir / "logs" / "csv" / "version_0" / "iterations.csv"
+        rows = ["iter,loss,logged_loss,learning_rate"]
+        for i, (loss, lr) in enumerate(zip(losses, self.lrs, strict=True), start=1):
+            window = losses[max(0, i - self.accumulation) : i]
+            rows.append(f"{i},{loss!r},{sum(window) / len(window)!r},{lr!r}")
+        files.write_text_atomic(path, "\n".join(rows) + "\n")
+
+
+def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
+    """Train ``args`` (litgpt's resolved arguments) under ``strategy`` on this rank, as litgpt's fit loop does."""
+    _Loop(args, method, strategy).run()
 
 
 def reduce_sum(values: list[float], device: torch.device) -> torch.Tensor:
-    """Sum ``values`` over ranks. The tensor lives on the rank's compute device: NCCL, the backend on GPUs, only
-    reduces CUDA tensors (a CPU tensor there fails at the end of every run); gloo takes CPU ones."""
+    """Sum ``values`` over ranks (no collective on one rank). The tensor lives on the rank's compute device: NCCL,
+    the backend on GPUs, only reduces CUDA tensors (a CPU tensor there fails at the end of every run)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
 @torch.no_grad()
-def validate(model, val_dl, device, autocast, method) -> float:
-    """The mean validation loss over ``val_dl``, averaged over ranks."""
+def validate(model, val_dl, device, autocast, max_iters: int, world: int) -> float:
+    """litgpt's ``validate``: the mean of the first ``max_iters`` validation batches' losses (float32 logits,
+    ``chunk_size=0``), here also averaged over ranks."""
     from litgpt.utils import chunked_cross_entropy
 
     model.eval()
-    loss_sum, batches = 0.0, 0
-    for batch in val_dl:
+    losses = []
+    for k, batch in enumerate(val_dl):
+        if k >= max_iters:
+            break
         input_ids, targets = batch["input_ids"].to(device), batch["labels"].to(device)
         with autocast:
-            logits = model(input_ids)
-        loss_sum += chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=0).float().item()
-        batches += 1
-    total = reduce_sum([loss_sum, batches], device)
+            logits = model(input_ids).float()
+        losses.append(chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=0).float())
     model.train()
-    return (total[0] / total[1]).item()
+    total = reduce_sum([torch.stack(losses).mean().item() if losses else 0.0], device)
+    return total[0].item() / world
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import sys
 from tunelab.files import write_json_atomic
 
 _ITERS: list[tuple[float, int, int]] = []
+_PAUSES: list[tuple[int, float]] = []
 _STATE: dict = {"exception": None}
 _PHASES: dict = {}
 
@@ -49,6 +50,28 @@ def note_first_iteration(seconds: float) -> None:
     """The first training iteration's wall time (model compilation, when on, happens in it): a cost of its own,
     kept apart from the steady-state figures."""
     _STATE["first_iteration_s"] = seconds
+
+
+def note_compile(seconds: float) -> None:
+    """Time spent compiling the training shapes ahead of the first iteration."""
+    _STATE["compile_s"] = seconds
+
+
+def note_graphs_compiled_in_loop(count: int) -> None:
+    """Graphs torch.compile built after the first iteration (recompilations inside the loop)."""
+    _STATE["graphs_compiled_in_loop"] = count
+
+
+def note_pause(seconds: float) -> None:
+    """``seconds`` of the current iteration went to validation, generation or a save (left out of its time)."""
+    if _ITERS:
+        _PAUSES.append((len(_ITERS) - 1, seconds))
+    _STATE["paused_s"] = _STATE.get("paused_s", 0.0) + seconds
+
+
+def paused_seconds() -> float:
+    """The time noted as pauses so far."""
+    return _STATE.get("paused_s", 0.0)
 
 
 def record_iteration(t_monotonic: float, padded_tokens: int, real_tokens: int) -> None:
@@ -106,6 +129,9 @@ def write() -> None:
         "device": "cpu",
         "exception": _STATE["exception"],
         "first_iteration_s": _STATE.get("first_iteration_s"),
+        "compile_s": _STATE.get("compile_s"),
+        "graphs_compiled_in_loop": _STATE.get("graphs_compiled_in_loop"),
+        "paused_s": _STATE.get("paused_s"),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     try:
@@ -128,6 +154,7 @@ def write() -> None:
     except Exception as e:  # noqa: BLE001 - a broken CUDA context must not lose the rest
         stats["cuda_error"] = repr(e)
     stats["iters"] = _ITERS
+    stats["pauses"] = _PAUSES
     write_json_atomic(os.path.join(out_dir, f"rank{stats['rank']}.json"), stats, indent=None)
 
 

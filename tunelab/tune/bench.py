@@ -32,7 +32,6 @@ from tunelab.report.sweep import environment
 from tunelab.run.collect import read_metrics
 from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label
 from tunelab.run.runner import run
-from tunelab.strategies import load_strategy
 
 COLUMNS = [
     "phase",
@@ -50,6 +49,9 @@ COLUMNS = [
     "peak_allocated_gb",
     "peak_rss_gb",
     "first_iteration_s",
+    "compile_s",
+    "graphs_compiled_in_loop",
+    "paused_s",
     "step_time_s",
     "optimizer_steps",
     "warmup_steps_excluded",
@@ -60,8 +62,10 @@ COLUMNS = [
     "record",
 ]
 """bench.csv: one row per run (GB = 1e9 bytes; tok/s in the steady state, warm-up excluded, summed over ranks;
-MFU on real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time, compilation
-included)."""
+MFU on real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time; compile_s: the
+fast arm's compilation of every training shape before it; graphs_compiled_in_loop: recompilations inside the
+loop (a run with any is refused: left out of the ratios); paused_s: validation and checkpoints inside the loop,
+left out of the steady state)."""
 
 
 @dataclass
@@ -86,13 +90,21 @@ class Phase:
     """The micro batch of each arm (by name)."""
 
     def ratios(self) -> list[float]:
-        """fast / litgpt real tokens/s, pair by pair (pairs where both finished)."""
-        by = {a.name: {p: r for p, r, _ in a.records} for a in self.arms}
+        """fast / litgpt real tokens/s, pair by pair (pairs where both finished and neither is refused)."""
+        by = {a.name: {p: r for p, r, _ in a.records if not refused(r)} for a in self.arms}
         return [
             by["fast"][p].tok_s_real / by["litgpt"][p].tok_s_real
             for p in sorted(by["litgpt"])
             if p in by["fast"] and by["fast"][p].tok_s_real and by["litgpt"][p].tok_s_real
         ]
+
+
+def refused(rec: record_mod.RunRecord) -> str | None:
+    """Why a finished run's speed cannot be compared (None: it can): torch.compile recompiled inside the training
+    loop, so compilation fell inside the measured window."""
+    if rec.graphs_compiled_in_loop:
+        return f"{rec.graphs_compiled_in_loop} graph(s) compiled inside the training loop (recompilation in the window)"
+    return None
 
 
 def _one(
@@ -216,6 +228,9 @@ def rows(phases: list[Phase], base: Path) -> list[dict]:
                         "peak_allocated_gb": None if r.peak_allocated_bytes is None else r.peak_allocated_bytes / 1e9,
                         "peak_rss_gb": None if r.peak_rss_bytes is None else r.peak_rss_bytes / 1e9,
                         "first_iteration_s": r.first_iteration_s,
+                        "compile_s": r.compile_s,
+                        "graphs_compiled_in_loop": r.graphs_compiled_in_loop,
+                        "paused_s": r.paused_s,
                         "step_time_s": r.step_time_s,
                         "optimizer_steps": r.optimizer_steps,
                         "warmup_steps_excluded": r.warmup_steps_excluded,
@@ -265,7 +280,7 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
         ]
         for arm in phase.arms:
             recs = [r for _, r, _ in arm.records]
-            ok = [r for r in recs if r.status == "ok"]
+            ok = [r for r in recs if r.status == "ok" and not refused(r)]
             mfu, mfu_p = _median([r.mfu for r in ok]), _median([r.mfu_padded for r in ok])
             alloc = max((r.peak_allocated_bytes for r in ok if r.peak_allocated_bytes), default=None)
             rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
@@ -291,6 +306,13 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
             ]
         failed = [(arm.name, r) for arm in phase.arms for _, r, _ in arm.records if r.status != "ok"]
         lines += [f"- {name} {r.row_id}: {r.status}: {r.error}" for name, r in failed]
+        lines += [
+            f"- {arm.name} {r.row_id}: refused: {refused(r)}"
+            for arm in phase.arms
+            for _, r, _ in arm.records
+            if r.status == "ok" and refused(r)
+        ]
+        lines += loss_lines(phase)
         lines.append("")
     lines += [
         "What the fast path changes and keeps: the model, the loss and the optimizer's update are litgpt's; "
@@ -302,7 +324,34 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
 
 
 def _curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(iteration, logged training loss): the fast loop's every iteration (``iterations.csv``, kept on the device
+    and read at the end), else litgpt's metrics.csv."""
+    fast = sorted((run_dir / "litgpt").glob("logs/csv/version_*/iterations.csv"))
+    if fast:
+        import csv
+
+        with open(fast[-1], newline="") as f:
+            return [(int(r["iter"]), float(r["logged_loss"])) for r in csv.DictReader(f)]
     return [(int(r["iter"]), float(r["loss"])) for r in read_metrics(run_dir / "litgpt") if r.get("loss")]
+
+
+def loss_lines(phase: Phase) -> list[str]:
+    """The loss of the two arms' first runs compared iteration by iteration (the loss litgpt logs: the mean over
+    the accumulation window)."""
+    curves = {a.name: _curve(a.records[0][2].parent) for a in phase.arms if a.records}
+    if len(curves) < 2 or not all(curves.values()):
+        return []
+    ref, fast = dict(curves["litgpt"]), dict(curves["fast"])
+    common = sorted(set(ref) & set(fast))
+    if not common:
+        return []
+    diffs = [abs(fast[i] - ref[i]) / max(abs(ref[i]), 1e-12) for i in common]
+    return [
+        "",
+        f"Loss, point by point (first pair, {len(common)} iterations in both): largest relative difference "
+        f"{max(diffs):.2%}, median {statistics.median(diffs):.2%} (with length grouping the arms train different "
+        "micro batches at each iteration, so points differ by design; without it they agree to rounding).",
+    ]
 
 
 def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:
@@ -323,7 +372,7 @@ def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:
             label = (
                 "litgpt finetune_* (loss logged every iteration)"
                 if arm.strategy is None
-                else f"tunelab --strategy {arm.strategy} (loss read every {load_strategy(arm.strategy).log_interval or 1})"
+                else f"tunelab --strategy {arm.strategy} (every iteration's loss, kept on the device)"
             )
             ax.plot(*zip(*points), marker="o" if len(points) < 60 else None, markersize=3, label=label)
             drawn = True
