@@ -61,7 +61,9 @@ def test_all_reduce_uses_the_compute_device(monkeypatch):
 
     seen = []
     monkeypatch.setattr(train.dist, "all_reduce", lambda t, op=None: seen.append(t.device))
-    train.reduce_sum([1.0, 2.0], torch.device("meta"))
+    train.reduce_sum([1.0, 2.0], torch.device("meta"), 2)
+    assert seen == [torch.device("meta")]
+    train.reduce_sum([1.0, 2.0], torch.device("meta"), 1)  # one rank: no collective at all
     assert seen == [torch.device("meta")]
 
 

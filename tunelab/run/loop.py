@@ -770,7 +770,9 @@ class _Loop:
         """litgpt's performance report, the final validation, the final checkpoint (LoRA: merged by litgpt's
         ``merge_lora``), every iteration's loss and learning rate for comparisons."""
         counts = self.token_counts
-        totals = reduce_sum([counts["raw"], counts["raw_plus_prompt_template"], counts["padded"]], self.device)
+        totals = reduce_sum(
+            [counts["raw"], counts["raw_plus_prompt_template"], counts["padded"]], self.device, self.world
+        )
         paused = rank_stats.paused_seconds()
         if self.rank == 0:  # litgpt's performance report (its Training Time includes in-loop validation too)
             print(
@@ -811,11 +813,11 @@ def fit(args: dict, method: str, strategy: StrategyConfig) -> None:
     _Loop(args, method, strategy).run()
 
 
-def reduce_sum(values: list[float], device: torch.device) -> torch.Tensor:
+def reduce_sum(values: list[float], device: torch.device, world: int) -> torch.Tensor:
     """Sum ``values`` over ranks (no collective on one rank). The tensor lives on the rank's compute device: NCCL,
     the backend on GPUs, only reduces CUDA tensors (a CPU tensor there fails at the end of every run)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.get_world_size() > 1:
+    if world > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
@@ -836,7 +838,7 @@ def validate(model, val_dl, device, autocast, max_iters: int, world: int) -> flo
             logits = model(input_ids).float()
         losses.append(chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=0).float())
     model.train()
-    total = reduce_sum([torch.stack(losses).mean().item() if losses else 0.0], device)
+    total = reduce_sum([torch.stack(losses).mean().item() if losses else 0.0], device, world)
     return total[0].item() / world
 
 

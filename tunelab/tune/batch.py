@@ -232,7 +232,8 @@ def tune(
         lock.close()
 
     fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
-    clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and r.tok_s_padded]
+    # a probe whose compiled blocks recompiled inside the loop timed its compilation: never the best
+    clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and not r.graphs_compiled_in_loop and r.tok_s_padded]
     best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
     res = TuneResult(
         largest_fitting=lo,

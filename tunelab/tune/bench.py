@@ -157,7 +157,7 @@ def run_phase(
     **run_args,
 ) -> Phase:
     """``pairs`` alternating pairs (litgpt, then fast) of the recipe with ``overrides`` on one device; ``micro``:
-    an arm's own micro batch (its global batch follows: micro x accumulation of the recipe is not kept).
+    an arm's own micro batch (its global batch: :func:`global_batch_for`).
     ``deadline`` (time.monotonic()): no run starts after it, and one still running then is killed and recorded as
     cut by the deadline (it runs again when the same command runs again)."""
     phase = Phase(name=name, arms=arms, micro=micro or {})
@@ -177,7 +177,8 @@ def run_phase(
             extra = [*overrides, "--devices", "1"]
             if arm.name in phase.micro:
                 m = phase.micro[arm.name]
-                extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(m)]
+                g = global_batch_for(recipe, overrides, m)
+                extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(g)]
             run_dir = out / f"{prefix}{arm.name}-{pair}"
             args = run_args if deadline is None else {**run_args, "timeout_s": timeout}
             rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **args)
@@ -186,6 +187,15 @@ def run_phase(
                 record_mod.save(rec, run_dir / "record.json")
             arm.records.append((pair, rec, run_dir / "record.json"))
     return phase
+
+
+def global_batch_for(recipe: Recipe, overrides: list[str], micro: int) -> int:
+    """The global batch of a run at its own best ``micro``: the recipe's (with the overrides) when ``micro`` divides
+    it, so the optimizer's maths is the baseline's, else the next multiple of ``micro`` above it (said in bench.md)."""
+    from tunelab.validate import parse
+
+    g = int(parse(recipe, overrides)["train"]["global_batch_size"])
+    return -(-g // micro) * micro
 
 
 def _median(values: list) -> float | None:
@@ -265,8 +275,10 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
         "",
         "Definitions: tok/s in the steady state (warm-up steps excluded), real = without padding, padded = as "
         "computed; MFU on real tokens (padded tokens in brackets) against the GPU table's dense peak; peak "
-        "allocated is torch's allocator peak (GB = 1e9 bytes), peak RSS the process's resident memory; the "
-        "first iteration's wall time (compilation included) is a cost of its own, not in the steady state. "
+        "allocated is torch's allocator peak (GB = 1e9 bytes), peak RSS the process's resident memory; the fast "
+        "arm's compilation of every training shape (before its first iteration) and the first iteration's wall "
+        "time are costs of their own, not in the steady state; recompiles in loop: graphs compiled after the first "
+        "iteration (a run with any is refused). "
         "Medians over the pairs, range in brackets. Ratio: fast / litgpt real tokens/s, pair by pair.",
         "",
     ]
@@ -274,9 +286,18 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
         lines += [
             f"## {'At the recipe settings' if phase.name == 'recipe' else 'Each at its best micro batch'}",
             "",
+            *(
+                []
+                if phase.name == "recipe"
+                else [
+                    "Each arm's global batch is the recipe's when its micro batch divides it (the same optimizer "
+                    "maths), else the next multiple of its micro batch above it.",
+                    "",
+                ]
+            ),
             "| arm | strategy | micro | runs ok | tok/s real | tok/s padded | MFU (padded) | peak alloc. GB | "
-            "peak RSS GB | first iteration s | last loss |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "peak RSS GB | compile s | first iteration s | recompiles in loop | last loss |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for arm in phase.arms:
             recs = [r for _, r, _ in arm.records]
@@ -285,6 +306,8 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
             alloc = max((r.peak_allocated_bytes for r in ok if r.peak_allocated_bytes), default=None)
             rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
             first = _median([r.first_iteration_s for r in ok])
+            comp = _median([r.compile_s for r in ok])
+            recompiles = [r.graphs_compiled_in_loop for r in recs if r.graphs_compiled_in_loop is not None]
             last = _median([r.loss_last for r in ok])
             lines.append(
                 f"| {arm.name} | {recs[0].strategy if recs else ''} | {recs[0].micro_batch_size if recs else ''} | "
@@ -292,7 +315,8 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
                 f"{_spread([r.tok_s_padded for r in ok])} | "
                 f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
                 f"{'' if alloc is None else f'{alloc / 1e9:.2f}'} | {'' if rss is None else f'{rss / 1e9:.2f}'} | "
-                f"{'' if first is None else f'{first:.1f}'} | {'' if last is None else f'{last:.3f}'} |"
+                f"{'' if comp is None else f'{comp:.1f}'} | {'' if first is None else f'{first:.1f}'} | "
+                f"{'' if not recompiles else max(recompiles)} | {'' if last is None else f'{last:.3f}'} |"
             )
         ratios = phase.ratios()
         if ratios:
