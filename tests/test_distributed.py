@@ -127,6 +127,7 @@ def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_
     saved = torch.load(tmp_path / strategy / "litgpt" / "final" / "lit_model.pth", weights_only=True)["model"]
     base = torch.load(tiny_ckpt / "lit_model.pth", weights_only=True)
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in base.items()}
+    assert all(type(v) is torch.Tensor for v in saved.values())  # gathered: no shard (DTensor) saved as a tensor
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,12 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     return write_text_atomic(path, buf.getvalue())
 
 
+def write_atomic(path: Path, write) -> Path:
+    """``write(binary_file)`` into ``path`` atomically, never through a link or device (see :func:`write_text_atomic`):
+    for writers that take a file object, such as ``torch.save``."""
+    return _replace_with(Path(path), write)
+
+
 def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     """A matplotlib figure as PNG, atomically (a kill or a full disk leaves the previous plot whole)."""
     return _replace_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=dpi))

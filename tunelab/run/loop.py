@@ -556,10 +556,10 @@ def _compile_shapes(model, shapes, device, method, strategy, autocast, engine) -
 
 
 def _eval_args(args: dict):
-    """litgpt's TrainArgs and EvalArgs from the resolved arguments."""
-    from litgpt.args import EvalArgs, TrainArgs
+    """litgpt's EvalArgs from the resolved arguments."""
+    from litgpt.args import EvalArgs
 
-    return TrainArgs(**args["train"]), EvalArgs(**(args.get("eval") or {}))
+    return EvalArgs(**(args.get("eval") or {}))
 
 
 class _Loop:
@@ -573,7 +573,7 @@ class _Loop:
         self.rank, self.world, self.device = _setup_device()
         self.precision = args.get("precision") or "bf16-true"
         self.train = args["train"]
-        self.train_args, self.eval_args = _eval_args(args)
+        self.eval_args = _eval_args(args)
         self.out_dir = Path(args["out_dir"])
         self.micro, self.epochs = self.train["micro_batch_size"], self.train.get("epochs") or 1
         self.accumulation = settings.accumulation(self.train["global_batch_size"], self.world, self.micro)
@@ -645,7 +645,14 @@ class _Loop:
                 "step_count": step_count,
             }
         path = outputs.save(
-            directory, self.method, self.model, self.engine, self.args, self.data.module.prompt_style, state
+            directory,
+            self.method,
+            self.model,
+            self.engine,
+            self.args,
+            self.data.module.prompt_style,
+            state,
+            sharded=self.strategy.name in ("fsdp", "fsdp2"),
         )
         if path is not None:
             print(f"Saving checkpoint to {str(directory)!r}", flush=True)

@@ -20,42 +20,25 @@ of a sharded model is gathered first (``torch.distributed.checkpoint.state_dict`
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import yaml
 
-
-def _atomic_torch_save(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file in ``path``'s directory, flushed, then renamed onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+from tunelab import files
 
 
-def full_state_dict(model, engine=None) -> dict[str, torch.Tensor] | None:
-    """The whole model's state dict on the CPU, on rank 0 (None on the other ranks), gathered from any strategy.
-    Every rank must call it (the gather is a collective under sharding)."""
+def full_state_dict(model, engine=None, sharded: bool = False) -> dict[str, torch.Tensor] | None:
+    """The whole model's state dict on the CPU, on rank 0 (None on the other ranks), gathered from any strategy
+    (``sharded``: FSDP1 or FSDP2). Every rank must call it (the gather is a collective under sharding)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if engine is not None:  # DeepSpeed: ZeRO-3 partitions the parameters, stages 1-2 keep them whole
         if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
             sd = engine._zero3_consolidated_16bit_state_dict()
         else:
             sd = engine.module.state_dict()
-    elif _sharded(model):
+    elif sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         on_gpu = any(p.is_cuda for p in model.parameters())  # offloading CPU tensors crashes FSDP1's gather (gloo)
@@ -65,14 +48,6 @@ def full_state_dict(model, engine=None) -> dict[str, torch.Tensor] | None:
     if rank != 0 or sd is None:
         return None
     return {_plain_key(k): v.detach().cpu() for k, v in sd.items()}
-
-
-def _sharded(model) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if isinstance(model, FullyShardedDataParallel):
-        return True
-    return any(type(m).__name__.startswith("FSDP") for m in model.modules())
 
 
 def _plain_key(key: str) -> str:
@@ -101,11 +76,7 @@ def write_side_files(directory: Path, args: dict, prompt_style) -> None:
     from litgpt.utils import copy_config_files
 
     copy_config_files(Path(args["checkpoint_dir"]), directory)
-    text = yaml.safe_dump(_plain(args), sort_keys=False)
-    fd, tmp = tempfile.mkstemp(prefix=".hyperparameters.", suffix=".tmp", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, directory / "hyperparameters.yaml")
+    files.write_text_atomic(directory / "hyperparameters.yaml", yaml.safe_dump(_plain(args), sort_keys=False))
     save_prompt_style(prompt_style, directory)
 
 
@@ -117,10 +88,11 @@ def save(
     args: dict,
     prompt_style,
     state: dict | None = None,
+    sharded: bool = False,
 ) -> Path | None:
     """Save the model into ``directory`` as litgpt does: full -> ``lit_model.pth`` (with ``state``'s optimizer and
     scheduler when given), LoRA -> ``lit_model.pth.lora`` (adapters only). Returns the file (rank 0) or None."""
-    sd = full_state_dict(model, engine)
+    sd = full_state_dict(model, engine, sharded)
     if sd is None:
         return None
     if method == "full":
@@ -129,7 +101,7 @@ def save(
     else:
         path = directory / "lit_model.pth.lora"
         payload = {"model": {k: v for k, v in sd.items() if "lora_" in k}}
-    _atomic_torch_save(payload, path)
+    files.write_atomic(path, lambda f: torch.save(payload, f))
     write_side_files(directory, args, prompt_style)
     return path
 
