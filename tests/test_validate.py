@@ -152,3 +152,16 @@ def test_warmup_equal_to_max_steps_is_refused_because_litgpt_divides_by_zero_the
     assert "ZeroDivisionError" in str(r.problems[0])
     r = check(resolve("tiny-llama-1.1b/full"), ["--train.max_steps", "4", "--train.lr_warmup_steps", "3"])
     assert not [p for p in r.problems if p.severity == "error"]
+
+
+def test_a_config_override_that_is_no_regular_file_is_refused_before_litgpts_parser(tmp_path):
+    """The form validate recommends for a learning rate is a second ``--config FILE``: a FIFO there would block
+    litgpt's parser forever; it is one line naming --config instead (and a missing file too)."""
+    import os
+
+    fifo = tmp_path / "opt.yaml"
+    os.mkfifo(fifo)
+    for overrides in (["--config", str(fifo)], [f"--config={fifo}"], ["--config", str(tmp_path / "missing.yaml")]):
+        result = check(resolve("tiny-llama-1.1b/full"), overrides)
+        assert not result.ok and [p.key for p in result.problems] == ["--config"], result.problems
+        assert "\n" not in str(result.problems[0]) and "; fix: " in str(result.problems[0])

@@ -125,6 +125,27 @@ def parse(recipe: Recipe, overrides: list[str]) -> dict:
     return resolved
 
 
+CONFIG_MAX_BYTES = 2**20
+"""The largest ``--config`` file given as an override that is handed to litgpt's parser."""
+
+
+def _config_override_problem(overrides: list[str]) -> str | None:
+    """Why a ``--config FILE`` among the overrides cannot be read (a FIFO, a device, a directory, over
+    :data:`CONFIG_MAX_BYTES`, missing), or None. Checked before litgpt's parser, which would block on a FIFO."""
+    from tunelab.files import FileRefused, read_bytes
+
+    for i, arg in enumerate(overrides):
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else None
+        if arg == "--config" and i + 1 < len(overrides):
+            path = overrides[i + 1]
+        if path is not None:
+            try:
+                read_bytes(path, CONFIG_MAX_BYTES, what="--config file")
+            except FileRefused as e:
+                return str(e)
+    return None
+
+
 def _parser_problem(recipe: Recipe, err: Exception) -> Problem:
     text = " ".join(str(err).split())
     file = display_path(recipe.path)
@@ -177,6 +198,11 @@ def check(
     overrides = list(overrides or [])
     result = Result(recipe=recipe, overrides=overrides)
     file = display_path(recipe.path)
+    bad_config = _config_override_problem(overrides)
+    if bad_config:  # litgpt's parser would read a FIFO forever, or a file of any size
+        why, _, fix = bad_config.partition("; fix: ")
+        result.problems.append(Problem(file, "--config", why, fix or "give a regular YAML file"))
+        return result
     try:
         args = parse(recipe, overrides)
     except Exception as err:  # jsonargparse.ArgumentError and friends: litgpt would refuse the command line
