@@ -105,7 +105,8 @@ def test_rank_files_are_read_through_the_schema():
 
 def test_steady_state_leaves_the_pauses_out():
     """A validation or save inside the loop (a pause noted on the iteration it interrupted) is not training time:
-    the iteration and step times and tok/s exclude it; without the subtraction tok/s falls to 57 (the median hides one slow step)."""
+    the iteration and step times and tok/s exclude it; without the subtraction tok/s falls to 57 (the median step
+    hides one slow step)."""
     from tunelab.run.collect import _steady_state
 
     starts = [0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 8.0]  # iteration 2 took 3 s, 2 of them a validation
