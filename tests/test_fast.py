@@ -66,16 +66,25 @@ CASES = {
 }
 """The comparisons: AdamW on unequal lengths with the prompt masked (static-shape padding, a short last micro
 batch), SGD (Adam's update is blind to a uniform gradient scale, SGD's is not: the accumulation divisor), LoRA in
-bf16-true at a looser stated tolerance (bf16 weights; inductor fuses bf16 kernels differently from eager)."""
+bf16-true at a looser stated tolerance (bf16 weights; inductor fuses bf16 kernels differently from eager), and the
+first case again with Liger's fused linear cross-entropy (``liger: loss``) run by Triton's interpreter (on this CPU
+fast.yaml's switch is otherwise off, which the other cases check is said in the record)."""
+CASES["full-liger-masked"] = CASES["full-adamw-masked"]
+INTERPRETED = {"full-liger-masked"}
+"""Cases run with ``TRITON_INTERPRET=1``: Liger's Triton kernels on the CPU."""
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_path):
+def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_path, monkeypatch):
     """litgpt's own `finetune_*` on one process and tunelab's loop with compiled blocks (static shapes compiled
     ahead), the fused optimizer, tokenisation once, prefetch and the loss kept on the device (read at the end)
     give the same loss at every iteration within the case's tolerance and the same learning rate exactly: 6
     optimizer steps of micro 2 x accumulation 2, 2 of them warm-up, at a learning rate that moves the loss by
     far more than the tolerance. Batching unchanged (no length grouping)."""
+    if case in INTERPRETED:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     method, precision, optimizer, lr, tol, data, extra = CASES[case]
     data_file = (
         unequal_dataset(tmp_path / "data.json")
@@ -113,6 +122,10 @@ def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_pat
     assert rec.status == "ok", (rec.error, (tmp_path / "fast" / "stderr.log").read_text()[-3000:])
     assert "compiled blocks" in rec.strategy and "fused optimizer" in rec.strategy
     assert rec.compile_s > 0 and rec.graphs_compiled_in_loop == 0
+    if case in INTERPRETED:  # fast.yaml's liger: loss, the logits never materialised
+        assert rec.fused_kernels == "liger: fused linear cross-entropy"
+    else:  # said, never silent
+        assert rec.fused_kernels.startswith("liger loss -> off: Liger's Triton kernels need a CUDA GPU")
     reference, fast = iterations(tmp_path / "litgpt", False), iterations(tmp_path / "fast", True)
     assert len(reference) == len(fast) == 12
     ref_losses = [loss for loss, _ in reference]

@@ -58,6 +58,7 @@ def test_carried_wheels_are_exactly_what_the_gpu_image_lacks():
         "tokenizers",
         "matplotlib",
         "psutil",
+        "liger-kernel",
     ]
     needed, todo, missing = set(), [Requirement(r) for r in roots], []
     while todo:

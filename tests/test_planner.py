@@ -3,6 +3,7 @@ calibration, and the batch search against a real memory limit on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -63,8 +64,8 @@ def test_accuracy_report_regenerates(tmp_path):
 def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     """One device: autocast over fp32 weights (copies of the weights, an fp32 residual stream). FSDP's and
     DeepSpeed's mixed precision hand the forward 16-bit weights: activations as bf16-true, no autocast copies. The
-    logits are fp32 under Lightning Fabric whatever the precision (its plugins convert the model's outputs); in
-    tunelab's own loop (a strategies file) bf16-true keeps them in bf16."""
+    logits are fp32 whatever the precision: Lightning Fabric's plugins convert the model's outputs, tunelab's loop
+    casts them itself; litgpt's loop holds them through the optimizer step, tunelab's does not."""
     from litgpt import Config
 
     from tunelab.plan import memory
@@ -82,7 +83,10 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     assert fsdp["activations"] == true["activations"] < single["activations"]
     assert fsdp["logits_and_loss"] == true["logits_and_loss"]  # fp32 logits and log-softmax under Fabric
     loop_true, loop_mixed = plan("bf16-true", "fsdp", fabric=False), plan("bf16-mixed", "fsdp", fabric=False)
-    assert loop_true["logits_and_loss"] < loop_mixed["logits_and_loss"] == fsdp["logits_and_loss"]
+    assert loop_true["logits_and_loss"] == loop_mixed["logits_and_loss"] == fsdp["logits_and_loss"]
+    held = memory.logits_held_at_step
+    x = memory.PlanInput(config=c, micro_batch_size=8, seq_len=512)
+    assert held(x) == 8 * 512 * c.padded_vocab_size * 4 and held(dataclasses.replace(x, fabric=False)) == 0
 
 
 def test_our_h100_records_are_planned_from_their_own_recipes():

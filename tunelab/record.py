@@ -65,6 +65,9 @@ class RankStats:
     paused_s: float | None = None
     """Time spent in the loop on validation, sample generation and checkpoint saves (tunelab's loop): left out of
     the iteration it interrupted, so the steady-state figures count training only."""
+    fused_kernels: str | None = None
+    """The strategy's ``liger`` switch as it ran: Liger's kernels in use ("liger: fused linear cross-entropy, ...")
+    or why it was off ("liger off: ..."). None: not asked for."""
 
 
 RANK_FILE_LOG = ("iters", "pauses")
@@ -238,6 +241,8 @@ class RunRecord:
     graphs_compiled_in_loop: int | None = None
     """Max over ranks of the graphs torch.compile built after the first iteration: recompilations inside the loop
     (0 with static shapes compiled ahead; ``tunelab bench`` refuses a measured run with any)."""
+    fused_kernels: str | None = None
+    """Rank 0's ``liger`` switch as it ran: the Liger kernels in use, or why they were off (None: not asked for)."""
     paused_s: float | None = None
     """Max over ranks of the time spent on validation, sample generation and checkpoints inside the loop (excluded
     from the iteration and step times)."""

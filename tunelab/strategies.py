@@ -91,6 +91,12 @@ class StrategyConfig:
     """Form micro batches from samples of similar length: litgpt's order cut into windows of N micro batches, each
     window sorted by length, the micro batches shuffled. Every sample once per epoch, attention and loss unchanged;
     the sample order (which samples share a micro batch) changes. None: litgpt's order."""
+    liger: str | None = None
+    """Liger-Kernel's fused Triton kernels in litgpt's model (one device, tunelab.run.fused): ``loss`` fuses the
+    lm_head with the cross-entropy, so the logits (micro x sequence x vocabulary, fp32 for the loss) are never
+    materialised; ``all`` also runs Liger's RMSNorm and SwiGLU (not with ``compile: blocks``, whose inductor kernels
+    already fuse them). Same maths as litgpt's modules (fp32 softmax and norms); off on a CPU (said in the record),
+    where Triton's kernels cannot run. None: litgpt's modules and loss."""
     extra: dict = field(default_factory=dict)
     """Unused; reserved."""
 
@@ -108,6 +114,7 @@ class StrategyConfig:
                 (f"compiled {self.compile}", self.compile),
                 (f"lengths padded to multiples of {self.pad_to_multiple}", self.pad_to_multiple),
                 (f"length-grouped micro batches (windows of {self.length_grouping})", self.length_grouping),
+                (f"Liger kernels ({self.liger})", self.liger),
             )
             if on
         ]
@@ -163,10 +170,25 @@ class StrategyConfig:
             "NO_SHARD",
         ):
             raise StrategyError(f"sharding_strategy {self.sharding_strategy!r} is not a torch ShardingStrategy")
+        if self.liger:
+            self._check_liger(method, args)
         if args.get("precision") in ("16-mixed",):
             raise StrategyError(
                 "16-mixed needs a gradient scaler, which this loop (like litgpt's) does not use; "
                 "use bf16-mixed or bf16-true"
+            )
+
+    def _check_liger(self, method: str, args: dict) -> None:
+        if self.name != "single":
+            raise StrategyError(
+                f"liger: {self.liger} under {self.name}: the fused loss calls the model's blocks and head itself, "
+                "past the forward that DDP, FSDP and DeepSpeed wrap; fix: use it with name: single (one device)"
+            )
+        if self.liger == "all" and self.compile:
+            raise StrategyError(
+                "liger: all with compile: blocks: inductor already fuses the norms and SwiGLU of compiled blocks, "
+                "and Liger's kernels inside them are not what it was checked with; fix: liger: loss with compile, "
+                "or liger: all with compile: null"
             )
 
 
@@ -231,6 +253,7 @@ CHOICES = {
     "zero_stage": (1, 2, 3),
     "optimizer": ("adamw8bit", "paged_adamw", "paged_adamw8bit", None),
     "compile": ("blocks", None),
+    "liger": ("loss", "all", None),
 }
 """Keys whose values come from a fixed set."""
 

@@ -79,6 +79,9 @@ class SavedBytes:
     head: float
     """Final norm, lm_head input, loss (the logits themselves and their gradient are a peak term, not saved)."""
     notes: tuple = ()
+    head_norm: float = 0
+    """What the final norm keeps, and a LoRA head's adapter input: the part of ``head`` a fused linear
+    cross-entropy (Liger's) keeps too (it saves gradients instead of the head's input and the log-softmax)."""
 
     def total(self, n_layer: int) -> float:
         return self.first_layer + self.per_layer * (n_layer - 1) + self.head
@@ -209,7 +212,8 @@ def saved_bytes(
     per = block(first=False)
     first = block(first=True)
     v = c.padded_vocab_size
-    head = norm(full) + (s * d * n if full else (lora_in(d) if lora("head") else 0))
+    head_norm = norm(full) + (lora_in(d) if lora("head") else 0)
+    head = head_norm + (s * d * n if full else 0)
     positions = micro * (seq - 1)
     # log-softmax per chunk in the logits' dtype (fp32 under Fabric), int64 targets
     head += logits_bytes * v * positions + 8 * positions
@@ -217,4 +221,6 @@ def saved_bytes(
         head += s * v * positions  # tanh of the logits
     if c.attention_logit_softcapping is not None:
         notes.append("attention softcapping: scores kept (T x T per head), on every device")
-    return SavedBytes(per_layer=per, first_layer=first, head=head, notes=tuple(dict.fromkeys(notes)))
+    return SavedBytes(
+        per_layer=per, first_layer=first, head=head, notes=tuple(dict.fromkeys(notes)), head_norm=head_norm
+    )

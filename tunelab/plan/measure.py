@@ -72,8 +72,7 @@ def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
     list of chunks). Under bf16-mixed the model's forward runs under autocast. ``fabric``: as litgpt's scripts run
     it, under Lightning Fabric, whose precision plugins (``HalfPrecision``, ``MixedPrecision``, bitsandbytes,
     FSDP, DeepSpeed) all convert the model's outputs to the default dtype, fp32 (``convert_output``): bf16-true
-    logits reach the loss as fp32. Without Fabric (tunelab's multi-device loop) they stay in the compute dtype,
-    except under bf16-mixed, where that loop's loss runs under autocast, which computes log-softmax in fp32."""
+    logits reach the loss as fp32. Without Fabric (tunelab's own loop) the loss casts them to fp32 itself."""
     import contextlib
 
     import torch
@@ -86,9 +85,7 @@ def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
         context = contextlib.nullcontext()
     with context:
         logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
-    if fabric or precision == "bf16-mixed":
-        logits = [t.float() for t in logits] if isinstance(logits, list) else logits.float()
-    return logits
+    return [t.float() for t in logits] if isinstance(logits, list) else logits.float()
 
 
 @contextlib.contextmanager

@@ -151,8 +151,12 @@ class PlanInput:
     """torch's fused Adam/AdamW kernel updates in place: no parameter-sized temporary during the step."""
     fabric: bool = True
     """The run is litgpt's own script under Lightning Fabric, whose precision plugins convert the model's outputs
-    (the logits) to fp32 under every precision; False: tunelab's multi-device loop (a strategies file), which hands
-    the loss the logits in the compute dtype (fp32 under mixed precision, as before)."""
+    (the logits) to fp32 under every precision, and whose loop holds the logits through the optimizer step; False:
+    tunelab's loop (a strategies file), whose loss casts the logits to fp32 itself and drops them after backward."""
+    fused_loss: bool = False
+    """tunelab's loop with Liger's fused linear cross-entropy (a strategy's ``liger``): the head's logits are never
+    materialised; the fused loss keeps the gradients of its input and of the head weight from forward to backward
+    (:func:`liger_loss_bytes`)."""
     compiled: bool = False
     """Transformer blocks compiled (torch.compile): planned as eager, an upper bound (inductor's partitioner
     recomputes cheap ops in backward instead of saving them)."""
@@ -342,13 +346,16 @@ def autocast_weight_copies(x: PlanInput) -> float:
     gradient. So full fine-tuning keeps one copy of every linear weight (lm_head included, the embedding not: it is
     a lookup), and LoRA one copy of each frozen block weight, one of lm_head per 128-token chunk litgpt's loop
     calls it for, and one of the adapters. Seen in the simulated step (tunelab/plan/simulate.py): the difference
-    between bf16-mixed and bf16-true LoRA is 2 x the block weights + one lm_head copy per chunk, to 0.2%."""
+    between bf16-mixed and bf16-true LoRA is 2 x the block weights + one lm_head copy per chunk, to 0.2%. With a
+    fused loss (Liger's) LoRA's head weight (frozen, or ``[W, B]`` made by concatenation: no leaf) is cast again
+    for every chunk and not kept (:func:`liger_loss_bytes` counts the one alive); full fine-tuning's trainable head
+    weight is cached as before."""
     c = x.config
     total, emb = count_params(c)
+    head = c.padded_vocab_size * c.n_embd
     if not x.lora:
         return 2 * (total - emb)
-    head = c.padded_vocab_size * c.n_embd
-    chunks = math.ceil(x.seq_len / LM_HEAD_CHUNK)
+    chunks = 0 if x.fused_loss else math.ceil(x.seq_len / LM_HEAD_CHUNK)
     return 2 * (total - emb - head) + 2 * head * chunks + 2 * lora_param_count(c, x.lora_r, x.lora_targets)
 
 
@@ -387,15 +394,55 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
         acts += (s_act * c.n_embd + 8) * n_tok + (
             0 if x.activation_checkpointing else saved.per_layer - saved.first_layer
         )
-    # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
-    # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
-    # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
-    logits = saved.head + n_tok * c.padded_vocab_size * s_logits * (2 if not x.lora else 1)
-    if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
-        logits += lora_loss_backward_temporaries(x, s_logits)
+    if x.fused_loss:
+        logits = saved.head_norm + liger_loss_bytes(x)
+        notes.append("Liger's fused linear cross-entropy: the logits are never materialised (liger_loss_bytes)")
+    else:
+        logits = _logits_and_loss(x, saved.head, s_logits, n_tok)
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
     return acts, logits
+
+
+def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> float:
+    """The head and loss at the start of backward without a fused loss: what they saved (``head``) and what is
+    alive beside it."""
+    c = x.config
+    # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
+    # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
+    # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
+    logits = head + n_tok * c.padded_vocab_size * s_logits * (2 if not x.lora else 1)
+    if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
+        logits += lora_loss_backward_temporaries(x, s_logits)
+    return logits
+
+
+def liger_loss_bytes(x: PlanInput) -> float:
+    """Bytes Liger's fused linear cross-entropy holds at its peak, the last chunk of its forward (beside the final
+    norm's saved tensors), as its code allocates (``tunelab.plan.simulate._liger_loss_standin``): the final norm's
+    output ``h`` (positions x hidden, the residual stream's dtype), the loss's input (a copy of ``h`` without the
+    last position; with a LoRA head, ``[h, adapter]`` made by concatenation, hidden + r columns), the gradient of
+    that input, the gradient of the head weight when it trains (full fine-tuning; a LoRA head: the concatenated
+    ``[W, B]`` too), one chunk's logits (:func:`liger_chunk_rows` x vocabulary, the compute dtype) and its product
+    with the weight; under bf16-mixed, autocast's 16-bit copy of the transposed head weight that chunk's first
+    matmul made (a view is never cached; the second matmul's copy of a trainable leaf weight is, and is counted
+    with the autocast cache). The micro batch's logits (fp32 for the loss, and their gradient) never exist."""
+    c = x.config
+    s_act = dtype_bytes(x.precision)
+    s_h = 4 if autocast_over_fp32_weights(x) else s_act  # bf16-mixed: the residual stream and ln_f are fp32
+    s_w = 4 if "mixed" in str(x.precision) or str(x.precision).startswith("32") else 2  # the weights' dtype
+    n, positions, v = x.micro_batch_size * x.seq_len, x.micro_batch_size * (x.seq_len - 1), c.padded_vocab_size
+    lora_head = x.lora and "head" in set(x.lora_targets)
+    width = c.n_embd + (x.lora_r if lora_head else 0)
+    chunk = liger_chunk_rows(positions, v, width)
+    total = s_h * c.n_embd * n + 2 * s_h * width * positions  # h, the input copy, its gradient
+    if lora_head:
+        total += 2 * s_w * v * width  # [W, B] and its gradient
+    elif not x.lora:
+        total += s_w * v * c.n_embd  # the head weight's gradient
+    if autocast_over_fp32_weights(x):
+        total += s_act * v * width
+    return total + chunk * v * s_act + chunk * width * s_h
 
 
 @dataclass
@@ -466,6 +513,15 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
     )
 
 
+def liger_chunk_rows(positions: int, vocab: int, hidden: int) -> int:
+    """Rows (positions) per chunk of Liger's fused linear cross-entropy (0.8.5, ``chunk_mem_const`` 1): the
+    positions split into ``ceil(vocab / hidden)`` parts, rounded up to a power of two, at most all of them, so one
+    chunk's logits (rows x vocabulary) are about the size of the input (positions x hidden)."""
+    parts = -(-vocab // hidden)
+    rows = 1 << max(0, (-(-positions // parts) - 1).bit_length())
+    return min(rows, positions)
+
+
 LM_HEAD_CHUNK = 128
 """Tokens per lm_head chunk in litgpt's LoRA finetune loop (``model(x, lm_head_chunk_size=128)``)."""
 
@@ -508,16 +564,19 @@ def dequantized_weight_temporary(x: PlanInput) -> float:
 
 
 def logits_bytes(x: PlanInput) -> int:
-    """Bytes per element of the logits the loss sees: 4 under Lightning Fabric (litgpt's scripts), whose precision
-    plugins all convert the model's outputs to fp32 (``convert_output``), bf16-true included; in tunelab's own loop
-    the compute dtype (4 under mixed precision)."""
-    return 4 if x.fabric or "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    """Bytes per element of the logits the loss sees: 4 under every precision. Lightning Fabric (litgpt's scripts)
+    converts the model's outputs to fp32 (its precision plugins' ``convert_output``), bf16-true included; tunelab's
+    loop casts them to fp32 itself, as litgpt's numerics require."""
+    return 4
 
 
 def logits_held_at_step(x: PlanInput) -> float:
     """Bytes of the logits alive during the optimizer step: micro batch x sequence x padded vocabulary in the
     logits' dtype (:func:`logits_bytes`). litgpt's fit loop keeps ``logits`` referenced until the next iteration, so
-    they sit beside the gradients and optimizer states."""
+    they sit beside the gradients and optimizer states; tunelab's loop computes them inside its loss function, so
+    nothing holds them after backward (0), and its fused loss never makes them."""
+    if not x.fabric or x.fused_loss:
+        return 0
     return x.micro_batch_size * x.seq_len * x.config.padded_vocab_size * logits_bytes(x)
 
 

@@ -60,10 +60,16 @@ def check_ranges(s: Settings) -> None:
 def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
     """PlanInput fields for a configs/strategies file (None: litgpt's own choice, which is one device, or FSDP when
     there are several: FSDP for full fine-tuning, FSDP2 with the same division for LoRA): how it divides the model
-    states, and the speed switches that change memory (fused or bitsandbytes optimizer, compiled blocks)."""
+    states, and the speed switches that change memory (fused or bitsandbytes optimizer, compiled blocks, Liger's fused
+    loss)."""
     fields = _division(strategy, world)
     if strategy is not None:  # a strategies file runs tunelab's own loop, not litgpt's script under Fabric
-        fields.update(fused_optimizer=strategy.fused_optimizer, compiled=bool(strategy.compile), fabric=False)
+        fields.update(
+            fused_optimizer=strategy.fused_optimizer,
+            compiled=bool(strategy.compile),
+            fabric=False,
+            fused_loss=strategy.liger is not None,
+        )
         if strategy.optimizer:
             fields["optimizer"] = f"bitsandbytes.optim.{BNB_OPTIMIZERS[strategy.optimizer]}"
     return fields

@@ -226,10 +226,72 @@ def _setup(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
     return model, opt, kept
 
 
+def _liger_loss_standin():
+    """Liger-Kernel's fused linear cross-entropy (``liger_fused_linear_cross_entropy``, 0.8.5, reduction "mean")
+    as its Python code allocates, for fake tensors: its Triton cross-entropy kernel cannot run here and writes only
+    in place (each chunk's loss into a preallocated row, the chunk's logits gradient over the logits). Forward:
+    ``grad_input`` (positions x hidden, the input's dtype), ``grad_weight`` (the head weight's shape and dtype, when
+    it trains) and the loss rows are allocated; the positions run in chunks (:func:`tunelab.plan.memory.
+    liger_chunk_rows`), each chunk's logits (chunk x vocabulary, the compute dtype) made by a matmul, turned into
+    their gradient in place, multiplied into ``grad_input``'s rows and accumulated into ``grad_weight``; only the two
+    gradients are saved. Backward scales them in place and hands them back."""
+    import torch
+
+    from tunelab.plan.memory import liger_chunk_rows
+
+    class FusedLinearCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight):
+            rows, hidden = x.shape
+            chunk = liger_chunk_rows(rows, weight.shape[0], hidden)
+            grad_input = torch.zeros_like(x)
+            grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+            loss_rows = torch.zeros(rows, dtype=torch.float32, device=x.device)
+            for start in range(0, rows, chunk):
+                x_chunk = x[start : start + chunk]
+                logits = x_chunk @ weight.t()  # the kernel turns it into its gradient in place
+                grad_input[start : start + chunk] = logits @ weight
+                if grad_weight is not None:
+                    grad_weight.addmm_(logits.t(), x_chunk)
+                del logits
+            ctx.save_for_backward(grad_input.detach(), grad_weight)
+            return loss_rows.sum()
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            grad_input, grad_weight = ctx.saved_tensors
+            return grad_input, grad_weight
+
+    return FusedLinearCrossEntropy
+
+
+def _fused_training_loss(model, idx):
+    """tunelab's loop with ``liger``: the model's trunk (:func:`tunelab.run.fused.hidden_states`), then the fused
+    loss over the shifted positions against the head weight (a LoRA head's adapter appended as extra columns)."""
+    from tunelab.run.fused import head_operands, hidden_states
+
+    h, weight, _ = head_operands(model, hidden_states(model, idx)[:, :-1, :])
+    return _liger_loss_standin().apply(h.reshape(-1, h.size(-1)), weight)
+
+
 def _one_step(
-    config, method, precision, micro, seq_len, ac, lora_r, targets, accumulation=1, optimizer="AdamW", fabric=True
+    config,
+    method,
+    precision,
+    micro,
+    seq_len,
+    ac,
+    lora_r,
+    targets,
+    accumulation=1,
+    optimizer="AdamW",
+    fabric=True,
+    fused_loss=False,
 ):
-    """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built."""
+    """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built.
+    ``fabric``: litgpt's script (its loop holds the logits through the optimizer step); False: tunelab's loop (the
+    loss computed in a function: nothing holds the logits after backward). ``fused_loss``: tunelab's loop with
+    Liger's fused head and loss (:func:`_liger_loss_standin`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -248,11 +310,17 @@ def _one_step(
                     tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
                     # litgpt's loop: the previous logits stay referenced through the next forward, until
                     # `logits = model(...)` rebinds the name; the loss is computed after that
-                    logits = model_logits(model, x, method, precision, fabric)
-                    loss = training_loss(logits, x, method)
+                    if fused_loss:  # the loop's loss runs under autocast with bf16-mixed
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                            loss = _fused_training_loss(model, x)
+                    else:
+                        logits = model_logits(model, x, method, precision, fabric)
+                        loss = training_loss(logits, x, method)
                     tracker.in_backward = True
                     loss.backward()
                     tracker.in_backward = False
+                    if not fabric:
+                        logits = None  # tunelab's loop: the logits were local to its loss function
                 opt.step()  # litgpt's loop still holds `logits` here
                 opt.zero_grad()
                 del loss
@@ -388,9 +456,14 @@ def simulate(
     lora_r: int = LITGPT_LORA_R,
     lora_targets=LORA_TARGETS,
     fabric: bool = True,
+    fused_loss: bool = False,
 ) -> Simulation:
     """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring. ``fabric``:
-    litgpt's script under Lightning Fabric (fp32 logits under every precision); False: tunelab's own loop."""
+    litgpt's script under Lightning Fabric (its loop holds the logits through the optimizer step); False: tunelab's
+    own loop (fp32 logits too, freed after backward). ``fused_loss``: tunelab's loop with Liger's fused head and
+    loss (the logits never materialised)."""
+    if fused_loss and fabric:
+        raise ValueError("fused_loss runs in tunelab's own loop: pass fabric=False")
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r}: simulated are {', '.join(DTYPES)}")
     if method not in ("full", "lora", "qlora"):
@@ -415,6 +488,7 @@ def simulate(
                 accumulation,
                 optimizer,
                 fabric,
+                fused_loss,
             )
         )
     (a, _), (b, where) = runs
@@ -444,6 +518,8 @@ def simulate(
         notes.append("mixed precision under CPU autocast: its fp32 op list differs from CUDA's")
     if method == "qlora":
         notes.append("NF4 weights and their dequantization as bitsandbytes' code does it")
+    if fused_loss:
+        notes.append("Liger's fused linear cross-entropy as its Python code allocates (its Triton kernel: in place)")
     if "Paged" in optimizer:
         notes.append(
             "paged optimizer: the states of tensors from 1e5 elements live outside torch's allocator (left out); "
@@ -502,4 +578,5 @@ def for_plan(x) -> Simulation:
     return simulate(
         x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, x.activation_checkpointing,
         x.accumulation, optimizer, lora_r=x.lora_r, lora_targets=x.lora_targets, fabric=x.fabric,
+        fused_loss=x.fused_loss,
     )  # fmt: skip

@@ -190,6 +190,7 @@ def _rank_figures(rec: RunRecord) -> None:
     rec.compile_s = agg("compile_s", max)
     rec.graphs_compiled_in_loop = agg("graphs_compiled_in_loop", max)
     rec.paused_s = agg("paused_s", max)
+    rec.fused_kernels = next((r.fused_kernels for r in rec.ranks if r.fused_kernels), None)
 
 
 def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import functools
 import math
 import os
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from tunelab import checkpoints, files, settings
 from tunelab.plan.recipe import BNB_OPTIMIZERS
 from tunelab.recipes import resolve
-from tunelab.run import batching, outputs, rank_stats
+from tunelab.run import batching, fused, outputs, rank_stats
 from tunelab.strategies import StrategyConfig, load_strategy
 from tunelab.validate import parse
 
@@ -351,6 +352,25 @@ def _setup_device() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def _fused_kernels(strategy: StrategyConfig, device, rank: int) -> StrategyConfig:
+    """The strategy as it runs on ``device``: the ``liger`` switch off (said, and in the record) where Liger's
+    kernels cannot run (a CPU outside Triton's interpreter); under the interpreter only the fused loss (Liger's
+    RMSNorm and SwiGLU kernels take float arguments the interpreter cannot pass)."""
+    if not strategy.liger:
+        return strategy
+    why = fused.unavailable(device)
+    if why is None and device.type != "cuda" and strategy.liger == "all":
+        why, keep = "RMSNorm and SwiGLU off under Triton's interpreter (float kernel arguments it cannot run)", "loss"
+    else:
+        keep = None if why else strategy.liger
+    if why:
+        rank_stats.note_fused_kernels(f"liger {strategy.liger} -> {keep or 'off'}: {why}")
+        if rank == 0:
+            print(f"liger: {strategy.liger} -> {keep or 'off'}: {why}", flush=True)
+        return dataclasses.replace(strategy, liger=keep)
+    return strategy
+
+
 def _setup_model(
     args: dict,
     method: str,
@@ -367,6 +387,8 @@ def _setup_model(
     in float32, as under litgpt), compiled when asked, under the strategy."""
     model, _ = build_model(args, method, device, precision)
     model.max_seq_length = max_seq_length
+    if strategy.liger:
+        rank_stats.note_fused_kernels("liger: " + ", ".join(fused.apply(model, strategy.liger)))
     if strategy.compile == "blocks":  # regional: each block compiled in place, one graph per shape for all of them
         import torch._dynamo.config as dynamo_config
 
@@ -434,6 +456,8 @@ def _loss(model, input_ids, targets, method: str, strategy: StrategyConfig):
     (bf16-true and bf16-mixed included), so the loss is computed in float32 there too."""
     from litgpt.utils import chunked_cross_entropy
 
+    if strategy.liger:  # the head and the loss fused (one device): the logits are never materialised
+        return fused.loss(model, input_ids, targets)
     # ZeRO-3 hangs when a module (the chunked LoRA head) runs a data-dependent number of times per forward (its
     # prefetch trace changes between steps): there the head is not chunked (same loss).
     if method == "full" or (strategy.name == "deepspeed" and strategy.zero_stage == 3):
@@ -569,8 +593,9 @@ class _Loop:
     def __init__(self, args: dict, method: str, strategy: StrategyConfig):
         from litgpt.tokenizer import Tokenizer
 
-        self.args, self.method, self.strategy = args, method, strategy
         self.rank, self.world, self.device = _setup_device()
+        strategy = _fused_kernels(strategy, self.device, self.rank)
+        self.args, self.method, self.strategy = args, method, strategy
         self.precision = args.get("precision") or "bf16-true"
         self.train = args["train"]
         self.eval_args = _eval_args(args)

@@ -62,6 +62,12 @@ def note_graphs_compiled_in_loop(count: int) -> None:
     _STATE["graphs_compiled_in_loop"] = count
 
 
+def note_fused_kernels(text: str) -> None:
+    """The strategy's ``liger`` switch as it runs here: the kernels in use, or why it is off (added to what was
+    noted before, ``; ``-separated)."""
+    _STATE["fused_kernels"] = "; ".join(x for x in (_STATE.get("fused_kernels"), text) if x)
+
+
 def note_pause(seconds: float) -> None:
     """``seconds`` of the current iteration went to validation, generation or a save (left out of its time)."""
     if _ITERS:
@@ -132,6 +138,7 @@ def write() -> None:
         "compile_s": _STATE.get("compile_s"),
         "graphs_compiled_in_loop": _STATE.get("graphs_compiled_in_loop"),
         "paused_s": _STATE.get("paused_s"),
+        "fused_kernels": _STATE.get("fused_kernels"),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     try:

@@ -1,0 +1,129 @@
+"""Liger-Kernel's fused Triton kernels in litgpt's model (a strategy's ``liger`` switch, tunelab's loop, one device).
+
+* ``liger: loss``: the lm_head and the cross-entropy as one fused operation (``liger_fused_linear_cross_entropy``):
+  the head's matmul runs over chunks of positions and each chunk's logits are turned into their loss and gradient
+  at once, so the micro batch's logits (micro x sequence x vocabulary, in fp32 for the loss) never exist. The
+  logits are computed in the compute dtype and the softmax in fp32, as litgpt's loss on Fabric's fp32 outputs.
+  The loop calls the model's trunk (:func:`hidden_states`: litgpt's ``GPT.forward`` without the head, for training
+  without a KV cache) and hands the last norm's output to the fused loss.
+* ``liger: all``: the loss, plus Liger's RMSNorm (casting mode "gemma": everything in fp32, cast back, which is
+  litgpt's ``RMSNorm``) and SwiGLU (``silu(fc_1(x)) * fc_2(x)``: silu in fp32 cast to the input dtype, then the
+  product, as torch computes it) in place of litgpt's. Not with ``compile: blocks``: inductor already fuses the norms
+  and the activation of compiled blocks (checked in :meth:`tunelab.strategies.StrategyConfig.check`).
+
+Liger's kernels are Triton's and need a CUDA GPU; on a CPU the switch is off (said in the run's log and record),
+except under Triton's interpreter (``TRITON_INTERPRET=1``), which runs the same kernels on the CPU with numpy:
+slow, used by the tests to compare them with litgpt's own modules. Liger's loss reads the count of counted targets
+to the host once per micro batch (``.item()``): one synchronisation per iteration that the rest of the fast loop
+avoids.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+MODES = ("loss", "all")
+"""The strategy key ``liger``'s values: the fused loss alone, or the loss with RMSNorm and SwiGLU."""
+IGNORE_INDEX = -100
+"""litgpt's ignore index for masked targets (``chunked_cross_entropy``'s default)."""
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why Liger's kernels cannot run on ``device`` (None when they can): a CUDA GPU, or Triton's interpreter."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Liger's Triton kernels need a CUDA GPU (tests run them under TRITON_INTERPRET=1)"
+    try:
+        import liger_kernel.transformers.functional  # noqa: F401
+    except ImportError as e:  # the pinned stack has it; a hand-made environment may not
+        return f"liger-kernel is not importable ({e}); fix: pip install -r requirements.txt"
+    return None
+
+
+def apply(model, mode: str) -> list[str]:
+    """Swap litgpt's RMSNorm and SwiGLU forwards for Liger's (``mode == "all"``); the kernels now in use, in words
+    (the loss is fused by :func:`loss`, which the loop calls)."""
+    used = ["fused linear cross-entropy"]
+    if mode != "all":
+        return used
+    from litgpt.model import LLaMAMLP, RMSNorm
+
+    norms = mlps = 0
+    for module in model.modules():
+        if isinstance(module, RMSNorm) and module.dim == -1:
+            module.forward = types.MethodType(_rms_norm_forward, module)
+            norms += 1
+        elif isinstance(module, LLaMAMLP):  # GemmaMLP (tanh GELU) is a subclass with its own forward: left alone
+            if type(module).forward is LLaMAMLP.forward:
+                module.forward = types.MethodType(_swiglu_forward, module)
+                mlps += 1
+    if norms:
+        used.append(f"RMSNorm x{norms}")
+    if mlps:
+        used.append(f"SwiGLU x{mlps}")
+    return used
+
+
+def _rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_rms_norm
+
+    # not in place: litgpt's residual stream reads the norm's output gradient's storage no more, but a norm whose
+    # input is shared (parallel residual) would see its gradient overwritten
+    offset = 1.0 if self.add_unit_offset else 0.0
+    return liger_rms_norm(x, self.weight, self.eps, offset=offset, casting_mode="gemma", in_place=False)
+
+
+def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_swiglu
+
+    return self.proj(liger_swiglu(self.fc_1(x), self.fc_2(x)))
+
+
+def hidden_states(gpt, idx: torch.Tensor) -> torch.Tensor:
+    """The final norm's output of litgpt's ``GPT.forward(idx)`` for training (no KV cache, the causal mask):
+    embedding (scaled where the config says), every block with RoPE's cos/sin, ``ln_f``; the head is the loss's."""
+    c = gpt.config
+    t = idx.size(1)
+    if gpt.max_seq_length < t:
+        raise ValueError(f"Cannot forward sequence of length {t}, max seq length is only {gpt.max_seq_length}.")
+    cos, sin = gpt.cos[:t].unsqueeze(0), gpt.sin[:t].unsqueeze(0)
+    x = gpt.transformer.wte(idx)
+    if c.scale_embeddings:
+        x = x * torch.tensor(c.n_embd**0.5, dtype=x.dtype)
+    for i, block in enumerate(gpt.transformer.h):
+        if c.rope_indices is not None:
+            x = block(x, cos[..., c.rope_indices[i]], sin[..., c.rope_indices[i]], None, None, None)
+        else:
+            x = block(x, cos, sin, None, None, None)
+    return gpt.transformer.ln_f(x)
+
+
+def head_operands(gpt, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(input, weight, bias) whose product is the head's logits: the final norm's output and the head's weight; a
+    LoRA head (``lora_head``, not merged) appends its adapter as extra columns, ``[h, s * dropout(h) @ A^T]`` times
+    ``[W, B]``, which is litgpt's ``h @ W^T + s * (dropout(h) @ A^T @ B^T)`` (LoRA dropout included) with the
+    gradient reaching A and B through the concatenations."""
+    head = gpt.lm_head
+    linear = getattr(head, "linear", head)
+    if getattr(head, "r", 0) > 0 and not getattr(head, "merged", False):
+        adapter = (head.lora_dropout(h) @ head.lora_A.transpose(0, 1)) * head.scaling
+        return torch.cat((h, adapter), -1), torch.cat((linear.weight, head.lora_B), 1), linear.bias
+    return h, linear.weight, linear.bias
+
+
+def loss(gpt, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """litgpt's training loss, fused: the mean cross-entropy of the shifted targets (ignore index -100) over the
+    head's logits, with final-logit softcapping where the config has it, the logits never materialised."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    h, weight, bias = head_operands(gpt, hidden_states(gpt, input_ids)[:, :-1, :])
+    return liger_fused_linear_cross_entropy(
+        h.reshape(-1, h.size(-1)),
+        weight,
+        targets[:, 1:].reshape(-1),
+        bias,
+        ignore_index=IGNORE_INDEX,
+        softcap=gpt.config.final_logit_softcapping,
+    )
