@@ -59,6 +59,8 @@ def test_accuracy_report_regenerates(tmp_path):
     assert (tmp_path / "accuracy.csv").read_text().count("\n") == 24  # header + 14 + 9 rows
     committed = ROOT / "reports" / "planner-accuracy" / "accuracy.md"
     assert committed.read_text() == md  # the committed table is what the command produces now
+    kernels = ROOT / "reports" / "planner-accuracy" / "kernels.md"
+    assert kernels.read_text() == (tmp_path / "kernels.md").read_text()  # the kernel model's table too
 
 
 def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():

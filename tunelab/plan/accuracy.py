@@ -96,11 +96,15 @@ def _row(part, rid, recipe, note, gpu, plan, measured, lab_status, what) -> dict
 
 def write_accuracy(out: Path | None = None) -> Path:
     """reports/planner-accuracy/: accuracy.md and .csv (memory and verdicts), runtime.csv (times), comm.csv (the
-    lab's multi-GPU steps), multinode.csv (the FSDP study's nodes)."""
+    lab's multi-GPU steps), multinode.csv (the FSDP study's nodes), kernels.md (the kernel-level step model against
+    our H100 profile)."""
     out = Path(out or output_root() / "reports" / "planner-accuracy")
     rows = accuracy_rows()
     write_csv(out / "accuracy.csv", rows)
     runtime_lines = _own_section(out) + _runtime_section(out) + _comm_section(out) + _multinode_section(out)
+    from tunelab.plan import kernels
+
+    kernels.write_report(out / "kernels.md", output_root())
 
     def fmt_meas(m):
         if m is None:
