@@ -116,3 +116,23 @@ def test_the_kernel_model_puts_lora_on_the_host_and_full_on_the_gpu():
     assert lora.step_s > full.step_s
     assert sum(full.gpu_by_category.values()) == pytest.approx(full.gpu_s)
     assert kernels.wave_efficiency(132, 132) == 1.0 and kernels.wave_efficiency(133, 132) == pytest.approx(133 / 264)
+
+
+def test_plan_simulate_prints_the_step_by_kernel():
+    """`tunelab plan --simulate --gpu` carries the step by kernel (its categories sum to the GPU time; the step is
+    the longer of GPU and host) and says where it is not modelled (tunelab's loop)."""
+
+    def plan(*extra):
+        out = subprocess.run(
+            [sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--simulate",
+             "--json", *extra],
+            capture_output=True, text=True, cwd=ROOT, env=cpu_env(),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["step_by_kernel"]
+
+    st = plan()
+    assert st["gpu"] == "H100-SXM" and st["ops"] > 1000
+    assert sum(st["gpu_by_category"].values()) == pytest.approx(st["gpu_s"])
+    assert st["step_s"] == max(st["gpu_s"], st["host_s"])
+    assert "tunelab's loop" in plan("--strategy", "fast", "--devices", "1")["not_modelled"]

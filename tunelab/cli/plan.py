@@ -85,7 +85,9 @@ def add_parser(sub) -> None:
         action="store_true",
         help="also run the training step (forward, backward, two optimizer steps) of litgpt's model on fake tensors "
         "under torch's MemTracker (full width, 1 and 2 blocks extrapolated; seconds, no memory) and print the "
-        "peak of each phase, what is alive there, beside the plan (one device, no sharding)",
+        "peak of each phase, what is alive there, beside the plan (one device, no sharding); with a GPU (--gpu or "
+        "this machine's), also the step's time by kernel on it (every op of the step timed: matmul, attention, "
+        "elementwise, optimizer, against the host's launches)",
     )
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
@@ -137,6 +139,9 @@ def handle(args, extra) -> int:
 
     measured = measure.for_plan(x) if args.measure else None
     simulated = simulate.for_plan(x) if args.simulate else None
+    from tunelab.plan import kernels
+
+    by_kernel = kernels.for_plan(x, gpu) if args.simulate and gpu is not None else None
     if args.json:
         out = planned.plan.to_json()
         out["seq_len_source"] = planned.seq_source
@@ -146,6 +151,12 @@ def handle(args, extra) -> int:
             out["measured_activations"] = measured
         if simulated:
             out["simulated"] = simulated.to_json()
+        if by_kernel is not None:
+            out["step_by_kernel"] = (
+                {"not_modelled": by_kernel}
+                if isinstance(by_kernel, str)
+                else {**by_kernel.__dict__, "step_s": by_kernel.step_s}
+            )
         print(json.dumps(out, indent=2))
     else:
         print(render(planned, gpu, projection, tokens_note))
@@ -153,4 +164,6 @@ def handle(args, extra) -> int:
             print(render_measured(measured, x.micro_batch_size))
         if simulated:
             print(render_simulated(simulated, planned.plan))
+        if by_kernel is not None:
+            print(kernels.render(by_kernel))
     return 0

@@ -254,7 +254,9 @@ def kernel_seconds(k: Kernel, gpu, sms: int) -> float:
     return max(t, MIN_KERNEL_S)
 
 
-def step_time(config, method: str, precision: str, micro: int, seq_len: int, gpu_name: str) -> StepTime:
+def step_time(
+    config, method: str, precision: str, micro: int, seq_len: int, gpu_name: str, optimizer: str = "AdamW"
+) -> StepTime:
     """A step's time by cause on ``gpu_name``: kernels traced with one and two blocks, extrapolated by block."""
     from tunelab import hardware
 
@@ -263,7 +265,7 @@ def step_time(config, method: str, precision: str, micro: int, seq_len: int, gpu
     small = min(1, max(1, config.n_layer - 1))
     totals = []
     for n in (small, small + 1):
-        ks = trace_step(dataclasses.replace(config, n_layer=n), method, precision, micro, seq_len)
+        ks = trace_step(dataclasses.replace(config, n_layer=n), method, precision, micro, seq_len, optimizer)
         by_cat: dict = {}
         by_phase: dict = {}
         for k in ks:
@@ -284,6 +286,32 @@ def step_time(config, method: str, precision: str, micro: int, seq_len: int, gpu
     ops = n_b + grown * (n_b - n_a)
     gpu_s = sum(by_cat.values())
     return StepTime(gpu_name, ops, gpu_s, ops * HOST_S_PER_OP, by_cat, by_phase, ops_by_phase)
+
+
+def for_plan(x, gpu) -> StepTime | str:
+    """The step by kernel of a planned configuration (:class:`tunelab.plan.memory.PlanInput`) on ``gpu``, or why it
+    is not modelled (a sentence): litgpt's own script on one device, full fine-tuning or LoRA."""
+    from tunelab.plan.simulate import optimizer_of
+
+    if x.world > 1 or not x.fabric:
+        return "not modelled yet for several devices or tunelab's loop (a strategies file)"
+    if x.method == "qlora":
+        return "not modelled yet for QLoRA (its dequantization kernels)"
+    return step_time(x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x))
+
+
+def render(st) -> str:
+    """``plan --simulate --gpu``: the step by kernel, in lines."""
+    if isinstance(st, str):
+        return f"\nstep by kernel: {st}"
+    cats = ", ".join(f"{k} {v:.4f}" for k, v in sorted(st.gpu_by_category.items(), key=lambda kv: -kv[1]))
+    bound = "the host's launches" if st.host_s > st.gpu_s else "the GPU's kernels"
+    return (
+        f"\nstep by kernel on {st.gpu} (tunelab/plan/kernels.py; constants fitted on one H100 profile): "
+        f"{st.step_s:.4f} s for one micro batch and an optimizer step, bound by {bound}\n"
+        f"  GPU {st.gpu_s:.4f} s: {cats}\n"
+        f"  host {st.host_s:.4f} s: {st.ops:,} ops x {HOST_S_PER_OP * 1e6:.0f} us"
+    )
 
 
 PROFILE = "reports/2026-11-23-lab-part1-h100/profile.md"
