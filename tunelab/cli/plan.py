@@ -83,11 +83,9 @@ def add_parser(sub) -> None:
     s.add_argument(
         "--simulate",
         action="store_true",
-        help="also run the training step (forward, backward, two optimizer steps) of litgpt's model on fake tensors "
-        "under torch's MemTracker (full width, 1 and 2 blocks extrapolated; seconds, no memory) and print the "
-        "peak of each phase, what is alive there, beside the plan (one device, no sharding); with a GPU (--gpu or "
-        "this machine's), also the step's time by kernel on it (every op of the step timed: matmul, attention, "
-        "elementwise, optimizer, against the host's launches)",
+        help="also run litgpt's training step on fake tensors under torch's MemTracker (full width, 1 and 2 blocks "
+        "extrapolated; seconds) and print each phase's peak and what is alive there, beside the plan (one device); "
+        "with a GPU (--gpu or this machine's), also the step's time by kernel on it, against the host's launches",
     )
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
@@ -126,21 +124,13 @@ def handle(args, extra) -> int:
     projection, tokens_note = None, ""
     if args.gpu:
         projection, tokens_note = project_recipe(
-            planned,
-            gpu,
-            tokens=args.tokens,
-            tokens_per_sample=args.tokens_per_sample,
-            calibrate_dir=args.calibrate,
-            mfu_range=(lo, hi),
-            interconnect=args.interconnect,
-            internode=args.internode,
-        )
-    from tunelab.plan import measure, simulate
+            planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
+            mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode,
+        )  # fmt: skip
+    from tunelab.plan import kernels, measure, simulate
 
     measured = measure.for_plan(x) if args.measure else None
     simulated = simulate.for_plan(x) if args.simulate else None
-    from tunelab.plan import kernels
-
     by_kernel = kernels.for_plan(x, gpu) if args.simulate and gpu is not None else None
     if args.json:
         out = planned.plan.to_json()
@@ -152,11 +142,7 @@ def handle(args, extra) -> int:
         if simulated:
             out["simulated"] = simulated.to_json()
         if by_kernel is not None:
-            out["step_by_kernel"] = (
-                {"not_modelled": by_kernel}
-                if isinstance(by_kernel, str)
-                else {**by_kernel.__dict__, "step_s": by_kernel.step_s}
-            )
+            out["step_by_kernel"] = kernels.to_json(by_kernel)
         print(json.dumps(out, indent=2))
     else:
         print(render(planned, gpu, projection, tokens_note))

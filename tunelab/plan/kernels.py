@@ -207,14 +207,14 @@ def trace_step(config, method: str, precision: str, micro: int, seq_len: int, op
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunelab.plan.measure import cuda_dropout, model_logits, training_loss
-    from tunelab.plan.simulate import _setup
+    from tunelab.plan.simulate import setup_step
     from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
     kernels: list = []
     state = {"phase": "forward"}
     with FakeTensorMode(), cuda_dropout(), warnings.catch_warnings():
         warnings.filterwarnings("ignore")
-        model, opt, _ = _setup(config, method, precision, seq_len, False, LITGPT_LORA_R, LORA_TARGETS, optimizer)
+        model, opt, _ = setup_step(config, method, precision, seq_len, False, LITGPT_LORA_R, LORA_TARGETS, optimizer)
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         for step in range(2):
             record = step == 1
@@ -298,6 +298,11 @@ def for_plan(x, gpu) -> StepTime | str:
     if x.method == "qlora":
         return "not modelled yet for QLoRA (its dequantization kernels)"
     return step_time(x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x))
+
+
+def to_json(st) -> dict:
+    """``plan --simulate --gpu --json``: the step by kernel, or ``{"not_modelled": why}``."""
+    return {"not_modelled": st} if isinstance(st, str) else {**dataclasses.asdict(st), "step_s": st.step_s}
 
 
 def render(st) -> str:

@@ -208,7 +208,7 @@ def _stable_embedding(model):
     return old
 
 
-def _setup(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
+def setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
     """(model, optimizer, what litgpt's main keeps beside them) as litgpt's finetune script sets them up, on the
     current (fake) device."""
     from tunelab.plan.measure import build_model
@@ -266,9 +266,9 @@ def _liger_loss_standin():
 
 
 def _fused_training_loss(model, idx):
-    """tunelab's loop with ``liger``: the model's trunk (:func:`tunelab.run.fused.hidden_states`), then the fused
+    """tunelab's loop with ``liger``: the model's trunk (:func:`tunelab.gpt.hidden_states`), then the fused
     loss over the shifted positions against the head weight (a LoRA head's adapter appended as extra columns)."""
-    from tunelab.run.fused import head_operands, hidden_states
+    from tunelab.gpt import head_operands, hidden_states
 
     h, weight, _ = head_operands(model, hidden_states(model, idx)[:, :-1, :])
     return _liger_loss_standin().apply(h.reshape(-1, h.size(-1)), weight)
@@ -298,7 +298,7 @@ def _one_step(
     from tunelab.plan.measure import cuda_dropout, model_logits, training_loss
 
     with FakeTensorMode():
-        model, opt, kept = _setup(config, method, precision, seq_len, ac, lora_r, targets, optimizer)
+        model, opt, kept = setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer)
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _phase_tracker()
         tracker.track_external(model, opt, x, *kept)
@@ -357,7 +357,7 @@ def replay_run(
     marks: dict[str, int] = {}
     longest = max(seq_lens)
     with FakeTensorMode():
-        model, opt, kept = _setup(config, method, precision, longest, False, lora_r, lora_targets, optimizer)
+        model, opt, kept = setup_step(config, method, precision, longest, False, lora_r, lora_targets, optimizer)
         tracker = _phase_tracker(events)
         tracker.track_external(model, opt, *kept)
         loss = None

@@ -4,8 +4,8 @@
   the head's matmul runs over chunks of positions and each chunk's logits are turned into their loss and gradient
   at once, so the micro batch's logits (micro x sequence x vocabulary, in fp32 for the loss) never exist. The
   logits are computed in the compute dtype and the softmax in fp32, as litgpt's loss on Fabric's fp32 outputs.
-  The loop calls the model's trunk (:func:`hidden_states`: litgpt's ``GPT.forward`` without the head, for training
-  without a KV cache) and hands the last norm's output to the fused loss.
+  The loop calls the model's trunk (:func:`tunelab.gpt.hidden_states`: litgpt's ``GPT.forward`` without the head,
+  for training without a KV cache) and hands the last norm's output to the fused loss.
 * ``liger: all``: the loss, plus Liger's RMSNorm (casting mode "gemma": everything in fp32, cast back, which is
   litgpt's ``RMSNorm``) and SwiGLU (``silu(fc_1(x)) * fc_2(x)``: silu in fp32 cast to the input dtype, then the
   product, as torch computes it) in place of litgpt's. Not with ``compile: blocks``: inductor already fuses the norms
@@ -81,42 +81,12 @@ def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.proj(liger_swiglu(self.fc_1(x), self.fc_2(x)))
 
 
-def hidden_states(gpt, idx: torch.Tensor) -> torch.Tensor:
-    """The final norm's output of litgpt's ``GPT.forward(idx)`` for training (no KV cache, the causal mask):
-    embedding (scaled where the config says), every block with RoPE's cos/sin, ``ln_f``; the head is the loss's."""
-    c = gpt.config
-    t = idx.size(1)
-    if gpt.max_seq_length < t:
-        raise ValueError(f"Cannot forward sequence of length {t}, max seq length is only {gpt.max_seq_length}.")
-    cos, sin = gpt.cos[:t].unsqueeze(0), gpt.sin[:t].unsqueeze(0)
-    x = gpt.transformer.wte(idx)
-    if c.scale_embeddings:
-        x = x * torch.tensor(c.n_embd**0.5, dtype=x.dtype)
-    for i, block in enumerate(gpt.transformer.h):
-        if c.rope_indices is not None:
-            x = block(x, cos[..., c.rope_indices[i]], sin[..., c.rope_indices[i]], None, None, None)
-        else:
-            x = block(x, cos, sin, None, None, None)
-    return gpt.transformer.ln_f(x)
-
-
-def head_operands(gpt, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(input, weight, bias) whose product is the head's logits: the final norm's output and the head's weight; a
-    LoRA head (``lora_head``, not merged) appends its adapter as extra columns, ``[h, s * dropout(h) @ A^T]`` times
-    ``[W, B]``, which is litgpt's ``h @ W^T + s * (dropout(h) @ A^T @ B^T)`` (LoRA dropout included) with the
-    gradient reaching A and B through the concatenations."""
-    head = gpt.lm_head
-    linear = getattr(head, "linear", head)
-    if getattr(head, "r", 0) > 0 and not getattr(head, "merged", False):
-        adapter = (head.lora_dropout(h) @ head.lora_A.transpose(0, 1)) * head.scaling
-        return torch.cat((h, adapter), -1), torch.cat((linear.weight, head.lora_B), 1), linear.bias
-    return h, linear.weight, linear.bias
-
-
 def loss(gpt, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """litgpt's training loss, fused: the mean cross-entropy of the shifted targets (ignore index -100) over the
     head's logits, with final-logit softcapping where the config has it, the logits never materialised."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    from tunelab.gpt import head_operands, hidden_states
 
     h, weight, bias = head_operands(gpt, hidden_states(gpt, input_ids)[:, :-1, :])
     return liger_fused_linear_cross_entropy(
