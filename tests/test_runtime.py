@@ -135,4 +135,10 @@ def test_plan_simulate_prints_the_step_by_kernel():
     assert st["gpu"] == "H100-SXM" and st["ops"] > 1000
     assert sum(st["gpu_by_category"].values()) == pytest.approx(st["gpu_s"])
     assert st["step_s"] == max(st["gpu_s"], st["host_s"])
-    assert "tunelab's loop" in plan("--strategy", "fast", "--devices", "1")["not_modelled"]
+    from litgpt import Config
+
+    from tunelab import hardware
+    from tunelab.plan import kernels, memory
+
+    x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), fabric=False)  # a strategies file's loop
+    assert "tunelab's loop" in kernels.to_json(kernels.for_plan(x, hardware.lookup("H100-SXM")))["not_modelled"]

@@ -333,7 +333,7 @@ def read_profile(path) -> dict:
 
     from tunelab import files
 
-    text = files.read_text(path, 1 << 20, "the H100 profile")
+    text = files.read_text(path, 1 << 20, "profile")
     out: dict = {"full": {}, "lora": {}}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
