@@ -29,6 +29,7 @@ uses :mod:`tunelab.plan.runtime`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -158,13 +159,11 @@ def _nbytes(tensors) -> float:
 
 
 def _flat(x) -> list:
+    """The tensors in an op's arguments or results (nested lists and tuples included)."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _flat(y)]
-    return []
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 def _recorder(kernels: list, state: dict):
@@ -178,8 +177,7 @@ def _recorder(kernels: list, state: dict):
             views = all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
             if (views and schema.returns) or name in NOT_KERNELS:
                 return out  # a view, a query or an allocation: no kernel
-            if name == "_local_scalar_dense":  # .item(): the host waits for the GPU
-                state["syncs"] = state.get("syncs", 0) + 1
+            if name == "_local_scalar_dense":  # .item(): a copy to the host, no kernel of its own
                 return out
             cat = _category(name)
             k = Kernel(state["phase"], name, cat)
@@ -193,7 +191,7 @@ def _recorder(kernels: list, state: dict):
             else:
                 k.bytes = _nbytes(ins) + _nbytes(outs)
             dt = next((t.dtype for t in ins + outs if t.is_floating_point()), None)
-            k.dtype = {None: "bf16"}.get(dt, str(dt).removeprefix("torch.")) if dt is not None else "bf16"
+            k.dtype = str(dt).removeprefix("torch.") if dt is not None else "bf16"
             kernels.append(k)
             return out
 
@@ -218,7 +216,7 @@ def trace_step(config, method: str, precision: str, micro: int, seq_len: int, op
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         for step in range(2):
             record = step == 1
-            with _recorder(kernels, state) if record else _null():
+            with _recorder(kernels, state) if record else contextlib.nullcontext():
                 state["phase"] = "forward"
                 logits = model_logits(model, x, method, precision)
                 loss = training_loss(logits, x, method)
@@ -229,12 +227,6 @@ def trace_step(config, method: str, precision: str, micro: int, seq_len: int, op
                 opt.zero_grad()
             del logits, loss
     return kernels
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def kernel_seconds(k: Kernel, gpu, sms: int) -> float:
@@ -262,7 +254,7 @@ def step_time(
 
     gpu = hardware.lookup(gpu_name)
     sms = SMS.get(gpu_name, 108)
-    small = min(1, max(1, config.n_layer - 1))
+    small = 1  # one and two blocks; one block more adds the same kernels
     totals = []
     for n in (small, small + 1):
         ks = trace_step(dataclasses.replace(config, n_layer=n), method, precision, micro, seq_len, optimizer)

@@ -39,6 +39,7 @@ on fp32 inputs only, so the same tensors are made and saved; the caching allocat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -226,6 +227,7 @@ def setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimize
     return model, opt, kept
 
 
+@functools.cache
 def _liger_loss_standin():
     """Liger-Kernel's fused linear cross-entropy (``liger_fused_linear_cross_entropy``, 0.8.5, reduction "mean")
     as its Python code allocates, for fake tensors: its Triton cross-entropy kernel cannot run here and writes only
