@@ -171,14 +171,14 @@ class StrategyConfig:
         ):
             raise StrategyError(f"sharding_strategy {self.sharding_strategy!r} is not a torch ShardingStrategy")
         if self.liger:
-            self._check_liger(method, args)
+            self._check_liger()
         if args.get("precision") in ("16-mixed",):
             raise StrategyError(
                 "16-mixed needs a gradient scaler, which this loop (like litgpt's) does not use; "
                 "use bf16-mixed or bf16-true"
             )
 
-    def _check_liger(self, method: str, args: dict) -> None:
+    def _check_liger(self) -> None:
         if self.name != "single":
             raise StrategyError(
                 f"liger: {self.liger} under {self.name}: the fused loss calls the model's blocks and head itself, "
