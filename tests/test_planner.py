@@ -61,6 +61,8 @@ def test_accuracy_report_regenerates(tmp_path):
     assert committed.read_text() == md  # the committed table is what the command produces now
     kernels = ROOT / "reports" / "planner-accuracy" / "kernels.md"
     assert kernels.read_text() == (tmp_path / "kernels.md").read_text()  # the kernel model's table too
+    timed = ROOT / "reports" / "planner-accuracy" / "runtime.md"
+    assert timed.read_text() == (tmp_path / "runtime.md").read_text()  # and its times against measurements
 
 
 def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():

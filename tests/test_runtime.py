@@ -12,12 +12,12 @@ import pytest
 
 from tests.conftest import ROOT, cpu_env
 from tunelab.plan import runtime
-from tunelab.plan.accuracy import _lab_runtime_items, fit_runtime_constants, runtime_rows
+from tunelab.plan.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
 
 @pytest.fixture(scope="module")
 def items():
-    return _lab_runtime_items()  # the lab's timed rows, planned once for this file
+    return lab_runtime_items()  # the lab's timed rows, planned once for this file
 
 
 def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_hold(items):
@@ -41,19 +41,125 @@ def test_terms_count_the_lab_loop(items):
     assert rows["s2"]["estimate_s"] - rows["s3"]["estimate_s"] > 0.75 * (rows["s2"]["lab_s"] - rows["s3"]["lab_s"])
 
 
-def test_plan_json_has_the_point_estimate_inside_its_band():
-    p = subprocess.run(
-        [sys.executable, "-m", "tunelab", "plan", "open-llama-7b/lora", "--gpu", "H100-SXM", "--json"],
-        cwd=ROOT,
-        env=cpu_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
+    """`tunelab plan --json`: where the kernel model applies (LoRA, QLoRA through litgpt) the point estimate is its
+    causes summed, inside the stated band; QLoRA adds its dequantization; an offloaded optimizer step falls back to
+    the fitted curve and says why."""
+
+    def projection(recipe):
+        p = subprocess.run(
+            [sys.executable, "-m", "tunelab", "plan", recipe, "--gpu", "H100-SXM", "--json"],
+            cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["projection"]
+
+    for recipe in ("open-llama-7b/lora", "tiny-llama-1.1b/qlora"):
+        proj = projection(recipe)
+        causes = proj["seconds_by_cause"]
+        assert set(causes) == set(runtime.CAUSES) and min(causes.values()) >= 0
+        assert proj["seconds"] == pytest.approx(sum(causes.values()), rel=1e-12)
+        lo, hi = proj["seconds_band"]
+        assert lo == pytest.approx(proj["seconds"] * (1 - runtime.KERNEL_MODEL_ERROR))
+        assert hi == pytest.approx(proj["seconds"] * (1 + runtime.KERNEL_MODEL_ERROR))
+        assert (causes["dequantization"] > 0) == recipe.endswith("qlora")
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=hardware.lookup("H100-SXM")).input
+    args = {"train": {"global_batch_size": 16, "epochs": 1}, "eval": {"interval": None}}
+    t = runtime.terms(dataclasses.replace(x, offload_optimizer=True), args, 1000, 0, 437.0)
+    assert "offloaded" in t.kernels
+    assert t.seconds_on(hardware.lookup("H100-SXM"), 989e12) == t.seconds(989e12, 3350e9)
+
+
+def test_a_template_is_the_traced_step_at_any_shape():
+    """The kernel model traces litgpt's step twice at small shapes and solves every size as a polynomial in the
+    micro batch and the tokens: at other shapes (one sample, several, a LoRA head in three chunks, a full loss in
+    many) it gives the kernels a direct trace gives, byte for byte, FLOP for FLOP, op for op."""
+    import dataclasses
+
+    import numpy as np
+    from litgpt import Config
+
+    from tunelab.plan import kernels
+
+    c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
+    for method in ("full", "lora"):
+        for micro, tokens in ((1, 200), (3, 50), (5, 300)):
+            chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
+            tp = kernels.template(c, method, "bf16-true", "AdamW", chunks, micro == 1)
+            nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+            ops = kernels.record_step(c, method, "bf16-true", micro, tokens)
+            direct = [kernels.measure(o) for o in ops]
+            more = (kernels.loss_chunks(method, micro, tokens) - 1) * sum(tp.chunk_ops.values()) * (method != "lora")
+            assert len(nbytes) + more == len(direct), (method, micro, tokens)
+            if method == "lora":  # the same kernels one for one (no loss chunks beyond the template's): each
+                assert [o.op for o in ops] == [
+                    o.op
+                    for o in kernels.record_step(
+                        c, method, "bf16-true", *kernels.template_shapes(chunks, micro == 1)[0]
+                    )
+                ]
+                assert np.allclose(nbytes, [k.bytes for k in direct], rtol=1e-12)
+                assert np.allclose(tiles, [k.tiles for k in direct])
+            # full: each loss chunk beyond the template's moves a few bytes of its own (its loss, its targets' count)
+            assert nbytes.sum() == pytest.approx(sum(k.bytes for k in direct), rel=1e-6)
+            assert flops.sum() == pytest.approx(sum(k.flops for k in direct), rel=1e-12)
+            assert tiles.sum() == sum(k.tiles for k in direct)
+            st = kernels.step_time(c, method, "bf16-true", micro, tokens, "H100-SXM")  # two templates, extrapolated
+            assert st.ops == sum(k.phase in kernels.TRAINING_PHASES for k in direct)
+
+
+def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monkeypatch):
+    """The cache holds JSON (nothing executed or unpickled), answers a second process without tracing, and a file
+    that does not parse or belongs to another key is traced again, not trusted."""
+    import dataclasses
+
+    from litgpt import Config
+
+    from tunelab.plan import kernels
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_TEMPLATES", {})
+    c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
+    first = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    (path,) = (tmp_path / "kernel-templates").iterdir()
+    assert json.loads(path.read_text())["phase"] == first.phase
+    traced = []
+    real = kernels.record_step
+    monkeypatch.setattr(kernels, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
+    monkeypatch.setattr(kernels, "_TEMPLATES", {})
+    again = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    assert not traced and (again.bytes == first.bytes).all()
+    for broken in ("{not json", json.dumps({**json.loads(path.read_text()), "key": "another"})):
+        path.write_text(broken)
+        monkeypatch.setattr(kernels, "_TEMPLATES", {})
+        remade = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+        assert traced and (remade.bytes == first.bytes).all()
+        traced.clear()
+
+
+def test_the_kernel_report_holds_its_stated_errors():
+    """runtime.md's figures: our H100 rows within 10.1% leave-one-out with the host constant refitted without each;
+    the constant is the fit; the stated out-of-sample error on the lab's A100 rows is what they give."""
+    from tunelab.plan import runtime_accuracy
+
+    rows = runtime_accuracy.h100_rows(ROOT)
+    assert {r["id"] for r in rows} == {"s2", "s3", "s4", "s5", "s10"}
+    assert max(abs(r["loo_error"]) for r in rows) <= 0.101  # s5 (bf16-mixed) sits at +10.0%, the issue's bound
+    assert runtime_accuracy.fit_host(runtime_accuracy.h100_items(ROOT)) == pytest.approx(
+        runtime.LITGPT_HOST_S_PER_OP, abs=0.5e-6
     )
-    assert p.returncode == 0, p.stderr
-    proj = json.loads(p.stdout)["projection"]
-    lo, hi = proj["seconds_band"]
-    assert lo < proj["seconds"] < hi and "leave-one-out" in proj["seconds_source"]
+    part3 = runtime_accuracy.part3_rows(ROOT)  # out of sample: where the GPU bounds the iteration, within 8%
+    gpu_bound = [r for r in part3 if r["bound"] == "GPU" and r["retries"] < 5]
+    assert len(gpu_bound) >= 15 and max(abs(r["error"]) for r in gpu_bound) <= 0.08
+    a100 = [r for r in runtime_accuracy.a100_rows() if r["kernel_s"] is not None]
+    assert len(a100) == 11
+    assert sum(abs(r["error"]) for r in a100) / len(a100) == pytest.approx(runtime.KERNEL_MODEL_ERROR, abs=5e-3)
 
 
 def test_activation_checkpointing_recomputes_the_forward():
@@ -92,7 +198,7 @@ def test_the_kernel_trace_counts_the_models_matmul_flops():
     for method, rel in (("full", 1e-3), ("lora", 1e-2)):
         per_block = [
             sum(k.flops for k in kernels.trace_step(dataclasses.replace(c, n_layer=n), method, "bf16-true", 2, 128)
-                if k.category == "matmul")
+                if k.category == "matmul" and k.phase in kernels.TRAINING_PHASES)
             for n in (1, 2)
         ]  # fmt: skip
         traced = per_block[1] + (c.n_layer - 2) * (per_block[1] - per_block[0])
@@ -142,3 +248,17 @@ def test_plan_simulate_prints_the_step_by_kernel():
 
     x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), fabric=False)  # a strategies file's loop
     assert "tunelab's loop" in kernels.to_json(kernels.for_plan(x, hardware.lookup("H100-SXM")))["not_modelled"]
+
+
+def test_padding_grows_with_the_micro_batch_from_the_default_distribution():
+    """Without the data's lengths the plan pads a stated distribution per micro batch as litgpt does: the lab's
+    437 at micro 8, and what our H100 rows measured at other micro batches (s10: 389 at micro 4; Part 3: 512, the
+    cap, at micro 64 and more)."""
+    from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, default_padded_per_sample
+
+    padded = [default_padded_per_sample(m) for m in (1, 2, 4, 8, 16, 32, 64)]
+    assert padded == sorted(padded) and padded[0] < 0.6 * padded[-1]
+    assert default_padded_per_sample(8) == pytest.approx(LAB_PADDED_TOKENS_PER_SAMPLE, rel=0.01)
+    assert default_padded_per_sample(4) == pytest.approx(389, rel=0.03)
+    assert default_padded_per_sample(64) == pytest.approx(512, rel=0.01)
+    assert default_padded_per_sample(64, cap=256) <= 256

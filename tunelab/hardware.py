@@ -36,6 +36,11 @@ class GPU:
     link: str | None = None
     """The usual link between such GPUs in one node (a key of configs/hardware/links.yaml: nvlink4, pcie4, ...):
     the communication term's default (``plan --interconnect`` says otherwise)."""
+    sms: int | None = None
+    """Streaming multiprocessors (architecture whitepaper), or None where no source was found: the kernel time
+    model's wave quantization."""
+    sms_source: str = ""
+    """Where ``sms`` comes from."""
 
     @property
     def memory_bytes(self) -> int:

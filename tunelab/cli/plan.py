@@ -58,7 +58,8 @@ def add_parser(sub) -> None:
     s.add_argument(
         "--tokens-per-sample",
         type=number(float, 0, 1e18, low_open=True, what="a token count"),
-        help="padded tokens per sample (default: from the data and tokenizer when both are here, else the lab's 437)",
+        help="padded tokens per sample (default: from the data and tokenizer when both are here, else a default "
+        "Alpaca-like length distribution padded at the micro batch: 437 at micro 8, as the lab measured)",
     )
     s.add_argument(
         "--mfu-range",

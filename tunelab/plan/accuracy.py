@@ -97,7 +97,8 @@ def _row(part, rid, recipe, note, gpu, plan, measured, lab_status, what) -> dict
 def write_accuracy(out: Path | None = None) -> Path:
     """reports/planner-accuracy/: accuracy.md and .csv (memory and verdicts), runtime.csv (times), comm.csv (the
     lab's multi-GPU steps), multinode.csv (the FSDP study's nodes), kernels.md (the kernel-level step model against
-    our H100 profile)."""
+    our H100 profile), runtime.md and runtime-kernel.csv (the kernel-level time model against our H100 rows and the
+    lab's A100 times)."""
     out = Path(out or output_root() / "reports" / "planner-accuracy")
     rows = accuracy_rows()
     write_csv(out / "accuracy.csv", rows)
@@ -106,6 +107,10 @@ def write_accuracy(out: Path | None = None) -> Path:
 
     if (ROOT / kernels.PROFILE).is_file():  # a checkout's reports (an installed tunelab carries none)
         kernels.write_report(out / "kernels.md", ROOT)
+    from tunelab.plan import runtime_accuracy
+
+    if (ROOT / runtime_accuracy.H100_ROWS).is_file():
+        runtime_accuracy.write_report(out / "runtime.md", ROOT)
 
     def fmt_meas(m):
         if m is None:
@@ -276,7 +281,7 @@ def _own_section(out: Path) -> list[str]:
 
 def _runtime_section(out: Path) -> list[str]:
     """runtime.csv and the runtime section of accuracy.md: the lab's times beside the estimate, leave-one-out."""
-    items = _lab_runtime_items()  # the 11 rows planned once, for the table and the refit
+    items = lab_runtime_items()  # the 11 rows planned once, for the table and the refit
     rows = runtime_rows(items)
     write_csv(out / "runtime.csv", rows)
     loo = [abs(r["loo_error"]) for r in rows]
@@ -312,7 +317,7 @@ def _runtime_section(out: Path) -> list[str]:
     return lines
 
 
-def _lab_runtime_items() -> list:
+def lab_runtime_items() -> list:
     """(row, terms, peak FLOP/s, bandwidth B/s, lab seconds) for every Part 1 row with a time: the row's settings
     under the lab's eval settings, one epoch of the lab's 1,000 training samples (1,000 more validate)."""
     items = []
@@ -330,13 +335,13 @@ def _lab_runtime_items() -> list:
 
 def fit_runtime_constants(items: list | None = None) -> tuple[float, float, float]:
     """(ETA, MU, OVERHEAD_S) fitted on every lab row with a time: what tunelab.plan.runtime holds."""
-    return runtime.fit([item[1:] for item in (items or _lab_runtime_items())])
+    return runtime.fit([item[1:] for item in (items or lab_runtime_items())])
 
 
 def runtime_rows(items: list | None = None) -> list[dict]:
     """Each lab row's time beside the estimate with tunelab.plan.runtime's constants and the estimate with the constants
     refitted without that row (leave-one-out), and the split of the estimate into its terms."""
-    items = items or _lab_runtime_items()
+    items = items or lab_runtime_items()
     fitted = (runtime.ETA, runtime.MU, runtime.OVERHEAD_S)
     rows = []
     for i, (r, t, peak, bw, secs) in enumerate(items):

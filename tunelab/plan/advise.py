@@ -4,8 +4,9 @@ For each GPU of the table asked about, each method (full, LoRA, QLoRA), micro ba
 checkpointing (off, on: under FSDP, whose strategy files set it; LoRA on several devices always checkpoints, as
 the planner models litgpt's path), strategy (one device; DDP, FSDP, DeepSpeed ZeRO-2 and ZeRO-3 on 2, 4, 8 ... devices per
 node): the planner's memory (:func:`tunelab.plan.memory.predict` on the recipe's planner input with those fields
-replaced: one recipe resolution per method, not one per candidate) and its time (:mod:`tunelab.plan.runtime` with
-the communication term of :mod:`tunelab.plan.comm`) for the token budget; kept when the planner says it fits (at
+replaced: one recipe resolution per method, not one per candidate) and its time (the kernel-level model of
+:meth:`tunelab.plan.runtime.Terms.by_cause` for full fine-tuning and LoRA through litgpt, the fitted curve of
+:mod:`tunelab.plan.runtime` for the rest, with the communication term of :mod:`tunelab.plan.comm`) for the token budget; kept when the planner says it fits (at
 the edge: marked), ranked by predicted wall time, with energy (board power x devices x time, an upper bound) and
 cost (devices x hours x the hourly price of ``configs/hardware/prices.yaml`` or ``--prices FILE``).
 
@@ -25,6 +26,7 @@ from tunelab.paths import CONFIGS_DIR
 from tunelab.plan import comm, memory, runtime
 from tunelab.plan.recipe import (
     LAB_PADDED_TOKENS_PER_SAMPLE,
+    default_lengths,
     padded_per_sample,
     plan_recipe,
     sample_lengths,
@@ -77,7 +79,8 @@ class Workload:
     epochs: int = 1
     """Passes over them."""
     tokens_per_sample: float = LAB_PADDED_TOKENS_PER_SAMPLE
-    """Padded tokens per sample where no lengths are known (--tokens; a litgpt data module not here)."""
+    """Padded tokens per sample at the lab's micro batch 8 where no lengths are known (--tokens; a litgpt data
+    module not here): how many samples a token count makes."""
     lengths: tuple = ()
     """Token lengths of a sample of the data (--data FILE): padding is computed per micro batch from them."""
     longest: int | None = None
@@ -86,8 +89,10 @@ class Workload:
     """Where the figures come from, in words."""
 
     def per_sample(self, micro: int) -> float:
-        """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample)."""
-        return padded_per_sample(list(self.lengths), micro) if self.lengths else self.tokens_per_sample
+        """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample): from the
+        data's lengths, else from the default length distribution (:func:`tunelab.plan.recipe.default_lengths`,
+        437 at micro 8 as the lab measured)."""
+        return padded_per_sample(list(self.lengths or default_lengths()), micro)
 
     @property
     def tokens(self) -> float:
@@ -102,7 +107,7 @@ def workload_from_tokens(tokens: float, epochs: int = 1) -> Workload:
         samples=max(1, int(tokens / LAB_PADDED_TOKENS_PER_SAMPLE)),
         epochs=epochs,
         how=f"{tokens:,.0f} tokens x {epochs} epoch(s) as samples of {LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens "
-        "(the lab's Alpaca figure)",
+        "(the lab's Alpaca figure at micro 8; padding per micro batch from the default length distribution)",
     )
 
 
@@ -139,7 +144,8 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     return Workload(
         samples=train, epochs=epochs,
         how=f"{train:,} training samples ({what}; val_split_fraction {held_out:g} held out) x {epochs} epoch(s) x "
-        f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure)",
+        f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure at micro 8; padding per micro batch "
+        "from the default length distribution)",
     )  # fmt: skip
 
 
@@ -288,7 +294,7 @@ def _planned(x, gpu, peak, links, work: Workload, strat, recipe, price, headroom
     terms = runtime.terms(x, args, work.samples, 0, work.per_sample(x.micro_batch_size))
     if x.world > 1:
         terms.comm = comm.per_step(x, *links)
-    seconds = terms.seconds(peak, gpu.bandwidth_gbs * 1e9)
+    seconds = terms.seconds_on(gpu, peak)
     hours = seconds / 3600
     return Candidate(
         gpu=gpu.name,

@@ -29,14 +29,17 @@ uses :mod:`tunelab.plan.runtime`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
+import sys
 import warnings
 from dataclasses import dataclass, field
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer")
 """Kernel categories, as the H100 profile groups CUDA kernels (norm/rope/elementwise, cross-entropy/softmax, ...)."""
+TRAINING_PHASES = ("forward", "backward", "optimizer")
+"""The phases of a training step; a trace also records ``validation`` (one batch of litgpt's ``validate``) and
+``decode`` (one generated token), which the step's totals leave out."""
 
 MATMUL_EFFICIENCY = 0.85
 """Fraction of the dense peak a large, well-shaped matmul reaches (cuBLAS on H100/A100 reaches 70-90%); fitted on
@@ -64,13 +67,13 @@ NOT_KERNELS = frozenset(
     "is_contiguous _has_compatible_shallow_copy_type".split()
 )
 """Ops that launch no GPU kernel: queries, allocations, views without alias annotations."""
-SMS = {"H100-SXM": 132, "H100-PCIe": 114, "H200": 132, "A100-80GB": 108, "A100-40GB": 108}
-"""Streaming multiprocessors per GPU (NVIDIA's H100 and A100 whitepapers); others: 108."""
+DEFAULT_SMS = 108
+"""Streaming multiprocessors assumed for a GPU table row without a sourced ``sms`` (an A100's)."""
 
 
 @dataclass
 class Kernel:
-    """One dispatched op: its phase, category, FLOPs, bytes moved, and the matmul's output shape."""
+    """One dispatched op: its phase, category, FLOPs, bytes moved, and the matmul's output tiles."""
 
     phase: str
     op: str
@@ -79,6 +82,22 @@ class Kernel:
     bytes: float = 0.0
     tiles: int = 0
     dtype: str = "bf16"
+
+
+@dataclass
+class Op:
+    """One dispatched op as recorded: the shapes it saw, from which :func:`measure` gives its :class:`Kernel`."""
+
+    phase: str
+    op: str
+    category: str
+    dtype: str
+    top: list
+    """The shape of each positional argument that is a tensor (None for the others): the matmul's operands."""
+    out0: tuple | None
+    """The first result's shape."""
+    moved: list
+    """(shape, bytes per element) of every tensor read or written (inputs only for an op in place)."""
 
 
 @dataclass
@@ -92,6 +111,8 @@ class StepTime:
     gpu_by_category: dict = field(default_factory=dict)
     gpu_by_phase: dict = field(default_factory=dict)
     ops_by_phase: dict = field(default_factory=dict)
+    gpu_by_phase_category: dict = field(default_factory=dict)
+    """{"phase/category": seconds}: the GPU time of each category within each phase."""
 
     def phase_s(self, phase: str) -> float:
         """A phase's time: its kernels or its launches, whichever is longer."""
@@ -122,40 +143,51 @@ def _category(name: str) -> str:
     return "elementwise"
 
 
-def _matmul_flops_tiles(name: str, args, out) -> tuple[float, int]:
-    """(FLOPs, output tiles) of a matmul-like op from its operand shapes."""
-    if name in ("mm", "addmm"):
-        a, b = (args[0], args[1]) if name == "mm" else (args[1], args[2])
-        m, k = a.shape
-        n = b.shape[1]
-        return 2.0 * m * n * k, math.ceil(m / TILE) * math.ceil(n / TILE)
-    if name in ("bmm", "baddbmm"):
-        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
-        bs, m, k = a.shape
-        n = b.shape[2]
-        return 2.0 * bs * m * n * k, bs * math.ceil(m / TILE) * math.ceil(n / TILE)
-    if name in ("convolution", "convolution_backward"):  # litgpt's LoRA: a grouped 1-D conv over tokens
-        o = out[0] if isinstance(out, (tuple, list)) else out
-        w = args[1] if name == "convolution" else args[2]
-        flops = 2.0 * o.numel() * math.prod(w.shape[1:])
-        return flops * (2 if name == "convolution_backward" else 1), math.ceil(o.numel() / TILE**2)
-    return 0.0, 0
+MATMUL_OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}
+"""Positions of a matmul op's two operands among its arguments."""
 
 
-def _attention_flops(name: str, args) -> float:
-    """Causal attention FLOPs: 4 B H T^2 D forward (halved: blocks above the diagonal are skipped), 2.5x backward."""
-    q, k = args[0], args[1]
-    if q.dim() != 4:
+def matmul_dims(op: str, top: list, out0) -> tuple:
+    """(batch, m, n, k) of a matmul-like op from its operand shapes (``convolution``: litgpt's LoRA, a grouped 1-D
+    convolution over tokens, as output elements x the weight's fan-in; its backward twice that)."""
+    if op in MATMUL_OPERANDS:
+        i, j = MATMUL_OPERANDS[op]
+        a, b = top[i], top[j]
+        batch = a[0] if len(a) == 3 else 1
+        return batch, a[-2], b[-1], a[-1]
+    if op in ("convolution", "convolution_backward"):
+        w = top[1] if op == "convolution" else top[2]
+        return (2 if op == "convolution_backward" else 1), math.prod(out0), 0, math.prod(w[1:])
+    return 0, 0, 0, 0
+
+
+def matmul_flops_tiles(batch, m, n, k) -> tuple[float, float]:
+    """(FLOPs, output tiles of :data:`TILE` x :data:`TILE`) of ``batch`` products of (m x k) by (k x n); ``n`` 0:
+    a convolution of ``m`` output elements (``batch`` 2: its backward), tiled by element count."""
+    if n == 0:
+        return 2.0 * batch * m * k, math.ceil(m / TILE**2)
+    return 2.0 * batch * m * n * k, batch * math.ceil(m / TILE) * math.ceil(n / TILE)
+
+
+def attention_flops(op: str, q, k) -> float:
+    """Causal attention FLOPs from the query and key shapes (B, H, T, D): 4 B H T T_k D forward, halved (the blocks
+    above the diagonal are skipped), 2.5x that backward."""
+    if len(q) != 4:
         return 0.0
-    b, h, t, d = q.shape
-    forward = 4.0 * b * h * t * k.shape[2] * d / 2
-    return forward * (2.5 if "backward" in name else 1.0)
+    b, h, t, d = q
+    forward = 4.0 * b * h * t * k[2] * d / 2
+    return forward * (2.5 if "backward" in op else 1.0)
 
 
-def _nbytes(tensors) -> float:
-    import torch
-
-    return float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
+def measure(op: Op) -> Kernel:
+    """An :class:`Op`'s FLOPs, bytes and tiles."""
+    k = Kernel(op.phase, op.op, op.category, dtype=op.dtype)
+    if op.category == "matmul":
+        k.flops, k.tiles = matmul_flops_tiles(*matmul_dims(op.op, op.top, op.out0))
+    elif op.category == "attention" and len(op.top) > 1 and op.top[0] and op.top[1]:
+        k.flops = attention_flops(op.op, op.top[0], op.top[1])
+    k.bytes = float(sum(math.prod(shape) * size for shape, size in op.moved))
+    return k
 
 
 def _flat(x) -> list:
@@ -166,7 +198,8 @@ def _flat(x) -> list:
     return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
-def _recorder(kernels: list, state: dict):
+def _recorder(ops: list, state: dict):
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Recorder(TorchDispatchMode):
@@ -179,28 +212,28 @@ def _recorder(kernels: list, state: dict):
                 return out  # a view, a query or an allocation: no kernel
             if name == "_local_scalar_dense":  # .item(): a copy to the host, no kernel of its own
                 return out
-            cat = _category(name)
-            k = Kernel(state["phase"], name, cat)
+            if state["phase"] == "not recorded":
+                return out
             ins, outs = _flat(args) + _flat(list((kwargs or {}).values())), _flat(out)
-            if cat == "matmul":
-                k.flops, k.tiles = _matmul_flops_tiles(name, args, out)
-            elif cat == "attention":
-                k.flops = _attention_flops(name, args)
-            if schema.returns and all(r.alias_info is not None for r in schema.returns):
-                k.bytes = _nbytes(ins)  # in place: read and written once (the outputs are the inputs)
-            else:
-                k.bytes = _nbytes(ins) + _nbytes(outs)
+            in_place = bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+            moved = [(tuple(t.shape), t.element_size()) for t in (ins if in_place else ins + outs)]
             dt = next((t.dtype for t in ins + outs if t.is_floating_point()), None)
-            k.dtype = str(dt).removeprefix("torch.") if dt is not None else "bf16"
-            kernels.append(k)
+            top = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+            ops.append(
+                Op(state["phase"], name, _category(name), str(dt).removeprefix("torch.") if dt else "bfloat16", top,
+                   tuple(outs[0].shape) if outs else None, moved)
+            )  # fmt: skip
             return out
 
     return Recorder()
 
 
-def trace_step(config, method: str, precision: str, micro: int, seq_len: int, optimizer: str = "AdamW") -> list:
-    """Every kernel of one training step (the second: the optimizer's states exist) of ``config`` as built, as
-    litgpt's finetune script runs it (:func:`tunelab.plan.simulate._one_step`'s step, without the memory tracker)."""
+def record_step(
+    config, method: str, precision: str, micro: int, seq_len: int, optimizer: str = "AdamW", lora: tuple = ()
+) -> list:
+    """Every :class:`Op` of one training step of ``config`` as built, as litgpt's finetune script runs it (forward,
+    loss, backward, optimizer step and zero_grad), with the optimizer's states already made: a first step on zero
+    gradients makes them, unrecorded. ``lora``: (rank, targets), litgpt's defaults when empty."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -208,76 +241,351 @@ def trace_step(config, method: str, precision: str, micro: int, seq_len: int, op
     from tunelab.plan.simulate import setup_step
     from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
-    kernels: list = []
+    lora_r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+
+    ops: list = []
     state = {"phase": "forward"}
     with FakeTensorMode(), cuda_dropout(), warnings.catch_warnings():
         warnings.filterwarnings("ignore")
-        model, opt, _ = setup_step(config, method, precision, seq_len, False, LITGPT_LORA_R, LORA_TARGETS, optimizer)
+        model, opt, _ = setup_step(config, method, precision, seq_len, False, lora_r, tuple(targets), optimizer)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
         x = torch.zeros(micro, seq_len, dtype=torch.long)
-        for step in range(2):
-            record = step == 1
-            with _recorder(kernels, state) if record else contextlib.nullcontext():
-                state["phase"] = "forward"
-                logits = model_logits(model, x, method, precision)
-                loss = training_loss(logits, x, method)
-                state["phase"] = "backward"
-                loss.backward()
-                state["phase"] = "optimizer"
-                opt.step()
-                opt.zero_grad()
+        with _recorder(ops, state):
+            logits = model_logits(model, x, method, precision)
+            loss = training_loss(logits, x, method)
+            state["phase"] = "backward"
+            loss.backward()
+            state["phase"] = "optimizer"
+            opt.step()
+            opt.zero_grad()
             del logits, loss
-    return kernels
+            _record_eval(model, x, precision, state)
+    return ops
 
 
-def kernel_seconds(k: Kernel, gpu, sms: int) -> float:
-    """One kernel's time on ``gpu`` (a :class:`tunelab.hardware.GPU`), by its category."""
+def _record_eval(model, x, precision: str, state: dict) -> None:
+    """litgpt's ``validate`` batch (eval mode, no gradients, the whole head, the loss unchunked) as phase
+    ``validation``, and one token of ``generate_example`` (a KV cache for one sample) as phase ``decode``."""
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+
+    from tunelab.plan.measure import forward_context
+
+    model.eval()
+    with torch.no_grad():
+        state["phase"] = "validation"
+        with forward_context(precision):
+            logits = model(x)
+        chunked_cross_entropy(logits.float()[..., :-1, :], x[..., 1:], chunk_size=0)
+        del logits
+        state["phase"] = "not recorded"
+        model.set_kv_cache(batch_size=1)
+        state["phase"] = "decode"
+        with forward_context(precision):
+            model(x[:1, :1], input_pos=torch.zeros(1, dtype=torch.long))
+        state["phase"] = "not recorded"
+    model.clear_kv_cache()
+    model.train()
+
+
+def trace_step(config, method: str, precision: str, micro: int, seq_len: int, optimizer: str = "AdamW") -> list:
+    """Every :class:`Kernel` of one training step (:func:`record_step`)."""
+    return [measure(op) for op in record_step(config, method, precision, micro, seq_len, optimizer)]
+
+
+TEMPLATE_SHAPES = ((2, 20), (3, 28))
+"""The two (micro batch, tokens) a :class:`Template` is traced at (LoRA: the tokens plus 128 per head chunk before
+the last): each size an op sees is solved as c x B^a x (T + o)^b (a in 0..1, b in 0..2, o in 0, -1, less the
+tokens of the full chunks) from its two values; the ratios of B, T, T - 1, B T, B (T - 1), T^2 between these
+shapes all differ, and both keep full fine-tuning's loss in one 128-row chunk."""
+CHUNK = 128
+"""litgpt's chunk: the loss's rows (``chunked_cross_entropy``), the LoRA head's tokens (``lm_head_chunk_size``)."""
+CHUNK_SHAPE = (2, 130)
+"""A shape whose full fine-tuning loss runs in three chunks of :data:`CHUNK` rows (B (T - 1) = 258): the ops each
+chunk more dispatches are counted there."""
+MONOMIALS = [(i, j) for i in range(4) for j in range(5)]
+"""The terms B^i T^j a :class:`Template`'s sizes are polynomials in."""
+
+
+def loss_chunks(method: str, micro: int, tokens: int) -> int:
+    """How many chunks litgpt's loss runs in: full fine-tuning's ``chunked_cross_entropy`` by :data:`CHUNK` rows of
+    B (T - 1); LoRA's head (``lm_head_chunk_size``) by :data:`CHUNK` tokens, the loss by head chunk."""
+    return math.ceil(tokens / CHUNK) if method == "lora" else math.ceil(micro * (tokens - 1) / CHUNK)
+
+
+def template_shapes(head_chunks: int, single: bool = False) -> tuple:
+    """:data:`TEMPLATE_SHAPES` with the tokens of ``head_chunks - 1`` full LoRA head chunks added (``single``: one
+    sample per micro batch in both)."""
+    return tuple((1 if single else b, t + CHUNK * (head_chunks - 1)) for b, t in TEMPLATE_SHAPES)
+
+
+def _form(v1: int, v2: int, head_chunks: int = 1, single: bool = False) -> dict:
+    """The polynomial {(i, j): c} in B and T whose values at the two :func:`template_shapes` are ``v1`` and ``v2``."""
+    (b1, t1), (b2, t2) = template_shapes(head_chunks, single)
+    if v1 == v2:
+        return {(0, 0): v1} if v1 else {}
+    full = CHUNK * (head_chunks - 1)
+    for o in sorted({0, -1, -full, -full - 1}, reverse=True):
+        for a, b in ((1, 0), (0, 1), (1, 1), (0, 2), (1, 2)):
+            if b == 0 and o:
+                continue
+            f1, f2 = b1**a * (t1 + o) ** b, b2**a * (t2 + o) ** b
+            if v1 % f1 == 0 and v2 % f2 == 0 and v1 // f1 == v2 // f2:
+                terms = {(a, r): v1 // f1 * math.comb(b, r) * o ** (b - r) for r in range(b + 1)}
+                return {key: c for key, c in terms.items() if c}
+    raise ValueError(f"a size {v1} -> {v2} that is no c B^a (T + o)^b")
+
+
+def _mul(p: dict, q: dict) -> dict:
+    out: dict = {}
+    for (i, j), c in p.items():
+        for (k, m), d in q.items():
+            out[(i + k, j + m)] = out.get((i + k, j + m), 0) + c * d
+    return out
+
+
+def _vec(p: dict) -> list:
+    return [p.get(m, 0) for m in MONOMIALS]
+
+
+@dataclass
+class Template:
+    """A step's kernels as polynomials in the micro batch B and the tokens T (one block count): evaluated for any
+    shape without tracing again (:meth:`kernels_at`). Made by :func:`template`."""
+
+    phase: list
+    category: list
+    fp32: list
+    bytes: object
+    """(kernels x :data:`MONOMIALS`) coefficients of the bytes each kernel moves."""
+    flops: object
+    mm: object
+    """Indices of the matmul kernels."""
+    mm_dims: object
+    """(matmuls x 4 x :data:`MONOMIALS`): batch, m, n, k of each matmul."""
+    chunk_ops: dict
+    """{phase: ops} one more loss chunk dispatches."""
+
+    def kernels_at(self, micro: int, tokens: int):
+        """(bytes, FLOPs, tiles) arrays of the kernels at ``micro`` x ``tokens``."""
+        import numpy as np
+
+        mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
+        nbytes, flops = self.bytes @ mono, self.flops @ mono
+        tiles = np.zeros(len(nbytes))
+        if len(self.mm):
+            batch, m, n, _ = np.moveaxis(self.mm_dims @ mono, 1, 0)
+            conv = n == 0
+            tiles[self.mm] = np.where(
+                conv, np.ceil(m / TILE**2), batch * np.ceil(m / TILE) * np.ceil(np.maximum(n, 1) / TILE)
+            )
+        return nbytes, flops, tiles
+
+
+def _ops_template(ops1: list, ops2: list, head_chunks: int, single: bool) -> tuple:
+    """The polynomial bytes, FLOPs and matmul dims of each op of two traces of the same step at the two shapes."""
+    if [o.op for o in ops1] != [o.op for o in ops2]:
+        raise ValueError("the step dispatches different ops at the two template shapes")
+    rows_b, rows_f, mm, mm_dims = [], [], [], []
+    for idx, (o1, o2) in enumerate(zip(ops1, ops2)):
+        nbytes: dict = {}
+        for (s1, size), (s2, _) in zip(o1.moved, o2.moved):
+            p = {(0, 0): size}
+            for d1, d2 in zip(s1, s2):
+                p = _mul(p, _form(d1, d2, head_chunks, single))
+            for key, c in p.items():
+                nbytes[key] = nbytes.get(key, 0) + c
+        flops: dict = {}
+        if o1.category == "matmul":
+            dims = matmul_dims(o1.op, o1.top, o1.out0), matmul_dims(o2.op, o2.top, o2.out0)
+            dims = [_form(a, b, head_chunks, single) for a, b in zip(*dims)]
+            mm.append(idx)
+            mm_dims.append([_vec(d) for d in dims])
+            batch, m, n, k = dims
+            flops = _mul(_mul(_mul(batch, m), n if n else {(0, 0): 1}), k)
+            flops = {key: 2 * c for key, c in flops.items()}
+        elif o1.category == "attention" and len(o1.top) > 1 and o1.top[0] and len(o1.top[0]) == 4:
+            q = [_form(a, b, head_chunks, single) for a, b in zip(o1.top[0], o2.top[0])]
+            kt = _form(o1.top[1][2], o2.top[1][2], head_chunks, single)
+            flops = _mul(_mul(_mul(_mul(q[0], q[1]), q[2]), q[3]), kt)
+            scale = 2.0 * (2.5 if "backward" in o1.op else 1.0)  # 4 B H T Tk D / 2, backward 2.5x
+            flops = {key: scale * c for key, c in flops.items()}
+        rows_b.append(_vec(nbytes))
+        rows_f.append(_vec(flops))
+    return rows_b, rows_f, mm, mm_dims
+
+
+def template(
+    config,
+    method: str,
+    precision: str,
+    optimizer: str = "AdamW",
+    head_chunks: int = 1,
+    single: bool = False,
+    lora: tuple = (),
+) -> Template:
+    """The step of ``config`` as built (its ``n_layer``) as a :class:`Template`: traced at the two
+    :func:`template_shapes` (LoRA: for a head in ``head_chunks`` chunks, whose chunks, strided views, take other
+    kernels than one whole head), and for full fine-tuning at :data:`CHUNK_SHAPE` for the ops of a loss chunk."""
+    import numpy as np
+
+    (b1, t1), (b2, t2) = template_shapes(head_chunks, single)
+    ops1 = record_step(config, method, precision, b1, t1, optimizer, lora)
+    ops2 = record_step(config, method, precision, b2, t2, optimizer, lora)
+    rows_b, rows_f, mm, mm_dims = _ops_template(ops1, ops2, head_chunks, single)
+    chunk_ops = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    if method != "lora":
+        b3, t3 = (1, 2 * CHUNK + 2) if single else CHUNK_SHAPE
+        more = record_step(config, method, precision, b3, t3, optimizer, lora)
+        extra = loss_chunks(method, b3, t3) - loss_chunks(method, b1, t1)
+        for phase in chunk_ops:
+            chunk_ops[phase] = (sum(o.phase == phase for o in more) - sum(o.phase == phase for o in ops1)) / extra
+    return Template(
+        [o.phase for o in ops1],
+        [o.category for o in ops1],
+        [o.dtype == "float32" for o in ops1],
+        np.array(rows_b, dtype=float).reshape(len(ops1), len(MONOMIALS)),
+        np.array(rows_f, dtype=float).reshape(len(ops1), len(MONOMIALS)),
+        np.array(mm, dtype=int),
+        np.array(mm_dims, dtype=float).reshape(len(mm), 4, len(MONOMIALS)),
+        chunk_ops,
+    )
+
+
+TEMPLATE_VERSION = 2
+"""Bumped when what a template holds changes: the cached ones are made again."""
+
+
+def _config_key(config) -> str:
+    import json
+
+    return json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+
+
+_TEMPLATES: dict = {}
+
+
+def cached_template(
+    config, method: str, precision: str, optimizer: str, head_chunks: int, single: bool, lora: tuple = ()
+) -> Template:
+    """:func:`template` (``single``: traced at one sample per micro batch, whose step skips some copies), kept in
+    the process and under the cache directory (``kernel-templates/``, JSON: nothing there is executed); a cached
+    file for another torch, litgpt or template version, or one that does not read, is made again."""
+    import hashlib
+    import json
+
+    import litgpt
+    import numpy as np
+    import torch
+
+    from tunelab import files, paths
+
+    key = json.dumps(
+        [TEMPLATE_VERSION, torch.__version__, getattr(litgpt, "__version__", ""), _config_key(config), method,
+         precision, optimizer, head_chunks, single, [lora[0], sorted(lora[1])] if lora else []]
+    )  # fmt: skip
+    if key in _TEMPLATES:
+        return _TEMPLATES[key]
+    path = paths.cache_dir() / "kernel-templates" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+    tp = None
+    try:
+        raw = json.loads(files.read_text(path, 64 << 20, "kernel template"))
+        if raw["key"] == key:
+            arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims")}
+            tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
+                          np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"])  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        tp = None
+    if tp is None:
+        if not _TEMPLATES:
+            print(f"tunelab: tracing litgpt's step for the time model (once per model and shape; kept in "
+                  f"{path.parent})", file=sys.stderr, flush=True)  # fmt: skip
+        tp = template(config, method, precision, optimizer, head_chunks, single, lora)
+        data = {"key": key, **{f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}}
+        data = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files.write_text_atomic(path, json.dumps(data))
+        except OSError:
+            pass  # a cache that cannot be written is made again next time
+    _TEMPLATES[key] = tp
+    return tp
+
+
+def template_seconds(tp: Template, micro: int, tokens: float, gpu, sms: int, method: str) -> tuple:
+    """(ops, GPU seconds by category, GPU seconds by phase, ops by phase) of ``tp`` at ``micro`` x ``tokens`` on
+    ``gpu``: each kernel by its category (the module docstring), the ops of litgpt's loss chunks beyond the one the
+    template holds added at :data:`MIN_KERNEL_S` each."""
+    import numpy as np
+
+    nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+    cat = np.array(tp.category)
     peaks = gpu.peak_tflops
-    bandwidth = gpu.bandwidth_gbs * 1e9 * (FOREACH_EFFICIENCY if k.category == "optimizer" else MEMORY_EFFICIENCY)
-    if k.category in ("matmul", "attention") and k.flops:
-        peak = (peaks.get("tf32") if k.dtype == "float32" else peaks.get("bf16") or peaks.get("fp16")) or peaks["fp32"]
-        if k.category == "matmul":
-            eff = MATMUL_EFFICIENCY * wave_efficiency(k.tiles, sms)
-        else:
-            eff = ATTENTION_EFFICIENCY
-        t = k.flops / (peak * 1e12 * eff)
-        t = max(t, k.bytes / bandwidth)
-    else:
-        t = k.bytes / bandwidth
-    return max(t, MIN_KERNEL_S)
+    low = peaks.get("tf32") or peaks["fp32"]
+    high = peaks.get("bf16") or peaks.get("fp16") or peaks["fp32"]
+    peak = np.where(np.array(tp.fp32, dtype=bool), low, high) * 1e12
+    bandwidth = gpu.bandwidth_gbs * 1e9 * np.where(cat == "optimizer", FOREACH_EFFICIENCY, MEMORY_EFFICIENCY)
+    waves = np.ceil(np.maximum(tiles, 1) / sms) * sms
+    eff = np.where(cat == "matmul", MATMUL_EFFICIENCY * np.where(tiles > 0, tiles / waves, 1.0), ATTENTION_EFFICIENCY)
+    compute = np.where(np.isin(cat, ("matmul", "attention")) & (flops > 0), flops / (peak * eff), 0.0)
+    t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S)
+    phases = np.array(tp.phase)
+    training = np.isin(phases, TRAINING_PHASES)
+    by_cat = {c: float(t[(cat == c) & training].sum()) for c in set(tp.category)}
+    by_phase = {p: float(t[phases == p].sum()) for p in set(tp.phase)}
+    by_phase.update(
+        {f"{p}/{c}": float(t[(phases == p) & (cat == c)].sum()) for p in set(tp.phase) for c in set(tp.category)}
+    )
+    ops_by_phase = {p: float((phases == p).sum()) for p in set(tp.phase)}
+    more = max(loss_chunks(method, micro, math.ceil(tokens)) - 1, 0) if method != "lora" else 0
+    for p, n in tp.chunk_ops.items():
+        ops_by_phase[p] = ops_by_phase.get(p, 0.0) + more * n
+        by_phase[p] = by_phase.get(p, 0.0) + more * n * MIN_KERNEL_S
+        by_phase[f"{p}/loss"] = by_phase.get(f"{p}/loss", 0.0) + more * n * MIN_KERNEL_S
+        by_cat["loss"] = by_cat.get("loss", 0.0) + more * n * MIN_KERNEL_S
+    return sum(ops_by_phase.get(p, 0.0) for p in TRAINING_PHASES), by_cat, by_phase, ops_by_phase
 
 
 def step_time(
-    config, method: str, precision: str, micro: int, seq_len: int, gpu_name: str, optimizer: str = "AdamW"
+    config,
+    method: str,
+    precision: str,
+    micro: int,
+    seq_len: float,
+    gpu_name: str,
+    optimizer: str = "AdamW",
+    lora: tuple = (),
 ) -> StepTime:
-    """A step's time by cause on ``gpu_name``: kernels traced with one and two blocks, extrapolated by block."""
+    """A step's time by cause on ``gpu_name``: the templates of one and two blocks at ``micro`` x ``seq_len``
+    (padded tokens per sample; a mean may be fractional), extrapolated by block. ``lora``: (rank, targets)."""
     from tunelab import hardware
 
     gpu = hardware.lookup(gpu_name)
-    sms = SMS.get(gpu_name, 108)
+    sms = gpu.sms or DEFAULT_SMS
+    chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method == "lora" else 1
     small = 1  # one and two blocks; one block more adds the same kernels
     totals = []
     for n in (small, small + 1):
-        ks = trace_step(dataclasses.replace(config, n_layer=n), method, precision, micro, seq_len, optimizer)
-        by_cat: dict = {}
-        by_phase: dict = {}
-        for k in ks:
-            by_phase["ops:" + k.phase] = by_phase.get("ops:" + k.phase, 0) + 1
-            t = kernel_seconds(k, gpu, sms)
-            by_cat[k.category] = by_cat.get(k.category, 0.0) + t
-            by_phase[k.phase] = by_phase.get(k.phase, 0.0) + t
-        totals.append((len(ks), by_cat, by_phase))
+        tp = cached_template(
+            dataclasses.replace(config, n_layer=n), method, precision, optimizer, chunks, micro == 1, lora
+        )
+        totals.append(template_seconds(tp, micro, seq_len, gpu, sms, method))
     grown = config.n_layer - (small + 1)
-    (n_a, cat_a, ph_a), (n_b, cat_b, ph_b) = totals
+    (n_a, cat_a, ph_a, ops_a), (n_b, cat_b, ph_b, ops_b) = totals
 
     def extra(a: dict, b: dict) -> dict:
         return {key: b.get(key, 0.0) + grown * (b.get(key, 0.0) - a.get(key, 0.0)) for key in set(a) | set(b)}
 
-    by_cat, by_phase = extra(cat_a, cat_b), extra(ph_a, ph_b)
-    ops_by_phase = {k.removeprefix("ops:"): round(v) for k, v in by_phase.items() if k.startswith("ops:")}
-    by_phase = {k: v for k, v in by_phase.items() if not k.startswith("ops:")}
-    ops = n_b + grown * (n_b - n_a)
-    gpu_s = sum(by_cat.values())
-    return StepTime(gpu_name, ops, gpu_s, ops * HOST_S_PER_OP, by_cat, by_phase, ops_by_phase)
+    by_cat, both, ops_by_phase = extra(cat_a, cat_b), extra(ph_a, ph_b), extra(ops_a, ops_b)
+    ops = round(n_b + grown * (n_b - n_a))
+    by_phase = {k: v for k, v in both.items() if "/" not in k}
+    split = {k: v for k, v in both.items() if "/" in k}
+    return StepTime(gpu_name, ops, sum(by_cat.values()), ops * HOST_S_PER_OP, by_cat, by_phase,
+                    {k: round(v) for k, v in ops_by_phase.items()}, split)  # fmt: skip
 
 
 def for_plan(x, gpu) -> StepTime | str:

@@ -73,19 +73,23 @@ def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
     it, under Lightning Fabric, whose precision plugins (``HalfPrecision``, ``MixedPrecision``, bitsandbytes,
     FSDP, DeepSpeed) all convert the model's outputs to the default dtype, fp32 (``convert_output``): bf16-true
     logits reach the loss as fp32. Without Fabric (tunelab's own loop) the loss casts them to fp32 itself."""
+    with forward_context(precision, fabric):
+        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
+    return [t.float() for t in logits] if isinstance(logits, list) else logits.float()
+
+
+def forward_context(precision: str, fabric: bool = True):
+    """The context litgpt's forward runs in: autocast under bf16-mixed; under Fabric's other 16-bit plugins the
+    default dtype is the weights' meanwhile (``forward_context``)."""
     import contextlib
 
     import torch
 
     if precision == "bf16-mixed":
-        context = torch.autocast("cpu", dtype=torch.bfloat16)
-    elif fabric and precision != "32-true":  # Fabric's forward_context: the default dtype is the weights' meanwhile
-        context = default_dtype(getattr(torch, DTYPES[precision]))
-    else:
-        context = contextlib.nullcontext()
-    with context:
-        logits = model(idx) if method == "full" else model(idx, lm_head_chunk_size=128)
-    return [t.float() for t in logits] if isinstance(logits, list) else logits.float()
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if fabric and precision != "32-true":
+        return default_dtype(getattr(torch, DTYPES[precision]))
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -43,10 +43,12 @@ class Projection:
     energy_j_per_million_tokens_low: float
     energy_j_per_million_tokens_high: float
     seconds: float | None = None
-    """Point estimate of litgpt's "Training Time" for the run (tunelab.plan.runtime: compute + memory-bound work +
-    per-iteration overhead, constants fitted on the lab's A100 times), None without the GPU's bandwidth."""
+    """Point estimate of litgpt's "Training Time" for the run: the kernel-level model's causes summed
+    (``seconds_by_cause``) where it applies, else tunelab.plan.runtime's fitted curve (compute + memory-bound work +
+    per-iteration overhead, constants fitted on the lab's A100 times); None without the GPU's bandwidth."""
     seconds_band: tuple | None = None
-    """seconds x (1 -/+ the estimate's mean absolute leave-one-out error on the lab's rows)."""
+    """seconds x (1 -/+ the estimate's mean absolute error on the lab's A100 rows: out of sample for the kernel
+    model, leave-one-out for the fitted curve)."""
     seconds_source: str = ""
     comm_bytes_per_step: dict | None = None
     """Bytes one device moves per optimizer step over each link ({'gpu': ..., 'node': ..., 'host': ...}), None on
@@ -55,6 +57,12 @@ class Projection:
     """Seconds that traffic takes per optimizer step, before overlap."""
     comm_source: str = ""
     """The links, their achieved bandwidth and the volume formula; the seconds above include the exposed part."""
+    seconds_by_cause: dict | None = None
+    """The run's seconds by cause from the kernel-level model (tunelab.plan.runtime.Terms.by_cause: matmul,
+    attention, elementwise, optimizer, host launches, validation, generation, communication; they sum to
+    ``seconds``), None where it does not apply (``seconds_by_cause_source`` says why; ``seconds`` is then the
+    fitted curve's)."""
+    seconds_by_cause_source: str = ""
 
 
 def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None):
@@ -135,7 +143,22 @@ def project(
         energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
         **_point_estimate(work, gpu, peak),
         **_comm_fields(work),
+        **_by_cause(work, gpu),
     )
+
+
+def _by_cause(work, gpu: hardware.GPU) -> dict:
+    if work is None:
+        return {}
+    if not isinstance(work.kernels, runtime.KernelWork):
+        return {"seconds_by_cause_source": f"not modelled: {work.kernels}"}
+    return {
+        "seconds_by_cause": work.by_cause(gpu),
+        "seconds_by_cause_source": (
+            f"kernel-level model (tunelab/plan/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
+            "fitted on our H100 profile and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
+        ),
+    }
 
 
 def _comm_fields(work) -> dict:
@@ -161,19 +184,20 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             if work is not None
             else ""
         }
-    secs = work.seconds(peak, gpu.bandwidth_gbs * 1e9)
-    e = runtime.LOO_MEAN_ABS_ERROR
-    return {
-        "seconds": secs,
-        "seconds_band": (secs * (1 - e), secs * (1 + e)),
-        "seconds_source": (
-            f"tunelab.plan.runtime fitted on the lab's A100 times (leave-one-out error mean "
-            f"{e:.0%}, worst {runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: "
-            f"{peak / 1e12:.0f} TFLOP/s, "
-            f"{gpu.bandwidth_gbs:.0f} GB/s; {work.detail['optimizer_steps']} optimizer steps, "
-            f"{work.detail['evaluations']} in-loop validations"
-        ),
-    }
+    counts = f"{work.detail['optimizer_steps']} optimizer steps, {work.detail['evaluations']} in-loop validations"
+    secs = work.seconds_on(gpu, peak)
+    if isinstance(work.kernels, runtime.KernelWork):
+        e = runtime.KERNEL_MODEL_ERROR
+        source = (
+            f"the time by cause below (band: its mean absolute error {e:.0%} on the lab's A100 rows, out of sample)"
+        )
+    else:
+        e = runtime.LOO_MEAN_ABS_ERROR
+        source = (
+            f"tunelab.plan.runtime fitted on the lab's A100 times (leave-one-out error mean {e:.0%}, worst "
+            f"{runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: {peak / 1e12:.0f} TFLOP/s, {gpu.bandwidth_gbs:.0f} GB/s"
+        )
+    return {"seconds": secs, "seconds_band": (secs * (1 - e), secs * (1 + e)), "seconds_source": f"{source}; {counts}"}
 
 
 def project_recipe(

@@ -5,6 +5,7 @@ planner's input built from them (:func:`plan_input`), the memory prediction and 
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -218,9 +219,12 @@ def train_samples(s: Settings) -> tuple[int, int, str]:
 
 def epoch_tokens(s: Settings, tokens_per_sample: float | None) -> tuple[float, str]:
     """Padded tokens of the recipe's training run (epochs over its data, or max_steps), and how they were counted."""
-    per_sample = tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE
+    per_sample = tokens_per_sample or default_padded_per_sample(s.micro_batch_size or 1, s.max_seq_length)
     how = f"{per_sample:.0f} padded tokens/sample" + (
-        "" if tokens_per_sample else " (the lab's Alpaca figure; --tokens-per-sample to change)"
+        ""
+        if tokens_per_sample
+        else f" (the default Alpaca-like length distribution padded at micro {s.micro_batch_size}; "
+        "--tokens-per-sample to change)"
     )
     if s.max_steps:
         samples = s.max_steps * s.global_batch_size
@@ -298,8 +302,32 @@ def padded_per_sample(lengths: list[int], micro: int, seed: int = 42) -> float:
     return sum(max(b) * len(b) for b in batches) / len(order)
 
 
+DEFAULT_LENGTH_DRAWS = 20_000
+"""Sample lengths drawn from the default distribution (seeded): enough for the mean padding at micro 128."""
+
+
+@functools.cache
+def default_lengths(cap: int = 512) -> tuple:
+    """Sample lengths in tokens where the data's are not known: the benchmark data's stated distribution (the
+    lab's Alpaca subset: LogNormal(5.43, 0.5) tokens, at least 48; ``tunelab/data/benchmark.py``), capped at
+    ``cap`` (the recipe's max_seq_length). Padded per micro batch as litgpt pads (:func:`padded_per_sample`):
+    253 tokens per sample at micro 1, 383 at 4, 440 at 8 (the lab measured 437 there), 482 at 16, 505 at 32."""
+    from tunelab.data import benchmark
+
+    rng = random.Random(benchmark.SEED)
+    draw = lambda: max(benchmark.MIN_LEN, round(math.exp(rng.gauss(benchmark.LOG_MEAN, benchmark.LOG_STD))))  # noqa: E731
+    return tuple(min(cap, draw()) for _ in range(DEFAULT_LENGTH_DRAWS))
+
+
+def default_padded_per_sample(micro: int, cap: int | None = None) -> float:
+    """Padded tokens per sample at ``micro`` under :func:`default_lengths`."""
+    return padded_per_sample(list(default_lengths(cap or 512)), micro)
+
+
 def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None):
     """The recipe's run as tunelab.plan.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
-    epochs or max_steps, eval settings, padded tokens per sample."""
+    epochs or max_steps, eval settings, padded tokens per sample (default: :func:`default_padded_per_sample` at
+    the run's micro batch)."""
     train, val, _ = train_samples(s)
-    return runtime.terms(x, s.args, train, val, tokens_per_sample or LAB_PADDED_TOKENS_PER_SAMPLE)
+    per_sample = tokens_per_sample or default_padded_per_sample(x.micro_batch_size, s.max_seq_length)
+    return runtime.terms(x, s.args, train, val, per_sample)

@@ -66,6 +66,13 @@ def render(
             f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
             f"per million tokens; power: {p.power_source}",
         ]
+        if p.seconds_by_cause:
+            causes = ", ".join(f"{k} {v:,.0f}" for k, v in p.seconds_by_cause.items() if v >= 0.5)
+            lines.append(
+                f"  time by cause: {sum(p.seconds_by_cause.values()):,.0f} s = {causes} s [{p.seconds_by_cause_source}]"
+            )
+        elif p.seconds_by_cause_source:
+            lines.append(f"  time by cause: {p.seconds_by_cause_source}")
         if p.comm_bytes_per_step is not None:
             moved = ", ".join(f"{v / 1e9:.2f} GB over the {k} link" for k, v in p.comm_bytes_per_step.items() if v)
             lines.append(

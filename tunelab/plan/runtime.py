@@ -41,8 +41,80 @@ LOO_MEAN_ABS_ERROR = 0.114
 """Mean absolute leave-one-out error of the estimate over the lab's rows (tunelab plan-accuracy recomputes it)."""
 LOO_WORST_ERROR = -0.383
 """The worst leave-one-out error (s13, the one QLoRA row: without it the memory-bound constant is poorly held)."""
+LITGPT_HOST_S_PER_OP = 60e-6
+"""Host seconds per dispatched op in litgpt's finetune loop (Python module code, Fabric's wrappers, the
+dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside it on the same CPU): the loop is
+launch-bound wherever its kernels take less. Fitted on our H100 Part 1 rows (litgpt 0.5.13 on that machine's host;
+``tunelab plan-accuracy`` leaves each row out): 60 us where the isolated step of the profile dispatched at 35
+(:data:`tunelab.plan.kernels.HOST_S_PER_OP`). A property of the host CPU and software, not of the GPU."""
+KERNEL_MODEL_ERROR = 0.189
+"""Mean absolute error of the kernel-level model (:meth:`Terms.by_cause`) on the lab's A100 Part 1 rows, out of
+sample (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it): the band around its
+point estimate."""
 LAB_EVAL = {"eval.interval": 25, "eval.max_iters": 100, "eval.max_new_tokens": 100, "eval.initial_validation": False}
 """The lab's eval settings (its YAMLs): what its "Training Time" figures contain."""
+
+
+@dataclass
+class KernelWork:
+    """What the kernel model (:mod:`tunelab.plan.kernels`) times: one device's training step."""
+
+    config: object
+    method: str
+    """full or lora (QLoRA: its LoRA step, plus :attr:`dequant`)."""
+    precision: str
+    micro: int
+    tokens: float
+    """Padded tokens per sample (a mean over micro batches)."""
+    optimizer: str
+    recompute: bool
+    """Activation checkpointing: each block's forward runs again in the backward pass."""
+    lora: tuple = ()
+    """(rank, targets) of the adapters."""
+    dequant: tuple = ()
+    """QLoRA: (4-bit weights dequantized per training forward, per validation forward, dequantizations per
+    training forward, per validation forward); the backward pass dequantizes the training forward's again."""
+
+
+DEQUANT_BYTES_PER_WEIGHT = 2.5
+"""Bytes a 4-bit weight costs each time bitsandbytes dequantizes it for a 16-bit matmul: half a byte read, two
+written (the matmul's read of the 16-bit copy is in the traced step already)."""
+DEQUANT_KERNELS = 3
+"""Kernels one dequantization launches (bitsandbytes' nested statistics: the absmax dequantized, offset, then the
+weight)."""
+
+
+def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
+    """The step the kernel model times for PlanInput ``x``, or why it does not (a sentence): offloaded optimizer
+    steps (they run on the CPU) and optimizers it does not trace. QLoRA is LoRA's step plus the dequantization of
+    every frozen 4-bit weight before each matmul that uses it (litgpt quantizes every linear layer, its head
+    included, run by 128-token chunk)."""
+    from tunelab.errors import InputError
+    from tunelab.plan.simulate import optimizer_of
+
+    if x.offload_optimizer or x.offload_params:
+        return "an offloaded optimizer step (on the CPU) is not in the kernel model"
+    try:
+        optimizer = optimizer_of(x)
+    except InputError:
+        return f"the optimizer {x.optimizer} is not in the kernel model"
+    dequant = ()
+    if x.method == "qlora":
+        c = x.config
+        total, emb = count_params(c)
+        head = c.padded_vocab_size * c.n_embd
+        chunks = math.ceil(tokens_per_sample / 128)
+        per_block = 2 + (3 if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP", "LLaMAMoE") else 2)
+        body = total - emb - head
+        dequant = (body + head * chunks, body + head, c.n_layer * per_block + chunks, c.n_layer * per_block + 1)
+    return KernelWork(x.config, "full" if x.method == "full" else "lora", str(x.precision), x.micro_batch_size,
+                      float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
+                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), dequant)  # fmt: skip
+
+
+CAUSES = ("matmul", "attention", "elementwise", "dequantization", "optimizer", "host launches", "validation",
+          "generation", "communication")  # fmt: skip
+"""The causes :meth:`Terms.by_cause` splits a run's seconds into."""
 
 
 @dataclass
@@ -55,6 +127,63 @@ class Terms:
     detail: dict
     comm: object = None
     """The communication of one optimizer step (:class:`tunelab.plan.comm.Comm`), None on one device."""
+    kernels: KernelWork | str = ""
+    """The step the kernel model times (:func:`kernel_work`), or why it does not."""
+
+    def by_cause(self, gpu) -> dict:
+        """The run's seconds on ``gpu`` by cause (:data:`CAUSES`; they sum to the run), from the kernel model:
+
+        * training: each micro batch's forward and backward (forward again under activation checkpointing) and
+          each optimizer step take their kernels' GPU time or the host's launches (ops x
+          :data:`LITGPT_HOST_S_PER_OP`), whichever is longer; the kernels by category, the host's excess as
+          "host launches";
+        * validation: each batch litgpt's ``validate`` forward (eval mode, no gradients, the loss unchunked), its
+          kernels or its launches;
+        * generation: after each in-loop validation ``max_new_tokens`` decode steps of one token over a KV cache
+          (a sample stopped early by its end token is not modelled: an upper bound), kernels or launches;
+        * QLoRA: each forward and backward also dequantizes every 4-bit weight (:data:`DEQUANT_BYTES_PER_WEIGHT`,
+          :data:`DEQUANT_KERNELS` launches each), its GPU time as "dequantization";
+        * communication: what compute does not hide (:mod:`tunelab.plan.comm`)."""
+        from tunelab.plan import kernels
+
+        k = self.kernels
+        st = kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
+        h, d = LITGPT_HOST_S_PER_OP, self.detail
+        rate = gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY
+        dq_train, dq_eval, dq_train_ops, dq_eval_ops = k.dequant or (0, 0, 0, 0)
+        dq_gpu = 2 * (
+            dq_train * DEQUANT_BYTES_PER_WEIGHT / rate + dq_train_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S
+        )
+        dq_ops = 2 * dq_train_ops * DEQUANT_KERNELS
+        train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
+        forwards = 2 if k.recompute else 1
+        out = dict.fromkeys(CAUSES, 0.0)
+        repeats = {"forward": train * forwards, "backward": train, "optimizer": steps}
+        for key, sec in st.gpu_by_phase_category.items():
+            phase, cat = key.split("/")
+            times = repeats.get(phase, 0.0)
+            cause = "elementwise" if cat == "loss" else cat
+            out[cause] += sec * times
+        g, ops = st.gpu_by_phase, st.ops_by_phase
+        out["dequantization"] = train * dq_gpu
+        it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
+        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
+        opt_host = h * ops.get("optimizer", 0)
+        out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
+        ev_dq = dq_eval * DEQUANT_BYTES_PER_WEIGHT / rate + dq_eval_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S
+        ev_ops = ops.get("validation", 0) + dq_eval_ops * DEQUANT_KERNELS
+        out["validation"] = ev * max(g.get("validation", 0.0) + ev_dq, h * ev_ops)
+        decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
+        out["generation"] = d["evaluations"] * d["new_tokens"] * decode
+        out["communication"] = self.comm_seconds(sum(out.values()))
+        return out
+
+    def seconds_on(self, gpu, peak_flops: float) -> float:
+        """The run's seconds on ``gpu``: the kernel model's causes summed where it applies, else :meth:`seconds`
+        (the fitted curve) at ``peak_flops``."""
+        if isinstance(self.kernels, KernelWork):
+            return sum(self.by_cause(gpu).values())
+        return self.seconds(peak_flops, gpu.bandwidth_gbs * 1e9)
 
     def seconds(
         self,
@@ -128,7 +257,13 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
         compute_flops=(train_flops + recompute_flops + eval_flops) / world,
         memory_bytes=memory,
         iterations=(train_iters + eval_iters) / world,
+        kernels=kernel_work(x, tokens_per_sample),
         detail={
+            "world": world,
+            "train_iterations": train_iters / world,
+            "eval_iterations": eval_iters / world,
+            "new_tokens": ev.get("max_new_tokens") or 0,
+            "weight_bytes": weight_bytes,
             "optimizer_steps": steps,
             "evaluations": n_evals,
             "eval_batches_each": val_batches,
