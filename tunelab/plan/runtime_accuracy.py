@@ -110,6 +110,39 @@ def part3_rows(root: Path) -> list[dict]:
     return rows
 
 
+def part2_rows() -> list[dict]:
+    """The lab's Part 2 A100 rows (OpenLLaMA 7B full, one device and four over PCIe): the kernel model's optimizer
+    step (its micro batches, optimizer step and the communication compute does not hide; no validation) against
+    the lab's time over its steps (which also holds start-up and any validation: an upper bound of the step)."""
+    from tunelab.plan import comm
+    from tunelab.plan.accuracy import LAB_PART2_LINK
+    from tunelab.plan.recipe import plan_recipe, runtime_terms
+    from tunelab.sweep_file import lab_rows
+
+    link = comm.lookup(LAB_PART2_LINK, "gpu")
+    rows = []
+    for r in lab_rows("lab-part2"):
+        if not r.lab.get("time_s") or r.gpu != "A100-80GB":
+            continue
+        gpu = hardware.lookup(r.gpu)
+        planned = plan_recipe(r.recipe, r.overrides(), gpu=gpu, strategy=r.strategy)
+        x, train = planned.input, planned.settings.args["train"]
+        t = runtime_terms(planned.settings, x, None)
+        if not isinstance(t.kernels, runtime.KernelWork):
+            continue
+        t.comm = comm.per_step(x, link) if x.world > 1 else None
+        t.detail.update(eval_iterations=0, evaluations=0)
+        causes = t.by_cause(gpu)
+        steps = t.detail["optimizer_steps"]
+        lab = float(r.lab["time_s"]) / train["max_steps"]
+        pred = sum(causes.values()) / steps
+        rows.append({"id": r.id, "strategy": r.strategy, "devices": x.world, "micro": x.micro_batch_size,
+                     "lab_step_s": lab, "predicted_s": pred, "error": pred / lab - 1,
+                     "compute_s": (sum(causes.values()) - causes["communication"]) / steps,
+                     "communication_s": causes["communication"] / steps})  # fmt: skip
+    return rows
+
+
 def a100_rows() -> list[dict]:
     """The lab's A100 rows: the kernel model's run by cause against litgpt's Training Time, and the fitted curve."""
     from tunelab.plan.accuracy import lab_runtime_items
@@ -181,6 +214,22 @@ def write_report(path: Path, root: Path) -> None:
                 f"| {r['setting']} | {r['micro']} | {r['tokens']:.0f} | {r['measured_s']:.3f} | "
                 f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {r['bound']} | {r['gpu_util']:.0f} | {r['retries']} |"
             )
+    lines += [
+        "",
+        "## The lab's Part 2 rows on A100s (seconds per optimizer step)",
+        "",
+        "OpenLLaMA 7B full fine-tuning, bf16-true: m1 on one A100, m2-m4 on four joined by PCIe (communication "
+        "from `tunelab/plan/comm.py` over the link `accuracy.md` uses, less what compute hides). Lab: its time over "
+        "its steps (start-up and any validation included). Out of sample.",
+        "",
+        "| row | strategy | devices | micro | lab s/step | predicted s/step | error | compute s | exposed communication s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in part2_rows():
+        lines.append(
+            f"| {r['id']} | {r['strategy']} | {r['devices']} | {r['micro']} | {r['lab_step_s']:.3f} | "
+            f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {r['compute_s']:.3f} | {r['communication_s']:.3f} |"
+        )
     modelled = [r for r in a100 if r["kernel_s"] is not None]
     mean = sum(abs(r["error"]) for r in modelled) / len(modelled)
     lines += [
