@@ -63,6 +63,7 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
         assert lo == pytest.approx(proj["seconds"] * (1 - runtime.KERNEL_MODEL_ERROR))
         assert hi == pytest.approx(proj["seconds"] * (1 + runtime.KERNEL_MODEL_ERROR))
         assert (causes["dequantization"] > 0) == recipe.endswith("qlora")
+        assert 0 < proj["mfu_predicted_real"] < proj["mfu_predicted_padded"] < 1  # padding computes, not learns
     import dataclasses
 
     from tunelab import hardware

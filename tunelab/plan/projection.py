@@ -5,6 +5,7 @@ record, ``--calibrate``), and the point estimate of litgpt's "Training Time" (:m
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,14 @@ from tunelab.plan import comm as comm_mod
 from tunelab.plan import runtime
 from tunelab.plan.flops import flops_per_token
 from tunelab.plan.memory import PlanInput
-from tunelab.plan.recipe import PlannedRecipe, epoch_tokens, runtime_terms, tokens_per_sample_from_data
+from tunelab.plan.recipe import (
+    PlannedRecipe,
+    data_lengths,
+    default_lengths,
+    epoch_tokens,
+    padded_per_sample,
+    runtime_terms,
+)
 
 DEFAULT_MFU_RANGE = (0.25, 0.55)
 """The MFU range a projection assumes without a measurement."""
@@ -63,6 +71,12 @@ class Projection:
     ``seconds``), None where it does not apply (``seconds_by_cause_source`` says why; ``seconds`` is then the
     fitted curve's)."""
     seconds_by_cause_source: str = ""
+    mfu_predicted_padded: float | None = None
+    """The run's training FLOPs on padded tokens over its predicted seconds (validation and generation included)
+    x devices x the peak: the MFU the kernel model predicts."""
+    mfu_predicted_real: float | None = None
+    """The same on real (unpadded) tokens, where their count is known (the data's lengths or the default
+    distribution's; not with --tokens-per-sample)."""
 
 
 def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None):
@@ -143,17 +157,23 @@ def project(
         energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
         **_point_estimate(work, gpu, peak),
         **_comm_fields(work),
-        **_by_cause(work, gpu),
+        **_by_cause(work, gpu, peak),
     )
 
 
-def _by_cause(work, gpu: hardware.GPU) -> dict:
+def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
     if work is None:
         return {}
     if not isinstance(work.kernels, runtime.KernelWork):
         return {"seconds_by_cause_source": f"not modelled: {work.kernels}"}
+    causes = work.by_cause(gpu)
+    d, seconds = work.detail, sum(causes.values())
+    mfu = d["train_flops"] / (seconds * d["world"] * peak) if seconds and peak else None
+    real = d.get("real_tokens_per_sample")
     return {
-        "seconds_by_cause": work.by_cause(gpu),
+        "mfu_predicted_padded": mfu,
+        "mfu_predicted_real": mfu * real / work.kernels.tokens if mfu is not None and real else None,
+        "seconds_by_cause": causes,
         "seconds_by_cause_source": (
             f"kernel-level model (tunelab/plan/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
             "fitted on our H100 profile and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
@@ -213,16 +233,19 @@ def project_recipe(
 ) -> tuple[Projection, str]:
     """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
-    measured on the recipe's data with its tokenizer when both are here, else the lab's figure). On several devices
+    measured on the recipe's data with its tokenizer when both are here, else the default length distribution of
+    :func:`tunelab.plan.recipe.default_lengths` padded at the run's micro batch). On several devices
     the communication term (tunelab.plan.comm) is added, over ``interconnect`` (default: the GPU's own link) and
     between nodes over ``internode`` (needed for several nodes)."""
     s, x = planned.settings, planned.input
-    per_sample = tokens_per_sample or tokens_per_sample_from_data(s, x.micro_batch_size)
+    lengths = None if tokens_per_sample else data_lengths(s)
+    per_sample = tokens_per_sample or (padded_per_sample(lengths, x.micro_batch_size) if lengths else None)
+    real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(s.max_seq_length or 512))
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
         tokens, note = epoch_tokens(s, per_sample)
-    work = runtime_terms(s, x, per_sample)
+    work = runtime_terms(s, x, per_sample, real)
     if x.world > 1:
         work.comm = comm_mod.per_step(
             x,

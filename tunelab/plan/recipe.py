@@ -234,17 +234,16 @@ def epoch_tokens(s: Settings, tokens_per_sample: float | None) -> tuple[float, s
     return train * epochs * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}) x {how}"
 
 
-def tokens_per_sample_from_data(s: Settings, micro: int) -> float | None:
-    """Mean padded tokens per sample of the recipe's data under its batching (needs the checkpoint's tokenizer)."""
+def data_lengths(s: Settings) -> list[int] | None:
+    """Token lengths of (a seeded sample of) the recipe's data, or None without its file and tokenizer here."""
     data = _data_init(s)
     path, ckpt = data.get("json_path"), Path(s.checkpoint_dir)
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
         return None
-    lengths = sample_lengths(
+    return sample_lengths(
         dataset_records.read(project_path(path)), ckpt, data.get("prompt_style", "alpaca"), s.max_seq_length,
         data.get("seed", 42),
     )[0]  # fmt: skip
-    return padded_per_sample(lengths, micro, data.get("seed", 42))
 
 
 CHARS_PER_TOKEN = 4.0
@@ -324,10 +323,12 @@ def default_padded_per_sample(micro: int, cap: int | None = None) -> float:
     return padded_per_sample(list(default_lengths(cap or 512)), micro)
 
 
-def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None):
+def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None, real_per_sample: float | None = None):
     """The recipe's run as tunelab.plan.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
     epochs or max_steps, eval settings, padded tokens per sample (default: :func:`default_padded_per_sample` at
-    the run's micro batch)."""
+    the run's micro batch) and, where known, real (unpadded) tokens per sample."""
     train, val, _ = train_samples(s)
     per_sample = tokens_per_sample or default_padded_per_sample(x.micro_batch_size, s.max_seq_length)
-    return runtime.terms(x, s.args, train, val, per_sample)
+    t = runtime.terms(x, s.args, train, val, per_sample)
+    t.detail["real_tokens_per_sample"] = real_per_sample
+    return t

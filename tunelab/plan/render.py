@@ -67,9 +67,12 @@ def render(
             f"per million tokens; power: {p.power_source}",
         ]
         if p.seconds_by_cause:
-            causes = ", ".join(f"{k} {v:,.0f}" for k, v in p.seconds_by_cause.items() if v >= 0.5)
+            causes = ", ".join(f"{k} {v:,.0f}" for k, v in p.seconds_by_cause.items() if v >= 0.5) + " s"
+            if p.mfu_predicted_padded is not None:
+                real = f", {p.mfu_predicted_real:.1%} on real" if p.mfu_predicted_real is not None else ""
+                causes += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens{real}"
             lines.append(
-                f"  time by cause: {sum(p.seconds_by_cause.values()):,.0f} s = {causes} s [{p.seconds_by_cause_source}]"
+                f"  time by cause: {sum(p.seconds_by_cause.values()):,.0f} s = {causes} [{p.seconds_by_cause_source}]"
             )
         elif p.seconds_by_cause_source:
             lines.append(f"  time by cause: {p.seconds_by_cause_source}")
