@@ -535,12 +535,16 @@ def template_seconds(tp: Template, micro: int, tokens: float, gpu, sms: int, met
     t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S)
     phases = np.array(tp.phase)
     training = np.isin(phases, TRAINING_PHASES)
-    by_cat = {c: float(t[(cat == c) & training].sum()) for c in set(tp.category)}
-    by_phase = {p: float(t[phases == p].sum()) for p in set(tp.phase)}
+    by_cat = {c: float(t[(cat == c) & training].sum()) for c in sorted(set(tp.category))}
+    by_phase = {p: float(t[phases == p].sum()) for p in sorted(set(tp.phase))}
     by_phase.update(
-        {f"{p}/{c}": float(t[(phases == p) & (cat == c)].sum()) for p in set(tp.phase) for c in set(tp.category)}
+        {
+            f"{p}/{c}": float(t[(phases == p) & (cat == c)].sum())
+            for p in sorted(set(tp.phase))
+            for c in sorted(set(tp.category))
+        }
     )
-    ops_by_phase = {p: float((phases == p).sum()) for p in set(tp.phase)}
+    ops_by_phase = {p: float((phases == p).sum()) for p in sorted(set(tp.phase))}
     more = max(loss_chunks(method, micro, math.ceil(tokens)) - 1, 0) if method != "lora" else 0
     for p, n in tp.chunk_ops.items():
         ops_by_phase[p] = ops_by_phase.get(p, 0.0) + more * n
@@ -578,7 +582,7 @@ def step_time(
     (n_a, cat_a, ph_a, ops_a), (n_b, cat_b, ph_b, ops_b) = totals
 
     def extra(a: dict, b: dict) -> dict:
-        return {key: b.get(key, 0.0) + grown * (b.get(key, 0.0) - a.get(key, 0.0)) for key in set(a) | set(b)}
+        return {key: b.get(key, 0.0) + grown * (b.get(key, 0.0) - a.get(key, 0.0)) for key in sorted(set(a) | set(b))}
 
     by_cat, both, ops_by_phase = extra(cat_a, cat_b), extra(ph_a, ph_b), extra(ops_a, ops_b)
     ops = round(n_b + grown * (n_b - n_a))

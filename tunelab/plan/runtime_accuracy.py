@@ -165,10 +165,8 @@ def write_report(path: Path, root: Path) -> None:
     from tunelab.files import write_csv, write_text_atomic
 
     h100, a100 = h100_rows(root), a100_rows()
-    write_csv(
-        path.with_name("runtime-kernel.csv"),
-        [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100],
-    )
+    rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
+    write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     fitted = fit_host(h100_items(root))
     lines = [
         "# The kernel-level time model against measured times",
