@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from tunelab import yaml_input
+from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR
 
 GPU_TABLE = CONFIGS_DIR / "hardware" / "gpus.yaml"
@@ -86,6 +87,13 @@ def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | 
 def table() -> dict[str, GPU]:
     """Every row of configs/hardware/gpus.yaml by name (read once)."""
     raw = yaml_input.load_mapping(GPU_TABLE, "the GPU table")["gpus"]
+    for name, row in raw.items():
+        sms = row.get("sms") if isinstance(row, dict) else None
+        if sms is not None and (type(sms) is not int or not 0 < sms < 10_000):
+            raise InputError(
+                f"{GPU_TABLE}: gpus: {name}: sms: {sms!r} is not a count of streaming multiprocessors; fix: a "
+                "positive whole number from the GPU's architecture whitepaper (sms_source), or null"
+            )
     return {name: GPU(name=name, match=tuple(row.pop("match", ())), **row) for name, row in raw.items()}
 
 

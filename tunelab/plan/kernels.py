@@ -483,6 +483,7 @@ def cached_template(
     import torch
 
     from tunelab import files, paths
+    from tunelab.errors import InputError
 
     key = json.dumps(
         [TEMPLATE_VERSION, torch.__version__, getattr(litgpt, "__version__", ""), _config_key(config), method,
@@ -510,8 +511,8 @@ def cached_template(
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             files.write_text_atomic(path, json.dumps(data))
-        except OSError:
-            pass  # a cache that cannot be written is made again next time
+        except (OSError, InputError):
+            pass  # a cache that cannot be written (or a FIFO or link in its place) is made again next time
     _TEMPLATES[key] = tp
     return tp
 

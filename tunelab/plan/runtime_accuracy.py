@@ -67,10 +67,10 @@ def fit_host(items: list[dict]) -> float:
                                        for i in items))  # fmt: skip
 
 
-def h100_rows(root: Path) -> list[dict]:
+def h100_rows(root: Path, items: list | None = None) -> list[dict]:
     """Each H100 row's measured step beside the prediction, and the prediction with the host constant refitted
-    without that row (leave-one-out)."""
-    items = h100_items(root)
+    without that row (leave-one-out); ``items``: :func:`h100_items` when already read."""
+    items = items or h100_items(root)
     rows = []
     for i, it in enumerate(items):
         loo = fit_host([o for j, o in enumerate(items) if j != i])
@@ -164,10 +164,11 @@ def write_report(path: Path, root: Path) -> None:
     """runtime.md (and runtime-kernel.csv beside it)."""
     from tunelab.files import write_csv, write_text_atomic
 
-    h100, a100 = h100_rows(root), a100_rows()
+    items = h100_items(root)
+    h100, a100 = h100_rows(root, items), a100_rows()
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
-    fitted = fit_host(h100_items(root))
+    fitted = fit_host(items)
     lines = [
         "# The kernel-level time model against measured times",
         "",
