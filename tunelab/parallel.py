@@ -1,0 +1,90 @@
+"""The strategies of ``configs/strategies/`` applied to litgpt's model: one place for the multi-device run
+(:mod:`tunelab.run.loop`) and its simulation on fake tensors (:mod:`tunelab.plan.ranks`), so that what is planned
+is what runs.
+
+DDP (``DistributedDataParallel`` with the file's buckets), FSDP1 (``FullyShardedDataParallel``: each litgpt
+``Block`` a unit, the file's sharding, prefetch, offload, mixed precision and ``limit_all_gathers``), FSDP2
+(``fully_shard`` on each block, then the root, as litgpt's own FSDP2 path does) and activation checkpointing per
+block. DeepSpeed wraps the model with its optimizer (``tunelab.run.loop``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from tunelab.strategies import StrategyConfig
+
+
+def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh=None):
+    """Apply the strategy to litgpt's model; returns the module to train (DeepSpeed is wrapped later, with the
+    optimizer). ``mesh``: FSDP2's device mesh (default: one dimension of ``world`` ranks of ``device``'s type; the
+    simulation makes its own outside fake-tensor mode, where a mesh cannot be built)."""
+    from litgpt.model import Block
+
+    kind = strategy.name
+    if strategy.activation_checkpointing and kind not in ("fsdp",):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        model.transformer.h = torch.nn.ModuleList([checkpoint_wrapper(b) for b in model.transformer.h])
+    if kind == "single" or world == 1 and kind == "ddp":
+        return model
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=strategy.bucket_cap_mb,
+            gradient_as_bucket_view=strategy.gradient_as_bucket_view,
+            find_unused_parameters=False,
+        )
+    if kind == "fsdp":
+        from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        mp = None
+        if strategy.mixed_precision:
+            mp = MixedPrecision(**{k: getattr(torch, v) for k, v in strategy.mixed_precision.items()})
+        policy = (
+            functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+            if strategy.auto_wrap == "block"
+            else None
+        )
+        # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
+        offload = strategy.cpu_offload and device.type == "cuda"
+        if strategy.cpu_offload and not offload and dist.get_rank() == 0:
+            print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)")
+        fsdp = FSDP(
+            model,
+            sharding_strategy=getattr(ShardingStrategy, strategy.sharding_strategy),
+            auto_wrap_policy=policy,
+            cpu_offload=CPUOffload(offload_params=offload),
+            backward_prefetch=getattr(BackwardPrefetch, strategy.backward_prefetch)
+            if strategy.backward_prefetch
+            else None,
+            mixed_precision=mp,
+            device_id=device,
+            use_orig_params=True,
+            limit_all_gathers=strategy.limit_all_gathers,
+        )
+        if strategy.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+            apply_activation_checkpointing(fsdp, check_fn=lambda m: isinstance(m, Block))
+        return fsdp
+    if kind == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = mesh or init_device_mesh(device.type, (world,))
+        for block in model.transformer.h:  # litgpt's parallelize_fn: each block, then the root
+            fully_shard(block, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+        return model
+    if kind == "deepspeed":
+        return model
+    raise ValueError(f"unknown strategy {kind!r}")
