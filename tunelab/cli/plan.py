@@ -85,8 +85,11 @@ def add_parser(sub) -> None:
         "--simulate",
         action="store_true",
         help="also run litgpt's training step on fake tensors under torch's MemTracker (full width, 1 and 2 blocks "
-        "extrapolated; seconds) and print each phase's peak and what is alive there, beside the plan (one device); "
-        "with a GPU (--gpu or this machine's), also the step's time by kernel on it, against the host's launches",
+        "extrapolated; seconds) and print each phase's peak and what is alive there, beside the plan; with a GPU "
+        "(--gpu or this machine's), also the step's time by kernel on it, against the host's launches. On several "
+        "devices with --strategy fsdp2 or ddp: rank 0 of the world simulated under a fake process group (FSDP2 "
+        "sharded as the run shards it, every block; DDP's buckets), its peak per phase by kind and the collectives "
+        "it issues per step",
     )
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
@@ -99,7 +102,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe
-    from tunelab.plan.render import render, render_measured, render_simulated
+    from tunelab.plan.render import render, render_measured
     from tunelab.recipes import RecipeError, resolve
 
     lo, hi = args.mfu_range
@@ -128,11 +131,11 @@ def handle(args, extra) -> int:
             planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
             mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode,
         )  # fmt: skip
-    from tunelab.plan import kernels, measure, simulate
+    from tunelab.plan import kernels, measure, ranks
 
     measured = measure.for_plan(x) if args.measure else None
-    simulated = simulate.for_plan(x) if args.simulate else None
-    by_kernel = kernels.for_plan(x, gpu) if args.simulate and gpu is not None else None
+    simulated = ranks.simulation(x, args.strategy) if args.simulate else None
+    by_kernel = kernels.for_plan(x, gpu) if args.simulate and gpu is not None and x.world == 1 else None
     if args.json:
         out = planned.plan.to_json()
         out["seq_len_source"] = planned.seq_source
@@ -150,7 +153,7 @@ def handle(args, extra) -> int:
         if measured:
             print(render_measured(measured, x.micro_batch_size))
         if simulated:
-            print(render_simulated(simulated, planned.plan))
+            print(ranks.render_simulation(simulated, planned.plan))
         if by_kernel is not None:
             print(kernels.render(by_kernel))
     return 0

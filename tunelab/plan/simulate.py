@@ -54,8 +54,31 @@ NF4_BLOCK = 64
 """Weights per fp32 absmax in bitsandbytes' NF4 (``blocksize=64``)."""
 
 
+class PhasePeaks:
+    """A simulation's ``phases`` ({phase: {kind: bytes, 'Total': bytes}}) and the largest of them."""
+
+    phases: dict[str, dict[str, float]]
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda p: self.phases[p]["Total"])
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.phases[self.peak_phase]["Total"]
+
+    def peak_json(self) -> dict:
+        """The dataclass's fields (seconds rounded) with the peak's phase and bytes."""
+        return {
+            **{k: v for k, v in dataclasses.asdict(self).items() if k != "seconds"},
+            "peak_phase": self.peak_phase,
+            "peak_bytes": self.peak_bytes,
+            "seconds": round(self.seconds, 2),
+        }
+
+
 @dataclass
-class Simulation:
+class Simulation(PhasePeaks):
     """The simulated step's peak per phase (bytes by kind, extrapolated to the model's blocks) and where it is."""
 
     model: str
@@ -72,21 +95,8 @@ class Simulation:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def peak_phase(self) -> str:
-        return max(self.phases, key=lambda p: self.phases[p]["Total"])
-
-    @property
-    def peak_bytes(self) -> float:
-        return self.phases[self.peak_phase]["Total"]
-
     def to_json(self) -> dict:
-        return {
-            **{k: v for k, v in dataclasses.asdict(self).items() if k != "seconds"},
-            "peak_phase": self.peak_phase,
-            "peak_bytes": self.peak_bytes,
-            "seconds": round(self.seconds, 2),
-        }
+        return self.peak_json()
 
 
 def _phase_tracker(events: list | None = None):
@@ -118,18 +128,30 @@ def _phase_tracker(events: list | None = None):
 
         def _update_peak_stats(self, peak_state) -> None:
             super()._update_peak_stats(peak_state)
-            backward = self.in_backward or self._mod_tracker.is_bw
-            phase = "optimizer step" if self._in_opt else "backward" if backward else "forward"
-            for snap in self._curr_mem_snap.values():
-                counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
-                if counted["Total"] > self.phase_peaks.get(phase, {}).get("Total", -1):
-                    self.phase_peaks[phase] = counted
-                    parents = [p for p in self._mod_tracker.parents if p != "Global"]
-                    self.phase_where[phase] = (
-                        max(parents, key=len) if parents else "between modules (the loss, the step)"
-                    )
+            phase = tracker_phase(self)
+            if keep_phase_peak(self, phase):
+                parents = [p for p in self._mod_tracker.parents if p != "Global"]
+                self.phase_where[phase] = max(parents, key=len) if parents else "between modules (the loss, the step)"
 
     return PhaseTracker()
+
+
+def tracker_phase(tracker) -> str:
+    """The phase a MemTracker (or FSDPMemTracker) is in: optimizer step, backward (a module's, or the loss's while
+    ``tracker.in_backward``) or forward."""
+    backward = tracker.in_backward or tracker._mod_tracker.is_bw
+    return "optimizer step" if tracker._in_opt else "backward" if backward else "forward"
+
+
+def keep_phase_peak(tracker, phase: str) -> bool:
+    """Keep the tracker's current bytes by kind as ``phase``'s peak (``tracker.phase_peaks``) when they are the
+    largest so far; whether they were."""
+    for snap in tracker._curr_mem_snap.values():
+        counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
+        if counted["Total"] > tracker.phase_peaks.get(phase, {}).get("Total", -1):
+            tracker.phase_peaks[phase] = counted
+            return True
+    return False
 
 
 class _NoHook:
@@ -221,7 +243,7 @@ def setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimize
     if ac:
         _checkpoint_blocks(model)
     model.train()
-    opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
+    opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
     kept = [_stable_embedding(model)] if method == "qlora" else []
     return model, opt, kept
@@ -396,7 +418,8 @@ one state), and bitsandbytes' paged AdamW (the states of tensors from 1e5 elemen
 out; smaller tensors' fp32 states on the device)."""
 
 
-def _optimizer(name: str, params):
+def make_optimizer(name: str, params):
+    """The simulated optimizer ``name`` (:data:`OPTIMIZERS`) over ``params``."""
     import torch
 
     if name == "AdamW fused":

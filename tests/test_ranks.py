@@ -1,0 +1,101 @@
+"""Several devices simulated per rank (tunelab.plan.ranks): FSDP2 sharded as the run shards it under a fake process
+group, DDP's buckets; the plan checked against the simulation, the traced collectives against comm.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import one_line_problems, tunelab_cli
+from tunelab.models import count_params, lora_param_count
+from tunelab.plan import comm, ranks
+from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.simulate import optimizer_of
+from tunelab.recipes import resolve
+from tunelab.strategies import load_strategy
+
+
+def small_llama(n_layer: int = 3):
+    from litgpt import Config
+
+    return Config(
+        name="small-llama", block_size=256, vocab_size=1000, padded_vocab_size=1024, n_layer=n_layer, n_head=4,
+        n_embd=256, n_query_groups=4, rotary_percentage=1.0, parallel_residual=False, bias=False,
+        norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=688,
+    )  # fmt: skip
+
+
+def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
+    """Sharded parameters and optimizer states are exactly 1/world of the model's (bf16, AdamW: two states); the
+    traced bytes each device sends per step equal comm.py's FULL_SHARD formula with accumulation (gathered for
+    forward and backward of each micro batch, gradients reduce-scattered once)."""
+    config, world = small_llama(), 4
+    sim = ranks.simulate_ranks(config, load_strategy("fsdp2"), world, "full", "bf16-true", 2, 64, accumulation=2)
+    total, _ = count_params(config)
+    step = sim.phases["optimizer step"]
+    assert step["Sharded Param"] == pytest.approx(total * 2 / world, rel=0.01)
+    # two bf16 states and one for-each temporary list, all of shard size (DTensor's shape inference not counted)
+    assert 2 * total * 2 / world <= step["OptState"] <= 3 * total * 2 / world * 1.01
+    assert {c.kind for c in sim.collectives} == {"all-gather", "reduce-scatter"}
+    assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == config.n_layer + 1  # once per unit
+
+    from tunelab.plan.memory import PlanInput
+
+    x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
+                  accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD")  # fmt: skip
+    link = comm.lookup("nvlink4", "gpu")
+    formula = comm.per_step(x, link, param_bytes=2).bytes_gpu
+    assert sim.bytes_moved() == pytest.approx(formula, rel=0.01)
+
+
+def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
+    """The buckets hold every trainable gradient once; the first (gradient-ready order: the model's last
+    parameters) is capped at 1 MiB, the others at bucket_cap_mb; each is one all-reduce in backward."""
+    config = small_llama()
+    full = ranks.ddp_buckets(config, "full", "bf16-true", bucket_cap_mb=1)
+    total, _ = count_params(config)
+    assert sum(full) == total * 2
+    assert len(full) > 2
+    targets = ("query", "value")
+    lora = ranks.ddp_buckets(config, "lora", "bf16-true", bucket_cap_mb=25, lora_r=8, targets=targets)
+    assert sum(lora) == lora_param_count(config, 8, targets) * 2
+    sim = ranks.simulate_ranks(config, load_strategy("ddp"), 2, "full", "bf16-true", 2, 64)
+    assert sim.bytes_moved("all-reduce") == pytest.approx(2 * (1 / 2) * total * 2)
+    assert all(snap["Buckets"] == total * 2 for snap in sim.phases.values())
+
+
+@pytest.mark.parametrize(
+    ("strategy", "method", "world"), [("fsdp2", "full", 8), ("fsdp2", "full", 4), ("ddp", "lora", 4)]
+)
+def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(strategy, method, world):
+    """TinyLlama's recipes at micro 2 x 512 on several devices under a strategy file: the plan's peak per device
+    against rank 0's simulated step (FSDP2 full: the root unit gathered through backward; on 4 devices the recipe
+    accumulates 2 micro batches: unsharded gradients, no sharded ones, in the first; DDP LoRA: no
+    activation checkpointing, which tunelab's loop does not apply unless the file says so)."""
+    planned = plan_recipe(
+        resolve(f"tiny-llama-1.1b/{method}"), ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
+        gpu=None, devices=world, strategy=strategy,
+    )  # fmt: skip
+    x = planned.input
+    assert not x.activation_checkpointing
+    sim = ranks.simulate_ranks(
+        x.config, load_strategy(strategy), world, method, str(x.precision), 2, 512, x.accumulation, optimizer_of(x),
+        x.lora_r, x.lora_targets,
+    )  # fmt: skip
+    assert planned.plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.03)
+
+
+def test_plan_simulates_rank_0_beside_the_plan_and_refuses_what_it_cannot():
+    proc = tunelab_cli(
+        "plan", "tiny-llama-1.1b/lora", "--devices", "2", "--strategy", "ddp", "--simulate", "--json", timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)["simulated"]
+    assert out["strategy"] == "ddp" and out["world"] == 2 and out["collectives"][0]["kind"] == "all-reduce"
+    for argv, fragment in (
+        (["plan", "tiny-llama-1.1b/full", "--devices", "2", "--strategy", "fsdp", "--simulate"], "not simulated"),
+        (["plan", "tiny-llama-1.1b/full", "--devices", "2", "--simulate"], "not simulated"),
+        (["plan", "tiny-llama-1.1b/qlora", "--devices", "2", "--strategy", "fsdp2", "--simulate"], "QLoRA"),
+    ):
+        assert one_line_problems(" ".join(argv), tunelab_cli(*argv), fragment) is None
