@@ -459,6 +459,21 @@ class _PerDevice:
     host: float
 
 
+def root_unit_params(config) -> int:
+    """Parameters outside litgpt's blocks: the token embedding, the head (and its bias) and the final norm. Under
+    FSDP with each block a unit they form the root unit, unsharded from the forward's start to its end and again
+    through the whole backward."""
+    c = config
+    head = c.padded_vocab_size * c.n_embd + (c.padded_vocab_size if getattr(c, "lm_head_bias", False) else 0)
+    return c.padded_vocab_size * c.n_embd + head + c.n_embd * (2 if c.norm_class_name == "LayerNorm" else 1)
+
+
+def unsharded_while_accumulating(x: PlanInput) -> bool:
+    """Sharded FSDP accumulating: the micro batches without gradient sync keep whole, unsharded gradients (counted
+    in the sharding buffers); the sharded ones do not exist then (``zero_grad`` freed them)."""
+    return x.strategy == "fsdp" and x.sharding != "NO_SHARD" and x.accumulation > 1
+
+
 def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
     """Step 3: the strategy's division of the model states among devices (and into host RAM for offload)."""
     c, world = x.config, x.world
@@ -473,7 +488,9 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
         group = world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
         if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
             shard_w = shard_g = shard_o = group
-            extra = block * st.s_param * 2  # one unsharded block's weights + its gradient in flight
+            # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
+            # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
+            extra = (block * 2 + root_unit_params(c)) * st.s_param
             if x.fsdp_wrap == "none":
                 extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
@@ -621,9 +638,8 @@ def predict(x: PlanInput) -> Plan:
     # not hold them; with accumulation they persist and add to both.
     # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
     # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
-    forward_peak = (
-        acts + logits + (dev.grads if x.accumulation > 1 else 0) + st.autocast_cache + dequantized_weight_temporary(x)
-    )
+    accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
+    forward_peak = acts + logits + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
@@ -632,7 +648,7 @@ def predict(x: PlanInput) -> Plan:
         model_states["autocast_weight_cache"] = st.autocast_cache
         model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {
-            "gradients": dev.grads if x.accumulation > 1 else 0,
+            "gradients": accumulated,
             "activations": acts,
             "logits_and_loss": logits,
             "optimizer_step_temporary": 0,

@@ -71,6 +71,8 @@ def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
             fabric=False,
             fused_loss=strategy.liger is not None,
         )
+        # tunelab's loop checkpoints only where the file says so (tunelab.parallel.wrap), LoRA included
+        fields.setdefault("activation_checkpointing", strategy.activation_checkpointing)
         if strategy.optimizer:
             fields["optimizer"] = f"bitsandbytes.optim.{BNB_OPTIMIZERS[strategy.optimizer]}"
     return fields
@@ -109,12 +111,12 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
 
 def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
     """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
-    Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices checkpoints
-    activations, as litgpt's FSDP2 LoRA path does."""
+    Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices under litgpt's own
+    choice checkpoints activations, as litgpt's FSDP2 LoRA path does (a strategy file says for itself)."""
     lora = {"lora_r": s.lora_r, "lora_targets": s.lora_targets} if s.lora else {}
     fields.setdefault("strategy", "single")
     fields.setdefault("optimizer", s.built_optimizer)
-    fields["activation_checkpointing"] = fields.get("activation_checkpointing", False) or (s.lora and s.world_size > 1)
+    fields.setdefault("activation_checkpointing", s.lora and s.world_size > 1)
     return PlanInput(
         config=config,
         method=s.method,
@@ -179,6 +181,8 @@ def plan_recipe(
         if isinstance(strategy, StrategyConfig)
         else None
     )
+    if strat is not None:
+        strat.check_world(s.world_size, f"--strategy {strategy}" if isinstance(strategy, (str, Path)) else strat.name)
     fields = strategy_fields(strat, s.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
