@@ -236,3 +236,15 @@ def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
     ]  # fmt: skip
     assert pairs and all(h.comm_s_per_step < f.comm_s_per_step for f, h in pairs)
     assert not any("offload" in c.strategy for c in cands)  # offload only when asked: its CPU step is not modelled
+
+
+def test_a_one_device_strategy_is_never_proposed_on_several_devices():
+    """fast.yaml (name: single) would start ranks that never average a gradient: advise tries it on one device only;
+    LoRA under a strategy file is planned as tunelab's loop runs it, without activation checkpointing unless asked."""
+    got = advise.candidates(
+        {"lora": resolve("open-llama-7b/lora")}, [hardware.lookup("H100-SXM")], tokens=1e6, max_devices=2,
+        strategies=["fast", "ddp"],
+    )  # fmt: skip
+    assert {c.world for c in got if c.strategy == "fast"} == {1}
+    ddp = [c for c in got if c.strategy == "ddp" and c.world == 2]
+    assert ddp and not any(c.activation_checkpointing for c in ddp)

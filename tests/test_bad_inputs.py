@@ -42,6 +42,7 @@ def _files(tmp: Path) -> dict[str, Path]:
     write("syntax.yaml", f"name: x\nrows:\n{row}    set: {{train.micro_batch_size: [1\n")
     write("long-id.yaml", "name: x\nrows:\n  - id: " + "a" * 5000 + "\n    recipe: tiny-llama-1.1b/lora\n")
     write("devices-neg.yaml", f"name: x\nrows:\n{row}    set: {{devices: -1}}\n")
+    write("single-on-2.yaml", f"name: x\nrows:\n{row}    strategy: fast\n    set: {{devices: 2}}\n")
     write("tag.yaml", f"name: !!python/object/apply:os.system ['touch {tmp}/pwned-sweep']\nrows:\n{row}")
     bomb = "name: x\na0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 30)
@@ -113,6 +114,10 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("YAML syntax", ["sweep", f["syntax.yaml"]], "syntax.yaml:5"),
         ("5,000-character id", ["sweep", f["long-id.yaml"]], "5000 characters"),
         ("devices -1 in a row", ["sweep", f["devices-neg.yaml"]], "devices"),
+        # a one-device strategy (name: single) on several devices: ranks that never average a gradient
+        ("single strategy on 2, sweep", ["sweep", f["single-on-2.yaml"]], "name: single runs one device"),
+        ("single strategy on 2, plan", ["plan", R, "--devices", "2", "--strategy", "fast"], "--strategy fast"),
+        ("single strategy on 2, run", ["run", R, "--devices", "2", "--strategy", "fast"], "name: single"),
         ("python tag", ["sweep", f["tag.yaml"]], "tag"),
         ("alias bomb", ["sweep", f["bomb.yaml"]], "alias"),
         ("strategy YAML broken", ["sweep", f["strategy-broken.yaml"]], "broken.yaml:2"),

@@ -142,8 +142,19 @@ class StrategyConfig:
         base = self.name.upper() if self.name == "ddp" else self.name
         return base + (f" ({', '.join(self.fast)})" if self.fast else "")
 
+    def check_world(self, world: int, source: str = "") -> None:
+        """Refuse several devices under a one-device strategy (``name: single``): each rank would train its own copy
+        on its share of the data and never average a gradient. One check for plan, advise, run and sweeps."""
+        if self.name == "single" and world > 1:
+            raise StrategyError(
+                f"{source + ': ' if source else ''}name: single runs one device, not {world} (each rank would train its own copy and never average "
+                "a gradient); fix: --devices 1, or a strategy that synchronises (ddp, fsdp, fsdp2, deepspeed-*)"
+            )
+
     def check(self, method: str, args: dict, device: str | None = None) -> None:
         """Refuse, with the reason, what this stack cannot run (``device``: 'cpu' or 'cuda' when known)."""
+        devices, nodes = args.get("devices"), args.get("num_nodes")
+        self.check_world((devices if isinstance(devices, int) else 1) * (nodes if isinstance(nodes, int) else 1))
         if self.optimizer and device == "cpu":
             raise StrategyError(
                 f"optimizer: {self.optimizer} is a bitsandbytes optimizer, which needs a CUDA GPU; "

@@ -191,6 +191,9 @@ def _row_base(spec: dict, kind_keys: set, label: str, where: str, default_gpu) -
         _expect(strategy, str, where, f"{label}: strategy", "name a file of configs/strategies")
         try:
             strategy_config = load_strategy(strategy)
+            devices, nodes = (spec.get("set") or {}).get("devices"), (spec.get("set") or {}).get("num_nodes")
+            if isinstance(devices, int):  # a grid's devices are checked when its rows are made (tunelab run)
+                strategy_config.check_world(devices * (nodes if isinstance(nodes, int) else 1))
         except StrategyError as e:
             raise SweepError(f"{where}: {label}: strategy: {e}") from None
     gpu = spec.get("gpu", default_gpu)

@@ -247,17 +247,17 @@ def candidates(
                     if method == "qlora":  # litgpt quantizes on one device without a strategy only
                         tried = ["single"]
                     for strat in tried:
-                        if strat == "single" and world > 1:
-                            continue
-                        fields = strategy_fields(None if strat == "single" else load_strategy(strat), world)
+                        config = None if strat == "single" else load_strategy(strat)
+                        if world > 1 and (config is None or config.name == "single"):
+                            continue  # a one-device strategy (fast.yaml) would not synchronise the ranks
+                        fields = strategy_fields(config, world)
                         for ac in (False, True) if strat.startswith("fsdp") else (False,):  # where a file sets it
                             x1 = dataclasses.replace(
                                 x0,
                                 **{
                                     **fields,
-                                    "activation_checkpointing": ac
-                                    or fields.get("activation_checkpointing", False)
-                                    or (x0.lora and world > 1),
+                                    # as tunelab's loop runs it: checkpointing only where asked
+                                    "activation_checkpointing": ac or fields.get("activation_checkpointing", False),
                                 },
                                 devices=d,
                                 num_nodes=nodes,

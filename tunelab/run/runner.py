@@ -291,7 +291,7 @@ def prepare(
         try:
             strat.check(recipe.method, result.resolved, device)
         except StrategyError as e:
-            raise RunError(f"{recipe.key}: {e}") from None
+            raise RunError(f"{recipe.key}: --strategy {strategy}: {e}") from None
     return Prepared(
         recipe=recipe,
         overrides=overrides,
