@@ -81,10 +81,18 @@ def test_the_cli_answers_and_refuses_in_one_line(tmp_path):
     assert js and all(r["fits"] and math.isfinite(r["hours"]) for r in js)
     bad_prices = tmp_path / "prices.yaml"
     bad_prices.write_text("prices:\n  L4: {usd_per_hour: -1, source: x, date: y}\n")
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("prices:\n  H100-SMX: {usd_per_hour: 3, source: x, date: y}\n")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(
+        "prices:\n  L4: {usd_per_hour: 1, source: x, date: y}\n  L4: {usd_per_hour: 9, source: x, date: y}\n"
+    )
     for argv, fragment in [
         (["advise", "open-llama-7b", "--gpus", "nope"], "unknown GPU"),
         (["advise", "open-llama-7b", "--tokens", "inf"], "--tokens"),
         (["advise", "open-llama-7b", "--prices", bad_prices], "usd_per_hour"),
+        (["advise", "open-llama-7b", "--prices", misspelt], "H100-SMX: not a GPU"),
+        (["advise", "open-llama-7b", "--prices", twice], "'L4' is given twice"),
         (["advise", "open-llama-7b", "--interconnect", "smoke"], "unknown gpu link"),
         (["advise", "no-such-model"], "no recipe"),
         (["advise", "open-llama-7b", "--nodes", "2"], "--internode"),

@@ -130,3 +130,34 @@ def test_report_columns_units_and_failed_rows(tmp_path):
     assert "**huge** (tiny-llama-1.1b/full): oom" in md
     for png in ("memory.png", "throughput.png"):
         assert (out / png).stat().st_size > 5_000
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragment"),
+    [
+        ("    tdp_w: 400\n", "    tdp_watts: 400\n", "unknown key(s) ['tdp_watts']"),
+        ("    tdp_w: 400\n", '    tdp_w: "400"\n', "tdp_w: '400' is not a positive number"),
+        ("    cuda_total_gib: 79.15\n", "    cuda_total_gib: -1\n", "cuda_total_gib: -1"),
+        ("bf16: 312}", "bf16: .nan}", "peak_tflops: bf16: nan"),
+        ("bf16: 312}", "bf16: 0}", "peak_tflops: bf16: 0"),
+        ("    bandwidth_gbs: 2039\n", "    bandwidth_gbs: -5\n", "bandwidth_gbs: -5"),
+        ("  H100-SXM:\n", "  A100-80GB:\n", "'A100-80GB' is given twice"),
+    ],
+)
+def test_an_edited_gpu_table_row_is_refused_naming_file_row_and_key(monkeypatch, tmp_path, old, new, fragment):
+    """The GPU table a user edits is checked when read: each defect is one InputError naming the table, the row
+    and the key (a duplicated row: the line), never planned with or an internal error."""
+    from tunelab.errors import InputError
+
+    text = hardware.GPU_TABLE.read_text()
+    assert old in text, old
+    edited = tmp_path / "gpus.yaml"
+    edited.write_text(text.replace(old, new, 1))
+    monkeypatch.setattr(hardware, "GPU_TABLE", edited)
+    hardware.table.cache_clear()
+    try:
+        with pytest.raises(InputError) as e:
+            hardware.table()
+        assert "gpus.yaml" in str(e.value) and fragment in str(e.value)
+    finally:
+        hardware.table.cache_clear()

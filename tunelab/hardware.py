@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from tunelab import yaml_input
@@ -83,18 +83,63 @@ def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | 
     return f"{key} dense"
 
 
+PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16")
+"""The precisions a row's ``peak_tflops`` gives (null where the GPU has no fast path)."""
+_NUMBERS = {"memory_gib": 1e4, "cuda_total_gib": 1e4, "tdp_w": 1e5, "bandwidth_gbs": 1e6}
+"""Numeric keys of a row and their largest sensible value (each must be a finite number above 0)."""
+
+
+def _positive(value, high: float) -> bool:
+    return type(value) in (int, float) and 0 < value < high  # NaN and inf fail both comparisons or the bound
+
+
+def _check_row(name, row) -> None:
+    """InputError naming the table, row and key for a row that is not a GPU: unknown or missing keys, a wrong type,
+    a number that is not finite and positive, peaks for unknown precisions."""
+    where = f"{GPU_TABLE}: gpus: {name}"
+    if not isinstance(row, dict):
+        raise InputError(f"{where}: a row is a mapping of keys to values; fix: see the table's header")
+    known = {f.name for f in fields(GPU)} - {"name"}
+    required = {"memory_gib", "cuda_total_gib", "cuda_total_source", "bf16", "tdp_w", "peak_tflops"}
+    if set(row) - known:
+        raise InputError(f"{where}: unknown key(s) {sorted(set(row) - known)}; fix: one of {sorted(known)}")
+    if required - set(row):
+        raise InputError(f"{where}: missing {sorted(required - set(row))}; fix: see the table's header")
+    for key, high in _NUMBERS.items():
+        if (key in required or row.get(key) is not None) and not _positive(row.get(key), high):
+            raise InputError(f"{where}: {key}: {row.get(key)!r} is not a positive number; fix: the datasheet's figure")
+    if type(row["bf16"]) is not bool:
+        raise InputError(f"{where}: bf16: {row['bf16']!r} is not true or false")
+    peaks = row["peak_tflops"]
+    if not isinstance(peaks, dict) or set(peaks) - set(PEAK_KEYS):
+        raise InputError(f"{where}: peak_tflops: a mapping of {', '.join(PEAK_KEYS)} to dense TFLOP/s (or null)")
+    for key, value in peaks.items():
+        if value is not None and not _positive(value, 1e6):
+            raise InputError(f"{where}: peak_tflops: {key}: {value!r} is not a positive number of TFLOP/s, or null")
+    sms = row.get("sms")
+    if sms is not None and (type(sms) is not int or not 0 < sms < 10_000):
+        raise InputError(
+            f"{where}: sms: {sms!r} is not a count of streaming multiprocessors; fix: a positive whole number from "
+            "the GPU's architecture whitepaper (sms_source), or null"
+        )
+    match = row.get("match", [])
+    if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
+        raise InputError(f"{where}: match: a list of lower-case device-name substrings")
+    for key in ("cuda_total_source", "sms_source", "link"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise InputError(f"{where}: {key}: {row[key]!r} is not text")
+
+
 @lru_cache(maxsize=1)
 def table() -> dict[str, GPU]:
-    """Every row of configs/hardware/gpus.yaml by name (read once)."""
-    raw = yaml_input.load_mapping(GPU_TABLE, "the GPU table")["gpus"]
+    """Every row of configs/hardware/gpus.yaml by name (read once), each checked (:func:`_check_row`); a name
+    given twice is refused by the reader."""
+    raw = yaml_input.load_mapping(GPU_TABLE, "the GPU table").get("gpus")
+    if not isinstance(raw, dict) or not raw:
+        raise InputError(f"{GPU_TABLE}: gpus: a mapping of GPU names to rows; fix: see the table's header")
     for name, row in raw.items():
-        sms = row.get("sms") if isinstance(row, dict) else None
-        if sms is not None and (type(sms) is not int or not 0 < sms < 10_000):
-            raise InputError(
-                f"{GPU_TABLE}: gpus: {name}: sms: {sms!r} is not a count of streaming multiprocessors; fix: a "
-                "positive whole number from the GPU's architecture whitepaper (sms_source), or null"
-            )
-    return {name: GPU(name=name, match=tuple(row.pop("match", ())), **row) for name, row in raw.items()}
+        _check_row(name, row)
+    return {str(name): GPU(name=str(name), match=tuple(row.pop("match", ())), **row) for name, row in raw.items()}
 
 
 def lookup(name: str) -> GPU:

@@ -3,7 +3,7 @@
 PyYAML's SafeLoader builds only plain types (no Python objects), but it expands aliases: a few hundred bytes of
 nested ``*a`` references (the "billion laughs") grow into gigabytes before anything can check them. tunelab's
 files (recipes, sweeps, strategies, the GPU table, model_config.yaml) never need aliases, so they are refused
-when they are read, before any expansion.
+when they are read, before any expansion. A key given twice in one mapping is refused too (PyYAML keeps the last).
 """
 
 from __future__ import annotations
@@ -20,7 +20,21 @@ MAX_BYTES = 4 * 2**20
 
 
 class _PlainLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases (the only way a small YAML file becomes a large object)."""
+    """SafeLoader that refuses aliases (the only way a small YAML file becomes a large object) and a key given twice
+    in one mapping (PyYAML keeps the last without a word: a table row or a setting silently replaced)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise InputError(
+                        f"{self.name}:{key_node.start_mark.line + 1}: key {key!r} is given twice in one mapping "
+                        f"(first at line {seen[key]}); fix: keep one"
+                    )
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):

@@ -66,6 +66,11 @@ def prices(path=PRICE_TABLE) -> dict[str, Price]:
                 f"{path}: prices: {name}: give usd_per_hour (a positive number), source and date; fix: see "
                 "configs/hardware/prices.yaml"
             )
+        if str(name) not in hardware.table():  # a misspelt name would leave its GPU unpriced without a word
+            raise InputError(
+                f"{path}: prices: {name}: not a GPU of configs/hardware/gpus.yaml; fix: one of "
+                f"{', '.join(hardware.table())}"
+            )
         out[str(name)] = Price(float(usd), str(row["source"]), str(row["date"]))
     return out
 
