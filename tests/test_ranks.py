@@ -47,6 +47,11 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     link = comm.lookup("nvlink4", "gpu")
     formula = comm.per_step(x, link, param_bytes=2).bytes_gpu
     assert sim.bytes_moved() == pytest.approx(formula, rel=0.01)
+    # four micro batches: three without sync gather as often as the simulated one did
+    four = ranks.simulate_ranks(config, load_strategy("fsdp2"), world, "full", "bf16-true", 2, 64, accumulation=4)
+    x4 = PlanInput(**{**x.__dict__, "accumulation": 4})
+    assert four.bytes_moved() == pytest.approx(comm.per_step(x4, link, param_bytes=2).bytes_gpu, rel=0.01)
+    assert four.phases == sim.phases  # memory: a third micro batch adds nothing
 
 
 def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():

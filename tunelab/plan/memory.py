@@ -455,8 +455,12 @@ class _PerDevice:
     optimizer: float
     step_temp: float
     extra: float
-    """Strategy buffers: DDP's gradient buckets, FSDP's unsharded block in flight, ZeRO-3's gathered blocks."""
+    """Strategy buffers held through the whole step: DDP's gradient buckets, ZeRO-3's gathered blocks, FSDP's whole
+    model gathered when it is one unit."""
     host: float
+    in_flight: float = 0.0
+    """FSDP's buffers of the forward and backward only (gone at the optimizer step, as the per-rank simulation
+    shows): the root unit and two blocks gathered, and the unsharded gradients of micro batches without sync."""
 
 
 def root_unit_params(config) -> int:
@@ -479,7 +483,7 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
     c, world = x.config, x.world
     shard_w = shard_g = shard_o = 1
     host = 0
-    extra = 0
+    extra = in_flight = 0
     block = (st.total - st.emb) / c.n_layer
     if x.strategy == "ddp" or (x.strategy == "fsdp" and x.sharding == "NO_SHARD"):
         extra = st.grads  # gradient buckets
@@ -490,12 +494,13 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
             shard_w = shard_g = shard_o = group
             # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
             # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
-            extra = (block * 2 + root_unit_params(c)) * st.s_param
+            in_flight = (block * 2 + root_unit_params(c)) * st.s_param
             if x.fsdp_wrap == "none":
+                in_flight = 0
                 extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
         if x.accumulation > 1 and x.sharding != "NO_SHARD":
-            extra += st.grads  # no_sync() during accumulation keeps unsharded gradients
+            in_flight += st.grads  # no_sync() during accumulation keeps unsharded gradients
             notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
         elif x.sharding == "SHARD_GRAD_OP":
             shard_g = shard_o = group
@@ -527,6 +532,7 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
         step_temp=0 if x.offload_optimizer else st.step_temp / shard_o,
         extra=extra,
         host=host,
+        in_flight=in_flight,
     )
 
 
@@ -639,12 +645,13 @@ def predict(x: PlanInput) -> Plan:
     # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
     # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
     accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
-    forward_peak = acts + logits + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
+    forward_peak = acts + logits + accumulated + st.autocast_cache + dequantized_weight_temporary(x) + dev.in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
     if forward_peak >= step_peak:
+        model_states["sharding_buffers"] += dev.in_flight
         model_states["autocast_weight_cache"] = st.autocast_cache
         model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {

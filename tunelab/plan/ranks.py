@@ -172,7 +172,8 @@ def _fsdp_tracker(model, opt):
 def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
     """({phase: {kind: bytes}}, [(kind, phase, bytes)] of the second optimizer step) of ``config``, rank 0
     of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap`), tunelab's loop (the logits freed after backward;
-    gradient sync only on the last micro batch)."""
+    gradient sync only on the last micro batch). Two micro batches run (more add no memory); the collectives of
+    the one without sync count ``accumulation - 1`` times."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
@@ -193,12 +194,15 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
         tracker.track_inputs((x,))
         with tracker, _propagation_skipped(tracker), cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Module is None")
+            runs = min(accumulation, 2)  # a later micro batch runs beside the gradients; more add no memory
+            marks: list[int] = []
             for step in range(2):  # the second step runs beside the optimizer states the first one made
                 if step == 1:
                     tracker.collectives.clear()  # one step's collectives: the second's
-                for i in range(accumulation):
+                for i in range(runs):
+                    marks.append(len(tracker.collectives))
                     tracker.reset_mod_stats()
-                    model.set_requires_gradient_sync(i == accumulation - 1)
+                    model.set_requires_gradient_sync(i == runs - 1)
                     loss = training_loss(model_logits(model, x, method, precision, fabric=False), x, method)
                     tracker.in_backward = True
                     (loss / accumulation).backward()
@@ -206,7 +210,11 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
                     del loss
                 opt.step()
                 opt.zero_grad()
-        return tracker.phase_peaks, list(tracker.collectives)
+        raw = list(tracker.collectives)
+        if runs == 2:  # the micro batch without gradient sync, once for each of the accumulation's first a - 1
+            first, last = marks[-2], marks[-1]
+            raw = raw[first:last] * (accumulation - 1) + raw[last:]
+        return tracker.phase_peaks, raw
 
 
 def _per_step(raw: list) -> list[Collective]:
@@ -276,7 +284,7 @@ def simulate_ranks(
     if method == "qlora":
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
     t0 = time.perf_counter()
-    accumulation = min(max(accumulation, 1), 2)  # a later micro batch runs beside the gradients; more add nothing
+    accumulation = max(accumulation, 1)
     if strategy.name == "ddp":
         phases, collectives, notes, built = _ddp(
             config, method, precision, micro_batch_size, seq_len, world, strategy, accumulation, lora_r,
