@@ -127,6 +127,14 @@ def test_the_written_choice_validates_and_runs(tmp_path):
     assert proc.returncode == 0 and (several / "strategy.yaml").is_file(), proc.stderr
     assert "--strategy" in (several / "launch.txt").read_text()
     assert tunelab_cli("validate", several / "lora.yaml").returncode == 0
+    # --json with --write: stdout is the JSON alone (no row repeated for a GPU asked twice), the choice written
+    as_json = tmp_path / "as-json"
+    proc = tunelab_cli("advise", "tiny-llama-1.1b/lora", "--gpus", "L4,L4", "--max-devices", "1", "--json",
+                       "--write", as_json)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert rows and len({json.dumps(r, sort_keys=True) for r in rows}) == len(rows)
+    assert (as_json / "lora.yaml").is_file() and "launch: tunelab run" in proc.stderr
 
 
 def _records(n: int) -> list[dict]:

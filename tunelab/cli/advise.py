@@ -64,6 +64,7 @@ def add_parser(sub) -> None:
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     import json
+    import sys
 
     from tunelab import hardware
     from tunelab.plan import advise, memory
@@ -80,7 +81,9 @@ def handle(args, extra) -> int:
     if not recipes:
         return fail(f"{args.model}: no {args.method} recipe there; fix: --method any")
     try:
-        gpus = [hardware.lookup(g.strip()) for g in args.gpus.split(",") if g.strip()]
+        gpus = list(
+            {g.name: g for g in (hardware.lookup(n.strip()) for n in args.gpus.split(",") if n.strip())}.values()
+        )
     except ValueError as e:
         return fail(f"--gpus: {e}")
     precision = _listed(args.precision)
@@ -114,13 +117,13 @@ def handle(args, extra) -> int:
     ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:
         print(json.dumps([{**c.__dict__, "world": c.world} for c in ranked], indent=1))
-        return 0 if ranked else 1
-    print(advise.render(cands, ranked, gpus, table, args.top, work, limits))
+    else:
+        print(advise.render(cands, ranked, gpus, table, args.top, work, limits))
     if args.write and ranked:
         chosen = ranked[0]
         by_key = {r.key: r for r in recipes.values()}
         for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data):
-            print(f"launch: {line}")
+            print(f"launch: {line}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON
     return 0 if ranked else 1
 
 
