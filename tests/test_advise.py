@@ -93,7 +93,7 @@ def test_the_cli_answers_and_refuses_in_one_line(tmp_path):
         (["advise", "open-llama-7b", "--prices", bad_prices], "usd_per_hour"),
         (["advise", "open-llama-7b", "--prices", misspelt], "H100-SMX: not a GPU"),
         (["advise", "open-llama-7b", "--prices", twice], "'L4' is given twice"),
-        (["advise", "open-llama-7b", "--interconnect", "smoke"], "unknown gpu link"),
+        (["advise", "open-llama-7b", "--interconnect", "smoke"], "--interconnect smoke: unknown gpu link"),
         (["advise", "no-such-model"], "no recipe"),
         (["advise", "open-llama-7b", "--nodes", "2"], "--internode"),
     ]:

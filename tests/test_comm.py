@@ -121,7 +121,7 @@ def test_plan_prints_the_communication_and_needs_the_network_for_nodes():
     proc = plan("--strategy", "ddp", "--devices", "4", "--num_nodes", "2")
     assert proc.returncode == 2 and "--internode" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = plan("--strategy", "ddp", "--devices", "4", "--interconnect", "carrier-pigeon")
-    assert proc.returncode == 2 and "unknown gpu link 'carrier-pigeon'" in proc.stderr
+    assert proc.returncode == 2 and "--interconnect carrier-pigeon: unknown gpu link 'carrier-pigeon'" in proc.stderr
 
 
 def test_the_multinode_table_is_explained_within_its_stated_errors():

@@ -34,7 +34,9 @@ def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.plan.families import write_families
 
-    names = [x for x in (args.families or "").split(",") if x] or None
+    names = [x.strip() for x in (args.families or "").split(",") if x.strip()] or None
+    if args.families is not None and names is None:
+        return fail(f"--families {args.families!r}: no family named; fix: litgpt config names, comma-separated")
     if args.simulate:
         from tunelab.plan.families import write_simulated
 

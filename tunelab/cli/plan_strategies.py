@@ -27,11 +27,13 @@ def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.plan import strategy_checks as sc
 
-    strategies = tuple(x for x in (args.strategies or "").split(",") if x) or sc.STRATEGIES
-    if set(strategies) - set(sc.STRATEGIES):
+    strategies = tuple(x.strip() for x in (args.strategies or "").split(",") if x.strip()) or sc.STRATEGIES
+    if args.strategies is not None and not args.strategies.strip(", ") or set(strategies) - set(sc.STRATEGIES):
         return fail(f"--strategies {args.strategies}: simulated per rank are {', '.join(sc.STRATEGIES)}")
     try:
-        worlds = tuple(int(x) for x in (args.worlds or "").split(",") if x) or sc.WORLDS
+        worlds = tuple(int(x) for x in (args.worlds or "").split(",") if x.strip()) or sc.WORLDS
+        if args.worlds is not None and not args.worlds.strip(", "):
+            raise ValueError
     except ValueError:
         return fail(f"--worlds {args.worlds}: give device counts such as 2,4,8")
     if any(not 2 <= w <= 1024 for w in worlds):

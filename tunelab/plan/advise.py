@@ -233,7 +233,7 @@ def candidates(
             continue
         links = (
             _link(interconnect, gpu, "gpu"),
-            comm.lookup(internode, "node") if internode else None,
+            comm.lookup(internode, "node", given=True) if internode else None,
             comm.lookup("host-pcie4", "host"),
         )
         for method, recipe in recipes.items():
@@ -277,7 +277,7 @@ def candidates(
 def _link(name: str | None, gpu: hardware.GPU, scope: str) -> comm.Link:
     """The link ``name`` (or the GPU's usual one from the GPU table), named by where it came from when unknown."""
     if name:
-        return comm.lookup(name, scope)
+        return comm.lookup(name, scope, given=True)
     try:
         return comm.lookup(gpu.link or "pcie4", scope)
     except InputError as e:

@@ -86,13 +86,19 @@ def table() -> dict[str, Link]:
     return out
 
 
-def lookup(name: str, scope: str) -> Link:
-    """A link of the table by name and scope; InputError naming the ones there are."""
+OPTIONS = {"gpu": "--interconnect", "node": "--internode"}
+"""The command-line option that names a link of each scope."""
+
+
+def lookup(name: str, scope: str, given: bool = False) -> Link:
+    """A link of the table by name and scope; InputError naming the ones there are (``given``: the user named it,
+    so the error names the option too)."""
     links = table()
     if name in links and links[name].scope == scope:
         return links[name]
     known = ", ".join(k for k, v in links.items() if v.scope == scope)
-    raise InputError(f"unknown {scope} link {name!r}; known: {known} (configs/hardware/links.yaml)")
+    option = f"{OPTIONS.get(scope, 'link')} {name}: " if given else ""
+    raise InputError(f"{option}unknown {scope} link {name!r}; known: {known} (configs/hardware/links.yaml)")
 
 
 @dataclass

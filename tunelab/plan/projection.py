@@ -249,8 +249,8 @@ def project_recipe(
     if x.world > 1:
         work.comm = comm_mod.per_step(
             x,
-            comm_mod.lookup(interconnect or gpu.link or "pcie4", "gpu"),
-            comm_mod.lookup(internode, "node") if internode else None,
+            comm_mod.lookup(interconnect or gpu.link or "pcie4", "gpu", given=bool(interconnect)),
+            comm_mod.lookup(internode, "node", given=True) if internode else None,
             comm_mod.lookup("host-pcie4", "host"),
         )
     return project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy), note
