@@ -118,6 +118,7 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("single strategy on 2, sweep", ["sweep", f["single-on-2.yaml"]], "name: single runs one device"),
         ("single strategy on 2, plan", ["plan", R, "--devices", "2", "--strategy", "fast"], "--strategy fast"),
         ("single strategy on 2, run", ["run", R, "--devices", "2", "--strategy", "fast"], "name: single"),
+        ("plan micro 1e12", ["plan", R, "--train.micro_batch_size", "1000000000000"], "train.global_batch_size"),
         # empty lists that used to mean "everything"; a link option named in its error
         ("plan-families --families ,", ["plan-families", "--families", ","], "--families"),
         ("plan-strategies --strategies ,", ["plan-strategies", "--strategies", ","], "--strategies"),

@@ -149,9 +149,15 @@ def test_every_strategy_file_can_be_planned():
     r = resolve("open-llama-7b/full")
     names = sorted(p.stem for p in (CONFIGS_DIR / "strategies").glob("*.yaml"))
     assert len(names) >= 10
+    from tunelab.strategies import StrategyError, load_strategy
+
     for name in names:
-        plan = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy=name).plan
-        assert plan.peak_allocated_bytes > 0 and plan.devices == 4, name
+        devices = 1 if load_strategy(name).name == "single" else 4  # a one-device file is refused on several
+        plan = plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=devices, strategy=name).plan
+        assert plan.peak_allocated_bytes > 0 and plan.devices == devices, name
+        if devices == 1:
+            with pytest.raises(StrategyError, match="name: single runs one device"):
+                plan_recipe(r, [], gpu=hardware.lookup("A100-80GB"), devices=4, strategy=name)
 
 
 def test_qlora_weights_are_nf4_with_scales():

@@ -43,7 +43,8 @@ class PlannedRecipe:
 
 
 def check_ranges(s: Settings) -> None:
-    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer."""
+    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, or the
+    micro batches of one step exceed the global batch."""
     for key, value in (
         ("train.micro_batch_size", s.micro_batch_size),
         ("train.global_batch_size", s.global_batch_size),
@@ -56,6 +57,12 @@ def check_ranges(s: Settings) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
+    if s.micro_batch_size * s.world_size > s.global_batch_size:  # litgpt asserts accumulation iterations > 0
+        raise ValueError(
+            f"train.micro_batch_size {s.micro_batch_size:,} x {s.world_size} device(s) is more than "
+            f"train.global_batch_size {s.global_batch_size:,}: litgpt would take no micro batch per step; fix: a "
+            "micro batch of at most the global batch per device, or a larger --train.global_batch_size"
+        )
 
 
 def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
