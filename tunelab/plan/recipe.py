@@ -43,8 +43,9 @@ class PlannedRecipe:
 
 
 def check_ranges(s: Settings) -> None:
-    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, or the
-    micro batches of one step exceed the global batch."""
+    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, or one
+    micro batch exceeds the global batch (several devices' micro batches may: tunelab's loop then takes one micro
+    batch per step on each)."""
     for key, value in (
         ("train.micro_batch_size", s.micro_batch_size),
         ("train.global_batch_size", s.global_batch_size),
@@ -57,11 +58,11 @@ def check_ranges(s: Settings) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
-    if s.micro_batch_size * s.world_size > s.global_batch_size:  # litgpt asserts accumulation iterations > 0
+    if s.micro_batch_size > s.global_batch_size:  # one micro batch is more than a whole step's samples
         raise ValueError(
-            f"train.micro_batch_size {s.micro_batch_size:,} x {s.world_size} device(s) is more than "
-            f"train.global_batch_size {s.global_batch_size:,}: litgpt would take no micro batch per step; fix: a "
-            "micro batch of at most the global batch per device, or a larger --train.global_batch_size"
+            f"train.micro_batch_size {s.micro_batch_size:,} is more than train.global_batch_size "
+            f"{s.global_batch_size:,} (the samples of one optimizer step); fix: a micro batch of at most the global "
+            "batch, or a larger --train.global_batch_size"
         )
 
 
