@@ -195,8 +195,10 @@ def load(path: Path | str) -> StudyFile:
             settings.append(setting)
             setting_ids.add(setting.id)
         limit = spec.get("memory_limit_gb")
-        if limit is not None and not (_expect(limit, (int, float), where, f"{label}: memory_limit_gb", "GB > 0") > 0):
-            raise StudyError(f"{where}: {label}: memory_limit_gb: must be > 0")
+        if limit is not None and not (
+            0 < _expect(limit, (int, float), where, f"{label}: memory_limit_gb", "GB > 0") < 1e6
+        ):  # .inf and 1e400 (inf) too: an address-space cap is a finite number of bytes
+            raise StudyError(f"{where}: {label}: memory_limit_gb: {limit} must be a finite number of GB above 0")
         steps = _positive_int(spec.get("steps", 3), where, f"{label}: steps")
         if steps < 2:
             raise StudyError(f"{where}: {label}: steps: give 2 or more (the first is warm-up)")
@@ -228,6 +230,7 @@ def load(path: Path | str) -> StudyFile:
         for k, row in enumerate(_expect(rows, list, where, f"lab: {key}", "a list of rows")):
             _expect(row, dict, where, f"lab: {key}[{k}]", "write `{micro: N, ...}`")
             _unknown(row, LAB_ROW_KEYS, where, f"lab: {key}[{k}]")
+            _positive_int(row.get("micro"), where, f"lab: {key}[{k}]: micro")  # the row's key in the report
     return StudyFile(
         path=path,
         name=name,
