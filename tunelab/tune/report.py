@@ -9,6 +9,7 @@ probes it did not reach are named.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -102,16 +103,22 @@ def collect(sf: StudyFile, base: Path) -> list[SettingResult]:
             sub = base / study.id / st.dir_name
             probes = []
             for path in sorted(sub.glob("mbs*/record.json")):
+                named = re.fullmatch(r"mbs([1-9][0-9]*)", path.parent.name)
+                if named is None:  # not a directory tune-batch makes (mbs008 beside mbs8 would be a second row)
+                    continue
                 try:
                     rec = record_mod.load(path)
                 except (OSError, ValueError) as e:  # kept as a row that says so: no probe dropped silently
                     rec = record_mod.RunRecord(
                         row_id=path.parent.name, status="error", error=f"unreadable record.json ({str(e)[:120]})"
                     )
-                # the micro batch the probe ran (its record), else the one its directory was made for
-                m = rec.micro_batch_size or (int(path.parent.name[3:]) if path.parent.name[3:].isdigit() else None)
-                if m is not None:
-                    probes.append((m, rec, path))
+                m = int(named.group(1))  # the micro batch its directory was made for
+                if rec.micro_batch_size not in (None, m):
+                    rec = record_mod.RunRecord(
+                        row_id=path.parent.name, status="error",
+                        error=f"its record ran micro batch {rec.micro_batch_size}, not {m}",
+                    )  # fmt: skip
+                probes.append((m, rec, path))
             if not probes:
                 continue
             probes.sort(key=lambda x: x[0])
