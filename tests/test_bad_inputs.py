@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import ROOT, cpu_env, one_line_problems, tunelab_cli
 
 R = "tiny-llama-1.1b/lora"
+DATA = ROOT / "data" / "alpaca_tunelab.json"
 
 
 tunelab = tunelab_cli
@@ -58,6 +59,14 @@ def _files(tmp: Path) -> dict[str, Path]:
     write("ckpt-tag/model_config.yaml", f"name: !!python/object/apply:os.system ['touch {tmp}/pwned-config']\n")
     write("ckpt-list/model_config.yaml", "- 1\n- 2\n")
     write("ckpt-keys/model_config.yaml", "name: x\nn_layer: 2\nnot_a_field: 1\n")
+    # a checkpoint of a model litgpt knows (by its directory's name) whose tokenizer files are broken
+    for name, content in (("tok-bytes", bytes(range(256)) * 20), ("tok-config", b"{not json")):
+        p = tmp / name / "tiny-llama-1.1b"
+        p.mkdir(parents=True)
+        (p / "tokenizer.json").write_bytes(content if name == "tok-bytes" else b'{"model": {}}')
+        if name == "tok-config":
+            (p / "tokenizer_config.json").write_bytes(content)
+        f[name] = p
     write("a-file", "not a directory\n")
     return f
 
@@ -148,6 +157,16 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("row id escapes", ["sweep", f["escape.yaml"]], "not a plain name"),
         ("sweep name escapes", ["sweep", f["name-escape.yaml"]], "not a plain name"),
         # crafted model_config.yaml
+        (
+            "tokenizer of random bytes",
+            ["plan", R, "--checkpoint_dir", f["tok-bytes"], "--dataset", DATA],
+            "tokenizer.json",
+        ),
+        (
+            "tokenizer_config not JSON",
+            ["plan", R, "--checkpoint_dir", f["tok-config"], "--dataset", DATA],
+            "tokenizer_config",
+        ),
         ("model_config tag", ["plan", R, "--checkpoint_dir", f["ckpt-tag/model_config.yaml"].parent], "tag"),
         ("model_config list", ["plan", R, "--checkpoint_dir", f["ckpt-list/model_config.yaml"].parent], "mapping"),
         (

@@ -268,6 +268,30 @@ def has_tokenizer(checkpoint_dir: Path) -> bool:
     return (Path(checkpoint_dir) / "tokenizer.json").is_file() or (Path(checkpoint_dir) / "tokenizer.model").is_file()
 
 
+TOKENIZER_MAX_BYTES = 64 * 2**20
+"""Largest tokenizer file read (64 MiB: the largest litgpt models' tokenizer.json are under 35 MB)."""
+
+
+def load_tokenizer(checkpoint_dir: Path):
+    """litgpt's Tokenizer of a checkpoint, its JSON files checked first (bounded, UTF-8, valid JSON: one line
+    naming the file), and anything litgpt or the tokenizers library then refuses said in one line too."""
+    from litgpt.tokenizer import Tokenizer
+
+    from tunelab.errors import InputError
+    from tunelab.files import read_json
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (checkpoint_dir / name).exists():
+            read_json(checkpoint_dir / name, TOKENIZER_MAX_BYTES, "tokenizer file")
+    try:
+        return Tokenizer(checkpoint_dir)
+    except Exception as e:  # the tokenizers library's own errors (a malformed model) have no common class
+        raise InputError(
+            f"{checkpoint_dir}: its tokenizer could not be loaded ({type(e).__name__}: {str(e)[:200]}); fix: "
+            "download the checkpoint's tokenizer files again"
+        ) from None
+
+
 def sample_lengths(
     records: list[dict], checkpoint_dir: Path, prompt_style: str = "alpaca", cap: int | None = None, seed: int = 42
 ) -> tuple[list[int], int, str]:
@@ -278,9 +302,7 @@ def sample_lengths(
 
     style = PromptStyle.from_name(prompt_style)
     if has_tokenizer(checkpoint_dir):
-        from litgpt.tokenizer import Tokenizer
-
-        tok = Tokenizer(Path(checkpoint_dir))
+        tok = load_tokenizer(Path(checkpoint_dir))
         how = "tokenised with the model's tokenizer"
 
         def count(text):
