@@ -355,10 +355,17 @@ def test_calibration_passes_over_impossible_figures(world):
     assert proc.returncode == 0, proc.stderr
     proj = json.loads(proc.stdout)["projection"]
     assert proj["mfu_source"].startswith("default range")
+    # and says so: the four were passed over (text and 7.0 refused by the record schema; -0.5 and 0 unusable)
+    assert (
+        "no usable record" in proj["mfu_source"]
+        and "2 record(s) passed over: unreadable or mistyped" in (proj["mfu_source"])
+        and "2 record(s) passed over: no MFU in (0, 1]" in proj["mfu_source"]
+    )
     assert all(math.isfinite(proj[k]) and proj[k] > 0 for k in ("seconds_low", "seconds_high", "power_w"))
     proc = tunelab("plan", R, "--gpu", "H100-SXM", "--calibrate", world["calib-good"], "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["projection"]["mfu_source"].startswith("measured MFU 30.0%")
+    source = json.loads(proc.stdout)["projection"]["mfu_source"]
+    assert source.startswith("measured MFU 30.0%") and "passed over" in source
 
 
 def test_report_names_from_records_never_leave_reports(tmp_path, monkeypatch):

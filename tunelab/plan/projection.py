@@ -82,14 +82,19 @@ class Projection:
 def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None):
     """The measured run nearest to this configuration (same model, method and precision first, then the same
     strategy when given, then the nearest micro batch). Records that cannot be read, or whose MFU is not in
-    (0, 1], are passed over (the types and ranges are checked by :func:`tunelab.record.load`)."""
+    (0, 1], are passed over and counted (the types and ranges are checked by :func:`tunelab.record.load`):
+    ((record, path) or None, {why passed over: count})."""
     best, best_key = None, None
-    for path in Path(records_dir).rglob("record.json"):
+    passed: dict[str, int] = {}
+    for path in sorted(Path(records_dir).rglob("record.json")):
         try:
             rec = record_mod.load(path)
         except (ValueError, OSError):
+            passed["unreadable or mistyped"] = passed.get("unreadable or mistyped", 0) + 1
             continue
         if rec.status != "ok" or rec.mfu is None or not 0 < rec.mfu <= 1:
+            why = "not ok" if rec.status != "ok" else "no MFU in (0, 1]"
+            passed[why] = passed.get(why, 0) + 1
             continue
         key = (
             rec.model_name != model,
@@ -100,7 +105,7 @@ def calibration(records_dir: Path, model: str, method: str, precision: str, micr
         )
         if best_key is None or key < best_key:
             best, best_key = (rec, path), key
-    return best
+    return best, passed
 
 
 def project(
@@ -120,13 +125,17 @@ def project(
     lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
     power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
     if calibrate_dir:
-        found = calibration(calibrate_dir, x.config.name, x.method, x.precision, x.micro_batch_size, strategy)
+        found, passed = calibration(calibrate_dir, x.config.name, x.method, x.precision, x.micro_batch_size, strategy)
+        skipped = "; ".join(f"{n} record(s) passed over: {why}" for why, n in passed.items())
+        if not found:
+            source += f" (no usable record under {calibrate_dir}{': ' + skipped if skipped else ''})"
         if found:
             rec, path = found
             lo = hi = rec.mfu
             source = (
                 f"measured MFU {rec.mfu:.1%} of run {rec.sweep or ''}/{rec.row_id} ({rec.model_name} "
                 f"{rec.method} {rec.precision} micro {rec.micro_batch_size} on {rec.device_name}; {path})"
+                + (f" ({skipped})" if skipped else "")
             )
             if rec.power_mean_w and rec.power_mean_w > 0:
                 power = rec.power_mean_w / max(rec.device_count, 1)
