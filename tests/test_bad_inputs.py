@@ -223,14 +223,18 @@ def test_pickled_code_in_a_checkpoint_never_runs(tiny_ckpt, tmp_path):
 
 
 def test_report_over_a_bad_record_keeps_the_row(tmp_path):
-    """A truncated record is a row of the report that says so (nothing dropped), not a traceback."""
+    """A truncated record, or one whose overrides are numbers, is a row of the report that says so (nothing
+    dropped), not a traceback."""
     sweep = tmp_path / "sw"
     (sweep / "r1").mkdir(parents=True)
     (sweep / "r1" / "record.json").write_text('{"status": "ok", "row_id": "r1", "tok_')
+    (sweep / "r2").mkdir(parents=True)  # overrides that are numbers broke the report's markdown
+    (sweep / "r2" / "record.json").write_text('{"status": "ok", "row_id": "r2", "overrides": [1, 2.5]}')
     proc = tunelab("report", sweep, "--out", tmp_path / "rep")
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "rep" / "results.md").read_text()
     assert "r1" in md and "unreadable record.json" in md
+    assert "overrides holds something that is not text" in md
 
 
 def test_alias_bomb_is_refused_before_it_grows():

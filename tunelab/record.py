@@ -357,6 +357,8 @@ class RunRecord:
 
 LOSS_FIELDS = ("loss_first", "loss_last", "val_loss_final")
 """Figures that may be NaN or infinite in a real record: a diverged run's loss."""
+TEXT_LISTS = ("overrides", "litgpt_argv", "notes")
+"""Lists whose items are text: the command line as given and as run, the notes."""
 SIGNED_FIELDS = ("exit_code",)
 """Figures that may be negative: a child killed by signal N exits with -N."""
 
@@ -383,6 +385,8 @@ def checked_fields(cls, d, where: str) -> dict:
         if not ok:
             want = " or ".join(t.__name__ for t in allowed if t is not type(None))
             raise ValueError(f"{where}: {key} is a {type(value).__name__}, expected {want}")
+        if key in TEXT_LISTS and isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{where}: {key} holds something that is not text (a list of strings expected)")
         if type(value) in (int, float) and key not in LOSS_FIELDS:
             if not math.isfinite(value) or (value < 0 and key not in SIGNED_FIELDS):
                 raise ValueError(f"{where}: {key} = {value!r} is not a finite non-negative number")
