@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from tunelab.data import benchmark
+from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, write_text_atomic
 from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.simulate import optimizer_of, replay_run
@@ -95,6 +96,8 @@ def replay_row(tar: tarfile.TarFile, row: str) -> dict:
     names = {m.name.split("/", 1)[-1]: m for m in tar.getmembers()}
     rec = RunRecord.from_dict(_member(tar, names, f"{row}/record.json"))
     rank = _member(tar, names, f"{row}/stats/rank0.json")
+    if not isinstance(rank.get("iters"), list) or not rank["iters"]:
+        raise ValueError("its rank file has no iterations (iters) to replay")
     x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None).input
     seq_lens = [int(padded) // x.micro_batch_size for _t, padded, _real in rank["iters"]]
     val_lens, val_source = validation_lengths(tar, names, row, x.micro_batch_size)
@@ -159,15 +162,36 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.archive).is_file():
         print(f"replay_allocator: {args.archive}: no such archive", file=sys.stderr)
         return 2
+    if args.out is not None and (why := _unwritable(args.out)):  # before minutes of replay, not after
+        print(f"replay_allocator: --out {args.out}: {why}", file=sys.stderr)
+        return 2
     results = []
-    with tarfile.open(args.archive) as tar:
+    try:
+        tar = tarfile.open(args.archive)
+    except (tarfile.TarError, OSError) as e:
+        print(f"replay_allocator: {args.archive}: not a tar archive ({str(e).splitlines()[0]})", file=sys.stderr)
+        return 2
+    with tar:
         for row in args.rows:  # the table is rewritten after each row: a long replay cut short keeps what it did
-            results.append(replay_row(tar, row))
+            try:
+                results.append(replay_row(tar, row))
+            except (ValueError, KeyError, TypeError, InputError, tarfile.TarError) as e:  # JSON errors are ValueError
+                print(f"replay_allocator: {args.archive}: row {row}: {type(e).__name__}: {e}", file=sys.stderr)
+                return 2
             if args.out:
                 write_text_atomic(args.out, render(results, args.archive))
     if not args.out:
         print(render(results, args.archive), end="")
     return 0
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why ``out`` cannot take the table (None: it can): its folder missing, or a folder, link, FIFO in its place."""
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        return "is not a regular file (tunelab never writes through links, FIFOs or devices)"
+    if not out.parent.is_dir():
+        return f"its folder {out.parent} does not exist"
+    return None
 
 
 if __name__ == "__main__":
