@@ -83,3 +83,26 @@ def test_bench_best_micro_batches_on_cpu(tmp_path):
         ]
     )
     assert "Each at its best micro batch" in out
+
+
+def test_a_second_bench_on_one_folder_and_a_report_dir_that_is_a_file_are_refused_before_training(tmp_path):
+    """bench holds a lock on --out (two benches there would slow each other and share directories): a second is
+    one line naming the holder; a --report-dir that is a file is refused before either arm trains."""
+    from tests.conftest import one_line_problems, tunelab_cli
+    from tunelab.files import exclusive_lock
+
+    out = tmp_path / "runs"
+    out.mkdir()
+    argv = [*shlex.split(BENCH)[1:], "--model", "tiny", "--out", out]
+    held = exclusive_lock(out / ".lock")
+    try:
+        proc = tunelab_cli(*argv, "--report-dir", tmp_path / "report")  # contained even if it ran
+    finally:
+        held.close()
+    assert one_line_problems("second bench", proc, "another bench is running there") is None
+    assert f"pid {__import__('os').getpid()}" in proc.stderr
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    proc = tunelab_cli(*argv, "--report-dir", a_file)
+    assert one_line_problems("report dir is a file", proc, "--report-dir") is None
+    assert not list(out.glob("*/record.json")) and not list(out.glob("**/record.json"))  # nothing trained

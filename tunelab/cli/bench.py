@@ -63,6 +63,20 @@ def handle(args, extra) -> int:
     except (RecipeError, ValueError) as e:
         return fail(str(e))
     out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
+    rd = args.report_dir
+    if rd is not None and (rd.is_symlink() or (rd.exists() and not rd.is_dir())):  # before both arms train
+        return fail(f"--report-dir {rd}: not a folder (tunelab never writes through links); fix: a new folder")
+    from tunelab.files import Busy, exclusive_lock
+
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        return fail(f"--out {out}: not a folder (tunelab never writes through links); fix: a new folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = exclusive_lock(out / ".lock")  # held to the end: two benches on one --out would slow each other
+    except Busy as e:
+        return fail(f"--out {out}: another bench is running there ({e}); wait for it, or use another --out")
+    except OSError as e:
+        return fail(f"--out {out}: cannot be made ({e.strerror})")
     limits = {"timeout_s": args.timeout, "memory_limit_bytes": memory_limit(args)}
     deadline = None if args.deadline is None else time.monotonic() + args.deadline
     arms = [bench.Arm("litgpt", None), bench.Arm("fast", args.strategy)]
@@ -81,6 +95,7 @@ def handle(args, extra) -> int:
         else:
             print(f"best micro batch: not found for {sorted({a.name for a in arms} - set(best))}; phase skipped")
     report = bench.write_report(recipe, phases, out, args.report_dir)
+    lock.close()
     print((report / "bench.md").read_text())
     print(f"records: {out}/\nreport:  {report}/bench.md")
     return 0
