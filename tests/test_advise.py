@@ -191,6 +191,14 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
     # `--data Alpaca` on this recipe keeps its val_split_fraction 0.5 (jsonargparse keeps init_args the new class
     # accepts), so half of Alpaca's 52,002 records train, and the answer says so.
     assert alpaca.samples == 26_001 and "val_split_fraction 0.5 held out" in alpaca.how
+    # a small data file: no configuration's global batch is larger than its training samples (validate refuses
+    # those), even with --global-batch free, whose micro batches would otherwise reach the planner's largest
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(_records(12)))
+    few = advise.workload_from_data(str(small), resolve("tiny-llama-1.1b/lora"))
+    got = advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, [hardware.lookup("L4")], workload=few,
+                            max_devices=1, global_batch="free")  # fmt: skip
+    assert got and max(c.global_batch_size for c in got) <= few.samples == 6
 
 
 def test_an_unknown_link_names_the_table_it_came_from(monkeypatch, tmp_path):

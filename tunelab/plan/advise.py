@@ -268,6 +268,8 @@ def candidates(
                                 num_nodes=nodes,
                             )
                             for mb, acc in _micro_batches(x1, gpu, s.global_batch_size, world, global_batch, headroom):
+                                if mb * acc * world > work.samples:  # a global batch past the data: no step
+                                    continue  # (tunelab validate refuses it too)
                                 x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
                                 out.append(_planned(x, gpu, peak, links, work, strat, recipe,
                                                     price_table.get(gpu.name), headroom))  # fmt: skip
