@@ -26,7 +26,7 @@ import yaml
 
 from tunelab.data import benchmark
 from tunelab.errors import InputError
-from tunelab.files import RECORD_MAX_BYTES, write_text_atomic
+from tunelab.files import RECORD_MAX_BYTES, FileRefused, check_target, write_text_atomic
 from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.simulate import optimizer_of, replay_run
 from tunelab.recipes import resolve
@@ -187,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unwritable(out: Path) -> str | None:
     """Why ``out`` cannot take the table (None: it can): its folder missing, or a folder, link, FIFO in its place."""
-    if out.is_symlink() or (out.exists() and not out.is_file()):
-        return "is not a regular file (tunelab never writes through links, FIFOs or devices)"
+    try:
+        check_target(out, "table file")  # the project's check: a link, FIFO, device or folder in its place
+    except FileRefused as e:
+        return str(e)
     if not out.parent.is_dir():
         return f"its folder {out.parent} does not exist"
     return None

@@ -14,6 +14,7 @@ under the same rules.
 
 * :func:`set_aside`: a stale or corrupt record renamed out of the way, kept, never deleted;
 * :func:`exclusive_lock`: one holder of a directory at a time (flock: the kernel releases it when the holder dies).
+* :func:`unwritable`, :func:`unwritable_dir`: why an output file or folder cannot be written, asked before any work.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import io
 import json
 import os
 import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -271,3 +273,37 @@ def exclusive_lock(path: Path):
     f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
     f.flush()
     return f
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (its directory is created if missing), or None; leaves nothing."""
+    if str(path) == "":
+        return "an empty path"
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory"
+    try:
+        check_target(path)
+    except FileRefused as e:
+        return str(e).split(": ", 1)[-1].split("; fix:")[0]
+    blocker = next((q for q in path.parents if q.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{blocker} is a file, not a folder"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe."):
+            pass
+    except OSError as e:
+        return f"cannot be written ({e.strerror or e})"
+    return None
+
+
+def unwritable_dir(folder: Path, names: tuple | list = ()) -> str | None:
+    """Why files cannot be written into ``folder`` (a link or a file in its place, or one of ``names`` inside it that
+    cannot be written: :func:`unwritable`), or None."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return "is not a folder (tunelab never writes through links)"
+    for name in names:
+        if why := unwritable(folder / name):
+            return f"{name} {why}"
+    return None

@@ -147,14 +147,14 @@ class StrategyConfig:
         on its share of the data and never average a gradient. One check for plan, advise, run and sweeps."""
         if self.name == "single" and world > 1:
             raise StrategyError(
-                f"{source + ': ' if source else ''}name: single runs one device, not {world} (each rank would train its own copy and never average "
-                "a gradient); fix: --devices 1, or a strategy that synchronises (ddp, fsdp, fsdp2, deepspeed-*)"
+                f"{source + ': ' if source else ''}name: single runs one device, not {world} (each rank would train "
+                "its own copy and never average a gradient); fix: --devices 1, or a strategy that synchronises (ddp, "
+                "fsdp, fsdp2, deepspeed-*)"
             )
 
     def check(self, method: str, args: dict, device: str | None = None) -> None:
         """Refuse, with the reason, what this stack cannot run (``device``: 'cpu' or 'cuda' when known)."""
-        devices, nodes = args.get("devices"), args.get("num_nodes")
-        self.check_world((devices if isinstance(devices, int) else 1) * (nodes if isinstance(nodes, int) else 1))
+        self.check_world(world_of(args))
         if self.optimizer and device == "cpu":
             raise StrategyError(
                 f"optimizer: {self.optimizer} is a bitsandbytes optimizer, which needs a CUDA GPU; "
@@ -201,6 +201,13 @@ class StrategyConfig:
                 "and Liger's kernels inside them are not what it was checked with; fix: liger: loss with compile, "
                 "or liger: all with compile: null"
             )
+
+
+def world_of(settings: dict) -> int:
+    """Ranks named by a mapping of litgpt settings (``devices`` x ``num_nodes``; a value that is not a count, such as
+    litgpt's "auto", counts as 1)."""
+    devices, nodes = settings.get("devices"), settings.get("num_nodes")
+    return (devices if isinstance(devices, int) else 1) * (nodes if isinstance(nodes, int) else 1)
 
 
 def load_strategy(path: str | Path) -> StrategyConfig:

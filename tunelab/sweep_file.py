@@ -37,7 +37,7 @@ from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR, SAFE_NAME
 from tunelab.recipes import Recipe, RecipeError, resolve
 from tunelab.settings import override_text, to_overrides
-from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
+from tunelab.strategies import StrategyConfig, StrategyError, load_strategy, world_of
 from tunelab.validate import Result, check
 
 SWEEP_KEYS = {"name", "description", "lab_hardware", "gpu", "timeout_s", "defaults", "rows", "grid"}
@@ -191,9 +191,7 @@ def _row_base(spec: dict, kind_keys: set, label: str, where: str, default_gpu) -
         _expect(strategy, str, where, f"{label}: strategy", "name a file of configs/strategies")
         try:
             strategy_config = load_strategy(strategy)
-            devices, nodes = (spec.get("set") or {}).get("devices"), (spec.get("set") or {}).get("num_nodes")
-            if isinstance(devices, int):  # a grid's devices are checked when its rows are made (tunelab run)
-                strategy_config.check_world(devices * (nodes if isinstance(nodes, int) else 1))
+            strategy_config.check_world(world_of(spec.get("set") or {}))  # a grid's: when its rows run
         except StrategyError as e:
             raise SweepError(f"{where}: {label}: strategy: {e}") from None
     gpu = spec.get("gpu", default_gpu)

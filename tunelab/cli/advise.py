@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import count, fail, number, unwritable
+from tunelab.cli.common import count, fail, listed, number
+from tunelab.files import unwritable_dir
 
 
 def add_parser(sub) -> None:
@@ -86,19 +87,20 @@ def handle(args, extra) -> int:
         )
     except ValueError as e:
         return fail(f"--gpus: {e}")
-    precision = _listed(args.precision)
+    precision = listed(args.precision)
     from tunelab.validate import PRECISIONS
 
     if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
         return fail(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
-    strategies = _listed(args.strategies)
+    strategies = listed(args.strategies)
     for name in strategies or []:
         try:
             if name != "single":
                 load_strategy(name)
         except StrategyError as e:
             return fail(f"--strategies: {e}")
-    if args.write is not None and (why := _unwritable_dir(args.write, [f"{m}.yaml" for m in recipes])):
+    written = [*(f"{m}.yaml" for m in recipes), "strategy.yaml", "launch.txt"]
+    if args.write is not None and (why := unwritable_dir(args.write, written)):
         return fail(f"--write {args.write}: {why}; fix: give a new or empty folder")
     headroom = memory.ALLOCATOR_HEADROOM if args.headroom is None else args.headroom
     first = next(iter(recipes.values()))
@@ -125,18 +127,3 @@ def handle(args, extra) -> int:
         for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data):
             print(f"launch: {line}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON
     return 0 if ranked else 1
-
-
-def _listed(text: str | None) -> list[str] | None:
-    """A comma-separated option as a list (None when not given)."""
-    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _unwritable_dir(folder: Path, names: list[str]) -> str | None:
-    """Why the advice cannot be written into ``folder`` (a link, a file, a device in the way), or None."""
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        return "is not a folder (tunelab never writes through links)"
-    for name in [*names, "strategy.yaml", "launch.txt"]:
-        if why := unwritable(folder / name):
-            return f"{name} {why}"
-    return None

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tunelab.cli.common import count, fail, memory_limit, model_choice, positive_seconds, run_options
+from tunelab.files import unwritable_dir
 
 PROBE_STEPS = 8
 """Optimizer steps of each --best-micro probe: the first is warm-up (excluded); the fast arm compiles every shape
@@ -63,13 +64,11 @@ def handle(args, extra) -> int:
     except (RecipeError, ValueError) as e:
         return fail(str(e))
     out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
-    rd = args.report_dir
-    if rd is not None and (rd.is_symlink() or (rd.exists() and not rd.is_dir())):  # before both arms train
-        return fail(f"--report-dir {rd}: not a folder (tunelab never writes through links); fix: a new folder")
     from tunelab.files import Busy, exclusive_lock
 
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        return fail(f"--out {out}: not a folder (tunelab never writes through links); fix: a new folder")
+    for option, folder in (("--report-dir", args.report_dir), ("--out", out)):  # before either arm trains
+        if folder is not None and (why := unwritable_dir(folder)):
+            return fail(f"{option} {folder}: {why}; fix: a new folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = exclusive_lock(out / ".lock")  # held to the end: two benches on one --out would slow each other

@@ -7,8 +7,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import tempfile
-from pathlib import Path
 
 
 def fail(message: str) -> int:
@@ -63,29 +61,9 @@ count = number(int, 1, 10**9, what="an integer")
 """A count (micro batch, steps, pairs, records): 1 to 1e9."""
 
 
-def unwritable(path: Path) -> str | None:
-    """Why a file cannot be written at ``path`` (its directory is created if missing), or None; leaves nothing."""
-    from tunelab.files import FileRefused, check_target
-
-    if str(path) == "":
-        return "an empty path"
-    path = Path(path)
-    if path.is_dir():
-        return "is a directory"
-    try:
-        check_target(path)
-    except FileRefused as e:
-        return str(e).split(": ", 1)[-1].split("; fix:")[0]
-    blocker = next((q for q in path.parents if q.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        return f"{blocker} is a file, not a folder"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe."):
-            pass
-    except OSError as e:
-        return f"cannot be written ({e.strerror or e})"
-    return None
+def listed(text: str | None) -> list[str] | None:
+    """A comma-separated option as a list (None when not given; [] when given but naming nothing)."""
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
 def memory_limit(args) -> int | None:

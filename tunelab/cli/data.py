@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import fail, number, unwritable
+from tunelab.cli.common import fail, number
+from tunelab.files import unwritable
 
 
 def add_parser(sub) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import count, fail
+from tunelab.cli.common import count, fail, listed
 
 
 def add_parser(sub) -> None:
@@ -34,8 +34,8 @@ def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.plan.families import write_families
 
-    names = [x.strip() for x in (args.families or "").split(",") if x.strip()] or None
-    if args.families is not None and names is None:
+    names = listed(args.families)
+    if names == []:
         return fail(f"--families {args.families!r}: no family named; fix: litgpt config names, comma-separated")
     if args.simulate:
         from tunelab.plan.families import write_simulated

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import fail
+from tunelab.cli.common import fail, listed
 
 
 def add_parser(sub) -> None:
@@ -27,15 +27,13 @@ def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.plan import strategy_checks as sc
 
-    strategies = tuple(x.strip() for x in (args.strategies or "").split(",") if x.strip()) or sc.STRATEGIES
-    if args.strategies is not None and not args.strategies.strip(", ") or set(strategies) - set(sc.STRATEGIES):
+    strategies = listed(args.strategies)
+    if strategies == [] or set(strategies or ()) - set(sc.STRATEGIES):
         return fail(f"--strategies {args.strategies}: simulated per rank are {', '.join(sc.STRATEGIES)}")
-    try:
-        worlds = tuple(int(x) for x in (args.worlds or "").split(",") if x.strip()) or sc.WORLDS
-        if args.worlds is not None and not args.worlds.strip(", "):
-            raise ValueError
-    except ValueError:
+    worlds = listed(args.worlds)
+    if worlds == [] or not all(w.isdigit() for w in worlds or ()):
         return fail(f"--worlds {args.worlds}: give device counts such as 2,4,8")
+    strategies, worlds = tuple(strategies or sc.STRATEGIES), tuple(int(w) for w in worlds or ()) or sc.WORLDS
     if any(not 2 <= w <= 1024 for w in worlds):
         return fail(f"--worlds {args.worlds}: each from 2 to 1024")
     out = sc.write(sc.rows(strategies=strategies, worlds=worlds), args.out)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tunelab.cli.common import fail, memory_limit, model_choice, positive_seconds, run_options, unwritable
+from tunelab.cli.common import fail, memory_limit, model_choice, positive_seconds, run_options
+from tunelab.files import unwritable
 
 
 def add_parser(sub) -> None:

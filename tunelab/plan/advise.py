@@ -17,6 +17,7 @@ it is not a candidate. QLoRA runs on one device (litgpt's QLoRA path).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -226,6 +227,7 @@ def candidates(
     price_table = price_table or {}
     work = workload or workload_from_tokens(tokens if tokens is not None else 5e7)
     out = []
+    load_once = functools.cache(load_strategy)  # each strategy file read once, not per GPU and precision
     device_counts = [1] + [d for d in (2, 4, 8, 16) if d <= max_devices]
     for gpu in gpus:
         peak = gpu.peak_flops("bf16-true" if gpu.bf16 else "16-true", "high")
@@ -252,7 +254,7 @@ def candidates(
                     if method == "qlora":  # litgpt quantizes on one device without a strategy only
                         tried = ["single"]
                     for strat in tried:
-                        config = None if strat == "single" else load_strategy(strat)
+                        config = None if strat == "single" else load_once(strat)
                         if world > 1 and (config is None or config.name == "single"):
                             continue  # a one-device strategy (fast.yaml) would not synchronise the ranks
                         fields = strategy_fields(config, world)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,16 +86,15 @@ def calibration(records_dir: Path, model: str, method: str, precision: str, micr
     (0, 1], are passed over and counted (the types and ranges are checked by :func:`tunelab.record.load`):
     ((record, path) or None, {why passed over: count})."""
     best, best_key = None, None
-    passed: dict[str, int] = {}
+    passed: Counter = Counter()
     for path in sorted(Path(records_dir).rglob("record.json")):
         try:
             rec = record_mod.load(path)
         except (ValueError, OSError):
-            passed["unreadable or mistyped"] = passed.get("unreadable or mistyped", 0) + 1
+            passed["unreadable or mistyped"] += 1
             continue
         if rec.status != "ok" or rec.mfu is None or not 0 < rec.mfu <= 1:
-            why = "not ok" if rec.status != "ok" else "no MFU in (0, 1]"
-            passed[why] = passed.get(why, 0) + 1
+            passed["not ok" if rec.status != "ok" else "no MFU in (0, 1]"] += 1
             continue
         key = (
             rec.model_name != model,

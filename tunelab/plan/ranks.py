@@ -140,6 +140,7 @@ def _propagation_skipped(tracker):
 
 def _fsdp_tracker(model, opt):
     """FSDPMemTracker keeping each phase's peak (by kind) and every collective dispatched (kind, phase, bytes)."""
+    import torch
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     class Tracker(FSDPMemTracker):
@@ -155,8 +156,6 @@ def _fsdp_tracker(model, opt):
                 return func(*args, **(kwargs or {}))
             kind = COLLECTIVES.get(func._opname) if func.namespace == "c10d" else None
             if kind is not None:
-                import torch
-
                 tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 size = max(t.numel() * t.element_size() for t in tensors)
                 self.collectives.append((kind, tracker_phase(self), size))
@@ -239,7 +238,7 @@ def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=
     return [sum(grads[i].numel() * grads[i].element_size() for i in b) for b in buckets]
 
 
-def _ddp(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
+def _ddp(config, method, precision, micro, seq_len, strategy, accumulation, lora_r, targets, optimizer):
     """(phases, collectives, notes) of DDP: the one-device simulated step (tunelab's loop) plus the buckets."""
     from tunelab.plan.simulate import simulate
 
@@ -287,7 +286,7 @@ def simulate_ranks(
     accumulation = max(accumulation, 1)
     if strategy.name == "ddp":
         phases, collectives, notes, built = _ddp(
-            config, method, precision, micro_batch_size, seq_len, world, strategy, accumulation, lora_r,
+            config, method, precision, micro_batch_size, seq_len, strategy, accumulation, lora_r,
             lora_targets, optimizer,
         )  # fmt: skip
     else:
