@@ -132,6 +132,7 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("plan-families --families ,", ["plan-families", "--families", ","], "--families"),
         ("plan-strategies --strategies ,", ["plan-strategies", "--strategies", ","], "--strategies"),
         ("plan-strategies --worlds 1", ["plan-strategies", "--worlds", "1"], "--worlds"),
+        ("plan-strategies --out a file", ["plan-strategies", "--out", f["a-file"]], "--out"),
         (
             "plan --internode smoke",
             [

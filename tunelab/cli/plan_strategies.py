@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunelab.cli.common import fail, listed
+from tunelab.files import unwritable_dir
 
 
 def add_parser(sub) -> None:
@@ -36,6 +37,8 @@ def handle(args, extra) -> int:
     strategies, worlds = tuple(strategies or sc.STRATEGIES), tuple(int(w) for w in worlds or ()) or sc.WORLDS
     if any(not 2 <= w <= 1024 for w in worlds):
         return fail(f"--worlds {args.worlds}: each from 2 to 1024")
+    if args.out is not None and (why := unwritable_dir(args.out, ("strategies.md", "strategies.csv"))):
+        return fail(f"--out {args.out}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
     out = sc.write(sc.rows(strategies=strategies, worlds=worlds), args.out)
     print((out / "strategies.md").read_text())
     print(f"written: {out}/strategies.md, {out}/strategies.csv")
