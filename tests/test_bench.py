@@ -56,6 +56,9 @@ def test_bench_runs_both_arms_and_reports_the_ratio(tmp_path):
     assert (tmp_path / "report" / "loss.png").stat().st_size > 0
     again = bench(argv)  # the records answer the same command: nothing runs again
     assert "Speed-up" in again
+    # past a deadline (a lent machine's command limit) the runs recorded earlier still make the report
+    late = bench([*argv, "--deadline", "0.5"])
+    assert "Speed-up" in late and late.count(" | 1 of 1 | ") == 2
 
 
 @pytest.mark.slow

@@ -163,29 +163,30 @@ def run_phase(
     phase = Phase(name=name, arms=arms, micro=micro or {})
     progress = ProgressLine(pairs * len(arms), stream)
     prefix = "" if name == "recipe" else f"{name}-"
+    not_started = []
     for pair in range(pairs):
         for arm in arms:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left < 1:
-                    stream.write(
-                        f"deadline reached: {name} pair {pair} {arm.name} and later runs not started; the "
-                        "same command goes on\n"
-                    )
-                    return phase
-                timeout = min(run_args.get("timeout_s") or left, left)
             extra = [*overrides, "--devices", "1"]
             if arm.name in phase.micro:
                 m = phase.micro[arm.name]
                 g = global_batch_for(recipe, overrides, m)
                 extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(g)]
             run_dir = out / f"{prefix}{arm.name}-{pair}"
-            args = run_args if deadline is None else {**run_args, "timeout_s": timeout}
+            args = run_args
+            if deadline is not None:  # past it, a run recorded earlier still counts; none starts
+                left = deadline - time.monotonic()
+                done, _ = resume_state(run_dir / "record.json", recipe.key, extra, strategy_label(arm.strategy))
+                if left < 1 and not done:
+                    not_started.append(f"pair {pair} {arm.name}")
+                    continue
+                args = {**run_args, "timeout_s": min(run_args.get("timeout_s") or left, max(left, 1))}
             rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **args)
             if deadline is not None and rec.status == "killed" and time.monotonic() >= deadline - 1:
                 rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this run; it runs again"
                 record_mod.save(rec, run_dir / "record.json")
             arm.records.append((pair, rec, run_dir / "record.json"))
+    if not_started:
+        stream.write(f"deadline reached: {name} {', '.join(not_started)} not started; the same command goes on\n")
     return phase
 
 
