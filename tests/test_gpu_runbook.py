@@ -349,3 +349,21 @@ def test_second_round_stages_rehearsed(tmp_path):
     assert not [n for n in names if n.endswith((".pth", ".lora"))]
     overhead = json.loads((out / "collector-overhead.json").read_text())
     assert 1 <= len(overhead["ratios"]) <= 2 and overhead["stopped"] != "running" and overhead["target"] == 0.01
+
+
+@pytest.mark.slow  # about a minute on 2 cores
+def test_grid_stage_rehearsed_and_resumed(tmp_path):
+    """Stage grid (the time model's out-of-sample profiles): one JSON line per (model, micro batch, method) with the
+    phases, the kernel time and launches by category; a second call with the lines carried back runs none again."""
+    out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
+    proc = _runbook(out, runs, results, 500, "grid", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(s) for s in (out / "profile-grid.jsonl").read_text().splitlines()]
+    assert [(r["micro"], r["method"]) for r in lines] == [(1, "full"), (1, "lora"), (2, "full"), (2, "lora")]
+    assert all(r["step_s"] > 0 and r["kernels"] and sum(r["launches"].values()) > 0 for r in lines)
+    assert set(lines[0]["phases"]) == {"forward", "loss", "backward", "optimizer"}
+    results.mkdir()
+    (results / "profile-grid.jsonl").write_bytes((out / "profile-grid.jsonl").read_bytes())
+    again = _runbook(tmp_path / "out2", runs, results, 500, "grid")
+    assert again.returncode == 0 and again.stdout.count("already measured") == 2, again.stdout[-2000:]
+    assert (tmp_path / "out2" / "profile-grid.jsonl").read_text() == (out / "profile-grid.jsonl").read_text()

@@ -10,11 +10,13 @@ Writes a Markdown summary (--out) and prints it.
 
     python scripts/gpu/profile_steps.py [--micro 8] [--seq 437] [--steps 10] [--out profile.md]
     python scripts/gpu/profile_steps.py --model tiny --steps 2      (CPU rehearsal: the embedded tiny model)
+    python scripts/gpu/profile_steps.py --micro 1 --json grid.jsonl   (one line per method, for the time model)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -129,11 +131,14 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
     if device.type == "cuda":
         torch.cuda.synchronize()
     per_phase: dict[str, list[float]] = {}
+    walls: list[float] = []  # host clock around each step, synchronised at its end (launch-bound steps show here)
     for _ in range(steps):
         timers: list = []
+        t0 = time.perf_counter()
         step_fn(model, optimizer, batch, batch, timers)
         if device.type == "cuda":
             torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
         for k, v in phase_times(timers).items():
             per_phase.setdefault(k, []).append(v)
     medians = {k: statistics.median(v) for k, v in per_phase.items()}
@@ -146,11 +151,13 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         if device.type == "cuda":
             torch.cuda.synchronize()
     by_cat: dict[str, float] = {}
+    launches: dict[str, int] = {}
     for ev in prof.key_averages():
         t = ev.self_device_time_total if device.type == "cuda" else ev.self_cpu_time_total
         if t <= 0 or (device.type == "cuda" and ev.device_type != torch.autograd.DeviceType.CUDA):
             continue
         by_cat[categorize(ev.key)] = by_cat.get(categorize(ev.key), 0.0) + t / 1e6
+        launches[categorize(ev.key)] = launches.get(categorize(ev.key), 0) + ev.count
     n_lora = lora_param_count(model.config, 32, LORA_TARGETS) if method == "lora" else 0
     fpt = flops_per_token(model.config, seq, "full" if method == "full" else "lora", n_lora)
     peak = None
@@ -168,6 +175,8 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         "phases": medians,
         "step_s": step_s,
         "kernels": by_cat,
+        "launches": launches,
+        "wall_s": statistics.median(walls),
         "tok_s": tokens / step_s,
         "mfu": fpt.total * tokens / step_s / peak if peak else None,
         "tflops": fpt.total * tokens / step_s / 1e12,
@@ -227,13 +236,35 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--methods", default="full,lora")
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--json",
+        type=Path,
+        help="append one JSON line per method (model, micro, seq, device, torch, phases, kernel time and launches "
+        "by category); a method that runs out of GPU memory is a line with its error",
+    )
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
+    device_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
     for method in args.methods.split(","):
-        results.append(profile_method(method, args.model_name, args.micro, args.seq, args.steps, device))
+        head = {"model": args.model_name, "method": method, "micro": args.micro, "seq": args.seq}
+        head |= {"device": device_name, "torch": torch.__version__, "dtype": "bf16-true", "steps": args.steps}
+        try:
+            results.append(profile_method(method, args.model_name, args.micro, args.seq, args.steps, device))
+        except torch.OutOfMemoryError as e:
+            print(f"{method}: out of GPU memory ({str(e).splitlines()[0]})", flush=True)
+            if args.json:
+                with args.json.open("a") as f:
+                    f.write(json.dumps(head | {"error": "out of memory"}) + "\n")
+            torch.cuda.empty_cache()
+            continue
         print(f"{method}: step {results[-1]['step_s']:.4f} s", flush=True)
-    text = render(results, args, torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU")
+        if args.json:
+            with args.json.open("a") as f:
+                f.write(json.dumps(head | results[-1]) + "\n")
+    if not results:
+        return 1
+    text = render(results, args, device_name)
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -10,6 +10,9 @@
 #   tiny          lab Part 1 TinyLlama rows s1-s5, s10 (random weights, benchmark data)            6 min
 #                 + the collector's overhead (plain litgpt vs tunelab run, 3 pairs)              + 3.5 min
 #   profile       torch.profiler summary of TinyLlama full and LoRA steps                          0.5 min
+#   grid          the same profile over GRID ("model:micro ...", default TinyLlama at micro 1, 4, 16 and
+#                 OpenLLaMA 3B at 1, 4), full and LoRA -> profile-grid.jsonl: the time model's out-of-sample
+#                 rows (tunelab/plan/kernels.py; reports/planner-accuracy/kernels.md)                 2.5 min
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
@@ -19,7 +22,8 @@
 #                 took 3 calls (~21 min) on the H100; a cut search goes on where it stopped    ~20 min: 3 calls
 #   bench         litgpt against tunelab's fast path (tunelab bench, 3 alternating pairs of 30 steps, then each
 #                 at its best micro batch): BENCH recipes in turn (default TinyLlama full, TinyLlama LoRA,
-#                 OpenLLaMA 7B LoRA); records reused by the next call (not yet timed)        est. 25-40 min: 3-5 calls
+#                 OpenLLaMA 7B LoRA); records reused by the next call. TinyLlama full: pairs 2 calls,
+#                 its best-micro search a third, unfinished (2026-11-25)                     est. 40 min: 4 calls/recipe
 #   families      the planner across families (configs/sweeps/families-gpu.yaml: Gemma 2B and Phi-2 LoRA,
 #                 Llama 3.2 1B full and LoRA, Mistral 7B QLoRA; micro 2 and 4; random weights) (not yet timed)
 #                                                                                               est. 10-15 min: 2 calls
@@ -179,6 +183,21 @@ stage_overhead() {
 }
 stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
 stage_big() { sweep lab-part1 s8 s9 s14; }
+stage_grid() {  # one JSON line per (model, micro, method); a row already in gpu-results/profile-grid.jsonl is kept
+  local grid=${GRID:-"tiny-llama-1.1b:1 tiny-llama-1.1b:4 tiny-llama-1.1b:16 open_llama_3b:1 open_llama_3b:4"}
+  local steps=10 rc=0 row
+  [ "$REHEARSAL" = 1 ] && { grid=${GRID:-"tiny:1 tiny:2"}; steps=2; }
+  [ -f "$RESULTS/profile-grid.jsonl" ] && cp "$RESULTS/profile-grid.jsonl" "$OUT/profile-grid.jsonl"
+  for row in $grid; do
+    if grep -q "\"model\": \"${row%%:*}\", \"method\": \"[a-z]*\", \"micro\": ${row##*:}," "$OUT/profile-grid.jsonl" 2>/dev/null; then
+      echo "grid $row: already measured"; continue
+    fi
+    if [ "$(left)" -le 60 ]; then echo "grid $row: not started, $(left) s of the budget left"; continue; fi
+    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/gpu/profile_steps.py --model "${row%%:*}" --micro "${row##*:}" \
+      --steps "$steps" --json "$OUT/profile-grid.jsonl" > /dev/null || rc=$?
+  done
+  return $rc
+}
 stage_profile() {
   if [ "$REHEARSAL" = 1 ]; then
     "$PY" scripts/gpu/profile_steps.py --model tiny --out "$OUT/profile.md" --steps 2
@@ -190,7 +209,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, part3, bench, families, history, overhead)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, grid, part3, bench, families, history, overhead)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue
