@@ -121,6 +121,9 @@ def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_pat
     rec = run_cli([*argv, "--strategy", str(strategy), "--devices", "1", "--timeout", "600"], tmp_path / "fast")
     assert rec.status == "ok", (rec.error, (tmp_path / "fast" / "stderr.log").read_text()[-3000:])
     assert "compiled blocks" in rec.strategy and "fused optimizer" in rec.strategy
+    from tunelab.strategies import load_strategy
+
+    assert rec.strategy_settings == load_strategy(str(strategy)).settings() and ref.strategy_settings is None
     assert rec.compile_s > 0 and rec.graphs_compiled_in_loop == 0
     if case in INTERPRETED:  # fast.yaml's liger: loss, the logits never materialised
         assert rec.fused_kernels == "liger: fused linear cross-entropy"

@@ -114,3 +114,26 @@ def test_steady_state_leaves_the_pauses_out():
     steady = _steady_state([log], 1, len(log))
     assert steady["iter_time_s"] == 1.0 and steady["step_time_s"] == 1.0 and steady["window"] == (1.0, 8.0)
     assert steady["tok_s_real"] == 80 * 5 / 5.0  # 5 counted iterations of 1 s each (the first is warm-up)
+
+
+def test_a_record_is_not_reused_after_its_strategy_file_changed_in_a_key_its_description_hides(tmp_path):
+    """DDP's description is 'DDP' whatever its bucket size; a record keeps every key of the strategy file, so a bench,
+    sweep or probe made under bucket_cap_mb 25 is not taken for one under 50 (it runs again, the old record set
+    aside by the caller). A record from before records kept the keys is judged by its description, as before."""
+    from tunelab.run.resume import resume_state, strategy_label, strategy_settings
+
+    path = tmp_path / "ddp.yaml"
+    path.write_text("name: ddp\nbucket_cap_mb: 25\n")
+    label, before = strategy_label(str(path)), strategy_settings(str(path))
+    rec = RunRecord(recipe="tiny-llama-1.1b/full", status="ok", strategy=label, strategy_settings=before)
+    record.save(rec, tmp_path / "record.json")
+    args = (tmp_path / "record.json", "tiny-llama-1.1b/full", [])
+    assert resume_state(*args, label, before) == (True, None)
+    path.write_text("name: ddp\nbucket_cap_mb: 50\n")
+    assert strategy_label(str(path)) == label  # the description cannot tell them apart
+    assert resume_state(*args, label, strategy_settings(str(path))) == (
+        False,
+        "strategy file changed (bucket_cap_mb: 25 -> 50)",
+    )
+    record.save(dataclasses.replace(rec, strategy_settings=None), tmp_path / "record.json")
+    assert resume_state(*args, label, strategy_settings(str(path))) == (True, None)

@@ -293,3 +293,21 @@ def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
     grid.write_text(lines[0] + "\n{not json\n")
     with pytest.raises(files.FileRefused, match="line 2 is not JSON"):
         kernels.grid_rows(tmp_path)
+
+
+def test_the_tokens_stop_where_litgpt_stops_at_the_epochs_end_or_max_steps():
+    """litgpt's loop ends at max_steps or at the end of its last epoch, whichever comes first: the tokens (and the
+    MFU-range times built on them) agree with the point estimate's optimizer steps. The recipe's own data: 400
+    records, half of them validation, so 200 training samples: max_steps 30 at global batch 32 (960 samples) is cut
+    by the epoch; max_steps 3 is not."""
+    from tunelab.plan.recipe import epoch_tokens
+    from tunelab.recipes import resolve
+    from tunelab.settings import resolve as resolve_settings
+
+    def tokens(steps):
+        overrides = ["--train.global_batch_size", "32", "--train.micro_batch_size", "8", "--train.max_steps", steps]
+        return epoch_tokens(resolve_settings(resolve("tiny-llama-1.1b/full"), overrides), 440.0)
+
+    cut, note = tokens("30")
+    assert cut == 200 * 440.0 and "200 training samples" in note and "before max_steps 30" in note
+    assert tokens("3") == (3 * 32 * 440.0, "max_steps 3 x global batch 32 x 440 padded tokens/sample")

@@ -156,6 +156,9 @@ class RunRecord:
     description (DDP, FSDP ..., FSDP2, DeepSpeed ZeRO-n) run by tunelab.run.loop."""
     strategy_file: str | None = None
     """The configs/strategies file or name the run was given (None: litgpt's own strategy)."""
+    strategy_settings: dict | None = None
+    """Every key of that strategy file as loaded (:meth:`tunelab.strategies.StrategyConfig.settings`; None: litgpt's
+    own strategy): a record is reused only for the same settings, not merely the same description."""
     model_source: str = ""
     """'checkpoint' (the recipe's real weights), 'tiny' (embedded tiny model) or 'random' (real shapes, random)."""
     model_name: str = ""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tunelab import yaml_input
@@ -118,6 +118,13 @@ class StrategyConfig:
             )
             if on
         ]
+
+    def settings(self) -> dict:
+        """Every key as loaded, the description left out, as JSON keeps it: what a record stores, so that a record
+        made under other settings (a key its :meth:`describe` does not show) is never taken for this strategy's."""
+        import json
+
+        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "description"}))
 
     def describe(self) -> str:
         """The strategy in words, as records and reports name it."""

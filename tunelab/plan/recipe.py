@@ -238,12 +238,14 @@ def epoch_tokens(s: Settings, tokens_per_sample: float | None) -> tuple[float, s
         else f" (the default Alpaca-like length distribution padded at micro {s.micro_batch_size}; "
         "--tokens-per-sample to change)"
     )
-    if s.max_steps:
-        samples = s.max_steps * s.global_batch_size
-        return samples * per_sample, f"max_steps {s.max_steps} x global batch {s.global_batch_size} x {how}"
     train, _, src = train_samples(s)
     epochs = s.epochs or 1
-    return train * epochs * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}) x {how}"
+    if s.max_steps and s.max_steps * s.global_batch_size <= train * epochs:
+        samples = s.max_steps * s.global_batch_size
+        return samples * per_sample, f"max_steps {s.max_steps} x global batch {s.global_batch_size} x {how}"
+    # litgpt's loop also stops at the end of its last epoch, whichever comes first
+    ends = f", which end before max_steps {s.max_steps}" if s.max_steps else ""
+    return train * epochs * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}){ends} x {how}"
 
 
 def data_lengths(s: Settings) -> list[int] | None:

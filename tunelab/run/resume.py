@@ -34,12 +34,32 @@ def strategy_label(strategy: str | None) -> str:
     return load_strategy(strategy).describe() if strategy else "litgpt"
 
 
+def strategy_settings(strategy: str | None) -> dict | None:
+    """Every key of a strategy file or name as a record keeps it (``StrategyConfig.settings``), None for litgpt's
+    own command."""
+    return load_strategy(strategy).settings() if strategy else None
+
+
+def settings_changed(recorded: dict | None, wanted: dict | None) -> str | None:
+    """The strategy keys that differ between a record and the run, in words (None: the same, or a record made before
+    records kept them, which is judged by its description alone)."""
+    if recorded is None or wanted is None:
+        return None
+    keys = sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
+    return ", ".join(f"{k}: {recorded.get(k)!r} -> {wanted.get(k)!r}" for k in keys) or None
+
+
 def resume_state(
-    record_path: Path, recipe: str | None = None, overrides: list[str] | None = None, strategy: str | None = None
+    record_path: Path,
+    recipe: str | None = None,
+    overrides: list[str] | None = None,
+    strategy: str | None = None,
+    settings: dict | None = None,
 ) -> tuple[bool, str | None]:
     """(done, why not) for a run whose record would be ``record_path``. Done: a readable record, not cut short by
-    the command, made with ``recipe``, ``overrides`` and ``strategy`` (a label, see :func:`strategy_label`) when they
-    are given. Not done with a reason: the record is corrupt or stale (the caller keeps it aside and runs again)."""
+    the command, made with ``recipe``, ``overrides``, ``strategy`` (a label, see :func:`strategy_label`) and the
+    strategy's ``settings`` (:func:`strategy_settings`) when they are given. Not done with a reason: the record is
+    corrupt or stale (the caller keeps it aside and runs again)."""
     if not record_path.is_file():
         return False, None
     try:
@@ -61,4 +81,7 @@ def resume_state(
         )
     if strategy is not None and (rec.get("strategy") or "litgpt") != strategy:
         return False, f"strategy changed ({rec.get('strategy')} -> {strategy})"
+    changed = settings_changed(rec.get("strategy_settings"), settings)
+    if changed:
+        return False, f"strategy file changed ({changed})"
     return True, None

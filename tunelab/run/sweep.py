@@ -34,7 +34,8 @@ def sweep_dir_for(sweep: Sweep, out: Path | None) -> Path:
 
 def row_done(base: Path, row: Row) -> tuple[bool, str | None]:
     """Whether row ``row`` of the sweep in ``base`` is recorded with its current settings (see resume_state)."""
-    return resume_state(base / row.id / "record.json", row.recipe.key, row.overrides(), row.strategy_label)
+    settings = row.strategy_config.settings() if row.strategy_config else None
+    return resume_state(base / row.id / "record.json", row.recipe.key, row.overrides(), row.strategy_label, settings)
 
 
 def archive(sweep_dir: Path, dest: Path) -> Path:

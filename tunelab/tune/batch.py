@@ -33,7 +33,7 @@ from tunelab.files import Busy, exclusive_lock, set_aside, write_json_atomic, wr
 from tunelab.plan.recipe import plan_recipe
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
-from tunelab.run.resume import resume_state, same_overrides, strategy_label
+from tunelab.run.resume import resume_state, same_overrides, settings_changed, strategy_label, strategy_settings
 from tunelab.run.runner import run
 from tunelab.strategies import load_strategy
 from tunelab.validate import check
@@ -281,6 +281,7 @@ def reusable(
         rec.recipe == recipe.key
         and same_overrides(rec.overrides, overrides)
         and (rec.strategy or "litgpt") == strategy_label(strategy)
+        and not settings_changed(rec.strategy_settings, strategy_settings(strategy))
         and rec.status in ("ok", "oom")
         and (model in ("auto", rec.model_source) or (model == "checkpoint" and rec.model_source == "checkpoint"))
     )

@@ -30,7 +30,7 @@ from tunelab.recipes import Recipe
 from tunelab.report.stats import median_interval
 from tunelab.report.sweep import environment
 from tunelab.run.collect import read_metrics
-from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label
+from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label, strategy_settings
 from tunelab.run.runner import run
 
 COLUMNS = [
@@ -120,7 +120,7 @@ def _one(
     **run_args,
 ) -> record_mod.RunRecord:
     path = run_dir / "record.json"
-    done, why = resume_state(path, recipe.key, overrides, strategy_label(arm.strategy))
+    done, why = resume_state(path, recipe.key, overrides, strategy_label(arm.strategy), strategy_settings(arm.strategy))
     if done:
         stream.write(f"{run_dir.name}: recorded earlier, not run again\n")
         return record_mod.load(path)
@@ -175,7 +175,10 @@ def run_phase(
             args = run_args
             if deadline is not None:  # past it, a run recorded earlier still counts; none starts
                 left = deadline - time.monotonic()
-                done, _ = resume_state(run_dir / "record.json", recipe.key, extra, strategy_label(arm.strategy))
+                done, _ = resume_state(
+                    run_dir / "record.json", recipe.key, extra, strategy_label(arm.strategy),
+                    strategy_settings(arm.strategy),
+                )  # fmt: skip
                 if left < 1 and not done:
                     not_started.append(f"pair {pair} {arm.name}")
                     continue
