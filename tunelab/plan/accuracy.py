@@ -171,7 +171,11 @@ def write_accuracy(out: Path | None = None) -> Path:
     return out
 
 
-OWN_MEASUREMENTS = ("2026-11-23-lab-part1-h100", "2026-11-23-qlora-memory-h100")
+OWN_MEASUREMENTS = (
+    "2026-11-23-lab-part1-h100",
+    "2026-11-23-qlora-memory-h100",
+    "2026-11-25-bench-tiny-llama-1.1b-full-h100",
+)
 """Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
 
 
@@ -185,6 +189,7 @@ def own_rows(reports: Path | None = None) -> list[dict]:
     from tunelab.files import RECORD_MAX_BYTES
     from tunelab.recipes import resolve
     from tunelab.record import RunRecord
+    from tunelab.strategies import StrategyConfig
 
     reports = Path(reports or ROOT / "reports")
     rows = []
@@ -199,13 +204,17 @@ def own_rows(reports: Path | None = None) -> list[dict]:
                 rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
                 if rec.status != "ok" or not rec.peak_allocated_bytes:
                     continue
-                planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None)
+                strategy = (  # the strategy file as the record kept it, else as its name loads today
+                    StrategyConfig(**rec.strategy_settings) if rec.strategy_settings else rec.strategy_file
+                )
+                planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy)
                 plan, x = planned.plan, planned.input
                 measured = rec.peak_allocated_bytes / 1e9
                 predicted = plan.peak_allocated_bytes / 1e9
                 rows.append(
                     {
-                        "report": name, "row": rec.row_id, "recipe": rec.recipe, "device": rec.device_name,
+                        "report": name, "row": rec.row_id, "device": rec.device_name,
+                        "recipe": rec.recipe + (f" --strategy {rec.strategy_file}" if rec.strategy_file else ""),
                         "method": x.method, "precision": str(x.precision), "micro": x.micro_batch_size,
                         "seq_len": x.seq_len, "predicted_gb": round(predicted, 3), "measured_gb": round(measured, 3),
                         "rel_error": round(predicted / measured - 1, 4),

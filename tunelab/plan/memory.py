@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 
 from tunelab import hardware
 from tunelab.models import count_params, lora_param_count, lora_tensor_numels
-from tunelab.plan import activations
+from tunelab.plan import activations, compiled
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
 
 GiB = 2**30
@@ -158,8 +158,9 @@ class PlanInput:
     materialised; the fused loss keeps the gradients of its input and of the head weight from forward to backward
     (:func:`liger_loss_bytes`)."""
     compiled: bool = False
-    """Transformer blocks compiled (torch.compile): planned as eager, an upper bound (inductor's partitioner
-    recomputes cheap ops in backward instead of saving them)."""
+    """Transformer blocks compiled (torch.compile, a strategy's ``compile: blocks``): what each block keeps is what
+    torch's partitioner saves (:mod:`tunelab.plan.compiled`, traced), not eager autograd's; planned as eager (an
+    upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
 
     @property
     def world(self) -> int:
@@ -295,8 +296,6 @@ def _model_states(x: PlanInput, notes: list) -> _States:
     )
     if x.fused_optimizer and opt.startswith("Adam"):
         notes.append("fused AdamW: the update runs in place, no parameter-sized temporary")
-    if x.compiled:
-        notes.append("compiled blocks: activations planned as eager (an upper bound: inductor may save less)")
     return _States(
         total=total,
         emb=emb,
@@ -385,10 +384,25 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
         flash_pad=not (efficient or x.attention_math) and c.head_size % 8 != 0,
     )
     notes.extend(saved.notes)
+    traced = (
+        x.compiled
+        and compiled.supported(x.precision)
+        and not (x.activation_checkpointing or bnb_quantized(x) or x.attention_math)
+    )
     if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
         acts = s_fp32_or_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
+    elif traced:  # what torch.compile's partitioner keeps per block (traced once, bytes per token)
+        args = (c, kind, str(x.precision), x.lora_r, tuple(x.lora_targets) if x.lora else ())
+        first = compiled.saved_bytes_per_token(*args, input_grad=not x.lora) * n_tok
+        acts = first + compiled.saved_bytes_per_token(*args) * n_tok * (c.n_layer - 1)
+        notes.append(
+            "compiled blocks: each block keeps what torch.compile's partitioner saves (tunelab/plan/compiled.py, "
+            f"traced: {acts / c.n_layer / 1e9:.2f} GB per block where eager keeps {saved.per_layer / 1e9:.2f})"
+        )
     else:
         acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
+    if x.compiled and not traced:
+        notes.append("compiled blocks: activations planned as eager here (an upper bound: inductor saves less)")
     if bnb_quantized(x):  # QLoRA's trainable StableEmbedding: its norm keeps its input (and mean and rstd), and the
         # first block's input carries a gradient, so it keeps what the others keep (stable_embedding_states)
         acts += (s_act * c.n_embd + 8) * n_tok + (
