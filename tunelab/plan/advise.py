@@ -28,6 +28,7 @@ from tunelab.plan import comm, memory, runtime
 from tunelab.plan.recipe import (
     LAB_PADDED_TOKENS_PER_SAMPLE,
     default_lengths,
+    grouped_padded_per_sample,
     padded_per_sample,
     plan_recipe,
     sample_lengths,
@@ -94,11 +95,16 @@ class Workload:
     how: str = ""
     """Where the figures come from, in words."""
 
-    def per_sample(self, micro: int) -> float:
+    def per_sample(self, micro: int, strategy=None, cap: int = 512) -> float:
         """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample): from the
         data's lengths, else from the default length distribution (:func:`tunelab.plan.recipe.default_lengths`,
-        437 at micro 8 as the lab measured)."""
-        return padded_per_sample(list(self.lengths or default_lengths()), micro)
+        437 at micro 8 as the lab measured); under a ``strategy`` (a loaded file) that groups by length or pads to
+        a multiple, as its loop forms the micro batches (:func:`tunelab.plan.recipe.grouped_padded_per_sample`;
+        ``cap``: the sequence length no micro batch is padded past)."""
+        lengths = list(self.lengths or default_lengths())
+        if strategy is not None and (strategy.length_grouping or strategy.pad_to_multiple):
+            return grouped_padded_per_sample(lengths, micro, strategy.length_grouping, strategy.pad_to_multiple, cap)
+        return padded_per_sample(lengths, micro)
 
     @property
     def tokens(self) -> float:
@@ -274,7 +280,7 @@ def candidates(
                                     continue  # (tunelab validate refuses it too)
                                 x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
                                 out.append(_planned(x, gpu, peak, links, work, strat, recipe,
-                                                    price_table.get(gpu.name), headroom))  # fmt: skip
+                                                    price_table.get(gpu.name), headroom, config))  # fmt: skip
     return _dedupe(out)
 
 
@@ -296,11 +302,11 @@ def _micro_batches(x, gpu, gbs: int, world: int, global_batch: str, headroom: fl
     return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
 
 
-def _planned(x, gpu, peak, links, work: Workload, strat, recipe, price, headroom) -> Candidate:
+def _planned(x, gpu, peak, links, work: Workload, strat, recipe, price, headroom, config=None) -> Candidate:
     plan = memory.verdict(memory.predict(x), gpu)
     gbs = x.micro_batch_size * x.accumulation * x.world
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
-    terms = runtime.terms(x, args, work.samples, 0, work.per_sample(x.micro_batch_size))
+    terms = runtime.terms(x, args, work.samples, 0, work.per_sample(x.micro_batch_size, config, x.seq_len))
     if x.world > 1:
         terms.comm = comm.per_step(x, *links)
     seconds = terms.seconds_on(gpu, peak)

@@ -32,6 +32,8 @@ import dataclasses
 import json
 from functools import lru_cache
 
+from tunelab.settings import LORA_TARGETS
+
 TRACE_TOKENS = 64
 """Tokens of the shorter of the two one-sample traces (the longer has twice as many; a multiple of 64, as the fast
 path pads; any length gives the same bytes per token, tested)."""
@@ -83,7 +85,7 @@ def trace_block(
         c = LoRAConfig(
             **{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(LoRAConfig)}},
             lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=LORA_DROPOUT,
-            **{f"lora_{t}": t in on for t in ("query", "key", "value", "projection", "mlp", "head")},
+            **{f"lora_{t}": t in on for t in LORA_TARGETS},
         )  # fmt: skip
     else:
         from litgpt import Config

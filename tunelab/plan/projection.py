@@ -22,6 +22,7 @@ from tunelab.plan.recipe import (
     data_lengths,
     default_lengths,
     epoch_tokens,
+    grouped_padded_per_sample,
     padded_per_sample,
     runtime_terms,
 )
@@ -250,10 +251,22 @@ def project_recipe(
     lengths = None if tokens_per_sample else data_lengths(s)
     per_sample = tokens_per_sample or (padded_per_sample(lengths, x.micro_batch_size) if lengths else None)
     real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(s.max_seq_length or 512))
+    strat = planned.strategy_config
+    if not tokens_per_sample and strat is not None and (strat.length_grouping or strat.pad_to_multiple):
+        cap = s.max_seq_length or 512  # the fast path's own batches: grouped by length, padded to a multiple
+        per_sample = grouped_padded_per_sample(
+            list(lengths or default_lengths(cap)), x.micro_batch_size, strat.length_grouping, strat.pad_to_multiple, cap
+        )
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
         tokens, note = epoch_tokens(s, per_sample)
+        if not tokens_per_sample and strat is not None and (strat.length_grouping or strat.pad_to_multiple):
+            note += (
+                f" (the fast path's micro batches: length-grouped in windows of {strat.length_grouping} micro "
+                f"batches, padded to multiples of {strat.pad_to_multiple}, over "
+                + ("the data's lengths)" if lengths else "the default Alpaca-like length distribution)")
+            )
     work = runtime_terms(s, x, per_sample, real)
     if x.world > 1:
         work.comm = comm_mod.per_step(

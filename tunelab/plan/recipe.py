@@ -40,6 +40,8 @@ class PlannedRecipe:
     """Where the planned sequence length comes from (the recipe's max_seq_length, or the dataset's longest sample)."""
     strategy: str = "litgpt"
     """The strategy as a run record names it ('litgpt', or the strategy file's description)."""
+    strategy_config: StrategyConfig | None = None
+    """The strategy file as loaded (None: litgpt's own strategy): its batching switches change the padding."""
 
 
 def check_ranges(s: Settings) -> None:
@@ -211,7 +213,7 @@ def plan_recipe(
         memory.verdict(plan, gpu)
         plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
     label = strat.describe() if strat is not None else "litgpt"
-    return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source, strategy=label)
+    return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strat)
 
 
 def _data_init(s: Settings) -> dict:
@@ -335,6 +337,23 @@ def padded_per_sample(lengths: list[int], micro: int, seed: int = 42) -> float:
     random.Random(seed).shuffle(order)
     batches = [order[i : i + micro] for i in range(0, len(order), micro)]
     return sum(max(b) * len(b) for b in batches) / len(order)
+
+
+def grouped_padded_per_sample(
+    lengths: list[int], micro: int, group: int | None, multiple: int | None, cap: int, seed: int = 42
+) -> float:
+    """Mean tokens per sample under tunelab's fast path: the micro batches its loop forms (length-grouped within
+    windows of ``group`` micro batches, :func:`tunelab.data.grouping.plan_epoch`, the loop's own code), each padded
+    to its longest sample rounded up to ``multiple`` (:func:`tunelab.data.grouping.bucket`), the order shuffled as
+    litgpt's loader shuffles (seeded)."""
+    from tunelab.data.grouping import bucket, plan_epoch
+
+    if not lengths:
+        return 0.0
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    batches = plan_epoch(order, micro, lengths, group, seed, 0)
+    return sum(bucket(max(lengths[i] for i in b), multiple, cap) * len(b) for b in batches) / len(lengths)
 
 
 DEFAULT_LENGTH_DRAWS = 20_000

@@ -20,10 +20,11 @@ the fast path's switches (a strategy file's ``pretokenize``, ``length_grouping``
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 
 import torch
+
+from tunelab.data.grouping import bucket, plan_epoch  # noqa: F401  (the loop's batches; the planner reads the same)
 
 
 def litgpt_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
@@ -88,27 +89,6 @@ class Tokenized:
         return len(self.samples)
 
 
-def plan_epoch(
-    order: list[int],
-    micro: int,
-    lengths: list[int] | None = None,
-    group: int | None = None,
-    seed: int = 0,
-    epoch: int = 0,
-) -> list[list[int]]:
-    """The epoch's micro batches (lists of sample indices) from an ``order``: cut in order, or, with ``group`` and the
-    samples' ``lengths``, grouped by length within windows of ``group`` micro batches (see the module docstring)."""
-    if not group:
-        return [order[i : i + micro] for i in range(0, len(order), micro)]
-    window = micro * group
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start : start + window], key=lambda i: lengths[i], reverse=True)
-        batches += [chunk[i : i + micro] for i in range(0, len(chunk), micro)]
-    random.Random(seed * 1_000_003 + epoch).shuffle(batches)
-    return batches
-
-
 def rank_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
     """Rank ``rank``'s micro batches of a global plan (round robin, the last round padded by wrapping around so that
     every rank runs the same number of iterations: collectives must match)."""
@@ -122,14 +102,6 @@ def padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
     padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
     real = sum(lengths[i] for b in batches for i in b)
     return 1 - real / padded if padded else 0.0
-
-
-def bucket(length: int, multiple: int | None, cap: int) -> int:
-    """The padded length of a micro batch whose longest sample has ``length`` tokens: the next multiple of
-    ``multiple`` (None: ``length`` itself), never above ``cap`` (the model's ``max_seq_length``)."""
-    if not multiple:
-        return length
-    return min(-(-length // multiple) * multiple, max(cap, length))
 
 
 def collate(
