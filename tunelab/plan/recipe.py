@@ -205,9 +205,11 @@ def plan_recipe(
     plan = memory.predict(x)
     if strat is not None and strat.fast:
         plan.notes.append(
-            f"tunelab's fast path ({', '.join(strat.fast)}): the time point estimate is fitted to "
-            "litgpt's loop; --calibrate with the fast path's run records (tunelab bench) uses its "
-            "measured MFU"
+            f"tunelab's fast path ({', '.join(strat.fast)}): the time point estimate is litgpt's step at the fast "
+            "path's padding (its compiled kernels and fewer host launches are not modelled: on our H100 it ran "
+            "TinyLlama full at micro 8 in 0.20 s per optimizer step where this estimate says 0.70, "
+            "reports/2026-11-25-bench-tiny-llama-1.1b-full-h100); --calibrate with its run records (tunelab bench) "
+            "uses their measured MFU"
         )
     if gpu is not None:
         memory.verdict(plan, gpu)
