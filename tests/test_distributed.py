@@ -306,3 +306,42 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
     proc.wait(timeout=30)
     gone, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, [p.pid for p in alive]
+
+
+def test_a_rank_whose_torchrun_died_during_its_imports_exits_at_once(tmp_path):
+    """torchrun starts each rank in a session of its own, so the run's process group does not reach it; a rank asks
+    Linux to kill it with its parent only after its imports, so a torchrun killed in between would leave it training
+    as an orphan. The rank checks its parent right after asking: an orphan started by torchrun (its environment
+    says so) exits at once with a line; the same process under a living torchrun, or not started by torchrun, runs
+    on. Real processes: a shell that starts the rank and exits at once (the rank is re-parented), and torchrun."""
+    import time
+
+    probe = (
+        "import sys, time; time.sleep(1); from tunelab.run import rank_stats; rank_stats.die_with_parent(); "
+        "open(sys.argv[1], 'w').write('alive')"
+    )
+
+    def orphan(name: str, torchelastic: bool) -> tuple[Path, Path]:
+        mark, err = tmp_path / f"{name}.alive", tmp_path / f"{name}.err"
+        env = {k: v for k, v in cpu_env().items() if k != "TORCHELASTIC_RUN_ID"}
+        if torchelastic:
+            env["TORCHELASTIC_RUN_ID"] = "orphan-test"
+        line = f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} {shlex.quote(str(mark))} 2> {shlex.quote(str(err))} &"
+        subprocess.run(["sh", "-c", line + " exit 0"], cwd=ROOT, env=env, check=True, timeout=30)
+        return mark, err
+
+    dead, dead_err = orphan("torchrun-rank", True)
+    plain, _ = orphan("plain", False)
+    t0 = time.time()
+    while not plain.exists() or not (dead.exists() or dead_err.read_text()):
+        assert time.time() - t0 < 120, "neither process finished its imports in two minutes"
+        time.sleep(0.2)
+    time.sleep(1)
+    assert "torchrun, which started it, is gone; exiting" in dead_err.read_text() and not dead.exists()
+    live = tmp_path / "live.alive"
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "--no-python",
+         sys.executable, "-c", probe, str(live)],
+        cwd=ROOT, env=cpu_env(), check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    assert live.read_text() == "alive"

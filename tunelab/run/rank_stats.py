@@ -167,8 +167,28 @@ def write() -> None:
 
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies, so that ranks spawned by a launcher (Lightning's,
-    torchrun's) do not outlive a killed run and hang in a collective."""
+    torchrun's) do not outlive a killed run and hang in a collective. The request covers a parent alive when it is
+    made; a rank torchrun started (torchrun puts each in a session of its own, out of reach of the run's process
+    group) whose torchrun died during the rank's imports is already an orphan: it says so and exits at once."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.environ.get("TORCHELASTIC_RUN_ID") and not parent_is_torchrun():
+        sys.stderr.write(f"tunelab: rank {global_rank()}: torchrun, which started it, is gone; exiting\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+TORCHRUN_NAMES = (b"torch.distributed.run", b"torchrun", b"torch.distributed.launch")
+"""What a torchrun process's command line holds (``python -m torch.distributed.run``, the ``torchrun`` script)."""
+
+
+def parent_is_torchrun() -> bool:
+    """Whether this process's parent is torchrun (read from /proc, bounded); True where it cannot be told."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            cmd = f.read(1 << 16)
+    except OSError:
+        return True
+    return any(name in cmd for name in TORCHRUN_NAMES)
