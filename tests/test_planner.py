@@ -532,6 +532,7 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     import dataclasses
 
     from litgpt import Config
+    from litgpt.lora import Config as LoRAConfig
 
     from tunelab.plan import activations, compiled, memory
     from tunelab.settings import LORA_TARGETS
@@ -542,10 +543,10 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     assert at(192) - at(64) == full * 3 * 128  # linear in tokens, at any batch
     # the block's input (n_embd, 2 bytes) is among what it keeps; its 22 M weights (44 MB) are not
     assert 2 * c.n_embd < full < 44e6 / 64
-    for method, per_token in (
-        ("full", full),
-        ("lora", compiled.saved_bytes_per_token(c, "lora", "bf16-true", 32, LORA_TARGETS)),
-    ):
+    lora = compiled.saved_bytes_per_token(c, "lora", "bf16-true", 32, LORA_TARGETS)
+    lora_config = LoRAConfig.from_name("tiny-llama-1.1b", lora_r=8, lora_query=True)  # a plan's LoRA Config: its own
+    assert compiled.saved_bytes_per_token(lora_config, "lora", "bf16-true", 32, LORA_TARGETS) == lora  # r/targets win
+    for method, per_token in (("full", full), ("lora", lora)):
         eager = activations.saved_bytes(c, method, 2, 1, 512, LORA_TARGETS).per_layer / 512
         assert 0.5 * eager < per_token < eager, (method, per_token, eager)
     x = memory.PlanInput(config=c, precision="bf16-true", micro_batch_size=8, seq_len=512, compiled=True)

@@ -82,8 +82,9 @@ def trace_block(
         from litgpt.lora import Config as LoRAConfig
 
         on = set(targets)
+        given = {f"lora_{k}" for k in ("r", "alpha", "dropout", *LORA_TARGETS)}  # set below, not from config
         c = LoRAConfig(
-            **{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(LoRAConfig)}},
+            **{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(LoRAConfig)} - given},
             lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=LORA_DROPOUT,
             **{f"lora_{t}": t in on for t in LORA_TARGETS},
         )  # fmt: skip
