@@ -564,3 +564,28 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
         memory.predict(dataclasses.replace(x, precision="bf16-mixed")).breakdown_bytes["activations"]
         > eager_plan * 0.99
     )
+
+
+def test_a_records_strategy_settings_are_checked_as_a_strategy_file_is(tmp_path):
+    """own_rows plans a record under the strategy keys it kept; a key no strategy has (an edited or foreign record)
+    is one line naming the archive, the record and the key, not an internal error."""
+    import io
+    import tarfile
+
+    from tunelab.plan.accuracy import OWN_MEASUREMENTS
+    from tunelab.record import RunRecord
+    from tunelab.strategies import StrategyError, load_strategy
+
+    rec = RunRecord(
+        recipe="tiny-llama-1.1b/full", status="ok", peak_allocated_bytes=10**9, strategy_file="fast",
+        strategy_settings={**load_strategy("fast").settings(), "bogus": 1},
+    )  # fmt: skip
+    folder = tmp_path / OWN_MEASUREMENTS[0]
+    folder.mkdir()
+    data = json.dumps(rec.to_dict()).encode()
+    with tarfile.open(folder / "records.tgz", "w:gz") as tar:
+        info = tarfile.TarInfo("row/record.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(StrategyError, match=r"row/record.json: strategy_settings: unknown key\(s\) \['bogus'\]"):
+        own_rows(tmp_path)

@@ -101,6 +101,12 @@ class StrategyConfig:
     """Unused; reserved."""
 
     @property
+    def regroups(self) -> bool:
+        """Whether its loop forms micro batches its own way (by length, or padded to a multiple): their padding is
+        not litgpt's."""
+        return bool(self.length_grouping or self.pad_to_multiple)
+
+    @property
     def fast(self) -> list[str]:
         """The speed switches that are on, in words (empty: tunelab's loop runs as litgpt's does)."""
         return [
@@ -230,6 +236,14 @@ def load_strategy(path: str | Path) -> StrategyConfig:
         raw = yaml_input.load_mapping(p, "a strategy")
     except InputError as e:
         raise StrategyError(str(e)) from None
+    return strategy_from_mapping(raw, p)
+
+
+def strategy_from_mapping(raw: dict, p) -> StrategyConfig:
+    """A strategy from its keys (a file's, or a record's ``strategy_settings``), type- and range-checked;
+    StrategyError naming ``p`` (where they came from) and the key."""
+    if not isinstance(raw, dict):
+        raise StrategyError(f"{p}: not a mapping of strategy keys")
     allowed = {f.name for f in fields(StrategyConfig)}
     bad = set(raw) - allowed
     if bad:

@@ -189,7 +189,7 @@ def own_rows(reports: Path | None = None) -> list[dict]:
     from tunelab.files import RECORD_MAX_BYTES
     from tunelab.recipes import resolve
     from tunelab.record import RunRecord
-    from tunelab.strategies import StrategyConfig
+    from tunelab.strategies import strategy_from_mapping
 
     reports = Path(reports or ROOT / "reports")
     rows = []
@@ -204,8 +204,10 @@ def own_rows(reports: Path | None = None) -> list[dict]:
                 rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
                 if rec.status != "ok" or not rec.peak_allocated_bytes:
                     continue
-                strategy = (  # the strategy file as the record kept it, else as its name loads today
-                    StrategyConfig(**rec.strategy_settings) if rec.strategy_settings else rec.strategy_file
+                strategy = (  # the strategy file as the record kept it (checked as a file is), else as its name loads
+                    strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
+                    if rec.strategy_settings
+                    else rec.strategy_file
                 )
                 planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy)
                 plan, x = planned.plan, planned.input

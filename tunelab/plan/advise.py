@@ -28,8 +28,7 @@ from tunelab.plan import comm, memory, runtime
 from tunelab.plan.recipe import (
     LAB_PADDED_TOKENS_PER_SAMPLE,
     default_lengths,
-    grouped_padded_per_sample,
-    padded_per_sample,
+    padded_tokens_per_sample,
     plan_recipe,
     sample_lengths,
     strategy_fields,
@@ -98,13 +97,10 @@ class Workload:
     def per_sample(self, micro: int, strategy=None, cap: int = 512) -> float:
         """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample): from the
         data's lengths, else from the default length distribution (:func:`tunelab.plan.recipe.default_lengths`,
-        437 at micro 8 as the lab measured); under a ``strategy`` (a loaded file) that groups by length or pads to
-        a multiple, as its loop forms the micro batches (:func:`tunelab.plan.recipe.grouped_padded_per_sample`;
-        ``cap``: the sequence length no micro batch is padded past)."""
-        lengths = list(self.lengths or default_lengths())
-        if strategy is not None and (strategy.length_grouping or strategy.pad_to_multiple):
-            return grouped_padded_per_sample(lengths, micro, strategy.length_grouping, strategy.pad_to_multiple, cap)
-        return padded_per_sample(lengths, micro)
+        437 at micro 8 as the lab measured); under a ``strategy`` (a loaded file) that forms its micro batches its
+        own way, as its loop forms them (:func:`tunelab.plan.recipe.padded_tokens_per_sample`; ``cap``: the sequence
+        length no micro batch is padded past)."""
+        return padded_tokens_per_sample(list(self.lengths or default_lengths()), micro, strategy, cap)
 
     @property
     def tokens(self) -> float:

@@ -32,8 +32,6 @@ import dataclasses
 import json
 from functools import lru_cache
 
-from tunelab.settings import LORA_TARGETS
-
 TRACE_TOKENS = 64
 """Tokens of the shorter of the two one-sample traces (the longer has twice as many; a multiple of 64, as the fast
 path pads; any length gives the same bytes per token, tested)."""
@@ -77,22 +75,17 @@ def trace_block(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     dtype = getattr(torch, PRECISIONS[precision])
+    from litgpt import Config
+
+    c = Config(**{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(Config) if f.init}})
     if method == "lora":
         from litgpt.lora import Block
-        from litgpt.lora import Config as LoRAConfig
 
-        on = set(targets)
-        given = {f"lora_{k}" for k in ("r", "alpha", "dropout", *LORA_TARGETS)}  # set below, not from config
-        c = LoRAConfig(
-            **{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(LoRAConfig)} - given},
-            lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=LORA_DROPOUT,
-            **{f"lora_{t}": t in on for t in LORA_TARGETS},
-        )  # fmt: skip
+        from tunelab.plan.measure import lora_config
+
+        c = lora_config(c, lora_r, 2 * lora_r, LORA_DROPOUT, targets)
     else:
-        from litgpt import Config
         from litgpt.model import Block
-
-        c = Config(**{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(Config)}})
     from litgpt.model import build_rope_cache
 
     kept: dict = {}

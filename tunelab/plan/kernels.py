@@ -631,6 +631,10 @@ PROFILE_SHAPE = ("tiny-llama-1.1b", "bf16-true", 8, 437, "H100-SXM")
 """(model, precision, micro batch, tokens, GPU) of :data:`PROFILE`."""
 
 
+PROFILE_ELEMENTWISE = ("norm/rope/elementwise", "cross-entropy/softmax", "other (copies, casts, ...)")
+"""The profile's kernel categories (scripts/gpu/profile_steps.py) the model's elementwise and loss kernels answer."""
+
+
 def read_profile(path) -> dict:
     """{method: {"step": s, "forward": s, "loss": s, "backward": s, "optimizer": s, "kernel:<category>": s}} from
     :data:`PROFILE`'s two tables (seconds)."""
@@ -673,9 +677,7 @@ def profile_rows(root) -> list[dict]:
             (
                 "kernels: elementwise, loss, copies",
                 cat.get("elementwise", 0.0) + cat.get("loss", 0.0),
-                m["kernel:norm/rope/elementwise"]
-                + m["kernel:cross-entropy/softmax"]
-                + m["kernel:other (copies, casts, ...)"],
+                sum(m["kernel:" + c] for c in PROFILE_ELEMENTWISE),
             ),
             ("kernels: optimizer", cat.get("optimizer", 0.0), m["kernel:optimizer"]),
             ("kernels: all (GPU busy)", st.gpu_s, sum(v for k, v in m.items() if k.startswith("kernel:"))),
@@ -731,10 +733,7 @@ def grid_rows(root) -> list[dict]:
             "attention": (cat.get("attention", 0.0), k.get("attention", 0.0)),
             "elementwise, loss, copies": (
                 cat.get("elementwise", 0.0) + cat.get("loss", 0.0),
-                sum(
-                    k.get(c, 0.0)
-                    for c in ("norm/rope/elementwise", "cross-entropy/softmax", "other (copies, casts, ...)")
-                ),
+                sum(k.get(c, 0.0) for c in PROFILE_ELEMENTWISE),
             ),
         }
         rows.append(

@@ -205,10 +205,13 @@ class Measurement:
 
 
 def lora_config(config, r: int, alpha: int, dropout: float, targets=LORA_TARGETS):
-    """litgpt.lora.Config of ``config`` with the adapters on ``targets`` (names of tunelab.settings.LORA_TARGETS)."""
+    """litgpt.lora.Config of ``config`` with the adapters on ``targets`` (names of tunelab.settings.LORA_TARGETS); a
+    ``config`` that is already a LoRA Config keeps its model, not its own adapter settings."""
     from litgpt.lora import Config as LoRAConfig
 
-    base = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+    base = {
+        f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and not f.name.startswith("lora_")
+    }
     return LoRAConfig(
         **base,
         lora_r=r,

@@ -22,8 +22,7 @@ from tunelab.plan.recipe import (
     data_lengths,
     default_lengths,
     epoch_tokens,
-    grouped_padded_per_sample,
-    padded_per_sample,
+    padded_tokens_per_sample,
     runtime_terms,
 )
 
@@ -247,21 +246,21 @@ def project_recipe(
     :func:`tunelab.plan.recipe.default_lengths` padded at the run's micro batch). On several devices
     the communication term (tunelab.plan.comm) is added, over ``interconnect`` (default: the GPU's own link) and
     between nodes over ``internode`` (needed for several nodes)."""
-    s, x = planned.settings, planned.input
+    s, x, strat = planned.settings, planned.input, planned.strategy_config
+    cap = s.max_seq_length or 512
     lengths = None if tokens_per_sample else data_lengths(s)
-    per_sample = tokens_per_sample or (padded_per_sample(lengths, x.micro_batch_size) if lengths else None)
-    real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(s.max_seq_length or 512))
-    strat = planned.strategy_config
-    if not tokens_per_sample and strat is not None and (strat.length_grouping or strat.pad_to_multiple):
-        cap = s.max_seq_length or 512  # the fast path's own batches: grouped by length, padded to a multiple
-        per_sample = grouped_padded_per_sample(
-            list(lengths or default_lengths(cap)), x.micro_batch_size, strat.length_grouping, strat.pad_to_multiple, cap
-        )
+    regrouped = not tokens_per_sample and strat is not None and strat.regroups  # the fast path's own batches
+    per_sample = tokens_per_sample or (
+        padded_tokens_per_sample(list(lengths or default_lengths(cap)), x.micro_batch_size, strat, cap)
+        if lengths or regrouped
+        else None  # litgpt's padding of the default lengths, said so by epoch_tokens
+    )
+    real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(cap))
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
         tokens, note = epoch_tokens(s, per_sample)
-        if not tokens_per_sample and strat is not None and (strat.length_grouping or strat.pad_to_multiple):
+        if regrouped:
             note += (
                 f" (the fast path's micro batches: length-grouped in windows of {strat.length_grouping} micro "
                 f"batches, padded to multiples of {strat.pad_to_multiple}, over "

@@ -358,6 +358,15 @@ def grouped_padded_per_sample(
     return sum(bucket(max(lengths[i] for i in b), multiple, cap) * len(b) for b in batches) / len(lengths)
 
 
+def padded_tokens_per_sample(lengths: list[int], micro: int, strategy: StrategyConfig | None, cap: int) -> float:
+    """Padded tokens per sample of a run: as its strategy's loop forms the micro batches where it forms them its own
+    way (:attr:`StrategyConfig.regroups`: :func:`grouped_padded_per_sample`), else as litgpt pads
+    (:func:`padded_per_sample`). ``cap``: the sequence length no micro batch is padded past."""
+    if strategy is not None and strategy.regroups:
+        return grouped_padded_per_sample(lengths, micro, strategy.length_grouping, strategy.pad_to_multiple, cap)
+    return padded_per_sample(lengths, micro)
+
+
 DEFAULT_LENGTH_DRAWS = 20_000
 """Sample lengths drawn from the default distribution (seeded): enough for the mean padding at micro 128."""
 

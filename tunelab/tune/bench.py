@@ -15,6 +15,7 @@ first pair) are written from the records.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -79,6 +80,11 @@ class Arm:
     records: list = field(default_factory=list)
     """(pair, record, path) of each run."""
 
+    @functools.cached_property
+    def identity(self) -> tuple[str, dict | None]:
+        """(label, every key) of its strategy as a record keeps them, read once: what a reused record must match."""
+        return strategy_label(self.strategy), strategy_settings(self.strategy)
+
 
 @dataclass
 class Phase:
@@ -120,7 +126,7 @@ def _one(
     **run_args,
 ) -> record_mod.RunRecord:
     path = run_dir / "record.json"
-    done, why = resume_state(path, recipe.key, overrides, strategy_label(arm.strategy), strategy_settings(arm.strategy))
+    done, why = resume_state(path, recipe.key, overrides, *arm.identity)
     if done:
         stream.write(f"{run_dir.name}: recorded earlier, not run again\n")
         return record_mod.load(path)
@@ -175,10 +181,7 @@ def run_phase(
             args = run_args
             if deadline is not None:  # past it, a run recorded earlier still counts; none starts
                 left = deadline - time.monotonic()
-                done, _ = resume_state(
-                    run_dir / "record.json", recipe.key, extra, strategy_label(arm.strategy),
-                    strategy_settings(arm.strategy),
-                )  # fmt: skip
+                done, _ = resume_state(run_dir / "record.json", recipe.key, extra, *arm.identity)
                 if left < 1 and not done:
                     not_started.append(f"pair {pair} {arm.name}")
                     continue
