@@ -367,3 +367,29 @@ def test_grid_stage_rehearsed_and_resumed(tmp_path):
     again = _runbook(tmp_path / "out2", runs, results, 500, "grid")
     assert again.returncode == 0 and again.stdout.count("already measured") == 2, again.stdout[-2000:]
     assert (tmp_path / "out2" / "profile-grid.jsonl").read_text() == (out / "profile-grid.jsonl").read_text()
+
+
+def test_profile_steps_refuses_bad_outputs_and_names_before_measuring(tmp_path):
+    """scripts/gpu/profile_steps.py: an output that is a FIFO, a link leading outside or a folder, an unknown model,
+    method or size is one line and exit 2, before any model is built; nothing written through the link."""
+    import os
+
+    fifo, link, outside = tmp_path / "fifo", tmp_path / "link", tmp_path / "outside.txt"
+    os.mkfifo(fifo)
+    outside.write_text("keep")
+    link.symlink_to(outside)
+    script = str(GPU_DIR / "profile_steps.py")
+    for args, said in (
+        (["--json", str(fifo)], "is a FIFO"),
+        (["--json", str(link)], "is a symbolic link"),
+        (["--out", str(tmp_path)], "is a directory"),
+        (["--model", "no-such-model"], "not a litgpt config name"),
+        (["--methods", "full,qlora"], "qlora unknown"),
+        (["--micro", "0"], "must be 1 or more"),
+    ):
+        p = subprocess.run(
+            [sys.executable, script, *args], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300
+        )
+        assert p.returncode == 2 and p.stdout == "", (args, p.stdout, p.stderr)
+        assert p.stderr.count("\n") == 1 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    assert outside.read_text() == "keep"

@@ -348,3 +348,21 @@ def test_the_fast_paths_padding_is_planned_from_its_own_batches_and_matches_the_
     fast, litgpt = tokens("--strategy", "fast"), tokens()
     assert fast["tokens"] / litgpt["tokens"] == pytest.approx(planned["fast"] / planned["litgpt"], rel=0.02)
     assert "length-grouped in windows of 64" in fast["tokens_source"]
+
+
+def test_a_grid_line_without_its_measurements_is_one_line(tmp_path):
+    """kernels.md's grid: a line that is JSON but lacks a measured field (or is not an object) names the file, the
+    line and what it lacks, not a KeyError."""
+    from tunelab import files
+    from tunelab.plan import kernels
+
+    grid = tmp_path / kernels.GRID
+    grid.parent.mkdir(parents=True)
+    first = json.loads((ROOT / kernels.GRID).read_text().splitlines()[0])
+    del first["phases"]
+    grid.write_text(json.dumps(first) + "\n")
+    with pytest.raises(files.FileRefused, match="line 1 lacks phases"):
+        kernels.grid_rows(tmp_path)
+    grid.write_text("[1, 2]\n")
+    with pytest.raises(files.FileRefused, match="line 1 lacks a JSON object"):
+        kernels.grid_rows(tmp_path)

@@ -223,6 +223,15 @@ def render(results: list[dict], args, device_name: str) -> str:
     return "\n".join(lines)
 
 
+def append_line(path: Path, row: dict) -> None:
+    """One JSON line added to ``path``: what was there and the line, written atomically (a cut run keeps the lines
+    before it; never through a link or a device: tunelab.files)."""
+    from tunelab import files
+
+    old = files.read_text(path, 1 << 24, "profile grid") if path.exists() else ""
+    files.write_text_atomic(path, old + json.dumps(row) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -243,6 +252,26 @@ def main() -> int:
         "by category); a method that runs out of GPU memory is a line with its error",
     )
     args = ap.parse_args()
+    from tunelab import files
+
+    def refuse(message: str):  # one line, exit 2, before any model is built
+        print(f"profile_steps: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    for option, path in (("--out", args.out), ("--json", args.json)):  # checked before any measurement
+        if path is not None and (why := files.unwritable(path)):
+            refuse(f"{option} {path}: {why}")
+    if args.micro < 1 or args.seq < 2 or args.steps < 1:
+        refuse("--micro and --steps must be 1 or more, --seq 2 or more")
+    if bad := [m for m in args.methods.split(",") if m not in ("full", "lora")]:
+        refuse(f"--methods: {', '.join(bad)} unknown; fix: full, lora or full,lora")
+    if args.model_name != "tiny":
+        from litgpt import Config
+
+        try:
+            Config.from_name(args.model_name)
+        except ValueError:
+            refuse(f"--model {args.model_name}: not a litgpt config name (e.g. tiny-llama-1.1b, open_llama_3b)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
     device_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
@@ -260,14 +289,15 @@ def main() -> int:
             continue
         print(f"{method}: step {results[-1]['step_s']:.4f} s", flush=True)
         if args.json:
-            with args.json.open("a") as f:
-                f.write(json.dumps(head | results[-1]) + "\n")
+            append_line(args.json, head | results[-1])
     if not results:
         return 1
     text = render(results, args, device_name)
     print(text)
     if args.out:
-        args.out.write_text(text)
+        from tunelab.files import write_text_atomic
+
+        write_text_atomic(args.out, text)
     return 0
 
 

@@ -695,6 +695,10 @@ GRID = "reports/2026-11-25-profile-grid-h100/profile-grid.jsonl"
 line each, ``scripts/gpu/runbook.sh grid``): nothing above was fitted on it."""
 
 
+GRID_KEYS = ("model", "method", "dtype", "micro", "seq", "step_s", "phases", "kernels", "launches")
+"""What each measured line of :data:`GRID` holds (``scripts/gpu/profile_steps.py --json``)."""
+
+
 def read_grid(path) -> list[dict]:
     """:data:`GRID`'s measured lines (a line with an ``error``, e.g. out of memory, left out)."""
     import json
@@ -708,6 +712,11 @@ def read_grid(path) -> list[dict]:
                 row = json.loads(line)
             except ValueError:
                 raise files.FileRefused(f"{path}: line {n} is not JSON; fix: regenerate it with the runbook") from None
+            missing = [] if not isinstance(row, dict) else [k for k in GRID_KEYS if k not in row]
+            if not isinstance(row, dict) or ("error" not in row and missing):
+                raise files.FileRefused(
+                    f"{path}: line {n} lacks {', '.join(missing) or 'a JSON object'}; fix: regenerate it with the runbook"
+                )
             if "error" not in row:
                 out.append(row)
     return out
