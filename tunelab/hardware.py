@@ -42,6 +42,15 @@ class GPU:
     model's wave quantization."""
     sms_source: str = ""
     """Where ``sms`` comes from."""
+    boost_mhz: float | None = None
+    """The boost clock of the plain FP32 peak, MHz: with ``sms`` it checks the row (fp32 = SMs x FP32 lanes per SM
+    x 2 FLOP x clock)."""
+    clock_source: str = ""
+    """Where ``boost_mhz`` comes from."""
+    peak_source: str = ""
+    """The datasheet or whitepaper the dense peaks come from."""
+    bandwidth_source: str = ""
+    """The datasheet the memory bandwidth comes from."""
 
     @property
     def memory_bytes(self) -> int:
@@ -85,7 +94,7 @@ def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | 
 
 PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16")
 """The precisions a row's ``peak_tflops`` gives (null where the GPU has no fast path)."""
-_NUMBERS = {"memory_gib": 1e4, "cuda_total_gib": 1e4, "tdp_w": 1e5, "bandwidth_gbs": 1e6}
+_NUMBERS = {"memory_gib": 1e4, "cuda_total_gib": 1e4, "tdp_w": 1e5, "bandwidth_gbs": 1e6, "boost_mhz": 1e5}
 """Numeric keys of a row and their largest sensible value (each must be a finite number above 0)."""
 
 
@@ -125,7 +134,7 @@ def _check_row(name, row) -> None:
     match = row.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
         raise InputError(f"{where}: match: a list of lower-case device-name substrings")
-    for key in ("cuda_total_source", "sms_source", "link"):
+    for key in ("cuda_total_source", "sms_source", "link", "clock_source", "peak_source", "bandwidth_source"):
         if row.get(key) is not None and not isinstance(row[key], str):
             raise InputError(f"{where}: {key}: {row[key]!r} is not text")
 

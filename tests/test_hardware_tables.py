@@ -1,0 +1,39 @@
+"""The GPU table's rows hold together: each figure sourced, and the FP32 peak equal to SMs x lanes x 2 x clock."""
+
+import pytest
+
+from tunelab import hardware
+
+FP32_LANES_PER_SM = {
+    "V100": 64,  # Volta whitepaper: 64 FP32 cores per SM
+    "T4": 64,  # Turing whitepaper: 64 FP32 cores per SM
+    "A100": 64,  # GA100 (A100 whitepaper): 64 FP32 cores per SM
+    "A10G": 128,  # GA10x: 128 FP32 lanes per SM (GA102 whitepaper)
+    "L4": 128,  # Ada whitepaper
+    "RTX-4090": 128,
+    "H100": 128,  # Hopper whitepaper: 128 FP32 cores per SM
+    "H200": 128,
+}
+
+
+def _lanes(name: str) -> int:
+    return next(v for k, v in FP32_LANES_PER_SM.items() if name.startswith(k))
+
+
+@pytest.mark.parametrize("name", sorted(hardware.table()))
+def test_every_row_is_sourced_and_its_fp32_peak_is_sms_x_lanes_x_clock(name):
+    """A row's SM count and clock reproduce its datasheet FP32 peak within 2% (an A10 row's 72 SMs or its 1695 MHz
+    would give 31.2 TFLOP/s against the A10G datasheet's 35); every peak and bandwidth names its source."""
+    gpu = hardware.lookup(name)
+    assert gpu.sms and gpu.boost_mhz, name
+    assert gpu.peak_source and gpu.bandwidth_source and gpu.clock_source and gpu.sms_source, name
+    implied = gpu.sms * _lanes(name) * 2 * gpu.boost_mhz * 1e6 / 1e12
+    assert implied == pytest.approx(gpu.peak_tflops["fp32"], rel=0.02), (name, implied)
+
+
+def test_the_a10g_is_not_an_a10():
+    """AWS's A10G runs 16-bit tensor math at 70 TFLOP/s dense (its datasheet), not the A10's 125: the planner's
+    matmul time on an A10G is 125/70 of what the A10's figure would give."""
+    a10g = hardware.lookup("A10G")
+    assert a10g.peak_tflops["bf16"] == 70 and a10g.peak_tflops["tf32"] == 35 and a10g.sms == 80
+    assert a10g.peak_flops("bf16-true") == 70e12
