@@ -299,3 +299,26 @@ def test_the_fast_path_is_timed_at_the_padding_its_own_batches_have():
     # path's host savings are not modelled)
     f16, s16 = next((f, s) for f, s in pairs if key(f) == (16, "bf16-true"))
     assert f16.hours / s16.hours < 0.93
+
+
+def test_each_precision_is_timed_at_its_own_peak_as_plan_times_it(monkeypatch):
+    """advise hands the runtime the peak plan uses for that precision (32-true: TF32, since litgpt's CLI sets the
+    float32 matmul precision 'high'), never bfloat16's for every precision (the fitted curve's compute term, which an
+    offloaded optimizer step falls back to, divides by it)."""
+    from tunelab.plan import runtime
+
+    seen = []
+    real = runtime.Terms.seconds_on
+
+    def spy(self, gpu, peak_flops):
+        seen.append((gpu.name, peak_flops))
+        return real(self, gpu, peak_flops)
+
+    monkeypatch.setattr(runtime.Terms, "seconds_on", spy)
+    a100 = hardware.lookup("A100-80GB")
+    for prec in ("32-true", "bf16-true"):
+        seen.clear()
+        advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, [a100], tokens=1e6, max_devices=2,
+                          precision=[prec], strategies=["deepspeed-zero3-offload"], price_table={})  # fmt: skip
+        assert seen and {p for _, p in seen} == {a100.training_peak(prec)}, (prec, set(seen))
+    assert a100.training_peak("32-true") == 156e12 and a100.training_peak("bf16-true") == 312e12

@@ -69,6 +69,12 @@ class GPU:
         value = self.peak_tflops.get(key)
         return None if value is None else float(value) * 1e12
 
+    def training_peak(self, precision: str) -> float | None:
+        """The dense peak FLOP/s a planned run at ``precision`` is timed and its MFU measured against: litgpt's CLI
+        and tunelab's loop set the float32 matmul precision to 'high', so ``32-true`` matmuls run as TF32. The one
+        rule plan, advise and the accuracy checks share."""
+        return self.peak_flops(precision, TRAINING_FLOAT32_MATMUL_PRECISION)
+
 
 def precision_compute_dtype(
     precision: str, float32_matmul_precision: str | None = "highest", gpu: GPU | None = None
@@ -92,6 +98,8 @@ def peak_basis(precision: str, float32_matmul_precision: str | None, gpu: GPU | 
     return f"{key} dense"
 
 
+TRAINING_FLOAT32_MATMUL_PRECISION = "high"
+"""What litgpt's finetune CLI and tunelab's loop set (``torch.set_float32_matmul_precision``)."""
 PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16")
 """The precisions a row's ``peak_tflops`` gives (null where the GPU has no fast path)."""
 _NUMBERS = {"memory_gib": 1e4, "cuda_total_gib": 1e4, "tdp_w": 1e5, "bandwidth_gbs": 1e6, "boost_mhz": 1e5}

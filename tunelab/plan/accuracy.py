@@ -340,7 +340,7 @@ def lab_runtime_items() -> list:
         planned = plan_recipe(r.recipe, extra, gpu=g)
         x = planned.input
         t = runtime.terms(x, planned.settings.args, 1000, 1000, LAB_PADDED_TOKENS_PER_SAMPLE)
-        items.append((r, t, g.peak_flops(x.precision, "high"), g.bandwidth_gbs * 1e9, float(r.lab["time_s"])))
+        items.append((r, t, g.training_peak(x.precision), g.bandwidth_gbs * 1e9, float(r.lab["time_s"])))
     return items
 
 
@@ -496,7 +496,7 @@ def multinode_rows() -> list[dict]:
     shared by a node's GPUs) over one network bandwidth fitted to the rows, and fitted without the row
     (leave-one-out). The single-node row has no network and is shown apart."""
     gpu = hardware.lookup(MULTINODE_GPU)
-    peak = gpu.peak_flops("16-mixed", "high")
+    peak = gpu.training_peak("16-mixed")
     items = []
     for n, params, ms in MULTINODE_ROWS:
         nodes = n // MULTINODE_GPUS_PER_NODE

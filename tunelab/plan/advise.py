@@ -232,8 +232,7 @@ def candidates(
     load_once = functools.cache(load_strategy)  # each strategy file read once, not per GPU and precision
     device_counts = [1] + [d for d in (2, 4, 8, 16) if d <= max_devices]
     for gpu in gpus:
-        peak = gpu.peak_flops("bf16-true" if gpu.bf16 else "16-true", "high")
-        if not peak or not gpu.bandwidth_gbs:
+        if not any(gpu.peak_tflops.values()) or not gpu.bandwidth_gbs:
             continue
         links = (
             _link(interconnect, gpu, "gpu"),
@@ -275,7 +274,7 @@ def candidates(
                                 if mb * acc * world > work.samples:  # a global batch past the data: no step
                                     continue  # (tunelab validate refuses it too)
                                 x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
-                                out.append(_planned(x, gpu, peak, links, work, strat, recipe,
+                                out.append(_planned(x, gpu, links, work, strat, recipe,
                                                     price_table.get(gpu.name), headroom, config))  # fmt: skip
     return _dedupe(out)
 
@@ -298,14 +297,14 @@ def _micro_batches(x, gpu, gbs: int, world: int, global_batch: str, headroom: fl
     return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
 
 
-def _planned(x, gpu, peak, links, work: Workload, strat, recipe, price, headroom, config=None) -> Candidate:
+def _planned(x, gpu, links, work: Workload, strat, recipe, price, headroom, config=None) -> Candidate:
     plan = memory.verdict(memory.predict(x), gpu)
     gbs = x.micro_batch_size * x.accumulation * x.world
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
     terms = runtime.terms(x, args, work.samples, 0, work.per_sample(x.micro_batch_size, config, x.seq_len))
     if x.world > 1:
         terms.comm = comm.per_step(x, *links)
-    seconds = terms.seconds_on(gpu, peak)
+    seconds = terms.seconds_on(gpu, gpu.training_peak(x.precision) or 0.0)
     hours = seconds / 3600
     return Candidate(
         gpu=gpu.name,

@@ -121,7 +121,7 @@ def project(
     tunelab.plan.runtime.Terms) the point estimate."""
     n_lora = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else 0
     fpt = flops_per_token(x.config, x.seq_len, "full" if x.method == "full" else "lora", n_lora)
-    peak = gpu.peak_flops(x.precision, "high") or 0.0  # litgpt's CLI runs float32 matmuls as TF32
+    peak = gpu.training_peak(x.precision) or 0.0
     lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
     power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
     if calibrate_dir:

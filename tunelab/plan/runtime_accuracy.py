@@ -178,7 +178,8 @@ def write_report(path: Path, root: Path) -> None:
         "or the host's launches, whichever is longer, at "
         f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us of host time per op in litgpt's loop (fitted on the H100 "
         f"rows below; a refit gives {fitted * 1e6:.1f} us), then validations and generated samples. "
-        "`tunelab plan` prints it as the time by cause; its point estimate and `advise` still use the fitted curve.",
+        "`tunelab plan` prints it as the time by cause and takes it as its point estimate, and `advise` ranks by it, "
+        "wherever it applies (the fitted curve remains for offloaded optimizer steps and optimizers it does not trace).",
         "",
         "## Our H100 Part 1 rows (seconds per optimizer step, steady window)",
         "",
