@@ -24,6 +24,14 @@ What a block keeps is linear in the tokens (every saved tensor is batch x tokens
 tokens), so two traces, at 64 and 128 tokens, give bytes per token, cached per (config, method, precision, LoRA
 settings); their difference also drops what does not grow with the tokens (a weight's transpose kept for
 backward: a view of the weight, not an activation).
+
+The same two traces give the time side (:func:`block_kernels`): the forward and backward graphs the partitioner
+hands to inductor, read as the kernels inductor makes of them. Matmuls and attention stay library calls (cuBLAS,
+flash), one kernel each; every other op is fused with the ops it feeds or is fed by (views launch nothing), and a
+fused region reads what enters it and writes what leaves it once: its bytes are the region's inputs and outputs,
+not every op's. A region with several reductions (a norm's weight gradient summed over the tokens beside the
+input gradient) is counted as that many kernels. That is inductor's fusion in the ideal: the bytes are a lower bound
+(inductor sometimes splits a region, and then writes and reads what crosses the split).
 """
 
 from __future__ import annotations
@@ -65,10 +73,19 @@ def _traced(config_json: str, method: str, precision: str, lora_r: int, targets:
 
 
 def trace_block(
-    config: dict, method: str, precision: str, lora_r: int, targets: tuple, input_grad: bool, micro: int, tokens: int
-) -> int:
+    config: dict,
+    method: str,
+    precision: str,
+    lora_r: int,
+    targets: tuple,
+    input_grad: bool,
+    micro: int,
+    tokens: int,
+    with_kernels: bool = False,
+):
     """Bytes one compiled block keeps for ``micro`` x ``tokens`` (see the module docstring); ``config``: a litgpt
-    Config as a dict."""
+    Config as a dict. ``with_kernels``: also run the backward and return ``{"bytes": ..., "kernels": {phase:
+    [kernel, ...]}}`` (:func:`graph_kernels` of the forward and backward graphs)."""
     import torch
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -89,8 +106,10 @@ def trace_block(
     from litgpt.model import build_rope_cache
 
     kept: dict = {}
+    graphs: dict = {}
 
     def forward_graph(gm, example_inputs):
+        graphs["forward"] = gm
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         total = 0
         for node in out[1:]:  # the block's output first, then what backward keeps
@@ -103,9 +122,13 @@ def trace_block(
         kept["bytes"] = total
         return gm
 
+    def backward_graph(gm, example_inputs):
+        graphs["backward"] = gm
+        return gm
+
     def backend(gm, example_inputs):
         return aot_module_simplified(
-            gm, example_inputs, fw_compiler=forward_graph, bw_compiler=lambda g, _: g,
+            gm, example_inputs, fw_compiler=forward_graph, bw_compiler=backward_graph,
             partition_fn=min_cut_rematerialization_partition,
         )  # fmt: skip
 
@@ -125,8 +148,117 @@ def trace_block(
             sin = sin.to(dtype).unsqueeze(0).expand(micro, -1, -1)
             x = torch.randn(micro, tokens, c.n_embd, requires_grad=input_grad)
             torch._dynamo.reset()
-            torch.compile(block, backend=backend, dynamic=False, fullgraph=True)(x, cos, sin)
+            out = torch.compile(block, backend=backend, dynamic=False, fullgraph=True)(x, cos, sin)
+            if with_kernels:
+                out.sum().backward()
+                kept["kernels"] = {phase: graph_kernels(gm) for phase, gm in graphs.items()}
     finally:
         torch.set_default_dtype(default)
         torch._dynamo.reset()
-    return kept["bytes"]
+    return kept if with_kernels else kept["bytes"]
+
+
+VIEW_OPS = frozenset(
+    "view _unsafe_view t transpose permute expand slice select unsqueeze squeeze alias detach split split_with_sizes "
+    "as_strided reshape unbind getitem".split()
+)
+"""Ops that only re-describe a tensor: no kernel, no bytes (inductor folds them into the indexing of the kernels
+around them)."""
+LIBRARY_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+"""Matmuls inductor leaves to cuBLAS (its default, without max-autotune): one kernel each, not fused."""
+REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "var_mean", "var", "prod"})
+"""Ops that reduce: each is a kernel of its own within a fused region (with its fused prologue and epilogue)."""
+
+
+def _name(node) -> str:
+    import operator
+
+    if node.target is operator.getitem:
+        return "getitem"
+    text = str(node.target)
+    return text.split(".")[1] if text.startswith("aten.") else text
+
+
+def _nbytes(node) -> int:
+    import torch
+
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
+
+
+def _shape(node) -> tuple:
+    return tuple(node.meta["val"].shape)
+
+
+def graph_kernels(gm) -> list[tuple]:
+    """The kernels inductor makes of one of the partitioner's graphs, as plain tuples (see the module docstring):
+    ``("matmul", dtype, a_shape, b_shape, op)``, ``("attention", dtype, q_shape, k_shape, op)``, ``("fused", dtype,
+    bytes, kernels)``."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+
+    def kind(n) -> str:
+        name = _name(n)
+        if name in LIBRARY_MATMULS:
+            return "matmul"
+        if "attention" in name:
+            return "attention"
+        return "view" if name in VIEW_OPS else "fused"
+
+    kinds = {n: kind(n) for n in nodes}
+    parent = {n: n for n in nodes if kinds[n] in ("view", "fused")}
+
+    def root(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in parent:  # a fusible op joins the fusible ops it reads from
+        for i in n.all_input_nodes:
+            if i in parent:
+                parent[root(i)] = root(n)
+    regions: dict = {}
+    for n in parent:
+        regions.setdefault(root(n), []).append(n)
+    out = []
+    for members in regions.values():
+        inside = set(members)
+        compute = [n for n in members if kinds[n] == "fused"]
+        if not compute:
+            continue  # views alone launch nothing
+        reads = {i for n in members for i in n.all_input_nodes if i not in inside}
+        writes = {n for n in members if any(u not in inside for u in n.users)}
+        moved = sum(_nbytes(i) for i in reads) + sum(_nbytes(w) for w in writes)
+        reductions = sum(_name(n) in REDUCTIONS for n in compute)
+        dtype = str(compute[-1].meta["val"].dtype).removeprefix("torch.") if _nbytes(compute[-1]) else "bfloat16"
+        out.append(("fused", dtype, moved, max(1, reductions)))
+    for n in nodes:
+        if kinds[n] in ("matmul", "attention"):
+            a, b = n.all_input_nodes[-2:] if _name(n) in ("addmm", "baddbmm") else n.all_input_nodes[:2]
+            dtype = str(a.meta["val"].dtype).removeprefix("torch.")
+            out.append((kinds[n], dtype, _shape(a), _shape(b), _name(n)))
+    return out
+
+
+def block_kernels(config, method: str, precision: str, lora_r: int = 0, targets: tuple = ()) -> dict:
+    """The kernels of one compiled block's forward and backward, traced at one sample of :data:`TRACE_TOKENS` and
+    twice as many tokens: ``{phase: [(kernel at the shorter trace, the same at the longer), ...]}`` (tuples of
+    :func:`graph_kernels`), cached; :func:`tunelab.plan.kernels.compiled_block_seconds` times them at any shape."""
+    key = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+    return _block_kernels(key, method, str(precision), lora_r, tuple(sorted(targets)))
+
+
+@lru_cache(maxsize=32)
+def _block_kernels(config_json: str, method: str, precision: str, lora_r: int, targets: tuple) -> dict:
+    config = json.loads(config_json)
+    one, two = (
+        trace_block(config, method, precision, lora_r, targets, True, 1, t, with_kernels=True)["kernels"]
+        for t in (TRACE_TOKENS, 2 * TRACE_TOKENS)
+    )
+    out = {}
+    for phase in one:
+        a, b = one[phase], two[phase]
+        if [k[0] for k in a] != [k[0] for k in b]:
+            raise ValueError(f"a compiled block's {phase} graph makes other kernels at {2 * TRACE_TOKENS} tokens")
+        out[phase] = list(zip(a, b))
+    return out

@@ -369,6 +369,9 @@ class Template:
     """(matmuls x 4 x :data:`MONOMIALS`): batch, m, n, k of each matmul."""
     chunk_ops: dict
     """{phase: ops} one more loss chunk dispatches."""
+    logits: list = field(default_factory=list)
+    """Whether each kernel is one of the loss's own on the logits (not a matmul; it reads or writes a tensor whose last
+    dimension is the vocabulary, or it is the loss itself): what Liger's fused linear cross-entropy replaces."""
 
     def kernels_at(self, micro: int, tokens: int):
         """(bytes, FLOPs, tiles) arrays of the kernels at ``micro`` x ``tokens``."""
@@ -444,6 +447,7 @@ def template(
         extra = loss_chunks(method, b3, t3) - loss_chunks(method, b1, t1)
         for phase in chunk_ops:
             chunk_ops[phase] = (sum(o.phase == phase for o in more) - sum(o.phase == phase for o in ops1)) / extra
+    vocab = config.padded_vocab_size
     return Template(
         [o.phase for o in ops1],
         [o.category for o in ops1],
@@ -453,10 +457,14 @@ def template(
         np.array(mm, dtype=int),
         np.array(mm_dims, dtype=float).reshape(len(mm), 4, len(MONOMIALS)),
         chunk_ops,
+        [
+            o.category == "loss" or (o.category != "matmul" and any(sh and sh[-1] == vocab for sh, _ in o.moved))
+            for o in ops1
+        ],
     )
 
 
-TEMPLATE_VERSION = 2
+TEMPLATE_VERSION = 3
 """Bumped when what a template holds changes: the cached ones are made again."""
 
 
@@ -498,7 +506,7 @@ def cached_template(
         if raw["key"] == key:
             arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims")}
             tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
-                          np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"])  # fmt: skip
+                          np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"], raw["logits"])  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         tp = None
     if tp is None:
@@ -517,13 +525,23 @@ def cached_template(
     return tp
 
 
-def template_seconds(tp: Template, micro: int, tokens: float, gpu, sms: int, method: str) -> tuple:
+def template_seconds(
+    tp: Template, micro: int, tokens: float, gpu, sms: int, method: str, drop_logits: bool = False
+) -> tuple:
     """(ops, GPU seconds by category, GPU seconds by phase, ops by phase) of ``tp`` at ``micro`` x ``tokens`` on
     ``gpu``: each kernel by its category (the module docstring), the ops of litgpt's loss chunks beyond the one the
-    template holds added at :data:`MIN_KERNEL_S` each."""
+    template holds added at :data:`MIN_KERNEL_S` each. ``drop_logits``: without the loss's own kernels on the logits
+    (:attr:`Template.logits`; Liger's fused loss replaces them)."""
     import numpy as np
 
     nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+    if drop_logits:
+        keep = ~np.array(tp.logits, dtype=bool)
+        tp = dataclasses.replace(
+            tp, phase=[p for p, k in zip(tp.phase, keep) if k], category=[c for c, k in zip(tp.category, keep) if k],
+            fp32=[f for f, k in zip(tp.fp32, keep) if k], chunk_ops=dict.fromkeys(tp.chunk_ops, 0.0),
+        )  # fmt: skip
+        nbytes, flops, tiles = nbytes[keep], flops[keep], tiles[keep]
     cat = np.array(tp.category)
     peaks = gpu.peak_tflops
     low = peaks.get("tf32") or peaks["fp32"]

@@ -157,6 +157,9 @@ class PlanInput:
     """tunelab's loop with Liger's fused linear cross-entropy (a strategy's ``liger``): the head's logits are never
     materialised; the fused loss keeps the gradients of its input and of the head weight from forward to backward
     (:func:`liger_loss_bytes`)."""
+    loss_read_interval: int = 1
+    """Iterations between reads of the loss to the host (a strategy's ``log_interval``; litgpt reads it every
+    iteration): between reads the host queues kernels ahead of the GPU (:mod:`tunelab.plan.fast_step`)."""
     compiled: bool = False
     """Transformer blocks compiled (torch.compile, a strategy's ``compile: blocks``): what each block keeps is what
     torch's partitioner saves (:mod:`tunelab.plan.compiled`, traced), not eager autograd's; planned as eager (an

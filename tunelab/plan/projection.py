@@ -186,6 +186,10 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         "seconds_by_cause_source": (
             f"kernel-level model (tunelab/plan/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
             "fitted on our H100 profile and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
+            if work.kernels.fast is None
+            else f"tunelab's loop with its speed switches, kernel by kernel (tunelab/plan/fast_step.py) on {gpu.name}:"
+            " compiled blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued "
+            "ahead of the GPU; checked against our H100 bench in reports/planner-accuracy/runtime.md"
         ),
     }
 
@@ -215,7 +219,11 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         }
     counts = f"{work.detail['optimizer_steps']} optimizer steps, {work.detail['evaluations']} in-loop validations"
     secs = work.seconds_on(gpu, peak)
-    if isinstance(work.kernels, runtime.KernelWork):
+    if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
+        from tunelab.plan.fast_step import FAST_MODEL_ERROR as e
+
+        source = f"the time by cause below (band: its mean absolute error {e:.0%} on our H100 bench of the fast path)"
+    elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
         source = (
             f"the time by cause below (band: its mean absolute error {e:.0%} on the lab's A100 rows, out of sample)"

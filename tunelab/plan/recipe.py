@@ -80,6 +80,7 @@ def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
             compiled=bool(strategy.compile),
             fabric=False,
             fused_loss=strategy.liger is not None,
+            loss_read_interval=strategy.log_interval or 1,
         )
         # tunelab's loop checkpoints only where the file says so (tunelab.parallel.wrap), LoRA included
         fields.setdefault("activation_checkpointing", strategy.activation_checkpointing)
@@ -205,11 +206,11 @@ def plan_recipe(
     plan = memory.predict(x)
     if strat is not None and strat.fast:
         plan.notes.append(
-            f"tunelab's fast path ({', '.join(strat.fast)}): the time point estimate is litgpt's step at the fast "
-            "path's padding (its compiled kernels and fewer host launches are not modelled: on our H100 it ran "
-            "TinyLlama full at micro 8 in 0.20 s per optimizer step where this estimate says 0.70, "
-            "reports/2026-11-25-bench-tiny-llama-1.1b-full-h100); --calibrate with its run records (tunelab bench) "
-            "uses their measured MFU"
+            f"tunelab's fast path ({', '.join(strat.fast)}): its time is tunelab's loop with these switches, "
+            "kernel by kernel (tunelab/plan/fast_step.py; against our H100 bench of TinyLlama full: -15% to +3% "
+            "at micro 8, where the host bounds it, -1% to -8% at micro 58-97, where the GPU does; "
+            "reports/planner-accuracy/runtime.md); --calibrate with its run records (tunelab bench) uses their "
+            "measured MFU for the MFU range"
         )
     if gpu is not None:
         memory.verdict(plan, gpu)

@@ -57,7 +57,7 @@ def render(
             f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
             f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
             (
-                f"  point estimate of litgpt's Training Time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
+                f"  point estimate of the training time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
                 f"{p.seconds_band[1]:,.0f} s; {p.seconds_source})"
                 if p.seconds
                 else f"  {p.seconds_source}"
@@ -67,13 +67,19 @@ def render(
             f"per million tokens; power: {p.power_source}",
         ]
         if p.seconds_by_cause:
-            causes = ", ".join(f"{k} {v:,.0f}" for k, v in p.seconds_by_cause.items() if v >= 0.5) + " s"
+            total = sum(p.seconds_by_cause.values())
+            causes = (
+                ", ".join(
+                    f"{k} {v:,.0f}" if v >= 10 else f"{k} {v:.2g}"
+                    for k, v in p.seconds_by_cause.items()
+                    if v >= total / 100
+                )
+                + " s"
+            )
             if p.mfu_predicted_padded is not None:
                 real = f", {p.mfu_predicted_real:.1%} on real" if p.mfu_predicted_real is not None else ""
                 causes += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens{real}"
-            lines.append(
-                f"  time by cause: {sum(p.seconds_by_cause.values()):,.0f} s = {causes} [{p.seconds_by_cause_source}]"
-            )
+            lines.append(f"  time by cause: {total:,.0f} s = {causes} [{p.seconds_by_cause_source}]")
         elif p.seconds_by_cause_source:
             lines.append(f"  time by cause: {p.seconds_by_cause_source}")
         if p.comm_bytes_per_step is not None:

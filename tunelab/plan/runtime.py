@@ -74,6 +74,9 @@ class KernelWork:
     dequant: tuple = ()
     """QLoRA: (4-bit weights dequantized per training forward, per validation forward, dequantizations per
     training forward, per validation forward); the backward pass dequantizes the training forward's again."""
+    fast: object = None
+    """tunelab's loop with a speed switch on (compiled blocks, Liger's loss, the fused optimizer, the loss read less
+    often than every iteration): the PlanInput, whose step :func:`tunelab.plan.fast_step.fast_step` times."""
 
 
 DEQUANT_BYTES_PER_WEIGHT = 2.5
@@ -107,9 +110,11 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
         per_block = 2 + (3 if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP", "LLaMAMoE") else 2)
         body = total - emb - head
         dequant = (body + head * chunks, body + head, c.n_layer * per_block + chunks, c.n_layer * per_block + 1)
+    fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
     return KernelWork(x.config, "full" if x.method == "full" else "lora", str(x.precision), x.micro_batch_size,
                       float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
-                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), dequant)  # fmt: skip
+                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), dequant,
+                      x if fast and x.method != "qlora" else None)  # fmt: skip
 
 
 CAUSES = ("matmul", "attention", "elementwise", "dequantization", "optimizer", "host launches", "validation",
@@ -147,6 +152,8 @@ class Terms:
         from tunelab.plan import kernels
 
         k = self.kernels
+        if k.fast is not None:
+            return self._fast_by_cause(gpu)
         st = kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
         h, d = LITGPT_HOST_S_PER_OP, self.detail
         rate = gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY
@@ -175,6 +182,34 @@ class Terms:
         out["validation"] = ev * max(g.get("validation", 0.0) + ev_dq, h * ev_ops)
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
+        out["communication"] = self.comm_seconds(sum(out.values()))
+        return out
+
+    def _fast_by_cause(self, gpu) -> dict:
+        """:meth:`by_cause` for tunelab's loop with its speed switches (:mod:`tunelab.plan.fast_step`): each micro
+        batch takes its kernels or its launches over the stretches the host queues ahead in, the optimizer step
+        likewise; validation and generation as in litgpt's step (tunelab's loop runs them eagerly)."""
+        from tunelab.plan import kernels
+        from tunelab.plan.fast_step import fast_step
+
+        k, d = self.kernels, self.detail
+        fs = fast_step(k.fast, gpu, k.tokens)
+        train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
+        out = dict.fromkeys(CAUSES, 0.0)
+        for phase, cats in fs.gpu.items():
+            times = steps if phase == "optimizer" else train
+            for cat, sec in cats.items():
+                out[cat] += sec * times
+        busy = sum(fs.gpu_s(p) for p in ("forward", "loss", "backward"))
+        out["host launches"] = train * max(0.0, fs.iteration_s() - busy) + steps * max(
+            0.0, fs.optimizer_s() - fs.gpu_s("optimizer")
+        )
+        if ev or d["evaluations"]:
+            st = kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
+            g, ops = st.gpu_by_phase, st.ops_by_phase
+            h = kernels.HOST_S_PER_OP
+            out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))
+            out["generation"] = d["evaluations"] * d["new_tokens"] * max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["communication"] = self.comm_seconds(sum(out.values()))
         return out
 

@@ -5,6 +5,10 @@ against every time we have, each row with its error.
   (``accumulation`` micro batches and one optimizer step), at each row's measured padded tokens per sample. They
   hold the one constant fitted on runs, :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP`: each row is also
   predicted with it refitted without that row (leave-one-out).
+* Our H100 bench of the fast path against litgpt (``reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/records.tgz``):
+  each arm's steady iteration; the fast arm at micro 8 holds the fast path's host constant
+  (:data:`tunelab.plan.fast_step.COMPILED_HOST_S_PER_KERNEL`, refitted here), its micro-batch probes and every litgpt
+  run are out of sample.
 * Our H100 Part 3 micro-batch curve (``reports/2026-11-23-lab-part3-h100/results.csv``): out of sample.
 * The lab's A100 Part 1 times (litgpt's "Training Time" of a whole run under the lab's eval settings): out of
   sample for the kernel model (nothing in it was fitted there; a different host CPU), beside the fitted curve
@@ -81,6 +85,90 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
                      "loo_host_us": loo * 1e6, "loo_predicted_s": pred_loo, "loo_error": pred_loo / it["measured_s"] - 1,
                      "gpu_s_per_micro": st.gpu_by_phase["forward"] + st.gpu_by_phase["backward"],
                      "ops_per_micro": st.ops_by_phase["forward"] + st.ops_by_phase["backward"]})  # fmt: skip
+    return rows
+
+
+BENCH = "reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/records.tgz"
+"""Our H100 bench's run records (litgpt and the fast path, TinyLlama full, bf16-true)."""
+
+
+def bench_items(root: Path) -> list[dict]:
+    """Each finished run of :data:`BENCH`: its steady iteration, padded tokens per sample and GPU utilisation, and
+    its PlanInput as planned from its own recipe, overrides and strategy keys. Records are read in memory from the
+    archive: regular ``*/record.json`` members of at most RECORD_MAX_BYTES."""
+    import json
+    import tarfile
+
+    from tunelab.files import RECORD_MAX_BYTES
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+    from tunelab.record import RunRecord
+    from tunelab.strategies import strategy_from_mapping
+
+    archive = root / BENCH
+    if not archive.is_file():
+        return []
+    items = []
+    with tarfile.open(archive) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if not (member.isfile() and member.name.endswith("/record.json") and member.size <= RECORD_MAX_BYTES):
+                continue
+            rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
+            if rec.status != "ok" or not rec.iter_time_s or not rec.tok_s_padded:
+                continue
+            strategy = (
+                strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
+                if rec.strategy_settings
+                else rec.strategy_file
+            )
+            x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy).input
+            items.append({"run": member.name.split("/")[-2] if "tune" not in member.name else
+                          "/".join(member.name.split("/")[-3:-1]), "arm": "litgpt" if x.fabric else "fast", "x": x,
+                          "micro": x.micro_batch_size, "accumulation": x.accumulation,
+                          "tokens": rec.tok_s_padded * rec.iter_time_s / x.micro_batch_size,
+                          "measured_s": rec.iter_time_s, "gpu_util": rec.gpu_util_steady_mean})  # fmt: skip
+    return items
+
+
+def bench_iteration(item: dict, compiled_host_s: float | None = None) -> tuple[float, str]:
+    """(predicted seconds per iteration, what bounds it) of a bench run: the fast path by
+    :func:`tunelab.plan.fast_step.fast_step` (its optimizer step spread over the step's micro batches), litgpt's by
+    :func:`step_seconds` over the accumulation."""
+    from tunelab.plan import fast_step
+
+    gpu = hardware.lookup("H100-SXM")
+    x, acc = item["x"], item["accumulation"]
+    if x.fabric:
+        st = kernels.step_time(x.config, "full", str(x.precision), x.micro_batch_size, item["tokens"], gpu.name)
+        host = runtime.LITGPT_HOST_S_PER_OP * (st.ops_by_phase["forward"] + st.ops_by_phase["backward"])
+        bound = "GPU" if st.gpu_by_phase["forward"] + st.gpu_by_phase["backward"] >= host else "host"
+        return step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP) / acc, bound
+    h = fast_step.COMPILED_HOST_S_PER_KERNEL if compiled_host_s is None else compiled_host_s
+    fs = fast_step.fast_step(x, gpu, item["tokens"], h)
+    busy = fs.gpu_s("forward") + fs.gpu_s("backward")
+    bound = "GPU" if busy >= fs.host.get("forward", 0.0) + fs.host.get("backward", 0.0) else "host"
+    return fs.iteration_s() + fs.optimizer_s() / acc, bound
+
+
+def fit_compiled_host(items: list[dict]) -> float:
+    """The host seconds per compiled kernel minimising the squared relative error over the fast path's bench runs at
+    the bench's own micro batch (a grid of 1 us; the probes at large micro batches are GPU-bound and hold no
+    information on it)."""
+    fitted = [i for i in items if i["arm"] == "fast" and i["accumulation"] > 1]
+    grid = [n * 1e-6 for n in range(5, 200)]
+    return min(grid, key=lambda h: sum((bench_iteration(i, h)[0] / i["measured_s"] - 1) ** 2 for i in fitted))
+
+
+def bench_rows(root: Path) -> list[dict]:
+    """Each bench run's measured iteration beside the prediction (which runs hold the fitted constant: said)."""
+    rows = []
+    for item in bench_items(root):
+        pred, bound = bench_iteration(item)
+        fitted = item["arm"] == "fast" and item["accumulation"] > 1
+        rows.append({"run": item["run"], "arm": item["arm"], "micro": item["micro"],
+                     "accumulation": item["accumulation"], "tokens": item["tokens"], "measured_s": item["measured_s"],
+                     "predicted_s": pred, "error": pred / item["measured_s"] - 1, "bound": bound,
+                     "gpu_util": item["gpu_util"], "sample": "in (host constant)" if fitted else "out"})  # fmt: skip
     return rows
 
 
@@ -213,6 +301,35 @@ def write_report(path: Path, root: Path) -> None:
             lines.append(
                 f"| {r['setting']} | {r['micro']} | {r['tokens']:.0f} | {r['measured_s']:.3f} | "
                 f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {r['bound']} | {r['gpu_util']:.0f} | {r['retries']} |"
+            )
+    bench = bench_rows(root)
+    if bench:
+        from tunelab.plan import fast_step
+
+        refit = fit_compiled_host(bench_items(root))
+        lines += [
+            "",
+            "## Our H100 bench: the fast path and litgpt (seconds per iteration, steady window)",
+            "",
+            "TinyLlama full fine-tuning, bf16-true, the benchmark data, NVIDIA H100 80GB HBM3, torch 2.11, litgpt "
+            "0.5.13 (`reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/`): the bench's alternating pairs at micro 8 "
+            "x 4 and the largest-micro-batch probes (one micro batch per step). The fast path is timed by "
+            "`tunelab/plan/fast_step.py` (compiled blocks from torch.compile's own graphs, Liger's chunks, the "
+            "fused optimizer, launches queued ahead of the GPU); its host time per compiled kernel "
+            f"({fast_step.COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us) is fitted on its three micro-8 runs (a refit "
+            f"gives {refit * 1e6:.0f} us), which are host-bound (their iterations do not follow their 2,048-4,096 "
+            "padded tokens). Everything else here is out of sample: the probes are GPU-bound and check the compiled "
+            "kernels' time; litgpt's runs check the eager model at its host constant.",
+            "",
+            "| run | arm | micro x accumulation | padded tokens | measured s | predicted s | error | bound (model) | "
+            "GPU util % | sample |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in bench:
+            lines.append(
+                f"| {r['run']} | {r['arm']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
+                f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {r['bound']} | "
+                f"{r['gpu_util']:.0f} | {r['sample']} |"
             )
     lines += [
         "",

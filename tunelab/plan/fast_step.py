@@ -1,0 +1,223 @@
+"""The step of tunelab's own loop under a strategy file (the fast path), kernel by kernel: what its switches remove.
+
+:mod:`tunelab.plan.kernels` times litgpt's eager step op by op. Under a strategy file tunelab's loop changes four
+things the time follows, each modelled from what runs, not from a speed-up factor:
+
+* **compiled blocks** (``compile: blocks``): each block's forward and backward are the graphs torch.compile's
+  partitioner makes (:func:`tunelab.plan.compiled.block_kernels`): its matmuls and attention one library kernel each
+  (timed as the eager ones are), everything else in fused regions that read and write HBM once; the host launches
+  each compiled kernel at :data:`COMPILED_HOST_S_PER_KERNEL`;
+* **Liger's fused linear cross-entropy** (``liger: loss``): the loss's kernels on the logits (the fp32 cast, the
+  log-softmax, the NLL and their backward: :attr:`tunelab.plan.kernels.Template.logits`) give way to Liger's chunks:
+  the head's three matmuls (as before, moved into the forward) and one Triton kernel per chunk that reads the
+  chunk's logits and writes their gradient in place (:func:`liger_chunks`, from Liger's own chunking rule); Liger
+  reads the count of real targets to the host first (``.item()``), which waits for the GPU to finish the forward;
+* **the fused optimizer** (``fused_optimizer``): the simulated step traces torch's fused AdamW as the op it is (one
+  kernel over every parameter) in place of the for-each kernels, timed as :mod:`tunelab.plan.kernels` times them;
+* **no per-iteration synchronisation** (``log_interval``): the host queues ahead of the GPU, so an iteration takes
+  the longer of its kernels and its launches over the whole iteration, not op by op; with Liger, the forward and
+  backward are one such stretch and the loss (after Liger's wait) another.
+
+What stays eager (the embedding, the final norm, the head's matmuls) is litgpt's step without blocks
+(``n_layer=0``, :func:`tunelab.plan.kernels.cached_template`), timed as :mod:`tunelab.plan.kernels` times it.
+Not modelled: compiled blocks under mixed precision, activation checkpointing and QLoRA (timed as eager blocks, as
+their memory is planned), CUDA graphs, the data loader (pretokenised and prefetched, off the critical path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+COMPILED_HOST_S_PER_KERNEL = 69e-6
+"""Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
+each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
+Fitted on our H100 bench of the fast path (TinyLlama full, bf16-true, micro 8, three runs; the steady iteration
+does not follow its padded tokens there, 2,048 to 4,096 per micro batch: host-bound), where its iterations took
+45-55 ms against about 25 ms of kernels; one configuration, one host: the weakest constant of the model."""
+FAST_MODEL_ERROR = 0.056
+"""Mean absolute error of :func:`fast_step` over our H100 bench's fast-path runs (micro 8 and the probes at 58-97;
+``reports/planner-accuracy/runtime.md``, ``tunelab plan-accuracy`` recomputes it): the band around its estimate."""
+LIGER_OPS_PER_CHUNK = 5
+"""Ops Liger's fused linear cross-entropy dispatches per chunk (liger_kernel/ops/fused_linear_cross_entropy.py: the
+logits matmul, the cross-entropy Triton kernel, the loss slice's copy, the input-gradient matmul, the weight
+gradient's addmm)."""
+LIGER_OPS_FIXED = 8
+"""Ops Liger dispatches once per call (zeroed gradient buffers and loss vector, the target mask and its count, the
+loss's sum and scale)."""
+
+
+@dataclass
+class FastStep:
+    """One micro batch and one optimizer step of the fast path on a GPU, by phase: GPU seconds by category and host
+    seconds. ``forward`` and ``backward`` exclude the loss, which is its own phase ``loss``."""
+
+    gpu: dict = field(default_factory=dict)
+    """{phase: {category: seconds}} (phases forward, loss, backward, optimizer)."""
+    host: dict = field(default_factory=dict)
+    """{phase: host seconds to dispatch it}."""
+    kernels: dict = field(default_factory=dict)
+    """{phase: kernels launched}."""
+    waits_for_loss: bool = False
+    """Whether the loss reads a value to the host (Liger's target count): the GPU drains before it."""
+
+    def gpu_s(self, phase: str) -> float:
+        return sum(self.gpu.get(phase, {}).values())
+
+    def iteration_s(self) -> float:
+        """One micro batch (forward, loss, backward): the host queues ahead of the GPU except where the loss waits."""
+        fb_gpu = self.gpu_s("forward") + self.gpu_s("backward")
+        fb_host = self.host.get("forward", 0.0) + self.host.get("backward", 0.0)
+        if self.waits_for_loss:
+            return max(fb_gpu, fb_host) + max(self.gpu_s("loss"), self.host.get("loss", 0.0))
+        return max(fb_gpu + self.gpu_s("loss"), fb_host + self.host.get("loss", 0.0))
+
+    def optimizer_s(self) -> float:
+        return max(self.gpu_s("optimizer"), self.host.get("optimizer", 0.0))
+
+
+def liger_chunks(tokens: int, n_embd: int, vocab: int) -> int:
+    """The chunks Liger's fused linear cross-entropy splits ``tokens`` rows into (its rule: chunk rows = the power of
+    two at or above tokens / ceil(vocab / n_embd), at most tokens)."""
+    inc = math.ceil(vocab / n_embd)
+    size = min(1 << max(0, math.ceil(tokens / inc) - 1).bit_length(), tokens)
+    return math.ceil(tokens / max(size, 1))
+
+
+def _add(into: dict, phase: str, category: str, seconds: float) -> None:
+    into.setdefault(phase, {})
+    into[phase][category] = into[phase].get(category, 0.0) + seconds
+
+
+def kernel_seconds(category: str, flops: float, nbytes: float, tiles: float, fp32: bool, gpu, sms: int) -> float:
+    """One kernel's GPU seconds, by the rules of :mod:`tunelab.plan.kernels` (matmuls and attention by FLOPs at their
+    efficiency and wave quantization, everything else by bytes over the HBM bandwidth, at least MIN_KERNEL_S)."""
+    from tunelab.plan import kernels as k
+
+    peaks = gpu.peak_tflops
+    peak = (peaks.get("tf32") or peaks["fp32"]) if fp32 else (peaks.get("bf16") or peaks.get("fp16") or peaks["fp32"])
+    peak *= 1e12
+    rate = gpu.bandwidth_gbs * 1e9
+    compute = 0.0
+    if category == "matmul" and flops:
+        waves = math.ceil(max(tiles, 1) / sms) * sms
+        compute = flops / (peak * k.MATMUL_EFFICIENCY * (tiles / waves if tiles else 1.0))
+    elif category == "attention" and flops:
+        compute = flops / (peak * k.ATTENTION_EFFICIENCY)
+    memory = nbytes / (rate * (k.FOREACH_EFFICIENCY if category == "optimizer" else k.MEMORY_EFFICIENCY))
+    return max(compute, memory, k.MIN_KERNEL_S)
+
+
+def compiled_block_seconds(block: dict, micro: int, tokens: float, gpu, sms: int) -> tuple[dict, dict]:
+    """({phase: {category: GPU seconds}}, {phase: kernels}) of one compiled block (:func:`tunelab.plan.compiled
+    .block_kernels`) at ``micro`` x ``tokens``: what the traces at one sample of 64 and 128 tokens give, scaled by
+    the tokens of the micro batch (fused bytes and matmul rows are affine in them; attention by sample and length)."""
+    from tunelab.plan import kernels as k
+    from tunelab.plan.compiled import TRACE_TOKENS
+
+    n = micro * tokens
+    grow = (n - TRACE_TOKENS) / TRACE_TOKENS
+    seconds: dict = {}
+    count: dict = {}
+    for phase, pairs in block.items():
+        for a, b in pairs:
+            fp32 = a[1] == "float32"
+            if a[0] == "fused":
+                nbytes = a[2] + (b[2] - a[2]) * grow
+                t = max(kernel_seconds("elementwise", 0.0, nbytes, 0, fp32, gpu, sms), a[3] * k.MIN_KERNEL_S)
+                _add(seconds, phase, "elementwise", t)
+                count[phase] = count.get(phase, 0) + a[3]
+                continue
+            if a[0] == "matmul":
+                dims = [
+                    [da * n / TRACE_TOKENS if da != db else da for da, db in zip(sa, sb)]
+                    for sa, sb in ((a[2], b[2]), (a[3], b[3]))
+                ]
+                (x, w), size = dims, 4 if fp32 else 2
+                batch = x[0] if len(x) == 3 else 1
+                flops, tiles = k.matmul_flops_tiles(batch, x[-2], w[-1], x[-1])
+                nbytes = size * batch * (x[-2] * x[-1] + x[-1] * w[-1] + x[-2] * w[-1])
+                _add(seconds, phase, "matmul", kernel_seconds("matmul", flops, nbytes, tiles, fp32, gpu, sms))
+            else:  # attention: (1, heads, T, head size) -> (micro, heads, tokens, head size)
+                q = (micro, a[2][1], tokens, a[2][3])
+                kv = (micro, a[3][1], tokens, a[3][3])
+                flops = k.attention_flops(a[4], q, kv)
+                nbytes = (4 if "backward" in a[4] else 2) * 2 * math.prod(q)  # q, k, v, out (and their gradients)
+                _add(seconds, phase, "attention", kernel_seconds("attention", flops, nbytes, 0, fp32, gpu, sms))
+            count[phase] = count.get(phase, 0) + 1
+    return seconds, count
+
+
+def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PER_KERNEL) -> FastStep:
+    """The fast path's micro batch and optimizer step for PlanInput ``x`` (a strategy file: ``x.fabric`` False) at
+    ``tokens`` padded tokens per sample on ``gpu`` (see the module docstring); ``compiled_host_s``: the host time per
+    compiled kernel (the accuracy report refits it)."""
+    from tunelab.plan import compiled, kernels
+    from tunelab.plan.memory import dtype_bytes
+    from tunelab.plan.simulate import optimizer_of
+
+    c, micro = x.config, x.micro_batch_size
+    sms = gpu.sms or kernels.DEFAULT_SMS
+    method = "full" if x.method == "full" else "lora"
+    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
+    optimizer = optimizer_of(x)
+    whole_tokens = max(1, math.ceil(tokens))
+    chunks = kernels.loss_chunks("lora", micro, whole_tokens) if method == "lora" else 1
+    liger = bool(x.fused_loss)
+    out = FastStep(waits_for_loss=liger)
+
+    def eager(n_layer: int):
+        tp = kernels.cached_template(dataclasses.replace(c, n_layer=n_layer), method, str(x.precision), optimizer,
+                                     chunks, micro == 1, lora)  # fmt: skip
+        return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)
+
+    _, _, base, base_ops = eager(0)  # embedding, final norm, head (and litgpt's loss unless Liger's replaces it)
+    for key, sec in base.items():
+        if "/" in key:
+            phase, cat = key.split("/")
+            if phase in ("forward", "backward"):
+                _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, sec)
+    for phase in ("forward", "backward"):
+        out.host[phase] = base_ops.get(phase, 0.0) * kernels.HOST_S_PER_OP
+        out.kernels[phase] = base_ops.get(phase, 0.0)
+    if compiled.supported(x.precision) and x.compiled and not x.activation_checkpointing and x.method != "qlora":
+        block = compiled.block_kernels(c, method, str(x.precision), x.lora_r if x.lora else 0,
+                                       tuple(x.lora_targets) if x.lora else ())  # fmt: skip
+        secs, count = compiled_block_seconds(block, micro, tokens, gpu, sms)
+        for phase in ("forward", "backward"):
+            for cat, sec in secs.get(phase, {}).items():
+                _add(out.gpu, phase, cat, c.n_layer * sec)
+            out.host[phase] += c.n_layer * count.get(phase, 0) * compiled_host_s
+            out.kernels[phase] += c.n_layer * count.get(phase, 0)
+    else:  # eager blocks: one block is the template of one block less the template of none
+        _, _, one, one_ops = eager(1)
+        block: dict = {}
+        for key, sec in one.items():
+            if "/" in key and key.split("/")[0] in ("forward", "backward"):
+                _add(block, *key.split("/"), sec - base.get(key, 0.0))
+        more = {p: one_ops.get(p, 0.0) - base_ops.get(p, 0.0) for p in ("forward", "backward")}
+        if x.activation_checkpointing:  # each block's forward runs again in the backward pass
+            for cat, sec in block.get("forward", {}).items():
+                _add(block, "backward", cat, sec)
+            more["backward"] += more["forward"]
+        for phase in ("forward", "backward"):
+            for cat, sec in block.get(phase, {}).items():
+                _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, c.n_layer * sec)
+            out.host[phase] += c.n_layer * more[phase] * kernels.HOST_S_PER_OP
+            out.kernels[phase] += c.n_layer * more[phase]
+    rows = micro * whole_tokens
+    if liger:
+        n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
+        size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2
+        ce = 2.0 * rows * c.padded_vocab_size * size  # each chunk's logits read, their gradient written in place
+        _add(out.gpu, "loss", "elementwise", max(ce / (gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY),
+                                                 n * kernels.MIN_KERNEL_S))  # fmt: skip
+        out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + LIGER_OPS_FIXED) * kernels.HOST_S_PER_OP
+        out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + LIGER_OPS_FIXED  # its matmuls are the head's, above
+    # the optimizer step as traced: torch's fused AdamW is its own op there (optimizer_of: "AdamW fused")
+    st = kernels.step_time(c, method, str(x.precision), micro, tokens, gpu.name, optimizer, lora)
+    _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
+    out.host["optimizer"] = st.ops_by_phase.get("optimizer", 0) * kernels.HOST_S_PER_OP
+    out.kernels["optimizer"] = st.ops_by_phase.get("optimizer", 0)
+    return out
