@@ -322,3 +322,44 @@ def test_each_precision_is_timed_at_its_own_peak_as_plan_times_it(monkeypatch):
                           precision=[prec], strategies=["deepspeed-zero3-offload"], price_table={})  # fmt: skip
         assert seen and {p for _, p in seen} == {a100.training_peak(prec)}, (prec, set(seen))
     assert a100.training_peak("32-true") == 156e12 and a100.training_peak("bf16-true") == 312e12
+
+
+def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
+    """Property (seeded sample over models, GPUs, precisions, strategies, device counts, micro batches and
+    checkpointing): a candidate advise builds by replacing fields is the configuration `tunelab plan` builds from the
+    same settings given as options (its recipe, --precision, --train.micro_batch_size, --train.global_batch_size,
+    --devices, --strategy, activation checkpointing): the same peak and, over advise's workload, the same hours."""
+    import random
+
+    from tunelab.plan import comm
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.strategies import load_strategy
+
+    recipes = {"tiny-llama-1.1b": ("full", "lora", "qlora"), "open-llama-3b": ("lora",)}
+    gpus = [hardware.lookup(g) for g in ("A10G", "A100-80GB", "H100-SXM")]
+    work = advise.workload_from_tokens(2e6)
+    cands = []
+    for model, methods in recipes.items():
+        cands += advise.candidates(
+            {m: resolve(f"{model}/{m}") for m in methods}, gpus, tokens=2e6, max_devices=4,
+            precision=["bf16-true", "32-true", "16-mixed"], price_table={},
+        )  # fmt: skip
+    rng = random.Random(20261125)
+    sample = rng.sample(cands, 30)
+    assert len({(c.strategy, c.precision, c.method) for c in sample}) >= 10  # the sample spans the axes
+    for c in sample:
+        recipe = resolve(c.recipe)
+        gpu = hardware.lookup(c.gpu)
+        overrides = ["--precision", c.precision, "--train.micro_batch_size", str(c.micro_batch_size),
+                     "--train.global_batch_size", str(c.global_batch_size), "--devices", str(c.devices)]  # fmt: skip
+        strategy = None if c.strategy == "single" else c.strategy
+        x = plan_recipe(
+            recipe, overrides, gpu=gpu, strategy=strategy, activation_checkpointing=c.activation_checkpointing
+        ).input
+        links = (comm.lookup(gpu.link or "pcie4", "gpu"), None, comm.lookup("host-pcie4", "host"))
+        config = None if strategy is None else load_strategy(strategy)
+        again = advise._planned(x, gpu, links, work, c.strategy, recipe, None, 0.0, config)
+        assert again.peak_gb == pytest.approx(c.peak_gb, rel=1e-9), c
+        assert again.hours == pytest.approx(c.hours, rel=1e-9), c
+        assert (again.micro_batch_size, again.accumulation) == (c.micro_batch_size, c.accumulation), c
+    assert any(c.accumulation > 1 for c in sample) and any(c.devices > 1 for c in sample)

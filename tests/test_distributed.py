@@ -25,6 +25,7 @@ STRATEGIES = [
     "fsdp-hybrid",
     "fsdp-no-shard",
     "fsdp-offload",
+    "fsdp-no-wrap",
     "fsdp2",
     "deepspeed-zero2",
     "deepspeed-zero3",
@@ -101,9 +102,16 @@ def reference(tiny_ckpt, tmp_path_factory):
     return data_file, losses
 
 
-SLOW_STRATEGIES = {"fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-offload", "deepspeed-zero2"}
-"""FSDP1's other sharding strategies and its CPU offload: the same wrapper and loop as `fsdp` with one argument
-changed; ZeRO stage 2: the same DeepSpeed engine and loop as stage 3 with its stage number changed. They run with
+SLOW_STRATEGIES = {
+    "fsdp-shard-grad-op",
+    "fsdp-hybrid",
+    "fsdp-no-shard",
+    "fsdp-offload",
+    "fsdp-no-wrap",
+    "deepspeed-zero2",
+}
+"""FSDP1's other sharding strategies, its CPU offload and its whole-model unit (no auto-wrap): the same wrapper and
+loop as `fsdp` with one argument changed; ZeRO stage 2: the same DeepSpeed engine and loop as stage 3 with its stage number changed. They run with
 -m slow (CI keeps DDP, FSDP, FSDP2, ZeRO-3 and ZeRO-3 with offload)."""
 
 
@@ -345,3 +353,16 @@ def test_a_rank_whose_torchrun_died_during_its_imports_exits_at_once(tmp_path):
         cwd=ROOT, env=cpu_env(), check=True, timeout=300, capture_output=True,
     )  # fmt: skip
     assert live.read_text() == "alive"
+
+
+def test_every_strategy_file_for_several_devices_is_trained_on_two_ranks_here():
+    """The two-rank test above (its losses equal the single process's only if the ranks average their gradients)
+    covers every strategy file that runs several devices; a one-device file (name: single) is refused on two."""
+    from tunelab.strategies import StrategyError, load_strategy
+
+    files = sorted(p.stem for p in (ROOT / "configs" / "strategies").glob("*.yaml"))
+    several = {f for f in files if load_strategy(f).name != "single"}
+    assert several == set(STRATEGIES)
+    for f in set(files) - several:
+        with pytest.raises(StrategyError, match="name: single runs one device"):
+            load_strategy(f).check_world(2, f)

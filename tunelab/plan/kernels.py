@@ -228,6 +228,11 @@ def _recorder(ops: list, state: dict):
     return Recorder()
 
 
+TRACED_AS = {"16-mixed": "bf16-mixed"}
+"""Precisions traced as another of the same sizes: float16 under autocast moves the bytes and does the FLOPs
+bfloat16 does (the GPU's peak for the kind, fp16 where there is no bf16, is chosen when the kernels are timed)."""
+
+
 def record_step(
     config, method: str, precision: str, micro: int, seq_len: int, optimizer: str = "AdamW", lora: tuple = ()
 ) -> list:
@@ -242,6 +247,7 @@ def record_step(
     from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
     lora_r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+    precision = TRACED_AS.get(str(precision), str(precision))
 
     ops: list = []
     state = {"phase": "forward"}
