@@ -39,7 +39,7 @@ def test_volumes_are_the_ring_formulas(cfg):
     grad_op = comm.per_step(_x(cfg, strategy="fsdp", sharding="SHARD_GRAD_OP", devices=4, accumulation=2), link)
     assert grad_op.bytes_gpu == pytest.approx(2 * 3 / 4 * p_bytes + 3 / 4 * p_bytes)
     assert comm.per_step(_x(cfg, strategy="single"), link).seconds == 0
-    assert ddp.seconds == pytest.approx(ddp.bytes_gpu / (31.5e9 * 0.75))
+    assert ddp.seconds == pytest.approx(ddp.bytes_gpu / (31.5e9 * link.efficiency))
 
 
 def test_lora_under_ddp_moves_the_adapters_but_fsdp_gathers_every_weight(cfg):
@@ -90,14 +90,20 @@ def test_exposed_time_is_what_compute_does_not_hide():
 
 
 def test_the_lab_part2_steps_are_explained():
-    """m2-m4 (OpenLLaMA 7B on four A100s, DDP and FSDP): one device's measured step plus the communication term
-    within 25% of the lab's step, left out or not; the fitted overlap is what the module holds."""
-    from tunelab.plan.accuracy import comm_rows
+    """m2-m4 (OpenLLaMA 7B on four A100s, DDP and FSDP without auto-wrap): DDP's all-reduce and FSDP1's one gather
+    of its root unit plus one reduce-scatter move the same bytes, and the three steps imply one bus bandwidth (within
+    7% of each other); one device's measured step plus that traffic, none hidden, within 5% of the lab's step left
+    out (refitting the link's share of its peak without the row); the fit is what the link table holds."""
+    from tunelab.plan.accuracy import LAB_PART2_LINK, comm_rows
 
     rows = comm_rows()
     assert [r["id"] for r in rows] == ["m2", "m3", "m4"]
-    assert all(abs(r["error"]) < 0.25 and abs(r["loo_error"]) < 0.25 for r in rows), rows
-    assert rows[0]["overlap_fitted"] == comm.OVERLAP
+    assert len({round(r["comm_gb"], 3) for r in rows}) == 1
+    implied = [r["implied_busbw_gbs"] for r in rows]
+    assert max(implied) / min(implied) < 1.07
+    assert all(abs(r["error"]) < 0.05 and abs(r["loo_error"]) < 0.05 for r in rows), rows
+    assert rows[0]["efficiency_fitted"] == comm.lookup(LAB_PART2_LINK, "gpu").efficiency
+    assert comm.OVERLAP == 0.0
 
 
 def test_plan_prints_the_communication_and_needs_the_network_for_nodes():
@@ -125,7 +131,7 @@ def test_plan_prints_the_communication_and_needs_the_network_for_nodes():
 
 
 def test_the_multinode_table_is_explained_within_its_stated_errors():
-    """The FSDP study's 8- and 16-V100 steps from compute plus the ring over a fitted network: within 11% fitted on
+    """The FSDP study's 8- and 16-V100 steps from compute plus the ring over a fitted network: within 12% fitted on
     both, within 23% fitted on the other row alone (the figures docs/planner.md states); the term grows with the
     nodes and the parameters, and the one-node row is shown apart (no network to fit)."""
     from tunelab.plan import accuracy
@@ -133,6 +139,6 @@ def test_the_multinode_table_is_explained_within_its_stated_errors():
     rows = {r["gpus"]: r for r in accuracy.multinode_rows()}
     assert set(rows) == {4, 8, 16} and "error" not in rows[4]
     for n in (8, 16):
-        assert abs(rows[n]["error"]) < 0.11 and abs(rows[n]["loo_error"]) < 0.23, rows[n]
+        assert abs(rows[n]["error"]) < 0.12 and abs(rows[n]["loo_error"]) < 0.23, rows[n]
     assert 1 < rows[8]["fitted_gbs"] < 25  # a plausible achieved network: above 10 Gb/s, below 200 Gb/s
     assert rows[16]["comm_gb"] > rows[8]["comm_gb"] * 1.8  # 8.4B against 4.4B parameters, and more nodes

@@ -99,8 +99,55 @@ def test_plan_simulates_rank_0_beside_the_plan_and_refuses_what_it_cannot():
     out = json.loads(proc.stdout)["simulated"]
     assert out["strategy"] == "ddp" and out["world"] == 2 and out["collectives"][0]["kind"] == "all-reduce"
     for argv, fragment in (
-        (["plan", "tiny-llama-1.1b/full", "--devices", "2", "--strategy", "fsdp", "--simulate"], "not simulated"),
+        (
+            ["plan", "tiny-llama-1.1b/full", "--devices", "2", "--strategy", "deepspeed-zero3", "--simulate"],
+            "not simulated",
+        ),
         (["plan", "tiny-llama-1.1b/full", "--devices", "2", "--simulate"], "not simulated"),
         (["plan", "tiny-llama-1.1b/qlora", "--devices", "2", "--strategy", "fsdp2", "--simulate"], "QLoRA"),
     ):
         assert one_line_problems(" ".join(argv), tunelab_cli(*argv), fragment) is None
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp-no-wrap"])
+def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
+    """FSDP1 (what litgpt's CLI runs, and a ``name: fsdp`` file) on fake tensors and the fake process group: each
+    block gathered for forward and again for backward, the root unit (embedding, final norm, head) once per forward
+    and kept for backward (FSDP1 does not free the root after forward; with no auto-wrap the whole model is the root),
+    gradients reduce-scattered once per step after no_sync() micro batches; the bytes each device sends equal
+    comm.py's formula; no_sync keeps whole unsharded gradients (accumulation 2 holds more than 1)."""
+    config, world = small_llama(), 4
+    sim = ranks.simulate_ranks(config, load_strategy(name), world, "full", "bf16-true", 2, 64, accumulation=2)
+    one = ranks.simulate_ranks(config, load_strategy(name), world, "full", "bf16-true", 2, 64, accumulation=1)
+    units = 1 if name == "fsdp-no-wrap" else config.n_layer + 1
+    gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
+               ("forward", "backward")}  # fmt: skip
+    assert gathers == {"forward": 2 * units, "backward": 2 * (units - 1)}  # the root: forward only
+    assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == units
+    x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=None, devices=world, strategy=name).input
+    x = x.__class__(**{**x.__dict__, "config": config, "micro_batch_size": 2, "seq_len": 64, "accumulation": 2})
+    assert x.fsdp_root_kept
+    formula = comm.per_step(x, comm.lookup("nvlink4", "gpu"), param_bytes=2).bytes_gpu
+    assert sim.bytes_moved() == pytest.approx(formula, rel=0.01)
+    total, _ = count_params(config)
+    assert sim.peak_bytes - one.peak_bytes == pytest.approx(total * 2, rel=0.1)  # the unsharded gradients
+
+
+def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
+    """LoRA under FSDP1 (use_orig_params): each block's flat parameter holds frozen and trainable weights and gets a
+    gradient for all of them; under no_sync() they are whole. The trace's gradients equal the planner's
+    flat_parameter_grads (the head is a target in litgpt's default list: the root unit takes one too), far above
+    the adapters' own."""
+    from tunelab.plan import memory
+    from tunelab.settings import LORA_TARGETS
+
+    config, world = small_llama(), 2
+    sim = ranks.simulate_ranks(config, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 64, accumulation=2,
+                               lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
+    x = memory.PlanInput(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
+                         accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
+                         lora_targets=LORA_TARGETS)  # fmt: skip
+    planned = memory.flat_parameter_grads(x, memory._model_states(x, []))
+    traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
+    assert traced == pytest.approx(planned, rel=0.05)
+    assert planned > 10 * lora_param_count(config, 8, LORA_TARGETS) * 2

@@ -142,6 +142,9 @@ class PlanInput:
     """Parameters in host RAM."""
     activation_checkpointing: bool = False
     """Keep only each block's input; recompute one block at a time in backward."""
+    fsdp_root_kept: bool = False
+    """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
+    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.ranks`); FSDP2 regathers it."""
     fsdp_wrap: str = "block"
     """FSDP units: 'block' (each transformer block, litgpt's policy) or 'none' (the whole model one unit, Lightning's
     default when no auto_wrap_policy is given: every parameter is gathered for the whole forward and backward)."""
@@ -489,6 +492,18 @@ def root_unit_params(config) -> int:
     return c.padded_vocab_size * c.n_embd + head + c.n_embd * (2 if c.norm_class_name == "LayerNorm" else 1)
 
 
+def flat_parameter_grads(x: PlanInput, st: _States) -> float:
+    """Gradient bytes FSDP1 allocates for a LoRA model: a flat parameter (one per block, and the root unit) with any
+    trainable weight gets a gradient for all of its weights, frozen ones included (torch's FSDP documents it for
+    ``use_orig_params=True``, which Lightning's FSDPStrategy and tunelab's loop set; traced by the per-rank
+    simulation); the root unit (embedding, final norm, head) only when one of its weights is trained."""
+    c = x.config
+    root = root_unit_params(c)
+    head_trained = "head" in set(x.lora_targets)
+    whole = (st.total - root + (root if head_trained else 0)) * st.s_param
+    return whole + st.lora_weights
+
+
 def unsharded_while_accumulating(x: PlanInput) -> bool:
     """Sharded FSDP accumulating: the micro batches without gradient sync keep whole, unsharded gradients (counted
     in the sharding buffers); the sharded ones do not exist then (``zero_grad`` freed them)."""
@@ -502,6 +517,13 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
     host = 0
     extra = in_flight = 0
     block = (st.total - st.emb) / c.n_layer
+    grads = st.grads
+    if x.strategy == "fsdp" and x.fsdp_root_kept and x.lora and x.sharding != "NO_SHARD":
+        grads = flat_parameter_grads(x, st)
+        notes.append(
+            "FSDP1 with LoRA: each block's flat parameter holds frozen and trainable weights, and FSDP1 "
+            "(use_orig_params) gives the whole flat parameter a gradient: as much as full fine-tuning's"
+        )
     if x.strategy == "ddp" or (x.strategy == "fsdp" and x.sharding == "NO_SHARD"):
         extra = st.grads  # gradient buckets
         notes.append("DDP: gradient buckets hold a second copy of the gradients")
@@ -517,7 +539,7 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
                 extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
         if x.accumulation > 1 and x.sharding != "NO_SHARD":
-            in_flight += st.grads  # no_sync() during accumulation keeps unsharded gradients
+            in_flight += grads  # no_sync() during accumulation keeps unsharded gradients
             notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
         elif x.sharding == "SHARD_GRAD_OP":
             shard_g = shard_o = group
@@ -530,7 +552,7 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
             shard_w = world
             extra = block * st.s_param * 2
     weights_dev = st.weights / shard_w
-    grads_dev = st.grads / shard_g
+    grads_dev = grads / shard_g
     opt_dev = (st.optimizer + st.master) / shard_o
     if x.offload_optimizer:
         host += st.optimizer + st.master + st.trainable * 4  # states, master weights and fp32 gradients on the host

@@ -11,6 +11,13 @@ nothing, but is dispatched with its real shapes):
   to the tracker: under an outer fake mode DTensor's sharding propagation runs its shape inference in that same
   mode, so the tracker counted those global-shape temporaries as memory (1.4 GB for TinyLlama's optimizer step on 4
   ranks); they are skipped (:func:`_propagation_skipped`).
+* **FSDP1** (``FullyShardedDataParallel``, what litgpt's CLI and a strategy file's ``name: fsdp`` run): the same
+  fake model wrapped by :func:`tunelab.parallel.wrap` (each block a unit, ``use_orig_params``, the file's sharding,
+  ``limit_all_gathers``, mixed precision and checkpointing), under torch's generic ``MemTracker`` (FSDPMemTracker is
+  FSDP2's); the micro batches before the last run under ``no_sync()``, as tunelab's loop and litgpt's Fabric run
+  them, which keeps whole unsharded gradients. FSDP1 runs on fake tensors and the fake process group as it is (its
+  flat parameters are fake too); the tracker installs no gradient hook on the original parameters, which FSDP1 makes
+  views of its flat parameters (torch refuses one), so their gradients count as temporaries, not as "Gradient".
 * **DDP**: the one-device simulated step (:mod:`tunelab.plan.simulate`) plus DDP's gradient buckets, assigned by
   DDP's own function (``torch.distributed._compute_bucket_assignment_by_size``, gradient-ready order, the first
   bucket 1 MiB, then ``bucket_cap_mb``): a flat copy of the trainable gradients unless ``gradient_as_bucket_view``.
@@ -38,10 +45,11 @@ from tunelab.errors import InputError
 from tunelab.plan.simulate import PhasePeaks, keep_phase_peak, tracker_phase
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
-SIMULATED = ("fsdp2", "ddp")
-"""Strategies simulated per rank (FSDP1 and DeepSpeed are planned by arithmetic; see docs/planner.md)."""
+SIMULATED = ("fsdp2", "fsdp", "ddp")
+"""Strategies simulated per rank (DeepSpeed is planned by arithmetic; see docs/planner.md)."""
 COLLECTIVES = {
     "_allgather_base_": "all-gather",
+    "allgather_": "all-gather",
     "allgather_into_tensor_coalesced_": "all-gather",
     "_reduce_scatter_base_": "reduce-scatter",
     "reduce_scatter_tensor_coalesced_": "reduce-scatter",
@@ -138,14 +146,27 @@ def _propagation_skipped(tracker):
         ShardingPropagator._fake_mode_lock = saved
 
 
-def _fsdp_tracker(model, opt):
-    """FSDPMemTracker keeping each phase's peak (by kind) and every collective dispatched (kind, phase, bytes)."""
+def _collective_bytes(func, args, kwargs) -> int:
+    """The whole tensor of a collective: the list of outputs an ``allgather_`` fills (one shard per rank), else the
+    largest tensor it is given (an all-gather's output, a reduce-scatter's input, an all-reduce's buffer)."""
     import torch
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.utils._pytree import tree_leaves
 
-    class Tracker(FSDPMemTracker):
-        def __init__(self):
-            super().__init__(model, opt)
+    if func._opname == "allgather_":
+        return sum(t.numel() * t.element_size() for t in tree_leaves(args[0]) if isinstance(t, torch.Tensor))
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    return max(t.numel() * t.element_size() for t in tensors)
+
+
+def _recording(base):
+    """``base`` (torch's FSDPMemTracker or MemTracker) keeping each phase's peak (by kind) and every collective
+    dispatched (kind, phase, bytes); parameters that are not leaves (FSDP1's views of its flat parameters) or take
+    no gradient get no gradient hook (torch refuses one)."""
+    from tunelab.plan.simulate import NoHook
+
+    class Tracker(base):
+        def __init__(self, *args):
+            super().__init__(*args)
             self.propagating = 0
             self.phase_peaks: dict[str, dict] = {}
             self.collectives: list[tuple[str, str, int]] = []
@@ -156,29 +177,102 @@ def _fsdp_tracker(model, opt):
                 return func(*args, **(kwargs or {}))
             kind = COLLECTIVES.get(func._opname) if func.namespace == "c10d" else None
             if kind is not None:
-                tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-                size = max(t.numel() * t.element_size() for t in tensors)
-                self.collectives.append((kind, tracker_phase(self), size))
+                self.collectives.append((kind, tracker_phase(self), _collective_bytes(func, args, kwargs)))
             return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            for p in module.parameters():
+                if (not p.requires_grad or not p.is_leaf) and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (NoHook(), NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state) -> None:
             super()._update_peak_stats(peak_state)
             keep_phase_peak(self, tracker_phase(self))
 
-    return Tracker()
+    return Tracker
+
+
+def _fsdp_tracker(model, opt):
+    """FSDP2's tracker (FSDPMemTracker) with :func:`_recording`."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    return _recording(FSDPMemTracker)(model, opt)
+
+
+def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
+    """As :func:`_fsdp2_step`, under FSDP1 (:func:`tunelab.parallel.wrap` with a ``name: fsdp`` file) and torch's
+    MemTracker; the micro batch before the last runs under ``no_sync()``."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from tunelab.parallel import wrap
+    from tunelab.plan.measure import build_model, cuda_dropout
+    from tunelab.plan.simulate import make_optimizer
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = build_model(config, method, precision, lora_r, targets)
+        model.max_seq_length = seq_len
+        model.train()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore")
+            model = wrap(model, strategy, torch.device("cpu"), world)
+        opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
+        x = torch.zeros(micro, seq_len, dtype=torch.long)
+        tracker = _recording(MemTracker)()
+        tracker.track_external(model, opt, x)
+        with tracker, cuda_dropout(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore")
+            raw = _two_steps(model, opt, tracker, x, method, precision, accumulation,
+                             lambda last: contextlib.nullcontext() if last else model.no_sync())  # fmt: skip
+        return tracker.phase_peaks, raw
+
+
+def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync) -> list:
+    """Two optimizer steps of tunelab's loop (the second runs beside the optimizer states the first made), each of
+    ``min(accumulation, 2)`` micro batches (a later one runs beside the gradients; more add no memory), each micro
+    batch under ``sync(last)`` (a context: gradient sync on the last only); the second step's collectives, those of
+    the micro batch without sync counted ``accumulation - 1`` times."""
+    from tunelab.plan.measure import model_logits, training_loss
+
+    runs = min(accumulation, 2)
+    marks: list[int] = []
+    for step in range(2):
+        if step == 1:
+            tracker.collectives.clear()  # one step's collectives: the second's
+        for i in range(runs):
+            marks.append(len(tracker.collectives))
+            tracker.reset_mod_stats()
+            with sync(i == runs - 1):
+                loss = training_loss(model_logits(model, x, method, precision, fabric=False), x, method)
+                tracker.in_backward = True
+                (loss / accumulation).backward()
+                tracker.in_backward = False
+                del loss
+        opt.step()
+        opt.zero_grad()
+    raw = list(tracker.collectives)
+    if runs == 2:  # the micro batch without gradient sync, once for each of the accumulation's first a - 1
+        first, last = marks[-2], marks[-1]
+        raw = raw[first:last] * (accumulation - 1) + raw[last:]
+    return raw
 
 
 def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
     """({phase: {kind: bytes}}, [(kind, phase, bytes)] of the second optimizer step) of ``config``, rank 0
     of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap`), tunelab's loop (the logits freed after backward;
-    gradient sync only on the last micro batch). Two micro batches run (more add no memory); the collectives of
-    the one without sync count ``accumulation - 1`` times."""
+    gradient sync only on the last micro batch: :func:`_two_steps`)."""
+    import contextlib
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
 
     from tunelab.parallel import wrap
-    from tunelab.plan.measure import build_model, cuda_dropout, model_logits, training_loss
+    from tunelab.plan.measure import build_model, cuda_dropout
     from tunelab.plan.simulate import make_optimizer
 
     mesh = init_device_mesh("cpu", (world,))  # outside fake mode: a mesh reads its ranks
@@ -193,26 +287,12 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
         tracker.track_inputs((x,))
         with tracker, _propagation_skipped(tracker), cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Module is None")
-            runs = min(accumulation, 2)  # a later micro batch runs beside the gradients; more add no memory
-            marks: list[int] = []
-            for step in range(2):  # the second step runs beside the optimizer states the first one made
-                if step == 1:
-                    tracker.collectives.clear()  # one step's collectives: the second's
-                for i in range(runs):
-                    marks.append(len(tracker.collectives))
-                    tracker.reset_mod_stats()
-                    model.set_requires_gradient_sync(i == runs - 1)
-                    loss = training_loss(model_logits(model, x, method, precision, fabric=False), x, method)
-                    tracker.in_backward = True
-                    (loss / accumulation).backward()
-                    tracker.in_backward = False
-                    del loss
-                opt.step()
-                opt.zero_grad()
-        raw = list(tracker.collectives)
-        if runs == 2:  # the micro batch without gradient sync, once for each of the accumulation's first a - 1
-            first, last = marks[-2], marks[-1]
-            raw = raw[first:last] * (accumulation - 1) + raw[last:]
+
+            def sync(last: bool):
+                model.set_requires_gradient_sync(last)
+                return contextlib.nullcontext()
+
+            raw = _two_steps(model, opt, tracker, x, method, precision, accumulation, sync)
         return tracker.phase_peaks, raw
 
 
@@ -290,16 +370,23 @@ def simulate_ranks(
             lora_targets, optimizer,
         )  # fmt: skip
     else:
+        step = _fsdp1_step if strategy.name == "fsdp" else _fsdp2_step
         with fake_world(world):
-            phases, raw = _fsdp2_step(
+            phases, raw = step(
                 config, method, precision, micro_batch_size, seq_len, world, strategy, accumulation, lora_r,
                 lora_targets, optimizer,
             )  # fmt: skip
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
+        how = (
+            "FSDP1 as tunelab.parallel.wrap wraps litgpt's model (each block a unit, the file's sharding, "
+            "limit_all_gathers, use_orig_params), under torch's MemTracker, no_sync() before the last micro batch"
+            if strategy.name == "fsdp"
+            else "FSDP2 as tunelab.parallel.wrap shards litgpt's model (each block, then the root), under torch's "
+            "FSDPMemTracker; DTensor's shape inference left out"
+        )
         notes = [
-            "FSDP2 as tunelab.parallel.wrap shards litgpt's model (each block, then the root), under torch's "
-            "FSDPMemTracker; DTensor's shape inference left out",
+            how,
             "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
             "no caching-allocator rounding; NCCL's own buffers not counted",
         ]
@@ -333,7 +420,7 @@ def for_plan(x, strategy) -> RankSimulation:
         name = "litgpt's own choice" if strategy is None else strategy.name
         raise InputError(
             f"--simulate on {x.world} devices: {name} is not simulated per rank (simulated: "
-            f"{', '.join(SIMULATED)}); fix: --strategy fsdp2 or ddp, or plan without --simulate"
+            f"{', '.join(SIMULATED)}); fix: --strategy fsdp, fsdp2 or ddp, or plan without --simulate"
         )
     if x.method == "qlora":
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")

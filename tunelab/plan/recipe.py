@@ -105,6 +105,7 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
             "strategy": "fsdp",
             "sharding": strategy.sharding_strategy,
             "fsdp_wrap": strategy.auto_wrap,
+            "fsdp_root_kept": True,
             "offload_params": strategy.cpu_offload,
             "activation_checkpointing": strategy.activation_checkpointing,
         }

@@ -123,7 +123,7 @@ def _phase_tracker(events: list | None = None):
         def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
             for p in module.parameters():  # frozen weights take no gradient hook (torch refuses one)
                 if not p.requires_grad and self._param_to_grad_hook_handles.get(p, None) is None:
-                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+                    self._param_to_grad_hook_handles[p] = (NoHook(), NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state) -> None:
@@ -154,7 +154,7 @@ def keep_phase_peak(tracker, phase: str) -> bool:
     return False
 
 
-class _NoHook:
+class NoHook:
     """A hook handle for a frozen parameter: nothing to remove."""
 
     def remove(self) -> None:
