@@ -363,10 +363,18 @@ def grouped_padded_per_sample(
 def padded_tokens_per_sample(lengths: list[int], micro: int, strategy: StrategyConfig | None, cap: int) -> float:
     """Padded tokens per sample of a run: as its strategy's loop forms the micro batches where it forms them its own
     way (:attr:`StrategyConfig.regroups`: :func:`grouped_padded_per_sample`), else as litgpt pads
-    (:func:`padded_per_sample`). ``cap``: the sequence length no micro batch is padded past."""
+    (:func:`padded_per_sample`). ``cap``: the sequence length no micro batch is padded past. Remembered per lengths
+    and settings (advise asks the same figure for hundreds of configurations)."""
     if strategy is not None and strategy.regroups:
-        return grouped_padded_per_sample(lengths, micro, strategy.length_grouping, strategy.pad_to_multiple, cap)
-    return padded_per_sample(lengths, micro)
+        return _padded(tuple(lengths), micro, (strategy.length_grouping, strategy.pad_to_multiple), cap)
+    return _padded(tuple(lengths), micro, None, cap)
+
+
+@functools.lru_cache(maxsize=256)
+def _padded(lengths: tuple, micro: int, grouping: tuple | None, cap: int) -> float:
+    if grouping is not None:
+        return grouped_padded_per_sample(list(lengths), micro, grouping[0], grouping[1], cap)
+    return padded_per_sample(list(lengths), micro)
 
 
 DEFAULT_LENGTH_DRAWS = 20_000
