@@ -302,12 +302,17 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+    def command(p) -> str:  # a short-lived child (a helper process) may exit, or be a zombie, while we look
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
     t0, ranks = time.time(), []
     while len(ranks) < 2:
         assert time.time() - t0 < 120 and proc.poll() is None
-        ranks = [
-            c for c in psutil.Process(proc.pid).children(recursive=True) if "tunelab.run.loop" in " ".join(c.cmdline())
-        ]
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tunelab.run.loop" in command(c)]
         time.sleep(0.2)
     time.sleep(3)
     proc.send_signal(signal.SIGKILL)
