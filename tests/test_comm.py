@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT, cpu_env
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan import comm
-from tunelab.plan.memory import PlanInput
+from tunelab.plan.memory import PlanInput, dtype_bytes
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +142,24 @@ def test_the_multinode_table_is_explained_within_its_stated_errors():
         assert abs(rows[n]["error"]) < 0.12 and abs(rows[n]["loo_error"]) < 0.23, rows[n]
     assert 1 < rows[8]["fitted_gbs"] < 25  # a plausible achieved network: above 10 Gb/s, below 200 Gb/s
     assert rows[16]["comm_gb"] > rows[8]["comm_gb"] * 1.8  # 8.4B against 4.4B parameters, and more nodes
+
+
+def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
+    """litgpt's own choice for full fine-tuning on several devices is Lightning's FSDPStrategy (FSDP1: the root unit,
+    embedding, final norm and head, kept through backward), as is a ``name: fsdp`` file; an fsdp2 file and litgpt's
+    LoRA path (FSDP2) regather it: the planned bytes differ by one gather of the root per micro batch."""
+    from tunelab.plan.memory import root_unit_params
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    link = comm.lookup("nvlink3", "gpu")
+    over = ["--train.global_batch_size", "32", "--train.micro_batch_size", "4"]  # 4 devices: accumulation 2
+    litgpt = plan_recipe(resolve("open-llama-7b/full"), over, gpu=None, devices=4).input
+    fsdp1 = plan_recipe(resolve("open-llama-7b/full"), over, gpu=None, devices=4, strategy="fsdp").input
+    fsdp2 = plan_recipe(resolve("open-llama-7b/full"), over, gpu=None, devices=4, strategy="fsdp2").input
+    assert litgpt.fsdp_root_kept and fsdp1.fsdp_root_kept and not fsdp2.fsdp_root_kept
+    root = root_unit_params(litgpt.config) * dtype_bytes(litgpt.precision)
+    one, two = comm.per_step(litgpt, link), comm.per_step(fsdp2, link)
+    assert one.bytes_gpu == pytest.approx(comm.per_step(fsdp1, link).bytes_gpu)
+    assert two.bytes_gpu - one.bytes_gpu == pytest.approx(litgpt.accumulation * 3 / 4 * root, rel=1e-6)
+    assert litgpt.accumulation == 2

@@ -151,3 +151,25 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
     assert traced == pytest.approx(planned, rel=0.05)
     assert planned > 10 * lora_param_count(config, 8, LORA_TARGETS) * 2
+
+
+@pytest.mark.parametrize(("world", "accumulation"), [(4, 1), (2, 2)])
+def test_lora_under_fsdp1_is_planned_within_5_percent_of_rank_0(world, accumulation):
+    """TinyLlama's width with 4 blocks, LoRA on litgpt's default targets under a ``name: fsdp`` file: its frozen
+    weights are differentiable views during the forward (every matmul keeps its input, as in full fine-tuning) and
+    take gradients (flat parameters): the plan within 5% of rank 0's simulated peak (TinyLlama's 22 blocks: -0.8% on
+    4 devices; without the two terms -41% and -20%)."""
+    import dataclasses
+
+    from litgpt import Config
+
+    from tunelab.plan import memory
+    from tunelab.settings import LORA_TARGETS
+
+    c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=4)
+    x = memory.PlanInput(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
+                         lora_targets=LORA_TARGETS, fabric=False, strategy="fsdp", fsdp_root_kept=True, devices=world,
+                         accumulation=accumulation)  # fmt: skip
+    sim = ranks.simulate_ranks(c, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 256, accumulation=accumulation,
+                               lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
+    assert memory.predict(x).peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.05)

@@ -100,6 +100,7 @@ def saved_bytes(
     logits_bytes: int = 4,
     attention_output_view: bool = False,
     flash_pad: bool = False,
+    frozen_weights_grad: bool = False,
 ) -> SavedBytes:
     """Bytes autograd keeps for ``micro`` sequences of ``seq`` tokens (see the module docstring); ``targets``: the
     names of the LoRA targets that are on; ``mixed``: autocast with fp32 weights (``s`` is then the 16-bit compute
@@ -108,9 +109,14 @@ def saved_bytes(
     ``attention_output_view``: attention runs CUDA's memory-efficient kernel (fp32), whose output is laid out so
     that the projection's input is a view of it, not a copy (flash, cuDNN and torch's CPU kernel: a copy);
     ``flash_pad``: CUDA's flash kernel with a head size that is not a multiple of 8 (OpenLLaMA 3B's 100): torch's
-    SDPA pads q, k and v to new tensors first, and the kernel keeps those and its padded output instead."""
+    SDPA pads q, k and v to new tensors first, and the kernel keeps those and its padded output instead;
+    ``frozen_weights_grad``: LoRA under FSDP1 (``use_orig_params``), whose frozen weights are, during the forward,
+    views of a flat parameter that needs a gradient: every matmul keeps its input for its weight's gradient as in
+    full fine-tuning, beside the adapters' own (the root unit's weights too when the head is a target)."""
     full = method == "full"
     on = set(targets)
+    wt = full or frozen_weights_grad  # the blocks' own weights take a gradient
+    wt_root = full or (frozen_weights_grad and "head" in on)  # the embedding, final norm and head do
 
     def lora(k: str) -> bool:
         return not full and k in on
@@ -149,13 +155,13 @@ def saved_bytes(
         return ((mask_b if input_needs_grad else 0) + s) * width * n + s * lora_r * outs * n
 
     def block(first: bool) -> float:
-        grad_in = full or not first  # LoRA's first block: its input (a frozen embedding's output) needs no gradient
-        b = norm(full, input_needs_grad=grad_in)
+        grad_in = wt_root or not first  # LoRA's first block: its input (a frozen embedding's output) needs no gradient
+        b = norm(wt, input_needs_grad=grad_in)
         qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))
         attn_grad = grad_in or qkv_targets > 0  # q, k, v need a gradient: attention keeps its inputs
-        if full:
+        if wt:
             b += linear_inputs(1 + (mlp_inputs if c.shared_attention_norm else 0))  # qkv's (+ the MLP's) input
-        elif qkv_targets:
+        if qkv_targets:
             b += lora_in(d, qkv_targets, input_needs_grad=grad_in)
             if qkv_targets < 3:  # zero_pad's index_copy_ keeps the adapters' output and a copy of its int64 index
                 width = hs * sum(w for k, w in (("query", nh), ("key", ng), ("value", ng)) if lora(k))
@@ -173,18 +179,18 @@ def saved_bytes(
             else:  # GQA / MQA: k and v expanded to every head
                 kv = 2 * s * qw * n
             b += s * qw * n + kv + s * qw * n + 4 * nh * n  # q, k and v, the output, fp32 log-sum-exp
-        if full and not attention_output_view:
+        if wt and not attention_output_view:
             b += s * qw * n  # the output's reshaped copy: the projection's input
-        elif lora("projection"):
+        if lora("projection"):
             b += lora_in(qw, input_needs_grad=attn_grad)
         attn_out_grad = attn_grad or lora("projection")
         if c.post_attention_norm:
-            b += norm(full, input_needs_grad=attn_out_grad, residual=False)
+            b += norm(wt, input_needs_grad=attn_out_grad, residual=False)
         # the MLP's input: the block input (parallel residual) or the block input plus the attention's output
         mlp_in_grad = grad_in or (attn_out_grad and not c.parallel_residual)
         if not c.shared_attention_norm:
-            b += norm(full, input_needs_grad=mlp_in_grad, again=c.parallel_residual)
-            if full:
+            b += norm(wt, input_needs_grad=mlp_in_grad, again=c.parallel_residual)
+            if wt:
                 b += linear_inputs(mlp_inputs)  # norm_2's output: fc_1 / fc_2 input
         if lora("mlp"):
             b += lora_in(d, input_needs_grad=mlp_in_grad) * (2 if gated else 1)
@@ -192,28 +198,28 @@ def saved_bytes(
             return b  # a frozen MLP with no gradient through its input keeps nothing
         if gated:
             b += 3 * s * inter * n
-            if full:
+            if wt:
                 b += s * inter * n
-            elif lora("mlp"):
+            if lora("mlp"):
                 b += lora_in(inter)
         elif c.mlp_class_name == "GptNeoxMLP":
             b += s * inter * n  # the GELU's input
-            if full:
+            if wt:
                 b += s * inter * n
-            elif lora("mlp"):
+            if lora("mlp"):
                 b += lora_in(inter)
         else:
             notes.append(f"MLP {c.mlp_class_name}: not modelled (counted as SwiGLU)")
             b += 4 * s * inter * n
         if c.post_mlp_norm:
-            b += norm(full, residual=False)
+            b += norm(wt, residual=False)
         return b
 
     per = block(first=False)
     first = block(first=True)
     v = c.padded_vocab_size
-    head_norm = norm(full) + (lora_in(d) if lora("head") else 0)
-    head = head_norm + (s * d * n if full else 0)
+    head_norm = norm(wt_root) + (lora_in(d) if lora("head") else 0)
+    head = head_norm + (s * d * n if wt_root else 0)
     positions = micro * (seq - 1)
     # log-softmax per chunk in the logits' dtype (fp32 under Fabric), int64 targets
     head += logits_bytes * v * positions + 8 * positions

@@ -388,6 +388,7 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
         logits_bytes=s_logits,
         attention_output_view=efficient,
         flash_pad=not (efficient or x.attention_math) and c.head_size % 8 != 0,
+        frozen_weights_grad=fsdp1_lora(x),
     )
     notes.extend(saved.notes)
     traced = (
@@ -492,6 +493,13 @@ def root_unit_params(config) -> int:
     return c.padded_vocab_size * c.n_embd + head + c.n_embd * (2 if c.norm_class_name == "LayerNorm" else 1)
 
 
+def fsdp1_lora(x: PlanInput) -> bool:
+    """LoRA under a sharded FSDP1 (a ``name: fsdp`` strategy file): flat parameters mixing frozen and trainable
+    weights, which FSDP1 gives a whole gradient (:func:`flat_parameter_grads`) and whose frozen weights are
+    differentiable views during the forward (their matmuls keep their inputs: ``activations.saved_bytes``)."""
+    return x.strategy == "fsdp" and x.fsdp_root_kept and x.lora and x.sharding != "NO_SHARD"
+
+
 def flat_parameter_grads(x: PlanInput, st: _States) -> float:
     """Gradient bytes FSDP1 allocates for a LoRA model: a flat parameter (one per block, and the root unit) with any
     trainable weight gets a gradient for all of its weights, frozen ones included (torch's FSDP documents it for
@@ -518,11 +526,12 @@ def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
     extra = in_flight = 0
     block = (st.total - st.emb) / c.n_layer
     grads = st.grads
-    if x.strategy == "fsdp" and x.fsdp_root_kept and x.lora and x.sharding != "NO_SHARD":
+    if fsdp1_lora(x):
         grads = flat_parameter_grads(x, st)
         notes.append(
             "FSDP1 with LoRA: each block's flat parameter holds frozen and trainable weights, and FSDP1 "
-            "(use_orig_params) gives the whole flat parameter a gradient: as much as full fine-tuning's"
+            "(use_orig_params) gives the whole flat parameter a gradient, as much as full fine-tuning's; its frozen "
+            "weights are differentiable in the forward, so their matmuls keep their inputs too"
         )
     if x.strategy == "ddp" or (x.strategy == "fsdp" and x.sharding == "NO_SHARD"):
         extra = st.grads  # gradient buckets

@@ -110,7 +110,11 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
             "activation_checkpointing": strategy.activation_checkpointing,
         }
     if strategy.name == "fsdp2":  # per-block fully_shard: reshard_after_forward False keeps parameters (ZeRO-2)
-        return {"strategy": "fsdp", "sharding": "FULL_SHARD" if strategy.reshard_after_forward else "SHARD_GRAD_OP"}
+        return {
+            "strategy": "fsdp",
+            "sharding": "FULL_SHARD" if strategy.reshard_after_forward else "SHARD_GRAD_OP",
+            "fsdp_root_kept": False,
+        }
     if strategy.name == "deepspeed":
         return {
             "strategy": "deepspeed",
@@ -124,11 +128,15 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
 def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
     """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
     Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices under litgpt's own
-    choice checkpoints activations, as litgpt's FSDP2 LoRA path does (a strategy file says for itself)."""
+    choice checkpoints activations, as litgpt's FSDP2 LoRA path does, and full fine-tuning runs FSDP1 (a strategy file
+    says for itself)."""
     lora = {"lora_r": s.lora_r, "lora_targets": s.lora_targets} if s.lora else {}
     fields.setdefault("strategy", "single")
     fields.setdefault("optimizer", s.built_optimizer)
     fields.setdefault("activation_checkpointing", s.lora and s.world_size > 1)
+    # litgpt's own choice on several devices: full fine-tuning under Lightning's FSDPStrategy (FSDP1, which keeps its
+    # root unit gathered through backward), LoRA under FSDP2 (which regathers it)
+    fields.setdefault("fsdp_root_kept", fields["strategy"] == "fsdp" and not s.lora)
     return PlanInput(
         config=config,
         method=s.method,
