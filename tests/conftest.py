@@ -95,3 +95,16 @@ def equal_length_dataset(ckpt: Path, path: Path, n: int = 40) -> Path:
     assert len(records) >= n, "not enough equal-length records"
     path.write_text(json.dumps(records[:n]))
     return path
+
+
+def beside_checkout() -> set:
+    """Names in the checkout's parent, less what other processes' torch and Python make in the system temp dir when
+    the checkout sits there (a CI clone in /tmp: the other test worker's torchrun makes torchelastic_* there): what a
+    test compares before and after to show a command wrote nothing beside the checkout."""
+    import os
+    import tempfile
+
+    names = set(os.listdir(ROOT.parent))
+    if ROOT.parent == Path(tempfile.gettempdir()).resolve():
+        names = {n for n in names if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
+    return names

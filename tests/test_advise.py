@@ -335,18 +335,18 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
     from tunelab.plan.recipe import plan_recipe
     from tunelab.strategies import load_strategy
 
-    recipes = {"tiny-llama-1.1b": ("full", "lora", "qlora"), "open-llama-3b": ("lora",)}
+    recipes = {"tiny-llama-1.1b": ("full", "lora", "qlora")}
     gpus = [hardware.lookup(g) for g in ("A10G", "A100-80GB", "H100-SXM")]
     work = advise.workload_from_tokens(2e6)
     cands = []
     for model, methods in recipes.items():
         cands += advise.candidates(
             {m: resolve(f"{model}/{m}") for m in methods}, gpus, tokens=2e6, max_devices=4,
-            precision=["bf16-true", "32-true", "16-mixed"], price_table={},
+            precision=["bf16-true", "16-mixed"], price_table={},
         )  # fmt: skip
     rng = random.Random(20261125)
-    sample = rng.sample(cands, 30)
-    assert len({(c.strategy, c.precision, c.method) for c in sample}) >= 10  # the sample spans the axes
+    sample = rng.sample(cands, 24)
+    assert len({(c.strategy, c.precision, c.method) for c in sample}) >= 8  # the sample spans the axes
     for c in sample:
         recipe = resolve(c.recipe)
         gpu = hardware.lookup(c.gpu)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, cpu_env, one_line_problems, tunelab_cli
+from tests.conftest import ROOT, beside_checkout, cpu_env, one_line_problems, tunelab_cli
 
 R = "tiny-llama-1.1b/lora"
 DATA = ROOT / "data" / "alpaca_tunelab.json"
@@ -181,14 +181,14 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     f = _files(tmp_path)
     todo = cases(tmp_path, f)
-    before = set(os.listdir(ROOT.parent))
+    before = beside_checkout()
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda c: tunelab(*c[1]), todo))
     failures = [m for (label, _, frag), p in zip(todo, results) if (m := one_line_problems(label, p, frag))]
     assert not failures, "\n".join(failures)
     # nothing ran from a file, nothing was written outside the working directory, the alias bomb never expanded
     assert not list(tmp_path.glob("pwned*"))
-    assert set(os.listdir(ROOT.parent)) == before
+    assert beside_checkout() == before
     assert not (ROOT / "runs" / "x").exists() and not (tmp_path / "qlora-run").exists()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, one_line_problems, tunelab_cli
+from tests.conftest import ROOT, beside_checkout, one_line_problems, tunelab_cli
 
 R = "tiny-llama-1.1b/lora"
 HANG_GUARD_S = 300
@@ -290,17 +290,7 @@ def test_every_edge_is_refused_in_one_line(world):
     todo = cases(world)
     assert len(todo) >= 55
 
-    def beside_root() -> set:
-        """The checkout's parent, less what other processes' torch and Python make in the system temp dir when the
-        checkout sits there (a CI clone in /tmp: the other test worker's torchrun makes torchelastic_* there)."""
-        import tempfile
-
-        names = set(os.listdir(ROOT.parent))
-        if ROOT.parent == Path(tempfile.gettempdir()).resolve():
-            names = {n for n in names if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
-        return names
-
-    before_root = beside_root()
+    before_root = beside_checkout()
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda c: tunelab(*c[1]), todo))
     failures = [m for (label, _, frag), p in zip(todo, results) if (m := one_line_problems(label, p, frag))]
@@ -311,7 +301,7 @@ def test_every_edge_is_refused_in_one_line(world):
         assert path.read_bytes() == data
     assert not list((world["tmp"] / "outside-dir").iterdir())
     assert stat.S_ISFIFO(os.lstat(world["fifo"]).st_mode) and os.path.islink(world["link.json"])
-    assert beside_root() == before_root
+    assert beside_checkout() == before_root
     assert not (world["tmp"] / "r1" / "stdout.log").exists() and not (world["tmp"] / "r2" / "stdout.log").exists()
 
 
