@@ -25,7 +25,8 @@ nothing, but is dispatched with its real shapes):
   traced, and said so.
 
 Collectives are recorded as dispatched (``c10d`` ops: kind, the whole tensor's bytes, the phase) for one optimizer
-step at the model's depth; the time model turns them into seconds (:func:`collective_seconds`).
+step at the model's depth; the time model times the same volumes from :mod:`tunelab.plan.comm`'s formulas, which
+tests hold equal to these traces (FSDP1's root unit gathered once per micro batch, FSDP2's twice, DDP's buckets).
 
 Depth: FSDP2 runs every block of the model (fake tensors make that seconds: TinyLlama's 22 blocks in about 6 s).
 Extrapolating from two small depths, as the one-device simulation does, is wrong here: where the backward peak
