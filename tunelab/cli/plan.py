@@ -87,9 +87,9 @@ def add_parser(sub) -> None:
         help="also run litgpt's training step on fake tensors under torch's MemTracker (full width, 1 and 2 blocks "
         "extrapolated; seconds) and print each phase's peak and what is alive there, beside the plan; with a GPU "
         "(--gpu or this machine's), also the step's time by kernel on it, against the host's launches. On several "
-        "devices with --strategy fsdp2 or ddp: rank 0 of the world simulated under a fake process group (FSDP2 "
-        "sharded as the run shards it, every block; DDP's buckets), its peak per phase by kind and the collectives "
-        "it issues per step",
+        "devices with --strategy fsdp (and its variants), fsdp2 or ddp: rank 0 of the world simulated under a fake "
+        "process group (FSDP1 and FSDP2 wrapped as the run wraps them, every block; DDP's buckets), its peak per "
+        "phase by kind and the collectives it issues per step",
     )
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
