@@ -142,6 +142,13 @@ def test_report_columns_units_and_failed_rows(tmp_path):
         ("bf16: 312}", "bf16: 0}", "peak_tflops: bf16: 0"),
         ("    bandwidth_gbs: 2039\n", "    bandwidth_gbs: -5\n", "bandwidth_gbs: -5"),
         ("  H100-SXM:\n", "  A100-80GB:\n", "'A100-80GB' is given twice"),
+        ("    boost_mhz: 1410\n", "    boost_mhz: .nan\n", "boost_mhz: nan is not a positive number"),
+        ("    boost_mhz: 1410\n", '    boost_mhz: "fast"\n', "boost_mhz: 'fast' is not a positive number"),
+        (
+            '    bandwidth_source: "NVIDIA A100 datasheet (2021): 40GB HBM2 1555 GB/s"\n',
+            "    bandwidth_source: 12\n",
+            "bandwidth_source: 12 is not text",
+        ),
     ],
 )
 def test_an_edited_gpu_table_row_is_refused_naming_file_row_and_key(monkeypatch, tmp_path, old, new, fragment):

@@ -179,52 +179,60 @@ OWN_MEASUREMENTS = (
 """Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
 
 
-def own_rows(reports: Path | None = None) -> list[dict]:
-    """Every run record with a measured peak in the archives of :data:`OWN_MEASUREMENTS`, planned from its own
-    recipe and overrides (as ``tunelab plan`` would), beside what the GPU measured. Records are read from the
-    archive in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES."""
+def archived_records(archive: Path):
+    """(member name, RunRecord, strategy) for each run record in a report's ``records.tgz`` (none when there is no
+    archive), read in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES. The
+    strategy is the file as the record kept it (checked as a file is), else the name it loads by."""
     import json
     import tarfile
 
     from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.recipes import resolve
     from tunelab.record import RunRecord
     from tunelab.strategies import strategy_from_mapping
+
+    if not archive.is_file():
+        return
+    with tarfile.open(archive) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if not (member.isfile() and member.name.endswith("/record.json") and member.size <= RECORD_MAX_BYTES):
+                continue
+            rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
+            strategy = (
+                strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
+                if rec.strategy_settings
+                else rec.strategy_file
+            )
+            yield member.name, rec, strategy
+
+
+def own_rows(reports: Path | None = None) -> list[dict]:
+    """Every run record with a measured peak in the archives of :data:`OWN_MEASUREMENTS`, planned from its own
+    recipe and overrides (as ``tunelab plan`` would), beside what the GPU measured. Records are read from the
+    archive in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES."""
+    from tunelab.recipes import resolve
 
     reports = Path(reports or ROOT / "reports")
     rows = []
     for name in OWN_MEASUREMENTS:
-        archive = reports / name / "records.tgz"
-        if not archive.is_file():
-            continue
-        with tarfile.open(archive) as tar:
-            for member in sorted(tar.getmembers(), key=lambda m: m.name):
-                if not (member.isfile() and member.name.endswith("/record.json") and member.size <= RECORD_MAX_BYTES):
-                    continue
-                rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
-                if rec.status != "ok" or not rec.peak_allocated_bytes:
-                    continue
-                strategy = (  # the strategy file as the record kept it (checked as a file is), else as its name loads
-                    strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
-                    if rec.strategy_settings
-                    else rec.strategy_file
-                )
-                planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy)
-                plan, x = planned.plan, planned.input
-                measured = rec.peak_allocated_bytes / 1e9
-                predicted = plan.peak_allocated_bytes / 1e9
-                rows.append(
-                    {
-                        "report": name, "row": rec.row_id, "device": rec.device_name,
-                        "recipe": rec.recipe + (f" --strategy {rec.strategy_file}" if rec.strategy_file else ""),
-                        "method": x.method, "precision": str(x.precision), "micro": x.micro_batch_size,
-                        "seq_len": x.seq_len, "predicted_gb": round(predicted, 3), "measured_gb": round(measured, 3),
-                        "rel_error": round(predicted / measured - 1, 4),
-                        "residual_gb": round(measured - predicted, 3),
-                        "model": x.config.name,
-                        "lora_targets": ",".join(x.lora_targets) if x.lora else "",
-                    }
-                )  # fmt: skip
+        for _, rec, strategy in archived_records(reports / name / "records.tgz"):
+            if rec.status != "ok" or not rec.peak_allocated_bytes:
+                continue
+            planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy)
+            plan, x = planned.plan, planned.input
+            measured = rec.peak_allocated_bytes / 1e9
+            predicted = plan.peak_allocated_bytes / 1e9
+            rows.append(
+                {
+                    "report": name, "row": rec.row_id, "device": rec.device_name,
+                    "recipe": rec.recipe + (f" --strategy {rec.strategy_file}" if rec.strategy_file else ""),
+                    "method": x.method, "precision": str(x.precision), "micro": x.micro_batch_size,
+                    "seq_len": x.seq_len, "predicted_gb": round(predicted, 3), "measured_gb": round(measured, 3),
+                    "rel_error": round(predicted / measured - 1, 4),
+                    "residual_gb": round(measured - predicted, 3),
+                    "model": x.config.name,
+                    "lora_targets": ",".join(x.lora_targets) if x.lora else "",
+                }
+            )  # fmt: skip
     return rows
 
 

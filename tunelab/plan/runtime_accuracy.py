@@ -96,37 +96,20 @@ def bench_items(root: Path) -> list[dict]:
     """Each finished run of :data:`BENCH`: its steady iteration, padded tokens per sample and GPU utilisation, and
     its PlanInput as planned from its own recipe, overrides and strategy keys. Records are read in memory from the
     archive: regular ``*/record.json`` members of at most RECORD_MAX_BYTES."""
-    import json
-    import tarfile
-
-    from tunelab.files import RECORD_MAX_BYTES
+    from tunelab.plan.accuracy import archived_records
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
-    from tunelab.record import RunRecord
-    from tunelab.strategies import strategy_from_mapping
 
-    archive = root / BENCH
-    if not archive.is_file():
-        return []
     items = []
-    with tarfile.open(archive) as tar:
-        for member in sorted(tar.getmembers(), key=lambda m: m.name):
-            if not (member.isfile() and member.name.endswith("/record.json") and member.size <= RECORD_MAX_BYTES):
-                continue
-            rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
-            if rec.status != "ok" or not rec.iter_time_s or not rec.tok_s_padded:
-                continue
-            strategy = (
-                strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
-                if rec.strategy_settings
-                else rec.strategy_file
-            )
-            x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy).input
-            items.append({"run": member.name.split("/")[-2] if "tune" not in member.name else
-                          "/".join(member.name.split("/")[-3:-1]), "arm": "litgpt" if x.fabric else "fast", "x": x,
-                          "micro": x.micro_batch_size, "accumulation": x.accumulation,
-                          "tokens": rec.tok_s_padded * rec.iter_time_s / x.micro_batch_size,
-                          "measured_s": rec.iter_time_s, "gpu_util": rec.gpu_util_steady_mean})  # fmt: skip
+    for name, rec, strategy in archived_records(root / BENCH):
+        if rec.status != "ok" or not rec.iter_time_s or not rec.tok_s_padded:
+            continue
+        x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy).input
+        items.append({"run": "/".join(name.split("/")[-3:-1]) if "tune" in name else name.split("/")[-2],
+                      "arm": "litgpt" if x.fabric else "fast", "x": x,
+                      "micro": x.micro_batch_size, "accumulation": x.accumulation,
+                      "tokens": rec.tok_s_padded * rec.iter_time_s / x.micro_batch_size,
+                      "measured_s": rec.iter_time_s, "gpu_util": rec.gpu_util_steady_mean})  # fmt: skip
     return items
 
 
