@@ -20,10 +20,12 @@
 #   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
 #                 PART3 (default tiny-llama-1.1b-full: TinyLlama full, bf16-mixed, FSDP, one GPU); 33 probes
 #                 took 3 calls (~21 min) on the H100; a cut search goes on where it stopped    ~20 min: 3 calls
-#   bench         litgpt against tunelab's fast path (tunelab bench, 3 alternating pairs of 30 steps, then each
-#                 at its best micro batch): BENCH recipes in turn (default TinyLlama full, TinyLlama LoRA,
-#                 OpenLLaMA 7B LoRA); records reused by the next call. TinyLlama full: pairs 2 calls,
-#                 its best-micro search a third, unfinished (2026-11-25)                     est. 40 min: 4 calls/recipe
+#   bench         litgpt against tunelab's fast path (tunelab bench, PAIRS (default 3) alternating pairs of
+#                 STEPS (default 30) optimizer steps at the lab's s4 baseline (bf16-true, micro 8, global 32), then
+#                 each at its best micro batch unless BEST_MICRO=0): BENCH recipes in turn (default TinyLlama full,
+#                 TinyLlama LoRA, OpenLLaMA 7B LoRA) on GPU (default H100-SXM); records reused by the next call.
+#                 TinyLlama full: pairs 2 calls, its best-micro search a third, unfinished (2026-11-25)
+#                                                                                    est. 40 min: 4 calls/recipe
 #   families      the planner across families (configs/sweeps/families-gpu.yaml: Gemma 2B and Phi-2 LoRA,
 #                 Llama 3.2 1B full and LoRA, Mistral 7B QLoRA; micro 2 and 4; random weights) (not yet timed)
 #                                                                                               est. 10-15 min: 2 calls
@@ -135,7 +137,8 @@ stage_part3() {  # tunelab tune-study: probes under $RUNS/lab-part3/<study>/<set
   return $rc
 }
 stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $RUNS/bench/<recipe>/, archived after
-  local opts=(--weights random --pairs 3 --best-micro --gpu "${GPU:-H100-SXM}" --train.max_steps 30 --timeout 300)
+  local best=(--best-micro); [ "${BEST_MICRO:-1}" = 0 ] && best=()
+  local opts=(--weights random --pairs "${PAIRS:-3}" "${best[@]}" --gpu "${GPU:-H100-SXM}" --train.max_steps "${STEPS:-30}" --timeout 300)
   local recipes=${BENCH:-tiny-llama-1.1b/full tiny-llama-1.1b/lora open-llama-7b/lora}
   if [ "$REHEARSAL" = 1 ]; then  # the tiny model stands in for every recipe: one is enough
     opts=(--model tiny --pairs 1 --train.max_steps 4 --data.num_workers 0); recipes=${BENCH:-tiny-llama-1.1b/full}
@@ -144,8 +147,8 @@ stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $
   for recipe in $recipes; do
     if [ "$(left)" -le 90 ]; then echo "bench $recipe: not started, $(left) s of the budget left"; continue; fi
     slug=${recipe//\//-}
-    base=()  # TinyLlama full at the baseline the speed goal names: the lab's s4 (bf16-true, micro 8, global 32)
-    [ "$recipe" = tiny-llama-1.1b/full ] && base=(--precision bf16-true --train.micro_batch_size 8 --train.global_batch_size 32)
+    # every recipe at the baseline the speed goal names: the lab's s4 (bf16-true, micro 8, global 32)
+    base=(--precision bf16-true --train.micro_batch_size 8 --train.global_batch_size 32)
     echo "runbook: tunelab bench $recipe ${opts[*]} ${base[*]}"
     timeout -s INT "$(left)" "$PY" -m tunelab bench "$recipe" "${opts[@]}" "${base[@]}" --deadline "$(( $(left) - 60 ))" \
       --out "$RUNS/bench/$slug" --report-dir "$RUNS/bench/$slug/report" || rc=$?
