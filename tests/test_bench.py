@@ -109,3 +109,19 @@ def test_a_second_bench_on_one_folder_and_a_report_dir_that_is_a_file_are_refuse
     proc = tunelab_cli(*argv, "--report-dir", a_file)
     assert one_line_problems("report dir is a file", proc, "--report-dir") is None
     assert not list(out.glob("*/record.json")) and not list(out.glob("**/record.json"))  # nothing trained
+
+
+def test_a_fast_run_whose_blocks_ran_eagerly_leaves_the_ratios():
+    """A fast run that hit torch.compile's recompile limit (some blocks eager: a slower loop than its strategy says)
+    is refused like one that recompiled in the loop: its pair leaves the ratios, and the reason names the limit."""
+    from tunelab.record import RunRecord
+    from tunelab.tune.bench import Arm, Phase, refused
+
+    def rec(tok: float, hits: int | None = None) -> RunRecord:
+        return RunRecord(status="ok", tok_s_real=tok, graphs_compiled_in_loop=0, recompile_limit_hits=hits)
+
+    lit, fast = Arm("litgpt", None), Arm("fast", "fast")
+    lit.records = [(0, rec(100.0), None), (1, rec(100.0), None)]
+    fast.records = [(0, rec(300.0, 0), None), (1, rec(200.0, 2), None)]
+    assert Phase("recipe", [lit, fast]).ratios() == [3.0]
+    assert "recompile limit 2 time(s)" in refused(fast.records[1][1]) and refused(fast.records[0][1]) is None

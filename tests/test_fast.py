@@ -5,6 +5,7 @@ per epoch and cuts the padding, no host synchronisation between log intervals, a
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -285,6 +286,30 @@ def test_the_printed_fast_command_trains_and_records(tiny_ckpt, tmp_path):
     gen = run_litgpt(["generate", str(final), "--prompt", "hello", "--max_new_tokens", "4"])
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert "Time for inference" in gen.stderr + gen.stdout
+
+
+def test_fast_lora_runs_every_shape_compiled(tiny_ckpt, tmp_path):
+    """LoRA under fast.yaml on unequal lengths (several padded shapes): block 0's input needs no grad (the embedding
+    is frozen) and the other blocks' does, two graph variants per shape. Every variant is compiled ahead: no
+    recompile-limit hit (dynamo would run those blocks eagerly without failing, as every LoRA bench run did on an
+    H200 with a limit of shapes + 2), none compiled in the loop; the record counts the hits."""
+    data_file = unequal_dataset(tmp_path / "unequal.json")
+    strategy = fast_variant(tmp_path, pad_to_multiple=8)  # many shapes in a few steps
+    rec = run_cli(
+        ["run", "tiny-llama-1.1b/lora", "--strategy", str(strategy), "--devices", "1", "--precision", "32-true",
+         "--train.micro_batch_size", "2", "--train.global_batch_size", "4", "--train.max_steps", "4",
+         "--train.lr_warmup_steps", "1", "--data.json_path", str(data_file), "--data.num_workers", "0",
+         "--eval.final_validation", "false", "--checkpoint_dir", str(tiny_ckpt)],
+        tmp_path / "run",
+    )  # fmt: skip
+    stderr = (tmp_path / "run" / "stderr.log").read_text()
+    assert rec.status == "ok", (rec.error, stderr[-3000:])
+    assert "requires_grad mismatch" not in stderr and "hit config.recompile_limit" not in stderr
+    assert rec.recompile_limit_hits == 0 and rec.graphs_compiled_in_loop == 0 and rec.compile_s > 0
+    shapes, graphs = re.search(
+        r"shapes compiled: (\d+) in [\d.]+ s, (\d+) graphs", (tmp_path / "run" / "stdout.log").read_text()
+    ).groups()
+    assert int(shapes) >= 4 and int(graphs) >= 2 * int(shapes)  # past the old limit; block 0's variant per shape
 
 
 def test_fast_lora_saves_validates_and_merges_like_litgpt(tiny_ckpt, tmp_path):

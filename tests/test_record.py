@@ -107,13 +107,33 @@ def test_steady_state_leaves_the_pauses_out():
     """A validation or save inside the loop (a pause noted on the iteration it interrupted) is not training time:
     the iteration and step times and tok/s exclude it; without the subtraction tok/s falls to 57 (the median step
     hides one slow step)."""
-    from tunelab.run.collect import _steady_state
+    from tunelab.run.collect import steady_state
 
     starts = [0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 8.0]  # iteration 2 took 3 s, 2 of them a validation
     log = [[t, 100, 80, 2.0 if i == 2 else 0.0] for i, t in enumerate(starts)]
-    steady = _steady_state([log], 1, len(log))
+    steady = steady_state([log], 1, len(log))
     assert steady["iter_time_s"] == 1.0 and steady["step_time_s"] == 1.0 and steady["window"] == (1.0, 8.0)
     assert steady["tok_s_real"] == 80 * 5 / 5.0  # 5 counted iterations of 1 s each (the first is warm-up)
+
+
+def test_mean_step_holds_the_wait_the_median_hides():
+    """A loop that reads the loss every 6 steps queues ahead of the GPU: most steps look short (0.1 s, the host's
+    launches) and the step holding the read waits for the backlog (0.8 s). Over the 12 counted steps the mean is
+    0.217 s, the median 0.1 (the figure the fast path's bench rows were compared with before); the rate of micro
+    batches and the padded tokens per micro batch come from the same steps."""
+    from tunelab.run.collect import steady_state
+
+    t, log = 0.0, []
+    for step in range(13):  # 13 steps of 2 iterations; the first is warm-up
+        for i in range(2):
+            log.append([t, 100 + 20 * i, 80])
+            t += 0.75 if (step % 6 == 5 and i == 1) else 0.05
+    log.append([t, 100, 80])  # the successor that ends the last counted iteration
+    steady = steady_state([log], 2, len(log))
+    assert steady["warmup_steps_excluded"] == 1 and steady["step_time_s"] == pytest.approx(0.1)
+    assert steady["step_time_mean_s"] == pytest.approx((10 * 0.1 + 2 * 0.8) / 12)
+    assert steady["padded_per_iteration"] == pytest.approx(110)
+    assert steady["iterations_s"] == pytest.approx(24 / (10 * 0.1 + 2 * 0.8))
 
 
 def test_a_record_is_not_reused_after_its_strategy_file_changed_in_a_key_its_description_hides(tmp_path):

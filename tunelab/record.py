@@ -62,6 +62,10 @@ class RankStats:
     graphs_compiled_in_loop: int | None = None
     """Graphs torch.compile built after the first training iteration (dynamo's ``unique_graphs`` counter):
     recompilations that fell inside the training loop. A measured window with any is refused by ``tunelab bench``."""
+    recompile_limit_hits: int | None = None
+    """Times torch.compile gave up on a compiled block for a new graph variant (dynamo's recompile limit): the
+    block then ran eagerly for that variant, a run slower than its strategy says. ``tunelab bench`` refuses a
+    measured run with any."""
     paused_s: float | None = None
     """Time spent in the loop on validation, sample generation and checkpoint saves (tunelab's loop): left out of
     the iteration it interrupted, so the steady-state figures count training only."""
@@ -244,6 +248,9 @@ class RunRecord:
     graphs_compiled_in_loop: int | None = None
     """Max over ranks of the graphs torch.compile built after the first iteration: recompilations inside the loop
     (0 with static shapes compiled ahead; ``tunelab bench`` refuses a measured run with any)."""
+    recompile_limit_hits: int | None = None
+    """Max over ranks of the recompile-limit hits (blocks that then ran eagerly for a graph variant; 0 when the limit
+    covers every variant; ``tunelab bench`` refuses a measured run with any)."""
     fused_kernels: str | None = None
     """Rank 0's ``liger`` switch as it ran: the Liger kernels in use, or why they were off (None: not asked for)."""
     paused_s: float | None = None
@@ -255,6 +262,12 @@ class RunRecord:
     """Median time of an optimizer step over the steady state (sum of its micro-batch iteration times)."""
     iter_time_s: float | None = None
     """Median micro-batch iteration time over the steady state."""
+    step_time_mean_s: float | None = None
+    """Mean optimizer step over the steady state (rank 0's counted steps: their time over their number): what a run's
+    length follows. The median understates a loop that reads the loss only every few iterations (the fast path):
+    the host queues ahead and the step holding the read waits for the GPU's backlog, so most steps look short."""
+    padded_per_sample: float | None = None
+    """Padded tokens per sample over the same steps (rank 0): the length the step's time goes with."""
     tokens_padded: int | None = None
     """Tokens fed to the model, padding included, all ranks, whole run."""
     tokens_real: int | None = None
@@ -266,7 +279,7 @@ class RunRecord:
     tok_s_padded_per_device: float | None = None
     """tok_s_padded / device_count."""
     samples_s: float | None = None
-    """Steady-state samples/s, summed over ranks."""
+    """Steady-state samples/s, summed over ranks (samples over the counted steps' time)."""
     litgpt_training_time_s: float | None = None
     """litgpt's printed 'Training Time' (whole fit loop, warm-up and in-loop validation included)."""
     litgpt_tok_s: float | None = None

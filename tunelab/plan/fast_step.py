@@ -30,15 +30,17 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-COMPILED_HOST_S_PER_KERNEL = 69e-6
+COMPILED_HOST_S_PER_KERNEL = 74e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
 each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
-Fitted on our H100 bench of the fast path (TinyLlama full, bf16-true, micro 8, three runs; the steady iteration
-does not follow its padded tokens there, 2,048 to 4,096 per micro batch: host-bound), where its iterations took
-45-55 ms against about 25 ms of kernels; one configuration, one host: the weakest constant of the model."""
-FAST_MODEL_ERROR = 0.056
-"""Mean absolute error of :func:`fast_step` over our H100 bench's fast-path runs (micro 8 and the probes at 58-97;
-``reports/planner-accuracy/runtime.md``, ``tunelab plan-accuracy`` recomputes it): the band around its estimate."""
+Fitted on our H100 bench of the fast path (TinyLlama full, bf16-true, micro 8, three runs; the mean optimizer step
+over the steady window, 0.185-0.239 s, does not follow its padded tokens there: host-bound, against about 0.1 s of
+kernels); one configuration, one host: the weakest constant of the model. (69 us when fitted on the median
+iteration, which leaves out the step that waits for the GPU at each loss read.)"""
+FAST_MODEL_ERROR = 0.064
+"""Mean absolute error of :func:`fast_step` over our benches' fast-path runs that ran compiled throughout (TinyLlama
+full on an H100: micro 8 and the probes at 58-97; ``reports/planner-accuracy/runtime.md``, ``tunelab plan-accuracy``
+recomputes it): the band around its estimate."""
 LIGER_OPS_PER_CHUNK = 5
 """Ops Liger's fused linear cross-entropy dispatches per chunk (liger_kernel/ops/fused_linear_cross_entropy.py: the
 logits matmul, the cross-entropy Triton kernel, the loss slice's copy, the input-gradient matmul, the weight

@@ -216,8 +216,9 @@ def plan_recipe(
     if strat is not None and strat.fast:
         plan.notes.append(
             f"tunelab's fast path ({', '.join(strat.fast)}): its time is tunelab's loop with these switches, "
-            "kernel by kernel (tunelab/plan/fast_step.py; against our H100 bench of TinyLlama full: -15% to +3% "
-            "at micro 8, where the host bounds it, -1% to -8% at micro 58-97, where the GPU does; "
+            "kernel by kernel (tunelab/plan/fast_step.py; against our H100 bench of TinyLlama full: -14% to +12% "
+            "at micro 8, where the host bounds it, -1% to -7% at micro 58-97, where the GPU does; LoRA not yet "
+            "measured compiled throughout; "
             "reports/planner-accuracy/runtime.md); --calibrate with its run records (tunelab bench) uses their "
             "measured MFU for the MFU range"
         )

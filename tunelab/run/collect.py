@@ -115,8 +115,8 @@ def last_error_line(text: str) -> str | None:
     return lines[-1][:500] if lines else None
 
 
-def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
-    """Median step/iteration times and steady-state token rates from each rank's iteration log.
+def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
+    """Median step/iteration times, rank 0's mean step, and steady-state token rates from each rank's iteration log.
 
     Iteration k lasts from its batch fetch to the next one, less the time paused inside it (validation, sample
     generation, a checkpoint save in tunelab's loop); the last iteration (no successor) is dropped, and so is the
@@ -143,7 +143,7 @@ def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> d
                 "time": sum(d for st in steps for d, _, _ in st),
                 "padded": sum(p for st in steps for _, p, _ in st),
                 "real": sum(r for st in steps for _, _, r in st),
-                "samples": len(steps) * accumulation,
+                "iterations": len(steps) * accumulation,
                 "t0": iters[warm * accumulation][0],
                 "t1": iters[n_steps_full * accumulation][0],  # the end of the last counted iteration
             }
@@ -154,6 +154,9 @@ def _steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> d
     out["warmup_steps_excluded"] = r0["warm"]
     out["step_time_s"] = statistics.median(r0["step_times"])
     out["iter_time_s"] = statistics.median(r0["iter_times"])
+    out["step_time_mean_s"] = r0["time"] / len(r0["step_times"])
+    out["padded_per_iteration"] = r0["padded"] / r0["iterations"]
+    out["iterations_s"] = sum(r["iterations"] / r["time"] for r in per_rank if r["time"] > 0)
     out["tok_s_padded"] = sum(r["padded"] / r["time"] for r in per_rank if r["time"] > 0)
     out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
     # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
@@ -189,6 +192,7 @@ def _rank_figures(rec: RunRecord) -> None:
     rec.first_iteration_s = agg("first_iteration_s", max)
     rec.compile_s = agg("compile_s", max)
     rec.graphs_compiled_in_loop = agg("graphs_compiled_in_loop", max)
+    rec.recompile_limit_hits = agg("recompile_limit_hits", max)
     rec.paused_s = agg("paused_s", max)
     rec.fused_kernels = next((r.fused_kernels for r in rec.ranks if r.fused_kernels), None)
 
@@ -220,15 +224,17 @@ def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
     """Step 4: token counts and the steady-state figures (warm-up excluded); returns the steady-state summary."""
     rec.tokens_padded = sum(it[1] for its in ranks_iters for it in its[:n_iters] if it[1] >= 0) or None
     rec.tokens_real = sum(it[2] for its in ranks_iters for it in its[:n_iters] if it[2] >= 0) or None
-    steady = _steady_state(ranks_iters, rec.accumulation or 1, n_iters)
-    for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
+    steady = steady_state(ranks_iters, rec.accumulation or 1, n_iters)
+    for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "step_time_mean_s", "tok_s_padded",
+                "tok_s_real"):  # fmt: skip
         setattr(rec, key, steady.get(key))
     if steady.get("window"):
         rec.steady_window_s = steady["window"][1] - steady["window"][0]
     if rec.tok_s_padded is not None:
         rec.tok_s_padded_per_device = rec.tok_s_padded / rec.device_count
-    if rec.iter_time_s:
-        rec.samples_s = rec.micro_batch_size * rec.device_count / rec.iter_time_s
+    if steady.get("iterations_s") and rec.micro_batch_size:  # each rank's micro batch holds `micro` samples
+        rec.samples_s = steady["iterations_s"] * rec.micro_batch_size
+        rec.padded_per_sample = steady["padded_per_iteration"] / rec.micro_batch_size
     return steady
 
 

@@ -62,6 +62,22 @@ def note_graphs_compiled_in_loop(count: int) -> None:
     _STATE["graphs_compiled_in_loop"] = count
 
 
+def count_recompile_limit_hits() -> None:
+    """Count torch.compile's recompile-limit hits in this process (dynamo logs each as a warning, then runs the frame
+    eagerly for that graph variant): a handler on its logger, installed once."""
+    import logging
+
+    class _Hits(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if str(record.msg).startswith("torch._dynamo hit config."):
+                _STATE["recompile_limit_hits"] = _STATE.get("recompile_limit_hits", 0) + 1
+
+    log = logging.getLogger("torch._dynamo.convert_frame")
+    if not any(type(h).__name__ == "_Hits" for h in log.handlers):
+        log.addHandler(_Hits(logging.WARNING))
+    _STATE.setdefault("recompile_limit_hits", 0)
+
+
 def note_fused_kernels(text: str) -> None:
     """The strategy's ``liger`` switch as it runs here: the kernels in use, or why it is off (added to what was
     noted before, ``; ``-separated)."""
@@ -137,6 +153,7 @@ def write() -> None:
         "first_iteration_s": _STATE.get("first_iteration_s"),
         "compile_s": _STATE.get("compile_s"),
         "graphs_compiled_in_loop": _STATE.get("graphs_compiled_in_loop"),
+        "recompile_limit_hits": _STATE.get("recompile_limit_hits"),
         "paused_s": _STATE.get("paused_s"),
         "fused_kernels": _STATE.get("fused_kernels"),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -52,6 +52,7 @@ COLUMNS = [
     "first_iteration_s",
     "compile_s",
     "graphs_compiled_in_loop",
+    "recompile_limit_hits",
     "paused_s",
     "step_time_s",
     "optimizer_steps",
@@ -65,7 +66,8 @@ COLUMNS = [
 """bench.csv: one row per run (GB = 1e9 bytes; tok/s in the steady state, warm-up excluded, summed over ranks;
 MFU on real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time; compile_s: the
 fast arm's compilation of every training shape before it; graphs_compiled_in_loop: recompilations inside the
-loop (a run with any is refused: left out of the ratios); paused_s: validation and checkpoints inside the loop,
+loop; recompile_limit_hits: graph variants torch.compile gave up on (those blocks ran eagerly); a run with either
+is refused: left out of the ratios; paused_s: validation and checkpoints inside the loop,
 left out of the steady state)."""
 
 
@@ -107,9 +109,12 @@ class Phase:
 
 def refused(rec: record_mod.RunRecord) -> str | None:
     """Why a finished run's speed cannot be compared (None: it can): torch.compile recompiled inside the training
-    loop, so compilation fell inside the measured window."""
+    loop, so compilation fell inside the measured window; or it hit its recompile limit, so some blocks ran eagerly
+    (a run slower than the strategy it claims)."""
     if rec.graphs_compiled_in_loop:
         return f"{rec.graphs_compiled_in_loop} graph(s) compiled inside the training loop (recompilation in the window)"
+    if rec.recompile_limit_hits:
+        return f"torch.compile hit its recompile limit {rec.recompile_limit_hits} time(s): blocks ran eagerly for some shapes"
     return None
 
 
@@ -247,6 +252,7 @@ def rows(phases: list[Phase], base: Path) -> list[dict]:
                         "first_iteration_s": r.first_iteration_s,
                         "compile_s": r.compile_s,
                         "graphs_compiled_in_loop": r.graphs_compiled_in_loop,
+                        "recompile_limit_hits": r.recompile_limit_hits,
                         "paused_s": r.paused_s,
                         "step_time_s": r.step_time_s,
                         "optimizer_steps": r.optimizer_steps,
