@@ -93,13 +93,19 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     assert held(x) == 8 * 512 * c.padded_vocab_size * 4 and held(dataclasses.replace(x, fabric=False)) == 0
 
 
-def test_our_h100_records_are_planned_from_their_own_recipes():
-    """Every measured run of the committed H100 archives, planned as `tunelab plan` would from its recipe and
-    overrides: the OpenLLaMA 7B QLoRA rows (outside the sample of the one measured QLoRA term) and the bf16-mixed row
-    (activations derived per tensor dtype) within 3%; every row within 10% (the CUDA-side remainder of LoRA and
-    bf16-true full fine-tuning is under 0.9 GB)."""
+def test_our_gpu_records_are_planned_from_their_own_recipes():
+    """Every measured run of the committed H100 and H200 archives, planned as `tunelab plan` would from its recipe
+    and overrides: the OpenLLaMA 7B QLoRA rows (outside the sample of the one measured QLoRA term) and the bf16-mixed
+    row (activations derived per tensor dtype) within 3%; every row within 10% (the CUDA-side remainder of LoRA and
+    bf16-true full fine-tuning is under 0.9 GB). The H200 LoRA bench (TinyLlama and OpenLLaMA 7B, micro 8, both
+    arms) within 1%, its fast runs planned uncompiled because torch.compile's recompile limit left their longest
+    shapes eager (dynamo's warning in their stderr), which is where their peak is."""
     rows = own_rows()
-    assert len(rows) == 28 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3"}
+    assert len(rows) == 35 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    h200 = [r for r in rows if r["device"] == "NVIDIA H200"]
+    assert len(h200) == 7 and all(abs(r["rel_error"]) <= 0.01 for r in h200), [(r["row"], r["rel_error"]) for r in h200]
+    eager = [r for r in h200 if "planned uncompiled" in r["recipe"]]
+    assert len(eager) == 3 and all("--strategy fast" in r["recipe"] for r in eager)
     by = {r["row"]: r for r in rows}
     for row in ("7b-qlora-all-mb2", "7b-qlora-all-mb4", "s5"):
         assert abs(by[row]["rel_error"]) <= 0.03, by[row]

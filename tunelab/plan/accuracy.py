@@ -4,6 +4,7 @@ Part 2, the runtime point estimate against Part 1's times, leave-one-out), writt
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from tunelab import hardware, settings
@@ -175,6 +176,8 @@ OWN_MEASUREMENTS = (
     "2026-11-23-lab-part1-h100",
     "2026-11-23-qlora-memory-h100",
     "2026-11-25-bench-tiny-llama-1.1b-full-h100",
+    "2026-11-26-bench-tiny-llama-1.1b-lora-h200",
+    "2026-11-26-bench-open-llama-7b-lora-h200",
 )
 """Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
 
@@ -205,6 +208,24 @@ def archived_records(archive: Path):
             yield member.name, rec, strategy
 
 
+def ran_eagerly(archive: Path, member: str, rec) -> bool:
+    """Whether torch.compile hit its recompile limit in an archived run (its blocks then ran eagerly for the graph
+    variants past the limit): the record's count, else dynamo's warning in the run's ``stderr.log`` beside its
+    ``member`` in the archive (records made before the count was kept; at most 16 MiB read)."""
+    import tarfile
+
+    if rec.recompile_limit_hits is not None:
+        return rec.recompile_limit_hits > 0
+    with tarfile.open(archive) as tar:
+        try:
+            m = tar.getmember(member.rsplit("/", 1)[0] + "/stderr.log")
+        except KeyError:
+            return False
+        if not m.isfile() or m.size > 16 << 20:
+            return False
+        return b"hit config.recompile_limit" in tar.extractfile(m).read()
+
+
 def own_rows(reports: Path | None = None) -> list[dict]:
     """Every run record with a measured peak in the archives of :data:`OWN_MEASUREMENTS`, planned from its own
     recipe and overrides (as ``tunelab plan`` would), beside what the GPU measured. Records are read from the
@@ -214,9 +235,13 @@ def own_rows(reports: Path | None = None) -> list[dict]:
     reports = Path(reports or ROOT / "reports")
     rows = []
     for name in OWN_MEASUREMENTS:
-        for _, rec, strategy in archived_records(reports / name / "records.tgz"):
+        for member, rec, strategy in archived_records(reports / name / "records.tgz"):
             if rec.status != "ok" or not rec.peak_allocated_bytes:
                 continue
+            compiled = getattr(strategy, "compile", None)  # a record's own keys; a name or None: not compiled
+            eager = bool(compiled) and ran_eagerly(reports / name / "records.tgz", member, rec)
+            if eager:  # the longest shapes (the peak's) ran through eager blocks: planned as they ran
+                strategy = dataclasses.replace(strategy, compile=None)
             planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy)
             plan, x = planned.plan, planned.input
             measured = rec.peak_allocated_bytes / 1e9
@@ -224,7 +249,8 @@ def own_rows(reports: Path | None = None) -> list[dict]:
             rows.append(
                 {
                     "report": name, "row": rec.row_id, "device": rec.device_name,
-                    "recipe": rec.recipe + (f" --strategy {rec.strategy_file}" if rec.strategy_file else ""),
+                    "recipe": rec.recipe + (f" --strategy {rec.strategy_file}" if rec.strategy_file else "")
+                    + (" (blocks eager past torch.compile's recompile limit: planned uncompiled)" if eager else ""),
                     "method": x.method, "precision": str(x.precision), "micro": x.micro_batch_size,
                     "seq_len": x.seq_len, "predicted_gb": round(predicted, 3), "measured_gb": round(measured, 3),
                     "rel_error": round(predicted / measured - 1, 4),
@@ -265,7 +291,9 @@ def _own_section(out: Path) -> list[str]:
         + ", ".join(f"`reports/{n}/`" for n in OWN_MEASUREMENTS)
         + ": peak allocated (`torch.cuda.max_memory_allocated`, GB = 1e9 bytes) against `tunelab plan` from the "
         "run's own recipe and overrides, as `tunelab plan` reads them; residual = measured - predicted. No term is "
-        f"fitted to these rows. {within} of {len(rows)} within 3%. `own.csv` has the rows.",
+        f"fitted to these rows. {within} of {len(rows)} within 3%. `own.csv` has the rows. The H200 LoRA bench's "
+        "fast runs hit torch.compile's recompile limit (since fixed): their longest shapes, where the peak is, ran "
+        "through eager blocks, so they are planned uncompiled, as they ran (planned compiled: -14% and -16%).",
         "",
         "| report | row | recipe | model | device | precision | micro | LoRA targets | predicted GB | measured GB | "
         "residual GB | error |",

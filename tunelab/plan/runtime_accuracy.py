@@ -123,29 +123,12 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     return out["step_time_mean_s"], out["padded_per_iteration"] / rec.micro_batch_size
 
 
-def _ran_eagerly(archive: Path, member: str, rec) -> bool:
-    """Whether torch.compile hit its recompile limit in a run (some blocks then ran eagerly): the record's count, else
-    dynamo's warning in the run's stderr.log in the archive (records made before the count was kept)."""
-    import tarfile
-
-    if rec.recompile_limit_hits is not None:
-        return rec.recompile_limit_hits > 0
-    with tarfile.open(archive) as tar:
-        try:
-            m = tar.getmember(member.rsplit("/", 1)[0] + "/stderr.log")
-        except KeyError:
-            return False
-        if not m.isfile() or m.size > 16 << 20:
-            return False
-        return b"hit config.recompile_limit" in tar.extractfile(m).read()
-
-
 def bench_items(root: Path) -> list[dict]:
     """Each finished run of :data:`BENCH`: its mean optimizer step and padded tokens per sample over the steady
     window, GPU utilisation, the GPU it ran on, and its PlanInput as planned from its own recipe, overrides and
     strategy keys. Records are read in memory from the archive: regular ``*/record.json`` members of at most
     RECORD_MAX_BYTES (and their rank-0 iteration logs where the record lacks the mean)."""
-    from tunelab.plan.accuracy import archived_records
+    from tunelab.plan.accuracy import archived_records, ran_eagerly
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
 
@@ -162,7 +145,7 @@ def bench_items(root: Path) -> list[dict]:
                           "arm": "litgpt" if x.fabric else "fast", "x": x, "gpu": gpu, "method": x.method,
                           "micro": x.micro_batch_size, "accumulation": x.accumulation, "tokens": steady[1],
                           "measured_s": steady[0], "gpu_util": rec.gpu_util_steady_mean,
-                          "eager": not x.fabric and _ran_eagerly(root / archive, name, rec)})  # fmt: skip
+                          "eager": not x.fabric and ran_eagerly(root / archive, name, rec)})  # fmt: skip
     return items
 
 
