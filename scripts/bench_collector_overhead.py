@@ -38,8 +38,8 @@ from tunelab.files import check_target, write_json_atomic  # noqa: E402
 from tunelab.recipes import resolve  # noqa: E402
 from tunelab.report.stats import median_interval  # noqa: E402
 from tunelab.run.collect import parse_litgpt_report  # noqa: E402
-from tunelab.run.gpu_monitor import GPUMonitor  # noqa: E402
-from tunelab.run.runner import build_in_child, cpu_name, cuda_available  # noqa: E402
+from tunelab.run.gpu_monitor import GPUMonitor, cpu_name  # noqa: E402
+from tunelab.run.runner import build_in_child, cuda_available  # noqa: E402
 
 
 def main() -> int:

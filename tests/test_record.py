@@ -157,3 +157,20 @@ def test_a_record_is_not_reused_after_its_strategy_file_changed_in_a_key_its_des
     )
     record.save(dataclasses.replace(rec, strategy_settings=None), tmp_path / "record.json")
     assert resume_state(*args, label, strategy_settings(str(path))) == (True, None)
+
+
+def test_a_record_made_on_another_device_is_not_reused(tmp_path):
+    """Records travel (a GPU session carries the last session's archive back in): one made on an H100 answers no run
+    on this machine's device, which bench, sweep and tune-batch would otherwise report as measured here; a record
+    of this device is reused, and one from before records named their device is judged as before."""
+    from tunelab.run.gpu_monitor import this_device
+    from tunelab.run.resume import resume_state
+
+    args = (tmp_path / "record.json", "tiny-llama-1.1b/full", [])
+    rec = RunRecord(recipe="tiny-llama-1.1b/full", status="ok", device_name="NVIDIA H100 80GB HBM3")
+    record.save(rec, tmp_path / "record.json")
+    assert resume_state(*args) == (False, f"device changed (NVIDIA H100 80GB HBM3 -> {this_device()})")
+    record.save(dataclasses.replace(rec, device_name=this_device()), tmp_path / "record.json")
+    assert resume_state(*args) == (True, None)
+    record.save(dataclasses.replace(rec, device_name=None), tmp_path / "record.json")
+    assert resume_state(*args) == (True, None)

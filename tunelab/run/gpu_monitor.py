@@ -13,10 +13,13 @@ are then absent from the record, never made up.
 
 from __future__ import annotations
 
+import functools
+import platform
 import statistics
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tunelab.record import GPUSample
 
@@ -167,3 +170,31 @@ class GPUMonitor:
                 )
             )
         return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name (the device name of a run without a GPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(monitor: GPUMonitor | None = None) -> str:
+    """The device a run started here records as ``device_name``: NVML's name of the first GPU when torch sees CUDA
+    ('cuda' without NVML), else the CPU's model name."""
+    import torch
+
+    if torch.cuda.is_available():
+        names = (monitor or GPUMonitor()).names
+        return names[0] if names else "cuda"
+    return cpu_name()
+
+
+@functools.lru_cache(maxsize=1)
+def this_device() -> str:
+    """:func:`device_name`, read once per process (what a reused record must have run on)."""
+    return device_name()

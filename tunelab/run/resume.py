@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunelab.files import read_json
+from tunelab.run.gpu_monitor import this_device
 from tunelab.strategies import load_strategy
 
 INTERRUPTED_PREFIX = "interrupted:"
@@ -57,7 +58,7 @@ def resume_state(
     settings: dict | None = None,
 ) -> tuple[bool, str | None]:
     """(done, why not) for a run whose record would be ``record_path``. Done: a readable record, not cut short by
-    the command, made with ``recipe``, ``overrides``, ``strategy`` (a label, see :func:`strategy_label`) and the
+    the command, made on this machine's device (a record from an H100 carried to an H200 is run again), with ``recipe``, ``overrides``, ``strategy`` (a label, see :func:`strategy_label`) and the
     strategy's ``settings`` (:func:`strategy_settings`) when they are given. Not done with a reason: the record is
     corrupt or stale (the caller keeps it aside and runs again)."""
     if not record_path.is_file():
@@ -72,6 +73,9 @@ def resume_state(
         return False, None
     if rec.get("status") == "error" and str(rec.get("error") or "").startswith(DISK_FULL_PREFIX):
         return False, None  # the machine's fault, not the row's: it runs again once there is space
+    here = this_device()
+    if rec.get("device_name") and rec["device_name"] != here:  # a record from another GPU answers nothing here
+        return False, f"device changed ({rec['device_name']} -> {here})"
     if recipe is not None and rec.get("recipe") != recipe:
         return False, f"recipe changed ({rec.get('recipe')} -> {recipe})"
     if overrides is not None and not same_overrides(rec.get("overrides"), overrides):

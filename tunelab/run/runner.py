@@ -40,7 +40,7 @@ from tunelab.recipes import Recipe
 from tunelab.record import RunRecord, save
 from tunelab.run.collect import collect, last_error_line, latest_tokens
 from tunelab.run.entry import SKIP_SAVE_ENV
-from tunelab.run.gpu_monitor import GPUMonitor
+from tunelab.run.gpu_monitor import GPUMonitor, device_name
 from tunelab.run.resume import INTERRUPTED_PREFIX
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import Result, check, litgpt_args, recheck, split_checkpoint_override
@@ -98,17 +98,6 @@ def versions() -> dict:
     if out["tunelab"] is None:  # run from a checkout on PYTHONPATH (the GPU runbook), not pip-installed
         out["tunelab"] = f"{getattr(tunelab, '__version__', '?')} (source checkout)"
     return out
-
-
-def cpu_name() -> str:
-    """The CPU's model name (the device name of a run without a GPU)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cuda_available() -> bool:
@@ -407,7 +396,7 @@ def run(
     # nothing here touches CUDA (no context, no memory on the GPU in this process): the device is named by NVML
     monitor = GPUMonitor(hz=nvml_hz)
     rec.device_type = "cuda" if cuda_available() else "cpu"
-    rec.device_name = (monitor.names[0] if monitor.names else "cuda") if rec.device_type == "cuda" else cpu_name()
+    rec.device_name = device_name(monitor)
     rec.device_memory_total_bytes = (monitor.memory_total_bytes() or [None])[0]
     rec.cuda = torch.version.cuda
 
