@@ -90,7 +90,7 @@ def test_steady_window_is_separate_from_the_whole_run(monkeypatch):
 
 def test_runner_window_lines_up_with_iteration_timestamps():
     """The steady-state window is rank 0's counted steps, on the monotonic clock the ranks stamp with."""
-    from tunelab.run.collect import steady_state
+    from tunelab.record import steady_state
 
     t = 1000.0
     iters = [(t + k * 0.5, 100, 80) for k in range(41)]  # 41 iterations 0.5 s apart, accumulation 2: 20 steps

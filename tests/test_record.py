@@ -107,7 +107,7 @@ def test_steady_state_leaves_the_pauses_out():
     """A validation or save inside the loop (a pause noted on the iteration it interrupted) is not training time:
     the iteration and step times and tok/s exclude it; without the subtraction tok/s falls to 57 (the median step
     hides one slow step)."""
-    from tunelab.run.collect import steady_state
+    from tunelab.record import steady_state
 
     starts = [0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 8.0]  # iteration 2 took 3 s, 2 of them a validation
     log = [[t, 100, 80, 2.0 if i == 2 else 0.0] for i, t in enumerate(starts)]
@@ -121,7 +121,7 @@ def test_mean_step_holds_the_wait_the_median_hides():
     launches) and the step holding the read waits for the backlog (0.8 s). Over the 12 counted steps the mean is
     0.217 s, the median 0.1 (the figure the fast path's bench rows were compared with before); the rate of micro
     batches and the padded tokens per micro batch come from the same steps."""
-    from tunelab.run.collect import steady_state
+    from tunelab.record import steady_state
 
     t, log = 0.0, []
     for step in range(13):  # 13 steps of 2 iterations; the first is warm-up

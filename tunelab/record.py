@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 import types
 import typing
 from dataclasses import dataclass, field
@@ -432,3 +433,53 @@ def load(path: Path) -> RunRecord:
     """Read a record (:func:`tunelab.files.read_json`: a regular file, bounded); ValueError (FileRefused is one)
     for a file that is not a readable record or a field of the wrong type or range."""
     return RunRecord.from_dict(read_json(path, what="run record"))
+
+
+def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
+    """Median step/iteration times, rank 0's mean step, and steady-state token rates from each rank's iteration log.
+
+    Iteration k lasts from its batch fetch to the next one, less the time paused inside it (validation, sample
+    generation, a checkpoint save in tunelab's loop); the last iteration (no successor) is dropped, and so is the
+    first 10% of optimizer steps (at least 1 when there are 3 or more): warm-up.
+    """
+    out: dict = {}
+    per_rank = []
+    for iters in ranks_iters:
+        iters = [it for it in iters[:n_iters] if it[1] >= 0]
+        durations = [
+            (iters[k + 1][0] - iters[k][0] - (iters[k][3] if len(iters[k]) > 3 else 0.0), iters[k][1], iters[k][2])
+            for k in range(len(iters) - 1)
+        ]
+        n_steps_full = len(durations) // accumulation
+        warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
+        steps = [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
+        if not steps:
+            continue
+        per_rank.append(
+            {
+                "warm": warm,
+                "step_times": [sum(d for d, _, _ in st) for st in steps],
+                "iter_times": [d for st in steps for d, _, _ in st],
+                "time": sum(d for st in steps for d, _, _ in st),
+                "padded": sum(p for st in steps for _, p, _ in st),
+                "real": sum(r for st in steps for _, _, r in st),
+                "iterations": len(steps) * accumulation,
+                "t0": iters[warm * accumulation][0],
+                "t1": iters[n_steps_full * accumulation][0],  # the end of the last counted iteration
+            }
+        )
+    if not per_rank:
+        return out
+    r0 = per_rank[0]
+    out["warmup_steps_excluded"] = r0["warm"]
+    out["step_time_s"] = statistics.median(r0["step_times"])
+    out["iter_time_s"] = statistics.median(r0["iter_times"])
+    out["step_time_mean_s"] = r0["time"] / len(r0["step_times"])
+    out["padded_per_iteration"] = r0["padded"] / r0["iterations"]
+    out["iterations_s"] = sum(r["iterations"] / r["time"] for r in per_rank if r["time"] > 0)
+    out["tok_s_padded"] = sum(r["padded"] / r["time"] for r in per_rank if r["time"] > 0)
+    out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
+    # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
+    out["window"] = (r0["t0"], r0["t1"])
+    out["window_tokens_real"] = sum(r["real"] for r in per_rank)
+    return out

@@ -104,8 +104,7 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     import tarfile
 
     from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.record import read_rank_file
-    from tunelab.run.collect import steady_state
+    from tunelab.record import read_rank_file, steady_state
 
     if rec.step_time_mean_s and rec.padded_per_sample:
         return rec.step_time_mean_s, rec.padded_per_sample
