@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, cpu_env
+from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan import comm
 from tunelab.plan.memory import PlanInput, dtype_bytes
@@ -39,7 +40,7 @@ def test_volumes_are_the_ring_formulas(cfg):
     grad_op = comm.per_step(_x(cfg, strategy="fsdp", sharding="SHARD_GRAD_OP", devices=4, accumulation=2), link)
     assert grad_op.bytes_gpu == pytest.approx(2 * 3 / 4 * p_bytes + 3 / 4 * p_bytes)
     assert comm.per_step(_x(cfg, strategy="single"), link).seconds == 0
-    assert ddp.seconds == pytest.approx(ddp.bytes_gpu / (31.5e9 * link.efficiency))
+    assert ddp.seconds == pytest.approx(ddp.bytes_gpu / (31.5e9 * link.efficiency) + ddp.latency_s)
 
 
 def test_lora_under_ddp_moves_the_adapters_but_fsdp_gathers_every_weight(cfg):
@@ -163,3 +164,34 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     assert one.bytes_gpu == pytest.approx(comm.per_step(fsdp1, link).bytes_gpu)
     assert two.bytes_gpu - one.bytes_gpu == pytest.approx(litgpt.accumulation * 3 / 4 * root, rel=1e-6)
     assert litgpt.accumulation == 2
+
+
+def test_each_call_costs_nccls_ring_latency(cfg, monkeypatch, tmp_path):
+    """Every collective call adds NCCL's ring latency (src/graph/tuning.cc, Simple protocol: 8.4 us plus 3.4 us per
+    NVLink step, 5.7 per PCIe step, 14 per network step): DDP one all-reduce (2 (n-1) steps) per bucket of DDP's own
+    assignment; FSDP FULL_SHARD one gather per unit for each forward and backward (FSDP1's root once), one
+    reduce-scatter per unit per step. A table row for a GPU or node link without latency_us is one line."""
+    nvlink = comm.lookup("nvlink4", "gpu")
+    assert nvlink.latency_us == 3.4 and comm.lookup("pcie4", "gpu").latency_us == 5.7
+    ddp = comm.per_step(_x(cfg, strategy="ddp", devices=8), nvlink)
+    (kind, calls, steps, across), = ddp.calls  # fmt: skip
+    assert (kind, steps, across) == ("all-reduce", 14, 0) and calls == comm.ddp_bucket_count(_x(cfg, strategy="ddp"))
+    assert ddp.latency_s == pytest.approx(calls * (8.4 + 14 * 3.4) * 1e-6)
+    assert ddp.seconds == pytest.approx(ddp.bytes_gpu / nvlink.bytes_per_s + ddp.latency_s)
+    x = _x(cfg, strategy="fsdp", devices=4, accumulation=3, fsdp_root_kept=True)
+    fsdp = comm.per_step(x, nvlink)
+    units = cfg.n_layer + 1
+    assert [(k, n) for k, n, _, _ in fsdp.calls] == [("all-gather", 3 * (2 * units - 1)), ("reduce-scatter", units)]
+    assert fsdp.latency_s == pytest.approx((3 * (2 * units - 1) + units) * (8.4 + 3 * 3.4) * 1e-6)
+    # two nodes of 8: an all-reduce's 30 ring steps, 2 x nodes of them over the network (NCCL's count) at 14 us
+    two = comm.per_step(_x(cfg, strategy="ddp", devices=8, num_nodes=2), nvlink, comm.lookup("ib-ndr-8x", "node"))
+    assert two.latency_s == pytest.approx(two.calls[0][1] * (8.4 + (30 - 4) * 3.4 + 4 * 14) * 1e-6)
+    links = tmp_path / "links.yaml"
+    links.write_text("links:\n  pcie4: {scope: gpu, gbs: 31.5, efficiency: 0.8, source: x}\n")
+    monkeypatch.setattr(comm, "LINK_TABLE", links)
+    comm.table.cache_clear()
+    try:
+        with pytest.raises(InputError, match="links.yaml: links: pcie4: give exactly .* latency_us"):
+            comm.lookup("pcie4", "gpu")
+    finally:
+        comm.table.cache_clear()

@@ -45,8 +45,10 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
                   accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD")  # fmt: skip
     link = comm.lookup("nvlink4", "gpu")
-    formula = comm.per_step(x, link, param_bytes=2).bytes_gpu
-    assert sim.bytes_moved() == pytest.approx(formula, rel=0.01)
+    planned = comm.per_step(x, link, param_bytes=2)
+    assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.01)
+    traced = {k: sum(c.calls for c in sim.collectives if c.kind == k) for k in ("all-gather", "reduce-scatter")}
+    assert {k: n for k, n, _, _ in planned.calls} == traced  # the calls comm.py charges NCCL's latency for
     # four micro batches: three without sync gather as often as the simulated one did
     four = ranks.simulate_ranks(config, load_strategy("fsdp2"), world, "full", "bf16-true", 2, 64, accumulation=4)
     x4 = PlanInput(**{**x.__dict__, "accumulation": 4})
@@ -68,6 +70,12 @@ def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
     sim = ranks.simulate_ranks(config, load_strategy("ddp"), 2, "full", "bf16-true", 2, 64)
     assert sim.bytes_moved("all-reduce") == pytest.approx(2 * (1 / 2) * total * 2)
     assert all(snap["Buckets"] == total * 2 for snap in sim.phases.values())
+    from tunelab.plan.memory import PlanInput
+
+    x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64, devices=2,
+                  strategy="ddp")  # fmt: skip
+    planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
+    assert planned.calls == [("all-reduce", sum(c.calls for c in sim.collectives), 2, 0)]  # one call per bucket
 
 
 @pytest.mark.parametrize(
@@ -127,8 +135,10 @@ def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
     x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=None, devices=world, strategy=name).input
     x = x.__class__(**{**x.__dict__, "config": config, "micro_batch_size": 2, "seq_len": 64, "accumulation": 2})
     assert x.fsdp_root_kept
-    formula = comm.per_step(x, comm.lookup("nvlink4", "gpu"), param_bytes=2).bytes_gpu
-    assert sim.bytes_moved() == pytest.approx(formula, rel=0.01)
+    planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"), param_bytes=2)
+    assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.01)
+    traced = {k: sum(c.calls for c in sim.collectives if c.kind == k) for k in ("all-gather", "reduce-scatter")}
+    assert {k: n for k, n, _, _ in planned.calls} == traced  # the calls comm.py charges NCCL's latency for
     total, _ = count_params(config)
     assert sim.peak_bytes - one.peak_bytes == pytest.approx(total * 2, rel=0.1)  # the unsharded gradients
 

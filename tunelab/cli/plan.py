@@ -27,10 +27,11 @@ def add_parser(sub) -> None:
         "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
         "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
         "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, energy_j_per_million_tokens_low/high, "
-        "comm_bytes_per_step, comm_seconds_per_step, comm_source}. On several devices the time adds communication: "
-        "bytes per device per step by strategy (DDP: the gradients all-reduced, 2(n-1)/n x their bytes; FSDP and "
-        "ZeRO-3: parameters gathered for forward and backward plus gradients reduce-scattered, ~3x the parameter "
-        "bytes) over the links of configs/hardware/links.yaml, less what compute hides (docs/planner.md).",
+        "comm_bytes_per_step, comm_seconds_per_step, comm_latency_per_step, comm_source}. On several devices the "
+        "time adds communication: bytes per device per step by strategy (DDP: the gradients all-reduced, 2(n-1)/n x "
+        "their bytes; FSDP and ZeRO-3: parameters gathered for forward and backward plus gradients "
+        "reduce-scattered, ~3x the parameter bytes) over the links of configs/hardware/links.yaml, plus NCCL's "
+        "ring latency per collective call, less what compute hides (docs/planner.md).",
     )
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")

@@ -23,6 +23,15 @@ sync while accumulating), P parameters of s_p bytes, T trainable ones with gradi
   gradient shard out; DeepSpeed ``offload_optimizer`` sends the gradient shard out and the updated parameter shard
   back each step, ``offload_params`` also brings the parameter shard in for each forward and backward.
 
+Latency: each collective call also costs NCCL's ring latency (its tuning model, ``src/graph/tuning.cc``, Simple
+protocol): :data:`BASE_LATENCY_S` plus, per ring step, the hop's latency (the link table's ``latency_us``: NVLink
+3.4 us, PCIe 5.7, the network 14); an all-reduce takes 2 (n-1) steps (2 m of them across nodes), an all-gather or a
+reduce-scatter n-1 (m-1 across). Calls per optimizer step: DDP one all-reduce per gradient bucket (DDP's own
+assignment, :func:`ddp_bucket_count`: TinyLlama's 2.2 GB of bf16 gradients in 46 buckets at 25 MB); FSDP and ZeRO-3 one gather per unit (the blocks and the
+root) per forward and per backward of each micro batch, one reduce-scatter per unit per step; ZeRO-2 its
+reduce-scatters and gathers in buckets of :data:`ZERO_BUCKET_ELEMENTS`. Small models on many devices, or many
+micro batches, are where the latency shows.
+
 A ring that spans nodes runs at the slowest hop: the node's network link shared by its g devices (flat ring; NCCL's
 trees and hierarchical rings do better on many nodes: an upper bound of the time there). Seconds = bytes /
 (peak x the link's efficiency).
@@ -37,6 +46,7 @@ out).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -51,6 +61,10 @@ OVERLAP = 0.0
 """Fraction of the compute window that hides communication. The lab's Part 2 rows show none on their PCIe-connected
 A100s: DDP's step (m2, whose gradient buckets could run beside the backward) exposes as much traffic as FSDP's
 (m3, one unit, where nothing can overlap). Kept as a knob for the schedule-based overlap not modelled yet."""
+BASE_LATENCY_S = 8.4e-6
+"""NCCL's base latency of a ring collective, Simple protocol (``baseLat`` in src/graph/tuning.cc, in us there)."""
+ZERO_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size`` (elements)."""
 BACKWARD_SHARE = 2 / 3
 """Share of a step's matmul FLOPs in the backward pass (4 of the 6 FLOPs per parameter and token)."""
 
@@ -69,6 +83,9 @@ class Link:
     """Fraction of the peak a ring collective reaches."""
     source: str
     """Where the peak comes from."""
+    latency_us: float = 0.0
+    """Latency per ring step over this link, us (NCCL's ``hwLat``, ring, Simple protocol); host copies: none
+    modelled."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -83,14 +100,21 @@ def table() -> dict[str, Link]:
     out = {}
     for name, row in raw.items():
         where = f"{LINK_TABLE}: links: {name}"
-        if not isinstance(row, dict) or set(row) != {"scope", "gbs", "efficiency", "source"}:
-            raise InputError(f"{where}: give exactly scope, gbs, efficiency and source")
-        gbs, eff = row["gbs"], row["efficiency"]
+        keys = {"scope", "gbs", "efficiency", "source"} | (
+            {"latency_us"} if isinstance(row, dict) and row.get("scope") != "host" else set()
+        )
+        if not isinstance(row, dict) or set(row) != keys:
+            raise InputError(
+                f"{where}: give exactly scope, gbs, efficiency, source and (gpu and node links) latency_us"
+            )
+        gbs, eff, lat = row["gbs"], row["efficiency"], row.get("latency_us", 0.0)
         if row["scope"] not in ("gpu", "node", "host"):
             raise InputError(f"{where}: scope: {row['scope']!r} is not gpu, node or host")
         if type(gbs) not in (int, float) or not (0 < gbs < 1e5) or type(eff) not in (int, float) or not 0 < eff <= 1:
             raise InputError(f"{where}: gbs must be a positive number of GB/s and efficiency within (0, 1]")
-        out[name] = Link(name, row["scope"], float(gbs), float(eff), str(row["source"]))
+        if type(lat) not in (int, float) or not 0 <= lat < 1e4:
+            raise InputError(f"{where}: latency_us must be a number of microseconds, 0 or more")
+        out[name] = Link(name, row["scope"], float(gbs), float(eff), str(row["source"]), float(lat))
     return out
 
 
@@ -127,11 +151,40 @@ class Comm:
     """The links used: {'gpu': name, 'node': name, 'host': name}."""
     formula: str = ""
     """The volume in words."""
+    calls: list = field(default_factory=list)
+    """The collective calls per optimizer step: (kind, calls, ring steps per call, of them across nodes)."""
+    latency_s: float = 0.0
+    """Seconds per step of the calls' latency (in :attr:`seconds`)."""
 
     def exposed(self, compute_s: float, overlap: float = OVERLAP) -> float:
         """Seconds per step the communication adds to a step whose compute takes ``compute_s``."""
         window = compute_s * (BACKWARD_SHARE if self.hideable_under == "backward" else 1.0)
         return max(0.0, self.seconds - overlap * window)
+
+
+_BUCKETS: dict = {}
+
+
+def ddp_bucket_count(x: PlanInput) -> int:
+    """DDP's gradient buckets for ``x``: DDP's own assignment of the trainable gradients (a first bucket of 1 MiB,
+    then ``bucket_cap_mb``; a bucket closes once it exceeds the cap, so it holds whole tensors:
+    :func:`tunelab.plan.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
+    from tunelab.plan.kernels import TRACED_AS
+    from tunelab.plan.ranks import ddp_buckets
+
+    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
+    precision = TRACED_AS.get(str(x.precision), str(x.precision))  # float16's gradients: bfloat16's bytes
+    key = (repr(x.config), x.method, precision, x.ddp_bucket_mb, lora)
+    if key not in _BUCKETS:
+        method = "lora" if x.lora else "full"
+        _BUCKETS[key] = len(ddp_buckets(x.config, method, precision, x.ddp_bucket_mb, *lora))
+    return _BUCKETS[key]
+
+
+def call_latency(steps: int, across: int, gpu_link: Link, node_link: Link | None) -> float:
+    """NCCL's ring latency of one call of ``steps`` ring steps, ``across`` of them between nodes."""
+    net = node_link.latency_us if node_link is not None else 0.0
+    return BASE_LATENCY_S + ((steps - across) * gpu_link.latency_us + across * net) * 1e-6
 
 
 def per_step(
@@ -164,6 +217,13 @@ def per_step(
         R = count_params(dataclasses.replace(x.config, n_layer=0))[0] * s_p  # noqa: N806
     ring = (n - 1) / n
     c = Comm(links={"gpu": gpu_link.name})
+    units = 1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1
+    ar, ag, rs = (
+        ("all-reduce", 2 * (n - 1), 2 * m if m > 1 else 0),
+        ("all-gather", n - 1, m - 1),
+        ("reduce-scatter", n - 1, m - 1),
+    )
+    zero_buckets = math.ceil(G / (ZERO_BUCKET_ELEMENTS * s_p))
     if n == 1:
         c.formula = "one device: none"
     elif (
@@ -172,16 +232,31 @@ def per_step(
         or (x.strategy == "deepspeed" and x.zero_stage == 1)
     ):
         c.bytes_gpu, c.formula = 2 * ring * G, "gradient all-reduce 2(n-1)/n x T s_g"
+        calls = (
+            ddp_bucket_count(x)
+            if x.strategy == "ddp" and params is None
+            else zero_buckets
+            if x.strategy == "deepspeed"
+            else units
+        )
+        c.calls = [(ar[0], calls, *ar[1:])]
     elif x.strategy == "fsdp" and x.sharding == "HYBRID_SHARD":
         r = (g - 1) / g
         c.bytes_gpu = a * r * (2 * P - R) + r * G
         c.bytes_node = 2 * (m - 1) / m * G / g
         c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
+        kept = 1 if x.fsdp_root_kept else 0
+        c.calls = [("all-gather", a * (2 * units - kept), g - 1, 0), ("reduce-scatter", units, g - 1, 0),
+                   ("all-reduce", units, 2 * (m - 1), 2 * (m - 1))]  # fmt: skip
         c.hideable_under = "step"
     elif (x.strategy == "fsdp" and x.sharding == "SHARD_GRAD_OP") or (x.strategy == "deepspeed" and x.zero_stage == 2):
         gathers = 1 if x.strategy == "deepspeed" else a
         c.bytes_gpu = gathers * ring * P + ring * G
         c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
+        if x.strategy == "deepspeed":
+            c.calls = [(rs[0], zero_buckets, *rs[1:]), (ag[0], zero_buckets, *ag[1:])]
+        else:
+            c.calls = [(ag[0], a * units, *ag[1:]), (rs[0], units, *rs[1:])]
         c.hideable_under = "step"
     elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
         c.bytes_gpu = a * ring * (2 * P - R) + ring * G
@@ -193,10 +268,12 @@ def per_step(
             else "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
         )
         c.hideable_under = "step"
+        c.calls = [(ag[0], a * (2 * units - (1 if x.fsdp_root_kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
     elif x.strategy == "deepspeed":  # ZeRO-3
         c.bytes_gpu = a * 2 * ring * P + ring * G
         c.formula = "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
         c.hideable_under = "step"
+        c.calls = [(ag[0], a * 2 * units, *ag[1:]), (rs[0], units, *rs[1:])]
     if m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
         c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
     if host_link is not None and x.offload_params and x.strategy == "fsdp":
@@ -212,5 +289,6 @@ def per_step(
     if c.bytes_host:
         c.links["host"] = host_link.name
         seconds += c.bytes_host / host_link.bytes_per_s
-    c.seconds = seconds
+    c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
+    c.seconds = seconds + c.latency_s
     return c

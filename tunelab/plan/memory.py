@@ -145,6 +145,8 @@ class PlanInput:
     fsdp_root_kept: bool = False
     """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
     gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.ranks`); FSDP2 regathers it."""
+    ddp_bucket_mb: int = 25
+    """DDP's ``bucket_cap_mb`` (a strategy file's key; torch's default 25): how many all-reduce calls a step makes."""
     fsdp_wrap: str = "block"
     """FSDP units: 'block' (each transformer block, litgpt's policy) or 'none' (the whole model one unit, Lightning's
     default when no auto_wrap_policy is given: every parameter is gathered for the whole forward and backward)."""

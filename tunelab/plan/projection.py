@@ -63,7 +63,9 @@ class Projection:
     """Bytes one device moves per optimizer step over each link ({'gpu': ..., 'node': ..., 'host': ...}), None on
     one device (tunelab.plan.comm)."""
     comm_seconds_per_step: float | None = None
-    """Seconds that traffic takes per optimizer step, before overlap."""
+    """Seconds that traffic takes per optimizer step, before overlap (its calls' latency included)."""
+    comm_latency_per_step: float | None = None
+    """Of those, the seconds of NCCL's ring latency over the step's collective calls (tunelab.plan.comm)."""
     comm_source: str = ""
     """The links, their achieved bandwidth and the volume formula; the seconds above include the exposed part."""
     seconds_by_cause: dict | None = None
@@ -203,10 +205,18 @@ def _comm_fields(work) -> dict:
         f"{scope} link {name}: {links[name].gbs:g} GB/s x {links[name].efficiency:g} ({links[name].source})"
         for scope, name in c.links.items()
     )
+    calls = (
+        ", ".join(f"{n} {kind}" for kind, n, _, _ in c.calls)
+        + f" calls per step: {c.latency_s * 1e3:.3g} ms of NCCL's ring latency (included)"
+        if c.calls
+        else "no collective calls"
+    )
     return {
         "comm_bytes_per_step": {"gpu": c.bytes_gpu, "node": c.bytes_node, "host": c.bytes_host},
         "comm_seconds_per_step": c.seconds,
-        "comm_source": f"{c.formula}; {used}; hidden under the {c.hideable_under} at overlap {comm_mod.OVERLAP:g}",
+        "comm_latency_per_step": c.latency_s,
+        "comm_source": f"{c.formula}; {calls}; {used}; hidden under the {c.hideable_under} at overlap "
+        f"{comm_mod.OVERLAP:g}",
     }
 
 

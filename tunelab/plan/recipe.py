@@ -99,7 +99,7 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
     if strategy.name == "single" or (strategy.name == "ddp" and world == 1):
         return {"strategy": "single"}
     if strategy.name == "ddp":
-        return {"strategy": "ddp"}
+        return {"strategy": "ddp", "ddp_bucket_mb": strategy.bucket_cap_mb}
     if strategy.name == "fsdp":
         return {
             "strategy": "fsdp",
