@@ -108,3 +108,19 @@ def beside_checkout() -> set:
     if ROOT.parent == Path(tempfile.gettempdir()).resolve():
         names = {n for n in names if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
     return names
+
+
+@pytest.fixture
+def link_table(monkeypatch, tmp_path):
+    """Make ``configs/hardware/links.yaml`` read as the text given (``link_table(text)``), the table's cache cleared
+    before and after."""
+    from tunelab.plan import comm
+
+    def use(text: str) -> None:
+        links = tmp_path / "links.yaml"
+        links.write_text(text)
+        monkeypatch.setattr(comm, "LINK_TABLE", links)
+        comm.table.cache_clear()
+
+    yield use
+    comm.table.cache_clear()

@@ -201,7 +201,7 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
     assert got and max(c.global_batch_size for c in got) <= few.samples == 6
 
 
-def test_an_unknown_link_names_the_table_it_came_from(monkeypatch, tmp_path):
+def test_an_unknown_link_names_the_table_it_came_from(link_table):
     import dataclasses
 
     from tunelab.errors import InputError
@@ -210,15 +210,9 @@ def test_an_unknown_link_names_the_table_it_came_from(monkeypatch, tmp_path):
     odd = dataclasses.replace(hardware.lookup("A100-80GB"), link="warp-drive")
     with pytest.raises(InputError, match="gpus.yaml: gpus: A100-80GB: link: .*warp-drive"):
         advise.candidates({"lora": resolve("open-llama-7b/lora")}, [odd], tokens=1e6, max_devices=2)
-    links = tmp_path / "links.yaml"
-    links.write_text("links:\n  pcie4: {scope: gpu, gbs: -3, efficiency: 0.8, source: x}\n")
-    monkeypatch.setattr(comm, "LINK_TABLE", links)
-    comm.table.cache_clear()
-    try:
-        with pytest.raises(InputError, match="links.yaml: links: pcie4"):
-            comm.lookup("pcie4", "gpu")
-    finally:
-        comm.table.cache_clear()
+    link_table("links:\n  pcie4: {scope: gpu, gbs: -3, efficiency: 0.8, latency_us: 5.7, source: x}\n")
+    with pytest.raises(InputError, match="links.yaml: links: pcie4: gbs must be"):
+        comm.lookup("pcie4", "gpu")
 
 
 def test_bad_advise_options_are_one_line(tmp_path):

@@ -166,7 +166,7 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     assert litgpt.accumulation == 2
 
 
-def test_each_call_costs_nccls_ring_latency(cfg, monkeypatch, tmp_path):
+def test_each_call_costs_nccls_ring_latency(cfg, link_table):
     """Every collective call adds NCCL's ring latency (src/graph/tuning.cc, Simple protocol: 8.4 us plus 3.4 us per
     NVLink step, 5.7 per PCIe step, 14 per network step): DDP one all-reduce (2 (n-1) steps) per bucket of DDP's own
     assignment; FSDP FULL_SHARD one gather per unit for each forward and backward (FSDP1's root once), one
@@ -186,12 +186,9 @@ def test_each_call_costs_nccls_ring_latency(cfg, monkeypatch, tmp_path):
     # two nodes of 8: an all-reduce's 30 ring steps, 2 x nodes of them over the network (NCCL's count) at 14 us
     two = comm.per_step(_x(cfg, strategy="ddp", devices=8, num_nodes=2), nvlink, comm.lookup("ib-ndr-8x", "node"))
     assert two.latency_s == pytest.approx(two.calls[0][1] * (8.4 + (30 - 4) * 3.4 + 4 * 14) * 1e-6)
-    links = tmp_path / "links.yaml"
-    links.write_text("links:\n  pcie4: {scope: gpu, gbs: 31.5, efficiency: 0.8, source: x}\n")
-    monkeypatch.setattr(comm, "LINK_TABLE", links)
-    comm.table.cache_clear()
-    try:
-        with pytest.raises(InputError, match="links.yaml: links: pcie4: give exactly .* latency_us"):
-            comm.lookup("pcie4", "gpu")
-    finally:
-        comm.table.cache_clear()
+    link_table("links:\n  pcie4: {scope: gpu, gbs: 31.5, efficiency: 0.8, source: x}\n")
+    with pytest.raises(InputError, match="links.yaml: links: pcie4: give exactly .* latency_us"):
+        comm.lookup("pcie4", "gpu")
+    link_table("links:\n  pcie4: {scope: gpu, gbs: 31.5, efficiency: 0.8, latency_us: -1, source: x}\n")
+    with pytest.raises(InputError, match="latency_us must be a number of microseconds"):
+        comm.lookup("pcie4", "gpu")
