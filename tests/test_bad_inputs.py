@@ -68,6 +68,7 @@ def _files(tmp: Path) -> dict[str, Path]:
             (p / "tokenizer_config.json").write_bytes(content)
         f[name] = p
     write("a-file", "not a directory\n")
+    write("old-report/strategies.csv", "family,method\nTinyLlama 1.1B,full\n")
     return f
 
 
@@ -133,6 +134,12 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("plan-strategies --strategies ,", ["plan-strategies", "--strategies", ","], "--strategies"),
         ("plan-strategies --worlds 1", ["plan-strategies", "--worlds", "1"], "--worlds"),
         ("plan-strategies --out a file", ["plan-strategies", "--out", f["a-file"]], "--out"),
+        ("plan-strategies --families Nope", ["plan-strategies", "--families", "Nope"], "--families Nope"),
+        (
+            "plan-strategies --keep a broken table",
+            ["plan-strategies", "--keep", "--out", f["old-report/strategies.csv"].parent, "--worlds", "2"],
+            "not a strategies table",
+        ),
         (
             "plan --internode smoke",
             [

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunelab.cli.common import fail, listed
+from tunelab.errors import InputError
 from tunelab.files import unwritable_dir
+from tunelab.paths import output_root
 
 
 def add_parser(sub) -> None:
@@ -13,14 +15,19 @@ def add_parser(sub) -> None:
     s = sub.add_parser(
         "plan-strategies",
         help="the plan on several devices against rank 0's simulated step -> reports/planner-strategies/",
-        description="For each strategy simulated per rank (fsdp2, ddp), 2, 4 and 8 devices, five families "
+        description="For each strategy simulated per rank (fsdp2, fsdp, ddp), 2, 4 and 8 devices, five families "
         "(TinyLlama, OpenLLaMA 3B and 7B, Gemma 2B, Phi-2), full and LoRA: the planned peak per device beside "
-        "rank 0's simulated step (litgpt's model on fake tensors under a fake process group; FSDP2 sharded as the "
-        "run shards it), and the collectives it traced beside comm.py's formula (about 15 minutes on 2 cores).",
+        "rank 0's simulated step (litgpt's model on fake tensors under a fake process group; FSDP2 and FSDP1 "
+        "sharded as the run shards them), and the collectives it traced (bytes and calls) beside comm.py's "
+        "(fsdp2 and ddp about 15 minutes on 2 cores; fsdp 1-3 minutes a row).",
     )
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-strategies)")
-    s.add_argument("--strategies", help="comma-separated subset of fsdp2,ddp")
+    s.add_argument("--strategies", help="comma-separated subset of fsdp2,fsdp,ddp")
     s.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
+    s.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
+    s.add_argument(
+        "--keep", action="store_true", help="keep the rows of the report in --out that this call does not rerun"
+    )
     s.set_defaults(func=handle)
 
 
@@ -37,9 +44,21 @@ def handle(args, extra) -> int:
     strategies, worlds = tuple(strategies or sc.STRATEGIES), tuple(int(w) for w in worlds or ()) or sc.WORLDS
     if any(not 2 <= w <= 1024 for w in worlds):
         return fail(f"--worlds {args.worlds}: each from 2 to 1024")
+    names = listed(args.families)
+    known = {f[0]: f for f in sc.FAMILIES}
+    if names == [] or set(names or ()) - set(known):
+        return fail(f"--families {args.families}: the families are {', '.join(known)}")
+    families = tuple(known[n] for n in names) if names else sc.FAMILIES
     if args.out is not None and (why := unwritable_dir(args.out, ("strategies.md", "strategies.csv"))):
         return fail(f"--out {args.out}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
-    out = sc.write(sc.rows(strategies=strategies, worlds=worlds), args.out)
+    out_dir = args.out or output_root() / "reports" / "planner-strategies"
+    kept = []
+    if args.keep and (out_dir / "strategies.csv").is_file():
+        try:
+            kept = sc.read(out_dir / "strategies.csv")
+        except InputError as e:
+            return fail(str(e))
+    out = sc.write(sc.rows(families=families, strategies=strategies, worlds=worlds, kept=kept), args.out)
     print((out / "strategies.md").read_text())
     print(f"written: {out}/strategies.md, {out}/strategies.csv")
     return 0

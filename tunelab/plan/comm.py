@@ -13,7 +13,9 @@ sync while accumulating), P parameters of s_p bytes, T trainable ones with gradi
   not free the root's parameters after forward; FSDP2 regathers them: R = 0). With FSDP1's whole model one unit
   (``fsdp_wrap: none``) all of it is the root: a x (n-1)/n x P s_p + (n-1)/n x T s_g. Traced: the per-rank
   simulation (:mod:`tunelab.plan.ranks`) records these gathers (FSDP1's root once per forward, FSDP2's twice). LoRA under FSDP
-  still gathers every frozen weight: its traffic is that of full fine-tuning less the gradients. A model given by
+  still gathers every frozen weight: its traffic is that of full fine-tuning less the gradients; under FSDP1 not even
+  those: each flat parameter with a trainable weight gets a whole gradient, frozen weights' zeros included, and is
+  reduce-scattered whole (traced). A model given by
   its size only (no blocks known) is planned without the root's saving.
 * FSDP SHARD_GRAD_OP, FSDP2 without resharding: gathered once per forward and kept: a x (n-1)/n x P s_p + (n-1)/n x
   T s_g. DeepSpeed ZeRO-2: gradients reduce-scattered, updated parameters all-gathered once per step.
@@ -54,6 +56,7 @@ from tunelab import yaml_input
 from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
 from tunelab.paths import CONFIGS_DIR
+from tunelab.plan import memory
 from tunelab.plan.memory import PlanInput, dtype_bytes
 
 LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
@@ -259,6 +262,9 @@ def per_step(
             c.calls = [(ag[0], a * units, *ag[1:]), (rs[0], units, *rs[1:])]
         c.hideable_under = "step"
     elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
+        if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
+            root = memory.root_unit_params(x.config)  # (memory.flat_parameter_grads; traced by tunelab.plan.ranks)
+            G = (total - root + (root if "head" in set(x.lora_targets) else 0) + trainable) * s_p  # noqa: N806
         c.bytes_gpu = a * ring * (2 * P - R) + ring * G
         c.formula = (
             "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"

@@ -29,7 +29,7 @@ FAMILIES = (
 )
 """(label, recipe model, checkpoint_dir override): the families checked, each on a recipe of ours (Gemma and Phi-2
 on OpenLLaMA 3B's settings, their model from litgpt's config of the directory name)."""
-STRATEGIES = ("fsdp2", "ddp")
+STRATEGIES = ("fsdp2", "fsdp", "ddp")
 WORLDS = (2, 4, 8)
 METHODS = ("full", "lora")
 MICRO, SEQ = 2, 512
@@ -53,6 +53,10 @@ class Row:
     formula_bytes_per_step: float
     """The same by comm.py's formula for the strategy."""
     seconds: float
+    traced_calls: int | None = None
+    """Collective calls rank 0 issued per optimizer step (None: a row kept from an earlier report without them)."""
+    formula_calls: int | None = None
+    """The calls comm.py charges NCCL's latency for."""
 
     @property
     def memory_error(self) -> float:
@@ -79,20 +83,47 @@ def check(family: tuple, method: str, strategy: str, world: int) -> Row:
     planned = plan_recipe(resolve(f"{model}/{method}"), overrides, gpu=None, devices=world, strategy=strategy)
     x = planned.input
     sim = ranks.for_plan(x, load_strategy(strategy))
-    formula = comm.per_step(x, comm.lookup("nvlink4", "gpu")).bytes_gpu
+    formula = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     return Row(
         label, method, str(x.precision), strategy, world, x.accumulation, planned.plan.peak_allocated_bytes,
-        sim.peak_bytes, sim.peak_phase, sim.bytes_moved(), formula, sim.seconds,
+        sim.peak_bytes, sim.peak_phase, sim.bytes_moved(), formula.bytes_gpu, sim.seconds,
+        sum(c.calls for c in sim.collectives), sum(n for _, n, _, _ in formula.calls),
     )  # fmt: skip
 
 
-def rows(families=FAMILIES, strategies=STRATEGIES, worlds=WORLDS, methods=METHODS) -> list[Row]:
-    """Every combination, with progress on stderr."""
+def rows(families=FAMILIES, strategies=STRATEGIES, worlds=WORLDS, methods=METHODS, kept=()) -> list[Row]:
+    """Every combination, with progress on stderr, beside the ``kept`` rows of other combinations (an earlier
+    report's: :func:`read`), in the table's order."""
     todo = [(f, m, s, w) for f in families for m in methods for s in strategies for w in worlds]
     out = []
     for i, (f, m, s, w) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {f[0]} {m} {s} on {w} ...", file=sys.stderr, flush=True)
         out.append(check(f, m, s, w))
+    done = {(r.family, r.method, r.strategy, r.world) for r in out}
+    out += [r for r in kept if (r.family, r.method, r.strategy, r.world) not in done]
+    order = {f[0]: i for i, f in enumerate(FAMILIES)}
+    return sorted(out, key=lambda r: (order.get(r.family, 99), r.method, STRATEGIES.index(r.strategy)
+                                      if r.strategy in STRATEGIES else 99, r.world))  # fmt: skip
+
+
+def read(path: Path) -> list[Row]:
+    """The rows of an earlier strategies.csv (read bounded; a file that is not one: InputError naming it)."""
+    from tunelab.errors import InputError
+
+    text = files.read_text(path, 1 << 20, "strategies table")
+    out = []
+
+    def num(r: dict, key: str) -> int | None:
+        return int(r[key]) if r.get(key) not in (None, "", "None") else None
+
+    try:
+        for r in csv.DictReader(io.StringIO(text)):
+            out.append(Row(r["family"], r["method"], r["precision"], r["strategy"], int(r["world"]),
+                           int(r["accumulation"]), float(r["planned_bytes"]), float(r["simulated_bytes"]),
+                           r["simulated_phase"], float(r["traced_bytes_per_step"]), float(r["formula_bytes_per_step"]),
+                           float(r["seconds"]), num(r, "traced_calls"), num(r, "formula_calls")))  # fmt: skip
+    except (KeyError, ValueError, TypeError) as e:
+        raise InputError(f"{path}: not a strategies table ({e}); fix: run without --keep") from None
     return out
 
 
@@ -118,21 +149,25 @@ def markdown(found: list[Row]) -> str:
         f"{worst.method} {worst.strategy} on {worst.world}). Traced communication against the formula: worst "
         f"{comm_worst:.1%} over {len(comm_rows)} rows.",
         "",
-        "Not simulated per rank (planned by arithmetic, see docs/planner.md): FSDP1 (Lightning's FSDPStrategy, "
-        "litgpt's own path on several devices), FSDP variants (no wrap, SHARD_GRAD_OP, HYBRID, offload), DeepSpeed "
-        "ZeRO-2/3 and offload, QLoRA on several devices.",
+        "FSDP1 (`fsdp`: a `name: fsdp` file, FULL_SHARD per block, as litgpt's CLI wraps full fine-tuning) is "
+        "simulated on fake tensors as the run wraps it, flat parameters included. Calls: the collectives rank 0 "
+        "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
+        "before they were counted). Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed "
+        "ZeRO-2/3 and offload, QLoRA on several devices; FSDP1's other variants (no wrap, SHARD_GRAD_OP, HYBRID, "
+        "offload) run through `plan --simulate` but are not in this table.",
         "",
         "| family | method | precision | strategy | devices | accumulation | planned GB | simulated GB | error | "
-        "simulated peak | traced GB/step | comm.py GB/step | comm error | simulation s |",
-        "|" + "---|" * 14,
+        "simulated peak | traced GB/step | comm.py GB/step | comm error | calls traced / comm.py | simulation s |",
+        "|" + "---|" * 15,
     ]
     for r in found:
         ce = "" if r.comm_error is None else f"{r.comm_error:+.1%}"
+        calls = "" if r.traced_calls is None else f"{r.traced_calls} / {r.formula_calls}"
         lines.append(
             f"| {r.family} | {r.method} | {r.precision} | {r.strategy} | {r.world} | {r.accumulation} | "
             f"{r.planned_bytes / 1e9:.2f} | {r.simulated_bytes / 1e9:.2f} | {r.memory_error:+.1%} | "
             f"{r.simulated_phase} | {r.traced_bytes_per_step / 1e9:.2f} | {r.formula_bytes_per_step / 1e9:.2f} | "
-            f"{ce} | {r.seconds:.1f} |"
+            f"{ce} | {calls} | {r.seconds:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
