@@ -117,7 +117,7 @@ def _check_row(name, row) -> None:
     if not isinstance(row, dict):
         raise InputError(f"{where}: a row is a mapping of keys to values; fix: see the table's header")
     known = {f.name for f in fields(GPU)} - {"name"}
-    required = {"memory_gib", "cuda_total_gib", "cuda_total_source", "bf16", "tdp_w", "peak_tflops"}
+    required = {"memory_gib", "cuda_total_gib", "cuda_total_source", "bf16", "tdp_w", "peak_tflops", "bandwidth_gbs"}
     if set(row) - known:
         raise InputError(f"{where}: unknown key(s) {sorted(set(row) - known)}; fix: one of {sorted(known)}")
     if required - set(row):
@@ -133,6 +133,14 @@ def _check_row(name, row) -> None:
     for key, value in peaks.items():
         if value is not None and not _positive(value, 1e6):
             raise InputError(f"{where}: peak_tflops: {key}: {value!r} is not a positive number of TFLOP/s, or null")
+    needed = ["fp32", "fp16"] + (["bf16"] if row["bf16"] else [])  # what every GPU runs; bf16 where it says so
+    missing = [k for k in needed if peaks.get(k) is None]
+    if missing:
+        raise InputError(
+            f"{where}: peak_tflops: {', '.join(missing)}: no figure, but the planner times "
+            f"{'bf16: true rows at it' if missing == ['bf16'] else 'every GPU at these'}; fix: the datasheet's dense "
+            "TFLOP/s"
+        )
     sms = row.get("sms")
     if sms is not None and (type(sms) is not int or not 0 < sms < 10_000):
         raise InputError(

@@ -226,16 +226,22 @@ def world_of(settings: dict) -> int:
 def load_strategy(path: str | Path) -> StrategyConfig:
     """A strategy file from a path or a name under configs/strategies/, type- and range-checked;
     StrategyError naming the file and key."""
+    known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
+    if not str(path).strip():  # Path("") is the working directory
+        raise StrategyError(f"no strategy named (an empty name): give a YAML path or one of: {known}")
     p = Path(path)
+    try:
+        p.exists()
+    except OSError as e:  # a name too long for the file system, ...
+        raise StrategyError(f"strategy {str(path)[:80]!r}: {e.strerror}; give a YAML path or one of: {known}") from None
     if not p.exists() and (CONFIGS_DIR / "strategies" / f"{path}.yaml").is_file():
         p = CONFIGS_DIR / "strategies" / f"{path}.yaml"
     if not p.exists():  # what is there but is no regular file (a FIFO, a directory) is refused by the reader
-        known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
         raise StrategyError(f"no strategy {path!r}: give a YAML path or one of: {known}")
     try:
         raw = yaml_input.load_mapping(p, "a strategy")
     except InputError as e:
-        raise StrategyError(str(e)) from None
+        raise StrategyError(f"strategy {str(path)!r}: {e}") from None
     return strategy_from_mapping(raw, p)
 
 

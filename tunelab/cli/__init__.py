@@ -118,9 +118,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if extra and not getattr(args, "passthrough", False):
             return fail(f"unrecognized arguments: {' '.join(extra)} (see: tunelab {args.command} --help)")
-        bad = [x for x in extra if x.startswith("-") and not x.startswith("--")]
+        bad = [i for i, x in enumerate(extra) if x.startswith("-") and not x.startswith("--")]
         if bad:
-            return fail(f"litgpt-style overrides are --dotted.key VALUE, got {bad[0]!r}")
+            i = bad[0]
+            key = extra[i - 1] if i and extra[i - 1].startswith("--") else None
+            if key:  # a value such as -1 after its key: argparse took it for an option
+                return fail(
+                    f"{key} {extra[i]}: not a value {key} takes (give a positive one; see: tunelab {args.command} --help)"
+                )
+            return fail(f"litgpt-style overrides are --dotted.key VALUE, got {extra[i]!r}")
         return args.func(args, extra)
     except Interrupted as e:
         print(f"tunelab: interrupted: {e}", file=sys.stderr)

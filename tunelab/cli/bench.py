@@ -59,7 +59,7 @@ def handle(args, extra) -> int:
     try:
         recipe = resolve(args.recipe)
         model = model_choice(args)
-        gpu = hardware.lookup(args.gpu) if args.gpu else None
+        gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
         load_strategy(args.strategy)
     except (RecipeError, ValueError) as e:
         return fail(str(e))

@@ -111,9 +111,16 @@ def handle(args, extra) -> int:
         return fail(f"--mfu-range {lo} {hi}: LOW must not exceed HIGH")
     if args.calibrate and not any(Path(args.calibrate).glob("**/record.json")):
         return fail(f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: a sweep directory")
+    from tunelab.plan import comm
+
     try:
+        for link, scope in ((args.interconnect, "gpu"), (args.internode, "node")):
+            if link is not None:  # named: checked even where no time is projected (one line naming the option)
+                comm.lookup(link, scope, given=True)
         recipe = resolve(args.recipe)
-        gpu = hardware.lookup(args.gpu) if args.gpu else hardware.local_gpu()  # no --gpu: this machine's, if any
+        gpu = (  # no --gpu: this machine's, if any
+            hardware.lookup(args.gpu) if args.gpu is not None else hardware.local_gpu()
+        )
         planned = plan_recipe(
             recipe,
             extra,
@@ -127,7 +134,7 @@ def handle(args, extra) -> int:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     x = planned.input
     projection, tokens_note = None, ""
-    if args.gpu:
+    if args.gpu is not None:
         projection, tokens_note = project_recipe(
             planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
             mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode,

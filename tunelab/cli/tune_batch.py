@@ -26,9 +26,9 @@ def add_parser(sub) -> None:
     s.add_argument("--max-micro", type=count, default=1024, help="never probe above this micro batch")
     s.add_argument(
         "--steps",
-        type=number(int, 2, what="a number of optimizer steps"),
+        type=number(int, 2, 10**6, what="a number of optimizer steps"),
         default=3,
-        help="optimizer steps per probe, 2 or more (default 3; the first is warm-up)",
+        help="optimizer steps per probe, 2 to 1e6 (default 3; the first is warm-up)",
     )
     s.add_argument(
         "--strategy",
@@ -81,7 +81,7 @@ def handle(args, extra) -> int:
     try:
         recipe = resolve(args.recipe)
         model = model_choice(args)
-        gpu = hardware.lookup(args.gpu) if args.gpu else None
+        gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
         if args.strategy:
             strat = load_strategy(args.strategy)
             if args.backward_prefetch and strat.name != "fsdp":

@@ -55,11 +55,18 @@ def check_ranges(s: Settings) -> None:
         ("devices", s.args.get("devices")),
         ("num_nodes", s.args.get("num_nodes")),
         ("lora_r", s.args.get("lora_r")),
+        ("train.epochs", (s.args.get("train") or {}).get("epochs")),
     ):
-        if value is None:
-            continue
+        if value is None and key not in ("train.micro_batch_size", "train.global_batch_size"):
+            continue  # a default applies; the batch sizes have none (an empty value, `--train.micro_batch_size ''`)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
+    max_steps = (s.args.get("train") or {}).get("max_steps")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
+        raise ValueError(  # litgpt reads 0 and None as no limit
+            f"train.max_steps: {max_steps!r} must be a whole number of steps (0 or empty: no limit); fix: set "
+            "--train.max_steps to 1 or more"
+        )
     if s.micro_batch_size > s.global_batch_size:  # one micro batch is more than a whole step's samples
         raise ValueError(
             f"train.micro_batch_size {s.micro_batch_size:,} is more than train.global_batch_size "

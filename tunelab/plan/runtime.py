@@ -256,6 +256,13 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     epochs = train.get("epochs") or 1
     samples = train_samples * epochs
     steps = samples // gbs
+    if train_samples and train_samples < gbs:  # litgpt divides by the steps per epoch: a run with none fails
+        from tunelab.errors import InputError
+
+        raise InputError(
+            f"train.global_batch_size {gbs:,} is more than the {train_samples:,} training samples: an epoch has no "
+            f"optimizer step to time; fix: lower train.global_batch_size to at most {train_samples:,}, or give more data"
+        )
     if train.get("max_steps"):
         steps = min(steps, train["max_steps"])
         samples = min(samples, steps * gbs)

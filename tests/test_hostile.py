@@ -1,0 +1,214 @@
+"""The project's own hostile suite: generated bad values for each option of the subcommands a user types first (and
+for each key of the tables a user edits), each refused in one line with a non-zero exit: no traceback, no
+"unexpected" line, no process left behind, nothing written beside the checkout or into its output folders.
+
+Property-based (hypothesis), seeded (``derandomize``): a failure prints the generated argument list and reproduces.
+The commands run in-process through ``tunelab.cli.main`` (the same code as the console script, without a Python
+start per case), so a few hundred cases take about a minute. ``test_bad_inputs.py`` keeps the hand-made cases
+that need files (FIFOs, tags, alias bombs) and real subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import subprocess
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import ROOT, beside_checkout
+from tunelab import cli
+
+R, M = "tiny-llama-1.1b/lora", "tiny-llama-1.1b"
+SETTINGS = settings(
+    derandomize=True, deadline=None, database=None, max_examples=100, suppress_health_check=list(HealthCheck)
+)
+TRIED: dict[str, int] = {}
+"""Generated cases run per test (the closing note quotes the total)."""
+
+# values no integer option takes: text, fractions, non-finite and out-of-range numbers, empty and blank strings
+NOT_INT = st.one_of(
+    st.sampled_from(["", " ", "ten", "1.5", "1e400", "nan", "inf", "-inf", "0x10", "--", "½", "1,2"]),
+    st.integers(max_value=0).map(str),
+    st.integers(min_value=10**13, max_value=10**40).map(str),
+    st.text(alphabet="abcxyz!@#%^&*()[]{}<>?/\\|;:'\" \t", min_size=1, max_size=12),
+)
+NOT_POSITIVE = st.one_of(
+    st.sampled_from(["", "nan", "inf", "-inf", "1e400", "-1e400", "zero", "0", "-0.0"]),
+    st.floats(max_value=0, allow_nan=False).map(repr),
+    st.text(alphabet="abc!@# ", min_size=1, max_size=10),
+)
+# names no table has: unknown words, paths out of the checkout, control and odd characters, very long names
+NOT_A_NAME = st.one_of(
+    st.sampled_from(["", "../../etc/passwd", "/dev/zero", "nul\x01", "x" * 5000, "ü-gpu", "*", ".", "-"]),
+    st.text(alphabet="qwzjk-_.", min_size=1, max_size=16).map(lambda s: "zz" + s),
+)
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of ``tunelab ARGV`` in-process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main([str(a) for a in argv])
+        except SystemExit as e:  # argparse's own exits (--help never generated here)
+            code = e.code if isinstance(e.code, int) else 1
+    return code, (out.getvalue() + err.getvalue()).strip()
+
+
+class _NoChild(subprocess.Popen):
+    """A refused command starts no process: one that tries (a run let through) fails the case at once instead of
+    training in the test process."""
+
+    def __init__(self, args, *a, **kw):
+        raise AssertionError(f"a bad input started a process: {args!r}"[:300])
+
+
+@pytest.fixture(scope="module")
+def untouched():
+    """What must not change while the suite runs: the checkout's parent, the checkout's output folders, and the
+    process's children (none may be started, none left)."""
+
+    def snapshot():
+        outputs = {p: sorted(os.listdir(ROOT / p)) if (ROOT / p).is_dir() else None for p in ("runs", "reports")}
+        return beside_checkout(), outputs
+
+    _run(["plan", R])  # the imports a first plan makes (some probe the system with a subprocess) before the guard
+    before, popen = snapshot(), subprocess.Popen
+    subprocess.Popen = _NoChild
+    try:
+        yield
+    finally:
+        subprocess.Popen = popen
+    assert snapshot() == before, "a refused command wrote beside the checkout or into runs/ or reports/"
+    assert not psutil.Process().children(recursive=True), "a refused command left a process behind"
+
+
+def refused(name: str, argv: list[str], fragment: str) -> None:
+    """The case's contract: non-zero exit, exactly one line, naming ``fragment``, no traceback or internal error."""
+    TRIED[name] = TRIED.get(name, 0) + 1
+    code, out = _run(argv)
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert code != 0, (argv, out[-300:])
+    assert "Traceback" not in out and "unexpected" not in out, (argv, out[-600:])
+    assert len(lines) == 1, (argv, out[-600:])
+    assert fragment in lines[0], (argv, fragment, lines[0][:300])
+
+
+INT_OPTIONS = [
+    (["plan", R], "--devices"),
+    (["advise", M], "--max-devices"),
+    (["bench", R], "--pairs"),
+    (["bench", R], "--max-micro"),
+    (["tune-batch", R], "--steps"),
+    (["tune-batch", R], "--start"),
+    (["validate", R], "--devices"),
+]
+
+
+@SETTINGS
+@given(case=st.sampled_from(INT_OPTIONS), value=NOT_INT)
+def test_integer_options_refuse_what_is_not_a_count(untouched, case, value):
+    prefix, option = case
+    refused("integer options", [*prefix, option, value], option.lstrip("-"))
+
+
+LITGPT_KEYS = ["--train.micro_batch_size", "--train.global_batch_size", "--train.max_steps", "--devices"]
+
+
+@SETTINGS
+@given(
+    command=st.sampled_from(["plan", "validate"]),
+    key=st.sampled_from(LITGPT_KEYS),
+    value=NOT_INT.filter(lambda v: v != "0x10"),
+)
+def test_recipe_overrides_refuse_what_is_not_a_count(untouched, command, key, value):
+    """The litgpt-style keys a user overrides most, on the planner and the validator (before any model is built).
+    Their values are read as YAML, as litgpt's parser reads them, where 0x10 is the integer 16: not generated; an
+    empty train.max_steps is litgpt's None (no limit) and a huge one a cap the epochs reach first: valid values."""
+    if key == "--train.max_steps" and (not value.strip() or value.isdigit()):
+        return  # (0 too: litgpt's "no limit")
+    gpu = ["--gpu", "H100-SXM"] if command == "plan" else []  # the time projection too, where steps are counted
+    refused("recipe overrides", [command, R, *gpu, key, value], key.lstrip("-").split(".")[-1])
+
+
+FLOAT_OPTIONS = [
+    (["plan", R], ["--tokens"]),
+    (["plan", R], ["--mfu-range", "0.3"]),
+    (["advise", M], ["--tokens"]),
+    (["bench", R], ["--timeout"]),
+    (["bench", R], ["--deadline"]),
+]
+
+
+@SETTINGS
+@given(case=st.sampled_from(FLOAT_OPTIONS), value=NOT_POSITIVE)
+def test_quantities_refuse_what_is_not_a_positive_finite_number(untouched, case, value):
+    prefix, option = case
+    refused("quantities", [*prefix, *option, value], option[0].lstrip("-"))
+
+
+NAME_OPTIONS = [
+    (["plan", R], "--gpu", "GPU"),
+    (["plan", R], "--strategy", "strateg"),
+    (["plan", R], "--interconnect", "interconnect"),
+    (["advise", M], "--gpus", "GPU"),
+    (["plan-strategies"], "--families", "--families"),
+    (["plan-strategies"], "--strategies", "--strategies"),
+    (["plan-families"], "--families", "--families"),
+]
+
+
+@SETTINGS
+@given(case=st.sampled_from(NAME_OPTIONS), value=NOT_A_NAME)
+def test_names_that_no_table_holds_are_refused(untouched, case, value):
+    prefix, option, fragment = case
+    refused("names", [*prefix, option, value], fragment)
+
+
+@SETTINGS
+@given(
+    key=st.sampled_from(["memory_gib", "peak_tflops", "bandwidth_gbs", "sms", "boost_mhz", "tdp_w"]),
+    value=st.one_of(
+        st.sampled_from([".nan", ".inf", "-.inf", "-1", "0", "'12'", "[1, 2]", "{a: 1}", "null", "1e400", "true"]),
+        st.floats(max_value=0, allow_nan=False).map(repr),
+    ),
+)
+def test_a_gpu_table_row_with_a_bad_number_is_one_line(untouched, monkeypatch, tmp_path_factory, key, value):
+    """The GPU table a user edits: a row whose number is not a finite positive one (or a mapping where numbers
+    belong) is refused when the table is loaded, naming the file, the row and the key, before anything is planned."""
+    import yaml
+
+    from tunelab import hardware
+
+    table = yaml.safe_load((ROOT / "configs" / "hardware" / "gpus.yaml").read_text())
+    row = table["gpus"]["L4"]
+    if key not in row:
+        return  # a key this row does not carry: nothing to break
+    bad = yaml.safe_load(f"v: {value}")["v"]
+    if bad is None and key in ("sms", "boost_mhz"):
+        return  # optional keys: null says "not published"
+    if key == "peak_tflops":
+        row[key] = {**row[key], "bf16": bad}
+    else:
+        row[key] = bad
+    path = tmp_path_factory.mktemp("gpus") / "gpus.yaml"
+    path.write_text(yaml.safe_dump(table))
+    monkeypatch.setattr(hardware, "GPU_TABLE", path)
+    hardware.table.cache_clear()
+    try:
+        if isinstance(bad, (int, float)) and not isinstance(bad, bool) and math.isfinite(bad) and bad > 0:
+            return  # '12' as text, true... parsed to a valid number by YAML: not a bad value
+        refused("gpu table", ["plan", R, "--gpu", "L4"], "L4")
+    finally:
+        hardware.table.cache_clear()
+
+
+def test_the_suite_tried_what_it_says():
+    """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
+    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names"}, TRIED
+    print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")
