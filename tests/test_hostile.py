@@ -107,6 +107,9 @@ INT_OPTIONS = [
     (["tune-batch", R], "--steps"),
     (["tune-batch", R], "--start"),
     (["validate", R], "--devices"),
+    (["run", R], "--nnodes"),
+    (["run", R], "--master-port"),
+    (["tune-study", "configs/sweeps/lab-part3.yaml"], "--max-micro"),
 ]
 
 
@@ -142,6 +145,10 @@ FLOAT_OPTIONS = [
     (["advise", M], ["--tokens"]),
     (["bench", R], ["--timeout"]),
     (["bench", R], ["--deadline"]),
+    (["run", R], ["--timeout"]),
+    (["run", R], ["--memory-limit-gb"]),
+    (["sweep", "configs/sweeps/lab-part1.yaml"], ["--deadline"]),
+    (["tune-study", "configs/sweeps/lab-part3.yaml"], ["--deadline"]),
 ]
 
 
@@ -208,7 +215,68 @@ def test_a_gpu_table_row_with_a_bad_number_is_one_line(untouched, monkeypatch, t
         hardware.table.cache_clear()
 
 
+def _strategy_fields() -> list[str]:
+    from dataclasses import fields
+
+    from tunelab.strategies import StrategyConfig
+
+    return [f.name for f in fields(StrategyConfig) if f.name not in ("name", "description")]
+
+
+@pytest.mark.parametrize("key", _strategy_fields())
+@settings(SETTINGS, max_examples=12)
+@given(
+    base=st.sampled_from(["ddp", "fsdp", "fsdp2", "deepspeed-zero3", "fast"]),
+    value=st.one_of(
+        st.sampled_from([{"a": 1}, [1, 2], "zz-unknown", -7, 0, float("nan"), float("inf"), "", True, 10**40]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=12),
+        st.integers(min_value=-(10**6), max_value=10**6),
+    ),
+)
+def test_a_strategy_file_with_any_value_under_any_key_is_planned_or_one_line(untouched, tmp_path_factory, base, key,
+                                                                              value):  # fmt: skip
+    """Every key of a strategy file, any value: the file is planned (the value is one the key takes) or refused in
+    one line naming the key, never an internal error; always refused: a list or a mapping under a key whose type
+    is neither (every key but mixed_precision and extra), a value outside a key's choices, an integer key's value that is not a
+    whole number from 1 to its bound (1e12 at most, whatever the bound), a boolean key's value that is not true or
+    false."""
+    import yaml
+
+    from tunelab.paths import CONFIGS_DIR
+
+    TRIED["strategy keys"] = TRIED.get("strategy keys", 0) + 1
+    raw = yaml.safe_load((CONFIGS_DIR / "strategies" / f"{base}.yaml").read_text())
+    raw[key] = value
+    path = tmp_path_factory.mktemp("strategy") / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    devices = ["--devices", "1"] if raw.get("name") == "single" else ["--devices", "2"]
+    code, out = _run(["plan", R, *devices, "--strategy", path])
+    assert "Traceback" not in out and "unexpected" not in out, (key, value, out[-600:])
+    from dataclasses import fields
+
+    from tunelab.strategies import CHOICES, RANGES, StrategyConfig
+
+    kind = {f.name: str(f.type) for f in fields(StrategyConfig)}[key]
+    must_refuse = (
+        (isinstance(value, dict) and "dict" not in kind)
+        or (isinstance(value, list) and "list" not in kind)
+        or (key in CHOICES and not any(value == c and type(value) is type(c) for c in CHOICES[key]))
+    )
+    if kind.startswith("int") and value is not None and key not in CHOICES:  # counts and sizes: whole, 1 or more
+        must_refuse = must_refuse or type(value) is not int or value < 1 or value > 10**12
+    if key in RANGES and value is not None:  # ... and at most their bound
+        must_refuse = must_refuse or not (type(value) is int and 1 <= value <= RANGES[key])
+    if kind == "bool":
+        must_refuse = must_refuse or type(value) is not bool
+    if must_refuse:
+        assert code != 0, (key, value, out[-300:])
+    if code != 0:
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        assert len(lines) == 1 and key in lines[0], (key, value, out[-600:])
+
+
 def test_the_suite_tried_what_it_says():
     """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
-    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names"}, TRIED
+    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys"}, TRIED
     print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")
