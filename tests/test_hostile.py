@@ -215,6 +215,46 @@ def test_a_gpu_table_row_with_a_bad_number_is_one_line(untouched, monkeypatch, t
         hardware.table.cache_clear()
 
 
+BAD_NUMBER = st.one_of(
+    st.sampled_from([".nan", ".inf", "-.inf", "-1", "0", "1e400", "'text'", "[1, 2]", "{a: 1}", "null", "true"]),
+    st.floats(max_value=0, allow_nan=False).map(repr),
+)
+
+
+@SETTINGS
+@given(key=st.sampled_from(["gbs", "efficiency", "latency_us"]), value=BAD_NUMBER)
+def test_a_link_table_row_with_a_bad_number_is_one_line(untouched, link_table, key, value):
+    """The link table a user edits (configs/hardware/links.yaml): a bandwidth, efficiency or latency that is not a
+    number in range is refused when the table is loaded, naming the file and the row, before anything is planned.
+    (A latency of 0 is allowed: no latency modelled.)"""
+    import yaml
+
+    table = yaml.safe_load((ROOT / "configs" / "hardware" / "links.yaml").read_text())
+    bad = yaml.safe_load(f"v: {value}")["v"]
+    if key == "latency_us" and type(bad) in (int, float) and bad == 0:
+        return
+    table["links"]["nvlink4"][key] = bad
+    link_table(yaml.safe_dump(table))
+    refused("link table", ["plan", R, "--gpu", "H100-SXM", "--devices", "2", "--strategy", "ddp"], "nvlink4")
+
+
+@SETTINGS
+@given(key=st.sampled_from(["usd_per_hour", "source", "date"]), value=BAD_NUMBER)
+def test_a_price_file_with_a_bad_row_is_one_line(untouched, tmp_path_factory, key, value):
+    """A user's price file (`advise --prices FILE`): a price that is not a positive number, or a source or date that
+    is not text, is refused in one line naming the file and the GPU, before anything is ranked."""
+    import yaml
+
+    table = yaml.safe_load((ROOT / "configs" / "hardware" / "prices.yaml").read_text())
+    bad = yaml.safe_load(f"v: {value}")["v"]
+    if key != "usd_per_hour" and isinstance(bad, str):
+        return  # text is what a source or date is
+    table["prices"]["L4"][key] = bad
+    path = tmp_path_factory.mktemp("prices") / "prices.yaml"
+    path.write_text(yaml.safe_dump(table))
+    refused("price file", ["advise", M, "--gpus", "L4", "--max-devices", "1", "--prices", path], "L4")
+
+
 def _strategy_fields() -> list[str]:
     from dataclasses import fields
 
@@ -278,5 +318,6 @@ def test_a_strategy_file_with_any_value_under_any_key_is_planned_or_one_line(unt
 
 def test_the_suite_tried_what_it_says():
     """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
-    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys"}, TRIED
+    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
+                          "price file"}, TRIED  # fmt: skip
     print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")

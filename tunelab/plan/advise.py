@@ -17,6 +17,7 @@ it is not a candidate. QLoRA runs on one device (litgpt's QLoRA path).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import math
 from dataclasses import dataclass
@@ -66,6 +67,15 @@ def prices(path=PRICE_TABLE) -> dict[str, Price]:
             raise InputError(
                 f"{path}: prices: {name}: give usd_per_hour (a positive number), source and date; fix: see "
                 "configs/hardware/prices.yaml"
+            )
+        if (
+            not isinstance(row["source"], str)
+            or not row["source"].strip()
+            or not isinstance(row["date"], (str, datetime.date))
+        ):
+            raise InputError(
+                f"{path}: prices: {name}: source and date are text (where the price comes from, and when; a date "
+                f"may be a YAML date); got {row['source']!r}, {row['date']!r}"
             )
         if str(name) not in hardware.table():  # a misspelt name would leave its GPU unpriced without a word
             raise InputError(
