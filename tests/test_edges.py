@@ -388,6 +388,15 @@ def test_report_names_from_records_never_leave_reports(tmp_path, monkeypatch):
 
     out = tune_report.default_report_dir(Study(), [Res()])
     assert out.resolve().is_relative_to((ROOT / "reports").resolve()) and "/" not in out.name
+    from tunelab.recipes import resolve
+    from tunelab.tune import bench
+
+    arm = bench.Arm("litgpt", None)
+    arm.records = [(0, rec, None)]  # a reused record whose device name climbs out (bench took it as it was)
+    out = bench.default_report_dir(resolve("tiny-llama-1.1b/lora"), [bench.Phase("recipe", [arm])])
+    assert out.parent == ROOT / "reports" and "/" not in out.name and out.name.endswith("-tmp-x")
+    ok = RunRecord(device_type="cuda", device_name="NVIDIA H100 80GB HBM3")
+    assert default_report_dir({"name": "lab"}, [ok]).name.endswith("-lab-h100")  # one spelling: the first word
 
 
 def test_two_tune_batch_searches_never_share_a_directory(tmp_path):

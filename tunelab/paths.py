@@ -58,3 +58,18 @@ def slug(text: object, default: str = "unnamed") -> str:
     that become paths."""
     out = "" if text is None else re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).lstrip(".-")[:100].rstrip("-")
     return out if SAFE_NAME.fullmatch(out) else default
+
+
+def report_dir(name: str, rec=None) -> Path:
+    """The default report directory, ``reports/<UTC date>-<name>[-<device>]``: the device from ``rec`` (a run record
+    with a device, or None for no suffix): ``cpu-tiny`` on a CPU, else the GPU's first word after 'NVIDIA'
+    (``h100``), through :func:`slug` as is ``name`` (a record read from disk may carry anything there). The one
+    spelling for sweeps, studies and benches."""
+    from datetime import datetime, timezone
+
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    suffix = ""
+    if rec is not None and rec.device_name:
+        words = rec.device_name.lower().replace("nvidia", "").split()
+        suffix = "-cpu-tiny" if rec.device_type == "cpu" else "-" + slug(words[0] if words else "", "gpu")
+    return output_root() / "reports" / f"{date}-{slug(name, 'report')}{suffix}"

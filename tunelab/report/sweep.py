@@ -6,13 +6,12 @@ lab's published figure beside ours with the hardware of each.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.files import read_json, save_figure, write_csv, write_text_atomic
-from tunelab.paths import output_root, slug
+from tunelab.paths import report_dir, slug
 from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import resolve
 from tunelab.sweep_file import SweepError, check_lab
@@ -603,17 +602,8 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
 
 
 def default_report_dir(meta: dict, records: list[record_mod.RunRecord]) -> Path:
-    """reports/<date>-<sweep name>[-<device>]."""
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    dev = next((r for r in records if r.device_name), None)
-    suffix = ""
-    if dev is not None:
-        suffix = (
-            "-cpu-tiny"
-            if dev.device_type == "cpu"
-            else "-" + slug(dev.device_name.lower().replace("nvidia", "").strip(), "gpu")
-        )
-    return output_root() / "reports" / f"{date}-{slug(meta.get('name'), 'sweep')}{suffix}"
+    """reports/<date>-<sweep name>[-<device>] (:func:`tunelab.paths.report_dir`)."""
+    return report_dir(slug(meta.get("name"), "sweep"), next((r for r in records if r.device_name), None))
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: str | None = None) -> Path:

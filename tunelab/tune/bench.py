@@ -20,12 +20,11 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from tunelab import record as record_mod
 from tunelab.files import save_figure, set_aside, write_csv, write_json_atomic, write_text_atomic
-from tunelab.paths import output_root
+from tunelab.paths import report_dir
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.report.stats import median_interval
@@ -427,17 +426,9 @@ def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:
 
 
 def default_report_dir(recipe: Recipe, phases: list[Phase]) -> Path:
-    """reports/<date>-bench-<recipe>-<device>."""
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    """reports/<date>-bench-<recipe>-<device> (:func:`tunelab.paths.report_dir`)."""
     rec = next((r for p in phases for a in p.arms for _, r, _ in a.records if r.device_name), None)
-    suffix = (
-        ""
-        if rec is None
-        else "-cpu-tiny"
-        if rec.device_type == "cpu"
-        else "-" + rec.device_name.lower().replace("nvidia", "").strip().split(" ")[0]
-    )
-    return output_root() / "reports" / f"{date}-bench-{recipe.slug()}{suffix}"
+    return report_dir(f"bench-{recipe.slug()}", rec)
 
 
 def write_report(recipe: Recipe, phases: list[Phase], base: Path, out_dir: Path | None = None) -> Path:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.files import save_figure, write_csv, write_text_atomic
-from tunelab.paths import output_root, slug
+from tunelab.paths import report_dir, slug
 from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import resolve
 from tunelab.report.sweep import environment
@@ -344,17 +343,9 @@ def plot(results: list[SettingResult], out_dir: Path) -> Path | None:
 
 
 def default_report_dir(sf: StudyFile, results: list[SettingResult]) -> Path:
-    """reports/<date>-<study name>[-<device>]."""
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    """reports/<date>-<study name>[-<device>] (:func:`tunelab.paths.report_dir`)."""
     rec = next((r for res in results for _, r, _ in res.probes if r.device_name), None)
-    suffix = (
-        ""
-        if rec is None
-        else "-cpu-tiny"
-        if rec.device_type == "cpu"
-        else "-" + slug(rec.device_name.lower().replace("nvidia", "").strip().split(" ")[0], "gpu")
-    )
-    return output_root() / "reports" / f"{date}-{slug(sf.name, 'study')}{suffix}"
+    return report_dir(slug(sf.name, "study"), rec)
 
 
 def write_report(base: Path, sf: StudyFile, out_dir: Path | None = None) -> Path:
