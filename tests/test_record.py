@@ -174,3 +174,21 @@ def test_a_record_made_on_another_device_is_not_reused(tmp_path):
     assert resume_state(*args) == (True, None)
     record.save(dataclasses.replace(rec, device_name=None), tmp_path / "record.json")
     assert resume_state(*args) == (True, None)
+
+
+def test_a_compiled_run_recorded_before_limit_hits_were_counted_is_run_again(tmp_path):
+    """A fast-path record from before the recompile-limit hits were counted (its LoRA blocks may have run eagerly
+    without a word, as the H200 bench's did) answers no run; one that counted them (0) is reused."""
+    from tunelab.run.resume import resume_state
+    from tunelab.strategies import load_strategy
+
+    settings = load_strategy("fast").settings()
+    rec = RunRecord(recipe="tiny-llama-1.1b/lora", status="ok", strategy_settings=settings, recompile_limit_hits=0)
+    data = rec.to_dict()
+    path = tmp_path / "record.json"
+    record.save(rec, path)
+    assert resume_state(path, "tiny-llama-1.1b/lora", []) == (True, None)
+    del data["recompile_limit_hits"]
+    path.write_text(json.dumps(data))
+    done, why = resume_state(path, "tiny-llama-1.1b/lora", [])
+    assert not done and "recompile-limit hits" in why

@@ -76,6 +76,9 @@ def resume_state(
     here = this_device()
     if rec.get("device_name") and rec["device_name"] != here:  # a record from another GPU answers nothing here
         return False, f"device changed ({rec['device_name']} -> {here})"
+    compiled = (rec.get("strategy_settings") or {}).get("compile")
+    if compiled and "recompile_limit_hits" not in rec:  # its blocks may have run eagerly unseen (fixed 2026-11-26)
+        return False, "made before torch.compile's recompile-limit hits were counted"
     if recipe is not None and rec.get("recipe") != recipe:
         return False, f"recipe changed ({rec.get('recipe')} -> {recipe})"
     if overrides is not None and not same_overrides(rec.get("overrides"), overrides):
