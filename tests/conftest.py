@@ -102,11 +102,13 @@ def beside_checkout() -> set:
     the checkout sits there (a CI clone in /tmp: the other test worker's torchrun makes torchelastic_* there): what a
     test compares before and after to show a command wrote nothing beside the checkout."""
     import os
+    import re
     import tempfile
 
     names = set(os.listdir(ROOT.parent))
-    if ROOT.parent == Path(tempfile.gettempdir()).resolve():
+    if ROOT.parent == Path(tempfile.gettempdir()).resolve():  # and gcc's own temporaries (inductor's C++ builds)
         names = {n for n in names if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
+        names = {n for n in names if not re.fullmatch(r"cc[A-Za-z0-9]{6}\.(s|o|c|res|ld|le)", n)}
     return names
 
 

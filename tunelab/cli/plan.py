@@ -117,19 +117,11 @@ def handle(args, extra) -> int:
         for link, scope in ((args.interconnect, "gpu"), (args.internode, "node")):
             if link is not None:  # named: checked even where no time is projected (one line naming the option)
                 comm.lookup(link, scope, given=True)
-        recipe = resolve(args.recipe)
-        gpu = (  # no --gpu: this machine's, if any
-            hardware.lookup(args.gpu) if args.gpu is not None else hardware.local_gpu()
-        )
+        gpu = hardware.lookup(args.gpu) if args.gpu is not None else hardware.local_gpu()  # none: this machine's
         planned = plan_recipe(
-            recipe,
-            extra,
-            gpu=gpu,
-            devices=args.devices,
-            strategy=args.strategy,
-            activation_checkpointing=args.activation_checkpointing,
-            dataset=args.dataset,
-        )
+            resolve(args.recipe), extra, gpu=gpu, devices=args.devices, strategy=args.strategy,
+            activation_checkpointing=args.activation_checkpointing, dataset=args.dataset,
+        )  # fmt: skip
     except (RecipeError, ValueError, KeyError) as e:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     x = planned.input
