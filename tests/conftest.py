@@ -108,7 +108,7 @@ def beside_checkout() -> set:
     names = set(os.listdir(ROOT.parent))
     if ROOT.parent == Path(tempfile.gettempdir()).resolve():  # and gcc's own temporaries (inductor's C++ builds)
         names = {n for n in names if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
-        names = {n for n in names if not re.fullmatch(r"cc[A-Za-z0-9]{6}\.(s|o|c|res|ld|le)", n)}
+        names = {n for n in names if not re.fullmatch(r"cc[A-Za-z0-9]{6}(\.\w+)+", n)}  # ccXXXXXX.s, ccXXXXXX.cdtor.o
     return names
 
 
