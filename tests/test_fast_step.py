@@ -106,15 +106,26 @@ def test_plan_times_the_fast_path_by_its_own_step_and_its_causes_sum_to_the_esti
     assert sum(proj.seconds_by_cause.values()) == pytest.approx(proj.seconds)
     assert "fast_step.py" in proj.seconds_by_cause_source and "fast path" in proj.seconds_source
     assert proj.seconds < litgpt.seconds / 2
-    assert proj.seconds_band[1] == pytest.approx(proj.seconds * (1 + fast_step.FAST_MODEL_ERROR))
+    # TinyLlama full at micro 8 on an H100 is host-bound (the bench measured it so); at micro 64 the GPU bounds it
+    assert "host-bound" in proj.seconds_source
+    assert proj.seconds_band[1] == pytest.approx(proj.seconds * (1 + fast_step.FAST_MODEL_ERROR["host"]))
+    big, _ = project_recipe(
+        plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true", "--train.micro_batch_size", "64",
+                                                      "--train.global_batch_size", "64"], gpu=H100, strategy="fast"),
+        H100)  # fmt: skip
+    assert "GPU-bound" in big.seconds_source
+    assert big.seconds_band[0] == pytest.approx(big.seconds * (1 - fast_step.FAST_MODEL_ERROR["GPU"]))
 
 
 def test_the_bench_report_holds_its_stated_errors():
     """runtime.md's bench section, on the mean step of each run's steady window: the host constant is the refit on
-    TinyLlama full's micro-8 fast runs; the probes, GPU-bound and out of sample, within 8%; the micro-8 runs within
-    15% (their host noise: 0.185-0.239 s for one configuration); litgpt's GPU-bound probes within 5%; the H200 LoRA
-    fast runs are marked as partly eager (they hit torch.compile's recompile limit: dynamo's warning in their
-    stderr) and kept out of the stated mean error, which is what the other fast rows give."""
+    TinyLlama full's micro-8 fast runs; the probes, GPU-bound and out of sample, within 8%; the H100 micro-8 runs
+    within 15% (their host noise: 0.185-0.239 s for one configuration); litgpt's GPU-bound probes within 5%; the
+    first H200 session's LoRA fast runs are marked as partly eager (they hit torch.compile's recompile limit:
+    dynamo's warning in their stderr) and kept out of the stated errors; the second session's ran compiled. On that
+    machine TinyLlama LoRA is host-bound in both arms and both run 40-61% faster than planned (the host constants
+    are the H100 machine's: a faster host CPU); OpenLLaMA 7B LoRA runs 11-13% slower than planned in both arms. The
+    bands plan prints are the mean absolute errors by the model's bound."""
     from tunelab.plan import runtime_accuracy
 
     items = runtime_accuracy.bench_items(ROOT)
@@ -123,13 +134,21 @@ def test_the_bench_report_holds_its_stated_errors():
     assert runtime_accuracy.fit_compiled_host(items) == pytest.approx(fast_step.COMPILED_HOST_S_PER_KERNEL, abs=1e-6)
     rows = runtime_accuracy.bench_rows(ROOT)
     eager = [r for r in rows if r["eager"]]
-    assert {(r["bench"], r["gpu"], r["arm"]) for r in eager} == {
-        ("tiny-llama-1.1b-lora", "H200", "fast"), ("open-llama-7b-lora", "H200", "fast")}  # fmt: skip
+    assert {(r["report"], r["arm"]) for r in eager} == {
+        ("2026-11-26-bench-tiny-llama-1.1b-lora-h200", "fast"), ("2026-11-26-bench-open-llama-7b-lora-h200", "fast")}  # fmt: skip
     fast = [r for r in rows if r["arm"] == "fast" and not r["eager"]]
-    probes = [r for r in fast if r["accumulation"] == 1]
+    h100 = [r for r in fast if r["gpu"] == "H100-SXM"]
+    probes = [r for r in h100 if r["accumulation"] == 1]
     assert len(probes) == 4 and all(r["bound"] == "GPU" and abs(r["error"]) <= 0.08 for r in probes)
-    micro8 = [r for r in fast if r["accumulation"] > 1]
+    micro8 = [r for r in h100 if r["accumulation"] > 1]
     assert len(micro8) == 3 and all(r["bound"] == "host" and abs(r["error"]) <= 0.15 for r in micro8)
     lit = [r for r in rows if r["arm"] == "litgpt" and r["bound"] == "GPU"]
     assert len(lit) == 2 and all(abs(r["error"]) <= 0.05 for r in lit)
-    assert sum(abs(r["error"]) for r in fast) / len(fast) == pytest.approx(fast_step.FAST_MODEL_ERROR, abs=5e-3)
+    compiled = [r for r in rows if r["report"].endswith("-compiled")]
+    tiny = [r for r in compiled if r["bench"] == "tiny-llama-1.1b-lora"]
+    assert len(tiny) == 4 and all(0.40 <= r["error"] <= 0.61 for r in tiny)
+    seven = [r for r in compiled if r["bench"] == "open-llama-7b-lora"]
+    assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.11 for r in seven)
+    for bound, (mean, _n) in runtime_accuracy.fast_errors(rows).items():
+        assert mean == pytest.approx(fast_step.FAST_MODEL_ERROR[bound], abs=5e-3), bound
+    assert {b: n for b, (_, n) in runtime_accuracy.fast_errors(rows).items()} == {"GPU": 4, "host": 6}

@@ -97,15 +97,22 @@ def test_our_gpu_records_are_planned_from_their_own_recipes():
     """Every measured run of the committed H100 and H200 archives, planned as `tunelab plan` would from its recipe
     and overrides: the OpenLLaMA 7B QLoRA rows (outside the sample of the one measured QLoRA term) and the bf16-mixed
     row (activations derived per tensor dtype) within 3%; every row within 10% (the CUDA-side remainder of LoRA and
-    bf16-true full fine-tuning is under 0.9 GB). The H200 LoRA bench (TinyLlama and OpenLLaMA 7B, micro 8, both
-    arms) within 1%, its fast runs planned uncompiled because torch.compile's recompile limit left their longest
-    shapes eager (dynamo's warning in their stderr), which is where their peak is."""
+    bf16-true full fine-tuning is under 0.9 GB). The H200 LoRA benches (TinyLlama and OpenLLaMA 7B, micro 8, both
+    arms, two sessions) within 1%: the first session's fast runs planned uncompiled because torch.compile's
+    recompile limit left their longest shapes eager (dynamo's warning in their stderr), which is where their peak
+    is; the second's compiled throughout, OpenLLaMA 7B's fast run among them (multi-head attention: the value kept
+    for flash attention is a view that holds the fused q/k/v output whole; counted by its view's size the plan was
+    -5.5%)."""
     rows = own_rows()
-    assert len(rows) == 35 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    assert len(rows) == 42 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
     h200 = [r for r in rows if r["device"] == "NVIDIA H200"]
-    assert len(h200) == 7 and all(abs(r["rel_error"]) <= 0.01 for r in h200), [(r["row"], r["rel_error"]) for r in h200]
+    assert len(h200) == 14 and all(abs(r["rel_error"]) <= 0.01 for r in h200), [
+        (r["row"], r["rel_error"]) for r in h200
+    ]
     eager = [r for r in h200 if "planned uncompiled" in r["recipe"]]
     assert len(eager) == 3 and all("--strategy fast" in r["recipe"] for r in eager)
+    compiled = [r for r in h200 if r["report"].endswith("-compiled") and "--strategy fast" in r["recipe"]]
+    assert len(compiled) == 3 and "open_llama_7b" in {r["model"] for r in compiled}
     by = {r["row"]: r for r in rows}
     for row in ("7b-qlora-all-mb2", "7b-qlora-all-mb4", "s5"):
         assert abs(by[row]["rel_error"]) <= 0.03, by[row]

@@ -178,6 +178,8 @@ OWN_MEASUREMENTS = (
     "2026-11-25-bench-tiny-llama-1.1b-full-h100",
     "2026-11-26-bench-tiny-llama-1.1b-lora-h200",
     "2026-11-26-bench-open-llama-7b-lora-h200",
+    "2026-11-26-bench-tiny-llama-1.1b-lora-h200-compiled",
+    "2026-11-26-bench-open-llama-7b-lora-h200-compiled",
 )
 """Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
 

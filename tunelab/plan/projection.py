@@ -230,9 +230,15 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     counts = f"{work.detail['optimizer_steps']} optimizer steps, {work.detail['evaluations']} in-loop validations"
     secs = work.seconds_on(gpu, peak)
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
-        from tunelab.plan.fast_step import FAST_MODEL_ERROR as e
+        from tunelab.plan.fast_step import FAST_MODEL_ERROR, fast_step
 
-        source = f"the time by cause below (band: its mean absolute error {e:.0%} on our H100 bench of the fast path)"
+        k = work.kernels
+        bound = fast_step(k.fast, gpu, k.tokens).bound()
+        e = FAST_MODEL_ERROR[bound]
+        source = (
+            f"the time by cause below, {bound}-bound (band: the fast path's mean absolute error {e:.0%} over our "
+            f"benches' {bound}-bound runs{'; a host-bound step follows the host CPU' if bound == 'host' else ''})"
+        )
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
         source = (
