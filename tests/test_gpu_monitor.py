@@ -48,6 +48,11 @@ def fake_nvml(energy_supported: bool, watts=lambda h, t: 300.0 if h == 0 else 10
         return int(state["energy_mj"][h])
 
     nv.nvmlDeviceGetTotalEnergyConsumption = energy
+    nv.NVML_CLOCK_SM = 1
+    nv.nvmlDeviceGetClockInfo = lambda h, kind: 1755.0 if watts(h, time.monotonic()) < 350 else 1500.0
+    nv.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980.0
+    # above 350 W the power cap holds the clock down (bit 0x4); idle (0x1) is not a cap
+    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4 if watts(h, time.monotonic()) >= 350 else 0x1
     return nv
 
 
@@ -69,6 +74,20 @@ def test_aggregation(monkeypatch, energy_supported):
     assert 300.0 * 0.25 < samples[0].energy_j <= 300.0 * elapsed * 1.05
 
 
+def test_a_board_without_clock_reads_still_samples(monkeypatch):
+    """An NVML without the clock or reason calls (older bindings, some boards): samples go on, clocks absent."""
+    nv = fake_nvml(True)
+    del nv.nvmlDeviceGetCurrentClocksEventReasons
+    nv.nvmlDeviceGetClockInfo = lambda h, kind: (_ for _ in ()).throw(RuntimeError("not supported"))
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    m = GPUMonitor(hz=100).start()
+    time.sleep(0.1)
+    m.stop()
+    win = m.window(0.0, time.monotonic())[0]
+    assert win.samples >= 3 and win.power_mean_w == 300.0
+    assert win.sm_clock_mhz is None and win.clock_capped_share is None
+
+
 def test_steady_window_is_separate_from_the_whole_run(monkeypatch):
     """Power is 100 W while 'loading', 400 W while 'training': the steady-state window reports 400 W and the
     energy of 400 W x its length; the whole run's mean is lower. Without timestamped samples both were one mean."""
@@ -84,6 +103,11 @@ def test_steady_window_is_separate_from_the_whole_run(monkeypatch):
     whole = m.stop()[0]
     win = m.window(t_train + 0.02, t_end)[0]
     assert win.power_mean_w == pytest.approx(400.0)
+    # the clock under the cap: 1500 MHz, every sample capped; over the whole run some samples were not
+    assert win.sm_clock_mhz == pytest.approx(1500.0) and win.clock_capped_share == 1.0
+    load = m.window(0.0, switch["t"] - 0.02)[0]
+    assert load.sm_clock_mhz == pytest.approx(1755.0) and load.clock_capped_share == 0.0
+    assert m.max_sm_clock_mhz() == 1980.0
     assert win.energy_j == pytest.approx(400.0 * (t_end - t_train - 0.02), rel=0.1)
     assert whole.power_mean_w < 350.0  # the 100 W 'loading' samples pull the whole-run mean down
 

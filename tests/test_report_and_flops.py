@@ -168,3 +168,24 @@ def test_an_edited_gpu_table_row_is_refused_naming_file_row_and_key(monkeypatch,
         assert "gpus.yaml" in str(e.value) and fragment in str(e.value)
     finally:
         hardware.table.cache_clear()
+
+
+def test_the_environment_says_the_host_and_the_clock_where_records_have_them():
+    """A report names the host's CPU and eager dispatch speed (a host-bound step follows it) and the steady SM clock
+    with how often power or heat held it down (a GPU-bound step follows that); records without them add no line."""
+    from tunelab.record import RunRecord
+    from tunelab.report.sweep import environment
+
+    base = dict(device_name="NVIDIA H200", device_type="cuda", device_count=1, versions={})
+    old = environment([RunRecord(**base)])
+    assert not any(line.startswith(("- host", "- SM clock")) for line in old)
+    recs = [
+        RunRecord(**base, host_cpu="Some CPU", host_op_us=2.5, sm_clock_steady_mhz=1590.0, sm_clock_max_mhz=1980.0,
+                  clock_capped_steady_share=0.9),
+        RunRecord(**base, host_cpu="Some CPU", host_op_us=3.0, sm_clock_steady_mhz=1980.0, sm_clock_max_mhz=1980.0,
+                  clock_capped_steady_share=0.0),
+    ]  # fmt: skip
+    lines = environment(recs)
+    assert "- host: Some CPU; eager dispatch 2.50-3.00 us per op" in "\n".join(lines)
+    assert any(line.startswith("- SM clock, steady window: 1,590-1,980 MHz (max 1,980)") and "0%-90%" in line
+               for line in lines), lines  # fmt: skip

@@ -59,6 +59,8 @@ def test_ok_run_record(tmp_path):
     assert rec.litgpt_tok_s > 0 and rec.litgpt_training_time_s > 0  # litgpt's own figures kept beside ours
     assert rec.flops_per_token > 0 and "4N_base + 6N_lora" in rec.flops_formula and rec.n_trainable < rec.n_params
     assert rec.mfu is None and rec.gpus == [] and rec.energy_j is None  # CPU: no peak table, no NVML, not faked
+    assert rec.sm_clock_steady_mhz is None and rec.sm_clock_max_mhz is None and rec.clock_capped_steady_share is None
+    assert rec.host_cpu and 0 < rec.host_op_us < 1000  # the host's eager dispatch speed, measured before launch
     assert rec.loss_first and rec.loss_last and rec.val_loss_final
     assert rec.resolved_args["train"]["micro_batch_size"] == 4 and rec.versions["litgpt"] == "0.5.13"
     assert (tmp_path / "r" / "stdout.log").read_text().count("iter ") >= 16

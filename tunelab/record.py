@@ -331,6 +331,18 @@ class RunRecord:
     """Steady-state window: summed GPU energy, J (NVML energy counter, else mean power x window)."""
     energy_steady_j_per_1k_tokens: float | None = None
     """Steady-state window: energy per 1,000 real tokens trained in the window (all ranks)."""
+    sm_clock_steady_mhz: float | None = None
+    """Steady-state window: mean SM clock over the samples and GPUs, MHz (NVML)."""
+    sm_clock_max_mhz: float | None = None
+    """GPU 0's highest SM clock (NVML), MHz: a steady clock below it under load was held down (see the next)."""
+    clock_capped_steady_share: float | None = None
+    """Steady-state window: share of the NVML samples (mean over GPUs) whose SM clock was held down by the power cap
+    or heat (tunelab.run.gpu_monitor.CAPPED_REASONS); a GPU-bound step slows with it."""
+    host_cpu: str | None = None
+    """The launching host's CPU model name (/proc/cpuinfo): a host-bound step follows it."""
+    host_op_us: float | None = None
+    """The launching host's eager dispatch speed before the run, microseconds per small autograd op
+    (tunelab.run.gpu_monitor.host_op_us): what compares host-bound steps across machines."""
     device_memory_total_bytes: int | None = None
     """NVML memory.total of GPU 0 (what nvidia-smi prints); the CUDA-visible total is in ranks[].cuda_total_bytes."""
     saves_skipped: bool = False

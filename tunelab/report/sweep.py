@@ -263,6 +263,22 @@ def environment(records: list[record_mod.RunRecord]) -> list[str]:
             else "; no NVML (no GPU): GPU utilisation, power and energy are absent"
         ),
     ]
+    probes = [x.host_op_us for x in seen if x.host_op_us]
+    if probes:  # what a host-bound step follows (records made before 2026-11-26 lack it)
+        cpus = sorted({x.host_cpu for x in seen if x.host_cpu})
+        lines.append(f"- host: {', '.join(cpus) or '?'}; eager dispatch {min(probes):.2f}-{max(probes):.2f} us per op "
+                     f"(`gpu_monitor.host_op_us`, before each run)")  # fmt: skip
+    clocks = [x for x in seen if x.sm_clock_steady_mhz]
+    if clocks:
+        top = max((x.sm_clock_max_mhz or 0) for x in clocks)
+        lines.append(
+            f"- SM clock, steady window: {min(x.sm_clock_steady_mhz for x in clocks):,.0f}-"
+            f"{max(x.sm_clock_steady_mhz for x in clocks):,.0f} MHz"
+            + (f" (max {top:,.0f})" if top else "")
+            + "; held down by power or heat in "
+            + f"{min(x.clock_capped_steady_share or 0 for x in clocks):.0%}-"
+            + f"{max(x.clock_capped_steady_share or 0 for x in clocks):.0%} of the samples"
+        )
     return lines
 
 

@@ -231,7 +231,8 @@ def _gpu_summary(figs: list) -> tuple:
 
 
 def _gpu_figures(rec: RunRecord, gpus: list, steady: dict, monitor: GPUMonitor | None) -> None:
-    """Step 6: NVML utilisation, power and energy over the whole run and over the steady-state window."""
+    """Step 6: NVML utilisation, power and energy over the whole run and over the steady-state window (and there the
+    SM clock and how often power or heat held it down)."""
     if not gpus:
         return
     rec.gpu_util_mean, rec.gpu_util_std, rec.power_mean_w, rec.energy_j = _gpu_summary(gpus)
@@ -239,9 +240,12 @@ def _gpu_figures(rec: RunRecord, gpus: list, steady: dict, monitor: GPUMonitor |
         rec.energy_j_per_1k_tokens = rec.energy_j / rec.tokens_real * 1000
     window = steady.get("window")
     if window and monitor is not None:  # the steady-state window: the steps tok/s is measured over
-        (rec.gpu_util_steady_mean, rec.gpu_util_steady_std, rec.power_steady_w, rec.energy_steady_j) = _gpu_summary(
-            monitor.window(*window)
-        )
+        figs = monitor.window(*window)
+        rec.gpu_util_steady_mean, rec.gpu_util_steady_std, rec.power_steady_w, rec.energy_steady_j = _gpu_summary(figs)
+        clocks = [f.sm_clock_mhz for f in figs if f.sm_clock_mhz is not None]
+        capped = [f.clock_capped_share for f in figs if f.clock_capped_share is not None]
+        rec.sm_clock_steady_mhz = statistics.fmean(clocks) if clocks else None
+        rec.clock_capped_steady_share = statistics.fmean(capped) if capped else None
         if rec.energy_steady_j and steady.get("window_tokens_real"):
             rec.energy_steady_j_per_1k_tokens = rec.energy_steady_j / steady["window_tokens_real"] * 1000
 

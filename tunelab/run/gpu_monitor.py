@@ -1,4 +1,5 @@
-"""NVML sampling (nvidia-ml-py) in a background thread of the parent: utilisation, power, used memory, energy.
+"""NVML sampling (nvidia-ml-py) in a background thread of the parent: utilisation, power, used memory, energy, the SM
+clock and why it is held down (power cap, thermal slowdown); and the host's own speed (:func:`host_op_us`).
 
 Every sample keeps its timestamp (``time.monotonic()``, CLOCK_MONOTONIC: the same clock the training ranks stamp
 their iterations with, see ``tunelab.run.entry``), so that the record can give two sets of figures, each labelled:
@@ -35,6 +36,16 @@ class WindowFigures:
     """From NVML's energy counter when the board has one (difference across the window, scaled to its exact
     length), else mean power x duration."""
     samples: int
+    sm_clock_mhz: float | None = None
+    """Mean SM clock of the samples, MHz (NVML_CLOCK_SM)."""
+    clock_capped_share: float | None = None
+    """Share of the samples whose clock NVML says was held down by power or heat (:data:`CAPPED_REASONS`)."""
+
+
+CAPPED_REASONS = {0x4: "software power cap", 0x8: "hardware slowdown", 0x20: "software thermal slowdown",
+                  0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}  # fmt: skip
+"""NVML's clock event (throttle) reason bits that hold the SM clock below what the load asks for
+(nvmlClocksEventReason*: idle, application clocks and sync boost are not among them)."""
 
 
 class GPUMonitor:
@@ -48,7 +59,8 @@ class GPUMonitor:
         self._handles: list = []
         self._names: list[str] = []
         self._samples: list[list[tuple]] = []
-        """Per GPU: (t monotonic, util %, power W, used bytes, energy counter mJ or None)."""
+        """Per GPU: (t monotonic, util %, power W, used bytes, energy counter mJ or None, SM clock MHz or None, clock
+        event reasons bitmask or None)."""
         self._energy_ok: list[bool] = []
         self._t0 = self._t1 = 0.0
         try:
@@ -112,9 +124,35 @@ class GPUMonitor:
                 util = float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu)
                 power = self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
                 used = int(self._nvml.nvmlDeviceGetMemoryInfo(h).used)
-                self._samples[i].append((t, util, power, used, self._energy(i)))
+                self._samples[i].append((t, util, power, used, self._energy(i), *self._clock(h)))
             except Exception:  # noqa: BLE001 - a failed read is a missing sample
                 pass
+
+    def _clock(self, handle) -> tuple:
+        """(SM clock MHz, clock event reasons) of one GPU, None for what this NVML or board does not report."""
+        nv = self._nvml
+        try:
+            mhz = float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001 - optional: the sample stands without it
+            mhz = None
+        reasons = None
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            if hasattr(nv, name):  # the first is NVML 12.2's name for the second
+                try:
+                    reasons = int(getattr(nv, name)(handle))
+                except Exception:  # noqa: BLE001 - optional, as above
+                    pass
+                break
+        return mhz, reasons
+
+    def max_sm_clock_mhz(self) -> float | None:
+        """GPU 0's highest SM clock (NVML's max clock info): what the clock samples are compared with."""
+        if not self.available:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetMaxClockInfo(self._handles[0], self._nvml.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001 - not reported by every board
+            return None
 
     def _loop(self) -> None:
         period = 1.0 / self.hz
@@ -160,6 +198,9 @@ class GPUMonitor:
                 energy = rate_w * (t1 - t0)
             elif power:
                 energy = statistics.fmean(power) * (t1 - t0)
+            clocks = [s[5] for s in inside if len(s) > 5 and s[5] is not None]
+            reasons = [s[6] for s in inside if len(s) > 6 and s[6] is not None]
+            capped = sum(1 for r in reasons if any(r & bit for bit in CAPPED_REASONS))
             out.append(
                 WindowFigures(
                     util_mean=statistics.fmean(util) if util else None,
@@ -167,6 +208,8 @@ class GPUMonitor:
                     power_mean_w=statistics.fmean(power) if power else None,
                     energy_j=energy,
                     samples=len(inside),
+                    sm_clock_mhz=statistics.fmean(clocks) if clocks else None,
+                    clock_capped_share=capped / len(reasons) if reasons else None,
                 )
             )
         return out
@@ -181,6 +224,29 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+HOST_PROBE_OPS = 2000
+"""Eager ops per repeat of :func:`host_op_us` (5 repeats, the median kept: about 30 ms on a laptop core)."""
+
+
+def host_op_us() -> float:
+    """The host's eager dispatch speed: microseconds per small autograd-recording torch op (a multiply of a
+    16-element tensor that requires grad), the median of 5 repeats. A host-bound step (a small model, LoRA, litgpt's
+    loop) launches its kernels at about this pace times a per-op constant, so two machines' step times compare
+    through it (the planner's host constants were fitted on one machine). Measured in the parent before launch."""
+    import torch
+
+    x = torch.ones(16, requires_grad=True)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        y = x
+        for _ in range(HOST_PROBE_OPS):
+            y = y * 1.0
+        times.append((time.perf_counter() - t) / HOST_PROBE_OPS * 1e6)
+        del y
+    return statistics.median(times)
 
 
 def device_name(monitor: GPUMonitor | None = None) -> str:

@@ -40,7 +40,7 @@ from tunelab.recipes import Recipe
 from tunelab.record import RunRecord, save
 from tunelab.run.collect import collect, last_error_line, latest_tokens
 from tunelab.run.entry import SKIP_SAVE_ENV
-from tunelab.run.gpu_monitor import GPUMonitor, device_name
+from tunelab.run.gpu_monitor import GPUMonitor, cpu_name, device_name, host_op_us
 from tunelab.run.resume import INTERRUPTED_PREFIX
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import Result, check, litgpt_args, recheck, split_checkpoint_override
@@ -411,6 +411,8 @@ def run(
         env[SKIP_SAVE_ENV] = "1"
         rec.saves_skipped = True
     rec.driver = monitor.driver_version()
+    rec.sm_clock_max_mhz = monitor.max_sm_clock_mhz()
+    rec.host_cpu, rec.host_op_us = cpu_name(), host_op_us()
     rec.started_at = now_iso()
     t0 = time.monotonic()
     interrupted = False
