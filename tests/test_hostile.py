@@ -17,7 +17,7 @@ import subprocess
 
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, beside_checkout
@@ -316,8 +316,120 @@ def test_a_strategy_file_with_any_value_under_any_key_is_planned_or_one_line(unt
         assert len(lines) == 1 and key in lines[0], (key, value, out[-600:])
 
 
+ANY_YAML = st.one_of(
+    st.sampled_from([None, "", " ", True, 0, -1, 10**40, float("nan"), float("inf"), [], {}, "../../x", "x" * 3000]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.text(max_size=12),
+    st.lists(st.one_of(st.integers(), st.text(max_size=4)), max_size=3),
+    st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.text(max_size=4)), max_size=2),
+)
+"""Any value a YAML file can hold under a key: scalars of every type, non-finite numbers, lists and mappings."""
+SWEEP_PLACES = [("file", k) for k in ("name", "description", "lab_hardware", "gpu", "timeout_s", "defaults", "rows",
+                                      "grid")] + [("row", k) for k in ("id", "recipe", "set", "lab", "note", "strategy",
+                                                                       "gpu")] + [
+    ("set", "train.micro_batch_size"), ("set", "precision"), ("set", "zz.unknown"),
+    ("lab", "status"), ("lab", "memory_gb"), ("lab", "time_s"),
+    ("grid", "axes"), ("grid", "id"), ("axis", "train.micro_batch_size"),
+]  # fmt: skip
+"""Where a generated value goes in a sweep file: a top-level key, a row's key, a row's override, a row's lab
+figure, a grid entry's key, an axis's values."""
+
+
+@pytest.mark.parametrize("place", SWEEP_PLACES, ids=lambda p: ".".join(p))
+@settings(SETTINGS, max_examples=10)
+@given(value=ANY_YAML)
+def test_a_sweep_file_with_any_value_anywhere_is_read_or_refused_in_one_line(untouched, tmp_path_factory, place,
+                                                                             value):  # fmt: skip
+    """A sweep file a user edits, any value under any key (of the file, a row, its overrides, its lab figures, a
+    grid and its axes): `tunelab sweep` reads it or refuses it naming the file, never an internal error, and starts
+    no run (`--only` names no row, so a file that reads is refused after it, before anything is made)."""
+    import yaml
+
+    TRIED["sweep keys"] = TRIED.get("sweep keys", 0) + 1
+    where, key = place
+    raw = {"name": "hostile", "rows": [{"id": "r1", "recipe": R, "set": {"train.max_steps": 1}, "lab": {}}]}
+    if where == "file":
+        raw[key] = value
+    elif where == "row":
+        raw["rows"][0][key] = value
+    elif where in ("set", "lab"):
+        raw["rows"][0][where][key] = value
+    else:
+        entry = {"recipe": R, "axes": {"train.micro_batch_size": [1, 2]}, "id": "g{train.micro_batch_size}"}
+        if where == "axis":
+            entry["axes"] = {key: value}
+        else:
+            entry[key] = value
+        raw["grid"] = [entry]
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "s.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True))
+    code, out = _run(["sweep", folder / "s.yaml", "--only", "zz-none", "--out", folder / "runs", "--no-report"])
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert code != 0 and "Traceback" not in out and "unexpected" not in out, (place, value, out[-600:])
+    assert lines and all(str(folder / "s.yaml") in ln or "--only" in ln for ln in lines), (place, value, out[-600:])
+    assert not (folder / "runs").exists(), (place, value)
+    number = type(value) in (int, float) and math.isfinite(value)
+    must_refuse = {  # values a key never takes: refused by name, whatever else the file holds
+        ("file", "timeout_s"): value is not None and not (number and value > 0),
+        ("file", "name"): not isinstance(value, str),
+        ("set", "train.micro_batch_size"): not (type(value) is int and value >= 1),
+        ("row", "recipe"): not isinstance(value, str),
+    }.get(place, False)
+    if must_refuse:
+        assert "--only" not in out and key in out, (place, value, out[-600:])
+
+
+def _a_real_record() -> dict:
+    """A GPU run's record as the collector wrote it (our H200 bench's litgpt arm, from its committed archive)."""
+    import json
+    import tarfile
+
+    archive = ROOT / "reports" / "2026-11-26-bench-tiny-llama-1.1b-lora-h200-compiled" / "records.tgz"
+    with tarfile.open(archive) as tar:
+        return json.load(tar.extractfile("bench/tiny-llama-1.1b-lora/litgpt-0/record.json"))
+
+
+def _record_fields() -> list[str]:
+    from dataclasses import fields
+
+    from tunelab.record import RunRecord
+
+    return [f.name for f in fields(RunRecord)]
+
+
+@settings(SETTINGS, max_examples=80)
+@given(key=st.sampled_from(_record_fields()), value=ANY_YAML)
+@example(key="tok_s_padded", value=10**40)  # a whole number too large for C: as a float, plotted
+@example(key="peak_tflops_per_device", value=None)  # a peak basis without its figure
+@example(key="schema_version", value=None)  # a record the schema refuses
+def test_a_record_with_any_value_under_any_field_is_reported_or_skipped_by_name(untouched, tmp_path_factory, key,
+                                                                                value):  # fmt: skip
+    """`tunelab report` over a directory whose one record has a generated value under any field: the report is
+    written (the value is one the field takes) or the record is passed over with a line naming it and the field,
+    never an internal error."""
+    import json
+
+    TRIED["record fields"] = TRIED.get("record fields", 0) + 1
+    rec = _a_real_record()
+    rec[key] = value
+    folder = tmp_path_factory.mktemp("report")
+    (folder / "runs" / "r1").mkdir(parents=True)
+    (folder / "runs" / "r1" / "record.json").write_text(json.dumps(rec))
+    code, out = _run(["report", folder / "runs", "--out", folder / "rep"])
+    assert "Traceback" not in out and "unexpected" not in out, (key, value, out[-600:])
+    from tunelab.record import RunRecord
+
+    try:
+        RunRecord.from_dict(rec)
+    except ValueError:  # a record the schema refuses: named, not reported as a run
+        assert "r1" in out and key in out, (key, value, out[-600:])
+    else:
+        assert code == 0 and (folder / "rep" / "results.md").is_file(), (key, value, out[-600:])
+
+
 def test_the_suite_tried_what_it_says():
     """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
     assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
-                          "price file"}, TRIED  # fmt: skip
+                          "price file", "sweep keys", "record fields"}, TRIED  # fmt: skip
     print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")

@@ -402,6 +402,7 @@ def checked_fields(cls, d, where: str) -> dict:
     unknown = set(d) - set(hints)
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)} (schema {SCHEMA_VERSION})")
+    d = dict(d)
     for key, value in d.items():
         allowed = hints[key]
         ok = (
@@ -416,10 +417,12 @@ def checked_fields(cls, d, where: str) -> dict:
             raise ValueError(f"{where}: {key} is a {type(value).__name__}, expected {want}")
         if key in TEXT_LISTS and isinstance(value, list) and not all(isinstance(v, str) for v in value):
             raise ValueError(f"{where}: {key} holds something that is not text (a list of strings expected)")
+        if type(value) is int and int not in allowed:  # a whole number where a float belongs: as the float
+            value = d[key] = float(value) if abs(value) < 1e308 else math.inf
         if type(value) in (int, float) and key not in LOSS_FIELDS:
             if not math.isfinite(value) or (value < 0 and key not in SIGNED_FIELDS):
-                raise ValueError(f"{where}: {key} = {value!r} is not a finite non-negative number")
-    return dict(d)
+                raise ValueError(f"{where}: {key} = {str(value)[:40]} is not a finite non-negative number")
+    return d
 
 
 @functools.cache

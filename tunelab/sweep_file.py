@@ -156,8 +156,12 @@ def _header(raw: dict, where: str) -> dict:
     for key in ("description", "lab_hardware"):
         _expect(raw.get(key, ""), str, where, key, "write it as text")
     timeout = raw.get("timeout_s")
-    if timeout is not None and not (_expect(timeout, (int, float), where, "timeout_s", "give seconds > 0") > 0):
-        raise SweepError(f"{where}: timeout_s: {timeout} must be > 0; fix: give seconds, or leave it out")
+    if timeout is not None and not (
+        math.isfinite(_expect(timeout, (int, float), where, "timeout_s", "give seconds > 0")) and timeout > 0
+    ):
+        raise SweepError(
+            f"{where}: timeout_s: {timeout} must be a finite number > 0; fix: give seconds, or leave it out"
+        )
     return {
         "name": raw["name"],
         "description": raw.get("description", ""),

@@ -6,6 +6,7 @@ lab's published figure beside ours with the hardware of each.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tunelab import hardware
@@ -198,6 +199,10 @@ def _readable_rows(meta: dict, path: Path) -> list[dict]:
     return rows
 
 
+UNREADABLE = "unreadable record.json"
+"""The error of a row whose record could not be read (kept as a row, never dropped)."""
+
+
 def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
     """(sweep.json's contents, the records in the sweep's order) of a sweep directory; a record that cannot be
     read is a row marked unreadable, never dropped."""
@@ -230,7 +235,7 @@ def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
                 record_mod.RunRecord(
                     row_id=path.parent.name,
                     status="error",
-                    error=f"unreadable record.json ({type(e).__name__}: {str(e)[:120]})",
+                    error=f"{UNREADABLE} ({type(e).__name__}: {str(e)[:120]})",
                 )
             )
     records.sort(key=lambda r: (order.index(r.row_id) if r.row_id in order else len(order), r.row_id))
@@ -418,21 +423,10 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
             _f(lab.get("tok_s"), 0),
         ]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    if any(r.peak_basis for r in records):
-        out += [
-            "",
-            "MFU peaks used: "
-            + "; ".join(
-                sorted(
-                    {
-                        f"{r.precision}: {r.peak_basis} {r.peak_tflops_per_device:g} TFLOP/s"
-                        for r in records
-                        if r.peak_basis
-                    }
-                )
-            )
-            + ".",
-        ]
+    peaks = {f"{r.precision}: {r.peak_basis} {r.peak_tflops_per_device:g} TFLOP/s" for r in records
+             if r.peak_basis and r.peak_tflops_per_device is not None}  # fmt: skip
+    if peaks:
+        out += ["", "MFU peaks used: " + "; ".join(sorted(peaks)) + "."]
     if any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
         out += [
             "",
@@ -627,6 +621,10 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: s
     meta, records = load_sweep_dir(sweep_dir)
     if not records:
         raise FileNotFoundError(f"no run records (*/record.json) under {sweep_dir}")
+    for rec in records:  # said where the user sees it, not only in a table row
+        if (rec.error or "").startswith(UNREADABLE):
+            print(f"{Path(sweep_dir) / rec.row_id / 'record.json'}: {rec.error}; reported as an error row",
+                  file=sys.stderr)  # fmt: skip
     if not_run_reason:
         meta["not_run_reason"] = not_run_reason
     labs = {r["id"]: r.get("lab") or {} for r in meta.get("rows", [])}

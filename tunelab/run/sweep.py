@@ -104,6 +104,9 @@ def run_sweep(
     row (the runbook regenerates the report and the archive there, so a command killed later still returns
     what it measured). ``prune_checkpoints``: delete a random-weight checkpoint once no row left needs it.
     """
+    missing = sorted(set(only or ()) - {r.id for r in sweep.rows})
+    if missing:  # before the sweep directory is made: a refused command leaves nothing behind
+        raise SweepError(f"--only: no row(s) {missing} in {sweep.path}")
     base = sweep_dir_for(sweep, out)
     base.mkdir(parents=True, exist_ok=True)
     lock = _lock(base)  # one sweep per directory at a time; released on return, raise, or the process's death
@@ -173,10 +176,6 @@ def _run_locked(
             )
     write_json_atomic(meta_path, meta)
     rows = [r for r in sweep.rows if not only or r.id in only]
-    if only:
-        missing = set(only) - {r.id for r in sweep.rows}
-        if missing:
-            raise SweepError(f"--only: no row(s) {sorted(missing)} in {sweep.path}")
     todo = []
     for r in rows:
         done, why = (False, None) if rerun else row_done(base, r)
