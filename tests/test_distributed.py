@@ -321,6 +321,46 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
     assert not alive, [p.pid for p in alive]
 
 
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
+    """`tunelab bench` signalled the moment torchrun has spawned its fast arm's rank (the litgpt arm ran first):
+    the bench exits and every process it started, torchrun's rank included, is gone within 30 s. SIGINT and SIGTERM
+    are the bench's to handle (it kills its run's process group and says so); SIGKILL is not, so the rank must go
+    by itself (it asked Linux to kill it with its parent)."""
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunelab", "bench", "tiny-llama-1.1b/lora", "--model", "tiny", "--pairs", "1",
+         "--train.max_steps", "400", "--data.num_workers", "0", "--out", str(tmp_path / "o"),
+         "--report-dir", str(tmp_path / "r")],
+        cwd=ROOT, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal (see test_faults)
+    )  # fmt: skip
+
+    def command(p) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
+    t0, ranks = time.time(), []
+    while not ranks:
+        assert time.time() - t0 < 180 and proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tunelab.run.loop" in command(c)]
+        time.sleep(0.1)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(getattr(signal, signame))
+    proc.wait(timeout=60)
+    gone, alive = psutil.wait_procs(started, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, [(p.pid, command(p)[:120]) for p in alive]
+    assert proc.returncode != 0
+
+
 def test_a_rank_whose_torchrun_died_during_its_imports_exits_at_once(tmp_path):
     """torchrun starts each rank in a session of its own, so the run's process group does not reach it; a rank asks
     Linux to kill it with its parent only after its imports, so a torchrun killed in between would leave it training
