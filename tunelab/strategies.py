@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tunelab import yaml_input
 from tunelab.errors import InputError
-from tunelab.paths import CONFIGS_DIR
+from tunelab.paths import CONFIGS_DIR, SAFE_NAME
 
 NAMES = ("single", "ddp", "fsdp", "fsdp2", "deepspeed")
 
@@ -231,13 +231,14 @@ def load_strategy(path: str | Path) -> StrategyConfig:
         raise StrategyError(f"no strategy named (an empty name): give a YAML path or one of: {known}")
     p = Path(path)
     try:
-        p.exists()
+        here = p.exists()
     except OSError as e:  # a name too long for the file system, ...
         raise StrategyError(f"strategy {str(path)[:80]!r}: {e.strerror}; give a YAML path or one of: {known}") from None
-    if not p.exists() and (CONFIGS_DIR / "strategies" / f"{path}.yaml").is_file():
-        p = CONFIGS_DIR / "strategies" / f"{path}.yaml"
-    if not p.exists():  # what is there but is no regular file (a FIFO, a directory) is refused by the reader
-        raise StrategyError(f"no strategy {path!r}: give a YAML path or one of: {known}")
+    named = CONFIGS_DIR / "strategies" / f"{path}.yaml"
+    if not here and SAFE_NAME.fullmatch(str(path)) and named.is_file():  # a name: only a plain one, never a path
+        p, here = named, True
+    if not here:  # what is there but is no regular file (a FIFO, a directory) is refused by the reader
+        raise StrategyError(f"no strategy {str(path)[:80]!r}: give a YAML path or one of: {known}")
     try:
         raw = yaml_input.load_mapping(p, "a strategy")
     except InputError as e:

@@ -24,7 +24,9 @@
 #                 STEPS (default 30) optimizer steps at the lab's s4 baseline (bf16-true, micro 8, global 32), then
 #                 each at its best micro batch unless BEST_MICRO=0): BENCH recipes in turn (default TinyLlama full,
 #                 TinyLlama LoRA, OpenLLaMA 7B LoRA) on GPU (default H100-SXM); records reused by the next call.
-#                 TinyLlama full: pairs 2 calls, its best-micro search a third, unfinished (2026-11-25)
+#                 TinyLlama full: pairs 2 calls, its best-micro search a third, unfinished (2026-11-25);
+#                 LoRA, BEST_MICRO=0 PAIRS=2 STEPS=20 on an H200 (2026-11-26): TinyLlama 4 min (cold compile 75 s),
+#                 OpenLLaMA 7B about 3.5 min a pair (the 7B checkpoint built once, loaded by each run)
 #                                                                                    est. 40 min: 4 calls/recipe
 #   families      the planner across families (configs/sweeps/families-gpu.yaml: Gemma 2B and Phi-2 LoRA,
 #                 Llama 3.2 1B full and LoRA, Mistral 7B QLoRA; micro 2 and 4; random weights) (not yet timed)
@@ -102,6 +104,8 @@ if torch.cuda.is_available():
     free, total = torch.cuda.mem_get_info()
     print(f"CUDA: {torch.cuda.get_device_name(0)}, mem_get_info total {total:,} B ({total / 2**30:.2f} GiB), "
           f"free with this context {free:,} B; context + driver reserve {total - free:,} B")
+from tunelab.run.gpu_monitor import cpu_name, host_op_us
+print(f"host: {cpu_name()}; eager dispatch {host_op_us():.2f} us per op (what a host-bound step follows)")
 PY
   if [ "$REHEARSAL" = 1 ]; then
     echo "rehearsal: pytest -m gpu needs a CUDA GPU; collecting only"

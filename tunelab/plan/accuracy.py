@@ -210,22 +210,27 @@ def archived_records(archive: Path):
             yield member.name, rec, strategy
 
 
+def beside(archive: Path, member: str, name: str, limit: int) -> bytes | None:
+    """The bytes of ``name`` (a path relative to the run's directory: ``stderr.log``, ``stats/rank0.json``) beside
+    the record ``member`` in ``archive``, read in memory; None when it is absent, not a regular file, or larger
+    than ``limit`` bytes."""
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        try:
+            m = tar.getmember(member.rsplit("/", 1)[0] + "/" + name)
+        except KeyError:
+            return None
+        return tar.extractfile(m).read() if m.isfile() and m.size <= limit else None
+
+
 def ran_eagerly(archive: Path, member: str, rec) -> bool:
     """Whether torch.compile hit its recompile limit in an archived run (its blocks then ran eagerly for the graph
     variants past the limit): the record's count, else dynamo's warning in the run's ``stderr.log`` beside its
     ``member`` in the archive (records made before the count was kept; at most 16 MiB read)."""
-    import tarfile
-
     if rec.recompile_limit_hits is not None:
         return rec.recompile_limit_hits > 0
-    with tarfile.open(archive) as tar:
-        try:
-            m = tar.getmember(member.rsplit("/", 1)[0] + "/stderr.log")
-        except KeyError:
-            return False
-        if not m.isfile() or m.size > 16 << 20:
-            return False
-        return b"hit config.recompile_limit" in tar.extractfile(m).read()
+    return b"hit config.recompile_limit" in (beside(archive, member, "stderr.log", 16 << 20) or b"")
 
 
 def own_rows(reports: Path | None = None) -> list[dict]:

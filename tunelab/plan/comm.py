@@ -263,8 +263,7 @@ def per_step(
         c.hideable_under = "step"
     elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
         if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
-            root = memory.root_unit_params(x.config)  # (memory.flat_parameter_grads; traced by tunelab.plan.ranks)
-            G = (total - root + (root if "head" in set(x.lora_targets) else 0) + trainable) * s_p  # noqa: N806
+            G = (memory.flat_parameter_frozen_grad_elements(x, total) + trainable) * s_p  # noqa: N806
         c.bytes_gpu = a * ring * (2 * P - R) + ring * G
         c.formula = (
             "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"

@@ -502,16 +502,21 @@ def fsdp1_lora(x: PlanInput) -> bool:
     return x.strategy == "fsdp" and x.fsdp_root_kept and x.lora and x.sharding != "NO_SHARD"
 
 
+def flat_parameter_frozen_grad_elements(x: PlanInput, total: int) -> int:
+    """Frozen weights FSDP1 gives a gradient under LoRA (``total``: all parameters, LoRA's excluded): a flat
+    parameter (one per block, and the root unit) with any trainable weight gets a gradient for all of its weights,
+    frozen ones included (torch's FSDP documents it for ``use_orig_params=True``, which Lightning's FSDPStrategy and
+    tunelab's loop set; traced by the per-rank simulation); the root unit (embedding, final norm, head) only when
+    one of its weights is trained. The memory side (:func:`flat_parameter_grads`) and the communication side
+    (``tunelab.plan.comm``: these gradients are reduce-scattered whole) both count them here."""
+    root = root_unit_params(x.config)
+    return total - root + (root if "head" in set(x.lora_targets) else 0)
+
+
 def flat_parameter_grads(x: PlanInput, st: _States) -> float:
-    """Gradient bytes FSDP1 allocates for a LoRA model: a flat parameter (one per block, and the root unit) with any
-    trainable weight gets a gradient for all of its weights, frozen ones included (torch's FSDP documents it for
-    ``use_orig_params=True``, which Lightning's FSDPStrategy and tunelab's loop set; traced by the per-rank
-    simulation); the root unit (embedding, final norm, head) only when one of its weights is trained."""
-    c = x.config
-    root = root_unit_params(c)
-    head_trained = "head" in set(x.lora_targets)
-    whole = (st.total - root + (root if head_trained else 0)) * st.s_param
-    return whole + st.lora_weights
+    """Gradient bytes FSDP1 allocates for a LoRA model: every weight of a flat parameter with a trainable weight
+    (:func:`flat_parameter_frozen_grad_elements`) plus LoRA's own."""
+    return flat_parameter_frozen_grad_elements(x, st.total) * st.s_param + st.lora_weights
 
 
 def unsharded_while_accumulating(x: PlanInput) -> bool:

@@ -104,21 +104,17 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     """(mean optimizer step s, padded tokens per sample) over a run's steady window: the record's, else recomputed
     from its rank-0 iteration log in the archive (records made before the collector kept the mean)."""
     import json
-    import tarfile
 
     from tunelab.files import RECORD_MAX_BYTES
+    from tunelab.plan.accuracy import beside
     from tunelab.record import read_rank_file, steady_state
 
     if rec.step_time_mean_s and rec.padded_per_sample:
         return rec.step_time_mean_s, rec.padded_per_sample
-    with tarfile.open(archive) as tar:  # noqa: SIM117 - one archive, one member
-        try:
-            m = tar.getmember(member.rsplit("/", 1)[0] + "/stats/rank0.json")
-        except KeyError:
-            return None
-        if not m.isfile() or m.size > RECORD_MAX_BYTES:
-            return None
-        _, iters = read_rank_file(json.loads(tar.extractfile(m).read()))
+    raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
+    if raw is None:
+        return None
+    _, iters = read_rank_file(json.loads(raw))
     out = steady_state([iters], rec.accumulation or 1, rec.iters or len(iters))
     if not out.get("step_time_mean_s"):
         return None
