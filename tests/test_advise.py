@@ -222,7 +222,10 @@ def test_bad_advise_options_are_one_line(tmp_path):
     a_file.write_text("mine\n")
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    one = tmp_path / "one.json"  # one training sample: fewer than the recipe's global batch, no optimizer step
+    one.write_text('[{"instruction": "a", "input": "", "output": "b"}]')
     for argv, fragment in [
+        (["--data", one], "fewer than tiny-llama-1.1b/lora's global batch"),
         (["--prices", fifo], "prices.fifo"),
         (["--write", a_file], "not a folder"),
         (["--write", link], "not a folder"),

@@ -253,6 +253,12 @@ def candidates(
             for prec in precisions(gpu, precision):
                 base = plan_recipe(recipe, ["--precision", prec], gpu=gpu)
                 s, x0 = base.settings, base.input
+                if global_batch == "keep" and s.global_batch_size > work.samples:  # not one optimizer step
+                    raise InputError(
+                        f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
+                        f"{recipe.key}'s global batch of {s.global_batch_size} (one optimizer step); fix: more data, or "
+                        "--global-batch free (global batch = micro batch x devices)"
+                    )
                 if work.longest:
                     x0 = dataclasses.replace(x0, seq_len=work.longest)
                 for d in device_counts:
