@@ -98,6 +98,30 @@ def test_stages_import_only_downwards():
     assert not found, found
 
 
+def test_the_data_stage_imports_only_the_core_below_it():
+    """The core and data share layer 0, but the core's domain modules (settings, validate, checkpoints) read the data
+    stage: a data module may import only core modules that do not import the data stage back (the utilities:
+    paths, files, errors, litgpt_source; function-local imports included). data/modules.py reading litgpt's data
+    defaults from settings, which imports the data stage's records, was such an upward import; both now read
+    tunelab.litgpt_source."""
+    mods = modules()
+
+    def targets(name):
+        out = set()
+        for module, names in imports(mods[name], all_levels=True):
+            out |= {f"{module}.{n}" for n in names if f"{module}.{n}" in mods} or ({module} & set(mods))
+        return out
+
+    found = []
+    for name in mods:
+        for target in targets(name):
+            if stage(name) == "data" and stage(target) == "core":
+                back = [t for t in targets(target) if stage(t) == stage(name)]
+                if back:
+                    found.append(f"{name} imports {target}, which imports {back[0]} (data)")
+    assert not found, found
+
+
 def test_one_small_module_per_subcommand():
     from tunelab.cli import COMMANDS
 

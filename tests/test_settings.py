@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tunelab import settings
+from tunelab import litgpt_source, settings
 from tunelab.recipes import discover, resolve
 from tunelab.sweep_file import load
 from tunelab.validate import parse
@@ -84,7 +84,7 @@ def test_world_size_and_accumulation_are_litgpts():
 
 def test_data_module_defaults_come_from_litgpt():
     """Alpaca2k holds 5% out for validation by default (its own field, inherited fields from Alpaca)."""
-    d = settings.data_defaults("litgpt.data.Alpaca2k")
+    d = litgpt_source.data_defaults("litgpt.data.Alpaca2k")
     assert d["val_split_fraction"] == 0.05 and d["mask_prompt"] is False and "tokenizer" not in d
     s = settings.resolve(resolve("tiny-llama-1.1b/lora"), ["--data", "Alpaca2k"])
     assert s.data_class == "litgpt.data.Alpaca2k" and s.data_path is None

@@ -17,18 +17,15 @@ Two ways in, one result:
 
 from __future__ import annotations
 
-import ast
 import copy
-import importlib.util
 import json
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 
 import yaml
 
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
+from tunelab.litgpt_source import command_defaults, data_defaults
 from tunelab.paths import project_path
 
 LORA_TARGETS = ("query", "key", "value", "projection", "mlp", "head")
@@ -255,50 +252,6 @@ def _switch_data_class(old, name: str) -> dict:
     return {"class_path": class_path, "init_args": kept}
 
 
-@cache
-def data_defaults(class_path: str) -> dict:
-    """The constructor arguments of a litgpt data module with their defaults (``litgpt.data.Alpaca2k`` ->
-    {'val_split_fraction': 0.05, ...}), read from litgpt's source; {} for a class outside litgpt.data."""
-    module, _, cls = class_path.rpartition(".")
-    if module != "litgpt.data":
-        return {}
-    init = ast.parse(_litgpt_source("data/__init__.py").read_text(encoding="utf-8"))
-    where = {alias.name: node.module for node in init.body if isinstance(node, ast.ImportFrom) for alias in node.names}
-    return _class_fields(where.get(cls), cls) if where.get(cls) else {}
-
-
-def _class_fields(module: str, cls: str) -> dict:
-    tree = ast.parse(
-        _litgpt_source(module.replace("litgpt.", "", 1).replace(".", "/") + ".py").read_text(encoding="utf-8")
-    )
-    imported = {
-        alias.asname or alias.name: node.module
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("litgpt.data")
-        for alias in node.names
-    }
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
-    if node is None:
-        return {}
-    out = {}
-    for base in node.bases:  # inherited fields first (Alpaca2k extends Alpaca)
-        if isinstance(base, ast.Name) and base.id in imported and base.id != "DataModule":
-            out.update(_class_fields(imported[base.id], base.id))
-        elif isinstance(base, ast.Name) and any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
-            out.update(_class_fields(module, base.id))
-    for stmt in node.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-            continue
-        value = stmt.value
-        if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
-            kw = {k.arg: k.value for k in value.keywords}
-            if isinstance(kw.get("init"), ast.Constant) and kw["init"].value is False:
-                continue
-            value = kw.get("default")
-        out[stmt.target.id] = _literal(value) if value is not None else None
-    return out
-
-
 def _merge(base: dict, top: dict) -> None:
     for k, v in top.items():
         if isinstance(v, dict) and isinstance(base.get(k), dict) and "class_path" not in v:
@@ -319,56 +272,9 @@ def _set(node: dict, parts: list[str], value) -> None:
     node[parts[-1]] = value
 
 
-def _litgpt_source(relative: str) -> Path:
-    spec = importlib.util.find_spec("litgpt")
-    return Path(next(iter(spec.submodule_search_locations))) / relative
-
-
-@cache
-def _dataclass_defaults(cls_name: str) -> dict:
-    """Field defaults of one of litgpt's argument dataclasses (``TrainArgs``, ``EvalArgs``, ``LogArgs``)."""
-    tree = ast.parse(_litgpt_source("args.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            return {
-                stmt.target.id: _literal(stmt.value)
-                for stmt in node.body
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value
-            }
-    raise InputError(f"litgpt's args.py has no {cls_name}: is the pinned litgpt installed?")
-
-
-def _literal(node):
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("Args"):
-        values = dict(_dataclass_defaults(node.func.id))
-        values.update({kw.arg: _literal(kw.value) for kw in node.keywords})
-        return values
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Path" and node.args:
-        return _literal(node.args[0])
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        return None
-
-
-@cache
-def _litgpt_defaults(command: str) -> dict:
-    module = {
-        "finetune_full": "full",
-        "finetune_lora": "lora",
-        "finetune_adapter": "adapter",
-        "finetune_adapter_v2": "adapter_v2",
-    }[command]
-    tree = ast.parse(_litgpt_source(f"finetune/{module}.py").read_text(encoding="utf-8"))
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "setup")
-    a = fn.args
-    defaults = [None] * (len(a.args) - len(a.defaults)) + list(a.defaults)
-    return {arg.arg: (_literal(d) if d is not None else None) for arg, d in zip(a.args, defaults)}
-
-
 def litgpt_defaults(command: str) -> dict:
     """The defaults of ``litgpt <command>``'s arguments, as plain data (a fresh copy)."""
-    return copy.deepcopy(_litgpt_defaults(command))
+    return copy.deepcopy(command_defaults(command))
 
 
 def override_text(value) -> str:

@@ -17,8 +17,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from tunelab.litgpt_source import data_defaults
 from tunelab.paths import project_path
-from tunelab.settings import data_defaults
 
 USES_DATASETS = {"litgpt.data.Alpaca2k", "litgpt.data.LIMA", "litgpt.data.Deita"}
 """Modules that read their data through Hugging Face ``datasets`` (pinned in requirements.txt; not carried to the
