@@ -519,6 +519,28 @@ def flat_parameter_grads(x: PlanInput, st: _States) -> float:
     return flat_parameter_frozen_grad_elements(x, st.total) * st.s_param + st.lora_weights
 
 
+def fsdp1_backward_gradients(x: PlanInput, st: _States) -> float:
+    """Bytes FSDP1 holds at its backward peak (full fine-tuning, each block a sharded unit) beside every activation
+    and the gathered units, that the forward's end does not hold (the logits are freed by then): the block's
+    unsharded flat gradient and the same gradients again as its original parameters' tensors (``use_orig_params``),
+    the head's weight gradient (the root unit's, held until the root's reduce-scatter at the backward's end) and one
+    activation gradient. Read from what MemTracker holds at the per-rank simulation's peak, by kind and size
+    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md); 0 elsewhere (LoRA's flat gradients,
+    one unit, offload and the other strategies are not derived here)."""
+    if not (
+        x.strategy == "fsdp"
+        and x.method == "full"
+        and x.sharding in ("FULL_SHARD", "HYBRID_SHARD")
+        and x.fsdp_wrap != "none"
+        and not (x.offload_params or x.offload_optimizer)
+    ):
+        return 0
+    c = x.config
+    block = (st.total - root_unit_params(c)) / c.n_layer
+    head = c.padded_vocab_size * c.n_embd
+    return (2 * block + head) * st.s_param + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
+
+
 def unsharded_while_accumulating(x: PlanInput) -> bool:
     """Sharded FSDP accumulating: the micro batches without gradient sync keep whole, unsharded gradients (counted
     in the sharding buffers); the sharded ones do not exist then (``zero_grad`` freed them)."""
@@ -705,7 +727,24 @@ def predict(x: PlanInput) -> Plan:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
-    if forward_peak >= step_peak:
+    backward = fsdp1_backward_gradients(x, st)
+    backward_peak = forward_peak - logits + backward if backward else 0.0
+    if backward_peak > max(forward_peak, step_peak):  # FSDP1's backward: the logits freed, its gradients alive
+        model_states["sharding_buffers"] += dev.in_flight
+        model_states["autocast_weight_cache"] = st.autocast_cache
+        model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
+        parts = {
+            "gradients": accumulated,
+            "activations": acts,
+            "logits_and_loss": 0,
+            "fsdp1_backward_gradients": backward,
+            "optimizer_step_temporary": 0,
+        }
+        notes.append(
+            "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and its "
+            "original parameters') and the head's gradient beside every activation, the logits freed"
+        )
+    elif forward_peak >= step_peak:
         model_states["sharding_buffers"] += dev.in_flight
         model_states["autocast_weight_cache"] = st.autocast_cache
         model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
