@@ -729,31 +729,23 @@ def predict(x: PlanInput) -> Plan:
     step_peak = dev.grads + dev.step_temp + held
     backward = fsdp1_backward_gradients(x, st)
     backward_peak = forward_peak - logits + backward if backward else 0.0
-    if backward_peak > max(forward_peak, step_peak):  # FSDP1's backward: the logits freed, its gradients alive
+    in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
+    if in_backward or forward_peak >= step_peak:
         model_states["sharding_buffers"] += dev.in_flight
         model_states["autocast_weight_cache"] = st.autocast_cache
         model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {
             "gradients": accumulated,
             "activations": acts,
-            "logits_and_loss": 0,
-            "fsdp1_backward_gradients": backward,
+            "logits_and_loss": 0 if in_backward else logits,
+            **({"fsdp1_backward_gradients": backward} if in_backward else {}),
             "optimizer_step_temporary": 0,
         }
-        notes.append(
-            "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and its "
-            "original parameters') and the head's gradient beside every activation, the logits freed"
-        )
-    elif forward_peak >= step_peak:
-        model_states["sharding_buffers"] += dev.in_flight
-        model_states["autocast_weight_cache"] = st.autocast_cache
-        model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
-        parts = {
-            "gradients": accumulated,
-            "activations": acts,
-            "logits_and_loss": logits,
-            "optimizer_step_temporary": 0,
-        }
+        if in_backward:
+            notes.append(
+                "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and its "
+                "original parameters') and the head's gradient beside every activation, the logits freed"
+            )
     else:
         parts = {
             "gradients": dev.grads,
