@@ -321,12 +321,19 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
     assert not alive, [p.pid for p in alive]
 
 
-@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize(
+    "signame",
+    ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow), pytest.param("SIGKILL", marks=pytest.mark.slow)],
+)  # about 2.5 min each in CI: SIGTERM takes SIGINT's handler, and SIGKILL of `tunelab run` with ranks is
+# test_killed_launcher_leaves_no_rank_behind; both run with -m slow
 def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
     """`tunelab bench` signalled the moment torchrun has spawned its fast arm's rank (the litgpt arm ran first):
     the bench exits and every process it started, torchrun's rank included, is gone within 30 s. SIGINT and SIGTERM
     are the bench's to handle (it kills its run's process group and says so); SIGKILL is not, so the rank must go
-    by itself (it asked Linux to kill it with its parent)."""
+    by itself (it asked Linux to kill it with its parent). Behaviour, not one mechanism: with the process-group kill
+    and the rank's death signal both removed it still passes (the runner terminates torchrun, which stops its
+    workers; a rank whose output pipe closed dies on its next write), so each mechanism is tested where it acts
+    (test_killed_launcher_leaves_no_rank_behind, test_a_rank_whose_torchrun_died_during_its_imports_exits_at_once)."""
     import signal
     import time
 

@@ -84,7 +84,7 @@ def test_a_board_without_clock_reads_still_samples(monkeypatch):
     time.sleep(0.1)
     m.stop()
     win = m.window(0.0, time.monotonic())[0]
-    assert win.samples >= 3 and win.power_mean_w == 300.0
+    assert win.samples >= 2 and win.power_mean_w == 300.0  # the first and the last sample at least (a busy CPU)
     assert win.sm_clock_mhz is None and win.clock_capped_share is None
 
 
