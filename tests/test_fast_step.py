@@ -132,7 +132,7 @@ def test_the_bench_report_holds_its_stated_errors():
     if not items:
         pytest.skip("the benches' records.tgz are not in this checkout")
     assert runtime_accuracy.fit_compiled_host(items) == pytest.approx(fast_step.COMPILED_HOST_S_PER_KERNEL, abs=1e-6)
-    rows = runtime_accuracy.bench_rows(ROOT)
+    rows = runtime_accuracy.bench_rows(items)
     eager = [r for r in rows if r["eager"]]
     assert {(r["report"], r["arm"]) for r in eager} == {
         ("2026-11-26-bench-tiny-llama-1.1b-lora-h200", "fast"), ("2026-11-26-bench-open-llama-7b-lora-h200", "fast")}  # fmt: skip

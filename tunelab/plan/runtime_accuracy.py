@@ -96,8 +96,9 @@ BENCH = (
     "reports/2026-11-26-bench-open-llama-7b-lora-h200-compiled/records.tgz",
 )
 """Our benches' run records, litgpt and the fast path at bf16-true: TinyLlama full on an H100 (the pairs at micro 8
-and the largest-micro-batch probes), TinyLlama LoRA and OpenLLaMA 7B LoRA on an H200 (pairs at micro 8; the first session's fast arms partly eager, the
-second session's ``-compiled`` runs compiled throughout, on another H200 machine)."""
+and the largest-micro-batch probes), TinyLlama LoRA and OpenLLaMA 7B LoRA on an H200 (pairs at micro 8; the first
+session's fast arms partly eager, the second session's ``-compiled`` runs compiled throughout, on another H200
+machine)."""
 
 
 def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
@@ -139,7 +140,8 @@ def bench_items(root: Path) -> list[dict]:
                 continue
             x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy).input
             parts = name.split("/")
-            items.append({"bench": parts[1], "report": Path(archive).parent.name, "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],
+            items.append({"bench": parts[1], "report": Path(archive).parent.name,
+                          "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],
                           "arm": "litgpt" if x.fabric else "fast", "x": x, "gpu": gpu, "method": x.method,
                           "micro": x.micro_batch_size, "accumulation": x.accumulation, "tokens": steady[1],
                           "measured_s": steady[0], "gpu_util": rec.gpu_util_steady_mean,
@@ -189,12 +191,14 @@ def fast_errors(rows: list[dict]) -> dict:
     return out
 
 
-def bench_rows(root: Path) -> list[dict]:
-    """Each bench run's mean optimizer step beside the prediction (which runs hold the fitted constant: said)."""
+def bench_rows(items: list[dict]) -> list[dict]:
+    """Each bench run (:func:`bench_items`)'s mean optimizer step beside the prediction (which runs hold the fitted
+    constant: said)."""
     rows = []
-    for item in bench_items(root):
+    for item in items:
         pred, bound = bench_step(item)
-        rows.append({"bench": item["bench"], "report": item["report"], "gpu": item["gpu"].name, "run": item["run"], "arm": item["arm"],
+        rows.append({"bench": item["bench"], "report": item["report"], "gpu": item["gpu"].name, "run": item["run"],
+                     "arm": item["arm"],
                      "micro": item["micro"], "accumulation": item["accumulation"], "tokens": item["tokens"],
                      "measured_s": item["measured_s"], "predicted_s": pred, "error": pred / item["measured_s"] - 1,
                      "bound": bound, "gpu_util": item["gpu_util"],
@@ -333,11 +337,11 @@ def write_report(path: Path, root: Path) -> None:
                 f"| {r['setting']} | {r['micro']} | {r['tokens']:.0f} | {r['measured_s']:.3f} | "
                 f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {r['bound']} | {r['gpu_util']:.0f} | {r['retries']} |"
             )
-    bench = bench_rows(root)
+    items = bench_items(root)  # the archives read once, for the rows and the refit
+    bench = bench_rows(items)
     if bench:
         from tunelab.plan import fast_step
 
-        items = bench_items(root)
         refit = fit_compiled_host(items)
         lines += [
             "",

@@ -198,8 +198,8 @@ class GPUMonitor:
                 energy = rate_w * (t1 - t0)
             elif power:
                 energy = statistics.fmean(power) * (t1 - t0)
-            clocks = [s[5] for s in inside if len(s) > 5 and s[5] is not None]
-            reasons = [s[6] for s in inside if len(s) > 6 and s[6] is not None]
+            clocks = [s[5] for s in inside if s[5] is not None]
+            reasons = [s[6] for s in inside if s[6] is not None]
             capped = sum(1 for r in reasons if any(r & bit for bit in CAPPED_REASONS))
             out.append(
                 WindowFigures(
