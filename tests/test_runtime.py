@@ -365,3 +365,44 @@ def test_a_grid_line_without_its_measurements_is_one_line(tmp_path):
     grid.write_text("[1, 2]\n")
     with pytest.raises(files.FileRefused, match="line 1 lacks a JSON object"):
         kernels.grid_rows(tmp_path)
+
+
+def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
+    """litgpt saves every ``train.save_interval`` optimizer steps inside its Training Time: full fine-tuning its
+    weights and optimizer states (AdamW: two states in the parameter dtype), LoRA its adapters only; after the loop
+    the model (LoRA: the adapters and the merged model). ZeRO-3 ranks write their partitions in parallel. The
+    in-loop saves are a cause of the run's time; what follows the loop is printed apart."""
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.models import count_params, lora_param_count
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    gpu = hardware.lookup("H100-SXM")
+    full = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=gpu).input
+    total = count_params(full.config)[0]
+    assert runtime.checkpoint_bytes(full) == (6 * total, 2 * total)  # bf16-true: weights + 2 moments; weights
+    mixed = dataclasses.replace(full, precision="bf16-mixed")
+    assert runtime.checkpoint_bytes(mixed) == (12 * total, 4 * total)
+    sgd = dataclasses.replace(full, optimizer="SGD", momentum=0.0)
+    assert runtime.checkpoint_bytes(sgd) == (2 * total, 2 * total)
+    zero3 = dataclasses.replace(full, strategy="deepspeed", zero_stage=3, devices=4)
+    assert runtime.checkpoint_bytes(zero3)[0] == pytest.approx(2 * total / 4 + 12 * total / 4)
+    lora = plan_recipe(resolve("tiny-llama-1.1b/lora"), ["--precision", "bf16-true"], gpu=gpu).input
+    adapters = lora_param_count(lora.config, lora.lora_r, lora.lora_targets) * 2
+    assert runtime.checkpoint_bytes(lora) == (adapters, adapters + 2 * total)
+
+    args = {"train": {"global_batch_size": 8, "epochs": 1, "save_interval": 10}, "eval": {"interval": None}}
+    t = runtime.terms(full, args, 1000, 0, 437.0)  # 125 optimizer steps: saves at 10, 20, ..., 120
+    causes = t.by_cause(gpu)
+    assert t.detail["saves"] == 12
+    assert causes["checkpoint saves"] == pytest.approx(12 * 6 * total / runtime.CHECKPOINT_WRITE_BYTES_PER_S)
+    assert t.save_seconds(after_loop=True) == pytest.approx(2 * total / runtime.CHECKPOINT_WRITE_BYTES_PER_S)
+    args["train"]["save_interval"] = None
+    none = runtime.terms(full, args, 1000, 0, 437.0)
+    assert none.by_cause(gpu)["checkpoint saves"] == 0
+    assert sum(causes.values()) - sum(none.by_cause(gpu).values()) == pytest.approx(causes["checkpoint saves"])
+    fast_fsdp = dataclasses.replace(full, fabric=False, strategy="fsdp", devices=4)  # tunelab's loop, sharded
+    assert runtime.checkpoint_bytes(fast_fsdp) == (2 * total, 2 * total)
+    assert runtime.checkpoint_bytes(dataclasses.replace(fast_fsdp, fabric=True))[0] == 6 * total

@@ -46,6 +46,8 @@ BAD = [
     ("tiny-llama-1.1b/lora", ["--precision", "16-true"], {"device": "cpu"}, "precision", "NaN"),
     ("tiny-llama-1.1b/lora", ["--precision", "bf16"], {}, "precision", "full Lightning precision name"),
     ("tiny-llama-1.1b/lora", ["--train.epochs", "null"], {}, "train.epochs", "set train.epochs >= 1"),
+    ("tiny-llama-1.1b/full", ["--train.save_interval", "0"], {}, "train.save_interval", "ZeroDivisionError"),
+    ("tiny-llama-1.1b/lora", ["--eval.interval", "0"], {}, "eval.interval", "modulo"),
     (
         "tiny-llama-1.1b/lora",
         [

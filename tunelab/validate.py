@@ -420,6 +420,17 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
             f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
             "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)",
         )
+    for key, value in (
+        ("train.save_interval", c.train.get("save_interval")),
+        ("train.log_interval", c.train.get("log_interval")),
+        ("eval.interval", c.eval_.get("interval")),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            bad(
+                key,
+                f"is {value}; litgpt's loop takes the step count modulo it (0: ZeroDivisionError at the first step)",
+                f"set {key} >= 1" + (" (or null: no intermediate checkpoints)" if key == "train.save_interval" else ""),
+            )
     epochs, max_steps = c.train.get("epochs"), c.train.get("max_steps")
     if epochs is None or epochs < 1:
         bad(

@@ -225,7 +225,7 @@ class Plan:
 
 
 @dataclass
-class _States:
+class ModelStates:
     """The model states of one configuration before they are divided among devices (bytes, all devices)."""
 
     total: int
@@ -248,7 +248,7 @@ class _States:
     """Bytes per parameter element."""
 
 
-def _model_states(x: PlanInput, notes: list) -> _States:
+def model_states(x: PlanInput, notes: list) -> ModelStates:
     """Step 1: weights (quantized or not), gradients, optimizer states, master weights, step temporaries."""
     c = x.config
     total, emb = count_params(c)
@@ -280,15 +280,10 @@ def _model_states(x: PlanInput, notes: list) -> _States:
                 f"{opt}: states of tensors from {PAGED_MIN_NUMEL:,} elements in CUDA unified memory, outside torch's "
                 "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
             )
-        elif "8bit" in opt:
-            opt_bytes = trainable * 2
-        elif opt.startswith("Adam") or opt in ("AdamW", "Adam"):
-            opt_bytes = trainable * 2 * s_param
-        elif opt == "SGD":
-            opt_bytes = trainable * s_param if x.momentum else 0
         else:
-            opt_bytes = trainable * 2 * s_param
-            notes.append(f"optimizer {opt}: assumed 2 states per parameter")
+            opt_bytes = optimizer_state_bytes(opt, trainable, s_param, x.momentum)
+            if not opt.startswith("Adam") and opt != "SGD" and "8bit" not in opt:
+                notes.append(f"optimizer {opt}: assumed 2 states per parameter")
     # torch's foreach AdamW (the default on CUDA) allocates one parameter-sized temporary (sqrt of exp_avg_sq)
     # during the step, on top of weights, gradients and states
     step_temp = (
@@ -304,7 +299,7 @@ def _model_states(x: PlanInput, notes: list) -> _States:
     )
     if x.fused_optimizer and opt.startswith("Adam"):
         notes.append("fused AdamW: the update runs in place, no parameter-sized temporary")
-    return _States(
+    return ModelStates(
         total=total,
         emb=emb,
         trainable=trainable,
@@ -317,6 +312,17 @@ def _model_states(x: PlanInput, notes: list) -> _States:
         autocast_cache=autocast_weight_copies(x) if autocast_over_fp32_weights(x) else 0,
         s_param=s_param,
     )
+
+
+def optimizer_state_bytes(opt: str, trainable: int, s_param: int, momentum: float = 0.0) -> float:
+    """Bytes of an optimizer's states over ``trainable`` parameters, wherever they live: bitsandbytes' 8-bit
+    optimizers 2 (two 1-byte states), Adam/AdamW two states in the parameter dtype (``s_param`` bytes each), SGD one
+    with momentum and none without; any other optimizer is taken as Adam-like (two states)."""
+    if "8bit" in opt:
+        return trainable * 2
+    if opt == "SGD":
+        return trainable * s_param if momentum else 0
+    return trainable * 2 * s_param
 
 
 def autocast_over_fp32_weights(x: PlanInput) -> bool:
@@ -513,13 +519,13 @@ def flat_parameter_frozen_grad_elements(x: PlanInput, total: int) -> int:
     return total - root + (root if "head" in set(x.lora_targets) else 0)
 
 
-def flat_parameter_grads(x: PlanInput, st: _States) -> float:
+def flat_parameter_grads(x: PlanInput, st: ModelStates) -> float:
     """Gradient bytes FSDP1 allocates for a LoRA model: every weight of a flat parameter with a trainable weight
     (:func:`flat_parameter_frozen_grad_elements`) plus LoRA's own."""
     return flat_parameter_frozen_grad_elements(x, st.total) * st.s_param + st.lora_weights
 
 
-def fsdp1_backward_gradients(x: PlanInput, st: _States) -> float:
+def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 holds at its backward peak (full fine-tuning, each block a sharded unit) beside every activation
     and the gathered units, that the forward's end does not hold (the logits are freed by then): the block's
     unsharded flat gradient and the same gradients again as its original parameters' tensors (``use_orig_params``),
@@ -547,7 +553,7 @@ def unsharded_while_accumulating(x: PlanInput) -> bool:
     return x.strategy == "fsdp" and x.sharding != "NO_SHARD" and x.accumulation > 1
 
 
-def _divide(x: PlanInput, st: _States, notes: list) -> _PerDevice:
+def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
     """Step 3: the strategy's division of the model states among devices (and into host RAM for offload)."""
     c, world = x.config, x.world
     shard_w = shard_g = shard_o = 1
@@ -705,10 +711,10 @@ def predict(x: PlanInput) -> Plan:
     divided by the strategy (step 3), plus the larger of two candidate peaks: the end of the forward pass
     (activations and logits alive, step 2) or the optimizer step (gradients and the step's temporary)."""
     notes: list = []
-    st = _model_states(x, notes)
+    st = model_states(x, notes)
     acts, logits = _activations(x, notes)
     dev = _divide(x, st, notes)
-    model_states = {
+    state_bytes = {
         "weights": dev.weights,
         "lora_weights": dev.lora_weights,
         "optimizer_states": dev.optimizer,
@@ -731,9 +737,9 @@ def predict(x: PlanInput) -> Plan:
     backward_peak = forward_peak - logits + backward if backward else 0.0
     in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
     if in_backward or forward_peak >= step_peak:
-        model_states["sharding_buffers"] += dev.in_flight
-        model_states["autocast_weight_cache"] = st.autocast_cache
-        model_states["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
+        state_bytes["sharding_buffers"] += dev.in_flight
+        state_bytes["autocast_weight_cache"] = st.autocast_cache
+        state_bytes["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {
             "gradients": accumulated,
             "activations": acts,
@@ -757,7 +763,7 @@ def predict(x: PlanInput) -> Plan:
             "the peak is the optimizer step (gradients, the step's temporary and the logits the loop still holds), "
             "not the forward pass"
         )
-    breakdown = {k: int(v) for k, v in {**model_states, **parts}.items()}
+    breakdown = {k: int(v) for k, v in {**state_bytes, **parts}.items()}
     peak = sum(breakdown.values())
     return Plan(
         model=x.config.name,

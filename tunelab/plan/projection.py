@@ -74,6 +74,11 @@ class Projection:
     ``seconds``), None where it does not apply (``seconds_by_cause_source`` says why; ``seconds`` is then the
     fitted curve's)."""
     seconds_by_cause_source: str = ""
+    seconds_after_loop: float | None = None
+    """Seconds after litgpt's loop (outside its Training Time, inside the wall time paid for): the final checkpoint
+    and, for LoRA and QLoRA, the merged model litgpt writes (:func:`tunelab.plan.runtime.checkpoint_bytes`)."""
+    bytes_after_loop: float | None = None
+    """The bytes written after the loop (GB = 1e9 bytes when printed)."""
     mfu_predicted_padded: float | None = None
     """The run's training FLOPs on padded tokens over its predicted seconds (validation and generation included)
     x devices x the peak: the MFU the kernel model predicts."""
@@ -179,9 +184,11 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         return {"seconds_by_cause_source": f"not modelled: {work.kernels}"}
     causes = work.by_cause(gpu)
     d, seconds = work.detail, sum(causes.values())
+    after = {"seconds_after_loop": work.save_seconds(after_loop=True), "bytes_after_loop": d["final_save_bytes"]}
     mfu = d["train_flops"] / (seconds * d["world"] * peak) if seconds and peak else None
     real = d.get("real_tokens_per_sample")
     return {
+        **after,
         "mfu_predicted_padded": mfu,
         "mfu_predicted_real": mfu * real / work.kernels.tokens if mfu is not None and real else None,
         "seconds_by_cause": causes,

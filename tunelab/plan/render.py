@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tunelab import hardware
-from tunelab.plan import memory
+from tunelab.plan import memory, runtime
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
 
@@ -80,6 +80,12 @@ def render(
                 real = f", {p.mfu_predicted_real:.1%} on real" if p.mfu_predicted_real is not None else ""
                 causes += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens{real}"
             lines.append(f"  time by cause: {total:,.0f} s = {causes} [{p.seconds_by_cause_source}]")
+            saves = p.seconds_by_cause.get("checkpoint saves", 0.0)
+            lines.append(
+                f"  checkpoints: {saves:,.0f} s of in-loop saves (included above); after the loop (not in litgpt's "
+                f"Training Time) {p.bytes_after_loop / 1e9:,.2f} GB written, {p.seconds_after_loop:,.0f} s "
+                f"[at {runtime.CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s, torch.save's rate on a fast local disk]"
+            )
         elif p.seconds_by_cause_source:
             lines.append(f"  time by cause: {p.seconds_by_cause_source}")
         if p.comm_bytes_per_step is not None:

@@ -55,6 +55,41 @@ LAB_EVAL = {"eval.interval": 25, "eval.max_iters": 100, "eval.max_new_tokens": 1
 """The lab's eval settings (its YAMLs): what its "Training Time" figures contain."""
 
 
+CHECKPOINT_WRITE_BYTES_PER_S = 0.7e9
+"""Bytes per second a checkpoint save writes (``torch.save`` of the state, on the saving rank): under a third of a
+local NVMe's 2 GiB/s, as measured for ``torch.save`` and ``safetensors`` on an H100 machine (ServiceNow/Fast-LLM
+issue #26, 2024: serialization, not the disk, bounds it); a network volume writes slower still (an AWS gp3
+volume: 125 MiB/s unless provisioned up to 1,000). Not measured by us: a stated figure, not a fit."""
+
+
+def checkpoint_bytes(x) -> tuple[float, float]:
+    """(bytes the slowest rank writes at each in-loop save, bytes written after litgpt's loop) for PlanInput ``x``:
+
+    * in the loop (every ``train.save_interval`` optimizer steps; inside litgpt's Training Time): full fine-tuning
+      saves ``{model, optimizer, scheduler, counters}``: the weights and the optimizer's states; LoRA and QLoRA save
+      the adapters only (``save_lora_checkpoint``); FSDP gathers the full state dict to rank 0, which writes all of
+      it; DeepSpeed writes each rank's partition of the states (and of the weights at ZeRO-3) in parallel;
+      tunelab's loop (``x.fabric`` False) saves as litgpt does, but a sharded run's model alone;
+    * after the loop (outside Training Time, inside the wall time): full fine-tuning saves the model; LoRA and
+      QLoRA save the adapters, then litgpt's ``merge_lora`` writes the merged model in the run's precision (QLoRA:
+      16-bit; the pretrained weights it reads are not counted: mmapped, just read by the run)."""
+    from tunelab.plan.memory import model_states, optimizer_state_bytes
+
+    st = model_states(x, [])
+    if x.lora:
+        merged = st.total * (2 if x.method == "qlora" else st.s_param)
+        return st.lora_weights, st.lora_weights + merged
+    model = st.total * st.s_param
+    opt = x.optimizer.split(".")[-1]
+    if not x.fabric and x.strategy in ("fsdp", "deepspeed"):  # tunelab's loop saves a sharded run's model alone
+        return model, model
+    if x.strategy == "deepspeed":
+        weights = model / x.world if x.zero_stage >= 3 else model
+        each = weights + (st.optimizer + st.master) / x.world
+        return each, each
+    return model + optimizer_state_bytes(opt, st.trainable, st.s_param, x.momentum), model
+
+
 @dataclass
 class KernelWork:
     """What the kernel model (:mod:`tunelab.plan.kernels`) times: one device's training step."""
@@ -118,7 +153,7 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
 
 
 CAUSES = ("matmul", "attention", "elementwise", "dequantization", "optimizer", "host launches", "validation",
-          "generation", "communication")  # fmt: skip
+          "generation", "checkpoint saves", "communication")  # fmt: skip
 """The causes :meth:`Terms.by_cause` splits a run's seconds into."""
 
 
@@ -148,6 +183,7 @@ class Terms:
           (a sample stopped early by its end token is not modelled: an upper bound), kernels or launches;
         * QLoRA: each forward and backward also dequantizes every 4-bit weight (:data:`DEQUANT_BYTES_PER_WEIGHT`,
           :data:`DEQUANT_KERNELS` launches each), its GPU time as "dequantization";
+        * checkpoint saves: every ``train.save_interval`` optimizer steps (:meth:`save_seconds`);
         * communication: what compute does not hide (:mod:`tunelab.plan.comm`)."""
         from tunelab.plan import kernels
 
@@ -182,7 +218,8 @@ class Terms:
         out["validation"] = ev * max(g.get("validation", 0.0) + ev_dq, h * ev_ops)
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
-        out["communication"] = self.comm_seconds(sum(out.values()))
+        out["checkpoint saves"] = self.save_seconds()
+        out["communication"] = self.comm_seconds(sum(out.values()) - out["checkpoint saves"])
         return out
 
     def _fast_by_cause(self, gpu) -> dict:
@@ -210,8 +247,17 @@ class Terms:
             h = kernels.HOST_S_PER_OP
             out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))
             out["generation"] = d["evaluations"] * d["new_tokens"] * max(g.get("decode", 0.0), h * ops.get("decode", 0))
-        out["communication"] = self.comm_seconds(sum(out.values()))
+        out["checkpoint saves"] = self.save_seconds()
+        out["communication"] = self.comm_seconds(sum(out.values()) - out["checkpoint saves"])
         return out
+
+    def save_seconds(self, after_loop: bool = False) -> float:
+        """Seconds of checkpoint saves at :data:`CHECKPOINT_WRITE_BYTES_PER_S`: the in-loop saves (``after_loop``:
+        what the run writes after its loop instead; :func:`checkpoint_bytes`). The gather of a sharded state to
+        the saving rank is not timed."""
+        d = self.detail
+        written = d.get("final_save_bytes", 0.0) if after_loop else d.get("saves", 0) * d.get("save_bytes", 0.0)
+        return written / CHECKPOINT_WRITE_BYTES_PER_S
 
     def seconds_on(self, gpu, peak_flops: float) -> float:
         """The run's seconds on ``gpu``: the kernel model's causes summed where it applies, else :meth:`seconds`
@@ -235,6 +281,7 @@ class Terms:
             compute
             + self.memory_bytes / (bandwidth_bytes_s * mu)
             + self.iterations * overhead_s
+            + self.save_seconds()
             + self.comm_seconds(compute)
         )
 
@@ -295,6 +342,8 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
         per_eval_iter = ((total - emb - head) + head) * 6.5
         dequant = train_iters * per_train_iter + eval_iters * per_eval_iter
     memory = (opt_bytes + gen_bytes + dequant) / world
+    save_bytes, final_save_bytes = checkpoint_bytes(x)
+    save_interval = train.get("save_interval")
     return Terms(
         compute_flops=(train_flops + recompute_flops + eval_flops) / world,
         memory_bytes=memory,
@@ -315,6 +364,9 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
             "optimizer_bytes": opt_bytes,
             "generation_bytes": gen_bytes,
             "dequantization_bytes": dequant,
+            "saves": steps // save_interval if save_interval else 0,
+            "save_bytes": save_bytes,
+            "final_save_bytes": final_save_bytes,
         },
     )
 
