@@ -65,6 +65,22 @@ def test_accuracy_report_regenerates(tmp_path):
     assert timed.read_text() == (tmp_path / "runtime.md").read_text()  # and its times against measurements
 
 
+def test_litgpts_own_choice_on_several_devices_checkpoints_every_block():
+    """litgpt's scripts on several devices checkpoint each block's activations (full fine-tuning: Lightning's
+    FSDPStrategy with ``activation_checkpointing_policy={Block}``; LoRA: FSDP2 over ``checkpoint_wrapper`` blocks),
+    read from the installed litgpt; the plan of litgpt's own choice does as they do, on one device it does not."""
+    import inspect
+
+    from litgpt.finetune import full, lora
+
+    assert "activation_checkpointing_policy={Block}" in inspect.getsource(full.setup)
+    assert "checkpoint_wrapper(" in inspect.getsource(lora.parallelize_fn)
+    for method in ("full", "lora"):
+        recipe = resolve(f"tiny-llama-1.1b/{method}")
+        assert plan_recipe(recipe, [], gpu=None, devices=4).input.activation_checkpointing, method
+        assert not plan_recipe(recipe, [], gpu=None, devices=1).input.activation_checkpointing, method
+
+
 def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     """One device: autocast over fp32 weights (copies of the weights, an fp32 residual stream). FSDP's and
     DeepSpeed's mixed precision hand the forward 16-bit weights: activations as bf16-true, no autocast copies. The

@@ -78,16 +78,37 @@ def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
     assert planned.calls == [("all-reduce", sum(c.calls for c in sim.collectives), 2, 0)]  # one call per bucket
 
 
+GEMMA = ("open-llama-3b", "checkpoints/google/gemma-2b")
+"""Gemma 2B on OpenLLaMA 3B's recipe: a 256k vocabulary, where the head, the root unit and the logits are largest."""
+
+
 @pytest.mark.parametrize(
-    ("strategy", "method", "world"), [("fsdp2", "full", 8), ("fsdp2", "full", 4), ("ddp", "lora", 4)]
+    ("model", "strategy", "method", "world"),
+    [
+        (("tiny-llama-1.1b", None), "fsdp2", "full", 8),
+        (("tiny-llama-1.1b", None), "fsdp2", "full", 4),
+        (("tiny-llama-1.1b", None), "ddp", "lora", 4),
+        (("tiny-llama-1.1b", None), "fsdp2", "lora", 2),
+        (("open-llama-3b", None), "fsdp2", "lora", 2),
+        (GEMMA, "fsdp2", "full", 2),
+        (GEMMA, "ddp", "lora", 2),
+        (GEMMA, "fsdp", "lora", 8),
+        (GEMMA, "fsdp", "full", 8),
+    ],
 )
-def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(strategy, method, world):
-    """TinyLlama's recipes at micro 2 x 512 on several devices under a strategy file: the plan's peak per device
-    against rank 0's simulated step (FSDP2 full: the root unit gathered through backward; on 4 devices the recipe
-    accumulates 2 micro batches: unsharded gradients, no sharded ones, in the first; DDP LoRA: no
-    activation checkpointing, which tunelab's loop does not apply unless the file says so)."""
+def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(model, strategy, method, world):
+    """Recipes at micro 2 x 512 on several devices under a strategy file (tunelab's loop: its loss function drops
+    the logits before backward): the plan's peak per device against rank 0's simulated step. Each case holds a term
+    by cause: FSDP2 gathers nothing at the loss and the root twice over at the backward's start (TinyLlama LoRA,
+    Gemma full: +4.3% and +4.6% when the gathered units and the logits were summed), a late block's forward holds
+    the root and three blocks (OpenLLaMA 3B LoRA); tunelab's loop on one device or DDP holds the chunks and the last
+    one's reshaped copy at its loss, not the backward's temporaries (Gemma LoRA, DDP); FSDP1 LoRA sums the head's
+    gradients in backward (Gemma on 8: -4.9% without); FSDP1's loss runs with the root gathered and no block
+    (Gemma full on 8: +5.0% with both). On 4 devices TinyLlama's recipe accumulates 2 micro batches."""
+    recipe, checkpoint = model
+    overrides = ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"]
     planned = plan_recipe(
-        resolve(f"tiny-llama-1.1b/{method}"), ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
+        resolve(f"{recipe}/{method}"), overrides + (["--checkpoint_dir", checkpoint] if checkpoint else []),
         gpu=None, devices=world, strategy=strategy,
     )  # fmt: skip
     x = planned.input
@@ -157,7 +178,7 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     x = memory.PlanInput(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
                          accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
                          lora_targets=LORA_TARGETS)  # fmt: skip
-    planned = memory.flat_parameter_grads(x, memory._model_states(x, []))
+    planned = memory.flat_parameter_grads(x, memory.model_states(x, []))
     traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
     assert traced == pytest.approx(planned, rel=0.05)
     assert planned > 10 * lora_param_count(config, 8, LORA_TARGETS) * 2

@@ -37,16 +37,26 @@ def test_the_plan_is_within_1_percent_of_the_simulated_step(configs, name, metho
     _plan_against_simulation(configs[name], method, precision, accumulation, rel=0.01)
 
 
-def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01):
-    """The analytic plan's peak against the simulated step."""
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_tunelabs_loop_is_planned_within_1_percent(configs, method, accumulation):
+    """tunelab's loop (a strategy file without Liger's loss): its loss function returns before backward, so nothing
+    holds the logits there; its peak is the loss itself (the logits, what cross-entropy saved, and the copy
+    ``reshape`` makes of the shifted slice), not litgpt's logits held beside the backward's temporaries (a 128k
+    vocabulary: +2-5% if the simulation held them)."""
+    _plan_against_simulation(configs["Llama-3.2-1B"], method, "bf16-true", accumulation, rel=0.01, fabric=False)
+
+
+def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fabric=True):
+    """The analytic plan's peak against the simulated step (``fabric``: litgpt's loop; False: tunelab's)."""
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     x = memory.PlanInput(
         config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
-        quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer,
+        quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, fabric=fabric,
     )  # fmt: skip
     plan = memory.predict(x)
     planned = plan.peak_allocated_bytes
-    sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, optimizer=optimizer)
+    sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, optimizer=optimizer, fabric=fabric)
     assert set(sim.phases) == {"forward", "backward", "optimizer step"}
     assert planned == pytest.approx(sim.peak_bytes, rel=rel), (sim.peak_phase, sim.phases[sim.peak_phase])
 

@@ -434,16 +434,25 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
 
 
 def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> float:
-    """The head and loss at the start of backward without a fused loss: what they saved (``head``) and what is
-    alive beside it."""
+    """The head and loss at their peak without a fused loss: what the loss saved (``head``) and what is alive beside
+    it (as the simulated step shows, :mod:`tunelab.plan.simulate`):
+
+    * full fine-tuning: the logits and one more logits-sized tensor: in litgpt's loop, which holds the logits, their
+      gradient (the chunked loss's backward concatenates the chunks' gradients into one); in tunelab's loop, whose
+      loss function drops them on return, the copy ``reshape`` makes of their shifted slice, inside the loss;
+    * LoRA, litgpt's loop: the list of 128-token chunks it holds, and the loss backward's temporaries beside them
+      (:func:`lora_loss_backward_temporaries`);
+    * LoRA, tunelab's loop: the larger of the chunks with the copy ``reshape`` makes of the last one's shifted slice
+      (the end of the loss's forward) and the backward's temporaries (the chunks gone by then)."""
     c = x.config
-    # the loss's saved tensors, plus what is alive beside them at the start of backward: the logits (litgpt's
-    # loop holds them: full, one tensor; LoRA, the list of 128-token chunks) and, for full fine-tuning, their
-    # gradient (the chunked loss's backward concatenates the chunks' gradients into one)
-    logits = head + n_tok * c.padded_vocab_size * s_logits * (2 if not x.lora else 1)
-    if x.lora:  # the backward pass starts with nothing freed and the last chunk's loss gradients alive
-        logits += lora_loss_backward_temporaries(x, s_logits)
-    return logits
+    logits = n_tok * c.padded_vocab_size * s_logits
+    if not x.lora:
+        return head + 2 * logits
+    temporaries = lora_loss_backward_temporaries(x, s_logits)
+    if x.fabric:
+        return head + logits + temporaries
+    last = x.seq_len - (math.ceil(x.seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK  # tokens in the last chunk
+    return head + max(logits + (last - 1) * x.micro_batch_size * c.padded_vocab_size * s_logits, temporaries)
 
 
 def liger_loss_bytes(x: PlanInput) -> float:
@@ -490,6 +499,8 @@ class _PerDevice:
     in_flight: float = 0.0
     """FSDP's buffers of the forward and backward only (gone at the optimizer step, as the per-rank simulation
     shows): the root unit and two blocks gathered, and the unsharded gradients of micro batches without sync."""
+    gathered: float = 0.0
+    """Of ``in_flight``, the gathered parameters (the root unit and two blocks)."""
 
 
 def root_unit_params(config) -> int:
@@ -531,20 +542,65 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     unsharded flat gradient and the same gradients again as its original parameters' tensors (``use_orig_params``),
     the head's weight gradient (the root unit's, held until the root's reduce-scatter at the backward's end) and one
     activation gradient. Read from what MemTracker holds at the per-rank simulation's peak, by kind and size
-    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md); 0 elsewhere (LoRA's flat gradients,
-    one unit, offload and the other strategies are not derived here)."""
+    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md). LoRA (:func:`fsdp1_lora`): the head's
+    weight gradient too, made by the chunked head's backward, which sums the chunks' gradients (the running sum,
+    the chunk's and their sum: three head-sized tensors at once, beside two chunks' logits gradients in the compute
+    dtype and one block gathered, the last, prefetched),
+    then held in each block's backward (two blocks gathered) beside the block's flat gradient (frozen weights
+    included) and its original parameters' gradients, as in full fine-tuning; the larger of the two, as bytes
+    beyond the two gathered blocks the forward counts (OpenLLaMA 3B on 8 devices: 251.7 + 227.3 + 204.8 MB in a
+    block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). 0 elsewhere (one unit, offload and the other
+    strategies are not derived here)."""
+    c = x.config
+    block = (st.total - root_unit_params(c)) / c.n_layer
+    head = c.padded_vocab_size * c.n_embd
+    if fsdp1_lora(x) and x.fsdp_wrap != "none" and not (x.offload_params or x.offload_optimizer):
+        chunk_grads = 2 * x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size
+        at_head = (3 * head - block) * st.s_param + chunk_grads * dtype_bytes(x.precision)
+        return max(at_head, (head + 2 * block) * st.s_param)
     if not (
         x.strategy == "fsdp"
+        and x.fsdp_root_kept  # FSDP1
         and x.method == "full"
         and x.sharding in ("FULL_SHARD", "HYBRID_SHARD")
         and x.fsdp_wrap != "none"
         and not (x.offload_params or x.offload_optimizer)
     ):
         return 0
-    c = x.config
-    block = (st.total - root_unit_params(c)) / c.n_layer
-    head = c.padded_vocab_size * c.n_embd
     return (2 * block + head) * st.s_param + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
+
+
+def root_regathered(x: PlanInput) -> float:
+    """Bytes FSDP2 holds at the start of backward that its loss never sees beside it, when each block and then the
+    root unit are sharded and resharded after forward (``reshard_after_forward``, FULL_SHARD): the root is freed
+    before the loss runs and gathered again for the head's backward, its all-gather buffer and its unsharded
+    parameters alive together (two root units), beside the logits' gradient in the compute dtype. Read from what
+    FSDPMemTracker holds at the per-rank simulation's peaks, by kind and size (TinyLlama LoRA and Gemma 2B full on 2
+    devices: no gathered parameter at the loss; 2 x the root plus the logits' gradient at the backward's start).
+    0 elsewhere (FSDP1 keeps the root gathered from forward to backward: it sits beside the loss)."""
+    if not (x.strategy == "fsdp" and not x.fsdp_root_kept and x.sharding == "FULL_SHARD" and x.fsdp_wrap != "none"):
+        return 0.0
+    s_param = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    n_tok = x.micro_batch_size * x.seq_len
+    return 2 * root_unit_params(x.config) * s_param + n_tok * x.config.padded_vocab_size * dtype_bytes(x.precision)
+
+
+def fsdp2_gathered(x: PlanInput) -> float:
+    """Bytes FSDP2 (FULL_SHARD, each block a unit, then the root) holds gathered beside the activations inside its
+    blocks, as FSDPMemTracker shows at the per-rank simulation's peaks (OpenLLaMA 3B, bf16-true): the larger of
+
+    * a late block's forward: the root unit, unsharded for the whole forward (its forward holds every block's),
+      the block's all-gather buffer and its unsharded parameters, and the next block's buffer, prefetched (LoRA on
+      2 devices: 2 x 251.7 MB buffers, 251.7 MB unsharded, the root's 409.6 MB);
+    * full fine-tuning, a block's backward: the root, the head's weight gradient (unsharded until the root's
+      reduce-scatter at the end of backward), the block's unsharded parameters and gradients, the next block's
+      all-gather buffer and the previous one's reduce-scatter buffer (on 8 devices: 409.6 + 204.8 + 4 x 247.8 MB)."""
+    c = x.config
+    s_param = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    root = root_unit_params(c)
+    block = (count_params(c)[0] - root) / c.n_layer
+    backward = root + c.padded_vocab_size * c.n_embd + 4 * block if x.method == "full" else 0
+    return max(root + 3 * block, backward) * s_param
 
 
 def unsharded_while_accumulating(x: PlanInput) -> bool:
@@ -558,8 +614,8 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
     c, world = x.config, x.world
     shard_w = shard_g = shard_o = 1
     host = 0
-    extra = in_flight = 0
-    block = (st.total - st.emb) / c.n_layer
+    extra = in_flight = gathered = 0
+    block = (st.total - root_unit_params(c)) / c.n_layer  # one block's parameters (the root unit's apart)
     grads = st.grads
     if fsdp1_lora(x):
         grads = flat_parameter_grads(x, st)
@@ -577,9 +633,9 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
             shard_w = shard_g = shard_o = group
             # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
             # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
-            in_flight = (block * 2 + root_unit_params(c)) * st.s_param
+            in_flight = gathered = (block * 2 + root_unit_params(c)) * st.s_param
             if x.fsdp_wrap == "none":
-                in_flight = 0
+                in_flight = gathered = 0
                 extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
         if x.accumulation > 1 and x.sharding != "NO_SHARD":
@@ -616,6 +672,7 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
         extra=extra,
         host=host,
         in_flight=in_flight,
+        gathered=gathered,
     )
 
 
@@ -728,16 +785,33 @@ def predict(x: PlanInput) -> Plan:
     # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
     # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
     accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
-    forward_peak = acts + logits + accumulated + st.autocast_cache + dequantized_weight_temporary(x) + dev.in_flight
+    in_flight, regather = dev.in_flight, root_regathered(x)
+    if regather:  # FSDP2: the largest of a late block's forward, the loss (every unit resharded) and the backward's
+        # start (the root gathered again): the gathered parameters and the logits never meet
+        in_flight -= dev.gathered
+        gathered = max(regather, fsdp2_gathered(x))
+        if gathered > logits:
+            in_flight, logits = in_flight + gathered, 0.0
+    elif x.fsdp_root_kept and dev.gathered:  # FSDP1: the loss runs with the root gathered and no block (MemTracker
+        # at the per-rank simulation's loss, Gemma 2B full on 8 devices): a late block's pair and the logits never meet
+        blocks = dev.gathered - root_unit_params(x.config) * st.s_param
+        if blocks > logits:
+            logits = 0.0
+        else:
+            in_flight -= blocks
+    base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
+    forward_peak = base + logits + in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
     backward = fsdp1_backward_gradients(x, st)
-    backward_peak = forward_peak - logits + backward if backward else 0.0
+    backward_peak = base + dev.in_flight + backward if backward else 0.0
     in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
+    if in_backward:
+        in_flight = dev.in_flight
     if in_backward or forward_peak >= step_peak:
-        state_bytes["sharding_buffers"] += dev.in_flight
+        state_bytes["sharding_buffers"] += in_flight
         state_bytes["autocast_weight_cache"] = st.autocast_cache
         state_bytes["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {

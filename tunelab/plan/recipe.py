@@ -135,12 +135,13 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
 def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
     """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
     Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices under litgpt's own
-    choice checkpoints activations, as litgpt's FSDP2 LoRA path does, and full fine-tuning runs FSDP1 (a strategy file
-    says for itself)."""
+    choice checkpoints activations per block, as both of litgpt's paths do (LoRA: FSDP2 over ``checkpoint_wrapper``
+    blocks; full fine-tuning: FSDP1, Lightning's ``FSDPStrategy`` with ``activation_checkpointing_policy={Block}``);
+    a strategy file says for itself."""
     lora = {"lora_r": s.lora_r, "lora_targets": s.lora_targets} if s.lora else {}
     fields.setdefault("strategy", "single")
     fields.setdefault("optimizer", s.built_optimizer)
-    fields.setdefault("activation_checkpointing", s.lora and s.world_size > 1)
+    fields.setdefault("activation_checkpointing", fields["strategy"] == "fsdp" and s.world_size > 1)
     # litgpt's own choice on several devices: full fine-tuning under Lightning's FSDPStrategy (FSDP1, which keeps its
     # root unit gathered through backward), LoRA under FSDP2 (which regathers it)
     fields.setdefault("fsdp_root_kept", fields["strategy"] == "fsdp" and not s.lora)

@@ -313,8 +313,8 @@ def _one_step(
     fused_loss=False,
 ):
     """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built.
-    ``fabric``: litgpt's script (its loop holds the logits through the optimizer step); False: tunelab's loop (the
-    loss computed in a function: nothing holds the logits after backward). ``fused_loss``: tunelab's loop with
+    ``fabric``: litgpt's script (its loop holds the logits through backward and the optimizer step); False:
+    tunelab's loop (the loss computed in a function: nothing holds the logits once it returns, before backward). ``fused_loss``: tunelab's loop with
     Liger's fused head and loss (:func:`_liger_loss_standin`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -340,11 +340,11 @@ def _one_step(
                     else:
                         logits = model_logits(model, x, method, precision, fabric)
                         loss = training_loss(logits, x, method)
+                        if not fabric:  # tunelab's loop: the logits were local to its loss function (run/loop.py
+                            logits = None  # _loss), gone before backward; autograd keeps what the loss saved
                     tracker.in_backward = True
                     loss.backward()
                     tracker.in_backward = False
-                    if not fabric:
-                        logits = None  # tunelab's loop: the logits were local to its loss function
                 opt.step()  # litgpt's loop still holds `logits` here
                 opt.zero_grad()
                 del loss
