@@ -27,9 +27,8 @@ import yaml
 from tunelab.data import benchmark
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, check_target, write_text_atomic
-from tunelab.plan.recipe import plan_recipe
+from tunelab.plan import stored
 from tunelab.plan.simulate import optimizer_of, replay_run
-from tunelab.recipes import resolve
 from tunelab.record import RunRecord
 
 
@@ -98,7 +97,7 @@ def replay_row(tar: tarfile.TarFile, row: str) -> dict:
     rank = _member(tar, names, f"{row}/stats/rank0.json")
     if not isinstance(rank.get("iters"), list) or not rank["iters"]:
         raise ValueError("its rank file has no iterations (iters) to replay")
-    x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None).input
+    x = stored.todays_plan(rec, None, None).input  # the runs replayed ran litgpt's own loop
     seq_lens = [int(padded) // x.micro_batch_size for _t, padded, _real in rank["iters"]]
     val_lens, val_source = validation_lengths(tar, names, row, x.micro_batch_size)
     print(f"{row}: {x.config.name} {x.method} {x.precision}, micro {x.micro_batch_size}, {len(seq_lens)} micro "

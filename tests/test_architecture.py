@@ -162,3 +162,13 @@ def test_public_functions_are_documented():
             ):
                 missing.append(f"{path.relative_to(ROOT)}: {node.name}")
     assert not missing, missing
+
+
+def test_a_finished_run_is_planned_again_in_one_labelled_place():
+    """A report prints the plan its record stored before the run; planning a finished run again from its override
+    strings (today's planner, which may differ) happens in one helper that says so (tunelab.plan.stored), nowhere
+    else in the package or its scripts."""
+    pattern = re.compile(r"plan_recipe\(.*\brec\.overrides")
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+    hits = [str(p.relative_to(ROOT)) for p in sources if pattern.search(p.read_text(encoding="utf-8"))]
+    assert hits == ["tunelab/plan/stored.py"], hits

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tunelab import record
-from tunelab.record import GPUSample, RankStats, RunRecord
+from tunelab.record import GPUSample, RankStats, RunRecord, StoredPlan
 
 
 def full_record() -> RunRecord:
@@ -31,6 +31,15 @@ def full_record() -> RunRecord:
         tok_s_padded=123.4,
         mfu=0.41,
         versions={"torch": "2.13.0"},
+        plan=StoredPlan(
+            planner="tunelab 0.1.0, git abc",
+            gpu="H100-SXM",
+            peak_allocated_bytes=9,
+            breakdown_bytes={"weights": 4, "activations": 5},
+            fits=True,
+            seconds=1.5,
+            seconds_by_cause={"matmul": 1.0, "host launches": 0.5},
+        ),  # fmt: skip
     )
 
 
@@ -41,6 +50,7 @@ def test_round_trip_through_json(tmp_path):
     assert again == rec
     assert isinstance(again.ranks[1], RankStats) and again.ranks[1].exception == "MemoryError: x"
     assert isinstance(again.gpus[0], GPUSample) and again.gpus[0].energy_j == 12.5
+    assert isinstance(again.plan, StoredPlan) and again.plan.breakdown_bytes == {"weights": 4, "activations": 5}
     assert list(tmp_path.iterdir()) == [path]  # no temp file left behind
 
 
@@ -65,7 +75,25 @@ def test_atomic_write_keeps_old_file_when_serialisation_fails(tmp_path):
     assert json.loads(path.read_text()) == {"a": 1}
 
 
-@pytest.mark.parametrize("cls", [RunRecord, RankStats, GPUSample])
+@pytest.mark.parametrize(
+    "plan,words",
+    [
+        ([1], "plan: a JSON object expected"),
+        ({"peak_allocated_bytes": -1}, "not a finite non-negative"),
+        ({"breakdown_bytes": {"weights": "many"}}, "breakdown_bytes['weights']"),
+        ({"seconds_by_cause": {"matmul": float("nan")}}, "seconds_by_cause['matmul']"),
+        ({"gpu": 3}, "gpu is a int"),
+        ({"tflops": 1.0}, "unknown keys"),
+    ],
+)
+def test_a_stored_plan_is_read_through_the_schema(plan, words):
+    """A record's plan is checked as the rest of it is: one ValueError naming the field, never a traceback later
+    in a report that reads it."""
+    with pytest.raises(ValueError, match=__import__("re").escape(words)):
+        RunRecord.from_dict({**full_record().to_dict(), "plan": plan})
+
+
+@pytest.mark.parametrize("cls", [RunRecord, RankStats, GPUSample, StoredPlan])
 def test_every_field_has_a_docstring(cls):
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body

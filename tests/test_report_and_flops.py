@@ -189,3 +189,33 @@ def test_the_environment_says_the_host_and_the_clock_where_records_have_them():
     assert "- host: Some CPU; eager dispatch 2.50-3.00 us per op" in "\n".join(lines)
     assert any(line.startswith("- SM clock, steady window: 1,590-1,980 MHz (max 1,980)") and "0%-90%" in line
                for line in lines), lines  # fmt: skip
+
+
+def test_the_report_prints_the_plan_its_record_stored_and_says_when_it_plans_again():
+    """A GPU row's plan column is the plan its record stored before the run, however the planner has changed since;
+    a record from before plans were stored is planned now and marked (†, ``planner_source``); a plan for another
+    board is not this run's; a recipe today's planner refuses is an empty cell that says why, never a lost report."""
+    from tunelab.plan import stored
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+    from tunelab.record import RunRecord, StoredPlan
+    from tunelab.report.sweep import markdown, planner_columns, row_of
+
+    def rec(plan=None, recipe="tiny-llama-1.1b/lora"):
+        return RunRecord(row_id="r", recipe=recipe, device_type="cuda", device_name="NVIDIA H100 80GB HBM3",
+                         status="ok", peak_allocated_bytes=5_000_000_000, plan=plan)  # fmt: skip
+
+    kept = StoredPlan(planner="tunelab 0.1.0, git abc", gpu="H100-SXM", peak_allocated_bytes=4_000_000_000, fits=True)
+    cols = planner_columns(rec(kept))
+    assert cols["planner_source"] == stored.STORED and cols["planner_peak_gb"] == 4.0
+    assert cols["planner_error_pct"] == pytest.approx(-20.0)
+    today = plan_recipe(resolve("tiny-llama-1.1b/lora"), [], gpu=hardware.lookup("H100-SXM")).plan
+    for old in (rec(), rec(StoredPlan(gpu="A100-80GB", peak_allocated_bytes=1))):
+        cols = planner_columns(old)
+        assert cols["planner_source"] == stored.TODAYS
+        assert cols["planner_peak_gb"] == pytest.approx(today.peak_allocated_bytes / 1e9)
+    refused = planner_columns(rec(recipe="no-such/model"))
+    assert "planner_peak_gb" not in refused and refused["planner_source"].startswith("not planned (")
+    records = [rec(kept), rec()]
+    text = markdown({"name": "s"}, records, [row_of(r, {}, "") for r in records])
+    assert "4.00 (-20.0%) |" in text and "†" in text and "planned now" in text

@@ -63,6 +63,15 @@ def test_ok_run_record(tmp_path):
     assert rec.host_cpu and 0 < rec.host_op_us < 1000  # the host's eager dispatch speed, measured before launch
     assert rec.loss_first and rec.loss_last and rec.val_loss_final
     assert rec.resolved_args["train"]["micro_batch_size"] == 4 and rec.versions["litgpt"] == "0.5.13"
+    # the plan made before launch, for the settings it launched (the tiny model; no GPU: memory only)
+    from tunelab.plan.recipe import plan_recipe
+
+    planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), ["--train.max_steps", "4", "--checkpoint_dir",
+                                                             rec.resolved_args["checkpoint_dir"]], gpu=None)  # fmt: skip
+    assert rec.plan is not None and rec.plan_error is None and rec.plan.gpu is None and rec.plan.seconds is None
+    assert rec.plan.peak_allocated_bytes == planned.plan.peak_allocated_bytes > 0
+    assert sum(rec.plan.breakdown_bytes.values()) == rec.plan.peak_allocated_bytes
+    assert rec.plan.planner.startswith("tunelab ") and "git " in rec.plan.planner
     assert (tmp_path / "r" / "stdout.log").read_text().count("iter ") >= 16
     assert '"status": "ok"' in p.stdout and f"record: {tmp_path / 'r' / 'record.json'}" in p.stdout
 

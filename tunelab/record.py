@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tunelab.files import read_json, write_json_atomic
 
-SCHEMA_VERSION = 3  # 2: phase peaks, matmul precision, steady-state power window, peak basis, pruned files;
-# 3: the first iteration apart (compilation)
+SCHEMA_VERSION = 4  # 2: phase peaks, matmul precision, steady-state power window, peak basis, pruned files;
+# 3: the first iteration apart (compilation); 4: the plan made before launch
 STATUSES = ("ok", "oom", "error", "killed")
 
 
@@ -133,6 +133,48 @@ class GPUSample:
     """Energy over the run, J (NVML's total-energy counter difference, else mean power x time)."""
     samples: int = 0
     """How many samples were taken."""
+
+
+@dataclass
+class StoredPlan:
+    """The planner's prediction for a run, made by the runner before it launched (:func:`tunelab.plan.stored.for_run`)
+    and kept in its record: a report prints it beside the measurement, not a later planner's."""
+
+    planner: str = ""
+    """The planner that made it: tunelab's version and git commit."""
+    gpu: str | None = None
+    """The GPU table row planned for (the launching machine's board, by its NVML name); None: no GPU identified
+    (memory only: no fit verdict, no time)."""
+    peak_allocated_bytes: int = 0
+    """Predicted peak allocated per device (litgpt's 'Memory Used')."""
+    predicted_reserved_bytes: int = 0
+    """The allocator's reserved peak it implies."""
+    breakdown_bytes: dict = field(default_factory=dict)
+    """The peak by cause (weights, optimizer states, activations, ...), bytes; sums to the peak."""
+    fits: bool | None = None
+    """Whether reserved + CUDA context fit ``gpu`` (None without a GPU)."""
+    max_micro_batch_size: int | None = None
+    """The largest micro batch that fits ``gpu``."""
+    seconds: float | None = None
+    """Point estimate of the training time on ``gpu`` (litgpt's Training Time; tunelab.plan.runtime)."""
+    seconds_by_cause: dict = field(default_factory=dict)
+    """That time by cause (matmul, elementwise, host launches, ...), seconds; sums to ``seconds``."""
+
+    @classmethod
+    def from_dict(cls, d) -> StoredPlan:
+        """A stored plan from JSON; ValueError naming the field for a wrong type or a figure that is not a finite
+        non-negative number (in the breakdowns too)."""
+        d = checked_fields(cls, d, "run record: plan")
+        for key in ("breakdown_bytes", "seconds_by_cause"):
+            for name, value in d.get(key, {}).items():
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                    or value < 0
+                ):
+                    raise ValueError(f"run record: plan: {key}[{str(name)[:40]!r}] is not a finite non-negative number")
+        return cls(**d)
 
 
 @dataclass
@@ -359,6 +401,13 @@ class RunRecord:
     val_loss_final: float | None = None
     """Final validation loss (litgpt's final evaluation)."""
 
+    # the plan
+    plan: StoredPlan | None = None
+    """What the planner predicted for this run before it launched (None: a record from before plans were stored,
+    schema 3 and older, or a run the planner refused: ``plan_error``)."""
+    plan_error: str | None = None
+    """Why the runner could not plan the run (the planner's one line)."""
+
     # files
     log_dir: str = ""
     """Directory with stdout.log, stderr.log, litgpt's out_dir and the per-rank stats (relative to the record)."""
@@ -372,7 +421,10 @@ class RunRecord:
         for a number, a list for a mapping), a negative or non-finite figure, or an unknown status."""
         if not isinstance(d, dict):
             raise ValueError(f"a run record is a JSON object, got {type(d).__name__}")
-        d = checked_fields(cls, d, "run record")
+        plan = d.get("plan")
+        d = checked_fields(cls, {k: v for k, v in d.items() if k != "plan"}, "run record")
+        if plan is not None:
+            d["plan"] = StoredPlan.from_dict(plan)
         try:
             d["ranks"] = [RankStats(**checked_fields(RankStats, r, "ranks[]")) for r in d.get("ranks", [])]
             d["gpus"] = [GPUSample(**checked_fields(GPUSample, g, "gpus[]")) for g in d.get("gpus", [])]

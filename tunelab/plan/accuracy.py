@@ -237,7 +237,7 @@ def own_rows(reports: Path | None = None) -> list[dict]:
     """Every run record with a measured peak in the archives of :data:`OWN_MEASUREMENTS`, planned from its own
     recipe and overrides (as ``tunelab plan`` would), beside what the GPU measured. Records are read from the
     archive in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES."""
-    from tunelab.recipes import resolve
+    from tunelab.plan import stored
 
     reports = Path(reports or ROOT / "reports")
     rows = []
@@ -249,7 +249,7 @@ def own_rows(reports: Path | None = None) -> list[dict]:
             eager = bool(compiled) and ran_eagerly(reports / name / "records.tgz", member, rec)
             if eager:  # the longest shapes (the peak's) ran through eager blocks: planned as they ran
                 strategy = dataclasses.replace(strategy, compile=None)
-            planned = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy)
+            planned = stored.todays_plan(rec, None, strategy)
             plan, x = planned.plan, planned.input
             measured = rec.peak_allocated_bytes / 1e9
             predicted = plan.peak_allocated_bytes / 1e9

@@ -201,7 +201,6 @@ def plan_recipe(
     ``activation_checkpointing`` turns it on whatever the strategy says."""
     extra = [*overrides, "--devices", str(devices)] if devices else overrides
     s = settings.resolve(recipe, extra)
-    check_ranges(s)
     strat = (
         load_strategy(strategy)
         if isinstance(strategy, (str, Path)) and strategy != "litgpt"
@@ -209,8 +208,27 @@ def plan_recipe(
         if isinstance(strategy, StrategyConfig)
         else None
     )
+    named = f"--strategy {strategy}" if isinstance(strategy, (str, Path)) else None
+    return plan_settings(s, gpu=gpu, strategy=strat, activation_checkpointing=activation_checkpointing,
+                         dataset=dataset, strategy_named=named)  # fmt: skip
+
+
+def plan_settings(
+    s: Settings,
+    *,
+    gpu: hardware.GPU | None,
+    strategy: StrategyConfig | None = None,
+    activation_checkpointing: bool = False,
+    dataset: Path | None = None,
+    strategy_named: str | None = None,
+) -> PlannedRecipe:
+    """Plan resolved Settings under a loaded strategy (None: litgpt's own choice) for ``gpu`` (None: no verdict):
+    the planner's typed front door, which :func:`plan_recipe` (a recipe and override strings) and the runner (the
+    Settings it launches) both enter. ``strategy_named``: how the user named the strategy, for its messages."""
+    check_ranges(s)
+    strat = strategy
     if strat is not None:
-        strat.check_world(s.world_size, f"--strategy {strategy}" if isinstance(strategy, (str, Path)) else strat.name)
+        strat.check_world(s.world_size, strategy_named or strat.name)
     fields = strategy_fields(strat, s.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True

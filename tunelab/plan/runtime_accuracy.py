@@ -127,9 +127,8 @@ def bench_items(root: Path) -> list[dict]:
     window, GPU utilisation, the GPU it ran on, and its PlanInput as planned from its own recipe, overrides and
     strategy keys. Records are read in memory from the archive: regular ``*/record.json`` members of at most
     RECORD_MAX_BYTES (and their rank-0 iteration logs where the record lacks the mean)."""
+    from tunelab.plan import stored
     from tunelab.plan.accuracy import archived_records, ran_eagerly
-    from tunelab.plan.recipe import plan_recipe
-    from tunelab.recipes import resolve
 
     items = []
     for archive in BENCH:
@@ -138,7 +137,7 @@ def bench_items(root: Path) -> list[dict]:
             gpu = hardware.identify(rec.device_name or "")
             if not steady or gpu is None:
                 continue
-            x = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=None, strategy=strategy).input
+            x = stored.todays_plan(rec, None, strategy).input
             parts = name.split("/")
             items.append({"bench": parts[1], "report": Path(archive).parent.name,
                           "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],

@@ -13,8 +13,7 @@ from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.files import read_json, save_figure, write_csv, write_text_atomic
 from tunelab.paths import report_dir, slug
-from tunelab.plan.recipe import plan_recipe
-from tunelab.recipes import resolve
+from tunelab.plan import stored
 from tunelab.sweep_file import SweepError, check_lab
 
 GB = 1e9
@@ -73,6 +72,7 @@ COLUMNS = [
     "planner_peak_gb",
     "planner_error_pct",
     "planner_fits",
+    "planner_source",
     "loss_first",
     "loss_last",
     "val_loss_final",
@@ -108,7 +108,7 @@ DEFINITIONS = """\
 | MFU padded | the same on **padded** tokens: the work the GPU actually computed, padding included (>= MFU; the gap is the padding share) |
 | util %, power W, J/1k tok (steady) | NVML, sampled in the parent at the stated rate, over the **steady-state window** (the optimizer steps the tok/s figures use, warm-up excluded; NVML samples and iteration timestamps share one monotonic clock): mean ± std utilisation over GPUs, summed mean power, summed energy per 1,000 real tokens trained in the window. Empty on CPU: never estimated |
 | J/1k tok (run) | energy from launch to exit (imports, checkpoint load, validation, saving included) per 1,000 real training tokens: what the whole command cost, inflated on short runs |
-| plan GB | `tunelab plan`'s predicted peak allocated for the same recipe, overrides and GPU (made when the report is written), with its error against the measurement |
+| plan GB | `tunelab plan`'s predicted peak allocated for the run, with its error against the measurement: the plan its record stored before it launched (the same settings, on the GPU it found); † a record from before plans were stored, planned when the report is written from its recipe, overrides and GPU |
 | loaded / 1st step GB | peak allocated up to the first training batch (model loaded, quantized, litgpt's 2-batch sanity validation done) and up to the end of the first optimizer step; the run's peak is the alloc. column |
 | lab | the lab's published figure for the same settings, on the lab's hardware (`docs/lab.md`); Part 2 rows: the *current* allocated memory per GPU the lab printed (GiB converted to GB; a range is min-max over GPUs), not a peak |
 """
@@ -159,17 +159,16 @@ def row_of(rec: record_mod.RunRecord, lab: dict, lab_hardware: str) -> dict:
 
 
 def planner_columns(rec: record_mod.RunRecord) -> dict:
-    """The planner's prediction for a GPU row (same recipe, overrides and GPU), and its error."""
-    if rec.device_type != "cuda" or not rec.device_name:
+    """The planner's prediction for a GPU row, and its error: the plan stored in its record before the run, else
+    (a record from before plans were stored) today's planner on its recipe, overrides and GPU, said so in
+    ``planner_source`` (tunelab.plan.stored.of_record)."""
+    gpu = hardware.identify(rec.device_name) if rec.device_type == "cuda" and rec.device_name else None
+    if gpu is None:
         return {}
-    try:
-        gpu = hardware.identify(rec.device_name)
-        if gpu is None:
-            return {}
-        plan = plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu, strategy=rec.strategy_file).plan
-    except Exception:  # noqa: BLE001 - a prediction that cannot be made is an empty cell, not a lost report
-        return {}
-    out = {"planner_peak_gb": plan.peak_allocated_bytes / GB, "planner_fits": plan.fits}
+    plan, source = stored.of_record(rec, gpu)
+    if plan is None:
+        return {"planner_source": source}
+    out = {"planner_peak_gb": plan.peak_allocated_bytes / GB, "planner_fits": plan.fits, "planner_source": source}
     if rec.peak_allocated_bytes and rec.status == "ok":
         out["planner_error_pct"] = (
             (plan.peak_allocated_bytes - rec.peak_allocated_bytes) / rec.peak_allocated_bytes * 100
@@ -360,10 +359,14 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
         mfu = f"{rec.mfu:.1%} ({rec.mfu_padded:.1%})" if rec.mfu is not None and rec.mfu_padded is not None else ""
         plan = ""
         if row.get("planner_peak_gb") is not None:
-            plan = f"{row['planner_peak_gb']:.2f}" + (
-                f" ({row['planner_error_pct']:+.1f}%)"
-                if row.get("planner_error_pct") is not None
-                else f" ({'fits' if row.get('planner_fits') else 'OOM'})"
+            plan = (
+                f"{row['planner_peak_gb']:.2f}"
+                + (
+                    f" ({row['planner_error_pct']:+.1f}%)"
+                    if row.get("planner_error_pct") is not None
+                    else f" ({'fits' if row.get('planner_fits') else 'OOM'})"
+                )
+                + (" †" if row.get("planner_source") == stored.TODAYS else "")
             )
         cells = [
             rec.row_id,
@@ -423,6 +426,13 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
             _f(lab.get("tok_s"), 0),
         ]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    sources = {row.get("planner_source") for row in rows if row.get("planner_peak_gb") is not None}
+    if sources:
+        out += ["", "Plan: " + "; ".join(filter(None, [
+            "the plan each record stored before its run" if stored.STORED in sources else "",
+            f"† {stored.TODAYS}: the record predates stored plans, so its recipe and overrides were planned now"
+            if stored.TODAYS in sources else "",
+        ])) + "."]  # fmt: skip
     peaks = {f"{r.precision}: {r.peak_basis} {r.peak_tflops_per_device:g} TFLOP/s" for r in records
              if r.peak_basis and r.peak_tflops_per_device is not None}  # fmt: skip
     if peaks:

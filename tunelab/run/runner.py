@@ -36,6 +36,7 @@ from tunelab.data import modules as data_modules
 from tunelab.errors import InputError, Interrupted
 from tunelab.files import open_output, read_tail
 from tunelab.paths import DATASET, ROOT, output_root
+from tunelab.plan import stored
 from tunelab.recipes import Recipe
 from tunelab.record import RunRecord, save
 from tunelab.run.collect import collect, last_error_line, latest_tokens
@@ -399,6 +400,10 @@ def run(
     rec.device_name = device_name(monitor)
     rec.device_memory_total_bytes = (monitor.memory_total_bytes() or [None])[0]
     rec.cuda = torch.version.cuda
+    if node_rank == 0:  # the prediction for this run, made before it runs and kept in its record
+        planner = f"tunelab {rec.versions.get('tunelab', '?')}, git {rec.git_sha or 'unknown'}"
+        cuda_name = rec.device_name if rec.device_type == "cuda" else None
+        rec.plan, rec.plan_error = stored.for_run(prep.settings, prep.strat, cuda_name, planner)
 
     env = dict(
         os.environ,
