@@ -618,3 +618,20 @@ def test_a_records_strategy_settings_are_checked_as_a_strategy_file_is(tmp_path)
         tar.addfile(info, io.BytesIO(data))
     with pytest.raises(StrategyError, match=r"row/record.json: strategy_settings: unknown key\(s\) \['bogus'\]"):
         own_rows(tmp_path)
+
+
+def test_planning_a_run_never_costs_the_run(monkeypatch):
+    """The runner's plan before launch: a configuration the planner refuses, or a fault in the planner itself, is
+    kept as the record's ``plan_error`` (its type and message), and the run goes on without a plan."""
+    from tunelab import settings
+    from tunelab.plan import recipe as recipe_mod
+    from tunelab.plan import stored
+
+    s = settings.resolve(resolve("tiny-llama-1.1b/lora"), [])
+    plan, error = stored.for_run(s, None, "NVIDIA H100 80GB HBM3", "tunelab test")
+    assert error is None and plan.gpu == "H100-SXM" and plan.seconds > 0 and plan.fits
+    assert sum(plan.seconds_by_cause.values()) == pytest.approx(plan.seconds)
+    for raised, words in ((ValueError("train.micro_batch_size: 0 must be"), "ValueError: train.micro_batch_size: 0 must be"),
+                          (RuntimeError("boom"), "planner fault, not the run's: RuntimeError: boom")):  # fmt: skip
+        monkeypatch.setattr(recipe_mod, "plan_settings", lambda *a, raised=raised, **k: (_ for _ in ()).throw(raised))
+        assert stored.for_run(s, None, None, "tunelab test") == (None, words)

@@ -44,7 +44,8 @@ def from_planned(planned, projection, planner: str) -> StoredPlan:
 def for_run(settings, strategy, device_name: str | None, planner: str) -> tuple[StoredPlan | None, str | None]:
     """(the plan, None) of a run about to launch: its resolved ``settings`` under its loaded ``strategy`` (None:
     litgpt's own choice) on the GPU ``device_name`` names (None, or a board the table does not know: memory only);
-    (None, the planner's one line) when the planner refuses it. ``planner``: what made it (version and commit)."""
+    (None, the planner's one line) when the planner refuses it, or a fault of the planner's own (the run goes on:
+    the plan is a prediction beside it, never a reason to lose it). ``planner``: what made it (version and commit)."""
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_settings
 
@@ -54,6 +55,8 @@ def for_run(settings, strategy, device_name: str | None, planner: str) -> tuple[
         projection = project_recipe(planned, gpu)[0] if gpu is not None else None
     except REFUSED as e:
         return None, f"{type(e).__name__}: {str(e)[:300]}"
+    except Exception as e:  # noqa: BLE001 - a fault of the planner must not cost the run: kept in the record
+        return None, f"planner fault, not the run's: {type(e).__name__}: {str(e)[:300]}"
     return from_planned(planned, projection, planner), None
 
 
