@@ -287,12 +287,27 @@ def environment(records: list[record_mod.RunRecord]) -> list[str]:
 
 
 def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) -> str:
-    """results.md: environment, definitions of every metric, the table beside the lab's, failed rows."""
-    name = meta.get("name", "sweep")
-    tiny = any(r.model_source == "tiny" for r in records)
-    cpu = all(r.device_type == "cpu" for r in records if r.device_name)
-    out = [f"# {name}: reproduced report", ""]
-    if tiny:
+    """results.md: environment, definitions of every metric, the table beside the lab's, failed rows; one function
+    per section."""
+    missing = [r for r in meta.get("rows", []) if r["id"] not in {x.row_id for x in records}]
+    out = [
+        *_md_head(meta, records),
+        *_md_environment(meta, records),
+        *_md_summary(meta, records, missing),
+        *_md_results(records, rows, missing),
+        *_md_notes(records, rows),
+        *_md_phases(records, rows),
+        *_md_failed(records),
+        *_md_settings(records),
+        *_md_definitions_and_plots(records),
+    ]
+    return "\n".join(out)
+
+
+def _md_head(meta: dict, records: list) -> list[str]:
+    """The title, the tiny model's warning, the sweep's description and note."""
+    out = [f"# {meta.get('name', 'sweep')}: reproduced report", ""]
+    if any(r.model_source == "tiny" for r in records):
         n = next((r.n_params for r in records if r.model_source == "tiny" and r.n_params), None)
         size = f"{n / 1e6:.2f} M parameters" if n else "a few hundred thousand parameters"
         out += [
@@ -305,7 +320,12 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
         out += [meta["description"], ""]
     if meta.get("note"):
         out += [f"> Note: {meta['note']}", ""]
-    out += [
+    return out
+
+
+def _md_environment(meta: dict, records: list) -> list[str]:
+    """## Environment."""
+    return [
         "## Environment",
         "",
         *environment(records),
@@ -313,119 +333,76 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
         f"- sweep file: `{meta.get('file', '?')}`; rows: {len(records)} recorded of {len(meta.get('rows', [])) or len(records)}",
         "",
     ]
+
+
+def _md_summary(meta: dict, records: list, missing: list) -> list[str]:
+    """## Summary: rows by status, rows not run and why."""
     counts = {s: sum(r.status == s for r in records) for s in record_mod.STATUSES}
-    out += ["## Summary", "", "Rows by status: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
-    missing = [r for r in meta.get("rows", []) if r["id"] not in {x.row_id for x in records}]
+    out = ["## Summary", "", "Rows by status: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
     if missing:
         reason = meta.get("not_run_reason") or "no record in the sweep directory"
         out += [f"Not run ({len(missing)}): {', '.join(r['id'] for r in missing)}: {reason}.", ""]
+    return out
 
-    mem_label = "RSS GB" if cpu else "alloc. GB"
-    header = [
-        "row",
-        "recipe",
-        "precision",
-        "micro/global",
-        "status",
-        mem_label,
-        "reserved GB",
-        "retries",
-        "plan GB (err)",
-        "step s",
-        "tok/s padded",
-        "tok/s real",
-        "padding %",
-        "litgpt s",
-        "litgpt tok/s",
-        "TFLOP/s",
-        "MFU (padded)",
-        "util % (steady)",
-        "power W (steady)",
-        "J/1k tok (steady)",
-        "J/1k tok (run)",
-        "lab status",
-        "lab GB",
-        "lab s",
-        "lab tok/s",
-    ]
-    out += ["## Results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+RESULT_HEADER = [
+    "row", "recipe", "precision", "micro/global", "status", "{mem}", "reserved GB", "retries", "plan GB (err)",
+    "step s", "tok/s padded", "tok/s real", "padding %", "litgpt s", "litgpt tok/s", "TFLOP/s", "MFU (padded)",
+    "util % (steady)", "power W (steady)", "J/1k tok (steady)", "J/1k tok (run)", "lab status", "lab GB", "lab s",
+    "lab tok/s",
+]  # fmt: skip
+"""The results table's columns ({mem}: RSS on a CPU, allocated on a GPU)."""
+
+
+def _md_results(records: list, rows: list[dict], missing: list) -> list[str]:
+    """## Results: one line per recorded row, then the rows not run with the lab's figures."""
+    cpu = all(r.device_type == "cpu" for r in records if r.device_name)
+    header = [h.format(mem="RSS GB" if cpu else "alloc. GB") for h in RESULT_HEADER]
+    out = ["## Results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row, rec in zip(rows, records):
-        mem = row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]
-        util = (
-            f"{rec.gpu_util_steady_mean:.0f} ± {rec.gpu_util_steady_std:.0f}"
-            if rec.gpu_util_steady_mean is not None and rec.gpu_util_steady_std is not None
-            else _f(rec.gpu_util_steady_mean, 0)
-        )
-        mfu = f"{rec.mfu:.1%} ({rec.mfu_padded:.1%})" if rec.mfu is not None and rec.mfu_padded is not None else ""
-        plan = ""
-        if row.get("planner_peak_gb") is not None:
-            plan = (
-                f"{row['planner_peak_gb']:.2f}"
-                + (
-                    f" ({row['planner_error_pct']:+.1f}%)"
-                    if row.get("planner_error_pct") is not None
-                    else f" ({'fits' if row.get('planner_fits') else 'OOM'})"
-                )
-                + (" †" if row.get("planner_source") == stored.TODAYS else "")
-            )
-        cells = [
-            rec.row_id,
-            rec.recipe,
-            (rec.precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
-            f"{rec.micro_batch_size}/{rec.global_batch_size}",
-            rec.status,
-            _f(mem, 3 if cpu else 2),
-            _f(row["peak_reserved_gb"]),
-            _f(row["alloc_retries"]),
-            plan,
-            _f(rec.step_time_s, 3),
-            _f(rec.tok_s_padded, 0),
-            _f(rec.tok_s_real, 0),
-            _f(row["padding_pct"], 1),
-            _f(rec.litgpt_training_time_s),
-            _f(rec.litgpt_tok_s, 0),
-            _f(rec.achieved_tflops_per_device, 1),
-            mfu,
-            util,
-            _f(rec.power_steady_w, 0),
-            _f(rec.energy_steady_j_per_1k_tokens, 1),
-            _f(rec.energy_j_per_1k_tokens, 1),
-            _f(row["lab_status"]),
-            _f(row["lab_memory_gb"]),
-            _f(row["lab_time_s"]),
-            _f(row["lab_tok_s"], 0),
-        ]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+        out.append("| " + " | ".join(str(c) for c in _result_cells(row, rec, cpu)) + " |")
     for r in missing:
         lab = r.get("lab") or {}
-        cells = [
-            r["id"],
-            r.get("recipe", ""),
-            "",
-            "",
-            "not run",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            _f(lab.get("status")),
-            _f(lab.get("memory_gb")),
-            _f(lab.get("time_s")),
-            _f(lab.get("tok_s"), 0),
-        ]
+        cells = [r["id"], r.get("recipe", ""), "", "", "not run", *[""] * 16, _f(lab.get("status")),
+                 _f(lab.get("memory_gb")), _f(lab.get("time_s")), _f(lab.get("tok_s"), 0)]  # fmt: skip
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return out
+
+
+def _result_cells(row: dict, rec, cpu: bool) -> list:
+    """One recorded row's cells in :data:`RESULT_HEADER`'s order."""
+    mem = row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]
+    util = (
+        f"{rec.gpu_util_steady_mean:.0f} ± {rec.gpu_util_steady_std:.0f}"
+        if rec.gpu_util_steady_mean is not None and rec.gpu_util_steady_std is not None
+        else _f(rec.gpu_util_steady_mean, 0)
+    )
+    mfu = f"{rec.mfu:.1%} ({rec.mfu_padded:.1%})" if rec.mfu is not None and rec.mfu_padded is not None else ""
+    plan = ""
+    if row.get("planner_peak_gb") is not None:
+        plan = (
+            f"{row['planner_peak_gb']:.2f}"
+            + (
+                f" ({row['planner_error_pct']:+.1f}%)"
+                if row.get("planner_error_pct") is not None
+                else f" ({'fits' if row.get('planner_fits') else 'OOM'})"
+            )
+            + (" †" if row.get("planner_source") == stored.TODAYS else "")
+        )
+    return [
+        rec.row_id, rec.recipe, (rec.precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
+        f"{rec.micro_batch_size}/{rec.global_batch_size}", rec.status, _f(mem, 3 if cpu else 2),
+        _f(row["peak_reserved_gb"]), _f(row["alloc_retries"]), plan, _f(rec.step_time_s, 3), _f(rec.tok_s_padded, 0),
+        _f(rec.tok_s_real, 0), _f(row["padding_pct"], 1), _f(rec.litgpt_training_time_s), _f(rec.litgpt_tok_s, 0),
+        _f(rec.achieved_tflops_per_device, 1), mfu, util, _f(rec.power_steady_w, 0),
+        _f(rec.energy_steady_j_per_1k_tokens, 1), _f(rec.energy_j_per_1k_tokens, 1), _f(row["lab_status"]),
+        _f(row["lab_memory_gb"]), _f(row["lab_time_s"]), _f(row["lab_tok_s"], 0),
+    ]  # fmt: skip
+
+
+def _md_notes(records: list, rows: list[dict]) -> list[str]:
+    """Where the plan column came from, and the MFU peaks used."""
+    out = []
     sources = {row.get("planner_source") for row in rows if row.get("planner_peak_gb") is not None}
     if sources:
         out += ["", "Plan: " + "; ".join(filter(None, [
@@ -437,56 +414,54 @@ def markdown(meta: dict, records: list[record_mod.RunRecord], rows: list[dict]) 
              if r.peak_basis and r.peak_tflops_per_device is not None}  # fmt: skip
     if peaks:
         out += ["", "MFU peaks used: " + "; ".join(sorted(peaks)) + "."]
-    if any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
-        out += [
-            "",
-            "### Memory by phase",
-            "",
-            "| row | loaded GB | after 1st step GB | peak GB | plan GB |",
-            "|---|---|---|---|---|",
-        ]
-        for row, rec in zip(rows, records):
-            if rec.ranks and rec.ranks[0].phase_peak_allocated:
-                out.append(
-                    f"| {rec.row_id} | {_f(row['peak_loaded_gb'])} | {_f(row['peak_first_step_gb'])} | "
-                    f"{_f(row['peak_allocated_gb'])} | {_f(row.get('planner_peak_gb'))} |"
-                )
+    return out
+
+
+def _md_phases(records: list, rows: list[dict]) -> list[str]:
+    """### Memory by phase, where the ranks recorded it."""
+    if not any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
+        return []
+    out = ["", "### Memory by phase", "", "| row | loaded GB | after 1st step GB | peak GB | plan GB |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    for row, rec in zip(rows, records):
+        if rec.ranks and rec.ranks[0].phase_peak_allocated:
+            out.append(
+                f"| {rec.row_id} | {_f(row['peak_loaded_gb'])} | {_f(row['peak_first_step_gb'])} | "
+                f"{_f(row['peak_allocated_gb'])} | {_f(row.get('planner_peak_gb'))} |"
+            )
+    return out
+
+
+def _md_failed(records: list) -> list[str]:
+    """## Rows that did not finish, with their error."""
     failed = [r for r in records if r.status != "ok"]
-    if failed:
-        out += ["", "## Rows that did not finish", ""]
-        out += [
-            f"- **{r.row_id}** ({r.recipe}): {r.status}: `{(r.error or '').replace('`', '')[:300]}`" for r in failed
-        ]
-    out += [
-        "",
-        "## Settings of each row",
-        "",
-        "| row | overrides on the recipe | strategy | model |",
-        "|---|---|---|---|",
+    if not failed:
+        return []
+    return ["", "## Rows that did not finish", ""] + [
+        f"- **{r.row_id}** ({r.recipe}): {r.status}: `{(r.error or '').replace('`', '')[:300]}`" for r in failed
     ]
-    out += [
+
+
+def _md_settings(records: list) -> list[str]:
+    """## Settings of each row: its overrides, strategy and model."""
+    return ["", "## Settings of each row", "", "| row | overrides on the recipe | strategy | model |",
+            "|---|---|---|---|"] + [
         f"| {r.row_id} | `{' '.join(r.overrides) or '(recipe as is)'}` | {r.strategy} | {r.model_name} "
         f"({r.model_source}) |"
         for r in records
-    ]
-    out += [
-        "",
-        "## Definitions",
-        "",
-        DEFINITIONS,
-        "## Plots",
-        "",
-        "![peak memory per row](memory.png)",
-        "",
-        "![throughput per row](throughput.png)",
-        "",
-    ]
+    ]  # fmt: skip
+
+
+def _md_definitions_and_plots(records: list) -> list[str]:
+    """## Definitions and ## Plots, and the files beside the report."""
+    out = ["", "## Definitions", "", DEFINITIONS, "## Plots", "", "![peak memory per row](memory.png)", "",
+           "![throughput per row](throughput.png)", ""]  # fmt: skip
     if any(r.device_count > 1 for r in records):
         out += ["![memory by rank](memory_by_rank.png)", ""]
     if any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
         out += ["![memory by phase](memory_phases.png)", ""]
     out += ["Files: `results.csv` (every column, every row), the run records under the sweep directory.", ""]
-    return "\n".join(out)
+    return out
 
 
 def _marks(ax, values: list, **style) -> None:
