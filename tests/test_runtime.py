@@ -406,3 +406,25 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     fast_fsdp = dataclasses.replace(full, fabric=False, strategy="fsdp", devices=4)  # tunelab's loop, sharded
     assert runtime.checkpoint_bytes(fast_fsdp) == (2 * total, 2 * total)
     assert runtime.checkpoint_bytes(dataclasses.replace(fast_fsdp, fabric=True))[0] == 6 * total
+
+
+def test_the_host_and_the_board_scale_their_own_causes_only(items):
+    """``by_cause``'s machine factors: the host's time per op moves only the host's share (a LoRA step of a 1B model
+    is launch-bound, a 7B full step is not), the board's time per kernel moves the kernels' causes; the lab-machine
+    diagnostic fits both on the lab's rows, inside the grid it states, and its error is the rows' left out."""
+    from tunelab import hardware
+    from tunelab.plan import runtime_accuracy
+
+    a100 = hardware.lookup("A100-80GB")
+    by_id = {r.id: t for r, t, *_ in items}
+    lora, full = by_id["s10"], by_id["s7"]
+    base, fast_host = lora.by_cause(a100), lora.by_cause(a100, host_scale=0.5)
+    assert fast_host["host launches"] < base["host launches"] and fast_host["matmul"] == base["matmul"]
+    assert full.by_cause(a100, host_scale=0.5)["host launches"] == full.by_cause(a100)["host launches"] == 0
+    slow = full.by_cause(a100, gpu_scale=1.2)
+    for cause in ("matmul", "elementwise", "optimizer"):
+        assert slow[cause] == pytest.approx(1.2 * full.by_cause(a100)[cause])
+    m = runtime_accuracy.lab_machine()
+    assert m["host"] in runtime_accuracy.HOST_SCALES and m["gpu"] in runtime_accuracy.GPU_SCALES
+    assert set(m["loo"]) == {"s2", "s3", "s4", "s5", "s6", "s7", "s10", "s11", "s12", "s13", "s14"}
+    assert m["mae"] == pytest.approx(sum(map(abs, m["loo"].values())) / 11)

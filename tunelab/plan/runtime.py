@@ -24,6 +24,7 @@ constants through their own peak FLOP/s and bandwidth (configs/hardware/gpus.yam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -170,7 +171,7 @@ class Terms:
     kernels: KernelWork | str = ""
     """The step the kernel model times (:func:`kernel_work`), or why it does not."""
 
-    def by_cause(self, gpu) -> dict:
+    def by_cause(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> dict:
         """The run's seconds on ``gpu`` by cause (:data:`CAUSES`; they sum to the run), from the kernel model:
 
         * training: each micro batch's forward and backward (forward again under activation checkpointing) and
@@ -184,18 +185,30 @@ class Terms:
         * QLoRA: each forward and backward also dequantizes every 4-bit weight (:data:`DEQUANT_BYTES_PER_WEIGHT`,
           :data:`DEQUANT_KERNELS` launches each), its GPU time as "dequantization";
         * checkpoint saves: every ``train.save_interval`` optimizer steps (:meth:`save_seconds`);
-        * communication: what compute does not hide (:mod:`tunelab.plan.comm`)."""
+        * communication: what compute does not hide (:mod:`tunelab.plan.comm`).
+
+        ``host_scale`` and ``gpu_scale`` (litgpt's loop): the launching host's time per op and the board's time per
+        kernel relative to the constants' (the H100 machine's host; the table's board at its fitted efficiencies),
+        as a machine that differs from them would run; 1 is the planner's."""
         from tunelab.plan import kernels
 
         k = self.kernels
         if k.fast is not None:
             return self._fast_by_cause(gpu)
         st = kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
-        h, d = LITGPT_HOST_S_PER_OP, self.detail
+        if gpu_scale != 1.0:
+            st = dataclasses.replace(
+                st,
+                gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
+                gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
+            )
+        h, d = LITGPT_HOST_S_PER_OP * host_scale, self.detail
         rate = gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY
         dq_train, dq_eval, dq_train_ops, dq_eval_ops = k.dequant or (0, 0, 0, 0)
-        dq_gpu = 2 * (
-            dq_train * DEQUANT_BYTES_PER_WEIGHT / rate + dq_train_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S
+        dq_gpu = (
+            2
+            * gpu_scale
+            * (dq_train * DEQUANT_BYTES_PER_WEIGHT / rate + dq_train_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S)
         )
         dq_ops = 2 * dq_train_ops * DEQUANT_KERNELS
         train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
@@ -213,7 +226,9 @@ class Terms:
         it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
-        ev_dq = dq_eval * DEQUANT_BYTES_PER_WEIGHT / rate + dq_eval_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S
+        ev_dq = gpu_scale * (
+            dq_eval * DEQUANT_BYTES_PER_WEIGHT / rate + dq_eval_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S
+        )
         ev_ops = ops.get("validation", 0) + dq_eval_ops * DEQUANT_KERNELS
         out["validation"] = ev * max(g.get("validation", 0.0) + ev_dq, h * ev_ops)
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
