@@ -635,3 +635,22 @@ def test_planning_a_run_never_costs_the_run(monkeypatch):
                           (RuntimeError("boom"), "planner fault, not the run's: RuntimeError: boom")):  # fmt: skip
         monkeypatch.setattr(recipe_mod, "plan_settings", lambda *a, raised=raised, **k: (_ for _ in ()).throw(raised))
         assert stored.for_run(s, None, None, "tunelab test") == (None, words)
+
+
+def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_them():
+    """FSDP2 gathers the root again at the backward's start. tunelab's loop has dropped the logits by then (the plan
+    takes the larger of the two moments); litgpt's loop still holds them (the two add up)."""
+    from litgpt import Config
+
+    from tunelab.plan import memory
+
+    def plan(fabric):
+        x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", precision="bf16-true",
+                             micro_batch_size=2, seq_len=512, devices=4, strategy="fsdp", fabric=fabric)  # fmt: skip
+        return memory.predict(x).breakdown_bytes
+
+    tunelab, litgpt = plan(False), plan(True)
+    assert tunelab["logits_and_loss"] == 0 and tunelab["sharding_buffers"] >= memory.root_regathered(
+        memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", micro_batch_size=2, seq_len=512,
+                         devices=4, strategy="fsdp"))  # fmt: skip
+    assert litgpt["logits_and_loss"] > 0 and litgpt["sharding_buffers"] == tunelab["sharding_buffers"]

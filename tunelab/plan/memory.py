@@ -787,10 +787,13 @@ def predict(x: PlanInput) -> Plan:
     accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
     in_flight, regather = dev.in_flight, root_regathered(x)
     if regather:  # FSDP2: the largest of a late block's forward, the loss (every unit resharded) and the backward's
-        # start (the root gathered again): the gathered parameters and the logits never meet
+        # start (the root gathered again); in tunelab's loop the gathered parameters and the logits never meet, in
+        # litgpt's the logits it holds are still there when the root is gathered again
         in_flight -= dev.gathered
         gathered = max(regather, fsdp2_gathered(x))
-        if gathered > logits:
+        if x.fabric:
+            in_flight += gathered
+        elif gathered > logits:
             in_flight, logits = in_flight + gathered, 0.0
     elif x.fsdp_root_kept and dev.gathered:  # FSDP1: the loss runs with the root gathered and no block (MemTracker
         # at the per-rank simulation's loss, Gemma 2B full on 8 devices): a late block's pair and the logits never meet
