@@ -172,3 +172,53 @@ def test_a_finished_run_is_planned_again_in_one_labelled_place():
     sources = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]
     hits = [str(p.relative_to(ROOT)) for p in sources if pattern.search(p.read_text(encoding="utf-8"))]
     assert hits == ["tunelab/plan/stored.py"], hits
+
+
+LONG_FUNCTIONS = frozenset(
+    {
+        "tunelab.checkpoints._build",
+        "tunelab.cli.advise.handle",
+        "tunelab.cli.plan.add_parser",
+        "tunelab.cli.run.handle",
+        "tunelab.cli.tune_batch.handle",
+        "tunelab.parallel.wrap",
+        "tunelab.plan.accuracy.write_accuracy",
+        "tunelab.plan.activations.saved_bytes",
+        "tunelab.plan.advise.candidates",
+        "tunelab.plan.comm.per_step",
+        "tunelab.plan.compiled.trace_block",
+        "tunelab.plan.fast_step.fast_step",
+        "tunelab.plan.measure.measure",
+        "tunelab.plan.memory.model_states",
+        "tunelab.plan.memory._divide",
+        "tunelab.plan.memory.predict",
+        "tunelab.plan.ranks.simulate_ranks",
+        "tunelab.plan.render.render",
+        "tunelab.plan.runtime.terms",
+        "tunelab.plan.runtime.by_cause",
+        "tunelab.plan.simulate.simulate",
+        "tunelab.report.sweep.plots",
+        "tunelab.run.runner.prepare",
+        "tunelab.run.runner.run",
+        "tunelab.run.sweep._run_locked",
+        "tunelab.tune.batch.tune",
+        "tunelab.tune.bench.markdown",
+        "tunelab.tune.report.markdown",
+        "tunelab.tune.study.load",
+        "tunelab.tune.study.run_study",
+        "tunelab.validate._schedule_rules",
+    }
+)
+"""Functions of more than 60 lines not yet split into named steps: a list that may only shrink (to five at most)."""
+
+
+def test_no_new_function_over_60_lines():
+    """Every function in the package fits in 60 lines but those still listed in :data:`LONG_FUNCTIONS`; a function
+    split into named steps leaves the list (the test fails until it does), a new long one fails it."""
+    found = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                found.add(f"{name}.{node.name}")
+    assert found - LONG_FUNCTIONS == set(), f"new functions over 60 lines: {sorted(found - LONG_FUNCTIONS)}"
+    assert LONG_FUNCTIONS - found == set(), f"split, so leave LONG_FUNCTIONS: {sorted(LONG_FUNCTIONS - found)}"
