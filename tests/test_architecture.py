@@ -195,7 +195,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.plan.ranks.simulate_ranks",
         "tunelab.plan.render.render",
         "tunelab.plan.runtime.terms",
-        "tunelab.plan.runtime.by_cause",
         "tunelab.plan.simulate.simulate",
         "tunelab.report.sweep.plots",
         "tunelab.run.runner.prepare",

@@ -153,6 +153,35 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
                       x if fast and x.method != "qlora" else None)  # fmt: skip
 
 
+def scaled(st, gpu_scale: float):
+    """A :class:`tunelab.plan.kernels.StepTime` with every kernel's time times ``gpu_scale`` (a board that runs
+    them slower or faster than the model's constants)."""
+    if gpu_scale == 1.0:
+        return st
+    return dataclasses.replace(
+        st,
+        gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
+        gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
+    )
+
+
+def dequantization(dequant: tuple, gpu, gpu_scale: float = 1.0) -> tuple:
+    """QLoRA's dequantization (:attr:`KernelWork.dequant`) as ((GPU seconds, ops) per training micro batch, forward
+    and backward, (GPU seconds, ops) per validation batch); zeros without it."""
+    from tunelab.plan import kernels
+
+    train, ev, train_ops, ev_ops = dequant or (0, 0, 0, 0)
+    rate = gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY
+
+    def seconds(weights: float, ops: float) -> float:
+        return gpu_scale * (weights * DEQUANT_BYTES_PER_WEIGHT / rate + ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S)
+
+    return (2 * seconds(train, train_ops), 2 * train_ops * DEQUANT_KERNELS), (
+        seconds(ev, ev_ops),
+        ev_ops * DEQUANT_KERNELS,
+    )
+
+
 CAUSES = ("matmul", "attention", "elementwise", "dequantization", "optimizer", "host launches", "validation",
           "generation", "checkpoint saves", "communication")  # fmt: skip
 """The causes :meth:`Terms.by_cause` splits a run's seconds into."""
@@ -195,22 +224,10 @@ class Terms:
         k = self.kernels
         if k.fast is not None:
             return self._fast_by_cause(gpu)
-        st = kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
-        if gpu_scale != 1.0:
-            st = dataclasses.replace(
-                st,
-                gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
-                gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
-            )
+        st = scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer,
+                                      k.lora), gpu_scale)  # fmt: skip
         h, d = LITGPT_HOST_S_PER_OP * host_scale, self.detail
-        rate = gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY
-        dq_train, dq_eval, dq_train_ops, dq_eval_ops = k.dequant or (0, 0, 0, 0)
-        dq_gpu = (
-            2
-            * gpu_scale
-            * (dq_train * DEQUANT_BYTES_PER_WEIGHT / rate + dq_train_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S)
-        )
-        dq_ops = 2 * dq_train_ops * DEQUANT_KERNELS
+        (dq_gpu, dq_ops), (ev_dq, ev_dq_ops) = dequantization(k.dequant, gpu, gpu_scale)
         train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
         forwards = 2 if k.recompute else 1
         out = dict.fromkeys(CAUSES, 0.0)
@@ -226,10 +243,7 @@ class Terms:
         it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
-        ev_dq = gpu_scale * (
-            dq_eval * DEQUANT_BYTES_PER_WEIGHT / rate + dq_eval_ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S
-        )
-        ev_ops = ops.get("validation", 0) + dq_eval_ops * DEQUANT_KERNELS
+        ev_ops = ops.get("validation", 0) + ev_dq_ops
         out["validation"] = ev * max(g.get("validation", 0.0) + ev_dq, h * ev_ops)
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
