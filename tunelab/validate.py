@@ -410,16 +410,8 @@ def _batch_rules(c: _Context, a: dict, bad) -> None:
                 )
 
 
-def _schedule_rules(c: _Context, a: dict, bad) -> None:
-    """Warm-up and epochs that litgpt's loop divides or compares by; warm-up longer than the run. Sets
-    ``c.steps``: the run's optimizer steps when the data size is known."""
-    warmup = c.train.get("lr_warmup_steps")
-    if c.command.startswith("finetune") and (warmup is None or warmup < 1):
-        bad(
-            "train.lr_warmup_steps",
-            f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
-            "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)",
-        )
+def _interval_rules(c: _Context, a: dict, bad) -> None:
+    """Intervals litgpt's loop takes the step count modulo: 0 divides by zero at the first step."""
     for key, value in (
         ("train.save_interval", c.train.get("save_interval")),
         ("train.log_interval", c.train.get("log_interval")),
@@ -431,6 +423,18 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
                 f"is {value}; litgpt's loop takes the step count modulo it (0: ZeroDivisionError at the first step)",
                 f"set {key} >= 1" + (" (or null: no intermediate checkpoints)" if key == "train.save_interval" else ""),
             )
+
+
+def _schedule_rules(c: _Context, a: dict, bad) -> None:
+    """Warm-up and epochs that litgpt's loop divides or compares by; warm-up longer than the run. Sets
+    ``c.steps``: the run's optimizer steps when the data size is known."""
+    warmup = c.train.get("lr_warmup_steps")
+    if c.command.startswith("finetune") and (warmup is None or warmup < 1):
+        bad(
+            "train.lr_warmup_steps",
+            f"is {warmup}; litgpt's scheduler divides by it (step / warmup_steps)",
+            "set train.lr_warmup_steps >= 1 (litgpt finetune_* ignores lr_warmup_fraction)",
+        )
     epochs, max_steps = c.train.get("epochs"), c.train.get("max_steps")
     if epochs is None or epochs < 1:
         bad(
@@ -678,6 +682,7 @@ RULES = (
     _litgpt_refusal_rules,
     _precision_rules,
     _batch_rules,
+    _interval_rules,
     _schedule_rules,
     _model_rules,
     _quantization_rules,
