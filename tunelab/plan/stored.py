@@ -10,6 +10,8 @@ overrides and says so (``TODAYS``): the only re-planning from a record's overrid
 
 from __future__ import annotations
 
+import math
+
 from tunelab import hardware
 from tunelab.errors import InputError
 from tunelab.record import RunRecord, StoredPlan
@@ -28,6 +30,9 @@ def from_planned(planned, projection, planner: str) -> StoredPlan:
     """The stored form of a :class:`tunelab.plan.recipe.PlannedRecipe` (and its projection, or None)."""
     plan = planned.plan
     causes = (projection.seconds_by_cause or {}) if projection is not None else {}
+    seconds = projection.seconds if projection is not None else None
+    if seconds is not None and not (math.isfinite(seconds) and all(map(math.isfinite, causes.values()))):
+        seconds, causes = None, {}  # a time the model could not put a number on: none stored (records are finite)
     return StoredPlan(
         planner=planner,
         gpu=plan.gpu,
@@ -36,7 +41,7 @@ def from_planned(planned, projection, planner: str) -> StoredPlan:
         breakdown_bytes={k: int(v) for k, v in plan.breakdown_bytes.items()},
         fits=plan.fits if plan.gpu else None,
         max_micro_batch_size=plan.max_micro_batch_size if plan.gpu else None,
-        seconds=projection.seconds if projection is not None else None,
+        seconds=seconds,
         seconds_by_cause={k: float(v) for k, v in causes.items()},
     )
 
