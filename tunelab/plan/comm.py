@@ -57,7 +57,7 @@ from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan import memory
-from tunelab.plan.memory import PlanInput, dtype_bytes
+from tunelab.plan.memory import PlanInput, parameter_bytes
 
 LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
 OVERLAP = 0.0
@@ -210,7 +210,7 @@ def per_step(
         trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
     else:
         total, trainable = params
-    s_p = param_bytes or (4 if "mixed" in str(x.precision) else dtype_bytes(x.precision))
+    s_p = param_bytes or parameter_bytes(x.precision)
     P, G = total * s_p, trainable * s_p  # noqa: N806 - the docstring's symbols
     if params is not None or not x.fsdp_root_kept:
         R = 0.0  # noqa: N806 - FSDP2 regathers its root for backward; blocks unknown: every parameter twice

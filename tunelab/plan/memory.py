@@ -94,6 +94,23 @@ def dtype_bytes(precision: str) -> int:
     return 4
 
 
+def parameter_bytes(precision: str) -> int:
+    """Bytes per parameter element under a Lightning precision: float32 under mixed precision (the weights stay
+    float32, the compute is 16-bit), else the training dtype's (:func:`dtype_bytes`)."""
+    return 4 if "mixed" in str(precision) else dtype_bytes(precision)
+
+
+def block_params(config) -> float:
+    """One transformer block's parameters: all of them less the root unit's (:func:`root_unit_params`), over the
+    depth."""
+    return (count_params(config)[0] - root_unit_params(config)) / config.n_layer
+
+
+def last_chunk_tokens(seq_len: int) -> int:
+    """Positions in the last of litgpt's 128-token head chunks (:data:`LM_HEAD_CHUNK`) of a ``seq_len`` sequence."""
+    return seq_len - (math.ceil(seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK
+
+
 def four_bit_bytes_per_param(quantize: str) -> float:
     """Bytes per quantized weight of bnb.nf4 / bnb.fp4: 4 bits plus one fp32 absmax per 64-weight block; with
     double quantization (``-dq``) the absmax is 8-bit with an fp32 scale per 256 blocks."""
@@ -252,8 +269,7 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
     """Step 1: weights (quantized or not), gradients, optimizer states, master weights, step temporaries."""
     c = x.config
     total, emb = count_params(c)
-    mixed = "mixed" in str(x.precision)
-    s_param = 4 if mixed else dtype_bytes(x.precision)
+    s_param = parameter_bytes(x.precision)
     trainable = lora_param_count(c, x.lora_r, x.lora_targets) if x.lora else total
     quantize = x.quantize or ""
     if quantize.startswith(("bnb.nf4", "bnb.fp4")):
@@ -451,7 +467,7 @@ def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> fl
     temporaries = lora_loss_backward_temporaries(x, s_logits)
     if x.fabric:
         return head + logits + temporaries
-    last = x.seq_len - (math.ceil(x.seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK  # tokens in the last chunk
+    last = last_chunk_tokens(x.seq_len)
     return head + max(logits + (last - 1) * x.micro_batch_size * c.padded_vocab_size * s_logits, temporaries)
 
 
@@ -552,7 +568,7 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). 0 elsewhere (one unit, offload and the other
     strategies are not derived here)."""
     c = x.config
-    block = (st.total - root_unit_params(c)) / c.n_layer
+    block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
     if fsdp1_lora(x) and x.fsdp_wrap != "none" and not (x.offload_params or x.offload_optimizer):
         chunk_grads = 2 * x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size
@@ -580,9 +596,10 @@ def root_regathered(x: PlanInput) -> float:
     0 elsewhere (FSDP1 keeps the root gathered from forward to backward: it sits beside the loss)."""
     if not (x.strategy == "fsdp" and not x.fsdp_root_kept and x.sharding == "FULL_SHARD" and x.fsdp_wrap != "none"):
         return 0.0
-    s_param = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
     n_tok = x.micro_batch_size * x.seq_len
-    return 2 * root_unit_params(x.config) * s_param + n_tok * x.config.padded_vocab_size * dtype_bytes(x.precision)
+    return 2 * root_unit_params(x.config) * parameter_bytes(
+        x.precision
+    ) + n_tok * x.config.padded_vocab_size * dtype_bytes(x.precision)
 
 
 def fsdp2_gathered(x: PlanInput) -> float:
@@ -596,11 +613,9 @@ def fsdp2_gathered(x: PlanInput) -> float:
       reduce-scatter at the end of backward), the block's unsharded parameters and gradients, the next block's
       all-gather buffer and the previous one's reduce-scatter buffer (on 8 devices: 409.6 + 204.8 + 4 x 247.8 MB)."""
     c = x.config
-    s_param = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
-    root = root_unit_params(c)
-    block = (count_params(c)[0] - root) / c.n_layer
+    root, block = root_unit_params(c), block_params(c)
     backward = root + c.padded_vocab_size * c.n_embd + 4 * block if x.method == "full" else 0
-    return max(root + 3 * block, backward) * s_param
+    return max(root + 3 * block, backward) * parameter_bytes(x.precision)
 
 
 def unsharded_while_accumulating(x: PlanInput) -> bool:
@@ -615,7 +630,7 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
     shard_w = shard_g = shard_o = 1
     host = 0
     extra = in_flight = gathered = 0
-    block = (st.total - root_unit_params(c)) / c.n_layer  # one block's parameters (the root unit's apart)
+    block = block_params(c)
     grads = st.grads
     if fsdp1_lora(x):
         grads = flat_parameter_grads(x, st)
@@ -634,6 +649,8 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
             # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
             # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
             in_flight = gathered = (block * 2 + root_unit_params(c)) * st.s_param
+            if root_regathered(x):  # FSDP2: what it gathers beside the activations, by moment
+                in_flight = gathered = max(root_regathered(x), fsdp2_gathered(x))
             if x.fsdp_wrap == "none":
                 in_flight = gathered = 0
                 extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
@@ -696,7 +713,7 @@ def lora_loss_backward_temporaries(x: PlanInput, s_act: float) -> float:
     autograd has freed by then (its node has run), as the simulated step shows (tunelab/plan/simulate.py).
     ``s_act``: the logits' bytes per element. Full fine-tuning's loss gradient is counted whole in the logits term."""
     chunk = min(LM_HEAD_CHUNK, x.seq_len)
-    last = x.seq_len - (math.ceil(x.seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK  # tokens in the last chunk
+    last = last_chunk_tokens(x.seq_len)
     v = x.config.padded_vocab_size
     return (3 * chunk - (last - 1)) * x.micro_batch_size * v * s_act
 
@@ -720,7 +737,7 @@ def dequantized_weight_temporary(x: PlanInput) -> float:
     freed = positions * v * logits_bytes(x) + lora_loss_backward_temporaries(x, logits_bytes(x))  # the loss's
     head = v * c.n_embd * (s + fp16_copy) + x.micro_batch_size * x.seq_len * v * s  # + every chunk's gradient
     if c.final_logit_softcapping is not None:
-        last = x.seq_len - (math.ceil(x.seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK
+        last = last_chunk_tokens(x.seq_len)
         head -= x.micro_batch_size * last * v * s
     mlp = max(c.intermediate_size, c.n_embd) * c.n_embd * (s + fp16_copy)  # a block's, the head's gradients gone
     return max(0, head - freed, mlp - freed)
@@ -785,23 +802,20 @@ def predict(x: PlanInput) -> Plan:
     # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
     # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
     accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
-    in_flight, regather = dev.in_flight, root_regathered(x)
-    if regather:  # FSDP2: the largest of a late block's forward, the loss (every unit resharded) and the backward's
-        # start (the root gathered again); in tunelab's loop the gathered parameters and the logits never meet, in
-        # litgpt's the logits it holds are still there when the root is gathered again
-        in_flight -= dev.gathered
-        gathered = max(regather, fsdp2_gathered(x))
-        if x.fabric:
-            in_flight += gathered
-        elif gathered > logits:
-            in_flight, logits = in_flight + gathered, 0.0
-    elif x.fsdp_root_kept and dev.gathered:  # FSDP1: the loss runs with the root gathered and no block (MemTracker
-        # at the per-rank simulation's loss, Gemma 2B full on 8 devices): a late block's pair and the logits never meet
-        blocks = dev.gathered - root_unit_params(x.config) * st.s_param
-        if blocks > logits:
-            logits = 0.0
-        else:
-            in_flight -= blocks
+    # What is gathered only where the logits are not (MemTracker at the per-rank simulation's peaks): FSDP1's loss
+    # runs with its root gathered and no block (Gemma 2B full on 8 devices); FSDP2 gathers nothing at the loss, so
+    # in tunelab's loop, which drops the logits before backward, none of it meets them (in litgpt's loop the logits
+    # it holds are still there when FSDP2 gathers its root again)
+    apart = 0.0
+    if x.fsdp_root_kept and dev.gathered:
+        apart = dev.gathered - root_unit_params(x.config) * st.s_param
+    elif root_regathered(x) and not x.fabric:
+        apart = dev.gathered
+    in_flight = dev.in_flight
+    if apart > logits:
+        logits = 0.0
+    else:
+        in_flight -= apart
     base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
     forward_peak = base + logits + in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:

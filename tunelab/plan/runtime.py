@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan.flops import flops_per_token
-from tunelab.plan.memory import dtype_bytes, four_bit_bytes_per_param
+from tunelab.plan.memory import four_bit_bytes_per_param, parameter_bytes
 
 ETA = 0.6040
 """Fraction of the dense peak FLOP/s the matmul work reaches (fitted: see the module docstring)."""
@@ -81,14 +81,14 @@ def checkpoint_bytes(x) -> tuple[float, float]:
         merged = st.total * (2 if x.method == "qlora" else st.s_param)
         return st.lora_weights, st.lora_weights + merged
     model = st.total * st.s_param
-    opt = x.optimizer.split(".")[-1]
     if not x.fabric and x.strategy in ("fsdp", "deepspeed"):  # tunelab's loop saves a sharded run's model alone
         return model, model
     if x.strategy == "deepspeed":
         weights = model / x.world if x.zero_stage >= 3 else model
         each = weights + (st.optimizer + st.master) / x.world
         return each, each
-    return model + optimizer_state_bytes(opt, st.trainable, st.s_param, x.momentum), model
+    states = optimizer_state_bytes(x.optimizer.split(".")[-1], st.trainable, st.s_param, x.momentum)
+    return model + states, model
 
 
 @dataclass
@@ -354,7 +354,7 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     eval_flops = eval_iters * micro * tokens_per_sample * fpt_fwd
     recompute_flops = samples * tokens_per_sample * fpt_fwd if x.activation_checkpointing else 0.0
     total, emb = count_params(c)
-    s_param = 4 if "mixed" in str(x.precision) else dtype_bytes(x.precision)
+    s_param = parameter_bytes(x.precision)
     trainable = n_lora if lora else total
     opt = x.optimizer.split(".")[-1]
     per_param = 7 if opt.startswith("Adam") else (5 if x.momentum else 3)

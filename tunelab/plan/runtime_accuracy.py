@@ -265,15 +265,25 @@ def part2_rows() -> list[dict]:
     return rows
 
 
-def a100_rows() -> list[dict]:
-    """The lab's A100 rows: the kernel model's run by cause against litgpt's Training Time, and the fitted curve."""
+def a100_items() -> list[tuple]:
+    """The lab's timed A100 rows planned (``tunelab.plan.accuracy.lab_runtime_items``), the kernel model's step padded
+    at each row's micro batch (not the lab's 437 tokens at 8): (row, terms, peak FLOP/s, bandwidth, lab seconds)."""
     from tunelab.plan.accuracy import lab_runtime_items
 
-    rows = []
-    for r, t, peak, bw, secs in lab_runtime_items():
-        row = {"id": r.id, "recipe": r.recipe.key, "note": r.note, "lab_s": secs, "curve_s": t.seconds(peak, bw)}
-        if isinstance(t.kernels, runtime.KernelWork):  # padding at the row's micro batch, not the lab's 437 at 8
+    items = lab_runtime_items()
+    for _, t, *_ in items:
+        if isinstance(t.kernels, runtime.KernelWork):
             t.kernels = dataclasses.replace(t.kernels, tokens=default_padded_per_sample(t.kernels.micro))
+    return items
+
+
+def a100_rows(items: list | None = None) -> list[dict]:
+    """The lab's A100 rows: the kernel model's run by cause against litgpt's Training Time, and the fitted curve;
+    ``items``: :func:`a100_items` when already planned."""
+    rows = []
+    for r, t, peak, bw, secs in items or a100_items():
+        row = {"id": r.id, "recipe": r.recipe.key, "note": r.note, "lab_s": secs, "curve_s": t.seconds(peak, bw)}
+        if isinstance(t.kernels, runtime.KernelWork):
             causes = t.by_cause(hardware.lookup(r.gpu))
             row.update(kernel_s=sum(causes.values()), error=sum(causes.values()) / secs - 1, **causes)
         else:
@@ -288,19 +298,14 @@ GPU_SCALES = tuple(round(0.9 + 0.025 * i, 3) for i in range(17))
 """The lab board's time per kernel relative to the model's that :func:`lab_machine` tries (0.90 to 1.30)."""
 
 
-def lab_machine() -> dict:
+def lab_machine(items: list | None = None) -> dict:
     """A diagnostic, not used by the planner: the lab's A100 machine as two factors against the kernel model, its host's
     time per op and its board's time per kernel relative to the constants' (``Terms.by_cause``'s ``host_scale`` and
     ``gpu_scale``), fitted by least squares on relative error over the lab's Part 1 rows, then each row predicted with
     them refitted without it (leave-one-out). {"host", "gpu": the fit on every row; "loo": {row: error}; "mae": the
-    leave-one-out mean absolute error}."""
-    from tunelab.plan.accuracy import lab_runtime_items
-
-    rows = []
-    for r, t, *_, secs in lab_runtime_items():
-        if isinstance(t.kernels, runtime.KernelWork):
-            t.kernels = dataclasses.replace(t.kernels, tokens=default_padded_per_sample(t.kernels.micro))
-            rows.append((r.id, t, hardware.lookup(r.gpu), secs))
+    leave-one-out mean absolute error}; ``items``: :func:`a100_items` when already planned."""
+    rows = [(r.id, t, hardware.lookup(r.gpu), secs) for r, t, *_, secs in items or a100_items()
+            if isinstance(t.kernels, runtime.KernelWork)]  # fmt: skip
     grid = [(h, g) for h in HOST_SCALES for g in GPU_SCALES]
     err = {(i, hg): sum(t.by_cause(gpu, *hg).values()) / secs - 1 for i, t, gpu, secs in rows for hg in grid}
 
@@ -317,7 +322,8 @@ def write_report(path: Path, root: Path) -> None:
     from tunelab.files import write_csv, write_text_atomic
 
     items = h100_items(root)
-    h100, a100 = h100_rows(root, items), a100_rows()
+    lab = a100_items()  # the lab's rows planned once, for their table and the diagnostic
+    h100, a100 = h100_rows(root, items), a100_rows(lab)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     lines = [
@@ -326,7 +332,7 @@ def write_report(path: Path, root: Path) -> None:
         *_md_bench(bench_items(root)),
         *_md_part2(),
         *_md_a100(a100),
-        *_md_weak(),
+        *_md_weak(lab),
     ]
     write_text_atomic(path, "\n".join(lines))
 
@@ -491,9 +497,9 @@ def _md_a100(a100: list[dict]) -> list[str]:
     return lines
 
 
-def _md_weak() -> list[str]:
-    """Where the model is known to be weak, and what it does not model yet."""
-    m = lab_machine()
+def _md_weak(lab: list) -> list[str]:
+    """Where the model is known to be weak, and what it does not model yet; ``lab``: :func:`a100_items`."""
+    m = lab_machine(lab)
     worst = max(m["loo"], key=lambda i: abs(m["loo"][i]))
     return [
         "",
