@@ -92,6 +92,9 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),
         ("calibrate missing", ["plan", R, "--calibrate", tmp / "nope"], "--calibrate"),
         ("plan micro batch 0", ["plan", R, "--train.micro_batch_size", "0"], "micro_batch_size"),
+        ("plan save interval x", ["plan", R, "--gpu", "H100-SXM", "--train.save_interval", "x"], "train.save_interval"),
+        ("plan save interval nan", ["plan", R, "--gpu", "H100-SXM", "--train.save_interval", ".nan"], "save_interval"),
+        ("plan eval interval 0", ["plan", R, "--gpu", "H100-SXM", "--eval.interval", "0"], "eval.interval"),
         (
             "plan unknown model",
             ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"],

@@ -56,6 +56,9 @@ def check_ranges(s: Settings) -> None:
         ("num_nodes", s.args.get("num_nodes")),
         ("lora_r", s.args.get("lora_r")),
         ("train.epochs", (s.args.get("train") or {}).get("epochs")),
+        ("train.save_interval", (s.args.get("train") or {}).get("save_interval")),
+        ("train.log_interval", (s.args.get("train") or {}).get("log_interval")),
+        ("eval.interval", (s.args.get("eval") or {}).get("interval")),
     ):
         if value is None and key not in ("train.micro_batch_size", "train.global_batch_size"):
             continue  # a default applies; the batch sizes have none (an empty value, `--train.micro_batch_size ''`)
