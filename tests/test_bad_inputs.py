@@ -95,6 +95,8 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("plan save interval x", ["plan", R, "--gpu", "H100-SXM", "--train.save_interval", "x"], "train.save_interval"),
         ("plan save interval nan", ["plan", R, "--gpu", "H100-SXM", "--train.save_interval", ".nan"], "save_interval"),
         ("plan eval interval 0", ["plan", R, "--gpu", "H100-SXM", "--eval.interval", "0"], "eval.interval"),
+        ("plan save rate 0", ["plan", R, "--gpu", "H100-SXM", "--save-gbs", "0"], "--save-gbs"),
+        ("plan save rate inf", ["plan", R, "--gpu", "H100-SXM", "--save-gbs", "inf"], "--save-gbs"),
         (
             "plan unknown model",
             ["plan", R, "--checkpoint_dir", "checkpoints/foo/NotAModel"],

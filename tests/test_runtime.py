@@ -408,6 +408,25 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     assert runtime.checkpoint_bytes(dataclasses.replace(fast_fsdp, fabric=True))[0] == 6 * total
 
 
+def test_save_gbs_sets_the_rate_checkpoint_saves_are_timed_at(capsys):
+    """``tunelab plan --save-gbs``: the in-loop saves and what follows the loop are written at the user's rate (a
+    network volume is slower than the default's local NVMe); nothing else in the plan moves."""
+    from tunelab.cli import main
+
+    def plan(*extra):
+        assert main(["plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--train.save_interval", "2", "--json",
+                     *extra]) == 0  # fmt: skip
+        return json.loads(capsys.readouterr().out)["projection"]
+
+    default, slow = plan(), plan("--save-gbs", "0.35")
+    assert default["save_bytes_per_s"] == runtime.CHECKPOINT_WRITE_BYTES_PER_S and slow["save_bytes_per_s"] == 0.35e9
+    saves, slow_saves = default["seconds_by_cause"]["checkpoint saves"], slow["seconds_by_cause"]["checkpoint saves"]
+    assert saves > 0 and slow_saves == pytest.approx(2 * saves)
+    assert slow["seconds_after_loop"] == pytest.approx(2 * default["seconds_after_loop"])
+    assert slow["bytes_after_loop"] == default["bytes_after_loop"]
+    assert slow["seconds"] - default["seconds"] == pytest.approx(slow_saves - saves)
+
+
 def test_the_host_and_the_board_scale_their_own_causes_only(items):
     """``by_cause``'s machine factors: the host's time per op moves only the host's share (a LoRA step of a 1B model
     is launch-bound, a 7B full step is not), the board's time per kernel moves the kernels' causes; the lab-machine

@@ -23,15 +23,13 @@ def add_parser(sub) -> None:
         "checkpoint_dir (its model_config.yaml, else litgpt's config of the directory name), so any "
         "model litgpt knows can be planned: --checkpoint_dir checkpoints/meta-llama/Llama-2-7b-hf.",
         epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
-        "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb "
-        "(sums to peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, "
-        "seq_len_source, notes, and projection {flops_per_token, flops_formula, tokens, seconds_low/high, "
-        "mfu_low/high, mfu_source, power_w, power_source, energy_j_low/high, energy_j_per_million_tokens_low/high, "
-        "comm_bytes_per_step, comm_seconds_per_step, comm_latency_per_step, comm_source}. On several devices the "
-        "time adds communication: bytes per device per step by strategy (DDP: the gradients all-reduced, 2(n-1)/n x "
-        "their bytes; FSDP and ZeRO-3: parameters gathered for forward and backward plus gradients "
-        "reduce-scattered, ~3x the parameter bytes) over the links of configs/hardware/links.yaml, plus NCCL's "
-        "ring latency per collective call, less what compute hides (docs/planner.md).",
+        "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb (sums to "
+        "peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, seq_len_source, notes, "
+        "and with --gpu a projection: seconds (the point estimate), seconds_by_cause (matmul, attention, "
+        "elementwise, dequantization, optimizer, host launches, validation, generation, checkpoint saves, "
+        "communication; they sum to seconds), mfu_predicted_padded/real, seconds_after_loop, bytes_after_loop, "
+        "save_bytes_per_s, the MFU range's seconds_low/high and energy_j_low/high, comm_bytes_per_step and "
+        "comm_seconds_per_step on several devices. How each is computed: docs/planner.md.",
     )
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
@@ -92,6 +90,9 @@ def add_parser(sub) -> None:
         "process group (FSDP1 and FSDP2 wrapped as the run wraps them, every block; DDP's buckets), its peak per "
         "phase by kind and the collectives it issues per step",
     )
+    s.add_argument("--save-gbs", type=number(float, 0, 1e4, low_open=True, what="GB/s"), metavar="GBS",
+                   help="GB/s (1e9 bytes) your disk takes checkpoint saves at (default 0.7: torch.save on a fast "
+                   "local NVMe; a network volume is slower)")  # fmt: skip
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
@@ -129,7 +130,7 @@ def handle(args, extra) -> int:
     if args.gpu is not None:
         projection, tokens_note = project_recipe(
             planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
-            mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode,
+            mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode, save_gbs=args.save_gbs,
         )  # fmt: skip
     from tunelab.plan import kernels, measure, ranks
 

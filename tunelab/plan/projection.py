@@ -79,6 +79,9 @@ class Projection:
     and, for LoRA and QLoRA, the merged model litgpt writes (:func:`tunelab.plan.runtime.checkpoint_bytes`)."""
     bytes_after_loop: float | None = None
     """The bytes written after the loop (GB = 1e9 bytes when printed)."""
+    save_bytes_per_s: float | None = None
+    """The write rate the checkpoint saves are timed at (bytes per second: ``--save-gbs``, else
+    :data:`tunelab.plan.runtime.CHECKPOINT_WRITE_BYTES_PER_S`)."""
     mfu_predicted_padded: float | None = None
     """The run's training FLOPs on padded tokens over its predicted seconds (validation and generation included)
     x devices x the peak: the MFU the kernel model predicts."""
@@ -184,7 +187,8 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         return {"seconds_by_cause_source": f"not modelled: {work.kernels}"}
     causes = work.by_cause(gpu)
     d, seconds = work.detail, sum(causes.values())
-    after = {"seconds_after_loop": work.save_seconds(after_loop=True), "bytes_after_loop": d["final_save_bytes"]}
+    after = {"seconds_after_loop": work.save_seconds(after_loop=True), "bytes_after_loop": d["final_save_bytes"],
+             "save_bytes_per_s": work.save_bytes_per_s}  # fmt: skip
     mfu = d["train_flops"] / (seconds * d["world"] * peak) if seconds and peak else None
     real = d.get("real_tokens_per_sample")
     return {
@@ -270,13 +274,15 @@ def project_recipe(
     mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
     interconnect: str | None = None,
     internode: str | None = None,
+    save_gbs: float | None = None,
 ) -> tuple[Projection, str]:
     """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
     measured on the recipe's data with its tokenizer when both are here, else the default length distribution of
     :func:`tunelab.plan.recipe.default_lengths` padded at the run's micro batch). On several devices
     the communication term (tunelab.plan.comm) is added, over ``interconnect`` (default: the GPU's own link) and
-    between nodes over ``internode`` (needed for several nodes)."""
+    between nodes over ``internode`` (needed for several nodes). Checkpoint saves are written at ``save_gbs`` GB/s
+    (1e9 bytes) where given, else at :data:`tunelab.plan.runtime.CHECKPOINT_WRITE_BYTES_PER_S`."""
     s, x, strat = planned.settings, planned.input, planned.strategy_config
     cap = s.max_seq_length or 512
     lengths = None if tokens_per_sample else data_lengths(s)
@@ -298,6 +304,8 @@ def project_recipe(
                 + ("the data's lengths)" if lengths else "the default Alpaca-like length distribution)")
             )
     work = runtime_terms(s, x, per_sample, real)
+    if save_gbs:
+        work.save_bytes_per_s = save_gbs * 1e9
     if x.world > 1:
         work.comm = comm_mod.per_step(
             x,

@@ -84,7 +84,12 @@ def render(
             lines.append(
                 f"  checkpoints: {saves:,.0f} s of in-loop saves (included above); after the loop (not in litgpt's "
                 f"Training Time) {p.bytes_after_loop / 1e9:,.2f} GB written, {p.seconds_after_loop:,.0f} s "
-                f"[at {runtime.CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s, torch.save's rate on a fast local disk]"
+                f"[at {p.save_bytes_per_s / 1e9:g} GB/s, "
+                + (
+                    "--save-gbs]"
+                    if p.save_bytes_per_s != runtime.CHECKPOINT_WRITE_BYTES_PER_S
+                    else "torch.save's rate on a fast local disk; --save-gbs for yours]"
+                )
             )
         elif p.seconds_by_cause_source:
             lines.append(f"  time by cause: {p.seconds_by_cause_source}")

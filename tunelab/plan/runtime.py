@@ -199,6 +199,9 @@ class Terms:
     """The communication of one optimizer step (:class:`tunelab.plan.comm.Comm`), None on one device."""
     kernels: KernelWork | str = ""
     """The step the kernel model times (:func:`kernel_work`), or why it does not."""
+    save_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S
+    """Bytes per second a checkpoint save writes (``tunelab plan --save-gbs``): :data:`CHECKPOINT_WRITE_BYTES_PER_S`
+    unless the user's disk is known."""
 
     def by_cause(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> dict:
         """The run's seconds on ``gpu`` by cause (:data:`CAUSES`; they sum to the run), from the kernel model:
@@ -281,12 +284,12 @@ class Terms:
         return out
 
     def save_seconds(self, after_loop: bool = False) -> float:
-        """Seconds of checkpoint saves at :data:`CHECKPOINT_WRITE_BYTES_PER_S`: the in-loop saves (``after_loop``:
+        """Seconds of checkpoint saves at :attr:`save_bytes_per_s`: the in-loop saves (``after_loop``:
         what the run writes after its loop instead; :func:`checkpoint_bytes`). The gather of a sharded state to
         the saving rank is not timed."""
         d = self.detail
         written = d.get("final_save_bytes", 0.0) if after_loop else d.get("saves", 0) * d.get("save_bytes", 0.0)
-        return written / CHECKPOINT_WRITE_BYTES_PER_S
+        return written / self.save_bytes_per_s
 
     def seconds_on(self, gpu, peak_flops: float) -> float:
         """The run's seconds on ``gpu``: the kernel model's causes summed where it applies, else :meth:`seconds`
