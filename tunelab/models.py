@@ -150,6 +150,22 @@ def lora_tensor_numels(config, r: int, targets=LORA_TARGETS) -> list[int]:
     return per_layer * config.n_layer + head
 
 
+_TENSORS: dict = {}
+
+
+def param_tensor_numels(config) -> list[int]:
+    """Elements of each parameter tensor of litgpt's model for ``config`` (LoRA's excluded: :func:`lora_tensor_numels`),
+    in the model's order, from the model built on the meta device (no memory), once per config."""
+    key = repr(config)
+    if key not in _TENSORS:
+        import torch
+        from litgpt.model import GPT
+
+        with torch.device("meta"):
+            _TENSORS[key] = [p.numel() for p in GPT(config).parameters()]
+    return _TENSORS[key]
+
+
 def lora_param_count(config, r: int, targets=LORA_TARGETS) -> int:
     """Trainable parameters LoRA adds for rank ``r`` on ``targets`` (names of litgpt's ``lora_*`` switches that are
     on: tunelab.settings.LORA_TARGETS)."""

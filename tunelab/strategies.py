@@ -62,6 +62,12 @@ class StrategyConfig:
     """DeepSpeed: elements per gradient reduce bucket (memory vs communication efficiency)."""
     allgather_bucket_size: int = 200_000_000
     """DeepSpeed: elements per all-gather bucket."""
+    max_live_parameters: int = 1_000_000_000
+    """DeepSpeed ZeRO-3 (``stage3_max_live_parameters``, its default): parameters its prefetch may hold gathered;
+    with the reuse distance, what stays gathered from the forward into the backward (memory vs regathering)."""
+    max_reuse_distance: int = 1_000_000_000
+    """DeepSpeed ZeRO-3 (``stage3_max_reuse_distance``, its default): a parameter used again within this many
+    parameters' fetches is kept gathered; about half of it stays gathered at the forward's end."""
     # Speed switches of tunelab's loop (any strategy; configs/strategies/fast.yaml turns them all on for one GPU)
     pretokenize: bool = False
     """Tokenise every sample once before the loop (litgpt's own dataset code) instead of in a loader per batch, and
@@ -282,6 +288,8 @@ RANGES = {
     "bucket_cap_mb": 100_000,
     "reduce_bucket_size": 10**11,
     "allgather_bucket_size": 10**11,
+    "max_live_parameters": 10**13,
+    "max_reuse_distance": 10**13,
     "log_interval": 1_000_000,
     "length_grouping": 10_000,
     "pad_to_multiple": 65_536,

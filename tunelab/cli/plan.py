@@ -84,11 +84,10 @@ def add_parser(sub) -> None:
         "--simulate",
         action="store_true",
         help="also run litgpt's training step on fake tensors under torch's MemTracker (full width, 1 and 2 blocks "
-        "extrapolated; seconds) and print each phase's peak and what is alive there, beside the plan; with a GPU "
-        "(--gpu or this machine's), also the step's time by kernel on it, against the host's launches. On several "
-        "devices with --strategy fsdp (and its variants), fsdp2 or ddp: rank 0 of the world simulated under a fake "
-        "process group (FSDP1 and FSDP2 wrapped as the run wraps them, every block; DDP's buckets), its peak per "
-        "phase by kind and the collectives it issues per step",
+        "extrapolated; seconds): each phase's peak and what is alive there, beside the plan; with a GPU (--gpu or "
+        "this machine's), the step's time by kernel on it. On several devices with --strategy fsdp (and variants), "
+        "fsdp2 or ddp: rank 0 simulated under a fake process group (wrapped as the run wraps it; DDP's buckets), "
+        "its peak per phase by kind and its collectives per step; deepspeed-zero2/3: its buffers by their sizes",
     )
     s.add_argument("--save-gbs", type=number(float, 0, 1e4, low_open=True, what="GB/s"), metavar="GBS",
                    help="GB/s (1e9 bytes) your disk takes checkpoint saves at (default 0.7: torch.save on a fast "

@@ -10,7 +10,8 @@ sync while accumulating), P parameters of s_p bytes, T trainable ones with gradi
   each backward, the gradients reduce-scattered: a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (about 3x the
   parameter bytes for full fine-tuning), where R are the root unit's parameters (the embedding, the final norm, the
   head: everything outside the blocks), which FSDP1 gathers once per forward and keeps for the backward (it does
-  not free the root's parameters after forward; FSDP2 regathers them: R = 0). With FSDP1's whole model one unit
+  not free the root's parameters after forward; FSDP2 regathers them: R = 0; ZeRO-3 keeps what its coordinator holds
+  at the forward's end, :func:`tunelab.plan.memory.zero3_gathered`: R = K). With FSDP1's whole model one unit
   (``fsdp_wrap: none``) all of it is the root: a x (n-1)/n x P s_p + (n-1)/n x T s_g. Traced: the per-rank
   simulation (:mod:`tunelab.plan.ranks`) records these gathers (FSDP1's root once per forward, FSDP2's twice). LoRA under FSDP
   still gathers every frozen weight: its traffic is that of full fine-tuning less the gradients; under FSDP1 not even
@@ -31,7 +32,8 @@ protocol): :data:`BASE_LATENCY_S` plus, per ring step, the hop's latency (the li
 reduce-scatter n-1 (m-1 across). Calls per optimizer step: DDP one all-reduce per gradient bucket (DDP's own
 assignment, :func:`ddp_bucket_count`: TinyLlama's 2.2 GB of bf16 gradients in 46 buckets at 25 MB); FSDP and ZeRO-3 one gather per unit (the blocks and the
 root) per forward and per backward of each micro batch, one reduce-scatter per unit per step; ZeRO-2 its
-reduce-scatters and gathers in buckets of :data:`ZERO_BUCKET_ELEMENTS`. Small models on many devices, or many
+reduce-scatters in buckets of its ``reduce_bucket_size`` and its gathers in buckets of ``allgather_bucket_size``
+(the strategy file's keys; tunelab's files keep Lightning's 2e8 elements). Small models on many devices, or many
 micro batches, are where the latency shows.
 
 A ring that spans nodes runs at the slowest hop: the node's network link shared by its g devices (flat ring; NCCL's
@@ -66,8 +68,6 @@ A100s: DDP's step (m2, whose gradient buckets could run beside the backward) exp
 (m3, one unit, where nothing can overlap). Kept as a knob for the schedule-based overlap not modelled yet."""
 BASE_LATENCY_S = 8.4e-6
 """NCCL's base latency of a ring collective, Simple protocol (``baseLat`` in src/graph/tuning.cc, in us there)."""
-ZERO_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size`` (elements)."""
 BACKWARD_SHARE = 2 / 3
 """Share of a step's matmul FLOPs in the backward pass (4 of the 6 FLOPs per parameter and token)."""
 
@@ -226,7 +226,8 @@ def per_step(
         ("all-gather", n - 1, m - 1),
         ("reduce-scatter", n - 1, m - 1),
     )
-    zero_buckets = math.ceil(G / (ZERO_BUCKET_ELEMENTS * s_p))
+    reduces = math.ceil(G / (x.reduce_bucket_size * s_p))  # DeepSpeed's buckets, in its config's elements
+    gathers = math.ceil(P / (x.allgather_bucket_size * s_p))
     if n == 1:
         c.formula = "one device: none"
     elif (
@@ -238,7 +239,7 @@ def per_step(
         calls = (
             ddp_bucket_count(x)
             if x.strategy == "ddp" and params is None
-            else zero_buckets
+            else reduces
             if x.strategy == "deepspeed"
             else units
         )
@@ -257,7 +258,7 @@ def per_step(
         c.bytes_gpu = gathers * ring * P + ring * G
         c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
         if x.strategy == "deepspeed":
-            c.calls = [(rs[0], zero_buckets, *rs[1:]), (ag[0], zero_buckets, *ag[1:])]
+            c.calls = [(rs[0], reduces, *rs[1:]), (ag[0], gathers, *ag[1:])]
         else:
             c.calls = [(ag[0], a * units, *ag[1:]), (rs[0], units, *rs[1:])]
         c.hideable_under = "step"
@@ -274,9 +275,10 @@ def per_step(
         )
         c.hideable_under = "step"
         c.calls = [(ag[0], a * (2 * units - (1 if x.fsdp_root_kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
-    elif x.strategy == "deepspeed":  # ZeRO-3
-        c.bytes_gpu = a * 2 * ring * P + ring * G
-        c.formula = "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
+    elif x.strategy == "deepspeed":  # ZeRO-3: what is still gathered at the forward's end is not gathered again
+        K = 0.0 if params is not None else memory.zero3_gathered(x) / memory.zero_param_bytes(x) * s_p  # noqa: N806
+        c.bytes_gpu = a * ring * (2 * P - K) + ring * G
+        c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
         c.hideable_under = "step"
         c.calls = [(ag[0], a * 2 * units, *ag[1:]), (rs[0], units, *rs[1:])]
     if m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop

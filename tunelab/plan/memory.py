@@ -58,7 +58,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tunelab import hardware
-from tunelab.models import count_params, lora_param_count, lora_tensor_numels
+from tunelab.models import count_params, lora_param_count, lora_tensor_numels, param_tensor_numels
 from tunelab.plan import activations, compiled
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
 
@@ -153,6 +153,21 @@ class PlanInput:
     """FSDP sharding strategy (SHARDING)."""
     zero_stage: int = 3
     """DeepSpeed ZeRO stage."""
+    reduce_bucket_size: int = 200_000_000
+    """DeepSpeed's ``reduce_bucket_size`` (elements; a strategy file's key, 2e8 as in Lightning's DeepSpeed
+    strategy): ZeRO-2 and ZeRO-3 allocate a gradient reduce buffer of this many elements whatever the model's size
+    (:func:`zero_reduce_buffer`)."""
+    allgather_bucket_size: int = 200_000_000
+    """DeepSpeed's ``allgather_bucket_size`` (elements; a strategy file's key): ZeRO-2's parameter all-gather after
+    the step runs in buckets of this size (:mod:`tunelab.plan.comm` counts its calls)."""
+    zero3_max_live_parameters: int = 1_000_000_000
+    """DeepSpeed's ``stage3_max_live_parameters`` (elements; a strategy file's ``max_live_parameters``, DeepSpeed's
+    default 1e9): with the reuse distance, how many parameters ZeRO-3 holds gathered when the forward turns into
+    the backward (:func:`zero3_gathered`)."""
+    zero3_max_reuse_distance: int = 1_000_000_000
+    """DeepSpeed's ``stage3_max_reuse_distance`` (elements; a strategy file's ``max_reuse_distance``, DeepSpeed's
+    default 1e9): a parameter used again within this many parameters' fetches is not released
+    (:func:`zero3_gathered`)."""
     offload_optimizer: bool = False
     """Optimizer states (and master weights) in host RAM."""
     offload_params: bool = False
@@ -618,6 +633,82 @@ def fsdp2_gathered(x: PlanInput) -> float:
     return max(root + 3 * block, backward) * parameter_bytes(x.precision)
 
 
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+"""DeepSpeed's ``stage3_param_persistence_threshold`` (its default, elements): ZeRO-3 keeps a parameter tensor
+smaller than this whole on every rank, never partitioned nor gathered (norms, LoRA's matrices)."""
+
+
+def zero3_tensors(x: PlanInput) -> tuple[int, int]:
+    """(persistent, partitioned) parameter elements of ``x``'s model under ZeRO-3, tensor by tensor against
+    :data:`ZERO3_PERSISTENCE_THRESHOLD` (LoRA's matrices included)."""
+    numels = param_tensor_numels(x.config) + (lora_tensor_numels(x.config, x.lora_r, x.lora_targets) if x.lora else [])
+    persistent = sum(n for n in numels if n < ZERO3_PERSISTENCE_THRESHOLD)
+    return persistent, sum(numels) - persistent
+
+
+def zero3_gathered(x: PlanInput) -> float:
+    """Bytes of parameters ZeRO-3 holds gathered at the forward's end (in the 16-bit dtype DeepSpeed casts the model
+    to): the larger of ``stage3_max_live_parameters`` and half of ``stage3_max_reuse_distance`` elements, or the
+    whole partitioned model where it is smaller. Once DeepSpeed's parameter coordinator has traced a step it
+    releases no parameter used again within the reuse distance (a block near the loss is used again in the
+    backward after the blocks behind it and the head, twice over: half the distance is kept), nor one its
+    prefetch has scanned past, and it prefetches up to the live limit. Measured with DeepSpeed's own coordinator
+    on CPU over gloo (tests/test_deepspeed_memory.py), a 32-block model with limits in proportion: live 2e6 and
+    reuse 1e6 or 3.9e6 held 2.09e6 elements, reuse 8e6 4.03e6, 2e7 1.0e7 (the rule, and part of one more weight);
+    reuse 1e9 the whole model. DeepSpeed's defaults (1e9, 1e9) hold 1e9 elements, 2 GB in bf16: all of a 1B
+    model, five blocks and the head of a 7B one. Gone after the backward."""
+    partitioned = zero3_tensors(x)[1]
+    kept = max(x.zero3_max_live_parameters, x.zero3_max_reuse_distance / 2)
+    return min(partitioned, kept) * zero_param_bytes(x)
+
+
+def zero_param_bytes(x: PlanInput) -> int:
+    """Bytes per 16-bit parameter or gradient element DeepSpeed holds: bf16 wherever the precision is bf16 (tunelab's
+    DeepSpeed config turns ``bf16`` on and DeepSpeed casts the model), else the precision's."""
+    return 2 if str(x.precision).startswith("bf16") else parameter_bytes(x.precision)
+
+
+def zero2_backward_partition(x: PlanInput, st: ModelStates) -> float:
+    """ZeRO-2's 16-bit gradient partition (``grads_in_partition``, the trainable parameters / devices), allocated when
+    the first reduce bucket fills: inside the backward, beside its activations, where the trainable parameters
+    outnumber ``reduce_bucket_size``; otherwise only at the backward's end, after the activations are gone. Freed
+    at the step (which sees the float32 copy: :func:`zero_step_bytes`)."""
+    if st.trainable <= x.reduce_bucket_size:
+        return 0.0
+    return st.trainable * zero_param_bytes(x) / x.world
+
+
+def zero_step_bytes(x: PlanInput, st: ModelStates) -> tuple[float, float]:
+    """(gradients, temporary) of DeepSpeed's optimizer step on the device, before division by the devices: the
+    float32 gradient partition the step reads (ZeRO-2 converts the 16-bit partition into it; ZeRO-3 holds its
+    16-bit partitions as well: :func:`zero3_gradient_partitions`) and torch's foreach AdamW's one float32
+    temporary over the master partition. Measured with DeepSpeed's own step on CPU (foreach AdamW, as on CUDA):
+    8 bytes per trainable parameter / devices above the states at rest, ZeRO-2 and ZeRO-3 alike."""
+    if x.offload_optimizer:
+        return st.grads, 0.0
+    grads = st.trainable * 4 + (st.grads if x.zero_stage >= 3 else 0.0)
+    return grads, st.trainable * 4
+
+
+def zero3_gradient_partitions(x: PlanInput) -> bool:
+    """ZeRO-3 without optimizer offload allocates its gradient partitions (``grad_partitions_flat_buffer``, the
+    model's dtype) at its start and holds them through the run: beside the activations, not only at the step."""
+    return x.strategy == "deepspeed" and x.zero_stage >= 3 and not x.offload_optimizer
+
+
+def zero_reduce_buffer(x: PlanInput) -> float:
+    """Bytes of DeepSpeed's gradient reduce buffer (``contiguous_gradients``, as tunelab's loop configures it, with
+    ``overlap_comm`` off: one buffer; on, two): ``reduce_bucket_size`` elements in the gradients' dtype
+    (:func:`zero_param_bytes`),
+    allocated whole whatever the model's size. ZeRO-2 (``stage_1_and_2.setup_buckets``) allocates it at each
+    backward's start and frees it at its end; ZeRO-3 (``stage3``'s optimizer init) holds it for the whole run.
+    Measured on CPU with DeepSpeed's own code over gloo (tests/test_deepspeed_memory.py): 400 MB at the default 2e8
+    elements, most of a small model's peak."""
+    if x.strategy != "deepspeed" or x.zero_stage < 2:
+        return 0.0
+    return x.reduce_bucket_size * zero_param_bytes(x)
+
+
 def unsharded_while_accumulating(x: PlanInput) -> bool:
     """Sharded FSDP accumulating: the micro batches without gradient sync keep whole, unsharded gradients (counted
     in the sharding buffers); the sharded ones do not exist then (``zero_grad`` freed them)."""
@@ -667,7 +758,20 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
             shard_g = world
         if x.zero_stage >= 3:
             shard_w = world
-            extra = block * st.s_param * 2
+            persistent = zero3_tensors(x)[0] * zero_param_bytes(x)
+            extra = zero_reduce_buffer(x) + persistent * (1 - 1 / world)  # small tensors whole on every rank
+            in_flight = gathered = zero3_gathered(x)
+            notes.append(
+                "ZeRO-3: its gradient reduce buffer (reduce_bucket_size elements) and gradient partitions held "
+                f"through the run; {zero3_gathered(x) / zero_param_bytes(x) / 1e6:,.0f}M parameters gathered at the "
+                "forward's end (stage3_max_live_parameters, stage3_max_reuse_distance)"
+            )
+        elif x.zero_stage == 2:
+            in_flight = zero_reduce_buffer(x) + zero2_backward_partition(x, st)
+            notes.append("ZeRO-2: its gradient reduce buffer (reduce_bucket_size elements) from backward's start")
+    step_temp = st.step_temp
+    if x.strategy == "deepspeed" and x.zero_stage >= 2:
+        grads, step_temp = zero_step_bytes(x, st)
     weights_dev = st.weights / shard_w
     grads_dev = grads / shard_g
     opt_dev = (st.optimizer + st.master) / shard_o
@@ -678,14 +782,18 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
         notes.append("optimizer offload: states, master weights and their gradients in host RAM")
     if x.offload_params:
         host += st.weights
-        weights_dev = block * st.s_param * 2
-        notes.append("parameter offload: weights in host RAM, two blocks resident at a time")
+        if x.strategy == "deepspeed":  # ZeRO-3's gathered parameters are in_flight
+            weights_dev = 0
+            notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
+        else:
+            weights_dev = block * st.s_param * 2
+            notes.append("parameter offload: weights in host RAM, two blocks resident at a time")
     return _PerDevice(
         weights=weights_dev,
         lora_weights=st.lora_weights / shard_w,
         grads=grads_dev,
         optimizer=opt_dev,
-        step_temp=0 if x.offload_optimizer else st.step_temp / shard_o,
+        step_temp=0 if x.offload_optimizer else step_temp / shard_o,
         extra=extra,
         host=host,
         in_flight=in_flight,
@@ -802,6 +910,8 @@ def predict(x: PlanInput) -> Plan:
     # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
     # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
     accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
+    if zero3_gradient_partitions(x):  # its 16-bit partitions, held from its start
+        accumulated = max(accumulated, st.grads / x.world)
     # What is gathered only where the logits are not (MemTracker at the per-rank simulation's peaks): FSDP1's loss
     # runs with its root gathered and no block (Gemma 2B full on 8 devices); FSDP2 gathers nothing at the loss, so
     # in tunelab's loop, which drops the logits before backward, none of it meets them (in litgpt's loop the logits

@@ -24,6 +24,11 @@ nothing, but is dispatched with its real shapes):
   DDP's reducer does not run on fake tensors (its C++ checks read tensor data), so its buckets are computed, not
   traced, and said so.
 
+* **DeepSpeed ZeRO-2/3**: not simulated (DeepSpeed's engine reads tensor data and runs its own communication
+  layer: it does not run on fake tensors); ``--simulate`` prints its buffers by their sizes instead
+  (:func:`zero_sizes`): the terms of :mod:`tunelab.plan.memory` taken from DeepSpeed's config keys and the buffers its
+  code allocates, each checked against DeepSpeed itself run on CPU over gloo (tests/test_deepspeed_memory.py).
+
 Collectives are recorded as dispatched (``c10d`` ops: kind, the whole tensor's bytes, the phase) for one optimizer
 step at the model's depth; the time model times the same volumes from :mod:`tunelab.plan.comm`'s formulas, which
 tests hold equal to these traces (FSDP1's root unit gathered once per micro batch, FSDP2's twice, DDP's buckets).
@@ -421,7 +426,8 @@ def for_plan(x, strategy) -> RankSimulation:
         name = "litgpt's own choice" if strategy is None else strategy.name
         raise InputError(
             f"--simulate on {x.world} devices: {name} is not simulated per rank (simulated: "
-            f"{', '.join(SIMULATED)}); fix: --strategy fsdp, fsdp2 or ddp, or plan without --simulate"
+            f"{', '.join(SIMULATED)}; DeepSpeed ZeRO-2/3 by its sizes); fix: --strategy fsdp, fsdp2, ddp or "
+            "deepspeed-zero2/3, or plan without --simulate"
         )
     if x.method == "qlora":
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
@@ -465,19 +471,84 @@ def render(sim: RankSimulation, plan) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class ZeroSizes:
+    """DeepSpeed's buffers on one device by their sizes (``plan --simulate`` under a ZeRO strategy): each term's
+    bytes per device, where its size comes from and when it is alive."""
+
+    stage: int
+    world: int
+    terms: list[tuple[str, float, str]]
+    """(what, bytes per device, its size's source and lifetime)."""
+
+    def to_json(self) -> dict:
+        return {"deepspeed_stage": self.stage, "world": self.world,
+                "terms": [{"what": w, "bytes": b, "source": s} for w, b, s in self.terms]}  # fmt: skip
+
+
+def zero_sizes(x) -> ZeroSizes:
+    """DeepSpeed ZeRO-2/3's own buffers for a planned configuration, from its config keys and the rules its code
+    follows (:mod:`tunelab.plan.memory`'s DeepSpeed terms)."""
+    from tunelab.plan import memory
+
+    st = memory.model_states(x, [])
+    n, s16 = x.world, memory.zero_param_bytes(x)
+    grads, temp = memory.zero_step_bytes(x, st)
+    at_step = 0.0 if x.offload_optimizer else grads + temp - (st.grads if x.zero_stage >= 3 else 0.0)
+    terms = [
+        ("reduce buffer", memory.zero_reduce_buffer(x), f"reduce_bucket_size {x.reduce_bucket_size:,} x {s16} B; "
+         + ("held through the run" if x.zero_stage >= 3 else "from each backward's start to its end")),
+        ("16-bit parameters", st.weights / n if x.zero_stage >= 3 else st.weights,
+         "parameters / devices" if x.zero_stage >= 3 else "every parameter on every device (ZeRO-2)"),
+        ("float32 master and Adam moments", 0.0 if x.offload_optimizer else (st.optimizer + st.master) / n,
+         "in host RAM (offload_optimizer)" if x.offload_optimizer else "12 B x trainable / devices"),
+        ("step: float32 gradient partition and AdamW's temporary", at_step / n, "at the optimizer step"),
+    ]  # fmt: skip
+    if x.zero_stage >= 3:
+        persistent, partitioned = memory.zero3_tensors(x)
+        kept = memory.zero3_gathered(x)
+        terms += [
+            ("gathered at the forward's end", kept, f"{kept / s16:,.0f} of {partitioned:,} elements: max("
+             f"stage3_max_live_parameters {x.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)"),
+            ("16-bit gradient partitions", st.grads / n if memory.zero3_gradient_partitions(x) else 0.0,
+             "held through the run (grad_partitions_flat_buffer; in host RAM under offload_optimizer)"),
+            ("small tensors whole", persistent * s16, f"{persistent:,} elements under "
+             f"stage3_param_persistence_threshold {memory.ZERO3_PERSISTENCE_THRESHOLD:,}"),
+        ]  # fmt: skip
+    else:
+        terms.append(("16-bit gradient partition in the backward", memory.zero2_backward_partition(x, st),
+                      "trainable / devices, once the first bucket fills (none where the model fits one bucket)"))  # fmt: skip
+    return ZeroSizes(x.zero_stage, n, terms)
+
+
+def render_zero_sizes(z: ZeroSizes, plan) -> str:
+    """``plan --simulate`` under DeepSpeed: its buffers by their sizes, beside the plan's peak."""
+    lines = [f"\nDeepSpeed ZeRO-{z.stage} on {z.world} devices, by its own sizes (not simulated: its engine does not "
+             "run on fake tensors; checked against DeepSpeed run on CPU, offload not), per device, GB = 1e9 bytes:"]  # fmt: skip
+    lines += [f"  {what:<56}{b / 1e9:9.3f}  [{source}]" for what, b, source in z.terms]
+    lines.append(f"  the plan's peak: {plan.peak_allocated_bytes / 1e9:.2f} GB (its breakdown above)")
+    return "\n".join(lines)
+
+
 def simulation(x, strategy_name: str):
     """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.simulate.for_plan`) on one device,
-    rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, not simulated per rank)."""
+    rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, not simulated per rank),
+    DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`zero_sizes`)."""
     from tunelab.plan import simulate
     from tunelab.strategies import load_strategy
 
     if x.world == 1:
         return simulate.for_plan(x)
-    return for_plan(x, load_strategy(strategy_name) if strategy_name != "litgpt" else None)
+    strategy = load_strategy(strategy_name) if strategy_name != "litgpt" else None
+    if strategy is not None and strategy.name == "deepspeed" and strategy.zero_stage >= 2:
+        return zero_sizes(x)
+    return for_plan(x, strategy)
 
 
 def render_simulation(sim, plan) -> str:
-    """Either simulation beside the plan: rank 0's (:func:`render`) or the one-device step's."""
+    """Any simulation beside the plan: rank 0's (:func:`render`), DeepSpeed's sizes, or the one-device step's."""
     from tunelab.plan.render import render_simulated
 
+    if isinstance(sim, ZeroSizes):
+        return render_zero_sizes(sim, plan)
     return render(sim, plan) if isinstance(sim, RankSimulation) else render_simulated(sim, plan)

@@ -131,6 +131,10 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
             "zero_stage": strategy.zero_stage,
             "offload_optimizer": strategy.offload_optimizer,
             "offload_params": strategy.offload_params,
+            "reduce_bucket_size": strategy.reduce_bucket_size,
+            "allgather_bucket_size": strategy.allgather_bucket_size,
+            "zero3_max_live_parameters": strategy.max_live_parameters,
+            "zero3_max_reuse_distance": strategy.max_reuse_distance,
         }
     raise ValueError(f"strategy {strategy.name!r} has no memory model")
 

@@ -97,6 +97,9 @@ def deepspeed_config(strategy: StrategyConfig, micro: int, accumulation: int, pr
         "overlap_comm": False,
         "contiguous_gradients": True,
     }
+    if strategy.zero_stage == 3:
+        zero["stage3_max_live_parameters"] = strategy.max_live_parameters
+        zero["stage3_max_reuse_distance"] = strategy.max_reuse_distance
     if strategy.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if strategy.offload_params:

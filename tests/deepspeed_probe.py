@@ -1,0 +1,86 @@
+"""Run under torchrun (gloo, CPU): DeepSpeed's own ZeRO-2 and ZeRO-3 on small litgpt models, two steps of tunelab's
+loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker; rank 0 writes what it measured as JSON
+to the path in argv[1]. Read by tests/test_deepspeed_memory.py, which sets the cases in the TUNELAB_DS_CASES
+environment variable (JSON: stage, reduce bucket, layers, width, MLP width, vocabulary, heads, ZeRO-3 settings)."""
+
+import contextlib
+import json
+import os
+import sys
+
+import torch
+
+
+def _config(case):
+    from litgpt.model import Config
+
+    return Config(
+        n_layer=case["layers"], n_embd=case["embd"], n_head=case["heads"], n_query_groups=case["heads"],
+        vocab_size=case["vocab"], padded_vocab_size=case["vocab"], block_size=256, bias=False,
+        norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=case["inter"],
+        rotary_percentage=1.0, parallel_residual=False,
+    )  # fmt: skip
+
+
+def _run(case, rank):
+    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from litgpt.model import GPT
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from tunelab.run.loop import _loss, deepspeed_config
+    from tunelab.strategies import StrategyConfig
+
+    cfg = _config(case)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(torch.bfloat16)
+    bucket = int(case["bucket"])
+    strat = StrategyConfig(name="deepspeed", zero_stage=case["stage"], reduce_bucket_size=bucket,
+                           allgather_bucket_size=bucket)  # fmt: skip
+    conf = deepspeed_config(strat, case.get("micro", 2), 1, "bf16-true")
+    conf["zero_optimization"].update({k: int(v) for k, v in case.get("zero", {}).items()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    held: list = []
+
+    def gathered(module, args, output):  # what ZeRO-3 holds gathered when the forward reaches the head
+        held.append(sum(p.ds_numel for p in engine.module.parameters()
+                        if p.ds_status != ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist))  # fmt: skip
+
+    x = torch.randint(0, cfg.vocab_size, (case.get("micro", 2), case.get("tokens", 128)))
+    with tracker if case.get("track", True) else contextlib.nullcontext():
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=conf)
+        if case["stage"] == 3:
+            engine.module.lm_head.register_forward_hook(gathered)
+        for _ in range(3):
+            tracker.reset_mod_stats()
+            engine.backward(_loss(engine, x, x, "full", strat))
+            engine.step()
+        peak = tracker.get_tracker_snapshot("peak")
+        now = tracker.get_tracker_snapshot()
+    cpu = torch.device("cpu")
+    return {
+        "peak": peak.get(cpu, {}).get("Total"),
+        "at_rest": now.get(cpu, {}).get("Total"),
+        "gathered_at_head": held[-1] if held else None,
+        "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()),
+    }
+
+
+def main():
+    import deepspeed
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo's all-reduce, no JIT-built op
+    rank = int(os.environ["RANK"])
+    results = [_run(case, rank) for case in json.loads(os.environ["TUNELAB_DS_CASES"])]
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f)
+    # leave together: a rank that exits while the other still talks to it aborts that one in gloo's teardown
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
