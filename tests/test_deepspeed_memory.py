@@ -4,8 +4,9 @@ MemTracker on rank 0 (tests/deepspeed_probe.py), and compared with :func:`tunela
 
 What it checks: the reduce buffer DeepSpeed allocates whole (2e8 elements: 400 MB in bf16, most of a small model's
 peak), ZeRO-2's gradient partition in the backward and its step's float32 gradient and temporary, ZeRO-3's states
-at rest, and the rule by which ZeRO-3's coordinator keeps parameters gathered into the backward. Not checked here:
-the bytes ZeRO-3 holds at the loss on CPU (more than its coordinator says it keeps: docs/strategies.md)."""
+at rest, and the rule by which ZeRO-3's coordinator keeps parameters gathered into the backward (read from its
+parameters' states: MemTracker keeps ZeRO-3's swapped-out storages alive, so its bytes there are the whole model's;
+docs/planner.md gives the resident-memory measurement instead)."""
 
 import json
 import os
