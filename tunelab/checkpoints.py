@@ -200,34 +200,7 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
 
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or (torch.float32 if name in EMBEDDED else torch.bfloat16)
-
-    if name in EMBEDDED:
-        records = (
-            files.read_json(dataset, files.DATASET_MAX_BYTES, "dataset")
-            if Path(dataset).exists()
-            else data_mod.generate()
-        )
-        tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
-        tok.save(str(out_dir / "tokenizer.json"))
-        files.write_text_atomic(
-            out_dir / "tokenizer_config.json",
-            json.dumps(
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "add_bos_token": True,
-                    "bos_token": "<s>",
-                    "eos_token": "</s>",
-                    "unk_token": "<unk>",
-                    "model_max_length": config.block_size,
-                },
-                indent=2,
-            ),
-        )
-    else:  # real architecture: the benchmark tokenizer, whose token counts reproduce the lab's batches
-        benchmark.write_tokenizer(out_dir)
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    tok = _write_tokenizer(name, config, out_dir, dataset)
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     files.write_text_atomic(
         out_dir / "generation_config.json",
@@ -259,3 +232,36 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
     )
     tmp.replace(out_dir / "lit_model.pth")  # last: is_complete() sees a whole directory or none
     return out_dir
+
+
+def _write_tokenizer(name: str, config, out_dir: Path, dataset: Path):
+    """The model's tokenizer files in ``out_dir`` and the tokenizer: an embedded model's trained on the dataset (or
+    the generated one), a real architecture's the benchmark tokenizer (whose token counts reproduce the lab's)."""
+    if name in EMBEDDED:
+        records = (
+            files.read_json(dataset, files.DATASET_MAX_BYTES, "dataset")
+            if Path(dataset).exists()
+            else data_mod.generate()
+        )
+        tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
+        tok.save(str(out_dir / "tokenizer.json"))
+        files.write_text_atomic(
+            out_dir / "tokenizer_config.json",
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "add_bos_token": True,
+                    "bos_token": "<s>",
+                    "eos_token": "</s>",
+                    "unk_token": "<unk>",
+                    "model_max_length": config.block_size,
+                },
+                indent=2,
+            ),
+        )
+    else:  # real architecture: the benchmark tokenizer, whose token counts reproduce the lab's batches
+        benchmark.write_tokenizer(out_dir)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    return tok

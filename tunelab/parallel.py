@@ -22,7 +22,6 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
     """Apply the strategy to litgpt's model; returns the module to train (DeepSpeed is wrapped later, with the
     optimizer). ``mesh``: FSDP2's device mesh (default: one dimension of ``world`` ranks of ``device``'s type; the
     simulation makes its own outside fake-tensor mode, where a mesh cannot be built)."""
-    from litgpt.model import Block
 
     kind = strategy.name
     if strategy.activation_checkpointing and kind not in ("fsdp",):
@@ -42,40 +41,7 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
             find_unused_parameters=False,
         )
     if kind == "fsdp":
-        from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-        mp = None
-        if strategy.mixed_precision:
-            mp = MixedPrecision(**{k: getattr(torch, v) for k, v in strategy.mixed_precision.items()})
-        policy = (
-            functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
-            if strategy.auto_wrap == "block"
-            else None
-        )
-        # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
-        offload = strategy.cpu_offload and device.type == "cuda"
-        if strategy.cpu_offload and not offload and dist.get_rank() == 0:
-            print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)")
-        fsdp = FSDP(
-            model,
-            sharding_strategy=getattr(ShardingStrategy, strategy.sharding_strategy),
-            auto_wrap_policy=policy,
-            cpu_offload=CPUOffload(offload_params=offload),
-            backward_prefetch=getattr(BackwardPrefetch, strategy.backward_prefetch)
-            if strategy.backward_prefetch
-            else None,
-            mixed_precision=mp,
-            device_id=device,
-            use_orig_params=True,
-            limit_all_gathers=strategy.limit_all_gathers,
-        )
-        if strategy.activation_checkpointing:
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-
-            apply_activation_checkpointing(fsdp, check_fn=lambda m: isinstance(m, Block))
-        return fsdp
+        return _fsdp1(model, strategy, device)
     if kind == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -88,3 +54,42 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
     if kind == "deepspeed":
         return model
     raise ValueError(f"unknown strategy {kind!r}")
+
+
+def _fsdp1(model, strategy: StrategyConfig, device: torch.device):
+    """FSDP1 (``FullyShardedDataParallel``) as a ``name: fsdp`` file says: its sharding, each block a unit (or none),
+    backward prefetch, mixed-precision dtypes, ``use_orig_params``, ``limit_all_gathers``, and activation
+    checkpointing per block applied through FSDP."""
+    from litgpt.model import Block
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    mp = None
+    if strategy.mixed_precision:
+        mp = MixedPrecision(**{k: getattr(torch, v) for k, v in strategy.mixed_precision.items()})
+    policy = (
+        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+        if strategy.auto_wrap == "block"
+        else None
+    )
+    # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
+    offload = strategy.cpu_offload and device.type == "cuda"
+    if strategy.cpu_offload and not offload and dist.get_rank() == 0:
+        print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)")
+    fsdp = FSDP(
+        model,
+        sharding_strategy=getattr(ShardingStrategy, strategy.sharding_strategy),
+        auto_wrap_policy=policy,
+        cpu_offload=CPUOffload(offload_params=offload),
+        backward_prefetch=getattr(BackwardPrefetch, strategy.backward_prefetch) if strategy.backward_prefetch else None,
+        mixed_precision=mp,
+        device_id=device,
+        use_orig_params=True,
+        limit_all_gathers=strategy.limit_all_gathers,
+    )
+    if strategy.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+        apply_activation_checkpointing(fsdp, check_fn=lambda m: isinstance(m, Block))
+    return fsdp

@@ -467,22 +467,7 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
             )
         if max_steps:
             c.steps = min(c.steps, max_steps)
-        if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup == max_steps == c.steps:
-            bad(
-                "train.lr_warmup_steps",
-                f"{warmup} warm-up steps = train.max_steps: litgpt's cosine schedule "
-                "divides by max_steps - lr_warmup_steps (CosineAnnealingLR T_max=0), so the run dies with "
-                "ZeroDivisionError at its last step",
-                "lower train.lr_warmup_steps below train.max_steps",
-            )
-        elif isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
-            bad(
-                "train.lr_warmup_steps",
-                f"{warmup} warm-up steps >= the run's {c.steps} optimizer steps: the "
-                "learning rate never reaches its peak",
-                "lower train.lr_warmup_steps",
-                "warning",
-            )
+        _warmup_against_steps(c, warmup, max_steps, bad)
     elif max_steps:
         c.steps = max_steps
         if isinstance(warmup, int) and warmup == max_steps:
@@ -494,6 +479,26 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
                 "lower train.lr_warmup_steps below train.max_steps",
                 "warning",
             )
+
+
+def _warmup_against_steps(c: _Context, warmup, max_steps, bad) -> None:
+    """Warm-up against the run's known optimizer steps (``c.steps``): equal to max_steps kills litgpt's cosine
+    schedule at the last step; longer than the run never reaches the peak learning rate."""
+    if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup == max_steps == c.steps:
+        bad(
+            "train.lr_warmup_steps",
+            f"{warmup} warm-up steps = train.max_steps: litgpt's cosine schedule "
+            "divides by max_steps - lr_warmup_steps (CosineAnnealingLR T_max=0), so the run dies with "
+            "ZeroDivisionError at its last step",
+            "lower train.lr_warmup_steps below train.max_steps",
+        )
+    elif isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
+        bad(
+            "train.lr_warmup_steps",
+            f"{warmup} warm-up steps >= the run's {c.steps} optimizer steps: the learning rate never reaches its peak",
+            "lower train.lr_warmup_steps",
+            "warning",
+        )
 
 
 def _model_rules(c: _Context, a: dict, bad) -> None:

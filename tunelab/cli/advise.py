@@ -62,6 +62,19 @@ def add_parser(sub) -> None:
     s.set_defaults(func=handle)
 
 
+def _recipes(model: str, method: str) -> dict:
+    """{method: recipe} to advise on: a folder of recipes/ gives each of its methods (those ``method`` allows), a
+    recipe key or path the one."""
+    from tunelab.recipes import RECIPES_DIR, resolve
+
+    folder = RECIPES_DIR / model
+    if folder.is_dir() and "/" not in model:
+        methods = ["full", "lora", "qlora"] if method == "any" else [method]
+        return {m: resolve(f"{model}/{m}") for m in methods if (folder / f"{m}.yaml").is_file()}
+    recipe = resolve(model)
+    return {recipe.path.stem: recipe}
+
+
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     import json
@@ -69,16 +82,9 @@ def handle(args, extra) -> int:
 
     from tunelab import hardware
     from tunelab.plan import advise, memory
-    from tunelab.recipes import RECIPES_DIR, resolve
     from tunelab.strategies import StrategyError, load_strategy
 
-    folder = RECIPES_DIR / args.model
-    if folder.is_dir() and "/" not in args.model:
-        methods = ["full", "lora", "qlora"] if args.method == "any" else [args.method]
-        recipes = {m: resolve(f"{args.model}/{m}") for m in methods if (folder / f"{m}.yaml").is_file()}
-    else:
-        recipe = resolve(args.model)
-        recipes = {recipe.path.stem: recipe}
+    recipes = _recipes(args.model, args.method)
     if not recipes:
         return fail(f"{args.model}: no {args.method} recipe there; fix: --method any")
     try:

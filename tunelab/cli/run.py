@@ -29,6 +29,11 @@ def add_parser(sub) -> None:
     s.set_defaults(func=handle, passthrough=True)
 
 
+SUMMARY = ("status", "error", "peak_allocated_bytes", "peak_rss_bytes", "step_time_s", "tok_s_padded", "tok_s_real",
+           "mfu", "val_loss_final")  # fmt: skip
+"""The record's fields a finished run prints (the whole record is in record.json)."""
+
+
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.paths import output_root
@@ -71,24 +76,6 @@ def handle(args, extra) -> int:
         print(f"node {args.node_rank} done (exit code {rec.exit_code}); node 0 writes the record")
         return 0 if rec.exit_code == 0 else 1
     progress.finished(rec)
-    print(
-        json.dumps(
-            {
-                k: getattr(rec, k)
-                for k in (
-                    "status",
-                    "error",
-                    "peak_allocated_bytes",
-                    "peak_rss_bytes",
-                    "step_time_s",
-                    "tok_s_padded",
-                    "tok_s_real",
-                    "mfu",
-                    "val_loss_final",
-                )
-            },
-            indent=2,
-        )
-    )
+    print(json.dumps({k: getattr(rec, k) for k in SUMMARY}, indent=2))
     print(f"record: {Path(args.out) / 'record.json'}")
     return 0 if rec.status == "ok" else 1

@@ -61,6 +61,18 @@ def add_parser(sub) -> None:
     s.set_defaults(func=handle, passthrough=True)
 
 
+def _needs_strategy(args) -> str | None:
+    """The line for a switch that only a strategy file can carry, given without one; None when all is well."""
+    if args.activation_checkpointing and not args.strategy:
+        return (
+            "--activation-checkpointing needs --strategy (litgpt's own command decides it for itself: on "
+            "for LoRA on several devices)"
+        )
+    if args.backward_prefetch and not args.strategy:
+        return "--backward-prefetch needs an FSDP --strategy (fsdp, fsdp-no-wrap, ...)"
+    return None
+
+
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab import hardware, settings
@@ -69,13 +81,9 @@ def handle(args, extra) -> int:
     from tunelab.strategies import load_strategy
     from tunelab.tune.batch import probe_problems, render, search, summary_json
 
-    if args.activation_checkpointing and not args.strategy:
-        return fail(
-            "--activation-checkpointing needs --strategy (litgpt's own command decides it for itself: on "
-            "for LoRA on several devices)"
-        )
-    if args.backward_prefetch and not args.strategy:
-        return fail("--backward-prefetch needs an FSDP --strategy (fsdp, fsdp-no-wrap, ...)")
+    needs = _needs_strategy(args)
+    if needs:
+        return fail(needs)
     if args.devices:
         extra = [*extra, "--devices", str(args.devices)]
     try:

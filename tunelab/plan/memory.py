@@ -280,6 +280,23 @@ class ModelStates:
     """Bytes per parameter element."""
 
 
+def _optimizer_states(x: PlanInput, opt: str, trainable: int, s_param: int, notes: list) -> tuple[float, float]:
+    """(optimizer states, master weights) in bytes before any division: DeepSpeed's float32 moments and master
+    weights, a paged optimizer's device-resident states, else the optimizer's own states."""
+    if x.strategy == "deepspeed":
+        notes.append("DeepSpeed keeps fp32 master weights and fp32 optimizer states")
+        return trainable * 8, (trainable * 4 if s_param < 4 else 0)  # fp32 Adam moments; fp32 master weights
+    if "Paged" in opt:
+        notes.append(
+            f"{opt}: states of tensors from {PAGED_MIN_NUMEL:,} elements in CUDA unified memory, outside torch's "
+            "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
+        )
+        return paged_optimizer_device_states(x), 0
+    if not opt.startswith("Adam") and opt != "SGD" and "8bit" not in opt:
+        notes.append(f"optimizer {opt}: assumed 2 states per parameter")
+    return optimizer_state_bytes(opt, trainable, s_param, x.momentum), 0
+
+
 def model_states(x: PlanInput, notes: list) -> ModelStates:
     """Step 1: weights (quantized or not), gradients, optimizer states, master weights, step temporaries."""
     c = x.config
@@ -299,22 +316,7 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
     lora_weights = trainable * s_param if x.lora else 0
     grads = trainable * s_param
     opt = x.optimizer.split(".")[-1]
-    if x.strategy == "deepspeed":
-        opt_bytes = trainable * 8  # fp32 Adam moments
-        master = trainable * 4 if s_param < 4 else 0
-        notes.append("DeepSpeed keeps fp32 master weights and fp32 optimizer states")
-    else:
-        master = 0
-        if "Paged" in opt:
-            opt_bytes = paged_optimizer_device_states(x)
-            notes.append(
-                f"{opt}: states of tensors from {PAGED_MIN_NUMEL:,} elements in CUDA unified memory, outside torch's "
-                "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
-            )
-        else:
-            opt_bytes = optimizer_state_bytes(opt, trainable, s_param, x.momentum)
-            if not opt.startswith("Adam") and opt != "SGD" and "8bit" not in opt:
-                notes.append(f"optimizer {opt}: assumed 2 states per parameter")
+    opt_bytes, master = _optimizer_states(x, opt, trainable, s_param, notes)
     # torch's foreach AdamW (the default on CUDA) allocates one parameter-sized temporary (sqrt of exp_avg_sq)
     # during the step, on top of weights, gradients and states
     step_temp = (

@@ -344,6 +344,35 @@ def _ddp(config, method, precision, micro, seq_len, strategy, accumulation, lora
     return phases, collectives, notes, one.layers_built
 
 
+def _fsdp_notes(name: str) -> list[str]:
+    """What an FSDP1 or FSDP2 rank simulation ran, and what it leaves out."""
+    how = (
+        "FSDP1 as tunelab.parallel.wrap wraps litgpt's model (each block a unit, the file's sharding, "
+        "limit_all_gathers, use_orig_params), under torch's MemTracker, no_sync() before the last micro batch"
+        if name == "fsdp"
+        else "FSDP2 as tunelab.parallel.wrap shards litgpt's model (each block, then the root), under torch's "
+        "FSDPMemTracker; DTensor's shape inference left out"
+    )
+    return [
+        how,
+        "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
+        "no caching-allocator rounding; NCCL's own buffers not counted",
+    ]
+
+
+def _check_simulated(strategy, world: int, method: str) -> None:
+    """InputError for what the per-rank simulation does not run: another strategy, a world outside 2-1024, QLoRA."""
+    if strategy.name not in SIMULATED:
+        raise InputError(
+            f"--simulate: strategy {strategy.name} is not simulated per rank (simulated: {', '.join(SIMULATED)}); "
+            "fix: plan it without --simulate"
+        )
+    if not 2 <= world <= 1024:
+        raise InputError(f"--simulate: {world} devices; the per-rank simulation takes 2 to 1024")
+    if method == "qlora":
+        raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
+
+
 def simulate_ranks(
     config,
     strategy,
@@ -359,15 +388,7 @@ def simulate_ranks(
 ) -> RankSimulation:
     """Rank 0's step of ``config`` (a litgpt Config) under ``strategy`` (a :class:`tunelab.strategies.
     StrategyConfig` named in :data:`SIMULATED`) on ``world`` devices: see the module docstring."""
-    if strategy.name not in SIMULATED:
-        raise InputError(
-            f"--simulate: strategy {strategy.name} is not simulated per rank (simulated: {', '.join(SIMULATED)}); "
-            "fix: plan it without --simulate"
-        )
-    if not 2 <= world <= 1024:
-        raise InputError(f"--simulate: {world} devices; the per-rank simulation takes 2 to 1024")
-    if method == "qlora":
-        raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
+    _check_simulated(strategy, world, method)
     t0 = time.perf_counter()
     accumulation = max(accumulation, 1)
     if strategy.name == "ddp":
@@ -384,18 +405,7 @@ def simulate_ranks(
             )  # fmt: skip
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
-        how = (
-            "FSDP1 as tunelab.parallel.wrap wraps litgpt's model (each block a unit, the file's sharding, "
-            "limit_all_gathers, use_orig_params), under torch's MemTracker, no_sync() before the last micro batch"
-            if strategy.name == "fsdp"
-            else "FSDP2 as tunelab.parallel.wrap shards litgpt's model (each block, then the root), under torch's "
-            "FSDPMemTracker; DTensor's shape inference left out"
-        )
-        notes = [
-            how,
-            "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
-            "no caching-allocator rounding; NCCL's own buffers not counted",
-        ]
+        notes = _fsdp_notes(strategy.name)
     return RankSimulation(
         model=config.name,
         method=method,

@@ -226,6 +226,21 @@ class Prepared:
     run_dir: Path
 
 
+def _run_directory(recipe: Recipe, run_dir: Path | None) -> Path:
+    """The run's directory (default: a new one under the output root), absolute where the child, which runs in the
+    checkout, would read a relative one elsewhere; RunError where a file the run writes there is a symbolic link."""
+    run_dir = Path(run_dir or output_root() / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
+    if not run_dir.is_absolute() and Path.cwd().resolve() != ROOT.resolve():
+        run_dir = run_dir.absolute()  # the child runs in ROOT: a path relative to here must not move there
+    for inside in ("litgpt", "stats", "stdout.log", "stderr.log", "record.json"):  # a resumed row's own files
+        if (run_dir / inside).is_symlink():
+            raise RunError(
+                f"{run_dir / inside}: is a symbolic link; tunelab never writes through links (the run would "
+                "write wherever it points); fix: remove the link"
+            )
+    return run_dir
+
+
 def prepare(
     recipe: Recipe,
     overrides: list[str],
@@ -250,15 +265,7 @@ def prepare(
     source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
     if source == "random":
         overrides = benchmark_overrides(recipe, overrides)
-    run_dir = Path(run_dir or output_root() / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
-    if not run_dir.is_absolute() and Path.cwd().resolve() != ROOT.resolve():
-        run_dir = run_dir.absolute()  # the child runs in ROOT: a path relative to here must not move there
-    for inside in ("litgpt", "stats", "stdout.log", "stderr.log", "record.json"):  # a resumed row's own files
-        if (run_dir / inside).is_symlink():
-            raise RunError(
-                f"{run_dir / inside}: is a symbolic link; tunelab never writes through links (the run would "
-                "write wherever it points); fix: remove the link"
-            )
+    run_dir = _run_directory(recipe, run_dir)
     full_overrides = [*overrides, "--out_dir", str(run_dir / "litgpt")]
     if ckpt is not None:
         full_overrides += ["--checkpoint_dir", str(ckpt)]

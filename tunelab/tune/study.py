@@ -277,6 +277,14 @@ def study_overrides(study: Study) -> list[str]:
     return [*settings.to_overrides(study.set), "--devices", str(study.devices)]
 
 
+def _label(study: Study, st) -> str:
+    """A setting as the tuner's progress and report name it: the study, the setting and its switches."""
+    return (
+        f"{study.id}: {st.id} ({study.strategy}, activation checkpointing "
+        f"{'on' if st.activation_checkpointing else 'off'}, backward prefetch {st.backward_prefetch or 'as the file'})"
+    )
+
+
 def run_study(
     sf: StudyFile,
     study: Study,
@@ -317,10 +325,6 @@ def run_study(
             start, why, cap = best.best, f"the best micro batch of {st.at_best_of}", best.best
         elif st.start:
             start, why = st.start, "the study's start"
-        label = (
-            f"{study.id}: {st.id} ({study.strategy}, activation checkpointing "
-            f"{'on' if st.activation_checkpointing else 'off'}, backward prefetch {st.backward_prefetch or 'as the file'})"
-        )
         res = tune(
             recipe,
             extra,
@@ -334,7 +338,7 @@ def run_study(
             timeout_s=timeout_s,
             world=world,
             strategy=strategy,
-            setting=label,
+            setting=_label(study, st),
             also=also,
             predicted_largest=predicted,
         )
