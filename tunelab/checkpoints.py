@@ -244,21 +244,7 @@ def _write_tokenizer(name: str, config, out_dir: Path, dataset: Path):
             else data_mod.generate()
         )
         tok = train_tokenizer(data_mod.corpus(records), vocab_size=min(config.vocab_size, 32000))
-        tok.save(str(out_dir / "tokenizer.json"))
-        files.write_text_atomic(
-            out_dir / "tokenizer_config.json",
-            json.dumps(
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "add_bos_token": True,
-                    "bos_token": "<s>",
-                    "eos_token": "</s>",
-                    "unk_token": "<unk>",
-                    "model_max_length": config.block_size,
-                },
-                indent=2,
-            ),
-        )
+        benchmark.save_tokenizer(tok, out_dir, config.block_size)
     else:  # real architecture: the benchmark tokenizer, whose token counts reproduce the lab's batches
         benchmark.write_tokenizer(out_dir)
         from tokenizers import Tokenizer

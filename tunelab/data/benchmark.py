@@ -108,22 +108,18 @@ def generate(n: int = SIZE, seed: int = SEED) -> list[dict]:
 
 def write_tokenizer(out_dir: Path) -> None:
     """Write the benchmark tokenizer into a litgpt checkpoint directory (tokenizer.json + its config)."""
-    out_dir = Path(out_dir)
-    tok = build_tokenizer()
+    save_tokenizer(build_tokenizer(), Path(out_dir))
+
+
+def save_tokenizer(tok, out_dir: Path, model_max_length: int | None = None) -> None:
+    """A tokenizer as litgpt reads it from a checkpoint directory: tokenizer.json and a tokenizer_config.json with
+    the BOS token added, the special tokens named (and the model's length, where given)."""
     tok.save(str(out_dir / "tokenizer.json"))
-    write_text_atomic(
-        out_dir / "tokenizer_config.json",
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "add_bos_token": True,
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "unk_token": "<unk>",
-            },
-            indent=2,
-        ),
-    )
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True, "bos_token": "<s>",
+              "eos_token": "</s>", "unk_token": "<unk>"}  # fmt: skip
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    write_text_atomic(out_dir / "tokenizer_config.json", json.dumps(config, indent=2))
 
 
 def ensure(path: Path | None = None) -> Path:
