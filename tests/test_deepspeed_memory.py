@@ -52,7 +52,7 @@ def measured(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def _plan(case, **zero) -> memory.Plan:
+def _plan(case, **zero) -> memory.PlanInput:
     from litgpt.model import Config
 
     config = Config(
@@ -121,3 +121,26 @@ def test_plan_simulate_prints_deepspeeds_own_sizes():
     held = terms["reduce buffer"] + terms["gathered at the forward's end"] + terms["small tensors whole"] * 7 / 8
     assert out["breakdown_gb"]["sharding_buffers"] == pytest.approx(held / 1e9, rel=1e-3)
     assert out["breakdown_gb"]["gradients"] == pytest.approx(terms["16-bit gradient partitions"] / 1e9, rel=1e-3)
+
+
+def test_deepspeed_holds_bf16_weights_and_float32_master_weights_under_bf16_mixed():
+    """tunelab's DeepSpeed config turns bf16 on for either bf16 precision, and DeepSpeed casts the model: 2 bytes of
+    weights and gradients and 4 of master weights per parameter under bf16-mixed as under bf16-true (the plan had
+    counted float32 weights and no master copy there: 12 bytes per parameter, not 14)."""
+    case = {"stage": 2, "bucket": 2e8, **SMALL}
+    true, mixed = _plan(case), _plan(case)
+    mixed.precision = "bf16-mixed"
+    for x in (true, mixed):
+        st = memory.model_states(x, [])
+        assert (st.weights, st.grads, st.master) == (2 * st.total, 2 * st.trainable, 4 * st.trainable)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_accumulating_zero_holds_its_16_bit_gradient_partition_beside_the_activations(stage):
+    """Between micro batches ZeRO-2 and ZeRO-3 accumulate into their 16-bit gradient partitions (ZeRO-3 holds them
+    from its start): the forward's peak counts trainable / devices x 2 bytes, not the step's float32 copy."""
+    x = _plan({"stage": stage, "bucket": 2e8, **DEEP})
+    x.accumulation = 2
+    plan, st = memory.predict(x), memory.model_states(x, [])
+    assert plan.breakdown_bytes["activations"] > 0  # the forward's peak
+    assert plan.breakdown_bytes["gradients"] == int(st.grads / x.world)

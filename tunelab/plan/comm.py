@@ -210,7 +210,7 @@ def per_step(
         trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
     else:
         total, trainable = params
-    s_p = param_bytes or parameter_bytes(x.precision)
+    s_p = param_bytes or (memory.zero_param_bytes(x) if x.strategy == "deepspeed" else parameter_bytes(x.precision))
     P, G = total * s_p, trainable * s_p  # noqa: N806 - the docstring's symbols
     if params is not None or not x.fsdp_root_kept:
         R = 0.0  # noqa: N806 - FSDP2 regathers its root for backward; blocks unknown: every parameter twice

@@ -301,7 +301,7 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
     """Step 1: weights (quantized or not), gradients, optimizer states, master weights, step temporaries."""
     c = x.config
     total, emb = count_params(c)
-    s_param = parameter_bytes(x.precision)
+    s_param = zero_param_bytes(x) if x.strategy == "deepspeed" else parameter_bytes(x.precision)
     trainable = lora_param_count(c, x.lora_r, x.lora_targets) if x.lora else total
     quantize = x.quantize or ""
     if quantize.startswith(("bnb.nf4", "bnb.fp4")):
@@ -912,8 +912,9 @@ def predict(x: PlanInput) -> Plan:
     # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
     # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
     accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
-    if zero3_gradient_partitions(x):  # its 16-bit partitions, held from its start
-        accumulated = max(accumulated, st.grads / x.world)
+    if x.strategy == "deepspeed" and x.zero_stage >= 2:  # its 16-bit partitions (dev.grads is the step's float32)
+        held = zero3_gradient_partitions(x) or (x.accumulation > 1 and not x.offload_optimizer)
+        accumulated = st.grads / x.world if held else 0
     # What is gathered only where the logits are not (MemTracker at the per-rank simulation's peaks): FSDP1's loss
     # runs with its root gathered and no block (Gemma 2B full on 8 devices); FSDP2 gathers nothing at the loss, so
     # in tunelab's loop, which drops the logits before backward, none of it meets them (in litgpt's loop the logits
