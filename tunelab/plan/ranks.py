@@ -508,8 +508,9 @@ def zero_sizes(x) -> ZeroSizes:
     terms = [
         ("reduce buffer", memory.zero_reduce_buffer(x), f"reduce_bucket_size {x.reduce_bucket_size:,} x {s16} B; "
          + ("held through the run" if x.zero_stage >= 3 else "from each backward's start to its end")),
-        ("16-bit parameters", st.weights / n if x.zero_stage >= 3 else st.weights,
-         "parameters / devices" if x.zero_stage >= 3 else "every parameter on every device (ZeRO-2)"),
+        ("16-bit parameters", 0.0 if x.offload_params else st.weights / n if x.zero_stage >= 3 else st.weights,
+         "in host RAM (offload_param)" if x.offload_params else "parameters / devices" if x.zero_stage >= 3
+         else "every parameter on every device (ZeRO-2)"),
         ("float32 master and Adam moments", 0.0 if x.offload_optimizer else (st.optimizer + st.master) / n,
          "in host RAM (offload_optimizer)" if x.offload_optimizer else "12 B x trainable / devices"),
         ("step: float32 gradient partition and AdamW's temporary", at_step / n, "at the optimizer step"),
