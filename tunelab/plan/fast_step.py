@@ -165,7 +165,6 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     ``tokens`` padded tokens per sample on ``gpu`` (see the module docstring); ``compiled_host_s``: the host time per
     compiled kernel (the accuracy report refits it)."""
     from tunelab.plan import compiled, kernels
-    from tunelab.plan.memory import dtype_bytes
     from tunelab.plan.simulate import optimizer_of
 
     c, micro = x.config, x.micro_batch_size
@@ -193,14 +192,7 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
         out.host[phase] = base_ops.get(phase, 0.0) * kernels.HOST_S_PER_OP
         out.kernels[phase] = base_ops.get(phase, 0.0)
     if compiled.supported(x.precision) and x.compiled and not x.activation_checkpointing and x.method != "qlora":
-        block = compiled.block_kernels(c, method, str(x.precision), x.lora_r if x.lora else 0,
-                                       tuple(x.lora_targets) if x.lora else ())  # fmt: skip
-        secs, count = compiled_block_seconds(block, micro, tokens, gpu, sms)
-        for phase in ("forward", "backward"):
-            for cat, sec in secs.get(phase, {}).items():
-                _add(out.gpu, phase, cat, c.n_layer * sec)
-            out.host[phase] += c.n_layer * count.get(phase, 0) * compiled_host_s
-            out.kernels[phase] += c.n_layer * count.get(phase, 0)
+        _compiled_blocks(out, x, gpu, sms, tokens, compiled_host_s)
     else:  # eager blocks: one block is the template of one block less the template of none
         _, _, one, one_ops = eager(1)
         block: dict = {}
@@ -217,18 +209,44 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
                 _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, c.n_layer * sec)
             out.host[phase] += c.n_layer * more[phase] * kernels.HOST_S_PER_OP
             out.kernels[phase] += c.n_layer * more[phase]
-    rows = micro * whole_tokens
     if liger:
-        n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
-        size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2
-        ce = 2.0 * rows * c.padded_vocab_size * size  # each chunk's logits read, their gradient written in place
-        _add(out.gpu, "loss", "elementwise", max(ce / (gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY),
-                                                 n * kernels.MIN_KERNEL_S))  # fmt: skip
-        out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + LIGER_OPS_FIXED) * kernels.HOST_S_PER_OP
-        out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + LIGER_OPS_FIXED  # its matmuls are the head's, above
+        _liger_loss(out, x, gpu, micro * whole_tokens)
     # the optimizer step as traced: torch's fused AdamW is its own op there (optimizer_of: "AdamW fused")
     st = kernels.step_time(c, method, str(x.precision), micro, tokens, gpu.name, optimizer, lora)
     _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
     out.host["optimizer"] = st.ops_by_phase.get("optimizer", 0) * kernels.HOST_S_PER_OP
     out.kernels["optimizer"] = st.ops_by_phase.get("optimizer", 0)
     return out
+
+
+def _compiled_blocks(out: FastStep, x, gpu, sms: int, tokens: float, compiled_host_s: float) -> None:
+    """The compiled blocks in ``out``: one block's kernels from torch.compile's own graphs, times the depth, each
+    launched at ``compiled_host_s`` of host time."""
+    from tunelab.plan import compiled
+
+    c, method = x.config, "full" if x.method == "full" else "lora"
+    block = compiled.block_kernels(c, method, str(x.precision), x.lora_r if x.lora else 0,
+                                   tuple(x.lora_targets) if x.lora else ())  # fmt: skip
+    secs, count = compiled_block_seconds(block, x.micro_batch_size, tokens, gpu, sms)
+    for phase in ("forward", "backward"):
+        for cat, sec in secs.get(phase, {}).items():
+            _add(out.gpu, phase, cat, c.n_layer * sec)
+        out.host[phase] += c.n_layer * count.get(phase, 0) * compiled_host_s
+        out.kernels[phase] += c.n_layer * count.get(phase, 0)
+
+
+def _liger_loss(out: FastStep, x, gpu, rows: int) -> None:
+    """Liger's fused linear cross-entropy in ``out``: its chunks' logits read and their gradient written in place
+    (bytes over the bandwidth, or a minimal kernel per chunk), its ops on the host (its matmuls are the head's,
+    counted with the model)."""
+    from tunelab.plan import kernels
+    from tunelab.plan.memory import dtype_bytes
+
+    c = x.config
+    n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
+    size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2
+    ce = 2.0 * rows * c.padded_vocab_size * size  # each chunk's logits read, their gradient written in place
+    _add(out.gpu, "loss", "elementwise", max(ce / (gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY),
+                                             n * kernels.MIN_KERNEL_S))  # fmt: skip
+    out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + LIGER_OPS_FIXED) * kernels.HOST_S_PER_OP
+    out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + LIGER_OPS_FIXED  # its matmuls are the head's, above

@@ -326,14 +326,11 @@ class Terms:
         return steps * self.comm.exposed(compute_s / steps)
 
 
-def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:
-    """The run's work (see the module docstring) for a PlanInput ``x`` and litgpt's resolved ``args``."""
-    c = x.config
-    train, ev = args["train"], args.get("eval") or {}
-    world = x.world
-    micro, gbs = x.micro_batch_size, train.get("global_batch_size") or x.micro_batch_size
-    epochs = train.get("epochs") or 1
-    samples = train_samples * epochs
+def _schedule(train: dict, micro: int, train_samples: int) -> tuple[int, int]:
+    """(samples trained, optimizer steps) of litgpt's fit loop: its epochs over the training samples at the global
+    batch, cut at ``max_steps``; InputError where an epoch holds no optimizer step (litgpt divides by them)."""
+    gbs = train.get("global_batch_size") or micro
+    samples = train_samples * (train.get("epochs") or 1)
     steps = samples // gbs
     if train_samples and train_samples < gbs:  # litgpt divides by the steps per epoch: a run with none fails
         from tunelab.errors import InputError
@@ -345,6 +342,28 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     if train.get("max_steps"):
         steps = min(steps, train["max_steps"])
         samples = min(samples, steps * gbs)
+    return samples, steps
+
+
+def _dequantized_bytes(c, tokens_per_sample: float, train_iters: float, eval_iters: float) -> float:
+    """Bytes QLoRA's dequantization moves over the run, as the fitted curve counts them (6.5 bytes per 4-bit weight
+    per dequantization): every linear weight in each forward and backward, the head once per 128-token chunk in
+    training; once per validation forward."""
+    total, emb = count_params(c)
+    head = c.padded_vocab_size * c.n_embd
+    chunks = math.ceil(tokens_per_sample / 128)
+    per_train_iter = 2 * ((total - emb - head) + head * chunks) * 6.5
+    per_eval_iter = ((total - emb - head) + head) * 6.5
+    return train_iters * per_train_iter + eval_iters * per_eval_iter
+
+
+def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:
+    """The run's work (see the module docstring) for a PlanInput ``x`` and litgpt's resolved ``args``."""
+    c = x.config
+    train, ev = args["train"], args.get("eval") or {}
+    world = x.world
+    micro = x.micro_batch_size
+    samples, steps = _schedule(train, micro, train_samples)
     lora = x.lora
     n_lora = lora_param_count(c, x.lora_r, x.lora_targets) if lora else 0
     fpt = flops_per_token(c, tokens_per_sample, "lora" if lora else "full", n_lora).total
@@ -365,14 +384,8 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     quant = str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
     weight_bytes = (total - emb) * (four_bit_bytes_per_param(x.quantize) if quant else s_param) + emb * s_param
     gen_bytes = n_evals * (ev.get("max_new_tokens") or 0) * weight_bytes
-    dequant = 0.0
     train_iters = samples / micro
-    if quant:
-        head = c.padded_vocab_size * c.n_embd
-        chunks = math.ceil(tokens_per_sample / 128)
-        per_train_iter = 2 * ((total - emb - head) + head * chunks) * 6.5
-        per_eval_iter = ((total - emb - head) + head) * 6.5
-        dequant = train_iters * per_train_iter + eval_iters * per_eval_iter
+    dequant = _dequantized_bytes(c, tokens_per_sample, train_iters, eval_iters) if quant else 0.0
     memory = (opt_bytes + gen_bytes + dequant) / world
     save_bytes, final_save_bytes = checkpoint_bytes(x)
     save_interval = train.get("save_interval")
