@@ -11,7 +11,8 @@ import sys
 import torch
 
 
-def _config(case):
+def config_of(case):
+    """The case's litgpt Config (the test plans the same model)."""
     from litgpt.model import Config
 
     return Config(
@@ -31,7 +32,7 @@ def _run(case, rank):
     from tunelab.run.loop import _loss, deepspeed_config
     from tunelab.strategies import StrategyConfig
 
-    cfg = _config(case)
+    cfg = config_of(case)
     torch.manual_seed(0)
     model = GPT(cfg).to(torch.bfloat16)
     bucket = int(case["bucket"])

@@ -53,16 +53,10 @@ def measured(tmp_path_factory):
 
 
 def _plan(case, **zero) -> memory.PlanInput:
-    from litgpt.model import Config
+    from tests.deepspeed_probe import config_of
 
-    config = Config(
-        n_layer=case["layers"], n_embd=case["embd"], n_head=case["heads"], n_query_groups=case["heads"],
-        vocab_size=case["vocab"], padded_vocab_size=case["vocab"], block_size=256, bias=False,
-        norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=case["inter"],
-        rotary_percentage=1.0, parallel_residual=False,
-    )  # fmt: skip
     return memory.PlanInput(
-        config=config, micro_batch_size=case.get("micro", 2), seq_len=case.get("tokens", 128), strategy="deepspeed", zero_stage=case["stage"], devices=2,
+        config=config_of(case), micro_batch_size=case.get("micro", 2), seq_len=case.get("tokens", 128), strategy="deepspeed", zero_stage=case["stage"], devices=2,
         fabric=False, reduce_bucket_size=int(case["bucket"]), allgather_bucket_size=int(case["bucket"]), **zero,
     )  # fmt: skip
 
@@ -101,7 +95,7 @@ def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i,
     monkeypatch.setattr(memory, "ZERO3_PERSISTENCE_THRESHOLD", int(zero.get("stage3_param_persistence_threshold", 1e5)))
     x = _plan(case, **{k: int(zero[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters", "zero3_max_reuse_distance")
                        if f"stage3_{k[6:]}" in zero})  # fmt: skip
-    kept = memory.zero3_gathered(x) / memory.zero_param_bytes(x)
+    kept = memory.zero3_kept(x)
     largest = case["vocab"] * case["embd"]
     assert abs(measured[i]["gathered_at_head"] - kept) <= largest, (kept, measured[i]["gathered_at_head"])
 

@@ -276,7 +276,7 @@ def per_step(
         c.hideable_under = "step"
         c.calls = [(ag[0], a * (2 * units - (1 if x.fsdp_root_kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
     elif x.strategy == "deepspeed":  # ZeRO-3: what is still gathered at the forward's end is not gathered again
-        K = 0.0 if params is not None else memory.zero3_gathered(x) / memory.zero_param_bytes(x) * s_p  # noqa: N806
+        K = 0.0 if params is not None else memory.zero3_kept(x) * s_p  # noqa: N806
         c.bytes_gpu = a * ring * (2 * P - K) + ring * G
         c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
         c.hideable_under = "step"

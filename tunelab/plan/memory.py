@@ -659,9 +659,12 @@ def zero3_gathered(x: PlanInput) -> float:
     reuse 1e6 or 3.9e6 held 2.09e6 elements, reuse 8e6 4.03e6, 2e7 1.0e7 (the rule, and part of one more weight);
     reuse 1e9 the whole model. DeepSpeed's defaults (1e9, 1e9) hold 1e9 elements, 2 GB in bf16: all of a 1B
     model, five blocks and the head of a 7B one. Gone after the backward."""
-    partitioned = zero3_tensors(x)[1]
-    kept = max(x.zero3_max_live_parameters, x.zero3_max_reuse_distance / 2)
-    return min(partitioned, kept) * zero_param_bytes(x)
+    return zero3_kept(x) * zero_param_bytes(x)
+
+
+def zero3_kept(x: PlanInput) -> float:
+    """Parameters (elements) ZeRO-3 holds gathered at the forward's end: :func:`zero3_gathered`'s rule."""
+    return min(zero3_tensors(x)[1], max(x.zero3_max_live_parameters, x.zero3_max_reuse_distance / 2))
 
 
 def zero_param_bytes(x: PlanInput) -> int:
@@ -765,8 +768,8 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
             in_flight = gathered = zero3_gathered(x)
             notes.append(
                 "ZeRO-3: its gradient reduce buffer (reduce_bucket_size elements) and gradient partitions held "
-                f"through the run; {zero3_gathered(x) / zero_param_bytes(x) / 1e6:,.0f}M parameters gathered at the "
-                "forward's end (stage3_max_live_parameters, stage3_max_reuse_distance)"
+                f"through the run; {zero3_kept(x) / 1e6:,.0f}M parameters gathered at the forward's end "
+                "(stage3_max_live_parameters, stage3_max_reuse_distance)"
             )
         elif x.zero_stage == 2:
             in_flight = zero_reduce_buffer(x) + zero2_backward_partition(x, st)

@@ -519,7 +519,7 @@ def zero_sizes(x) -> ZeroSizes:
         persistent, partitioned = memory.zero3_tensors(x)
         kept = memory.zero3_gathered(x)
         terms += [
-            ("gathered at the forward's end", kept, f"{kept / s16:,.0f} of {partitioned:,} elements: max("
+            ("gathered at the forward's end", kept, f"{memory.zero3_kept(x):,.0f} of {partitioned:,} elements: max("
              f"stage3_max_live_parameters {x.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)"),
             ("16-bit gradient partitions", st.grads / n if memory.zero3_gradient_partitions(x) else 0.0,
              "held through the run (grad_partitions_flat_buffer; in host RAM under offload_optimizer)"),

@@ -345,11 +345,12 @@ def _schedule(train: dict, micro: int, train_samples: int) -> tuple[int, int]:
     return samples, steps
 
 
-def _dequantized_bytes(c, tokens_per_sample: float, train_iters: float, eval_iters: float) -> float:
+def _dequantized_bytes(
+    c, total: int, emb: int, tokens_per_sample: float, train_iters: float, eval_iters: float
+) -> float:
     """Bytes QLoRA's dequantization moves over the run, as the fitted curve counts them (6.5 bytes per 4-bit weight
     per dequantization): every linear weight in each forward and backward, the head once per 128-token chunk in
     training; once per validation forward."""
-    total, emb = count_params(c)
     head = c.padded_vocab_size * c.n_embd
     chunks = math.ceil(tokens_per_sample / 128)
     per_train_iter = 2 * ((total - emb - head) + head * chunks) * 6.5
@@ -385,7 +386,7 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     weight_bytes = (total - emb) * (four_bit_bytes_per_param(x.quantize) if quant else s_param) + emb * s_param
     gen_bytes = n_evals * (ev.get("max_new_tokens") or 0) * weight_bytes
     train_iters = samples / micro
-    dequant = _dequantized_bytes(c, tokens_per_sample, train_iters, eval_iters) if quant else 0.0
+    dequant = _dequantized_bytes(c, total, emb, tokens_per_sample, train_iters, eval_iters) if quant else 0.0
     memory = (opt_bytes + gen_bytes + dequant) / world
     save_bytes, final_save_bytes = checkpoint_bytes(x)
     save_interval = train.get("save_interval")
