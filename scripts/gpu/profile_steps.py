@@ -3,10 +3,12 @@
 and LoRA, bf16-true, the lab's micro batch, the benchmark workload's padded length.
 
 For each method: warm-up steps, then N timed steps with CUDA events around each phase (forward, loss, backward,
-optimizer step; medians), then one profiled step (torch.profiler) whose CUDA kernel time is split by kernel name
+optimizer step; medians; the host's own clock per phase beside them, unsynchronised: what a launch-bound step
+waits on), then one profiled step (torch.profiler) whose CUDA kernel time is split by kernel name
 into matmul, attention, cross-entropy/softmax, optimizer, normalisation/elementwise and other. MFU of the step
 = 6N (full) or 4N + 6N_lora (LoRA) FLOPs per token plus attention, x tokens / step time / the GPU's bf16 peak.
-Writes a Markdown summary (--out) and prints it.
+The machine's host speed (eager dispatch per op on the CPU and on the GPU, an nn.Module call) is measured once and
+written with every line. Writes a Markdown summary (--out) and prints it.
 
     python scripts/gpu/profile_steps.py [--micro 8] [--seq 437] [--steps 10] [--out profile.md]
     python scripts/gpu/profile_steps.py --model tiny --steps 2      (CPU rehearsal: the embedded tiny model)
@@ -114,6 +116,50 @@ def phase_times(timers) -> dict:
     return out
 
 
+def host_phase_times(timers) -> dict:
+    """Seconds the host's clock spent issuing each phase (no synchronisation inside a step: while the GPU keeps up,
+    this is the host's own time, Python, dispatcher and launches; a GPU-bound phase shows less, or the queue's
+    waits when it fills)."""
+    return {name: tb - ta for (_, _, ta), (name, _, tb) in zip(timers, timers[1:])}
+
+
+def host_probes(device: torch.device) -> dict:
+    """This machine's host speed, beside the steps it explains: eager dispatch per op on the CPU (what tunelab
+    records with every run), the same op on the GPU (dispatch + launch, unsynchronised), and one nn.Module call
+    around it (the module's Python overhead). Microseconds, medians of 5 repeats of 2,000."""
+    from tunelab.run.gpu_monitor import cpu_name, host_op_us
+
+    def per_op(fn, n=2000) -> float:
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times.append((time.perf_counter() - t) / n * 1e6)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return statistics.median(times)
+
+    x = torch.ones(16, device=device, requires_grad=True)
+    lin = torch.nn.Identity()
+    out = {"cpu": cpu_name(), "host_op_us": host_op_us()}
+    out["device_op_us"] = per_op(lambda: x * 1.0)
+    out["module_op_us"] = per_op(lambda: lin(x * 1.0))
+    return out
+
+
+def cpu_ops(prof) -> dict:
+    """The profiled step's host-side ops: {name: [calls, self host microseconds]} (the profiler's own overhead
+    included), the 200 most called."""
+    rows = [
+        (ev.key, ev.count, ev.self_cpu_time_total)
+        for ev in prof.key_averages()
+        if ev.device_type == torch.autograd.DeviceType.CPU and ev.count
+    ]
+    rows.sort(key=lambda r: -r[1])
+    return {k: [n, round(t, 1)] for k, n, t in rows[:200]}
+
+
 def profile_method(method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device) -> dict:
     from tunelab.models import lora_param_count
     from tunelab.plan.flops import flops_per_token
@@ -131,6 +177,7 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
     if device.type == "cuda":
         torch.cuda.synchronize()
     per_phase: dict[str, list[float]] = {}
+    per_host: dict[str, list[float]] = {}
     walls: list[float] = []  # host clock around each step, synchronised at its end (launch-bound steps show here)
     for _ in range(steps):
         timers: list = []
@@ -141,6 +188,8 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         walls.append(time.perf_counter() - t0)
         for k, v in phase_times(timers).items():
             per_phase.setdefault(k, []).append(v)
+        for k, v in host_phase_times(timers).items():
+            per_host.setdefault(k, []).append(v)
     medians = {k: statistics.median(v) for k, v in per_phase.items()}
     step_s = sum(medians.values())
     from torch.profiler import ProfilerActivity, profile
@@ -177,6 +226,8 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         "kernels": by_cat,
         "launches": launches,
         "wall_s": statistics.median(walls),
+        "host_phases": {k: statistics.median(v) for k, v in per_host.items()},
+        "cpu_ops": cpu_ops(prof),
         "tok_s": tokens / step_s,
         "mfu": fpt.total * tokens / step_s / peak if peak else None,
         "tflops": fpt.total * tokens / step_s / 1e12,
@@ -275,9 +326,12 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
     device_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
+    probes = host_probes(device)
+    print(f"host: {probes}", flush=True)
     for method in args.methods.split(","):
         head = {"model": args.model_name, "method": method, "micro": args.micro, "seq": args.seq}
         head |= {"device": device_name, "torch": torch.__version__, "dtype": "bf16-true", "steps": args.steps}
+        head |= {"host": probes}
         try:
             results.append(profile_method(method, args.model_name, args.micro, args.seq, args.steps, device))
         except torch.OutOfMemoryError as e:

@@ -11,7 +11,8 @@
 #                 + the collector's overhead (plain litgpt vs tunelab run, 3 pairs)              + 3.5 min
 #   profile       torch.profiler summary of TinyLlama full and LoRA steps                          0.5 min
 #   grid          the same profile over GRID ("model:micro ...", default TinyLlama at micro 1, 4, 16 and
-#                 OpenLLaMA 3B at 1, 4), full and LoRA -> profile-grid.jsonl: the time model's out-of-sample
+#                 OpenLLaMA 3B at 1, 4; a row "model:micro:lora" runs one method), full and LoRA, with the host's
+#                 clock per phase and its speed per op -> profile-grid.jsonl: the time model's out-of-sample
 #                 rows (tunelab/plan/kernels.py; reports/planner-accuracy/kernels.md)                 2.5 min
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
@@ -195,13 +196,15 @@ stage_grid() {  # one JSON line per (model, micro, method); a row already in gpu
   local steps=10 rc=0 row
   [ "$REHEARSAL" = 1 ] && { grid=${GRID:-"tiny:1 tiny:2"}; steps=2; }
   [ -f "$RESULTS/profile-grid.jsonl" ] && cp "$RESULTS/profile-grid.jsonl" "$OUT/profile-grid.jsonl"
-  for row in $grid; do
-    if grep -q "\"model\": \"${row%%:*}\", \"method\": \"[a-z]*\", \"micro\": ${row##*:}," "$OUT/profile-grid.jsonl" 2>/dev/null; then
+  for row in $grid; do  # model:micro, or model:micro:methods (full, lora or full,lora: the default)
+    local model micro methods
+    IFS=: read -r model micro methods <<< "$row"; methods=${methods:-full,lora}
+    if grep -q "\"model\": \"$model\", \"method\": \"[a-z]*\", \"micro\": $micro," "$OUT/profile-grid.jsonl" 2>/dev/null; then
       echo "grid $row: already measured"; continue
     fi
     if [ "$(left)" -le 60 ]; then echo "grid $row: not started, $(left) s of the budget left"; continue; fi
-    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/gpu/profile_steps.py --model "${row%%:*}" --micro "${row##*:}" \
-      --steps "$steps" --json "$OUT/profile-grid.jsonl" > /dev/null || rc=$?
+    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/gpu/profile_steps.py --model "$model" --micro "$micro" \
+      --methods "$methods" --steps "$steps" --json "$OUT/profile-grid.jsonl" > /dev/null || rc=$?
   done
   return $rc
 }
