@@ -123,8 +123,8 @@ def test_the_bench_report_holds_its_stated_errors():
     within 15% (their host noise: 0.185-0.239 s for one configuration); litgpt's GPU-bound probes within 5%; the
     first H200 session's LoRA fast runs are marked as partly eager (they hit torch.compile's recompile limit:
     dynamo's warning in their stderr) and kept out of the stated errors; the second session's ran compiled. On that
-    machine TinyLlama LoRA is host-bound in both arms and both run 40-61% faster than planned (the host constants
-    are the H100 machine's: a faster host CPU); OpenLLaMA 7B LoRA runs 11-13% slower than planned in both arms. The
+    machine TinyLlama LoRA is host-bound in both arms and both run 40-63% faster than planned (the host constants
+    are the H100 machine's: a faster host CPU); OpenLLaMA 7B LoRA runs 10-13% slower than planned in both arms. The
     bands plan prints are the mean absolute errors by the model's bound."""
     from tunelab.plan import runtime_accuracy
 
@@ -146,9 +146,9 @@ def test_the_bench_report_holds_its_stated_errors():
     assert len(lit) == 2 and all(abs(r["error"]) <= 0.05 for r in lit)
     compiled = [r for r in rows if r["report"].endswith("-compiled")]
     tiny = [r for r in compiled if r["bench"] == "tiny-llama-1.1b-lora"]
-    assert len(tiny) == 4 and all(0.40 <= r["error"] <= 0.61 for r in tiny)
+    assert len(tiny) == 4 and all(0.40 <= r["error"] <= 0.63 for r in tiny)
     seven = [r for r in compiled if r["bench"] == "open-llama-7b-lora"]
-    assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.11 for r in seven)
+    assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.10 for r in seven)
     for bound, (mean, _n) in runtime_accuracy.fast_errors(rows).items():
         assert mean == pytest.approx(fast_step.FAST_MODEL_ERROR[bound], abs=5e-3), bound
     assert {b: n for b, (_, n) in runtime_accuracy.fast_errors(rows).items()} == {"GPU": 4, "host": 6}

@@ -268,22 +268,27 @@ def test_padding_grows_with_the_micro_batch_from_the_default_distribution():
 
 
 def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
-    """kernels.md's second table: the isolated step at micro batches and a model nothing was fitted on (TinyLlama at
-    micro 1, 4, 16; OpenLLaMA 3B at 1, 4; full and LoRA). Its stated figures hold: the GPU-bound full steps within
-    15%, every step from -30% to +3%; the optimizer compared with its phase (the profiler's kernel time is twice
-    the phase); a line the GPU could not run (out of memory) is left out, a line that is not JSON is one line."""
+    """kernels.md's second table: the isolated step at micro batches and a model the step's constants were not
+    fitted on (TinyLlama at micro 1, 4, 16; OpenLLaMA 3B at 1, 4; full and LoRA; the full lines' elementwise kernels
+    are in the memory constants' fit). Its stated figures hold: the GPU-bound steps within 11%, every step from
+    -30% to +8%; the optimizer compared with its phase (the profiler's kernel time is twice the phase): full
+    fine-tuning's for-each kernels within 12%, LoRA's launch-bound step (the host reading each tensor's step
+    counter) within 20%; a line the GPU could not run (out of memory) is left out, a line that is not JSON is one
+    line."""
     from tunelab import files
     from tunelab.plan import kernels
 
     rows = kernels.grid_rows(ROOT)
     assert len(rows) == 10 and {r["model"] for r in rows} == {"tiny-llama-1.1b", "open_llama_3b"}
     steps = [r["pairs"]["step"][2] for r in rows]
-    assert -0.31 <= min(steps) and max(steps) <= 0.035
-    full_gpu = [r for r in rows if r["method"] == "full" and r["bound"] == "GPU"]
-    assert full_gpu and all(abs(r["pairs"]["step"][2]) <= 0.15 for r in full_gpu)
+    assert -0.30 <= min(steps) and max(steps) <= 0.08
+    gpu_bound = [r for r in rows if r["bound"] == "GPU"]
+    assert len(gpu_bound) == 3 and all(abs(r["pairs"]["step"][2]) <= 0.11 for r in gpu_bound)
     for r in rows:
         if r["method"] == "full":  # AdamW for-each: bytes over bandwidth, within 12% of the phase
             assert abs(r["pairs"]["optimizer (phase)"][2]) <= 0.12, r
+        elif r["bound"] == "host":  # LoRA: a few MB of states; the host's work per tensor is the phase
+            assert abs(r["pairs"]["optimizer (phase)"][2]) <= 0.20, r
     grid = tmp_path / kernels.GRID
     grid.parent.mkdir(parents=True)
     lines = (ROOT / kernels.GRID).read_text().splitlines()
@@ -292,6 +297,66 @@ def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
     grid.write_text(lines[0] + "\n{not json\n")
     with pytest.raises(files.FileRefused, match="line 2 is not JSON"):
         kernels.grid_rows(tmp_path)
+
+
+def test_the_kernel_model_out_of_sample_on_the_h200_grid():
+    """kernels.md's third table: 27 lines of six models (TinyLlama, OpenLLaMA 3B and 7B, Llama 3.2 1B, Phi-2,
+    Gemma 2B) on an H200, micro 1 to 16, full and LoRA. The GPU-bound steps hold within 13% (strided elementwise
+    kernels, LoRA's grouped convolution and the SMs' ceiling on memory traffic each carry part of that: without
+    any one, a line falls out); full fine-tuning's optimizer phase within 10% on every line (the SMs' ceiling:
+    the HBM's 4.8 TB/s alone puts them 14-23% short); every line carries the host's own clock, which a
+    launch-bound line's step (LoRA at micro 1 and 2) equals within 5%."""
+    from tunelab.plan import kernels
+
+    rows = kernels.grid_rows(ROOT, kernels.GRID_H200, "H200")
+    assert len(rows) == 27 and len({r["model"] for r in rows}) == 6
+    gpu_bound = {(r["model"], r["method"], r["micro"]): r["pairs"]["step"][2] for r in rows if r["bound"] == "GPU"}
+    assert len(gpu_bound) == 8 and all(abs(e) <= 0.13 for e in gpu_bound.values()), gpu_bound
+    assert ("open_llama_7b", "lora", 8) in gpu_bound and ("phi-2", "full", 8) in gpu_bound
+    full = [r["pairs"]["optimizer (phase)"][2] for r in rows if r["method"] == "full"]
+    assert len(full) == 11 and all(abs(e) <= 0.10 for e in full), full
+    measured = {(r["model"], r["method"], r["micro"]): r["pairs"]["host (own clock)"][1] for r in rows}
+    small = [r for r in rows if r["method"] == "lora" and r["micro"] <= 2]  # kernels busy a third of the step
+    assert len(small) == 7
+    for r in small:  # launch-bound: the step is the host's clock
+        step_measured = r["pairs"]["step"][1]
+        assert measured[(r["model"], r["method"], r["micro"])] == pytest.approx(step_measured, rel=0.05)
+
+
+def test_memory_rate_is_the_hbm_or_the_sms_ceiling():
+    """kernels.memory_rate: the lower of the HBM's bandwidth and SMs x clock x SM_BYTES_PER_CYCLE: the H200's
+    4.8 TB/s HBM is held to its SMs' 3.9 TB/s, the H100's 3.35 TB/s is not; a row without SMs keeps its HBM."""
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.plan import kernels
+
+    h100, h200 = hardware.lookup("H100-SXM"), hardware.lookup("H200")
+    assert kernels.memory_rate(h100) == h100.bandwidth_gbs * 1e9
+    assert kernels.memory_rate(h200) == pytest.approx(132 * 1980e6 * kernels.SM_BYTES_PER_CYCLE)
+    assert kernels.memory_rate(h200) < h200.bandwidth_gbs * 1e9
+    assert kernels.memory_rate(dataclasses.replace(h200, sms=None)) == h200.bandwidth_gbs * 1e9
+
+
+def test_strided_and_convolution_kernels_are_marked_from_the_trace():
+    """The trace marks an elementwise op over a strided view (litgpt's RoPE on the transposed heads: neg, cat)
+    and LoRA's grouped convolution forward and backward; a contiguous op (SiLU) is unmarked. Each such kernel is
+    timed at its own share of the memory rate."""
+    import dataclasses
+
+    from litgpt import Config
+
+    from tunelab.plan import kernels
+
+    c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
+    ops1 = kernels.record_step(c, "lora", "bf16-true", 2, 20)
+    ops2 = kernels.record_step(c, "lora", "bf16-true", 3, 28)
+    access = {}
+    for o1, o2 in zip(ops1, ops2):
+        access.setdefault(o1.op, set()).add(kernels.access_of(o1, o2))
+    assert access["convolution"] == {"conv"} and access["convolution_backward"] == {"conv_backward"}
+    assert "strided" in access["neg"] and "strided" in access["cat"]
+    assert access["silu"] == {""}
 
 
 def test_the_tokens_stop_where_litgpt_stops_at_the_epochs_end_or_max_steps():

@@ -149,15 +149,16 @@ def host_probes(device: torch.device) -> dict:
 
 
 def cpu_ops(prof) -> dict:
-    """The profiled step's host-side ops: {name: [calls, self host microseconds]} (the profiler's own overhead
-    included), the 200 most called."""
+    """The profiled step's host-side ops: {name: [calls, self host microseconds, GPU microseconds of the kernels
+    under them]} (the profiler's own overhead included; an op's GPU time includes the ops nested in it), the 200
+    most called."""
     rows = [
-        (ev.key, ev.count, ev.self_cpu_time_total)
+        (ev.key, ev.count, ev.self_cpu_time_total, getattr(ev, "device_time_total", 0.0))
         for ev in prof.key_averages()
         if ev.device_type == torch.autograd.DeviceType.CPU and ev.count
     ]
     rows.sort(key=lambda r: -r[1])
-    return {k: [n, round(t, 1)] for k, n, t in rows[:200]}
+    return {k: [n, round(t, 1), round(g, 1)] for k, n, t, g in rows[:200]}
 
 
 def profile_method(method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device) -> dict:
@@ -201,10 +202,12 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
             torch.cuda.synchronize()
     by_cat: dict[str, float] = {}
     launches: dict[str, int] = {}
+    names: list[tuple[str, int, float]] = []
     for ev in prof.key_averages():
         t = ev.self_device_time_total if device.type == "cuda" else ev.self_cpu_time_total
         if t <= 0 or (device.type == "cuda" and ev.device_type != torch.autograd.DeviceType.CUDA):
             continue
+        names.append((ev.key[:160], ev.count, t))
         by_cat[categorize(ev.key)] = by_cat.get(categorize(ev.key), 0.0) + t / 1e6
         launches[categorize(ev.key)] = launches.get(categorize(ev.key), 0) + ev.count
     n_lora = lora_param_count(model.config, 32, LORA_TARGETS) if method == "lora" else 0
@@ -228,6 +231,7 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         "wall_s": statistics.median(walls),
         "host_phases": {k: statistics.median(v) for k, v in per_host.items()},
         "cpu_ops": cpu_ops(prof),
+        "kernel_names": {k: [n, round(t, 1)] for k, n, t in sorted(names, key=lambda r: -r[2])[:100]},
         "tok_s": tokens / step_s,
         "mfu": fpt.total * tokens / step_s / peak if peak else None,
         "tflops": fpt.total * tokens / step_s / 1e12,

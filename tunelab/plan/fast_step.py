@@ -30,6 +30,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+COMPILED_MEMORY_EFFICIENCY = 0.75
+"""Fraction of :func:`tunelab.plan.kernels.memory_rate` a compiled (Triton) or Liger kernel reaches over the bytes
+it reads and writes: the figure the fast path's GPU-bound bench probes were checked at (within 8%, out of sample);
+the eager kernels' own constants were refitted since (:data:`tunelab.plan.kernels.MEMORY_EFFICIENCY`)."""
 COMPILED_HOST_S_PER_KERNEL = 74e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
 each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
@@ -103,20 +107,21 @@ def _add(into: dict, phase: str, category: str, seconds: float) -> None:
 
 def kernel_seconds(category: str, flops: float, nbytes: float, tiles: float, fp32: bool, gpu, sms: int) -> float:
     """One kernel's GPU seconds, by the rules of :mod:`tunelab.plan.kernels` (matmuls and attention by FLOPs at their
-    efficiency and wave quantization, everything else by bytes over the HBM bandwidth, at least MIN_KERNEL_S)."""
+    efficiency and wave quantization, everything else by bytes over the memory rate at :data:`COMPILED_MEMORY_EFFICIENCY`
+    (the for-each optimizer at its own), at least MIN_KERNEL_S)."""
     from tunelab.plan import kernels as k
 
     peaks = gpu.peak_tflops
     peak = (peaks.get("tf32") or peaks["fp32"]) if fp32 else (peaks.get("bf16") or peaks.get("fp16") or peaks["fp32"])
     peak *= 1e12
-    rate = gpu.bandwidth_gbs * 1e9
+    rate = k.memory_rate(gpu)
     compute = 0.0
     if category == "matmul" and flops:
         waves = math.ceil(max(tiles, 1) / sms) * sms
         compute = flops / (peak * k.MATMUL_EFFICIENCY * (tiles / waves if tiles else 1.0))
     elif category == "attention" and flops:
         compute = flops / (peak * k.ATTENTION_EFFICIENCY)
-    memory = nbytes / (rate * (k.FOREACH_EFFICIENCY if category == "optimizer" else k.MEMORY_EFFICIENCY))
+    memory = nbytes / (rate * (k.FOREACH_EFFICIENCY if category == "optimizer" else COMPILED_MEMORY_EFFICIENCY))
     return max(compute, memory, k.MIN_KERNEL_S)
 
 
@@ -214,7 +219,7 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     # the optimizer step as traced: torch's fused AdamW is its own op there (optimizer_of: "AdamW fused")
     st = kernels.step_time(c, method, str(x.precision), micro, tokens, gpu.name, optimizer, lora)
     _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
-    out.host["optimizer"] = st.ops_by_phase.get("optimizer", 0) * kernels.HOST_S_PER_OP
+    out.host["optimizer"] = st.host_ops("optimizer") * kernels.HOST_S_PER_OP
     out.kernels["optimizer"] = st.ops_by_phase.get("optimizer", 0)
     return out
 
@@ -246,7 +251,7 @@ def _liger_loss(out: FastStep, x, gpu, rows: int) -> None:
     n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
     size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2
     ce = 2.0 * rows * c.padded_vocab_size * size  # each chunk's logits read, their gradient written in place
-    _add(out.gpu, "loss", "elementwise", max(ce / (gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY),
+    _add(out.gpu, "loss", "elementwise", max(ce / (kernels.memory_rate(gpu) * COMPILED_MEMORY_EFFICIENCY),
                                              n * kernels.MIN_KERNEL_S))  # fmt: skip
     out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + LIGER_OPS_FIXED) * kernels.HOST_S_PER_OP
     out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + LIGER_OPS_FIXED  # its matmuls are the head's, above

@@ -48,7 +48,7 @@ dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside
 launch-bound wherever its kernels take less. Fitted on our H100 Part 1 rows (litgpt 0.5.13 on that machine's host;
 ``tunelab plan-accuracy`` leaves each row out): 60 us where the isolated step of the profile dispatched at 35
 (:data:`tunelab.plan.kernels.HOST_S_PER_OP`). A property of the host CPU and software, not of the GPU."""
-KERNEL_MODEL_ERROR = 0.189
+KERNEL_MODEL_ERROR = 0.193
 """Mean absolute error of the kernel-level model (:meth:`Terms.by_cause`) on the lab's A100 Part 1 rows, out of
 sample (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it): the band around its
 point estimate."""
@@ -171,7 +171,7 @@ def dequantization(dequant: tuple, gpu, gpu_scale: float = 1.0) -> tuple:
     from tunelab.plan import kernels
 
     train, ev, train_ops, ev_ops = dequant or (0, 0, 0, 0)
-    rate = gpu.bandwidth_gbs * 1e9 * kernels.MEMORY_EFFICIENCY
+    rate = kernels.memory_rate(gpu) * kernels.MEMORY_EFFICIENCY
 
     def seconds(weights: float, ops: float) -> float:
         return gpu_scale * (weights * DEQUANT_BYTES_PER_WEIGHT / rate + ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S)
@@ -240,7 +240,7 @@ class Terms:
             times = repeats.get(phase, 0.0)
             cause = "elementwise" if cat == "loss" else cat
             out[cause] += sec * times
-        g, ops = st.gpu_by_phase, st.ops_by_phase
+        g, ops = st.gpu_by_phase, st.host_ops_by_phase or st.ops_by_phase
         out["dequantization"] = train * dq_gpu
         it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
         it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)

@@ -59,7 +59,7 @@ def h100_items(root: Path) -> list[dict]:
 
 def step_seconds(st, acc: int, host_s_per_op: float) -> float:
     """An optimizer step of ``acc`` micro batches in litgpt's loop: each phase its kernels or its launches."""
-    g, ops = st.gpu_by_phase, st.ops_by_phase
+    g, ops = st.gpu_by_phase, st.host_ops_by_phase
     it = max(g["forward"] + g["backward"], host_s_per_op * (ops["forward"] + ops["backward"]))
     return acc * it + max(g["optimizer"], host_s_per_op * ops["optimizer"])
 
@@ -94,11 +94,14 @@ BENCH = (
     "reports/2026-11-26-bench-open-llama-7b-lora-h200/records.tgz",
     "reports/2026-11-26-bench-tiny-llama-1.1b-lora-h200-compiled/records.tgz",
     "reports/2026-11-26-bench-open-llama-7b-lora-h200-compiled/records.tgz",
+    "reports/2026-11-26-litgpt-tiny-llama-1.1b-h200/records.tgz",
 )
 """Our benches' run records, litgpt and the fast path at bf16-true: TinyLlama full on an H100 (the pairs at micro 8
 and the largest-micro-batch probes), TinyLlama LoRA and OpenLLaMA 7B LoRA on an H200 (pairs at micro 8; the first
 session's fast arms partly eager, the second session's ``-compiled`` runs compiled throughout, on another H200
-machine)."""
+machine); and two litgpt runs (TinyLlama LoRA and full at the lab's s4: bf16-true, micro 8 x 4, 20 steps) on a third
+H200 machine, whose host speed and own profile grid were measured in the same session
+(``reports/2026-11-26-profile-grid-h200/``)."""
 
 
 def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
@@ -221,7 +224,7 @@ def part3_rows(root: Path) -> list[dict]:
         micro, it = int(r["micro_batch_size"]), float(r["iter_time_ms"]) / 1e3
         tokens = float(r["tok_s_padded"]) * it / micro
         st = kernels.step_time(c, "full", "bf16-mixed", micro, tokens, "H100-SXM")
-        g, ops, h = st.gpu_by_phase, st.ops_by_phase, runtime.LITGPT_HOST_S_PER_OP
+        g, ops, h = st.gpu_by_phase, st.host_ops_by_phase, runtime.LITGPT_HOST_S_PER_OP
         f = 2 if r["activation_checkpointing"] == "True" else 1
         gpu = f * g["forward"] + g["backward"]
         host = h * (f * ops["forward"] + ops["backward"])
@@ -425,7 +428,11 @@ def _md_bench(items: list[dict]) -> list[str]:
         "TinyLlama LoRA's launches about 1.45x faster than the constants (fitted on the H100 machine) say, in "
         "both arms alike: a host-bound step follows the host's CPU. OpenLLaMA 7B's fast run kept the GPU 97% "
         "busy at 689 W of its 700 W limit, so the model's host bound there is wrong: its GPU side is short "
-        "(clocks under the power limit were not sampled; the records since carry them).",
+        "(clocks under the power limit were not sampled; the records since carry them). A third H200 machine "
+        "(`reports/2026-11-26-litgpt-tiny-llama-1.1b-h200/`: litgpt's TinyLlama LoRA and full at the lab's s4, "
+        "20 steps; its SM clock held 1980 MHz through the steady window, its host dispatched at 4.1 us per op "
+        "by `host_op_us`) ran both 24-30% faster than planned: host-bound on a faster host, as above; that "
+        "session's profile grid (`kernels.md`) measured the same machine's host clock per phase.",
         "",
         "| report | GPU | run | arm | micro x accumulation | padded tokens | measured s | predicted s | error | "
         "bound (model) | GPU util % | sample |",
