@@ -730,7 +730,7 @@ def render(st) -> str:
     cats = ", ".join(f"{k} {v:.4f}" for k, v in sorted(st.gpu_by_category.items(), key=lambda kv: -kv[1]))
     bound = "the host's launches" if st.host_s > st.gpu_s else "the GPU's kernels"
     return (
-        f"\nstep by kernel on {st.gpu} (tunelab/plan/kernels.py; constants fitted on one H100 profile): "
+        f"\nstep by kernel on {st.gpu} (tunelab/plan/kernels.py; constants fitted on H100 and H200 profiles): "
         f"{st.step_s:.4f} s for one micro batch and an optimizer step, bound by {bound}\n"
         f"  GPU {st.gpu_s:.4f} s: {cats}\n"
         f"  host {st.host_s:.4f} s: {st.host_s / HOST_S_PER_OP:,.0f} ops x {HOST_S_PER_OP * 1e6:.0f} us"
@@ -805,7 +805,8 @@ def profile_rows(root) -> list[dict]:
 
 GRID = "reports/2026-11-25-profile-grid-h100/profile-grid.jsonl"
 """The same profile over other shapes (TinyLlama at micro 1, 4, 16, OpenLLaMA 3B at 1 and 4; full and LoRA; one JSON
-line each, ``scripts/gpu/runbook.sh grid``): nothing above was fitted on it."""
+line each, ``scripts/gpu/runbook.sh grid``): its full lines' elementwise kernels are in the memory constants' fit
+(:data:`MEMORY_EFFICIENCY`), its steps, phases and LoRA lines out of sample."""
 GRID_H200 = "reports/2026-11-26-profile-grid-h200/profile-grid.jsonl"
 """The grid again on an H200 machine, over six models (TinyLlama, OpenLLaMA 3B and 7B, Llama 3.2 1B, Phi-2, Gemma
 2B) at micro 1 to 16, each line with the host's own clock per phase (``host_phases``): out of sample too."""
@@ -896,8 +897,9 @@ GRID_NOTES = {
     GRID_H200: "What the host columns say: a launch-bound line is the host's own clock (the two agree), and that "
     "clock varies from process to process on one machine (TinyLlama LoRA's backward took 59.5 to 109.6 ms of host "
     "time at micro 1, 2, 4 and 8: the same ops); the host constants, fitted on the H100 machine, put that machine's "
-    "launch-bound lines from -23% to +41%. The GPU-bound lines hold within 12% on six models the kernel constants "
-    "never saw, the optimizer phases of full fine-tuning within 10% (the SM ceiling of :func:`memory_rate`; the "
+    "launch-bound lines from -23% to +41%. The GPU-bound lines hold within 13% on six models (three of the eight "
+    "are shapes the memory constants were fitted on, measured again), the optimizer phases of full fine-tuning "
+    "within 10%, out of sample (the SMs' ceiling on the memory rate, `kernels.memory_rate`; the "
     "HBM's figure alone put them 14-23% short). Where the optimizer phase of a GPU-bound LoRA line reads +600% "
     "and more, the host's work on the step counters ran while the backward's kernels were still queued: the phase "
     "by CUDA events holds only what was left. What still misses: attention (head size 100 runs as 128, head size "
