@@ -44,18 +44,27 @@ def test_terms_count_the_lab_loop(items):
 def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
     """`tunelab plan --json`: where the kernel model applies (LoRA, QLoRA through litgpt) the point estimate is its
     causes summed, inside the stated band; QLoRA adds its dequantization; an offloaded optimizer step falls back to
-    the fitted curve and says why."""
+    the fitted curve and says why. A plan mostly spent on the host's launches (TinyLlama LoRA) says it is
+    host-bound, by how much, and that this follows the CPU; one that is not (OpenLLaMA 7B LoRA at micro 8) says
+    nothing of it."""
+    from tunelab.plan import projection as projection_mod
 
-    def projection(recipe):
+    def projection(recipe, *overrides):
         p = subprocess.run(
-            [sys.executable, "-m", "tunelab", "plan", recipe, "--gpu", "H100-SXM", "--json"],
+            [sys.executable, "-m", "tunelab", "plan", recipe, "--gpu", "H100-SXM", "--json", *overrides],
             cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)["projection"]
 
-    for recipe in ("open-llama-7b/lora", "tiny-llama-1.1b/qlora"):
-        proj = projection(recipe)
+    bound = {}
+    micro8 = ("--train.micro_batch_size", "8", "--train.global_batch_size", "16")
+    for recipe, overrides in (
+        ("open-llama-7b/lora", micro8),
+        ("tiny-llama-1.1b/qlora", ()),
+        ("tiny-llama-1.1b/lora", ()),
+    ):
+        proj = projection(recipe, *overrides)
         causes = proj["seconds_by_cause"]
         assert set(causes) == set(runtime.CAUSES) and min(causes.values()) >= 0
         assert proj["seconds"] == pytest.approx(sum(causes.values()), rel=1e-12)
@@ -64,6 +73,13 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
         assert hi == pytest.approx(proj["seconds"] * (1 + runtime.KERNEL_MODEL_ERROR))
         assert (causes["dequantization"] > 0) == recipe.endswith("qlora")
         assert 0 < proj["mfu_predicted_real"] < proj["mfu_predicted_padded"] < 1  # padding computes, not learns
+        share = causes["host launches"] / proj["seconds"]  # a host-bound plan says so, and what it follows
+        bound[recipe] = "Host-bound: " in proj["seconds_by_cause_source"]
+        assert bound[recipe] == (share >= projection_mod.HOST_BOUND_SHARE), (recipe, share)
+        assert (
+            not bound[recipe] or f"{share:.0%} of it is the host launching kernels" in proj["seconds_by_cause_source"]
+        )
+    assert bound["tiny-llama-1.1b/lora"] and not bound["open-llama-7b/lora"]  # both sides seen
     import dataclasses
 
     from tunelab import hardware

@@ -198,13 +198,31 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         "seconds_by_cause": causes,
         "seconds_by_cause_source": (
             f"kernel-level model (tunelab/plan/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
-            "fitted on our H100 profile and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
+            "fitted on our H100 and H200 profiles and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
+            + _host_bound_note(causes.get("host launches", 0.0), seconds)
             if work.kernels.fast is None
             else f"tunelab's loop with its speed switches, kernel by kernel (tunelab/plan/fast_step.py) on {gpu.name}:"
             " compiled blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued "
             "ahead of the GPU; checked against our H100 bench in reports/planner-accuracy/runtime.md"
         ),
     }
+
+
+HOST_BOUND_SHARE = 0.25
+"""The share of a plan's time spent waiting on the host's launches above which ``plan`` says the run is host-bound."""
+
+
+def _host_bound_note(host_s: float, seconds: float) -> str:
+    """A sentence for a plan whose time is mostly the host launching kernels (:data:`HOST_BOUND_SHARE`): that share
+    follows the machine's CPU, not its GPU, and what shortens it; "" otherwise."""
+    if not seconds or host_s < HOST_BOUND_SHARE * seconds:
+        return ""
+    return (
+        f". Host-bound: {host_s / seconds:.0%} of it is the host launching kernels (litgpt's loop at "
+        f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, fitted on our H100 machine's CPU): it follows the CPU, "
+        "not the GPU (litgpt on three H200 machines ran such steps 1.2-1.6x faster than planned); a larger micro "
+        "batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
+    )
 
 
 def _comm_fields(work) -> dict:
