@@ -354,6 +354,31 @@ def test_memory_rate_is_the_hbm_or_the_sms_ceiling():
     assert kernels.memory_rate(dataclasses.replace(h200, sms=None)) == h200.bandwidth_gbs * 1e9
 
 
+def test_attention_counts_the_head_size_its_kernel_computes():
+    """A head size that is not a multiple of 8 runs on torch's flash kernels alone, at their next head size (a
+    multiple of 32): OpenLLaMA 3B's 100 as 128 (the H200 profile's Flash_fwd_kernel_traits<128, ...>); 64, 80, 128
+    and 256 as they are. The template counts the same FLOPs as a direct trace."""
+    from tunelab.plan import kernels
+
+    assert [kernels.attention_head(d) for d in (64, 80, 100, 128, 256, 52)] == [64, 80, 128, 128, 256, 64]
+    base = kernels.attention_flops("_scaled_dot_product_flash_attention", (2, 4, 10, 100), (2, 4, 10, 100))
+    assert base == pytest.approx(4.0 * 2 * 4 * 10 * 10 * 128 / 2)
+    back = kernels.attention_flops("_scaled_dot_product_flash_attention_backward", (2, 4, 10, 100), (2, 4, 10, 100))
+    assert back == pytest.approx(2.5 * base)
+    import dataclasses
+
+    import numpy as np
+    from litgpt import Config
+
+    c = dataclasses.replace(Config.from_name("open_llama_3b"), n_layer=1)  # head size 100
+    tp = kernels.template(c, "full", "bf16-true", "AdamW", 1, False)
+    _, flops, _ = tp.kernels_at(3, 50)
+    direct = [kernels.measure(o) for o in kernels.record_step(c, "full", "bf16-true", 3, 50)]
+    att = np.array([k == "attention" for k in tp.category])
+    assert flops[att].sum() == pytest.approx(sum(k.flops for k in direct if k.category == "attention"), rel=1e-9)
+    assert flops[att].sum() > 0
+
+
 def test_strided_and_convolution_kernels_are_marked_from_the_trace():
     """The trace marks an elementwise op over a strided view (litgpt's RoPE on the transposed heads: neg, cat)
     and LoRA's grouped convolution forward and backward; a contiguous op (SiLU) is unmarked. Each such kernel is
