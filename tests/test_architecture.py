@@ -177,12 +177,10 @@ def test_a_finished_run_is_planned_again_in_one_labelled_place():
 LONG_FUNCTIONS = frozenset(
     {
         "tunelab.cli.plan.add_parser",
-        "tunelab.plan.accuracy.write_accuracy",
         "tunelab.plan.activations.saved_bytes",
         "tunelab.plan.advise.candidates",
         "tunelab.plan.comm.per_step",
         "tunelab.plan.compiled.trace_block",
-        "tunelab.plan.measure.measure",
         "tunelab.plan.memory._divide",
         "tunelab.plan.memory.predict",
         "tunelab.plan.render.render",
@@ -191,7 +189,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.run.runner.run",
         "tunelab.run.sweep._run_locked",
         "tunelab.tune.batch.tune",
-        "tunelab.tune.bench.markdown",
         "tunelab.tune.report.markdown",
         "tunelab.tune.study.load",
     }

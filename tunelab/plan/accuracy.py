@@ -112,16 +112,17 @@ def write_accuracy(out: Path | None = None) -> Path:
 
     if (ROOT / runtime_accuracy.H100_ROWS).is_file():
         runtime_accuracy.write_report(out / "runtime.md", ROOT)
+    lines = _memory_summary(rows) + _memory_table(rows)
+    write_text_atomic(out / "accuracy.md", "\n".join(lines + runtime_lines) + "\n")
+    return out
 
-    def fmt_meas(m):
-        if m is None:
-            return ""
-        return f"{m[0]:.2f}-{m[1]:.2f}" if isinstance(m, list) else f"{m:.2f}"
 
+def _memory_summary(rows: list[dict]) -> list[str]:
+    """accuracy.md's head: what is compared, Part 1's worst and mean error, the verdicts, what Part 2 measured."""
     p1 = [r for r in rows if r["part"] == "Part 1" and r["rel_error"] is not None]
     worst1 = max(p1, key=lambda r: abs(r["rel_error"]))
     verdicts = [r for r in rows if r["verdict_ok"] is not None]
-    lines = [
+    return [
         "# Planner accuracy against the lab",
         "",
         "Regenerate with `tunelab plan-accuracy`. Predicted = `tunelab plan` peak allocated per device (GB = 1e9 "
@@ -149,6 +150,18 @@ def write_accuracy(out: Path | None = None) -> Path:
         "scripts (not litgpt's peak), in GiB; ranges are min-max over GPUs. Error is to the nearest end of the "
         "range (0 inside it). These rows are shown, not tuned for.",
         "",
+    ]
+
+
+def _memory_table(rows: list[dict]) -> list[str]:
+    """accuracy.md's table: each lab row's predicted and measured peak and the fit verdicts."""
+
+    def fmt_meas(m):
+        if m is None:
+            return ""
+        return f"{m[0]:.2f}-{m[1]:.2f}" if isinstance(m, list) else f"{m:.2f}"
+
+    lines = [
         "| part | row | recipe | settings | GPU | strategy | devices | micro | predicted GB | lab GB | error | "
         "predicted | lab | verdict |",
         "|" + "---|" * 14,
@@ -168,8 +181,7 @@ def write_accuracy(out: Path | None = None) -> Path:
             f"{r['devices']} | {r['micro']} | {r['predicted_gb']:.2f} | {fmt_meas(r['measured_gb'])} | {err} | "
             f"{'fits' if r['predicted_fits'] else 'OOM'} | {lab} | {ok} |"
         )
-    write_text_atomic(out / "accuracy.md", "\n".join(lines + runtime_lines) + "\n")
-    return out
+    return lines
 
 
 OWN_MEASUREMENTS = (

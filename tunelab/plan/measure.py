@@ -233,44 +233,19 @@ def measure(
 ) -> Measurement:
     """One real training forward of ``config`` (a litgpt Config) with ``layers`` blocks; see the module doc."""
     import torch
-    from torch.multiprocessing.reductions import StorageWeakRef
 
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r}: measured are {', '.join(DTYPES)}")
     t0 = time.perf_counter()
     small = dataclasses.replace(config, n_layer=min(layers, config.n_layer))
-    with torch.device("meta"):
-        model = build_model(small, method, precision, lora_r, targets)
-    model = model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    model.max_seq_length = seq_len  # computes the rope cache for this length
-    model.train()
-
-    params = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
-    for t in (getattr(model, "cos", None), getattr(model, "sin", None)):
-        if isinstance(t, torch.Tensor):
-            params.add(StorageWeakRef(t.untyped_storage()))
+    model = _zero_model(small, method, precision, lora_r, targets, seq_len)
+    params = _resident_storages(model)
     skip = set(params)  # + autocast's weight copies, as they are made
-    seen: set = set()
     where = ["head"]
     counts: dict[str, int] = {}
     n_tensors = [0]
-
-    def pack(t):
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            ref = StorageWeakRef(t.untyped_storage())
-            if ref not in skip and ref not in seen:
-                seen.add(ref)
-                counts[where[0]] = counts.get(where[0], 0) + t.untyped_storage().nbytes()
-                n_tensors[0] += 1
-        return t
-
-    hooks = []
-    for i, block in enumerate(model.transformer.h):
-        hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, f"block{i}")))
-        hooks.append(block.register_forward_hook(lambda m, a, o: where.__setitem__(0, "head")))
+    pack = _packer(skip, where, counts, n_tensors)
+    hooks = _track_blocks(model, where)
     idx = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
     kept = []
     try:
@@ -300,6 +275,66 @@ def measure(
         seconds=time.perf_counter() - t0,
         notes=notes,
     )
+
+
+def _packer(skip: set, where: list, counts: dict, n_tensors: list):
+    """The saved-tensor hook that counts each storage autograd keeps once, by the part of the model running
+    (``where[0]``) into ``counts``, and their number into ``n_tensors[0]``; storages in ``skip`` (the model's own)
+    are not counted."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    seen: set = set()
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            ref = StorageWeakRef(t.untyped_storage())
+            if ref not in skip and ref not in seen:
+                seen.add(ref)
+                counts[where[0]] = counts.get(where[0], 0) + t.untyped_storage().nbytes()
+                n_tensors[0] += 1
+        return t
+
+    return pack
+
+
+def _track_blocks(model, where: list) -> list:
+    """Forward hooks that keep ``where[0]`` naming the part of ``model`` running: ``block<i>`` inside each block,
+    ``head`` outside them (the embedding, the final norm, the head and the loss); the hooks, to remove."""
+    hooks = []
+    for i, block in enumerate(model.transformer.h):
+        hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, f"block{i}")))
+        hooks.append(block.register_forward_hook(lambda m, a, o: where.__setitem__(0, "head")))
+    return hooks
+
+
+def _zero_model(config, method: str, precision: str, lora_r: int, targets, seq_len: int):
+    """litgpt's model for ``config`` on the CPU, every weight zero (built on the meta device, then given memory),
+    its rope cache made for ``seq_len``, in training mode."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(config, method, precision, lora_r, targets)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    model.max_seq_length = seq_len  # computes the rope cache for this length
+    model.train()
+    return model
+
+
+def _resident_storages(model) -> set:
+    """The storages the model holds before any forward (its parameters, buffers and rope cache): what a saved
+    tensor that shares one does not add."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    params = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
+    for t in (getattr(model, "cos", None), getattr(model, "sin", None)):
+        if isinstance(t, torch.Tensor):
+            params.add(StorageWeakRef(t.untyped_storage()))
+    return params
 
 
 FAMILIES = (

@@ -269,8 +269,22 @@ def rows(phases: list[Phase], base: Path) -> list[dict]:
 def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
     """bench.md: environment, definitions, per phase the arms' medians and the pair-by-pair ratio."""
     records = [r for p in phases for a in p.arms for _, r, _ in a.records]
+    lines = _head(recipe, records)
+    for phase in phases:
+        lines += _phase_section(phase)
+    lines += [
+        "What the fast path changes and keeps: the model, the loss and the optimizer's update are litgpt's; "
+        "with length grouping the micro batches are formed from samples of similar length (every sample "
+        "once per epoch), so the sample order, the padding and the loss curve's path differ (`loss.png`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _head(recipe: Recipe, records: list) -> list[str]:
+    """bench.md's title, the environment its runs saw and what each column means."""
     cpu = all(r.device_type == "cpu" for r in records)
-    lines = [
+    return [
         f"# {recipe.key}: litgpt against tunelab's fast path" + (" (CPU, the embedded tiny model)" if cpu else ""),
         "",
         "Regenerate with `tunelab bench` (records are reused). "
@@ -294,69 +308,72 @@ def markdown(recipe: Recipe, phases: list[Phase], base: Path) -> str:
         "Medians over the pairs, range in brackets. Ratio: fast / litgpt real tokens/s, pair by pair.",
         "",
     ]
-    for phase in phases:
-        lines += [
-            f"## {'At the recipe settings' if phase.name == 'recipe' else 'Each at its best micro batch'}",
-            "",
-            *(
-                []
-                if phase.name == "recipe"
-                else [
-                    "Each arm's global batch is the recipe's when its micro batch divides it (the same optimizer "
-                    "maths), else the next multiple of its micro batch above it.",
-                    "",
-                ]
-            ),
-            "| arm | strategy | micro | runs ok | tok/s real | tok/s padded | MFU (padded) | peak alloc. GB | "
-            "peak RSS GB | compile s | first iteration s | recompiles in loop | last loss |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for arm in phase.arms:
-            recs = [r for _, r, _ in arm.records]
-            ok = [r for r in recs if r.status == "ok" and not refused(r)]
-            mfu, mfu_p = _median([r.mfu for r in ok]), _median([r.mfu_padded for r in ok])
-            alloc = max((r.peak_allocated_bytes for r in ok if r.peak_allocated_bytes), default=None)
-            rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
-            first = _median([r.first_iteration_s for r in ok])
-            comp = _median([r.compile_s for r in ok])
-            recompiles = [r.graphs_compiled_in_loop for r in recs if r.graphs_compiled_in_loop is not None]
-            last = _median([r.loss_last for r in ok])
-            lines.append(
-                f"| {arm.name} | {recs[0].strategy if recs else ''} | {recs[0].micro_batch_size if recs else ''} | "
-                f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
-                f"{_spread([r.tok_s_padded for r in ok])} | "
-                f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
-                f"{'' if alloc is None else f'{alloc / 1e9:.2f}'} | {'' if rss is None else f'{rss / 1e9:.2f}'} | "
-                f"{'' if comp is None else f'{comp:.1f}'} | {'' if first is None else f'{first:.1f}'} | "
-                f"{'' if not recompiles else max(recompiles)} | {'' if last is None else f'{last:.3f}'} |"
-            )
-        ratios = phase.ratios()
-        if ratios:
-            ci = median_interval(ratios)
-            lines += [
-                "",
-                f"Speed-up, fast / litgpt real tokens/s: **{statistics.median(ratios):.2f}x** (range "
-                f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pair(s)"
-                + (f"; 95% interval of the median {ci.low:.2f}-{ci.high:.2f}" if ci else "")
-                + ").",
-            ]
-        failed = [(arm.name, r) for arm in phase.arms for _, r, _ in arm.records if r.status != "ok"]
-        lines += [f"- {name} {r.row_id}: {r.status}: {r.error}" for name, r in failed]
-        lines += [
-            f"- {arm.name} {r.row_id}: refused: {refused(r)}"
-            for arm in phase.arms
-            for _, r, _ in arm.records
-            if r.status == "ok" and refused(r)
-        ]
-        lines += loss_lines(phase)
-        lines.append("")
-    lines += [
-        "What the fast path changes and keeps: the model, the loss and the optimizer's update are litgpt's; "
-        "with length grouping the micro batches are formed from samples of similar length (every sample "
-        "once per epoch), so the sample order, the padding and the loss curve's path differ (`loss.png`).",
+
+
+def _phase_section(phase: Phase) -> list[str]:
+    """One phase of the bench (the recipe's settings, or each arm at its best micro batch): the arms' table, the
+    speed-up over the pairs, the runs that failed or were refused, the loss lines."""
+    lines = [
+        f"## {'At the recipe settings' if phase.name == 'recipe' else 'Each at its best micro batch'}",
         "",
+        *(
+            []
+            if phase.name == "recipe"
+            else [
+                "Each arm's global batch is the recipe's when its micro batch divides it (the same optimizer "
+                "maths), else the next multiple of its micro batch above it.",
+                "",
+            ]
+        ),
+        "| arm | strategy | micro | runs ok | tok/s real | tok/s padded | MFU (padded) | peak alloc. GB | "
+        "peak RSS GB | compile s | first iteration s | recompiles in loop | last loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(lines)
+    lines += [_arm_row(arm) for arm in phase.arms]
+    ratios = phase.ratios()
+    if ratios:
+        ci = median_interval(ratios)
+        lines += [
+            "",
+            f"Speed-up, fast / litgpt real tokens/s: **{statistics.median(ratios):.2f}x** (range "
+            f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pair(s)"
+            + (f"; 95% interval of the median {ci.low:.2f}-{ci.high:.2f}" if ci else "")
+            + ").",
+        ]
+    failed = [(arm.name, r) for arm in phase.arms for _, r, _ in arm.records if r.status != "ok"]
+    lines += [f"- {name} {r.row_id}: {r.status}: {r.error}" for name, r in failed]
+    lines += [
+        f"- {arm.name} {r.row_id}: refused: {refused(r)}"
+        for arm in phase.arms
+        for _, r, _ in arm.records
+        if r.status == "ok" and refused(r)
+    ]
+    lines += loss_lines(phase)
+    lines.append("")
+    return lines
+
+
+def _arm_row(arm) -> str:
+    """One arm's table row: its runs' medians (tokens/s with their range, MFU, memory, compile and first
+    iteration, recompiles, the last loss)."""
+    recs = [r for _, r, _ in arm.records]
+    ok = [r for r in recs if r.status == "ok" and not refused(r)]
+    mfu, mfu_p = _median([r.mfu for r in ok]), _median([r.mfu_padded for r in ok])
+    alloc = max((r.peak_allocated_bytes for r in ok if r.peak_allocated_bytes), default=None)
+    rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
+    first = _median([r.first_iteration_s for r in ok])
+    comp = _median([r.compile_s for r in ok])
+    recompiles = [r.graphs_compiled_in_loop for r in recs if r.graphs_compiled_in_loop is not None]
+    last = _median([r.loss_last for r in ok])
+    return (
+        f"| {arm.name} | {recs[0].strategy if recs else ''} | {recs[0].micro_batch_size if recs else ''} | "
+        f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
+        f"{_spread([r.tok_s_padded for r in ok])} | "
+        f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
+        f"{'' if alloc is None else f'{alloc / 1e9:.2f}'} | {'' if rss is None else f'{rss / 1e9:.2f}'} | "
+        f"{'' if comp is None else f'{comp:.1f}'} | {'' if first is None else f'{first:.1f}'} | "
+        f"{'' if not recompiles else max(recompiles)} | {'' if last is None else f'{last:.3f}'} |"
+    )
 
 
 def _curve(run_dir: Path) -> list[tuple[int, float]]:
