@@ -821,7 +821,7 @@ GRID_H200 = "reports/2026-11-26-profile-grid-h200/profile-grid.jsonl"
 2B) at micro 1 to 16, each line with the host's own clock per phase (``host_phases``): out of sample too."""
 GRID_BY_OP = "reports/2026-11-26-profile-grid-h200/by-op.jsonl"
 """Three more H200 lines, each op's GPU time beside its calls (``cpu_ops``: OpenLLaMA 7B LoRA at micro 8, OpenLLaMA
-3B full at 8, TinyLlama full at 16; a later call that session): what :data:`STRIDED_EFFICIENCY`,
+3B full at 8, TinyLlama full at 16; a later call that session, another H200 machine): what :data:`STRIDED_EFFICIENCY`,
 :data:`CONV_EFFICIENCY` and :data:`CONV_BACKWARD_EFFICIENCY` were read from, and with :data:`MEMORY_EFFICIENCY` and
 :data:`SM_BYTES_PER_CYCLE` fitted on."""
 GRIDS = ((GRID, "H100-SXM", "2026-11-25"), (GRID_H200, "H200", "2026-11-26"))
