@@ -199,7 +199,8 @@ stage_grid() {  # one JSON line per (model, micro, method); a row already in gpu
   for row in $grid; do  # model:micro, or model:micro:methods (full, lora or full,lora: the default)
     local model micro methods
     IFS=: read -r model micro methods <<< "$row"; methods=${methods:-full,lora}
-    if grep -q "\"model\": \"$model\", \"method\": \"[a-z]*\", \"micro\": $micro," "$OUT/profile-grid.jsonl" 2>/dev/null; then
+    local method_re="[a-z]*"; [ "$methods" = full ] || [ "$methods" = lora ] && method_re=$methods  # one method: it alone
+    if grep -q "\"model\": \"$model\", \"method\": \"$method_re\", \"micro\": $micro," "$OUT/profile-grid.jsonl" 2>/dev/null; then
       echo "grid $row: already measured"; continue
     fi
     if [ "$(left)" -le 60 ]; then echo "grid $row: not started, $(left) s of the budget left"; continue; fi

@@ -152,8 +152,8 @@ class StepTime:
     :data:`HOST_S_PER_OP` (litgpt's loop: ``runtime.LITGPT_HOST_S_PER_OP``)."""
 
     def host_ops(self, phase: str) -> float:
-        """A phase's host work in dispatched ops (:attr:`host_ops_by_phase`; the kernels' ops where it is empty)."""
-        return (self.host_ops_by_phase or self.ops_by_phase).get(phase, 0)
+        """A phase's host work in dispatched ops (:attr:`host_ops_by_phase`)."""
+        return self.host_ops_by_phase.get(phase, 0)
 
     def phase_s(self, phase: str) -> float:
         """A phase's time: its kernels or its launches, whichever is longer."""
@@ -692,15 +692,15 @@ def step_time(
 
     by_cat, both, ops_by_phase = extra(cat_a, cat_b), extra(ph_a, ph_b), extra(ops_a, ops_b)
     ops = round(n_b + grown * (n_b - n_a))
-    host_ops = {k: round(v) for k, v in ops_by_phase.items()}
+    kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
+    host_ops = dict(kernel_ops)
     if optimizer == "AdamW":  # torch's for-each step reads each tensor's step counter on the host (no kernel)
         extra = trainable_tensors(config, method, lora) * ADAM_FOREACH_HOST_OPS_PER_TENSOR
         host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(extra)
     host_s = sum(host_ops.get(p, 0) for p in TRAINING_PHASES) * HOST_S_PER_OP
     by_phase = {k: v for k, v in both.items() if "/" not in k}
     split = {k: v for k, v in both.items() if "/" in k}
-    return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase,
-                    {k: round(v) for k, v in ops_by_phase.items()}, split, host_ops)  # fmt: skip
+    return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase, kernel_ops, split, host_ops)
 
 
 def trainable_tensors(config, method: str, lora: tuple = ()) -> int:

@@ -240,7 +240,7 @@ class Terms:
             times = repeats.get(phase, 0.0)
             cause = "elementwise" if cat == "loss" else cat
             out[cause] += sec * times
-        g, ops = st.gpu_by_phase, st.host_ops_by_phase or st.ops_by_phase
+        g, ops = st.gpu_by_phase, st.host_ops_by_phase
         out["dequantization"] = train * dq_gpu
         it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
         it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
