@@ -11,6 +11,7 @@ block. DeepSpeed wraps the model with its optimizer (``tunelab.run.loop``).
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,9 @@ from tunelab.strategies import StrategyConfig
 def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh=None):
     """Apply the strategy to litgpt's model; returns the module to train (DeepSpeed is wrapped later, with the
     optimizer). ``mesh``: FSDP2's device mesh (default: one dimension of ``world`` ranks of ``device``'s type; the
-    simulation makes its own outside fake-tensor mode, where a mesh cannot be built)."""
+    simulation makes its own outside fake-tensor mode, where a mesh cannot be built); under FSDP1's HYBRID_SHARD a
+    two-dimensional (nodes, devices per node) mesh (default: FSDP1's own groups, the node being the devices CUDA
+    counts; the simulation, which has no CUDA device, names the node)."""
 
     kind = strategy.name
     if strategy.activation_checkpointing and kind not in ("fsdp",):
@@ -41,7 +44,7 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
             find_unused_parameters=False,
         )
     if kind == "fsdp":
-        return _fsdp1(model, strategy, device)
+        return _fsdp1(model, strategy, device, mesh)
     if kind == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -56,7 +59,7 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
     raise ValueError(f"unknown strategy {kind!r}")
 
 
-def _fsdp1(model, strategy: StrategyConfig, device: torch.device):
+def _fsdp1(model, strategy: StrategyConfig, device: torch.device, mesh=None):
     """FSDP1 (``FullyShardedDataParallel``) as a ``name: fsdp`` file says: its sharding, each block a unit (or none),
     backward prefetch, mixed-precision dtypes, ``use_orig_params``, ``limit_all_gathers``, and activation
     checkpointing per block applied through FSDP."""
@@ -76,7 +79,7 @@ def _fsdp1(model, strategy: StrategyConfig, device: torch.device):
     # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
     offload = strategy.cpu_offload and device.type == "cuda"
     if strategy.cpu_offload and not offload and dist.get_rank() == 0:
-        print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)")
+        print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)", file=sys.stderr)
     fsdp = FSDP(
         model,
         sharding_strategy=getattr(ShardingStrategy, strategy.sharding_strategy),
@@ -87,6 +90,7 @@ def _fsdp1(model, strategy: StrategyConfig, device: torch.device):
         device_id=device,
         use_orig_params=True,
         limit_all_gathers=strategy.limit_all_gathers,
+        **({"device_mesh": mesh} if mesh is not None and strategy.sharding_strategy == "HYBRID_SHARD" else {}),
     )
     if strategy.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing

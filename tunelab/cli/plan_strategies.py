@@ -15,14 +15,19 @@ def add_parser(sub) -> None:
     s = sub.add_parser(
         "plan-strategies",
         help="the plan on several devices against rank 0's simulated step -> reports/planner-strategies/",
-        description="For each strategy simulated per rank (fsdp2, fsdp, ddp), 2, 4 and 8 devices, five families "
+        description="For each strategy simulated per rank (fsdp2, fsdp, ddp; FSDP1's variants on request), 2, 4 "
+        "and 8 devices, five families "
         "(TinyLlama, OpenLLaMA 3B and 7B, Gemma 2B, Phi-2), full and LoRA: the planned peak per device beside "
         "rank 0's simulated step (litgpt's model on fake tensors under a fake process group; FSDP2 and FSDP1 "
         "sharded as the run shards them), and the collectives it traced (bytes and calls) beside comm.py's "
         "(fsdp2 and ddp about 15 minutes on 2 cores; fsdp 1-3 minutes a row).",
     )
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-strategies)")
-    s.add_argument("--strategies", help="comma-separated subset of fsdp2,fsdp,ddp")
+    s.add_argument(
+        "--strategies",
+        help="comma-separated strategy files (default fsdp2,fsdp,ddp; FSDP1's variants fsdp-shard-grad-op, "
+        "fsdp-hybrid, fsdp-no-shard, fsdp-no-wrap by name: 1-6 minutes a row)",
+    )
     s.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
     s.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
     s.add_argument(
@@ -41,7 +46,7 @@ def handle(args, extra) -> int:
     worlds = listed(args.worlds)
     if worlds == [] or not all(w.isdigit() for w in worlds or ()):
         return fail(f"--worlds {args.worlds}: give device counts such as 2,4,8")
-    strategies, worlds = tuple(strategies or sc.STRATEGIES), tuple(int(w) for w in worlds or ()) or sc.WORLDS
+    strategies, worlds = tuple(strategies or sc.DEFAULT_STRATEGIES), tuple(int(w) for w in worlds or ()) or sc.WORLDS
     if any(not 2 <= w <= 1024 for w in worlds):
         return fail(f"--worlds {args.worlds}: each from 2 to 1024")
     names = listed(args.families)

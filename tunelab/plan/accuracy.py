@@ -148,7 +148,11 @@ def _memory_summary(rows: list[dict]) -> list[str]:
         "exposes (79.15 GiB on an A100 80GB), not the marketed 80 GiB.",
         "- Part 2: the lab printed *current* allocated memory per GPU during training from its own Lightning "
         "scripts (not litgpt's peak), in GiB; ranges are min-max over GPUs. Error is to the nearest end of the "
-        "range (0 inside it). These rows are shown, not tuned for.",
+        "range (0 inside it). These rows are shown, not tuned for. A reading of current memory is not the step's "
+        "peak: where the peak is the backward's end of FSDP without auto-wrap (m3, v4: the whole model's gradient "
+        "twice over, per the per-rank simulation, `reports/planner-strategies/`), the plan is far above the "
+        "reading; v4's reserved memory, which the lab printed too (27.5-28.4 GiB = 29.5-30.5 GB, the allocator's "
+        "high-water mark), is twice its allocated reading and holds a peak of that size.",
         "",
     ]
 

@@ -218,6 +218,8 @@ def per_step(
         R = P  # noqa: N806 - the whole model one unit: the root
     else:
         R = count_params(dataclasses.replace(x.config, n_layer=0))[0] * s_p  # noqa: N806
+    if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
+        G = (memory.flat_parameter_frozen_grad_elements(x, total) + trainable) * s_p  # noqa: N806
     ring = (n - 1) / n
     c = Comm(links={"gpu": gpu_link.name})
     units = 1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1
@@ -254,17 +256,17 @@ def per_step(
                    ("all-reduce", units, 2 * (m - 1), 2 * (m - 1))]  # fmt: skip
         c.hideable_under = "step"
     elif (x.strategy == "fsdp" and x.sharding == "SHARD_GRAD_OP") or (x.strategy == "deepspeed" and x.zero_stage == 2):
-        gathers = 1 if x.strategy == "deepspeed" else a
+        # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.ranks); FSDP2
+        # reshards after each backward and gathers again
+        gathers = 1 if x.strategy == "deepspeed" or x.fsdp_root_kept else a
         c.bytes_gpu = gathers * ring * P + ring * G
         c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
         if x.strategy == "deepspeed":
             c.calls = [(rs[0], reduces, *rs[1:]), (ag[0], gathers, *ag[1:])]
         else:
-            c.calls = [(ag[0], a * units, *ag[1:]), (rs[0], units, *rs[1:])]
+            c.calls = [(ag[0], gathers * units, *ag[1:]), (rs[0], units, *rs[1:])]
         c.hideable_under = "step"
     elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
-        if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
-            G = (memory.flat_parameter_frozen_grad_elements(x, total) + trainable) * s_p  # noqa: N806
         c.bytes_gpu = a * ring * (2 * P - R) + ring * G
         c.formula = (
             "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"

@@ -80,10 +80,15 @@ class Collective:
     """The whole tensor: an all-gather's output, a reduce-scatter's input, an all-reduce's buffer."""
     calls: int
     """Times it is issued per optimizer step (at the model's depth)."""
+    group: int = 0
+    """Ranks in the process group it runs over (0: the whole world; HYBRID_SHARD's replication across one node's
+    copies runs over a group of 1 and moves nothing)."""
 
     def bytes_moved(self, world: int) -> float:
-        """Bytes each device sends (and receives) in a ring: all-reduce 2(n-1)/n x B, the others (n-1)/n x B."""
-        ring = (world - 1) / world
+        """Bytes each device sends (and receives) in a ring over its group of n ranks (default ``world``): all-reduce
+        2(n-1)/n x B, the others (n-1)/n x B."""
+        n = self.group or world
+        ring = (n - 1) / n
         return self.calls * self.bytes * ring * (2 if self.kind == "all-reduce" else 1)
 
 
@@ -107,6 +112,9 @@ class RankSimulation(PhasePeaks):
     collectives: list[Collective]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    offload_not_run: bool = False
+    """The strategy offloads to host RAM (FSDP1's ``cpu_offload``), which FSDP1 does only from a CUDA device: the
+    simulation ran the same step without offload, so its peak is not the plan's device side."""
 
     def bytes_moved(self, kind: str | None = None) -> float:
         """Bytes rank 0 sends per optimizer step (ring collectives), of one kind or all."""
@@ -164,6 +172,18 @@ def _collective_bytes(func, args, kwargs) -> int:
     return max(t.numel() * t.element_size() for t in tensors)
 
 
+def _group_size(args, kwargs) -> int:
+    """Ranks in the process group a c10d op is dispatched with (boxed as a TorchScript object among its
+    arguments)."""
+    import torch.distributed as dist
+    from torch.utils._pytree import tree_leaves
+
+    for a in tree_leaves((args, kwargs)):
+        if type(a).__name__ == "ScriptObject" and a._type().qualified_name().endswith(".ProcessGroup"):
+            return dist.ProcessGroup.unbox(a).size()
+    return 0
+
+
 def _recording(base):
     """``base`` (torch's FSDPMemTracker or MemTracker) keeping each phase's peak (by kind) and every collective
     dispatched (kind, phase, bytes); parameters that are not leaves (FSDP1's views of its flat parameters) or take
@@ -183,7 +203,9 @@ def _recording(base):
                 return func(*args, **(kwargs or {}))
             kind = COLLECTIVES.get(func._opname) if func.namespace == "c10d" else None
             if kind is not None:
-                self.collectives.append((kind, tracker_phase(self), _collective_bytes(func, args, kwargs)))
+                self.collectives.append(
+                    (kind, tracker_phase(self), _collective_bytes(func, args, kwargs), _group_size(args, kwargs))
+                )
             return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
@@ -219,13 +241,18 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
     from tunelab.plan.measure import build_model, cuda_dropout
     from tunelab.plan.simulate import make_optimizer
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    mesh = None
+    if strategy.sharding_strategy == "HYBRID_SHARD":  # one node of ``world`` devices (outside fake mode)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (1, world))
+    with FakeTensorMode(allow_non_fake_inputs=True), _fake_storage_allocated():
         model = build_model(config, method, precision, lora_r, targets)
         model.max_seq_length = seq_len
         model.train()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore")
-            model = wrap(model, strategy, torch.device("cpu"), world)
+            model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _recording(MemTracker)()
@@ -237,14 +264,40 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
         return tracker.phase_peaks, raw
 
 
+@contextlib.contextmanager
+def _fake_storage_allocated():
+    """FSDP1 asks whether a flat parameter's storage is allocated by its data pointer being non-zero
+    (``torch.distributed.fsdp._flat_param._data_ptr_allocated``); a fake tensor's pointer is always 0, so under
+    SHARD_GRAD_OP (the unsharded parameter kept from forward into backward) FSDP1 stops with "the unsharded flat
+    parameter should be allocated". While the simulation runs, a fake tensor counts as allocated by its storage's
+    size, which FSDP1 itself sets to 0 when it frees one (``_free_storage``); a real tensor keeps torch's check."""
+    import torch.distributed.fsdp._flat_param as flat_param
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real = flat_param._data_ptr_allocated
+
+    def allocated(tensor) -> bool:
+        if isinstance(tensor, FakeTensor):
+            return tensor.untyped_storage().nbytes() > 0
+        return real(tensor)
+
+    flat_param._data_ptr_allocated = allocated
+    try:
+        yield
+    finally:
+        flat_param._data_ptr_allocated = real
+
+
 def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync) -> list:
     """Two optimizer steps of tunelab's loop (the second runs beside the optimizer states the first made), each of
-    ``min(accumulation, 2)`` micro batches (a later one runs beside the gradients; more add no memory), each micro
+    ``min(accumulation, 3)`` micro batches (a later one runs beside the gradients; more add no memory), each micro
     batch under ``sync(last)`` (a context: gradient sync on the last only); the second step's collectives, those of
-    the micro batch without sync counted ``accumulation - 1`` times."""
+    a middle micro batch (without sync, after one without sync) counted ``accumulation - 2`` times. The first and
+    a middle micro batch differ: SHARD_GRAD_OP under FSDP1 gathers its units in the first and keeps them through
+    the rest (counting the first's gathers for every micro batch charged it ``accumulation - 1`` gathers)."""
     from tunelab.plan.measure import model_logits, training_loss
 
-    runs = min(accumulation, 2)
+    runs = min(accumulation, 3)
     marks: list[int] = []
     for step in range(2):
         if step == 1:
@@ -261,9 +314,9 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync) ->
         opt.step()
         opt.zero_grad()
     raw = list(tracker.collectives)
-    if runs == 2:  # the micro batch without gradient sync, once for each of the accumulation's first a - 1
-        first, last = marks[-2], marks[-1]
-        raw = raw[first:last] * (accumulation - 1) + raw[last:]
+    if runs == 3:  # the middle micro batch, once for each of the accumulation's a - 2 between the first and last
+        first, middle, last = marks[-3], marks[-2], marks[-1]
+        raw = raw[first:middle] + raw[middle:last] * (accumulation - 2) + raw[last:]
     return raw
 
 
@@ -303,8 +356,11 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
 
 
 def _per_step(raw: list) -> list[Collective]:
-    """The recorded collectives, counted: one entry per (kind, phase, size)."""
-    return [Collective(kind, phase, size, calls) for (kind, phase, size), calls in sorted(Counter(raw).items())]
+    """The recorded collectives, counted: one entry per (kind, phase, size, group)."""
+    return [
+        Collective(kind, phase, size, calls, group)
+        for (kind, phase, size, group), calls in sorted(Counter(raw).items())
+    ]
 
 
 def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=LITGPT_LORA_R, targets=LORA_TARGETS):
@@ -422,6 +478,7 @@ def simulate_ranks(
         collectives=collectives,
         seconds=time.perf_counter() - t0,
         notes=notes,
+        offload_not_run=strategy.name == "fsdp" and bool(strategy.cpu_offload),
     )
 
 
@@ -470,12 +527,16 @@ def render(sim: RankSimulation, plan) -> str:
         )
     planned = plan.peak_allocated_bytes
     lines.append(
-        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
+        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated without offload; planned "
+        f"{planned / 1e9:.2f} GB on the device with it (not compared: FSDP1 offloads only from a CUDA device)"
+        if sim.offload_not_run
+        else f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
         f"({(planned - sim.peak_bytes) / sim.peak_bytes:+.1%})"
     )
     lines.append("  collectives per optimizer step (rank 0; bytes of the whole tensor, GB = 1e9 bytes):")
     for c in sim.collectives:
-        lines.append(f"    {c.kind:<15}{c.phase:<16}{c.calls:>5} x {c.bytes / 1e9:8.4f} GB")
+        group = f" over a group of {c.group}" if c.group and c.group != sim.world else ""
+        lines.append(f"    {c.kind:<15}{c.phase:<16}{c.calls:>5} x {c.bytes / 1e9:8.4f} GB{group}")
     lines.append(f"  sent per device per step (ring): {sim.bytes_moved() / 1e9:.2f} GB")
     lines += [f"  ({note})" for note in sim.notes]
     return "\n".join(lines)

@@ -29,7 +29,12 @@ FAMILIES = (
 )
 """(label, recipe model, checkpoint_dir override): the families checked, each on a recipe of ours (Gemma and Phi-2
 on OpenLLaMA 3B's settings, their model from litgpt's config of the directory name)."""
-STRATEGIES = ("fsdp2", "fsdp", "ddp")
+STRATEGIES = ("fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-no-wrap")
+"""Strategy files (``configs/strategies/``) checked: every one simulated per rank. Not here: ``fsdp-offload`` (FSDP1
+offloads only from a CUDA device, so the simulation cannot show its device side), DeepSpeed's (not simulated) and
+``fast`` (one device)."""
+DEFAULT_STRATEGIES = ("fsdp2", "fsdp", "ddp")
+"""What a call without ``--strategies`` reruns; FSDP1's variants (1-6 minutes a row) are asked for by name."""
 WORLDS = (2, 4, 8)
 METHODS = ("full", "lora")
 MICRO, SEQ = 2, 512
@@ -91,7 +96,7 @@ def check(family: tuple, method: str, strategy: str, world: int) -> Row:
     )  # fmt: skip
 
 
-def rows(families=FAMILIES, strategies=STRATEGIES, worlds=WORLDS, methods=METHODS, kept=()) -> list[Row]:
+def rows(families=FAMILIES, strategies=DEFAULT_STRATEGIES, worlds=WORLDS, methods=METHODS, kept=()) -> list[Row]:
     """Every combination, with progress on stderr, beside the ``kept`` rows of other combinations (an earlier
     report's: :func:`read`), in the table's order."""
     todo = [(f, m, s, w) for f in families for m in methods for s in strategies for w in worlds]
@@ -127,6 +132,16 @@ def read(path: Path) -> list[Row]:
     return out
 
 
+VARIANTS = STRATEGIES[3:]
+"""FSDP1's variants among :data:`STRATEGIES`."""
+
+
+def _families_of(found: list[Row], strategies) -> list[str]:
+    """The families with a row under any of ``strategies``, in the table's order."""
+    have = {r.family for r in found if r.strategy in strategies}
+    return [f[0] for f in FAMILIES if f[0] in have]
+
+
 def markdown(found: list[Row]) -> str:
     """strategies.md: the summary (rows within 3%, the worst), what is not simulated, one table row per check."""
     worst = max(found, key=lambda r: abs(r.memory_error))
@@ -152,9 +167,12 @@ def markdown(found: list[Row]) -> str:
         "FSDP1 (`fsdp`: a `name: fsdp` file, FULL_SHARD per block, as litgpt's CLI wraps full fine-tuning) is "
         "simulated on fake tensors as the run wraps it, flat parameters included. Calls: the collectives rank 0 "
         "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
-        "before they were counted). Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed "
-        "ZeRO-2/3 and offload, QLoRA on several devices; FSDP1's other variants (no wrap, SHARD_GRAD_OP, HYBRID, "
-        "offload) run through `plan --simulate` but are not in this table.",
+        "before they were counted). FSDP1's variants (the files `fsdp-shard-grad-op`, `fsdp-hybrid` on one node, "
+        "`fsdp-no-shard`, `fsdp-no-wrap`) are simulated the same way; their rows cover "
+        f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} (1-6 minutes a row on two cores). "
+        "Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and offload "
+        "(checked against DeepSpeed's own code on CPU by the tests instead), FSDP1's `fsdp-offload` (FSDP1 "
+        "offloads only from a CUDA device: the simulation cannot show its device side), QLoRA on several devices.",
         "",
         "| family | method | precision | strategy | devices | accumulation | planned GB | simulated GB | error | "
         "simulated peak | traced GB/step | comm.py GB/step | comm error | calls traced / comm.py | simulation s |",
