@@ -181,8 +181,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.plan.advise.candidates",
         "tunelab.plan.comm.per_step",
         "tunelab.plan.compiled.trace_block",
-        "tunelab.plan.memory._divide",
-        "tunelab.plan.memory.predict",
         "tunelab.plan.render.render",
         "tunelab.plan.simulate.simulate",
         "tunelab.report.sweep.plots",

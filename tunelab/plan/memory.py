@@ -728,13 +728,81 @@ def sgo_gathered(x: PlanInput, st: ModelStates) -> float:
     return st.weights + st.lora_weights
 
 
+@dataclass
+class _Division:
+    """How a strategy divides the model states: the devices each state is sharded over, and its buffers."""
+
+    shard_w: int = 1
+    """Devices the weights are sharded over."""
+    shard_g: int = 1
+    """Devices the gradients are sharded over."""
+    shard_o: int = 1
+    """Devices the optimizer's states (and master weights) are sharded over."""
+    extra: float = 0.0
+    """Buffers held through the whole step (:attr:`_PerDevice.extra`)."""
+    in_flight: float = 0.0
+    """Buffers of the forward and backward only (:attr:`_PerDevice.in_flight`)."""
+    gathered: float = 0.0
+    """Of ``in_flight``, the gathered parameters (:attr:`_PerDevice.gathered`)."""
+
+
+def _fsdp_division(x: PlanInput, st: ModelStates, grads: float, notes: list) -> _Division:
+    """FSDP's sharding (FSDP1 or FSDP2): what each sharding strategy shards, what it holds gathered, and the
+    unsharded gradients of micro batches without sync (``grads``: the gradients before division)."""
+    if x.sharding == "NO_SHARD":
+        notes.append("FSDP NO_SHARD: every device holds the whole model; gradients all-reduced in place (no buckets)")
+        return _Division()
+    group = x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    d = _Division()
+    if x.sharding in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"):
+        d.shard_w = d.shard_g = d.shard_o = group
+    if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
+        # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
+        # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
+        d.in_flight = d.gathered = (block_params(x.config) * 2 + root_unit_params(x.config)) * st.s_param
+        if root_regathered(x):  # FSDP2: what it gathers beside the activations, by moment
+            d.in_flight = d.gathered = max(root_regathered(x), fsdp2_gathered(x))
+        if x.fsdp_wrap == "none":
+            d.in_flight = d.gathered = 0
+            d.extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
+            notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
+    elif x.sharding == "SHARD_GRAD_OP":
+        d.in_flight = sgo_gathered(x, st)
+        notes.append(
+            "SHARD_GRAD_OP: each unit stays gathered from its forward to its backward (the whole model at the "
+            "forward's end; under no_sync() until the last micro batch's backward)"
+        )
+    if x.accumulation > 1:
+        d.in_flight += grads  # no_sync() during accumulation keeps unsharded gradients
+        notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
+    return d
+
+
+def _zero_division(x: PlanInput, st: ModelStates, notes: list) -> _Division:
+    """DeepSpeed ZeRO's stages: states (1), gradients (2), weights (3) over the devices, and its buffers."""
+    world = x.world
+    d = _Division(
+        shard_o=world if x.zero_stage >= 1 else 1,
+        shard_g=world if x.zero_stage >= 2 else 1,
+        shard_w=world if x.zero_stage >= 3 else 1,
+    )
+    if x.zero_stage >= 3:
+        persistent = zero3_tensors(x)[0] * zero_param_bytes(x)
+        d.extra = zero_reduce_buffer(x) + persistent * (1 - 1 / world)  # small tensors whole on every rank
+        d.in_flight = d.gathered = zero3_gathered(x)
+        notes.append(
+            "ZeRO-3: its gradient reduce buffer (reduce_bucket_size elements) and gradient partitions held "
+            f"through the run; {zero3_kept(x) / 1e6:,.0f}M parameters gathered at the forward's end "
+            "(stage3_max_live_parameters, stage3_max_reuse_distance)"
+        )
+    elif x.zero_stage == 2:
+        d.in_flight = zero_reduce_buffer(x) + zero2_backward_partition(x, st)
+        notes.append("ZeRO-2: its gradient reduce buffer (reduce_bucket_size elements) from backward's start")
+    return d
+
+
 def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
     """Step 3: the strategy's division of the model states among devices (and into host RAM for offload)."""
-    c, world = x.config, x.world
-    shard_w = shard_g = shard_o = 1
-    host = 0
-    extra = in_flight = gathered = 0
-    block = block_params(c)
     grads = st.grads
     if fsdp1_lora(x):
         grads = flat_parameter_grads(x, st)
@@ -744,81 +812,50 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
             "weights are differentiable in the forward, so their matmuls keep their inputs too"
         )
     if x.strategy == "ddp":
-        extra = st.grads  # gradient buckets
+        d = _Division(extra=st.grads)  # gradient buckets
         notes.append("DDP: gradient buckets hold a second copy of the gradients")
-    elif x.strategy == "fsdp" and x.sharding == "NO_SHARD":
-        notes.append("FSDP NO_SHARD: every device holds the whole model; gradients all-reduced in place (no buckets)")
     elif x.strategy == "fsdp":
-        group = world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
-        if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
-            shard_w = shard_g = shard_o = group
-            # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
-            # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
-            in_flight = gathered = (block * 2 + root_unit_params(c)) * st.s_param
-            if root_regathered(x):  # FSDP2: what it gathers beside the activations, by moment
-                in_flight = gathered = max(root_regathered(x), fsdp2_gathered(x))
-            if x.fsdp_wrap == "none":
-                in_flight = gathered = 0
-                extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
-                notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
-        elif x.sharding == "SHARD_GRAD_OP":
-            shard_w = shard_g = shard_o = group
-            in_flight = sgo_gathered(x, st)
-            notes.append(
-                "SHARD_GRAD_OP: each unit stays gathered from its forward to its backward (the whole model at the "
-                "forward's end; under no_sync() until the last micro batch's backward)"
-            )
-        if x.accumulation > 1:
-            in_flight += grads  # no_sync() during accumulation keeps unsharded gradients
-            notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
+        d = _fsdp_division(x, st, grads, notes)
     elif x.strategy == "deepspeed":
-        if x.zero_stage >= 1:
-            shard_o = world
-        if x.zero_stage >= 2:
-            shard_g = world
-        if x.zero_stage >= 3:
-            shard_w = world
-            persistent = zero3_tensors(x)[0] * zero_param_bytes(x)
-            extra = zero_reduce_buffer(x) + persistent * (1 - 1 / world)  # small tensors whole on every rank
-            in_flight = gathered = zero3_gathered(x)
-            notes.append(
-                "ZeRO-3: its gradient reduce buffer (reduce_bucket_size elements) and gradient partitions held "
-                f"through the run; {zero3_kept(x) / 1e6:,.0f}M parameters gathered at the forward's end "
-                "(stage3_max_live_parameters, stage3_max_reuse_distance)"
-            )
-        elif x.zero_stage == 2:
-            in_flight = zero_reduce_buffer(x) + zero2_backward_partition(x, st)
-            notes.append("ZeRO-2: its gradient reduce buffer (reduce_bucket_size elements) from backward's start")
+        d = _zero_division(x, st, notes)
+    else:
+        d = _Division()
     step_temp = st.step_temp
     if x.strategy == "deepspeed" and x.zero_stage >= 2:
         grads, step_temp = zero_step_bytes(x, st)
-    weights_dev = st.weights / shard_w
-    grads_dev = grads / shard_g
-    opt_dev = (st.optimizer + st.master) / shard_o
+    dev = _PerDevice(
+        weights=st.weights / d.shard_w,
+        lora_weights=st.lora_weights / d.shard_w,
+        grads=grads / d.shard_g,
+        optimizer=(st.optimizer + st.master) / d.shard_o,
+        step_temp=step_temp / d.shard_o,
+        extra=d.extra,
+        host=0,
+        in_flight=d.in_flight,
+        gathered=d.gathered,
+    )
+    return _offloaded(x, st, dev, notes)
+
+
+def _offloaded(x: PlanInput, st: ModelStates, dev: _PerDevice, notes: list) -> _PerDevice:
+    """``dev`` with what offload moves to host RAM: the optimizer's states, master weights and float32 gradients
+    (``offload_optimizer``: the gradients stream out per bucket, no step on the device), the weights
+    (``offload_params``: ZeRO-3 gathers them to the device; FSDP keeps two blocks resident)."""
+    two_blocks = block_params(x.config) * st.s_param * 2
     if x.offload_optimizer:
-        host += st.optimizer + st.master + st.trainable * 4  # states, master weights and fp32 gradients on the host
-        opt_dev = 0
-        grads_dev = min(grads_dev, block * st.s_param * 2)  # gradients stream out per bucket
+        dev.host += st.optimizer + st.master + st.trainable * 4
+        dev.optimizer = dev.step_temp = 0
+        dev.grads = min(dev.grads, two_blocks)
         notes.append("optimizer offload: states, master weights and their gradients in host RAM")
     if x.offload_params:
-        host += st.weights
+        dev.host += st.weights
         if x.strategy == "deepspeed":  # ZeRO-3's gathered parameters are in_flight
-            weights_dev = 0
+            dev.weights = 0
             notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
         else:
-            weights_dev = block * st.s_param * 2
+            dev.weights = two_blocks
             notes.append("parameter offload: weights in host RAM, two blocks resident at a time")
-    return _PerDevice(
-        weights=weights_dev,
-        lora_weights=st.lora_weights / shard_w,
-        grads=grads_dev,
-        optimizer=opt_dev,
-        step_temp=0 if x.offload_optimizer else step_temp / shard_o,
-        extra=extra,
-        host=host,
-        in_flight=in_flight,
-        gathered=gathered,
-    )
+    return dev
 
 
 def liger_chunk_rows(positions: int, vocab: int, hidden: int) -> int:
@@ -922,10 +959,51 @@ def fsdp1_one_unit_gradients(x: PlanInput, st: ModelStates) -> float:
     return 2 * (flat_parameter_grads(x, st) if fsdp1_lora(x) else st.grads)
 
 
+def _accumulated_gradients(x: PlanInput, st: ModelStates, dev: _PerDevice) -> float:
+    """Gradients alive beside the activations. Without accumulation the gradients are created while the
+    activations are freed, so the forward peak does not hold them; with accumulation they persist and add to both
+    (FSDP's unsharded ones are in its sharding buffers). DeepSpeed ZeRO-2/3: its 16-bit partitions (``dev.grads``
+    is the step's float32)."""
+    accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
+    if x.strategy == "deepspeed" and x.zero_stage >= 2:
+        held = zero3_gradient_partitions(x) or (x.accumulation > 1 and not x.offload_optimizer)
+        accumulated = st.grads / x.world if held else 0
+    return accumulated
+
+
+def _at_the_loss(x: PlanInput, st: ModelStates, dev: _PerDevice, logits: float) -> tuple[float, float]:
+    """(logits, gathered buffers) at the forward's end. What is gathered only where the logits are not (MemTracker
+    at the per-rank simulation's peaks): FSDP1's loss runs with its root gathered and no block (Gemma 2B full on 8
+    devices); FSDP2 gathers nothing at the loss, so in tunelab's loop, which drops the logits before backward, none
+    of it meets them (in litgpt's loop the logits it holds are still there when FSDP2 gathers its root again). The
+    larger of the two counts."""
+    apart = 0.0
+    if x.fsdp_root_kept and dev.gathered:
+        apart = dev.gathered - root_unit_params(x.config) * st.s_param
+    elif root_regathered(x) and not x.fabric:
+        apart = dev.gathered
+    if apart > logits:
+        return 0.0, dev.in_flight
+    return logits, dev.in_flight - apart
+
+
+def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float, acts: float) -> tuple:
+    """(FSDP1's backward bytes, the backward's peak, the activations alive then): a block's backward beside every
+    activation (:func:`fsdp1_backward_gradients`) or, without auto-wrap, the backward's end with none
+    (:func:`fsdp1_one_unit_gradients`), whichever is higher; (0, 0, acts) elsewhere."""
+    backward = fsdp1_backward_gradients(x, st)
+    peak = base + dev.in_flight + backward if backward else 0.0
+    one_unit = fsdp1_one_unit_gradients(x, st)
+    if one_unit and base - acts + dev.in_flight + one_unit > peak:
+        return one_unit, base - acts + dev.in_flight + one_unit, 0.0
+    return backward, peak, acts
+
+
 def predict(x: PlanInput) -> Plan:
     """The predicted peak allocated memory per device, as a breakdown that sums to it: model states (step 1),
-    divided by the strategy (step 3), plus the larger of two candidate peaks: the end of the forward pass
-    (activations and logits alive, step 2) or the optimizer step (gradients and the step's temporary)."""
+    divided by the strategy (step 3), plus the largest of the candidate peaks: the end of the forward pass
+    (activations and logits alive, step 2; autocast's 16-bit weight copies too, alive until backward used them),
+    FSDP1's backward, or the optimizer step (gradients and the step's temporary)."""
     notes: list = []
     st = model_states(x, notes)
     acts, logits = _activations(x, notes)
@@ -939,44 +1017,18 @@ def predict(x: PlanInput) -> Plan:
         "sharding_buffers": dev.extra,
         "qlora_stable_embedding": stable_embedding_states(x),
     }
-    # Without accumulation the gradients are created while the activations are freed, so the forward peak does
-    # not hold them; with accumulation they persist and add to both.
-    # autocast's 16-bit weight copies live from the forward until backward has used them (its cache empties when
-    # the forward's autocast context exits; the saved copies go with the graph): not at the optimizer step
-    accumulated = dev.grads if x.accumulation > 1 and not unsharded_while_accumulating(x) else 0
-    if x.strategy == "deepspeed" and x.zero_stage >= 2:  # its 16-bit partitions (dev.grads is the step's float32)
-        held = zero3_gradient_partitions(x) or (x.accumulation > 1 and not x.offload_optimizer)
-        accumulated = st.grads / x.world if held else 0
-    # What is gathered only where the logits are not (MemTracker at the per-rank simulation's peaks): FSDP1's loss
-    # runs with its root gathered and no block (Gemma 2B full on 8 devices); FSDP2 gathers nothing at the loss, so
-    # in tunelab's loop, which drops the logits before backward, none of it meets them (in litgpt's loop the logits
-    # it holds are still there when FSDP2 gathers its root again)
-    apart = 0.0
-    if x.fsdp_root_kept and dev.gathered:
-        apart = dev.gathered - root_unit_params(x.config) * st.s_param
-    elif root_regathered(x) and not x.fabric:
-        apart = dev.gathered
-    in_flight = dev.in_flight
-    if apart > logits:
-        logits = 0.0
-    else:
-        in_flight -= apart
+    accumulated = _accumulated_gradients(x, st, dev)
+    logits, in_flight = _at_the_loss(x, st, dev, logits)
     base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
     forward_peak = base + logits + in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
-    backward = fsdp1_backward_gradients(x, st)
-    backward_peak = base + dev.in_flight + backward if backward else 0.0
-    acts_at_backward, one_unit = acts, fsdp1_one_unit_gradients(x, st)
-    if one_unit and base - acts + dev.in_flight + one_unit > backward_peak:  # the backward's end, no activation
-        backward, backward_peak, acts_at_backward = one_unit, base - acts + dev.in_flight + one_unit, 0.0
+    backward, backward_peak, acts_at_backward = _backward_moment(x, st, dev, base, acts)
     in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
-    if in_backward:
-        in_flight = dev.in_flight
     if in_backward or forward_peak >= step_peak:
-        state_bytes["sharding_buffers"] += in_flight
+        state_bytes["sharding_buffers"] += dev.in_flight if in_backward else in_flight
         state_bytes["autocast_weight_cache"] = st.autocast_cache
         state_bytes["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {
@@ -986,15 +1038,13 @@ def predict(x: PlanInput) -> Plan:
             **({"fsdp1_backward_gradients": backward} if in_backward else {}),
             "optimizer_step_temporary": 0,
         }
-        if in_backward and one_unit and backward == one_unit:
+        if in_backward:
             notes.append(
                 "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
                 "twice over (its flat parameter's and its original parameters'), every activation freed"
-            )
-        elif in_backward:
-            notes.append(
-                "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and its "
-                "original parameters') and the head's gradient beside every activation, the logits freed"
+                if backward == fsdp1_one_unit_gradients(x, st)
+                else "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and "
+                "its original parameters') and the head's gradient beside every activation, the logits freed"
             )
     else:
         parts = {
@@ -1007,7 +1057,12 @@ def predict(x: PlanInput) -> Plan:
             "the peak is the optimizer step (gradients, the step's temporary and the logits the loop still holds), "
             "not the forward pass"
         )
-    breakdown = {k: int(v) for k, v in {**state_bytes, **parts}.items()}
+    return _plan(x, st, dev, {**state_bytes, **parts}, notes)
+
+
+def _plan(x: PlanInput, st: ModelStates, dev: _PerDevice, parts: dict, notes: list) -> Plan:
+    """The :class:`Plan` of ``x`` whose breakdown is ``parts`` (bytes by term, rounded down)."""
+    breakdown = {k: int(v) for k, v in parts.items()}
     peak = sum(breakdown.values())
     return Plan(
         model=x.config.name,
