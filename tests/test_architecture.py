@@ -179,7 +179,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.cli.plan.add_parser",
         "tunelab.plan.activations.saved_bytes",
         "tunelab.plan.advise.candidates",
-        "tunelab.plan.comm.per_step",
         "tunelab.plan.compiled.trace_block",
         "tunelab.plan.render.render",
         "tunelab.plan.simulate.simulate",

@@ -204,32 +204,91 @@ def per_step(
     ``params``: (total, trainable) parameter counts instead of those of ``x.config`` (a model given by its size
     only); ``param_bytes``: bytes per gathered parameter and gradient instead of the precision's (4 under mixed
     precision, whose FSDP keeps float32 parameters; 2 where a framework gathers 16-bit copies)."""
-    n, g, m, a = x.world, max(x.devices, 1), max(x.num_nodes, 1), max(x.accumulation, 1)
+    z = _sizes(x, params, param_bytes)
+    c = _volumes(x, z, params)
+    c.links = {"gpu": gpu_link.name}
+    if z.m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
+        c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
+    if host_link is not None and x.offload_params and x.strategy == "fsdp":
+        c.bytes_host = z.a * 2 * z.P / z.n + z.G / z.n
+    elif host_link is not None and x.strategy == "deepspeed" and (x.offload_optimizer or x.offload_params):
+        c.bytes_host = (z.G + z.trainable * z.s_p) / z.n + (z.a * 2 * z.P / z.n if x.offload_params else 0.0)
+    seconds = c.bytes_gpu / gpu_link.bytes_per_s
+    if c.bytes_node:
+        if node_link is None:
+            raise InputError("a run on several nodes needs the network between them: give --internode LINK")
+        c.links["node"] = node_link.name
+        seconds += c.bytes_node / (node_link.bytes_per_s / z.g)
+    if c.bytes_host:
+        c.links["host"] = host_link.name
+        seconds += c.bytes_host / host_link.bytes_per_s
+    c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
+    c.seconds = seconds + c.latency_s
+    return c
+
+
+@dataclass
+class _Sizes:
+    """The symbols of :func:`per_step`'s formulas for one configuration."""
+
+    n: int
+    """Devices in all."""
+    g: int
+    """Devices per node."""
+    m: int
+    """Nodes."""
+    a: int
+    """Micro batches per optimizer step."""
+    s_p: float
+    """Bytes per gathered parameter and gradient."""
+    P: float  # noqa: N815 - the docstring's symbols
+    """Parameter bytes."""
+    G: float  # noqa: N815
+    """Gradient bytes reduced (FSDP1 under LoRA: its flat parameters' whole gradients, frozen weights too)."""
+    R: float  # noqa: N815
+    """Bytes of FSDP1's root unit, gathered once per micro batch (the whole model without auto-wrap; 0 for FSDP2)."""
+    trainable: int
+    """Trainable parameters."""
+    units: int
+    """FSDP units (each block and the root; 1 without auto-wrap or for a model given by its size)."""
+
+
+def _sizes(x: PlanInput, params, param_bytes) -> _Sizes:
+    """:class:`_Sizes` of ``x`` (``params``, ``param_bytes``: as :func:`per_step`)."""
     if params is None:
         total, _ = count_params(x.config)
         trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
     else:
         total, trainable = params
     s_p = param_bytes or (memory.zero_param_bytes(x) if x.strategy == "deepspeed" else parameter_bytes(x.precision))
-    P, G = total * s_p, trainable * s_p  # noqa: N806 - the docstring's symbols
     if params is not None or not x.fsdp_root_kept:
-        R = 0.0  # noqa: N806 - FSDP2 regathers its root for backward; blocks unknown: every parameter twice
+        root = 0.0  # FSDP2 regathers its root for backward; blocks unknown: every parameter twice
     elif x.fsdp_wrap == "none":
-        R = P  # noqa: N806 - the whole model one unit: the root
+        root = total * s_p  # the whole model one unit: the root
     else:
-        R = count_params(dataclasses.replace(x.config, n_layer=0))[0] * s_p  # noqa: N806
+        root = count_params(dataclasses.replace(x.config, n_layer=0))[0] * s_p
+    reduced = trainable
     if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
-        G = (memory.flat_parameter_frozen_grad_elements(x, total) + trainable) * s_p  # noqa: N806
+        reduced = memory.flat_parameter_frozen_grad_elements(x, total) + trainable
+    return _Sizes(
+        n=x.world, g=max(x.devices, 1), m=max(x.num_nodes, 1), a=max(x.accumulation, 1), s_p=s_p, P=total * s_p,
+        G=reduced * s_p, R=root, trainable=trainable,
+        units=1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1,
+    )  # fmt: skip
+
+
+def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
+    """The bytes per device per optimizer step within a ring of all devices, its formula and its calls (kind,
+    calls, ring steps per call, of them across nodes), by strategy; links and seconds come after."""
+    n, m, a, P, G, units = z.n, z.m, z.a, z.P, z.G, z.units  # noqa: N806 - the docstring's symbols
     ring = (n - 1) / n
-    c = Comm(links={"gpu": gpu_link.name})
-    units = 1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1
+    c = Comm()
     ar, ag, rs = (
         ("all-reduce", 2 * (n - 1), 2 * m if m > 1 else 0),
         ("all-gather", n - 1, m - 1),
         ("reduce-scatter", n - 1, m - 1),
     )
-    reduces = math.ceil(G / (x.reduce_bucket_size * s_p))  # DeepSpeed's buckets, in its config's elements
-    gathers = math.ceil(P / (x.allgather_bucket_size * s_p))
+    reduces = math.ceil(G / (x.reduce_bucket_size * z.s_p))  # DeepSpeed's buckets, in its config's elements
     if n == 1:
         c.formula = "one device: none"
     elif (
@@ -247,14 +306,7 @@ def per_step(
         )
         c.calls = [(ar[0], calls, *ar[1:])]
     elif x.strategy == "fsdp" and x.sharding == "HYBRID_SHARD":
-        r = (g - 1) / g
-        c.bytes_gpu = a * r * (2 * P - R) + r * G
-        c.bytes_node = 2 * (m - 1) / m * G / g
-        c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
-        kept = 1 if x.fsdp_root_kept else 0
-        c.calls = [("all-gather", a * (2 * units - kept), g - 1, 0), ("reduce-scatter", units, g - 1, 0),
-                   ("all-reduce", units, 2 * (m - 1), 2 * (m - 1))]  # fmt: skip
-        c.hideable_under = "step"
+        _hybrid(c, x, z)
     elif (x.strategy == "fsdp" and x.sharding == "SHARD_GRAD_OP") or (x.strategy == "deepspeed" and x.zero_stage == 2):
         # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.ranks); FSDP2
         # reshards after each backward and gathers again
@@ -267,7 +319,7 @@ def per_step(
             c.calls = [(ag[0], gathers * units, *ag[1:]), (rs[0], units, *rs[1:])]
         c.hideable_under = "step"
     elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
-        c.bytes_gpu = a * ring * (2 * P - R) + ring * G
+        c.bytes_gpu = a * ring * (2 * P - z.R) + ring * G
         c.formula = (
             "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"
             if x.fsdp_wrap == "none" and x.fsdp_root_kept
@@ -278,26 +330,22 @@ def per_step(
         c.hideable_under = "step"
         c.calls = [(ag[0], a * (2 * units - (1 if x.fsdp_root_kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
     elif x.strategy == "deepspeed":  # ZeRO-3: what is still gathered at the forward's end is not gathered again
-        K = 0.0 if params is not None else memory.zero3_kept(x) * s_p  # noqa: N806
+        K = 0.0 if params is not None else memory.zero3_kept(x) * z.s_p  # noqa: N806
         c.bytes_gpu = a * ring * (2 * P - K) + ring * G
         c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
         c.hideable_under = "step"
         c.calls = [(ag[0], a * 2 * units, *ag[1:]), (rs[0], units, *rs[1:])]
-    if m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
-        c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
-    if host_link is not None and x.offload_params and x.strategy == "fsdp":
-        c.bytes_host = a * 2 * P / n + G / n
-    elif host_link is not None and x.strategy == "deepspeed" and (x.offload_optimizer or x.offload_params):
-        c.bytes_host = (G + trainable * s_p) / n + (a * 2 * P / n if x.offload_params else 0.0)
-    seconds = c.bytes_gpu / gpu_link.bytes_per_s
-    if c.bytes_node:
-        if node_link is None:
-            raise InputError("a run on several nodes needs the network between them: give --internode LINK")
-        c.links["node"] = node_link.name
-        seconds += c.bytes_node / (node_link.bytes_per_s / g)
-    if c.bytes_host:
-        c.links["host"] = host_link.name
-        seconds += c.bytes_host / host_link.bytes_per_s
-    c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
-    c.seconds = seconds + c.latency_s
     return c
+
+
+def _hybrid(c: Comm, x: PlanInput, z: _Sizes) -> None:
+    """HYBRID_SHARD: FULL_SHARD within each node of g devices, each device's gradient shard all-reduced across the
+    m nodes."""
+    g, m, r = z.g, z.m, (z.g - 1) / z.g
+    c.bytes_gpu = z.a * r * (2 * z.P - z.R) + r * z.G
+    c.bytes_node = 2 * (m - 1) / m * z.G / g
+    c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
+    kept = 1 if x.fsdp_root_kept else 0
+    c.calls = [("all-gather", z.a * (2 * z.units - kept), g - 1, 0), ("reduce-scatter", z.units, g - 1, 0),
+               ("all-reduce", z.units, 2 * (m - 1), 2 * (m - 1))]  # fmt: skip
+    c.hideable_under = "step"
