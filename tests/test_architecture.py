@@ -180,7 +180,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.plan.activations.saved_bytes",
         "tunelab.plan.advise.candidates",
         "tunelab.plan.compiled.trace_block",
-        "tunelab.plan.render.render",
         "tunelab.plan.simulate.simulate",
         "tunelab.report.sweep.plots",
         "tunelab.run.runner.run",

@@ -12,8 +12,20 @@ def render(
     planned: PlannedRecipe, gpu: hardware.GPU | None = None, projection: Projection | None = None, tokens_note: str = ""
 ) -> str:
     """The plan as text: the breakdown summing to the peak, the verdict for ``gpu``, the notes, time and energy."""
-    plan, seq_source = planned.plan, planned.seq_source
-    gb = lambda b: f"{b / 1e9:9.2f}"  # noqa: E731
+    plan = planned.plan
+    lines = _memory_lines(plan, planned.seq_source) + _verdict_lines(plan, gpu)
+    lines += [f"note: {note}" for note in plan.notes]
+    if projection:
+        lines += _time_lines(projection, tokens_note)
+    return "\n".join(lines)
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:9.2f}"
+
+
+def _memory_lines(plan: memory.Plan, seq_source: str) -> list[str]:
+    """What is planned, and the peak per device by term (GB = 1e9 bytes), reserved, the CUDA context, host RAM."""
     lines = [
         f"plan: {plan.model} {plan.method} on {plan.gpu or '(no GPU named: --gpu for a verdict)'} "
         f"({plan.devices} device(s), {plan.strategy}), {plan.precision}, micro batch {plan.micro_batch_size}, "
@@ -21,85 +33,95 @@ def render(
         f"model: {plan.params / 1e9:.2f} B parameters, {plan.trainable_params / 1e6:,.1f} M trainable",
         "predicted peak allocated per device, GB (1e9 bytes):",
     ]
-    for k, v in plan.breakdown_bytes.items():
-        if v:
-            lines.append(f"  {k:<28}{gb(v)}")
-    lines.append(f"  {'= peak allocated':<28}{gb(plan.peak_allocated_bytes)}   (litgpt's 'Memory Used')")
+    lines += [f"  {k:<28}{_gb(v)}" for k, v in plan.breakdown_bytes.items() if v]
+    lines.append(f"  {'= peak allocated':<28}{_gb(plan.peak_allocated_bytes)}   (litgpt's 'Memory Used')")
     slack = f"reserved (x{memory.ALLOCATOR_SLACK:.2f} slack)"
-    lines.append(f"  {slack:<28}{gb(plan.predicted_reserved_bytes)}")
-    lines.append(f"  {'+ CUDA context':<28}{gb(plan.cuda_context_bytes)}")
+    lines.append(f"  {slack:<28}{_gb(plan.predicted_reserved_bytes)}")
+    lines.append(f"  {'+ CUDA context':<28}{_gb(plan.cuda_context_bytes)}")
     if plan.host_ram_bytes:
-        lines.append(f"  host RAM (offload)          {gb(plan.host_ram_bytes)}")
-    if plan.gpu:
-        need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
-        word = (
-            (
-                "AT THE EDGE (" + ("fits" if plan.fits else "short") + " by less than "
-                f"{memory.EDGE_FRACTION:.0%} of memory: allocator fragmentation decides; expect retries)"
-            )
-            if plan.edge
-            else ("FITS" if plan.fits else "DOES NOT FIT")
+        lines.append(f"  host RAM (offload)          {_gb(plan.host_ram_bytes)}")
+    return lines
+
+
+def _verdict_lines(plan: memory.Plan, gpu: hardware.GPU | None) -> list[str]:
+    """The fit verdict on the named GPU (none without one)."""
+    if not plan.gpu:
+        return []
+    need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
+    word = (
+        (
+            "AT THE EDGE (" + ("fits" if plan.fits else "short") + " by less than "
+            f"{memory.EDGE_FRACTION:.0%} of memory: allocator fragmentation decides; expect retries)"
         )
+        if plan.edge
+        else ("FITS" if plan.fits else "DOES NOT FIT")
+    )
+    lines = [
+        f"verdict: {word} on {plan.gpu}: needs {need / 1e9:.2f} GB of "
+        f"{plan.gpu_memory_bytes / 1e9:.2f} GB, margin {plan.margin_bytes / 1e9:+.2f} GB; "
+        f"largest micro batch that fits: {plan.max_micro_batch_size}"
+    ]
+    if gpu is not None:
+        lines.append(f"  GPU memory: {gpu.cuda_total_gib:.2f} GiB usable by CUDA ({gpu.cuda_total_source})")
+    return lines
+
+
+def _time_lines(p: Projection, tokens_note: str) -> list[str]:
+    """The tokens, FLOPs, the MFU range's times, the point estimate, energy, the time by cause, checkpoints and
+    communication."""
+    lines = [
+        f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / 1e9:.2f} GFLOPs/token "
+        f"[{p.flops_formula}]",
+        f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
+        f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
+        (
+            f"  point estimate of the training time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
+            f"{p.seconds_band[1]:,.0f} s; {p.seconds_source})"
+            if p.seconds
+            else f"  {p.seconds_source}"
+        ),
+        f"  energy: {p.energy_j_low / 3.6e6:.3f}-{p.energy_j_high / 3.6e6:.3f} kWh, "
+        f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
+        f"per million tokens; power: {p.power_source}",
+    ]
+    if p.seconds_by_cause:
+        lines += _by_cause_lines(p)
+    elif p.seconds_by_cause_source:
+        lines.append(f"  time by cause: {p.seconds_by_cause_source}")
+    if p.comm_bytes_per_step is not None:
+        moved = ", ".join(f"{v / 1e9:.2f} GB over the {k} link" for k, v in p.comm_bytes_per_step.items() if v)
         lines.append(
-            f"verdict: {word} on {plan.gpu}: needs {need / 1e9:.2f} GB of "
-            f"{plan.gpu_memory_bytes / 1e9:.2f} GB, margin {plan.margin_bytes / 1e9:+.2f} GB; "
-            f"largest micro batch that fits: {plan.max_micro_batch_size}"
+            f"  communication per optimizer step and device: {moved or 'none'}: {p.comm_seconds_per_step:.3f} s "
+            f"before overlap (included above) [{p.comm_source}]"
         )
-        if gpu is not None:
-            lines.append(f"  GPU memory: {gpu.cuda_total_gib:.2f} GiB usable by CUDA ({gpu.cuda_total_source})")
-    for note in plan.notes:
-        lines.append(f"note: {note}")
-    if projection:
-        p = projection
-        lines += [
-            f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / 1e9:.2f} GFLOPs/token "
-            f"[{p.flops_formula}]",
-            f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
-            f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
-            (
-                f"  point estimate of the training time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
-                f"{p.seconds_band[1]:,.0f} s; {p.seconds_source})"
-                if p.seconds
-                else f"  {p.seconds_source}"
-            ),
-            f"  energy: {p.energy_j_low / 3.6e6:.3f}-{p.energy_j_high / 3.6e6:.3f} kWh, "
-            f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
-            f"per million tokens; power: {p.power_source}",
-        ]
-        if p.seconds_by_cause:
-            total = sum(p.seconds_by_cause.values())
-            causes = (
-                ", ".join(
-                    f"{k} {v:,.0f}" if v >= 10 else f"{k} {v:.2g}"
-                    for k, v in p.seconds_by_cause.items()
-                    if v >= total / 100
-                )
-                + " s"
-            )
-            if p.mfu_predicted_padded is not None:
-                real = f", {p.mfu_predicted_real:.1%} on real" if p.mfu_predicted_real is not None else ""
-                causes += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens{real}"
-            lines.append(f"  time by cause: {total:,.0f} s = {causes} [{p.seconds_by_cause_source}]")
-            saves = p.seconds_by_cause.get("checkpoint saves", 0.0)
-            lines.append(
-                f"  checkpoints: {saves:,.0f} s of in-loop saves (included above); after the loop (not in litgpt's "
-                f"Training Time) {p.bytes_after_loop / 1e9:,.2f} GB written, {p.seconds_after_loop:,.0f} s "
-                f"[at {p.save_bytes_per_s / 1e9:g} GB/s, "
-                + (
-                    "--save-gbs]"
-                    if p.save_bytes_per_s != runtime.CHECKPOINT_WRITE_BYTES_PER_S
-                    else "torch.save's rate on a fast local disk; --save-gbs for yours]"
-                )
-            )
-        elif p.seconds_by_cause_source:
-            lines.append(f"  time by cause: {p.seconds_by_cause_source}")
-        if p.comm_bytes_per_step is not None:
-            moved = ", ".join(f"{v / 1e9:.2f} GB over the {k} link" for k, v in p.comm_bytes_per_step.items() if v)
-            lines.append(
-                f"  communication per optimizer step and device: {moved or 'none'}: {p.comm_seconds_per_step:.3f} s "
-                f"before overlap (included above) [{p.comm_source}]"
-            )
-    return "\n".join(lines)
+    return lines
+
+
+def _by_cause_lines(p: Projection) -> list[str]:
+    """The time by cause (causes under 1% of the total left out of the line, not the sum), the predicted MFU, and
+    the checkpoint saves in and after the loop."""
+    total = sum(p.seconds_by_cause.values())
+    causes = (
+        ", ".join(
+            f"{k} {v:,.0f}" if v >= 10 else f"{k} {v:.2g}" for k, v in p.seconds_by_cause.items() if v >= total / 100
+        )
+        + " s"
+    )
+    if p.mfu_predicted_padded is not None:
+        real = f", {p.mfu_predicted_real:.1%} on real" if p.mfu_predicted_real is not None else ""
+        causes += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens{real}"
+    saves = p.seconds_by_cause.get("checkpoint saves", 0.0)
+    return [
+        f"  time by cause: {total:,.0f} s = {causes} [{p.seconds_by_cause_source}]",
+        f"  checkpoints: {saves:,.0f} s of in-loop saves (included above); after the loop (not in litgpt's "
+        f"Training Time) {p.bytes_after_loop / 1e9:,.2f} GB written, {p.seconds_after_loop:,.0f} s "
+        f"[at {p.save_bytes_per_s / 1e9:g} GB/s, "
+        + (
+            "--save-gbs]"
+            if p.save_bytes_per_s != runtime.CHECKPOINT_WRITE_BYTES_PER_S
+            else "torch.save's rate on a fast local disk; --save-gbs for yours]"
+        ),
+    ]
 
 
 def render_measured(m: dict, micro: int) -> str:
