@@ -185,7 +185,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.run.runner.run",
         "tunelab.run.sweep._run_locked",
         "tunelab.tune.batch.tune",
-        "tunelab.tune.report.markdown",
         "tunelab.tune.study.load",
     }
 )

@@ -165,7 +165,15 @@ def _setting_words(st: Setting) -> str:
 def markdown(sf: StudyFile, results: list[SettingResult], base: Path) -> str:
     """results.md of a tuning study: per setting the probes beside the study's reference table."""
     records = [r for res in results for _, r, _ in res.probes]
+    lines = _head(sf, records, base) + _summary(sf, results)
+    for res in results:
+        lines += _setting_section(sf, res)
+    lines += ["## Plot", "", "![tok/s and memory by micro batch](tune.png)", ""]
+    return "\n".join(lines)
 
+
+def _head(sf: StudyFile, records: list, base: Path) -> list[str]:
+    """The title, the CPU caveat where the probes ran on a CPU, the environment and what the columns mean."""
     cpu = all(r.device_type == "cpu" for r in records if r.device_name)
     lines = [f"# {sf.name}: {sf.description}", ""]
     if cpu:
@@ -177,7 +185,7 @@ def markdown(sf: StudyFile, results: list[SettingResult], base: Path) -> str:
             "",
         ]
     shown = base if not base.is_absolute() else base.name
-    lines += [
+    return lines + [
         "## Environment",
         "",
         *environment(records),
@@ -193,7 +201,11 @@ def markdown(sf: StudyFile, results: list[SettingResult], base: Path) -> str:
         "without allocator retries.",
         "",
     ]
-    lines += [
+
+
+def _summary(sf: StudyFile, results: list[SettingResult]) -> list[str]:
+    """One row per setting: the largest micro batch that fits, the planner's, the best and its figures."""
+    lines = [
         "## Summary",
         "",
         "| study | setting | largest that fits (probed) | planner predicted | best | tok/s padded "
@@ -227,74 +239,89 @@ def markdown(sf: StudyFile, results: list[SettingResult], base: Path) -> str:
             f"{_f(_padded_tflops(best) if best else None, '.1f')} | "
             f"{_f((best.peak_allocated_bytes or best.peak_rss_bytes) if best else None, '.2f', 1e-9)} | {ref_text} |"
         )
-    lines.append("")
-    for res in results:
-        st, study = res.setting, res.study
-        lines += [
-            f"## {study.id} / {st.id}",
-            "",
-            f"{study.note or study.recipe} - {study.strategy}, {study.devices} device(s), "
-            f"{_setting_words(st)}; overrides: {' '.join(f'{k}={v}' for k, v in study.set.items()) or 'none'}; "
-            f"{study.steps} optimizer steps per probe.",
-            "",
-            "| micro | status | alloc GB | reserved GB | GPU util % | TFLOP/s/dev real | TFLOP/s/dev padded | "
-            "MFU padded | iter ms | tok/s padded | retries | steps measured |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for m, r, _ in res.probes:
-            star = " *" if m == res.best else ""
-            alloc = r.peak_allocated_bytes if r.device_type == "cuda" else r.peak_rss_bytes
-            util = (
-                ""
-                if r.gpu_util_steady_mean is None
-                else f"{r.gpu_util_steady_mean:.0f} +/- {r.gpu_util_steady_std or 0:.0f}"
-            )
-            status = r.status if r.status in ("ok", "oom") else f"{r.status}: {(r.error or '')[:60]}"
-            ok = r.status == "ok"
-            lines.append(
-                f"| {m}{star} | {status} | {_f(alloc, '.2f', 1e-9)} | {_f(r.peak_reserved_bytes, '.2f', 1e-9)} | "
-                f"{util if ok else ''} | {_f(r.achieved_tflops_per_device if ok else None, '.1f')} | "
-                f"{_f(_padded_tflops(r) if ok else None, '.1f')} | {_f(r.mfu_padded if ok else None, '.1%')} | "
-                f"{_f(r.iter_time_s if ok else None, '.0f', 1000)} | {_f(r.tok_s_padded if ok else None, ',.0f')} | "
-                f"{'' if r.num_alloc_retries is None else r.num_alloc_retries} | "
-                f"{'' if not ok or r.optimizer_steps is None else r.optimizer_steps - (r.warmup_steps_excluded or 0)} |"
-            )
-        verdict = f"Largest that fits: {res.largest if res.largest is not None else 'none'}"
-        if st.at_best_of:
-            verdict = (
-                f"Not a full search: {st.at_best_of}'s best micro batch (when this ran) probed with this setting "
-                f"(and, had it not fit, smaller ones). Largest that fits among "
-                f"{', '.join(str(m) for m, _, _ in res.probes)}: {res.largest if res.largest is not None else 'none'}"
-            )
-        if res.predicted is not None:
-            verdict += f" (planner predicted {res.predicted} on {study.gpu})"
-        verdict += f"; best: {res.best if res.best is not None else 'none without allocator retries'}."
-        if res.unfinished:
-            verdict += (
-                f" Not finished (cut by a time limit or an error; a rerun of the study probes them again): "
-                f"{', '.join(map(str, res.unfinished))}."
-            )
-        lines += ["", verdict, ""]
-        ref = _reference(sf, res)
-        if ref:
-            big = f"{st.id}-3b" in sf.lab and not study.recipe.startswith("tiny")
-            lines += [
-                f"Reference, the study's own table ({sf.lab_hardware}{'; its 3B model' if big else ''}): "
-                "another model on another GPU, compare the shape.",
-                "",
-                "| batch | memory MB | GPU util % | TFLOP/s | iter ms | note |",
-                "|---|---|---|---|---|---|",
-            ]
-            for row in ref:
-                util = "" if row.get("util") is None else f"{row['util']} +/- {row.get('util_std', '')}"
-                lines.append(
-                    f"| {row['micro']}{' *' if row.get('best') else ''} | "
-                    f"{row.get('memory_mb', row.get('status', ''))} | {util} | {row.get('tflops', '')} | "
-                    f"{row.get('iter_ms', '')} | {row.get('note', '')} |"
-                )
-            lines.append("")
-    lines += ["## Plot", "", "![tok/s and memory by micro batch](tune.png)", ""]
-    return "\n".join(lines)
+    return lines + [""]
+
+
+def _setting_section(sf: StudyFile, res: SettingResult) -> list[str]:
+    """A setting's probes, its verdict and the study's reference table."""
+    st, study = res.setting, res.study
+    lines = [
+        f"## {study.id} / {st.id}",
+        "",
+        f"{study.note or study.recipe} - {study.strategy}, {study.devices} device(s), "
+        f"{_setting_words(st)}; overrides: {' '.join(f'{k}={v}' for k, v in study.set.items()) or 'none'}; "
+        f"{study.steps} optimizer steps per probe.",
+        "",
+        "| micro | status | alloc GB | reserved GB | GPU util % | TFLOP/s/dev real | TFLOP/s/dev padded | "
+        "MFU padded | iter ms | tok/s padded | retries | steps measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_probe_row(m, r, m == res.best) for m, r, _ in res.probes]
+    lines += ["", _verdict(res), ""]
+    return lines + _reference_table(sf, res)
+
+
+def _probe_row(m: int, r: record_mod.RunRecord, best: bool) -> str:
+    """One probe's row (figures only where it ran)."""
+    alloc = r.peak_allocated_bytes if r.device_type == "cuda" else r.peak_rss_bytes
+    util = (
+        "" if r.gpu_util_steady_mean is None else f"{r.gpu_util_steady_mean:.0f} +/- {r.gpu_util_steady_std or 0:.0f}"
+    )
+    status = r.status if r.status in ("ok", "oom") else f"{r.status}: {(r.error or '')[:60]}"
+    ok = r.status == "ok"
+    return (
+        f"| {m}{' *' if best else ''} | {status} | {_f(alloc, '.2f', 1e-9)} | "
+        f"{_f(r.peak_reserved_bytes, '.2f', 1e-9)} | "
+        f"{util if ok else ''} | {_f(r.achieved_tflops_per_device if ok else None, '.1f')} | "
+        f"{_f(_padded_tflops(r) if ok else None, '.1f')} | {_f(r.mfu_padded if ok else None, '.1%')} | "
+        f"{_f(r.iter_time_s if ok else None, '.0f', 1000)} | {_f(r.tok_s_padded if ok else None, ',.0f')} | "
+        f"{'' if r.num_alloc_retries is None else r.num_alloc_retries} | "
+        f"{'' if not ok or r.optimizer_steps is None else r.optimizer_steps - (r.warmup_steps_excluded or 0)} |"
+    )
+
+
+def _verdict(res: SettingResult) -> str:
+    """The setting's largest fitting and best micro batch, the planner's, and what did not finish."""
+    st = res.setting
+    verdict = f"Largest that fits: {res.largest if res.largest is not None else 'none'}"
+    if st.at_best_of:
+        verdict = (
+            f"Not a full search: {st.at_best_of}'s best micro batch (when this ran) probed with this setting "
+            f"(and, had it not fit, smaller ones). Largest that fits among "
+            f"{', '.join(str(m) for m, _, _ in res.probes)}: {res.largest if res.largest is not None else 'none'}"
+        )
+    if res.predicted is not None:
+        verdict += f" (planner predicted {res.predicted} on {res.study.gpu})"
+    verdict += f"; best: {res.best if res.best is not None else 'none without allocator retries'}."
+    if res.unfinished:
+        verdict += (
+            f" Not finished (cut by a time limit or an error; a rerun of the study probes them again): "
+            f"{', '.join(map(str, res.unfinished))}."
+        )
+    return verdict
+
+
+def _reference_table(sf: StudyFile, res: SettingResult) -> list[str]:
+    """The study's own published table for this setting (none where it published none)."""
+    ref = _reference(sf, res)
+    if not ref:
+        return []
+    big = f"{res.setting.id}-3b" in sf.lab and not res.study.recipe.startswith("tiny")
+    lines = [
+        f"Reference, the study's own table ({sf.lab_hardware}{'; its 3B model' if big else ''}): "
+        "another model on another GPU, compare the shape.",
+        "",
+        "| batch | memory MB | GPU util % | TFLOP/s | iter ms | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in ref:
+        util = "" if row.get("util") is None else f"{row['util']} +/- {row.get('util_std', '')}"
+        lines.append(
+            f"| {row['micro']}{' *' if row.get('best') else ''} | "
+            f"{row.get('memory_mb', row.get('status', ''))} | {util} | {row.get('tflops', '')} | "
+            f"{row.get('iter_ms', '')} | {row.get('note', '')} |"
+        )
+    return lines + [""]
 
 
 def plot(results: list[SettingResult], out_dir: Path) -> Path | None:
