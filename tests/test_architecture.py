@@ -181,7 +181,6 @@ LONG_FUNCTIONS = frozenset(
         "tunelab.plan.advise.candidates",
         "tunelab.plan.compiled.trace_block",
         "tunelab.plan.simulate.simulate",
-        "tunelab.report.sweep.plots",
         "tunelab.run.runner.run",
         "tunelab.run.sweep._run_locked",
         "tunelab.tune.batch.tune",

@@ -7,6 +7,7 @@ lab's published figure beside ours with the hardware of each.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunelab import hardware
@@ -474,27 +475,63 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cpu = all(r.device_type == "cpu" for r in records if r.device_name)
-    labels = [f"{r.row_id}\n{r.method}" for r in records]
-    long_labels = max((len(r.row_id) for r in records), default=0) > 6
+    style = _PlotStyle(
+        cpu=cpu,
+        long_labels=max((len(r.row_id) for r in records), default=0) > 6,
+        device=next((r.device_name for r in records if r.device_name), ""),
+    )
+    made = [
+        _memory_plot(records, rows, out_dir, style),
+        _throughput_plot(records, rows, out_dir, style),
+        _phases_plot(records, rows, out_dir, style),
+        _ranks_plot(records, out_dir),
+    ]
+    return [p for p in made if p is not None]
 
-    def xticks(ax, positions, names):
+
+@dataclass
+class _PlotStyle:
+    """What every plot of a sweep report shares."""
+
+    cpu: bool
+    """Every record ran on a CPU (memory is peak RSS, the model a tiny one)."""
+    long_labels: bool
+    """Row ids longer than 6 characters: tick labels rotated."""
+    device: str
+    """The device the rows ran on, for the titles."""
+
+    def xticks(self, ax, positions, names) -> None:
         ax.set_xticks(
             list(positions),
             names,
             fontsize=7,
-            rotation=30 if long_labels else 0,
-            ha="right" if long_labels else "center",
+            rotation=30 if self.long_labels else 0,
+            ha="right" if self.long_labels else "center",
         )
 
-    colors = {"ok": "tab:blue", "oom": "tab:red", "error": "tab:gray", "killed": "tab:orange"}
-    paths = []
 
+_STATUS_COLORS = {"ok": "tab:blue", "oom": "tab:red", "error": "tab:gray", "killed": "tab:orange"}
+
+
+def _saved(fig, path: Path) -> Path:
+    """``fig`` laid out, written to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _memory_plot(records, rows: list[dict], out_dir: Path, style: _PlotStyle) -> Path:
+    """memory.png: each row's peak (RSS on CPU), the lab's and the plan's beside it, failures named."""
+    import matplotlib.pyplot as plt
+
+    cpu = style.cpu
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(records) + 2), 4))
     mem = [(row["peak_rss_gb"] if cpu else row["peak_allocated_gb"]) or 0 for row in rows]
-    ax.bar(range(len(records)), mem, color=[colors.get(r.status, "k") for r in records])
+    ax.bar(range(len(records)), mem, color=[_STATUS_COLORS.get(r.status, "k") for r in records])
     lab = [row["lab_memory_gb"] if isinstance(row["lab_memory_gb"], (int, float)) else None for row in rows]
     if any(v is not None for v in lab) and not cpu:
         _marks(ax, lab, marker="_", s=400, color="black", label="lab (A100 80GB)", zorder=3)
@@ -511,22 +548,23 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
                 r.status.upper(),
                 ha="center",
                 fontsize=7,
-                color=colors.get(r.status, "k"),
+                color=_STATUS_COLORS.get(r.status, "k"),
             )
-    xticks(ax, range(len(records)), labels)
+    style.xticks(ax, range(len(records)), [f"{r.row_id}\n{r.method}" for r in records])
     ax.set_ylabel("peak RSS per process, GB (1e9 B)" if cpu else "peak allocated per GPU, GB (1e9 B)")
-    device = next((r.device_name for r in records if r.device_name), "")
-    ax.set_title("Peak memory per row" + (" (tiny model, CPU)" if cpu else f" ({device})"))
-    fig.tight_layout()
-    paths.append(out_dir / "memory.png")
-    save_figure(fig, paths[-1])
-    plt.close(fig)
+    ax.set_title("Peak memory per row" + (" (tiny model, CPU)" if cpu else f" ({style.device})"))
+    return _saved(fig, out_dir / "memory.png")
+
+
+def _throughput_plot(records, rows: list[dict], out_dir: Path, style: _PlotStyle) -> Path:
+    """throughput.png: steady tok/s on padded and real tokens, the lab's beside them."""
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(records) + 2), 4))
     x = range(len(records))
     ax.bar([i - 0.2 for i in x], [r.tok_s_padded or 0 for r in records], width=0.4, label="ours, padded")
     ax.bar([i + 0.2 for i in x], [r.tok_s_real or 0 for r in records], width=0.4, label="ours, real")
-    if not cpu and any(row["lab_tok_s"] for row in rows):
+    if not style.cpu and any(row["lab_tok_s"] for row in rows):
         _marks(
             ax,
             [row["lab_tok_s"] or None for row in rows],
@@ -536,64 +574,65 @@ def plots(records: list[record_mod.RunRecord], rows: list[dict], out_dir: Path) 
             label="lab, padded (A100)",
             zorder=3,
         )
-    xticks(ax, x, labels)
+    style.xticks(ax, x, [f"{r.row_id}\n{r.method}" for r in records])
     ax.set_ylabel("steady-state tokens/s, summed over ranks")
-    ax.set_title("Throughput per row" + (" (tiny model, CPU)" if cpu else f" ({device})"))
+    ax.set_title("Throughput per row" + (" (tiny model, CPU)" if style.cpu else f" ({style.device})"))
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "throughput.png")
-    save_figure(fig, paths[-1])
-    plt.close(fig)
+    return _saved(fig, out_dir / "throughput.png")
+
+
+def _phases_plot(records, rows: list[dict], out_dir: Path, style: _PlotStyle) -> Path | None:
+    """memory_phases.png, where the memory comes in: after loading, after the first optimizer step, at the peak
+    (None without the phases in the records)."""
+    import matplotlib.pyplot as plt
 
     phased = [(row, r) for row, r in zip(rows, records) if r.ranks and r.ranks[0].phase_peak_allocated]
-    if phased:  # where the memory comes in: after loading, after the first optimizer step, at the peak
-        fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(phased) + 2), 4.2))
-        keys = [
-            ("peak_loaded_gb", "first training batch (model loaded)"),
-            ("peak_first_step_gb", "after the first optimizer step"),
-            ("peak_allocated_gb", "run peak"),
-        ]
-        for j, (key, label) in enumerate(keys):
-            ax.bar(
-                [i + (j - 1) * 0.27 for i in range(len(phased))],
-                [row.get(key) or 0 for row, _ in phased],
-                width=0.27,
-                label=label,
-                color=f"C{j}",
-            )
-        xticks(ax, range(len(phased)), [f"{r.row_id}\n{r.method}" for _, r in phased])
-        ax.set_ylabel("peak allocated up to the phase, GB (1e9 B)")
-        ax.set_title(f"Memory by phase ({device})")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out_dir / "memory_phases.png")
-        save_figure(fig, paths[-1])
-        plt.close(fig)
+    if not phased:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(phased) + 2), 4.2))
+    keys = [
+        ("peak_loaded_gb", "first training batch (model loaded)"),
+        ("peak_first_step_gb", "after the first optimizer step"),
+        ("peak_allocated_gb", "run peak"),
+    ]
+    for j, (key, label) in enumerate(keys):
+        ax.bar(
+            [i + (j - 1) * 0.27 for i in range(len(phased))],
+            [row.get(key) or 0 for row, _ in phased],
+            width=0.27,
+            label=label,
+            color=f"C{j}",
+        )
+    style.xticks(ax, range(len(phased)), [f"{r.row_id}\n{r.method}" for _, r in phased])
+    ax.set_ylabel("peak allocated up to the phase, GB (1e9 B)")
+    ax.set_title(f"Memory by phase ({style.device})")
+    ax.legend(fontsize=8)
+    return _saved(fig, out_dir / "memory_phases.png")
+
+
+def _ranks_plot(records, out_dir: Path) -> Path | None:
+    """memory_by_rank.png: each multi-device row's peak per rank (None without such a row)."""
+    import matplotlib.pyplot as plt
 
     multi = [r for r in records if r.device_count > 1 and r.ranks]
-    if multi:
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(multi) + 2), 4))
-        for i, r in enumerate(multi):
-            vals = [
-                (k.peak_allocated_bytes or k.peak_rss_bytes or 0) / GB for k in sorted(r.ranks, key=lambda k: k.rank)
-            ]
-            for j, v in enumerate(vals):
-                ax.bar(
-                    i + (j - (len(vals) - 1) / 2) * 0.8 / len(vals),
-                    v,
-                    width=0.8 / len(vals),
-                    color=f"C{j}",
-                    label=f"rank {j}" if i == 0 else None,
-                )
-        ax.set_xticks(range(len(multi)), [r.row_id for r in multi])
-        ax.set_ylabel("peak memory per rank, GB (1e9 B)")
-        ax.set_title("Memory by rank (multi-device rows)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out_dir / "memory_by_rank.png")
-        save_figure(fig, paths[-1])
-        plt.close(fig)
-    return paths
+    if not multi:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(multi) + 2), 4))
+    for i, r in enumerate(multi):
+        vals = [(k.peak_allocated_bytes or k.peak_rss_bytes or 0) / GB for k in sorted(r.ranks, key=lambda k: k.rank)]
+        for j, v in enumerate(vals):
+            ax.bar(
+                i + (j - (len(vals) - 1) / 2) * 0.8 / len(vals),
+                v,
+                width=0.8 / len(vals),
+                color=f"C{j}",
+                label=f"rank {j}" if i == 0 else None,
+            )
+    ax.set_xticks(range(len(multi)), [r.row_id for r in multi])
+    ax.set_ylabel("peak memory per rank, GB (1e9 B)")
+    ax.set_title("Memory by rank (multi-device rows)")
+    ax.legend(fontsize=8)
+    return _saved(fig, out_dir / "memory_by_rank.png")
 
 
 def default_report_dir(meta: dict, records: list[record_mod.RunRecord]) -> Path:
