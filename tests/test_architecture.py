@@ -178,7 +178,6 @@ LONG_FUNCTIONS = frozenset(
     {
         "tunelab.cli.plan.add_parser",
         "tunelab.plan.activations.saved_bytes",
-        "tunelab.plan.advise.candidates",
         "tunelab.plan.compiled.trace_block",
         "tunelab.plan.simulate.simulate",
         "tunelab.run.runner.run",

@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunelab import hardware, yaml_input
@@ -237,10 +238,16 @@ def candidates(
     ``strategies``: strategy files to try (default: one device alone, :data:`STRATEGIES` on several; 'single'
     names one device without a strategy file)."""
     price_table = price_table or {}
-    work = workload or workload_from_tokens(tokens if tokens is not None else 5e7)
+    ask = _Ask(
+        work=workload or workload_from_tokens(tokens if tokens is not None else 5e7),
+        device_counts=[1] + [d for d in (2, 4, 8, 16) if d <= max_devices],
+        nodes=nodes,
+        strategies=strategies,
+        global_batch=global_batch,
+        headroom=headroom,
+        load=functools.cache(load_strategy),  # each strategy file read once, not per GPU and precision
+    )
     out = []
-    load_once = functools.cache(load_strategy)  # each strategy file read once, not per GPU and precision
-    device_counts = [1] + [d for d in (2, 4, 8, 16) if d <= max_devices]
     for gpu in gpus:
         if not any(gpu.peak_tflops.values()) or not gpu.bandwidth_gbs:
             continue
@@ -251,48 +258,74 @@ def candidates(
         )
         for method, recipe in recipes.items():
             for prec in precisions(gpu, precision):
-                base = plan_recipe(recipe, ["--precision", prec], gpu=gpu)
-                s, x0 = base.settings, base.input
-                if global_batch == "keep" and s.global_batch_size > work.samples:  # not one optimizer step
-                    raise InputError(
-                        f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
-                        f"{recipe.key}'s global batch of {s.global_batch_size} (one optimizer step); fix: more data, or "
-                        "--global-batch free (global batch = micro batch x devices)"
-                    )
-                if work.longest:
-                    x0 = dataclasses.replace(x0, seq_len=work.longest)
-                for d in device_counts:
-                    world = d * nodes
-                    if method == "qlora" and world > 1:
-                        continue
-                    tried = strategies or (
-                        ["single"] if world == 1 else [*STRATEGIES, *(["fsdp-hybrid"] if nodes > 1 else [])]
-                    )
-                    if method == "qlora":  # litgpt quantizes on one device without a strategy only
-                        tried = ["single"]
-                    for strat in tried:
-                        config = None if strat == "single" else load_once(strat)
-                        if world > 1 and (config is None or config.name == "single"):
-                            continue  # a one-device strategy (fast.yaml) would not synchronise the ranks
-                        fields = strategy_fields(config, world)
-                        for ac in (False, True) if strat.startswith("fsdp") else (False,):  # where a file sets it
-                            x1 = dataclasses.replace(
-                                x0,
-                                **{
-                                    **fields,
-                                    # as tunelab's loop runs it: checkpointing only where asked
-                                    "activation_checkpointing": ac or fields.get("activation_checkpointing", False),
-                                },
-                                devices=d,
-                                num_nodes=nodes,
-                            )
-                            for mb, acc in _micro_batches(x1, gpu, s.global_batch_size, world, global_batch, headroom):
-                                if mb * acc * world > work.samples:  # a global batch past the data: no step
-                                    continue  # (tunelab validate refuses it too)
-                                x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
-                                out.append(_planned(x, gpu, links, work, strat, recipe,
-                                                    price_table.get(gpu.name), headroom, config))  # fmt: skip
+                out += _configurations(ask, recipe, method, prec, gpu, links, price_table.get(gpu.name))
     return _dedupe(out)
+
+
+@dataclass
+class _Ask:
+    """What :func:`candidates` was asked to cover, the same for every GPU, recipe and precision."""
+
+    work: Workload
+    """The training the configurations are timed and priced for."""
+    device_counts: list[int]
+    """Devices per node to try."""
+    nodes: int
+    """Nodes."""
+    strategies: list[str] | None
+    """Strategy files to try (None: the default per device count)."""
+    global_batch: str
+    """'keep' the recipe's global batch or 'free' it."""
+    headroom: float
+    """The planner's memory headroom for the largest micro batch."""
+    load: Callable
+    """Reads a strategy file (cached)."""
+
+
+def _tried(ask: _Ask, method: str, world: int) -> list[str]:
+    """The strategy files tried for ``method`` on ``world`` devices: one device alone, :data:`STRATEGIES` on several
+    (and HYBRID_SHARD across nodes), or those asked; QLoRA on one device without a strategy only (litgpt quantizes
+    there)."""
+    if method == "qlora":
+        return ["single"]
+    return ask.strategies or (["single"] if world == 1 else [*STRATEGIES, *(["fsdp-hybrid"] if ask.nodes > 1 else [])])
+
+
+def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, links, price) -> list[Candidate]:
+    """Every device count, strategy, activation checkpointing and micro batch of one recipe at one precision on
+    ``gpu``, planned."""
+    base = plan_recipe(recipe, ["--precision", prec], gpu=gpu)
+    s, x0, work = base.settings, base.input, ask.work
+    if ask.global_batch == "keep" and s.global_batch_size > work.samples:  # not one optimizer step
+        raise InputError(
+            f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
+            f"{recipe.key}'s global batch of {s.global_batch_size} (one optimizer step); fix: more data, or "
+            "--global-batch free (global batch = micro batch x devices)"
+        )
+    if work.longest:
+        x0 = dataclasses.replace(x0, seq_len=work.longest)
+    out = []
+    for d in ask.device_counts:
+        world = d * ask.nodes
+        if method == "qlora" and world > 1:
+            continue
+        for strat in _tried(ask, method, world):
+            config = None if strat == "single" else ask.load(strat)
+            if world > 1 and (config is None or config.name == "single"):
+                continue  # a one-device strategy (fast.yaml) would not synchronise the ranks
+            fields = strategy_fields(config, world)
+            for ac in (False, True) if strat.startswith("fsdp") else (False,):  # where a file sets it
+                # as tunelab's loop runs it: checkpointing only where asked
+                checkpointing = ac or fields.get("activation_checkpointing", False)
+                x1 = dataclasses.replace(
+                    x0, **{**fields, "activation_checkpointing": checkpointing}, devices=d, num_nodes=ask.nodes
+                )
+                for mb, acc in _micro_batches(x1, gpu, s.global_batch_size, world, ask.global_batch, ask.headroom):
+                    if mb * acc * world > work.samples:  # a global batch past the data: no step
+                        continue  # (tunelab validate refuses it too)
+                    x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
+                    out.append(_planned(x, gpu, links, work, strat, recipe, price, ask.headroom, config))
+    return out
 
 
 def _link(name: str | None, gpu: hardware.GPU, scope: str) -> comm.Link:
