@@ -141,96 +141,8 @@ def load(path: Path | str) -> StudyFile:
         raise StudyError(f"{where}: name: {name!r} is not a plain name; fix: letters, digits, '.', '_', '-'")
     studies, seen = [], set()
     for i, spec in enumerate(_expect(raw["studies"], list, where, "studies", "write a list (`- id: ...`)")):
-        label = f"studies[{i}]"
-        _expect(spec, dict, where, label, "write `- {id: ..., recipe: ..., settings: [...]}`")
-        _unknown(spec, STUDY_KEYS, where, label)
-        for key in ("id", "recipe", "strategy", "settings"):
-            if key not in spec:
-                raise StudyError(f"{where}: {label}: {key}: missing")
-        sid = _expect(spec["id"], str, where, f"{label}: id", "give a plain id")
-        if not SAFE_NAME.fullmatch(sid) or sid in seen:
-            raise StudyError(f"{where}: {label}: id {sid!r} is repeated or not a plain name; fix: a unique plain id")
-        seen.add(sid)
-        label = f"study {sid}"
-        settings, setting_ids = [], set()
-        for j, st in enumerate(_expect(spec["settings"], list, where, f"{label}: settings", "write a list")):
-            slabel = f"{label}: settings[{j}]"
-            _expect(st, dict, where, slabel, "write `- {id: ..., activation_checkpointing: ...}`")
-            _unknown(st, SETTING_KEYS, where, slabel)
-            if "id" not in st:
-                raise StudyError(f"{where}: {slabel}: id: missing")
-            prefetch = st.get("backward_prefetch")
-            if prefetch is not None and prefetch not in PREFETCH:
-                raise StudyError(
-                    f"{where}: {slabel}: backward_prefetch: {prefetch!r}; fix: one of "
-                    f"{', '.join(PREFETCH)}, or leave it out (the strategy file's)"
-                )
-            best_of = st.get("at_best_of")
-            if best_of is not None and best_of not in setting_ids:
-                raise StudyError(
-                    f"{where}: {slabel}: at_best_of: {best_of!r} is not an earlier setting of this "
-                    f"study; fix: one of {sorted(setting_ids) or 'none yet'}"
-                )
-            also = _expect(st.get("also") or [], list, where, f"{slabel}: also", "a list of micro batches")
-            setting = Setting(
-                id=_expect(st["id"], str, where, f"{slabel}: id", "a plain id"),
-                activation_checkpointing=_expect(
-                    st.get("activation_checkpointing", False),
-                    bool,
-                    where,
-                    f"{slabel}: activation_checkpointing",
-                    "true or false",
-                ),
-                backward_prefetch=prefetch,
-                max_micro=_positive_int(st.get("max_micro", 1024), where, f"{slabel}: max_micro"),
-                also=[_positive_int(m, where, f"{slabel}: also") for m in also],
-                start=None if st.get("start") is None else _positive_int(st["start"], where, f"{slabel}: start"),
-                at_best_of=best_of,
-            )
-            if setting.dir_name in {s.dir_name for s in settings}:
-                raise StudyError(
-                    f"{where}: {slabel}: the same activation checkpointing and prefetch as an earlier "
-                    "setting; fix: change one, or remove the row"
-                )
-            settings.append(setting)
-            setting_ids.add(setting.id)
-        limit = spec.get("memory_limit_gb")
-        if limit is not None and not (
-            0 < _expect(limit, (int, float), where, f"{label}: memory_limit_gb", "GB > 0") < 1e6
-        ):  # .inf and 1e400 (inf) too: an address-space cap is a finite number of bytes
-            raise StudyError(f"{where}: {label}: memory_limit_gb: {limit} must be a finite number of GB above 0")
-        steps = _positive_int(spec.get("steps", 3), where, f"{label}: steps")
-        if steps < 2:
-            raise StudyError(f"{where}: {label}: steps: give 2 or more (the first is warm-up)")
-        studies.append(
-            Study(
-                id=sid,
-                recipe=_expect(spec["recipe"], str, where, f"{label}: recipe", "a recipe key"),
-                strategy=_expect(spec["strategy"], str, where, f"{label}: strategy", "a configs/strategies name"),
-                devices=_positive_int(spec.get("devices", 1), where, f"{label}: devices"),
-                settings=settings,
-                gpu=_expect(
-                    spec.get("gpu"),
-                    (str, type(None)),
-                    where,
-                    f"{label}: gpu",
-                    "a configs/hardware/gpus.yaml row such as H100-SXM",
-                ),
-                steps=steps,
-                set=_expect(spec.get("set") or {}, dict, where, f"{label}: set", "write `set: {key: value}`"),
-                note=_expect(spec.get("note", ""), str, where, f"{label}: note", "text"),
-                checkpoint=_expect(
-                    spec.get("checkpoint"), (str, type(None)), where, f"{label}: checkpoint", "tiny or tiny-deep"
-                ),
-                memory_limit_gb=limit,
-            )
-        )
-    lab = _expect(raw.get("lab") or {}, dict, where, "lab", "write `lab: {setting id: [rows]}`")
-    for key, rows in lab.items():
-        for k, row in enumerate(_expect(rows, list, where, f"lab: {key}", "a list of rows")):
-            _expect(row, dict, where, f"lab: {key}[{k}]", "write `{micro: N, ...}`")
-            _unknown(row, LAB_ROW_KEYS, where, f"lab: {key}[{k}]")
-            _positive_int(row.get("micro"), where, f"lab: {key}[{k}]: micro")  # the row's key in the report
+        studies.append(_study(spec, f"studies[{i}]", seen, where))
+    lab = _lab(raw.get("lab"), where)
     return StudyFile(
         path=path,
         name=name,
@@ -239,6 +151,107 @@ def load(path: Path | str) -> StudyFile:
         studies=studies,
         lab=lab,
     )
+
+
+def _study(spec, label: str, seen: set, where: str) -> Study:
+    """One entry of ``studies:`` (``seen``: the ids before it, this one added)."""
+    _expect(spec, dict, where, label, "write `- {id: ..., recipe: ..., settings: [...]}`")
+    _unknown(spec, STUDY_KEYS, where, label)
+    for key in ("id", "recipe", "strategy", "settings"):
+        if key not in spec:
+            raise StudyError(f"{where}: {label}: {key}: missing")
+    sid = _expect(spec["id"], str, where, f"{label}: id", "give a plain id")
+    if not SAFE_NAME.fullmatch(sid) or sid in seen:
+        raise StudyError(f"{where}: {label}: id {sid!r} is repeated or not a plain name; fix: a unique plain id")
+    seen.add(sid)
+    label = f"study {sid}"
+    settings: list[Setting] = []
+    for j, st in enumerate(_expect(spec["settings"], list, where, f"{label}: settings", "write a list")):
+        setting = _setting(st, f"{label}: settings[{j}]", settings, where)
+        settings.append(setting)
+    limit = spec.get("memory_limit_gb")
+    if limit is not None and not (
+        0 < _expect(limit, (int, float), where, f"{label}: memory_limit_gb", "GB > 0") < 1e6
+    ):  # .inf and 1e400 (inf) too: an address-space cap is a finite number of bytes
+        raise StudyError(f"{where}: {label}: memory_limit_gb: {limit} must be a finite number of GB above 0")
+    steps = _positive_int(spec.get("steps", 3), where, f"{label}: steps")
+    if steps < 2:
+        raise StudyError(f"{where}: {label}: steps: give 2 or more (the first is warm-up)")
+    return Study(
+        id=sid,
+        recipe=_expect(spec["recipe"], str, where, f"{label}: recipe", "a recipe key"),
+        strategy=_expect(spec["strategy"], str, where, f"{label}: strategy", "a configs/strategies name"),
+        devices=_positive_int(spec.get("devices", 1), where, f"{label}: devices"),
+        settings=settings,
+        gpu=_expect(
+            spec.get("gpu"),
+            (str, type(None)),
+            where,
+            f"{label}: gpu",
+            "a configs/hardware/gpus.yaml row such as H100-SXM",
+        ),
+        steps=steps,
+        set=_expect(spec.get("set") or {}, dict, where, f"{label}: set", "write `set: {key: value}`"),
+        note=_expect(spec.get("note", ""), str, where, f"{label}: note", "text"),
+        checkpoint=_expect(
+            spec.get("checkpoint"), (str, type(None)), where, f"{label}: checkpoint", "tiny or tiny-deep"
+        ),
+        memory_limit_gb=limit,
+    )
+
+
+def _setting(st, slabel: str, earlier: list[Setting], where: str) -> Setting:
+    """One entry of a study's ``settings:`` (``earlier``: the settings before it)."""
+    _expect(st, dict, where, slabel, "write `- {id: ..., activation_checkpointing: ...}`")
+    _unknown(st, SETTING_KEYS, where, slabel)
+    if "id" not in st:
+        raise StudyError(f"{where}: {slabel}: id: missing")
+    prefetch = st.get("backward_prefetch")
+    if prefetch is not None and prefetch not in PREFETCH:
+        raise StudyError(
+            f"{where}: {slabel}: backward_prefetch: {prefetch!r}; fix: one of "
+            f"{', '.join(PREFETCH)}, or leave it out (the strategy file's)"
+        )
+    setting_ids = {e.id for e in earlier}
+    best_of = st.get("at_best_of")
+    if best_of is not None and best_of not in setting_ids:
+        raise StudyError(
+            f"{where}: {slabel}: at_best_of: {best_of!r} is not an earlier setting of this "
+            f"study; fix: one of {sorted(setting_ids) or 'none yet'}"
+        )
+    also = _expect(st.get("also") or [], list, where, f"{slabel}: also", "a list of micro batches")
+    setting = Setting(
+        id=_expect(st["id"], str, where, f"{slabel}: id", "a plain id"),
+        activation_checkpointing=_expect(
+            st.get("activation_checkpointing", False),
+            bool,
+            where,
+            f"{slabel}: activation_checkpointing",
+            "true or false",
+        ),  # fmt: skip
+        backward_prefetch=prefetch,
+        max_micro=_positive_int(st.get("max_micro", 1024), where, f"{slabel}: max_micro"),
+        also=[_positive_int(m, where, f"{slabel}: also") for m in also],
+        start=None if st.get("start") is None else _positive_int(st["start"], where, f"{slabel}: start"),
+        at_best_of=best_of,
+    )
+    if setting.dir_name in {e.dir_name for e in earlier}:
+        raise StudyError(
+            f"{where}: {slabel}: the same activation checkpointing and prefetch as an earlier "
+            "setting; fix: change one, or remove the row"
+        )
+    return setting
+
+
+def _lab(lab, where: str) -> dict:
+    """The file's ``lab:`` section: the study's published rows per setting, each with its micro batch."""
+    lab = _expect(lab or {}, dict, where, "lab", "write `lab: {setting id: [rows]}`")
+    for key, rows in lab.items():
+        for k, row in enumerate(_expect(rows, list, where, f"lab: {key}", "a list of rows")):
+            _expect(row, dict, where, f"lab: {key}[{k}]", "write `{micro: N, ...}`")
+            _unknown(row, LAB_ROW_KEYS, where, f"lab: {key}[{k}]")
+            _positive_int(row.get("micro"), where, f"lab: {key}[{k}]: micro")  # the row's key in the report
+    return lab
 
 
 def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
