@@ -468,25 +468,8 @@ def _checkpoint_blocks(model) -> None:
         block.forward = wrapped
 
 
-def simulate(
-    config,
-    method: str = "full",
-    precision: str = "bf16-true",
-    micro_batch_size: int = 1,
-    seq_len: int = 512,
-    activation_checkpointing: bool = False,
-    accumulation: int = 1,
-    optimizer: str = "AdamW",
-    layers: int = 1,
-    lora_r: int = LITGPT_LORA_R,
-    lora_targets=LORA_TARGETS,
-    fabric: bool = True,
-    fused_loss: bool = False,
-) -> Simulation:
-    """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring. ``fabric``:
-    litgpt's script under Lightning Fabric (its loop holds the logits through the optimizer step); False: tunelab's
-    own loop (fp32 logits too, freed after backward). ``fused_loss``: tunelab's loop with Liger's fused head and
-    loss (the logits never materialised)."""
+def _check(method: str, precision: str, optimizer: str, fabric: bool, fused_loss: bool) -> None:
+    """ValueError for a step :func:`simulate` does not run."""
     if fused_loss and fabric:
         raise ValueError("fused_loss runs in tunelab's own loop: pass fabric=False")
     if precision not in DTYPES:
@@ -495,36 +478,10 @@ def simulate(
         raise ValueError(f"method {method!r}: full, lora or qlora")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r}: simulated are {', '.join(OPTIMIZERS)}")
-    t0 = time.perf_counter()
-    small = min(layers, max(1, config.n_layer - 1))
-    runs = []
-    for n in (small, small + 1):
-        built = dataclasses.replace(config, n_layer=n)
-        runs.append(
-            _one_step(
-                built,
-                method,
-                precision,
-                micro_batch_size,
-                seq_len,
-                activation_checkpointing,
-                lora_r,
-                lora_targets,
-                accumulation,
-                optimizer,
-                fabric,
-                fused_loss,
-            )
-        )
-    (a, _), (b, where) = runs
-    phases = {}
-    for phase in PHASES:
-        if phase not in a or phase not in b:
-            continue
-        grown = config.n_layer - (small + 1)
-        phases[phase] = {
-            k: b[phase].get(k, 0) + grown * (b[phase].get(k, 0) - a[phase].get(k, 0)) for k in (*KINDS, "Total")
-        }
+
+
+def _notes(config, method: str, precision: str, optimizer: str, fused_loss: bool) -> list[str]:
+    """What the simulated step on this CPU does differently from a GPU, and what it leaves out."""
     notes = [
         "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
         "no caching-allocator rounding",
@@ -550,6 +507,44 @@ def simulate(
             "paged optimizer: the states of tensors from 1e5 elements live outside torch's allocator (left out); "
             "smaller tensors' states are counted"
         )
+    return notes
+
+
+def simulate(
+    config,
+    method: str = "full",
+    precision: str = "bf16-true",
+    micro_batch_size: int = 1,
+    seq_len: int = 512,
+    activation_checkpointing: bool = False,
+    accumulation: int = 1,
+    optimizer: str = "AdamW",
+    layers: int = 1,
+    lora_r: int = LITGPT_LORA_R,
+    lora_targets=LORA_TARGETS,
+    fabric: bool = True,
+    fused_loss: bool = False,
+) -> Simulation:
+    """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring. ``fabric``:
+    litgpt's script under Lightning Fabric (its loop holds the logits through the optimizer step); False: tunelab's
+    own loop (fp32 logits too, freed after backward). ``fused_loss``: tunelab's loop with Liger's fused head and
+    loss (the logits never materialised)."""
+    _check(method, precision, optimizer, fabric, fused_loss)
+    t0 = time.perf_counter()
+    small = min(layers, max(1, config.n_layer - 1))
+    runs = [
+        _one_step(dataclasses.replace(config, n_layer=n), method, precision, micro_batch_size, seq_len,
+                  activation_checkpointing, lora_r, lora_targets, accumulation, optimizer, fabric, fused_loss)
+        for n in (small, small + 1)
+    ]  # fmt: skip
+    (a, _), (b, where) = runs
+    grown = config.n_layer - (small + 1)
+    phases = {
+        phase: {k: b[phase].get(k, 0) + grown * (b[phase].get(k, 0) - a[phase].get(k, 0)) for k in (*KINDS, "Total")}
+        for phase in PHASES
+        if phase in a and phase in b
+    }
+    notes = _notes(config, method, precision, optimizer, fused_loss)
     return Simulation(
         model=config.name,
         method=method,
