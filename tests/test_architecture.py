@@ -178,7 +178,6 @@ LONG_FUNCTIONS = frozenset(
     {
         "tunelab.cli.plan.add_parser",
         "tunelab.plan.activations.saved_bytes",
-        "tunelab.plan.compiled.trace_block",
         "tunelab.run.runner.run",
         "tunelab.run.sweep._run_locked",
         "tunelab.tune.batch.tune",

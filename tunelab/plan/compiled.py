@@ -80,6 +80,41 @@ def _traced(config_json: str, method: str, precision: str, lora_r: int, targets:
     return trace_block(json.loads(config_json), method, precision, lora_r, targets, input_grad, 1, tokens)
 
 
+def _block_class(config: dict, method: str, lora_r: int, targets: tuple):
+    """(litgpt's Block class for ``method``, the litgpt Config of ``config``, LoRA's settings applied)."""
+    from litgpt import Config
+
+    c = Config(**{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(Config) if f.init}})
+    if method != "lora":
+        from litgpt.model import Block
+
+        return Block, c
+    from litgpt.lora import Block
+
+    from tunelab.plan.measure import lora_config
+
+    return Block, lora_config(c, lora_r, 2 * lora_r, LORA_DROPOUT, targets)
+
+
+def _kept_bytes(gm, block_input_shape: tuple) -> int:
+    """Bytes of the storages a compiled forward graph returns for its backward (its outputs after the block's own),
+    each storage once: a kept view keeps its whole base alive (module docstring); a graph input counts only where
+    it is the block's input (weights and the shared RoPE tables are kept as given, not activations)."""
+    import torch
+
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    storages = {}
+    for node in out[1:]:
+        val = node.meta.get("val") if hasattr(node, "meta") else None
+        if not isinstance(val, torch.Tensor):
+            continue  # a symbolic size or an RNG seed
+        if node.op == "placeholder" and tuple(val.shape) != block_input_shape:
+            continue
+        storage = val.untyped_storage()
+        storages[storage._cdata] = storage.nbytes()
+    return sum(storages.values())
+
+
 def trace_block(
     config: dict,
     method: str,
@@ -95,40 +130,19 @@ def trace_block(
     Config as a dict. ``with_kernels``: also run the backward and return ``{"bytes": ..., "kernels": {phase:
     [kernel, ...]}}`` (:func:`graph_kernels` of the forward and backward graphs)."""
     import torch
+    from litgpt.model import build_rope_cache
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     dtype = getattr(torch, PRECISIONS[precision])
-    from litgpt import Config
-
-    c = Config(**{k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(Config) if f.init}})
-    if method == "lora":
-        from litgpt.lora import Block
-
-        from tunelab.plan.measure import lora_config
-
-        c = lora_config(c, lora_r, 2 * lora_r, LORA_DROPOUT, targets)
-    else:
-        from litgpt.model import Block
-    from litgpt.model import build_rope_cache
-
+    Block, c = _block_class(config, method, lora_r, targets)  # noqa: N806 - litgpt's class
     kept: dict = {}
     graphs: dict = {}
 
     def forward_graph(gm, example_inputs):
         graphs["forward"] = gm
-        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        storages = {}
-        for node in out[1:]:  # the block's output first, then what backward keeps
-            val = node.meta.get("val") if hasattr(node, "meta") else None
-            if not isinstance(val, torch.Tensor):
-                continue  # a symbolic size or an RNG seed
-            if node.op == "placeholder" and tuple(val.shape) != (micro, tokens, c.n_embd):
-                continue  # a weight or the shared RoPE tables, kept as given: not activations (the block's input is)
-            storage = val.untyped_storage()  # a kept view keeps its whole base alive (module docstring)
-            storages[storage._cdata] = storage.nbytes()
-        kept["bytes"] = sum(storages.values())
+        kept["bytes"] = _kept_bytes(gm, (micro, tokens, c.n_embd))
         return gm
 
     def backward_graph(gm, example_inputs):
@@ -136,10 +150,8 @@ def trace_block(
         return gm
 
     def backend(gm, example_inputs):
-        return aot_module_simplified(
-            gm, example_inputs, fw_compiler=forward_graph, bw_compiler=backward_graph,
-            partition_fn=min_cut_rematerialization_partition,
-        )  # fmt: skip
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_graph, bw_compiler=backward_graph,
+                                     partition_fn=min_cut_rematerialization_partition)  # fmt: skip
 
     import torch._dynamo
 
@@ -152,9 +164,7 @@ def trace_block(
                 from litgpt.lora import mark_only_lora_as_trainable
 
                 mark_only_lora_as_trainable(block)
-            cos, sin = build_rope_cache(tokens, c.rope_n_elem, device=torch.device("cpu"))
-            cos = cos.to(dtype).unsqueeze(0).expand(micro, -1, -1)
-            sin = sin.to(dtype).unsqueeze(0).expand(micro, -1, -1)
+            cos, sin = (t.to(dtype).unsqueeze(0).expand(micro, -1, -1) for t in build_rope_cache(tokens, c.rope_n_elem))
             x = torch.randn(micro, tokens, c.n_embd, requires_grad=input_grad)
             torch._dynamo.reset()
             out = torch.compile(block, backend=backend, dynamic=False, fullgraph=True)(x, cos, sin)
