@@ -531,9 +531,11 @@ class _PerDevice:
     host: float
     in_flight: float = 0.0
     """FSDP's buffers of the forward and backward only (gone at the optimizer step, as the per-rank simulation
-    shows): the root unit and two blocks gathered, and the unsharded gradients of micro batches without sync."""
+    shows): the root unit and two blocks gathered (SHARD_GRAD_OP: every unit), and the unsharded gradients of micro
+    batches without sync; ZeRO-2/3's buffers of the backward."""
     gathered: float = 0.0
-    """Of ``in_flight``, the gathered parameters (the root unit and two blocks)."""
+    """Of ``in_flight``, the gathered parameters that need not meet the logits (the root unit and two blocks;
+    0 under SHARD_GRAD_OP, whose units are all gathered at the loss)."""
 
 
 def root_unit_params(config) -> int:

@@ -260,7 +260,7 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore")
             raw = _two_steps(model, opt, tracker, x, method, precision, accumulation,
-                             lambda last: contextlib.nullcontext() if last else model.no_sync())  # fmt: skip
+                             lambda last: contextlib.nullcontext() if last else model.no_sync(), most=3)  # fmt: skip
         return tracker.phase_peaks, raw
 
 
@@ -288,16 +288,18 @@ def _fake_storage_allocated():
         flat_param._data_ptr_allocated = real
 
 
-def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync) -> list:
+def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, most: int = 2) -> list:
     """Two optimizer steps of tunelab's loop (the second runs beside the optimizer states the first made), each of
-    ``min(accumulation, 3)`` micro batches (a later one runs beside the gradients; more add no memory), each micro
-    batch under ``sync(last)`` (a context: gradient sync on the last only); the second step's collectives, those of
-    a middle micro batch (without sync, after one without sync) counted ``accumulation - 2`` times. The first and
-    a middle micro batch differ: SHARD_GRAD_OP under FSDP1 gathers its units in the first and keeps them through
-    the rest (counting the first's gathers for every micro batch charged it ``accumulation - 1`` gathers)."""
+    ``min(accumulation, most)`` micro batches (a later one runs beside the gradients; more add no memory), each
+    micro batch under ``sync(last)`` (a context: gradient sync on the last only); the second step's collectives,
+    those of the micro batches without sync counted for all of them: with three, the middle one ``accumulation -
+    2`` times; with two, the first ``accumulation - 1`` times. FSDP1 runs three (``most=3``): its first and middle
+    micro batches differ (SHARD_GRAD_OP gathers its units in the first and keeps them through the rest; counting
+    the first's gathers for each charged it ``accumulation - 1``); FSDP2 reshards after every backward, so its
+    first stands for the rest."""
     from tunelab.plan.measure import model_logits, training_loss
 
-    runs = min(accumulation, 3)
+    runs = min(accumulation, most)
     marks: list[int] = []
     for step in range(2):
         if step == 1:
@@ -317,6 +319,9 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync) ->
     if runs == 3:  # the middle micro batch, once for each of the accumulation's a - 2 between the first and last
         first, middle, last = marks[-3], marks[-2], marks[-1]
         raw = raw[first:middle] + raw[middle:last] * (accumulation - 2) + raw[last:]
+    elif runs == 2:  # the micro batch without gradient sync, once for each of the accumulation's first a - 1
+        first, last = marks[-2], marks[-1]
+        raw = raw[first:last] * (accumulation - 1) + raw[last:]
     return raw
 
 
