@@ -990,15 +990,16 @@ def _at_the_loss(x: PlanInput, st: ModelStates, dev: _PerDevice, logits: float) 
 
 
 def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float, acts: float) -> tuple:
-    """(FSDP1's backward bytes, the backward's peak, the activations alive then): a block's backward beside every
-    activation (:func:`fsdp1_backward_gradients`) or, without auto-wrap, the backward's end with none
-    (:func:`fsdp1_one_unit_gradients`), whichever is higher; (0, 0, acts) elsewhere."""
+    """(FSDP1's backward bytes, the backward's peak, the activations alive then, whether it is the backward's end):
+    a block's backward beside every activation (:func:`fsdp1_backward_gradients`) or, without auto-wrap, the
+    backward's end with none (:func:`fsdp1_one_unit_gradients`), whichever is higher; (0, 0, acts, False)
+    elsewhere."""
     backward = fsdp1_backward_gradients(x, st)
     peak = base + dev.in_flight + backward if backward else 0.0
     one_unit = fsdp1_one_unit_gradients(x, st)
     if one_unit and base - acts + dev.in_flight + one_unit > peak:
-        return one_unit, base - acts + dev.in_flight + one_unit, 0.0
-    return backward, peak, acts
+        return one_unit, base - acts + dev.in_flight + one_unit, 0.0, True
+    return backward, peak, acts, False
 
 
 def predict(x: PlanInput) -> Plan:
@@ -1027,7 +1028,7 @@ def predict(x: PlanInput) -> Plan:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
-    backward, backward_peak, acts_at_backward = _backward_moment(x, st, dev, base, acts)
+    backward, backward_peak, acts_at_backward, at_end = _backward_moment(x, st, dev, base, acts)
     in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
     if in_backward or forward_peak >= step_peak:
         state_bytes["sharding_buffers"] += dev.in_flight if in_backward else in_flight
@@ -1044,7 +1045,7 @@ def predict(x: PlanInput) -> Plan:
             notes.append(
                 "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
                 "twice over (its flat parameter's and its original parameters'), every activation freed"
-                if backward == fsdp1_one_unit_gradients(x, st)
+                if at_end
                 else "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and "
                 "its original parameters') and the head's gradient beside every activation, the logits freed"
             )
