@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
     s.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
+    s.add_argument("--methods", help="comma-separated subset of full,lora (default both)")
     s.add_argument(
         "--keep", action="store_true", help="keep the rows of the report in --out that this call does not rerun"
     )
@@ -54,6 +55,9 @@ def handle(args, extra) -> int:
     if names == [] or set(names or ()) - set(known):
         return fail(f"--families {args.families}: the families are {', '.join(known)}")
     families = tuple(known[n] for n in names) if names else sc.FAMILIES
+    methods = listed(args.methods)
+    if methods == [] or set(methods or ()) - set(sc.METHODS):
+        return fail(f"--methods {args.methods}: the methods are {', '.join(sc.METHODS)}")
     if args.out is not None and (why := unwritable_dir(args.out, ("strategies.md", "strategies.csv"))):
         return fail(f"--out {args.out}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
     out_dir = args.out or output_root() / "reports" / "planner-strategies"
@@ -63,7 +67,12 @@ def handle(args, extra) -> int:
             kept = sc.read(out_dir / "strategies.csv")
         except InputError as e:
             return fail(str(e))
-    out = sc.write(sc.rows(families=families, strategies=strategies, worlds=worlds, kept=kept), args.out)
+    out = sc.write(
+        sc.rows(
+            families=families, strategies=strategies, worlds=worlds, methods=tuple(methods or sc.METHODS), kept=kept
+        ),
+        args.out,
+    )
     print((out / "strategies.md").read_text())
     print(f"written: {out}/strategies.md, {out}/strategies.csv")
     return 0
