@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, cpu_env
-from tunelab.plan import runtime
+from tunelab.plan import kernels, runtime
 from tunelab.plan.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
 
@@ -512,6 +512,49 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     fast_fsdp = dataclasses.replace(full, fabric=False, strategy="fsdp", devices=4)  # tunelab's loop, sharded
     assert runtime.checkpoint_bytes(fast_fsdp) == (2 * total, 2 * total)
     assert runtime.checkpoint_bytes(dataclasses.replace(fast_fsdp, fabric=True))[0] == 6 * total
+
+
+def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
+    """Under FSDP's FULL_SHARD and SHARD_GRAD_OP, ZeRO from stage 1 and HYBRID_SHARD (within its node) each rank's
+    optimizer step updates its shard of the parameters: its kernels take 1/shards of the time (never under a
+    kernel's floor), its launches stay (torch's optimizer gets every original parameter). DDP and NO_SHARD update
+    everything on every rank; nothing but the optimizer moves. The fast path divides it alike."""
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.plan.fast_step import fast_step
+    from tunelab.plan.kernels import MIN_KERNEL_S
+    from tunelab.plan.memory import optimizer_shards
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    gpu = hardware.lookup("H100-SXM")
+    full = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=gpu).input
+    ddp = dataclasses.replace(full, strategy="ddp", devices=4)
+    cases = {"ddp": (ddp, 1), "no-shard": (dataclasses.replace(ddp, strategy="fsdp", sharding="NO_SHARD"), 1),
+             "full-shard": (dataclasses.replace(ddp, strategy="fsdp", sharding="FULL_SHARD"), 4),
+             "grad-op": (dataclasses.replace(ddp, strategy="fsdp", sharding="SHARD_GRAD_OP"), 4),
+             "hybrid": (dataclasses.replace(ddp, strategy="fsdp", sharding="HYBRID_SHARD", devices=2, num_nodes=2), 2),
+             "zero1": (dataclasses.replace(ddp, strategy="deepspeed", zero_stage=1), 4),
+             "zero0": (dataclasses.replace(ddp, strategy="deepspeed", zero_stage=0), 1)}  # fmt: skip
+    args = {"train": {"global_batch_size": 32, "epochs": 1}, "eval": {"interval": None}}
+    base = runtime.terms(ddp, args, 1000, 0, 437.0).by_cause(gpu)
+    assert base["optimizer"] > 0
+    for name, (x, shards) in cases.items():
+        assert optimizer_shards(x) == shards, name
+        causes = runtime.terms(x, args, 1000, 0, 437.0).by_cause(gpu)
+        assert causes["optimizer"] == pytest.approx(base["optimizer"] / shards), name
+        for cause in ("matmul", "attention", "elementwise"):
+            assert causes[cause] == pytest.approx(base[cause]), (name, cause)
+    st = kernels.step_time(full.config, "full", "bf16-true", 8, 437.0, gpu.name)
+    tiny = runtime.sharded_optimizer(st, 10**9)  # every kernel at its floor, the launches unchanged
+    assert tiny.gpu_by_phase["optimizer"] == pytest.approx(st.ops_by_phase["optimizer"] * MIN_KERNEL_S)
+    assert tiny.host_ops_by_phase == st.host_ops_by_phase and tiny.gpu_s < st.gpu_s
+    assert tiny.gpu_by_phase["forward"] == st.gpu_by_phase["forward"]
+    fast = dataclasses.replace(cases["full-shard"][0], fabric=False, fused_optimizer=True)
+    whole, share = fast_step(dataclasses.replace(fast, strategy="ddp"), gpu, 437.0), fast_step(fast, gpu, 437.0)
+    assert share.gpu_s("optimizer") == pytest.approx(whole.gpu_s("optimizer") / 4)
+    assert share.host["optimizer"] == whole.host["optimizer"]
 
 
 def test_save_gbs_sets_the_rate_checkpoint_saves_are_timed_at(capsys):

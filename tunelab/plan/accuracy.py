@@ -444,29 +444,31 @@ over PCIe 4.0 it takes 0.86 s."""
 
 
 def comm_rows() -> list[dict]:
-    """The lab's Part 2 multi-GPU rows (OpenLLaMA 7B, 4x A100) against one device's measured step (m1, scaled by
-    the micro batch) plus the communication term over :data:`LAB_PART2_LINK`, none of it hidden
-    (:data:`tunelab.plan.comm.OVERLAP`): the link's achieved share of its peak fitted on all rows, and left out
-    (refitted without the row)."""
+    """The lab's Part 2 multi-GPU rows (OpenLLaMA 7B, 4x A100) against one device's measured step (m1) carried to
+    each row's shape by the kernel model, plus the communication term over :data:`LAB_PART2_LINK`, exposed as its
+    schedule leaves it (:meth:`tunelab.plan.comm.Comm.exposed`): the link's achieved share of its peak fitted on all
+    rows, and left out (refitted without the row)."""
     rows = {r.id: r for r in lab_rows("lab-part2")}
+    a100 = hardware.lookup("A100-80GB")
     one = rows["m1"]
     step_one = float(one.lab["time_s"]) / one.checked.resolved["train"]["max_steps"]
-    micro_one = one.checked.resolved["train"]["micro_batch_size"]
+    w_one = _windows(one, a100)
+    board = step_one / (w_one["passes"] + w_one["optimizer"])  # the lab's board against the kernel model
     link = comm.lookup(LAB_PART2_LINK, "gpu")
     items = []
     for r in rows.values():
         a = r.checked.resolved
         if r.id == "m1" or not r.lab.get("time_s") or settings.world_size(a.get("devices"), a.get("num_nodes")) < 2:
             continue
-        x = plan_recipe(r.recipe, r.overrides(), gpu=hardware.lookup(r.gpu), strategy=r.strategy).input
-        compute = step_one * x.micro_batch_size / micro_one  # per device: the same work as one device's step
-        items.append((r, x, compute, comm.per_step(x, link), float(r.lab["time_s"]) / a["train"]["max_steps"]))
-    fitted = fit_link_efficiency([(c, k, s) for _, _, c, k, s in items], link)
+        x = plan_recipe(r.recipe, r.overrides(), gpu=a100, strategy=r.strategy).input
+        w = {key: v * board for key, v in _windows(r, a100).items()}
+        items.append((r, x, w, comm.per_step(x, link), float(r.lab["time_s"]) / a["train"]["max_steps"]))
+    fitted = fit_link_efficiency([(w, k, s) for _, _, w, k, s in items], link)
     out = []
-    for i, (r, x, compute, k, secs) in enumerate(items):
-        loo = fit_link_efficiency([(c, kk, s) for j, (_, _, c, kk, s) in enumerate(items) if j != i], link)
-        est, est_loo = compute + _comm_at(k, link, fitted), compute + _comm_at(k, link, loo)
-        implied = k.bytes_gpu / max(secs - compute, 1e-9) / 1e9
+    for i, (r, x, w, k, secs) in enumerate(items):
+        loo = fit_link_efficiency([(ww, kk, s) for j, (_, _, ww, kk, s) in enumerate(items) if j != i], link)
+        compute = w["passes"] + w["optimizer"]
+        est, est_loo = _step_at(w, k, link, fitted), _step_at(w, k, link, loo)
         out.append(
             {
                 "id": r.id,
@@ -477,7 +479,9 @@ def comm_rows() -> list[dict]:
                 "compute_step_s": compute,
                 "comm_gb": k.bytes_gpu / 1e9,
                 "comm_s": k.seconds,
-                "implied_busbw_gbs": implied,
+                "schedule": k.hideable_under,
+                "exposed_s": est - compute,
+                "implied_busbw_gbs": _implied_busbw(w, k, link, secs),
                 "estimate_s": est,
                 "error": est / secs - 1,
                 "efficiency_fitted": fitted,
@@ -489,16 +493,32 @@ def comm_rows() -> list[dict]:
     return out
 
 
-def _comm_at(k, link, efficiency: float) -> float:
-    """The exposed seconds of ``k`` (over ``link`` alone) had the link reached ``efficiency`` of its peak."""
-    return k.exposed(0.0) * link.efficiency / efficiency
+def _windows(row, gpu) -> dict:
+    """The kernel model's optimizer step of a lab row (:meth:`tunelab.plan.runtime.Terms.windows`)."""
+    from tunelab.plan.recipe import runtime_terms
+
+    planned = plan_recipe(row.recipe, row.overrides(), gpu=gpu, strategy=row.strategy)
+    return runtime_terms(planned.settings, planned.input, None).windows(gpu)
+
+
+def _step_at(w: dict, k, link, efficiency: float) -> float:
+    """A step of windows ``w`` plus the exposed traffic of ``k`` had ``link`` reached ``efficiency`` of its peak."""
+    return w["passes"] + w["optimizer"] + k.scaled(link.efficiency / efficiency).exposed(w["backward"], w["passes"])
+
+
+def _implied_busbw(w: dict, k, link, secs: float) -> float:
+    """The bus bandwidth (GB/s) at which the row's step would take its measured ``secs``: the link's share of its
+    peak solved for on a fine grid (what the row alone says of the link)."""
+    grid = [i / 1000 for i in range(50, 1001)]
+    best = min(grid, key=lambda e: abs(_step_at(w, k, link, e) - secs))
+    return best * link.gbs
 
 
 def fit_link_efficiency(items: list[tuple], link) -> float:
     """The share of ``link``'s peak (steps of 0.01 in [0.2, 1]) that minimises the squared relative error of compute
-    + communication over (compute s, Comm, measured s) items."""
+    + exposed communication over (windows, Comm, measured s) items."""
     grid = [i / 100 for i in range(20, 101)]
-    return min(grid, key=lambda e: sum(((c + _comm_at(k, link, e)) / s - 1) ** 2 for c, k, s in items))
+    return min(grid, key=lambda e: sum((_step_at(w, k, link, e) / s - 1) ** 2 for w, k, s in items))
 
 
 def _comm_section(out: Path) -> list[str]:
@@ -511,33 +531,35 @@ def _comm_section(out: Path) -> list[str]:
         "## Communication: the lab's Part 2 steps on four A100s",
         "",
         "Each multi-GPU row's step (the lab's printed time over its step count) against one A100's measured step "
-        "(m1: 400 steps in 212 s, scaled by the micro batch) plus the communication term of `tunelab.plan.comm`: "
-        f"bytes per device per step by strategy (FSDP1 without auto-wrap: the whole model one root unit, gathered once "
-        f"per micro batch, as the per-rank simulation traces it), over {link.name} ({link.gbs:g} GB/s peak: "
-        f"{LAB_PART2_LINK_WHY}), none of it hidden (`tunelab.plan.comm.OVERLAP` = {comm.OVERLAP:g}: DDP's m2 "
-        "exposes as much as FSDP's m3, where one unit leaves nothing to overlap). The one quantity fitted is the "
-        f"link's achieved share of its peak, {fitted:g} ({fitted * link.gbs:.1f} GB/s of bus bandwidth; the link "
-        f"table holds {link.efficiency:g}); leave-one-out refits it without the row. Implied: the bus bandwidth each "
-        "row's own step leaves for its traffic.",
+        "(m1: 400 steps in 212 s) carried to the row by the kernel model (its micro batch; under FSDP each rank's "
+        "optimizer step over its quarter of the parameters: the model's ratios, the measured step's scale) plus the "
+        "communication term of `tunelab.plan.comm`: bytes per device per step by strategy (FSDP1 without auto-wrap: "
+        "the whole model one root unit, gathered once per micro batch, as the per-rank simulation traces it), over "
+        f"{link.name} ({link.gbs:g} GB/s peak: {LAB_PART2_LINK_WHY}), exposed as its schedule leaves it: DDP's "
+        "buckets run beside the backward that fills them, FSDP's one unit beside nothing (gathered before the "
+        "forward, reduced after the backward). The one quantity fitted is the link's achieved share of its peak, "
+        f"{fitted:g} ({fitted * link.gbs:.1f} GB/s of bus bandwidth; the link table holds {link.efficiency:g}); "
+        "leave-one-out refits it without the row. Implied: the bus bandwidth at which the row's own step would be "
+        "met.",
         "",
-        "| row | strategy | micro | devices | lab s/step | one device s/step | GB per device | implied GB/s | "
-        "estimate s | error | leave-one-out s | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | strategy | micro | devices | lab s/step | compute s/step | GB per device | hidden beside | "
+        "exposed s | implied GB/s | estimate s | error | leave-one-out s | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['id']} | {r['strategy']} | {r['micro_batch_size']} | {r['devices']} | {r['lab_step_s']:.2f} | "
-            f"{r['compute_step_s']:.2f} | {r['comm_gb']:.1f} | {r['implied_busbw_gbs']:.1f} | {r['estimate_s']:.2f} | "
-            f"{r['error']:+.1%} | {r['loo_estimate_s']:.2f} | {r['loo_error']:+.1%} |"
+            f"{r['compute_step_s']:.2f} | {r['comm_gb']:.1f} | {r['schedule']} | {r['exposed_s']:.2f} | "
+            f"{r['implied_busbw_gbs']:.1f} | {r['estimate_s']:.2f} | {r['error']:+.1%} | {r['loo_estimate_s']:.2f} | "
+            f"{r['loo_error']:+.1%} |"
         )
     lines += [
         "",
         "DDP and FSDP move the same 20 GB per device per step here (a gradient all-reduce; one gather of the whole "
-        "model and one reduce-scatter), and the three rows imply nearly the same bus bandwidth: one property of "
-        "that machine's PCIe ring, below the 24 GB/s NCCL's own topology model assigns a PCIe 4.0 x16 link. Before "
-        "the per-rank trace showed FSDP1 keeping its root unit through backward, the planner counted a second "
-        "gather of the whole model for m3 and m4, and a fitted overlap absorbed the difference. The lab's times "
-        "include start-up (model load), which the per-step figure spreads over the steps.",
+        "model and one reduce-scatter), and the three rows imply nearly the same bus bandwidth once DDP's buckets "
+        "run beside its backward and FSDP's ranks update a quarter of the parameters: one property of that "
+        "machine's PCIe ring, below the 24 GB/s NCCL's own topology model assigns a PCIe 4.0 x16 link. The lab's "
+        "times include start-up (model load), which the per-step figure spreads over the steps.",
     ]
     return lines
 
@@ -606,8 +628,7 @@ def multinode_rows() -> list[dict]:
 
 def _step(compute: float, k: comm.Comm, gbs: float) -> float:
     """A step of ``compute`` seconds with the traffic of ``k`` (timed at 1 GB/s) over ``gbs`` GB/s."""
-    scaled = comm.Comm(bytes_node=k.bytes_node, hideable_under=k.hideable_under, seconds=k.seconds / gbs)
-    return compute + scaled.exposed(compute)
+    return compute + k.scaled(1 / gbs).exposed(compute * comm.BACKWARD_SHARE, compute)
 
 
 def _fit_bandwidth(items: list[tuple]) -> float:

@@ -40,11 +40,16 @@ A ring that spans nodes runs at the slowest hop: the node's network link shared 
 trees and hierarchical rings do better on many nodes: an upper bound of the time there). Seconds = bytes /
 (peak x the link's efficiency).
 
-Overlap: gradient traffic can run beside the backward pass (DDP's buckets, ZeRO's reduce-scatter), parameter
-gathers beside the whole forward and backward (FSDP's prefetch). The step takes compute + max(0, comm - OVERLAP x
-the compute it can hide under); the lab's Part 2 rows show no overlap (:data:`OVERLAP` 0) and measure the PCIe link's
-achieved bandwidth (``configs/hardware/links.yaml``: pcie4; ``tunelab plan-accuracy`` fits it, leaving each row
-out).
+Overlap follows the schedule (:meth:`Comm.exposed`): gradient buckets (DDP, FSDP's NO_SHARD) are issued one after
+another as the last micro batch's backward fills them (litgpt syncs only there); FSDP's per-unit gathers run ahead
+of the unit that needs them, beside the forward and backward passes of every micro batch, and each unit's
+reduce-scatter beside the next unit's backward; k equal calls beside a window W end max(C/k, C - W (1 - 1/k)) after
+it. FSDP without auto-wrap (one unit: gathered before the forward, reduced after the backward) and offload's host
+copies hide behind nothing; so do DeepSpeed's gradient reductions, which tunelab's config runs on the compute stream
+(``overlap_comm`` off: ``tunelab.run.loop.deepspeed_config``), and ZeRO-2's gather of the updated parameters after
+the step; ZeRO-3's parameter gathers are prefetched beside the passes. The lab's Part 2 rows (four A100s over PCIe: FSDP without auto-wrap exposes all its traffic,
+DDP all but its last micro batch's backward) measure the PCIe link's achieved bandwidth (``configs/hardware/
+links.yaml``: pcie4; ``tunelab plan-accuracy`` fits it, leaving each row out).
 """
 
 from __future__ import annotations
@@ -62,14 +67,19 @@ from tunelab.plan import memory
 from tunelab.plan.memory import PlanInput, parameter_bytes
 
 LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
-OVERLAP = 0.0
-"""Fraction of the compute window that hides communication. The lab's Part 2 rows show none on their PCIe-connected
-A100s: DDP's step (m2, whose gradient buckets could run beside the backward) exposes as much traffic as FSDP's
-(m3, one unit, where nothing can overlap). Kept as a knob for the schedule-based overlap not modelled yet."""
 BASE_LATENCY_S = 8.4e-6
 """NCCL's base latency of a ring collective, Simple protocol (``baseLat`` in src/graph/tuning.cc, in us there)."""
 BACKWARD_SHARE = 2 / 3
 """Share of a step's matmul FLOPs in the backward pass (4 of the 6 FLOPs per parameter and token)."""
+
+
+SCHEDULES = {
+    "backward": "its buckets run beside the last micro batch's backward, which fills them",
+    "step": "each unit's collectives run beside the forward and backward passes of its neighbours",
+    "none": "hidden behind no compute (one unit gathered before the forward and reduced after the backward; "
+    "DeepSpeed's reductions on the compute stream)",
+}
+"""What each :attr:`Comm.hideable_under` runs beside, in words (``tunelab plan`` prints it)."""
 
 
 @dataclass(frozen=True)
@@ -147,9 +157,19 @@ class Comm:
     bytes_host: float = 0.0
     """Between the GPU and host RAM (CPU offload)."""
     hideable_under: str = "backward"
-    """The compute the traffic can run beside: 'backward' (gradient sync) or 'step' (parameter gathers too)."""
+    """The compute the traffic runs beside, by its schedule: 'backward' (gradient buckets, issued as the last micro
+    batch's backward fills them), 'step' (per-unit gathers ahead of the unit that needs them, beside the forward and
+    backward passes; reduce-scatters beside the next unit's backward) or 'none' (FSDP with one unit)."""
+    pipelined: int = 0
+    """Collective calls per optimizer step that pipeline with that compute (buckets, units' gathers and
+    reduce-scatters; 0: every call of :attr:`calls`): the last of them waits for the window's end."""
+    unhidden: float = 0.0
+    """Share of the GPU and network traffic no compute hides (ZeRO-2's gather of the updated parameters, after the
+    optimizer step)."""
     seconds: float = 0.0
     """Seconds of communication per optimizer step (no overlap)."""
+    host_s: float = 0.0
+    """Of :attr:`seconds`, the host link's (offload's copies: hidden behind nothing here)."""
     links: dict = field(default_factory=dict)
     """The links used: {'gpu': name, 'node': name, 'host': name}."""
     formula: str = ""
@@ -159,10 +179,22 @@ class Comm:
     latency_s: float = 0.0
     """Seconds per step of the calls' latency (in :attr:`seconds`)."""
 
-    def exposed(self, compute_s: float, overlap: float = OVERLAP) -> float:
-        """Seconds per step the communication adds to a step whose compute takes ``compute_s``."""
-        window = compute_s * (BACKWARD_SHARE if self.hideable_under == "backward" else 1.0)
-        return max(0.0, self.seconds - overlap * window)
+    def exposed(self, backward_s: float, passes_s: float) -> float:
+        """Seconds per optimizer step the communication adds beyond the compute, by its schedule. ``backward_s``:
+        one micro batch's backward (the last: gradients sync there); ``passes_s``: the forward and backward passes
+        of every micro batch of the step. :attr:`pipelined` equal calls beside a window W, each ready W/k after the
+        last and taking C/k on its own stream, end max(C/k, C - W (1 - 1/k)) after the window: the last call when
+        the link keeps up, else what the window could not hold; :attr:`unhidden` and the host's copies add whole."""
+        window = {"backward": backward_s, "step": passes_s}.get(self.hideable_under, 0.0)
+        wire = self.seconds - self.host_s
+        held = wire * self.unhidden
+        c, k = wire - held, max(self.pipelined, 1)
+        return max(c / k, c - max(window, 0.0) * (1 - 1 / k)) + held + self.host_s
+
+    def scaled(self, factor: float) -> Comm:
+        """This traffic over links ``factor`` times as slow (bandwidth only: the calls' latency stays)."""
+        bandwidth = (self.seconds - self.latency_s) * factor
+        return dataclasses.replace(self, seconds=bandwidth + self.latency_s, host_s=self.host_s * factor)
 
 
 _BUCKETS: dict = {}
@@ -221,9 +253,14 @@ def per_step(
         seconds += c.bytes_node / (node_link.bytes_per_s / z.g)
     if c.bytes_host:
         c.links["host"] = host_link.name
-        seconds += c.bytes_host / host_link.bytes_per_s
+        c.host_s = c.bytes_host / host_link.bytes_per_s
+        seconds += c.host_s
     c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
     c.seconds = seconds + c.latency_s
+    if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-2's gathers)
+        c.pipelined = sum(k for _, k, _, _ in c.calls)
+    if (x.strategy == "fsdp" and x.fsdp_wrap == "none") or (x.strategy == "deepspeed" and x.zero_stage < 3):
+        c.hideable_under = "none"  # one unit: gathered before the forward, reduced after; DeepSpeed: below
     return c
 
 
@@ -313,11 +350,12 @@ def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
         gathers = 1 if x.strategy == "deepspeed" or x.fsdp_root_kept else a
         c.bytes_gpu = gathers * ring * P + ring * G
         c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
-        if x.strategy == "deepspeed":
+        if x.strategy == "deepspeed":  # reduce-scatters on the compute stream (overlap_comm off), gather after
             c.calls = [(rs[0], reduces, *rs[1:]), (ag[0], gathers, *ag[1:])]
+            c.hideable_under = "none"
         else:
             c.calls = [(ag[0], gathers * units, *ag[1:]), (rs[0], units, *rs[1:])]
-        c.hideable_under = "step"
+            c.hideable_under = "step"
     elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
         c.bytes_gpu = a * ring * (2 * P - z.R) + ring * G
         c.formula = (
@@ -329,13 +367,21 @@ def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
         )
         c.hideable_under = "step"
         c.calls = [(ag[0], a * (2 * units - (1 if x.fsdp_root_kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
-    elif x.strategy == "deepspeed":  # ZeRO-3: what is still gathered at the forward's end is not gathered again
-        K = 0.0 if params is not None else memory.zero3_kept(x) * z.s_p  # noqa: N806
-        c.bytes_gpu = a * ring * (2 * P - K) + ring * G
-        c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
-        c.hideable_under = "step"
-        c.calls = [(ag[0], a * 2 * units, *ag[1:]), (rs[0], units, *rs[1:])]
+    elif x.strategy == "deepspeed":
+        _zero3(c, x, z, params)
     return c
+
+
+def _zero3(c: Comm, x: PlanInput, z: _Sizes, params) -> None:
+    """ZeRO-3: what is still gathered at the forward's end is not gathered again; its gathers prefetched beside the
+    passes, its reduce-scatters on the compute stream (``overlap_comm`` off)."""
+    ring, a, units = (z.n - 1) / z.n, z.a, z.units
+    K = 0.0 if params is not None else memory.zero3_kept(x) * z.s_p  # noqa: N806 - the docstring's symbols
+    c.bytes_gpu = a * ring * (2 * z.P - K) + ring * z.G
+    c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
+    c.hideable_under = "step"
+    c.calls = [("all-gather", a * 2 * units, z.n - 1, z.m - 1), ("reduce-scatter", units, z.n - 1, z.m - 1)]
+    c.pipelined, c.unhidden = a * 2 * units, ring * z.G / c.bytes_gpu if c.bytes_gpu else 0.0
 
 
 def _hybrid(c: Comm, x: PlanInput, z: _Sizes) -> None:

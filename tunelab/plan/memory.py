@@ -803,6 +803,19 @@ def _zero_division(x: PlanInput, st: ModelStates, notes: list) -> _Division:
     return d
 
 
+def optimizer_shards(x: PlanInput) -> int:
+    """Devices the optimizer's states are sharded over (:class:`_Division`'s ``shard_o``): each rank's optimizer
+    step updates 1/this of the trainable parameters. FSDP's FULL_SHARD and SHARD_GRAD_OP over the world,
+    HYBRID_SHARD over its node, ZeRO from stage 1; DDP, FSDP's NO_SHARD and one device update every parameter on
+    every rank."""
+    st = model_states(x, [])
+    if x.strategy == "fsdp":
+        return _fsdp_division(x, st, st.grads, []).shard_o
+    if x.strategy == "deepspeed":
+        return _zero_division(x, st, []).shard_o
+    return 1
+
+
 def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
     """Step 3: the strategy's division of the model states among devices (and into host RAM for offload)."""
     grads = st.grads

@@ -156,7 +156,7 @@ def project(
     t_low = total_flops / rate(hi) if peak and hi else float("inf")
     t_high = total_flops / rate(lo) if peak and lo else float("inf")
     if work is not None and work.comm is not None and math.isfinite(t_high):
-        t_low, t_high = t_low + work.comm_seconds(t_low), t_high + work.comm_seconds(t_high)
+        t_low, t_high = t_low + work.comm_beside(t_low), t_high + work.comm_beside(t_high)
     e_low, e_high = power * world * t_low, power * world * t_high
     return Projection(
         tokens=tokens,
@@ -245,8 +245,8 @@ def _comm_fields(work) -> dict:
         "comm_bytes_per_step": {"gpu": c.bytes_gpu, "node": c.bytes_node, "host": c.bytes_host},
         "comm_seconds_per_step": c.seconds,
         "comm_latency_per_step": c.latency_s,
-        "comm_source": f"{c.formula}; {calls}; {used}; hidden under the {c.hideable_under} at overlap "
-        f"{comm_mod.OVERLAP:g}",
+        "comm_source": f"{c.formula}; {calls}; {used}; {comm_mod.SCHEDULES[c.hideable_under]}"
+        + (f", {c.unhidden:.0%} of it after or outside that" if c.unhidden else ""),
     }
 
 

@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass
 
 from tunelab.models import count_params, lora_param_count
+from tunelab.plan.comm import BACKWARD_SHARE
 from tunelab.plan.flops import flops_per_token
-from tunelab.plan.memory import four_bit_bytes_per_param, parameter_bytes
+from tunelab.plan.memory import four_bit_bytes_per_param, optimizer_shards, parameter_bytes
 
 ETA = 0.6040
 """Fraction of the dense peak FLOP/s the matmul work reaches (fitted: see the module docstring)."""
@@ -110,6 +111,10 @@ class KernelWork:
     dequant: tuple = ()
     """QLoRA: (4-bit weights dequantized per training forward, per validation forward, dequantizations per
     training forward, per validation forward); the backward pass dequantizes the training forward's again."""
+    optimizer_shards: int = 1
+    """Devices the optimizer's states are sharded over (:func:`tunelab.plan.memory.optimizer_shards`): each rank's
+    optimizer step runs its kernels over 1/this of the parameters (its launches stay: torch's optimizer is handed
+    every original parameter, a rank's share of some of them empty)."""
     fast: object = None
     """tunelab's loop with a speed switch on (compiled blocks, Liger's loss, the fused optimizer, the loss read less
     often than every iteration): the PlanInput, whose step :func:`tunelab.plan.fast_step.fast_step` times."""
@@ -149,7 +154,7 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
     fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
     return KernelWork(x.config, "full" if x.method == "full" else "lora", str(x.precision), x.micro_batch_size,
                       float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
-                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), dequant,
+                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), dequant, optimizer_shards(x),
                       x if fast and x.method != "qlora" else None)  # fmt: skip
 
 
@@ -162,6 +167,29 @@ def scaled(st, gpu_scale: float):
         st,
         gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
         gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
+    )
+
+
+def sharded_optimizer(st, shards: int):
+    """:class:`tunelab.plan.kernels.StepTime` ``st`` with its optimizer step's kernels over 1/``shards`` of the
+    parameters (a rank's share under a sharded optimizer: :attr:`KernelWork.optimizer_shards`): their time divided,
+    each still at least :data:`tunelab.plan.kernels.MIN_KERNEL_S`; the host's launches unchanged."""
+    from tunelab.plan.kernels import MIN_KERNEL_S
+
+    if shards <= 1:
+        return st
+    floor = st.ops_by_phase.get("optimizer", 0) * MIN_KERNEL_S
+    whole = st.gpu_by_phase.get("optimizer", 0.0)
+    share = max(whole / shards, floor) / whole if whole else 1.0
+    by_cat = {k: v * share if k == "optimizer" else v for k, v in st.gpu_by_category.items()}
+    return dataclasses.replace(
+        st,
+        gpu_s=sum(by_cat.values()),
+        gpu_by_category=by_cat,
+        gpu_by_phase={k: v * share if k == "optimizer" else v for k, v in st.gpu_by_phase.items()},
+        gpu_by_phase_category={
+            k: v * share if k.startswith("optimizer/") else v for k, v in st.gpu_by_phase_category.items()
+        },
     )
 
 
@@ -222,15 +250,14 @@ class Terms:
         ``host_scale`` and ``gpu_scale`` (litgpt's loop): the launching host's time per op and the board's time per
         kernel relative to the constants' (the H100 machine's host; the table's board at its fitted efficiencies),
         as a machine that differs from them would run; 1 is the planner's."""
-        from tunelab.plan import kernels
 
         k = self.kernels
         if k.fast is not None:
             return self._fast_by_cause(gpu)
-        st = scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer,
-                                      k.lora), gpu_scale)  # fmt: skip
-        h, d = LITGPT_HOST_S_PER_OP * host_scale, self.detail
-        (dq_gpu, dq_ops), (ev_dq, ev_dq_ops) = dequantization(k.dequant, gpu, gpu_scale)
+        st, h, (dq_gpu, dq_ops), (ev_dq, ev_dq_ops), it_gpu, it_host, backward = self._micro_batch(
+            gpu, host_scale, gpu_scale
+        )
+        d = self.detail
         train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
         forwards = 2 if k.recompute else 1
         out = dict.fromkeys(CAUSES, 0.0)
@@ -242,8 +269,6 @@ class Terms:
             out[cause] += sec * times
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
         out["dequantization"] = train * dq_gpu
-        it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
-        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
         ev_ops = ops.get("validation", 0) + ev_dq_ops
@@ -251,8 +276,38 @@ class Terms:
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
         out["checkpoint saves"] = self.save_seconds()
-        out["communication"] = self.comm_seconds(sum(out.values()) - out["checkpoint saves"])
+        out["communication"] = self.comm_seconds(backward, train / steps * max(it_gpu, it_host) if steps else 0.0)
         return out
+
+    def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> tuple:
+        """litgpt's step on ``gpu`` from the kernel model (:meth:`by_cause`'s factors): (StepTime, host seconds per
+        op, QLoRA's dequantization per training and validation batch, one micro batch's GPU seconds, its host
+        seconds, its backward's seconds: kernels or launches, whichever is longer)."""
+        from tunelab.plan import kernels
+
+        k = self.kernels
+        st = scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer,
+                                      k.lora), gpu_scale)  # fmt: skip
+        st = sharded_optimizer(st, k.optimizer_shards)
+        h = LITGPT_HOST_S_PER_OP * host_scale
+        (dq_gpu, dq_ops), ev_dq = dequantization(k.dequant, gpu, gpu_scale)
+        forwards = 2 if k.recompute else 1
+        g, ops = st.gpu_by_phase, st.host_ops_by_phase
+        it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
+        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
+        backward = max(g.get("backward", 0.0) + dq_gpu / 2, h * (ops.get("backward", 0) + dq_ops / 2))
+        return st, h, (dq_gpu, dq_ops), ev_dq, it_gpu, it_host, backward
+
+    def windows(self, gpu) -> dict:
+        """One optimizer step of litgpt's loop on ``gpu`` by the kernel model, in seconds: ``passes`` (the forward
+        and backward passes of its micro batches), ``backward`` (one micro batch's backward), ``optimizer`` (the
+        optimizer step: this rank's share of its kernels, or its launches): what communication is scheduled
+        beside (:meth:`tunelab.plan.comm.Comm.exposed`)."""
+        st, h, _, _, it_gpu, it_host, backward = self._micro_batch(gpu)
+        d = self.detail
+        micro = d["train_iterations"] / d["optimizer_steps"] if d.get("optimizer_steps") else 0.0
+        optimizer = max(st.gpu_by_phase.get("optimizer", 0.0), h * st.host_ops_by_phase.get("optimizer", 0))
+        return {"passes": micro * max(it_gpu, it_host), "backward": backward, "optimizer": optimizer}
 
     def _fast_by_cause(self, gpu) -> dict:
         """:meth:`by_cause` for tunelab's loop with its speed switches (:mod:`tunelab.plan.fast_step`): each micro
@@ -280,7 +335,8 @@ class Terms:
             out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))
             out["generation"] = d["evaluations"] * d["new_tokens"] * max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["checkpoint saves"] = self.save_seconds()
-        out["communication"] = self.comm_seconds(sum(out.values()) - out["checkpoint saves"])
+        passes = train / steps * fs.iteration_s() if steps else 0.0
+        out["communication"] = self.comm_seconds(fs.gpu_s("backward"), passes)
         return out
 
     def save_seconds(self, after_loop: bool = False) -> float:
@@ -314,16 +370,28 @@ class Terms:
             + self.memory_bytes / (bandwidth_bytes_s * mu)
             + self.iterations * overhead_s
             + self.save_seconds()
-            + self.comm_seconds(compute)
+            + self.comm_beside(compute)
         )
 
-    def comm_seconds(self, compute_s: float) -> float:
-        """Seconds of communication over the run left exposed, given the run's ``compute_s``: each optimizer step
-        adds what its traffic takes beyond the compute it overlaps (tunelab.plan.comm)."""
+    def comm_beside(self, compute_s: float) -> float:
+        """:meth:`comm_seconds` for a run whose compute takes ``compute_s`` in all, known only as a total (the
+        fitted curve, an MFU range): per optimizer step its share, the backward of one micro batch
+        :data:`tunelab.plan.comm.BACKWARD_SHARE` of a micro batch's share."""
+        steps = self.detail.get("optimizer_steps") or 0
+        if not steps:
+            return 0.0
+        per_step = compute_s / steps
+        micro = max(self.detail.get("train_iterations", 0) / steps, 1.0)
+        return self.comm_seconds(per_step * BACKWARD_SHARE / micro, per_step)
+
+    def comm_seconds(self, backward_s: float, passes_s: float) -> float:
+        """Seconds of communication over the run left exposed: each optimizer step adds what its traffic takes
+        beyond the compute its schedule runs it beside (:meth:`tunelab.plan.comm.Comm.exposed`): ``backward_s``,
+        one micro batch's backward; ``passes_s``, the step's forward and backward passes."""
         steps = self.detail.get("optimizer_steps") or 0
         if self.comm is None or not steps:
             return 0.0
-        return steps * self.comm.exposed(compute_s / steps)
+        return steps * self.comm.exposed(backward_s, passes_s)
 
 
 def _schedule(train: dict, micro: int, train_samples: int) -> tuple[int, int]:

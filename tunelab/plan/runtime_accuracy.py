@@ -459,7 +459,9 @@ def _md_part2() -> list[str]:
         "## The lab's Part 2 rows on A100s (seconds per optimizer step)",
         "",
         "OpenLLaMA 7B full fine-tuning, bf16-true: m1 on one A100, m2-m4 on four joined by PCIe (communication "
-        "from `tunelab/plan/comm.py` over the link `accuracy.md` uses, none hidden). Lab: its time over its steps "
+        "from `tunelab/plan/comm.py` over the link `accuracy.md` uses, exposed as its schedule leaves it: DDP's buckets "
+        "beside the backward, FSDP's one unit beside nothing; under FSDP each rank's optimizer step over its quarter "
+        "of the parameters). Lab: its time over its steps "
         "(start-up and any validation included). The kernel model is out of sample here; the PCIe link's achieved "
         "share of its peak (the pcie4 row's efficiency) was measured on m2-m4 (`accuracy.md`, left out row by row "
         "there).",
