@@ -71,6 +71,13 @@ def test_time_grows_with_devices_and_falls_with_bandwidth(cfg):
     )
     full = comm.per_step(_x(cfg, strategy="fsdp", devices=8, num_nodes=2), nvlink, comm.lookup("ethernet-100g", "node"))
     assert hybrid.bytes_node < full.bytes_node and hybrid.seconds < full.seconds  # only gradient shards cross
+    # a flat ring crosses each node's network once: one device's volume over the node's NICs; HYBRID_SHARD's eight
+    # rings (one per local rank) share them
+    eth = comm.lookup("ethernet-100g", "node")
+    assert full.seconds - full.latency_s == pytest.approx(full.bytes_node / eth.bytes_per_s)
+    assert hybrid.seconds - hybrid.latency_s == pytest.approx(
+        hybrid.bytes_gpu / nvlink.bytes_per_s + 8 * hybrid.bytes_node / eth.bytes_per_s
+    )
 
 
 def test_offload_moves_bytes_over_the_host_link(cfg):

@@ -588,7 +588,7 @@ fitted: the errors do not change)."""
 def multinode_rows() -> list[dict]:
     """Each multi-node row of :data:`MULTINODE_ROWS` as compute (the runtime's own efficiency on the V100's fp16
     peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.comm.per_step``: a flat ring over the nodes' network,
-    shared by a node's GPUs) over one network bandwidth fitted to the rows, and fitted without the row
+    which carries one device's volume per node) over one network bandwidth fitted to the rows, and fitted without the row
     (leave-one-out). The single-node row has no network and is shown apart."""
     gpu = hardware.lookup(MULTINODE_GPU)
     peak = gpu.training_peak("16-mixed")
@@ -614,7 +614,7 @@ def multinode_rows() -> list[dict]:
             "study_step_s": secs,
             "compute_step_s": compute,
             "comm_gb": (k.bytes_gpu + k.bytes_node) / 1e9,
-            "implied_gbs": (k.bytes_gpu + k.bytes_node * MULTINODE_GPUS_PER_NODE) / 1e9 / max(secs - compute, 1e-9),
+            "implied_gbs": (k.bytes_gpu + k.bytes_node) / 1e9 / max(secs - compute, 1e-9),
         }
         if nodes > 1:
             est, est_loo = _step(compute, k, fitted), _step(compute, k, loo)
@@ -650,7 +650,8 @@ def _multinode_section(out: Path) -> list[str]:
         "Each row: compute (8 FLOPs per parameter and token: activation checkpointing; the V100's fp16 peak at the "
         f"runtime's fitted efficiency {runtime.ETA:g}) plus FSDP FULL_SHARD's bytes per device per step "
         "(`tunelab.plan.comm`: gathers in forward and backward, gradient reduce-scatter; 16-bit; a flat ring whose "
-        "slowest hop is the node's network, shared by its 4 GPUs), less what compute hides. The study did not say "
+        "slowest hop is the node's network, which carries one device's volume per node), less what its schedule "
+        "hides beside the passes. The study did not say "
         "which network joined its nodes, so its bandwidth is fitted: on both multi-node rows, and on the other row "
         "alone (leave-one-out: the check of how the term scales from 2 to 4 nodes and from 4.4B to 8.4B "
         "parameters).",
@@ -668,9 +669,9 @@ def _multinode_section(out: Path) -> list[str]:
     one = next((r for r in rows if r["nodes"] == 1), None)
     lines += [
         "",
-        f"The fitted network, {across[0]['fitted_gbs']:.1f} GB/s achieved per node, is about "
-        f"{across[0]['fitted_gbs'] * 8 / 0.7:.0f} Gb/s at the table's 0.7 ring efficiency for Ethernet "
-        f"(`{eth.name}` would give {eth.bytes_per_s / 1e9:.2f} GB/s). The planner's term grows from 2 to 4 nodes "
+        f"The fitted network, {across[0]['fitted_gbs']:.2f} GB/s achieved per node, is "
+        f"{across[0]['fitted_gbs'] * 8:.0f} Gb/s achieved (`{eth.name}` at its default efficiency would give "
+        f"{eth.bytes_per_s / 1e9:.2f} GB/s). The planner's term grows from 2 to 4 nodes "
         "by the ring's (n-1)/n and the parameter count; the study's step grew more, which a ring over more "
         "network hops (or NCCL's choice of algorithm there) would explain; not measured here.",
     ]
@@ -678,7 +679,9 @@ def _multinode_section(out: Path) -> list[str]:
         lines.append(
             f"The 4-GPU row (one node, {one['params_b']:.1f}B, {one['study_step_s']:.2f} s) implies "
             f"{one['implied_gbs']:.1f} GB/s between the node's GPUs: far below NVLink or PCIe, and its published "
-            "TFLOP/s (7.67) disagrees with its own time; it is shown, not used."
+            "TFLOP/s (7.67) disagrees with its own time; it is shown, not used. All three rows imply 1.1 to 1.6 "
+            "GB/s per node whether their rings cross a network or not: the study's steps may be bounded by "
+            "something other than its network, which one table cannot tell."
         )
     return lines
 

@@ -36,9 +36,11 @@ reduce-scatters in buckets of its ``reduce_bucket_size`` and its gathers in buck
 (the strategy file's keys; tunelab's files keep Lightning's 2e8 elements). Small models on many devices, or many
 micro batches, are where the latency shows.
 
-A ring that spans nodes runs at the slowest hop: the node's network link shared by its g devices (flat ring; NCCL's
-trees and hierarchical rings do better on many nodes: an upper bound of the time there). Seconds = bytes /
-(peak x the link's efficiency).
+A ring that spans nodes runs at its slowest hop, the network: a flat ring crosses each node's network once, so
+the node's NICs (NCCL spreads its channels over them) carry one device's volume, and an all-reduce's bus bandwidth
+across nodes comes near the node's aggregate NIC bandwidth (nccl-tests: 96 GB/s on nodes of 8 A100s with 4 HDR
+adapters, 100 GB/s). HYBRID_SHARD's g rings across the nodes, one per local rank, share it. NCCL's trees do better
+on many nodes: an upper bound of the time there. Seconds = bytes / (peak x the link's efficiency).
 
 Overlap follows the schedule (:meth:`Comm.exposed`): gradient buckets (DDP, FSDP's NO_SHARD) are issued one after
 another as the last micro batch's backward fills them (litgpt syncs only there); FSDP's per-unit gathers run ahead
@@ -250,7 +252,10 @@ def per_step(
         if node_link is None:
             raise InputError("a run on several nodes needs the network between them: give --internode LINK")
         c.links["node"] = node_link.name
-        seconds += c.bytes_node / (node_link.bytes_per_s / z.g)
+        # a flat ring crosses each node's network once: the node's NICs carry one device's volume (NCCL spreads
+        # its channels over them); HYBRID_SHARD runs g rings across the nodes, one per local rank, sharing them
+        shared = z.g if x.sharding == "HYBRID_SHARD" and x.strategy == "fsdp" else 1
+        seconds += c.bytes_node / (node_link.bytes_per_s / shared)
     if c.bytes_host:
         c.links["host"] = host_link.name
         c.host_s = c.bytes_host / host_link.bytes_per_s
