@@ -192,14 +192,14 @@ def test_a_changed_or_corrupt_record_is_kept_aside_and_rerun(tmp_path):
     sw = sweep_file.load(base)
     sw.rows = sw.rows[:2]
     out = tmp_path / "sw"
-    sweep.run_sweep(sw, out, model="tiny", stream=io.StringIO())
+    sweep.run_sweep(sw, out, sweep.SweepOptions(model="tiny", stream=io.StringIO()))
     (out / "r1" / "record.json").write_text('{"status": "ok", "row_')  # truncated
     write_sweep(base, r2_steps=2, r2_micro=2)
     sw = sweep_file.load(base)
     sw.rows = sw.rows[:2]
     assert sw.rows[1].settings["train.micro_batch_size"] == 2  # r2 changed: micro batch 4 -> 2
     log = io.StringIO()
-    sweep.run_sweep(sw, out, model="tiny", stream=log)
+    sweep.run_sweep(sw, out, sweep.SweepOptions(model="tiny", stream=log))
     text = log.getvalue()
     assert "r1: unreadable record" in text and "r2: settings changed" in text
     assert "--train.micro_batch_size 4" in text and "--train.micro_batch_size 2" in text
@@ -211,7 +211,7 @@ def test_a_changed_or_corrupt_record_is_kept_aside_and_rerun(tmp_path):
     assert json.loads((out / "r2" / "record.json").read_text())["micro_batch_size"] == 2
     # the same command again: nothing to do
     log = io.StringIO()
-    sweep.run_sweep(sw, out, model="tiny", stream=log)
+    sweep.run_sweep(sw, out, sweep.SweepOptions(model="tiny", stream=log))
     assert "2 of 2 rows already recorded" in log.getvalue()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tunelab.recipes import resolve
-from tunelab.run.runner import run
+from tunelab.run.runner import RunOptions, run
 
 pytestmark = pytest.mark.gpu
 
@@ -30,8 +30,7 @@ def test_record_holds_allocator_nvml_and_steady_window(tiny_ckpt, tmp_path):
         resolve("tiny-llama-1.1b/lora"),
         [*STEPS, "--train.max_steps", "40", "--checkpoint_dir", str(tiny_ckpt)],
         tmp_path / "r",
-        model="checkpoint",
-        nvml_hz=50,
+        RunOptions(model="checkpoint", nvml_hz=50),
     )
     assert rec.status == "ok", rec.error
     assert (
@@ -58,9 +57,7 @@ def test_strategy_at_world_size_one_over_nccl(strategy, tiny_ckpt, tmp_path):
         resolve("tiny-llama-1.1b/full"),
         ["--devices", "1", "--train.max_steps", "3", "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)],
         tmp_path / strategy,
-        model="checkpoint",
-        strategy=strategy,
-        timeout_s=600,
+        RunOptions(model="checkpoint", strategy=strategy, timeout_s=600),
     )
     assert rec.status == "ok", rec.error
     assert rec.val_loss_final is not None  # the final validation's all-reduce ran
@@ -77,7 +74,7 @@ def test_random_weights_build_in_a_child(tmp_path):
         resolve("tiny-llama-1.1b/lora"),
         [*STEPS, "--train.max_steps", "2", "--checkpoint_dir", "checkpoints/EleutherAI/pythia-14m"],
         tmp_path / "p",
-        model="random",
+        RunOptions(model="random"),
     )
     assert rec.status == "ok", rec.error
     assert not torch.cuda.is_initialized()
@@ -93,9 +90,7 @@ def test_fast_path_on_a_gpu(method, tiny_ckpt, tmp_path):
         resolve(f"tiny-llama-1.1b/{method}"),
         ["--devices", "1", "--train.max_steps", "60", "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)],
         tmp_path / method,
-        model="checkpoint",
-        strategy="fast",
-        timeout_s=600,
+        RunOptions(model="checkpoint", strategy="fast", timeout_s=600),
     )
     assert rec.status == "ok", rec.error
     assert rec.first_iteration_s > 0 and rec.tok_s_real > 0 and rec.peak_allocated_bytes > 0
@@ -116,7 +111,7 @@ def test_memory_history_replays_to_the_allocators_own_peak(tiny_ckpt, tmp_path, 
         resolve("tiny-llama-1.1b/lora"),
         [*STEPS, "--train.max_steps", "4", "--checkpoint_dir", str(tiny_ckpt)],
         tmp_path / "r",
-        model="checkpoint",
+        RunOptions(model="checkpoint"),
     )
     assert rec.status == "ok", rec.error
     mem = json.loads((tmp_path / "r" / "stats" / "memory-rank0.json").read_text())

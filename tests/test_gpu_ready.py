@@ -28,7 +28,7 @@ def test_litgpt_and_strategy_runs_compute_float32_the_same_way(tiny_ckpt, tmp_pa
     """Both paths run with float32 matmul precision 'high' (litgpt's CLI sets it; the multi-device loop now does
     too), and the record keeps it: a 32-true recipe is the same computation on one GPU and under --strategy."""
     from tunelab.recipes import resolve
-    from tunelab.run.runner import run
+    from tunelab.run.runner import RunOptions, run
 
     common = [
         "--precision",
@@ -42,13 +42,12 @@ def test_litgpt_and_strategy_runs_compute_float32_the_same_way(tiny_ckpt, tmp_pa
         "--checkpoint_dir",
         str(tiny_ckpt),
     ]
-    single = run(resolve("tiny-llama-1.1b/full"), common, tmp_path / "single", model="checkpoint")
+    single = run(resolve("tiny-llama-1.1b/full"), common, tmp_path / "single", RunOptions(model="checkpoint"))
     ddp = run(
         resolve("tiny-llama-1.1b/full"),
         [*common, "--devices", "1"],
         tmp_path / "ddp",
-        model="checkpoint",
-        strategy="ddp",
+        RunOptions(model="checkpoint", strategy="ddp"),
     )
     assert single.status == ddp.status == "ok", (single.error, ddp.error)
     assert single.ranks[0].float32_matmul_precision == ddp.ranks[0].float32_matmul_precision == "high"

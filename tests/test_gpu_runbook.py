@@ -222,14 +222,16 @@ def test_disk_full_while_building_a_checkpoint_is_a_row_and_stops_the_sweep(tiny
     sw.rows = [r for r in sw.rows if r.id in ("s2", "s4")]
     out = tmp_path / "sw"
     with pytest.raises(sweep.DiskFull, match="s2: disk full; free space and run the same command again"):
-        sweep.run_sweep(sw, out, model="random", stream=open(os.devnull, "w"))
+        sweep.run_sweep(sw, out, sweep.SweepOptions(model="random", stream=open(os.devnull, "w")))
     rec = json.loads((out / "s2" / "record.json").read_text())
     assert rec["status"] == "error" and "disk full" in rec["error"]
     assert not (out / "s4").exists() and calls == ["tiny-llama-1.1b"]
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     # space freed: the same command goes on (the stand-in build now returns the tiny model)
     monkeypatch.setattr(runner, "build_in_child", lambda name, device="cpu", timeout_s=1800: tiny_ckpt)
-    sweep.run_sweep(sw, out, model="random", stream=open(os.devnull, "w"))  # a disk-full row runs again
+    sweep.run_sweep(
+        sw, out, sweep.SweepOptions(model="random", stream=open(os.devnull, "w"))
+    )  # a disk-full row runs again
     for row in ("s2", "s4"):
         assert json.loads((out / row / "record.json").read_text())["status"] == "ok"
 
@@ -240,7 +242,7 @@ def test_random_weights_are_built_in_a_child_and_leave_no_weights(tmp_path, monk
     skipped and no weight file is left (a sweep of random-weight runs fills no disk)."""
     from tunelab import checkpoints
     from tunelab.recipes import resolve
-    from tunelab.run.runner import run
+    from tunelab.run.runner import RunOptions, run
 
     def not_here(*a, **k):
         raise AssertionError("checkpoints.build ran in the parent process")
@@ -261,7 +263,7 @@ def test_random_weights_are_built_in_a_child_and_leave_no_weights(tmp_path, monk
             "32-true",  # the recipe's bf16 is emulated on this CPU: 20-40 s an iteration for this 50k-vocabulary model
         ],
         tmp_path / "r",
-        model="random",
+        RunOptions(model="random"),
     )
     assert rec.status == "ok", rec.error
     assert rec.model_source == "random" and rec.model_name == "pythia-14m" and rec.saves_skipped

@@ -411,7 +411,7 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
 
     calls = []
 
-    def fake_run(recipe, overrides, run_dir, **kw):
+    def fake_run(recipe, overrides, run_dir, options):
         m = int(overrides[overrides.index("--train.micro_batch_size") + 1])
         calls.append(m)
         fits, retries = m <= 47, (0 if m <= 41 else 26 if m == 47 else 2)
@@ -427,10 +427,8 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
         resolve("tiny-llama-1.1b/full"),
         [],
         tmp_path,
+        probes=tune_batch.Probes(max_micro=128, also=[8, 16, 32], stream=open(os.devnull, "w")),
         start=47,
-        max_micro=128,
-        also=[8, 16, 32],
-        stream=open(os.devnull, "w"),
     )
     assert calls[:4] == [8, 16, 32, 47] and len(calls) == len(set(calls))  # each micro batch probed once
     assert res.largest_fitting == 47 and res.best == 41
@@ -439,7 +437,11 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
     # a cap that doubling would overshoot is itself probed, then bisected below it
     calls.clear()
     res = tune_batch.tune(
-        resolve("tiny-llama-1.1b/full"), [], tmp_path / "capped", start=32, max_micro=60, stream=open(os.devnull, "w")
+        resolve("tiny-llama-1.1b/full"),
+        [],
+        tmp_path / "capped",
+        probes=tune_batch.Probes(max_micro=60, stream=open(os.devnull, "w")),
+        start=32,
     )
     assert calls[:2] == [32, 60] and res.largest_fitting == 47 and 48 in calls
     calls.clear()
@@ -447,9 +449,8 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
         resolve("tiny-llama-1.1b/full"),
         [],
         tmp_path / "capped-fits",
+        probes=tune_batch.Probes(max_micro=45, stream=open(os.devnull, "w")),
         start=30,
-        max_micro=45,
-        stream=open(os.devnull, "w"),
     )
     assert calls[:2] == [30, 45] and res.largest_fitting == 45
 

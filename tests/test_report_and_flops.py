@@ -10,7 +10,7 @@ from tunelab import hardware
 from tunelab.models import lora_param_count
 from tunelab.plan.flops import flops_per_token, mfu
 from tunelab.report.sweep import COLUMNS, write_report
-from tunelab.run.sweep import run_sweep
+from tunelab.run.sweep import SweepOptions, run_sweep
 from tunelab.sweep_file import load
 
 
@@ -99,7 +99,7 @@ def test_report_columns_units_and_failed_rows(tmp_path):
     (tmp_path / "mini.yaml").write_text(SWEEP.replace("CKPT", str(big)))
     sweep = load(tmp_path / "mini.yaml")
     # the whole sweep under a 4 GB address-space limit: the 70M model at micro 32 runs out of memory
-    sweep_dir = run_sweep(sweep, tmp_path / "runs", model="auto", memory_limit_bytes=int(4e9))
+    sweep_dir = run_sweep(sweep, tmp_path / "runs", SweepOptions(model="auto", memory_limit_bytes=int(4e9)))
     out = write_report(sweep_dir, tmp_path / "report")
 
     with open(out / "results.csv", newline="") as f:

@@ -14,7 +14,7 @@ import psutil
 from tests.conftest import cpu_env
 from tunelab import record
 from tunelab.recipes import resolve
-from tunelab.run.runner import run
+from tunelab.run.runner import RunOptions, run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--train.max_steps", "3", "--data.num_workers", "0", "--eval.max_iters", "2"]
@@ -85,8 +85,7 @@ def test_real_oom_under_memory_limit(tmp_path):
         resolve("tiny-llama-1.1b/full"),
         [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size", "32", "--train.global_batch_size", "32"],
         tmp_path / "oom",
-        model="checkpoint",
-        memory_limit_bytes=int(OOM_LIMIT_GB * 1e9),
+        RunOptions(model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9)),
     )
     assert rec.status == "oom", (rec.status, rec.error)
     assert rec.error and any(w in rec.error for w in ("memory", "Memory", "alloc"))
@@ -108,8 +107,7 @@ def test_real_oom_under_memory_limit(tmp_path):
             "false",
         ],
         tmp_path / "fits",
-        model="checkpoint",
-        memory_limit_bytes=int(OOM_LIMIT_GB * 1e9),
+        RunOptions(model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9)),
     )
     assert ok.status == "ok", ok.error
 
@@ -118,7 +116,12 @@ OOM_LIMIT_GB = 4.0
 
 
 def test_timeout_kills_a_run(tiny_ckpt, tmp_path):
-    rec = run(resolve("tiny-llama-1.1b/lora"), ["--data.num_workers", "0"], tmp_path / "t", model="tiny", timeout_s=4)
+    rec = run(
+        resolve("tiny-llama-1.1b/lora"),
+        ["--data.num_workers", "0"],
+        tmp_path / "t",
+        RunOptions(model="tiny", timeout_s=4),
+    )
     assert rec.status == "killed" and "timeout" in rec.error
     assert rec.wall_s < 30
 

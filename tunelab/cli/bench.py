@@ -53,6 +53,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.paths import output_root
     from tunelab.recipes import RecipeError, resolve
+    from tunelab.run.runner import RunOptions
     from tunelab.strategies import load_strategy
     from tunelab.tune import bench
 
@@ -76,20 +77,16 @@ def handle(args, extra) -> int:
         return fail(f"--out {out}: another bench is running there ({e}); wait for it, or use another --out")
     except OSError as e:
         return fail(f"--out {out}: cannot be made ({e.strerror})")
-    limits = {"timeout_s": args.timeout, "memory_limit_bytes": memory_limit(args)}
+    options = RunOptions(model=model, timeout_s=args.timeout, memory_limit_bytes=memory_limit(args))
     deadline = None if args.deadline is None else time.monotonic() + args.deadline
     arms = [bench.Arm("litgpt", None), bench.Arm("fast", args.strategy)]
-    phases = [bench.run_phase(recipe, extra, out, "recipe", arms, args.pairs, model=model, deadline=deadline, **limits)]
+    phases = [bench.run_phase(recipe, extra, out, "recipe", arms, args.pairs, options=options, deadline=deadline)]
     if args.best_micro and (deadline is None or time.monotonic() < deadline):
-        best = bench.best_micro(
-            recipe, extra, out, arms, gpu=gpu, model=model, max_micro=args.max_micro, steps=PROBE_STEPS, **limits
-        )
+        best = bench.best_micro(recipe, extra, out, arms, options, gpu=gpu, max_micro=args.max_micro, steps=PROBE_STEPS)
         if len(best) == len(arms):
             fresh = [bench.Arm(a.name, a.strategy) for a in arms]
             phases.append(
-                bench.run_phase(
-                    recipe, extra, out, "best", fresh, args.pairs, best, model=model, deadline=deadline, **limits
-                )
+                bench.run_phase(recipe, extra, out, "best", fresh, args.pairs, best, options=options, deadline=deadline)
             )
         else:
             print(f"best micro batch: not found for {sorted({a.name for a in arms} - set(best))}; phase skipped")

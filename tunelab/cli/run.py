@@ -39,7 +39,7 @@ def handle(args, extra) -> int:
     from tunelab.paths import output_root
     from tunelab.progress import ProgressLine
     from tunelab.recipes import RecipeError, resolve
-    from tunelab.run.runner import RunError, run
+    from tunelab.run.runner import RunError, RunOptions, run
 
     if args.node_rank >= args.nnodes:
         return fail(f"--node-rank {args.node_rank}: must be below --nnodes {args.nnodes} (ranks count from 0)")
@@ -55,21 +55,12 @@ def handle(args, extra) -> int:
     if args.out is None:
         args.out = output_root() / "runs" / "single" / f"{recipe.slug()}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
-        rec = run(
-            recipe,
-            extra,
-            args.out,
-            row_id=args.id,
-            model=model,
-            timeout_s=args.timeout,
-            memory_limit_bytes=memory_limit(args),
-            on_progress=progress.show,
-            strategy=args.strategy,
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
-            master_addr=args.master_addr,
-            master_port=args.master_port,
-        )
+        options = RunOptions(
+            row_id=args.id, model=model, timeout_s=args.timeout, memory_limit_bytes=memory_limit(args),
+            on_progress=progress.show, strategy=args.strategy, nnodes=args.nnodes, node_rank=args.node_rank,
+            master_addr=args.master_addr, master_port=args.master_port,
+        )  # fmt: skip
+        rec = run(recipe, extra, args.out, options)
     except RunError as e:
         return fail(str(e))
     if args.node_rank:

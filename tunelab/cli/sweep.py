@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.report.sweep import write_report
-    from tunelab.run.sweep import archive, run_sweep
+    from tunelab.run.sweep import SweepOptions, archive, run_sweep
     from tunelab.sweep_file import SweepError, load
 
     def after_row(sweep_dir: Path) -> None:  # what a command killed later must still leave behind
@@ -80,18 +80,12 @@ def handle(args, extra) -> int:
     try:
         model = model_choice(args)
         sweep = load(args.sweep, args.set)
-        sweep_dir = run_sweep(
-            sweep,
-            args.out,
-            rerun=args.rerun,
-            model=model,
-            only=args.only.split(",") if args.only else None,
-            timeout_s=args.timeout,
-            memory_limit_bytes=memory_limit(args),
-            deadline_s=args.deadline,
-            after_row=after_row,
+        options = SweepOptions(
+            rerun=args.rerun, model=model, only=args.only.split(",") if args.only else None, timeout_s=args.timeout,
+            memory_limit_bytes=memory_limit(args), deadline_s=args.deadline, after_row=after_row,
             prune_checkpoints=args.prune_checkpoints,
-        )
+        )  # fmt: skip
+        sweep_dir = run_sweep(sweep, args.out, options)
     except (SweepError, ValueError, OSError) as e:
         return fail(str(e).replace("\n", "\n  "))
     print(f"records: {sweep_dir}")

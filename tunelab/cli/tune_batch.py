@@ -78,8 +78,9 @@ def handle(args, extra) -> int:
     from tunelab import hardware, settings
     from tunelab.paths import output_root
     from tunelab.recipes import RecipeError, resolve
+    from tunelab.run.runner import RunOptions
     from tunelab.strategies import load_strategy
-    from tunelab.tune.batch import probe_problems, render, search, summary_json
+    from tunelab.tune.batch import Probes, probe_problems, render, search, summary_json
 
     needs = _needs_strategy(args)
     if needs:
@@ -105,22 +106,20 @@ def handle(args, extra) -> int:
         return fail("; ".join(problems))
     out = args.out or (output_root() / "runs" / "tune-batch" / recipe.slug())
     try:
+        options = RunOptions(
+            model=model, strategy=args.strategy, memory_limit_bytes=memory_limit(args), timeout_s=args.timeout
+        )
+        probes = Probes(max_micro=args.max_micro, steps=args.steps, world=world, also=args.also)
         results = search(
             recipe,
             extra,
             out,
+            options,
+            probes,
             gpu=gpu,
-            model=model,
-            strategy=args.strategy,
             activation_checkpointing=args.activation_checkpointing,
             backward_prefetch=args.backward_prefetch,
             start=args.start,
-            max_micro=args.max_micro,
-            steps=args.steps,
-            memory_limit_bytes=memory_limit(args),
-            timeout_s=args.timeout,
-            world=world,
-            also=args.also,
         )
     except RuntimeError as e:
         return fail(str(e))

@@ -361,53 +361,75 @@ def new_record(prep: Prepared, launch: list[str], world: int, sweep: str | None,
     )
 
 
+@dataclass
+class RunOptions:
+    """How one run is launched, watched and recorded: everything :func:`run` takes beside the recipe, its overrides
+    and its folder (one object from the CLI, a sweep, a tuning search or a bench to the runner)."""
+
+    sweep: str | None = None
+    """The sweep the run is a row of (recorded; None: a run on its own)."""
+    row_id: str = "run"
+    """The row's id within its sweep (recorded)."""
+    model: str = "auto"
+    """Where the weights come from: 'auto', 'tiny', 'random', 'checkpoint' (:func:`prepare`)."""
+    timeout_s: float | None = None
+    """Kill the run after this many seconds (None: no limit)."""
+    memory_limit_bytes: int | None = None
+    """The child's address-space cap (RLIMIT_AS; None: none)."""
+    on_progress: Callable[[Progress], None] | None = None
+    """Called with each progress reading while the child runs."""
+    nvml_hz: float = 4.0
+    """GPU samples per second (NVML)."""
+    extra_env: dict | None = None
+    """Environment variables added to the child's."""
+    strategy: str | None = None
+    """A configs/strategies file (tunelab's loop under torchrun); None: litgpt's own script."""
+    strategy_config: StrategyConfig | None = None
+    """That file already loaded (:func:`prepare`)."""
+    checked: Result | None = None
+    """The recipe already validated with these overrides (:func:`prepare`)."""
+    nnodes: int = 1
+    """Nodes the run spans."""
+    node_rank: int = 0
+    """This node's rank (node 0 writes the record)."""
+    master_addr: str = "127.0.0.1"
+    """The rendezvous address (node 0's)."""
+    master_port: int | None = None
+    """The rendezvous port (None: a free one on one node)."""
+
+
 def run(
     recipe: Recipe,
     overrides: list[str] | None = None,
     run_dir: Path | None = None,
-    *,
-    sweep: str | None = None,
-    row_id: str = "run",
-    model: str = "auto",
-    timeout_s: float | None = None,
-    memory_limit_bytes: int | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-    nvml_hz: float = 4.0,
-    extra_env: dict | None = None,
-    strategy: str | None = None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str = "127.0.0.1",
-    master_port: int | None = None,
-    strategy_config: StrategyConfig | None = None,
-    checked: Result | None = None,
+    options: RunOptions | None = None,
 ) -> RunRecord:
     """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid.
 
     Without ``strategy`` the child is ``litgpt finetune_*`` itself (behind tunelab.run.entry). With a
     configs/strategies file, the child is torchrun running tunelab.run.loop with ``devices`` processes
     per node; for several nodes every node runs this with its ``node_rank`` and the same run directory (a shared
-    filesystem), and node 0 writes the record once all ranks have reported. ``strategy_config`` and ``checked``:
-    see :func:`prepare`.
+    filesystem), and node 0 writes the record once all ranks have reported. ``options``: how (:class:`RunOptions`).
     """
-    prep = prepare(recipe, overrides or [], run_dir, model, strategy, strategy_config, checked)
+    o = options or RunOptions()
+    prep = prepare(recipe, overrides or [], run_dir, o.model, o.strategy, o.strategy_config, o.checked)
     run_dir = prep.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     stats_dir = run_dir / "stats"
-    if node_rank == 0:
+    if o.node_rank == 0:
         for old in stats_dir.glob("rank*.json"):
             old.unlink()
-    launch, world = launch_command(prep, nnodes, node_rank, master_addr, master_port)
-    rec = new_record(prep, launch, world, sweep, row_id)
+    launch, world = launch_command(prep, o.nnodes, o.node_rank, o.master_addr, o.master_port)
+    rec = new_record(prep, launch, world, o.sweep, o.row_id)
     import torch  # the run's environment: torch's CUDA build
 
     # nothing here touches CUDA (no context, no memory on the GPU in this process): the device is named by NVML
-    monitor = GPUMonitor(hz=nvml_hz)
+    monitor = GPUMonitor(hz=o.nvml_hz)
     rec.device_type = "cuda" if cuda_available() else "cpu"
     rec.device_name = device_name(monitor)
     rec.device_memory_total_bytes = (monitor.memory_total_bytes() or [None])[0]
     rec.cuda = torch.version.cuda
-    if node_rank == 0:  # the prediction for this run, made before it runs and kept in its record
+    if o.node_rank == 0:  # the prediction for this run, made before it runs and kept in its record
         planner = f"tunelab {rec.versions.get('tunelab', '?')}, git {rec.git_sha or 'unknown'}"
         cuda_name = rec.device_name if rec.device_type == "cuda" else None
         rec.plan, rec.plan_error = stored.for_run(prep.settings, prep.strat, cuda_name, planner)
@@ -417,7 +439,7 @@ def run(
         TUNELAB_STATS_DIR=str(stats_dir),
         PYTHONUNBUFFERED="1",
         JSONARGPARSE_DEPRECATION_WARNINGS="off",
-        **(extra_env or {}),
+        **(o.extra_env or {}),
     )
     if prep.source == "random":  # random weights: a benchmark, nothing worth saving (see tunelab.run.entry)
         env[SKIP_SAVE_ENV] = "1"
@@ -428,7 +450,7 @@ def run(
     rec.started_at = now_iso()
     t0 = time.monotonic()
     interrupted = False
-    suffix = f".node{node_rank}" if node_rank else ""
+    suffix = f".node{o.node_rank}" if o.node_rank else ""
     with (
         open_output(run_dir / f"stdout{suffix}.log") as out_f,
         open_output(run_dir / f"stderr{suffix}.log") as err_f,
@@ -440,10 +462,10 @@ def run(
             env=env,
             stdout=subprocess.PIPE,
             stderr=err_f,
-            preexec_fn=_preexec(memory_limit_bytes),
+            preexec_fn=_preexec(o.memory_limit_bytes),
         )
         try:  # step 3: watch the child
-            killed_reason = watch(proc, out_f, t0, timeout_s, run_dir / "litgpt", world, on_progress)
+            killed_reason = watch(proc, out_f, t0, o.timeout_s, run_dir / "litgpt", world, o.on_progress)
             proc.wait()  # exited: its stdout closed
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (tunelab.cli turns it into this): record, then stop
             killed_reason = f"{INTERRUPTED_PREFIX} stopped by Ctrl-C or SIGTERM; the row runs again on resume"
@@ -455,7 +477,7 @@ def run(
     rec.wall_s = round(time.monotonic() - t0, 3)
     rec.ended_at = now_iso()
     rec.exit_code = proc.returncode
-    if node_rank:  # node 0 writes the record (its ranks finish after every rank's final barrier)
+    if o.node_rank:  # node 0 writes the record (its ranks finish after every rank's final barrier)
         return rec
 
     # step 4: collect the record
@@ -470,7 +492,7 @@ def run(
         stderr,
         killed_reason,
         gpus,
-        nvml_hz if gpus else None,
+        o.nvml_hz if gpus else None,
         prep.ckpt or Path(prep.args["checkpoint_dir"]),
         monitor,
     )
@@ -478,7 +500,7 @@ def run(
         rec.pruned = prune_weights(run_dir)
     save(rec, run_dir / "record.json")
     if interrupted:
-        raise Interrupted(f"{row_id}: stopped; recorded as killed in {run_dir / 'record.json'}")
+        raise Interrupted(f"{o.row_id}: stopped; recorded as killed in {run_dir / 'record.json'}")
     return rec
 
 

@@ -14,6 +14,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunelab import checkpoints
@@ -23,7 +24,7 @@ from tunelab.files import Busy, check_target, exclusive_lock, set_aside, write_j
 from tunelab.paths import ROOT, output_root
 from tunelab.progress import ProgressLine
 from tunelab.run.resume import DEADLINE_PREFIX, DISK_FULL_PREFIX, resume_state
-from tunelab.run.runner import WEIGHT_SUFFIXES, RunError, run
+from tunelab.run.runner import WEIGHT_SUFFIXES, RunError, RunOptions, run
 from tunelab.sweep_file import Row, Sweep, SweepError
 
 
@@ -83,47 +84,44 @@ def _lock(base: Path):
         raise SweepError(f"{base} is being swept by {e}; wait for it to finish, or use another --out") from None
 
 
-def run_sweep(
-    sweep: Sweep,
-    out: Path | None = None,
-    *,
-    rerun: bool = False,
-    model: str = "auto",
-    only: list[str] | None = None,
-    timeout_s: float | None = None,
-    memory_limit_bytes: int | None = None,
-    stream=sys.stderr,
-    deadline_s: float | None = None,
-    after_row: Callable[[Path], None] | None = None,
-    prune_checkpoints: bool = False,
-) -> Path:
-    """Run every row not already recorded in ``out`` (resume); return the sweep directory.
+@dataclass
+class SweepOptions:
+    """How a sweep runs its rows (:func:`run_sweep`)."""
 
-    ``deadline_s``: seconds from now after which no row starts, and a running row is killed (status killed,
-    reason 'deadline'): for machines that grant commands a fixed time. ``after_row(sweep_dir)`` runs after every
-    row (the runbook regenerates the report and the archive there, so a command killed later still returns
-    what it measured). ``prune_checkpoints``: delete a random-weight checkpoint once no row left needs it.
-    """
-    missing = sorted(set(only or ()) - {r.id for r in sweep.rows})
+    rerun: bool = False
+    """Run every row again, recorded or not."""
+    model: str = "auto"
+    """Where each row's weights come from (:class:`tunelab.run.runner.RunOptions`)."""
+    only: list[str] | None = None
+    """Run these rows only (ids)."""
+    timeout_s: float | None = None
+    """Each row's time limit (None: the sweep file's)."""
+    memory_limit_bytes: int | None = None
+    """Each row's address-space cap."""
+    stream: object = field(default_factory=lambda: sys.stderr)
+    """Where progress and notes go (the process's stderr when the options are made)."""
+    deadline_s: float | None = None
+    """Seconds from now after which no row starts, and a running row is killed (status killed, reason
+    'deadline'): for machines that grant commands a fixed time."""
+    after_row: Callable[[Path], None] | None = None
+    """Run after every row with the sweep directory (the runbook regenerates the report and the archive there, so a
+    command killed later still returns what it measured)."""
+    prune_checkpoints: bool = False
+    """Delete a random-weight checkpoint once no row left needs it."""
+
+
+def run_sweep(sweep: Sweep, out: Path | None = None, options: SweepOptions | None = None) -> Path:
+    """Run every row not already recorded in ``out`` (resume); return the sweep directory. ``options``: how
+    (:class:`SweepOptions`)."""
+    o = options or SweepOptions()
+    missing = sorted(set(o.only or ()) - {r.id for r in sweep.rows})
     if missing:  # before the sweep directory is made: a refused command leaves nothing behind
         raise SweepError(f"--only: no row(s) {missing} in {sweep.path}")
     base = sweep_dir_for(sweep, out)
     base.mkdir(parents=True, exist_ok=True)
     lock = _lock(base)  # one sweep per directory at a time; released on return, raise, or the process's death
     try:
-        return _run_locked(
-            sweep,
-            base,
-            rerun=rerun,
-            model=model,
-            only=only,
-            timeout_s=timeout_s,
-            memory_limit_bytes=memory_limit_bytes,
-            stream=stream,
-            deadline_s=deadline_s,
-            after_row=after_row,
-            prune_checkpoints=prune_checkpoints,
-        )
+        return _run_locked(sweep, base, o)
     except KeyboardInterrupt:  # between rows (a row's own interrupt is recorded by the row, see _run_locked)
         recorded = sum(1 for r in sweep.rows if row_done(base, r)[0])
         raise Interrupted(
@@ -134,25 +132,12 @@ def run_sweep(
         lock.close()  # closing the file releases the flock
 
 
-def _run_locked(
-    sweep: Sweep,
-    base: Path,
-    *,
-    rerun,
-    model,
-    only,
-    timeout_s,
-    memory_limit_bytes,
-    stream,
-    deadline_s,
-    after_row,
-    prune_checkpoints,
-) -> Path:
+def _run_locked(sweep: Sweep, base: Path, o: SweepOptions) -> Path:
     meta_path = base / "sweep.json"
     meta = {
         "name": sweep.name,
         "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT) else sweep.path),
-        "model": model,
+        "model": o.model,
         "description": sweep.description,
         "lab_hardware": sweep.lab_hardware,
         "rows": [
@@ -167,34 +152,34 @@ def _run_locked(
             for r in sweep.rows
         ],
     }
-    if meta_path.is_file() and not rerun:
+    if meta_path.is_file() and not o.rerun:
         old = json.loads(meta_path.read_text())
-        if old.get("model") != model:
+        if old.get("model") != o.model:
             raise SweepError(
-                f"{base} holds runs made with --model {old.get('model')}, not {model}: resume with the "
+                f"{base} holds runs made with --model {old.get('model')}, not {o.model}: resume with the "
                 "same choice, or use --rerun or another --out"
             )
     write_json_atomic(meta_path, meta)
-    rows = [r for r in sweep.rows if not only or r.id in only]
+    rows = [r for r in sweep.rows if not o.only or r.id in o.only]
     todo = []
     for r in rows:
-        done, why = (False, None) if rerun else row_done(base, r)
+        done, why = (False, None) if o.rerun else row_done(base, r)
         if why:
             kept = set_aside(base / r.id / "record.json", why)
-            stream.write(f"{r.id}: {why}: the old record is kept as {kept.name}; running the row again\n")
+            o.stream.write(f"{r.id}: {why}: the old record is kept as {kept.name}; running the row again\n")
         if not done:
             todo.append(r)
-    progress = ProgressLine(len(rows), stream)
+    progress = ProgressLine(len(rows), o.stream)
     done = len(rows) - len(todo)
     if done:
-        stream.write(f"resuming {sweep.name}: {done} of {len(rows)} rows already recorded in {base}\n")
+        o.stream.write(f"resuming {sweep.name}: {done} of {len(rows)} rows already recorded in {base}\n")
     t_start = time.monotonic()
     for i, row in enumerate(todo):
-        row_timeout = timeout_s or sweep.timeout_s
-        if deadline_s is not None:
-            left = deadline_s - (time.monotonic() - t_start)
+        row_timeout = o.timeout_s or sweep.timeout_s
+        if o.deadline_s is not None:
+            left = o.deadline_s - (time.monotonic() - t_start)
             if left < 1:
-                stream.write(
+                o.stream.write(
                     f"deadline reached: {len(todo) - i} row(s) not started "
                     f"({', '.join(r.id for r in todo[i:])}); run the same command again to go on\n"
                 )
@@ -203,20 +188,12 @@ def _run_locked(
         progress.started(done, f"{row.id} {row.recipe.key}")
         disk_full = False
         try:
-            rec = run(
-                row.recipe,
-                row.overrides(),
-                base / row.id,
-                sweep=sweep.name,
-                row_id=row.id,
-                model=model,
-                timeout_s=row_timeout,
-                memory_limit_bytes=memory_limit_bytes,
-                on_progress=progress.show,
-                strategy=row.strategy,
-                strategy_config=row.strategy_config,
-                checked=row.checked,
-            )
+            options = RunOptions(
+                sweep=sweep.name, row_id=row.id, model=o.model, timeout_s=row_timeout,
+                memory_limit_bytes=o.memory_limit_bytes, on_progress=progress.show, strategy=row.strategy,
+                strategy_config=row.strategy_config, checked=row.checked,
+            )  # fmt: skip
+            rec = run(row.recipe, row.overrides(), base / row.id, options)
         except (Interrupted, KeyboardInterrupt):
             recorded = sum(1 for r in rows if row_done(base, r)[0])
             raise Interrupted(
@@ -253,20 +230,20 @@ def _run_locked(
             except OSError:
                 pass
         if (
-            deadline_s is not None
+            o.deadline_s is not None
             and rec.status == "killed"
             and row_timeout is not None
-            and time.monotonic() - t_start >= deadline_s - 1
+            and time.monotonic() - t_start >= o.deadline_s - 1
         ):
             rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
             record_mod.save(rec, base / row.id / "record.json")
         done += 1
         progress.finished(rec)
-        if prune_checkpoints and model == "random":
-            _prune_random_checkpoints(row, todo[i + 1 :], stream)
-        if after_row is not None:
+        if o.prune_checkpoints and o.model == "random":
+            _prune_random_checkpoints(row, todo[i + 1 :], o.stream)
+        if o.after_row is not None:
             try:
-                after_row(base)
+                o.after_row(base)
             except OSError as e:
                 if not (disk_full or _is_disk_full(e)):
                     raise

@@ -34,7 +34,7 @@ from tunelab.plan.recipe import plan_recipe
 from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.run.resume import resume_state, same_overrides, settings_changed, strategy_label, strategy_settings
-from tunelab.run.runner import run
+from tunelab.run.runner import RunOptions, run
 from tunelab.strategies import load_strategy
 from tunelab.validate import check
 
@@ -110,159 +110,179 @@ class TuneError(InputError):
     message names the cause and the probes finished before it."""
 
 
+@dataclass
+class Probes:
+    """What a micro-batch search probes (:func:`tune`): its bounds, the steps of each probe, and where it says so."""
+
+    max_micro: int = 1024
+    """The largest micro batch probed (the cap itself is probed)."""
+    steps: int = 3
+    """Optimizer steps per probe."""
+    world: int = 1
+    """Devices each probe runs on (its global batch: micro x world)."""
+    also: list[int] | None = None
+    """Micro batches probed first, for the table (the shape of the curve)."""
+    stream: object = field(default_factory=lambda: sys.stderr)
+    """Where each probe's line goes (the process's stderr when the options are made)."""
+
+
 def tune(
     recipe: Recipe,
     overrides: list[str],
     out_dir: Path,
+    options: RunOptions | None = None,
+    probes: Probes | None = None,
     *,
     start: int = 1,
     start_reason: str = "",
-    max_micro: int = 1024,
-    steps: int = 3,
-    model: str = "auto",
-    memory_limit_bytes: int | None = None,
-    timeout_s: float | None = None,
-    world: int = 1,
-    stream=sys.stderr,
-    strategy: str | None = None,
     setting: str = "",
-    also: list[int] | None = None,
     predicted_largest: int | None = None,
 ) -> TuneResult:
     """Search the micro batch by real probes (see the module docstring); every probe is a run record under
-    ``out_dir/mbs<N>/``, and one already there with the same settings is reused."""
+    ``out_dir/mbs<N>/``, and one already there with the same settings is reused. ``options``: how each probe runs
+    (its weights, limits, strategy file); ``probes``: what is probed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[int, record_mod.RunRecord] = {}
-    progress = ProgressLine(None, stream)
+    prober = _Prober(recipe, overrides, out_dir, options or RunOptions(), probes or Probes())
+    try:
+        lock = exclusive_lock(out_dir / ".lock")
+    except Busy as e:
+        raise TuneError(f"{out_dir} is being searched by {e}; wait for it to finish, or use another --out") from None
+    try:
+        for m in sorted(set(prober.probes.also or ())):  # rows for the table (the curve's shape), real probes, first:
+            if m <= prober.probes.max_micro:  # a search cut short by a time limit still leaves them, reused
+                prober(m)
+        lo = _largest_fitting(prober, max(1, min(start, prober.probes.max_micro)), prober.probes.max_micro)
+        _largest_without_retries(prober)
+    except (RuntimeError, InputError) as e:  # a probe that failed, or one refused before launch
+        done = ", ".join(f"micro {m} {r.status}" for m, r in sorted(prober.results.items())) or "none"
+        raise TuneError(f"{e}; probes finished before it: {done} (records under {out_dir})") from None
+    finally:
+        lock.close()
+    res = _result(prober.results, out_dir, lo, start, start_reason, setting, predicted_largest)
+    write_json_atomic(out_dir / "tune-batch.json", res.__dict__)
+    return res
 
-    def probe(m: int) -> bool:
-        if m in results:
-            return results[m].status == "ok"
-        run_dir = out_dir / f"mbs{m}"
-        wanted = probe_overrides(overrides, m, world, steps)
-        rec = reusable(run_dir / "record.json", recipe, wanted, strategy, model)
+
+class _Prober:
+    """One probe per micro batch, each a run record under ``out_dir/mbs<N>/`` (one already there with the same
+    settings is reused); calling it probes a micro batch and says whether it fitted."""
+
+    def __init__(self, recipe: Recipe, overrides: list[str], out_dir: Path, options: RunOptions, probes: Probes):
+        self.recipe, self.overrides, self.out_dir, self.options, self.probes = (
+            recipe,
+            overrides,
+            out_dir,
+            options,
+            probes,
+        )
+        self.results: dict[int, record_mod.RunRecord] = {}
+        self.progress = ProgressLine(None, probes.stream)
+
+    def __call__(self, m: int) -> bool:
+        if m in self.results:
+            return self.results[m].status == "ok"
+        o, pr, recipe, run_dir = self.options, self.probes, self.recipe, self.out_dir / f"mbs{m}"
+        wanted = probe_overrides(self.overrides, m, pr.world, pr.steps)
+        rec = reusable(run_dir / "record.json", recipe, wanted, o.strategy, o.model)
         if rec is None and (run_dir / "record.json").is_file():  # another probe's record: kept aside, not lost
             set_aside(run_dir / "record.json", "settings changed")
         if rec is None:
-            progress.started(len(results), f"probe micro {m} {recipe.key}")
-            rec = run(
-                recipe,
-                wanted,
-                run_dir,
-                sweep="tune-batch",
-                row_id=f"mbs{m}",
-                model=model,
-                timeout_s=timeout_s,
-                memory_limit_bytes=memory_limit_bytes,
-                on_progress=progress.show,
-                strategy=strategy,
-            )
+            self.progress.started(len(self.results), f"probe micro {m} {recipe.key}")
+            probe_options = dataclasses.replace(o, sweep="tune-batch", row_id=f"mbs{m}", on_progress=self.progress.show)
+            rec = run(recipe, wanted, run_dir, probe_options)
             shutil.rmtree(run_dir / "litgpt" / "final", ignore_errors=True)  # probes keep records and logs only
             again = ""
         else:
             again = " [recorded earlier: not run again]"
-        results[m] = rec
+        self.results[m] = rec
         mem = rec.peak_allocated_bytes or rec.peak_rss_bytes
-        stream.write(
+        pr.stream.write(
             f"probe micro {m}{again}: {rec.status}"
             + (f" ({rec.error})" if rec.status != "ok" else "")
             + (f" | {rec.tok_s_padded:,.0f} tok/s" if rec.tok_s_padded else "")
             + (f" | peak {mem / 1e9:.2f} GB" if mem else "")
             + "\n"
         )
-        stream.flush()
+        pr.stream.flush()
         if rec.status not in ("ok", "oom"):
             raise RuntimeError(f"probe micro {m} ended with {rec.status}: {rec.error} (see {run_dir}/stderr.log)")
         return rec.status == "ok"
 
-    try:
-        lock = exclusive_lock(out_dir / ".lock")
-    except Busy as e:
-        raise TuneError(f"{out_dir} is being searched by {e}; wait for it to finish, or use another --out") from None
-    try:
-        for m in sorted(
-            set(also or ())
-        ):  # extra rows for the table (the shape of the curve), each a real probe, first:
-            if m <= max_micro:  # a search cut short by a time limit still leaves them; the search reuses them
-                probe(m)
-        m = max(1, min(start, max_micro))
-        if probe(m):
-            lo, hi = m, None
-            while hi is None and lo < max_micro:
-                nxt = min(
-                    lo * 2, max_micro
-                )  # the cap itself is probed: 244 fitting under a cap of 256 says nothing of 256
-                if probe(nxt):
-                    lo = nxt
-                else:
-                    hi = nxt
-        else:
-            hi, lo = m, 0
-            while hi > 1:
-                nxt = hi // 2
-                if probe(nxt):
-                    lo = nxt
-                    break
+
+def _largest_fitting(probe: _Prober, m: int, max_micro: int) -> int:
+    """The largest micro batch that fits (0: none): from ``m``, doubling up to ``max_micro`` (the cap itself is
+    probed: 244 fitting under a cap of 256 says nothing of 256) or halving down, then bisecting the bracket."""
+    if probe(m):
+        lo, hi = m, None
+        while hi is None and lo < max_micro:
+            nxt = min(lo * 2, max_micro)
+            if probe(nxt):
+                lo = nxt
+            else:
                 hi = nxt
-        if hi is not None and lo:
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if probe(mid):
-                    lo = mid
-                else:
-                    hi = mid
-
-        # the largest micro batch that fits without allocator retries (seed 000: 8 fit, but its cudaMalloc retries made
-        # 7 the fastest): bisect between the largest clean probe and the smallest one that retried or ran out
-        def clean(m: int) -> bool:
-            return results[m].status == "ok" and not results[m].num_alloc_retries
-
-        while True:
-            lo_c = max([m for m in results if clean(m)], default=0)
-            above = [m for m in results if m > lo_c and not clean(m)]
-            hi_c = min(above, default=None)
-            if hi_c is None or hi_c - lo_c <= 1:
+    else:
+        hi, lo = m, 0
+        while hi > 1:
+            nxt = hi // 2
+            if probe(nxt):
+                lo = nxt
                 break
-            probe(max(1, (lo_c + hi_c) // 2))
-    except (RuntimeError, InputError) as e:  # a probe that failed, or one refused before launch
-        done = ", ".join(f"micro {m} {r.status}" for m, r in sorted(results.items())) or "none"
-        raise TuneError(f"{e}; probes finished before it: {done} (records under {out_dir})") from None
-    finally:
-        lock.close()
+            hi = nxt
+    if hi is not None and lo:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+    return lo
 
+
+def _largest_without_retries(probe: _Prober) -> None:
+    """The largest micro batch that fits without allocator retries (seed 000: 8 fit, but its cudaMalloc retries
+    made 7 the fastest): bisect between the largest clean probe and the smallest one that retried or ran out."""
+    results = probe.results
+
+    def clean(m: int) -> bool:
+        return results[m].status == "ok" and not results[m].num_alloc_retries
+
+    while True:
+        lo_c = max([m for m in results if clean(m)], default=0)
+        hi_c = min([m for m in results if m > lo_c and not clean(m)], default=None)
+        if hi_c is None or hi_c - lo_c <= 1:
+            break
+        probe(max(1, (lo_c + hi_c) // 2))
+
+
+def _result(
+    results: dict, out_dir: Path, lo: int, start: int, start_reason: str, setting: str, predicted: int | None
+) -> TuneResult:
+    """The search's result: the largest fitting micro batch, the best (the fastest clean probe: no allocator
+    retries, nothing compiled inside the loop, whose time would hold its compilation), every probe."""
     fitting = [(m, r) for m, r in results.items() if r.status == "ok"]
-    # a probe whose compiled blocks recompiled inside the loop timed its compilation: never the best
     clean = [(m, r) for m, r in fitting if not r.num_alloc_retries and not r.graphs_compiled_in_loop and r.tok_s_padded]
     best = max(clean, key=lambda mr: mr[1].tok_s_padded)[0] if clean else None
-    res = TuneResult(
-        largest_fitting=lo,
-        best=best,
-        start=start,
-        start_reason=start_reason,
-        setting=setting,
-        predicted_largest=predicted_largest,
-        probes=[
-            {
-                "micro_batch_size": m,
-                "status": r.status,
-                "tok_s_padded": r.tok_s_padded,
-                "num_alloc_retries": r.num_alloc_retries,
-                "peak_allocated_bytes": r.peak_allocated_bytes,
-                "peak_reserved_bytes": r.peak_reserved_bytes,
-                "peak_rss_bytes": r.peak_rss_bytes,
-                "gpu_util_mean": r.gpu_util_steady_mean,
-                "gpu_util_std": r.gpu_util_steady_std,
-                "tflops_per_device": r.achieved_tflops_per_device,
-                "iter_time_s": r.iter_time_s,
-                "error": r.error,
-                "record": str(out_dir / f"mbs{m}" / "record.json"),
-            }
-            for m, r in sorted(results.items())
-        ],
-    )
-    write_json_atomic(out_dir / "tune-batch.json", res.__dict__)
-    return res
+    probes = [
+        {
+            "micro_batch_size": m,
+            "status": r.status,
+            "tok_s_padded": r.tok_s_padded,
+            "num_alloc_retries": r.num_alloc_retries,
+            "peak_allocated_bytes": r.peak_allocated_bytes,
+            "peak_reserved_bytes": r.peak_reserved_bytes,
+            "peak_rss_bytes": r.peak_rss_bytes,
+            "gpu_util_mean": r.gpu_util_steady_mean,
+            "gpu_util_std": r.gpu_util_steady_std,
+            "tflops_per_device": r.achieved_tflops_per_device,
+            "iter_time_s": r.iter_time_s,
+            "error": r.error,
+            "record": str(out_dir / f"mbs{m}" / "record.json"),
+        }
+        for m, r in sorted(results.items())
+    ]
+    return TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, setting=setting,
+                      predicted_largest=predicted, probes=probes)  # fmt: skip
 
 
 def reusable(
@@ -328,19 +348,20 @@ def search(
     recipe: Recipe,
     overrides: list[str],
     out: Path,
+    options: RunOptions,
+    probes: Probes,
     *,
     gpu: hardware.GPU | None,
-    model: str,
-    strategy: str | None = None,
     activation_checkpointing: str | None = None,
     backward_prefetch: str | None = None,
     start: int | None = None,
-    **tune_args,
 ) -> list[TuneResult]:
     """``tunelab tune-batch``: one :func:`tune` per activation-checkpointing setting (``on``, ``off``, ``both``),
-    each under its own copy of the strategy file with that setting (and ``backward_prefetch``) written into its
-    own directory under ``out``; the search starts at the planner's largest fitting micro batch unless ``start``."""
+    each under its own copy of the strategy file (``options.strategy``) with that setting (and
+    ``backward_prefetch``) written into its own directory under ``out``; the search starts at the planner's largest
+    fitting micro batch unless ``start``."""
     results = []
+    strategy, model = options.strategy, options.model
     for setting in AC_SETTINGS[activation_checkpointing]:
         variant, sub_out, label = strategy, out, strategy or ""
         if setting is not None or backward_prefetch:
@@ -359,13 +380,12 @@ def search(
                 recipe,
                 overrides,
                 sub_out,
+                dataclasses.replace(options, strategy=variant),
+                probes,
                 start=first,
                 start_reason=why,
-                model=model,
-                strategy=variant,
                 setting=label,
                 predicted_largest=predicted,
-                **tune_args,
             )
         )
     return results

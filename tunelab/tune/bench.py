@@ -15,6 +15,7 @@ first pair) are written from the records.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import sys
@@ -31,7 +32,7 @@ from tunelab.report.stats import median_interval
 from tunelab.report.sweep import environment
 from tunelab.run.collect import read_metrics
 from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label, strategy_settings
-from tunelab.run.runner import run
+from tunelab.run.runner import RunOptions, run
 
 COLUMNS = [
     "phase",
@@ -122,12 +123,10 @@ def _one(
     overrides: list[str],
     run_dir: Path,
     arm: Arm,
-    pair: int,
+    options: RunOptions,
     *,
-    model: str,
     stream,
     progress: ProgressLine,
-    **run_args,
 ) -> record_mod.RunRecord:
     path = run_dir / "record.json"
     done, why = resume_state(path, recipe.key, overrides, *arm.identity)
@@ -137,17 +136,10 @@ def _one(
     if why:
         set_aside(path, why)
     progress.started(progress.done, f"{run_dir.name} {recipe.key}")
-    rec = run(
-        recipe,
-        overrides,
-        run_dir,
-        sweep="bench",
-        row_id=run_dir.name,
-        model=model,
-        strategy=arm.strategy,
-        on_progress=progress.show,
-        **run_args,
+    options = dataclasses.replace(
+        options, sweep="bench", row_id=run_dir.name, strategy=arm.strategy, on_progress=progress.show
     )
+    rec = run(recipe, overrides, run_dir, options)
     progress.finished(rec)
     return rec
 
@@ -161,13 +153,13 @@ def run_phase(
     pairs: int,
     micro: dict | None = None,
     *,
-    model: str,
+    options: RunOptions,
     stream=sys.stderr,
     deadline: float | None = None,
-    **run_args,
 ) -> Phase:
     """``pairs`` alternating pairs (litgpt, then fast) of the recipe with ``overrides`` on one device; ``micro``:
-    an arm's own micro batch (its global batch: :func:`global_batch_for`).
+    an arm's own micro batch (its global batch: :func:`global_batch_for`); ``options``: how each run runs (its
+    weights and limits; each arm sets its strategy).
     ``deadline`` (time.monotonic()): no run starts after it, and one still running then is killed and recorded as
     cut by the deadline (it runs again when the same command runs again)."""
     phase = Phase(name=name, arms=arms, micro=micro or {})
@@ -182,15 +174,15 @@ def run_phase(
                 g = global_batch_for(recipe, overrides, m)
                 extra += ["--train.micro_batch_size", str(m), "--train.global_batch_size", str(g)]
             run_dir = out / f"{prefix}{arm.name}-{pair}"
-            args = run_args
+            this = options
             if deadline is not None:  # past it, a run recorded earlier still counts; none starts
                 left = deadline - time.monotonic()
                 done, _ = resume_state(run_dir / "record.json", recipe.key, extra, *arm.identity)
                 if left < 1 and not done:
                     not_started.append(f"pair {pair} {arm.name}")
                     continue
-                args = {**run_args, "timeout_s": min(run_args.get("timeout_s") or left, max(left, 1))}
-            rec = _one(recipe, extra, run_dir, arm, pair, model=model, stream=stream, progress=progress, **args)
+                this = dataclasses.replace(options, timeout_s=min(options.timeout_s or left, max(left, 1)))
+            rec = _one(recipe, extra, run_dir, arm, this, stream=stream, progress=progress)
             if deadline is not None and rec.status == "killed" and time.monotonic() >= deadline - 1:
                 rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this run; it runs again"
                 record_mod.save(rec, run_dir / "record.json")
@@ -471,16 +463,16 @@ def best_micro(
     overrides: list[str],
     out: Path,
     arms: list[Arm],
+    options: RunOptions,
     *,
     gpu,
-    model: str,
     max_micro: int,
     steps: int,
-    **probe_args,
 ) -> dict:
     """Each arm's best micro batch on one device: tune-batch's search (the fastest without allocator retries), its
-    probes under ``<out>/tune-<arm>/``. An arm with no clean probe is left out."""
-    from tunelab.tune.batch import search
+    probes under ``<out>/tune-<arm>/`` (``options``: their weights and limits). An arm with no clean probe is left
+    out."""
+    from tunelab.tune.batch import Probes, search
 
     best = {}
     for arm in arms:
@@ -488,13 +480,9 @@ def best_micro(
             recipe,
             [*overrides, "--devices", "1"],
             out / f"tune-{arm.name}",
+            dataclasses.replace(options, strategy=arm.strategy),
+            Probes(max_micro=max_micro, steps=steps, world=1),
             gpu=gpu,
-            model=model,
-            strategy=arm.strategy,
-            max_micro=max_micro,
-            steps=steps,
-            world=1,
-            **probe_args,
         )
         if results and results[0].best:
             best[arm.name] = results[0].best

@@ -21,8 +21,9 @@ from tunelab.errors import InputError
 from tunelab.files import read_json, write_json_atomic
 from tunelab.paths import ROOT, SAFE_NAME
 from tunelab.recipes import resolve
+from tunelab.run.runner import RunOptions
 from tunelab.strategies import load_strategy
-from tunelab.tune.batch import PREFETCH, planned_start, probe_problems, strategy_variant, tune, variant_name
+from tunelab.tune.batch import PREFETCH, Probes, planned_start, probe_problems, strategy_variant, tune, variant_name
 
 STUDY_FILE_KEYS = {"name", "description", "lab_hardware", "studies", "lab"}
 STUDY_KEYS = {
@@ -342,17 +343,11 @@ def run_study(
             recipe,
             extra,
             sub,
+            RunOptions(model=model, memory_limit_bytes=limit, timeout_s=timeout_s, strategy=strategy),
+            Probes(max_micro=cap, steps=study.steps, world=world, also=also),
             start=start,
             start_reason=why,
-            max_micro=cap,
-            steps=study.steps,
-            model=model,
-            memory_limit_bytes=limit,
-            timeout_s=timeout_s,
-            world=world,
-            strategy=strategy,
             setting=_label(study, st),
-            also=also,
             predicted_largest=predicted,
         )
         by_id[st.id] = res
