@@ -49,9 +49,10 @@ reduce-scatter beside the next unit's backward; k equal calls beside a window W 
 it. FSDP without auto-wrap (one unit: gathered before the forward, reduced after the backward) and offload's host
 copies hide behind nothing; so do DeepSpeed's gradient reductions, which tunelab's config runs on the compute stream
 (``overlap_comm`` off: ``tunelab.run.loop.deepspeed_config``), and ZeRO-2's gather of the updated parameters after
-the step; ZeRO-3's parameter gathers are prefetched beside the passes. The lab's Part 2 rows (four A100s over PCIe: FSDP without auto-wrap exposes all its traffic,
-DDP all but its last micro batch's backward) measure the PCIe link's achieved bandwidth (``configs/hardware/
-links.yaml``: pcie4; ``tunelab plan-accuracy`` fits it, leaving each row out).
+the step; ZeRO-3's parameter gathers are prefetched beside the passes. The lab's Part 2 rows (four A100s over
+PCIe: FSDP without auto-wrap exposes all its traffic, DDP all but what its last micro batch's backward hides)
+measure the PCIe link's achieved bandwidth (``configs/hardware/links.yaml``: pcie4; ``tunelab plan-accuracy`` fits
+it, leaving each row out).
 """
 
 from __future__ import annotations
@@ -161,13 +162,14 @@ class Comm:
     hideable_under: str = "backward"
     """The compute the traffic runs beside, by its schedule: 'backward' (gradient buckets, issued as the last micro
     batch's backward fills them), 'step' (per-unit gathers ahead of the unit that needs them, beside the forward and
-    backward passes; reduce-scatters beside the next unit's backward) or 'none' (FSDP with one unit)."""
+    backward passes; reduce-scatters beside the next unit's backward) or 'none' (FSDP with one unit, DeepSpeed's
+    ZeRO-1 and ZeRO-2 with ``overlap_comm`` off)."""
     pipelined: int = 0
     """Collective calls per optimizer step that pipeline with that compute (buckets, units' gathers and
     reduce-scatters; 0: every call of :attr:`calls`): the last of them waits for the window's end."""
     unhidden: float = 0.0
-    """Share of the GPU and network traffic no compute hides (ZeRO-2's gather of the updated parameters, after the
-    optimizer step)."""
+    """Share of the GPU and network traffic no compute hides where the rest pipelines (ZeRO-3's gradient
+    reduce-scatters, on the compute stream beside its prefetched gathers)."""
     seconds: float = 0.0
     """Seconds of communication per optimizer step (no overlap)."""
     host_s: float = 0.0
@@ -262,10 +264,10 @@ def per_step(
         seconds += c.host_s
     c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
     c.seconds = seconds + c.latency_s
-    if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-2's gathers)
+    if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)
     if (x.strategy == "fsdp" and x.fsdp_wrap == "none") or (x.strategy == "deepspeed" and x.zero_stage < 3):
-        c.hideable_under = "none"  # one unit: gathered before the forward, reduced after; DeepSpeed: below
+        c.hideable_under = "none"  # one unit: gathered, then reduced; ZeRO-1/2: reductions on the compute stream
     return c
 
 

@@ -305,9 +305,9 @@ class Terms:
         beside (:meth:`tunelab.plan.comm.Comm.exposed`)."""
         st, h, _, _, it_gpu, it_host, backward = self._micro_batch(gpu)
         d = self.detail
-        micro = d["train_iterations"] / d["optimizer_steps"] if d.get("optimizer_steps") else 0.0
+        micro_batches = d["train_iterations"] / d["optimizer_steps"] if d.get("optimizer_steps") else 0.0
         optimizer = max(st.gpu_by_phase.get("optimizer", 0.0), h * st.host_ops_by_phase.get("optimizer", 0))
-        return {"passes": micro * max(it_gpu, it_host), "backward": backward, "optimizer": optimizer}
+        return {"passes": micro_batches * max(it_gpu, it_host), "backward": backward, "optimizer": optimizer}
 
     def _fast_by_cause(self, gpu) -> dict:
         """:meth:`by_cause` for tunelab's loop with its speed switches (:mod:`tunelab.plan.fast_step`): each micro
@@ -381,8 +381,8 @@ class Terms:
         if not steps:
             return 0.0
         per_step = compute_s / steps
-        micro = max(self.detail.get("train_iterations", 0) / steps, 1.0)
-        return self.comm_seconds(per_step * BACKWARD_SHARE / micro, per_step)
+        micro_batches = max(self.detail.get("train_iterations", 0) / steps, 1.0)
+        return self.comm_seconds(per_step * BACKWARD_SHARE / micro_batches, per_step)
 
     def comm_seconds(self, backward_s: float, passes_s: float) -> float:
         """Seconds of communication over the run left exposed: each optimizer step adds what its traffic takes
