@@ -15,7 +15,7 @@ from tests import printed
 from tests.conftest import cpu_env, equal_length_dataset
 from tunelab import cli, record
 from tunelab.recipes import resolve
-from tunelab.run.runner import RunError, _free_port, run
+from tunelab.run.runner import RunError, RunOptions, _free_port, run
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = [
@@ -161,9 +161,7 @@ def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
             str(tiny_ckpt),
         ],
         tmp_path / "l",
-        model="checkpoint",
-        strategy=strategy,
-        timeout_s=300,
+        RunOptions(model="checkpoint", strategy=strategy, timeout_s=300),
     )
     assert rec.status == "ok", rec.error
     assert rec.n_trainable < rec.n_params and len(rec.ranks) == 2
@@ -225,16 +223,14 @@ def test_refusals(tiny_ckpt, tmp_path):
             resolve("tiny-llama-1.1b/qlora"),
             ["--devices", "2", "--checkpoint_dir", str(tiny_ckpt)],
             tmp_path / "q",
-            model="checkpoint",
-            strategy="fsdp",
+            RunOptions(model="checkpoint", strategy="fsdp"),
         )
     with pytest.raises(RunError, match="no strategy 'zero9'"):
         run(
             resolve("tiny-llama-1.1b/full"),
             ["--checkpoint_dir", str(tiny_ckpt)],
             tmp_path / "z",
-            model="checkpoint",
-            strategy="zero9",
+            RunOptions(model="checkpoint", strategy="zero9"),
         )
     from tunelab.strategies import StrategyError, load_strategy
 
@@ -247,8 +243,7 @@ def test_refusals(tiny_ckpt, tmp_path):
             resolve("tiny-llama-1.1b/full"),
             ["--checkpoint_dir", str(tiny_ckpt)],
             tmp_path / "b",
-            model="checkpoint",
-            strategy=str(bad),
+            RunOptions(model="checkpoint", strategy=str(bad)),
         )
 
 
@@ -264,9 +259,7 @@ def test_nccl_strategies_on_gpus(strategy, tiny_ckpt, tmp_path):
         resolve("tiny-llama-1.1b/full"),
         ["--devices", "2", "--train.max_steps", "3", "--data.num_workers", "0", "--checkpoint_dir", str(tiny_ckpt)],
         tmp_path / strategy,
-        model="checkpoint",
-        strategy=strategy,
-        timeout_s=600,
+        RunOptions(model="checkpoint", strategy=strategy, timeout_s=600),
     )
     assert rec.status == "ok", rec.error
     assert len(rec.ranks) == 2 and all(r.peak_allocated_bytes for r in rec.ranks)
