@@ -57,8 +57,8 @@ def test_the_project_stands_alone():
 
 
 BY_HAND = (
-    "litgpt finetune_lora --config recipes/tiny-llama-1.1b/lora.yaml --train.max_steps 4 --data.num_workers 0 "
-    '--out_dir out/try "$(tunelab build-model tiny)"'
+    "litgpt finetune_lora --config recipes/tiny-llama-1.1b/lora.yaml --train.max_steps 4 --eval.max_iters 4 "
+    '--data.num_workers 0 --out_dir out/try "$(tunelab build-model tiny)"'
 )
 PRINTED = {BY_HAND}
 """The README line this file runs through bash (tests/test_printed_commands.py checks it is the README's)."""

@@ -75,7 +75,12 @@ INTERPRETED = {"full-liger-masked"}
 """Cases run with ``TRITON_INTERPRET=1``: Liger's Triton kernels on the CPU."""
 
 
-@pytest.mark.parametrize("case", list(CASES))
+SLOW_CASES = {"full-sgd", "full-liger-masked"}
+"""Run with -m slow (about 1.5 min together on 2 cores): SGD's step is torch's own; Liger's loss and gradients are
+checked against litgpt's at unit level (tests/test_fused.py) and in the loop on a GPU (the runbook's bench)."""
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in CASES])
 def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_path, monkeypatch):
     """litgpt's own `finetune_*` on one process and tunelab's loop with compiled blocks (static shapes compiled
     ahead), the fused optimizer, tokenisation once, prefetch and the loss kept on the device (read at the end)
@@ -288,6 +293,8 @@ def test_the_printed_fast_command_trains_and_records(tiny_ckpt, tmp_path):
     assert "Time for inference" in gen.stderr + gen.stdout
 
 
+@pytest.mark.slow  # 2.5 min on 2 cores (8+ graphs compiled by inductor): LoRA's block-0 variant is also compiled
+# ahead, at one shape, by test_fast_lora_saves_validates_and_merges_like_litgpt; run with -m slow before a GPU session
 def test_fast_lora_runs_every_shape_compiled(tiny_ckpt, tmp_path):
     """LoRA under fast.yaml on unequal lengths (several padded shapes): block 0's input needs no grad (the embedding
     is frozen) and the other blocks' does, two graph variants per shape. Every variant is compiled ahead: no

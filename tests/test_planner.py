@@ -455,6 +455,9 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
     assert calls[:2] == [30, 45] and res.largest_fitting == 45
 
 
+@pytest.mark.slow  # 2 min on 2 cores (two runs of the 24-block model, one out of memory): tune-batch's two strategy
+# variants are checked by test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing, a real
+# out-of-memory run under a cap by tests/test_runner.py; run with -m slow
 def test_activation_checkpointing_makes_a_micro_batch_fit_that_does_not_fit_without(tmp_path):
     """The CI form of the claim below: one process, the 24-block tiny-deep model, a 3 GB address-space cap, micro
     batch 25 under the two strategy files tune-batch derives (activation checkpointing off / on): off runs out of

@@ -92,7 +92,7 @@ GEMMA = ("open-llama-3b", "checkpoints/google/gemma-2b")
         (("open-llama-3b", None), "fsdp2", "lora", 2),
         (GEMMA, "fsdp2", "full", 2),
         (GEMMA, "ddp", "lora", 2),
-        (GEMMA, "fsdp", "lora", 8),
+        pytest.param(GEMMA, "fsdp", "lora", 8, marks=pytest.mark.slow),  # -m slow: a minute; FSDP1 LoRA below
         (GEMMA, "fsdp", "full", 8),
     ],
 )
