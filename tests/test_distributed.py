@@ -334,7 +334,8 @@ def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "tunelab", "bench", "tiny-llama-1.1b/lora", "--model", "tiny", "--pairs", "1",
-         "--train.max_steps", "40", "--data.num_workers", "0", "--out", str(tmp_path / "o"),
+         "--train.max_steps", "12", "--eval.final_validation", "false", "--data.num_workers", "0",
+         "--out", str(tmp_path / "o"),
          "--report-dir", str(tmp_path / "r")],
         cwd=ROOT, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal (see test_faults)
