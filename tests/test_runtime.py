@@ -547,7 +547,7 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
         for cause in ("matmul", "attention", "elementwise"):
             assert causes[cause] == pytest.approx(base[cause]), (name, cause)
     st = kernels.step_time(full.config, "full", "bf16-true", 8, 437.0, gpu.name)
-    tiny = runtime.sharded_optimizer(st, 10**9)  # every kernel at its floor, the launches unchanged
+    tiny = kernels.sharded_optimizer(st, 10**9)  # every kernel at its floor, the launches unchanged
     assert tiny.gpu_by_phase["optimizer"] == pytest.approx(st.ops_by_phase["optimizer"] * MIN_KERNEL_S)
     assert tiny.host_ops_by_phase == st.host_ops_by_phase and tiny.gpu_s < st.gpu_s
     assert tiny.gpu_by_phase["forward"] == st.gpu_by_phase["forward"]

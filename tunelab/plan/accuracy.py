@@ -452,7 +452,7 @@ def comm_rows() -> list[dict]:
     a100 = hardware.lookup("A100-80GB")
     one = rows["m1"]
     step_one = float(one.lab["time_s"]) / one.checked.resolved["train"]["max_steps"]
-    w_one = _windows(one, a100)
+    w_one = _windows(plan_recipe(one.recipe, one.overrides(), gpu=a100, strategy=one.strategy), a100)
     board = step_one / (w_one["passes"] + w_one["optimizer"])  # the lab's board against the kernel model
     link = comm.lookup(LAB_PART2_LINK, "gpu")
     items = []
@@ -460,8 +460,9 @@ def comm_rows() -> list[dict]:
         a = r.checked.resolved
         if r.id == "m1" or not r.lab.get("time_s") or settings.world_size(a.get("devices"), a.get("num_nodes")) < 2:
             continue
-        x = plan_recipe(r.recipe, r.overrides(), gpu=a100, strategy=r.strategy).input
-        w = {key: v * board for key, v in _windows(r, a100).items()}
+        planned = plan_recipe(r.recipe, r.overrides(), gpu=a100, strategy=r.strategy)
+        x = planned.input
+        w = {key: v * board for key, v in _windows(planned, a100).items()}
         items.append((r, x, w, comm.per_step(x, link), float(r.lab["time_s"]) / a["train"]["max_steps"]))
     fitted = fit_link_efficiency([(w, k, s) for _, _, w, k, s in items], link)
     out = []
@@ -493,11 +494,10 @@ def comm_rows() -> list[dict]:
     return out
 
 
-def _windows(row, gpu) -> dict:
-    """The kernel model's optimizer step of a lab row (:meth:`tunelab.plan.runtime.Terms.windows`)."""
+def _windows(planned, gpu) -> dict:
+    """The kernel model's optimizer step of a planned lab row (:meth:`tunelab.plan.runtime.Terms.windows`)."""
     from tunelab.plan.recipe import runtime_terms
 
-    planned = plan_recipe(row.recipe, row.overrides(), gpu=gpu, strategy=row.strategy)
     return runtime_terms(planned.settings, planned.input, None).windows(gpu)
 
 

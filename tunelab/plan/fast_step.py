@@ -216,20 +216,18 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
             out.kernels[phase] += c.n_layer * more[phase]
     if liger:
         _liger_loss(out, x, gpu, micro * whole_tokens)
-    _optimizer_step(out, x, gpu, tokens, optimizer)
+    _optimizer_step(out, x, gpu, tokens, optimizer, method, lora)
     return out
 
 
-def _optimizer_step(out: FastStep, x, gpu, tokens: float, optimizer: str) -> None:
+def _optimizer_step(out: FastStep, x, gpu, tokens: float, optimizer: str, method: str, lora: tuple) -> None:
     """The optimizer step in ``out`` as traced (torch's fused AdamW is its own op there: ``optimizer_of``'s "AdamW
     fused"), over this rank's share of the parameters where the strategy shards the optimizer's states."""
     from tunelab.plan import kernels
     from tunelab.plan.memory import optimizer_shards
-    from tunelab.plan.runtime import sharded_optimizer
 
-    method, lora = "full" if x.method == "full" else "lora", (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
     st = kernels.step_time(x.config, method, str(x.precision), x.micro_batch_size, tokens, gpu.name, optimizer, lora)
-    st = sharded_optimizer(st, optimizer_shards(x))
+    st = kernels.sharded_optimizer(st, optimizer_shards(x))
     _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
     out.host["optimizer"] = st.host_ops("optimizer") * kernels.HOST_S_PER_OP
     out.kernels["optimizer"] = st.ops_by_phase.get("optimizer", 0)

@@ -703,6 +703,27 @@ def step_time(
     return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase, kernel_ops, split, host_ops)
 
 
+def sharded_optimizer(st, shards: int):
+    """:class:`StepTime` ``st`` with its optimizer step's kernels over 1/``shards`` of the
+    parameters (a rank's share under a sharded optimizer: :attr:`tunelab.plan.runtime.KernelWork.optimizer_shards`): their time divided,
+    each still at least :data:`MIN_KERNEL_S`; the host's launches unchanged."""
+    if shards <= 1:
+        return st
+    floor = st.ops_by_phase.get("optimizer", 0) * MIN_KERNEL_S
+    whole = st.gpu_by_phase.get("optimizer", 0.0)
+    share = max(whole / shards, floor) / whole if whole else 1.0
+    by_cat = {k: v * share if k == "optimizer" else v for k, v in st.gpu_by_category.items()}
+    return dataclasses.replace(
+        st,
+        gpu_s=sum(by_cat.values()),
+        gpu_by_category=by_cat,
+        gpu_by_phase={k: v * share if k == "optimizer" else v for k, v in st.gpu_by_phase.items()},
+        gpu_by_phase_category={
+            k: v * share if k.startswith("optimizer/") else v for k, v in st.gpu_by_phase_category.items()
+        },
+    )
+
+
 def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
     """Trainable parameter tensors of litgpt's model for ``config``: every tensor (full fine-tuning) or LoRA's A and
     B of each adapted layer (``lora``: (rank, targets), litgpt's defaults when empty)."""

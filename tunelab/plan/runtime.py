@@ -170,29 +170,6 @@ def scaled(st, gpu_scale: float):
     )
 
 
-def sharded_optimizer(st, shards: int):
-    """:class:`tunelab.plan.kernels.StepTime` ``st`` with its optimizer step's kernels over 1/``shards`` of the
-    parameters (a rank's share under a sharded optimizer: :attr:`KernelWork.optimizer_shards`): their time divided,
-    each still at least :data:`tunelab.plan.kernels.MIN_KERNEL_S`; the host's launches unchanged."""
-    from tunelab.plan.kernels import MIN_KERNEL_S
-
-    if shards <= 1:
-        return st
-    floor = st.ops_by_phase.get("optimizer", 0) * MIN_KERNEL_S
-    whole = st.gpu_by_phase.get("optimizer", 0.0)
-    share = max(whole / shards, floor) / whole if whole else 1.0
-    by_cat = {k: v * share if k == "optimizer" else v for k, v in st.gpu_by_category.items()}
-    return dataclasses.replace(
-        st,
-        gpu_s=sum(by_cat.values()),
-        gpu_by_category=by_cat,
-        gpu_by_phase={k: v * share if k == "optimizer" else v for k, v in st.gpu_by_phase.items()},
-        gpu_by_phase_category={
-            k: v * share if k.startswith("optimizer/") else v for k, v in st.gpu_by_phase_category.items()
-        },
-    )
-
-
 def dequantization(dequant: tuple, gpu, gpu_scale: float = 1.0) -> tuple:
     """QLoRA's dequantization (:attr:`KernelWork.dequant`) as ((GPU seconds, ops) per training micro batch, forward
     and backward, (GPU seconds, ops) per validation batch); zeros without it."""
@@ -288,7 +265,7 @@ class Terms:
         k = self.kernels
         st = scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer,
                                       k.lora), gpu_scale)  # fmt: skip
-        st = sharded_optimizer(st, k.optimizer_shards)
+        st = kernels.sharded_optimizer(st, k.optimizer_shards)
         h = LITGPT_HOST_S_PER_OP * host_scale
         (dq_gpu, dq_ops), ev_dq = dequantization(k.dequant, gpu, gpu_scale)
         forwards = 2 if k.recompute else 1

@@ -406,10 +406,11 @@ def run(
 ) -> RunRecord:
     """Validate, launch, watch and record one run. Refuses (RunError) before launching if the recipe is invalid.
 
-    Without ``strategy`` the child is ``litgpt finetune_*`` itself (behind tunelab.run.entry). With a
+    Without ``options.strategy`` the child is ``litgpt finetune_*`` itself (behind tunelab.run.entry). With a
     configs/strategies file, the child is torchrun running tunelab.run.loop with ``devices`` processes
-    per node; for several nodes every node runs this with its ``node_rank`` and the same run directory (a shared
-    filesystem), and node 0 writes the record once all ranks have reported. ``options``: how (:class:`RunOptions`).
+    per node; for several nodes every node runs this with its ``options.node_rank`` and the same run directory (a
+    shared filesystem), and node 0 writes the record once all ranks have reported. ``options``: how
+    (:class:`RunOptions`; its defaults without them).
     """
     o = options or RunOptions()
     prep = prepare(recipe, overrides or [], run_dir, o.model, o.strategy, o.strategy_config, o.checked)
