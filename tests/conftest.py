@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded tiny checkpoint (built once per session) and a real `litgpt` subprocess runner."""
+"""Shared fixtures: the embedded tiny checkpoint (built once per session) and a real `litgpt` subprocess runner; and
+the rule of the layers: a test under a stage's folder (the unit layer) starts no child process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+UNIT_LAYER = ("core", "data", "plan", "run", "report", "tune", "cli", "repo")
+"""The folders of the unit layer: one per stage of the package (``tests/plan/`` tests ``tunelab/plan/``), ``cli``
+for refusals tried in-process, ``repo`` for checks over the tree. Child-process runs live in ``tests/e2e/``; the plan
+against rank 0's simulated step of real models at full width in ``tests/accuracy/``."""
+
+
+@pytest.fixture(autouse=True)
+def _the_unit_layer_starts_no_process(request, monkeypatch):
+    """Under a unit-layer folder, starting a child process (subprocess, multiprocessing) fails the test with where
+    it belongs: what runs the real thing in a child goes to ``tests/e2e/``, so that the unit layer runs alone in a few
+    minutes."""
+    if Path(str(request.node.path)).parent.name not in UNIT_LAYER:
+        yield
+        return
+    import multiprocessing.process
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a child process: its place is tests/e2e/")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    yield
 
 
 def cpu_env(**extra) -> dict:

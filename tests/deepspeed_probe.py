@@ -1,6 +1,6 @@
 """Run under torchrun (gloo, CPU): DeepSpeed's own ZeRO-2 and ZeRO-3 on small litgpt models, two steps of tunelab's
 loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker; rank 0 writes what it measured as JSON
-to the path in argv[1]. Read by tests/test_deepspeed_memory.py, which sets the cases in the TUNELAB_DS_CASES
+to the path in argv[1]. Read by tests/e2e/test_deepspeed_memory.py, which sets the cases in the TUNELAB_DS_CASES
 environment variable (JSON: stage, reduce bucket, layers, width, MLP width, vocabulary, heads, ZeRO-3 settings)."""
 
 import contextlib

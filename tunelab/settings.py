@@ -11,7 +11,7 @@ Two ways in, one result:
   dataclasses, parsed with ``ast``: nothing of litgpt, torch or Lightning is imported), then the recipe's keys,
   then the overrides. The planner uses it (``tunelab plan`` answers in a fraction of a second).
 * ``tunelab.validate.parse``: litgpt's real jsonargparse parser (seconds), which also refuses bad types. The
-  runner and the validator use it. ``tests/test_settings.py`` checks that both give the same :class:`Settings`
+  runner and the validator use it. ``tests/core/test_settings.py`` checks that both give the same :class:`Settings`
   on every recipe and every sweep row.
 """
 

@@ -2,7 +2,7 @@
 # Run HERE (a machine with the package registries), before using a lent GPU machine that has no network:
 # downloads, for its Python 3.12, the wheels listed in scripts/gpu/carry.txt into .whl/ (ignored by git; carried
 # with the working tree, 64 MiB at most: about 50 MB). The list is checked against the GPU image's packages by
-# tests/test_gpu_runbook.py.
+# tests/repo/test_gpu_runbook.py.
 #   bash scripts/gpu/fetch_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -48,7 +48,7 @@
 #
 # BUDGET (seconds, default 540) bounds the whole command: no row starts after it, a row still running then is
 # killed and runs again at the next call. TUNELAB_REHEARSAL=1 rehearses the same stages on a CPU machine with
-# the tiny model (`pytest -m slow tests/test_gpu_runbook.py` does, 3 minutes: run it before a GPU session).
+# the tiny model (`pytest -m slow tests/e2e/test_gpu_runbook.py` does, 3 minutes: run it before a GPU session).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT: the folder whose files come back}"

@@ -14,7 +14,7 @@ one token; the Alpaca template's words and punctuation are in its vocabulary), s
 under the tokenizer is exact. The model keeps its real vocabulary size (32,000 for the lab's models): only the
 first few thousand embedding rows are ever looked up, which changes neither memory nor FLOPs.
 
-``tests/test_benchmark_data.py`` checks the padded tokens per sample through litgpt's own data module (split,
+``tests/run/test_gpu_ready.py`` checks the padded tokens per sample through litgpt's own data module (split,
 shuffle, collate) against 437.
 """
 

@@ -657,7 +657,7 @@ def zero3_gathered(x: PlanInput) -> float:
     releases no parameter used again within the reuse distance (a block near the loss is used again in the
     backward after the blocks behind it and the head, twice over: half the distance is kept), nor one its
     prefetch has scanned past, and it prefetches up to the live limit. Measured with DeepSpeed's own coordinator
-    on CPU over gloo (tests/test_deepspeed_memory.py), a 32-block model with limits in proportion: live 2e6 and
+    on CPU over gloo (tests/e2e/test_deepspeed_memory.py), a 32-block model with limits in proportion: live 2e6 and
     reuse 1e6 or 3.9e6 held 2.09e6 elements, reuse 8e6 4.03e6, 2e7 1.0e7 (the rule, and part of one more weight);
     reuse 1e9 the whole model. DeepSpeed's defaults (1e9, 1e9) hold 1e9 elements, 2 GB in bf16: all of a 1B
     model, five blocks and the head of a 7B one. Gone after the backward."""
@@ -709,7 +709,7 @@ def zero_reduce_buffer(x: PlanInput) -> float:
     (:func:`zero_param_bytes`),
     allocated whole whatever the model's size. ZeRO-2 (``stage_1_and_2.setup_buckets``) allocates it at each
     backward's start and frees it at its end; ZeRO-3 (``stage3``'s optimizer init) holds it for the whole run.
-    Measured on CPU with DeepSpeed's own code over gloo (tests/test_deepspeed_memory.py): 400 MB at the default 2e8
+    Measured on CPU with DeepSpeed's own code over gloo (tests/e2e/test_deepspeed_memory.py): 400 MB at the default 2e8
     elements, most of a small model's peak."""
     if x.strategy != "deepspeed" or x.zero_stage < 2:
         return 0.0

@@ -27,7 +27,7 @@ nothing, but is dispatched with its real shapes):
 * **DeepSpeed ZeRO-2/3**: not simulated (DeepSpeed's engine reads tensor data and runs its own communication
   layer: it does not run on fake tensors); ``--simulate`` prints its buffers by their sizes instead
   (:func:`zero_sizes`): the terms of :mod:`tunelab.plan.memory` taken from DeepSpeed's config keys and the buffers its
-  code allocates, each checked against DeepSpeed itself run on CPU over gloo (tests/test_deepspeed_memory.py).
+  code allocates, each checked against DeepSpeed itself run on CPU over gloo (tests/e2e/test_deepspeed_memory.py).
 
 Collectives are recorded as dispatched (``c10d`` ops: kind, the whole tensor's bytes, the phase) for one optimizer
 step at the model's depth; the time model times the same volumes from :mod:`tunelab.plan.comm`'s formulas, which

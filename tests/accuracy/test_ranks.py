@@ -1,0 +1,109 @@
+"""Several devices simulated per rank (tunelab.plan.ranks): FSDP2 sharded as the run shards it under a fake process
+group, DDP's buckets; the plan checked against the simulation, the traced collectives against comm.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plan.test_ranks import _variant
+from tunelab.plan import ranks
+from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.simulate import optimizer_of
+from tunelab.recipes import resolve
+from tunelab.strategies import load_strategy
+
+GEMMA = ("open-llama-3b", "checkpoints/google/gemma-2b")
+"""Gemma 2B on OpenLLaMA 3B's recipe: a 256k vocabulary, where the head, the root unit and the logits are largest."""
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "method", "world"),
+    [
+        (("tiny-llama-1.1b", None), "fsdp2", "full", 8),
+        (("tiny-llama-1.1b", None), "fsdp2", "full", 4),
+        (("tiny-llama-1.1b", None), "ddp", "lora", 4),
+        (("tiny-llama-1.1b", None), "fsdp2", "lora", 2),
+        (("open-llama-3b", None), "fsdp2", "lora", 2),
+        (GEMMA, "fsdp2", "full", 2),
+        (GEMMA, "ddp", "lora", 2),
+        pytest.param(GEMMA, "fsdp", "lora", 8, marks=pytest.mark.slow),  # -m slow: a minute; FSDP1 LoRA below
+        (GEMMA, "fsdp", "full", 8),
+    ],
+)
+def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(model, strategy, method, world):
+    """Recipes at micro 2 x 512 on several devices under a strategy file (tunelab's loop: its loss function drops
+    the logits before backward): the plan's peak per device against rank 0's simulated step. Each case holds a term
+    by cause: FSDP2 gathers nothing at the loss and the root twice over at the backward's start (TinyLlama LoRA,
+    Gemma full: +4.3% and +4.6% when the gathered units and the logits were summed), a late block's forward holds
+    the root and three blocks (OpenLLaMA 3B LoRA); tunelab's loop on one device or DDP holds the chunks and the last
+    one's reshaped copy at its loss, not the backward's temporaries (Gemma LoRA, DDP); FSDP1 LoRA sums the head's
+    gradients in backward (Gemma on 8: -4.9% without); FSDP1's loss runs with the root gathered and no block
+    (Gemma full on 8: +5.0% with both). On 4 devices TinyLlama's recipe accumulates 2 micro batches."""
+    recipe, checkpoint = model
+    overrides = ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"]
+    planned = plan_recipe(
+        resolve(f"{recipe}/{method}"), overrides + (["--checkpoint_dir", checkpoint] if checkpoint else []),
+        gpu=None, devices=world, strategy=strategy,
+    )  # fmt: skip
+    x = planned.input
+    assert not x.activation_checkpointing
+    sim = ranks.simulate_ranks(
+        x.config, load_strategy(strategy), world, method, str(x.precision), 2, 512, x.accumulation, optimizer_of(x),
+        x.lora_r, x.lora_targets,
+    )  # fmt: skip
+    assert planned.plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.03)
+
+
+@pytest.mark.parametrize(("world", "accumulation"), [(4, 1), (2, 2)])
+def test_lora_under_fsdp1_is_planned_within_5_percent_of_rank_0(world, accumulation):
+    """TinyLlama's width with 4 blocks, LoRA on litgpt's default targets under a ``name: fsdp`` file: its frozen
+    weights are differentiable views during the forward (every matmul keeps its input, as in full fine-tuning) and
+    take gradients (flat parameters): the plan within 5% of rank 0's simulated peak (TinyLlama's 22 blocks: -0.8% on
+    4 devices; without the two terms -41% and -20%)."""
+    import dataclasses
+
+    from litgpt import Config
+
+    from tunelab.plan import memory
+    from tunelab.settings import LORA_TARGETS
+
+    c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=4)
+    x = memory.PlanInput(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
+                         lora_targets=LORA_TARGETS, fabric=False, strategy="fsdp", fsdp_root_kept=True, devices=world,
+                         accumulation=accumulation)  # fmt: skip
+    sim = ranks.simulate_ranks(c, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 256, accumulation=accumulation,
+                               lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
+    assert memory.predict(x).peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.05)
+
+
+def test_full_fine_tuning_under_fsdp1_peaks_in_backward_as_planned():
+    """TinyLlama's full recipe (32-true) under a ``name: fsdp`` file on 8 devices, micro 2 x 512: rank 0's peak is in
+    backward, where FSDP1 holds a block's unsharded gradient twice over (its flat parameter's and its original
+    parameters'), the head's gradient and one activation gradient beside every activation, the logits freed
+    (memory.fsdp1_backward_gradients); the plan names that peak and is within 1% of the simulation (without the
+    term it planned the forward's end, -2.6%; OpenLLaMA 3B -4.5%: reports/planner-strategies/)."""
+    planned = plan_recipe(
+        resolve("tiny-llama-1.1b/full"), ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
+        gpu=None, devices=8, strategy="fsdp",
+    )  # fmt: skip
+    x, plan = planned.input, planned.plan
+    sim = ranks.simulate_ranks(x.config, load_strategy("fsdp"), 8, "full", str(x.precision), 2, 512, x.accumulation,
+                               optimizer_of(x))  # fmt: skip
+    assert sim.peak_phase == "backward" and plan.breakdown_bytes["fsdp1_backward_gradients"] > 0
+    assert plan.breakdown_bytes["logits_and_loss"] == 0
+    assert plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize(("method", "accumulation"), [("full", 1), ("full", 2), ("lora", 2)])
+def test_fsdp1_without_auto_wrap_peaks_at_the_backwards_end(method, accumulation):
+    """One unit (``fsdp-no-wrap``): the peak is the backward's end, every activation freed, the whole model's
+    unsharded gradient twice over (flat parameter's and original parameters'; under LoRA the flat parameter's whole
+    gradient) beside the gathered model and the no_sync() gradients; the plan names it and is within 1% (before:
+    the forward's end, -21.5% on TinyLlama full)."""
+    from tunelab.plan import memory
+
+    sim, x = _variant("fsdp-no-wrap", method, accumulation)
+    plan = memory.predict(x)
+    assert sim.peak_phase == "backward" and sim.phases["backward"].get("Activation", 0) < 1e3  # a scalar or two
+    assert plan.breakdown_bytes["fsdp1_backward_gradients"] > 0 and plan.breakdown_bytes["activations"] == 0
+    assert plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.01)

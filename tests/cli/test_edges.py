@@ -1,0 +1,67 @@
+"""The edges around the validated core, tried as a hostile but realistic user would, against the real ``tunelab``
+CLI as subprocesses: writing through what is not a plain file, names from records that become paths, records and
+indexes of the wrong type or range, reads that could block or never end, numbers out of range, concurrency, and
+the messages of each. Every refusal is one line with a non-zero exit and no traceback; nothing outside the output
+directory changes; no command hangs (each runs under a timeout that only a hang reaches); no row is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def test_report_names_from_records_never_leave_reports(tmp_path, monkeypatch):
+    """A sweep.json name and a record's device name with '../' make plain directory names under reports/."""
+    from tunelab.record import RunRecord
+    from tunelab.report.sweep import default_report_dir
+    from tunelab.tune import report as tune_report
+
+    rec = RunRecord(device_type="cuda", device_name="../../../../tmp/x GPU")
+    out = default_report_dir({"name": "../../../etc/evil"}, [rec])
+    assert out.parent == ROOT / "reports" and "/" not in out.name and not out.name.startswith(".")
+    assert out.resolve().is_relative_to((ROOT / "reports").resolve())
+
+    class Study:
+        name = "../../up"
+
+    class Res:
+        probes = [(1, rec, None)]
+
+    out = tune_report.default_report_dir(Study(), [Res()])
+    assert out.resolve().is_relative_to((ROOT / "reports").resolve()) and "/" not in out.name
+    from tunelab.recipes import resolve
+    from tunelab.tune import bench
+
+    arm = bench.Arm("litgpt", None)
+    arm.records = [(0, rec, None)]  # a reused record whose device name climbs out (bench took it as it was)
+    out = bench.default_report_dir(resolve("tiny-llama-1.1b/lora"), [bench.Phase("recipe", [arm])])
+    assert out.parent == ROOT / "reports" and "/" not in out.name and out.name.endswith("-tmp-x")
+    ok = RunRecord(device_type="cuda", device_name="NVIDIA H100 80GB HBM3")
+    assert default_report_dir({"name": "lab"}, [ok]).name.endswith("-lab-h100")  # one spelling: the first word
+
+
+def test_the_writer_refuses_links_devices_and_fifos(tmp_path):
+    """The one writer: a link in the target's place is refused (its target untouched), as are devices and
+    FIFOs; a regular file is replaced whole."""
+    from tunelab import files
+
+    target = tmp_path / "t.txt"
+    target.write_text("keep")
+    (tmp_path / "l.txt").symlink_to(target)
+    os.mkfifo(tmp_path / "p")
+    for bad in (tmp_path / "l.txt", tmp_path / "p", Path("/dev/null")):
+        with pytest.raises(files.FileRefused):
+            files.write_text_atomic(bad, "x")
+    assert target.read_text() == "keep" and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    files.write_text_atomic(target, "new")
+    assert target.read_text() == "new" and not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(files.FileRefused, match="symbolic link"):
+        files.open_output(tmp_path / "l.txt")
+    with pytest.raises(files.FileRefused, match="more than"):
+        files.read_bytes(target, limit=2)

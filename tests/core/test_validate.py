@@ -1,0 +1,139 @@
+"""`tunelab validate`: every bad input is refused with one line naming the file, the key and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunelab.recipes import resolve
+from tunelab.validate import check
+
+# (recipe, overrides, options, key, words expected in the message)
+BAD = [
+    (
+        "tiny-llama-1.1b/full",
+        ["--train.global_batch_size", "30", "--train.micro_batch_size", "8"],
+        {},
+        "train.global_batch_size",
+        "floor it to 24",
+    ),
+    (
+        "open-llama-7b/lora",
+        ["--devices", "4", "--train.global_batch_size", "8", "--eval.interval", "1000"],
+        {},
+        "train.global_batch_size",
+        "smaller than",
+    ),
+    ("tiny-llama-1.1b/lora", ["--train.lr_warmup_steps", "0"], {}, "train.lr_warmup_steps", "divides by it"),
+    ("tiny-llama-1.1b/lora", ["--train.lr_warmup_steps", "null"], {}, "train.lr_warmup_steps", "divides by it"),
+    ("open-llama-7b/qlora", ["--devices", "2", "--eval.interval", "1000"], {}, "quantize", "single-device"),
+    ("open-llama-7b/qlora", ["--precision", "bf16-mixed"], {}, "precision", "mixed precision"),
+    ("open-llama-7b/qlora", ["--optimizer", "SGD"], {}, "optimizer", "PagedAdamW"),
+    ("open-llama-7b/qlora", [], {"device": "cpu"}, "quantize", "need a CUDA GPU"),
+    ("tiny-llama-1.1b/full", ["--quantize", "bnb.nf4"], {}, "quantize", "only for LoRA/adapter"),
+    (
+        "tiny-llama-1.1b/lora",
+        ["--checkpoint_dir", "checkpoints/acme/not-a-model"],
+        {},
+        "checkpoint_dir",
+        "not a model litgpt knows",
+    ),
+    ("tiny-llama-1.1b/lora", [], {"gpu": "V100-32GB"}, "precision", "no bfloat16"),
+    ("tiny-llama-1.1b/lora", ["--train.max_seq_length", "4096"], {}, "train.max_seq_length", "block size 2048"),
+    ("tiny-llama-1.1b/lora", ["--precision", "16-true"], {"device": "cpu"}, "precision", "NaN"),
+    ("tiny-llama-1.1b/lora", ["--precision", "bf16"], {}, "precision", "full Lightning precision name"),
+    ("tiny-llama-1.1b/lora", ["--train.epochs", "null"], {}, "train.epochs", "set train.epochs >= 1"),
+    ("tiny-llama-1.1b/full", ["--train.save_interval", "0"], {}, "train.save_interval", "ZeroDivisionError"),
+    ("tiny-llama-1.1b/lora", ["--eval.interval", "0"], {}, "eval.interval", "modulo"),
+    (
+        "tiny-llama-1.1b/lora",
+        [
+            "--lora_query",
+            "false",
+            "--lora_key",
+            "false",
+            "--lora_value",
+            "false",
+            "--lora_projection",
+            "false",
+            "--lora_mlp",
+            "false",
+            "--lora_head",
+            "false",
+        ],
+        {},
+        "lora_query",
+        "nothing would be trained",
+    ),
+    ("tiny-llama-1.1b/lora", ["--devices", "2", "--eval.interval", "5"], {}, "eval.interval", "hang"),
+    ("tiny-llama-1.1b/lora", ["--optimizer", "Adamz"], {}, "optimizer", "cannot be imported"),
+    # litgpt's parser keeps these beside init_args and litgpt never reads them: the run would train at 2e-4
+    ("tiny-llama-1.1b/full", ["--optimizer.init_args.lr", "0.01"], {}, "optimizer.lr", "ignores this override"),
+    ("tiny-llama-1.1b/lora", ["--optimizer.lr", "0.01"], {}, "optimizer.lr", "--config FILE"),
+    # refused by litgpt's own validate_args once the model is being set up: here before anything is built
+    ("tiny-llama-1.1b/full", ["--train.max_norm", "1.0"], {}, "train.max_norm", "does not support"),
+    ("tiny-llama-1.1b/lora", ["--train.lr_warmup_fraction", "0.1"], {}, "train", "Choose one"),
+    ("tiny-llama-1.1b/lora", ["--data.json_path", "missing.json"], {}, "data.json_path", "does not exist"),
+    ("tiny-llama-1.1b/lora", [], {"gpu": "Z9000"}, "--gpu", "unknown GPU"),
+    # refused by litgpt's own parser
+    ("tiny-llama-1.1b/lora", ["--train.micro_batch_size", "x"], {}, "train.micro_batch_size", "refuses the value"),
+    ("tiny-llama-1.1b/lora", ["--train.bogus", "1"], {}, "train.bogus", "no such argument"),
+    ("tiny-llama-1.1b/lora", ["--quantize", "bnb.nf5"], {}, "quantize", "refuses the value"),
+]
+
+
+@pytest.mark.parametrize("ref,overrides,options,key,words", BAD, ids=[f"{b[3]}:{b[4]}" for b in BAD])
+def test_bad_input_refused(ref, overrides, options, key, words):
+    result = check(resolve(ref), overrides, **options)
+    assert not result.ok
+    hits = [p for p in result.problems if p.key == key and words in p.message + p.fix]
+    assert hits, [str(p) for p in result.problems]
+    line = str(hits[0])
+    assert "\n" not in line and line.startswith(f"recipes/{ref}.yaml: {key}: ") and "; fix: " in line
+
+
+def test_warmup_longer_than_run_is_a_warning_only():
+    result = check(resolve("tiny-llama-1.1b/lora"), ["--train.lr_warmup_steps", "50"])
+    assert result.ok
+    assert any(p.severity == "warning" and p.key == "train.lr_warmup_steps" for p in result.problems)
+
+
+def test_resolved_arguments_apply_litgpt_defaults_and_overrides():
+    result = check(resolve("open-llama-7b/lora"), ["--train.micro_batch_size", "2"])
+    assert result.ok
+    r = result.resolved
+    assert r["train"]["micro_batch_size"] == 2 and r["train"]["max_norm"] is None  # litgpt's default filled in
+    json.dumps(r, default=str)  # plain data, ready for a run record
+
+
+def test_warmup_equal_to_max_steps_is_refused_because_litgpt_divides_by_zero_there():
+    """litgpt's own scheduler (called here, in-process) dies at the last step when lr_warmup_steps == max_steps
+    (CosineAnnealingLR with T_max=0; a tune-batch probe hit it on the H100); validate refuses it before launch."""
+    import torch
+    from litgpt.finetune.full import get_lr_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = get_lr_scheduler(opt, warmup_steps=2, max_steps=2)
+    with pytest.raises(ZeroDivisionError):
+        for _ in range(2):
+            opt.step()
+            sched.step()
+    r = check(resolve("tiny-llama-1.1b/full"), ["--train.max_steps", "4", "--train.lr_warmup_steps", "4"])
+    assert [p.key for p in r.problems if p.severity == "error"] == ["train.lr_warmup_steps"]
+    assert "ZeroDivisionError" in str(r.problems[0])
+    r = check(resolve("tiny-llama-1.1b/full"), ["--train.max_steps", "4", "--train.lr_warmup_steps", "3"])
+    assert not [p for p in r.problems if p.severity == "error"]
+
+
+def test_a_config_override_that_is_no_regular_file_is_refused_before_litgpts_parser(tmp_path):
+    """The form validate recommends for a learning rate is a second ``--config FILE``: a FIFO there would block
+    litgpt's parser forever; it is one line naming --config instead (and a missing file too)."""
+    import os
+
+    fifo = tmp_path / "opt.yaml"
+    os.mkfifo(fifo)
+    for overrides in (["--config", str(fifo)], [f"--config={fifo}"], ["--config", str(tmp_path / "missing.yaml")]):
+        result = check(resolve("tiny-llama-1.1b/full"), overrides)
+        assert not result.ok and [p.key for p in result.problems] == ["--config"], result.problems
+        assert "\n" not in str(result.problems[0]) and "; fix: " in str(result.problems[0])

@@ -1,0 +1,103 @@
+"""``tunelab advise``: the search keeps only what the planner says fits, ranks by the planner's own numbers, costs
+by the price table, and answers in a moment; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import yaml
+
+from tests.conftest import one_line_problems, tunelab_cli
+from tests.plan.test_advise import GPUS, _records
+
+
+def test_the_cli_answers_and_refuses_in_one_line(tmp_path):
+    proc = tunelab_cli("advise", "open-llama-7b", "--gpus", ",".join(GPUS), "--max-devices", "8", "--tokens", "5e7")
+    assert proc.returncode == 0, proc.stderr
+    assert "fastest: " in proc.stdout and "cheapest: " in proc.stdout and "## H100-SXM" in proc.stdout
+    js = json.loads(tunelab_cli("advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--json").stdout)
+    assert js and all(r["fits"] and math.isfinite(r["hours"]) for r in js)
+    bad_prices = tmp_path / "prices.yaml"
+    bad_prices.write_text("prices:\n  L4: {usd_per_hour: -1, source: x, date: y}\n")
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("prices:\n  H100-SMX: {usd_per_hour: 3, source: x, date: y}\n")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(
+        "prices:\n  L4: {usd_per_hour: 1, source: x, date: y}\n  L4: {usd_per_hour: 9, source: x, date: y}\n"
+    )
+    for argv, fragment in [
+        (["advise", "open-llama-7b", "--gpus", "nope"], "unknown GPU"),
+        (["advise", "open-llama-7b", "--tokens", "inf"], "--tokens"),
+        (["advise", "open-llama-7b", "--prices", bad_prices], "usd_per_hour"),
+        (["advise", "open-llama-7b", "--prices", misspelt], "H100-SMX: not a GPU"),
+        (["advise", "open-llama-7b", "--prices", twice], "'L4' is given twice"),
+        (["advise", "open-llama-7b", "--interconnect", "smoke"], "--interconnect smoke: unknown gpu link"),
+        (["advise", "no-such-model"], "no recipe"),
+        (["advise", "open-llama-7b", "--nodes", "2"], "--internode"),
+    ]:
+        problem = one_line_problems(" ".join(map(str, argv)), tunelab_cli(*argv), fragment)
+        assert problem is None, problem
+
+
+def test_the_written_choice_validates_and_runs(tmp_path):
+    """--write: the fastest configuration as a recipe that `tunelab validate` accepts and `tunelab run` trains
+    (the tiny model on this CPU) on the --data file advised on, with its launch commands."""
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records(40)))
+    out = tmp_path / "choice"
+    proc = tunelab_cli(
+        "advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--max-devices", "1", "--data", data, "--write", out
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "20 training samples of" in proc.stdout  # the recipe's val_split_fraction 0.5 holds out half
+    assert (out / "lora.yaml").is_file() and "litgpt finetune_lora --config" in (out / "launch.txt").read_text()
+    assert f"launch: tunelab run {out / 'lora.yaml'}" in proc.stdout
+    written = yaml.safe_load((out / "lora.yaml").read_text())
+    assert written["data"]["init_args"]["json_path"] == str(data.resolve())
+    assert tunelab_cli("validate", out / "lora.yaml").returncode == 0
+    run = tunelab_cli(
+        "run", out / "lora.yaml", "--model", "tiny", "--train.max_steps", "2", "--out", tmp_path / "run", timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "record.json").read_text())["status"] == "ok"
+    several = tmp_path / "several"
+    proc = tunelab_cli("advise", "open-llama-7b/lora", "--gpus", "H100-SXM", "--write", several)
+    assert proc.returncode == 0 and (several / "strategy.yaml").is_file(), proc.stderr
+    assert "--strategy" in (several / "launch.txt").read_text()
+    assert tunelab_cli("validate", several / "lora.yaml").returncode == 0
+    # --json with --write: stdout is the JSON alone (no row repeated for a GPU asked twice), the choice written
+    as_json = tmp_path / "as-json"
+    proc = tunelab_cli("advise", "tiny-llama-1.1b/lora", "--gpus", "L4,L4", "--max-devices", "1", "--json",
+                       "--write", as_json)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert rows and len({json.dumps(r, sort_keys=True) for r in rows}) == len(rows)
+    assert (as_json / "lora.yaml").is_file() and "launch: tunelab run" in proc.stderr
+
+
+def test_bad_advise_options_are_one_line(tmp_path):
+    fifo = tmp_path / "prices.fifo"
+    os.mkfifo(fifo)
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine\n")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    one = tmp_path / "one.json"  # one training sample: fewer than the recipe's global batch, no optimizer step
+    one.write_text('[{"instruction": "a", "input": "", "output": "b"}]')
+    for argv, fragment in [
+        (["--data", one], "fewer than tiny-llama-1.1b/lora's global batch"),
+        (["--prices", fifo], "prices.fifo"),
+        (["--write", a_file], "not a folder"),
+        (["--write", link], "not a folder"),
+        (["--strategies", "ddp,warp"], "no strategy 'warp'"),
+        (["--precision", "fp8"], "--precision: fp8"),
+        (["--data", tmp_path / "missing.json"], "--data"),
+        (["--data", "x", "--tokens", "5"], "not allowed with"),
+        (["--headroom", "0.9"], "--headroom"),
+    ]:
+        argv = ["advise", "tiny-llama-1.1b/lora", "--gpus", "L4", *argv]
+        problem = one_line_problems(" ".join(map(str, argv)), tunelab_cli(*argv), fragment)
+        assert problem is None, problem
+    assert a_file.read_text() == "mine\n" and not (tmp_path / "elsewhere").exists()

@@ -1,0 +1,22 @@
+"""Several devices simulated per rank (tunelab.plan.ranks): FSDP2 sharded as the run shards it under a fake process
+group, DDP's buckets; the plan checked against the simulation, the traced collectives against comm.py."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import one_line_problems, tunelab_cli
+
+
+def test_plan_simulates_rank_0_beside_the_plan_and_refuses_what_it_cannot():
+    proc = tunelab_cli(
+        "plan", "tiny-llama-1.1b/lora", "--devices", "2", "--strategy", "ddp", "--simulate", "--json", timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)["simulated"]
+    assert out["strategy"] == "ddp" and out["world"] == 2 and out["collectives"][0]["kind"] == "all-reduce"
+    for argv, fragment in (
+        (["plan", "tiny-llama-1.1b/full", "--devices", "2", "--simulate"], "not simulated"),
+        (["plan", "tiny-llama-1.1b/qlora", "--devices", "2", "--strategy", "fsdp2", "--simulate"], "QLoRA"),
+    ):
+        assert one_line_problems(" ".join(argv), tunelab_cli(*argv), fragment) is None

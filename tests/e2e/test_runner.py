@@ -1,0 +1,170 @@
+"""The runner and collector, for real: litgpt child processes on the tiny model, a real OOM under a memory limit,
+a SIGKILLed run, a timed-out run, and a SIGKILLed sweep that resumes without losing or rerunning a row."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import cpu_env
+from tunelab import record
+from tunelab.recipes import resolve
+from tunelab.run.runner import RunOptions, run
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["--train.max_steps", "3", "--data.num_workers", "0", "--eval.max_iters", "2"]
+
+
+EXAMPLE = "tunelab run tiny-llama-1.1b/lora --train.max_steps 4"
+PRINTED = {EXAMPLE}
+"""The `tunelab --help` example test_ok_run_record runs (tests/e2e/test_printed_commands.py checks it is printed)."""
+
+
+def test_ok_run_record(tmp_path):
+    """`tunelab --help`'s example, as printed (the tiny model on CPU, the recipe's checkpoint not downloaded), plus
+    a run directory, a row id and no loader processes."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            *EXAMPLE.split(),
+            "--out",
+            str(tmp_path / "r"),
+            "--id",
+            "ok1",
+            "--data.num_workers",
+            "0",
+            "--eval.max_iters",
+            "2",
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = record.load(tmp_path / "r" / "record.json")
+    assert rec.status == "ok" and rec.exit_code == 0 and rec.error is None and rec.row_id == "ok1"
+    assert rec.model_source == "tiny" and rec.model_name == "tunelab-tiny-llama" and rec.device_type == "cpu"
+    assert rec.accumulation == 4 and rec.iters == 16 and rec.optimizer_steps == 4  # micro 4, global 16
+    assert len(rec.ranks) == 1 and rec.ranks[0].peak_rss_bytes > 50e6 and rec.peak_allocated_bytes is None
+    assert rec.tokens_padded >= rec.tokens_real > 0
+    assert rec.tok_s_padded >= rec.tok_s_real > 0 and rec.step_time_s > 0 and rec.warmup_steps_excluded == 1
+    assert rec.litgpt_tok_s > 0 and rec.litgpt_training_time_s > 0  # litgpt's own figures kept beside ours
+    assert rec.flops_per_token > 0 and "4N_base + 6N_lora" in rec.flops_formula and rec.n_trainable < rec.n_params
+    assert rec.mfu is None and rec.gpus == [] and rec.energy_j is None  # CPU: no peak table, no NVML, not faked
+    assert rec.sm_clock_steady_mhz is None and rec.sm_clock_max_mhz is None and rec.clock_capped_steady_share is None
+    assert rec.host_cpu and 0 < rec.host_op_us < 1000  # the host's eager dispatch speed, measured before launch
+    assert rec.loss_first and rec.loss_last and rec.val_loss_final
+    assert rec.resolved_args["train"]["micro_batch_size"] == 4 and rec.versions["litgpt"] == "0.5.13"
+    # the plan made before launch, for the settings it launched (the tiny model; no GPU: memory only)
+    from tunelab.plan.recipe import plan_recipe
+
+    planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), ["--train.max_steps", "4", "--checkpoint_dir",
+                                                             rec.resolved_args["checkpoint_dir"]], gpu=None)  # fmt: skip
+    assert rec.plan is not None and rec.plan_error is None and rec.plan.gpu is None and rec.plan.seconds is None
+    assert rec.plan.peak_allocated_bytes == planned.plan.peak_allocated_bytes > 0
+    assert sum(rec.plan.breakdown_bytes.values()) == rec.plan.peak_allocated_bytes
+    assert rec.plan.planner.startswith("tunelab ") and "git " in rec.plan.planner
+    assert (tmp_path / "r" / "stdout.log").read_text().count("iter ") >= 16
+    assert '"status": "ok"' in p.stdout and f"record: {tmp_path / 'r' / 'record.json'}" in p.stdout
+
+
+def test_real_oom_under_memory_limit(tmp_path):
+    """A 70M-parameter model (random weights) with a 32-sample micro batch cannot allocate within the limit."""
+    from tunelab import checkpoints
+
+    ckpt = checkpoints.build("pythia-70m", tmp_path / "pythia")
+    rec = run(
+        resolve("tiny-llama-1.1b/full"),
+        [*FAST, "--checkpoint_dir", str(ckpt), "--train.micro_batch_size", "32", "--train.global_batch_size", "32"],
+        tmp_path / "oom",
+        RunOptions(model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9)),
+    )
+    assert rec.status == "oom", (rec.status, rec.error)
+    assert rec.error and any(w in rec.error for w in ("memory", "Memory", "alloc"))
+    assert record.load(tmp_path / "oom" / "record.json").status == "oom"
+    # the same run without the limit is fine: the limit is the only reason
+    ok = run(
+        resolve("tiny-llama-1.1b/full"),
+        [
+            *FAST,
+            "--checkpoint_dir",
+            str(ckpt),
+            "--train.micro_batch_size",
+            "1",
+            "--train.global_batch_size",
+            "1",
+            "--train.max_steps",
+            "1",
+            "--eval.final_validation",
+            "false",
+        ],
+        tmp_path / "fits",
+        RunOptions(model="checkpoint", memory_limit_bytes=int(OOM_LIMIT_GB * 1e9)),
+    )
+    assert ok.status == "ok", ok.error
+
+
+OOM_LIMIT_GB = 4.0
+
+
+def test_timeout_kills_a_run(tiny_ckpt, tmp_path):
+    rec = run(
+        resolve("tiny-llama-1.1b/lora"),
+        ["--data.num_workers", "0"],
+        tmp_path / "t",
+        RunOptions(model="tiny", timeout_s=4),
+    )
+    assert rec.status == "killed" and "timeout" in rec.error
+    assert rec.wall_s < 30
+
+
+def _child_of(pid: int, timeout: float = 60) -> psutil.Process:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for c in psutil.Process(pid).children(recursive=True):
+            try:
+                if "tunelab.run.entry" in " ".join(c.cmdline()):
+                    return c
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("no training child appeared")
+
+
+def test_sigkill_of_a_run_becomes_a_killed_row(tiny_ckpt, tmp_path):
+    out = tmp_path / "k"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "run",
+            "tiny-llama-1.1b/lora",
+            "--model",
+            "tiny",
+            "--out",
+            str(out),
+            "--data.num_workers",
+            "0",
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = _child_of(proc.pid)
+    time.sleep(2)
+    child.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    rec = record.load(out / "record.json")
+    assert rec.status == "killed" and rec.error == "killed by signal SIGKILL" and rec.exit_code == -9

@@ -1,0 +1,214 @@
+"""The package's shape, as docs/architecture.md draws it: stages that import only downwards, no import cycle, no
+private name used across modules, one small CLI module per subcommand, each concept computed in one place."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tunelab"
+
+LAYERS = {"core": 0, "data": 0, "plan": 1, "run": 2, "report": 3, "tune": 4, "cli": 5}
+"""Stage of each subpackage (top-level modules are the core); a module may import its own stage and those below."""
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(path: Path, all_levels: bool) -> list[tuple[str, list[str]]]:
+    """(module, names) for every ``import tunelab...`` / ``from tunelab... import ...`` in the file: at module level
+    only unless ``all_levels`` (function-local imports run later and cannot form an import-time cycle)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = ast.walk(tree) if all_levels else tree.body
+    out = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tunelab"):
+            out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("tunelab")]
+    return out
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    if module == "tunelab.__main__":
+        return "cli"  # `python -m tunelab` is the command line
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "core"
+
+
+def test_no_import_cycle():
+    mods = modules()
+    graph = {}
+    for name, path in mods.items():
+        targets = set()
+        for module, names in imports(path, all_levels=False):
+            for n in names:  # `from tunelab.plan import memory` imports the submodule tunelab.plan.memory
+                if f"{module}.{n}" in mods:
+                    targets.add(f"{module}.{n}")
+            if module in mods:
+                targets.add(module)
+        graph[name] = targets - {name}
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*trail, node, nxt]))
+            if state.get(nxt) is None:
+                visit(nxt, [*trail, node])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+
+
+def test_no_private_name_crosses_modules():
+    found = [
+        f"{path.relative_to(ROOT)}: {module}.{n}"
+        for path in PACKAGE.rglob("*.py")
+        for module, names in imports(path, all_levels=True)
+        for n in names
+        if n.startswith("_")
+    ]
+    assert not found, found
+
+
+def test_stages_import_only_downwards():
+    """core <- plan <- run <- report <- tune <- cli (function-local imports included)."""
+    found = []
+    for name, path in modules().items():
+        for module, names in imports(path, all_levels=True):
+            targets = (
+                [f"{module}.{n}" for n in names]
+                if module in ("tunelab",) + tuple(f"tunelab.{k}" for k in LAYERS)
+                else [module]
+            )
+            for target in targets:
+                if LAYERS[stage(target)] > LAYERS[stage(name)]:
+                    found.append(f"{name} ({stage(name)}) imports {target} ({stage(target)})")
+    assert not found, found
+
+
+def test_the_data_stage_imports_only_the_core_below_it():
+    """The core and data share layer 0, but the core's domain modules (settings, validate, checkpoints) read the data
+    stage: a data module may import only core modules that do not import the data stage back (the utilities:
+    paths, files, errors, litgpt_source; function-local imports included). data/modules.py reading litgpt's data
+    defaults from settings, which imports the data stage's records, was such an upward import; both now read
+    tunelab.litgpt_source."""
+    mods = modules()
+
+    def targets(name):
+        out = set()
+        for module, names in imports(mods[name], all_levels=True):
+            out |= {f"{module}.{n}" for n in names if f"{module}.{n}" in mods} or ({module} & set(mods))
+        return out
+
+    found = []
+    for name in mods:
+        for target in targets(name):
+            if stage(name) == "data" and stage(target) == "core":
+                back = [t for t in targets(target) if stage(t) == stage(name)]
+                if back:
+                    found.append(f"{name} imports {target}, which imports {back[0]} (data)")
+    assert not found, found
+
+
+def test_one_small_module_per_subcommand():
+    from tunelab.cli import COMMANDS
+
+    files = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "common"}
+    assert files == {m.__name__.rsplit(".", 1)[1] for m in COMMANDS}
+    for path in (PACKAGE / "cli").glob("*.py"):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 160, f"{path.name}: {lines} lines; a subcommand module is its parser and a thin handler"
+
+
+def test_concepts_are_computed_in_one_place():
+    """World size, accumulation and the LoRA target list have one definition each (tunelab.settings); litgpt's
+    default LoRA rank is not spelled as a literal fallback anywhere."""
+    sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+    where = {
+        "world size": re.compile(r"\*\s*(max\(1,\s*)?(int\()?[\w.]*num_nodes\b"),
+        "accumulation": re.compile(r"global_batch_size\)?\s*//"),
+        "LoRA target list": re.compile(r"\(\s*\"query\",\s*\"key\",\s*\"value\",\s*\"projection\""),
+        "LoRA rank fallback": re.compile(r"lora_r\s+or\s+8"),
+    }
+    for concept, pattern in where.items():
+        hits = [str(p.relative_to(ROOT)) for p, text in sources.items() if pattern.search(text)]
+        allowed = [] if concept == "LoRA rank fallback" else ["tunelab/settings.py"]
+        assert hits == allowed, f"{concept} computed in {hits}, expected only in {allowed}"
+
+
+def test_public_functions_are_documented():
+    missing = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if ast.get_docstring(tree) is None:
+            missing.append(f"{path.relative_to(ROOT)}: module")
+        for node in tree.body:
+            if (
+                isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                and not node.name.startswith("_")
+                and ast.get_docstring(node) is None
+            ):
+                missing.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not missing, missing
+
+
+def test_a_finished_run_is_planned_again_in_one_labelled_place():
+    """A report prints the plan its record stored before the run; planning a finished run again from its override
+    strings (today's planner, which may differ) happens in one helper that says so (tunelab.plan.stored), nowhere
+    else in the package or its scripts."""
+    pattern = re.compile(r"plan_recipe\(.*\brec\.overrides")
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+    hits = [str(p.relative_to(ROOT)) for p in sources if pattern.search(p.read_text(encoding="utf-8"))]
+    assert hits == ["tunelab/plan/stored.py"], hits
+
+
+LONG_FUNCTIONS = frozenset(
+    {
+        "tunelab.cli.plan.add_parser",
+        "tunelab.plan.activations.saved_bytes",
+        "tunelab.run.runner.run",
+        "tunelab.run.sweep._run_locked",
+    }
+)
+"""Functions of more than 60 lines not yet split into named steps: a list that may only shrink (to five at most)."""
+
+
+def test_no_new_function_over_60_lines():
+    """Every function in the package fits in 60 lines but those still listed in :data:`LONG_FUNCTIONS`; a function
+    split into named steps leaves the list (the test fails until it does), a new long one fails it."""
+    found = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                found.add(f"{name}.{node.name}")
+    assert found - LONG_FUNCTIONS == set(), f"new functions over 60 lines: {sorted(found - LONG_FUNCTIONS)}"
+    assert LONG_FUNCTIONS - found == set(), f"split, so leave LONG_FUNCTIONS: {sorted(LONG_FUNCTIONS - found)}"
+
+
+def test_the_tests_mirror_the_package_in_their_layers():
+    """Every test file sits in a layer's folder (tests/conftest.py names them: the unit layer's one per stage, then
+    e2e and accuracy), and each stage folder of the unit layer is a stage of the package: a module's tests are found
+    by path."""
+    from tests.conftest import UNIT_LAYER
+
+    tests = ROOT / "tests"
+    misplaced = [
+        str(p.relative_to(ROOT))
+        for p in tests.rglob("test_*.py")
+        if p.parent.name not in (*UNIT_LAYER, "e2e", "accuracy") or p.parent.parent != tests
+    ]
+    assert not misplaced, f"test files outside the layers' folders: {misplaced}"
+    stages = set(UNIT_LAYER) - {"cli", "repo"}
+    assert stages <= set(LAYERS), stages - set(LAYERS)

@@ -1,0 +1,131 @@
+"""Tuning studies (tunelab tune-study, configs/sweeps/lab-part3.yaml): the file is checked in one line per problem,
+the settings run as real probes (tunelab's multi-device loop under FSDP, the tiny model, CPU), a second call reuses
+every probe, and the report reads the records back: the tables, the reference figures, predicted vs probed, the
+CSV in fixed columns, the plot, and the probes a time limit cut short."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunelab.tune import study as tune_study
+
+STUDY = {
+    "name": "fsdp-tune",
+    "description": "a two-setting study of the tiny model",
+    "lab_hardware": "a reference machine",
+    "studies": [
+        {
+            "id": "tiny-fsdp",
+            "recipe": "tiny-llama-1.1b/full",
+            "strategy": "fsdp",
+            "devices": 1,
+            "checkpoint": "tiny",
+            "gpu": "H100-SXM",
+            "steps": 2,
+            "set": {"precision": "32-true", "data.num_workers": 0},
+            "settings": [
+                {"id": "fsdp", "activation_checkpointing": False, "backward_prefetch": "none", "max_micro": 1},
+                {"id": "fsdp-ac", "activation_checkpointing": True, "backward_prefetch": "none", "max_micro": 1},
+                {
+                    "id": "fsdp-ac-prefetch",
+                    "activation_checkpointing": True,
+                    "backward_prefetch": "pre",
+                    "at_best_of": "fsdp-ac",
+                },
+            ],
+        }
+    ],
+    "lab": {
+        "fsdp": [
+            {
+                "micro": 7,
+                "memory_mb": 14736,
+                "util": 86.2,
+                "util_std": 9.7,
+                "tflops": 43.52,
+                "iter_ms": 748,
+                "best": True,
+            },
+            {"micro": 9, "status": "oom"},
+        ]
+    },
+}
+
+
+def _write(tmp_path: Path, study: dict) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def test_the_shipped_study_file_loads_and_names_real_recipes_strategies_and_gpus():
+    sf = tune_study.load("lab-part3")
+    chosen = tune_study.check(sf, None)
+    assert {s.id for s in chosen} >= {"tiny-llama-1.1b-full", "open-llama-3b-full", "cpu-example"}
+    assert {s.devices for s in chosen} == {1, 2, 4}
+    for s in chosen:  # every study has the three tables of the reference: off, on, on + prefetch at the best
+        assert [(st.activation_checkpointing, st.backward_prefetch) for st in s.settings] == [
+            (False, "none"),
+            (True, "none"),
+            (True, "pre"),
+        ]
+    assert set(sf.lab) == {"fsdp", "fsdp-ac", "fsdp-ac-prefetch", "fsdp-ac-3b"}
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda s: s["studies"][0].update(color="red"), "unknown key(s) ['color']"),
+        (lambda s: s["studies"][0]["settings"][2].update(at_best_of="nope"), "at_best_of: 'nope' is not an earlier"),
+        (
+            lambda s: s["studies"][0]["settings"][0].update(backward_prefetch="sometimes"),
+            "backward_prefetch: 'sometimes'",
+        ),
+        (lambda s: s["studies"][0]["settings"][1].update(activation_checkpointing=False), "the same activation"),
+        (lambda s: s["studies"][0].update(steps=1), "steps: give 2 or more"),
+        (lambda s: s["studies"][0]["settings"][0].update(max_micro=0), "max_micro: 0 must be >= 1"),
+        (lambda s: s.update(rows=[]), "unknown key(s) ['rows']"),
+        (lambda s: s["studies"][0].update(gpu=5), "gpu: got the int '5'"),
+        (lambda s: s["studies"][0].update(id="../escape"), "id '../escape' is repeated or not a plain name"),
+        (lambda s: s["studies"][0].update(memory_limit_gb=1e400), "memory_limit_gb: inf must be a finite number"),
+        (lambda s: s.update(lab={"fsdp": [{"memory_mb": 9028}]}), "lab: fsdp[0]: micro: got the NoneType"),
+    ],
+)
+def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, expected):
+    study = json.loads(json.dumps(STUDY))
+    change(study)
+    with pytest.raises(tune_study.StudyError) as e:
+        tune_study.load(_write(tmp_path, study))
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_settings_litgpt_refuses_are_refused_before_any_probe(tmp_path):
+    study = json.loads(json.dumps(STUDY))
+    study["studies"][0]["set"]["trian.micro_batch_size"] = 2
+    with pytest.raises(tune_study.StudyError) as e:
+        tune_study.check(tune_study.load(_write(tmp_path, study)), None)
+    assert "study tiny-fsdp: set:" in str(e.value) and "trian.micro_batch_size" in str(e.value)
+
+
+def test_only_the_probe_directories_tune_batch_makes_are_read_back(tmp_path):
+    """mbs8 and a stray mbs008 beside it are one probe, not two best rows; a record whose micro batch is not its
+    directory's is kept as an error row that says so."""
+    from tunelab import record as record_mod
+    from tunelab.tune.report import collect
+
+    sf = tune_study.load(_write(tmp_path, json.loads(json.dumps(STUDY))))
+    study = sf.studies[0]
+    sub = tmp_path / "runs" / study.id / study.settings[0].dir_name
+    for name, micro in (("mbs8", 8), ("mbs008", 8), ("mbs4", 2)):
+        (sub / name).mkdir(parents=True)
+        rec = record_mod.RunRecord(row_id=name, status="ok", micro_batch_size=micro, tok_s_padded=100.0 * micro)
+        record_mod.save(rec, sub / name / "record.json")
+    (found,) = collect(sf, tmp_path / "runs")
+    assert [m for m, _, _ in found.probes] == [4, 8]
+    assert (
+        found.best == 8 and found.probes[0][1].status == "error" and "micro batch 2, not 4" in found.probes[0][1].error
+    )
