@@ -703,6 +703,20 @@ def step_time(
     return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase, kernel_ops, split, host_ops)
 
 
+def board_scaled(st, gpu_scale: float):
+    """:class:`StepTime` ``st`` with every kernel's time times ``gpu_scale`` (a board that runs them slower or faster
+    than the model's constants); the host's launches unchanged."""
+    if gpu_scale == 1.0:
+        return st
+    return dataclasses.replace(
+        st,
+        gpu_s=st.gpu_s * gpu_scale,
+        gpu_by_category={key: v * gpu_scale for key, v in st.gpu_by_category.items()},
+        gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
+        gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
+    )
+
+
 def sharded_optimizer(st, shards: int):
     """:class:`StepTime` ``st`` with its optimizer step's kernels over 1/``shards`` of the
     parameters (a rank's share under a sharded optimizer: :attr:`tunelab.plan.runtime.KernelWork.optimizer_shards`): their time divided,

@@ -24,7 +24,6 @@ constants through their own peak FLOP/s and bandwidth (configs/hardware/gpus.yam
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -158,18 +157,6 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
                       x if fast and x.method != "qlora" else None)  # fmt: skip
 
 
-def scaled(st, gpu_scale: float):
-    """A :class:`tunelab.plan.kernels.StepTime` with every kernel's time times ``gpu_scale`` (a board that runs
-    them slower or faster than the model's constants)."""
-    if gpu_scale == 1.0:
-        return st
-    return dataclasses.replace(
-        st,
-        gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
-        gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
-    )
-
-
 def dequantization(dequant: tuple, gpu, gpu_scale: float = 1.0) -> tuple:
     """QLoRA's dequantization (:attr:`KernelWork.dequant`) as ((GPU seconds, ops) per training micro batch, forward
     and backward, (GPU seconds, ops) per validation batch); zeros without it."""
@@ -185,6 +172,26 @@ def dequantization(dequant: tuple, gpu, gpu_scale: float = 1.0) -> tuple:
         seconds(ev, ev_ops),
         ev_ops * DEQUANT_KERNELS,
     )
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One training micro batch of litgpt's loop on a GPU by the kernel model (:meth:`Terms._micro_batch`)."""
+
+    step: object
+    """The step's kernels (:class:`tunelab.plan.kernels.StepTime`), this rank's share of the optimizer's."""
+    host_s_per_op: float
+    """Host seconds per dispatched op (:data:`LITGPT_HOST_S_PER_OP` times the host's factor)."""
+    dequant: tuple
+    """QLoRA's dequantization per training micro batch, forward and backward: (GPU seconds, ops); zeros without."""
+    eval_dequant: tuple
+    """The same per validation batch."""
+    gpu_s: float
+    """The micro batch's forward (twice under activation checkpointing) and backward: GPU seconds."""
+    host_s: float
+    """The same: the host's seconds to launch them."""
+    backward_s: float
+    """Its backward alone: kernels or launches, whichever is longer (what DDP's buckets hide behind)."""
 
 
 CAUSES = ("matmul", "attention", "elementwise", "dequantization", "optimizer", "host launches", "validation",
@@ -231,9 +238,9 @@ class Terms:
         k = self.kernels
         if k.fast is not None:
             return self._fast_by_cause(gpu)
-        st, h, (dq_gpu, dq_ops), (ev_dq, ev_dq_ops), it_gpu, it_host, backward = self._micro_batch(
-            gpu, host_scale, gpu_scale
-        )
+        mb = self._micro_batch(gpu, host_scale, gpu_scale)
+        st, h = mb.step, mb.host_s_per_op
+        (ev_dq, ev_dq_ops), it_gpu, it_host = mb.eval_dequant, mb.gpu_s, mb.host_s
         d = self.detail
         train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
         forwards = 2 if k.recompute else 1
@@ -245,7 +252,7 @@ class Terms:
             cause = "elementwise" if cat == "loss" else cat
             out[cause] += sec * times
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
-        out["dequantization"] = train * dq_gpu
+        out["dequantization"] = train * mb.dequant[0]
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
         ev_ops = ops.get("validation", 0) + ev_dq_ops
@@ -253,18 +260,16 @@ class Terms:
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
         out["checkpoint saves"] = self.save_seconds()
-        out["communication"] = self.comm_seconds(backward, train / steps * max(it_gpu, it_host) if steps else 0.0)
+        out["communication"] = self.comm_seconds(mb.backward_s, train / steps * max(it_gpu, it_host) if steps else 0.0)
         return out
 
-    def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> tuple:
-        """litgpt's step on ``gpu`` from the kernel model (:meth:`by_cause`'s factors): (StepTime, host seconds per
-        op, QLoRA's dequantization per training and validation batch, one micro batch's GPU seconds, its host
-        seconds, its backward's seconds: kernels or launches, whichever is longer)."""
+    def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> MicroBatch:
+        """litgpt's micro batch on ``gpu`` from the kernel model (:meth:`by_cause`'s factors)."""
         from tunelab.plan import kernels
 
         k = self.kernels
-        st = scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer,
-                                      k.lora), gpu_scale)  # fmt: skip
+        st = kernels.board_scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name,
+                                                    k.optimizer, k.lora), gpu_scale)  # fmt: skip
         st = kernels.sharded_optimizer(st, k.optimizer_shards)
         h = LITGPT_HOST_S_PER_OP * host_scale
         (dq_gpu, dq_ops), ev_dq = dequantization(k.dequant, gpu, gpu_scale)
@@ -273,18 +278,20 @@ class Terms:
         it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
         it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
         backward = max(g.get("backward", 0.0) + dq_gpu / 2, h * (ops.get("backward", 0) + dq_ops / 2))
-        return st, h, (dq_gpu, dq_ops), ev_dq, it_gpu, it_host, backward
+        return MicroBatch(st, h, (dq_gpu, dq_ops), ev_dq, it_gpu, it_host, backward)
 
     def windows(self, gpu) -> dict:
         """One optimizer step of litgpt's loop on ``gpu`` by the kernel model, in seconds: ``passes`` (the forward
         and backward passes of its micro batches), ``backward`` (one micro batch's backward), ``optimizer`` (the
         optimizer step: this rank's share of its kernels, or its launches): what communication is scheduled
         beside (:meth:`tunelab.plan.comm.Comm.exposed`)."""
-        st, h, _, _, it_gpu, it_host, backward = self._micro_batch(gpu)
-        d = self.detail
+        mb = self._micro_batch(gpu)
+        st, d = mb.step, self.detail
         micro_batches = d["train_iterations"] / d["optimizer_steps"] if d.get("optimizer_steps") else 0.0
-        optimizer = max(st.gpu_by_phase.get("optimizer", 0.0), h * st.host_ops_by_phase.get("optimizer", 0))
-        return {"passes": micro_batches * max(it_gpu, it_host), "backward": backward, "optimizer": optimizer}
+        optimizer = max(
+            st.gpu_by_phase.get("optimizer", 0.0), mb.host_s_per_op * st.host_ops_by_phase.get("optimizer", 0)
+        )
+        return {"passes": micro_batches * max(mb.gpu_s, mb.host_s), "backward": mb.backward_s, "optimizer": optimizer}
 
     def _fast_by_cause(self, gpu) -> dict:
         """:meth:`by_cause` for tunelab's loop with its speed switches (:mod:`tunelab.plan.fast_step`): each micro
