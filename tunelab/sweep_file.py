@@ -25,6 +25,7 @@ Sweep file keys (anything else is refused)::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -351,6 +352,13 @@ def load(path: Path | str, extra: list[str] | None = None) -> Sweep:
     )
 
 
-def lab_rows(name: str) -> list[Row]:
-    """The rows of one of the project's lab sweeps (``lab-part1``, ``lab-part2``): what plan-accuracy compares."""
-    return load(CONFIGS_DIR / "sweeps" / f"{name}.yaml").rows
+def lab_rows(name: str) -> tuple[Row, ...]:
+    """The rows of one of the project's lab sweeps (``lab-part1``, ``lab-part2``): what plan-accuracy compares. Read
+    and checked once per process and file version (each row goes through litgpt's parser: about half a second)."""
+    path = CONFIGS_DIR / "sweeps" / f"{name}.yaml"
+    return _lab_rows(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _lab_rows(path: Path, mtime_ns: int) -> tuple[Row, ...]:
+    return tuple(load(path).rows)

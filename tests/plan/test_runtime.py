@@ -91,7 +91,7 @@ def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monke
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
     first = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
     (path,) = (tmp_path / "kernel-templates").iterdir()
-    assert json.loads(path.read_text())["phase"] == first.phase
+    assert json.loads(path.read_text())["value"]["phase"] == first.phase
     traced = []
     real = kernels.record_step
     monkeypatch.setattr(kernels, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))

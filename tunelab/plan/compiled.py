@@ -75,9 +75,21 @@ def saved_bytes_per_token(
     return (_traced(*args, 2 * TRACE_TOKENS) - _traced(*args, TRACE_TOKENS)) / TRACE_TOKENS
 
 
+TRACE_VERSION = 1
+"""Bumped when what a block's trace yields changes: the cached ones are made again."""
+
+
 @lru_cache(maxsize=64)
 def _traced(config_json: str, method: str, precision: str, lora_r: int, targets: tuple, input_grad: bool, tokens: int):
-    return trace_block(json.loads(config_json), method, precision, lora_r, targets, input_grad, 1, tokens)
+    from tunelab.plan.trace_cache import cached_json
+
+    key = ["saved", TRACE_VERSION, config_json, method, precision, lora_r, list(targets), input_grad, tokens]
+    return cached_json(
+        "compiled-blocks",
+        key,
+        lambda: trace_block(json.loads(config_json), method, precision, lora_r, targets, input_grad, 1, tokens),
+        "compiled block's trace",
+    )
 
 
 def _block_class(config: dict, method: str, lora_r: int, targets: tuple):
@@ -269,6 +281,20 @@ def block_kernels(config, method: str, precision: str, lora_r: int = 0, targets:
 
 @lru_cache(maxsize=32)
 def _block_kernels(config_json: str, method: str, precision: str, lora_r: int, targets: tuple) -> dict:
+    from tunelab.plan.trace_cache import cached_json, tuples
+
+    key = ["kernels", TRACE_VERSION, config_json, method, precision, lora_r, list(targets)]
+    made = cached_json(
+        "compiled-blocks",
+        key,
+        lambda: _trace_block_kernels(config_json, method, precision, lora_r, targets),
+        "compiled block's kernels",
+    )
+    return {phase: list(tuples(pairs)) for phase, pairs in made.items()}
+
+
+def _trace_block_kernels(config_json: str, method: str, precision: str, lora_r: int, targets: tuple) -> dict:
+    """:func:`block_kernels` traced (not cached)."""
     config = json.loads(config_json)
     one, two = (
         trace_block(config, method, precision, lora_r, targets, True, 1, t, with_kernels=True)["kernels"]

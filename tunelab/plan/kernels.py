@@ -561,47 +561,35 @@ def cached_template(
 ) -> Template:
     """:func:`template` (``single``: traced at one sample per micro batch, whose step skips some copies), kept in
     the process and under the cache directory (``kernel-templates/``, JSON: nothing there is executed); a cached
-    file for another torch, litgpt or template version, or one that does not read, is made again."""
-    import hashlib
+    file for another torch, litgpt or template version, or one that does not read, is made again
+    (:func:`tunelab.plan.trace_cache.cached_json`)."""
     import json
 
-    import litgpt
     import numpy as np
-    import torch
 
-    from tunelab import files, paths
-    from tunelab.errors import InputError
+    from tunelab import paths
+    from tunelab.plan.trace_cache import cached_json
 
-    key = json.dumps(
-        [TEMPLATE_VERSION, torch.__version__, getattr(litgpt, "__version__", ""), _config_key(config), method,
-         precision, optimizer, head_chunks, single, [lora[0], sorted(lora[1])] if lora else []]
-    )  # fmt: skip
-    if key in _TEMPLATES:
-        return _TEMPLATES[key]
-    path = paths.cache_dir() / "kernel-templates" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
-    tp = None
-    try:
-        raw = json.loads(files.read_text(path, 64 << 20, "kernel template"))
-        if raw["key"] == key:
-            arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims")}
-            tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
-                          np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"], raw["logits"],
-                          raw["access"])  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
-        tp = None
-    if tp is None:
+    key = [TEMPLATE_VERSION, _config_key(config), method, precision, optimizer, head_chunks, single,
+           [lora[0], sorted(lora[1])] if lora else []]  # fmt: skip
+    memo = json.dumps(key)
+    if memo in _TEMPLATES:
+        return _TEMPLATES[memo]
+
+    def make() -> dict:
         if not _TEMPLATES:
             print(f"tunelab: tracing litgpt's step for the time model (once per model and shape; kept in "
-                  f"{path.parent})", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{paths.cache_dir() / 'kernel-templates'})", file=sys.stderr, flush=True)  # fmt: skip
         tp = template(config, method, precision, optimizer, head_chunks, single, lora)
-        data = {"key": key, **{f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}}
-        data = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            files.write_text_atomic(path, json.dumps(data))
-        except (OSError, InputError):
-            pass  # a cache that cannot be written (or a FIFO or link in its place) is made again next time
-    _TEMPLATES[key] = tp
+        data = {f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
+
+    raw = cached_json("kernel-templates", key, make, "kernel template")
+    arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims")}
+    tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
+                  np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"], raw["logits"],
+                  raw["access"])  # fmt: skip
+    _TEMPLATES[memo] = tp
     return tp
 
 

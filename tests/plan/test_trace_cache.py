@@ -1,0 +1,48 @@
+"""tunelab/plan/trace_cache.py: a trace is made once across processes (read back from the cache directory), made
+again for another key or a file that does not read, and never written through what is not a plain file."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tunelab.plan import compiled
+from tunelab.plan.trace_cache import cached_json, tuples
+
+
+def test_a_trace_is_made_once_and_made_again_when_its_file_does_not_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    made = []
+
+    def make():
+        made.append(1)
+        return {"forward": [["matmul", "bfloat16", [2, 3], [3, 4], "mm"]]}
+
+    first = cached_json("traces", ["a", 1], make, "trace")
+    assert cached_json("traces", ["a", 1], make, "trace") == first and len(made) == 1  # read back, not made
+    assert tuples(first) == {"forward": (("matmul", "bfloat16", (2, 3), (3, 4), "mm"),)}
+    cached_json("traces", ["a", 2], make, "trace")
+    assert len(made) == 2  # another key
+    (file,) = [p for p in (tmp_path / "traces").iterdir() if json.loads(p.read_text())["key"].startswith('["a", 1')]
+    file.write_text('{"key": ')  # a partial write
+    assert cached_json("traces", ["a", 1], make, "trace") == first and len(made) == 3
+    file.unlink()
+    os.mkfifo(file)  # a FIFO in its place: neither read (it would block) nor written through
+    assert cached_json("traces", ["a", 1], make, "trace") == first and len(made) == 4
+    assert file.is_fifo()
+
+
+def test_a_compiled_blocks_kernels_come_back_from_the_cache_as_traced(tmp_path, monkeypatch):
+    """The cached kernels of a compiled block equal a fresh trace, tuples included (what the timing compares)."""
+    from litgpt import Config
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    c = Config(n_layer=1, n_embd=64, n_head=4, n_query_groups=2, vocab_size=64, padded_vocab_size=64, block_size=256,
+               mlp_class_name="LLaMAMLP", intermediate_size=128, norm_class_name="RMSNorm", bias=False,
+               rotary_percentage=1.0, parallel_residual=False)  # fmt: skip
+    compiled._block_kernels.cache_clear()
+    traced = compiled.block_kernels(c, "full", "bf16-true")
+    compiled._block_kernels.cache_clear()
+    monkeypatch.setattr(compiled, "trace_block", lambda *a, **k: (_ for _ in ()).throw(AssertionError("traced")))
+    assert compiled.block_kernels(c, "full", "bf16-true") == traced
+    compiled._block_kernels.cache_clear()
