@@ -522,7 +522,8 @@ def _md_weak(lab: list) -> list[str]:
         "",
         "Known weak: the host constant is that of the H100 machine: the lab's A100 machine ran TinyLlama's LoRA "
         "loop about twice as fast per op (s10: our H100 machine took 64.6 s for the same row without validations, "
-        "the lab 45.2 s with two); generation is an upper bound; fp32 kernels are predicted faster than the H100 "
+        "the lab 45.2 s with two; not a count of ops: litgpt 0.5.7, the lab's, dispatches the same 1,634 forward and "
+        "2,408 backward ops at micro 4 as 0.5.13 by the same trace); generation is an upper bound; fp32 kernels are predicted faster than the H100 "
         "rows ran them (hidden there behind the host); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
         "several devices' wrapper kernels (only their communication), the gather before a sharded checkpoint "
