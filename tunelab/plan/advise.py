@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tunelab import hardware, yaml_input
+from tunelab import hardware, settings, yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan import comm, memory, runtime
@@ -31,7 +31,7 @@ from tunelab.plan.recipe import (
     LAB_PADDED_TOKENS_PER_SAMPLE,
     default_lengths,
     padded_tokens_per_sample,
-    plan_recipe,
+    plan_settings,
     sample_lengths,
     strategy_fields,
 )
@@ -294,7 +294,7 @@ def _tried(ask: _Ask, method: str, world: int) -> list[str]:
 def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, links, price) -> list[Candidate]:
     """Every device count, strategy, activation checkpointing and micro batch of one recipe at one precision on
     ``gpu``, planned."""
-    base = plan_recipe(recipe, ["--precision", prec], gpu=gpu)
+    base = plan_settings(settings.from_args(recipe, {**settings.resolve_args(recipe, []), "precision": prec}), gpu=gpu)
     s, x0, work = base.settings, base.input, ask.work
     if ask.global_batch == "keep" and s.global_batch_size > work.samples:  # not one optimizer step
         raise InputError(
