@@ -82,6 +82,15 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     return checkpoints.build("tiny", tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
+@pytest.fixture(scope="module")
+def configs():
+    """litgpt's Configs of TinyLlama and Llama 3.2 1B (a 32k and a 128k vocabulary): the simulated step's cases in
+    tests/plan/test_simulate.py and tests/accuracy/test_simulate.py."""
+    from litgpt import Config
+
+    return {name: Config.from_name(name) for name in ("tiny-llama-1.1b", "Llama-3.2-1B")}
+
+
 def run_litgpt(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the real `litgpt` CLI of this environment as a child process (``python -m litgpt``: the console script
     is not beside the interpreter when litgpt is installed with ``pip --target``), from the repository root."""

@@ -12,13 +12,6 @@ from tunelab.plan import memory
 from tunelab.plan.simulate import simulate
 
 
-@pytest.fixture(scope="module")
-def configs():
-    from litgpt import Config
-
-    return {name: Config.from_name(name) for name in ("tiny-llama-1.1b", "Llama-3.2-1B")}
-
-
 def test_the_simulation_counts_what_the_step_holds(configs):
     """Weights, gradients and AdamW's states are exactly the model's sizes; the states exist from the first step,
     so the second step's forward holds them; the logits stay alive through the optimizer step (litgpt's loop)."""
