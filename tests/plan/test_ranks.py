@@ -199,3 +199,33 @@ def test_fsdp1_no_shard_has_no_ddp_buckets_and_reduces_whole_flat_gradients(meth
     else:
         traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
         assert traced == pytest.approx(memory.flat_parameter_grads(x, memory.model_states(x, [])), rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp2"])
+def test_the_peak_update_without_the_module_walk_keeps_torchs_peaks(name, monkeypatch):
+    """simulate.update_peak skips torch's walk over every module on every op (85% of an FSDP1 run): the phase peaks,
+    the collectives and the tracker's own whole-step peak are those torch's full ``_update_peak_stats`` gives."""
+    from tunelab.plan import simulate
+
+    def run(walk: bool):
+        monkeypatch.setattr(simulate, "WALK_MODULES", walk)
+        seen = {}
+        real = ranks._recording
+
+        def recording(base):  # keep the tracker, to read its own whole-step peak
+            cls = real(base)
+
+            class Kept(cls):
+                def __init__(self, *a):
+                    super().__init__(*a)
+                    seen["tracker"] = self
+
+            return Kept
+
+        monkeypatch.setattr(ranks, "_recording", recording)
+        sim = ranks.simulate_ranks(small_llama(2), load_strategy(name), 4, "lora", "bf16-true", 2, 64, accumulation=2)
+        return sim.phases, sim.collectives, dict(seen["tracker"]._peak_mem)
+
+    walked, skipped = run(True), run(False)
+    assert walked == skipped
+    assert max(p["Total"] for p in skipped[0].values()) == max(skipped[2].values()) > 0

@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tunelab.errors import InputError
-from tunelab.plan.simulate import PhasePeaks, keep_phase_peak, tracker_phase
+from tunelab.plan.simulate import PhasePeaks, keep_phase_peak, tracker_phase, update_peak
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 SIMULATED = ("fsdp2", "fsdp", "ddp")
@@ -215,7 +215,7 @@ def _recording(base):
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state) -> None:
-            super()._update_peak_stats(peak_state)
+            update_peak(self, peak_state)
             keep_phase_peak(self, tracker_phase(self))
 
     return Tracker
