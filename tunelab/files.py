@@ -20,6 +20,7 @@ under the same rules.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -55,18 +56,24 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bytes(path: Path | str, limit: int = RECORD_MAX_BYTES, what: str = "file", shown: str | None = None) -> bytes:
+def read_bytes(
+    path: Path | str, limit: int = RECORD_MAX_BYTES, what: str = "file", shown: str | None = None, links: bool = True
+) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes; :class:`FileRefused` (one line) otherwise.
 
-    Opened with O_NONBLOCK, so a FIFO in the file's place is refused at once instead of waiting for a writer."""
+    Opened with O_NONBLOCK, so a FIFO in the file's place is refused at once instead of waiting for a writer; with
+    ``links=False`` a symbolic link in the file's place is refused too (O_NOFOLLOW: not followed, at no race)."""
     shown = shown or str(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if links else getattr(os, "O_NOFOLLOW", 0))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise FileRefused(f"{shown}: no such {what}; fix: give the path of an existing {what}") from None
     except IsADirectoryError:
         raise FileRefused(f"{shown}: is a directory, not a {what}; fix: give the {what} itself") from None
     except OSError as e:
+        if not links and e.errno == errno.ELOOP:
+            raise FileRefused(f"{shown}: is a symbolic link, not a {what}; fix: put the file itself there") from None
         raise FileRefused(
             f"{shown}: cannot be read ({e.strerror or e}); fix: check the path and its permissions"
         ) from None
@@ -117,11 +124,13 @@ def read_tail(path: Path | str, limit: int = 256 * 2**20) -> str:
         os.close(fd)
 
 
-def read_text(path: Path | str, limit: int = RECORD_MAX_BYTES, what: str = "file", shown: str | None = None) -> str:
+def read_text(
+    path: Path | str, limit: int = RECORD_MAX_BYTES, what: str = "file", shown: str | None = None, links: bool = True
+) -> str:
     """:func:`read_bytes` decoded as UTF-8; :class:`FileRefused` for text that is not UTF-8."""
     shown = shown or str(path)
     try:
-        return read_bytes(path, limit, what, shown).decode("utf-8")
+        return read_bytes(path, limit, what, shown, links).decode("utf-8")
     except UnicodeDecodeError:
         raise FileRefused(f"{shown}: not UTF-8 text, so not a {what}; fix: give the right file") from None
 

@@ -65,3 +65,27 @@ def test_the_writer_refuses_links_devices_and_fifos(tmp_path):
         files.open_output(tmp_path / "l.txt")
     with pytest.raises(files.FileRefused, match="more than"):
         files.read_bytes(target, limit=2)
+
+
+def test_plan_strategies_stopped_midway_keeps_the_rows_it_finished(tmp_path, monkeypatch, capsys):
+    """plan-strategies writes its report after every row (a variant row takes minutes): stopped by Ctrl-C at the
+    second row, the first is in strategies.csv beside the rows kept from the earlier report."""
+    from tunelab import cli
+    from tunelab.plan import strategy_checks as sc
+
+    done = []
+
+    def check(family, method, strategy, world):
+        if done:
+            raise KeyboardInterrupt
+        done.append(world)
+        return sc.Row(family[0], method, "bf16-true", strategy, world, 1, 1e9, 1e9, "backward", 0.0, 0.0, 1.0, 0, 0)
+
+    monkeypatch.setattr(sc, "check", check)
+    earlier = sc.Row("Phi-2", "lora", "bf16-true", "ddp", 8, 1, 2e9, 2e9, "backward", 0.0, 0.0, 1.0, 0, 0)
+    sc.write([earlier], tmp_path)
+    argv = ["plan-strategies", "--out", str(tmp_path), "--strategies", "fsdp2", "--worlds", "2,4",
+            "--families", "TinyLlama 1.1B", "--methods", "full", "--keep"]  # fmt: skip
+    assert cli.main(argv) == 130
+    rows = sc.read(tmp_path / "strategies.csv")
+    assert [(r.family, r.strategy, r.world) for r in rows] == [("TinyLlama 1.1B", "fsdp2", 2), ("Phi-2", "ddp", 8)]

@@ -32,6 +32,42 @@ def test_a_trace_is_made_once_and_made_again_when_its_file_does_not_read(tmp_pat
     assert file.is_fifo()
 
 
+def test_a_link_is_never_followed_and_a_number_that_is_not_finite_is_not_trusted(tmp_path, monkeypatch):
+    """A cache file that is a symbolic link to a file outside (holding a forged value for the same key) is not read
+    and the file outside is not written; a cache folder that is a link is neither read nor written; a hand-edited
+    NaN makes the trace again."""
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path / "home"))
+    made = []
+
+    def make():
+        made.append(1)
+        return {"bytes": [1.5, 2]}
+
+    first = cached_json("traces", ["b"], make, "trace")
+    (file,) = (tmp_path / "home" / "traces").iterdir()
+    good = json.loads(file.read_text())
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({**good, "value": {"bytes": [9e9, 9]}}))
+    file.unlink()
+    file.symlink_to(outside)
+    assert cached_json("traces", ["b"], make, "trace") == first and len(made) == 2  # made again, not read
+    assert json.loads(outside.read_text())["value"] == {"bytes": [9e9, 9]} and file.is_symlink()
+    file.unlink()
+    file.write_text(json.dumps(good).replace("1.5", "NaN"))
+    assert cached_json("traces", ["b"], make, "trace") == first and len(made) == 3
+    assert json.loads(file.read_text()) == good  # rewritten whole
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / file.name).write_text(json.dumps({**good, "value": {"bytes": [9e9, 9]}}))
+    folder = tmp_path / "home" / "traces"
+    file.unlink()
+    folder.rmdir()
+    folder.symlink_to(elsewhere)  # the folder itself a link: neither read through nor written into
+    assert cached_json("traces", ["b"], make, "trace") == first and len(made) == 4
+    assert cached_json("traces", ["c"], make, "trace") == first and len(made) == 5
+    assert sorted(p.name for p in elsewhere.iterdir()) == [file.name]
+
+
 def test_a_compiled_blocks_kernels_come_back_from_the_cache_as_traced(tmp_path, monkeypatch):
     """The cached kernels of a compiled block equal a fresh trace, tuples included (what the timing compares)."""
     from litgpt import Config

@@ -96,19 +96,29 @@ def check(family: tuple, method: str, strategy: str, world: int) -> Row:
     )  # fmt: skip
 
 
-def rows(families=FAMILIES, strategies=DEFAULT_STRATEGIES, worlds=WORLDS, methods=METHODS, kept=()) -> list[Row]:
+def rows(
+    families=FAMILIES, strategies=DEFAULT_STRATEGIES, worlds=WORLDS, methods=METHODS, kept=(), each=None
+) -> list[Row]:
     """Every combination, with progress on stderr, beside the ``kept`` rows of other combinations (an earlier
-    report's: :func:`read`), in the table's order."""
+    report's: :func:`read`), in the table's order; ``each(rows so far)`` after every row (the command writes the
+    report there, so a run stopped after an hour keeps the hour's rows)."""
     todo = [(f, m, s, w) for f in families for m in methods for s in strategies for w in worlds]
-    out = []
+    out: list[Row] = []
     for i, (f, m, s, w) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {f[0]} {m} {s} on {w} ...", file=sys.stderr, flush=True)
         out.append(check(f, m, s, w))
+        if each is not None:
+            each(_merged(out, kept))
+    return _merged(out, kept)
+
+
+def _merged(out: list[Row], kept) -> list[Row]:
+    """``out`` and the ``kept`` rows it did not rerun, in the table's order."""
     done = {(r.family, r.method, r.strategy, r.world) for r in out}
-    out += [r for r in kept if (r.family, r.method, r.strategy, r.world) not in done]
+    found = out + [r for r in kept if (r.family, r.method, r.strategy, r.world) not in done]
     order = {f[0]: i for i, f in enumerate(FAMILIES)}
-    return sorted(out, key=lambda r: (order.get(r.family, 99), r.method, STRATEGIES.index(r.strategy)
-                                      if r.strategy in STRATEGIES else 99, r.world))  # fmt: skip
+    return sorted(found, key=lambda r: (order.get(r.family, 99), r.method, STRATEGIES.index(r.strategy)
+                                        if r.strategy in STRATEGIES else 99, r.world))  # fmt: skip
 
 
 def read(path: Path) -> list[Row]:

@@ -1,7 +1,8 @@
 """Traces of litgpt's model kept across processes: what a trace on fake tensors or through torch.compile's own
 graphs yields (sizes, kernel lists), as JSON under the cache directory (``paths.cache_dir()``), keyed by what made
 it plus torch's and litgpt's versions. Nothing read there is executed; a file for another key, one that does not
-read (a FIFO, a link, a partial write) or one that cannot be written is made again, in the process."""
+read (a FIFO, a symbolic link, a partial write, a number that is not finite) or one that cannot be written is made
+again, in the process. A folder that is a link is neither read nor written (the trace is made in the process)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ def cached_json(folder: str, key: list, make: Callable[[], object], what: str) -
     from tunelab.errors import InputError
 
     full = json.dumps([*key, torch.__version__, getattr(litgpt, "__version__", "")], default=str)
-    path = paths.cache_dir() / folder / (hashlib.sha256(full.encode()).hexdigest()[:32] + ".json")
+    where = paths.cache_dir() / folder
+    if files.unwritable_dir(where):  # a link in the folder's place: the trace stays in this process
+        return make()
+    path = where / (hashlib.sha256(full.encode()).hexdigest()[:32] + ".json")
     try:
-        raw = json.loads(files.read_text(path, 64 << 20, what))
+        raw = json.loads(files.read_text(path, 64 << 20, what, links=False), parse_constant=_not_finite)
         if raw["key"] == full:
             return raw["value"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -35,6 +39,11 @@ def cached_json(folder: str, key: list, make: Callable[[], object], what: str) -
     except (OSError, InputError):
         pass
     return value
+
+
+def _not_finite(name: str):
+    """A trace holds sizes and times, never NaN or Infinity: a file with one was not written here (ValueError)."""
+    raise ValueError(f"{name} in a trace")
 
 
 def tuples(value):
