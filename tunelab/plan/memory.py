@@ -584,14 +584,18 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     then held in each block's backward (two blocks gathered) beside the block's flat gradient (frozen weights
     included) and its original parameters' gradients, as in full fine-tuning; the larger of the two, as bytes
     beyond the two gathered blocks the forward counts (OpenLLaMA 3B on 8 devices: 251.7 + 227.3 + 204.8 MB in a
-    block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). 0 elsewhere (one unit, offload and the other
+    block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). At the head, one block of the two the
+    forward counts is apart under FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP keeps every unit gathered into the
+    backward and NO_SHARD gathers none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9%
+    while a block was taken off). 0 elsewhere (one unit, offload and the other
     strategies are not derived here)."""
     c = x.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
     if fsdp1_lora(x) and x.fsdp_wrap != "none" and not (x.offload_params or x.offload_optimizer):
         chunk_grads = 2 * x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size
-        at_head = (3 * head - block) * st.s_param + chunk_grads * dtype_bytes(x.precision)
+        gathered_apart = block if x.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
+        at_head = (3 * head - gathered_apart) * st.s_param + chunk_grads * dtype_bytes(x.precision)
         return max(at_head, (head + 2 * block) * st.s_param)
     if not (
         x.strategy == "fsdp"
@@ -974,6 +978,23 @@ def fsdp1_one_unit_gradients(x: PlanInput, st: ModelStates) -> float:
     return 2 * (flat_parameter_grads(x, st) if fsdp1_lora(x) else st.grads)
 
 
+def fsdp1_no_shard_root_gradients(x: PlanInput, st: ModelStates) -> float:
+    """Bytes FSDP1 under NO_SHARD (each block a unit) holds at its backward's end beyond every flat gradient (whole:
+    nothing is sharded, each unit's is all-reduced in place and kept): the root unit's original parameters'
+    gradients (``use_orig_params``: the embedding's and the head's, as their own tensors beside the root's flat
+    gradient until its post-backward hook), when the root has a gradient (full fine-tuning, or LoRA on the head:
+    :func:`flat_parameter_frozen_grad_elements`). Read from MemTracker at the per-rank simulation's backward peak
+    (Phi-2 LoRA on 8 devices: 32 block flat gradients of 160.3 MB, the root's 527.8 MB and two of 262.1 MB).
+    0 elsewhere."""
+    if not (x.strategy == "fsdp" and x.fsdp_root_kept and x.sharding == "NO_SHARD" and x.fsdp_wrap != "none"):
+        return 0.0
+    if x.offload_params or x.offload_optimizer or (x.lora and "head" not in set(x.lora_targets)):
+        return 0.0
+    c = x.config
+    head = c.padded_vocab_size * c.n_embd + (c.padded_vocab_size if getattr(c, "lm_head_bias", False) else 0)
+    return (c.padded_vocab_size * c.n_embd + head) * st.s_param
+
+
 def _accumulated_gradients(x: PlanInput, st: ModelStates, dev: _PerDevice) -> float:
     """Gradients alive beside the activations. Without accumulation the gradients are created while the
     activations are freed, so the forward peak does not hold them; with accumulation they persist and add to both
@@ -1012,6 +1033,10 @@ def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float
     one_unit = fsdp1_one_unit_gradients(x, st)
     if one_unit and base - acts + dev.in_flight + one_unit > peak:
         return one_unit, base - acts + dev.in_flight + one_unit, 0.0, True
+    if root := fsdp1_no_shard_root_gradients(x, st):  # every flat gradient (unless accumulated: in base already)
+        at_end = (0.0 if x.accumulation > 1 else dev.grads) + root
+        if base - acts + dev.in_flight + at_end > peak:
+            return at_end, base - acts + dev.in_flight + at_end, 0.0, True
     return backward, peak, acts, False
 
 
@@ -1056,8 +1081,11 @@ def predict(x: PlanInput) -> Plan:
         }
         if in_backward:
             notes.append(
-                "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
-                "twice over (its flat parameter's and its original parameters'), every activation freed"
+                "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
+                "unit's original parameters' gradients beside its own, every activation freed"
+                if at_end and x.sharding == "NO_SHARD"
+                else "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded "
+                "gradient twice over (its flat parameter's and its original parameters'), every activation freed"
                 if at_end
                 else "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and "
                 "its original parameters') and the head's gradient beside every activation, the logits freed"
