@@ -7,7 +7,16 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser("plan-accuracy", help="the planner against every lab measurement -> reports/planner-accuracy/")
+    s = sub.add_parser(
+        "plan-accuracy",
+        help="the planner against every lab measurement -> reports/planner-accuracy/",
+        description="The plan beside every measurement it can be held to, each row with its error: memory "
+        "(accuracy.md: the lab's A100 rows, our H100 and H200 records, the lab's Part 2 on four GPUs, the fitted "
+        "link efficiency left out row by row), time (runtime.md: the kernel model against our H100 rows, the Part 3 "
+        "micro-batch curve, the fast path's benches and the lab's A100 Part 1 and Part 2 times) and the kernel "
+        "constants (kernels.md); the CSVs beside them hold every row. CPU only, under a minute here; the tests "
+        "check the committed reports against a fresh run.",
+    )
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-accuracy)")
     s.set_defaults(func=handle)
 

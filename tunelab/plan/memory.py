@@ -1040,6 +1040,24 @@ def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float
     return backward, peak, acts, False
 
 
+def _backward_note(x: PlanInput, at_end: bool) -> str:
+    """The plan's note when FSDP1's backward holds the peak (:func:`_backward_moment`)."""
+    if at_end and x.sharding == "NO_SHARD":
+        return (
+            "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
+            "unit's original parameters' gradients beside its own, every activation freed"
+        )
+    if at_end:
+        return (
+            "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
+            "twice over (its flat parameter's and its original parameters'), every activation freed"
+        )
+    return (
+        "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and its "
+        "original parameters') and the head's gradient beside every activation, the logits freed"
+    )
+
+
 def predict(x: PlanInput) -> Plan:
     """The predicted peak allocated memory per device, as a breakdown that sums to it: model states (step 1),
     divided by the strategy (step 3), plus the largest of the candidate peaks: the end of the forward pass
@@ -1080,16 +1098,7 @@ def predict(x: PlanInput) -> Plan:
             "optimizer_step_temporary": 0,
         }
         if in_backward:
-            notes.append(
-                "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
-                "unit's original parameters' gradients beside its own, every activation freed"
-                if at_end and x.sharding == "NO_SHARD"
-                else "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded "
-                "gradient twice over (its flat parameter's and its original parameters'), every activation freed"
-                if at_end
-                else "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and "
-                "its original parameters') and the head's gradient beside every activation, the logits freed"
-            )
+            notes.append(_backward_note(x, at_end))
     else:
         parts = {
             "gradients": dev.grads,

@@ -34,7 +34,7 @@ STRATEGIES = ("fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp
 offloads only from a CUDA device, so the simulation cannot show its device side), DeepSpeed's (not simulated) and
 ``fast`` (one device)."""
 DEFAULT_STRATEGIES = ("fsdp2", "fsdp", "ddp")
-"""What a call without ``--strategies`` reruns; FSDP1's variants (1-6 minutes a row) are asked for by name."""
+"""What a call without ``--strategies`` reruns; FSDP1's variants (each as quick as ``fsdp``) are asked for by name."""
 WORLDS = (2, 4, 8)
 METHODS = ("full", "lora")
 MICRO, SEQ = 2, 512
@@ -152,6 +152,12 @@ def _families_of(found: list[Row], strategies) -> list[str]:
     return [f[0] for f in FAMILIES if f[0] in have]
 
 
+def _seconds(found: list[Row], strategies) -> str:
+    """The range of the simulation's seconds over the rows of ``strategies`` (the table's last column)."""
+    secs = [r.seconds for r in found if r.strategy in strategies]
+    return f"{min(secs):.0f}-{max(secs):.0f} s of simulation a row on this CPU" if secs else "no row yet"
+
+
 def markdown(found: list[Row]) -> str:
     """strategies.md: the summary (rows within 3%, the worst), what is not simulated, one table row per check."""
     worst = max(found, key=lambda r: abs(r.memory_error))
@@ -179,7 +185,7 @@ def markdown(found: list[Row]) -> str:
         "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
         "before they were counted). FSDP1's variants (the files `fsdp-shard-grad-op`, `fsdp-hybrid` on one node, "
         "`fsdp-no-shard`, `fsdp-no-wrap`) are simulated the same way; their rows cover "
-        f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} (1-6 minutes a row on two cores). "
+        f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} ({_seconds(found, VARIANTS)}). "
         "Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and offload "
         "(checked against DeepSpeed's own code on CPU by the tests instead), FSDP1's `fsdp-offload` (FSDP1 "
         "offloads only from a CUDA device: the simulation cannot show its device side), QLoRA on several devices.",
