@@ -385,6 +385,9 @@ class RunRecord:
     host_op_us: float | None = None
     """The launching host's eager dispatch speed before the run, microseconds per small autograd op
     (tunelab.run.gpu_monitor.host_op_us): what compares host-bound steps across machines."""
+    device_op_us: float | None = None
+    """The same op on GPU 0, dispatch and launch (tunelab.run.gpu_monitor.device_op_us), microseconds; None without
+    CUDA: the per-kernel host cost a host-bound step's time follows."""
     device_memory_total_bytes: int | None = None
     """NVML memory.total of GPU 0 (what nvidia-smi prints); the CUDA-visible total is in ranks[].cuda_total_bytes."""
     saves_skipped: bool = False

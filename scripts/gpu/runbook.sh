@@ -105,8 +105,10 @@ if torch.cuda.is_available():
     free, total = torch.cuda.mem_get_info()
     print(f"CUDA: {torch.cuda.get_device_name(0)}, mem_get_info total {total:,} B ({total / 2**30:.2f} GiB), "
           f"free with this context {free:,} B; context + driver reserve {total - free:,} B")
-from tunelab.run.gpu_monitor import cpu_name, host_op_us
-print(f"host: {cpu_name()}; eager dispatch {host_op_us():.2f} us per op (what a host-bound step follows)")
+from tunelab.run.gpu_monitor import cpu_name, device_op_us, host_op_us
+launch = device_op_us()
+print(f"host: {cpu_name()}; eager dispatch {host_op_us():.2f} us per op"
+      + (f", {launch:.2f} us with its launch on GPU 0" if launch else "") + " (what a host-bound step follows)")
 PY
   if [ "$REHEARSAL" = 1 ]; then
     echo "rehearsal: pytest -m gpu needs a CUDA GPU; collecting only"

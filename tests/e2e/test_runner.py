@@ -61,6 +61,7 @@ def test_ok_run_record(tmp_path):
     assert rec.mfu is None and rec.gpus == [] and rec.energy_j is None  # CPU: no peak table, no NVML, not faked
     assert rec.sm_clock_steady_mhz is None and rec.sm_clock_max_mhz is None and rec.clock_capped_steady_share is None
     assert rec.host_cpu and 0 < rec.host_op_us < 1000  # the host's eager dispatch speed, measured before launch
+    assert rec.device_op_us is None  # no CUDA here: no launch cost recorded
     assert rec.loss_first and rec.loss_last and rec.val_loss_final
     assert rec.resolved_args["train"]["micro_batch_size"] == 4 and rec.versions["litgpt"] == "0.5.13"
     # the plan made before launch, for the settings it launched (the tiny model; no GPU: memory only)

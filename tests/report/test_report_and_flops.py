@@ -123,10 +123,12 @@ def test_the_environment_says_the_host_and_the_clock_where_records_have_them():
         RunRecord(**base, host_cpu="Some CPU", host_op_us=2.5, sm_clock_steady_mhz=1590.0, sm_clock_max_mhz=1980.0,
                   clock_capped_steady_share=0.9),
         RunRecord(**base, host_cpu="Some CPU", host_op_us=3.0, sm_clock_steady_mhz=1980.0, sm_clock_max_mhz=1980.0,
-                  clock_capped_steady_share=0.0),
+                  clock_capped_steady_share=0.0, device_op_us=10.1),
     ]  # fmt: skip
     lines = environment(recs)
     assert "- host: Some CPU; eager dispatch 2.50-3.00 us per op" in "\n".join(lines)
+    assert "on GPU 0 with its launch 10.10-10.10 us" in "\n".join(lines)
+    assert "on GPU 0" not in "\n".join(environment(recs[:1]))  # a record from before the probe, or no CUDA
     assert any(line.startswith("- SM clock, steady window: 1,590-1,980 MHz (max 1,980)") and "0%-90%" in line
                for line in lines), lines  # fmt: skip
 

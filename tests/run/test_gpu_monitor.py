@@ -123,3 +123,25 @@ def test_runner_window_lines_up_with_iteration_timestamps():
     assert out["window"] == (t + 4 * 0.5, t + 40 * 0.5)  # from step 3's first iteration to the last one's end
     assert out["window_tokens_real"] == 36 * 80
     assert out["tok_s_real"] == pytest.approx(160.0)
+
+
+def test_the_host_probes_time_an_op_on_the_cpu_and_on_the_gpu_when_there_is_one():
+    """host_op_us times a small autograd op on the CPU; device_op_us the same op on GPU 0 (dispatch and launch),
+    None without CUDA: a record never carries a made-up launch cost."""
+    import torch
+
+    from tunelab.run.gpu_monitor import device_op_us, host_op_us
+
+    assert 0 < host_op_us() < 1000
+    if torch.cuda.is_available():
+        assert 0 < device_op_us() < 1000
+    else:
+        assert device_op_us() is None
+
+
+@pytest.mark.gpu
+def test_an_op_on_the_gpu_costs_the_host_more_than_on_the_cpu():
+    """On a GPU machine the launch adds to the dispatch (the H200 machine: 10.1 us against 3.9 us)."""
+    from tunelab.run.gpu_monitor import device_op_us, host_op_us
+
+    assert device_op_us() > host_op_us()

@@ -527,7 +527,7 @@ def _md_weak(lab: list) -> list[str]:
         "rows ran them (hidden there behind the host); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
         "several devices' wrapper kernels (only their communication), the gather before a sharded checkpoint "
-        "save; the host and board of a machine other than the constants' (`host_op_us`, `sm_clock_steady_mhz` in "
-        "the records, not yet in the plan).",
+        "save; the host and board of a machine other than the constants' (`host_op_us`, `device_op_us`, "
+        "`sm_clock_steady_mhz` in the records, not yet in the plan).",
         "",
     ]

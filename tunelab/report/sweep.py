@@ -271,8 +271,10 @@ def environment(records: list[record_mod.RunRecord]) -> list[str]:
     probes = [x.host_op_us for x in seen if x.host_op_us]
     if probes:  # what a host-bound step follows (records made before 2026-11-26 lack it)
         cpus = sorted({x.host_cpu for x in seen if x.host_cpu})
+        launch = [x.device_op_us for x in seen if x.device_op_us]
+        on_gpu = f"; on GPU 0 with its launch {min(launch):.2f}-{max(launch):.2f} us (`device_op_us`)" if launch else ""
         lines.append(f"- host: {', '.join(cpus) or '?'}; eager dispatch {min(probes):.2f}-{max(probes):.2f} us per op "
-                     f"(`gpu_monitor.host_op_us`, before each run)")  # fmt: skip
+                     f"(`gpu_monitor.host_op_us`, before each run){on_gpu}")  # fmt: skip
     clocks = [x for x in seen if x.sm_clock_steady_mhz]
     if clocks:
         top = max((x.sm_clock_max_mhz or 0) for x in clocks)

@@ -1,5 +1,6 @@
 """NVML sampling (nvidia-ml-py) in a background thread of the parent: utilisation, power, used memory, energy, the SM
-clock and why it is held down (power cap, thermal slowdown); and the host's own speed (:func:`host_op_us`).
+clock and why it is held down (power cap, thermal slowdown); and the host's own speed (:func:`host_op_us`,
+:func:`device_op_us`).
 
 Every sample keeps its timestamp (``time.monotonic()``, CLOCK_MONOTONIC: the same clock the training ranks stamp
 their iterations with, see ``tunelab.run.entry``), so that the record can give two sets of figures, each labelled:
@@ -230,6 +231,20 @@ HOST_PROBE_OPS = 2000
 """Eager ops per repeat of :func:`host_op_us` (5 repeats, the median kept: about 30 ms on a laptop core)."""
 
 
+def _per_op_us(op, sync=None) -> float:
+    """Microseconds per call of ``op``, the median of 5 repeats of :data:`HOST_PROBE_OPS` calls (``sync()`` after
+    each repeat, outside its time)."""
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(HOST_PROBE_OPS):
+            op()
+        times.append((time.perf_counter() - t) / HOST_PROBE_OPS * 1e6)
+        if sync is not None:
+            sync()
+    return statistics.median(times)
+
+
 def host_op_us() -> float:
     """The host's eager dispatch speed: microseconds per small autograd-recording torch op (a multiply of a
     16-element tensor that requires grad), the median of 5 repeats. A host-bound step (a small model, LoRA, litgpt's
@@ -238,15 +253,23 @@ def host_op_us() -> float:
     import torch
 
     x = torch.ones(16, requires_grad=True)
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        y = x
-        for _ in range(HOST_PROBE_OPS):
-            y = y * 1.0
-        times.append((time.perf_counter() - t) / HOST_PROBE_OPS * 1e6)
-        del y
-    return statistics.median(times)
+    return _per_op_us(lambda: x * 1.0)
+
+
+def device_op_us() -> float | None:
+    """The same op on GPU 0 (:func:`host_op_us`): dispatch and the kernel's launch, timed on the host without a
+    synchronisation inside a repeat (the GPU runs such a kernel faster than the host queues it); None without CUDA.
+    What a host-bound step pays per kernel before litgpt's own Python: 10.1 us on the H200 machine of 2026-11-26
+    whose CPU probe read 3.9 us (``reports/2026-11-26-profile-grid-h200/``), where litgpt's TinyLlama LoRA loop
+    took about 46 us per kernel-launching op (runtime.md)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    x = torch.ones(16, device="cuda", requires_grad=True)
+    x * 1.0  # the first launch loads the kernel
+    torch.cuda.synchronize()
+    return _per_op_us(lambda: x * 1.0, torch.cuda.synchronize)
 
 
 def device_name(monitor: GPUMonitor | None = None) -> str:

@@ -41,7 +41,7 @@ from tunelab.recipes import Recipe
 from tunelab.record import RunRecord, save
 from tunelab.run.collect import collect, last_error_line, latest_tokens
 from tunelab.run.entry import SKIP_SAVE_ENV
-from tunelab.run.gpu_monitor import GPUMonitor, cpu_name, device_name, host_op_us
+from tunelab.run.gpu_monitor import GPUMonitor, cpu_name, device_name, device_op_us, host_op_us
 from tunelab.run.resume import INTERRUPTED_PREFIX
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import Result, check, litgpt_args, recheck, split_checkpoint_override
@@ -447,7 +447,7 @@ def run(
         rec.saves_skipped = True
     rec.driver = monitor.driver_version()
     rec.sm_clock_max_mhz = monitor.max_sm_clock_mhz()
-    rec.host_cpu, rec.host_op_us = cpu_name(), host_op_us()
+    rec.host_cpu, rec.host_op_us, rec.device_op_us = cpu_name(), host_op_us(), device_op_us()
     rec.started_at = now_iso()
     t0 = time.monotonic()
     interrupted = False
