@@ -20,13 +20,13 @@ def add_parser(sub) -> None:
         "(TinyLlama, OpenLLaMA 3B and 7B, Gemma 2B, Phi-2), full and LoRA: the planned peak per device beside "
         "rank 0's simulated step (litgpt's model on fake tensors under a fake process group; FSDP2 and FSDP1 "
         "sharded as the run shards them), and the collectives it traced (bytes and calls) beside comm.py's "
-        "(fsdp2 and ddp about 15 minutes on 2 cores; fsdp 1-3 minutes a row).",
+        "(on 2 cores: the default three about 15 minutes, every strategy about 42; 2-37 s a row).",
     )
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-strategies)")
     s.add_argument(
         "--strategies",
         help="comma-separated strategy files (default fsdp2,fsdp,ddp; FSDP1's variants fsdp-shard-grad-op, "
-        "fsdp-hybrid, fsdp-no-shard, fsdp-no-wrap by name: 1-6 minutes a row)",
+        "fsdp-hybrid, fsdp-no-shard, fsdp-no-wrap by name: about 7 minutes each over the 30 rows)",
     )
     s.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
     s.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
