@@ -223,3 +223,15 @@ def test_each_call_costs_nccls_ring_latency(cfg, link_table):
     link_table("links:\n  pcie4: {scope: gpu, gbs: 31.5, efficiency: 0.8, latency_us: -1, source: x}\n")
     with pytest.raises(InputError, match="latency_us must be a number of microseconds"):
         comm.lookup("pcie4", "gpu")
+
+
+def test_gpus_without_peer_to_peer_go_through_host_memory_at_its_measured_bandwidth(cfg):
+    """``pcie4-no-p2p``: the same PCIe 4.0 link through NCCL's SHM transport, 6.1 GB/s of bus bandwidth measured
+    (nccl issue 1817) against the P2P row's 15 (the lab's A100s): the same bytes, each byte about 2.5x slower."""
+    p2p, shm = comm.lookup("pcie4", "gpu"), comm.lookup("pcie4-no-p2p", "gpu")
+    assert shm.gbs * shm.efficiency == pytest.approx(6.0, abs=0.2)
+    x = _x(cfg, strategy="fsdp", devices=4)
+    fast, slow = comm.per_step(x, p2p), comm.per_step(x, shm)
+    assert slow.bytes_gpu == fast.bytes_gpu > 0
+    latency = fast.seconds - fast.bytes_gpu / (p2p.gbs * p2p.efficiency * 1e9)
+    assert slow.seconds - latency == pytest.approx(fast.bytes_gpu / (shm.gbs * shm.efficiency * 1e9), rel=1e-6)
