@@ -127,14 +127,14 @@ def host_probes(device: torch.device) -> dict:
     """This machine's host speed, beside the steps it explains: eager dispatch per op on the CPU (what tunelab
     records with every run), the same op on the GPU (dispatch + launch, unsynchronised: also recorded), and one
     nn.Module call around it (the module's Python overhead). Microseconds, medians of 5 repeats of 2,000."""
-    from tunelab.run.gpu_monitor import _per_op_us, cpu_name, device_op_us, host_op_us
+    from tunelab.run.gpu_monitor import cpu_name, device_op_us, host_op_us, per_op_us
 
     x = torch.ones(16, device=device, requires_grad=True)
     lin = torch.nn.Identity()
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     out = {"cpu": cpu_name(), "host_op_us": host_op_us()}
-    out["device_op_us"] = device_op_us() if device.type == "cuda" else _per_op_us(lambda: x * 1.0)
-    out["module_op_us"] = _per_op_us(lambda: lin(x * 1.0), sync)
+    out["device_op_us"] = device_op_us() if device.type == "cuda" else per_op_us(lambda y: x * 1.0, x)
+    out["module_op_us"] = per_op_us(lambda y: lin(x * 1.0), x, sync)
     return out
 
 

@@ -205,10 +205,12 @@ def test_fsdp1_no_shard_has_no_ddp_buckets_and_reduces_whole_flat_gradients(meth
 def test_the_peak_update_without_the_module_walk_keeps_torchs_peaks(name, monkeypatch):
     """simulate.update_peak skips torch's walk over every module on every op (85% of an FSDP1 run): the phase peaks,
     the collectives and the tracker's own whole-step peak are those torch's full ``_update_peak_stats`` gives."""
-    from tunelab.plan import simulate
+    from torch.distributed._tools.mem_tracker import MemTracker  # FSDPMemTracker keeps MemTracker's
+
+    from tunelab.plan.simulate import update_peak
 
     def run(walk: bool):
-        monkeypatch.setattr(simulate, "WALK_MODULES", walk)
+        monkeypatch.setattr(ranks, "update_peak", MemTracker._update_peak_stats if walk else update_peak)
         seen = {}
         real = ranks._recording
 

@@ -587,8 +587,7 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). At the head, one block of the two the
     forward counts is apart under FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP keeps every unit gathered into the
     backward and NO_SHARD gathers none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9%
-    while a block was taken off). 0 elsewhere (one unit, offload and the other
-    strategies are not derived here)."""
+    while a block was taken off). 0 elsewhere (one unit, offload and the other strategies are not derived here)."""
     c = x.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
@@ -981,8 +980,8 @@ def fsdp1_one_unit_gradients(x: PlanInput, st: ModelStates) -> float:
 def fsdp1_no_shard_root_gradients(x: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 under NO_SHARD (each block a unit) holds at its backward's end beyond every flat gradient (whole:
     nothing is sharded, each unit's is all-reduced in place and kept): the root unit's original parameters'
-    gradients (``use_orig_params``: the embedding's and the head's, as their own tensors beside the root's flat
-    gradient until its post-backward hook), when the root has a gradient (full fine-tuning, or LoRA on the head:
+    gradients (``use_orig_params``: the embedding's, the head's and the final norm's, as their own tensors beside
+    the root's flat gradient until its post-backward hook), when the root has a gradient (full fine-tuning, or LoRA on the head:
     :func:`flat_parameter_frozen_grad_elements`). Read from MemTracker at the per-rank simulation's backward peak
     (Phi-2 LoRA on 8 devices: 32 block flat gradients of 160.3 MB, the root's 527.8 MB and two of 262.1 MB).
     0 elsewhere."""
@@ -990,9 +989,7 @@ def fsdp1_no_shard_root_gradients(x: PlanInput, st: ModelStates) -> float:
         return 0.0
     if x.offload_params or x.offload_optimizer or (x.lora and "head" not in set(x.lora_targets)):
         return 0.0
-    c = x.config
-    head = c.padded_vocab_size * c.n_embd + (c.padded_vocab_size if getattr(c, "lm_head_bias", False) else 0)
-    return (c.padded_vocab_size * c.n_embd + head) * st.s_param
+    return root_unit_params(x.config) * st.s_param
 
 
 def _accumulated_gradients(x: PlanInput, st: ModelStates, dev: _PerDevice) -> float:

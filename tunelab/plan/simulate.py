@@ -143,26 +143,17 @@ def tracker_phase(tracker) -> str:
     return "optimizer step" if tracker._in_opt else "backward" if backward else "forward"
 
 
-WALK_MODULES = False
-"""Whether a tracker's peak update walks every tracked module as torch's ``_update_peak_stats`` does (True only to
-check :func:`update_peak` against torch's own; see its docstring)."""
-
-
 def update_peak(tracker, peak_state) -> None:
     """torch's ``MemTracker._update_peak_stats`` without its walk over every tracked module on every op, which
     keeps a peak per module that nothing here reads. The walk costs ops x modules: on FSDP1 under the per-rank
     simulation (TinyLlama LoRA, 8 ranks, hybrid shard) 85% of a 376 s run, 107 million weak-dictionary reads
     for 248 thousand ops. The whole step's peak (``_peak_mem``) is kept as torch keeps it; the phase peaks are
     :func:`keep_phase_peak`'s."""
-    if WALK_MODULES:
-        from torch.distributed._tools.mem_tracker import MemTracker  # FSDPMemTracker keeps MemTracker's
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
-        MemTracker._update_peak_stats(tracker, peak_state)
-        return
     for dev, snap in tracker._curr_mem_snap.items():
-        total = next(v for k, v in snap.items() if str(getattr(k, "value", k)) == "Total")
-        if tracker._peak_mem.get(dev, 0) < total:
-            tracker._peak_mem[dev] = total
+        if tracker._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+            tracker._peak_mem[dev] = snap[_TOTAL_KEY]
             tracker._peak_mem_snap[dev] = dict(snap)
 
 

@@ -231,15 +231,18 @@ HOST_PROBE_OPS = 2000
 """Eager ops per repeat of :func:`host_op_us` (5 repeats, the median kept: about 30 ms on a laptop core)."""
 
 
-def _per_op_us(op, sync=None) -> float:
-    """Microseconds per call of ``op``, the median of 5 repeats of :data:`HOST_PROBE_OPS` calls (``sync()`` after
-    each repeat, outside its time)."""
+def per_op_us(step, start, sync=None) -> float:
+    """Microseconds per call of ``step``, the median of 5 repeats of :data:`HOST_PROBE_OPS` calls, each repeat from
+    ``start`` and each call given the last one's result (``y = step(y)``: a chain autograd records, as in a model;
+    a ``step`` that ignores its argument times independent ops); ``sync()`` after each repeat, outside its time."""
     times = []
     for _ in range(5):
         t = time.perf_counter()
+        y = start
         for _ in range(HOST_PROBE_OPS):
-            op()
+            y = step(y)
         times.append((time.perf_counter() - t) / HOST_PROBE_OPS * 1e6)
+        del y
         if sync is not None:
             sync()
     return statistics.median(times)
@@ -253,15 +256,15 @@ def host_op_us() -> float:
     import torch
 
     x = torch.ones(16, requires_grad=True)
-    return _per_op_us(lambda: x * 1.0)
+    return per_op_us(lambda y: y * 1.0, x)
 
 
 def device_op_us() -> float | None:
-    """The same op on GPU 0 (:func:`host_op_us`): dispatch and the kernel's launch, timed on the host without a
-    synchronisation inside a repeat (the GPU runs such a kernel faster than the host queues it); None without CUDA.
-    What a host-bound step pays per kernel before litgpt's own Python: 10.1 us on the H200 machine of 2026-11-26
-    whose CPU probe read 3.9 us (``reports/2026-11-26-profile-grid-h200/``), where litgpt's TinyLlama LoRA loop
-    took about 46 us per kernel-launching op (runtime.md)."""
+    """The same chain of ops as :func:`host_op_us` on GPU 0: dispatch and the kernel's launch, timed on the host
+    without a synchronisation inside a repeat (the GPU runs such a kernel faster than the host queues it); None
+    without CUDA. What a host-bound step pays per kernel before litgpt's own Python: 10.1 us on the H200 machine of
+    2026-11-26 whose CPU probe read 3.9 us (``reports/2026-11-26-profile-grid-h200/``, independent ops there), where
+    litgpt's TinyLlama loop took about 47 us per kernel-launching op (runtime.md)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -269,7 +272,7 @@ def device_op_us() -> float | None:
     x = torch.ones(16, device="cuda", requires_grad=True)
     x * 1.0  # the first launch loads the kernel
     torch.cuda.synchronize()
-    return _per_op_us(lambda: x * 1.0, torch.cuda.synchronize)
+    return per_op_us(lambda y: y * 1.0, x, torch.cuda.synchronize)
 
 
 def device_name(monitor: GPUMonitor | None = None) -> str:
