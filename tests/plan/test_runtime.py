@@ -127,6 +127,43 @@ def test_the_kernel_report_holds_its_stated_errors():
     assert sum(abs(r["error"]) for r in a100) / len(a100) == pytest.approx(runtime.KERNEL_MODEL_ERROR, abs=5e-3)
 
 
+def test_the_host_time_a_row_implies_gives_back_its_measured_step():
+    """implied_host inverts step_seconds: the host time per op it returns reproduces the measured step; a step the
+    kernels alone outlast implies nothing (None), and so does one beyond any host time it searches."""
+    from types import SimpleNamespace
+
+    from tunelab.plan.runtime_accuracy import implied_host, step_seconds
+
+    st = SimpleNamespace(
+        gpu_by_phase={"forward": 0.01, "backward": 0.02, "optimizer": 0.005},
+        host_ops_by_phase={"forward": 1000, "backward": 2000, "optimizer": 300},
+    )
+    for acc, measured in ((1, 0.2), (4, 0.7), (4, 0.13)):
+        h = implied_host(st, acc, measured)
+        assert h is not None and step_seconds(st, acc, h) == pytest.approx(measured, rel=1e-4)
+    assert implied_host(st, 4, 0.10) is None  # 4 x 0.03 + 0.005 = 0.125 s of kernels already
+    assert implied_host(st, 1, 10.0) is None  # over 1 ms an op: not a host
+    assert implied_host(st, 1, 0.2) == pytest.approx((0.2 - 0.0) / 3300, rel=1e-3)  # every phase host-bound
+
+
+def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
+    """runtime.md's second machine (an H200, 2026-11-27): the H100 machine's host constant predicts its host-bound
+    rows (GPU under 80% busy: s4, s5, s10) within 11%, out of sample, and those rows imply a host time per op
+    within the three machines' stated band; the busy rows are marked and left out of it."""
+    from tunelab.plan import runtime_accuracy
+
+    rows = {r["id"]: r for r in runtime_accuracy.second_machine_rows(ROOT)}
+    assert set(rows) == {"s1", "s2", "s3", "s4", "s5", "s10"} and {r["gpu"] for r in rows.values()} == {"H200"}
+    bound = {i for i, r in rows.items() if r["host_bound"]}
+    assert bound == {"s4", "s5", "s10"}
+    assert all(abs(rows[i]["error"]) <= 0.11 for i in bound)
+    assert all(50e0 <= rows[i]["implied_host_us"] <= 60e0 for i in bound)
+    earlier = runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.EARLIER_H200)
+    assert len(earlier) == 2 and all(40 <= r["implied_host_us"] <= 50 for r in earlier)
+    md = "\n".join(runtime_accuracy._md_second_machine(list(rows.values()), runtime_accuracy.h100_items(ROOT), earlier))
+    assert "| s1 |" in md and "(198.8)" in md and "host-bound rows (s4, s5, s10)" in md
+
+
 def test_activation_checkpointing_recomputes_the_forward():
     """With checkpointing each training token's forward runs again: the compute grows by the forward FLOPs of the
     training tokens (a third of training's), and nothing else changes."""

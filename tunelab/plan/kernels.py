@@ -847,7 +847,15 @@ GRID_BY_OP = "reports/2026-11-26-profile-grid-h200/by-op.jsonl"
 3B full at 8, TinyLlama full at 16; a later call that session, another H200 machine): what :data:`STRIDED_EFFICIENCY`,
 :data:`CONV_EFFICIENCY` and :data:`CONV_BACKWARD_EFFICIENCY` were read from, and with :data:`MEMORY_EFFICIENCY` and
 :data:`SM_BYTES_PER_CYCLE` fitted on."""
-GRIDS = ((GRID, "H100-SXM", "2026-11-25"), (GRID_H200, "H200", "2026-11-26"))
+GRID_H200_AGAIN = "reports/2026-11-27-profile-grid-h200/profile-grid.jsonl"
+"""TinyLlama at micro 1, 4, 8 (LoRA), 16 and OpenLLaMA 3B at 4 on a third H200 machine, the day its litgpt Part 1
+rows were timed (``reports/2026-11-27-lab-part1-h200/``); each line with its host clock per phase and the probes
+taken before it (``host``): out of sample."""
+GRIDS = (
+    (GRID, "H100-SXM", "2026-11-25"),
+    (GRID_H200, "H200", "2026-11-26"),
+    (GRID_H200_AGAIN, "H200", "2026-11-27"),
+)
 """(measured lines, the GPU table's row they ran on, the day) of every grid :func:`write_report` checks."""
 FITTED_SHAPES = {
     "H100-SXM": {(m, "full", b) for m, b in (("tiny-llama-1.1b", 1), ("tiny-llama-1.1b", 4), ("tiny-llama-1.1b", 16),
@@ -937,6 +945,11 @@ GRID_NOTES = {
     "by CUDA events holds only what was left. What still misses: attention (OpenLLaMA 3B's, counted at the 128-wide "
     "head the flash kernel runs, still 39-66% short), Gemma's elementwise kernels (+17% to +35%: head size 256, one "
     "KV group).",
+    GRID_H200_AGAIN: "What the host columns say, on a third machine: the launch-bound lines' host clock per op "
+    "(over the model's ops) ran from 26 to 48 us against the constant's 35, and from process to process on one "
+    "machine (TinyLlama LoRA: 28.6 us at micro 1 and 8, 38.8 at micro 4: the same ops). The probes each process took "
+    "first (`host`: `host_op_us` 4.0-7.7 us, `device_op_us` 8.8-14.3 us) do not order them: TinyLlama full at micro "
+    "1 had the second-highest `host_op_us` and the lowest clock per op. The GPU-bound lines hold within 12%.",
 }
 """What each grid's table shows, in words (read from its lines; the numbers in the tables are recomputed)."""
 

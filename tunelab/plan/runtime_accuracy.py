@@ -57,6 +57,62 @@ def h100_items(root: Path) -> list[dict]:
     return items
 
 
+SECOND_MACHINE = "reports/2026-11-27-lab-part1-h200/records.tgz"
+"""The same Part 1 rows (s1-s5, s10) by litgpt on an H200 machine, 2026-11-27: every record with the host's probes
+taken just before its launch (``host_op_us``, ``device_op_us``), to check the host constant on another host."""
+
+
+HOST_BOUND_UTIL = 80.0
+"""GPU utilisation (NVML, % of the steady window) under which a row counts as host-bound by measurement: only such a
+row's step says what its host costs per op (a busy GPU's gap is the kernel model's, not the host's)."""
+
+
+def implied_host(st, acc: int, measured_s: float) -> float | None:
+    """The host seconds per op that makes :func:`step_seconds` equal ``measured_s`` (by bisection); None
+    when the kernels alone, with no host time, already take longer (a GPU-bound row says nothing of its host)."""
+    lo, hi = 0.0, 1e-3
+    if step_seconds(st, acc, lo) >= measured_s or step_seconds(st, acc, hi) <= measured_s:
+        return None
+    for _ in range(50):  # the interval halved 50 times: far below a nanosecond
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step_seconds(st, acc, mid) < measured_s else (lo, mid)
+    return (lo + hi) / 2
+
+
+EARLIER_H200 = "reports/2026-11-26-litgpt-tiny-llama-1.1b-h200/records.tgz"
+"""litgpt's TinyLlama full and LoRA at s4 on the H200 machine of 2026-11-26 (also in :data:`BENCH`)."""
+
+
+def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
+    """Each run of ``archive`` (default: the Part 1 rows of :data:`SECOND_MACHINE`): its mean optimizer step (steady window) against the kernel model on
+    the H200's table row at :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP` (out of sample: fitted on the H100
+    machine), the host time per op the row implies, the probes, the SM clock and the GPU's busy share."""
+    from litgpt import Config
+
+    from tunelab.plan.accuracy import archived_records
+
+    rows = []
+    for name, rec, _ in archived_records(root / archive):
+        gpu = hardware.identify(rec.device_name or "")
+        if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
+            continue
+        acc, measured = rec.accumulation or 1, rec.step_time_mean_s
+        st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
+                               rec.padded_per_sample, gpu.name)  # fmt: skip
+        pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
+        g = st.gpu_by_phase
+        rid = rec.row_id if rec.row_id and rec.row_id != "run" else "/".join(name.split("/")[-3:-1])
+        rows.append({"id": rid, "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
+                     "micro": rec.micro_batch_size, "accumulation": acc, "tokens": rec.padded_per_sample,
+                     "measured_s": measured, "predicted_s": pred, "error": pred / measured - 1,
+                     "kernels_s": acc * (g["forward"] + g["backward"]) + g["optimizer"],
+                     "host_bound": (rec.gpu_util_steady_mean or 100.0) < HOST_BOUND_UTIL,
+                     "implied_host_us": (h * 1e6 if (h := implied_host(st, acc, measured)) else None),
+                     "host_op_us": rec.host_op_us, "device_op_us": rec.device_op_us,
+                     "sm_clock_mhz": rec.sm_clock_steady_mhz, "gpu_util": rec.gpu_util_steady_mean})  # fmt: skip
+    return sorted(rows, key=lambda r: int(r["id"][1:]) if r["id"][1:].isdigit() else 0)
+
+
 def step_seconds(st, acc: int, host_s_per_op: float) -> float:
     """An optimizer step of ``acc`` micro batches in litgpt's loop: each phase its kernels or its launches."""
     g, ops = st.gpu_by_phase, st.host_ops_by_phase
@@ -331,6 +387,7 @@ def write_report(path: Path, root: Path) -> None:
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     lines = [
         *_md_h100(h100, fit_host(items)),
+        *_md_second_machine(second_machine_rows(root), items, second_machine_rows(root, EARLIER_H200)),
         *(_md_part3(root) if (root / PART3_ROWS).is_file() else []),
         *_md_bench(bench_items(root)),
         *_md_part2(),
@@ -370,6 +427,79 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
             f"{r['loo_error']:+.1%} | {r['gpu_s_per_micro']:.4f} | {r['ops_per_micro']:,} |"
         )
     return lines
+
+
+def _md_second_machine(rows: list[dict], h100: list[dict], earlier: list[dict]) -> list[str]:
+    """The Part 1 rows again on another machine (:func:`second_machine_rows`), beside the H100 machine's same rows
+    (``h100``: :func:`h100_items`) and the host time per op each implies; ``earlier``: the same function's rows of
+    :data:`EARLIER_H200`, a third machine."""
+    if not rows:
+        return []
+    first = {i["id"]: (i["measured_s"], implied_host(i["st"], i["accumulation"], i["measured_s"])) for i in h100}
+    bound = [r for r in rows if r["host_bound"] and r["implied_host_us"]]
+    probes = [r["host_op_us"] for r in rows if r["host_op_us"]]
+    lines = [
+        "",
+        "## The same Part 1 rows on another machine (an H200, 2026-11-27), out of sample",
+        "",
+        "litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`reports/2026-11-27-lab-part1-h200/`): the "
+        "mean optimizer step over each row's steady window against the model on the H200's table row at the H100 "
+        "machine's host constant. 'host us/op implied': the host time per op that would make the model's step "
+        "equal the measured one (none where the kernels alone take longer); in brackets where the GPU was busy "
+        f"{HOST_BOUND_UTIL:.0f}% of the window or more: such a row's gap is the kernel model's, not its host's. "
+        "The probes (`host_op_us`: an eager op on the CPU; `device_op_us`: the same op launched on GPU 0) were "
+        "taken in the parent just before each launch.",
+        "",
+        "| row | recipe | precision | micro x accumulation | padded tokens | measured s | predicted s | error | "
+        "kernels s | host us/op implied | H100 machine: measured s, host us/op implied | host_op_us | "
+        "device_op_us | SM MHz | GPU util % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        h1, h1_host = first.get(r["id"], (None, None))
+        other = f"{h1:.3f}, {_fmt(h1_host and h1_host * 1e6, '.1f', 'GPU-bound')}" if h1 else "not timed"
+        lines.append(
+            f"| {r['id']} | {r['recipe']} | {r['precision']} | {r['micro']} x {r['accumulation']} | "
+            f"{r['tokens']:.0f} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
+            f"{r['kernels_s']:.3f} | {_implied(r)} | {other} | {_fmt(r['host_op_us'], '.2f')} | "
+            f"{_fmt(r['device_op_us'], '.2f')} | {_fmt(r['sm_clock_mhz'], '.0f')} | {_fmt(r['gpu_util'], '.0f')} |"
+        )
+    if bound and probes:
+        implied = [r["implied_host_us"] for r in bound]
+        same = {r["id"]: first[r["id"]] for r in bound if r["id"] in first}
+        third = {r["id"]: (0, r["implied_host_us"] / 1e6) for r in earlier if r["implied_host_us"]}
+        every = implied + [h * 1e6 for _, h in [*same.values(), *third.values()] if h]
+        lines += [
+            "",
+            f"The host-bound rows ({', '.join(r['id'] for r in bound)}) imply {min(implied):.1f}-{max(implied):.1f} "
+            f"us of host time per op on this machine; the same rows on the H100 machine {_spread(same)}; litgpt's "
+            "TinyLlama full and LoRA at s4 on the H200 machine of 2026-11-26 "
+            f"{_spread(third)}: the loop's cost per op is steady on one machine and differs by up to "
+            f"{max(every) / min(every) - 1:.0%} between machines. The probes do not follow it: "
+            f"`host_op_us` read {min(probes):.2f}-{max(probes):.2f} us on this one machine within six minutes, its "
+            "highest readings beside the same loop speed as its lowest. So the plan keeps one host constant and "
+            "does not scale it by a probe; the spread between machines is part of the model's band.",
+        ]
+    return lines
+
+
+def _implied(row: dict) -> str:
+    """A row's implied host time per op: plain where the row was host-bound, in brackets where its GPU was busy."""
+    h = row["implied_host_us"]
+    if h is None:
+        return "GPU-bound"
+    return f"{h:.1f}" if row["host_bound"] else f"({h:.1f})"
+
+
+def _fmt(value, spec: str, missing: str = "") -> str:
+    """``value`` formatted by ``spec``, or ``missing`` when it is None."""
+    return missing if value is None else format(value, spec)
+
+
+def _spread(first: dict) -> str:
+    """'a-b us' of the implied host times in ``first`` ({row: (measured s, implied host s or None)})."""
+    hosts = [h * 1e6 for _, h in first.values() if h]
+    return f"{min(hosts):.1f}-{max(hosts):.1f} us" if hosts else "none host-bound"
 
 
 def _md_part3(root: Path) -> list[str]:

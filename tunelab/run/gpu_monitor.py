@@ -250,9 +250,10 @@ def per_op_us(step, start, sync=None) -> float:
 
 def host_op_us() -> float:
     """The host's eager dispatch speed: microseconds per small autograd-recording torch op (a multiply of a
-    16-element tensor that requires grad), the median of 5 repeats. A host-bound step (a small model, LoRA, litgpt's
-    loop) launches its kernels at about this pace times a per-op constant, so two machines' step times compare
-    through it (the planner's host constants were fitted on one machine). Measured in the parent before launch."""
+    16-element tensor that requires grad), the median of 5 repeats, measured in the parent before launch. It
+    describes that moment, not the loop: on one H200 machine (2026-11-27) six runs read 4.3-7.6 us while litgpt's
+    host-bound loop cost the same 54-57 us per op in each (``reports/planner-accuracy/runtime.md``), so the planner
+    does not scale its host constant by it; it says which CPU a record's times came from and how busy it was."""
     import torch
 
     x = torch.ones(16, requires_grad=True)
