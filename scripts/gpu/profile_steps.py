@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Where the time of a training step goes: TinyLlama (random weights, litgpt's own model classes), full fine-tuning
-and LoRA, bf16-true, the lab's micro batch, the benchmark workload's padded length.
+and LoRA, bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them), the lab's micro batch, the
+benchmark workload's padded length.
 
 For each method: warm-up steps, then N timed steps with CUDA events around each phase (forward, loss, backward,
 optimizer step; medians; the host's own clock per phase beside them, unsynchronised: what a launch-bound step
 waits on), then one profiled step (torch.profiler) whose CUDA kernel time is split by kernel name
 into matmul, attention, cross-entropy/softmax, optimizer, normalisation/elementwise and other. MFU of the step
-= 6N (full) or 4N + 6N_lora (LoRA) FLOPs per token plus attention, x tokens / step time / the GPU's bf16 peak.
+= 6N (full) or 4N + 6N_lora (LoRA) FLOPs per token plus attention, x tokens / step time / the GPU's dense peak at that precision.
 The machine's host speed (eager dispatch per op on the CPU and on the GPU, an nn.Module call) is measured once and
 written with every line. Writes a Markdown summary (--out) and prints it.
 
@@ -151,12 +152,16 @@ def cpu_ops(prof) -> dict:
     return {k: [n, round(t, 1), round(g, 1)] for k, n, t, g in rows[:200]}
 
 
-def profile_method(method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device) -> dict:
+def profile_method(
+    method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device, precision: str = "bf16-true"
+) -> dict:
     from tunelab.models import lora_param_count
     from tunelab.plan.flops import flops_per_token
     from tunelab.settings import LORA_TARGETS
 
-    model = build(method, model_name, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    half = precision == "bf16-true" and device.type == "cuda"
+    torch.set_float32_matmul_precision("highest" if half else "high")  # litgpt's CLI sets 'high': TF32 matmuls
+    model = build(method, model_name, device, torch.bfloat16 if half else torch.float32)
     model.max_seq_length = seq
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=2e-4, betas=(0.9, 0.95), weight_decay=0.0)
@@ -207,7 +212,7 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
         from tunelab import hardware
 
         gpu = hardware.identify(torch.cuda.get_device_name(0))
-        peak = gpu.peak_flops("bf16-true") if gpu else None
+        peak = gpu.training_peak(precision) if gpu else None
     tokens = micro * seq
     del model, optimizer
     if device.type == "cuda":
@@ -231,7 +236,7 @@ def profile_method(method: str, model_name: str, micro: int, seq: int, steps: in
 
 def render(results: list[dict], args, device_name: str) -> str:
     lines = [
-        f"# Where the time goes: {args.model_name}, bf16-true, micro batch {args.micro} x {args.seq} tokens",
+        f"# Where the time goes: {args.model_name}, {args.precision}, micro batch {args.micro} x {args.seq} tokens",
         "",
         f"Device: {device_name}; torch {torch.__version__}. Random weights, litgpt's model classes, AdamW "
         "(torch default implementation), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
@@ -289,6 +294,12 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=437, help="tokens per sample (the benchmark's padded mean)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--methods", default="full,lora")
+    ap.add_argument(
+        "--precision",
+        choices=("bf16-true", "32-true"),
+        default="bf16-true",
+        help="bf16-true (default), or 32-true: fp32 weights and optimizer state, matmuls as TF32 (litgpt's 'high')",
+    )
     ap.add_argument("--out", type=Path)
     ap.add_argument(
         "--json",
@@ -324,10 +335,12 @@ def main() -> int:
     print(f"host: {probes}", flush=True)
     for method in args.methods.split(","):
         head = {"model": args.model_name, "method": method, "micro": args.micro, "seq": args.seq}
-        head |= {"device": device_name, "torch": torch.__version__, "dtype": "bf16-true", "steps": args.steps}
+        head |= {"device": device_name, "torch": torch.__version__, "dtype": args.precision, "steps": args.steps}
         head |= {"host": probes}
         try:
-            results.append(profile_method(method, args.model_name, args.micro, args.seq, args.steps, device))
+            results.append(
+                profile_method(method, args.model_name, args.micro, args.seq, args.steps, device, args.precision)
+            )
         except torch.OutOfMemoryError as e:
             print(f"{method}: out of GPU memory ({str(e).splitlines()[0]})", flush=True)
             if args.json:

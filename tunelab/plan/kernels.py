@@ -12,7 +12,10 @@ Each kernel gets a time on the GPU (``configs/hardware/gpus.yaml``):
 * matmul: FLOPs / (dense peak of the compute dtype x :data:`MATMUL_EFFICIENCY` x the share of the GPU's SMs its
   output tiles keep busy over its waves (:func:`wave_efficiency`: tiles of :data:`TILE` x :data:`TILE`, one wave
   per SM count));
-* attention (flash): FLOPs / (dense peak x :data:`ATTENTION_EFFICIENCY`), causal (half the score blocks);
+  fp32 matmuls as TF32 on tensor cores (litgpt's 'high') at :data:`TF32_MATMUL_SHARE` of that efficiency;
+* attention (flash): FLOPs / (dense peak x :data:`ATTENTION_EFFICIENCY`), causal (half the score blocks); fp32
+  attention, which flash does not take, by the memory-efficient kernel, whose fp32 products are three TF32 ones
+  (:func:`fp32_attention_peak`) x :data:`FP32_ATTENTION_EFFICIENCY`;
 * everything else (norms, RoPE, SwiGLU, casts, copies, the loss, the optimizer's for-each ops, LoRA's grouped
   convolution): bytes / (:func:`memory_rate`, the HBM's bandwidth or what the SMs move, x its kind's share:
   :data:`MEMORY_EFFICIENCY` contiguous, :data:`STRIDED_EFFICIENCY` over a strided view, :data:`FOREACH_EFFICIENCY`,
@@ -49,6 +52,17 @@ the H100 profile's matmul time (TinyLlama full, 29.1 ms)."""
 ATTENTION_EFFICIENCY = 0.19
 """Fraction of the dense peak the flash kernels reach at fine-tuning lengths (437 tokens, head size 64: short rows,
 few tiles); fitted on the H100 profile's attention time (3.0 ms)."""
+TF32_MATMUL_SHARE = 0.81
+"""An fp32 matmul's efficiency against the TF32 peak, as a share of :data:`MATMUL_EFFICIENCY` (a bf16 matmul's
+against the bf16 peak): TF32 operands are twice as wide, so cuBLAS's TF32 kernels feed the tensor cores from twice
+the shared-memory bytes per FLOP and reach less of their peak. Fitted on the H200 grid's fp32 line at micro 8
+(TinyLlama full, 32-true: 72.2 ms of matmul kernels against 58.3 planned at the bf16 share); its micro-32 line is
+out of sample (``reports/planner-accuracy/kernels.md``)."""
+FP32_ATTENTION_EFFICIENCY = 0.15
+"""Fraction of :func:`fp32_attention_peak` that fp32 attention reaches (the same causal FLOPs as flash): torch's
+flash kernels take only 16-bit inputs, so fp32 SDPA runs the memory-efficient (CUTLASS) kernel. Fitted on the H200
+grid's fp32 line at micro 8 (19.7 ms of attention kernels; timed as flash at the TF32 peak it was 5.1 ms); its
+micro-32 line is out of sample."""
 MEMORY_EFFICIENCY = 0.9
 """Fraction of :func:`memory_rate` a contiguous eager elementwise kernel reaches (a large device-to-device copy
 moves about 90% of the HBM's peak on the H100 and H200 machines we borrow). Fitted with
@@ -613,9 +627,13 @@ def template_seconds(
         nbytes, flops, tiles = nbytes[keep], flops[keep], tiles[keep]
     cat = np.array(tp.category)
     peaks = gpu.peak_tflops
+    fp32 = np.array(tp.fp32, dtype=bool)
     low = peaks.get("tf32") or peaks["fp32"]
     high = peaks.get("bf16") or peaks.get("fp16") or peaks["fp32"]
-    peak = np.where(np.array(tp.fp32, dtype=bool), low, high) * 1e12
+    peak = np.where(fp32, low, high) * 1e12
+    peak = np.where(fp32 & (cat == "attention"), fp32_attention_peak(peaks) * 1e12, peak)  # not flash
+    attention_eff = np.where(fp32, FP32_ATTENTION_EFFICIENCY, ATTENTION_EFFICIENCY)
+    matmul_eff = MATMUL_EFFICIENCY * np.where(fp32 & bool(peaks.get("tf32")), TF32_MATMUL_SHARE, 1.0)
     access = np.array(tp.access or [""] * len(cat))
     share = np.select(
         [cat == "optimizer", access == "strided", access == "conv", access == "conv_backward"],
@@ -624,7 +642,7 @@ def template_seconds(
     )
     bandwidth = memory_rate(gpu) * share
     waves = np.ceil(np.maximum(tiles, 1) / sms) * sms
-    eff = np.where(cat == "matmul", MATMUL_EFFICIENCY * np.where(tiles > 0, tiles / waves, 1.0), ATTENTION_EFFICIENCY)
+    eff = np.where(cat == "matmul", matmul_eff * np.where(tiles > 0, tiles / waves, 1.0), attention_eff)
     compute = np.where(np.isin(cat, ("matmul", "attention")) & (flops > 0), flops / (peak * eff), 0.0)
     t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S)
     phases = np.array(tp.phase)
@@ -646,6 +664,13 @@ def template_seconds(
         by_phase[f"{p}/loss"] = by_phase.get(f"{p}/loss", 0.0) + more * n * MIN_KERNEL_S
         by_cat["loss"] = by_cat.get("loss", 0.0) + more * n * MIN_KERNEL_S
     return sum(ops_by_phase.get(p, 0.0) for p in TRAINING_PHASES), by_cat, by_phase, ops_by_phase
+
+
+def fp32_attention_peak(peaks: dict) -> float:
+    """TFLOP/s the memory-efficient attention kernel has for fp32 inputs: from compute capability 8.0 its CUTLASS
+    GEMMs multiply fp32 as three TF32 products (``OpMultiplyAddFastF32``, 3xTF32: big x big + big x small + small x
+    big), a third of the TF32 peak; before it (no TF32: V100, T4) on the CUDA cores, the plain FP32 peak."""
+    return peaks["tf32"] / 3 if peaks.get("tf32") else peaks["fp32"]
 
 
 def step_time(
@@ -851,19 +876,25 @@ GRID_H200_AGAIN = "reports/2026-11-27-profile-grid-h200/profile-grid.jsonl"
 """TinyLlama at micro 1, 4, 8 (LoRA), 16 and OpenLLaMA 3B at 4 on a third H200 machine, the day its litgpt Part 1
 rows were timed (``reports/2026-11-27-lab-part1-h200/``); each line with its host clock per phase and the probes
 taken before it (``host``): out of sample."""
+GRID_FP32 = "reports/2026-11-27-profile-grid-h200/profile-grid-32-true.jsonl"
+"""TinyLlama full at 32-true (fp32 weights, TF32 matmuls) at micro 8 and 32 on the same machine, a later call: the
+micro-8 line holds :data:`TF32_MATMUL_SHARE` and :data:`FP32_ATTENTION_EFFICIENCY`, the micro-32 line checks them."""
 GRIDS = (
     (GRID, "H100-SXM", "2026-11-25"),
     (GRID_H200, "H200", "2026-11-26"),
     (GRID_H200_AGAIN, "H200", "2026-11-27"),
+    (GRID_FP32, "H200", "2026-11-27, 32-true"),
 )
 """(measured lines, the GPU table's row they ran on, the day) of every grid :func:`write_report` checks."""
 FITTED_SHAPES = {
     "H100-SXM": {(m, "full", b) for m, b in (("tiny-llama-1.1b", 1), ("tiny-llama-1.1b", 4), ("tiny-llama-1.1b", 16),
                                              ("open_llama_3b", 1), ("open_llama_3b", 4))},
-    "H200": {("open_llama_3b", "full", 8), ("tiny-llama-1.1b", "full", 16), ("open_llama_7b", "lora", 8)},
+    "H200": {("open_llama_3b", "full", 8), ("tiny-llama-1.1b", "full", 16), ("open_llama_7b", "lora", 8),
+             ("tiny-llama-1.1b", "full", 8)},
 }  # fmt: skip
 """(model, method, micro) whose elementwise kernels (H100: these very lines) or whose shape (H200: the lines of
-:data:`GRID_BY_OP`, measured again) the memory constants were fitted on: marked in the report."""
+:data:`GRID_BY_OP`, measured again) the memory constants were fitted on, or (H200, TinyLlama full at micro 8: only
+:data:`GRID_FP32` has it) the fp32 matmul and attention constants: marked in the report."""
 
 
 GRID_KEYS = ("model", "method", "dtype", "micro", "seq", "step_s", "phases", "kernels", "launches")
@@ -950,6 +981,13 @@ GRID_NOTES = {
     "machine (TinyLlama LoRA: 28.6 us at micro 1 and 8, 38.8 at micro 4: the same ops). The probes each process took "
     "first (`host`: `host_op_us` 4.0-7.7 us, `device_op_us` 8.8-14.3 us) do not order them: TinyLlama full at micro "
     "1 had the second-highest `host_op_us` and the lowest clock per op. The GPU-bound lines hold within 12%.",
+    GRID_FP32: "At 32-true the matmuls run as TF32 at 81% of a bf16 matmul's efficiency (fitted on micro 8) and "
+    "the attention is not flash: the memory-efficient kernel's three TF32 products per fp32 one, at 15% of that "
+    "third of the TF32 peak (fitted on micro 8); timed as "
+    "bf16 kernels at the TF32 peak, the step was 15-16% short, the matmuls 19-21%, the attention 72-74%. Micro 32 "
+    "is out of sample. Still over: fp32 elementwise kernels (+13% to +22%) and the for-each AdamW over fp32 state "
+    "(+30%: no casts to fp32 in its kernels, which the bf16-fitted efficiency assumes). The host clock at micro 32 "
+    "includes waits on the GPU (its queue fills): not a host-bound line.",
 }
 """What each grid's table shows, in words (read from its lines; the numbers in the tables are recomputed)."""
 
@@ -960,15 +998,17 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
     rows = grid_rows(root, grid, gpu)
     whats = list(rows[0]["pairs"]) if rows else []
     fitted = FITTED_SHAPES.get(gpu, set())
+    dtypes = ", ".join(sorted({m["dtype"] for m in read_grid(root / grid)}))
     lines = [
         f"## Out of sample: {gpu}, {day}, {len({r['model'] for r in rows})} models",
         "",
         f"Measured: `{grid}` (`scripts/gpu/runbook.sh grid`: `scripts/gpu/profile_steps.py`, sequence 437, 10 timed "
-        "steps after 3 warm-up steps, random weights, bf16-true). Each cell: predicted / measured milliseconds "
+        f"steps after 3 warm-up steps, random weights, {dtypes}). Each cell: predicted / measured milliseconds "
         "(error). The optimizer is its phase by CUDA events: the profiler's optimizer kernel time is twice that "
         "phase (on one stream kernels cannot outlast the interval that holds them). A line marked `fit` had its "
         "elementwise kernels (or, on the H200, its shape measured again by op: `" + GRID_BY_OP + "`) in the fit "
-        "of the memory constants; every other number is out of sample.",
+        "of the memory constants (or, at 32-true, the fp32 matmul and attention constants); every other number is "
+        "out of sample.",
         "",
         "| model | micro | method | bound (model) | " + " | ".join(whats) + " | ops (model) / kernels launched |",
         "|---|---|---|---|" + "---|" * len(whats) + "---|",

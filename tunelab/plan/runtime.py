@@ -48,7 +48,7 @@ dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside
 launch-bound wherever its kernels take less. Fitted on our H100 Part 1 rows (litgpt 0.5.13 on that machine's host;
 ``tunelab plan-accuracy`` leaves each row out): 60 us where the isolated step of the profile dispatched at 35
 (:data:`tunelab.plan.kernels.HOST_S_PER_OP`). A property of the host CPU and software, not of the GPU."""
-KERNEL_MODEL_ERROR = 0.192
+KERNEL_MODEL_ERROR = 0.186
 """Mean absolute error of the kernel-level model (:meth:`Terms.by_cause`) on the lab's A100 Part 1 rows, out of
 sample (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it): the band around its
 point estimate."""

@@ -653,11 +653,13 @@ def _md_weak(lab: list) -> list[str]:
         "Known weak: the host constant is that of the H100 machine: the lab's A100 machine ran TinyLlama's LoRA "
         "loop about twice as fast per op (s10: our H100 machine took 64.6 s for the same row without validations, "
         "the lab 45.2 s with two; not a count of ops: litgpt 0.5.7, the lab's, dispatches the same 1,634 forward and "
-        "2,408 backward ops at micro 4 as 0.5.13 by the same trace); generation is an upper bound; fp32 kernels are predicted faster than the H100 "
-        "rows ran them (hidden there behind the host); small micro batches on a noisy host (Part 3, micro 8-23) "
+        "2,408 backward ops at micro 4 as 0.5.13 by the same trace); generation is an upper bound; fp32's elementwise kernels and the for-each AdamW over fp32 "
+        "state are timed 13-30% long (the H200's 32-true grid, `kernels.md`), and the lab's fp32 rows ran faster "
+        "than planned (s3); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
         "several devices' wrapper kernels (only their communication), the gather before a sharded checkpoint "
-        "save; the host and board of a machine other than the constants' (`host_op_us`, `device_op_us`, "
-        "`sm_clock_steady_mhz` in the records, not yet in the plan).",
+        "save; the host of a machine other than the constants' (34% apart over three machines, and the probes the "
+        "records carry do not predict it: the second-machine section) and a board's clock under its power cap "
+        "(`sm_clock_steady_mhz` in the records, not in the plan).",
         "",
     ]
