@@ -52,7 +52,8 @@ def h100_items(root: Path) -> list[dict]:
         st = kernels.step_time(
             Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens, "H100-SXM"
         )
-        items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro,
+        util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
+        items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
                       "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st})  # fmt: skip
     return items
 
@@ -62,9 +63,10 @@ SECOND_MACHINE = "reports/2026-11-27-lab-part1-h200/records.tgz"
 taken just before its launch (``host_op_us``, ``device_op_us``), to check the host constant on another host."""
 
 
-HOST_BOUND_UTIL = 80.0
-"""GPU utilisation (NVML, % of the steady window) under which a row counts as host-bound by measurement: only such a
-row's step says what its host costs per op (a busy GPU's gap is the kernel model's, not the host's)."""
+HOST_BOUND_UTIL = 60.0
+"""GPU utilisation (NVML, % of the steady window) under which a row counts as host-bound by measurement (the GPU
+waited on the host at least 40% of the window): only such a row's step says what its host costs per op (a busy
+GPU's gap is the kernel model's, not the host's)."""
 
 
 def implied_host(st, acc: int, measured_s: float) -> float | None:
@@ -79,12 +81,8 @@ def implied_host(st, acc: int, measured_s: float) -> float | None:
     return (lo + hi) / 2
 
 
-EARLIER_H200 = "reports/2026-11-26-litgpt-tiny-llama-1.1b-h200/records.tgz"
-"""litgpt's TinyLlama full and LoRA at s4 on the H200 machine of 2026-11-26 (also in :data:`BENCH`)."""
-
-
-def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
-    """Each run of ``archive`` (default: the Part 1 rows of :data:`SECOND_MACHINE`): its mean optimizer step (steady window) against the kernel model on
+def second_machine_rows(root: Path) -> list[dict]:
+    """Each Part 1 row of :data:`SECOND_MACHINE`: its mean optimizer step (steady window) against the kernel model on
     the H200's table row at :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP` (out of sample: fitted on the H100
     machine), the host time per op the row implies, the probes, the SM clock and the GPU's busy share."""
     from litgpt import Config
@@ -92,7 +90,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
     from tunelab.plan.accuracy import archived_records
 
     rows = []
-    for name, rec, _ in archived_records(root / archive):
+    for name, rec, _ in archived_records(root / SECOND_MACHINE):
         gpu = hardware.identify(rec.device_name or "")
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
@@ -101,8 +99,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
                                rec.padded_per_sample, gpu.name)  # fmt: skip
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
-        rid = rec.row_id if rec.row_id and rec.row_id != "run" else "/".join(name.split("/")[-3:-1])
-        rows.append({"id": rid, "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
+        rows.append({"id": rec.row_id or name.split("/")[-2], "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
                      "micro": rec.micro_batch_size, "accumulation": acc, "tokens": rec.padded_per_sample,
                      "measured_s": measured, "predicted_s": pred, "error": pred / measured - 1,
                      "kernels_s": acc * (g["forward"] + g["backward"]) + g["optimizer"],
@@ -380,14 +377,14 @@ def write_report(path: Path, root: Path) -> None:
     """runtime.md (and runtime-kernel.csv beside it): one function per section."""
     from tunelab.files import write_csv, write_text_atomic
 
-    items = h100_items(root)
+    items, second = h100_items(root), second_machine_rows(root)
     lab = a100_items()  # the lab's rows planned once, for their table and the diagnostic
     h100, a100 = h100_rows(root, items), a100_rows(lab)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_second_machine(second_machine_rows(root), items, second_machine_rows(root, EARLIER_H200)),
+        *_md_second_machine(second, items, host_by_machine(items, second, bench_items(root))),
         *(_md_part3(root) if (root / PART3_ROWS).is_file() else []),
         *_md_bench(bench_items(root)),
         *_md_part2(),
@@ -429,10 +426,44 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
     return lines
 
 
-def _md_second_machine(rows: list[dict], h100: list[dict], earlier: list[dict]) -> list[str]:
+def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict]) -> dict:
+    """{machine: [host us per op, ...]}: what every litgpt run that was host-bound by measurement (GPU busy under
+    :data:`HOST_BOUND_UTIL`) implies (:func:`implied_host`), by the machine it ran on: the H100 Part 1 rows
+    (``h100``: :func:`h100_items`), the second machine's (``second``: :func:`second_machine_rows`) and each bench
+    report's litgpt runs (``bench``: :func:`bench_items`; one report, one machine)."""
+    out: dict = {}
+
+    def add(machine: str, util, host) -> None:
+        if util is not None and util < HOST_BOUND_UTIL and host:
+            out.setdefault(machine, []).append(host * 1e6)
+
+    for i in h100:
+        add(
+            f"H100-SXM {Path(H100_ROWS).parent.name}",
+            i["gpu_util"],
+            implied_host(i["st"], i["accumulation"], i["measured_s"]),
+        )
+    for r in second:
+        add(
+            f"{r['gpu']} {Path(SECOND_MACHINE).parent.name}",
+            r["gpu_util"],
+            r["implied_host_us"] and r["implied_host_us"] / 1e6,
+        )
+    for it in bench:
+        if it["arm"] == "litgpt":
+            st = kernels.step_time(it["x"].config, it["method"], it["x"].precision, it["micro"], it["tokens"],
+                                   it["gpu"].name)  # fmt: skip
+            add(
+                f"{it['gpu'].name} {it['report']}",
+                it["gpu_util"],
+                implied_host(st, it["accumulation"], it["measured_s"]),
+            )
+    return out
+
+
+def _md_second_machine(rows: list[dict], h100: list[dict], machines: dict) -> list[str]:
     """The Part 1 rows again on another machine (:func:`second_machine_rows`), beside the H100 machine's same rows
-    (``h100``: :func:`h100_items`) and the host time per op each implies; ``earlier``: the same function's rows of
-    :data:`EARLIER_H200`, a third machine."""
+    (``h100``: :func:`h100_items`) and the host time per op each implies; ``machines``: :func:`host_by_machine`."""
     if not rows:
         return []
     first = {i["id"]: (i["measured_s"], implied_host(i["st"], i["accumulation"], i["measured_s"])) for i in h100}
@@ -464,21 +495,20 @@ def _md_second_machine(rows: list[dict], h100: list[dict], earlier: list[dict]) 
             f"{r['kernels_s']:.3f} | {_implied(r)} | {other} | {_fmt(r['host_op_us'], '.2f')} | "
             f"{_fmt(r['device_op_us'], '.2f')} | {_fmt(r['sm_clock_mhz'], '.0f')} | {_fmt(r['gpu_util'], '.0f')} |"
         )
-    if bound and probes:
-        implied = [r["implied_host_us"] for r in bound]
-        same = {r["id"]: first[r["id"]] for r in bound if r["id"] in first}
-        third = {r["id"]: (0, r["implied_host_us"] / 1e6) for r in earlier if r["implied_host_us"]}
-        every = implied + [h * 1e6 for _, h in [*same.values(), *third.values()] if h]
+    if bound and probes and machines:
+        every = [h for hosts in machines.values() for h in hosts]
+        spread = "; ".join(f"{m}: {min(h):.0f}-{max(h):.0f}" for m, h in machines.items())
+        within = max(max(h) / min(h) - 1 for h in machines.values())
         lines += [
             "",
-            f"The host-bound rows ({', '.join(r['id'] for r in bound)}) imply {min(implied):.1f}-{max(implied):.1f} "
-            f"us of host time per op on this machine; the same rows on the H100 machine {_spread(same)}; litgpt's "
-            "TinyLlama full and LoRA at s4 on the H200 machine of 2026-11-26 "
-            f"{_spread(third)}: the loop's cost per op is steady on one machine and differs by up to "
-            f"{max(every) / min(every) - 1:.0%} between machines. The probes do not follow it: "
-            f"`host_op_us` read {min(probes):.2f}-{max(probes):.2f} us on this one machine within six minutes, its "
-            "highest readings beside the same loop speed as its lowest. So the plan keeps one host constant and "
-            "does not scale it by a probe; the spread between machines is part of the model's band.",
+            f"Every litgpt run we have whose GPU waited on its host (busy under {HOST_BOUND_UTIL:.0f}%), by machine, "
+            f"in us of host time per op: {spread}. From {min(every):.0f} to {max(every):.0f} us, a factor of "
+            f"{max(every) / min(every):.1f}: the loop's cost per op is a property of the machine (and of the moment: "
+            f"runs on one machine differ by up to {within:.0%}), and the H100 machine the constant was fitted on is among "
+            f"the slower ones. The probes do not follow it: `host_op_us` read {min(probes):.2f}-{max(probes):.2f} us "
+            "on the second machine within six minutes, its highest readings beside the same loop speed as its "
+            "lowest. So the plan keeps one host constant and does not scale it by a probe; a launch-bound plan "
+            "carries that spread.",
         ]
     return lines
 
@@ -494,12 +524,6 @@ def _implied(row: dict) -> str:
 def _fmt(value, spec: str, missing: str = "") -> str:
     """``value`` formatted by ``spec``, or ``missing`` when it is None."""
     return missing if value is None else format(value, spec)
-
-
-def _spread(first: dict) -> str:
-    """'a-b us' of the implied host times in ``first`` ({row: (measured s, implied host s or None)})."""
-    hosts = [h * 1e6 for _, h in first.values() if h]
-    return f"{min(hosts):.1f}-{max(hosts):.1f} us" if hosts else "none host-bound"
 
 
 def _md_part3(root: Path) -> list[str]:
@@ -658,7 +682,7 @@ def _md_weak(lab: list) -> list[str]:
         "than planned (s3); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
         "several devices' wrapper kernels (only their communication), the gather before a sharded checkpoint "
-        "save; the host of a machine other than the constants' (34% apart over three machines, and the probes the "
+        "save; the host of a machine other than the constants' (a factor of 2 over six machines, and the probes the "
         "records carry do not predict it: the second-machine section) and a board's clock under its power cap "
         "(`sm_clock_steady_mhz` in the records, not in the plan).",
         "",
