@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
         "--archive",
         type=Path,
         metavar="FILE.tgz",
-        help="after every row, write the records and logs (no weights) to this .tar.gz",
+        help="after every row, write the records and logs (no weights) to this .tar.gz, paths under the working "
+        "directory made relative (a lent machine's archive names no path of it)",
     )
     s.add_argument(
         "--prune-checkpoints",

@@ -6,6 +6,7 @@ of memory, crashes, is killed or times out; a row refused before launch; a full 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import shutil
@@ -39,10 +40,18 @@ def row_done(base: Path, row: Row) -> tuple[bool, str | None]:
     return resume_state(base / row.id / "record.json", row.recipe.key, row.overrides(), row.strategy_label, settings)
 
 
-def archive(sweep_dir: Path, dest: Path) -> Path:
+TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".yaml", ".yml", ".csv", ".txt", ".md")
+"""Members :func:`archive` writes with the machine's checkout path taken out (records, logs, litgpt's YAMLs)."""
+
+
+def archive(sweep_dir: Path, dest: Path, root: Path | None = None) -> Path:
     """A .tar.gz of a sweep directory's records and logs (record.json, stdout/stderr, rank stats, metrics.csv,
-    sweep.json), never model weights: small enough to copy back from a machine that returns few, small files."""
+    sweep.json), never model weights: small enough to copy back from a machine that returns few, small files. The
+    text members (:data:`TEXT_SUFFIXES`) hold paths relative to ``root`` (default: the working directory, the
+    checkout) where they named it absolutely: an archive made on a lent machine can be committed as it came back,
+    with no path of that machine in it."""
     sweep_dir, dest = Path(sweep_dir), check_target(Path(dest), "--archive")
+    prefix = (str(Path(root or Path.cwd()).resolve()).rstrip("/") + "/").encode()
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     os.close(fd)
@@ -55,7 +64,14 @@ def archive(sweep_dir: Path, dest: Path) -> Path:
                 and not f.name.startswith(".")
                 and f.stat().st_size < 32 * 2**20
             ):
-                tar.add(f, arcname=str(Path(sweep_dir.name) / f.relative_to(sweep_dir)))
+                name = str(Path(sweep_dir.name) / f.relative_to(sweep_dir))
+                if not f.name.endswith(TEXT_SUFFIXES):
+                    tar.add(f, arcname=name)
+                    continue
+                data = f.read_bytes().replace(prefix, b"")
+                info = tar.gettarinfo(str(f), arcname=name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
     os.chmod(tmp, 0o644)
     check_target(dest, "--archive")
     os.replace(tmp, dest)
