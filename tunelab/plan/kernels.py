@@ -54,8 +54,8 @@ ATTENTION_EFFICIENCY = 0.19
 few tiles); fitted on the H100 profile's attention time (3.0 ms)."""
 TF32_MATMUL_SHARE = 0.81
 """An fp32 matmul's efficiency against the TF32 peak, as a share of :data:`MATMUL_EFFICIENCY` (a bf16 matmul's
-against the bf16 peak): TF32 operands are twice as wide, so cuBLAS's TF32 kernels feed the tensor cores from twice
-the shared-memory bytes per FLOP and reach less of their peak. Fitted on the H200 grid's fp32 line at micro 8
+against the bf16 peak): cuBLAS's TF32 kernels reach less of their peak than its bf16 ones (their operands are twice
+as wide: twice the bytes per FLOP to feed the tensor cores; a reading, not measured apart). Fitted on the H200 grid's fp32 line at micro 8
 (TinyLlama full, 32-true: 72.2 ms of matmul kernels against 58.3 planned at the bf16 share); its micro-32 line is
 out of sample (``reports/planner-accuracy/kernels.md``)."""
 FP32_ATTENTION_EFFICIENCY = 0.15
@@ -986,7 +986,7 @@ GRID_NOTES = {
     "third of the TF32 peak (fitted on micro 8); timed as "
     "bf16 kernels at the TF32 peak, the step was 15-16% short, the matmuls 19-21%, the attention 72-74%. Micro 32 "
     "is out of sample. Still over: fp32 elementwise kernels (+13% to +22%) and the for-each AdamW over fp32 state "
-    "(+30%: no casts to fp32 in its kernels, which the bf16-fitted efficiency assumes). The host clock at micro 32 "
+    "(+30%: its efficiency was fitted on bf16 state). The host clock at micro 32 "
     "includes waits on the GPU (its queue fills): not a host-bound line.",
 }
 """What each grid's table shows, in words (read from its lines; the numbers in the tables are recomputed)."""
