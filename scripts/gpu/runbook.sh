@@ -8,13 +8,14 @@
 # stages, with the time each took on one H100 (2026-11-23; a machine's start, 1-2 min, not included):
 #   env           versions, GPU memory, toolchain (one line per problem), then pytest -m gpu     5 min
 #   tiny          lab Part 1 TinyLlama rows s1-s5, s10 (random weights, benchmark data)            6 min
+#                 (6.7 min on an H200, 2026-11-27, s1 included: it fits 141 GB)
 #                 + the collector's overhead (plain litgpt vs tunelab run, 3 pairs)              + 3.5 min
 #   profile       torch.profiler summary of TinyLlama full and LoRA steps                          0.5 min
 #   grid          the same profile over GRID ("model:micro ...", default TinyLlama at micro 1, 4, 16 and
 #                 OpenLLaMA 3B at 1, 4; a row "model:micro:lora" runs one method, "model:micro:full:32-true" at
-#                 fp32 with TF32 matmuls), full and LoRA, with the host's
-#                 clock per phase and its speed per op -> profile-grid.jsonl: the time model's out-of-sample
-#                 rows (tunelab/plan/kernels.py; reports/planner-accuracy/kernels.md)                 2.5 min
+#                 fp32 with TF32 matmuls), full and LoRA, with the host's clock per phase and its speed per op
+#                 -> profile-grid.jsonl: the time model's out-of-sample rows (tunelab/plan/kernels.py;
+#                 reports/planner-accuracy/kernels.md); about 25 s a row on an H200 (2026-11-27)      2.5 min
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
