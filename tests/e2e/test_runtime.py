@@ -41,9 +41,10 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
         causes = proj["seconds_by_cause"]
         assert set(causes) == set(runtime.CAUSES) and min(causes.values()) >= 0
         assert proj["seconds"] == pytest.approx(sum(causes.values()), rel=1e-12)
-        lo, hi = proj["seconds_band"]
-        assert lo == pytest.approx(proj["seconds"] * (1 - runtime.KERNEL_MODEL_ERROR))
-        assert hi == pytest.approx(proj["seconds"] * (1 + runtime.KERNEL_MODEL_ERROR))
+        lo, hi = proj["seconds_band"]  # the model's error, widened where the hosts we measured reach beyond it
+        model = (proj["seconds"] * (1 - runtime.KERNEL_MODEL_ERROR), proj["seconds"] * (1 + runtime.KERNEL_MODEL_ERROR))
+        assert lo <= model[0] * (1 + 1e-12) and hi >= model[1] * (1 - 1e-12)
+        assert ("widened to the host's" in proj["seconds_source"]) == ((lo, hi) != pytest.approx(model))
         assert (causes["dequantization"] > 0) == recipe.endswith("qlora")
         assert 0 < proj["mfu_predicted_real"] < proj["mfu_predicted_padded"] < 1  # padding computes, not learns
         share = causes["host launches"] / proj["seconds"]  # a host-bound plan says so, and what it follows

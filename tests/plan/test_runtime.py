@@ -178,6 +178,42 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     )
 
 
+def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
+    """plan's band for litgpt's loop is the wider of the model's error and the run at the fastest and slowest host
+    time per op litgpt's loop took on the machines we measured (LITGPT_HOST_S_PER_OP_RANGE, what runtime.md's
+    summary recomputes): TinyLlama LoRA, launch-bound, reaches down to the fast host's run and up to the slow one's;
+    TinyLlama full at micro 64, GPU-bound even on the slowest host, keeps the model's band and says nothing of it."""
+    from tunelab import hardware
+    from tunelab.plan import runtime_accuracy
+    from tunelab.plan.projection import _point_estimate
+    from tunelab.plan.recipe import plan_recipe, runtime_terms
+    from tunelab.recipes import resolve
+
+    h100 = runtime_accuracy.h100_items(ROOT)
+    second = runtime_accuracy.second_machine_rows(ROOT)
+    every = [h for hs in runtime_accuracy.host_by_machine(h100, second, runtime_accuracy.bench_items(ROOT)).values()
+             for h in hs]  # fmt: skip
+    assert runtime.LITGPT_HOST_S_PER_OP_RANGE == pytest.approx((min(every) * 1e-6, max(every) * 1e-6), abs=0.5e-6)
+    gpu, e = hardware.lookup("H100-SXM"), runtime.KERNEL_MODEL_ERROR
+
+    def estimate(recipe: str, *overrides: str) -> tuple[dict, float, float]:
+        planned = plan_recipe(resolve(recipe), list(overrides), gpu=gpu)
+        terms = runtime_terms(planned.settings, planned.input, None)
+        fast, slow = (sum(terms.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values())
+                      for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)  # fmt: skip
+        return _point_estimate(terms, gpu, gpu.training_peak(planned.input.precision)), fast, slow
+
+    lora, fast, slow = estimate("tiny-llama-1.1b/lora")
+    assert lora["seconds_band"] == pytest.approx((fast, slow))  # both beyond the model's band
+    assert fast < lora["seconds"] * (1 - e) < lora["seconds"] * (1 + e) < slow
+    assert "widened to the host's 37-76 us an op" in lora["seconds_source"]
+    full, fast, slow = estimate("tiny-llama-1.1b/full", "--precision", "bf16-true", "--train.micro_batch_size", "64",
+                                "--train.global_batch_size", "64")  # fmt: skip
+    assert full["seconds_band"] == pytest.approx((full["seconds"] * (1 - e), full["seconds"] * (1 + e)))
+    assert full["seconds"] * (1 - e) < fast and slow < full["seconds"] * (1 + e)
+    assert "widened" not in full["seconds_source"]
+
+
 def test_activation_checkpointing_recomputes_the_forward():
     """With checkpointing each training token's forward runs again: the compute grows by the forward FLOPs of the
     training tokens (a third of training's), and nothing else changes."""
