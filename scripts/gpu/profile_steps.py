@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Where the time of a training step goes: TinyLlama (random weights, litgpt's own model classes), full fine-tuning
-and LoRA, bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them), the lab's micro batch, the
+"""Where the time of a training step goes: TinyLlama (random weights, litgpt's own model classes), full fine-tuning,
+LoRA and QLoRA (litgpt's --quantize bnb.nf4: Lightning's bitsandbytes plugin, PagedAdamW, the StableEmbedding swap), bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them), the lab's micro batch, the
 benchmark workload's padded length.
 
 For each method: warm-up steps, then N timed steps with CUDA events around each phase (forward, loss, backward,
@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 CATEGORIES = [  # (category, substrings of CUDA kernel names, lower case); first match wins
+    ("dequantization", ("dequantize",)),  # bitsandbytes' kDequantizeBlockwise (QLoRA's 4-bit weights)
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "wgmma", "matmul", "splitk")),
     ("cross-entropy/softmax", ("softmax", "nll", "cross_entropy", "logsumexp")),
-    ("optimizer", ("adam", "multi_tensor", "foreach", "lerp", "_amp_")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "lerp", "_amp_", "optimizer32bit", "optimizer_update")),
     (
         "norm/rope/elementwise",
         ("norm", "rsqrt", "elementwise", "vectorized", "pow", "mul", "add", "silu", "cat", "index", "reduce", "fill"),
@@ -60,8 +61,8 @@ def build(method: str, model_name: str, device: torch.device, dtype: torch.dtype
 
     config = checkpoints.model_config(model_name) if model_name == "tiny" else Config.from_name(model_name)
     torch.set_default_dtype(dtype)
-    with torch.device(device):
-        if method == "lora":  # the recipe's LoRA: r 32, alpha 16, dropout 0.05, every target
+    with torch.device(device), quantized_init(method, dtype):
+        if method in ("lora", "qlora"):  # the recipe's LoRA: r 32, alpha 16, dropout 0.05, every target
             import dataclasses
 
             from litgpt.lora import Config as LoRAConfig
@@ -83,7 +84,59 @@ def build(method: str, model_name: str, device: torch.device, dtype: torch.dtype
         else:
             model = GPT(config)
     torch.set_default_dtype(torch.float32)
+    if method == "qlora":
+        quantize_on_cpu(model)
+        qlora_plugin(dtype).convert_module(model)  # sets every Linear4bit's compute dtype, as Fabric's setup does
     return model
+
+
+def qlora_plugin(dtype: torch.dtype):
+    """litgpt's QLoRA (``--quantize bnb.nf4``): Lightning's bitsandbytes precision plugin, NF4 without nested
+    statistics, computing in ``dtype``."""
+    from lightning.fabric.plugins import BitsandbytesPrecision
+
+    return BitsandbytesPrecision("nf4", dtype)
+
+
+def quantized_init(method: str, dtype: torch.dtype):
+    """What ``fabric.init_module`` adds under QLoRA: every ``torch.nn.Linear`` built is the plugin's 4-bit linear,
+    quantized on the GPU as it is built (from a float16 copy, as Lightning does); a no-op for other methods."""
+    import contextlib
+
+    return qlora_plugin(dtype).module_init_context() if method == "qlora" else contextlib.nullcontext()
+
+
+def quantize_on_cpu(model) -> None:
+    """The CPU rehearsal only: Lightning quantizes on CUDA alone, so quantize what it left unquantized here the
+    same way (a float16 copy, NF4, the layer's own block size and statistics)."""
+    import bitsandbytes as bnb
+    from lightning.fabric.plugins.precision.bitsandbytes import _replace_param
+
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit) and m.weight.dtype != torch.uint8:
+            w = m.weight
+            q, state = bnb.functional.quantize_4bit(
+                w.data.to(torch.half), blocksize=w.blocksize, compress_statistics=w.compress_statistics,
+                quant_type=w.quant_type, quant_storage=w.quant_storage,
+            )  # fmt: skip
+            m.weight = _replace_param(w, q, state)
+            m.weight.bnb_quantized = True
+
+
+def qlora_optimizer(model):
+    """litgpt's QLoRA optimizer step and embedding: bitsandbytes' PagedAdamW over every parameter (the frozen ones have
+    no gradient and are skipped), then the embedding swapped for bitsandbytes' StableEmbedding *after* the optimizer
+    is built (litgpt 0.5.13's order: the new embedding and its norm train outside the optimizer, their gradients
+    accumulate and are never freed)."""
+    import bitsandbytes as bnb
+
+    optimizer = bnb.optim.PagedAdamW(model.parameters(), lr=2e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    old = model.transformer.wte
+    new = bnb.nn.StableEmbedding(old.num_embeddings, old.embedding_dim)
+    with torch.no_grad():
+        new.weight.copy_(old.weight)
+    model.transformer.wte = new.to(device=old.weight.device, dtype=old.weight.dtype)
+    return optimizer
 
 
 def step_fn(model, optimizer, input_ids, targets, timers=None):
@@ -163,8 +216,11 @@ def profile_method(
     torch.set_float32_matmul_precision("highest" if half else "high")  # litgpt's CLI sets 'high': TF32 matmuls
     model = build(method, model_name, device, torch.bfloat16 if half else torch.float32)
     model.max_seq_length = seq
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=2e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    if method == "qlora":
+        optimizer = qlora_optimizer(model)
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=2e-4, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.vocab_size
     batch = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
@@ -205,7 +261,7 @@ def profile_method(
         names.append((ev.key[:160], ev.count, t))
         by_cat[categorize(ev.key)] = by_cat.get(categorize(ev.key), 0.0) + t / 1e6
         launches[categorize(ev.key)] = launches.get(categorize(ev.key), 0) + ev.count
-    n_lora = lora_param_count(model.config, 32, LORA_TARGETS) if method == "lora" else 0
+    n_lora = lora_param_count(model.config, 32, LORA_TARGETS) if method != "full" else 0
     fpt = flops_per_token(model.config, seq, "full" if method == "full" else "lora", n_lora)
     peak = None
     if device.type == "cuda":
@@ -239,7 +295,7 @@ def render(results: list[dict], args, device_name: str) -> str:
         f"# Where the time goes: {args.model_name}, {args.precision}, micro batch {args.micro} x {args.seq} tokens",
         "",
         f"Device: {device_name}; torch {torch.__version__}. Random weights, litgpt's model classes, AdamW "
-        "(torch default implementation), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
+        "(torch default implementation; QLoRA: bitsandbytes' PagedAdamW), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
         f"scripts. Phase times: medians of {args.steps} steps after 3 warm-up steps (CUDA events). Kernel "
         "shares: one profiled step, CUDA kernel self time grouped by kernel name.",
         "",
@@ -293,7 +349,11 @@ def main() -> int:
     ap.add_argument("--micro", type=int, default=8)
     ap.add_argument("--seq", type=int, default=437, help="tokens per sample (the benchmark's padded mean)")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--methods", default="full,lora")
+    ap.add_argument(
+        "--methods",
+        default="full,lora",
+        help="comma-separated: full, lora, qlora (LoRA on NF4 weights, litgpt's --quantize bnb.nf4; needs bitsandbytes)",
+    )
     ap.add_argument(
         "--precision",
         choices=("bf16-true", "32-true"),
@@ -319,8 +379,10 @@ def main() -> int:
             refuse(f"{option} {path}: {why}")
     if args.micro < 1 or args.seq < 2 or args.steps < 1:
         refuse("--micro and --steps must be 1 or more, --seq 2 or more")
-    if bad := [m for m in args.methods.split(",") if m not in ("full", "lora")]:
-        refuse(f"--methods: {', '.join(bad)} unknown; fix: full, lora or full,lora")
+    if bad := [m for m in args.methods.split(",") if m not in ("full", "lora", "qlora")]:
+        refuse(f"--methods: {', '.join(bad)} unknown; fix: a comma-separated list of full, lora, qlora")
+    if "qlora" in args.methods.split(",") and args.precision != "bf16-true":
+        refuse("--methods qlora: litgpt's QLoRA recipes run bf16-true; fix: --precision bf16-true")
     if args.model_name != "tiny":
         from litgpt import Config
 

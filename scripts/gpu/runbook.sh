@@ -12,8 +12,9 @@
 #                 + the collector's overhead (plain litgpt vs tunelab run, 3 pairs)              + 3.5 min
 #   profile       torch.profiler summary of TinyLlama full and LoRA steps                          0.5 min
 #   grid          the same profile over GRID ("model:micro ...", default TinyLlama at micro 1, 4, 16 and
-#                 OpenLLaMA 3B at 1, 4; a row "model:micro:lora" runs one method, "model:micro:full:32-true" at
-#                 fp32 with TF32 matmuls), full and LoRA, with the host's clock per phase and its speed per op
+#                 OpenLLaMA 3B at 1, 4; a row "model:micro:lora" runs one method, "model:micro:lora,qlora" two
+#                 (qlora: litgpt's bnb.nf4), "model:micro:full:32-true" at fp32 with TF32 matmuls), full and LoRA
+#                 by default, with the host's clock per phase and its speed per op
 #                 -> profile-grid.jsonl: the time model's out-of-sample rows (tunelab/plan/kernels.py;
 #                 reports/planner-accuracy/kernels.md); about 25 s a row on an H200 (2026-11-27)      2.5 min
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
@@ -200,16 +201,17 @@ stage_grid() {  # one JSON line per (model, micro, method); a row already in gpu
   local steps=10 rc=0 row
   [ "$REHEARSAL" = 1 ] && { grid=${GRID:-"tiny:1 tiny:2"}; steps=2; }
   [ -f "$RESULTS/profile-grid.jsonl" ] && cp "$RESULTS/profile-grid.jsonl" "$OUT/profile-grid.jsonl"
-  for row in $grid; do  # model:micro, model:micro:methods (full, lora or full,lora: the default), or
-    local model micro methods precision  # model:micro:methods:precision (bf16-true, the default, or 32-true)
+  for row in $grid; do  # model:micro, model:micro:methods (comma-separated full, lora, qlora; full,lora the
+    local model micro methods precision todo="" m  # default), model:micro:methods:precision (bf16-true or 32-true)
     IFS=: read -r model micro methods precision <<< "$row"; methods=${methods:-full,lora}; precision=${precision:-bf16-true}
-    local method_re="[a-z]*"; [ "$methods" = full ] || [ "$methods" = lora ] && method_re=$methods  # one method: it alone
-    if grep -q "\"model\": \"$model\", \"method\": \"$method_re\", \"micro\": $micro,.*\"dtype\": \"$precision\"" "$OUT/profile-grid.jsonl" 2>/dev/null; then
-      echo "grid $row: already measured"; continue
-    fi
+    for m in ${methods//,/ }; do  # the methods of this row not measured yet
+      grep -q "\"model\": \"$model\", \"method\": \"$m\", \"micro\": $micro,.*\"dtype\": \"$precision\"" \
+        "$OUT/profile-grid.jsonl" 2>/dev/null || todo=${todo:+$todo,}$m
+    done
+    if [ -z "$todo" ]; then echo "grid $row: already measured"; continue; fi
     if [ "$(left)" -le 60 ]; then echo "grid $row: not started, $(left) s of the budget left"; continue; fi
     timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/gpu/profile_steps.py --model "$model" --micro "$micro" \
-      --methods "$methods" --precision "$precision" --steps "$steps" --json "$OUT/profile-grid.jsonl" > /dev/null || rc=$?
+      --methods "$todo" --precision "$precision" --steps "$steps" --json "$OUT/profile-grid.jsonl" > /dev/null || rc=$?
   done
   return $rc
 }

@@ -239,10 +239,10 @@ def test_second_round_stages_rehearsed(tmp_path):
 @pytest.mark.slow  # about a minute on 2 cores
 def test_grid_stage_rehearsed_and_resumed(tmp_path):
     """Stage grid (the time model's out-of-sample profiles): one JSON line per (model, micro batch, method) with the
-    phases, the host's clock per phase, the kernel time and launches by category; a row "model:micro:lora" runs one
-    method; a second call with the lines carried back runs none again."""
+    phases, the host's clock per phase, the kernel time and launches by category; a row "model:micro:lora,qlora" runs
+    those methods (QLoRA's dequantization its own category); a second call with the lines carried back runs none again."""
     out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
-    proc = _runbook(out, runs, results, 500, "grid", timeout=900, GRID="tiny:1 tiny:2 tiny:3:lora")
+    proc = _runbook(out, runs, results, 500, "grid", timeout=900, GRID="tiny:1 tiny:2 tiny:3:lora,qlora")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(s) for s in (out / "profile-grid.jsonl").read_text().splitlines()]
     assert [(r["micro"], r["method"]) for r in lines] == [
@@ -251,15 +251,18 @@ def test_grid_stage_rehearsed_and_resumed(tmp_path):
         (2, "full"),
         (2, "lora"),
         (3, "lora"),
+        (3, "qlora"),
     ]
     assert all(r["step_s"] > 0 and r["kernels"] and sum(r["launches"].values()) > 0 for r in lines)
     assert set(lines[0]["phases"]) == set(lines[0]["host_phases"]) == {"forward", "loss", "backward", "optimizer"}
     assert all(v > 0 for r in lines for v in r["host_phases"].values())  # the host's own clock, per phase
     assert all(r["host"]["host_op_us"] > 0 and r["host"]["module_op_us"] > 0 for r in lines)
     assert lines[0]["cpu_ops"]["aten::mm"][0] > 0  # the profiled step's host-side ops: calls, self microseconds
+    qlora = lines[-1]  # litgpt's bnb.nf4: every linear layer's 4-bit weight dequantized in forward and backward
+    assert qlora["launches"]["dequantization"] > 0 and "dequantization" not in lines[-2]["launches"]
     results.mkdir()
     (results / "profile-grid.jsonl").write_bytes((out / "profile-grid.jsonl").read_bytes())
-    again = _runbook(tmp_path / "out2", runs, results, 500, "grid", GRID="tiny:1 tiny:2 tiny:3:lora")
+    again = _runbook(tmp_path / "out2", runs, results, 500, "grid", GRID="tiny:1 tiny:2 tiny:3:lora,qlora")
     assert again.returncode == 0 and again.stdout.count("already measured") == 3, again.stdout[-2000:]
     assert (tmp_path / "out2" / "profile-grid.jsonl").read_text() == (out / "profile-grid.jsonl").read_text()
 
