@@ -19,6 +19,7 @@ written with every line. Writes a Markdown summary (--out) and prints it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -139,7 +140,11 @@ def qlora_optimizer(model):
     return optimizer
 
 
-def step_fn(model, optimizer, input_ids, targets, timers=None):
+def step_fn(model, optimizer, input_ids, targets, timers=None, forward_context=None):
+    """One training step as litgpt's scripts take it; ``forward_context`` (a context manager factory) wraps the
+    forward as Fabric's precision plugin does (QLoRA: the default dtype set to the compute dtype)."""
+    import contextlib
+
     from litgpt.utils import chunked_cross_entropy
 
     def mark(name):
@@ -150,7 +155,8 @@ def step_fn(model, optimizer, input_ids, targets, timers=None):
             timers.append((name, ev, time.perf_counter()))
 
     mark("start")
-    logits = model(input_ids, lm_head_chunk_size=128)
+    with (forward_context or contextlib.nullcontext)():
+        logits = model(input_ids, lm_head_chunk_size=128)
     mark("forward")
     logits[-1] = logits[-1][..., :-1, :]
     loss = chunked_cross_entropy(logits, targets[..., 1:])
@@ -216,8 +222,11 @@ def profile_method(
     torch.set_float32_matmul_precision("highest" if half else "high")  # litgpt's CLI sets 'high': TF32 matmuls
     model = build(method, model_name, device, torch.bfloat16 if half else torch.float32)
     model.max_seq_length = seq
+    step = step_fn
     if method == "qlora":
         optimizer = qlora_optimizer(model)
+        plugin = qlora_plugin(torch.bfloat16 if half else torch.float32)
+        step = functools.partial(step_fn, forward_context=plugin.forward_context)
     else:
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=2e-4, betas=(0.9, 0.95), weight_decay=0.0)
@@ -225,7 +234,7 @@ def profile_method(
     vocab = model.config.vocab_size
     batch = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
     for _ in range(3):  # warm-up: allocator growth, kernel selection
-        step_fn(model, optimizer, batch, batch)
+        step(model, optimizer, batch, batch)
     if device.type == "cuda":
         torch.cuda.synchronize()
     per_phase: dict[str, list[float]] = {}
@@ -234,7 +243,7 @@ def profile_method(
     for _ in range(steps):
         timers: list = []
         t0 = time.perf_counter()
-        step_fn(model, optimizer, batch, batch, timers)
+        step(model, optimizer, batch, batch, timers)
         if device.type == "cuda":
             torch.cuda.synchronize()
         walls.append(time.perf_counter() - t0)
@@ -248,7 +257,7 @@ def profile_method(
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
-        step_fn(model, optimizer, batch, batch)
+        step(model, optimizer, batch, batch)
         if device.type == "cuda":
             torch.cuda.synchronize()
     by_cat: dict[str, float] = {}

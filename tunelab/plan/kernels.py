@@ -40,9 +40,11 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 
-CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer")
+CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "dequantization")
 """Kernel categories, as the H100 profile groups CUDA kernels (norm/rope/elementwise, cross-entropy/softmax, ...)."""
 TRAINING_PHASES = ("forward", "backward", "optimizer")
+LORA_LIKE = ("lora", "qlora")
+"""Methods whose head runs by 128-token chunk in litgpt's script (``lm_head_chunk_size``)."""
 """The phases of a training step; a trace also records ``validation`` (one batch of litgpt's ``validate``) and
 ``decode`` (one generated token), which the step's totals leave out."""
 
@@ -292,7 +294,7 @@ def _recorder(ops: list, state: dict):
             moved = [(tuple(t.shape), t.element_size()) for t in (ins if in_place else ins + outs)]
             dt = next((t.dtype for t in ins + outs if t.is_floating_point()), None)
             top = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
-            strided = any(t.numel() > 1 and not t.is_contiguous() for t in ins + outs)
+            strided = any(t.numel() > 1 and not t.is_contiguous() for t in ins + outs) or _cast16(name, ins, outs)
             ops.append(
                 Op(state["phase"], name, _category(name), str(dt).removeprefix("torch.") if dt else "bfloat16", top,
                    tuple(outs[0].shape) if outs else None, moved, strided)
@@ -300,6 +302,17 @@ def _recorder(ops: list, state: dict):
             return out
 
     return Recorder()
+
+
+def _cast16(name: str, ins: list, outs: list) -> bool:
+    """A copy between float16 and bfloat16 (QLoRA's backward: bitsandbytes dequantizes to float16, then ``.to()``
+    the compute dtype): torch's copy kernel vectorizes casts from float32 but runs this one unrolled, with dynamic
+    casting (``unrolled_elementwise_kernel<direct_copy_kernel_cuda>`` in the H200 profile, once per 4-bit matmul),
+    so it is timed as a strided kernel."""
+    import torch
+
+    dtypes = {t.dtype for t in ins + outs}
+    return name in ("_to_copy", "copy_") and dtypes == {torch.float16, torch.bfloat16}
 
 
 TRACED_AS = {"16-mixed": "bf16-mixed"}
@@ -394,7 +407,7 @@ MONOMIALS = [(i, j) for i in range(4) for j in range(5)]
 def loss_chunks(method: str, micro: int, tokens: int) -> int:
     """How many chunks litgpt's loss runs in: full fine-tuning's ``chunked_cross_entropy`` by :data:`CHUNK` rows of
     B (T - 1); LoRA's head (``lm_head_chunk_size``) by :data:`CHUNK` tokens, the loss by head chunk."""
-    return math.ceil(tokens / CHUNK) if method == "lora" else math.ceil(micro * (tokens - 1) / CHUNK)
+    return math.ceil(tokens / CHUNK) if method in LORA_LIKE else math.ceil(micro * (tokens - 1) / CHUNK)
 
 
 def template_shapes(head_chunks: int, single: bool = False) -> tuple:
@@ -525,7 +538,7 @@ def template(
     ops2 = record_step(config, method, precision, b2, t2, optimizer, lora)
     rows_b, rows_f, mm, mm_dims = _ops_template(ops1, ops2, head_chunks, single)
     chunk_ops = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    if method != "lora":
+    if method not in LORA_LIKE:
         b3, t3 = (1, 2 * CHUNK + 2) if single else CHUNK_SHAPE
         more = record_step(config, method, precision, b3, t3, optimizer, lora)
         extra = loss_chunks(method, b3, t3) - loss_chunks(method, b1, t1)
@@ -557,7 +570,7 @@ def access_of(o1: Op, o2: Op) -> str:
     return "strided" if o1.category == "elementwise" and (o1.strided or o2.strided) else ""
 
 
-TEMPLATE_VERSION = 5
+TEMPLATE_VERSION = 6
 """Bumped when what a template holds changes: the cached ones are made again."""
 
 
@@ -657,7 +670,7 @@ def template_seconds(
         }
     )
     ops_by_phase = {p: float((phases == p).sum()) for p in sorted(set(tp.phase))}
-    more = max(loss_chunks(method, micro, math.ceil(tokens)) - 1, 0) if method != "lora" else 0
+    more = max(loss_chunks(method, micro, math.ceil(tokens)) - 1, 0) if method not in LORA_LIKE else 0
     for p, n in tp.chunk_ops.items():
         ops_by_phase[p] = ops_by_phase.get(p, 0.0) + more * n
         by_phase[p] = by_phase.get(p, 0.0) + more * n * MIN_KERNEL_S
@@ -689,7 +702,7 @@ def step_time(
 
     gpu = hardware.lookup(gpu_name)
     sms = gpu.sms or DEFAULT_SMS
-    chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method == "lora" else 1
+    chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method in LORA_LIKE else 1
     small = 1  # one and two blocks; one block more adds the same kernels
     totals = []
     for n in (small, small + 1):
@@ -710,10 +723,38 @@ def step_time(
     if optimizer == "AdamW":  # torch's for-each step reads each tensor's step counter on the host (no kernel)
         extra = trainable_tensors(config, method, lora) * ADAM_FOREACH_HOST_OPS_PER_TENSOR
         host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(extra)
+    ops += _add_bitsandbytes(config, method, seq_len, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
     host_s = sum(host_ops.get(p, 0) for p in TRAINING_PHASES) * HOST_S_PER_OP
     by_phase = {k: v for k, v in both.items() if "/" not in k}
     split = {k: v for k, v in both.items() if "/" in k}
     return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase, kernel_ops, split, host_ops)
+
+
+def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops) -> int:
+    """Add what the trace does not see of bitsandbytes (:mod:`tunelab.plan.bnb_kernels`) to a step's dicts: QLoRA's
+    dequantization kernels (category ``dequantization``) and its Python per 4-bit matmul; a paged AdamW's kernel and
+    Python per tensor. Returns the training phases' kernels added."""
+    from tunelab.models import lora_tensor_numels, param_tensor_numels
+    from tunelab.plan import bnb_kernels
+    from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+
+    work = bnb_kernels.qlora_work(config, tokens, gpu) if method == "qlora" else {}
+    if optimizer.startswith("Paged"):
+        r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+        numels = param_tensor_numels(config) if method == "full" else lora_tensor_numels(config, r, targets)
+        sec, n, host = bnb_kernels.paged_adamw(numels, gpu)
+        work["optimizer"] = (sec, n, host)
+    added = 0
+    for phase, (sec, n, host) in work.items():
+        cat = "optimizer" if phase == "optimizer" else "dequantization"
+        both[phase] = both.get(phase, 0.0) + sec
+        both[f"{phase}/{cat}"] = both.get(f"{phase}/{cat}", 0.0) + sec
+        kernel_ops[phase] = kernel_ops.get(phase, 0) + n
+        host_ops[phase] = host_ops.get(phase, 0) + n + round(host)
+        if phase in TRAINING_PHASES:
+            by_cat[cat] = by_cat.get(cat, 0.0) + sec
+            added += n
+    return added
 
 
 def board_scaled(st, gpu_scale: float):
@@ -765,13 +806,11 @@ def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
 
 def for_plan(x, gpu) -> StepTime | str:
     """The step by kernel of a planned configuration (:class:`tunelab.plan.memory.PlanInput`) on ``gpu``, or why it
-    is not modelled (a sentence): litgpt's own script on one device, full fine-tuning or LoRA."""
+    is not modelled (a sentence): litgpt's own script on one device, full fine-tuning, LoRA or QLoRA."""
     from tunelab.plan.simulate import optimizer_of
 
     if x.world > 1 or not x.fabric:
         return "not modelled yet for several devices or tunelab's loop (a strategies file)"
-    if x.method == "qlora":
-        return "not modelled yet for QLoRA (its dequantization kernels)"
     return step_time(x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x))
 
 
@@ -879,22 +918,30 @@ taken before it (``host``): out of sample."""
 GRID_FP32 = "reports/2026-11-27-profile-grid-h200/profile-grid-32-true.jsonl"
 """TinyLlama full at 32-true (fp32 weights, TF32 matmuls) at micro 8 and 32 on the same machine, a later call: the
 micro-8 line holds :data:`TF32_MATMUL_SHARE` and :data:`FP32_ATTENTION_EFFICIENCY`, the micro-32 line checks them."""
+GRID_QLORA = "reports/2026-11-27-profile-grid-qlora-h200/profile-grid.jsonl"
+"""QLoRA beside LoRA on one H200 machine (TinyLlama at micro 1, 4, 16, OpenLLaMA 7B at 4; OpenLLaMA 7B QLoRA at 8
+too): litgpt's bnb.nf4 as its script builds it (``profile_steps.py --methods lora,qlora``), PagedAdamW and the
+StableEmbedding swap included. OpenLLaMA 7B's QLoRA line at micro 4 holds
+:data:`tunelab.plan.bnb_kernels.DEQUANT_EFFICIENCY`, TinyLlama's at micro 4 the host's work per 4-bit matmul and per
+PagedAdamW tensor; every other cell is out of sample."""
 GRIDS = (
     (GRID, "H100-SXM", "2026-11-25"),
     (GRID_H200, "H200", "2026-11-26"),
     (GRID_H200_AGAIN, "H200", "2026-11-27"),
     (GRID_FP32, "H200", "2026-11-27, 32-true"),
+    (GRID_QLORA, "H200", "2026-11-27, QLoRA"),
 )
 """(measured lines, the GPU table's row they ran on, the day) of every grid :func:`write_report` checks."""
 FITTED_SHAPES = {
     "H100-SXM": {(m, "full", b) for m, b in (("tiny-llama-1.1b", 1), ("tiny-llama-1.1b", 4), ("tiny-llama-1.1b", 16),
                                              ("open_llama_3b", 1), ("open_llama_3b", 4))},
     "H200": {("open_llama_3b", "full", 8), ("tiny-llama-1.1b", "full", 16), ("open_llama_7b", "lora", 8),
-             ("tiny-llama-1.1b", "full", 8)},
+             ("tiny-llama-1.1b", "full", 8), ("open_llama_7b", "qlora", 4), ("tiny-llama-1.1b", "qlora", 4)},
 }  # fmt: skip
 """(model, method, micro) whose elementwise kernels (H100: these very lines) or whose shape (H200: the lines of
 :data:`GRID_BY_OP`, measured again) the memory constants were fitted on, or (H200, TinyLlama full at micro 8: only
-:data:`GRID_FP32` has it) the fp32 matmul and attention constants: marked in the report."""
+:data:`GRID_FP32` has it) the fp32 matmul and attention constants, or (H200, QLoRA at micro 4: only
+:data:`GRID_QLORA` has them) bitsandbytes' constants: marked in the report."""
 
 
 GRID_KEYS = ("model", "method", "dtype", "micro", "seq", "step_s", "phases", "kernels", "launches")
@@ -935,7 +982,8 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
 
     rows = []
     for m in read_grid(root / grid):
-        st = step_time(Config.from_name(m["model"]), m["method"], m["dtype"], m["micro"], m["seq"], gpu)
+        optimizer = "PagedAdamW" if m["method"] == "qlora" else "AdamW"  # litgpt's QLoRA swaps it in
+        st = step_time(Config.from_name(m["model"]), m["method"], m["dtype"], m["micro"], m["seq"], gpu, optimizer)
         k, ph, cat = m["kernels"], m["phases"], st.gpu_by_category
         pairs = {
             "step": (st.step_s, m["step_s"]),
@@ -949,6 +997,8 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
                 sum(k.get(c, 0.0) for c in PROFILE_ELEMENTWISE),
             ),
         }
+        if "dequantization" in k:
+            pairs["dequantization"] = (cat.get("dequantization", 0.0), k["dequantization"])
         if isinstance(m.get("host_phases"), dict):
             pairs["host (own clock)"] = (st.host_s, sum(m["host_phases"].values()))
         rows.append(
@@ -988,15 +1038,28 @@ GRID_NOTES = {
     "is out of sample. Still over: fp32 elementwise kernels (+13% to +22%) and the for-each AdamW over fp32 state "
     "(+30%: its efficiency was fitted on bf16 state). The host clock at micro 32 "
     "includes waits on the GPU (its queue fills): not a host-bound line.",
+    GRID_QLORA: "QLoRA against LoRA on one machine: bitsandbytes' dequantization kernels (one per 4-bit matmul "
+    "forward, a float16 one and its cast to bfloat16 backward) take 3.0-3.1 ms a step for TinyLlama and 15.6 ms for "
+    "OpenLLaMA 7B whatever the micro batch, the casts as much again (counted with the elementwise kernels: an "
+    "unvectorized copy); the host's Python per 4-bit matmul and bitsandbytes' PagedAdamW, driven tensor by tensor "
+    "(20.6 ms of host time for TinyLlama's 222 LoRA tensors against 4.3 ms for torch's for-each AdamW), are what "
+    "makes TinyLlama's QLoRA step 40-45% longer than its LoRA step where the host bounds both. OpenLLaMA 7B at micro "
+    "4 kept its GPU nearly busy: the model's host side is 21% long there (its forward 39%), and one line cannot tell "
+    "the host's work per 4-bit matmul (fitted on TinyLlama) from that process's speed per op (it varies by as "
+    "much); at micro 8 the model calls it GPU-bound and is 13% short.",
 }
 """What each grid's table shows, in words (read from its lines; the numbers in the tables are recomputed)."""
+
+
+def _cell(p: float, v: float, e: float | None) -> str:
+    return f"{p * 1e3:.1f} / {v * 1e3:.1f} ({e:+.0%})" if e is not None else f"{p * 1e3:.1f} / {v * 1e3:.1f}"
 
 
 def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
     if not (root / grid).is_file():
         return []
     rows = grid_rows(root, grid, gpu)
-    whats = list(rows[0]["pairs"]) if rows else []
+    whats = list(dict.fromkeys(w for r in rows for w in r["pairs"]))  # every row's, in order
     fitted = FITTED_SHAPES.get(gpu, set())
     dtypes = ", ".join(sorted({m["dtype"] for m in read_grid(root / grid)}))
     lines = [
@@ -1014,10 +1077,7 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
         "|---|---|---|---|" + "---|" * len(whats) + "---|",
     ]
     for r in rows:
-        cells = [
-            f"{p * 1e3:.1f} / {v * 1e3:.1f} ({e:+.0%})" if e is not None else f"{p * 1e3:.1f} / {v * 1e3:.1f}"
-            for p, v, e in r["pairs"].values()
-        ]
+        cells = ["" if w not in r["pairs"] else _cell(*r["pairs"][w]) for w in whats]
         mark = " (fit)" if (r["model"], r["method"], r["micro"]) in fitted else ""
         lines.append(
             f"| {r['model']}{mark} | {r['micro']} | {r['method']} | {r['bound']} | " + " | ".join(cells)

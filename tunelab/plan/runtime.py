@@ -53,7 +53,7 @@ LITGPT_HOST_S_PER_OP_RANGE = (37e-6, 76e-6)
 busy under 60% of the steady window: six reports, each its own lent machine; ``tunelab plan-accuracy`` recomputes it
 in ``reports/planner-accuracy/runtime.md``): a property of the machine no GPU table or probe before launch tells
 (the probes in the records do not follow it). ``plan`` widens a launch-bound estimate's band to it."""
-KERNEL_MODEL_ERROR = 0.186
+KERNEL_MODEL_ERROR = 0.173
 """Mean absolute error of the kernel-level model (:meth:`Terms.by_cause`) on the lab's A100 Part 1 rows, out of
 sample (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it): the band around its
 point estimate."""
@@ -102,7 +102,7 @@ class KernelWork:
 
     config: object
     method: str
-    """full or lora (QLoRA: its LoRA step, plus :attr:`dequant`)."""
+    """full, lora or qlora (LoRA's step on 4-bit weights: :mod:`tunelab.plan.bnb_kernels`)."""
     precision: str
     micro: int
     tokens: float
@@ -112,9 +112,6 @@ class KernelWork:
     """Activation checkpointing: each block's forward runs again in the backward pass."""
     lora: tuple = ()
     """(rank, targets) of the adapters."""
-    dequant: tuple = ()
-    """QLoRA: (4-bit weights dequantized per training forward, per validation forward, dequantizations per
-    training forward, per validation forward); the backward pass dequantizes the training forward's again."""
     optimizer_shards: int = 1
     """Devices the optimizer's states are sharded over (:func:`tunelab.plan.memory.optimizer_shards`): each rank's
     optimizer step runs its kernels over 1/this of the parameters (its launches stay: torch's optimizer is handed
@@ -124,19 +121,10 @@ class KernelWork:
     often than every iteration): the PlanInput, whose step :func:`tunelab.plan.fast_step.fast_step` times."""
 
 
-DEQUANT_BYTES_PER_WEIGHT = 2.5
-"""Bytes a 4-bit weight costs each time bitsandbytes dequantizes it for a 16-bit matmul: half a byte read, two
-written (the matmul's read of the 16-bit copy is in the traced step already)."""
-DEQUANT_KERNELS = 3
-"""Kernels one dequantization launches (bitsandbytes' nested statistics: the absmax dequantized, offset, then the
-weight)."""
-
-
 def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
     """The step the kernel model times for PlanInput ``x``, or why it does not (a sentence): offloaded optimizer
-    steps (they run on the CPU) and optimizers it does not trace. QLoRA is LoRA's step plus the dequantization of
-    every frozen 4-bit weight before each matmul that uses it (litgpt quantizes every linear layer, its head
-    included, run by 128-token chunk)."""
+    steps (they run on the CPU) and optimizers it does not trace. QLoRA is traced as LoRA on 4-bit weights, with
+    what bitsandbytes adds beside the trace (:mod:`tunelab.plan.bnb_kernels`)."""
     from tunelab.errors import InputError
     from tunelab.plan.simulate import optimizer_of
 
@@ -146,37 +134,11 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
         optimizer = optimizer_of(x)
     except InputError:
         return f"the optimizer {x.optimizer} is not in the kernel model"
-    dequant = ()
-    if x.method == "qlora":
-        c = x.config
-        total, emb = count_params(c)
-        head = c.padded_vocab_size * c.n_embd
-        chunks = math.ceil(tokens_per_sample / 128)
-        per_block = 2 + (3 if c.mlp_class_name in ("LLaMAMLP", "GemmaMLP", "LLaMAMoE") else 2)
-        body = total - emb - head
-        dequant = (body + head * chunks, body + head, c.n_layer * per_block + chunks, c.n_layer * per_block + 1)
     fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
-    return KernelWork(x.config, "full" if x.method == "full" else "lora", str(x.precision), x.micro_batch_size,
+    return KernelWork(x.config, x.method, str(x.precision), x.micro_batch_size,
                       float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
-                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), dequant, optimizer_shards(x),
+                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), optimizer_shards(x),
                       x if fast and x.method != "qlora" else None)  # fmt: skip
-
-
-def dequantization(dequant: tuple, gpu, gpu_scale: float = 1.0) -> tuple:
-    """QLoRA's dequantization (:attr:`KernelWork.dequant`) as ((GPU seconds, ops) per training micro batch, forward
-    and backward, (GPU seconds, ops) per validation batch); zeros without it."""
-    from tunelab.plan import kernels
-
-    train, ev, train_ops, ev_ops = dequant or (0, 0, 0, 0)
-    rate = kernels.memory_rate(gpu) * kernels.MEMORY_EFFICIENCY
-
-    def seconds(weights: float, ops: float) -> float:
-        return gpu_scale * (weights * DEQUANT_BYTES_PER_WEIGHT / rate + ops * DEQUANT_KERNELS * kernels.MIN_KERNEL_S)
-
-    return (2 * seconds(train, train_ops), 2 * train_ops * DEQUANT_KERNELS), (
-        seconds(ev, ev_ops),
-        ev_ops * DEQUANT_KERNELS,
-    )
 
 
 @dataclass(frozen=True)
@@ -187,10 +149,6 @@ class MicroBatch:
     """The step's kernels (:class:`tunelab.plan.kernels.StepTime`), this rank's share of the optimizer's."""
     host_s_per_op: float
     """Host seconds per dispatched op (:data:`LITGPT_HOST_S_PER_OP` times the host's factor)."""
-    dequant: tuple
-    """QLoRA's dequantization per training micro batch, forward and backward: (GPU seconds, ops); zeros without."""
-    eval_dequant: tuple
-    """The same per validation batch."""
     gpu_s: float
     """The micro batch's forward (twice under activation checkpointing) and backward: GPU seconds."""
     host_s: float
@@ -231,8 +189,9 @@ class Terms:
           kernels or its launches;
         * generation: after each in-loop validation ``max_new_tokens`` decode steps of one token over a KV cache
           (a sample stopped early by its end token is not modelled: an upper bound), kernels or launches;
-        * QLoRA: each forward and backward also dequantizes every 4-bit weight (:data:`DEQUANT_BYTES_PER_WEIGHT`,
-          :data:`DEQUANT_KERNELS` launches each), its GPU time as "dequantization";
+        * QLoRA: bitsandbytes' dequantization kernels in each forward, backward and validation batch as
+          "dequantization", its Python per 4-bit matmul and per optimizer tensor with the launches
+          (:mod:`tunelab.plan.bnb_kernels`);
         * checkpoint saves: every ``train.save_interval`` optimizer steps (:meth:`save_seconds`);
         * communication: what compute does not hide (:mod:`tunelab.plan.comm`).
 
@@ -245,7 +204,7 @@ class Terms:
             return self._fast_by_cause(gpu)
         mb = self._micro_batch(gpu, host_scale, gpu_scale)
         st, h = mb.step, mb.host_s_per_op
-        (ev_dq, ev_dq_ops), it_gpu, it_host = mb.eval_dequant, mb.gpu_s, mb.host_s
+        it_gpu, it_host = mb.gpu_s, mb.host_s
         d = self.detail
         train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
         forwards = 2 if k.recompute else 1
@@ -257,11 +216,9 @@ class Terms:
             cause = "elementwise" if cat == "loss" else cat
             out[cause] += sec * times
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
-        out["dequantization"] = train * mb.dequant[0]
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
-        ev_ops = ops.get("validation", 0) + ev_dq_ops
-        out["validation"] = ev * max(g.get("validation", 0.0) + ev_dq, h * ev_ops)
+        out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
         out["checkpoint saves"] = self.save_seconds()
@@ -277,13 +234,12 @@ class Terms:
                                                     k.optimizer, k.lora), gpu_scale)  # fmt: skip
         st = kernels.sharded_optimizer(st, k.optimizer_shards)
         h = LITGPT_HOST_S_PER_OP * host_scale
-        (dq_gpu, dq_ops), ev_dq = dequantization(k.dequant, gpu, gpu_scale)
         forwards = 2 if k.recompute else 1
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
-        it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0) + dq_gpu
-        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + dq_ops)
-        backward = max(g.get("backward", 0.0) + dq_gpu / 2, h * (ops.get("backward", 0) + dq_ops / 2))
-        return MicroBatch(st, h, (dq_gpu, dq_ops), ev_dq, it_gpu, it_host, backward)
+        it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0)
+        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0))
+        backward = max(g.get("backward", 0.0), h * ops.get("backward", 0))
+        return MicroBatch(st, h, it_gpu, it_host, backward)
 
     def windows(self, gpu) -> dict:
         """One optimizer step of litgpt's loop on ``gpu`` by the kernel model, in seconds: ``passes`` (the forward
