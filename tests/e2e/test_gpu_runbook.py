@@ -282,7 +282,8 @@ def test_profile_steps_refuses_bad_outputs_and_names_before_measuring(tmp_path):
         (["--json", str(link)], "is a symbolic link"),
         (["--out", str(tmp_path)], "is a directory"),
         (["--model", "no-such-model"], "not a litgpt config name"),
-        (["--methods", "full,qlora"], "qlora unknown"),
+        (["--methods", "full,dora"], "dora unknown"),
+        (["--methods", "qlora", "--precision", "32-true"], "run bf16-true"),
         (["--micro", "0"], "must be 1 or more"),
     ):
         p = subprocess.run(

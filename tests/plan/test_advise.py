@@ -109,6 +109,8 @@ def test_precision_global_batch_and_headroom_axes(planned):
     assert tight and not set(map(id, tight)) & set(map(id, advise.rank(planned)))
     assert set(map(id, tight)) <= set(map(id, advise.rank(planned, tight_ok=True)))
     assert all(c.world == 1 and c.strategy == "single" for c in planned if c.method == "qlora")
+    # litgpt refuses --quantize under mixed precision: QLoRA is tried at bf16-true alone
+    assert {c.precision for c in planned if c.method == "qlora"} == {"bf16-true"}
 
 
 def test_a_data_file_sets_samples_and_padding(tmp_path):

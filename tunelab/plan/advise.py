@@ -258,6 +258,8 @@ def candidates(
         )
         for method, recipe in recipes.items():
             for prec in precisions(gpu, precision):
+                if method == "qlora" and "mixed" in prec:  # litgpt refuses quantization under mixed precision
+                    continue
                 out += _configurations(ask, recipe, method, prec, gpu, links, price_table.get(gpu.name))
     return _dedupe(out)
 

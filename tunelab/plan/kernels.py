@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "dequantization")
 """Kernel categories, as the H100 profile groups CUDA kernels (norm/rope/elementwise, cross-entropy/softmax, ...)."""
 TRAINING_PHASES = ("forward", "backward", "optimizer")
-LORA_LIKE = ("lora", "qlora")
-"""Methods whose head runs by 128-token chunk in litgpt's script (``lm_head_chunk_size``)."""
 """The phases of a training step; a trace also records ``validation`` (one batch of litgpt's ``validate``) and
 ``decode`` (one generated token), which the step's totals leave out."""
+LORA_LIKE = ("lora", "qlora")
+"""Methods whose head runs by 128-token chunk in litgpt's script (``lm_head_chunk_size``)."""
 
 MATMUL_EFFICIENCY = 0.85
 """Fraction of the dense peak a large, well-shaped matmul reaches (cuBLAS on H100/A100 reaches 70-90%); fitted on
