@@ -19,6 +19,8 @@
 #                 reports/planner-accuracy/kernels.md); about 25 s a row on an H200 (2026-11-27)      2.5 min
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
+#   qlora-time    TinyLlama QLoRA and LoRA in litgpt's loop, micro 4 x 4, 16 steps (configs/sweeps/qlora-time.yaml):
+#                 the step time QLoRA adds where the host bounds it                       (not yet timed) est. 3 min
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
 #   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint; not yet timed)  est. 8-10 min
 #   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
@@ -167,6 +169,7 @@ stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $
   return $rc
 }
 stage_qlora-memory() { sweep qlora-memory; }
+stage_qlora-time() { sweep qlora-time; }
 stage_families() {  # the rehearsal (tiny model, CPU) runs one row per method; QLoRA's is refused there: no CUDA
   if [ "$REHEARSAL" = 1 ]; then sweep families-gpu gemma-2b-lora-mb2 llama-3.2-1b-full-mb2 mistral-7b-qlora-mb2
   else sweep families-gpu; fi
@@ -226,7 +229,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, mid, big, profile, grid, part3, bench, families, history, overhead)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, mid, big, profile, grid, part3, bench, families, history, overhead)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue
