@@ -106,7 +106,11 @@ def test_our_gpu_records_are_planned_from_their_own_recipes():
     for flash attention is a view that holds the fused q/k/v output whole; counted by its view's size the plan was
     -5.5%)."""
     rows = own_rows()
-    assert len(rows) == 48 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    assert len(rows) == 50 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    # litgpt's loop timing QLoRA beside LoRA (TinyLlama micro 4, an H200): both planned within 2%
+    timed = [r for r in rows if r["report"] == "2026-11-27-qlora-time-h200"]
+    assert len(timed) == 2 and all(abs(r["rel_error"]) <= 0.02 for r in timed), timed
+    rows = [r for r in rows if r not in timed]
     # Part 1 again on an H200 machine: the same peaks as on the H100 to 0.1 GB (shapes, not the GPU, set them),
     # s1 (micro 32, out of memory on the H100) included: 82.04 GB measured against 81.95 planned
     again = {r["row"]: r for r in rows if r["report"] == "2026-11-27-lab-part1-h200"}

@@ -81,22 +81,29 @@ def implied_host(st, acc: int, measured_s: float) -> float | None:
     return (lo + hi) / 2
 
 
-def second_machine_rows(root: Path) -> list[dict]:
-    """Each Part 1 row of :data:`SECOND_MACHINE`: its mean optimizer step (steady window) against the kernel model on
-    the H200's table row at :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP` (out of sample: fitted on the H100
-    machine), the host time per op the row implies, the probes, the SM clock and the GPU's busy share."""
+QLORA_LOOP = "reports/2026-11-27-qlora-time-h200/records.tgz"
+"""TinyLlama QLoRA and LoRA by litgpt on an H200 machine, 2026-11-27 (micro 4 x 4, 16 steps, no validation): the
+loop's step with bitsandbytes' work in it, beside its LoRA twin."""
+
+
+def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
+    """Each row of ``archive`` (:data:`SECOND_MACHINE`, :data:`QLORA_LOOP`): its mean optimizer step (steady window)
+    against the kernel model on its GPU's table row at :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP` (out of
+    sample: fitted on the H100 machine), the host time per op the row implies, the probes, the SM clock and the
+    GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
     from litgpt import Config
 
     from tunelab.plan.accuracy import archived_records
 
     rows = []
-    for name, rec, _ in archived_records(root / SECOND_MACHINE):
+    for name, rec, _ in archived_records(root / archive):
         gpu = hardware.identify(rec.device_name or "")
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
+        optimizer = "PagedAdamW" if rec.method == "qlora" else "AdamW"
         st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
-                               rec.padded_per_sample, gpu.name)  # fmt: skip
+                               rec.padded_per_sample, gpu.name, optimizer)  # fmt: skip
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
         rows.append({"id": rec.row_id or name.split("/")[-2], "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
@@ -385,6 +392,7 @@ def write_report(path: Path, root: Path) -> None:
     lines = [
         *_md_h100(h100, fit_host(items)),
         *_md_second_machine(second, items, host_by_machine(items, second, bench_items(root))),
+        *_md_qlora_loop(second_machine_rows(root, QLORA_LOOP)),
         *(_md_part3(root) if (root / PART3_ROWS).is_file() else []),
         *_md_bench(bench_items(root)),
         *_md_part2(),
@@ -509,6 +517,45 @@ def _md_second_machine(rows: list[dict], h100: list[dict], machines: dict) -> li
             "on the second machine within six minutes, its highest readings beside the same loop speed as its "
             "lowest. So the plan keeps one host constant and does not scale it by a probe; a launch-bound plan "
             "carries that spread.",
+        ]
+    return lines
+
+
+def _md_qlora_loop(rows: list[dict]) -> list[str]:
+    """QLoRA beside LoRA in litgpt's loop (:data:`QLORA_LOOP`): bitsandbytes' constants were fitted on the isolated
+    step (``kernels.md``, the QLoRA grid), so every number here is out of sample."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## QLoRA beside LoRA in litgpt's loop (an H200, 2026-11-27), out of sample",
+        "",
+        f"litgpt 0.5.13, bitsandbytes 0.50.2, torch 2.11, random weights, the benchmark data (`{QLORA_LOOP}`): "
+        "TinyLlama at micro 4 x 4, 16 optimizer steps, no validation; the mean optimizer step over the steady window "
+        "against the model at the H100 machine's host constant. bitsandbytes' constants (`tunelab/plan/bnb_kernels.py`)"
+        " were fitted on the isolated step (`kernels.md`), not here.",
+        "",
+        "| row | recipe | micro x accumulation | padded tokens | measured s | predicted s | error | host us/op implied "
+        "| GPU util % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['id']} | {r['recipe']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
+            f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {_implied(r)} | "
+            f"{_fmt(r['gpu_util'], '.0f')} |"
+        )
+    by = {r["recipe"].split("/")[-1]: r for r in rows}
+    if {"qlora", "lora"} <= set(by):
+        q, lo = by["qlora"], by["lora"]
+        lines += [
+            "",
+            f"QLoRA over LoRA: measured {q['measured_s'] / lo['measured_s']:.2f}x, predicted "
+            f"{q['predicted_s'] / lo['predicted_s']:.2f}x. Both host-bound (the GPU busy "
+            f"{_fmt(q['gpu_util'], '.0f')}% and {_fmt(lo['gpu_util'], '.0f')}%): the two rows imply nearly the same "
+            "host time per op, so bitsandbytes' host work per 4-bit matmul and per PagedAdamW tensor, fitted on the "
+            "isolated step, carries into litgpt's loop; the rest of both errors is this machine's host, faster than "
+            "the constant's.",
         ]
     return lines
 
