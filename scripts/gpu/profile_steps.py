@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Where the time of a training step goes: TinyLlama (random weights, litgpt's own model classes), full fine-tuning,
-LoRA and QLoRA (litgpt's --quantize bnb.nf4: Lightning's bitsandbytes plugin, PagedAdamW, the StableEmbedding swap), bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them), the lab's micro batch, the
+LoRA and QLoRA (litgpt's --quantize bnb.nf4: Lightning's bitsandbytes plugin, PagedAdamW, the StableEmbedding
+swap), bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them), the lab's micro batch, the
 benchmark workload's padded length.
 
 For each method: warm-up steps, then N timed steps with CUDA events around each phase (forward, loss, backward,
 optimizer step; medians; the host's own clock per phase beside them, unsynchronised: what a launch-bound step
 waits on), then one profiled step (torch.profiler) whose CUDA kernel time is split by kernel name
-into matmul, attention, cross-entropy/softmax, optimizer, normalisation/elementwise and other. MFU of the step
-= 6N (full) or 4N + 6N_lora (LoRA) FLOPs per token plus attention, x tokens / step time / the GPU's dense peak at that precision.
+into dequantization (QLoRA), matmul, attention, cross-entropy/softmax, optimizer, normalisation/elementwise and
+other. MFU of the step = 6N (full) or 4N + 6N_lora (LoRA, QLoRA) FLOPs per token plus attention, x tokens / step
+time / the GPU's dense peak at that precision.
 The machine's host speed (eager dispatch per op on the CPU and on the GPU, an nn.Module call) is measured once and
 written with every line. Writes a Markdown summary (--out) and prints it.
 
@@ -304,9 +306,9 @@ def render(results: list[dict], args, device_name: str) -> str:
         f"# Where the time goes: {args.model_name}, {args.precision}, micro batch {args.micro} x {args.seq} tokens",
         "",
         f"Device: {device_name}; torch {torch.__version__}. Random weights, litgpt's model classes, AdamW "
-        "(torch default implementation; QLoRA: bitsandbytes' PagedAdamW), litgpt's chunked cross-entropy and lm-head chunking as in its LoRA/full "
-        f"scripts. Phase times: medians of {args.steps} steps after 3 warm-up steps (CUDA events). Kernel "
-        "shares: one profiled step, CUDA kernel self time grouped by kernel name.",
+        "(torch default implementation; QLoRA: bitsandbytes' PagedAdamW), litgpt's chunked cross-entropy and "
+        f"lm-head chunking as in its LoRA/full scripts. Phase times: medians of {args.steps} steps after 3 warm-up "
+        "steps (CUDA events). Kernel shares: one profiled step, CUDA kernel self time grouped by kernel name.",
         "",
     ]
     lines += [
@@ -361,7 +363,8 @@ def main() -> int:
     ap.add_argument(
         "--methods",
         default="full,lora",
-        help="comma-separated: full, lora, qlora (LoRA on NF4 weights, litgpt's --quantize bnb.nf4; needs bitsandbytes)",
+        help="comma-separated: full, lora, qlora (LoRA on NF4 weights as litgpt's --quantize bnb.nf4 builds it: "
+        "Lightning's bitsandbytes plugin, PagedAdamW, StableEmbedding; bf16-true only)",
     )
     ap.add_argument(
         "--precision",

@@ -114,7 +114,14 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
                      "implied_host_us": (h * 1e6 if (h := implied_host(st, acc, measured)) else None),
                      "host_op_us": rec.host_op_us, "device_op_us": rec.device_op_us,
                      "sm_clock_mhz": rec.sm_clock_steady_mhz, "gpu_util": rec.gpu_util_steady_mean})  # fmt: skip
-    return sorted(rows, key=lambda r: int(r["id"][1:]) if r["id"][1:].isdigit() else 0)
+    return sorted(rows, key=lambda r: _natural(r["id"]))
+
+
+def _natural(name: str) -> tuple:
+    """A row id's sort key with its numbers compared as numbers (s2 before s10)."""
+    import re
+
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
 def step_seconds(st, acc: int, host_s_per_op: float) -> float:
