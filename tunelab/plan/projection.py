@@ -220,7 +220,7 @@ def _host_bound_note(host_s: float, seconds: float) -> str:
     return (
         f". Host-bound: {host_s / seconds:.0%} of it is the host launching kernels (litgpt's loop at "
         f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, fitted on our H100 machine's CPU): it follows the CPU, "
-        "not the GPU (on the six machines we measured, litgpt's loop took 37-76 us an op: "
+        "not the GPU (on the seven machines we measured, litgpt's loop took 37-76 us an op: "
         "reports/planner-accuracy/runtime.md); a larger micro "
         "batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
     )

@@ -50,7 +50,7 @@ launch-bound wherever its kernels take less. Fitted on our H100 Part 1 rows (lit
 (:data:`tunelab.plan.kernels.HOST_S_PER_OP`). A property of the host CPU and software, not of the GPU."""
 LITGPT_HOST_S_PER_OP_RANGE = (37e-6, 76e-6)
 """The host seconds per op litgpt's loop took over every host-bound run we have, on the machines they ran on (GPU
-busy under 60% of the steady window: six reports, each its own lent machine; ``tunelab plan-accuracy`` recomputes it
+busy under 60% of the steady window: seven reports, each its own lent machine; ``tunelab plan-accuracy`` recomputes it
 in ``reports/planner-accuracy/runtime.md``): a property of the machine no GPU table or probe before launch tells
 (the probes in the records do not follow it). ``plan`` widens a launch-bound estimate's band to it."""
 KERNEL_MODEL_ERROR = 0.173

@@ -391,15 +391,15 @@ def write_report(path: Path, root: Path) -> None:
     """runtime.md (and runtime-kernel.csv beside it): one function per section."""
     from tunelab.files import write_csv, write_text_atomic
 
-    items, second = h100_items(root), second_machine_rows(root)
+    items, second, loop = h100_items(root), second_machine_rows(root), second_machine_rows(root, QLORA_LOOP)
     lab = a100_items()  # the lab's rows planned once, for their table and the diagnostic
     h100, a100 = h100_rows(root, items), a100_rows(lab)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_second_machine(second, items, host_by_machine(items, second, bench_items(root))),
-        *_md_qlora_loop(second_machine_rows(root, QLORA_LOOP)),
+        *_md_second_machine(second, items, host_by_machine(items, second, bench_items(root), loop)),
+        *_md_qlora_loop(loop),
         *(_md_part3(root) if (root / PART3_ROWS).is_file() else []),
         *_md_bench(bench_items(root)),
         *_md_part2(),
@@ -441,11 +441,12 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
     return lines
 
 
-def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict]) -> dict:
+def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict], loop: list[dict] = ()) -> dict:
     """{machine: [host us per op, ...]}: what every litgpt run that was host-bound by measurement (GPU busy under
     :data:`HOST_BOUND_UTIL`) implies (:func:`implied_host`), by the machine it ran on: the H100 Part 1 rows
-    (``h100``: :func:`h100_items`), the second machine's (``second``: :func:`second_machine_rows`) and each bench
-    report's litgpt runs (``bench``: :func:`bench_items`; one report, one machine)."""
+    (``h100``: :func:`h100_items`), the second machine's (``second``: :func:`second_machine_rows`), each bench
+    report's litgpt runs (``bench``: :func:`bench_items`; one report, one machine) and the QLoRA loop's (``loop``:
+    :func:`second_machine_rows` of :data:`QLORA_LOOP`)."""
     out: dict = {}
 
     def add(machine: str, util, host) -> None:
@@ -458,12 +459,13 @@ def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict]) -> 
             i["gpu_util"],
             implied_host(i["st"], i["accumulation"], i["measured_s"]),
         )
-    for r in second:
-        add(
-            f"{r['gpu']} {Path(SECOND_MACHINE).parent.name}",
-            r["gpu_util"],
-            r["implied_host_us"] and r["implied_host_us"] / 1e6,
-        )
+    for archive, rows in ((SECOND_MACHINE, second), (QLORA_LOOP, loop)):
+        for r in rows:
+            add(
+                f"{r['gpu']} {Path(archive).parent.name}",
+                r["gpu_util"],
+                r["implied_host_us"] and r["implied_host_us"] / 1e6,
+            )
     for it in bench:
         if it["arm"] == "litgpt":
             st = kernels.step_time(it["x"].config, it["method"], it["x"].precision, it["micro"], it["tokens"],
@@ -736,7 +738,7 @@ def _md_weak(lab: list) -> list[str]:
         "than planned (s3); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
         "several devices' wrapper kernels (only their communication), the gather before a sharded checkpoint "
-        "save; the host of a machine other than the constants' (a factor of 2 over six machines, and the probes the "
+        "save; the host of a machine other than the constants' (a factor of 2 over seven machines, and the probes the "
         "records carry do not predict it: the second-machine section) and a board's clock under its power cap "
         "(`sm_clock_steady_mhz` in the records, not in the plan).",
         "",
