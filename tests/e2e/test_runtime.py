@@ -49,11 +49,16 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
         assert 0 < proj["mfu_predicted_real"] < proj["mfu_predicted_padded"] < 1  # padding computes, not learns
         share = causes["host launches"] / proj["seconds"]  # a host-bound plan says so, and what it follows
         bound[recipe] = "Host-bound: " in proj["seconds_by_cause_source"]
+        if recipe.endswith("qlora"):
+            qlora_source = proj["seconds_by_cause_source"]
         assert bound[recipe] == (share >= projection_mod.HOST_BOUND_SHARE), (recipe, share)
         assert (
             not bound[recipe] or f"{share:.0%} of it is the host launching kernels" in proj["seconds_by_cause_source"]
         )
     assert bound["tiny-llama-1.1b/lora"] and not bound["open-llama-7b/lora"]  # both sides seen
+    # what shortens it: QLoRA's host time is largely bitsandbytes' own Python, and the fast path takes no QLoRA
+    assert "fast.yaml" in proj["seconds_by_cause_source"]  # the last: TinyLlama LoRA
+    assert bound["tiny-llama-1.1b/qlora"] and "bitsandbytes' Python" in qlora_source and "fast.yaml" not in qlora_source
     import dataclasses
 
     from tunelab import hardware

@@ -199,7 +199,7 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         "seconds_by_cause_source": (
             f"kernel-level model (tunelab/plan/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
             "fitted on our H100 and H200 profiles and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
-            + _host_bound_note(causes.get("host launches", 0.0), seconds)
+            + _host_bound_note(causes.get("host launches", 0.0), seconds, work.kernels.method)
             if work.kernels.fast is None
             else f"tunelab's loop with its speed switches, kernel by kernel (tunelab/plan/fast_step.py) on {gpu.name}:"
             " compiled blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued "
@@ -212,17 +212,23 @@ HOST_BOUND_SHARE = 0.25
 """The share of a plan's time spent waiting on the host's launches above which ``plan`` says the run is host-bound."""
 
 
-def _host_bound_note(host_s: float, seconds: float) -> str:
+def _host_bound_note(host_s: float, seconds: float, method: str = "") -> str:
     """A sentence for a plan whose time is mostly the host launching kernels (:data:`HOST_BOUND_SHARE`): that share
-    follows the machine's CPU, not its GPU, and what shortens it; "" otherwise."""
+    follows the machine's CPU, not its GPU, and what shortens it (QLoRA: bitsandbytes' own Python is much of it, and
+    the fast path's model does not take QLoRA); "" otherwise."""
     if not seconds or host_s < HOST_BOUND_SHARE * seconds:
         return ""
+    shorten = (
+        "a larger micro batch shortens it (much of it is bitsandbytes' Python: per 4-bit matmul and PagedAdamW's "
+        "step tensor by tensor, tunelab/plan/bnb_kernels.py)"
+        if method == "qlora"
+        else "a larger micro batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
+    )
     return (
         f". Host-bound: {host_s / seconds:.0%} of it is the host launching kernels (litgpt's loop at "
         f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, fitted on our H100 machine's CPU): it follows the CPU, "
         "not the GPU (on the seven machines we measured, litgpt's loop took 37-76 us an op: "
-        "reports/planner-accuracy/runtime.md); a larger micro "
-        "batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
+        "reports/planner-accuracy/runtime.md); " + shorten
     )
 
 
