@@ -20,7 +20,7 @@
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
 #   qlora-time    TinyLlama QLoRA and LoRA in litgpt's loop, micro 4 x 4, 16 steps (configs/sweeps/qlora-time.yaml):
-#                 the step time QLoRA adds where the host bounds it                       (not yet timed) est. 3 min
+#                 the step time QLoRA adds where the host bounds it                         2.2 min on an H200
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
 #   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint; not yet timed)  est. 8-10 min
 #   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
