@@ -54,6 +54,12 @@ QLoRA optimizer phase at micro 4 (222 tensors, 20.6 ms on the host above); out o
 (2.0, 1.3) and OpenLLaMA 7B's 322 tensors at micro 4 (2.0): the optimizer phase is launch-bound in all of them."""
 
 
+def litgpt_optimizer(method: str) -> str:
+    """The optimizer litgpt's script steps for ``method`` with its default AdamW: bitsandbytes' PagedAdamW under
+    QLoRA (``instantiate_bnb_optimizer``), torch's AdamW otherwise."""
+    return "PagedAdamW" if method == "qlora" else "AdamW"
+
+
 def linears_per_block(config) -> int:
     """The ``torch.nn.Linear`` layers of one litgpt block: the fused qkv and the projection, and the MLP's (three for
     LLaMA's and Gemma's gated MLPs and the mixture of experts' router-free count, two for GPT's)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tunelab.files import write_csv, write_text_atomic
 from tunelab.paths import output_root
+from tunelab.plan import bnb_kernels
 from tunelab.plan.measure import FAMILIES, compare_methods_in_child
 from tunelab.progress import ProgressLine
 
@@ -150,7 +151,7 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
         for j, (method, precision) in enumerate(SIMULATED_CASES):
             if progress:
                 progress.started(i * len(SIMULATED_CASES) + j, f"{name} {method} {precision}")
-            optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
+            optimizer = bnb_kernels.litgpt_optimizer(method)
             x = memory.PlanInput(
                 config=config, method=method, precision=precision, micro_batch_size=micro, seq_len=seq_len,
                 quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer,

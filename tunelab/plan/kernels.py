@@ -980,9 +980,11 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
     them, so the profiler counts them twice)."""
     from litgpt import Config
 
+    from tunelab.plan import bnb_kernels
+
     rows = []
     for m in read_grid(root / grid):
-        optimizer = "PagedAdamW" if m["method"] == "qlora" else "AdamW"  # litgpt's QLoRA swaps it in
+        optimizer = bnb_kernels.litgpt_optimizer(m["method"])
         st = step_time(Config.from_name(m["model"]), m["method"], m["dtype"], m["micro"], m["seq"], gpu, optimizer)
         k, ph, cat = m["kernels"], m["phases"], st.gpu_by_category
         pairs = {

@@ -25,7 +25,7 @@ import io
 from pathlib import Path
 
 from tunelab import hardware
-from tunelab.plan import kernels, runtime
+from tunelab.plan import bnb_kernels, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample
 
 H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
@@ -101,7 +101,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
-        optimizer = "PagedAdamW" if rec.method == "qlora" else "AdamW"
+        optimizer = bnb_kernels.litgpt_optimizer(rec.method)
         st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
                                rec.padded_per_sample, gpu.name, optimizer)  # fmt: skip
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
