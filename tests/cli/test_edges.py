@@ -75,7 +75,7 @@ def test_plan_strategies_stopped_midway_keeps_the_rows_it_finished(tmp_path, mon
 
     done = []
 
-    def check(family, method, strategy, world):
+    def check(family, method, strategy, world, precision=None):
         if done:
             raise KeyboardInterrupt
         done.append(world)

@@ -178,8 +178,9 @@ def test_the_multinode_table_is_explained_within_its_stated_errors():
 
 def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     """litgpt's own choice for full fine-tuning on several devices is Lightning's FSDPStrategy (FSDP1: the root unit,
-    embedding, final norm and head, kept through backward), as is a ``name: fsdp`` file; an fsdp2 file and litgpt's
-    LoRA path (FSDP2) regather it: the planned bytes differ by one gather of the root per micro batch."""
+    embedding, final norm and head, kept through backward), as is a ``name: fsdp`` file; an fsdp2 file (its
+    ``reshard_after_forward: true`` given to the root too) regathers it: the planned bytes differ by one gather of
+    the root per micro batch. litgpt's LoRA (FSDP2 with torch's default for the root) keeps it, as FSDP1 does."""
     from tunelab.plan.memory import root_unit_params
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
@@ -195,6 +196,11 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     assert one.bytes_gpu == pytest.approx(comm.per_step(fsdp1, link).bytes_gpu)
     assert two.bytes_gpu - one.bytes_gpu == pytest.approx(litgpt.accumulation * 3 / 4 * root, rel=1e-6)
     assert litgpt.accumulation == 2
+    lora = plan_recipe(resolve("open-llama-7b/lora"), over, gpu=None, devices=4).input
+    lora2 = plan_recipe(resolve("open-llama-7b/lora"), over, gpu=None, devices=4, strategy="fsdp2").input
+    assert lora.fsdp2_root_kept and not lora2.fsdp2_root_kept and not lora.fsdp_root_kept
+    extra = comm.per_step(lora2, link).bytes_gpu - comm.per_step(lora, link).bytes_gpu
+    assert extra == pytest.approx(lora.accumulation * 3 / 4 * root, rel=1e-6)
 
 
 def test_each_call_costs_nccls_ring_latency(cfg, link_table):

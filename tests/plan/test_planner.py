@@ -78,10 +78,9 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
 
     c = Config.from_name("tiny-llama-1.1b")
 
-    def plan(precision, strategy, fabric=True):
-        x = memory.PlanInput(
-            config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512, fabric=fabric
-        )
+    def plan(precision, strategy, fabric=True):  # FSDP1, as Lightning's FSDPStrategy runs it
+        x = memory.PlanInput(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512,
+                             fabric=fabric, fsdp_root_kept=strategy == "fsdp")  # fmt: skip
         return memory.predict(x).breakdown_bytes
 
     single, fsdp, true = plan("bf16-mixed", "single"), plan("bf16-mixed", "fsdp"), plan("bf16-true", "fsdp")

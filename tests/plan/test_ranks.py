@@ -74,6 +74,40 @@ def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
     assert planned.calls == [("all-reduce", sum(c.calls for c in sim.collectives), 2, 0)]  # one call per bucket
 
 
+@pytest.mark.parametrize(
+    ("method", "precision"), [("full", "bf16-true"), ("lora", "bf16-true"), ("full", "bf16-mixed")]
+)
+def test_litgpts_own_choice_is_wrapped_as_litgpts_scripts_wrap_it_and_keeps_its_root(method, precision):
+    """No strategy file (litgpt's own choice): full fine-tuning wrapped by Lightning's own FSDPStrategy with the
+    keywords litgpt's finetune/full.py passes (read from its source), LoRA by litgpt's parallelize_fn (FSDP2), each
+    block checkpointed. Both keep the root unit gathered from forward to backward (FSDP1 always, FSDP2 by torch's
+    default ``reshard_after_forward=None``), so a micro batch gathers it once; the traced calls and bytes equal
+    comm.py's for the plan of litgpt's own choice (under bf16-mixed Lightning's FSDPPrecision gathers and reduces
+    in bf16: half the bytes of fp32)."""
+    from dataclasses import replace
+
+    from litgpt.model import Block
+
+    assert ranks.litgpt_fsdp_keywords() == {
+        "auto_wrap_policy": {Block}, "activation_checkpointing_policy": {Block}, "state_dict_type": "full",
+        "limit_all_gathers": True, "cpu_offload": False,
+    }  # fmt: skip
+    config, world = small_llama(), 4
+    sim = ranks.simulate_ranks(config, None, world, method, precision, 2, 64, accumulation=2)
+    assert sim.strategy == "litgpt" and sim.activation_checkpointing
+    assert "Lightning's FSDPStrategy" in sim.notes[0] if method == "full" else "parallelize_fn" in sim.notes[0]
+    units = config.n_layer + 1
+    gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
+               ("forward", "backward")}  # fmt: skip
+    assert gathers == {"forward": 2 * units, "backward": 2 * (units - 1)}  # the root: forward only
+    x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), ["--precision", precision], gpu=None, devices=world).input
+    x = replace(x, config=config, micro_batch_size=2, seq_len=64, accumulation=2)
+    planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
+    traced = {k: sum(c.calls for c in sim.collectives if c.kind == k) for k in ("all-gather", "reduce-scatter")}
+    assert {k: n for k, n, _, _ in planned.calls} == traced
+    assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.03)
+
+
 @pytest.mark.parametrize("name", ["fsdp", "fsdp-no-wrap"])
 def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
     """FSDP1 (what litgpt's CLI runs, and a ``name: fsdp`` file) on fake tensors and the fake process group: each

@@ -85,9 +85,10 @@ def add_parser(sub) -> None:
         action="store_true",
         help="also run litgpt's training step on fake tensors under torch's MemTracker (full width, 1 and 2 blocks "
         "extrapolated; seconds): each phase's peak and what is alive there, beside the plan; with a GPU (--gpu or "
-        "this machine's), the step's time by kernel on it. On several devices with --strategy fsdp (and variants), "
-        "fsdp2 or ddp: rank 0 simulated under a fake process group (wrapped as the run wraps it; DDP's buckets), "
-        "its peak per phase by kind and its collectives per step; deepspeed-zero2/3: its buffers by their sizes",
+        "this machine's), the step's time by kernel on it. On several devices, litgpt's own choice (wrapped as "
+        "litgpt's scripts wrap it), --strategy fsdp (and variants), fsdp2 or ddp: rank 0 simulated under a fake "
+        "process group (wrapped as the run wraps it; DDP's buckets), its peak per phase by kind and its "
+        "collectives per step; deepspeed-zero2/3: its buffers by their sizes",
     )
     s.add_argument("--save-gbs", type=number(float, 0, 1e4, low_open=True, what="GB/s"), metavar="GBS",
                    help="GB/s (1e9 bytes) your disk takes checkpoint saves at (default 0.7: torch.save on a fast "

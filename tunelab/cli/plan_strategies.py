@@ -15,22 +15,28 @@ def add_parser(sub) -> None:
     s = sub.add_parser(
         "plan-strategies",
         help="the plan on several devices against rank 0's simulated step -> reports/planner-strategies/",
-        description="For each strategy simulated per rank (fsdp2, fsdp, ddp; FSDP1's variants on request), 2, 4 "
-        "and 8 devices, five families "
+        description="For each strategy simulated per rank (litgpt's own choice, fsdp2, fsdp, ddp; FSDP1's "
+        "variants on request), 2, 4 and 8 devices, five families "
         "(TinyLlama, OpenLLaMA 3B and 7B, Gemma 2B, Phi-2), full and LoRA: the planned peak per device beside "
         "rank 0's simulated step (litgpt's model on fake tensors under a fake process group; FSDP2 and FSDP1 "
         "sharded as the run shards them), and the collectives it traced (bytes and calls) beside comm.py's "
-        "(on 2 cores: the default three about 15 minutes, every strategy about 42; 2-37 s a row).",
+        "(on 2 cores: the default four about 25 minutes, every strategy about an hour; 1-37 s a row).",
     )
     s.add_argument("--out", type=Path, help="output directory (default: reports/planner-strategies)")
     s.add_argument(
         "--strategies",
-        help="comma-separated strategy files (default fsdp2,fsdp,ddp; FSDP1's variants fsdp-shard-grad-op, "
-        "fsdp-hybrid, fsdp-no-shard, fsdp-no-wrap by name: about 7 minutes each over the 30 rows)",
+        help="comma-separated strategies (default litgpt,fsdp2,fsdp,ddp; litgpt: no strategy file, litgpt's own "
+        "choice as its scripts wrap the model; FSDP1's variants fsdp-shard-grad-op, fsdp-hybrid, fsdp-no-shard, "
+        "fsdp-no-wrap by name: about 7 minutes each over the 30 rows)",
     )
     s.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
     s.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
     s.add_argument("--methods", help="comma-separated subset of full,lora (default both)")
+    s.add_argument(
+        "--precisions",
+        help="comma-separated precisions to check each row at, of 32-true,bf16-true,bf16-mixed (default: each "
+        "recipe's own)",
+    )
     s.add_argument(
         "--keep", action="store_true", help="keep the rows of the report in --out that this call does not rerun"
     )
@@ -58,6 +64,9 @@ def handle(args, extra) -> int:
     methods = listed(args.methods)
     if methods == [] or set(methods or ()) - set(sc.METHODS):
         return fail(f"--methods {args.methods}: the methods are {', '.join(sc.METHODS)}")
+    precisions = listed(args.precisions)
+    if precisions == [] or set(precisions or ()) - set(sc.PRECISIONS):
+        return fail(f"--precisions {args.precisions}: the precisions are {', '.join(sc.PRECISIONS)}")
     if args.out is not None and (why := unwritable_dir(args.out, ("strategies.md", "strategies.csv"))):
         return fail(f"--out {args.out}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
     out_dir = args.out or output_root() / "reports" / "planner-strategies"
@@ -71,6 +80,7 @@ def handle(args, extra) -> int:
         sc.rows(
             families=families, strategies=strategies, worlds=worlds, methods=tuple(methods or sc.METHODS), kept=kept,
             each=lambda found: sc.write(found, args.out),  # the report after every row: a stopped run keeps its rows
+            precisions=tuple(precisions or (None,)),
         ),
         args.out,
     )  # fmt: skip

@@ -304,9 +304,13 @@ def _sizes(x: PlanInput, params, param_bytes) -> _Sizes:
         trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
     else:
         total, trainable = params
-    s_p = param_bytes or (memory.zero_param_bytes(x) if x.strategy == "deepspeed" else parameter_bytes(x.precision))
-    if params is not None or not x.fsdp_root_kept:
-        root = 0.0  # FSDP2 regathers its root for backward; blocks unknown: every parameter twice
+    s_p = param_bytes or (
+        memory.zero_param_bytes(x)
+        if x.strategy == "deepspeed"
+        else parameter_bytes(x.precision) * memory.fsdp1_unsharded_scale(x)  # litgpt's FSDP1: bf16 under bf16-mixed
+    )
+    if params is not None or not (x.fsdp_root_kept or x.fsdp2_root_kept):
+        root = 0.0  # FSDP2 resharding its root regathers it for backward; blocks unknown: every parameter twice
     elif x.fsdp_wrap == "none":
         root = total * s_p  # the whole model one unit: the root
     else:
@@ -363,17 +367,18 @@ def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
         else:
             c.calls = [(ag[0], gathers * units, *ag[1:]), (rs[0], units, *rs[1:])]
             c.hideable_under = "step"
-    elif x.strategy == "fsdp":  # FULL_SHARD, FSDP2 resharding: FSDP1's root unit gathered once per forward
+    elif x.strategy == "fsdp":  # FULL_SHARD: a root unit kept (FSDP1's, FSDP2's by default) gathered once per forward
+        kept = x.fsdp_root_kept or x.fsdp2_root_kept
         c.bytes_gpu = a * ring * (2 * P - z.R) + ring * G
         c.formula = (
             "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"
             if x.fsdp_wrap == "none" and x.fsdp_root_kept
-            else "a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (R: FSDP1's root unit's parameters)"
-            if x.fsdp_root_kept
+            else "a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (R: the root unit's parameters, kept into backward)"
+            if kept
             else "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
         )
         c.hideable_under = "step"
-        c.calls = [(ag[0], a * (2 * units - (1 if x.fsdp_root_kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
+        c.calls = [(ag[0], a * (2 * units - (1 if kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
     elif x.strategy == "deepspeed":
         _zero3(c, x, z, params)
     return c

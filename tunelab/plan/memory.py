@@ -176,7 +176,12 @@ class PlanInput:
     """Keep only each block's input; recompute one block at a time in backward."""
     fsdp_root_kept: bool = False
     """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
-    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.ranks`); FSDP2 regathers it."""
+    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.ranks`); FSDP2: the next field."""
+    fsdp2_root_kept: bool = False
+    """FSDP2 whose root was sharded with torch's default ``reshard_after_forward=None`` (litgpt's LoRA
+    ``parallelize_fn``): since torch 2.8 the root stays unsharded from its forward to the end of backward, gathered
+    once per micro batch like FSDP1's (traced: :mod:`tunelab.plan.ranks`); False: resharded after forward and
+    gathered again for backward (a strategy file's ``reshard_after_forward: true``)."""
     ddp_bucket_mb: int = 25
     """DDP's ``bucket_cap_mb`` (a strategy file's key; torch's default 25): how many all-reduce calls a step makes."""
     fsdp_wrap: str = "block"
@@ -362,7 +367,11 @@ def autocast_over_fp32_weights(x: PlanInput) -> bool:
     """Mixed precision as autocast over fp32 weights (one device, DDP): activations in per-tensor dtypes and
     autocast's weight copies. Under FSDP (``MixedPrecision(param_dtype=bfloat16)``, Lightning's FSDPPrecision) and
     DeepSpeed (``bf16.enabled``) the weights the forward sees are already 16-bit: activations as at 16-bit -true,
-    no autocast copies; the outputs are still converted to fp32."""
+    no autocast copies; the outputs are still converted to fp32. litgpt's LoRA on several devices is FSDP2 under
+    Fabric's ModelParallelStrategy, which takes the ordinary MixedPrecision plugin (no FSDP mixed-precision policy):
+    fp32 weights gathered, autocast over them."""
+    if x.strategy == "fsdp" and x.fsdp2_root_kept and x.fabric:
+        return "mixed" in str(x.precision)
     return "mixed" in str(x.precision) and x.strategy not in ("fsdp", "deepspeed")
 
 
@@ -401,8 +410,13 @@ def autocast_weight_copies(x: PlanInput) -> float:
     head = c.padded_vocab_size * c.n_embd
     if not x.lora:
         return 2 * (total - emb)
+    # LoRA under activation checkpointing: a block's forward keeps nothing (its recompute casts one block again in
+    # backward), so only the head's copies stay (per-rank simulation, litgpt's LoRA at bf16-mixed on several
+    # devices). Full fine-tuning's copies sit in autocast's cache until the forward ends, checkpointed or not.
+    checkpointed = x.activation_checkpointing
+    blocks = 0 if checkpointed else total - emb - head + lora_param_count(c, x.lora_r, x.lora_targets)
     chunks = 0 if x.fused_loss else math.ceil(x.seq_len / LM_HEAD_CHUNK)
-    return 2 * (total - emb - head) + 2 * head * chunks + 2 * lora_param_count(c, x.lora_r, x.lora_targets)
+    return 2 * blocks + 2 * head * chunks
 
 
 def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
@@ -410,8 +424,6 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     c = x.config
     s_act = dtype_bytes(x.precision)  # the compute dtype (16-bit under mixed precision)
     mixed = autocast_over_fp32_weights(x)
-    # mixed precision: the residual stream is fp32 (fp32 weights, autocast only for matmuls)
-    s_fp32_or_act = 4 if mixed else s_act
     s_logits = logits_bytes(x)
     n_tok = x.micro_batch_size * x.seq_len
     # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
@@ -438,7 +450,7 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
         and not (x.activation_checkpointing or bnb_quantized(x) or x.attention_math)
     )
     if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
-        acts = s_fp32_or_act * c.n_embd * n_tok * c.n_layer + saved.per_layer
+        acts = checkpointed_inputs(x) + saved.per_layer
     elif traced:  # what torch.compile's partitioner keeps per block (traced once, bytes per token)
         args = (c, kind, str(x.precision), x.lora_r, tuple(x.lora_targets) if x.lora else ())
         first = compiled.saved_bytes_per_token(*args, input_grad=not x.lora) * n_tok
@@ -464,6 +476,14 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
         acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
     return acts, logits
+
+
+def checkpointed_inputs(x: PlanInput) -> float:
+    """Bytes activation checkpointing keeps per block, for every block: its input (fp32 under autocast over fp32
+    weights, else the compute dtype), micro batch x sequence x embedding; a block recomputed in backward adds its
+    own activations for a while."""
+    s = 4 if autocast_over_fp32_weights(x) else dtype_bytes(x.precision)
+    return s * x.config.n_embd * x.micro_batch_size * x.seq_len * x.config.n_layer
 
 
 def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> float:
@@ -605,7 +625,13 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
         and not (x.offload_params or x.offload_optimizer)
     ):
         return 0
-    return (2 * block + head) * st.s_param + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
+    unsharded = st.s_param * fsdp1_unsharded_scale(x)
+    return (2 * block + head) * unsharded + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
+
+
+def fsdp2_full_shard(x: PlanInput) -> bool:
+    """FSDP2 resharding each block after forward (FULL_SHARD), each block a unit, then the root."""
+    return x.strategy == "fsdp" and not x.fsdp_root_kept and x.sharding == "FULL_SHARD" and x.fsdp_wrap != "none"
 
 
 def root_regathered(x: PlanInput) -> float:
@@ -616,7 +642,7 @@ def root_regathered(x: PlanInput) -> float:
     FSDPMemTracker holds at the per-rank simulation's peaks, by kind and size (TinyLlama LoRA and Gemma 2B full on 2
     devices: no gathered parameter at the loss; 2 x the root plus the logits' gradient at the backward's start).
     0 elsewhere (FSDP1 keeps the root gathered from forward to backward: it sits beside the loss)."""
-    if not (x.strategy == "fsdp" and not x.fsdp_root_kept and x.sharding == "FULL_SHARD" and x.fsdp_wrap != "none"):
+    if not fsdp2_full_shard(x) or x.fsdp2_root_kept:
         return 0.0
     n_tok = x.micro_batch_size * x.seq_len
     return 2 * root_unit_params(x.config) * parameter_bytes(
@@ -764,8 +790,10 @@ def _fsdp_division(x: PlanInput, st: ModelStates, grads: float, notes: list) -> 
     if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
         # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
         # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
-        d.in_flight = d.gathered = (block_params(x.config) * 2 + root_unit_params(x.config)) * st.s_param
-        if root_regathered(x):  # FSDP2: what it gathers beside the activations, by moment
+        d.in_flight = d.gathered = (
+            (block_params(x.config) * 2 + root_unit_params(x.config)) * st.s_param * fsdp1_unsharded_scale(x)
+        )
+        if fsdp2_full_shard(x):  # FSDP2: what it gathers beside the activations, by moment
             d.in_flight = d.gathered = max(root_regathered(x), fsdp2_gathered(x))
         if x.fsdp_wrap == "none":
             d.in_flight = d.gathered = 0
@@ -778,7 +806,7 @@ def _fsdp_division(x: PlanInput, st: ModelStates, grads: float, notes: list) -> 
             "forward's end; under no_sync() until the last micro batch's backward)"
         )
     if x.accumulation > 1:
-        d.in_flight += grads  # no_sync() during accumulation keeps unsharded gradients
+        d.in_flight += grads * fsdp1_unsharded_scale(x)  # no_sync() during accumulation keeps unsharded gradients
         notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
     return d
 
@@ -1007,51 +1035,173 @@ def _accumulated_gradients(x: PlanInput, st: ModelStates, dev: _PerDevice) -> fl
 def _at_the_loss(x: PlanInput, st: ModelStates, dev: _PerDevice, logits: float) -> tuple[float, float]:
     """(logits, gathered buffers) at the forward's end. What is gathered only where the logits are not (MemTracker
     at the per-rank simulation's peaks): FSDP1's loss runs with its root gathered and no block (Gemma 2B full on 8
-    devices); FSDP2 gathers nothing at the loss, so in tunelab's loop, which drops the logits before backward, none
-    of it meets them (in litgpt's loop the logits it holds are still there when FSDP2 gathers its root again). The
-    larger of the two counts."""
+    devices). The larger of the two counts. FSDP2's moments are :func:`_fsdp2_moment`'s."""
     apart = 0.0
     if x.fsdp_root_kept and dev.gathered:
-        apart = dev.gathered - root_unit_params(x.config) * st.s_param
-    elif root_regathered(x) and not x.fabric:
-        apart = dev.gathered
+        apart = dev.gathered - root_unit_params(x.config) * st.s_param * fsdp1_unsharded_scale(x)
     if apart > logits:
         return 0.0, dev.in_flight
     return logits, dev.in_flight - apart
 
 
+def fsdp2_forward_start(x: PlanInput) -> float:
+    """Bytes FSDP2 (each block, then the root, resharded after forward) holds gathered at the forward's start: the
+    root unit and the first block, each unsharded beside its all-gather buffer, 2 x (root + block), before any of
+    this forward's activations. Read from FSDPMemTracker at the per-rank simulation's forward peak (TinyLlama LoRA on
+    4 devices under litgpt's parallelize_fn: 0.355 GB unsharded beside 0.355 GB of all-gather buffers); the peak
+    where activation checkpointing leaves the activations small."""
+    if not fsdp2_full_shard(x):
+        return 0.0
+    return 2 * (root_unit_params(x.config) + block_params(x.config)) * parameter_bytes(x.precision)
+
+
+def _fsdp2_moment(x: PlanInput, dev: _PerDevice, acts: float, logits: float, cache: float) -> tuple:
+    """(activations, logits, gathered buffers, autocast's copies, note) at FSDP2's peak outside the optimizer step
+    (``cache``: autocast's weight copies, alive from the forward into backward), the largest of:
+    the forward's start (:func:`fsdp2_forward_start`, beside the logits litgpt's loop still holds from the last
+    micro batch); the loss (the root beside it where it is kept); a late block's forward or the backward's start
+    (the division's gathered bytes, :func:`root_regathered` or :func:`fsdp2_gathered`, beside the blocks' saved
+    activations, under checkpointing their inputs only, and the logits litgpt's loop holds); and, under
+    checkpointing, a block's backward (the root, the block and the next one gathered, one block recomputed). Every
+    moment holds the unsharded gradients of micro batches without sync."""
+    held = logits_held_at_step(x)
+    grads = dev.in_flight - dev.gathered
+    inputs = checkpointed_inputs(x) if x.activation_checkpointing else acts
+    root = root_unit_params(x.config) * parameter_bytes(x.precision)
+    start_note = "the peak is FSDP2's forward start: the root unit and the first block gathered, each beside its "
+    start_note += "all-gather buffer" + (", the last micro batch's logits still held (litgpt's loop)" if held else "")
+    late = 0.0 if x.activation_checkpointing else cache  # checkpointed: only the head's copies, made at the loss
+    moments = [
+        (0.0, held, fsdp2_forward_start(x) + grads, 0.0, start_note),
+        (acts, logits, grads + (root if x.fsdp2_root_kept else 0.0), cache, None),
+        (inputs, held, dev.in_flight, late, None),
+        (acts, held, grads + root + 2 * block_params(x.config) * parameter_bytes(x.precision), late, None),
+    ]
+    return max(moments, key=lambda m: m[0] + m[1] + m[2] + m[3])
+
+
+def fsdp1_unsharded_scale(x: PlanInput) -> float:
+    """The bytes of a gathered parameter or an unsharded gradient element under FSDP1 over the sharded one's:
+    litgpt's own FSDP1 (Lightning's ``FSDPStrategy``) under 16-bit mixed precision gathers and reduces in 16 bits
+    (``FSDPPrecision.mixed_precision_config``: param, reduce and buffer dtype bfloat16 for bf16-mixed) over fp32
+    shards, 0.5; 1 elsewhere. Seen in the per-rank simulation (TinyLlama full, bf16-mixed, 4 devices: the root and
+    blocks gathered in bf16, no_sync()'s unsharded gradients 2.2 GB for 1.1B parameters)."""
+    mixed16 = "mixed" in str(x.precision) and parameter_bytes(x.precision) == 4
+    return 0.5 if x.strategy == "fsdp" and x.fsdp_root_kept and x.fabric and mixed16 else 1.0
+
+
+def _fsdp1_full_shard_full(x: PlanInput) -> bool:
+    """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit, nothing offloaded."""
+    return (
+        x.strategy == "fsdp"
+        and x.fsdp_root_kept
+        and x.method == "full"
+        and x.sharding in ("FULL_SHARD", "HYBRID_SHARD")
+        and x.fsdp_wrap != "none"
+        and not (x.offload_params or x.offload_optimizer)
+    )
+
+
+def fsdp1_root_backward_end(x: PlanInput, st: ModelStates) -> float:
+    """Bytes FSDP1 full fine-tuning (:func:`_fsdp1_full_shard_full`) holds at its backward's end, when the root
+    unit's gradient is made, beyond the states: the root's unsharded parameters (kept through backward), its new
+    flat gradient and the same gradients as its original parameters' tensors (``use_orig_params``: the embedding's
+    and the head's), and every block's gradient: sharded after a micro batch with sync, whole (every unsharded
+    gradient no_sync() accumulated, the root's too, in a middle micro batch; the first's own, its root's new
+    flat gradient the root's only one) in one without; every activation and gathered block freed. The
+    peak once activation checkpointing has made the activations small. Read from MemTracker at the per-rank
+    simulation's backward peak (TinyLlama full, 32-true, 8 devices: the root's 524.3 MB parameters and 524.3 MB
+    flat gradient, two of 262.1 MB, 22 block gradients of 22.0 MB; Gemma 2B full on 2, accumulating 4: the root's
+    2,097 MB parameters and new flat gradient, two of 1,048.6 MB, the accumulated 18 x 220.2 + 2,097 MB)."""
+    if not _fsdp1_full_shard_full(x):
+        return 0.0
+    scale = fsdp1_unsharded_scale(x)
+    root = root_unit_params(x.config) * st.s_param * scale
+    if x.accumulation > 2:  # a middle micro batch: the root's new flat gradient beside its accumulated one
+        return 3 * root + st.grads * scale
+    if x.accumulation == 2:  # the first: its new flat gradient is the root's first
+        return 2 * root + st.grads * scale
+    shard = x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    return 3 * root + max(st.grads - root / scale, 0.0) / shard
+
+
+def fsdp1_first_block_backward(x: PlanInput, st: ModelStates, acts: float) -> tuple[float, float]:
+    """(bytes beyond the states and the gathered units, activations alive) of FSDP1 full fine-tuning
+    (:func:`_fsdp1_full_shard_full`) in the first block's backward, the last to run, after a micro batch with sync:
+    the block's unsharded gradient, the head's (held until the root's reduce-scatter) and every other block's
+    sharded gradient, beside that block's input and, under checkpointing, its recomputed activations. Later in the
+    backward than :func:`fsdp1_backward_gradients`' moment, with fewer activations and more sharded gradients: the
+    peak where a block's sharded gradient outweighs its checkpointed input (OpenLLaMA 3B full, bf16, 8 devices,
+    checkpointed: 247.8 + 204.8 MB beside 24 sharded gradients of 31.0 MB and one block recomputed). (0, 0) with
+    accumulation (no_sync() keeps the gradients whole: the earlier moment holds them all) and elsewhere."""
+    if not _fsdp1_full_shard_full(x) or x.accumulation > 1:
+        return 0.0, 0.0
+    c = x.config
+    block, scale = block_params(c) * st.s_param, fsdp1_unsharded_scale(x)
+    shard = x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    grads = (block + c.padded_vocab_size * c.n_embd * st.s_param) * scale + (c.n_layer - 1) * block / shard
+    inputs = checkpointed_inputs(x)
+    left = inputs / c.n_layer + acts - inputs if x.activation_checkpointing else acts / c.n_layer
+    return grads, left
+
+
 def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float, acts: float) -> tuple:
-    """(FSDP1's backward bytes, the backward's peak, the activations alive then, whether it is the backward's end):
-    a block's backward beside every activation (:func:`fsdp1_backward_gradients`) or, without auto-wrap, the
-    backward's end with none (:func:`fsdp1_one_unit_gradients`), whichever is higher; (0, 0, acts, False)
-    elsewhere."""
+    """(FSDP1's backward bytes, the backward's peak, the activations alive then, which moment (True: the backward's
+    end; "first block"; False: a block's), the sharding buffers then): a block's backward beside every activation
+    (:func:`fsdp1_backward_gradients`), the first block's (:func:`fsdp1_first_block_backward`) or
+    the backward's end with none (without auto-wrap :func:`fsdp1_one_unit_gradients`, under NO_SHARD
+    :func:`fsdp1_no_shard_root_gradients`, under FULL_SHARD :func:`fsdp1_root_backward_end`, whose root is its
+    own gathered bytes), whichever is higher, each beside the logits litgpt's loop holds through backward
+    (:func:`logits_held_at_step`); (0, 0, acts, False, 0) elsewhere."""
+    held = logits_held_at_step(x)
     backward = fsdp1_backward_gradients(x, st)
-    peak = base + dev.in_flight + backward if backward else 0.0
-    one_unit = fsdp1_one_unit_gradients(x, st)
-    if one_unit and base - acts + dev.in_flight + one_unit > peak:
-        return one_unit, base - acts + dev.in_flight + one_unit, 0.0, True
+    best = (backward, base + dev.in_flight + backward + held, acts, False, dev.in_flight) if backward else None
+    rest = base - acts + held  # what every backward's end holds beside its own terms
+    candidates = []
+    if one_unit := fsdp1_one_unit_gradients(x, st):
+        candidates.append((one_unit, rest + dev.in_flight + one_unit, 0.0, True, dev.in_flight))
     if root := fsdp1_no_shard_root_gradients(x, st):  # every flat gradient (unless accumulated: in base already)
         at_end = (0.0 if x.accumulation > 1 else dev.grads) + root
-        if base - acts + dev.in_flight + at_end > peak:
-            return at_end, base - acts + dev.in_flight + at_end, 0.0, True
-    return backward, peak, acts, False
+        candidates.append((at_end, rest + dev.in_flight + at_end, 0.0, True, dev.in_flight))
+    if end := fsdp1_root_backward_end(x, st):
+        kept = root_unit_params(x.config) * st.s_param * fsdp1_unsharded_scale(x)
+        candidates.append((end - kept, rest + end, 0.0, True, kept))
+    late, left = fsdp1_first_block_backward(x, st, acts)
+    if late:
+        candidates.append((late, rest + left + dev.in_flight + late, left, "first block", dev.in_flight))
+    for c in candidates:
+        if best is None or c[1] > best[1]:
+            best = c
+    return best or (0.0, 0.0, acts, False, 0.0)
 
 
-def _backward_note(x: PlanInput, at_end: bool) -> str:
+def _backward_note(x: PlanInput, at_end) -> str:
     """The plan's note when FSDP1's backward holds the peak (:func:`_backward_moment`)."""
     if at_end and x.sharding == "NO_SHARD":
         return (
             "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
             "unit's original parameters' gradients beside its own, every activation freed"
         )
-    if at_end:
+    if at_end and x.fsdp_wrap == "none":
         return (
             "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
             "twice over (its flat parameter's and its original parameters'), every activation freed"
         )
+    held = " (litgpt's loop still holds the logits)" if logits_held_at_step(x) else ""
+    if at_end == "first block":
+        return (
+            "the peak is FSDP1's backward of the first block, the last to run: its unsharded gradient and the "
+            f"head's beside every other block's sharded gradient and that block's activations{held}"
+        )
+    if at_end:
+        return (
+            "the peak is the backward's end under FSDP1: the root unit's gradient twice over (its flat "
+            "parameter's and its original parameters') beside its parameters and every block's sharded gradient, "
+            f"every activation freed{held}"
+        )
     return (
         "the peak is FSDP1's backward: a block's unsharded gradient twice over (its flat parameter's and its "
-        "original parameters') and the head's gradient beside every activation, the logits freed"
+        f"original parameters') and the head's gradient beside every activation, the logits freed{held}"
     )
 
 
@@ -1074,28 +1224,34 @@ def predict(x: PlanInput) -> Plan:
         "qlora_stable_embedding": stable_embedding_states(x),
     }
     accumulated = _accumulated_gradients(x, st, dev)
-    logits, in_flight = _at_the_loss(x, st, dev, logits)
+    f_acts, f_cache, f_note = acts, st.autocast_cache, None
+    if fsdp2_full_shard(x):
+        f_acts, logits, in_flight, f_cache, f_note = _fsdp2_moment(x, dev, acts, logits, st.autocast_cache)
+    else:
+        logits, in_flight = _at_the_loss(x, st, dev, logits)
     base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
-    forward_peak = base + logits + in_flight
+    forward_peak = base - acts - st.autocast_cache + f_acts + f_cache + logits + in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
-    backward, backward_peak, acts_at_backward, at_end = _backward_moment(x, st, dev, base, acts)
+    backward, backward_peak, acts_at_backward, at_end, gathered = _backward_moment(x, st, dev, base, acts)
     in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
     if in_backward or forward_peak >= step_peak:
-        state_bytes["sharding_buffers"] += dev.in_flight if in_backward else in_flight
-        state_bytes["autocast_weight_cache"] = st.autocast_cache
+        state_bytes["sharding_buffers"] += gathered if in_backward else in_flight
+        state_bytes["autocast_weight_cache"] = st.autocast_cache if in_backward else f_cache
         state_bytes["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
         parts = {
             "gradients": accumulated,
-            "activations": acts_at_backward if in_backward else acts,
-            "logits_and_loss": 0 if in_backward else logits,
+            "activations": acts_at_backward if in_backward else f_acts,
+            "logits_and_loss": held if in_backward else logits,
             **({"fsdp1_backward_gradients": backward} if in_backward else {}),
             "optimizer_step_temporary": 0,
         }
         if in_backward:
             notes.append(_backward_note(x, at_end))
+        elif f_note:
+            notes.append(f_note)
     else:
         parts = {
             "gradients": dev.grads,

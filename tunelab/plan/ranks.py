@@ -52,7 +52,10 @@ from tunelab.plan.simulate import PhasePeaks, keep_phase_peak, tracker_phase, up
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 SIMULATED = ("fsdp2", "fsdp", "ddp")
-"""Strategies simulated per rank (DeepSpeed is planned by arithmetic; see docs/planner.md)."""
+"""Strategy files' kinds simulated per rank (DeepSpeed is planned by arithmetic; see docs/planner.md)."""
+LITGPT = "litgpt"
+"""litgpt's own choice on several devices (no strategy file), simulated as litgpt's scripts wrap the model: full
+fine-tuning by Lightning's ``FSDPStrategy`` (FSDP1), LoRA by litgpt's ``parallelize_fn`` (FSDP2)."""
 COLLECTIVES = {
     "_allgather_base_": "all-gather",
     "allgather_": "all-gather",
@@ -229,8 +232,9 @@ def _fsdp_tracker(model, opt):
 
 
 def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
-    """As :func:`_fsdp2_step`, under FSDP1 (:func:`tunelab.parallel.wrap` with a ``name: fsdp`` file) and torch's
-    MemTracker; the micro batch before the last runs under ``no_sync()``."""
+    """As :func:`_fsdp2_step`, under FSDP1 (:func:`tunelab.parallel.wrap` with a ``name: fsdp`` file, or Lightning's
+    FSDPStrategy as litgpt's full fine-tuning makes it when ``strategy`` is None: :func:`lightning_fsdp`) and torch's
+    MemTracker; the micro batches before the last run under ``no_sync()``."""
     import contextlib
 
     import torch
@@ -242,17 +246,20 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
     from tunelab.plan.simulate import make_optimizer
 
     mesh = None
-    if strategy.sharding_strategy == "HYBRID_SHARD":  # one node of ``world`` devices (outside fake mode)
+    if strategy is not None and strategy.sharding_strategy == "HYBRID_SHARD":  # one node of ``world`` devices
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (1, world))
+        mesh = init_device_mesh("cpu", (1, world))  # outside fake mode
     with FakeTensorMode(allow_non_fake_inputs=True), _fake_storage_allocated():
         model = build_model(config, method, precision, lora_r, targets)
         model.max_seq_length = seq_len
         model.train()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore")
-            model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
+            if strategy is None:
+                model = lightning_fsdp(model, precision)
+            else:
+                model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _recording(MemTracker)()
@@ -260,8 +267,68 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore")
             raw = _two_steps(model, opt, tracker, x, method, precision, accumulation,
-                             lambda last: contextlib.nullcontext() if last else model.no_sync(), most=3)  # fmt: skip
+                             lambda last: contextlib.nullcontext() if last else model.no_sync(), most=3,
+                             fabric=strategy is None)  # fmt: skip
         return tracker.phase_peaks, raw
+
+
+def litgpt_fsdp_keywords() -> dict:
+    """The keywords litgpt's full fine-tuning (``litgpt/finetune/full.py``, the installed version) gives Lightning's
+    ``FSDPStrategy`` on several devices, read from its source (parsed, not run): litgpt 0.5 passes
+    ``auto_wrap_policy={Block}, activation_checkpointing_policy={Block}, state_dict_type="full",
+    limit_all_gathers=True, cpu_offload=False``."""
+    import ast
+    import inspect
+
+    import litgpt.finetune.full as full
+
+    for node in ast.walk(ast.parse(inspect.getsource(full))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "FSDPStrategy":
+            out = {}
+            for k in node.keywords:
+                names = k.value.elts if isinstance(k.value, ast.Set) else ()
+                if names and all(isinstance(e, ast.Name) for e in names):
+                    out[k.arg] = {getattr(full, e.id) for e in names}
+                else:
+                    out[k.arg] = ast.literal_eval(k.value)
+            return out
+    raise InputError("--simulate: this litgpt's finetune/full.py makes no FSDPStrategy; fix: --strategy fsdp")
+
+
+def lightning_fsdp(model, precision: str):
+    """``model`` wrapped by Lightning's own ``FSDPStrategy.setup_module`` with litgpt's keywords
+    (:func:`litgpt_fsdp_keywords`) and the precision plugin Fabric gives it (``FSDPPrecision``: its
+    ``MixedPrecision`` gathers 16-bit parameters under bf16-mixed too), on this CPU. One change: Lightning passes
+    FSDP its CUDA device's index (``device_id=root_device.index``), None for a CPU device, where FSDP1 then asks for
+    an accelerator; while it wraps, FSDP takes this CPU for None."""
+    import torch
+    import torch.distributed.fsdp as fsdp
+    from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
+    from lightning.fabric.strategies import FSDPStrategy
+
+    real = fsdp.FullyShardedDataParallel
+
+    class OnThisCPU(real):
+        def __init__(self, *args, device_id=None, **kwargs):
+            super().__init__(*args, device_id=torch.device("cpu") if device_id is None else device_id, **kwargs)
+
+    strategy = FSDPStrategy(
+        **litgpt_fsdp_keywords(), precision=FSDPPrecision(precision), parallel_devices=[torch.device("cpu")]
+    )
+    fsdp.FullyShardedDataParallel = OnThisCPU
+    try:
+        return strategy.setup_module(model)
+    finally:
+        fsdp.FullyShardedDataParallel = real
+
+
+def litgpt_parallelize(model, mesh):
+    """``model`` sharded by litgpt's LoRA (``litgpt.finetune.lora.parallelize_fn``, what Lightning's
+    ``ModelParallelStrategy`` calls with its (data_parallel, tensor_parallel) mesh): each block under
+    ``checkpoint_wrapper``, ``fully_shard`` on every block, wrapper and trainable ``Linear``, then the root."""
+    from litgpt.finetune.lora import parallelize_fn
+
+    return parallelize_fn(model, mesh)
 
 
 @contextlib.contextmanager
@@ -288,7 +355,7 @@ def _fake_storage_allocated():
         flat_param._data_ptr_allocated = real
 
 
-def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, most: int = 2) -> list:
+def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, most: int = 2, fabric=False) -> list:
     """Two optimizer steps of tunelab's loop (the second runs beside the optimizer states the first made), each of
     ``min(accumulation, most)`` micro batches (a later one runs beside the gradients; more add no memory), each
     micro batch under ``sync(last)`` (a context: gradient sync on the last only); the second step's collectives,
@@ -296,11 +363,13 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
     2`` times; with two, the first ``accumulation - 1`` times. FSDP1 runs three (``most=3``): its first and middle
     micro batches differ (SHARD_GRAD_OP gathers its units in the first and keeps them through the rest; counting
     the first's gathers for each charged it ``accumulation - 1``); FSDP2 reshards after every backward, so its
-    first stands for the rest."""
+    first stands for the rest. ``fabric``: litgpt's loop (the forward under Lightning Fabric:
+    :func:`tunelab.plan.measure.model_logits`; its logits held to the next forward), else tunelab's loop."""
     from tunelab.plan.measure import model_logits, training_loss
 
     runs = min(accumulation, most)
     marks: list[int] = []
+    logits = None
     for step in range(2):
         if step == 1:
             tracker.collectives.clear()  # one step's collectives: the second's
@@ -308,7 +377,12 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
             marks.append(len(tracker.collectives))
             tracker.reset_mod_stats()
             with sync(i == runs - 1):
-                loss = training_loss(model_logits(model, x, method, precision, fabric=False), x, method)
+                # litgpt's loop holds its logits through backward, the optimizer step and the next forward, until
+                # `logits = model(...)` rebinds the name; tunelab's loop computes them inside its loss function
+                logits = model_logits(model, x, method, precision, fabric=fabric)
+                loss = training_loss(logits, x, method)
+                if not fabric:
+                    logits = None
                 tracker.in_backward = True
                 (loss / accumulation).backward()
                 tracker.in_backward = False
@@ -327,8 +401,9 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
 
 def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
     """({phase: {kind: bytes}}, [(kind, phase, bytes)] of the second optimizer step) of ``config``, rank 0
-    of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap`), tunelab's loop (the logits freed after backward;
-    gradient sync only on the last micro batch: :func:`_two_steps`)."""
+    of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap`, or litgpt's LoRA sharding when ``strategy`` is None:
+    :func:`litgpt_parallelize`), the loop (the logits freed after backward; gradient sync only on the last micro
+    batch: :func:`_two_steps`)."""
     import contextlib
 
     import torch
@@ -339,12 +414,19 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
     from tunelab.plan.measure import build_model, cuda_dropout
     from tunelab.plan.simulate import make_optimizer
 
-    mesh = init_device_mesh("cpu", (world,))  # outside fake mode: a mesh reads its ranks
+    # outside fake mode: a mesh reads its ranks; litgpt's is Lightning's ModelParallelStrategy's, named
+    if strategy is None:
+        mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     with FakeTensorMode():
         model = build_model(config, method, precision, lora_r, targets)
         model.max_seq_length = seq_len
         model.train()
-        model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
+        if strategy is None:
+            model = litgpt_parallelize(model, mesh)
+        else:
+            model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
         x = torch.zeros(micro, seq_len, dtype=torch.long)
         tracker = _fsdp_tracker(model, opt)
@@ -356,7 +438,7 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
                 model.set_requires_gradient_sync(last)
                 return contextlib.nullcontext()
 
-            raw = _two_steps(model, opt, tracker, x, method, precision, accumulation, sync)
+            raw = _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, fabric=strategy is None)
         return tracker.phase_peaks, raw
 
 
@@ -405,17 +487,28 @@ def _ddp(config, method, precision, micro, seq_len, strategy, accumulation, lora
     return phases, collectives, notes, one.layers_built
 
 
-def _fsdp_notes(name: str) -> list[str]:
+def _fsdp_notes(name: str, method: str) -> list[str]:
     """What an FSDP1 or FSDP2 rank simulation ran, and what it leaves out."""
-    how = (
-        "FSDP1 as tunelab.parallel.wrap wraps litgpt's model (each block a unit, the file's sharding, "
-        "limit_all_gathers, use_orig_params), under torch's MemTracker, no_sync() before the last micro batch"
-        if name == "fsdp"
-        else "FSDP2 as tunelab.parallel.wrap shards litgpt's model (each block, then the root), under torch's "
-        "FSDPMemTracker; DTensor's shape inference left out"
-    )
+    how = {
+        "fsdp": "FSDP1 as tunelab.parallel.wrap wraps litgpt's model (each block a unit, the file's sharding, "
+        "limit_all_gathers, use_orig_params), under torch's MemTracker, no_sync() before the last micro batch",
+        "fsdp2": "FSDP2 as tunelab.parallel.wrap shards litgpt's model (each block, then the root), under torch's "
+        "FSDPMemTracker; DTensor's shape inference left out",
+    }
+    if name == LITGPT and method == "full":
+        how[name] = (
+            "litgpt's own choice: FSDP1 as Lightning's FSDPStrategy.setup_module wraps litgpt's model with "
+            "litgpt's keywords (each Block a unit and checkpointed, limit_all_gathers, FSDPPrecision's "
+            "MixedPrecision), under torch's MemTracker, no_sync() before the last micro batch, Fabric's forward"
+        )
+    elif name == LITGPT:
+        how[name] = (
+            "litgpt's own choice: FSDP2 as litgpt's LoRA parallelize_fn shards its model (checkpoint_wrapper per "
+            "block, fully_shard on each block, wrapper and trainable Linear, then the root), under torch's "
+            "FSDPMemTracker; Fabric's forward; DTensor's shape inference left out"
+        )
     return [
-        how,
+        how[name],
         "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
         "no caching-allocator rounding; NCCL's own buffers not counted",
     ]
@@ -423,7 +516,7 @@ def _fsdp_notes(name: str) -> list[str]:
 
 def _check_simulated(strategy, world: int, method: str) -> None:
     """InputError for what the per-rank simulation does not run: another strategy, a world outside 2-1024, QLoRA."""
-    if strategy.name not in SIMULATED:
+    if strategy is not None and strategy.name not in SIMULATED:
         raise InputError(
             f"--simulate: strategy {strategy.name} is not simulated per rank (simulated: {', '.join(SIMULATED)}); "
             "fix: plan it without --simulate"
@@ -448,42 +541,44 @@ def simulate_ranks(
     lora_targets=LORA_TARGETS,
 ) -> RankSimulation:
     """Rank 0's step of ``config`` (a litgpt Config) under ``strategy`` (a :class:`tunelab.strategies.
-    StrategyConfig` named in :data:`SIMULATED`) on ``world`` devices: see the module docstring."""
+    StrategyConfig` named in :data:`SIMULATED`, or None: litgpt's own choice, :data:`LITGPT`) on ``world``
+    devices: see the module docstring."""
     _check_simulated(strategy, world, method)
     t0 = time.perf_counter()
     accumulation = max(accumulation, 1)
-    if strategy.name == "ddp":
+    name = LITGPT if strategy is None else strategy.name
+    if name == "ddp":
         phases, collectives, notes, built = _ddp(
             config, method, precision, micro_batch_size, seq_len, strategy, accumulation, lora_r,
             lora_targets, optimizer,
         )  # fmt: skip
     else:
-        step = _fsdp1_step if strategy.name == "fsdp" else _fsdp2_step
+        fsdp1 = name == "fsdp" or name == LITGPT and method == "full"
         with fake_world(world):
-            phases, raw = step(
+            phases, raw = (_fsdp1_step if fsdp1 else _fsdp2_step)(
                 config, method, precision, micro_batch_size, seq_len, world, strategy, accumulation, lora_r,
                 lora_targets, optimizer,
             )  # fmt: skip
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
-        notes = _fsdp_notes(strategy.name)
+        notes = _fsdp_notes(name, method)
     return RankSimulation(
         model=config.name,
         method=method,
         precision=precision,
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
-        strategy=strategy.name,
+        strategy=name,
         world=world,
         accumulation=accumulation,
-        activation_checkpointing=strategy.activation_checkpointing,
+        activation_checkpointing=strategy is None or strategy.activation_checkpointing,
         n_layer=config.n_layer,
         layers_built=built,
         phases=phases,
         collectives=collectives,
         seconds=time.perf_counter() - t0,
         notes=notes,
-        offload_not_run=strategy.name == "fsdp" and bool(strategy.cpu_offload),
+        offload_not_run=name == "fsdp" and bool(strategy.cpu_offload),
     )
 
 
@@ -494,19 +589,18 @@ def for_plan(x, strategy) -> RankSimulation:
 
     from tunelab.plan.simulate import optimizer_of
 
-    if strategy is None or strategy.name not in SIMULATED:
-        name = "litgpt's own choice" if strategy is None else strategy.name
+    if strategy is not None and strategy.name not in SIMULATED:
         raise InputError(
-            f"--simulate on {x.world} devices: {name} is not simulated per rank (simulated: "
-            f"{', '.join(SIMULATED)}; DeepSpeed ZeRO-2/3 by its sizes); fix: --strategy fsdp, fsdp2, ddp or "
-            "deepspeed-zero2/3, or plan without --simulate"
+            f"--simulate on {x.world} devices: {strategy.name} is not simulated per rank (simulated: "
+            f"{', '.join(SIMULATED)}, litgpt's own choice; DeepSpeed ZeRO-2/3 by its sizes); fix: --strategy "
+            "litgpt, fsdp, fsdp2, ddp or deepspeed-zero2/3, or plan without --simulate"
         )
     if x.method == "qlora":
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
     if x.num_nodes > 1:
         raise InputError("--simulate: one node only (the per-rank simulation has no node boundary); fix: --num_nodes 1")
     print(
-        f"simulating rank 0 of {x.world} under {strategy.name} ({x.config.name}, {x.method}, {x.precision}, micro "
+        f"simulating rank 0 of {x.world} under {LITGPT if strategy is None else strategy.name} ({x.config.name}, {x.method}, {x.precision}, micro "
         f"{x.micro_batch_size} x {x.seq_len} tokens) on fake tensors ...",
         file=sys.stderr,
         flush=True,
@@ -609,7 +703,7 @@ def render_zero_sizes(z: ZeroSizes, plan) -> str:
 
 def simulation(x, strategy_name: str):
     """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.simulate.for_plan`) on one device,
-    rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, not simulated per rank),
+    rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, as its scripts wrap),
     DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`zero_sizes`)."""
     from tunelab.plan import simulate
     from tunelab.strategies import load_strategy

@@ -116,6 +116,7 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
             "sharding": strategy.sharding_strategy,
             "fsdp_wrap": strategy.auto_wrap,
             "fsdp_root_kept": True,
+            "fsdp2_root_kept": False,
             "offload_params": strategy.cpu_offload,
             "activation_checkpointing": strategy.activation_checkpointing,
         }
@@ -124,6 +125,7 @@ def _division(strategy: StrategyConfig | None, world: int) -> dict:
             "strategy": "fsdp",
             "sharding": "FULL_SHARD" if strategy.reshard_after_forward else "SHARD_GRAD_OP",
             "fsdp_root_kept": False,
+            "fsdp2_root_kept": False,  # tunelab.parallel.wrap passes the file's reshard_after_forward to the root too
         }
     if strategy.name == "deepspeed":
         return {
@@ -150,8 +152,10 @@ def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> 
     fields.setdefault("optimizer", s.built_optimizer)
     fields.setdefault("activation_checkpointing", fields["strategy"] == "fsdp" and s.world_size > 1)
     # litgpt's own choice on several devices: full fine-tuning under Lightning's FSDPStrategy (FSDP1, which keeps its
-    # root unit gathered through backward), LoRA under FSDP2 (which regathers it)
+    # root unit gathered through backward), LoRA under FSDP2 (its root kept too, by torch's default since 2.8)
     fields.setdefault("fsdp_root_kept", fields["strategy"] == "fsdp" and not s.lora)
+    # litgpt's LoRA shards the root with torch's default (reshard_after_forward=None): kept from forward to backward
+    fields.setdefault("fsdp2_root_kept", fields["strategy"] == "fsdp" and s.lora)
     return PlanInput(
         config=config,
         method=s.method,

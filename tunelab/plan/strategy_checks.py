@@ -29,15 +29,93 @@ FAMILIES = (
 )
 """(label, recipe model, checkpoint_dir override): the families checked, each on a recipe of ours (Gemma and Phi-2
 on OpenLLaMA 3B's settings, their model from litgpt's config of the directory name)."""
-STRATEGIES = ("fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-no-wrap")
-"""Strategy files (``configs/strategies/``) checked: every one simulated per rank. Not here: ``fsdp-offload`` (FSDP1
-offloads only from a CUDA device, so the simulation cannot show its device side), DeepSpeed's (not simulated) and
-``fast`` (one device)."""
-DEFAULT_STRATEGIES = ("fsdp2", "fsdp", "ddp")
+STRATEGIES = ("litgpt", "fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-no-wrap")
+"""``litgpt`` (no strategy file: litgpt's own choice, as its scripts wrap the model) and the strategy files
+(``configs/strategies/``) checked: every one simulated per rank. Not here: ``fsdp-offload`` (FSDP1 offloads only
+from a CUDA device, so the simulation cannot show its device side), DeepSpeed's (not simulated) and ``fast`` (one
+device)."""
+DEFAULT_STRATEGIES = ("litgpt", "fsdp2", "fsdp", "ddp")
 """What a call without ``--strategies`` reruns; FSDP1's variants (each as quick as ``fsdp``) are asked for by name."""
 WORLDS = (2, 4, 8)
+PRECISIONS = ("32-true", "bf16-true", "bf16-mixed")
+"""Precisions a row may be checked at (``--precisions``; by default each recipe's own), in the table's order."""
 METHODS = ("full", "lora")
 MICRO, SEQ = 2, 512
+
+
+SEED_V100_MB = {
+    False: {1: 9028, 2: 10510, 4: 12488, 7: 14736, 8: 14992, 9: None},
+    True: {8: 8458, 16: 8604, 32: 10188, 64: 11490},
+}
+"""The FSDP study's 1.4B table (minGPT's GPT-2 XL under Lightning Lite's FSDPStrategy, each Block a unit, AMP,
+sequence 128, 4 V100 16 GB): {activation checkpointing: {batch per GPU: "Memory (MB)" as published, an average
+over the GPUs and 100 iterations as a GPU monitor reads it (MiB: the caching allocator's reserve and the CUDA
+context); None: out of memory}}."""
+
+
+def gpt2_xl_config():
+    """GPT-2 XL as minGPT builds it, in litgpt's terms: 48 blocks, 25 heads, width 1600, GELU MLP of 6400, LayerNorm,
+    biases, its 50,257-token vocabulary unpadded. Not modelled: its learned position embedding (1.6M parameters) and
+    its dropout (masks after attention and each residual branch), which litgpt's blocks do not have."""
+    from litgpt import Config
+
+    return Config(
+        name="gpt2-xl (minGPT)", block_size=128, vocab_size=50257, padded_vocab_size=50257, n_layer=48, n_head=25,
+        n_embd=1600, n_query_groups=25, rotary_percentage=0.0, parallel_residual=False, bias=True,
+        norm_class_name="LayerNorm", mlp_class_name="GptNeoxMLP", intermediate_size=6400, gelu_approximate="none",
+    )  # fmt: skip
+
+
+def v100_rows() -> list[dict]:
+    """Each :data:`SEED_V100_MB` row planned as Lightning's FSDPStrategy runs it (FSDP1 FULL_SHARD per block, its
+    16-bit MixedPrecision over fp32 shards, AdamW, the logits held by the loop, V100 without flash attention): the
+    peak allocated and what a GPU monitor would read (reserved and the CUDA context), MiB, and the verdict on a
+    V100 16 GB."""
+    from tunelab import hardware
+    from tunelab.plan import memory
+
+    gpu, out = hardware.lookup("V100-16GB"), []
+    for ac, table in SEED_V100_MB.items():
+        for batch, mb in table.items():
+            x = memory.PlanInput(config=gpt2_xl_config(), method="full", precision="16-mixed", micro_batch_size=batch,
+                                 seq_len=128, devices=4, strategy="fsdp", sharding="FULL_SHARD", fsdp_root_kept=True,
+                                 activation_checkpointing=ac, attention_math=True)  # fmt: skip
+            plan = memory.verdict(memory.predict(x), gpu)
+            seen = (plan.predicted_reserved_bytes + plan.cuda_context_bytes) / 2**20
+            out.append({"checkpointing": ac, "batch": batch, "peak_mib": plan.peak_allocated_bytes / 2**20,
+                        "seen_mib": seen, "measured_mib": mb, "error": seen / mb - 1 if mb else None,
+                        "fits": plan.fits, "lab_fits": mb is not None})  # fmt: skip
+    return out
+
+
+def _v100_section() -> list[str]:
+    """strategies.md's section on the FSDP study's V100 table (:func:`v100_rows`)."""
+    rows = v100_rows()
+    lines = [
+        "",
+        "## The FSDP study's 1.4B model on 4 V100s (published, not simulated)",
+        "",
+        "minGPT's GPT-2 XL (built as a litgpt Config: `strategy_checks.gpt2_xl_config`) under Lightning's "
+        "FSDPStrategy, each Block a unit, AMP (fp16), sequence 128, 4 V100 16 GB, planned as `tunelab plan` plans "
+        "FSDP1 under Lightning; against the study's 'Memory (MB)', which a GPU monitor reads (the allocator's reserve "
+        "and the CUDA context, MiB): the plan's reserved (peak allocated x 1.05) and context beside it. minGPT is "
+        "not litgpt: its dropout masks, its attention written out by hand and, likely, CUDA autocast's fp32 "
+        "LayerNorm outputs keep more per sample than the litgpt blocks the plan models (about 850 MiB a sample "
+        "published against 390 planned without checkpointing); the published figure is also an average over GPUs. "
+        "Shown, not tuned for.",
+        "",
+        "| activation checkpointing | batch per GPU | planned peak MiB | planned reserved + context MiB | "
+        "published MiB | error | planned | published |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        err = "" if r["error"] is None else f"{r['error']:+.1%}"
+        lines.append(
+            f"| {'yes' if r['checkpointing'] else 'no'} | {r['batch']} | {r['peak_mib']:.0f} | {r['seen_mib']:.0f} | "
+            f"{r['measured_mib'] or ''} | {err} | {'fits' if r['fits'] else 'OOM'} | "
+            f"{'fits' if r['lab_fits'] else 'OOM'} |"
+        )
+    return lines
 
 
 @dataclass
@@ -74,8 +152,8 @@ class Row:
         return self.formula_bytes_per_step / self.traced_bytes_per_step - 1 if self.traced_bytes_per_step else None
 
 
-def check(family: tuple, method: str, strategy: str, world: int) -> Row:
-    """Plan and simulate one configuration."""
+def check(family: tuple, method: str, strategy: str, world: int, precision: str | None = None) -> Row:
+    """Plan and simulate one configuration (``precision``: None, the recipe's)."""
     from tunelab.plan import comm, ranks
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
@@ -85,9 +163,11 @@ def check(family: tuple, method: str, strategy: str, world: int) -> Row:
     overrides = ["--train.micro_batch_size", str(MICRO), "--train.max_seq_length", str(SEQ)]
     if checkpoint:
         overrides += ["--checkpoint_dir", checkpoint]
+    if precision:
+        overrides += ["--precision", precision]
     planned = plan_recipe(resolve(f"{model}/{method}"), overrides, gpu=None, devices=world, strategy=strategy)
     x = planned.input
-    sim = ranks.for_plan(x, load_strategy(strategy))
+    sim = ranks.for_plan(x, None if strategy == "litgpt" else load_strategy(strategy))
     formula = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     return Row(
         label, method, str(x.precision), strategy, world, x.accumulation, planned.plan.peak_allocated_bytes,
@@ -97,16 +177,22 @@ def check(family: tuple, method: str, strategy: str, world: int) -> Row:
 
 
 def rows(
-    families=FAMILIES, strategies=DEFAULT_STRATEGIES, worlds=WORLDS, methods=METHODS, kept=(), each=None
+    families=FAMILIES,
+    strategies=DEFAULT_STRATEGIES,
+    worlds=WORLDS,
+    methods=METHODS,
+    kept=(),
+    each=None,
+    precisions=(None,),
 ) -> list[Row]:
-    """Every combination, with progress on stderr, beside the ``kept`` rows of other combinations (an earlier
-    report's: :func:`read`), in the table's order; ``each(rows so far)`` after every row (the command writes the
-    report there, so a run stopped after an hour keeps the hour's rows)."""
-    todo = [(f, m, s, w) for f in families for m in methods for s in strategies for w in worlds]
+    """Every combination (``precisions``: None, each recipe's own), with progress on stderr, beside the ``kept`` rows
+    of other combinations (an earlier report's: :func:`read`), in the table's order; ``each(rows so far)`` after
+    every row (the command writes the report there, so a run stopped after an hour keeps the hour's rows)."""
+    todo = [(f, m, s, w, p) for f in families for m in methods for p in precisions for s in strategies for w in worlds]
     out: list[Row] = []
-    for i, (f, m, s, w) in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {f[0]} {m} {s} on {w} ...", file=sys.stderr, flush=True)
-        out.append(check(f, m, s, w))
+    for i, (f, m, s, w, p) in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {f[0]} {m} {p or ''} {s} on {w} ...".replace("  ", " "), file=sys.stderr, flush=True)
+        out.append(check(f, m, s, w, p))
         if each is not None:
             each(_merged(out, kept))
     return _merged(out, kept)
@@ -114,10 +200,11 @@ def rows(
 
 def _merged(out: list[Row], kept) -> list[Row]:
     """``out`` and the ``kept`` rows it did not rerun, in the table's order."""
-    done = {(r.family, r.method, r.strategy, r.world) for r in out}
-    found = out + [r for r in kept if (r.family, r.method, r.strategy, r.world) not in done]
+    done = {(r.family, r.method, r.precision, r.strategy, r.world) for r in out}
+    found = out + [r for r in kept if (r.family, r.method, r.precision, r.strategy, r.world) not in done]
     order = {f[0]: i for i, f in enumerate(FAMILIES)}
-    return sorted(found, key=lambda r: (order.get(r.family, 99), r.method, STRATEGIES.index(r.strategy)
+    return sorted(found, key=lambda r: (order.get(r.family, 99), r.method, PRECISIONS.index(r.precision)
+                                        if r.precision in PRECISIONS else 99, STRATEGIES.index(r.strategy)
                                         if r.strategy in STRATEGIES else 99, r.world))  # fmt: skip
 
 
@@ -142,7 +229,7 @@ def read(path: Path) -> list[Row]:
     return out
 
 
-VARIANTS = STRATEGIES[3:]
+VARIANTS = STRATEGIES[4:]
 """FSDP1's variants among :data:`STRATEGIES`."""
 
 
@@ -168,8 +255,9 @@ def markdown(found: list[Row]) -> str:
         "# The plan on several devices against rank 0's simulated step",
         "",
         f"Regenerate with `tunelab plan-strategies` ({datetime.date.today().isoformat()}). Each row plans a recipe "
-        f"as `tunelab plan RECIPE --devices N --strategy S` does, at micro batch {MICRO} x {SEQ} tokens and the "
-        "recipe's global batch (accumulation = global / (micro x N)), and simulates the same step as rank 0 of N "
+        f"as `tunelab plan RECIPE --devices N --strategy S` does, at micro batch {MICRO} x {SEQ} tokens, the "
+        "recipe's global batch (accumulation = global / (micro x N)) and the recipe's precision (or the one "
+        "`--precisions` names: the table's column), and simulates the same step as rank 0 of N "
         "on this CPU: litgpt's model at full width on fake tensors, torch's fake process group; FSDP2 sharded by "
         "the run's own `tunelab.parallel.wrap` (every block, under torch's FSDPMemTracker), DDP as the one-device "
         "simulated step plus DDP's own bucket assignment. Memory: peak allocated per device, GB = 1e9 bytes. "
@@ -180,7 +268,13 @@ def markdown(found: list[Row]) -> str:
         f"{worst.method} {worst.strategy} on {worst.world}). Traced communication against the formula: worst "
         f"{comm_worst:.1%} over {len(comm_rows)} rows.",
         "",
-        "FSDP1 (`fsdp`: a `name: fsdp` file, FULL_SHARD per block, as litgpt's CLI wraps full fine-tuning) is "
+        "`litgpt` (no strategy file: `tunelab plan RECIPE --devices N`, litgpt's own choice) is simulated as "
+        "litgpt's scripts wrap the model: full fine-tuning by Lightning's own `FSDPStrategy.setup_module` with the "
+        "keywords litgpt's `finetune/full.py` passes (read from its source: FSDP1, each Block a unit and "
+        "checkpointed, `limit_all_gathers`, Lightning's `FSDPPrecision`), LoRA by litgpt's own `parallelize_fn` "
+        "(FSDP2 over checkpointed blocks, the root kept from forward to backward by torch's default), both in "
+        "litgpt's loop (the logits held until the next forward rebinds them). "
+        "FSDP1 (`fsdp`: a `name: fsdp` file, FULL_SHARD per block) is "
         "simulated on fake tensors as the run wraps it, flat parameters included. Calls: the collectives rank 0 "
         "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
         "before they were counted). FSDP1's variants (the files `fsdp-shard-grad-op`, `fsdp-hybrid` on one node, "
@@ -203,7 +297,7 @@ def markdown(found: list[Row]) -> str:
             f"{r.simulated_phase} | {r.traced_bytes_per_step / 1e9:.2f} | {r.formula_bytes_per_step / 1e9:.2f} | "
             f"{ce} | {calls} | {r.seconds:.1f} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _v100_section()) + "\n"
 
 
 def write(found: list[Row], out: Path | None = None) -> Path:
