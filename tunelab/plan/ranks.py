@@ -18,6 +18,14 @@ nothing, but is dispatched with its real shapes):
   them, which keeps whole unsharded gradients. FSDP1 runs on fake tensors and the fake process group as it is (its
   flat parameters are fake too); the tracker installs no gradient hook on the original parameters, which FSDP1 makes
   views of its flat parameters (torch refuses one), so their gradients count as temporaries, not as "Gradient".
+* **litgpt's own choice** (no strategy file, :data:`LITGPT`): the libraries' own wrapping, as litgpt's scripts call
+  it. Full fine-tuning: Lightning's ``FSDPStrategy.setup_module`` with the keywords litgpt's ``finetune/full.py``
+  passes (read from its source: :func:`litgpt_fsdp_keywords`) and Fabric's ``FSDPPrecision`` (FSDP1, each Block a
+  unit and checkpointed; one change, :func:`lightning_fsdp`: FSDP takes this CPU where Lightning passes a CUDA
+  index). LoRA: litgpt's ``parallelize_fn`` over a (data_parallel, tensor_parallel) mesh as Lightning's
+  ``ModelParallelStrategy`` builds it (FSDP2 over ``checkpoint_wrapper`` blocks, the root kept unsharded from
+  forward to backward by torch's default). Both in litgpt's loop: the forward under Fabric, the logits held until
+  the next forward rebinds them.
 * **DDP**: the one-device simulated step (:mod:`tunelab.plan.simulate`) plus DDP's gradient buckets, assigned by
   DDP's own function (``torch.distributed._compute_bucket_assignment_by_size``, gradient-ready order, the first
   bucket 1 MiB, then ``bucket_cap_mb``): a flat copy of the trainable gradients unless ``gradient_as_bucket_view``.
@@ -401,9 +409,9 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
 
 def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
     """({phase: {kind: bytes}}, [(kind, phase, bytes)] of the second optimizer step) of ``config``, rank 0
-    of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap`, or litgpt's LoRA sharding when ``strategy`` is None:
-    :func:`litgpt_parallelize`), the loop (the logits freed after backward; gradient sync only on the last micro
-    batch: :func:`_two_steps`)."""
+    of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap` in tunelab's loop, or litgpt's LoRA sharding in
+    litgpt's loop when ``strategy`` is None: :func:`litgpt_parallelize`), gradient sync only on the last micro
+    batch (:func:`_two_steps`)."""
     import contextlib
 
     import torch
