@@ -36,7 +36,8 @@ PART3_ROWS = "reports/2026-11-23-lab-part3-h100/results.csv"
 
 
 def h100_items(root: Path) -> list[dict]:
-    """Each timed H100 row: its shape, the measured seconds per optimizer step, and the kernel model's step."""
+    """Each timed H100 row: its shape, the measured seconds per optimizer step, the kernel model's step and the host
+    time per op it implies (:func:`implied_host`)."""
     from litgpt import Config
 
     from tunelab import files
@@ -54,7 +55,8 @@ def h100_items(root: Path) -> list[dict]:
         )
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
-                      "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st})  # fmt: skip
+                      "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st,
+                      "implied_host": implied_host(st, acc, step)})  # fmt: skip
     return items
 
 
@@ -454,11 +456,7 @@ def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict], loo
             out.setdefault(machine, []).append(host * 1e6)
 
     for i in h100:
-        add(
-            f"H100-SXM {Path(H100_ROWS).parent.name}",
-            i["gpu_util"],
-            implied_host(i["st"], i["accumulation"], i["measured_s"]),
-        )
+        add(f"H100-SXM {Path(H100_ROWS).parent.name}", i["gpu_util"], i["implied_host"])
     for archive, rows in ((SECOND_MACHINE, second), (QLORA_LOOP, loop)):
         for r in rows:
             add(
@@ -483,7 +481,7 @@ def _md_second_machine(rows: list[dict], h100: list[dict], machines: dict) -> li
     (``h100``: :func:`h100_items`) and the host time per op each implies; ``machines``: :func:`host_by_machine`."""
     if not rows:
         return []
-    first = {i["id"]: (i["measured_s"], implied_host(i["st"], i["accumulation"], i["measured_s"])) for i in h100}
+    first = {i["id"]: (i["measured_s"], i["implied_host"]) for i in h100}
     bound = [r for r in rows if r["host_bound"] and r["implied_host_us"]]
     probes = [r["host_op_us"] for r in rows if r["host_op_us"]]
     lines = [
