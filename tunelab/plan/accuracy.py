@@ -112,7 +112,7 @@ def write_accuracy(out: Path | None = None) -> Path:
 
     if (ROOT / runtime_accuracy.H100_ROWS).is_file():
         runtime_accuracy.write_report(out / "runtime.md", ROOT)
-    lines = _memory_summary(rows) + _memory_table(rows)
+    lines = _memory_summary(rows) + memory_table(rows)
     write_text_atomic(out / "accuracy.md", "\n".join(lines + runtime_lines) + "\n")
     return out
 
@@ -157,8 +157,9 @@ def _memory_summary(rows: list[dict]) -> list[str]:
     ]
 
 
-def _memory_table(rows: list[dict]) -> list[str]:
-    """accuracy.md's table: each lab row's predicted and measured peak and the fit verdicts."""
+def memory_table(rows: list[dict]) -> list[str]:
+    """accuracy.md's table (and strategies.md's Part 2 section): each lab row's predicted and measured peak and the fit
+    verdicts."""
 
     def fmt_meas(m):
         if m is None:

@@ -106,7 +106,7 @@ def _part2_section() -> tuple[str, ...]:
         "range, and where the plan's peak is FSDP's backward end without auto-wrap (m3, v4: the whole model's "
         "gradient twice over, as the simulation above shows for `fsdp-no-wrap`) the reading sits far under it.",
         "",
-        *accuracy._memory_table(rows),
+        *accuracy.memory_table(rows),
     )
 
 
