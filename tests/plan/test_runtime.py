@@ -593,3 +593,19 @@ def test_the_host_and_the_board_scale_their_own_causes_only(items):
     assert m["host"] in runtime_accuracy.HOST_SCALES and m["gpu"] in runtime_accuracy.GPU_SCALES
     assert set(m["loo"]) == {"s2", "s3", "s4", "s5", "s6", "s7", "s10", "s11", "s12", "s13", "s14"}
     assert m["mae"] == pytest.approx(sum(map(abs, m["loo"].values())) / 11)
+
+
+def test_the_qlora_loop_sentence_says_what_its_rows_imply():
+    """runtime.md's QLoRA-over-LoRA sentence is derived from its two rows: the ratios, the implied host times and
+    how far apart they are, and whether both sit under the host constant; a row the GPU kept busy isolates nothing."""
+    from tunelab.plan import runtime_accuracy
+
+    q = {"measured_s": 1.2, "predicted_s": 1.35, "gpu_util": 14.0, "host_bound": True, "implied_host_us": 53.5}
+    lo = {"measured_s": 0.8, "predicted_s": 1.0, "gpu_util": 22.0, "host_bound": True, "implied_host_us": 50.4}
+    text = runtime_accuracy._qlora_over_lora(q, lo)
+    assert "measured 1.50x, predicted 1.35x" in text and "53.5 and 50.4 us" in text and "(6% apart)" in text
+    assert "both under the constant's 60 us" in text
+    slow = runtime_accuracy._qlora_over_lora({**q, "implied_host_us": 70.0}, lo)
+    assert "not both under" in slow and "(39% apart)" in slow
+    busy = runtime_accuracy._qlora_over_lora({**q, "host_bound": False, "gpu_util": 80.0}, lo)
+    assert "Not both host-bound" in busy and "us of host" not in busy

@@ -555,16 +555,33 @@ def _md_qlora_loop(rows: list[dict]) -> list[str]:
     by = {r["recipe"].split("/")[-1]: r for r in rows}
     if {"qlora", "lora"} <= set(by):
         q, lo = by["qlora"], by["lora"]
-        lines += [
-            "",
-            f"QLoRA over LoRA: measured {q['measured_s'] / lo['measured_s']:.2f}x, predicted "
-            f"{q['predicted_s'] / lo['predicted_s']:.2f}x. Both host-bound (the GPU busy "
-            f"{_fmt(q['gpu_util'], '.0f')}% and {_fmt(lo['gpu_util'], '.0f')}%): the two rows imply nearly the same "
-            "host time per op, so bitsandbytes' host work per 4-bit matmul and per PagedAdamW tensor, fitted on the "
-            "isolated step, carries into litgpt's loop; the rest of both errors is this machine's host, faster than "
-            "the constant's.",
-        ]
+        lines += ["", _qlora_over_lora(q, lo)]
     return lines
+
+
+def _qlora_over_lora(q: dict, lo: dict) -> str:
+    """The QLoRA loop section's closing sentence, from its two rows: the ratio measured and predicted, and what the
+    rows' implied host times per op say (only where both were host-bound by measurement)."""
+    ratio = (
+        f"QLoRA over LoRA: measured {q['measured_s'] / lo['measured_s']:.2f}x, predicted "
+        f"{q['predicted_s'] / lo['predicted_s']:.2f}x."
+    )
+    busy = f"the GPU busy {_fmt(q['gpu_util'], '.0f')}% and {_fmt(lo['gpu_util'], '.0f')}%"
+    hosts = [r["implied_host_us"] for r in (q, lo)]
+    if not (q["host_bound"] and lo["host_bound"] and all(hosts)):
+        return f"{ratio} Not both host-bound ({busy}): their implied host times do not isolate bitsandbytes' host work."
+    apart = max(hosts) / min(hosts) - 1
+    constant = runtime.LITGPT_HOST_S_PER_OP * 1e6
+    host = (
+        f"both under the constant's {constant:.0f} us: the rest of both errors is this machine's host, faster"
+        if max(hosts) < constant
+        else f"not both under the constant's {constant:.0f} us"
+    )
+    return (
+        f"{ratio} Both host-bound ({busy}): the two rows imply {hosts[0]:.1f} and {hosts[1]:.1f} us of host time per "
+        f"op ({apart:.0%} apart), so bitsandbytes' host work per 4-bit matmul and per PagedAdamW tensor, fitted on "
+        f"the isolated step, carries into litgpt's loop; {host}."
+    )
 
 
 def _implied(row: dict) -> str:
