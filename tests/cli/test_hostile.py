@@ -166,6 +166,7 @@ NAME_OPTIONS = [
     (["advise", M], "--gpus", "GPU"),
     (["plan-strategies"], "--families", "--families"),
     (["plan-strategies"], "--strategies", "--strategies"),
+    (["plan-strategies"], "--precisions", "--precisions"),
     (["plan-families"], "--families", "--families"),
 ]
 

@@ -616,14 +616,7 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
         gathered_apart = block if x.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
         at_head = (3 * head - gathered_apart) * st.s_param + chunk_grads * dtype_bytes(x.precision)
         return max(at_head, (head + 2 * block) * st.s_param)
-    if not (
-        x.strategy == "fsdp"
-        and x.fsdp_root_kept  # FSDP1
-        and x.method == "full"
-        and x.sharding in ("FULL_SHARD", "HYBRID_SHARD")
-        and x.fsdp_wrap != "none"
-        and not (x.offload_params or x.offload_optimizer)
-    ):
+    if not _fsdp1_full_shard_full(x):
         return 0
     unsharded = st.s_param * fsdp1_unsharded_scale(x)
     return (2 * block + head) * unsharded + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
@@ -783,7 +776,7 @@ def _fsdp_division(x: PlanInput, st: ModelStates, grads: float, notes: list) -> 
     if x.sharding == "NO_SHARD":
         notes.append("FSDP NO_SHARD: every device holds the whole model; gradients all-reduced in place (no buckets)")
         return _Division()
-    group = x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    group = fsdp_shard_group(x)
     d = _Division()
     if x.sharding in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"):
         d.shard_w = d.shard_g = d.shard_o = group
@@ -1090,6 +1083,11 @@ def fsdp1_unsharded_scale(x: PlanInput) -> float:
     return 0.5 if x.strategy == "fsdp" and x.fsdp_root_kept and x.fabric and mixed16 else 1.0
 
 
+def fsdp_shard_group(x: PlanInput) -> int:
+    """Devices FSDP shards over: the world, or under HYBRID_SHARD one node's devices."""
+    return x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+
+
 def _fsdp1_full_shard_full(x: PlanInput) -> bool:
     """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit, nothing offloaded."""
     return (
@@ -1121,7 +1119,7 @@ def fsdp1_root_backward_end(x: PlanInput, st: ModelStates) -> float:
         return 3 * root + st.grads * scale
     if x.accumulation == 2:  # the first: its new flat gradient is the root's first
         return 2 * root + st.grads * scale
-    shard = x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    shard = fsdp_shard_group(x)
     return 3 * root + max(st.grads - root / scale, 0.0) / shard
 
 
@@ -1138,7 +1136,7 @@ def fsdp1_first_block_backward(x: PlanInput, st: ModelStates, acts: float) -> tu
         return 0.0, 0.0
     c = x.config
     block, scale = block_params(c) * st.s_param, fsdp1_unsharded_scale(x)
-    shard = x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    shard = fsdp_shard_group(x)
     grads = (block + c.padded_vocab_size * c.n_embd * st.s_param) * scale + (c.n_layer - 1) * block / shard
     inputs = checkpointed_inputs(x)
     left = inputs / c.n_layer + acts - inputs if x.activation_checkpointing else acts / c.n_layer
