@@ -77,7 +77,7 @@ def _fsdp1(model, strategy: StrategyConfig, device: torch.device, mesh=None):
         else None
     )
     # on a CPU device the parameters are in host RAM already (and torch's FSDP offload needs an accelerator)
-    offload = strategy.cpu_offload and device.type == "cuda"
+    offload = strategy.cpu_offload and device.type != "cpu"
     if strategy.cpu_offload and not offload and dist.get_rank() == 0:
         print("cpu_offload: not applied on a CPU device (the parameters live in host RAM already)", file=sys.stderr)
     fsdp = FSDP(

@@ -237,7 +237,7 @@ class Plan:
     """peak x allocator slack."""
     cuda_context_bytes: int
     host_ram_bytes: int
-    """Host RAM for offloaded states (0 without offload)."""
+    """Host RAM for offloaded states per device (rank), at its peak (0 without offload)."""
     gpu: str | None = None
     gpu_memory_bytes: int | None = None
     fits: bool | None = None
@@ -607,11 +607,12 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). At the head, one block of the two the
     forward counts is apart under FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP keeps every unit gathered into the
     backward and NO_SHARD gathers none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9%
-    while a block was taken off). 0 elsewhere (one unit, offload and the other strategies are not derived here)."""
+    while a block was taken off). FSDP1's ``cpu_offload`` changes none of it (:func:`fsdp1_offloaded`). 0 elsewhere
+    (one unit and the other strategies are not derived here)."""
     c = x.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
-    if fsdp1_lora(x) and x.fsdp_wrap != "none" and not (x.offload_params or x.offload_optimizer):
+    if fsdp1_lora(x) and x.fsdp_wrap != "none":
         chunk_grads = 2 * x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size
         gathered_apart = block if x.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
         at_head = (3 * head - gathered_apart) * st.s_param + chunk_grads * dtype_bytes(x.precision)
@@ -879,7 +880,9 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> _PerDevice:
 def _offloaded(x: PlanInput, st: ModelStates, dev: _PerDevice, notes: list) -> _PerDevice:
     """``dev`` with what offload moves to host RAM: the optimizer's states, master weights and float32 gradients
     (``offload_optimizer``: the gradients stream out per bucket, no step on the device), the weights
-    (``offload_params``: ZeRO-3 gathers them to the device; FSDP keeps two blocks resident)."""
+    (``offload_params``: ZeRO-3 gathers them to the device); FSDP1's ``cpu_offload``: :func:`fsdp1_offloaded`."""
+    if x.offload_params and x.strategy == "fsdp":
+        return fsdp1_offloaded(x, dev, notes)
     two_blocks = block_params(x.config) * st.s_param * 2
     if x.offload_optimizer:
         dev.host += st.optimizer + st.master + st.trainable * 4
@@ -888,12 +891,35 @@ def _offloaded(x: PlanInput, st: ModelStates, dev: _PerDevice, notes: list) -> _
         notes.append("optimizer offload: states, master weights and their gradients in host RAM")
     if x.offload_params:
         dev.host += st.weights
-        if x.strategy == "deepspeed":  # ZeRO-3's gathered parameters are in_flight
-            dev.weights = 0
-            notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
-        else:
-            dev.weights = two_blocks
-            notes.append("parameter offload: weights in host RAM, two blocks resident at a time")
+        dev.weights = 0  # ZeRO-3's gathered parameters are in_flight
+        notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
+    return dev
+
+
+def fsdp1_offloaded(x: PlanInput, dev: _PerDevice, notes: list) -> _PerDevice:
+    """``dev`` under FSDP1's ``cpu_offload`` (``CPUOffload(offload_params=True)``): every sharded flat parameter
+    lives pinned in host RAM, with a pinned host copy of its sharded gradient (``_cpu_grad``), and the optimizer
+    steps there, over host parameters: the shards, the optimizer's states and the step's temporaries leave the
+    device. What stays is what the device computes with: each unit's shard copied in to be gathered, the gathered
+    units (``dev.in_flight``, as without offload) each beside its shard's device copy, the unsharded gradients of
+    micro batches under ``no_sync()``, and each unit's sharded gradient, which FSDP1 keeps on the device
+    (``_saved_grad_shard``) until the backward's end although it has copied it out (the FSDP1 backward moments
+    count them). Seen in the per-rank simulation on a stand-in accelerator (:mod:`tunelab.plan.fake_device`;
+    TinyLlama full, 32-true, 8 devices: the activations as without offload, 109.6 MB of shards beside the gathered
+    root and two blocks, nothing on the device at the optimizer step). The host's peak: the shards and the
+    optimizer's states beside either the step (the host gradients and the step's temporaries) or the host gradient
+    made again after a step (``zeros_like(...).pin_memory()``: the zeros and their pinned copy at once), the larger
+    (TinyLlama full, 32-true, 4 devices: 5.5 GB both; LoRA, bf16, 4 devices: 1.68 GB, the second)."""
+    step_or_repin = max(dev.grads + dev.step_temp, 2 * dev.grads)
+    dev.host += dev.weights + dev.lora_weights + dev.optimizer + step_or_repin
+    dev.weights = dev.lora_weights = dev.grads = dev.optimizer = dev.step_temp = 0.0
+    copies = dev.gathered / fsdp_shard_group(x)
+    dev.in_flight += copies
+    dev.gathered += copies
+    notes.append(
+        "FSDP cpu_offload: sharded parameters, their gradients and the optimizer's states in host RAM, the "
+        "optimizer step on the host; the device holds the gathered units and the backward's sharded gradients"
+    )
     return dev
 
 
@@ -1089,14 +1115,14 @@ def fsdp_shard_group(x: PlanInput) -> int:
 
 
 def _fsdp1_full_shard_full(x: PlanInput) -> bool:
-    """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit, nothing offloaded."""
+    """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit (offloaded or not:
+    :func:`fsdp1_offloaded` takes the states off the device, the moments stay)."""
     return (
         x.strategy == "fsdp"
         and x.fsdp_root_kept
         and x.method == "full"
         and x.sharding in ("FULL_SHARD", "HYBRID_SHARD")
         and x.fsdp_wrap != "none"
-        and not (x.offload_params or x.offload_optimizer)
     )
 
 

@@ -18,6 +18,9 @@ nothing, but is dispatched with its real shapes):
   them, which keeps whole unsharded gradients. FSDP1 runs on fake tensors and the fake process group as it is (its
   flat parameters are fake too); the tracker installs no gradient hook on the original parameters, which FSDP1 makes
   views of its flat parameters (torch refuses one), so their gradients count as temporaries, not as "Gradient".
+  Its ``cpu_offload`` (``fsdp-offload``), which FSDP1 applies only from an accelerator, runs on a stand-in one
+  (:mod:`tunelab.plan.fake_device`: fake tensors on ``meta``, the host's memory apart): the peak is the device's,
+  the host's peak is :attr:`RankSimulation.host_peak_bytes`.
 * **litgpt's own choice** (no strategy file, :data:`LITGPT`): the libraries' own wrapping, as litgpt's scripts call
   it. Full fine-tuning: Lightning's ``FSDPStrategy.setup_module`` with the keywords litgpt's ``finetune/full.py``
   passes (read from its source: :func:`litgpt_fsdp_keywords`) and Fabric's ``FSDPPrecision`` (FSDP1, each Block a
@@ -123,16 +126,17 @@ class RankSimulation(PhasePeaks):
     collectives: list[Collective]
     seconds: float
     notes: list[str] = field(default_factory=list)
-    offload_not_run: bool = False
-    """The strategy offloads to host RAM (FSDP1's ``cpu_offload``), which FSDP1 does only from a CUDA device: the
-    simulation ran the same step without offload, so its peak is not the plan's device side."""
+    host_peak_bytes: float = 0.0
+    """Peak host RAM the offloaded states took (FSDP1's ``cpu_offload``: sharded parameters, their gradients, the
+    optimizer's states, pinned), simulated on the host apart from the device (:mod:`tunelab.plan.fake_device`); 0
+    without offload. ``phases`` and the peak are the device's."""
 
     def bytes_moved(self, kind: str | None = None) -> float:
         """Bytes rank 0 sends per optimizer step (ring collectives), of one kind or all."""
         return sum(c.bytes_moved(self.world) for c in self.collectives if kind in (None, c.kind))
 
     def to_json(self) -> dict:
-        return {**self.peak_json(), "bytes_moved_per_step": self.bytes_moved()}
+        return {**self.peak_json(), "bytes_moved_per_step": self.bytes_moved(), "host_peak_bytes": self.host_peak_bytes}
 
 
 @contextlib.contextmanager
@@ -250,6 +254,7 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from tunelab.parallel import wrap
+    from tunelab.plan.fake_device import fake_accelerator
     from tunelab.plan.measure import build_model, cuda_dropout
     from tunelab.plan.simulate import make_optimizer
 
@@ -258,7 +263,10 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (1, world))  # outside fake mode
-    with FakeTensorMode(allow_non_fake_inputs=True), _fake_storage_allocated():
+    offload = strategy is not None and strategy.cpu_offload
+    with FakeTensorMode(allow_non_fake_inputs=True), _fake_storage_allocated(), contextlib.ExitStack() as stack:
+        # offload: a stand-in accelerator, the host's memory counted apart; else all on this CPU
+        device = stack.enter_context(fake_accelerator()) if offload else torch.device("cpu")
         model = build_model(config, method, precision, lora_r, targets)
         model.max_seq_length = seq_len
         model.train()
@@ -267,17 +275,19 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
             if strategy is None:
                 model = lightning_fsdp(model, precision)
             else:
-                model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
+                model = wrap(model, strategy, device, world, mesh=mesh)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
-        x = torch.zeros(micro, seq_len, dtype=torch.long)
+        x = torch.zeros(micro, seq_len, dtype=torch.long, device=device)
         tracker = _recording(MemTracker)()
+        tracker.device = device if offload else None
         tracker.track_external(model, opt, x)
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore")
             raw = _two_steps(model, opt, tracker, x, method, precision, accumulation,
                              lambda last: contextlib.nullcontext() if last else model.no_sync(), most=3,
                              fabric=strategy is None)  # fmt: skip
-        return tracker.phase_peaks, raw
+        host = tracker._peak_mem.get(torch.device("cpu"), 0) if offload else 0
+        return tracker.phase_peaks, raw, host
 
 
 def litgpt_fsdp_keywords() -> dict:
@@ -447,7 +457,7 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
                 return contextlib.nullcontext()
 
             raw = _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, fabric=strategy is None)
-        return tracker.phase_peaks, raw
+        return tracker.phase_peaks, raw, 0
 
 
 def _per_step(raw: list) -> list[Collective]:
@@ -555,6 +565,7 @@ def simulate_ranks(
     t0 = time.perf_counter()
     accumulation = max(accumulation, 1)
     name = LITGPT if strategy is None else strategy.name
+    host = 0.0
     if name == "ddp":
         phases, collectives, notes, built = _ddp(
             config, method, precision, micro_batch_size, seq_len, strategy, accumulation, lora_r,
@@ -563,7 +574,7 @@ def simulate_ranks(
     else:
         fsdp1 = name == "fsdp" or name == LITGPT and method == "full"
         with fake_world(world):
-            phases, raw = (_fsdp1_step if fsdp1 else _fsdp2_step)(
+            phases, raw, host = (_fsdp1_step if fsdp1 else _fsdp2_step)(
                 config, method, precision, micro_batch_size, seq_len, world, strategy, accumulation, lora_r,
                 lora_targets, optimizer,
             )  # fmt: skip
@@ -586,7 +597,7 @@ def simulate_ranks(
         collectives=collectives,
         seconds=time.perf_counter() - t0,
         notes=notes,
-        offload_not_run=name == "fsdp" and bool(strategy.cpu_offload),
+        host_peak_bytes=host,
     )
 
 
@@ -634,12 +645,14 @@ def render(sim: RankSimulation, plan) -> str:
         )
     planned = plan.peak_allocated_bytes
     lines.append(
-        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated without offload; planned "
-        f"{planned / 1e9:.2f} GB on the device with it (not compared: FSDP1 offloads only from a CUDA device)"
-        if sim.offload_not_run
-        else f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
+        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
         f"({(planned - sim.peak_bytes) / sim.peak_bytes:+.1%})"
     )
+    if sim.host_peak_bytes:
+        lines.append(
+            f"  host RAM (offloaded parameters, gradients, optimizer states): {sim.host_peak_bytes / 1e9:.2f} GB "
+            f"simulated; planned {plan.host_ram_bytes / 1e9:.2f} GB"
+        )
     lines.append("  collectives per optimizer step (rank 0; bytes of the whole tensor, GB = 1e9 bytes):")
     for c in sim.collectives:
         group = f" over a group of {c.group}" if c.group and c.group != sim.world else ""

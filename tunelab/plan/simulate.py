@@ -159,8 +159,12 @@ def update_peak(tracker, peak_state) -> None:
 
 def keep_phase_peak(tracker, phase: str) -> bool:
     """Keep the tracker's current bytes by kind as ``phase``'s peak (``tracker.phase_peaks``) when they are the
-    largest so far; whether they were."""
-    for snap in tracker._curr_mem_snap.values():
+    largest so far; whether they were. A tracker with a ``device`` attribute (not None) counts that device only
+    (the accelerator of an offloading simulation, :mod:`tunelab.plan.fake_device`), else any device."""
+    only = getattr(tracker, "device", None)
+    for dev, snap in tracker._curr_mem_snap.items():
+        if only is not None and dev != only:
+            continue
         counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
         if counted["Total"] > tracker.phase_peaks.get(phase, {}).get("Total", -1):
             tracker.phase_peaks[phase] = counted

@@ -30,10 +30,13 @@ FAMILIES = (
 )
 """(label, recipe model, checkpoint_dir override): the families checked, each on a recipe of ours (Gemma and Phi-2
 on OpenLLaMA 3B's settings, their model from litgpt's config of the directory name)."""
-STRATEGIES = ("litgpt", "fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-no-wrap")
+STRATEGIES = (
+    "litgpt", "fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-no-wrap",
+    "fsdp-offload",
+)  # fmt: skip
 """``litgpt`` (no strategy file: litgpt's own choice, as its scripts wrap the model) and the strategy files
-(``configs/strategies/``) checked: every one simulated per rank. Not here: ``fsdp-offload`` (FSDP1 offloads only
-from a CUDA device, so the simulation cannot show its device side), DeepSpeed's (not simulated) and ``fast`` (one
+(``configs/strategies/``) checked: every one simulated per rank (``fsdp-offload`` on a stand-in accelerator, its
+device side compared: :mod:`tunelab.plan.fake_device`). Not here: DeepSpeed's (not simulated) and ``fast`` (one
 device)."""
 DEFAULT_STRATEGIES = ("litgpt", "fsdp2", "fsdp", "ddp")
 """What a call without ``--strategies`` reruns; FSDP1's variants (each as quick as ``fsdp``) are asked for by name."""
@@ -300,11 +303,13 @@ def markdown(found: list[Row]) -> str:
         "simulated on fake tensors as the run wraps it, flat parameters included. Calls: the collectives rank 0 "
         "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
         "before they were counted). FSDP1's variants (the files `fsdp-shard-grad-op`, `fsdp-hybrid` on one node, "
-        "`fsdp-no-shard`, `fsdp-no-wrap`) are simulated the same way; their rows cover "
+        "`fsdp-no-shard`, `fsdp-no-wrap`, `fsdp-offload`) are simulated the same way; their rows cover "
         f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} ({_seconds(found, VARIANTS)}). "
-        "Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and offload "
-        "(checked against DeepSpeed's own code on CPU by the tests instead), FSDP1's `fsdp-offload` (FSDP1 "
-        "offloads only from a CUDA device: the simulation cannot show its device side), QLoRA on several devices.",
+        "`fsdp-offload` (FSDP1's `cpu_offload`, which offloads only from an accelerator) runs on a stand-in "
+        "accelerator (fake tensors on torch's `meta` device, the host's apart: `tunelab/plan/fake_device.py`); its "
+        "rows compare the device side (peak allocated on the device; the host's peak is in `tunelab plan "
+        "--simulate`). Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and "
+        "offload (checked against DeepSpeed's own code on CPU by the tests instead), QLoRA on several devices.",
         "",
         "| family | method | precision | strategy | devices | accumulation | planned GB | simulated GB | error | "
         "simulated peak | traced GB/step | comm.py GB/step | comm error | calls traced / comm.py | simulation s |",
