@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 from tunelab import hardware
 from tunelab.models import count_params, lora_param_count, lora_tensor_numels, param_tensor_numels
@@ -283,6 +284,9 @@ class ModelStates:
     """Mixed precision: autocast's 16-bit copies of the matmul weights (:func:`autocast_weight_copies`)."""
     s_param: int
     """Bytes per parameter element."""
+    s_gathered: float
+    """Bytes per element of a gathered parameter or an unsharded gradient on the device: ``s_param``, or under
+    litgpt's own FSDP1 at 16-bit mixed precision half of it (:func:`fsdp1_unsharded_scale`)."""
 
 
 def _optimizer_states(x: PlanInput, opt: str, trainable: int, s_param: int, notes: list) -> tuple[float, float]:
@@ -349,6 +353,7 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
         step_temp=step_temp,
         autocast_cache=autocast_weight_copies(x) if autocast_over_fp32_weights(x) else 0,
         s_param=s_param,
+        s_gathered=s_param * fsdp1_unsharded_scale(x),
     )
 
 
@@ -619,8 +624,7 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
         return max(at_head, (head + 2 * block) * st.s_param)
     if not _fsdp1_full_shard_full(x):
         return 0
-    unsharded = st.s_param * fsdp1_unsharded_scale(x)
-    return (2 * block + head) * unsharded + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
+    return (2 * block + head) * st.s_gathered + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
 
 
 def fsdp2_full_shard(x: PlanInput) -> bool:
@@ -784,9 +788,7 @@ def _fsdp_division(x: PlanInput, st: ModelStates, grads: float, notes: list) -> 
     if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
         # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
         # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
-        d.in_flight = d.gathered = (
-            (block_params(x.config) * 2 + root_unit_params(x.config)) * st.s_param * fsdp1_unsharded_scale(x)
-        )
+        d.in_flight = d.gathered = (block_params(x.config) * 2 + root_unit_params(x.config)) * st.s_gathered
         if fsdp2_full_shard(x):  # FSDP2: what it gathers beside the activations, by moment
             d.in_flight = d.gathered = max(root_regathered(x), fsdp2_gathered(x))
         if x.fsdp_wrap == "none":
@@ -1057,10 +1059,25 @@ def _at_the_loss(x: PlanInput, st: ModelStates, dev: _PerDevice, logits: float) 
     devices). The larger of the two counts. FSDP2's moments are :func:`_fsdp2_moment`'s."""
     apart = 0.0
     if x.fsdp_root_kept and dev.gathered:
-        apart = dev.gathered - root_unit_params(x.config) * st.s_param * fsdp1_unsharded_scale(x)
+        apart = dev.gathered - root_unit_params(x.config) * st.s_gathered
     if apart > logits:
         return 0.0, dev.in_flight
     return logits, dev.in_flight - apart
+
+
+class Fsdp2Moment(NamedTuple):
+    """One candidate of FSDP2's peak outside the optimizer step (:func:`_fsdp2_moment`), bytes per device."""
+
+    activations: float
+    logits: float
+    gathered: float
+    """Gathered parameters and their buffers, with the unsharded gradients of micro batches without sync."""
+    autocast_cache: float
+    note: str | None
+
+    @property
+    def total(self) -> float:
+        return self.activations + self.logits + self.gathered + self.autocast_cache
 
 
 def fsdp2_forward_start(x: PlanInput) -> float:
@@ -1074,8 +1091,8 @@ def fsdp2_forward_start(x: PlanInput) -> float:
     return 2 * (root_unit_params(x.config) + block_params(x.config)) * parameter_bytes(x.precision)
 
 
-def _fsdp2_moment(x: PlanInput, dev: _PerDevice, acts: float, logits: float, cache: float) -> tuple:
-    """(activations, logits, gathered buffers, autocast's copies, note) at FSDP2's peak outside the optimizer step
+def _fsdp2_moment(x: PlanInput, dev: _PerDevice, acts: float, logits: float, cache: float) -> Fsdp2Moment:
+    """The activations, logits, gathered buffers, autocast's copies and note at FSDP2's peak outside the optimizer step
     (``cache``: autocast's weight copies, alive from the forward into backward), the largest of:
     the forward's start (:func:`fsdp2_forward_start`, beside the logits litgpt's loop still holds from the last
     micro batch); the loss (the root beside it where it is kept); a late block's forward or the backward's start
@@ -1091,12 +1108,12 @@ def _fsdp2_moment(x: PlanInput, dev: _PerDevice, acts: float, logits: float, cac
     start_note += "all-gather buffer" + (", the last micro batch's logits still held (litgpt's loop)" if held else "")
     late = 0.0 if x.activation_checkpointing else cache  # checkpointed: only the head's copies, made at the loss
     moments = [
-        (0.0, held, fsdp2_forward_start(x) + grads, 0.0, start_note),
-        (acts, logits, grads + (root if x.fsdp2_root_kept else 0.0), cache, None),
-        (inputs, held, dev.in_flight, late, None),
-        (acts, held, grads + root + 2 * block_params(x.config) * parameter_bytes(x.precision), late, None),
+        Fsdp2Moment(0.0, held, fsdp2_forward_start(x) + grads, 0.0, start_note),
+        Fsdp2Moment(acts, logits, grads + (root if x.fsdp2_root_kept else 0.0), cache, None),
+        Fsdp2Moment(inputs, held, dev.in_flight, late, None),
+        Fsdp2Moment(acts, held, grads + root + 2 * block_params(x.config) * parameter_bytes(x.precision), late, None),
     ]
-    return max(moments, key=lambda m: m[0] + m[1] + m[2] + m[3])
+    return max(moments, key=lambda m: m.total)
 
 
 def fsdp1_unsharded_scale(x: PlanInput) -> float:
@@ -1169,34 +1186,46 @@ def fsdp1_first_block_backward(x: PlanInput, st: ModelStates, acts: float) -> tu
     return grads, left
 
 
-def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float, acts: float) -> tuple:
-    """(FSDP1's backward bytes, the backward's peak, the activations alive then, which moment (True: the backward's
-    end; "first block"; False: a block's), the sharding buffers then): a block's backward beside every activation
-    (:func:`fsdp1_backward_gradients`), the first block's (:func:`fsdp1_first_block_backward`) or
-    the backward's end with none (without auto-wrap :func:`fsdp1_one_unit_gradients`, under NO_SHARD
-    :func:`fsdp1_no_shard_root_gradients`, under FULL_SHARD :func:`fsdp1_root_backward_end`, whose root is its
-    own gathered bytes), whichever is higher, each beside the logits litgpt's loop holds through backward
-    (:func:`logits_held_at_step`); (0, 0, acts, False, 0) elsewhere."""
+class BackwardMoment(NamedTuple):
+    """FSDP1's peak in its backward (:func:`_backward_moment`), bytes per device."""
+
+    gradients: float
+    """FSDP1's backward bytes (the ``fsdp1_backward_gradients`` term)."""
+    peak: float
+    """Everything on the device then."""
+    activations: float
+    """The activations still alive."""
+    moment: bool | str
+    """True: the backward's end; "first block": the first block's backward, the last to run; False: a block's."""
+    gathered: float
+    """The sharding buffers then."""
+
+
+def _backward_moment(x: PlanInput, st: ModelStates, dev: _PerDevice, base: float, acts: float) -> BackwardMoment:
+    """FSDP1's backward peak: a block's backward beside every activation (:func:`fsdp1_backward_gradients`), the
+    first block's (:func:`fsdp1_first_block_backward`) or the backward's end with none (without auto-wrap
+    :func:`fsdp1_one_unit_gradients`, under NO_SHARD :func:`fsdp1_no_shard_root_gradients`, under FULL_SHARD
+    :func:`fsdp1_root_backward_end`, whose root is its own gathered bytes), whichever is higher, each beside the
+    logits litgpt's loop holds through backward (:func:`logits_held_at_step`); all 0 but ``acts`` elsewhere."""
     held = logits_held_at_step(x)
     backward = fsdp1_backward_gradients(x, st)
-    best = (backward, base + dev.in_flight + backward + held, acts, False, dev.in_flight) if backward else None
     rest = base - acts + held  # what every backward's end holds beside its own terms
     candidates = []
+    if backward:
+        candidates.append(BackwardMoment(backward, base + dev.in_flight + backward + held, acts, False, dev.in_flight))
     if one_unit := fsdp1_one_unit_gradients(x, st):
-        candidates.append((one_unit, rest + dev.in_flight + one_unit, 0.0, True, dev.in_flight))
+        candidates.append(BackwardMoment(one_unit, rest + dev.in_flight + one_unit, 0.0, True, dev.in_flight))
     if root := fsdp1_no_shard_root_gradients(x, st):  # every flat gradient (unless accumulated: in base already)
         at_end = (0.0 if x.accumulation > 1 else dev.grads) + root
-        candidates.append((at_end, rest + dev.in_flight + at_end, 0.0, True, dev.in_flight))
+        candidates.append(BackwardMoment(at_end, rest + dev.in_flight + at_end, 0.0, True, dev.in_flight))
     if end := fsdp1_root_backward_end(x, st):
-        kept = root_unit_params(x.config) * st.s_param * fsdp1_unsharded_scale(x)
-        candidates.append((end - kept, rest + end, 0.0, True, kept))
+        kept = root_unit_params(x.config) * st.s_gathered
+        candidates.append(BackwardMoment(end - kept, rest + end, 0.0, True, kept))
     late, left = fsdp1_first_block_backward(x, st, acts)
     if late:
-        candidates.append((late, rest + left + dev.in_flight + late, left, "first block", dev.in_flight))
-    for c in candidates:
-        if best is None or c[1] > best[1]:
-            best = c
-    return best or (0.0, 0.0, acts, False, 0.0)
+        candidates.append(BackwardMoment(late, rest + left + dev.in_flight + late, left, "first block", dev.in_flight))
+    # the first of the highest, as before: a block's backward, then the ends in this order
+    return max(candidates, key=lambda c: c.peak, default=BackwardMoment(0.0, 0.0, acts, False, 0.0))
 
 
 def _backward_note(x: PlanInput, at_end) -> str:
