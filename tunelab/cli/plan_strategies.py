@@ -40,6 +40,13 @@ def add_parser(sub) -> None:
     s.add_argument(
         "--keep", action="store_true", help="keep the rows of the report in --out that this call does not rerun"
     )
+    s.add_argument(
+        "--deepspeed",
+        action="store_true",
+        help="instead of the simulations: run DeepSpeed's own ZeRO-2 for real on this CPU (gloo ranks, 2 and 4) at "
+        "each family's shape / 16 against the plan (--families, --worlds: default 2,4) -> deepspeed.csv and "
+        "strategies.md's DeepSpeed section (about 10 minutes on 2 cores; needs deepspeed)",
+    )
     s.set_defaults(func=handle)
 
 
@@ -70,6 +77,8 @@ def handle(args, extra) -> int:
     if args.out is not None and (why := unwritable_dir(args.out, ("strategies.md", "strategies.csv"))):
         return fail(f"--out {args.out}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
     out_dir = args.out or output_root() / "reports" / "planner-strategies"
+    if args.deepspeed:
+        return _deepspeed(families, tuple(int(w) for w in listed(args.worlds) or ()), out_dir)
     kept = []
     if args.keep and (out_dir / "strategies.csv").is_file():
         try:
@@ -86,4 +95,32 @@ def handle(args, extra) -> int:
     )  # fmt: skip
     print((out / "strategies.md").read_text())
     print(f"written: {out}/strategies.md, {out}/strategies.csv")
+    return 0
+
+
+def _deepspeed(families, worlds: tuple, out_dir: Path) -> int:
+    """``--deepspeed``: DeepSpeed's rows (on ``worlds`` ranks, default 2 and 4), then strategies.md again with the
+    simulated rows already there."""
+    from tunelab.plan import deepspeed_checks as dc
+    from tunelab.plan import strategy_checks as sc
+
+    if any(w > 8 for w in worlds):
+        return fail(f"--worlds {','.join(map(str, worlds))}: DeepSpeed runs a process per rank on this CPU: 2 to 8")
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return fail("--deepspeed: DeepSpeed is not installed; fix: pip install -r requirements.txt")
+    try:
+        zero = dc.rows(families, worlds or dc.WORLDS)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dc.write(zero, out_dir)
+        found = sc.read(out_dir / "strategies.csv") if (out_dir / "strategies.csv").is_file() else []
+    except InputError as e:
+        return fail(str(e))
+    print("\n".join(dc.section(zero)))
+    if not found:  # no simulated rows in --out yet: strategies.md waits for them
+        print(f"written: {out_dir}/{dc.CSV_NAME}")
+        return 0
+    out = sc.write(found, out_dir)
+    print(f"written: {out}/{dc.CSV_NAME}, {out}/strategies.md")
     return 0

@@ -270,8 +270,34 @@ def _seconds(found: list[Row], strategies) -> str:
     return f"{min(secs):.0f}-{max(secs):.0f} s of simulation a row on this CPU" if secs else "no row yet"
 
 
-def markdown(found: list[Row]) -> str:
-    """strategies.md: the summary (rows within 3%, the worst), what is not simulated, one table row per check."""
+def _how(found: list[Row]) -> str:
+    """strategies.md's paragraph on how each strategy is simulated and what is not."""
+    return (
+        "`litgpt` (no strategy file: `tunelab plan RECIPE --devices N`, litgpt's own choice) is simulated as "
+        "litgpt's scripts wrap the model: full fine-tuning by Lightning's own `FSDPStrategy.setup_module` with the "
+        "keywords litgpt's `finetune/full.py` passes (read from its source: FSDP1, each Block a unit and "
+        "checkpointed, `limit_all_gathers`, Lightning's `FSDPPrecision`), LoRA by litgpt's own `parallelize_fn` "
+        "(FSDP2 over checkpointed blocks, the root kept from forward to backward by torch's default), both in "
+        "litgpt's loop (the logits held until the next forward rebinds them). "
+        "FSDP1 (`fsdp`: a `name: fsdp` file, FULL_SHARD per block) is "
+        "simulated on fake tensors as the run wraps it, flat parameters included. Calls: the collectives rank 0 "
+        "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
+        "before they were counted). FSDP1's variants (the files `fsdp-shard-grad-op`, `fsdp-hybrid` on one node, "
+        "`fsdp-no-shard`, `fsdp-no-wrap`, `fsdp-offload`) are simulated the same way; their rows cover "
+        f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} ({_seconds(found, VARIANTS)}). "
+        "`fsdp-offload` (FSDP1's `cpu_offload`, which offloads only from an accelerator) runs on a stand-in "
+        "accelerator (fake tensors on torch's `meta` device, the host's apart: `tunelab/plan/fake_device.py`); its "
+        "rows compare the device side (peak allocated on the device; the host's peak is in `tunelab plan "
+        "--simulate`). Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and "
+        "offload (DeepSpeed's own ZeRO-2 runs for real on this CPU at each family's shape / 16 instead: the "
+        "section below), QLoRA on several devices."
+    )
+
+
+def markdown(found: list[Row], zero_rows=()) -> str:
+    """strategies.md: the summary (rows within 3%, the worst), what is not simulated, one table row per check; then
+    the lab's Part 2, DeepSpeed run for real (``zero_rows``: :mod:`tunelab.plan.deepspeed_checks`) and the FSDP
+    study's V100 table."""
     worst = max(found, key=lambda r: abs(r.memory_error))
     within = sum(abs(r.memory_error) <= 0.03 for r in found)
     comm_rows = [r for r in found if r.comm_error is not None]
@@ -293,23 +319,7 @@ def markdown(found: list[Row]) -> str:
         f"{worst.method} {worst.strategy} on {worst.world}). Traced communication against the formula: worst "
         f"{comm_worst:.1%} over {len(comm_rows)} rows.",
         "",
-        "`litgpt` (no strategy file: `tunelab plan RECIPE --devices N`, litgpt's own choice) is simulated as "
-        "litgpt's scripts wrap the model: full fine-tuning by Lightning's own `FSDPStrategy.setup_module` with the "
-        "keywords litgpt's `finetune/full.py` passes (read from its source: FSDP1, each Block a unit and "
-        "checkpointed, `limit_all_gathers`, Lightning's `FSDPPrecision`), LoRA by litgpt's own `parallelize_fn` "
-        "(FSDP2 over checkpointed blocks, the root kept from forward to backward by torch's default), both in "
-        "litgpt's loop (the logits held until the next forward rebinds them). "
-        "FSDP1 (`fsdp`: a `name: fsdp` file, FULL_SHARD per block) is "
-        "simulated on fake tensors as the run wraps it, flat parameters included. Calls: the collectives rank 0 "
-        "issued per step beside those comm.py charges NCCL's latency for (blank: a row kept from a report made "
-        "before they were counted). FSDP1's variants (the files `fsdp-shard-grad-op`, `fsdp-hybrid` on one node, "
-        "`fsdp-no-shard`, `fsdp-no-wrap`, `fsdp-offload`) are simulated the same way; their rows cover "
-        f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} ({_seconds(found, VARIANTS)}). "
-        "`fsdp-offload` (FSDP1's `cpu_offload`, which offloads only from an accelerator) runs on a stand-in "
-        "accelerator (fake tensors on torch's `meta` device, the host's apart: `tunelab/plan/fake_device.py`); its "
-        "rows compare the device side (peak allocated on the device; the host's peak is in `tunelab plan "
-        "--simulate`). Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and "
-        "offload (checked against DeepSpeed's own code on CPU by the tests instead), QLoRA on several devices.",
+        _how(found),
         "",
         "| family | method | precision | strategy | devices | accumulation | planned GB | simulated GB | error | "
         "simulated peak | traced GB/step | comm.py GB/step | comm error | calls traced / comm.py | simulation s |",
@@ -324,14 +334,24 @@ def markdown(found: list[Row]) -> str:
             f"{r.simulated_phase} | {r.traced_bytes_per_step / 1e9:.2f} | {r.formula_bytes_per_step / 1e9:.2f} | "
             f"{ce} | {calls} | {r.seconds:.1f} |"
         )
-    return "\n".join(lines + list(_part2_section()) + _v100_section()) + "\n"
+    from tunelab.plan import deepspeed_checks
+
+    return (
+        "\n".join(lines + list(_part2_section()) + deepspeed_checks.section(list(zero_rows)) + _v100_section()) + "\n"
+    )
 
 
 def write(found: list[Row], out: Path | None = None) -> Path:
-    """strategies.md and strategies.csv under ``out`` (default reports/planner-strategies/), written atomically."""
+    """strategies.md and strategies.csv under ``out`` (default reports/planner-strategies/), written atomically;
+    the DeepSpeed section from the ``deepspeed.csv`` there, if any."""
+    from tunelab.plan import deepspeed_checks
+
     out = Path(out or output_root() / "reports" / "planner-strategies")
     out.mkdir(parents=True, exist_ok=True)
-    files.write_text_atomic(out / "strategies.md", markdown(found))
+    zero = out / deepspeed_checks.CSV_NAME
+    files.write_text_atomic(
+        out / "strategies.md", markdown(found, deepspeed_checks.read(zero) if zero.is_file() else ())
+    )
     header = [*Row.__dataclass_fields__, "memory_error", "comm_error"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

@@ -387,7 +387,7 @@ def _bnb_optimizer(name: str, recipe_optimizer, params):
     return cls(params, **{k: v for k, v in init.items() if k in accepted})
 
 
-def _loss(model, input_ids, targets, method: str, strategy: StrategyConfig):
+def litgpt_loss(model, input_ids, targets, method: str, strategy: StrategyConfig):
     """litgpt's loss: chunked cross-entropy on shifted targets (LoRA: the head in 128-token chunks), on float32
     logits: Fabric's precision plugins hand a model's outputs back in float32 under every precision litgpt runs
     (bf16-true and bf16-mixed included), so the loss is computed in float32 there too."""
@@ -425,7 +425,7 @@ def _forward_backward(
         model.set_requires_gradient_sync(not is_accumulating)
     with sync:
         with autocast:
-            loss = _loss(model, input_ids, targets, method, strategy)
+            loss = litgpt_loss(model, input_ids, targets, method, strategy)
         if engine is not None:
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
         else:

@@ -1,7 +1,9 @@
-"""Run under torchrun (gloo, CPU): DeepSpeed's own ZeRO-2 and ZeRO-3 on small litgpt models, two steps of tunelab's
+"""Run under torchrun (gloo, CPU): DeepSpeed's own ZeRO-2 and ZeRO-3 on small litgpt models, three steps of tunelab's
 loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker; rank 0 writes what it measured as JSON
-to the path in argv[1]. Read by tests/e2e/test_deepspeed_memory.py, which sets the cases in the TUNELAB_DS_CASES
-environment variable (JSON: stage, reduce bucket, layers, width, MLP width, vocabulary, heads, ZeRO-3 settings)."""
+to the path in argv[1]. The cases come in the TUNELAB_DS_CASES environment variable (JSON: stage, reduce bucket, and
+either a family's litgpt name, shrunk by :func:`tunelab.plan.deepspeed_checks.scaled` (``family``, ``scale``), or the model's sizes: layers, width,
+MLP width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-strategies --deepspeed``
+(:mod:`tunelab.plan.strategy_checks`) and tests/e2e/test_deepspeed_memory.py."""
 
 import contextlib
 import json
@@ -12,9 +14,14 @@ import torch
 
 
 def config_of(case):
-    """The case's litgpt Config (the test plans the same model)."""
+    """The case's litgpt Config (the caller plans the same model): a family shrunk by :func:`scaled`, or a LLaMA-like
+    model of the case's sizes."""
     from litgpt.model import Config
 
+    if "family" in case:
+        from tunelab.plan.deepspeed_checks import scaled
+
+        return scaled(case["family"], case.get("scale", 16))
     return Config(
         n_layer=case["layers"], n_embd=case["embd"], n_head=case["heads"], n_query_groups=case["heads"],
         vocab_size=case["vocab"], padded_vocab_size=case["vocab"], block_size=256, bias=False,
@@ -29,7 +36,7 @@ def _run(case, rank):
     from litgpt.model import GPT
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from tunelab.run.loop import _loss, deepspeed_config
+    from tunelab.run.loop import deepspeed_config, litgpt_loss
     from tunelab.strategies import StrategyConfig
 
     cfg = config_of(case)
@@ -56,7 +63,7 @@ def _run(case, rank):
             engine.module.lm_head.register_forward_hook(gathered)
         for _ in range(3):
             tracker.reset_mod_stats()
-            engine.backward(_loss(engine, x, x, "full", strat))
+            engine.backward(litgpt_loss(engine, x, x, "full", strat))
             engine.step()
         peak = tracker.get_tracker_snapshot("peak")
         now = tracker.get_tracker_snapshot()
@@ -70,6 +77,7 @@ def _run(case, rank):
 
 
 def main():
+    """Every case of TUNELAB_DS_CASES on this rank; rank 0 writes the results to argv[1]."""
     import deepspeed
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo's all-reduce, no JIT-built op

@@ -1,0 +1,187 @@
+"""DeepSpeed ZeRO-2 run for real on this CPU against the plan, per family: ``tunelab plan-strategies --deepspeed``.
+
+DeepSpeed's engine reads tensor data and runs its own communication, so it does not run on fake tensors and the
+per-rank simulation cannot hold it. Instead each family's litgpt config is shrunk to a size DeepSpeed runs on a CPU
+(:func:`scaled`: width, MLP width and vocabulary / 16, heads / 4, every block kept, so
+the family's shape stays: attention groups, norms, MLP, biases, partial rotary), and DeepSpeed 0.19's own ZeRO-2
+runs it on 2 and 4 gloo ranks under torch's MemTracker (tunelab's DeepSpeed config and loss, foreach AdamW as on
+CUDA, micro batch 2 x 128 tokens, bf16, the reduce bucket shrunk with the model: 2e8 / 16^2 elements). The plan of
+the same model and settings (:func:`tunelab.plan.memory.predict`) is compared with rank 0's peak. ZeRO-3 is left out
+here: MemTracker keeps ZeRO-3's swapped-out parameter storages alive, so its peak under the tracker is not what
+DeepSpeed holds (tests/e2e/test_deepspeed_memory.py checks ZeRO-3's states at rest and its gathering rule instead);
+offload is left out: on a CPU there is no device to offload from.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunelab import files
+from tunelab.errors import InputError
+
+SCALE = 16
+"""Width, MLP width and vocabulary / this (heads / 4)."""
+BUCKET = int(2e8 / SCALE**2)
+"""DeepSpeed's default reduce bucket (2e8 elements) shrunk as the model's matrices are (/ SCALE^2)."""
+WORLDS = (2, 4)
+MICRO, TOKENS = 2, 128
+CSV_NAME = "deepspeed.csv"
+
+
+@dataclass
+class ZeroRow:
+    """One family's ZeRO-2 check on ``world`` ranks (bytes per rank, rank 0)."""
+
+    family: str
+    model: str
+    """litgpt's config name, before shrinking."""
+    world: int
+    params: int
+    """Parameters of the shrunk model."""
+    planned_bytes: float
+    measured_bytes: float
+    seconds: float
+    """The DeepSpeed run's wall time for every family on this world (one torchrun)."""
+
+    @property
+    def error(self) -> float:
+        return self.planned_bytes / self.measured_bytes - 1
+
+
+def scaled(name: str, scale: int):
+    """litgpt's config ``name`` with its width, MLP width and vocabulary / ``scale`` and its heads / 4 (each at least
+    one; the head size follows), every block kept: the family's shape (attention groups, norms, MLP, biases,
+    partial rotary) at a size DeepSpeed runs on a CPU."""
+    import dataclasses
+
+    from litgpt.model import Config
+
+    c = Config.from_name(name)
+    n_embd, n_head = c.n_embd // scale, max(1, c.n_head // 4)
+    return dataclasses.replace(
+        c, n_embd=n_embd, n_head=n_head, n_query_groups=max(1, c.n_query_groups // 4), head_size=n_embd // n_head,
+        intermediate_size=c.intermediate_size // scale, vocab_size=c.padded_vocab_size // scale,
+        padded_vocab_size=c.padded_vocab_size // scale, block_size=256,
+    )  # fmt: skip
+
+
+def plan_input(model: str, world: int):
+    """The plan's input for the shrunk ``model`` on ``world`` ranks under ZeRO-2, as the probe runs it."""
+    from tunelab.plan import memory
+
+    return memory.PlanInput(
+        config=scaled(model, SCALE), micro_batch_size=MICRO, seq_len=TOKENS, strategy="deepspeed", zero_stage=2,
+        devices=world, fabric=False, reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET,
+    )  # fmt: skip
+
+
+def _litgpt_name(family: tuple) -> str:
+    """litgpt's config name of a :data:`tunelab.plan.strategy_checks.FAMILIES` entry (its recipe's model, or the
+    checkpoint directory it names)."""
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    _, model, checkpoint = family
+    overrides = ["--checkpoint_dir", checkpoint] if checkpoint else []
+    return plan_recipe(resolve(f"{model}/full"), overrides, gpu=None).input.config.name
+
+
+def _probe(cases: list[dict], world: int) -> list[dict]:
+    """DeepSpeed on ``world`` gloo ranks of this CPU over ``cases`` (``tunelab.run.deepspeed_probe``, in its own
+    processes under torchrun, which picks a free port itself: ``--standalone``)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "measured.json"
+        env = {**os.environ, "TUNELAB_DS_CASES": json.dumps(cases), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), "-m",
+               "tunelab.run.deepspeed_probe", str(out)]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=d)
+        if done.returncode != 0 or not out.is_file():
+            tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            raise InputError(f"--deepspeed: DeepSpeed on {world} CPU ranks failed ({tail[0][:300]})")
+        return json.loads(files.read_text(out, 1 << 20, "DeepSpeed probe output"))
+
+
+def rows(families, worlds=WORLDS) -> list[ZeroRow]:
+    """Every family on every world, with progress on stderr (one DeepSpeed run per world)."""
+    from tunelab.plan import memory
+
+    names = [(f[0], _litgpt_name(f)) for f in families]
+    out: list[ZeroRow] = []
+    for world in worlds:
+        print(f"DeepSpeed ZeRO-2 on {world} CPU ranks: {', '.join(n for n, _ in names)} ...", file=sys.stderr)
+        t0 = time.perf_counter()
+        measured = _probe([{"stage": 2, "bucket": BUCKET, "family": m, "scale": SCALE} for _, m in names], world)
+        seconds = time.perf_counter() - t0
+        for (label, model), got in zip(names, measured):
+            planned = memory.predict(plan_input(model, world)).peak_allocated_bytes
+            out.append(ZeroRow(label, model, world, got["params"], planned, got["peak"], seconds))
+    return out
+
+
+def read(path: Path) -> list[ZeroRow]:
+    """The rows of an earlier ``deepspeed.csv``; InputError (file, what, fix) for one this code did not write."""
+    try:
+        found = list(csv.DictReader(io.StringIO(files.read_text(path, 1 << 20, "DeepSpeed table"))))
+        return [
+            ZeroRow(
+                r["family"],
+                r["model"],
+                int(r["world"]),
+                int(r["params"]),
+                float(r["planned_bytes"]),
+                float(r["measured_bytes"]),
+                float(r["seconds"]),
+            )  # fmt: skip
+            for r in found
+        ]
+    except (KeyError, ValueError, TypeError) as e:
+        raise InputError(f"{path}: not a deepspeed.csv this version wrote ({e}); fix: rerun with --deepspeed") from e
+
+
+def write(found: list[ZeroRow], out: Path) -> None:
+    """``deepspeed.csv`` under ``out``, written atomically."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    header = [*ZeroRow.__dataclass_fields__, "error"]
+    w.writerow(header)
+    for r in found:
+        w.writerow([getattr(r, k) for k in header])
+    files.write_text_atomic(Path(out) / CSV_NAME, buf.getvalue())
+
+
+def section(found: list[ZeroRow]) -> list[str]:
+    """strategies.md's DeepSpeed section (none without rows)."""
+    if not found:
+        return []
+    worst = max(found, key=lambda r: abs(r.error))
+    lines = [
+        "",
+        "## DeepSpeed ZeRO-2, run for real on this CPU (each family's shape / 16)",
+        "",
+        f"Regenerate with `tunelab plan-strategies --deepspeed`. DeepSpeed does not run on fake tensors, so each "
+        f"family's litgpt config is shrunk (width, MLP width and vocabulary / {SCALE}, heads / 4, every block kept) "
+        f"and DeepSpeed's own ZeRO-2 runs it on gloo ranks of this CPU under torch's MemTracker (tunelab's DeepSpeed "
+        f"config and loss, foreach AdamW, micro batch {MICRO} x {TOKENS} tokens, bf16, reduce bucket {BUCKET:,} "
+        "elements: DeepSpeed's 2e8 shrunk with the matrices); rank 0's peak allocated beside the plan of the same "
+        "model. ZeRO-3 and offload are not here (see `tunelab/plan/deepspeed_checks.py`: the tracker keeps ZeRO-3's "
+        f"released parameters alive; a CPU has no device to offload from). Worst {worst.error:+.1%} "
+        f"({worst.family} on {worst.world}). MB = 1e6 bytes.",
+        "",
+        "| family | litgpt config | ranks | parameters (shrunk) | planned MB | DeepSpeed MB | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in found:
+        lines.append(
+            f"| {r.family} | {r.model} | {r.world} | {r.params:,} | {r.planned_bytes / 1e6:.2f} | "
+            f"{r.measured_bytes / 1e6:.2f} | {r.error:+.1%} |"
+        )
+    return lines
