@@ -902,8 +902,8 @@ def fsdp1_offloaded(x: PlanInput, dev: _PerDevice, notes: list) -> _PerDevice:
     """``dev`` under FSDP1's ``cpu_offload`` (``CPUOffload(offload_params=True)``): every sharded flat parameter
     lives pinned in host RAM, with a pinned host copy of its sharded gradient (``_cpu_grad``), and the optimizer
     steps there, over host parameters: the shards, the optimizer's states and the step's temporaries leave the
-    device. What stays is what the device computes with: each unit's shard copied in to be gathered, the gathered
-    units (``dev.in_flight``, as without offload) each beside its shard's device copy, the unsharded gradients of
+    device. What stays is what the device computes with: the gathered units (``dev.in_flight``, as without offload),
+    each beside the device copy of its shard that FSDP1 gathered from, the unsharded gradients of
     micro batches under ``no_sync()``, and each unit's sharded gradient, which FSDP1 keeps on the device
     (``_saved_grad_shard``) until the backward's end although it has copied it out (the FSDP1 backward moments
     count them). Seen in the per-rank simulation on a stand-in accelerator (:mod:`tunelab.plan.fake_device`;

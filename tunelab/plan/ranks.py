@@ -581,6 +581,9 @@ def simulate_ranks(
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
         notes = _fsdp_notes(name, method)
+        if host:
+            notes.insert(1, "cpu_offload on a stand-in accelerator (tunelab.plan.fake_device: fake tensors on the meta "
+                         "device); the peaks are the device's, the host's counted apart")  # fmt: skip
     return RankSimulation(
         model=config.name,
         method=method,
