@@ -89,3 +89,30 @@ def test_plan_strategies_stopped_midway_keeps_the_rows_it_finished(tmp_path, mon
     assert cli.main(argv) == 130
     rows = sc.read(tmp_path / "strategies.csv")
     assert [(r.family, r.strategy, r.world) for r in rows] == [("TinyLlama 1.1B", "fsdp2", 2), ("Phi-2", "ddp", 8)]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link outside", "foreign"])
+def test_plan_strategies_refuses_a_deepspeed_table_that_is_not_its_own_before_simulating(tmp_path, kind):
+    """``deepspeed.csv`` in ``--out`` is read back into every strategies.md the command writes: a FIFO (which would
+    block a read), a link leading outside, or another table is refused in one line before any simulation, and the
+    file it points to is left as it was."""
+    from tests.cli.test_hostile import _run
+
+    out = tmp_path / "out"
+    out.mkdir()
+    outside = tmp_path / "outside.csv"
+    outside.write_text("family,model,world,params,planned_bytes,measured_bytes,seconds\nX,x,2,1,1,1,1\n")
+    target = out / "deepspeed.csv"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "link outside":
+        target.symlink_to(outside)
+    else:
+        target.write_text("family,world\nGemma 2B,2\n")
+    code, text = _run(["plan-strategies", "--strategies", "ddp", "--worlds", "8", "--families", "TinyLlama 1.1B",
+                       "--methods", "full", "--out", out])  # fmt: skip
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert code != 0 and "Traceback" not in text, text[-1000:]
+    assert len(lines) == 1 and "deepspeed.csv" in lines[0] and "fix:" in lines[0], lines
+    assert not (out / "strategies.md").exists() and not (out / "strategies.csv").exists()
+    assert outside.read_text().startswith("family,model") and (kind != "link outside" or target.is_symlink())

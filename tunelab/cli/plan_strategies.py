@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tunelab.cli.common import fail, listed
@@ -74,9 +75,16 @@ def handle(args, extra) -> int:
     precisions = listed(args.precisions)
     if precisions == [] or set(precisions or ()) - set(sc.PRECISIONS):
         return fail(f"--precisions {args.precisions}: the precisions are {', '.join(sc.PRECISIONS)}")
-    if args.out is not None and (why := unwritable_dir(args.out, ("strategies.md", "strategies.csv"))):
-        return fail(f"--out {args.out}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
+    from tunelab.plan import deepspeed_checks as dc
+
     out_dir = args.out or output_root() / "reports" / "planner-strategies"
+    if why := unwritable_dir(out_dir, ("strategies.md", "strategies.csv", dc.CSV_NAME)):
+        return fail(f"--out {out_dir}: {why}; fix: a new folder")  # before 20 minutes of simulation, not after
+    if not args.deepspeed and os.path.lexists(out_dir / dc.CSV_NAME):  # its section is rewritten after every row
+        try:
+            dc.read(out_dir / dc.CSV_NAME)
+        except InputError as e:
+            return fail(str(e))
     if args.deepspeed:
         return _deepspeed(families, tuple(int(w) for w in listed(args.worlds) or ()), out_dir)
     kept = []

@@ -128,9 +128,10 @@ def rows(families, worlds=WORLDS) -> list[ZeroRow]:
 
 
 def read(path: Path) -> list[ZeroRow]:
-    """The rows of an earlier ``deepspeed.csv``; InputError (file, what, fix) for one this code did not write."""
+    """The rows of an earlier ``deepspeed.csv``; InputError (file, what, fix) for one this code did not write, a link,
+    a FIFO or anything not a regular file."""
     try:
-        found = list(csv.DictReader(io.StringIO(files.read_text(path, 1 << 20, "DeepSpeed table"))))
+        found = list(csv.DictReader(io.StringIO(files.read_text(path, 1 << 20, "DeepSpeed table", links=False))))
         return [
             ZeroRow(
                 r["family"],

@@ -14,6 +14,7 @@ import csv
 import datetime
 import functools
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,9 +350,8 @@ def write(found: list[Row], out: Path | None = None) -> Path:
     out = Path(out or output_root() / "reports" / "planner-strategies")
     out.mkdir(parents=True, exist_ok=True)
     zero = out / deepspeed_checks.CSV_NAME
-    files.write_text_atomic(
-        out / "strategies.md", markdown(found, deepspeed_checks.read(zero) if zero.is_file() else ())
-    )
+    zero_rows = deepspeed_checks.read(zero) if os.path.lexists(zero) else ()  # a link or FIFO refused, not skipped
+    files.write_text_atomic(out / "strategies.md", markdown(found, zero_rows))
     header = [*Row.__dataclass_fields__, "memory_error", "comm_error"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
