@@ -152,26 +152,16 @@ def _attention(real):
 
 
 @contextlib.contextmanager
-def _patched(obj, name: str, value):
-    """``obj.name = value`` until exit (deleted again if ``obj`` had no such attribute of its own)."""
-    missing = object()
-    saved = obj.__dict__.get(name, missing) if hasattr(obj, "__dict__") else getattr(obj, name, missing)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        if saved is missing:
-            delattr(obj, name)
-        else:
-            setattr(obj, name, saved)
-
-
-@contextlib.contextmanager
 def fake_accelerator():
     """Enter inside a ``FakeTensorMode``: yields the accelerator's ``torch.device`` (see the module docstring)."""
+    from unittest import mock
+
     import torch
     import torch._functorch.config as functorch_config
     from torch._subclasses.fake_tensor import FakeTensor
+
+    def patched(obj, name: str, value):  # set until exit; deleted again where ``obj`` had no such attribute itself
+        return mock.patch.object(obj, name, value, create=True)
 
     real_make_subclass = torch.Tensor._make_subclass
     real_data = torch._C.TensorBase.data
@@ -188,11 +178,11 @@ def fake_accelerator():
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(functorch_config.patch(fake_tensor_allow_meta=True))
-        stack.enter_context(_patched(torch, ACCELERATOR, _DeviceModule()))
-        stack.enter_context(_patched(torch.Tensor, "_make_subclass", staticmethod(make_subclass)))
-        stack.enter_context(_patched(FakeTensor, "data", property(real_data.__get__, set_data)))
+        stack.enter_context(patched(torch, ACCELERATOR, _DeviceModule()))
+        stack.enter_context(patched(torch.Tensor, "_make_subclass", staticmethod(make_subclass)))
+        stack.enter_context(patched(FakeTensor, "data", property(real_data.__get__, set_data)))
         functional = torch.nn.functional
         attention = _attention(functional.scaled_dot_product_attention)
-        stack.enter_context(_patched(functional, "scaled_dot_product_attention", attention))
+        stack.enter_context(patched(functional, "scaled_dot_product_attention", attention))
         stack.enter_context(_pinning_mode())
         yield torch.device(ACCELERATOR)
