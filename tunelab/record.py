@@ -505,6 +505,20 @@ def load(path: Path) -> RunRecord:
     return RunRecord.from_dict(read_json(path, what="run record"))
 
 
+def steady_steps(log: list, accumulation: int, n_iters: int) -> tuple[list, int, list]:
+    """(the log's counted iterations, warm-up steps dropped, the steady optimizer steps) of one rank's iteration log
+    (:func:`read_rank_file`): each step a list of its iterations' (seconds, padded tokens, real tokens), as
+    :func:`steady_state` times them."""
+    iters = [it for it in log[:n_iters] if it[1] >= 0]
+    durations = [
+        (iters[k + 1][0] - iters[k][0] - (iters[k][3] if len(iters[k]) > 3 else 0.0), iters[k][1], iters[k][2])
+        for k in range(len(iters) - 1)
+    ]
+    n_steps_full = len(durations) // accumulation
+    warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
+    return iters, warm, [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
+
+
 def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
     """Median step/iteration times, rank 0's mean step, and steady-state token rates from each rank's iteration log.
 
@@ -514,17 +528,11 @@ def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> di
     """
     out: dict = {}
     per_rank = []
-    for iters in ranks_iters:
-        iters = [it for it in iters[:n_iters] if it[1] >= 0]
-        durations = [
-            (iters[k + 1][0] - iters[k][0] - (iters[k][3] if len(iters[k]) > 3 else 0.0), iters[k][1], iters[k][2])
-            for k in range(len(iters) - 1)
-        ]
-        n_steps_full = len(durations) // accumulation
-        warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
-        steps = [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
+    for log in ranks_iters:
+        iters, warm, steps = steady_steps(log, accumulation, n_iters)
         if not steps:
             continue
+        n_steps_full = warm + len(steps)
         per_rank.append(
             {
                 "warm": warm,

@@ -21,7 +21,9 @@
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
 #   qlora-time    TinyLlama QLoRA and LoRA in litgpt's loop, micro 4 x 4, 16 steps (configs/sweeps/qlora-time.yaml):
 #                 the step time QLoRA adds where the host bounds it                         2.2 min on an H200
-#   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13 (not yet timed)   est. 10-14 min: 2 calls
+#   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13; on an H200 (2026-11-27): s6, s7,
+#                 s11 and most of s12 in 9.4 min (both checkpoints built), s12 again 2.9 min, s13 not run
+#                 (s13 was 183 s on the lab's A100)                                                  ~14 min: 2 calls
 #   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint; not yet timed)  est. 8-10 min
 #   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
 #                 PART3 (default tiny-llama-1.1b-full: TinyLlama full, bf16-mixed, FSDP, one GPU); 33 probes

@@ -160,7 +160,9 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     assert all(abs(rows[i]["error"]) <= 0.11 for i in bound)
     assert all(50e0 <= rows[i]["implied_host_us"] <= 60e0 for i in bound)
     h100 = runtime_accuracy.h100_items(ROOT)
-    machines = runtime_accuracy.host_by_machine(h100, list(rows.values()), runtime_accuracy.bench_items(ROOT))
+    machines = runtime_accuracy.host_by_machine(
+        h100, runtime_accuracy.bench_items(ROOT), {runtime_accuracy.SECOND_MACHINE: list(rows.values())}
+    )
     # host-bound litgpt runs only (GPU busy under 60%): the H100 Part 1 rows s4, s5, s10 (41-54%; s2, s3 busy),
     # this machine's three, and the TinyLlama runs of four bench reports (OpenLLaMA 7B's kept the GPU 78-83% busy)
     assert (
@@ -178,6 +180,33 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     )
 
 
+def test_the_openllama_rows_on_an_h200_out_of_sample():
+    """runtime.md's OpenLLaMA Part 1 rows (an H200, 2026-11-27; planned before they ran): the GPU-bound 3B full row
+    (s6, GPU busy 94%) within 3% by the kernels; the host-bound rows imply host times per op inside the plan's
+    range (LITGPT_HOST_S_PER_OP_RANGE), 3B LoRA's the fastest (44 us) and flat through its window, the 7B rows'
+    slowing less as their window goes on (each third's step from the run's own iteration log)."""
+    from tunelab.plan import runtime_accuracy
+
+    rows = {r["id"]: r for r in runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.OPENLLAMA_ROWS)}
+    assert set(rows) == {"s6", "s7", "s11", "s12"} and {r["gpu"] for r in rows.values()} == {"H200"}
+    assert not rows["s6"]["host_bound"] and abs(rows["s6"]["error"]) < 0.03
+    low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
+    bound = {i: r for i, r in rows.items() if r["host_bound"]}
+    assert set(bound) == {"s7", "s11", "s12"}
+    assert all(low <= r["implied_host_us"] <= high for r in bound.values())
+    for r in rows.values():  # the thirds' mean steps average to the window's mean step
+        assert len(r["thirds"]) == 3
+        assert sum(s for s, _ in r["thirds"]) / 3 == pytest.approx(r["measured_s"], rel=0.02)
+    s11 = [h for _, h in rows["s11"]["thirds"]]
+    assert max(s11) / min(s11) < 1.1 and 40 < min(s11)
+    for i in ("s7", "s12"):
+        first, _, last = (h for _, h in rows[i]["thirds"])
+        assert first > last
+    md = "\n".join(runtime_accuracy._md_openllama(list(rows.values())))
+    assert "| s11 | open-llama-3b/lora | 4 x 4 | 378 | 0.801 | 1.093 | +36.5% |" in md
+    assert "0.812 (45), 0.783 (43), 0.807 (44)" in md
+
+
 def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     """plan's band for litgpt's loop is the wider of the model's error and the run at the fastest and slowest host
     time per op litgpt's loop took on the machines we measured (LITGPT_HOST_S_PER_OP_RANGE, what runtime.md's
@@ -192,8 +221,11 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     h100 = runtime_accuracy.h100_items(ROOT)
     second = runtime_accuracy.second_machine_rows(ROOT)
     loop = runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.QLORA_LOOP)  # QLoRA and LoRA, a 7th machine
-    machines = runtime_accuracy.host_by_machine(h100, second, runtime_accuracy.bench_items(ROOT), loop)
-    assert len(machines) == 7 and 50 <= min(machines["H200 2026-11-27-qlora-time-h200"]) <= 55
+    openllama = runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.OPENLLAMA_ROWS)  # an 8th machine
+    archived = {runtime_accuracy.SECOND_MACHINE: second, runtime_accuracy.QLORA_LOOP: loop,
+                runtime_accuracy.OPENLLAMA_ROWS: openllama}  # fmt: skip
+    machines = runtime_accuracy.host_by_machine(h100, runtime_accuracy.bench_items(ROOT), archived)
+    assert len(machines) == 8 and 50 <= min(machines["H200 2026-11-27-qlora-time-h200"]) <= 55
     every = [h for hs in machines.values() for h in hs]
     assert runtime.LITGPT_HOST_S_PER_OP_RANGE == pytest.approx((min(every) * 1e-6, max(every) * 1e-6), abs=0.5e-6)
     gpu, e = hardware.lookup("H100-SXM"), runtime.KERNEL_MODEL_ERROR

@@ -199,6 +199,7 @@ OWN_MEASUREMENTS = (
     "2026-11-26-bench-open-llama-7b-lora-h200-compiled",
     "2026-11-27-lab-part1-h200",
     "2026-11-27-qlora-time-h200",
+    "2026-11-27-lab-part1-openllama-h200",
 )
 """Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
 

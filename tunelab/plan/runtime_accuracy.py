@@ -88,8 +88,14 @@ QLORA_LOOP = "reports/2026-11-27-qlora-time-h200/records.tgz"
 loop's step with bitsandbytes' work in it, beside its LoRA twin."""
 
 
+OPENLLAMA_ROWS = "reports/2026-11-27-lab-part1-openllama-h200/records.tgz"
+"""The lab's Part 1 OpenLLaMA rows (s6, s7, s11, s12: 3B and 7B, full and LoRA) by litgpt on an H200 machine,
+2026-11-27: the planner's steps for them were written into docs/results.md before they ran."""
+
+
 def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
-    """Each row of ``archive`` (:data:`SECOND_MACHINE`, :data:`QLORA_LOOP`): its mean optimizer step (steady window)
+    """Each row of ``archive`` (:data:`SECOND_MACHINE`, :data:`QLORA_LOOP`, :data:`OPENLLAMA_ROWS`): its mean
+    optimizer step (steady window) and that step by third of the window (:func:`window_thirds`)
     against the kernel model on its GPU's table row at :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP` (out of
     sample: fitted on the H100 machine), the host time per op the row implies, the probes, the SM clock and the
     GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
@@ -98,7 +104,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
     from tunelab.plan.accuracy import archived_records
 
     rows = []
-    for name, rec, _ in archived_records(root / archive):
+    for name, rec, _ in archived_records(path := root / archive):
         gpu = hardware.identify(rec.device_name or "")
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
@@ -115,8 +121,35 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
                      "host_bound": (rec.gpu_util_steady_mean or 100.0) < HOST_BOUND_UTIL,
                      "implied_host_us": (h * 1e6 if (h := implied_host(st, acc, measured)) else None),
                      "host_op_us": rec.host_op_us, "device_op_us": rec.device_op_us,
-                     "sm_clock_mhz": rec.sm_clock_steady_mhz, "gpu_util": rec.gpu_util_steady_mean})  # fmt: skip
+                     "sm_clock_mhz": rec.sm_clock_steady_mhz, "gpu_util": rec.gpu_util_steady_mean,
+                     "thirds": window_thirds(path, name, rec, st)})  # fmt: skip
     return sorted(rows, key=lambda r: _natural(r["id"]))
+
+
+def window_thirds(archive: Path, member: str, rec, st) -> list[tuple]:
+    """(mean optimizer step s, host us per op it implies or None) over each third of a run's steady window, from
+    its rank-0 iteration log in the archive (none without one): whether the step held still through the window."""
+    import json
+
+    from tunelab.files import RECORD_MAX_BYTES
+    from tunelab.plan.accuracy import beside
+    from tunelab.record import read_rank_file, steady_steps
+
+    raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
+    if raw is None:
+        return []
+    acc = rec.accumulation or 1
+    _, log = read_rank_file(json.loads(raw))
+    steps = [sum(d for d, _, _ in step) for step in steady_steps(log, acc, rec.iters or len(log))[2]]
+    if len(steps) < 3:
+        return []
+    out = []
+    for k in range(3):
+        part = steps[k * len(steps) // 3 : (k + 1) * len(steps) // 3]
+        mean = sum(part) / len(part)
+        host = implied_host(st, acc, mean)
+        out.append((mean, host * 1e6 if host else None))
+    return out
 
 
 def _natural(name: str) -> tuple:
@@ -393,17 +426,19 @@ def write_report(path: Path, root: Path) -> None:
     """runtime.md (and runtime-kernel.csv beside it): one function per section."""
     from tunelab.files import write_csv, write_text_atomic
 
-    items, second, loop = h100_items(root), second_machine_rows(root), second_machine_rows(root, QLORA_LOOP)
+    items, bench = h100_items(root), bench_items(root)
+    archived = {a: second_machine_rows(root, a) for a in (SECOND_MACHINE, QLORA_LOOP, OPENLLAMA_ROWS)}
     lab = a100_items()  # the lab's rows planned once, for their table and the diagnostic
     h100, a100 = h100_rows(root, items), a100_rows(lab)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_second_machine(second, items, host_by_machine(items, second, bench_items(root), loop)),
-        *_md_qlora_loop(loop),
+        *_md_second_machine(archived[SECOND_MACHINE], items, host_by_machine(items, bench, archived)),
+        *_md_qlora_loop(archived[QLORA_LOOP]),
+        *_md_openllama(archived[OPENLLAMA_ROWS]),
         *(_md_part3(root) if (root / PART3_ROWS).is_file() else []),
-        *_md_bench(bench_items(root)),
+        *_md_bench(bench),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab),
@@ -443,12 +478,12 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
     return lines
 
 
-def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict], loop: list[dict] = ()) -> dict:
+def host_by_machine(h100: list[dict], bench: list[dict], archived: dict) -> dict:
     """{machine: [host us per op, ...]}: what every litgpt run that was host-bound by measurement (GPU busy under
     :data:`HOST_BOUND_UTIL`) implies (:func:`implied_host`), by the machine it ran on: the H100 Part 1 rows
-    (``h100``: :func:`h100_items`), the second machine's (``second``: :func:`second_machine_rows`), each bench
-    report's litgpt runs (``bench``: :func:`bench_items`; one report, one machine) and the QLoRA loop's (``loop``:
-    :func:`second_machine_rows` of :data:`QLORA_LOOP`)."""
+    (``h100``: :func:`h100_items`), each bench report's litgpt runs (``bench``: :func:`bench_items`; one report, one
+    machine) and the rows of each archive in ``archived`` ({archive: :func:`second_machine_rows` of it}:
+    :data:`SECOND_MACHINE`, :data:`QLORA_LOOP`, :data:`OPENLLAMA_ROWS`)."""
     out: dict = {}
 
     def add(machine: str, util, host) -> None:
@@ -457,7 +492,7 @@ def host_by_machine(h100: list[dict], second: list[dict], bench: list[dict], loo
 
     for i in h100:
         add(f"H100-SXM {Path(H100_ROWS).parent.name}", i["gpu_util"], i["implied_host"])
-    for archive, rows in ((SECOND_MACHINE, second), (QLORA_LOOP, loop)):
+    for archive, rows in archived.items():
         for r in rows:
             add(
                 f"{r['gpu']} {Path(archive).parent.name}",
@@ -556,6 +591,40 @@ def _md_qlora_loop(rows: list[dict]) -> list[str]:
     if {"qlora", "lora"} <= set(by):
         q, lo = by["qlora"], by["lora"]
         lines += ["", _qlora_over_lora(q, lo)]
+    return lines
+
+
+def _md_openllama(rows: list[dict]) -> list[str]:
+    """The lab's Part 1 OpenLLaMA rows on an H200 (:data:`OPENLLAMA_ROWS`): nothing was fitted on them, and their
+    planned steps were committed before they ran; each row's step by third of its steady window beside the mean."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## The lab's OpenLLaMA Part 1 rows (an H200, 2026-11-27), out of sample",
+        "",
+        f"litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`{OPENLLAMA_ROWS}`): one epoch of 1,000 "
+        "samples at the lab's settings; the mean optimizer step over the steady window against the model at the H100 "
+        "machine's host constant. The planned steps were written into `docs/results.md` before the rows ran. 'by "
+        "third': the mean step over each third of the steady window and the host us per op it implies (GPU where "
+        "the kernels alone take longer).",
+        "",
+        "| row | recipe | micro x accumulation | padded tokens | measured s | predicted s | error | kernels s | "
+        "host us/op implied | by third: s (us/op) | GPU util % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        thirds = ", ".join(f"{s:.3f} ({_fmt(h, '.0f', 'GPU')})" for s, h in r["thirds"]) or "no log"
+        lines.append(
+            f"| {r['id']} | {r['recipe']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
+            f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {r['kernels_s']:.3f} | "
+            f"{_implied(r)} | {thirds} | {_fmt(r['gpu_util'], '.0f')} |"
+        )
+    errors = [abs(r["error"]) for r in rows]
+    lines += [
+        "",
+        f"Mean absolute error {sum(errors) / len(errors):.1%} over {len(rows)} rows, worst {max(errors):.1%}.",
+    ]
     return lines
 
 
