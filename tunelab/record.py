@@ -73,6 +73,27 @@ class RankStats:
     fused_kernels: str | None = None
     """The strategy's ``liger`` switch as it ran: Liger's kernels in use ("liger: fused linear cross-entropy, ...")
     or why it was off ("liger off: ..."). None: not asked for."""
+    driver_allocs: list = field(default_factory=list)
+    """CUDA's caching allocator going to the driver: [iteration index, cudaMalloc calls so far, cudaFree calls so
+    far] (``torch.cuda.memory_stats``' ``num_device_alloc`` / ``num_device_free``) at the start of the first
+    iteration, of each iteration whose start saw them change, and at exit (index = iterations run); empty without
+    CUDA. A step that takes memory from the driver pays for it on the host (a cudaFree also waits for the GPU):
+    :func:`driver_calls_in` counts those of a window."""
+
+
+def driver_calls_in(entries: list, first: int, end: int) -> tuple[int, int] | None:
+    """(cudaMalloc, cudaFree) calls made from the start of iteration ``first`` to the start of iteration ``end``
+    (:attr:`RankStats.driver_allocs`; ``end`` = iterations run: to the exit); None where the entries do not reach
+    back to ``first`` or on to ``end``."""
+
+    def at(index: int):
+        seen = [e for e in entries if e[0] <= index]
+        return seen[-1][1:] if seen else None
+
+    a, b = at(first), at(end)
+    if a is None or b is None or entries[-1][0] < end:
+        return None
+    return b[0] - a[0], b[1] - a[1]
 
 
 RANK_FILE_LOG = ("iters", "pauses")
@@ -106,6 +127,9 @@ def read_rank_file(data: dict) -> tuple[RankStats, list]:
         for p in pauses
     ):
         raise ValueError("rank file: pauses is not a list of [iteration index, seconds]")
+    driver = stats.get("driver_allocs") or []
+    if not all(isinstance(e, list) and len(e) == 3 and all(type(x) is int and x >= 0 for x in e) for e in driver):
+        raise ValueError("rank file: driver_allocs is not a list of [iteration, cudaMalloc calls, cudaFree calls]")
     log = [[*it, 0.0] for it in iters]  # [start, padded, real, seconds paused inside it]
     for index, seconds in pauses:  # a pause belongs to the iteration it interrupted
         if 0 <= index < len(log):
@@ -363,6 +387,12 @@ class RunRecord:
     """Whole run: energy_j per 1,000 real training tokens (inflated by load/save time on short runs)."""
     steady_window_s: float | None = None
     """Length of the steady-state window: the optimizer steps tok/s is measured over (warm-up excluded)."""
+    driver_mallocs_steady: int | None = None
+    """cudaMalloc calls rank 0's caching allocator made inside the steady window (:func:`driver_calls_in`): memory
+    taken from the driver while the loop should reuse its cache (a new, longer padded batch; fragmentation). None:
+    not recorded (no CUDA, or a record made before it was)."""
+    driver_frees_steady: int | None = None
+    """cudaFree calls inside the same window (each waits for the GPU: the allocator freeing its cache to retry)."""
     gpu_util_steady_mean: float | None = None
     """Steady-state window: mean NVML utilisation over GPUs, %."""
     gpu_util_steady_std: float | None = None

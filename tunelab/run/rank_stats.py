@@ -23,6 +23,7 @@ from tunelab.files import write_json_atomic
 
 _ITERS: list[tuple[float, int, int]] = []
 _PAUSES: list[tuple[int, float]] = []
+_DRIVER: list[list[int]] = []
 _STATE: dict = {"exception": None}
 _PHASES: dict = {}
 
@@ -99,6 +100,28 @@ def paused_seconds() -> float:
 def record_iteration(t_monotonic: float, padded_tokens: int, real_tokens: int) -> None:
     """One micro-batch iteration began at ``t_monotonic`` with this many padded and real tokens (-1: unknown)."""
     _ITERS.append((t_monotonic, padded_tokens, real_tokens))
+    note_driver_calls(len(_ITERS) - 1)
+
+
+def driver_counts() -> tuple[int, int] | None:
+    """(cudaMalloc, cudaFree) calls this process's caching allocator has made on the current device; None without
+    an initialised CUDA (torch is not imported for it)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        stats = torch.cuda.memory_stats_as_nested_dict()
+        return int(stats.get("num_device_alloc", 0)), int(stats.get("num_device_free", 0))
+    except Exception:  # noqa: BLE001 - best effort: a count is not worth a failed run
+        return None
+
+
+def note_driver_calls(index: int) -> None:
+    """Remember the driver calls so far at iteration ``index`` when they changed since the last note (the first
+    note always): :attr:`tunelab.record.RankStats.driver_allocs`."""
+    counts = driver_counts()
+    if counts is not None and (not _DRIVER or tuple(_DRIVER[-1][1:]) != counts):
+        _DRIVER.append([index, *counts])
 
 
 def install_step_hook() -> None:
@@ -177,6 +200,11 @@ def write() -> None:
             )
     except Exception as e:  # noqa: BLE001 - a broken CUDA context must not lose the rest
         stats["cuda_error"] = repr(e)
+    if _ITERS:
+        counts = driver_counts()
+        if counts is not None:  # the exit's counts close the last iteration
+            _DRIVER.append([len(_ITERS), *counts])
+    stats["driver_allocs"] = _DRIVER
     stats["iters"] = _ITERS
     stats["pauses"] = _PAUSES
     write_json_atomic(os.path.join(out_dir, f"rank{stats['rank']}.json"), stats, indent=None)
