@@ -96,6 +96,10 @@ def driver_calls_in(entries: list, first: int, end: int) -> tuple[int, int] | No
     return b[0] - a[0], b[1] - a[1]
 
 
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+"""The variable torch reads its CUDA caching allocator's settings from (:attr:`RunRecord.allocator_conf`)."""
+
+
 RANK_FILE_LOG = ("iters", "pauses")
 """Keys of ``rank<N>.json`` beside the RankStats fields that stay in the rank file: ``iters``, one
 [monotonic start time, padded tokens, real tokens] per micro-batch iteration, from which the runner computes the
@@ -410,6 +414,10 @@ class RunRecord:
     clock_capped_steady_share: float | None = None
     """Steady-state window: share of the NVML samples (mean over GPUs) whose SM clock was held down by the power cap
     or heat (tunelab.run.gpu_monitor.CAPPED_REASONS); a GPU-bound step slows with it."""
+    allocator_conf: str | None = None
+    """``PYTORCH_CUDA_ALLOC_CONF`` as the run's processes got it (None: unset, CUDA's caching allocator as torch
+    ships it): ``expandable_segments:True`` and the like change how often a step goes to the driver
+    (``driver_mallocs_steady``) and the reserved peak. A record made under another setting is run again."""
     host_cpu: str | None = None
     """The launching host's CPU model name (/proc/cpuinfo): a host-bound step follows it."""
     host_op_us: float | None = None

@@ -24,6 +24,12 @@
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13; on an H200 (2026-11-27): s6, s7,
 #                 s11 and most of s12 in 9.4 min (both checkpoints built), s12 again 2.9 min, s13 not run
 #                 (s13 was 183 s on the lab's A100)                                                  ~14 min: 2 calls
+#   alloc         why OpenLLaMA 7B LoRA's loop took twice its isolated step (2026-11-27): lab Part 1 rows ALLOC_ROWS
+#                 (default s12; "s11 s12" adds 3B LoRA, whose loop did not) again, each record counting its steady
+#                 window's cudaMalloc/cudaFree calls -> lab-part1-alloc.tgz, then the same under
+#                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -> lab-part1-expandable.tgz (not yet timed; s12
+#                 took 173 s on an H200 and its random 7B checkpoint about 80 s to build, once per arm)
+#                                                                                      est. 9 min; 13 with s11
 #   big           lab Part 1 OpenLLaMA 13B rows: s8, s9, s14 (26 GB checkpoint; not yet timed)  est. 8-10 min
 #   part3         the FSDP tuning tables (docs/lab.md, Part 3): tunelab tune-study lab-part3, study
 #                 PART3 (default tiny-llama-1.1b-full: TinyLlama full, bf16-mixed, FSDP, one GPU); 33 probes
@@ -91,12 +97,13 @@ else
 fi
 
 sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report + archive after every row
-  local name=$1; shift
+  local name=$1; shift            # (SWEEP_AS=DIR: recorded under DIR and DIR.tgz, apart from NAME's own records)
+  local as=${SWEEP_AS:-$name}
   local prune=(); [ "$name:${1:-}" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
   local only; only=$(IFS=,; echo "$*")
   echo "runbook: tunelab sweep configs/sweeps/$name.yaml ${MODEL[*]} ${FAST[*]}${only:+ --only $only}"
   "$PY" -m tunelab sweep "configs/sweeps/$name.yaml" "${MODEL[@]}" "${FAST[@]}" ${only:+--only "$only"} \
-    --out "$RUNS/$name" --report-dir "$RUNS/$name/report" --report-each-row --archive "$OUT/$name.tgz" \
+    --out "$RUNS/$as" --report-dir "$RUNS/$as/report" --report-each-row --archive "$OUT/$as.tgz" \
     "${prune[@]}" --deadline "$(left)"
 }
 
@@ -200,6 +207,12 @@ stage_overhead() {
   fi
 }
 stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
+stage_alloc() {  # litgpt's loop and CUDA's caching allocator: ALLOC_ROWS of lab-part1 (default s12) with the
+  local rows=${ALLOC_ROWS:-s12}  # driver calls counted, then again under expandable segments
+  SWEEP_AS=lab-part1-alloc sweep lab-part1 $rows || return
+  if [ "$(left)" -le 120 ]; then echo "alloc: expandable segments not started, $(left) s left"; return 0; fi
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True SWEEP_AS=lab-part1-expandable sweep lab-part1 $rows
+}
 stage_big() { sweep lab-part1 s8 s9 s14; }
 stage_grid() {  # one JSON line per (model, micro, method); a row already in gpu-results/profile-grid.jsonl is kept
   local grid=${GRID:-"tiny-llama-1.1b:1 tiny-llama-1.1b:4 tiny-llama-1.1b:16 open_llama_3b:1 open_llama_3b:4"}
@@ -231,7 +244,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, mid, big, profile, grid, part3, bench, families, history, overhead)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, mid, alloc, big, profile, grid, part3, bench, families, history, overhead)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue

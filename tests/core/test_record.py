@@ -204,6 +204,25 @@ def test_a_record_made_on_another_device_is_not_reused(tmp_path):
     assert resume_state(*args) == (True, None)
 
 
+def test_a_record_made_under_another_allocator_setting_is_not_reused(tmp_path, monkeypatch):
+    """PYTORCH_CUDA_ALLOC_CONF changes a step's trips to the driver and the reserved peak: a record made under
+    ``expandable_segments:True`` answers no run without it, and the reverse; the same setting (or none on both
+    sides, as every record from before the field) is reused."""
+    from tunelab.run.resume import resume_state
+
+    monkeypatch.delenv(record.ALLOC_CONF_ENV, raising=False)
+    args = (tmp_path / "record.json", "tiny-llama-1.1b/full", [])
+    rec = RunRecord(recipe="tiny-llama-1.1b/full", status="ok", allocator_conf="expandable_segments:True")
+    record.save(rec, tmp_path / "record.json")
+    assert resume_state(*args) == (False, "allocator setting changed (expandable_segments:True -> None)")
+    monkeypatch.setenv(record.ALLOC_CONF_ENV, "expandable_segments:True")
+    assert resume_state(*args) == (True, None)
+    record.save(dataclasses.replace(rec, allocator_conf=None), tmp_path / "record.json")
+    assert resume_state(*args) == (False, "allocator setting changed (None -> expandable_segments:True)")
+    monkeypatch.delenv(record.ALLOC_CONF_ENV)
+    assert resume_state(*args) == (True, None)
+
+
 def test_a_compiled_run_recorded_before_limit_hits_were_counted_is_run_again(tmp_path):
     """A fast-path record from before the recompile-limit hits were counted (its LoRA blocks may have run eagerly
     without a word, as the H200 bench's did) answers no run; one that counted them (0) is reused."""

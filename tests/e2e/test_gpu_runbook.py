@@ -237,6 +237,25 @@ def test_second_round_stages_rehearsed(tmp_path):
 
 
 @pytest.mark.slow  # about a minute on 2 cores
+def test_alloc_stage_rehearsed(tmp_path):
+    """Stage alloc with the tiny model (ALLOC_ROWS=s10): the row twice, under torch's allocator as shipped and under
+    expandable segments, each its own archive whose record says which; a row already in lab-part1's records is run
+    again for it (lab-part1's own records are not touched)."""
+    out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
+    proc = _runbook(out, runs, results, 900, "alloc", timeout=1200, ALLOC_ROWS="s10")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {f.name for f in _returned_files(out)} == {"lab-part1-alloc.tgz", "lab-part1-expandable.tgz", "runbook.log"}
+    conf = {}
+    for arm in ("lab-part1-alloc", "lab-part1-expandable"):
+        with tarfile.open(out / f"{arm}.tgz") as tar:
+            rec = json.loads(tar.extractfile(f"{arm}/s10/record.json").read())
+        assert rec["status"] == "ok" and rec["row_id"] == "s10"
+        conf[arm] = rec["allocator_conf"]
+    assert conf == {"lab-part1-alloc": None, "lab-part1-expandable": "expandable_segments:True"}
+    assert not (runs / "lab-part1").exists()
+
+
+@pytest.mark.slow  # about a minute on 2 cores
 def test_grid_stage_rehearsed_and_resumed(tmp_path):
     """Stage grid (the time model's out-of-sample profiles): one JSON line per (model, micro batch, method) with the
     phases, the host's clock per phase, the kernel time and launches by category; a row "model:micro:lora,qlora" runs

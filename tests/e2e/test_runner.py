@@ -43,7 +43,7 @@ def test_ok_run_record(tmp_path):
             "2",
         ],
         cwd=ROOT,
-        env=cpu_env(),
+        env={**cpu_env(), record.ALLOC_CONF_ENV: "expandable_segments:True"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -51,6 +51,9 @@ def test_ok_run_record(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rec = record.load(tmp_path / "r" / "record.json")
     assert rec.status == "ok" and rec.exit_code == 0 and rec.error is None and rec.row_id == "ok1"
+    # the allocator's setting as the run got it; no CUDA: no driver calls counted (unknown, not zero)
+    assert rec.allocator_conf == "expandable_segments:True" and rec.ranks[0].driver_allocs == []
+    assert rec.driver_mallocs_steady is None and rec.driver_frees_steady is None
     assert rec.model_source == "tiny" and rec.model_name == "tunelab-tiny-llama" and rec.device_type == "cpu"
     assert rec.accumulation == 4 and rec.iters == 16 and rec.optimizer_steps == 4  # micro 4, global 16
     assert len(rec.ranks) == 1 and rec.ranks[0].peak_rss_bytes > 50e6 and rec.peak_allocated_bytes is None

@@ -7,9 +7,11 @@ that is unreadable or was made with other settings is kept aside (:func:`tunelab
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tunelab.files import read_json
+from tunelab.record import ALLOC_CONF_ENV
 from tunelab.run.gpu_monitor import this_device
 from tunelab.strategies import load_strategy
 
@@ -76,6 +78,9 @@ def resume_state(
     here = this_device()
     if rec.get("device_name") and rec["device_name"] != here:  # a record from another GPU answers nothing here
         return False, f"device changed ({rec['device_name']} -> {here})"
+    alloc = os.environ.get(ALLOC_CONF_ENV) or None
+    if (rec.get("allocator_conf") or None) != alloc:  # the allocator's setting changes the step and the reserve
+        return False, f"allocator setting changed ({rec.get('allocator_conf')} -> {alloc})"
     compiled = (rec.get("strategy_settings") or {}).get("compile")
     if compiled and "recompile_limit_hits" not in rec:  # its blocks may have run eagerly unseen (fixed 2026-11-26)
         return False, "made before torch.compile's recompile-limit hits were counted"

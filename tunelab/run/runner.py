@@ -38,7 +38,7 @@ from tunelab.files import open_output, read_tail
 from tunelab.paths import DATASET, ROOT, output_root
 from tunelab.plan import stored
 from tunelab.recipes import Recipe
-from tunelab.record import RunRecord, save
+from tunelab.record import ALLOC_CONF_ENV, RunRecord, save
 from tunelab.run.collect import collect, last_error_line, latest_tokens
 from tunelab.run.entry import SKIP_SAVE_ENV
 from tunelab.run.gpu_monitor import GPUMonitor, cpu_name, device_name, device_op_us, host_op_us
@@ -448,6 +448,7 @@ def run(
     rec.driver = monitor.driver_version()
     rec.sm_clock_max_mhz = monitor.max_sm_clock_mhz()
     rec.host_cpu, rec.host_op_us, rec.device_op_us = cpu_name(), host_op_us(), device_op_us()
+    rec.allocator_conf = env.get(ALLOC_CONF_ENV) or None
     rec.started_at = now_iso()
     t0 = time.monotonic()
     interrupted = False
