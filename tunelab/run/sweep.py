@@ -149,42 +149,10 @@ def run_sweep(sweep: Sweep, out: Path | None = None, options: SweepOptions | Non
 
 
 def _run_locked(sweep: Sweep, base: Path, o: SweepOptions) -> Path:
-    meta_path = base / "sweep.json"
-    meta = {
-        "name": sweep.name,
-        "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT) else sweep.path),
-        "model": o.model,
-        "description": sweep.description,
-        "lab_hardware": sweep.lab_hardware,
-        "rows": [
-            {
-                "id": r.id,
-                "recipe": r.recipe.key,
-                "settings": r.settings,
-                "lab": r.lab,
-                "note": r.note,
-                "strategy": r.strategy,
-            }
-            for r in sweep.rows
-        ],
-    }
-    if meta_path.is_file() and not o.rerun:
-        old = json.loads(meta_path.read_text())
-        if old.get("model") != o.model:
-            raise SweepError(
-                f"{base} holds runs made with --model {old.get('model')}, not {o.model}: resume with the "
-                "same choice, or use --rerun or another --out"
-            )
-    write_json_atomic(meta_path, meta)
-    rows = [r for r in sweep.rows if not o.only or r.id in o.only]
-    todo = []
-    for r in rows:
-        done, why = (False, None) if o.rerun else row_done(base, r)
-        if why:
-            kept = set_aside(base / r.id / "record.json", why)
-            o.stream.write(f"{r.id}: {why}: the old record is kept as {kept.name}; running the row again\n")
-        if not done:
-            todo.append(r)
+    """The sweep under its directory's lock: its description written, then each row not yet recorded, in order,
+    until the rows, the deadline or the disk run out."""
+    _write_meta(sweep, base, o)
+    rows, todo = _rows_to_run(sweep, base, o)
     progress = ProgressLine(len(rows), o.stream)
     done = len(rows) - len(todo)
     if done:
@@ -202,74 +170,116 @@ def _run_locked(sweep: Sweep, base: Path, o: SweepOptions) -> Path:
                 break
             row_timeout = min(row_timeout or left, left)
         progress.started(done, f"{row.id} {row.recipe.key}")
-        disk_full = False
-        try:
-            options = RunOptions(
-                sweep=sweep.name, row_id=row.id, model=o.model, timeout_s=row_timeout,
-                memory_limit_bytes=o.memory_limit_bytes, on_progress=progress.show, strategy=row.strategy,
-                strategy_config=row.strategy_config, checked=row.checked,
-            )  # fmt: skip
-            rec = run(row.recipe, row.overrides(), base / row.id, options)
-        except (Interrupted, KeyboardInterrupt):
-            recorded = sum(1 for r in rows if row_done(base, r)[0])
-            raise Interrupted(
-                f"sweep {sweep.name} stopped during row {row.id}: {recorded} of {len(rows)} rows "
-                f"recorded in {base}; run the same command again to go on (row {row.id} runs "
-                "again)"
-            ) from None
-        except (RunError, OSError) as e:  # refused or failed before launch: still a row, with its reason
-            disk_full = _is_disk_full(e)
-            reason = f"{DISK_FULL_PREFIX}: {e}" if disk_full and not str(e).startswith(DISK_FULL_PREFIX) else str(e)
-            rec = record_mod.RunRecord(
-                sweep=sweep.name,
-                row_id=row.id,
-                recipe=row.recipe.key,
-                command=row.recipe.command,
-                overrides=row.overrides(),
-                status="error",
-                error=reason,
-                method=row.recipe.method,
-                started_at="",
-                ended_at="",
-                wall_s=0.0,
-                strategy=row.strategy_label,
-            )
-            try:
+        rec, disk_full = _run_row(sweep, base, o, row, row_timeout, progress, rows)
+        if o.deadline_s is not None and rec.status == "killed" and row_timeout is not None:
+            if time.monotonic() - t_start >= o.deadline_s - 1:
+                rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
                 record_mod.save(rec, base / row.id / "record.json")
-            except OSError:
-                pass  # the disk is full: nothing can be written, the sweep stops below
-        if rec.status == "error" and not disk_full and "No space left on device" in (rec.error or ""):
-            disk_full = True  # the run itself hit the full disk (litgpt saving a checkpoint): the machine's fault
-            rec.error = f"{DISK_FULL_PREFIX}: {rec.error}"
-            try:
-                record_mod.save(rec, base / row.id / "record.json")
-            except OSError:
-                pass
-        if (
-            o.deadline_s is not None
-            and rec.status == "killed"
-            and row_timeout is not None
-            and time.monotonic() - t_start >= o.deadline_s - 1
-        ):
-            rec.error = f"{DEADLINE_PREFIX} the command's time ran out during this row; it runs again on resume"
-            record_mod.save(rec, base / row.id / "record.json")
         done += 1
         progress.finished(rec)
         if o.prune_checkpoints and o.model == "random":
             _prune_random_checkpoints(row, todo[i + 1 :], o.stream)
-        if o.after_row is not None:
-            try:
-                o.after_row(base)
-            except OSError as e:
-                if not (disk_full or _is_disk_full(e)):
-                    raise
-                disk_full = True
-        if disk_full:
+        if _after_row(base, o, disk_full):
             raise DiskFull(
                 f"{row.id}: disk full; free space and run the same command again to go on "
                 f"({len(todo) - i - 1} row(s) not started)"
             )
     return base
+
+
+def _write_meta(sweep: Sweep, base: Path, o: SweepOptions) -> None:
+    """``sweep.json``: what the directory sweeps (file, rows, weights' source); refused where the directory holds
+    runs made with another ``--model`` (resuming them would mix two sources of weights)."""
+    meta_path = base / "sweep.json"
+    rows = [{"id": r.id, "recipe": r.recipe.key, "settings": r.settings, "lab": r.lab, "note": r.note,
+             "strategy": r.strategy} for r in sweep.rows]  # fmt: skip
+    meta = {
+        "name": sweep.name,
+        "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT) else sweep.path),
+        "model": o.model,
+        "description": sweep.description,
+        "lab_hardware": sweep.lab_hardware,
+        "rows": rows,
+    }
+    if meta_path.is_file() and not o.rerun:
+        old = json.loads(meta_path.read_text())
+        if old.get("model") != o.model:
+            raise SweepError(
+                f"{base} holds runs made with --model {old.get('model')}, not {o.model}: resume with the "
+                "same choice, or use --rerun or another --out"
+            )
+    write_json_atomic(meta_path, meta)
+
+
+def _rows_to_run(sweep: Sweep, base: Path, o: SweepOptions) -> tuple[list[Row], list[Row]]:
+    """(the rows asked for, those of them to run): a row already recorded is skipped unless ``--rerun``; a stale or
+    unreadable record is set aside, said in one line, and its row runs again."""
+    rows = [r for r in sweep.rows if not o.only or r.id in o.only]
+    todo = []
+    for r in rows:
+        done, why = (False, None) if o.rerun else row_done(base, r)
+        if why:
+            kept = set_aside(base / r.id / "record.json", why)
+            o.stream.write(f"{r.id}: {why}: the old record is kept as {kept.name}; running the row again\n")
+        if not done:
+            todo.append(r)
+    return rows, todo
+
+
+def _run_row(sweep: Sweep, base: Path, o: SweepOptions, row: Row, row_timeout, progress, rows: list[Row]):
+    """(the row's record, whether the disk is full): the run, or an error record where it was refused or failed
+    before launch (saved where the disk allows); an interrupt ends the sweep in one line."""
+    disk_full = False
+    try:
+        options = RunOptions(
+            sweep=sweep.name, row_id=row.id, model=o.model, timeout_s=row_timeout,
+            memory_limit_bytes=o.memory_limit_bytes, on_progress=progress.show, strategy=row.strategy,
+            strategy_config=row.strategy_config, checked=row.checked,
+        )  # fmt: skip
+        rec = run(row.recipe, row.overrides(), base / row.id, options)
+    except (Interrupted, KeyboardInterrupt):
+        recorded = sum(1 for r in rows if row_done(base, r)[0])
+        raise Interrupted(
+            f"sweep {sweep.name} stopped during row {row.id}: {recorded} of {len(rows)} rows "
+            f"recorded in {base}; run the same command again to go on (row {row.id} runs "
+            "again)"
+        ) from None
+    except (RunError, OSError) as e:  # refused or failed before launch: still a row, with its reason
+        disk_full = _is_disk_full(e)
+        reason = f"{DISK_FULL_PREFIX}: {e}" if disk_full and not str(e).startswith(DISK_FULL_PREFIX) else str(e)
+        rec = record_mod.RunRecord(
+            sweep=sweep.name, row_id=row.id, recipe=row.recipe.key, command=row.recipe.command,
+            overrides=row.overrides(), status="error", error=reason, method=row.recipe.method, started_at="",
+            ended_at="", wall_s=0.0, strategy=row.strategy_label,
+        )  # fmt: skip
+        _save_if_possible(rec, base / row.id / "record.json")  # the disk full: the sweep stops after the row
+    if rec.status == "error" and not disk_full and "No space left on device" in (rec.error or ""):
+        disk_full = True  # the run itself hit the full disk (litgpt saving a checkpoint): the machine's fault
+        rec.error = f"{DISK_FULL_PREFIX}: {rec.error}"
+        _save_if_possible(rec, base / row.id / "record.json")
+    return rec, disk_full
+
+
+def _save_if_possible(rec, path: Path) -> None:
+    """Save ``rec``; nothing where the disk cannot take it (the sweep stops for the full disk after the row)."""
+    try:
+        record_mod.save(rec, path)
+    except OSError:
+        pass
+
+
+def _after_row(base: Path, o: SweepOptions, disk_full: bool) -> bool:
+    """Run ``o.after_row`` (the runbook's report and archive); whether the disk is full (``disk_full``: the row
+    found it so), which stops the sweep. Its other errors raise, unless the disk is already known to be full."""
+    if o.after_row is None:
+        return disk_full
+    try:
+        o.after_row(base)
+    except OSError as e:
+        if not (disk_full or _is_disk_full(e)):
+            raise
+        return True
+    return disk_full
 
 
 def _prune_random_checkpoints(row: Row, later: list[Row], stream) -> None:
