@@ -85,15 +85,14 @@ def test_zero3_states_at_rest_and_peak(measured):
 
 
 @pytest.mark.parametrize("i", [4, 5, 6])
-def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i, monkeypatch):
+def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i):
     """What DeepSpeed's coordinator holds gathered when the forward reaches the head: the larger of the live limit
     and half the reuse distance, or the whole partitioned model (the small one, under the defaults), to within one
     weight matrix (the limits are crossed a tensor at a time)."""
     case = CASES[i]
     zero = case.get("zero", {})
-    monkeypatch.setattr(memory, "ZERO3_PERSISTENCE_THRESHOLD", int(zero.get("stage3_param_persistence_threshold", 1e5)))
-    x = _plan(case, **{k: int(zero[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters", "zero3_max_reuse_distance")
-                       if f"stage3_{k[6:]}" in zero})  # fmt: skip
+    x = _plan(case, **{k: int(zero[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters", "zero3_max_reuse_distance",
+                       "zero3_param_persistence_threshold") if f"stage3_{k[6:]}" in zero})  # fmt: skip
     kept = memory.zero3_kept(x)
     largest = case["vocab"] * case["embd"]
     assert abs(measured[i]["gathered_at_head"] - kept) <= largest, (kept, measured[i]["gathered_at_head"])
@@ -149,8 +148,10 @@ def test_zero2s_buffers_meet_the_activations_after_the_logits_are_freed(measured
 
 
 def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
-    """``tunelab plan-strategies --deepspeed``: DeepSpeed's own ZeRO-2 on 2 gloo ranks at TinyLlama's shape / 16
-    against the plan (within 3%), written to deepspeed.csv; a world DeepSpeed cannot run here refused first."""
+    """``tunelab plan-strategies --deepspeed``: DeepSpeed's own ZeRO-2 and ZeRO-3 on 2 gloo ranks at TinyLlama's
+    shape / 16 against the plan, written to deepspeed.csv; a world DeepSpeed cannot run here refused first. ZeRO-2
+    within 3%; ZeRO-3, measured by the profiler, above its states at rest and the activations together (the whole
+    step seen; the plan is 6-14% under it on 2 and 4 ranks, an open gap: reports/planner-strategies/)."""
     from tests.conftest import tunelab_cli
     from tunelab.plan import deepspeed_checks as dc
 
@@ -159,6 +160,15 @@ def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
     proc = tunelab_cli("plan-strategies", "--deepspeed", "--families", "TinyLlama 1.1B", "--worlds", "2",
                        "--out", str(tmp_path), timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = dc.read(tmp_path / dc.CSV_NAME)
-    assert (row.family, row.model, row.world) == ("TinyLlama 1.1B", "tiny-llama-1.1b", 2)
-    assert abs(row.error) < 0.03, row
+    zero2, zero3 = dc.read(tmp_path / dc.CSV_NAME)
+    assert (zero2.family, zero2.model, zero2.world, zero2.stage, zero3.stage) == (
+        "TinyLlama 1.1B",
+        "tiny-llama-1.1b",
+        2,
+        2,
+        3,
+    )
+    assert abs(zero2.error) < 0.03, zero2
+    b = memory.predict(dc.plan_input("tiny-llama-1.1b", 2, 3)).breakdown_bytes
+    at_rest = b["weights"] + b["gradients"] + b["optimizer_states"]
+    assert zero3.measured_bytes > at_rest + b["activations"], (zero3, at_rest, b["activations"])

@@ -44,9 +44,9 @@ def add_parser(sub) -> None:
     s.add_argument(
         "--deepspeed",
         action="store_true",
-        help="instead of the simulations: run DeepSpeed's own ZeRO-2 for real on this CPU (gloo ranks, 2 and 4) at "
-        "each family's shape / 16 against the plan (--families, --worlds: default 2,4) -> deepspeed.csv and "
-        "strategies.md's DeepSpeed section (about 10 minutes on 2 cores; needs deepspeed)",
+        help="instead of the simulations: run DeepSpeed's own ZeRO-2 and ZeRO-3 for real on this CPU (gloo ranks, 2 "
+        "and 4) at each family's shape / 16 against the plan (--families, --worlds: default 2,4) -> deepspeed.csv "
+        "and strategies.md's DeepSpeed section (about 23 minutes on 2 cores; needs deepspeed)",
     )
     s.set_defaults(func=handle)
 

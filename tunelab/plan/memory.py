@@ -169,6 +169,10 @@ class PlanInput:
     """DeepSpeed's ``stage3_max_reuse_distance`` (elements; a strategy file's ``max_reuse_distance``, DeepSpeed's
     default 1e9): a parameter used again within this many parameters' fetches is not released
     (:func:`zero3_gathered`)."""
+    zero3_param_persistence_threshold: int = 100_000
+    """DeepSpeed's ``stage3_param_persistence_threshold`` (elements; its default 1e5): ZeRO-3 keeps a parameter
+    tensor smaller than this whole on every rank, never partitioned nor gathered (norms, LoRA's matrices)
+    (:func:`zero3_tensors`)."""
     offload_optimizer: bool = False
     """Optimizer states (and master weights) in host RAM."""
     offload_params: bool = False
@@ -664,16 +668,11 @@ def fsdp2_gathered(x: PlanInput) -> float:
     return max(root + 3 * block, backward) * parameter_bytes(x.precision)
 
 
-ZERO3_PERSISTENCE_THRESHOLD = 100_000
-"""DeepSpeed's ``stage3_param_persistence_threshold`` (its default, elements): ZeRO-3 keeps a parameter tensor
-smaller than this whole on every rank, never partitioned nor gathered (norms, LoRA's matrices)."""
-
-
 def zero3_tensors(x: PlanInput) -> tuple[int, int]:
     """(persistent, partitioned) parameter elements of ``x``'s model under ZeRO-3, tensor by tensor against
-    :data:`ZERO3_PERSISTENCE_THRESHOLD` (LoRA's matrices included)."""
+    :attr:`PlanInput.zero3_param_persistence_threshold` (LoRA's matrices included)."""
     numels = param_tensor_numels(x.config) + (lora_tensor_numels(x.config, x.lora_r, x.lora_targets) if x.lora else [])
-    persistent = sum(n for n in numels if n < ZERO3_PERSISTENCE_THRESHOLD)
+    persistent = sum(n for n in numels if n < x.zero3_param_persistence_threshold)
     return persistent, sum(numels) - persistent
 
 

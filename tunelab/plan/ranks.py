@@ -708,7 +708,7 @@ def zero_sizes(x) -> ZeroSizes:
             ("16-bit gradient partitions", st.grads / n if memory.zero3_gradient_partitions(x) else 0.0,
              "held through the run (grad_partitions_flat_buffer; in host RAM under offload_optimizer)"),
             ("small tensors whole", persistent * s16, f"{persistent:,} elements under "
-             f"stage3_param_persistence_threshold {memory.ZERO3_PERSISTENCE_THRESHOLD:,}"),
+             f"stage3_param_persistence_threshold {x.zero3_param_persistence_threshold:,}"),
         ]  # fmt: skip
     else:
         terms.append(("16-bit gradient partition in the backward", memory.zero2_backward_partition(x, st),

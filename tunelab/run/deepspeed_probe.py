@@ -1,11 +1,14 @@
 """Run under torchrun (gloo, CPU): DeepSpeed's own ZeRO-2 and ZeRO-3 on small litgpt models, three steps of tunelab's
-loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker; rank 0 writes what it measured as JSON
-to the path in argv[1]. The cases come in the TUNELAB_DS_CASES environment variable (JSON: stage, reduce bucket, and
-either a family's litgpt name, shrunk by :func:`tunelab.plan.deepspeed_checks.scaled` (``family``, ``scale``), or the model's sizes: layers, width,
-MLP width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-strategies --deepspeed``
+loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker or (``"measure": "profiler"``) torch's
+profiler, whose CPU allocator report counts the bytes alive without holding a tensor (MemTracker keeps ZeRO-3's
+released parameter storages alive); rank 0 writes what it measured as JSON to the path in argv[1]. The cases come
+in the TUNELAB_DS_CASES environment variable (JSON: stage, reduce bucket, and either a family's litgpt name, shrunk
+by :func:`tunelab.plan.deepspeed_checks.scaled` (``family``, ``scale``), or the model's sizes: layers, width, MLP
+width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-strategies --deepspeed``
 (:mod:`tunelab.plan.strategy_checks`) and tests/e2e/test_deepspeed_memory.py."""
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -57,23 +60,55 @@ def _run(case, rank):
                         if p.ds_status != ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist))  # fmt: skip
 
     x = torch.randint(0, cfg.vocab_size, (case.get("micro", 2), case.get("tokens", 128)))
-    with tracker if case.get("track", True) else contextlib.nullcontext():
+    profiled = case.get("measure") == "profiler"
+    track = case.get("track", True) and not profiled
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with tracker if track else contextlib.nullcontext(), prof if profiled else contextlib.nullcontext():
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=conf)
         if case["stage"] == 3:
             engine.module.lm_head.register_forward_hook(gathered)
-        for _ in range(3):
-            tracker.reset_mod_stats()
-            engine.backward(litgpt_loss(engine, x, x, "full", strat))
-            engine.step()
+        with torch.profiler.record_function(STEPS_MARK):
+            for _ in range(3):
+                tracker.reset_mod_stats()
+                engine.backward(litgpt_loss(engine, x, x, "full", strat))
+                engine.step()
         peak = tracker.get_tracker_snapshot("peak")
         now = tracker.get_tracker_snapshot()
     cpu = torch.device("cpu")
+    if profiled:
+        peak, now = profiled_peak(prof)
+    else:
+        peak, now = peak.get(cpu, {}).get("Total"), now.get(cpu, {}).get("Total")
     return {
-        "peak": peak.get(cpu, {}).get("Total"),
-        "at_rest": now.get(cpu, {}).get("Total"),
+        "peak": peak,
+        "at_rest": now,
         "gathered_at_head": held[-1] if held else None,
         "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()),
     }
+
+
+STEPS_MARK = "tunelab-steps"
+"""The profiler range around the training steps (the peak is taken there, not in DeepSpeed's set-up)."""
+
+
+def profiled_peak(prof) -> tuple[int, int]:
+    """(peak, at the end) of the bytes alive that were allocated while ``prof`` ran, over its training steps
+    (:data:`STEPS_MARK`): the CPU allocator's running total, which the profiler reports with every allocation and
+    free ("Total Allocated" of its memory events), less the total before the case's first one (tensors of earlier
+    cases still alive)."""
+    import tempfile
+
+    from tunelab import files
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        events = json.loads(files.read_text(path, 1 << 31, "profiler trace"))["traceEvents"]
+    start = min(e["ts"] for e in events if e.get("name") == STEPS_MARK and e.get("ph") == "X")
+    memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in events
+                    if e.get("name") == "[memory]")  # fmt: skip
+    base = memory[0][1] - memory[0][2]
+    return max(t for ts, t, _ in memory if ts >= start) - base, memory[-1][1] - base
 
 
 def main():
@@ -82,7 +117,10 @@ def main():
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo's all-reduce, no JIT-built op
     rank = int(os.environ["RANK"])
-    results = [_run(case, rank) for case in json.loads(os.environ["TUNELAB_DS_CASES"])]
+    results = []
+    for case in json.loads(os.environ["TUNELAB_DS_CASES"]):
+        gc.collect()  # an earlier case's engine (reference cycles) gone before this one is measured
+        results.append(_run(case, rank))
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(results, f)
