@@ -597,5 +597,6 @@ def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> di
     out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
     # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
     out["window"] = (r0["t0"], r0["t1"])
+    out["window_iterations"] = (r0["warm"] * accumulation, (r0["warm"] + len(r0["step_times"])) * accumulation)
     out["window_tokens_real"] = sum(r["real"] for r in per_rank)
     return out

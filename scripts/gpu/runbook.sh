@@ -99,6 +99,10 @@ fi
 sweep() {  # sweep NAME ROWS... : the rows of configs/sweeps/NAME.yaml, report + archive after every row
   local name=$1; shift            # (SWEEP_AS=DIR: recorded under DIR and DIR.tgz, apart from NAME's own records)
   local as=${SWEEP_AS:-$name}
+  if [[ ! $as =~ ^[A-Za-z0-9_-][A-Za-z0-9._-]*$ ]]; then  # a folder under RUNS and an archive in OUT, nowhere else
+    echo "runbook: SWEEP_AS '$as' is not a folder name; fix: letters, digits, '.', '_', '-' (not starting with '.')"
+    return 2
+  fi
   local prune=(); [ "$name:${1:-}" = "lab-part1:s1" ] || prune=(--prune-checkpoints)  # TinyLlama's is reused next
   local only; only=$(IFS=,; echo "$*")
   echo "runbook: tunelab sweep configs/sweeps/$name.yaml ${MODEL[*]} ${FAST[*]}${only:+ --only $only}"

@@ -18,7 +18,7 @@ from tunelab import hardware
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_json, read_text
 from tunelab.models import load_config, lora_param_count
 from tunelab.plan.flops import flops_per_token, mfu
-from tunelab.record import RankStats, RunRecord, driver_calls_in, read_rank_file, steady_state, steady_steps
+from tunelab.record import RankStats, RunRecord, driver_calls_in, read_rank_file, steady_state
 from tunelab.run.gpu_monitor import GPUMonitor
 from tunelab.settings import Settings
 
@@ -180,10 +180,8 @@ def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
         setattr(rec, key, steady.get(key))
     if steady.get("window"):
         rec.steady_window_s = steady["window"][1] - steady["window"][0]
-    if ranks_iters and rec.ranks and rec.ranks[0].driver_allocs:  # rank 0's, over the same window
-        acc = rec.accumulation or 1
-        _, warm, steps = steady_steps(ranks_iters[0], acc, n_iters)
-        calls = driver_calls_in(rec.ranks[0].driver_allocs, warm * acc, (warm + len(steps)) * acc) if steps else None
+    if steady.get("window_iterations") and rec.ranks and rec.ranks[0].driver_allocs:  # rank 0's, the same window
+        calls = driver_calls_in(rec.ranks[0].driver_allocs, *steady["window_iterations"])
         rec.driver_mallocs_steady, rec.driver_frees_steady = calls or (None, None)
     if rec.tok_s_padded is not None:
         rec.tok_s_padded_per_device = rec.tok_s_padded / rec.device_count
