@@ -262,7 +262,7 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
 
     t0, ranks = time.time(), []
     while len(ranks) < 2:
-        assert time.time() - t0 < 120 and proc.poll() is None
+        assert time.time() - t0 < 600 and proc.poll() is None  # a guard against a hang, not a deadline
         ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tunelab.run.loop" in command(c)]
         time.sleep(0.2)
     time.sleep(3)
@@ -295,7 +295,7 @@ def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
          "--train.max_steps", "12", "--eval.final_validation", "false", "--data.num_workers", "0",
          "--out", str(tmp_path / "o"),
          "--report-dir", str(tmp_path / "r")],
-        cwd=ROOT, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"),  # never a full pipe
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal (see test_faults)
     )  # fmt: skip
 
@@ -307,7 +307,7 @@ def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
 
     t0, ranks = time.time(), []
     while not ranks:
-        assert time.time() - t0 < 180 and proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() - t0 < 600 and proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
         ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tunelab.run.loop" in command(c)]
         time.sleep(0.1)
     started = psutil.Process(proc.pid).children(recursive=True)
@@ -346,7 +346,7 @@ def test_a_rank_whose_torchrun_died_during_its_imports_exits_at_once(tmp_path):
     plain, _ = orphan("plain", False)
     t0 = time.time()
     while not plain.exists() or not (dead.exists() or dead_err.read_text()):
-        assert time.time() - t0 < 120, "neither process finished its imports in two minutes"
+        assert time.time() - t0 < 600, "neither process finished its imports in ten minutes"
         time.sleep(0.2)
     time.sleep(1)
     assert "torchrun, which started it, is gone; exiting" in dead_err.read_text() and not dead.exists()

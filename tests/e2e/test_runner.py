@@ -130,7 +130,7 @@ def test_timeout_kills_a_run(tiny_ckpt, tmp_path):
     assert rec.wall_s < 30
 
 
-def _child_of(pid: int, timeout: float = 60) -> psutil.Process:
+def _child_of(pid: int, timeout: float = 600) -> psutil.Process:
     t0 = time.time()
     while time.time() - t0 < timeout:
         for c in psutil.Process(pid).children(recursive=True):
