@@ -8,9 +8,9 @@ the family's shape stays: attention groups, norms, MLP, biases, partial rotary),
 and ZeRO-3 run it on 2 and 4 gloo ranks (tunelab's DeepSpeed config and loss, foreach AdamW as on CUDA, micro
 batch 2 x 128 tokens, bf16, every element count of DeepSpeed's defaults shrunk with the model's matrices, / 16^2:
 the reduce bucket 2e8, ZeRO-3's prefetch bucket 5e7, persistence threshold 1e5, live parameters and reuse distance
-1e9). ZeRO-2 is measured under torch's MemTracker; ZeRO-3 under torch's profiler (its CPU allocator's running
-total: MemTracker keeps ZeRO-3's swapped-out parameter storages alive, so its peak under the tracker is the whole
-model). The plan of the same model and settings (:func:`tunelab.plan.memory.predict`) is compared with rank 0's
+1e9). ZeRO-2 is measured under torch's MemTracker; ZeRO-3 under torch's profiler (the CPU blocks alive, followed
+through its memory events by :func:`tunelab.run.deepspeed_probe.alive_bytes`: MemTracker keeps ZeRO-3's swapped-out
+parameter storages alive, so its peak under the tracker is the whole model). The plan of the same model and settings (:func:`tunelab.plan.memory.predict`) is compared with rank 0's
 peak. Offload is left out: on a CPU there is no device to offload from.
 """
 
@@ -202,7 +202,8 @@ def section(found: list[ZeroRow]) -> list[str]:
         f"{ZERO3['stage3_prefetch_bucket_size']:,}, persistence threshold {ZERO3['stage3_param_persistence_threshold']:,}, "
         f"live parameters and reuse distance {ZERO3['stage3_max_live_parameters']:,}); rank 0's peak allocated beside "
         "the plan of the same model. ZeRO-2 is measured under torch's MemTracker, ZeRO-3 under torch's profiler (the "
-        "CPU allocator's running total of the bytes alive: the tracker keeps ZeRO-3's released parameters alive). "
+        "tracker keeps ZeRO-3's released parameters alive): the blocks alive, followed by address through its memory "
+        "events, not its running total, which keeps every block freed on a thread it does not cover. "
         f"Offload is not here (a CPU has no device to offload from). Worst: {worst_text}. MB = 1e6 bytes.",
         *_zero3_gap(found),
         "",
