@@ -150,8 +150,10 @@ def test_zero2s_buffers_meet_the_activations_after_the_logits_are_freed(measured
 def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
     """``tunelab plan-strategies --deepspeed``: DeepSpeed's own ZeRO-2 and ZeRO-3 on 2 gloo ranks at TinyLlama's
     shape / 16 against the plan, written to deepspeed.csv; a world DeepSpeed cannot run here refused first. ZeRO-2
-    within 3%; ZeRO-3, measured by the profiler, above its states at rest and the activations together (the whole
-    step seen; the plan is 6-14% under it on 2 and 4 ranks, an open gap: reports/planner-strategies/)."""
+    within 3%; ZeRO-3, measured by the profiler's blocks followed by address, within 5% (-0.4% and -3.4% in two runs)
+    and above its states at rest and the activations together (the whole step seen). The 5% does not tell the walk
+    from the profiler's running total it replaced (that read 1-10% over the plan, run to run, by the blocks freed on
+    threads the profiler does not cover): tests/run/test_deepspeed_probe.py guards the walk."""
     from tests.conftest import tunelab_cli
     from tunelab.plan import deepspeed_checks as dc
 
@@ -172,3 +174,4 @@ def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
     b = memory.predict(dc.plan_input("tiny-llama-1.1b", 2, 3)).breakdown_bytes
     at_rest = b["weights"] + b["gradients"] + b["optimizer_states"]
     assert zero3.measured_bytes > at_rest + b["activations"], (zero3, at_rest, b["activations"])
+    assert abs(zero3.error) < 0.05, zero3
