@@ -23,10 +23,6 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT, beside_checkout
 from tunelab import cli
 
-pytestmark = pytest.mark.xdist_group(
-    "cli-test_hostile"
-)  # its module fixtures: the file on one worker (--dist loadgroup)
-
 R, M = "tiny-llama-1.1b/lora", "tiny-llama-1.1b"
 SETTINGS = settings(
     derandomize=True, deadline=None, database=None, max_examples=100, suppress_health_check=list(HealthCheck)

@@ -17,10 +17,6 @@ import pytest
 
 from tunelab.plan import memory
 
-pytestmark = pytest.mark.xdist_group(
-    "e2e-test_deepspeed_memory"
-)  # its module fixtures: the file on one worker (--dist loadgroup)
-
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (requirements.txt installs it)")
 
 SMALL = {"layers": 2, "embd": 512, "inter": 1376, "vocab": 4096, "heads": 8}

@@ -18,10 +18,6 @@ from tunelab import cli, record
 from tunelab.recipes import resolve
 from tunelab.run.runner import RunOptions, _free_port, run
 
-pytestmark = pytest.mark.xdist_group(
-    "e2e-test_distributed"
-)  # its module fixtures: the file on one worker (--dist loadgroup)
-
 ROOT = Path(__file__).resolve().parents[2]
 PRINTED = {p.command for p in printed.readme() if p.command.startswith("tunelab run ")}
 """The README's `tunelab run` lines: this file runs each (tests/e2e/test_printed_commands.py checks they are all here),

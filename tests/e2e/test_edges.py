@@ -20,8 +20,6 @@ import pytest
 
 from tests.conftest import ROOT, beside_checkout, one_line_problems, tunelab_cli
 
-pytestmark = pytest.mark.xdist_group("e2e-test_edges")  # its module fixtures: the file on one worker (--dist loadgroup)
-
 R = "tiny-llama-1.1b/lora"
 HANG_GUARD_S = 300
 """A command still running after this long is a hang (the slowest case here answers in a few seconds)."""

@@ -134,7 +134,7 @@ RULES = [
     ),
     Rule(r"ruff (check|format --check) \.", "here", "as printed: lint and format of the checkout"),
     Rule(r"\. \.venv/bin/activate", "not run", "a shell built-in for the user's shell; the suite runs inside it"),
-    Rule(r"python -m pytest -q( -n 2 --dist loadgroup)?", "not run", "the suite itself"),
+    Rule(r"python -m pytest -q( -n 2 --dist loadfile)?", "not run", "the suite itself"),
     Rule(
         r"sbatch scripts/slurm/tunelab-multinode\.sbatch \S+ \S+",
         "not run",

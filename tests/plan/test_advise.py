@@ -11,10 +11,6 @@ from tunelab import hardware
 from tunelab.plan import advise
 from tunelab.recipes import resolve
 
-pytestmark = pytest.mark.xdist_group(
-    "plan-test_advise"
-)  # its module fixtures: the file on one worker (--dist loadgroup)
-
 GPUS = ("A10G", "A100-80GB", "H100-SXM")
 
 

@@ -13,8 +13,6 @@ from tunelab.models import count_params, lora_param_count
 from tunelab.plan import comm
 from tunelab.plan.memory import PlanInput, dtype_bytes
 
-pytestmark = pytest.mark.xdist_group("plan-test_comm")  # its module fixtures: the file on one worker (--dist loadgroup)
-
 
 @pytest.fixture(scope="module")
 def cfg():

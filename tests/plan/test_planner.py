@@ -15,10 +15,6 @@ from tunelab.plan.accuracy import accuracy_rows, own_rows
 from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import discover, resolve
 
-pytestmark = pytest.mark.xdist_group(
-    "plan-test_planner"
-)  # its module fixtures: the file on one worker (--dist loadgroup)
-
 LAB_VERDICTS = {
     "s1": False,
     **{f"s{i}": True for i in range(2, 8)},

@@ -12,10 +12,6 @@ from tests.conftest import ROOT
 from tunelab.plan import kernels, runtime
 from tunelab.plan.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
-pytestmark = pytest.mark.xdist_group(
-    "plan-test_runtime"
-)  # its module fixtures: the file on one worker (--dist loadgroup)
-
 
 @pytest.fixture(scope="module")
 def items():
