@@ -10,8 +10,9 @@ batch 2 x 128 tokens, bf16, every element count of DeepSpeed's defaults shrunk w
 the reduce bucket 2e8, ZeRO-3's prefetch bucket 5e7, persistence threshold 1e5, live parameters and reuse distance
 1e9). ZeRO-2 is measured under torch's MemTracker; ZeRO-3 under torch's profiler (the CPU blocks alive, followed
 through its memory events by :func:`tunelab.run.deepspeed_probe.alive_bytes`: MemTracker keeps ZeRO-3's swapped-out
-parameter storages alive, so its peak under the tracker is the whole model). The plan of the same model and settings (:func:`tunelab.plan.memory.predict`) is compared with rank 0's
-peak. Offload is left out: on a CPU there is no device to offload from.
+parameter storages alive, so its peak under the tracker is the whole model). The plan of the same model and
+settings (:func:`tunelab.plan.memory.predict`) is compared with rank 0's peak. Offload is left out: on a CPU there
+is no device to offload from.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Run under torchrun (gloo, CPU): DeepSpeed's own ZeRO-2 and ZeRO-3 on small litgpt models, three steps of tunelab's
 loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker or (``"measure": "profiler"``) torch's
 profiler, whose memory events report each CPU allocation and free without holding a tensor (MemTracker keeps
-ZeRO-3's released parameter storages alive); rank 0 writes what it measured as JSON to the path in argv[1]. The cases come
-in the TUNELAB_DS_CASES environment variable (JSON: stage, reduce bucket, and either a family's litgpt name, shrunk
-by :func:`tunelab.plan.deepspeed_checks.scaled` (``family``, ``scale``), or the model's sizes: layers, width, MLP
-width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-strategies --deepspeed``
+ZeRO-3's released parameter storages alive); rank 0 writes what it measured as JSON to the path in argv[1]. The
+cases come in the TUNELAB_DS_CASES environment variable (JSON: stage, reduce bucket, and either a family's litgpt
+name, shrunk by :func:`tunelab.plan.deepspeed_checks.scaled` (``family``, ``scale``), or the model's sizes: layers,
+width, MLP width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-strategies --deepspeed``
 (:mod:`tunelab.plan.strategy_checks`) and tests/e2e/test_deepspeed_memory.py."""
 
 import contextlib
