@@ -23,13 +23,15 @@ import time
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from tunelab import files
 from tunelab.data import alpaca as data_mod
 from tunelab.data import benchmark
 from tunelab.paths import DATASET, cache_dir
+
+if TYPE_CHECKING:  # torch is imported where a weight file is read or a model built: a refusal never waits for it
+    import torch
 
 TINY = "tiny"
 TINY_CONFIG = dict(
@@ -91,6 +93,8 @@ def unsafe_files(checkpoint_dir: Path) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _loads_as_weights(path: str, size: int, mtime_ns: int) -> bool:
+    import torch
+
     try:
         if zipfile.is_zipfile(path):  # torch's format since 1.6: only the pickled index is read, via mmap
             torch.load(path, mmap=True, weights_only=True, map_location="meta")
@@ -143,6 +147,8 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 def construct(cls, config, device, dtype):
     """``cls(config)`` constructed on ``device`` with ``dtype`` as the default dtype (what Fabric's ``init_module``
     does under a true precision): parameters are created and initialised there, in that dtype."""
+    import torch
+
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -195,6 +201,7 @@ def _build_lock(out_dir: Path):
 
 
 def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype, device: str) -> Path:
+    import torch
     from litgpt.model import GPT
     from litgpt.utils import save_config
 
