@@ -14,6 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+"""One compute thread per process, for the test processes and every child they start (inherited): the suite runs
+two workers on two cores, and torch's default (one OpenMP thread per core in each process) oversubscribes them;
+OpenMP threads spin while they wait, burning the core another process needs. Three tiny `tunelab run`s at once on
+this 2-core machine: 76 s at torch's default, 31 s at one thread each. Set OMP_NUM_THREADS to run otherwise."""
+
 UNIT_LAYER = ("core", "data", "plan", "run", "report", "tune", "cli", "repo")
 """The folders of the unit layer: one per stage of the package (``tests/plan/`` tests ``tunelab/plan/``), ``cli``
 for refusals tried in-process, ``repo`` for checks over the tree. Child-process runs live in ``tests/e2e/``; the plan
