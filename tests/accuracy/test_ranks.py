@@ -22,8 +22,8 @@ GEMMA = ("open-llama-3b", "checkpoints/google/gemma-2b")
         (("tiny-llama-1.1b", None), "fsdp2", "full", 8),
         (("tiny-llama-1.1b", None), "fsdp2", "full", 4),
         (("tiny-llama-1.1b", None), "ddp", "lora", 4),
-        (("tiny-llama-1.1b", None), "fsdp2", "lora", 2),
-        (("open-llama-3b", None), "fsdp2", "lora", 2),
+        pytest.param(("tiny-llama-1.1b", None), "fsdp2", "lora", 2, marks=pytest.mark.slow),  # 35 s: DDP's LoRA
+        pytest.param(("open-llama-3b", None), "fsdp2", "lora", 2, marks=pytest.mark.slow),  # 40 s: as above
         (GEMMA, "fsdp2", "full", 2),
         (GEMMA, "ddp", "lora", 2),
         pytest.param(GEMMA, "fsdp", "lora", 8, marks=pytest.mark.slow),  # -m slow: a minute; FSDP1 LoRA below
@@ -58,11 +58,13 @@ def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(model, strategy,
     ("model", "method", "world", "precision"),
     [
         (("tiny-llama-1.1b", None), "full", 8, None),
-        (("tiny-llama-1.1b", None), "lora", 4, None),
-        (("open-llama-3b", None), "full", 8, None),
-        (GEMMA, "full", 2, None),
+        pytest.param(("tiny-llama-1.1b", None), "lora", 4, None, marks=pytest.mark.slow),  # 55 s: DDP's LoRA above
+        pytest.param(("open-llama-3b", None), "full", 8, None, marks=pytest.mark.slow),  # 25 s: TinyLlama's full
+        pytest.param(
+            GEMMA, "full", 2, None, marks=pytest.mark.slow
+        ),  # 30 s; Gemma full against rank 0 under FSDP2 above
         (("tiny-llama-1.1b", None), "full", 4, "bf16-mixed"),
-        (("tiny-llama-1.1b", None), "lora", 4, "bf16-mixed"),
+        pytest.param(("tiny-llama-1.1b", None), "lora", 4, "bf16-mixed", marks=pytest.mark.slow),  # 40 s: as above
     ],
 )
 def test_litgpts_own_choice_is_planned_within_2_percent_of_rank_0(model, method, world, precision):
@@ -147,7 +149,7 @@ def test_fsdp1_without_auto_wrap_peaks_at_the_backwards_end(method, accumulation
     assert plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.01)
 
 
-@pytest.mark.parametrize(("method", "world"), [("full", 8), ("lora", 4)])
+@pytest.mark.parametrize(("method", "world"), [("full", 8), pytest.param("lora", 4, marks=pytest.mark.slow)])  # 50 s
 def test_fsdp_offload_is_planned_on_the_device_within_1_percent(method, world):
     """``fsdp-offload`` (FSDP1's ``cpu_offload``) simulated on the stand-in accelerator (tunelab.plan.fake_device):
     the device holds the gathered units, each beside its shard's device copy, and the backward's sharded gradients,

@@ -7,6 +7,7 @@ import json
 import math
 import os
 
+import pytest
 import yaml
 
 from tests.conftest import one_line_problems, tunelab_cli
@@ -41,15 +42,22 @@ def test_the_cli_answers_and_refuses_in_one_line(tmp_path):
         assert problem is None, problem
 
 
-def test_the_written_choice_validates_and_runs(tmp_path):
-    """--write: the fastest configuration as a recipe that `tunelab validate` accepts and `tunelab run` trains
-    (the tiny model on this CPU) on the --data file advised on, with its launch commands."""
+def _write_choice(tmp_path):
+    """``advise --write`` of the fastest single-L4 LoRA configuration on a --data file of 40 records: the
+    process, the data file and the folder written."""
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _records(40)))
     out = tmp_path / "choice"
     proc = tunelab_cli(
         "advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--max-devices", "1", "--data", data, "--write", out
     )
+    return proc, data, out
+
+
+def test_the_written_choice_validates(tmp_path):
+    """--write: the fastest configuration as a recipe that `tunelab validate` accepts, on the --data file advised
+    on, with its launch commands (one on one GPU, one with a strategy file on several)."""
+    proc, data, out = _write_choice(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "20 training samples of" in proc.stdout  # the recipe's val_split_fraction 0.5 holds out half
     assert (out / "lora.yaml").is_file() and "litgpt finetune_lora --config" in (out / "launch.txt").read_text()
@@ -57,11 +65,6 @@ def test_the_written_choice_validates_and_runs(tmp_path):
     written = yaml.safe_load((out / "lora.yaml").read_text())
     assert written["data"]["init_args"]["json_path"] == str(data.resolve())
     assert tunelab_cli("validate", out / "lora.yaml").returncode == 0
-    run = tunelab_cli(
-        "run", out / "lora.yaml", "--model", "tiny", "--train.max_steps", "2", "--out", tmp_path / "run", timeout=600
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads((tmp_path / "run" / "record.json").read_text())["status"] == "ok"
     several = tmp_path / "several"
     proc = tunelab_cli("advise", "open-llama-7b/lora", "--gpus", "H100-SXM", "--write", several)
     assert proc.returncode == 0 and (several / "strategy.yaml").is_file(), proc.stderr
@@ -101,3 +104,16 @@ def test_bad_advise_options_are_one_line(tmp_path):
         problem = one_line_problems(" ".join(map(str, argv)), tunelab_cli(*argv), fragment)
         assert problem is None, problem
     assert a_file.read_text() == "mine\n" and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.slow  # 40 s on 2 cores: a training run; CI validates the written recipe (above) and trains the tiny
+# model through `tunelab run` (tests/e2e/test_runner.py)
+def test_the_written_choice_trains(tmp_path):
+    """The written recipe as `tunelab run` takes it: the tiny model on this CPU trains on the advised data."""
+    proc, _, out = _write_choice(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = tunelab_cli(
+        "run", out / "lora.yaml", "--model", "tiny", "--train.max_steps", "2", "--out", tmp_path / "run", timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "record.json").read_text())["status"] == "ok"

@@ -17,6 +17,7 @@ PRINTED = {BENCH}
 """The docs' and --help's CPU bench line: run here as printed (the tiny model), its output in a temporary folder."""
 
 
+@pytest.mark.slow  # 1.5 min on 2 cores; CI keeps both arms' parts: litgpt's run (test_runner) and the fast loop (test_fast)
 def test_bench_runs_both_arms_and_reports_the_ratio(tmp_path):
     assert BENCH in {p.command for p in printed.everything()}
     argv = [

@@ -38,6 +38,12 @@ CASES = [
 ]  # fmt: skip
 
 
+SLOW = pytest.mark.slow
+"""The checks against DeepSpeed's memory run for real (4 min on 2 cores, the eight cases in one torchrun, then the
+families' run): -m slow. CI keeps DeepSpeed's own sizes in the plan (below) and a ZeRO-3 run of two ranks against one
+process (tests/e2e/test_distributed.py); tests/run/test_deepspeed_probe.py guards the measurement in-process."""
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     from tunelab.run.runner import _free_port
@@ -60,6 +66,7 @@ def _plan(case, **zero) -> memory.PlanInput:
     )  # fmt: skip
 
 
+@SLOW
 @pytest.mark.parametrize("i", [0, 1, 2, 3])
 def test_zero2_peak_is_planned_within_3_percent(measured, i):
     """ZeRO-2's peak per rank: at bucket 2e8 its reduce buffer (allocated at the backward's start) dominates; at 1e6
@@ -71,6 +78,7 @@ def test_zero2_peak_is_planned_within_3_percent(measured, i):
     assert abs(planned - peak) / peak < 0.03, (planned / 1e6, peak / 1e6)
 
 
+@SLOW
 def test_zero3_states_at_rest_and_peak(measured):
     """ZeRO-3 at rest (after a step): its 16-bit parameter and gradient partitions, the float32 master weights and
     Adam's moments, its reduce buffer held through the run and its small tensors whole: within 1% of what DeepSpeed
@@ -84,6 +92,7 @@ def test_zero3_states_at_rest_and_peak(measured):
     assert memory.zero_reduce_buffer(x) == 400e6
 
 
+@SLOW
 @pytest.mark.parametrize("i", [4, 5, 6])
 def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i):
     """What DeepSpeed's coordinator holds gathered when the forward reaches the head: the larger of the live limit
@@ -138,6 +147,7 @@ def test_accumulating_zero_holds_its_16_bit_gradient_partition_beside_the_activa
     assert plan.breakdown_bytes["gradients"] == int(st.grads / x.world)
 
 
+@SLOW
 def test_zero2s_buffers_meet_the_activations_after_the_logits_are_freed(measured):
     """ZeRO-2's reduce buffer and 16-bit gradient partition come in the backward, after the head's backward freed
     the logits (Gemma 2B's shape / 16: its 16k vocabulary's logits outweigh the buffers): the forward's end is the
@@ -147,6 +157,7 @@ def test_zero2s_buffers_meet_the_activations_after_the_logits_are_freed(measured
     assert abs(planned - peak) / peak < 0.01, (planned / 1e6, peak / 1e6)
 
 
+@SLOW
 def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
     """``tunelab plan-strategies --deepspeed``: DeepSpeed's own ZeRO-2 and ZeRO-3 on 2 gloo ranks at TinyLlama's
     shape / 16 against the plan, written to deepspeed.csv; a world DeepSpeed cannot run here refused first. ZeRO-2

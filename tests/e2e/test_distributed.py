@@ -97,10 +97,13 @@ SLOW_STRATEGIES = {
     "fsdp-offload",
     "fsdp-no-wrap",
     "deepspeed-zero2",
+    "fsdp",
+    "deepspeed-zero3-offload",
 }
-"""FSDP1's other sharding strategies, its CPU offload and its whole-model unit (no auto-wrap): the same wrapper and
-loop as `fsdp` with one argument changed; ZeRO stage 2: the same DeepSpeed engine and loop as stage 3 with its stage number changed. They run with
--m slow (CI keeps DDP, FSDP, FSDP2, ZeRO-3 and ZeRO-3 with offload)."""
+"""Run with -m slow (12 to 20 s each on 2 cores). FSDP1 and its sharding strategies, CPU offload and whole-model unit
+(no auto-wrap): the same loop as FSDP2 with another wrapper (their memory is planned against simulated ranks in
+tests/accuracy/test_ranks.py); ZeRO stage 2 and ZeRO-3 with offload: the same DeepSpeed engine and loop as ZeRO-3
+with one setting changed. CI keeps DDP, FSDP2 and ZeRO-3."""
 
 
 @pytest.mark.parametrize(
@@ -128,8 +131,9 @@ def test_two_processes_match_single_process(strategy, reference, tiny_ckpt, tmp_
 
 @pytest.mark.parametrize(
     "strategy",
-    # DDP wraps a LoRA model as it wraps a full one (test_two_processes_match_single_process[ddp] in CI): -m slow
-    [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2", "deepspeed-zero3"],
+    # -m slow (20 to 25 s each on 2 cores): DDP wraps a LoRA model as it wraps a full one, FSDP2 and ZeRO-3 shard
+    # it by the same rules (tests/accuracy/test_ranks.py plans LoRA under FSDP2 against rank 0)
+    [pytest.param(s, marks=pytest.mark.slow) for s in ("ddp", "fsdp2", "deepspeed-zero3")],
 )
 def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
     rec = run(
@@ -155,6 +159,7 @@ def test_lora_under_strategies(strategy, tiny_ckpt, tmp_path):
     assert rec.n_trainable < rec.n_params and len(rec.ranks) == 2
 
 
+@pytest.mark.slow  # 45 s on 2 cores: the one run of several nodes (two launchers), not in CI
 def test_two_nodes_on_localhost(tiny_ckpt, tmp_path):
     """2 nodes x 1 process: two launchers, one rendezvous, one record with both ranks."""
     out, port = tmp_path / "two-nodes", _free_port()
@@ -274,9 +279,9 @@ def test_killed_launcher_leaves_no_rank_behind(tiny_ckpt, tmp_path):
 
 @pytest.mark.parametrize(
     "signame",
-    ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow), pytest.param("SIGKILL", marks=pytest.mark.slow)],
-)  # about 2.5 min each in CI: SIGTERM takes SIGINT's handler, and SIGKILL of `tunelab run` with ranks is
-# test_killed_launcher_leaves_no_rank_behind; both run with -m slow
+    [pytest.param(s, marks=pytest.mark.slow) for s in ("SIGINT", "SIGTERM", "SIGKILL")],
+)  # -m slow, about 2.5 min each on 2 cores (a litgpt arm, then the fast arm under torchrun); CI keeps a SIGKILLed
+# `tunelab run` with ranks (test_killed_launcher_leaves_no_rank_behind) and a SIGKILLed run (tests/e2e/test_runner.py)
 def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
     """`tunelab bench` signalled the moment torchrun has spawned its fast arm's rank (the litgpt arm ran first):
     the bench exits and every process it started, torchrun's rank included, is gone within 30 s. SIGINT and SIGTERM

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -41,6 +43,8 @@ PRINTED = {BY_HAND}
 """The README line this file runs through bash (tests/e2e/test_printed_commands.py checks it is the README's)."""
 
 
+@pytest.mark.slow  # 2 min on 2 cores; CI runs `tunelab run` on the tiny model (test_runner) and litgpt's parser over every
+# recipe (tests/core/test_settings.py)
 def test_the_readme_line_for_the_tiny_model_runs_through_bash(tmp_path):
     """The README's by-hand command, run by bash as printed (the `$(tunelab build-model tiny)` substitution
     included, real `litgpt`), its output in a temporary folder instead of the checkout's out/try."""

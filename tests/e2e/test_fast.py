@@ -74,8 +74,9 @@ INTERPRETED = {"full-liger-masked"}
 """Cases run with ``TRITON_INTERPRET=1``: Liger's Triton kernels on the CPU."""
 
 
-SLOW_CASES = {"full-sgd", "full-liger-masked"}
-"""Run with -m slow (about 1.5 min together on 2 cores): SGD's step is torch's own; Liger's loss and gradients are
+SLOW_CASES = {"full-sgd", "full-liger-masked", "full-adamw-masked"}
+"""Run with -m slow (about 1.5 min each on 2 cores; CI keeps lora-bf16, the loop's path with the most parts: LoRA,
+bf16, AdamW): full AdamW on unequal lengths with the prompt masked takes the same loop with its padding; SGD's step is torch's own; Liger's loss and gradients are
 checked against litgpt's at unit level (tests/run/test_fused.py) and in the loop on a GPU (the runbook's bench)."""
 
 
@@ -175,6 +176,7 @@ json.dump([[i, name, c] for (i, name), c in counts.items()], open(sys.argv[2], "
 """
 
 
+@pytest.mark.slow  # 40 s on 2 cores; the loop it counts reads is the one lora-bf16 runs in CI
 def test_no_host_synchronisation_between_log_intervals(tiny_ckpt, tmp_path):
     """fast.yaml's loop, 14 iterations with the loss read every 5: counting every tensor-to-Python read (`.item()`,
     `.tolist()`, `.cpu()`, `.numpy()`, int/float/bool/index of a tensor) and device synchronisations per iteration,
@@ -218,6 +220,7 @@ def test_no_host_synchronisation_between_log_intervals(tiny_ckpt, tmp_path):
     assert not steady, f"host reads in steady iterations: {steady}"
 
 
+@pytest.mark.slow  # 2 min on 2 cores; CI trains the same loop (lora-bf16 above) and saves and merges through it (below)
 def test_the_printed_fast_command_trains_and_records(tiny_ckpt, tmp_path):
     """The README's line, on the tiny model for a few steps: a record with the fast strategy, every shape compiled
     before the first iteration and none inside the loop, every sample of the steps counted, litgpt's validation loss,
@@ -281,6 +284,8 @@ def test_fast_lora_runs_every_shape_compiled(tiny_ckpt, tmp_path):
     assert int(shapes) >= 4 and int(graphs) >= 2 * int(shapes)  # past the old limit; block 0's variant per shape
 
 
+@pytest.mark.slow  # 1 min on 2 cores; CI trains the same loop against litgpt (lora-bf16 above); saving,
+# validation inside the run and the merge through it are checked here alone
 def test_fast_lora_saves_validates_and_merges_like_litgpt(tiny_ckpt, tmp_path):
     """LoRA under fast.yaml with ``eval.interval`` and ``train.save_interval`` inside the run: validation (and its
     sample) at the interval, in metrics.csv, timed apart from the iterations; the adapters every 2 steps and at the

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.conftest import ROOT, cpu_env
 
@@ -83,6 +84,8 @@ def full_disk_wrapper(mount: Path) -> list[str] | None:
     return ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=16k tmpfs {mount} && exec "$@"', "sh"]
 
 
+@pytest.mark.slow  # 5 min on 2 cores (five sweeps, four training rows); CI keeps the corrupt-record resume below, a SIGKILLed run
+# (test_runner), a killed launcher (test_distributed) and ENOSPC while building (test_gpu_runbook)
 def test_race_interrupt_full_disk_then_resume(tmp_path):
     out = tmp_path / "sw"
     sweep_file = write_sweep(tmp_path / "faults.yaml", r2_steps=100000, r2_epochs=100)  # r2 runs until stopped

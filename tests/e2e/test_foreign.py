@@ -16,6 +16,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # 1 min on 2 cores (and skipped where the foreign configs are absent); CI validates and plans each
+# foreign file in-process (tests/core/test_foreign.py)
 def test_one_file_per_method_runs_two_steps_on_cpu_or_is_refused_in_one_line(tmp_path):
     """`tunelab run` on foreign files as they are, for 2 optimizer steps on the tiny model: the lab's full config
     and litgpt's LoRA config train; litgpt's QLoRA config is refused before launch (bitsandbytes needs CUDA). Every

@@ -3,7 +3,11 @@ loop's all-reduce device, the benchmark workload's token counts, the usable GPU 
 
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.slow  # 35 s on 2 cores (two training runs); the run's matmul precision as the record keeps it is
+# what it means for MFU is checked in-process (tests/run/test_gpu_ready.py); that both paths set it runs here alone
 def test_litgpt_and_strategy_runs_compute_float32_the_same_way(tiny_ckpt, tmp_path):
     """Both paths run with float32 matmul precision 'high' (litgpt's CLI sets it; the multi-device loop now does
     too), and the record keeps it: a 32-true recipe is the same computation on one GPU and under --strategy."""

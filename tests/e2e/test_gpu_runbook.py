@@ -54,8 +54,9 @@ def _returned_files(out: Path) -> list[Path]:
 
 @pytest.mark.slow  # 3 minutes on 2 cores; run before every GPU session: pytest -m slow tests/e2e/test_gpu_runbook.py
 def test_runbook_rehearsal_within_the_device_limits(tmp_path):
-    """The whole runbook end to end (its parts run in CI: the deadline, disk-full and random-weights tests here,
-    tunelab bench in tests/e2e/test_bench.py, the sweep in tests/e2e/test_tune_study.py and tests/e2e/test_faults.py). The same stages as on the GPU, with the tiny model: at most 8 files of at most 16 MiB no more than 2 folders
+    """The whole runbook end to end (its parts run alone: the deadline, disk-full and random-weights tests here,
+    tunelab bench in tests/e2e/test_bench.py, the sweep in tests/e2e/test_tune_study.py and tests/e2e/test_faults.py;
+    of these CI runs disk-full and the corrupt-record resume, the others run with -m slow). The same stages as on the GPU, with the tiny model: at most 8 files of at most 16 MiB no more than 2 folders
     down, the report rewritten after every row, and a second call skips finished rows. The budget is generous: this
     test checks what the stages leave behind, on a machine however busy; how a budget cuts a row and how the next
     call goes on is test_deadline_kills_a_row_that_then_runs_again_on_resume (a row that cannot finish in time)."""
@@ -98,6 +99,7 @@ def test_runbook_rehearsal_within_the_device_limits(tmp_path):
     assert "resuming lab-part1: 6 of 6 rows already recorded" in again.stdout
 
 
+@pytest.mark.slow  # 1.5 min on 2 cores; a killed row's record and resume are in CI (test_runner, test_faults)
 def test_deadline_kills_a_row_that_then_runs_again_on_resume(tmp_path):
     """A row still running at the command's deadline is recorded as killed 'deadline:' and runs on the next call
     (a plain timeout would be final); the rows after it are listed as not started."""
@@ -169,6 +171,7 @@ def test_disk_full_while_building_a_checkpoint_is_a_row_and_stops_the_sweep(tiny
         assert json.loads((out / row / "record.json").read_text())["status"] == "ok"
 
 
+@pytest.mark.slow  # 1 min on 2 cores; building a checkpoint is in CI (every test that uses the tiny model builds one)
 def test_random_weights_are_built_in_a_child_and_leave_no_weights(tmp_path, monkeypatch):
     """--weights random: the checkpoint is built by a child process (this process never builds it, so it holds no
     GPU memory while the run trains), the benchmark data replaces the small shipped set, litgpt's saves are
@@ -286,6 +289,7 @@ def test_grid_stage_rehearsed_and_resumed(tmp_path):
     assert (tmp_path / "out2" / "profile-grid.jsonl").read_text() == (out / "profile-grid.jsonl").read_text()
 
 
+@pytest.mark.slow  # 20 s on 2 cores: a script of the GPU runbook, rehearsed with the others
 def test_profile_steps_refuses_bad_outputs_and_names_before_measuring(tmp_path):
     """scripts/gpu/profile_steps.py: an output that is a FIFO, a link leading outside or a folder, an unknown model,
     method or size is one line and exit 2, before any model is built; nothing written through the link."""

@@ -7,9 +7,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, cpu_env
 
 
+@pytest.mark.slow  # 40 s on 2 cores (a wheel built and installed in a fresh environment); CI installs the
+# project editable (.ci/run)
 def test_the_wheel_works_outside_the_checkout(tmp_path):
     """The wheel is built from this checkout and installed alone into an empty directory (its dependencies come
     from the test's environment: no network here); every command then runs from a directory that is not the

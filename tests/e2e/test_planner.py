@@ -131,6 +131,8 @@ def test_tune_batch_finds_the_limit_under_a_memory_cap(tmp_path):
         assert (out / f"mbs{m}" / "record.json").is_file()
 
 
+@pytest.mark.slow  # 35 s on 2 cores; tune-batch's search is in CI (in-process in tests/plan/test_planner.py; the printed
+# tune-batch line runs for real)
 def test_tune_batch_under_a_strategy_with_and_without_activation_checkpointing(tmp_path):
     """Two ranks over gloo (tunelab's multi-device loop), the tiny model, both settings: each is searched from its
     own copy of the strategy file (recorded in every probe), and both tables are printed in the study's columns."""

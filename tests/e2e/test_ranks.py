@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import one_line_problems, tunelab_cli
 
 
+@pytest.mark.slow  # 1 min on 2 cores; CI keeps the simulation against the plan in tests/accuracy/test_ranks.py
 def test_plan_simulates_rank_0_beside_the_plan_and_refuses_what_it_cannot():
     proc = tunelab_cli(
         "plan", "tiny-llama-1.1b/lora", "--devices", "2", "--strategy", "ddp", "--simulate", "--json", timeout=300

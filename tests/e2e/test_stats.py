@@ -23,6 +23,7 @@ def _overhead(*args: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # 35 s on 2 cores; CI keeps its refusals below
 def test_collector_overhead_stops_at_its_deadline_and_keeps_what_it_measured(tmp_path):
     """One real pair (plain litgpt, then tunelab run, tiny model), then no second: the deadline leaves less time
     than the first pair took. The JSON says why it stopped and holds the pair's ratio; no interval from one pair."""

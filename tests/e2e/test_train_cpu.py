@@ -34,14 +34,15 @@ PRINTED = set(RUN_COMMANDS.values())
 lines (tests/e2e/test_printed_commands.py checks every printed `litgpt finetune_*` line is covered by one)."""
 
 
-CI_MODEL = "tiny-llama-1.1b"
-"""Recipes of this model run in CI (one per method); the others run with -m slow: on the tiny model they differ only
-in their YAML's values, which tests/core/test_settings.py checks against litgpt's own parser on every recipe."""
+CI_RECIPE = "tiny-llama-1.1b/lora"
+"""The recipe run in CI (20 to 30 s on 2 cores, as `tunelab run` in tests/e2e/test_runner.py); the others run with
+-m slow: on the tiny model they differ only in their YAML's values (method and precision), which
+tests/core/test_settings.py checks against litgpt's own parser on every recipe."""
 
 
 @pytest.mark.parametrize(
     "recipe",
-    [r if r.key.startswith(CI_MODEL + "/") else pytest.param(r, marks=pytest.mark.slow) for r in discover()],
+    [r if r.key == CI_RECIPE else pytest.param(r, marks=pytest.mark.slow) for r in discover()],
     ids=lambda r: r.key,
 )
 def test_recipe_trains_on_cpu(recipe, tiny_ckpt, tmp_path):
@@ -113,6 +114,8 @@ def test_qlora_trains_on_gpu(recipe, tiny_ckpt, tmp_path):
     assert "Memory Used" in proc.stdout and (out / "final" / "lit_model.pth.lora").is_file()
 
 
+@pytest.mark.slow  # 20 s on 2 cores: litgpt's own accumulation; the fast loop's is checked against litgpt in
+# tests/e2e/test_fast.py
 def test_gradient_accumulation_is_equivalent(tiny_ckpt, tmp_path):
     """micro 4 x accumulation 1 and micro 2 x accumulation 2 give the same losses (fp32, tiny model)."""
     data_file = equal_length_dataset(tiny_ckpt, tmp_path / "equal.json")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT, cpu_env
@@ -40,6 +41,7 @@ PRINTED = {EXAMPLE}
 1); tests/e2e/test_printed_commands.py checks it is the printed one."""
 
 
+@pytest.mark.slow  # 1.5 min on 2 cores; CI keeps the study's logic in-process (tests/tune/test_tune_study.py) and its refusal here
 def test_the_cpu_example_runs_for_real_resumes_and_reports(tmp_path):
     """`tunelab --help`'s example, the shipped study's CPU example (tiny-deep, FSDP over 2 processes), with every
     setting capped at micro batch 1 (--max-micro 1: one probe each) and its output in a temporary folder."""
