@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,24 @@ def one_line_problems(label: str, proc, fragment: str) -> str | None:
     if fragment not in out:
         problems.append(f"no {fragment!r}")
     return f"{label}: {', '.join(problems)}: {out[-400:]!r}" if problems else None
+
+
+REFUSAL_HALVES = pytest.mark.parametrize(
+    "half", ["tunelab's own", pytest.param("through litgpt", marks=pytest.mark.slow)]
+)  # -m slow: the cases refused after litgpt's import (6 to 8 s of CPU each); CI keeps the cases tunelab refuses itself
+"""The two halves of a refusal sweep, as the ``half`` parameter of its test (see ``refusals_of_half``)."""
+
+
+def refusals_of_half(cases: list, through_litgpt: set, half: str, run, workers: int) -> None:
+    """Run one half of a refusal sweep (``cases``: (label, argv, fragment); ``through_litgpt``: the labels of the
+    cases refused after litgpt's import) with ``run(*argv)``, ``workers`` at a time; fail naming every case not
+    refused in one line with its fragment, and every label of ``through_litgpt`` that names no case."""
+    assert through_litgpt <= {label for label, _, _ in cases}, through_litgpt - {label for label, _, _ in cases}
+    todo = [c for c in cases if (c[0] in through_litgpt) == (half == "through litgpt")]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda c: run(*c[1]), todo))
+    failures = [m for (label, _, frag), p in zip(todo, results) if (m := one_line_problems(label, p, frag))]
+    assert not failures, "\n".join(failures)
 
 
 @pytest.fixture(scope="session")

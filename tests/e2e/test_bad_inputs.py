@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import ROOT, beside_checkout, cpu_env, one_line_problems, tunelab_cli
+from tests.conftest import REFUSAL_HALVES, ROOT, beside_checkout, cpu_env, refusals_of_half, tunelab_cli
 
 R = "tiny-llama-1.1b/lora"
 DATA = ROOT / "data" / "alpaca_tunelab.json"
@@ -199,17 +196,13 @@ sweep's time): -m slow. CI runs the others (under a second each) and litgpt's pa
 (tests/cli/test_hostile.py)."""
 
 
-@pytest.mark.parametrize("half", ["tunelab's own", pytest.param("through litgpt", marks=pytest.mark.slow)])
+@REFUSAL_HALVES
 def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, half):
     f = _files(tmp_path)
     every = cases(tmp_path, f)
-    assert len(every) >= 40 and THROUGH_LITGPT <= {label for label, _, _ in every}
-    todo = [c for c in every if (c[0] in THROUGH_LITGPT) == (half == "through litgpt")]
+    assert len(every) >= 40
     before = beside_checkout()
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda c: tunelab(*c[1]), todo))
-    failures = [m for (label, _, frag), p in zip(todo, results) if (m := one_line_problems(label, p, frag))]
-    assert not failures, "\n".join(failures)
+    refusals_of_half(every, THROUGH_LITGPT, half, tunelab, workers=4)
     # nothing ran from a file, nothing was written outside the working directory, the alias bomb never expanded
     assert not list(tmp_path.glob("pwned*"))
     assert beside_checkout() == before

@@ -13,12 +13,11 @@ import os
 import shutil
 import stat
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, beside_checkout, one_line_problems, tunelab_cli
+from tests.conftest import REFUSAL_HALVES, ROOT, beside_checkout, refusals_of_half, tunelab_cli
 
 R = "tiny-llama-1.1b/lora"
 HANG_GUARD_S = 300
@@ -296,17 +295,12 @@ sweep's time): -m slow. CI runs the others (under a second each); the writer's r
 is also tried in-process (tests/cli/test_edges.py)."""
 
 
-@pytest.mark.parametrize("half", ["tunelab's own", pytest.param("through litgpt", marks=pytest.mark.slow)])
+@REFUSAL_HALVES
 def test_every_edge_is_refused_in_one_line(world, half):
     every = cases(world)
-    assert len(every) >= 55 and THROUGH_LITGPT <= {label for label, _, _ in every}
-    todo = [c for c in every if (c[0] in THROUGH_LITGPT) == (half == "through litgpt")]
-
+    assert len(every) >= 55
     before_root = beside_checkout()
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(pool.map(lambda c: tunelab(*c[1]), todo))
-    failures = [m for (label, _, frag), p in zip(todo, results) if (m := one_line_problems(label, p, frag))]
-    assert not failures, "\n".join(failures)
+    refusals_of_half(every, THROUGH_LITGPT, half, tunelab, workers=3)
     # nothing outside changed: the devices are devices, the linked file is whole, nothing beside the checkout
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     for path, data in world["outside-before"].items():
