@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -207,6 +208,21 @@ def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, half):
     assert not list(tmp_path.glob("pwned*"))
     assert beside_checkout() == before
     assert not (ROOT / "runs" / "x").exists() and not (tmp_path / "qlora-run").exists()
+
+
+def test_a_missing_recipe_or_sweep_is_refused_before_torch_is_imported():
+    """A name that resolves to nothing is refused in well under a second: no command imports torch or litgpt (2.6 and
+    6 s of CPU) before it has checked its own arguments (``python -X importtime`` lists every module imported)."""
+    for args in (["run", "nope"], ["sweep", "nope.yaml"], ["plan", "nope"], ["validate", "nope"],
+                 ["tune-batch", "nope"], ["bench", "nope"], ["report", "nope"]):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "tunelab", *args],
+            cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode != 0 and "nope" in proc.stdout + proc.stderr, (args, proc.stderr[-300:])
+        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+        assert "tunelab.cli" in imported, args  # the listing is read: it names the modules imported
+        assert not imported & {"torch", "litgpt", "lightning"}, (args, imported & {"torch", "litgpt", "lightning"})
 
 
 def test_abbreviations_are_never_taken_for_other_options():
