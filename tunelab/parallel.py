@@ -23,8 +23,8 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
     """Apply the strategy to litgpt's model; returns the module to train (DeepSpeed is wrapped later, with the
     optimizer). ``mesh``: FSDP2's device mesh (default: one dimension of ``world`` ranks of ``device``'s type; the
     simulation makes its own outside fake-tensor mode, where a mesh cannot be built); under FSDP1's HYBRID_SHARD a
-    two-dimensional (nodes, devices per node) mesh (default: FSDP1's own groups, the node being the devices CUDA
-    counts; the simulation, which has no CUDA device, names the node)."""
+    two-dimensional (nodes, devices per node) mesh (default: :func:`hybrid_mesh`, the node as torchrun launched it;
+    the simulation names one node of ``world``)."""
 
     kind = strategy.name
     if strategy.activation_checkpointing and kind not in ("fsdp",):
@@ -44,6 +44,8 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
             find_unused_parameters=False,
         )
     if kind == "fsdp":
+        if strategy.sharding_strategy == "HYBRID_SHARD" and mesh is None:
+            mesh = hybrid_mesh(device, world)
         return _fsdp1(model, strategy, device, mesh)
     if kind == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
@@ -57,6 +59,24 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
     if kind == "deepspeed":
         return model
     raise ValueError(f"unknown strategy {kind!r}")
+
+
+def hybrid_mesh(device: torch.device, world: int):
+    """HYBRID_SHARD's (nodes, devices per node) mesh, the node as torchrun launched it (``LOCAL_WORLD_SIZE``): shards
+    within a node, replicas across nodes. Without it FSDP1 takes the devices its device handle counts as the node: a
+    CPU counts one (and a GPU machine all its GPUs, however many ranks run), so each rank shards over a group of
+    one, FSDP1 switches that to NO_SHARD and no gradient is ever averaged across ranks."""
+    import os
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if per_node < 2 or world % per_node:
+        raise ValueError(
+            f"HYBRID_SHARD on {world} ranks of {per_node} per node: it shards within a node, so it needs 2 or more "
+            "devices per node and the same number on each (with one, torch's FSDP1 averages no gradient)"
+        )
+    return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
 
 def _fsdp1(model, strategy: StrategyConfig, device: torch.device, mesh=None):

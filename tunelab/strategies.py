@@ -161,19 +161,37 @@ class StrategyConfig:
         base = self.name.upper() if self.name == "ddp" else self.name
         return base + (f" ({', '.join(self.fast)})" if self.fast else "")
 
-    def check_world(self, world: int, source: str = "") -> None:
-        """Refuse several devices under a one-device strategy (``name: single``): each rank would train its own copy
-        on its share of the data and never average a gradient. One check for plan, advise, run and sweeps."""
+    def check_world(self, world: int, source: str = "", per_node: int | None = None) -> None:
+        """Refuse a world on which the ranks would never average a gradient: several devices under a one-device
+        strategy (``name: single``: each rank trains its own copy), or HYBRID_SHARD with one device per node
+        (``per_node``, when known: over a group of one torch's FSDP1 switches to NO_SHARD and reduces nothing across
+        nodes). One check for plan, advise, run and sweeps."""
+        where = source + ": " if source else ""
         if self.name == "single" and world > 1:
             raise StrategyError(
-                f"{source + ': ' if source else ''}name: single runs one device, not {world} (each rank would train "
+                f"{where}name: single runs one device, not {world} (each rank would train "
                 "its own copy and never average a gradient); fix: --devices 1, or a strategy that synchronises (ddp, "
                 "fsdp, fsdp2, deepspeed-*)"
             )
+        if self.name == "fsdp" and self.sharding_strategy == "HYBRID_SHARD" and world > 1 and per_node == 1:
+            raise StrategyError(
+                f"{where}sharding_strategy: HYBRID_SHARD with 1 device per node ({world} nodes): it shards within a "
+                "node, and over a group of one torch's FSDP1 switches to NO_SHARD and averages no gradient across "
+                "nodes; fix: --devices 2 or more per node, or the ddp strategy (one device per node)"
+            )
+
+    def averages_gradients(self, world: int, per_node: int | None = None) -> bool:
+        """Whether the ranks of this world average their gradients under this strategy (:meth:`check_world` passes)."""
+        try:
+            self.check_world(world, per_node=per_node)
+        except StrategyError:
+            return False
+        return True
 
     def check(self, method: str, args: dict, device: str | None = None) -> None:
         """Refuse, with the reason, what this stack cannot run (``device``: 'cpu' or 'cuda' when known)."""
-        self.check_world(world_of(args))
+        devices = args.get("devices")
+        self.check_world(world_of(args), per_node=devices if isinstance(devices, int) else None)
         if self.optimizer and device == "cpu":
             raise StrategyError(
                 f"optimizer: {self.optimizer} is a bitsandbytes optimizer, which needs a CUDA GPU; "

@@ -103,7 +103,9 @@ SLOW_STRATEGIES = {
 """Run with -m slow (12 to 20 s each on 2 cores). FSDP1 and its sharding strategies, CPU offload and whole-model unit
 (no auto-wrap): the same loop as FSDP2 with another wrapper (their memory is planned against simulated ranks in
 tests/accuracy/test_ranks.py); ZeRO stage 2 and ZeRO-3 with offload: the same DeepSpeed engine and loop as ZeRO-3
-with one setting changed. CI keeps DDP, FSDP2 and ZeRO-3."""
+with one setting changed. CI keeps DDP, FSDP2 and ZeRO-3. Run them after touching tunelab/parallel.py: HYBRID_SHARD's
+run here is what showed FSDP1's own groups averaging nothing on a CPU (tests/run/test_distributed.py keeps only the
+refusals of its mesh)."""
 
 
 @pytest.mark.parametrize(

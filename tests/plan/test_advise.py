@@ -165,6 +165,9 @@ def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
     ]  # fmt: skip
     assert pairs and all(h.comm_s_per_step < f.comm_s_per_step for f, h in pairs)
     assert not any("offload" in c.strategy for c in cands)  # offload only when asked: its CPU step is not modelled
+    # one device per node: HYBRID_SHARD would shard over a group of one and average nothing across nodes
+    hybrid = {c.devices for c in cands if c.strategy == "fsdp-hybrid"}
+    assert 1 not in hybrid and hybrid and 1 in {c.devices for c in cands if c.strategy == "fsdp"}
 
 
 def test_a_one_device_strategy_is_never_proposed_on_several_devices():

@@ -68,3 +68,26 @@ def test_every_strategy_file_for_several_devices_is_trained_on_two_ranks_here():
     for f in set(files) - several:
         with pytest.raises(StrategyError, match="name: single runs one device"):
             load_strategy(f).check_world(2, f)
+
+
+def test_hybrid_shard_shards_within_the_node_torchrun_launched(monkeypatch):
+    """HYBRID_SHARD is wrapped on a (nodes, devices per node) mesh from torchrun's LOCAL_WORLD_SIZE: left to FSDP1's
+    own groups a CPU counts as a node of one device, FSDP1 switches that group of one to NO_SHARD and the ranks never
+    average a gradient (the two-rank run's losses then part from the single process's at the second step). One
+    device per node is refused, before a model is built and again where the mesh is made."""
+    import torch
+
+    from tunelab.parallel import hybrid_mesh
+    from tunelab.strategies import StrategyError, load_strategy
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="needs 2 or more devices per node"):
+        hybrid_mesh(torch.device("cpu"), 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="the same number on each"):
+        hybrid_mesh(torch.device("cpu"), 4)
+    hybrid = load_strategy("fsdp-hybrid")
+    with pytest.raises(StrategyError, match="HYBRID_SHARD with 1 device per node"):
+        hybrid.check("full", {"devices": 1, "num_nodes": 2})
+    hybrid.check("full", {"devices": 2, "num_nodes": 2})  # two per node: sharded within each
+    load_strategy("ddp").check("full", {"devices": 1, "num_nodes": 2})

@@ -313,8 +313,8 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
             continue
         for strat in _tried(ask, method, world):
             config = None if strat == "single" else ask.load(strat)
-            if world > 1 and (config is None or config.name == "single"):
-                continue  # a one-device strategy (fast.yaml) would not synchronise the ranks
+            if world > 1 and (config is None or not config.averages_gradients(world, per_node=d)):
+                continue  # fast.yaml on several devices, HYBRID_SHARD with one per node: the ranks never synchronise
             fields = strategy_fields(config, world)
             for ac in (False, True) if strat.startswith("fsdp") else (False,):  # where a file sets it
                 # as tunelab's loop runs it: checkpointing only where asked

@@ -239,7 +239,7 @@ def plan_settings(
     check_ranges(s)
     strat = strategy
     if strat is not None:
-        strat.check_world(s.world_size, strategy_named or strat.name)
+        strat.check_world(s.world_size, strategy_named or strat.name, per_node=s.devices)
     fields = strategy_fields(strat, s.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
