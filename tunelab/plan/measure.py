@@ -293,7 +293,10 @@ def _packer(skip: set, where: list, counts: dict, n_tensors: list):
                 seen.add(ref)
                 counts[where[0]] = counts.get(where[0], 0) + t.untyped_storage().nbytes()
                 n_tensors[0] += 1
-        return t
+        # kept detached: an op's own output packed as itself is a cycle through its grad_fn that no collector sees,
+        # and the whole graph (weights, activations) outlived the measurement (Gemma 7B bf16-mixed: full then LoRA
+        # in one process peaked at 22.6 GB, 11.6 GB for either alone)
+        return t.detach() if isinstance(t, torch.Tensor) else t
 
     return pack
 
