@@ -73,7 +73,7 @@ def test_no_quantization_specific_residual_is_left_on_the_h100_runs():
     swap) leave the same residual with bitsandbytes as without. The fitted constant they replace was 0.59 GB;
     before the StableEmbedding swap was modelled the QLoRA residuals were 0.37-0.81 GB against the twins'
     0.03-0.16."""
-    from tunelab.plan.accuracy import own_rows, quantization_twins
+    from tunelab.report.accuracy import own_rows, quantization_twins
 
     rows = own_rows()
     twins = quantization_twins(rows)

@@ -19,8 +19,8 @@ from tests.conftest import ROOT
 def test_report_names_from_records_never_leave_reports(tmp_path, monkeypatch):
     """A sweep.json name and a record's device name with '../' make plain directory names under reports/."""
     from tunelab.record import RunRecord
+    from tunelab.report import study as study_report
     from tunelab.report.sweep import default_report_dir
-    from tunelab.tune import report as tune_report
 
     rec = RunRecord(device_type="cuda", device_name="../../../../tmp/x GPU")
     out = default_report_dir({"name": "../../../etc/evil"}, [rec])
@@ -33,14 +33,15 @@ def test_report_names_from_records_never_leave_reports(tmp_path, monkeypatch):
     class Res:
         probes = [(1, rec, None)]
 
-    out = tune_report.default_report_dir(Study(), [Res()])
+    out = study_report.default_report_dir(Study(), [Res()])
     assert out.resolve().is_relative_to((ROOT / "reports").resolve()) and "/" not in out.name
     from tunelab.recipes import resolve
+    from tunelab.report import bench as bench_report
     from tunelab.tune import bench
 
     arm = bench.Arm("litgpt", None)
     arm.records = [(0, rec, None)]  # a reused record whose device name climbs out (bench took it as it was)
-    out = bench.default_report_dir(resolve("tiny-llama-1.1b/lora"), [bench.Phase("recipe", [arm])])
+    out = bench_report.default_report_dir(resolve("tiny-llama-1.1b/lora"), [bench.Phase("recipe", [arm])])
     assert out.parent == ROOT / "reports" and "/" not in out.name and out.name.endswith("-tmp-x")
     ok = RunRecord(device_type="cuda", device_name="NVIDIA H100 80GB HBM3")
     assert default_report_dir({"name": "lab"}, [ok]).name.endswith("-lab-h100")  # one spelling: the first word
@@ -71,7 +72,7 @@ def test_plan_strategies_stopped_midway_keeps_the_rows_it_finished(tmp_path, mon
     """plan-strategies writes its report after every row (the whole report takes about 40 minutes): stopped by
     Ctrl-C at the second row, the first is in strategies.csv beside the rows kept from the earlier report."""
     from tunelab import cli
-    from tunelab.plan import strategy_checks as sc
+    from tunelab.report import strategy_checks as sc
 
     done = []
 

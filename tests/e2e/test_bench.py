@@ -10,7 +10,7 @@ import pytest
 
 from tests import printed
 from tests.tune.test_bench import bench
-from tunelab.tune.bench import COLUMNS
+from tunelab.report.bench import COLUMNS
 
 BENCH = "tunelab bench tiny-llama-1.1b/full --pairs 1 --train.max_steps 8"
 PRINTED = {BENCH}

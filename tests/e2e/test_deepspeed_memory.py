@@ -166,7 +166,7 @@ def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
     from the profiler's running total it replaced (that read 1-10% over the plan, run to run, by the blocks freed on
     threads the profiler does not cover): tests/run/test_deepspeed_probe.py guards the walk."""
     from tests.conftest import tunelab_cli
-    from tunelab.plan import deepspeed_checks as dc
+    from tunelab.report import deepspeed_checks as dc
 
     refused = tunelab_cli("plan-strategies", "--deepspeed", "--worlds", "16", "--out", str(tmp_path), timeout=120)
     assert refused.returncode != 0 and "2 to 8" in refused.stderr and not (tmp_path / dc.CSV_NAME).exists()

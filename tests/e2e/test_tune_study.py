@@ -17,7 +17,7 @@ import yaml
 
 from tests.conftest import ROOT, cpu_env
 from tests.tune.test_tune_study import STUDY, _write
-from tunelab.tune import report as tune_report
+from tunelab.report import study as study_report
 
 
 def test_prefetch_under_a_strategy_that_is_not_fsdp_is_refused_before_any_probe(tmp_path):
@@ -73,7 +73,7 @@ def test_the_cpu_example_runs_for_real_resumes_and_reports(tmp_path):
     assert "| 1 of the probes 1 (from fsdp-ac's best when it ran) |" in md
     with open(report / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == tune_report.COLUMNS and len(rows) == 3
+    assert list(rows[0]) == study_report.COLUMNS and len(rows) == 3
     assert (report / "tune.png").stat().st_size > 10_000
     assert json.loads((runs / "tune-study.json").read_text())["name"] == "lab-part3"
 

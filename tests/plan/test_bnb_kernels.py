@@ -108,7 +108,7 @@ def test_qlora_lines_hold_out_of_sample():
 def test_qlora_plans_by_cause_on_the_lab_row():
     """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): within 5% now (it was -15% with a flat 2.5
     bytes a dequantization and no PagedAdamW), with dequantization and the host's launches as causes."""
-    from tunelab.plan.runtime_accuracy import a100_rows
+    from tunelab.report.runtime_accuracy import a100_rows
 
     s13 = next(r for r in a100_rows() if r["id"] == "s13")
     assert abs(s13["error"]) <= 0.05
@@ -120,7 +120,7 @@ def test_litgpt_loop_carries_the_constants_out_of_sample():
     QLoRA row within 15% at the H100 machine's host constant, QLoRA over LoRA within 10% of the measured ratio
     (1.44x), and the two rows imply host times per op within 10% of each other: bitsandbytes' host work, fitted on
     the isolated step, is what the loop pays too."""
-    from tunelab.plan.runtime_accuracy import QLORA_LOOP, second_machine_rows
+    from tunelab.report.runtime_accuracy import QLORA_LOOP, second_machine_rows
 
     rows = {r["recipe"]: r for r in second_machine_rows(ROOT, QLORA_LOOP)}
     q, lo = rows["tiny-llama-1.1b/qlora"], rows["tiny-llama-1.1b/lora"]

@@ -150,7 +150,7 @@ def test_the_lab_part2_steps_are_explained():
     4% of each other) once DDP's buckets run beside its backward and FSDP's one unit beside nothing; one device's
     measured step carried to each row plus that traffic within 5% of the lab's step left out (refitting the link's
     share of its peak without the row); the fit is what the link table holds."""
-    from tunelab.plan.accuracy import LAB_PART2_LINK, comm_rows
+    from tunelab.report.accuracy import LAB_PART2_LINK, comm_rows
 
     rows = comm_rows()
     assert [r["id"] for r in rows] == ["m2", "m3", "m4"]
@@ -166,7 +166,7 @@ def test_the_multinode_table_is_explained_within_its_stated_errors():
     """The FSDP study's 8- and 16-V100 steps from compute plus the ring over a fitted network: within 12% fitted on
     both, within 23% fitted on the other row alone (the figures docs/planner.md states); the term grows with the
     nodes and the parameters, and the one-node row is shown apart (no network to fit)."""
-    from tunelab.plan import accuracy
+    from tunelab.report import accuracy
 
     rows = {r["gpus"]: r for r in accuracy.multinode_rows()}
     assert set(rows) == {4, 8, 16} and "error" not in rows[4]

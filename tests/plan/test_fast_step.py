@@ -126,7 +126,7 @@ def test_the_bench_report_holds_its_stated_errors():
     machine TinyLlama LoRA is host-bound in both arms and both run 40-63% faster than planned (the host constants
     are the H100 machine's: a faster host CPU); OpenLLaMA 7B LoRA runs 10-13% slower than planned in both arms. The
     bands plan prints are the mean absolute errors by the model's bound."""
-    from tunelab.plan import runtime_accuracy
+    from tunelab.report import runtime_accuracy
 
     items = runtime_accuracy.bench_items(ROOT)
     if not items:

@@ -11,9 +11,9 @@ import pytest
 
 from tunelab import hardware
 from tunelab.plan import projection
-from tunelab.plan.accuracy import accuracy_rows, own_rows
 from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import discover, resolve
+from tunelab.report.accuracy import accuracy_rows, own_rows
 
 LAB_VERDICTS = {
     "s1": False,
@@ -335,8 +335,8 @@ def test_a_records_strategy_settings_are_checked_as_a_strategy_file_is(tmp_path)
     import io
     import tarfile
 
-    from tunelab.plan.accuracy import OWN_MEASUREMENTS
     from tunelab.record import RunRecord
+    from tunelab.report.accuracy import OWN_MEASUREMENTS
     from tunelab.strategies import StrategyError, load_strategy
 
     rec = RunRecord(

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tunelab.plan import kernels, runtime
-from tunelab.plan.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
+from tunelab.report.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monke
 def test_the_kernel_report_holds_its_stated_errors():
     """runtime.md's figures: our H100 rows within 10.1% leave-one-out with the host constant refitted without each;
     the constant is the fit; the stated out-of-sample error on the lab's A100 rows is what they give."""
-    from tunelab.plan import runtime_accuracy
+    from tunelab.report import runtime_accuracy
 
     rows = runtime_accuracy.h100_rows(ROOT)
     assert {r["id"] for r in rows} == {"s2", "s3", "s4", "s5", "s10"}
@@ -132,7 +132,7 @@ def test_the_host_time_a_row_implies_gives_back_its_measured_step():
     kernels alone outlast implies nothing (None), and so does one beyond any host time it searches."""
     from types import SimpleNamespace
 
-    from tunelab.plan.runtime_accuracy import implied_host, step_seconds
+    from tunelab.report.runtime_accuracy import implied_host, step_seconds
 
     st = SimpleNamespace(
         gpu_by_phase={"forward": 0.01, "backward": 0.02, "optimizer": 0.005},
@@ -151,7 +151,7 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     rows (GPU under 60% busy: s4, s5, s10) within 11%, out of sample, and those rows imply a host time per op of
     50-60 us; over every host-bound litgpt run we have, by machine, the host time per op spans a factor of about 2
     (runtime.md's summary); the busy rows are marked and left out of it."""
-    from tunelab.plan import runtime_accuracy
+    from tunelab.report import runtime_accuracy
 
     rows = {r["id"]: r for r in runtime_accuracy.second_machine_rows(ROOT)}
     assert set(rows) == {"s1", "s2", "s3", "s4", "s5", "s10"} and {r["gpu"] for r in rows.values()} == {"H200"}
@@ -185,7 +185,7 @@ def test_the_openllama_rows_on_an_h200_out_of_sample():
     (s6, GPU busy 94%) within 3% by the kernels; the host-bound rows imply host times per op inside the plan's
     range (LITGPT_HOST_S_PER_OP_RANGE), 3B LoRA's the fastest (44 us) and flat through its window, the 7B rows'
     slowing less as their window goes on (each third's step from the run's own iteration log)."""
-    from tunelab.plan import runtime_accuracy
+    from tunelab.report import runtime_accuracy
 
     rows = {r["id"]: r for r in runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.OPENLLAMA_ROWS)}
     assert set(rows) == {"s6", "s7", "s11", "s12"} and {r["gpu"] for r in rows.values()} == {"H200"}
@@ -213,10 +213,10 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     summary recomputes): TinyLlama LoRA, launch-bound, reaches down to the fast host's run and up to the slow one's;
     TinyLlama full at micro 64, GPU-bound even on the slowest host, keeps the model's band and says nothing of it."""
     from tunelab import hardware
-    from tunelab.plan import runtime_accuracy
     from tunelab.plan.projection import _point_estimate
     from tunelab.plan.recipe import plan_recipe, runtime_terms
     from tunelab.recipes import resolve
+    from tunelab.report import runtime_accuracy
 
     h100 = runtime_accuracy.h100_items(ROOT)
     second = runtime_accuracy.second_machine_rows(ROOT)
@@ -610,7 +610,7 @@ def test_the_host_and_the_board_scale_their_own_causes_only(items):
     is launch-bound, a 7B full step is not), the board's time per kernel moves the kernels' causes; the lab-machine
     diagnostic fits both on the lab's rows, inside the grid it states, and its error is the rows' left out."""
     from tunelab import hardware
-    from tunelab.plan import runtime_accuracy
+    from tunelab.report import runtime_accuracy
 
     a100 = hardware.lookup("A100-80GB")
     by_id = {r.id: t for r, t, *_ in items}
@@ -630,7 +630,7 @@ def test_the_host_and_the_board_scale_their_own_causes_only(items):
 def test_the_qlora_loop_sentence_says_what_its_rows_imply():
     """runtime.md's QLoRA-over-LoRA sentence is derived from its two rows: the ratios, the implied host times and
     how far apart they are, and whether both sit under the host constant; a row the GPU kept busy isolates nothing."""
-    from tunelab.plan import runtime_accuracy
+    from tunelab.report import runtime_accuracy
 
     q = {"measured_s": 1.2, "predicted_s": 1.35, "gpu_util": 14.0, "host_bound": True, "implied_host_us": 53.5}
     lo = {"measured_s": 0.8, "predicted_s": 1.0, "gpu_util": 22.0, "host_bound": True, "implied_host_us": 50.4}

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tunelab"
 
-LAYERS = {"core": 0, "data": 0, "plan": 1, "run": 2, "report": 3, "tune": 4, "cli": 5}
+LAYERS = {"core": 0, "data": 0, "plan": 1, "run": 2, "tune": 3, "report": 4, "cli": 5}
 """Stage of each subpackage (top-level modules are the core); a module may import its own stage and those below."""
 
 
@@ -83,7 +83,7 @@ def test_no_private_name_crosses_modules():
 
 
 def test_stages_import_only_downwards():
-    """core <- plan <- run <- report <- tune <- cli (function-local imports included)."""
+    """core <- plan <- run <- tune <- report <- cli (function-local imports included)."""
     found = []
     for name, path in modules().items():
         for module, names in imports(path, all_levels=True):

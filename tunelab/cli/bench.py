@@ -53,6 +53,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.paths import output_root
     from tunelab.recipes import RecipeError, resolve
+    from tunelab.report import bench as bench_report
     from tunelab.run.runner import RunOptions
     from tunelab.strategies import load_strategy
     from tunelab.tune import bench
@@ -90,7 +91,7 @@ def handle(args, extra) -> int:
             )
         else:
             print(f"best micro batch: not found for {sorted({a.name for a in arms} - set(best))}; phase skipped")
-    report = bench.write_report(recipe, phases, out, args.report_dir)
+    report = bench_report.write_report(recipe, phases, out, args.report_dir)
     lock.close()
     print((report / "bench.md").read_text())
     print(f"records: {out}/\nreport:  {report}/bench.md")

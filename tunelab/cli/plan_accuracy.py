@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
-    from tunelab.plan.accuracy import write_accuracy
+    from tunelab.report.accuracy import write_accuracy
 
     out = write_accuracy(args.out)
     print((out / "accuracy.md").read_text())

@@ -32,13 +32,13 @@ def add_parser(sub) -> None:
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
-    from tunelab.plan.families import write_families
+    from tunelab.report.families import write_families
 
     names = listed(args.families)
     if names == []:
         return fail(f"--families {args.families!r}: no family named; fix: litgpt config names, comma-separated")
     if args.simulate:
-        from tunelab.plan.families import write_simulated
+        from tunelab.report.families import write_simulated
 
         try:
             out = write_simulated(args.out, names, seq_len=args.seq_len or 512)

@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
-    from tunelab.plan import strategy_checks as sc
+    from tunelab.report import strategy_checks as sc
 
     strategies = listed(args.strategies)
     if strategies == [] or set(strategies or ()) - set(sc.STRATEGIES):
@@ -75,7 +75,7 @@ def handle(args, extra) -> int:
     precisions = listed(args.precisions)
     if precisions == [] or set(precisions or ()) - set(sc.PRECISIONS):
         return fail(f"--precisions {args.precisions}: the precisions are {', '.join(sc.PRECISIONS)}")
-    from tunelab.plan import deepspeed_checks as dc
+    from tunelab.report import deepspeed_checks as dc
 
     out_dir = args.out or output_root() / "reports" / "planner-strategies"
     if why := unwritable_dir(out_dir, ("strategies.md", "strategies.csv", dc.CSV_NAME)):
@@ -109,8 +109,8 @@ def handle(args, extra) -> int:
 def _deepspeed(families, worlds: tuple, out_dir: Path) -> int:
     """``--deepspeed``: DeepSpeed's rows (on ``worlds`` ranks, default 2 and 4), then strategies.md again with the
     simulated rows already there."""
-    from tunelab.plan import deepspeed_checks as dc
-    from tunelab.plan import strategy_checks as sc
+    from tunelab.report import deepspeed_checks as dc
+    from tunelab.report import strategy_checks as sc
 
     if any(w > 8 for w in worlds):
         return fail(f"--worlds {','.join(map(str, worlds))}: DeepSpeed runs a process per rank on this CPU: 2 to 8")

@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
+    from tunelab.report import study as study_report
     from tunelab.report.sweep import write_report
-    from tunelab.tune import report as tune_report
     from tunelab.tune import study as tune_study
 
     base = Path(args.sweep_dir)
@@ -34,7 +34,7 @@ def handle(args, extra) -> int:
         index = tune_study.read_index(base)
         if args.study or index:  # a tuning study's directory (tunelab tune-study): its own report
             sf = tune_study.load(args.study or tune_study.resolve_index_path(index))
-            out = tune_report.write_report(base, sf, args.out)
+            out = study_report.write_report(base, sf, args.out)
         else:
             out = write_report(base, args.out, not_run_reason=args.not_run_reason)
     except FileNotFoundError as e:

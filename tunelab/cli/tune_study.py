@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.paths import output_root
-    from tunelab.tune import report as tune_report
+    from tunelab.report import study as study_report
     from tunelab.tune import study as tune_study
     from tunelab.tune.batch import render
 
@@ -70,6 +70,6 @@ def handle(args, extra) -> int:
         print("\n\n".join(render(r) for r in results))
     print(f"probe records: {out}/")
     if not args.no_report:
-        report = tune_report.write_report(out, sf, args.report_dir)
+        report = study_report.write_report(out, sf, args.report_dir)
         print(f"{report}/results.md")
     return 0

@@ -3,9 +3,9 @@ loss and foreach AdamW (the default on CUDA) each, under torch's MemTracker or (
 profiler, whose memory events report each CPU allocation and free without holding a tensor (MemTracker keeps
 ZeRO-3's released parameter storages alive); rank 0 writes what it measured as JSON to the path in argv[1]. The
 cases come in the TUNELAB_DS_CASES environment variable (JSON: stage, reduce bucket, and either a family's litgpt
-name, shrunk by :func:`tunelab.plan.deepspeed_checks.scaled` (``family``, ``scale``), or the model's sizes: layers,
+name, shrunk by :func:`scaled` (``family``, ``scale``), or the model's sizes: layers,
 width, MLP width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-strategies --deepspeed``
-(:mod:`tunelab.plan.strategy_checks`) and tests/e2e/test_deepspeed_memory.py."""
+(:mod:`tunelab.report.strategy_checks`) and tests/e2e/test_deepspeed_memory.py."""
 
 import contextlib
 import gc
@@ -16,14 +16,29 @@ import sys
 import torch
 
 
+def scaled(name: str, scale: int):
+    """litgpt's config ``name`` with its width, MLP width and vocabulary / ``scale`` and its heads / 4 (each at least
+    one; the head size follows), every block kept: the family's shape (attention groups, norms, MLP, biases,
+    partial rotary) at a size DeepSpeed runs on a CPU."""
+    import dataclasses
+
+    from litgpt.model import Config
+
+    c = Config.from_name(name)
+    n_embd, n_head = c.n_embd // scale, max(1, c.n_head // 4)
+    return dataclasses.replace(
+        c, n_embd=n_embd, n_head=n_head, n_query_groups=max(1, c.n_query_groups // 4), head_size=n_embd // n_head,
+        intermediate_size=c.intermediate_size // scale, vocab_size=c.padded_vocab_size // scale,
+        padded_vocab_size=c.padded_vocab_size // scale, block_size=256,
+    )  # fmt: skip
+
+
 def config_of(case):
     """The case's litgpt Config (the caller plans the same model): a family shrunk by :func:`scaled`, or a LLaMA-like
     model of the case's sizes."""
     from litgpt.model import Config
 
     if "family" in case:
-        from tunelab.plan.deepspeed_checks import scaled
-
         return scaled(case["family"], case.get("scale", 16))
     return Config(
         n_layer=case["layers"], n_embd=case["embd"], n_head=case["heads"], n_query_groups=case["heads"],

@@ -3,7 +3,7 @@
 
 DeepSpeed's engine reads tensor data and runs its own communication, so it does not run on fake tensors and the
 per-rank simulation cannot hold it. Instead each family's litgpt config is shrunk to a size DeepSpeed runs on a CPU
-(:func:`scaled`: width, MLP width and vocabulary / 16, heads / 4, every block kept, so
+(:func:`tunelab.run.deepspeed_probe.scaled`: width, MLP width and vocabulary / 16, heads / 4, every block kept, so
 the family's shape stays: attention groups, norms, MLP, biases, partial rotary), and DeepSpeed 0.19's own ZeRO-2
 and ZeRO-3 run it on 2 and 4 gloo ranks (tunelab's DeepSpeed config and loss, foreach AdamW as on CUDA, micro
 batch 2 x 128 tokens, bf16, every element count of DeepSpeed's defaults shrunk with the model's matrices, / 16^2:
@@ -70,26 +70,10 @@ class ZeroRow:
         return self.planned_bytes / self.measured_bytes - 1
 
 
-def scaled(name: str, scale: int):
-    """litgpt's config ``name`` with its width, MLP width and vocabulary / ``scale`` and its heads / 4 (each at least
-    one; the head size follows), every block kept: the family's shape (attention groups, norms, MLP, biases,
-    partial rotary) at a size DeepSpeed runs on a CPU."""
-    import dataclasses
-
-    from litgpt.model import Config
-
-    c = Config.from_name(name)
-    n_embd, n_head = c.n_embd // scale, max(1, c.n_head // 4)
-    return dataclasses.replace(
-        c, n_embd=n_embd, n_head=n_head, n_query_groups=max(1, c.n_query_groups // 4), head_size=n_embd // n_head,
-        intermediate_size=c.intermediate_size // scale, vocab_size=c.padded_vocab_size // scale,
-        padded_vocab_size=c.padded_vocab_size // scale, block_size=256,
-    )  # fmt: skip
-
-
 def plan_input(model: str, world: int, stage: int = 2):
     """The plan's input for the shrunk ``model`` on ``world`` ranks under ZeRO ``stage``, as the probe runs it."""
     from tunelab.plan import memory
+    from tunelab.run.deepspeed_probe import scaled
 
     zero3 = {f"zero3_{k[len('stage3_') :]}": v for k, v in ZERO3.items() if k != "stage3_prefetch_bucket_size"}
     return memory.PlanInput(
@@ -106,7 +90,7 @@ def probe_case(model: str, stage: int) -> dict:
 
 
 def _litgpt_name(family: tuple) -> str:
-    """litgpt's config name of a :data:`tunelab.plan.strategy_checks.FAMILIES` entry (its recipe's model, or the
+    """litgpt's config name of a :data:`tunelab.report.strategy_checks.FAMILIES` entry (its recipe's model, or the
     checkpoint directory it names)."""
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve

@@ -1,4 +1,4 @@
-"""DeepSpeed run for real against the plan, per family (tunelab.plan.deepspeed_checks): the shrunk models keep their
+"""DeepSpeed run for real against the plan, per family (tunelab.report.deepspeed_checks): the shrunk models keep their
 family's shape, the table reads back what it wrote and refuses a foreign one in a line, the section names the
 worst row. DeepSpeed itself runs in tests/e2e/test_deepspeed_memory.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tunelab.errors import InputError
-from tunelab.plan import deepspeed_checks as dc
-from tunelab.plan.deepspeed_checks import scaled
+from tunelab.report import deepspeed_checks as dc
+from tunelab.run.deepspeed_probe import scaled
 
 
 def test_a_shrunk_family_keeps_its_shape():

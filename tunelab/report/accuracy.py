@@ -105,11 +105,10 @@ def write_accuracy(out: Path | None = None) -> Path:
     write_csv(out / "accuracy.csv", rows)
     runtime_lines = _own_section(out) + _runtime_section(out) + _comm_section(out) + _multinode_section(out)
     from tunelab.plan import kernels
+    from tunelab.report import runtime_accuracy
 
     if (ROOT / kernels.PROFILE).is_file():  # a checkout's reports (an installed tunelab carries none)
-        kernels.write_report(out / "kernels.md", ROOT)
-    from tunelab.plan import runtime_accuracy
-
+        runtime_accuracy.write_kernels_md(out / "kernels.md", ROOT)
     if (ROOT / runtime_accuracy.H100_ROWS).is_file():
         runtime_accuracy.write_report(out / "runtime.md", ROOT)
     lines = _memory_summary(rows) + memory_table(rows)

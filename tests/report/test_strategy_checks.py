@@ -1,4 +1,4 @@
-"""The strategies report's parts that need no simulation (tunelab.plan.strategy_checks): the FSDP study's V100
+"""The strategies report's parts that need no simulation (tunelab.report.strategy_checks): the FSDP study's V100
 table planned beside its published figures, the lab's Part 2 rows on four GPUs."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tunelab.models import count_params
-from tunelab.plan import strategy_checks as sc
+from tunelab.report import strategy_checks as sc
 
 
 def test_the_fsdp_studys_v100_table_is_planned_as_lightnings_fsdp_runs_it():

@@ -97,7 +97,7 @@ def v100_rows() -> list[dict]:
 def _part2_section() -> tuple[str, ...]:
     """strategies.md's section on the lab's Part 2 rows on several GPUs, as ``tunelab plan-accuracy`` checks them
     (planned once per process: the report is written after every row)."""
-    from tunelab.plan import accuracy
+    from tunelab.report import accuracy
 
     rows = [r for r in accuracy.accuracy_rows() if r["part"] == "Part 2" and r["devices"] > 1]
     return (
@@ -297,7 +297,7 @@ def _how(found: list[Row]) -> str:
 
 def markdown(found: list[Row], zero_rows=()) -> str:
     """strategies.md: the summary (rows within 3%, the worst), what is not simulated, one table row per check; then
-    the lab's Part 2, DeepSpeed run for real (``zero_rows``: :mod:`tunelab.plan.deepspeed_checks`) and the FSDP
+    the lab's Part 2, DeepSpeed run for real (``zero_rows``: :mod:`tunelab.report.deepspeed_checks`) and the FSDP
     study's V100 table."""
     worst = max(found, key=lambda r: abs(r.memory_error))
     within = sum(abs(r.memory_error) <= 0.03 for r in found)
@@ -335,7 +335,7 @@ def markdown(found: list[Row], zero_rows=()) -> str:
             f"{r.simulated_phase} | {r.traced_bytes_per_step / 1e9:.2f} | {r.formula_bytes_per_step / 1e9:.2f} | "
             f"{ce} | {calls} | {r.seconds:.1f} |"
         )
-    from tunelab.plan import deepspeed_checks
+    from tunelab.report import deepspeed_checks
 
     return (
         "\n".join(lines + list(_part2_section()) + deepspeed_checks.section(list(zero_rows)) + _v100_section()) + "\n"
@@ -345,7 +345,7 @@ def markdown(found: list[Row], zero_rows=()) -> str:
 def write(found: list[Row], out: Path | None = None) -> Path:
     """strategies.md and strategies.csv under ``out`` (default reports/planner-strategies/), written atomically;
     the DeepSpeed section from the ``deepspeed.csv`` there, if any."""
-    from tunelab.plan import deepspeed_checks
+    from tunelab.report import deepspeed_checks
 
     out = Path(out or output_root() / "reports" / "planner-strategies")
     out.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
     GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
     from litgpt import Config
 
-    from tunelab.plan.accuracy import archived_records
+    from tunelab.report.accuracy import archived_records
 
     rows = []
     for name, rec, _ in archived_records(path := root / archive):
@@ -132,8 +132,8 @@ def window_thirds(archive: Path, member: str, rec, st) -> list[tuple]:
     import json
 
     from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.plan.accuracy import beside
     from tunelab.record import read_rank_file, steady_steps
+    from tunelab.report.accuracy import beside
 
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
     if raw is None:
@@ -212,8 +212,8 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     import json
 
     from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.plan.accuracy import beside
     from tunelab.record import read_rank_file, steady_state
+    from tunelab.report.accuracy import beside
 
     if rec.step_time_mean_s and rec.padded_per_sample:
         return rec.step_time_mean_s, rec.padded_per_sample
@@ -233,7 +233,7 @@ def bench_items(root: Path) -> list[dict]:
     strategy keys. Records are read in memory from the archive: regular ``*/record.json`` members of at most
     RECORD_MAX_BYTES (and their rank-0 iteration logs where the record lacks the mean)."""
     from tunelab.plan import stored
-    from tunelab.plan.accuracy import archived_records, ran_eagerly
+    from tunelab.report.accuracy import archived_records, ran_eagerly
 
     items = []
     for archive in BENCH:
@@ -342,8 +342,8 @@ def part2_rows() -> list[dict]:
     step (its micro batches, optimizer step and the communication compute does not hide; no validation) against
     the lab's time over its steps (which also holds start-up and any validation: an upper bound of the step)."""
     from tunelab.plan import comm
-    from tunelab.plan.accuracy import LAB_PART2_LINK
     from tunelab.plan.recipe import plan_recipe, runtime_terms
+    from tunelab.report.accuracy import LAB_PART2_LINK
     from tunelab.sweep_file import lab_rows
 
     link = comm.lookup(LAB_PART2_LINK, "gpu")
@@ -371,9 +371,9 @@ def part2_rows() -> list[dict]:
 
 
 def a100_items() -> list[tuple]:
-    """The lab's timed A100 rows planned (``tunelab.plan.accuracy.lab_runtime_items``), the kernel model's step padded
+    """The lab's timed A100 rows planned (``tunelab.report.accuracy.lab_runtime_items``), the kernel model's step padded
     at each row's micro batch (not the lab's 437 tokens at 8): (row, terms, peak FLOP/s, bandwidth, lab seconds)."""
-    from tunelab.plan.accuracy import lab_runtime_items
+    from tunelab.report.accuracy import lab_runtime_items
 
     items = lab_runtime_items()
     for _, t, *_ in items:
@@ -827,3 +827,93 @@ def _md_weak(lab: list) -> list[str]:
         "(`sm_clock_steady_mhz` in the records, not in the plan).",
         "",
     ]
+
+
+def _kernel_cell(p: float, v: float, e: float | None) -> str:
+    return f"{p * 1e3:.1f} / {v * 1e3:.1f} ({e:+.0%})" if e is not None else f"{p * 1e3:.1f} / {v * 1e3:.1f}"
+
+
+def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
+    if not (root / grid).is_file():
+        return []
+    rows = kernels.grid_rows(root, grid, gpu)
+    whats = list(dict.fromkeys(w for r in rows for w in r["pairs"]))  # every row's, in order
+    fitted = kernels.FITTED_SHAPES.get(gpu, set())
+    dtypes = ", ".join(sorted({m["dtype"] for m in kernels.read_grid(root / grid)}))
+    lines = [
+        f"## Out of sample: {gpu}, {day}, {len({r['model'] for r in rows})} models",
+        "",
+        f"Measured: `{grid}` (`scripts/gpu/runbook.sh grid`: `scripts/gpu/profile_steps.py`, sequence 437, 10 timed "
+        f"steps after 3 warm-up steps, random weights, {dtypes}). Each cell: predicted / measured milliseconds "
+        "(error). The optimizer is its phase by CUDA events: the profiler's optimizer kernel time is twice that "
+        "phase (on one stream kernels cannot outlast the interval that holds them). A line marked `fit` had its "
+        "elementwise kernels (or, on the H200, its shape measured again by op: `"
+        + kernels.GRID_BY_OP
+        + "`) in the fit "
+        "of the memory constants (or, at 32-true, the fp32 matmul and attention constants); every other number is "
+        "out of sample.",
+        "",
+        "| model | micro | method | bound (model) | " + " | ".join(whats) + " | ops (model) / kernels launched |",
+        "|---|---|---|---|" + "---|" * len(whats) + "---|",
+    ]
+    for r in rows:
+        cells = ["" if w not in r["pairs"] else _kernel_cell(*r["pairs"][w]) for w in whats]
+        mark = " (fit)" if (r["model"], r["method"], r["micro"]) in fitted else ""
+        lines.append(
+            f"| {r['model']}{mark} | {r['micro']} | {r['method']} | {r['bound']} | " + " | ".join(cells)
+            + f" | {r['ops']:,} / {r['launches']:,} |"
+        )  # fmt: skip
+    steps = [r["pairs"]["step"][2] for r in rows]
+    gpu_bound = [r["pairs"]["step"][2] for r in rows if r["bound"] == "GPU"]
+    lines += [
+        "",
+        f"Step: {len(steps)} lines, errors {min(steps):+.0%} to {max(steps):+.0%}, mean absolute "
+        f"{sum(map(abs, steps)) / len(steps):.0%}; the {len(gpu_bound)} GPU-bound (by the model) "
+        + (f"from {min(gpu_bound):+.0%} to {max(gpu_bound):+.0%}. " if gpu_bound else ". ")
+        + kernels.GRID_NOTES.get(grid, ""),
+        "",
+    ]
+    return lines
+
+
+def write_kernels_md(path, root) -> None:
+    """``kernels.md``: :func:`tunelab.plan.kernels.profile_rows` as a table, with what was fitted and what was not, then
+    :func:`tunelab.plan.kernels.grid_rows` (out of sample) where the checkout holds :data:`tunelab.plan.kernels.GRID`."""
+    from tunelab.files import write_text_atomic
+
+    rows = kernels.profile_rows(root)
+    lines = [
+        "# The kernel-level step model against our H100 profile and the H100 and H200 grids",
+        "",
+        "Regenerate with `tunelab plan-accuracy`. Model: `tunelab/plan/kernels.py` (every ATen op of litgpt's "
+        "simulated step, timed by category on the GPU; the step is the longer of the GPU's kernels and the host's "
+        "launches; a phase likewise). Measured: `"
+        + kernels.PROFILE
+        + "` (TinyLlama 1.1B, bf16-true, micro 8 x 437 tokens, NVIDIA H100 80GB "
+        "HBM3, torch 2.11; phases by CUDA events, kernels by the profiler's self time). Seconds per optimizer step.",
+        "",
+        "**In sample**: matmul, attention and the for-each optimizer's efficiencies were fitted on the full rows "
+        "here, the host time per op on both steps; the memory constants (contiguous and strided elementwise "
+        "kernels, the SMs' ceiling) on the elementwise kernels of the full rows here, of the H100 grid's full lines "
+        "and of two H200 lines measured by op; LoRA's grouped convolution on one H200 line by op; the for-each "
+        "AdamW's host work per tensor on the LoRA optimizer phases here and in the H100 grid. Out of sample: the "
+        "LoRA kernel rows here, every unmarked cell of the grids below, the lab's rows (`runtime.md`).",
+        "",
+        "| method | what | predicted s | measured s | error |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        err = f"{r['rel_error']:+.1%}" if r["rel_error"] is not None else ""
+        lines.append(f"| {r['method']} | {r['what']} | {r['predicted_s']:.4f} | {r['measured_s']:.4f} | {err} |")
+    host = {r["method"]: (r["ops"], r["host_s"]) for r in rows}
+    lines += [
+        "",
+        "Ops dispatched per step that launch a kernel (extrapolated from one and two blocks) and the host's time at "
+        f"{kernels.HOST_S_PER_OP * 1e6:.0f} us an op, the for-each AdamW's work per tensor included: "
+        + "; ".join(f"{m} {ops:,} ops, {s:.4f} s" for m, (ops, s) in host.items())
+        + ". Known misses: the optimizer's kernels as the profiler counts them (twice the phase by CUDA events), and "
+        "the full step's forward and backward phases (the host's share of a phase is not one figure per op).",
+        "",
+        *[line for grid, gpu, day in kernels.GRIDS for line in _grid_lines(root, grid, gpu, day)],
+    ]
+    write_text_atomic(path, "\n".join(lines))
