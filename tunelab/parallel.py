@@ -44,7 +44,7 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
             find_unused_parameters=False,
         )
     if kind == "fsdp":
-        if strategy.sharding_strategy == "HYBRID_SHARD" and mesh is None:
+        if strategy.sharding_strategy == "HYBRID_SHARD" and mesh is None and world > 1:  # one rank: nothing to average
             mesh = hybrid_mesh(device, world)
         return _fsdp1(model, strategy, device, mesh)
     if kind == "fsdp2":
