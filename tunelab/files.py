@@ -30,11 +30,12 @@ import time
 from pathlib import Path
 
 from tunelab.errors import InputError
+from tunelab.units import GIB
 
 RECORD_MAX_BYTES = 16 * 2**20
 """Largest JSON index or record read back (16 MiB: a record is a few KiB, a rank file with every iteration's
 timing of a long run a few MiB)."""
-DATASET_MAX_BYTES = 2 * 2**30
+DATASET_MAX_BYTES = 2 * GIB
 """Largest dataset file read (2 GiB; the shipped one is 0.2 MiB, Alpaca 22 MiB)."""
 
 

@@ -8,6 +8,7 @@ from functools import lru_cache
 from tunelab import yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR
+from tunelab.units import GIB
 
 GPU_TABLE = CONFIGS_DIR / "hardware" / "gpus.yaml"
 
@@ -55,7 +56,7 @@ class GPU:
     @property
     def memory_bytes(self) -> int:
         """The usable total (cuda_total_gib) in bytes; the CUDA context still comes out of it."""
-        return int(self.cuda_total_gib * 2**30)
+        return int(self.cuda_total_gib * GIB)
 
     def peak_flops(self, precision: str, float32_matmul_precision: str | None = "highest") -> float | None:
         """Dense peak FLOP/s of the math a run actually does, for a litgpt/Lightning precision string
@@ -199,7 +200,7 @@ def local_gpu() -> GPU | None:
 
     return replace(
         gpu,
-        cuda_total_gib=total / 2**30,
+        cuda_total_gib=total / GIB,
         cuda_total_source=f"read from this machine's device 0 (torch.cuda.mem_get_info: {total:,} B)",
     )
 

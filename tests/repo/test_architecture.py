@@ -148,6 +148,22 @@ def test_concepts_are_computed_in_one_place():
         assert hits == allowed, f"{concept} computed in {hits}, expected only in {allowed}"
 
 
+def test_units_and_the_number_formatter_are_in_one_place():
+    """Bytes become GB (1e9) and GiB (2^30) through tunelab.units' constants, and a figure that may be missing is
+    formatted by its fmt / gb: no byte literal divides or multiplies elsewhere, no module keeps its own formatter."""
+    literal = re.compile(r"[/*]\s*(1e9|2\s*\*\*\s*30|1024\s*\*\*\s*3)\b(?!\s*/\s*SCALE)|^\s*GB\s*=", re.M)
+    formatter = re.compile(r"^def _(gb|num|fmt)\(", re.M)
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "units.py":
+            continue
+        code = path.read_text(encoding="utf-8")
+        text = re.sub(r'"""[\s\S]*?"""', '""', code)  # docstrings may say how; code (f-strings too) may not
+        found += [f"{path.relative_to(ROOT)}: {m.group(0).strip()}" for m in literal.finditer(text)]
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in formatter.finditer(code)]
+    assert not found, found
+
+
 def test_public_functions_are_documented():
     missing = []
     for path in PACKAGE.rglob("*.py"):

@@ -8,6 +8,8 @@ import argparse
 import math
 import sys
 
+from tunelab.units import GB
+
 
 def fail(message: str) -> int:
     """Print ``tunelab: error: <message>`` on stderr; the exit code of bad input (2)."""
@@ -68,7 +70,7 @@ def listed(text: str | None) -> list[str] | None:
 
 def memory_limit(args) -> int | None:
     """--memory-limit-gb in bytes (GB = 1e9), or None."""
-    return int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
+    return int(args.memory_limit_gb * GB) if args.memory_limit_gb else None
 
 
 def run_options(s):

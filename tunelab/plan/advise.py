@@ -37,6 +37,7 @@ from tunelab.plan.recipe import (
 )
 from tunelab.recipes import Recipe
 from tunelab.strategies import load_strategy
+from tunelab.units import GB, figure
 
 PRICE_TABLE = CONFIGS_DIR / "hardware" / "prices.yaml"
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -367,7 +368,7 @@ def _planned(x, gpu, links, work: Workload, strat, recipe, price, headroom, conf
         micro_batch_size=x.micro_batch_size,
         accumulation=x.accumulation,
         activation_checkpointing=x.activation_checkpointing,
-        peak_gb=plan.peak_allocated_bytes / 1e9,
+        peak_gb=plan.peak_allocated_bytes / GB,
         fits=bool(plan.fits),
         edge=plan.edge,
         tight=bool(plan.fits) and memory.tight(plan, gpu, headroom),
@@ -462,8 +463,8 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
                 lines.append(
                     f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
                     f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
-                    f"{' (edge)' if c.edge else ''} | {_num(c.hours)}{' ~' if c.hours <= best * (1 + TIE) else ''} | "
-                    f"{c.comm_s_per_step:.3f} | {_num(c.energy_kwh)} | {'' if c.cost_usd is None else _num(c.cost_usd)} |"
+                    f"{' (edge)' if c.edge else ''} | {figure(c.hours)}{' ~' if c.hours <= best * (1 + TIE) else ''} | "
+                    f"{c.comm_s_per_step:.3f} | {figure(c.energy_kwh)} | {'' if c.cost_usd is None else figure(c.cost_usd)} |"
                 )
             lines.append("")
         else:
@@ -498,18 +499,18 @@ def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: di
             ok = [c for c in group if c in ranked]
             if ok:
                 h = min(c.hours for c in ok)
-                parts.append(f"{name} {_num(h)} h" + ("" if h == best else f" ({h / best:.2f}x)"))
+                parts.append(f"{name} {figure(h)} h" + ("" if h == best else f" ({h / best:.2f}x)"))
                 continue
             reasons = {
                 why_not(c, limits.get("deadline_h"), limits.get("budget"), limits.get("tight_ok")) for c in group
             }
             if reasons == {"does not fit"}:
                 need = min(c.peak_gb for c in group)
-                parts.append(f"{name}: does not fit (at least {need:.1f} GB of {gpu.memory_bytes / 1e9:.1f})")
+                parts.append(f"{name}: does not fit (at least {need:.1f} GB of {gpu.memory_bytes / GB:.1f})")
             elif reasons - {"does not fit"} == {"tight"}:
                 need = min(c.peak_gb for c in group if c.fits)
                 parts.append(
-                    f"{name}: tight (at least {need:.1f} GB of {gpu.memory_bytes / 1e9:.1f}, within the headroom)"
+                    f"{name}: tight (at least {need:.1f} GB of {gpu.memory_bytes / GB:.1f}, within the headroom)"
                 )
             else:
                 parts.append(f"{name}: {', '.join(sorted(reasons - {'does not fit'}))}")
@@ -518,17 +519,12 @@ def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: di
 
 
 def _words(c: Candidate) -> str:
-    cost = "" if c.cost_usd is None else f", {_num(c.cost_usd)} USD"
+    cost = "" if c.cost_usd is None else f", {figure(c.cost_usd)} USD"
     return (
         f"{c.world}x {c.gpu}, {c.method} ({c.recipe}), {c.precision}, {c.strategy}, micro {c.micro_batch_size} x "
         f"{c.accumulation}, activation checkpointing {'on' if c.activation_checkpointing else 'off'}: "
-        f"{_num(c.hours)} h{cost}"
+        f"{figure(c.hours)} h{cost}"
     )
-
-
-def _num(x: float) -> str:
-    """Two decimals, or three significant figures below 1 (a short run's hours and dollars are not 0.00)."""
-    return f"{x:,.2f}" if x >= 1 or x == 0 else f"{x:.3g}"
 
 
 def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None) -> list[str]:

@@ -68,6 +68,7 @@ from tunelab.models import count_params, lora_param_count
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan import memory
 from tunelab.plan.memory import PlanInput, parameter_bytes
+from tunelab.units import GB
 
 LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
 BASE_LATENCY_S = 8.4e-6
@@ -106,7 +107,7 @@ class Link:
     @property
     def bytes_per_s(self) -> float:
         """Achieved bandwidth, bytes/s."""
-        return self.gbs * 1e9 * self.efficiency
+        return self.gbs * GB * self.efficiency
 
 
 @lru_cache(maxsize=1)

@@ -40,6 +40,8 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 
+from tunelab.units import GB
+
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "dequantization")
 """Kernel categories, as the H100 profile groups CUDA kernels (norm/rope/elementwise, cross-entropy/softmax, ...)."""
 TRAINING_PHASES = ("forward", "backward", "optimizer")
@@ -185,7 +187,7 @@ def memory_rate(gpu) -> float:
     """Bytes per second an eager memory-bound kernel's traffic is measured against on ``gpu``: the HBM bandwidth or
     what its SMs move (``sms`` x ``boost_mhz`` x :data:`SM_BYTES_PER_CYCLE`), whichever is lower (a row without SMs
     or clock: the bandwidth). Each kind of kernel reaches its share of it (:data:`MEMORY_EFFICIENCY`, ...)."""
-    rate = gpu.bandwidth_gbs * 1e9
+    rate = gpu.bandwidth_gbs * GB
     if gpu.sms and gpu.boost_mhz:
         rate = min(rate, gpu.sms * gpu.boost_mhz * 1e6 * SM_BYTES_PER_CYCLE)
     return rate

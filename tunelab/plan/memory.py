@@ -62,6 +62,7 @@ from tunelab import hardware
 from tunelab.models import count_params, lora_param_count, lora_tensor_numels, param_tensor_numels
 from tunelab.plan import activations, compiled
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
+from tunelab.units import GB, to_gb
 
 GiB = 2**30
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
@@ -255,14 +256,14 @@ class Plan:
 
     @property
     def peak_memory_gb(self) -> float:
-        return self.peak_allocated_bytes / 1e9
+        return self.peak_allocated_bytes / GB
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["peak_memory_gb"] = round(self.peak_memory_gb, 3)
-        d["breakdown_gb"] = {k: round(v / 1e9, 3) for k, v in self.breakdown_bytes.items()}
-        d["margin_gb"] = None if self.margin_bytes is None else round(self.margin_bytes / 1e9, 3)
-        d["host_ram_gb"] = round(self.host_ram_bytes / 1e9, 3)
+        d["breakdown_gb"] = {k: to_gb(v, 3) for k, v in self.breakdown_bytes.items()}
+        d["margin_gb"] = to_gb(self.margin_bytes, 3)
+        d["host_ram_gb"] = to_gb(self.host_ram_bytes, 3)
         return d
 
 
@@ -466,7 +467,7 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
         acts = first + compiled.saved_bytes_per_token(*args) * n_tok * (c.n_layer - 1)
         notes.append(
             "compiled blocks: each block keeps what torch.compile's partitioner saves (tunelab/plan/compiled.py, "
-            f"traced: {acts / c.n_layer / 1e9:.2f} GB per block where eager keeps {saved.per_layer / 1e9:.2f})"
+            f"traced: {acts / c.n_layer / GB:.2f} GB per block where eager keeps {saved.per_layer / GB:.2f})"
         )
     else:
         acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)

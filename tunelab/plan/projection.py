@@ -25,6 +25,7 @@ from tunelab.plan.recipe import (
     padded_tokens_per_sample,
     runtime_terms,
 )
+from tunelab.units import GB
 
 DEFAULT_MFU_RANGE = (0.25, 0.55)
 """The MFU range a projection assumes without a measurement."""
@@ -344,7 +345,7 @@ def project_recipe(
             )
     work = runtime_terms(s, x, per_sample, real)
     if save_gbs:
-        work.save_bytes_per_s = save_gbs * 1e9
+        work.save_bytes_per_s = save_gbs * GB
     if x.world > 1:
         work.comm = comm_mod.per_step(
             x,

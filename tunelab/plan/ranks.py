@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from tunelab.errors import InputError
 from tunelab.plan.simulate import PhasePeaks, keep_phase_peak, tracker_phase, update_peak
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+from tunelab.units import GB
 
 SIMULATED = ("fsdp2", "fsdp", "ddp")
 """Strategy files' kinds simulated per rank (DeepSpeed is planned by arithmetic; see docs/planner.md)."""
@@ -643,24 +644,22 @@ def render(sim: RankSimulation, plan) -> str:
         f"  {'phase':<15}{'total':>8}" + "".join(f"{k[:13]:>14}" for k in kinds),
     ]
     for phase, snap in sim.phases.items():
-        lines.append(
-            f"  {phase:<15}{snap['Total'] / 1e9:8.2f}" + "".join(f"{snap.get(k, 0) / 1e9:14.3f}" for k in kinds)
-        )
+        lines.append(f"  {phase:<15}{snap['Total'] / GB:8.2f}" + "".join(f"{snap.get(k, 0) / GB:14.3f}" for k in kinds))
     planned = plan.peak_allocated_bytes
     lines.append(
-        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
+        f"  peak: {sim.peak_phase}, {sim.peak_bytes / GB:.2f} GB simulated; planned {planned / GB:.2f} GB "
         f"({(planned - sim.peak_bytes) / sim.peak_bytes:+.1%})"
     )
     if sim.host_peak_bytes:
         lines.append(
-            f"  host RAM (offloaded parameters, gradients, optimizer states): {sim.host_peak_bytes / 1e9:.2f} GB "
-            f"simulated; planned {plan.host_ram_bytes / 1e9:.2f} GB"
+            f"  host RAM (offloaded parameters, gradients, optimizer states): {sim.host_peak_bytes / GB:.2f} GB "
+            f"simulated; planned {plan.host_ram_bytes / GB:.2f} GB"
         )
     lines.append("  collectives per optimizer step (rank 0; bytes of the whole tensor, GB = 1e9 bytes):")
     for c in sim.collectives:
         group = f" over a group of {c.group}" if c.group and c.group != sim.world else ""
-        lines.append(f"    {c.kind:<15}{c.phase:<16}{c.calls:>5} x {c.bytes / 1e9:8.4f} GB{group}")
-    lines.append(f"  sent per device per step (ring): {sim.bytes_moved() / 1e9:.2f} GB")
+        lines.append(f"    {c.kind:<15}{c.phase:<16}{c.calls:>5} x {c.bytes / GB:8.4f} GB{group}")
+    lines.append(f"  sent per device per step (ring): {sim.bytes_moved() / GB:.2f} GB")
     lines += [f"  ({note})" for note in sim.notes]
     return "\n".join(lines)
 
@@ -720,8 +719,8 @@ def render_zero_sizes(z: ZeroSizes, plan) -> str:
     """``plan --simulate`` under DeepSpeed: its buffers by their sizes, beside the plan's peak."""
     lines = [f"\nDeepSpeed ZeRO-{z.stage} on {z.world} devices, by its own sizes (not simulated: its engine does not "
              "run on fake tensors; checked against DeepSpeed run on CPU, offload not), per device, GB = 1e9 bytes:"]  # fmt: skip
-    lines += [f"  {what:<56}{b / 1e9:9.3f}  [{source}]" for what, b, source in z.terms]
-    lines.append(f"  the plan's peak: {plan.peak_allocated_bytes / 1e9:.2f} GB (its breakdown above)")
+    lines += [f"  {what:<56}{b / GB:9.3f}  [{source}]" for what, b, source in z.terms]
+    lines.append(f"  the plan's peak: {plan.peak_allocated_bytes / GB:.2f} GB (its breakdown above)")
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ from tunelab import hardware
 from tunelab.plan import memory, runtime
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
+from tunelab.units import BILLION, GB, gb
 
 
 def render(
@@ -20,26 +21,22 @@ def render(
     return "\n".join(lines)
 
 
-def _gb(b: float) -> str:
-    return f"{b / 1e9:9.2f}"
-
-
 def _memory_lines(plan: memory.Plan, seq_source: str) -> list[str]:
     """What is planned, and the peak per device by term (GB = 1e9 bytes), reserved, the CUDA context, host RAM."""
     lines = [
         f"plan: {plan.model} {plan.method} on {plan.gpu or '(no GPU named: --gpu for a verdict)'} "
         f"({plan.devices} device(s), {plan.strategy}), {plan.precision}, micro batch {plan.micro_batch_size}, "
         f"sequence {plan.seq_len} ({seq_source})",
-        f"model: {plan.params / 1e9:.2f} B parameters, {plan.trainable_params / 1e6:,.1f} M trainable",
+        f"model: {plan.params / BILLION:.2f} B parameters, {plan.trainable_params / 1e6:,.1f} M trainable",
         "predicted peak allocated per device, GB (1e9 bytes):",
     ]
-    lines += [f"  {k:<28}{_gb(v)}" for k, v in plan.breakdown_bytes.items() if v]
-    lines.append(f"  {'= peak allocated':<28}{_gb(plan.peak_allocated_bytes)}   (litgpt's 'Memory Used')")
+    lines += [f"  {k:<28}{gb(v, '9.2f')}" for k, v in plan.breakdown_bytes.items() if v]
+    lines.append(f"  {'= peak allocated':<28}{gb(plan.peak_allocated_bytes, '9.2f')}   (litgpt's 'Memory Used')")
     slack = f"reserved (x{memory.ALLOCATOR_SLACK:.2f} slack)"
-    lines.append(f"  {slack:<28}{_gb(plan.predicted_reserved_bytes)}")
-    lines.append(f"  {'+ CUDA context':<28}{_gb(plan.cuda_context_bytes)}")
+    lines.append(f"  {slack:<28}{gb(plan.predicted_reserved_bytes, '9.2f')}")
+    lines.append(f"  {'+ CUDA context':<28}{gb(plan.cuda_context_bytes, '9.2f')}")
     if plan.host_ram_bytes:
-        lines.append(f"  host RAM (offload)          {_gb(plan.host_ram_bytes)}")
+        lines.append(f"  host RAM (offload)          {gb(plan.host_ram_bytes, '9.2f')}")
     return lines
 
 
@@ -57,8 +54,8 @@ def _verdict_lines(plan: memory.Plan, gpu: hardware.GPU | None) -> list[str]:
         else ("FITS" if plan.fits else "DOES NOT FIT")
     )
     lines = [
-        f"verdict: {word} on {plan.gpu}: needs {need / 1e9:.2f} GB of "
-        f"{plan.gpu_memory_bytes / 1e9:.2f} GB, margin {plan.margin_bytes / 1e9:+.2f} GB; "
+        f"verdict: {word} on {plan.gpu}: needs {need / GB:.2f} GB of "
+        f"{plan.gpu_memory_bytes / GB:.2f} GB, margin {plan.margin_bytes / GB:+.2f} GB; "
         f"largest micro batch that fits: {plan.max_micro_batch_size}"
     ]
     if gpu is not None:
@@ -70,7 +67,7 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
     """The tokens, FLOPs, the MFU range's times, the point estimate, energy, the time by cause, checkpoints and
     communication."""
     lines = [
-        f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / 1e9:.2f} GFLOPs/token "
+        f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / BILLION:.2f} GFLOPs/token "
         f"[{p.flops_formula}]",
         f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
         f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
@@ -89,7 +86,7 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
     elif p.seconds_by_cause_source:
         lines.append(f"  time by cause: {p.seconds_by_cause_source}")
     if p.comm_bytes_per_step is not None:
-        moved = ", ".join(f"{v / 1e9:.2f} GB over the {k} link" for k, v in p.comm_bytes_per_step.items() if v)
+        moved = ", ".join(f"{v / GB:.2f} GB over the {k} link" for k, v in p.comm_bytes_per_step.items() if v)
         lines.append(
             f"  communication per optimizer step and device: {moved or 'none'}: {p.comm_seconds_per_step:.3f} s "
             f"before overlap (included above) [{p.comm_source}]"
@@ -114,8 +111,8 @@ def _by_cause_lines(p: Projection) -> list[str]:
     return [
         f"  time by cause: {total:,.0f} s = {causes} [{p.seconds_by_cause_source}]",
         f"  checkpoints: {saves:,.0f} s of in-loop saves (included above); after the loop (not in litgpt's "
-        f"Training Time) {p.bytes_after_loop / 1e9:,.2f} GB written, {p.seconds_after_loop:,.0f} s "
-        f"[at {p.save_bytes_per_s / 1e9:g} GB/s, "
+        f"Training Time) {p.bytes_after_loop / GB:,.2f} GB written, {p.seconds_after_loop:,.0f} s "
+        f"[at {p.save_bytes_per_s / GB:g} GB/s, "
         + (
             "--save-gbs]"
             if p.save_bytes_per_s != runtime.CHECKPOINT_WRITE_BYTES_PER_S
@@ -138,7 +135,7 @@ def render_measured(m: dict, micro: int) -> str:
     ):
         mb, pb = m[f"measured_{key}"] * micro, m[f"planned_{key}"] * micro
         lines.append(
-            f"  {what:<22} measured {mb / 1e9:8.3f}  planned {pb / 1e9:8.3f}  ({(pb - mb) / mb:+.1%})"
+            f"  {what:<22} measured {mb / GB:8.3f}  planned {pb / GB:8.3f}  ({(pb - mb) / mb:+.1%})"
             if mb
             else f"  {what}: nothing measured"
         )
@@ -162,13 +159,13 @@ def render_simulated(sim, plan) -> str:
     ]
     for phase, snap in sim.phases.items():
         lines.append(
-            f"  {phase:<15}{snap['Total'] / 1e9:8.2f}"
-            + "".join(f"{snap.get(k, 0) / 1e9:13.2f}" for k, _ in kinds)
+            f"  {phase:<15}{snap['Total'] / GB:8.2f}"
+            + "".join(f"{snap.get(k, 0) / GB:13.2f}" for k, _ in kinds)
             + f"  {sim.where.get(phase, '')}"
         )
     planned = plan.peak_allocated_bytes
     lines.append(
-        f"  peak: {sim.peak_phase}, {sim.peak_bytes / 1e9:.2f} GB simulated; planned {planned / 1e9:.2f} GB "
+        f"  peak: {sim.peak_phase}, {sim.peak_bytes / GB:.2f} GB simulated; planned {planned / GB:.2f} GB "
         f"({(planned - sim.peak_bytes) / sim.peak_bytes:+.1%})"
     )
     lines += [f"  ({note})" for note in sim.notes]

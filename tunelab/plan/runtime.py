@@ -31,6 +31,7 @@ from tunelab.models import count_params, lora_param_count
 from tunelab.plan.comm import BACKWARD_SHARE
 from tunelab.plan.flops import flops_per_token
 from tunelab.plan.memory import four_bit_bytes_per_param, optimizer_shards, parameter_bytes
+from tunelab.units import GB
 
 ETA = 0.6040
 """Fraction of the dense peak FLOP/s the matmul work reaches (fitted: see the module docstring)."""
@@ -297,7 +298,7 @@ class Terms:
         (the fitted curve) at ``peak_flops``."""
         if isinstance(self.kernels, KernelWork):
             return sum(self.by_cause(gpu).values())
-        return self.seconds(peak_flops, gpu.bandwidth_gbs * 1e9)
+        return self.seconds(peak_flops, gpu.bandwidth_gbs * GB)
 
     def seconds(
         self,

@@ -13,6 +13,7 @@ from tunelab.paths import ROOT, output_root
 from tunelab.plan import comm, memory, runtime
 from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe
 from tunelab.sweep_file import lab_rows
+from tunelab.units import BILLION, GB, GIB
 
 
 def accuracy_rows() -> list[dict]:
@@ -40,9 +41,9 @@ def accuracy_rows() -> list[dict]:
             continue  # the lab printed no figure and no failure: nothing to compare
         plan = plan_recipe(r.recipe, r.overrides(), gpu=hardware.lookup(r.gpu), strategy=r.strategy).plan
         measured = (
-            [m * 2**30 / 1e9 for m in measured]
+            [m * GIB / GB for m in measured]
             if isinstance(measured, list)
-            else (measured * 2**30 / 1e9 if measured is not None else None)
+            else (measured * GIB / GB if measured is not None else None)
         )
         rows.append(
             _row(
@@ -270,8 +271,8 @@ def own_rows(reports: Path | None = None) -> list[dict]:
                 strategy = dataclasses.replace(strategy, compile=None)
             planned = stored.todays_plan(rec, None, strategy)
             plan, x = planned.plan, planned.input
-            measured = rec.peak_allocated_bytes / 1e9
-            predicted = plan.peak_allocated_bytes / 1e9
+            measured = rec.peak_allocated_bytes / GB
+            predicted = plan.peak_allocated_bytes / GB
             rows.append(
                 {
                     "report": name, "row": rec.row_id, "device": rec.device_name,
@@ -402,7 +403,7 @@ def lab_runtime_items() -> list:
         planned = plan_recipe(r.recipe, extra, gpu=g)
         x = planned.input
         t = runtime.terms(x, planned.settings.args, 1000, 1000, LAB_PADDED_TOKENS_PER_SAMPLE)
-        items.append((r, t, g.training_peak(x.precision), g.bandwidth_gbs * 1e9, float(r.lab["time_s"])))
+        items.append((r, t, g.training_peak(x.precision), g.bandwidth_gbs * GB, float(r.lab["time_s"])))
     return items
 
 
@@ -481,7 +482,7 @@ def comm_rows() -> list[dict]:
                 "devices": x.world,
                 "lab_step_s": secs,
                 "compute_step_s": compute,
-                "comm_gb": k.bytes_gpu / 1e9,
+                "comm_gb": k.bytes_gpu / GB,
                 "comm_s": k.seconds,
                 "schedule": k.hideable_under,
                 "exposed_s": est - compute,
@@ -613,11 +614,11 @@ def multinode_rows() -> list[dict]:
         row = {
             "gpus": n,
             "nodes": nodes,
-            "params_b": params / 1e9,
+            "params_b": params / BILLION,
             "study_step_s": secs,
             "compute_step_s": compute,
-            "comm_gb": (k.bytes_gpu + k.bytes_node) / 1e9,
-            "implied_gbs": (k.bytes_gpu + k.bytes_node) / 1e9 / max(secs - compute, 1e-9),
+            "comm_gb": (k.bytes_gpu + k.bytes_node) / GB,
+            "implied_gbs": (k.bytes_gpu + k.bytes_node) / GB / max(secs - compute, 1e-9),
         }
         if nodes > 1:
             est, est_loo = _step(compute, k, fitted), _step(compute, k, loo)
@@ -674,7 +675,7 @@ def _multinode_section(out: Path) -> list[str]:
         "",
         f"The fitted network, {across[0]['fitted_gbs']:.2f} GB/s achieved per node, is "
         f"{across[0]['fitted_gbs'] * 8:.0f} Gb/s achieved (`{eth.name}` at its default efficiency would give "
-        f"{eth.bytes_per_s / 1e9:.2f} GB/s). The planner's term grows from 2 to 4 nodes "
+        f"{eth.bytes_per_s / GB:.2f} GB/s). The planner's term grows from 2 to 4 nodes "
         "by the ring's (n-1)/n and the parameter count; the study's step grew more, which a ring over more "
         "network hops (or NCCL's choice of algorithm there) would explain; not measured here.",
     ]

@@ -14,6 +14,7 @@ from tunelab.report.stats import median_interval
 from tunelab.report.sweep import environment
 from tunelab.run.collect import read_metrics
 from tunelab.tune.bench import Phase, refused
+from tunelab.units import GB, to_gb
 
 COLUMNS = [
     "phase",
@@ -89,8 +90,8 @@ def rows(phases: list[Phase], base: Path) -> list[dict]:
                         "padding_pct": pad,
                         "mfu": r.mfu,
                         "mfu_padded": r.mfu_padded,
-                        "peak_allocated_gb": None if r.peak_allocated_bytes is None else r.peak_allocated_bytes / 1e9,
-                        "peak_rss_gb": None if r.peak_rss_bytes is None else r.peak_rss_bytes / 1e9,
+                        "peak_allocated_gb": to_gb(r.peak_allocated_bytes),
+                        "peak_rss_gb": to_gb(r.peak_rss_bytes),
                         "first_iteration_s": r.first_iteration_s,
                         "compile_s": r.compile_s,
                         "graphs_compiled_in_loop": r.graphs_compiled_in_loop,
@@ -213,7 +214,7 @@ def _arm_row(arm) -> str:
         f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
         f"{_spread([r.tok_s_padded for r in ok])} | "
         f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
-        f"{'' if alloc is None else f'{alloc / 1e9:.2f}'} | {'' if rss is None else f'{rss / 1e9:.2f}'} | "
+        f"{'' if alloc is None else f'{alloc / GB:.2f}'} | {'' if rss is None else f'{rss / GB:.2f}'} | "
         f"{'' if comp is None else f'{comp:.1f}'} | {'' if first is None else f'{first:.1f}'} | "
         f"{'' if not recompiles else max(recompiles)} | {'' if last is None else f'{last:.3f}'} |"
     )

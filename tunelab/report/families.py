@@ -14,6 +14,7 @@ from tunelab.paths import output_root
 from tunelab.plan import bnb_kernels
 from tunelab.plan.measure import FAMILIES, compare_methods_in_child
 from tunelab.progress import ProgressLine
+from tunelab.units import GB
 
 CASE_COLUMNS = [
     "model",
@@ -209,11 +210,11 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['method']} | {r['precision']} | {r['simulated_peak'] / 1e9:.2f} | "
+            f"| {r['model']} | {r['method']} | {r['precision']} | {r['simulated_peak'] / GB:.2f} | "
             f"{r['simulated_phase']} | "
-            + " | ".join(f"{r[f'simulated_{k}'] / 1e9:.2f}" for k in ("parameter", "gradient", "activation",
+            + " | ".join(f"{r[f'simulated_{k}'] / GB:.2f}" for k in ("parameter", "gradient", "activation",
                                                                        "temp", "optstate"))
-            + f" | {r['planned_peak'] / 1e9:.2f} | {r['error']:+.1%} |"
+            + f" | {r['planned_peak'] / GB:.2f} | {r['error']:+.1%} |"
         )  # fmt: skip
     write_text_atomic(out / "simulated.md", "\n".join(lines) + "\n")
     return out

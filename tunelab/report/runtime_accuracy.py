@@ -27,6 +27,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab.plan import bnb_kernels, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample
+from tunelab.units import fmt
 
 H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
 """Our H100 Part 1 report's table (litgpt 0.5.13, torch 2.11, NVIDIA H100 80GB HBM3)."""
@@ -538,12 +539,12 @@ def _md_second_machine(rows: list[dict], h100: list[dict], machines: dict) -> li
     ]
     for r in rows:
         h1, h1_host = first.get(r["id"], (None, None))
-        other = f"{h1:.3f}, {_fmt(h1_host and h1_host * 1e6, '.1f', 'GPU-bound')}" if h1 else "not timed"
+        other = f"{h1:.3f}, {fmt(h1_host and h1_host * 1e6, '.1f', 'GPU-bound')}" if h1 else "not timed"
         lines.append(
             f"| {r['id']} | {r['recipe']} | {r['precision']} | {r['micro']} x {r['accumulation']} | "
             f"{r['tokens']:.0f} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
-            f"{r['kernels_s']:.3f} | {_implied(r)} | {other} | {_fmt(r['host_op_us'], '.2f')} | "
-            f"{_fmt(r['device_op_us'], '.2f')} | {_fmt(r['sm_clock_mhz'], '.0f')} | {_fmt(r['gpu_util'], '.0f')} |"
+            f"{r['kernels_s']:.3f} | {_implied(r)} | {other} | {fmt(r['host_op_us'], '.2f')} | "
+            f"{fmt(r['device_op_us'], '.2f')} | {fmt(r['sm_clock_mhz'], '.0f')} | {fmt(r['gpu_util'], '.0f')} |"
         )
     if bound and probes and machines:
         every = [h for hosts in machines.values() for h in hosts]
@@ -585,7 +586,7 @@ def _md_qlora_loop(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {r['id']} | {r['recipe']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
             f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {_implied(r)} | "
-            f"{_fmt(r['gpu_util'], '.0f')} |"
+            f"{fmt(r['gpu_util'], '.0f')} |"
         )
     by = {r["recipe"].split("/")[-1]: r for r in rows}
     if {"qlora", "lora"} <= set(by):
@@ -614,11 +615,11 @@ def _md_openllama(rows: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        thirds = ", ".join(f"{s:.3f} ({_fmt(h, '.0f', 'GPU')})" for s, h in r["thirds"]) or "no log"
+        thirds = ", ".join(f"{s:.3f} ({fmt(h, '.0f', 'GPU')})" for s, h in r["thirds"]) or "no log"
         lines.append(
             f"| {r['id']} | {r['recipe']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
             f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {r['kernels_s']:.3f} | "
-            f"{_implied(r)} | {thirds} | {_fmt(r['gpu_util'], '.0f')} |"
+            f"{_implied(r)} | {thirds} | {fmt(r['gpu_util'], '.0f')} |"
         )
     errors = [abs(r["error"]) for r in rows]
     lines += [
@@ -635,7 +636,7 @@ def _qlora_over_lora(q: dict, lo: dict) -> str:
         f"QLoRA over LoRA: measured {q['measured_s'] / lo['measured_s']:.2f}x, predicted "
         f"{q['predicted_s'] / lo['predicted_s']:.2f}x."
     )
-    busy = f"the GPU busy {_fmt(q['gpu_util'], '.0f')}% and {_fmt(lo['gpu_util'], '.0f')}%"
+    busy = f"the GPU busy {fmt(q['gpu_util'], '.0f')}% and {fmt(lo['gpu_util'], '.0f')}%"
     hosts = [r["implied_host_us"] for r in (q, lo)]
     if not (q["host_bound"] and lo["host_bound"] and all(hosts)):
         return f"{ratio} Not both host-bound ({busy}): their implied host times do not isolate bitsandbytes' host work."
@@ -659,11 +660,6 @@ def _implied(row: dict) -> str:
     if h is None:
         return "GPU-bound"
     return f"{h:.1f}" if row["host_bound"] else f"({h:.1f})"
-
-
-def _fmt(value, spec: str, missing: str = "") -> str:
-    """``value`` formatted by ``spec``, or ``missing`` when it is None."""
-    return missing if value is None else format(value, spec)
 
 
 def _md_part3(root: Path) -> list[str]:

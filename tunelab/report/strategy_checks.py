@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tunelab import files
 from tunelab.paths import output_root
+from tunelab.units import GB
 
 FAMILIES = (
     ("TinyLlama 1.1B", "tiny-llama-1.1b", None),
@@ -331,8 +332,8 @@ def markdown(found: list[Row], zero_rows=()) -> str:
         calls = "" if r.traced_calls is None else f"{r.traced_calls} / {r.formula_calls}"
         lines.append(
             f"| {r.family} | {r.method} | {r.precision} | {r.strategy} | {r.world} | {r.accumulation} | "
-            f"{r.planned_bytes / 1e9:.2f} | {r.simulated_bytes / 1e9:.2f} | {r.memory_error:+.1%} | "
-            f"{r.simulated_phase} | {r.traced_bytes_per_step / 1e9:.2f} | {r.formula_bytes_per_step / 1e9:.2f} | "
+            f"{r.planned_bytes / GB:.2f} | {r.simulated_bytes / GB:.2f} | {r.memory_error:+.1%} | "
+            f"{r.simulated_phase} | {r.traced_bytes_per_step / GB:.2f} | {r.formula_bytes_per_step / GB:.2f} | "
             f"{ce} | {calls} | {r.seconds:.1f} |"
         )
     from tunelab.report import deepspeed_checks

@@ -21,6 +21,7 @@ from tunelab.plan.recipe import plan_recipe
 from tunelab.recipes import resolve
 from tunelab.report.sweep import environment
 from tunelab.tune.study import Setting, Study, StudyFile, study_overrides
+from tunelab.units import GB, to_gb
 
 COLUMNS = [
     "study",
@@ -349,7 +350,7 @@ def plot(results: list[SettingResult], out_dir: Path) -> Path | None:
             cpu = ok[0][1].device_type == "cpu"
             ax_m.plot(
                 ms,
-                [((r.peak_rss_bytes if cpu else r.peak_allocated_bytes) or 0) / 1e9 for _, r in ok],
+                [((r.peak_rss_bytes if cpu else r.peak_allocated_bytes) or 0) / GB for _, r in ok],
                 marker="o",
                 color=line.get_color(),
                 label=res.setting.id,
@@ -398,13 +399,9 @@ def write_report(base: Path, sf: StudyFile, out_dir: Path | None = None) -> Path
                     "status": r.status,
                     "error": r.error,
                     "best": m == res.best,
-                    "peak_allocated_gb": None
-                    if r.peak_allocated_bytes is None
-                    else round(r.peak_allocated_bytes / 1e9, 3),
-                    "peak_reserved_gb": None
-                    if r.peak_reserved_bytes is None
-                    else round(r.peak_reserved_bytes / 1e9, 3),
-                    "peak_rss_gb": None if r.peak_rss_bytes is None else round(r.peak_rss_bytes / 1e9, 3),
+                    "peak_allocated_gb": to_gb(r.peak_allocated_bytes, 3),
+                    "peak_reserved_gb": to_gb(r.peak_reserved_bytes, 3),
+                    "peak_rss_gb": to_gb(r.peak_rss_bytes, 3),
                     "gpu_util_mean": r.gpu_util_steady_mean if ok else None,
                     "gpu_util_std": r.gpu_util_steady_std if ok else None,
                     "tflops_per_device_real": r.achieved_tflops_per_device if ok else None,

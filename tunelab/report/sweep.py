@@ -16,8 +16,7 @@ from tunelab.files import read_json, save_figure, write_csv, write_text_atomic
 from tunelab.paths import report_dir, slug
 from tunelab.plan import stored
 from tunelab.sweep_file import SweepError, check_lab
-
-GB = 1e9
+from tunelab.units import GB, GIB
 
 # (column, header in Markdown, how to get it from a record dict + lab dict)
 COLUMNS = [
@@ -134,9 +133,7 @@ def row_of(rec: record_mod.RunRecord, lab: dict, lab_hardware: str) -> dict:
     lab_mem = lab.get("memory_gb")
     if lab_mem is None and lab.get("allocated_gib") is not None:  # Part 2: current allocated per GPU, GiB
         a = lab["allocated_gib"]
-        lab_mem = (
-            f"{a[0] * 2**30 / GB:.2f}-{a[1] * 2**30 / GB:.2f}" if isinstance(a, list) else round(a * 2**30 / GB, 2)
-        )
+        lab_mem = f"{a[0] * GIB / GB:.2f}-{a[1] * GIB / GB:.2f}" if isinstance(a, list) else round(a * GIB / GB, 2)
     phases = rec.ranks[0].phase_peak_allocated if rec.ranks else {}
     row.update(
         {

@@ -39,6 +39,7 @@ from tunelab.plan.recipe import BNB_OPTIMIZERS
 from tunelab.recipes import resolve
 from tunelab.run import batching, fused, outputs, rank_stats
 from tunelab.strategies import StrategyConfig, load_strategy
+from tunelab.units import GB
 from tunelab.validate import parse
 
 
@@ -755,7 +756,7 @@ class _Loop:
                 f"{totals[2].item() / max(training_time - paused, 1e-9):.2f} tok/s"
             )
             if self.device.type == "cuda":
-                print(f"| - Memory Used               :  {torch.cuda.max_memory_allocated() / 1e9:.02f} GB")
+                print(f"| - Memory Used               :  {torch.cuda.max_memory_allocated() / GB:.02f} GB")
         if self.eval_args.final_validation:
             val = self.validate(len(self.data.val))
             if self.rank == 0:

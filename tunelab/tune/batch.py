@@ -36,6 +36,7 @@ from tunelab.recipes import Recipe
 from tunelab.run.resume import resume_state, same_overrides, settings_changed, strategy_label, strategy_settings
 from tunelab.run.runner import RunOptions, run
 from tunelab.strategies import load_strategy
+from tunelab.units import GB, fmt, gb
 from tunelab.validate import check
 
 
@@ -201,7 +202,7 @@ class _Prober:
             f"probe micro {m}{again}: {rec.status}"
             + (f" ({rec.error})" if rec.status != "ok" else "")
             + (f" | {rec.tok_s_padded:,.0f} tok/s" if rec.tok_s_padded else "")
-            + (f" | peak {mem / 1e9:.2f} GB" if mem else "")
+            + (f" | peak {mem / GB:.2f} GB" if mem else "")
             + "\n"
         )
         pr.stream.flush()
@@ -391,14 +392,6 @@ def search(
     return results
 
 
-def _gb(b) -> str:
-    return "" if not b else f"{b / 1e9:.2f}"
-
-
-def _num(value, fmt: str, scale: float = 1.0) -> str:
-    return "" if value is None else format(value * scale, fmt)
-
-
 def render(res: TuneResult) -> str:
     """The probes as the FSDP tuning study tabled them, the best micro batch starred."""
     lines = [
@@ -412,9 +405,9 @@ def render(res: TuneResult) -> str:
         star = "*" if p["micro_batch_size"] == res.best else " "
         retries = "" if p["num_alloc_retries"] is None else str(p["num_alloc_retries"])
         lines.append(
-            f"{star}{p['micro_batch_size']:>6}  {p['status']:<6}  {_gb(p.get('peak_allocated_bytes')):>8}  "
-            f"{_gb(p.get('peak_reserved_bytes')):>11}  {_gb(p.get('peak_rss_bytes')):>6}  {util:>10}  "
-            f"{_num(p.get('tflops_per_device'), '.1f'):>11}  {_num(p.get('iter_time_s'), '.0f', 1000):>7}  "
+            f"{star}{p['micro_batch_size']:>6}  {p['status']:<6}  {gb(p.get('peak_allocated_bytes') or None):>8}  "
+            f"{gb(p.get('peak_reserved_bytes') or None):>11}  {gb(p.get('peak_rss_bytes') or None):>6}  {util:>10}  "
+            f"{fmt(p.get('tflops_per_device'), '.1f'):>11}  {fmt(p.get('iter_time_s'), '.0f', scale=1000):>7}  "
             f"{p['tok_s_padded'] or 0:>12,.0f}  {retries:>7}"
         )
     predicted = "" if res.predicted_largest is None else f" (planner predicted {res.predicted_largest})"

@@ -24,6 +24,7 @@ from tunelab.recipes import resolve
 from tunelab.run.runner import RunOptions
 from tunelab.strategies import load_strategy
 from tunelab.tune.batch import PREFETCH, Probes, planned_start, probe_problems, strategy_variant, tune, variant_name
+from tunelab.units import GB
 
 STUDY_FILE_KEYS = {"name", "description", "lab_hardware", "studies", "lab"}
 STUDY_KEYS = {
@@ -319,7 +320,7 @@ def run_study(
         extra += ["--checkpoint_dir", str(ckpt)]
         model = "checkpoint"
     world = settings.resolve(recipe, extra).world_size
-    limit = int(study.memory_limit_gb * 1e9) if study.memory_limit_gb else None
+    limit = int(study.memory_limit_gb * GB) if study.memory_limit_gb else None
     gpu = hardware.lookup(study.gpu) if study.gpu else None
     results, by_id = [], {}
     for st in study.settings:

@@ -1,0 +1,38 @@
+"""The units of the numbers tunelab prints and writes, and the one formatter of a figure that may be missing.
+
+Every GB in tunelab's output is 1e9 bytes (:data:`GB`); GiB (2^30 bytes, :data:`GIB`) is always named as such.
+Billions of parameters and GFLOPs divide by :data:`BILLION`. Tables, reports and the CLI format through
+:func:`fmt` and :func:`gb`, so a missing value prints the same way everywhere."""
+
+from __future__ import annotations
+
+GB = 1e9
+"""Bytes per GB (decimal, as GPU vendors and litgpt's "Memory Used" count)."""
+GIB = 2**30
+"""Bytes per GiB (binary, as nvidia-smi's MiB and the lab's sheets count)."""
+BILLION = 1e9
+"""A count in billions: parameters (B), FLOPs (GFLOPs)."""
+
+
+def fmt(value, spec: str = ".2f", missing: str = "", scale: float = 1.0) -> str:
+    """``value`` times ``scale`` formatted by ``spec`` (Python's format mini-language); ``missing`` when it is None."""
+    return missing if value is None else format(value * scale, spec)
+
+
+def figure(x: float) -> str:
+    """Two decimals with thousands separators, or three significant figures below 1 (a short run's hours and dollars
+    are not 0.00)."""
+    return f"{x:,.2f}" if x >= 1 or x == 0 else f"{x:.3g}"
+
+
+def gb(nbytes, spec: str = ".2f", missing: str = "") -> str:
+    """``nbytes`` in GB (1e9 bytes) formatted by ``spec``; ``missing`` when it is None."""
+    return fmt(nbytes, spec, missing, 1 / GB)
+
+
+def to_gb(nbytes, ndigits: int | None = None) -> float | None:
+    """``nbytes`` as a number of GB (1e9 bytes), rounded to ``ndigits`` when given; None stays None (a CSV or JSON
+    column named ``*_gb``)."""
+    if nbytes is None:
+        return None
+    return nbytes / GB if ndigits is None else round(nbytes / GB, ndigits)
