@@ -933,7 +933,7 @@ GRIDS = (
     (GRID_FP32, "H200", "2026-11-27, 32-true"),
     (GRID_QLORA, "H200", "2026-11-27, QLoRA"),
 )
-"""(measured lines, the GPU table's row they ran on, the day) of every grid :func:`write_report` checks."""
+"""(measured lines, the GPU table's row they ran on, the day) of every grid :func:`tunelab.report.runtime_accuracy.write_kernels_md` checks."""
 FITTED_SHAPES = {
     "H100-SXM": {(m, "full", b) for m, b in (("tiny-llama-1.1b", 1), ("tiny-llama-1.1b", 4), ("tiny-llama-1.1b", 16),
                                              ("open_llama_3b", 1), ("open_llama_3b", 4))},

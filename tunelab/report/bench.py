@@ -14,7 +14,7 @@ from tunelab.report.stats import median_interval
 from tunelab.report.sweep import environment
 from tunelab.run.collect import read_metrics
 from tunelab.tune.bench import Phase, refused
-from tunelab.units import GB, to_gb
+from tunelab.units import fmt, gb, to_gb
 
 COLUMNS = [
     "phase",
@@ -214,9 +214,8 @@ def _arm_row(arm) -> str:
         f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
         f"{_spread([r.tok_s_padded for r in ok])} | "
         f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
-        f"{'' if alloc is None else f'{alloc / GB:.2f}'} | {'' if rss is None else f'{rss / GB:.2f}'} | "
-        f"{'' if comp is None else f'{comp:.1f}'} | {'' if first is None else f'{first:.1f}'} | "
-        f"{'' if not recompiles else max(recompiles)} | {'' if last is None else f'{last:.3f}'} |"
+        f"{gb(alloc)} | {gb(rss)} | {fmt(comp, '.1f')} | {fmt(first, '.1f')} | "
+        f"{'' if not recompiles else max(recompiles)} | {fmt(last, '.3f')} |"
     )
 
 
