@@ -79,7 +79,8 @@ def test_a_template_is_the_traced_step_at_any_shape():
 
 def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monkeypatch):
     """The cache holds JSON (nothing executed or unpickled), answers a second process without tracing, and a file
-    that does not parse or belongs to another key is traced again, not trusted."""
+    that does not parse or belongs to another key is traced again, not trusted; float16 under autocast reads
+    bfloat16's."""
     import dataclasses
 
     from litgpt import Config
@@ -104,6 +105,11 @@ def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monke
         remade = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
         assert traced and (remade.bytes == first.bytes).all()
         traced.clear()
+    mixed = kernels.cached_template(c, "full", "bf16-mixed", "AdamW", 1, False)
+    traced.clear()
+    monkeypatch.setattr(kernels, "_TEMPLATES", {})  # float16 under autocast is traced as bfloat16: the same file
+    assert (kernels.cached_template(c, "full", "16-mixed", "AdamW", 1, False).bytes == mixed.bytes).all()
+    assert not traced and len(list((tmp_path / "kernel-templates").iterdir())) == 2
 
 
 def test_the_kernel_report_holds_its_stated_errors():

@@ -591,7 +591,8 @@ def cached_template(
     """:func:`template` (``single``: traced at one sample per micro batch, whose step skips some copies), kept in
     the process and under the cache directory (``kernel-templates/``, JSON: nothing there is executed); a cached
     file for another torch, litgpt or template version, or one that does not read, is made again
-    (:func:`tunelab.plan.trace_cache.cached_json`)."""
+    (:func:`tunelab.plan.trace_cache.cached_json`). Precisions traced as another (:data:`TRACED_AS`) share its
+    template."""
     import json
 
     import numpy as np
@@ -599,6 +600,7 @@ def cached_template(
     from tunelab import paths
     from tunelab.plan.trace_cache import cached_json
 
+    precision = TRACED_AS.get(str(precision), str(precision))  # one template for precisions traced alike
     key = [TEMPLATE_VERSION, _config_key(config), method, precision, optimizer, head_chunks, single,
            [lora[0], sorted(lora[1])] if lora else []]  # fmt: skip
     memo = json.dumps(key)
