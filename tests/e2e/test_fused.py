@@ -26,74 +26,86 @@ import litgpt.lora as lora
 from litgpt.utils import chunked_cross_entropy
 from tunelab.run import fused
 
-case = json.loads(sys.argv[1])
-device = case.get("device", "cpu")
-torch.manual_seed(0)
-kw = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, vocab_size=300, padded_vocab_size=320,
-          block_size=64, mlp_class_name="LLaMAMLP", intermediate_size=128, norm_class_name="RMSNorm",
-          bias=False, rotary_percentage=1.0, parallel_residual=False,
-          final_logit_softcapping=case.get("softcap"), scale_embeddings=case.get("scale_embeddings", False))
-dtype = getattr(torch, case["dtype"])
-if case["lora"]:
-    c = lora.Config(**kw, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True, lora_head=case["lora"] == "head",
-                    lora_dropout=0.0)
-    model = lora.GPT(c)
-    lora.mark_only_lora_as_trainable(model)
-    for name, p in model.named_parameters():
-        if "lora_B" in name:  # litgpt starts B at zero; a non-zero B makes the adapter count in the logits
-            torch.nn.init.normal_(p, std=0.2)
-else:
-    model = GPT(Config(**kw))
-model = model.to(device=device, dtype=dtype)
-model.max_seq_length = 32
-idx = torch.randint(0, 300, (3, 32), device=device)
-targets = idx.clone()
-targets[0, :7] = -100  # a masked prompt
-targets[2, 20:] = -100  # padding
-other = copy.deepcopy(model)
-logits = model(idx).float()
-reference = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
-(reference / 2).backward()  # the loop divides by the accumulation steps
-used = fused.apply(other, case.get("mode", "loss"))
-loss = fused.loss(other, idx, targets)
-(loss / 2).backward()
-worst = 0.0
-for (name, p), q in zip(model.named_parameters(), other.parameters()):
-    if p.grad is not None:
-        scale = p.grad.float().abs().max().item() or 1.0
-        worst = max(worst, (p.grad.float() - q.grad.float()).abs().max().item() / scale)
-    assert (p.grad is None) == (q.grad is None), name
-print(json.dumps({"reference": reference.item(), "fused": loss.item(), "worst_grad": worst, "used": used}))
+def one(case):
+    device = case.get("device", "cpu")
+    torch.manual_seed(0)
+    kw = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, vocab_size=300, padded_vocab_size=320,
+              block_size=64, mlp_class_name="LLaMAMLP", intermediate_size=128, norm_class_name="RMSNorm",
+              bias=False, rotary_percentage=1.0, parallel_residual=False,
+              final_logit_softcapping=case.get("softcap"), scale_embeddings=case.get("scale_embeddings", False))
+    dtype = getattr(torch, case["dtype"])
+    if case["lora"]:
+        c = lora.Config(**kw, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True, lora_head=case["lora"] == "head",
+                        lora_dropout=0.0)
+        model = lora.GPT(c)
+        lora.mark_only_lora_as_trainable(model)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # litgpt starts B at zero; a non-zero B makes the adapter count in the logits
+                torch.nn.init.normal_(p, std=0.2)
+    else:
+        model = GPT(Config(**kw))
+    model = model.to(device=device, dtype=dtype)
+    model.max_seq_length = 32
+    idx = torch.randint(0, 300, (3, 32), device=device)
+    targets = idx.clone()
+    targets[0, :7] = -100  # a masked prompt
+    targets[2, 20:] = -100  # padding
+    other = copy.deepcopy(model)
+    logits = model(idx).float()
+    reference = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+    (reference / 2).backward()  # the loop divides by the accumulation steps
+    used = fused.apply(other, case.get("mode", "loss"))
+    loss = fused.loss(other, idx, targets)
+    (loss / 2).backward()
+    worst = 0.0
+    for (name, p), q in zip(model.named_parameters(), other.parameters()):
+        if p.grad is not None:
+            scale = p.grad.float().abs().max().item() or 1.0
+            worst = max(worst, (p.grad.float() - q.grad.float()).abs().max().item() / scale)
+        assert (p.grad is None) == (q.grad is None), name
+    return {"reference": reference.item(), "fused": loss.item(), "worst_grad": worst, "used": used}
+
+
+for case in json.loads(sys.argv[1]):  # one process for every case: torch, litgpt and Triton imported once
+    print(json.dumps(one(case)), flush=True)
 """
 
 
-def compare(case: dict, interpret: bool = True) -> dict:
+def compare(cases: list[dict], interpret: bool = True) -> list[dict]:
+    """COMPARE's figures for each of ``cases``, all in one child process."""
     env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else dict(os.environ)
     out = subprocess.run(
-        [sys.executable, "-c", COMPARE, json.dumps(case)], capture_output=True, text=True, cwd=ROOT, env=env
+        [sys.executable, "-c", COMPARE, json.dumps(cases)], capture_output=True, text=True, cwd=ROOT, env=env
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(cases) :]]
 
 
-@pytest.mark.parametrize(
-    "case,loss_rel,grad_rel",
-    [
-        ({"dtype": "float32", "lora": None}, 1e-6, 1e-5),
-        ({"dtype": "float32", "lora": None, "scale_embeddings": True}, 1e-6, 1e-5),
-        ({"dtype": "float32", "lora": "head"}, 1e-6, 1e-5),
-        ({"dtype": "float32", "lora": "blocks"}, 1e-6, 1e-5),
-        ({"dtype": "bfloat16", "lora": "head"}, 1e-4, 0.03),
-    ],
-    ids=["full-fp32", "full-fp32-scaled-embeddings", "lora-head-fp32", "lora-fp32", "lora-head-bf16"],
-)
-def test_the_fused_loss_is_litgpts_loss_and_gradients(case, loss_rel, grad_rel):
+CASES = {
+    # id: (case, loss rel. tolerance, gradient tolerance)
+    "full-fp32": ({"dtype": "float32", "lora": None}, 1e-6, 1e-5),
+    "full-fp32-scaled-embeddings": ({"dtype": "float32", "lora": None, "scale_embeddings": True}, 1e-6, 1e-5),
+    "lora-head-fp32": ({"dtype": "float32", "lora": "head"}, 1e-6, 1e-5),
+    "lora-fp32": ({"dtype": "float32", "lora": "blocks"}, 1e-6, 1e-5),
+    "lora-head-bf16": ({"dtype": "bfloat16", "lora": "head"}, 1e-4, 0.03),
+}
+
+
+@pytest.fixture(scope="module")
+def compared() -> dict:
+    """Every case of CASES compared in one child (one import of torch, litgpt and Triton for the five)."""
+    return dict(zip(CASES, compare([case for case, _, _ in CASES.values()])))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_fused_loss_is_litgpts_loss_and_gradients(name, compared):
     """Liger's fused linear cross-entropy (Triton's interpreter) against litgpt's forward and chunked
     cross-entropy on a masked, padded batch: the same loss and the same gradient for every parameter (fp32:
     to rounding; bf16: within a few bf16 ulps of the largest gradient, the logits' gradient being rounded to bf16
     by both before the head's matmul), including scaled embeddings and a LoRA head (its adapter appended as extra
     columns of the head). Final-logit softcapping passes a float to the kernel: compared on a GPU."""
-    r = compare(case)
+    _, loss_rel, grad_rel = CASES[name]
+    r = compared[name]
     assert r["fused"] == pytest.approx(r["reference"], rel=loss_rel)
     assert r["worst_grad"] <= grad_rel, r
     assert r["used"] == ["fused linear cross-entropy"]
@@ -109,7 +121,7 @@ def test_liger_norms_swiglu_and_softcapping_are_litgpts_on_a_gpu(dtype, softcap)
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: Liger's norm, SwiGLU and softcapping kernels cannot run in Triton's interpreter")
-    r = compare({"dtype": dtype, "lora": None, "mode": "all", "device": "cuda", "softcap": softcap}, interpret=False)
+    (r,) = compare([{"dtype": dtype, "lora": None, "mode": "all", "device": "cuda", "softcap": softcap}], False)
     assert r["used"][0] == "fused linear cross-entropy" and any(u.startswith("RMSNorm") for u in r["used"])
     assert r["fused"] == pytest.approx(r["reference"], rel=1e-5 if dtype == "float32" else 1e-3)
     assert r["worst_grad"] <= (1e-4 if dtype == "float32" else 0.05), r
