@@ -11,11 +11,13 @@ import pytest
 import yaml
 
 from tests.conftest import one_line_problems, tunelab_cli
-from tests.plan.test_advise import GPUS, _records
+from tests.plan.test_advise import _records
 
 
 def test_the_cli_answers_and_refuses_in_one_line(tmp_path):
-    proc = tunelab_cli("advise", "open-llama-7b", "--gpus", ",".join(GPUS), "--max-devices", "8", "--tokens", "5e7")
+    """As a child process (the README's 7B example runs in-process, its printed answer compared with the docs', in
+    tests/e2e/test_printed_commands.py): an answer per GPU, JSON, and one line for each bad input."""
+    proc = tunelab_cli("advise", "tiny-llama-1.1b", "--gpus", "L4,H100-SXM", "--max-devices", "2", "--tokens", "5e6")
     assert proc.returncode == 0, proc.stderr
     assert "fastest: " in proc.stdout and "cheapest: " in proc.stdout and "## H100-SXM" in proc.stdout
     js = json.loads(tunelab_cli("advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--json").stdout)

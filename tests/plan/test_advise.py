@@ -174,7 +174,7 @@ def test_a_one_device_strategy_is_never_proposed_on_several_devices():
     """fast.yaml (name: single) would start ranks that never average a gradient: advise tries it on one device only;
     LoRA under a strategy file is planned as tunelab's loop runs it, without activation checkpointing unless asked."""
     got = advise.candidates(
-        {"lora": resolve("open-llama-7b/lora")}, [hardware.lookup("H100-SXM")], tokens=1e6, max_devices=2,
+        {"lora": resolve("tiny-llama-1.1b/lora")}, [hardware.lookup("H100-SXM")], tokens=1e6, max_devices=2,
         strategies=["fast", "ddp"],
     )  # fmt: skip
     assert {c.world for c in got if c.strategy == "fast"} == {1}
