@@ -20,16 +20,18 @@ from tests.conftest import ROOT, cpu_env
 from tunelab.plan.measure import FAMILIES, compare_methods_in_child
 
 
-def measure_in_child(name: str, method: str, micro: int, seq_len: int) -> dict:
-    """tunelab.plan.measure.measure in its own process: a full-width model's memory goes back to the system when
-    the child ends (in the test process it stays: the allocator keeps it, and the suite grew to 18 GB)."""
+def measure_in_child(name: str, runs: list[tuple[str, int]], seq_len: int) -> list[dict]:
+    """tunelab.plan.measure.measure of each (method, micro batch) of ``runs`` under bf16-true, in one process of its
+    own: a full-width model's memory goes back to the system when the child ends (in the test process it stays: the
+    allocator keeps it, and the suite grew to 18 GB)."""
     code = (
         "import json, sys; from litgpt import Config; from tunelab.plan.measure import measure; "
-        "print(json.dumps(measure(Config.from_name(sys.argv[1]), sys.argv[2], 'bf16-true', int(sys.argv[3]), "
-        "int(sys.argv[4])).to_json()))"
+        "c = Config.from_name(sys.argv[1]); "
+        "print(json.dumps([measure(c, m, 'bf16-true', b, int(sys.argv[3])).to_json() "
+        "for m, b in json.loads(sys.argv[2])]))"
     )
     p = subprocess.run(
-        [sys.executable, "-c", code, name, method, str(micro), str(seq_len)],
+        [sys.executable, "-c", code, name, json.dumps(runs), str(seq_len)],
         cwd=ROOT,
         env=cpu_env(),
         capture_output=True,
@@ -52,15 +54,16 @@ Pythia's two norms are in CI under bf16-mixed (CI_MIXED)."""
 
 
 @functools.cache
-def _both(name: str, seq_len: int, precision: str) -> dict:
-    """Full and LoRA of one family at one precision, measured in one child process (one import of torch and
-    litgpt)."""
-    full, lora = compare_methods_in_child(name, ["full", "lora"], [precision], 1, seq_len)
-    return {"full": full, "lora": lora}
+def _measured(name: str, seq_len: int, precisions: tuple) -> dict:
+    """Full and LoRA of one family at each of ``precisions``, measured in one child process (one import of torch and
+    litgpt), by (method, precision)."""
+    got = compare_methods_in_child(name, ["full", "lora"], list(precisions), 1, seq_len)
+    return {(r["method"], r["precision"]): r for r in got}  # each record names what it measured
 
 
 def _check(name: str, method: str, seq_len: int = 64, precision: str = "bf16-true") -> dict:
-    r = _both(name, seq_len, precision)[method]
+    ci = tuple(p for p, names in (("bf16-true", CI_FAMILIES), ("bf16-mixed", CI_MIXED)) if name in names)
+    r = _measured(name, seq_len, ci if precision in ci else (precision,))[(method, precision)]  # CI's in one child
     assert abs(r["error_block"]) <= 0.03, r
     assert abs(r["error_head"]) <= 0.03, r
     assert abs(r["error_total"]) <= 0.03, r
@@ -120,10 +123,9 @@ def test_the_measurement_counts_storages_once_and_scales_with_the_batch():
     """Two sequences keep exactly twice what one keeps (no storage counted twice, nothing per-batch constant but
     the norms' fp32 weights); the first LoRA block keeps less than the others (a frozen embedding feeds it)."""
     c = Config.from_name("tiny-llama-1.1b")
-    one, two = measure_in_child(c.name, "full", 1, 32), measure_in_child(c.name, "full", 2, 32)
+    one, two, lora = measure_in_child(c.name, [("full", 1), ("full", 2), ("lora", 1)], 32)
     norm_weights = 2 * 4 * c.n_embd  # two RMSNorm weights cast to fp32 once per forward
     assert two["per_layer_bytes"][1] - norm_weights == 2 * (one["per_layer_bytes"][1] - norm_weights)
-    lora = measure_in_child(c.name, "lora", 1, 32)
     assert lora["per_layer_bytes"][0] < lora["per_layer_bytes"][1]
 
 
