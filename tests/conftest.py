@@ -23,7 +23,7 @@ this 2-core machine: 76 s at torch's default, 31 s at one thread each. Set OMP_N
 
 UNIT_LAYER = ("core", "data", "plan", "run", "report", "tune", "cli", "repo")
 """The folders of the unit layer: one per stage of the package (``tests/plan/`` tests ``tunelab/plan/``), ``cli``
-for refusals tried in-process, ``repo`` for checks over the tree. Child-process runs live in ``tests/e2e/``; the plan
+for commands run in-process (``tunelab_here``: refusals, printed JSON), ``repo`` for checks over the tree. Child-process runs live in ``tests/e2e/``; the plan
 against rank 0's simulated step of real models at full width in ``tests/accuracy/``."""
 
 
@@ -61,6 +61,23 @@ def tunelab_cli(*args, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
+
+
+def tunelab_here(*args) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``tunelab ARGS`` run in this process (arguments str()-ed): the CLI's own code
+    without a child's imports, for the unit layer; argparse's exits give their code."""
+    import contextlib
+    import io
+
+    from tunelab import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main([str(a) for a in args])
+        except SystemExit as e:  # argparse's own exits
+            code = e.code if isinstance(e.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
 
 
 def one_line_problems(label: str, proc, fragment: str) -> str | None:

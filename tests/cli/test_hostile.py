@@ -9,8 +9,6 @@ that need files (FIFOs, tags, alias bombs) and real subprocesses."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import os
 import subprocess
@@ -20,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, beside_checkout
-from tunelab import cli
+from tests.conftest import ROOT, beside_checkout, tunelab_here
 
 R, M = "tiny-llama-1.1b/lora", "tiny-llama-1.1b"
 SETTINGS = settings(
@@ -51,13 +48,8 @@ NOT_A_NAME = st.one_of(
 
 def _run(argv: list[str]) -> tuple[int, str]:
     """(exit code, stdout + stderr) of ``tunelab ARGV`` in-process."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main([str(a) for a in argv])
-        except SystemExit as e:  # argparse's own exits (--help never generated here)
-            code = e.code if isinstance(e.code, int) else 1
-    return code, (out.getvalue() + err.getvalue()).strip()
+    code, out, err = tunelab_here(*argv)
+    return code, (out + err).strip()
 
 
 class _NoChild(subprocess.Popen):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import printed
-from tests.conftest import ROOT, cpu_env
+from tests.conftest import ROOT, cpu_env, tunelab_here
 
 
 @dataclass(frozen=True)
@@ -212,12 +212,8 @@ def test_setup_sh_installs_as_ci_does_and_the_scripts_not_run_parse():
 
 
 def _tunelab(argv: list[str]) -> tuple[int, str]:
-    from tunelab import cli
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = cli.main(argv)
-    return rc, buf.getvalue()
+    rc, out, _ = tunelab_here(*argv)
+    return rc, out
 
 
 def _samples() -> dict[str, list[str]]:

@@ -1,16 +1,13 @@
-"""The runtime point estimate (tunelab/runtime.py): its constants are the fit to the lab's A100 times (not
-hand-set), leave-one-out errors are what the module states, its terms count litgpt's validations and optimizer
-steps as the lab ran them, and `tunelab plan --json` carries it."""
+"""`tunelab plan --json` (run in-process) carries the runtime estimate (tunelab/plan/runtime.py) by cause, the step
+by kernel under --simulate, and the fast path's padding as its loop forms its batches."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, cpu_env
+from tests.conftest import ROOT, tunelab_here
 from tunelab.plan import kernels, runtime
 
 
@@ -23,12 +20,9 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
     from tunelab.plan import projection as projection_mod
 
     def projection(recipe, *overrides):
-        p = subprocess.run(
-            [sys.executable, "-m", "tunelab", "plan", recipe, "--gpu", "H100-SXM", "--json", *overrides],
-            cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        return json.loads(p.stdout)["projection"]
+        code, out, err = tunelab_here("plan", recipe, "--gpu", "H100-SXM", "--json", *overrides)
+        assert code == 0, err
+        return json.loads(out)["projection"]
 
     bound = {}
     micro8 = ("--train.micro_batch_size", "8", "--train.global_batch_size", "16")
@@ -77,13 +71,11 @@ def test_plan_simulate_prints_the_step_by_kernel():
     the longer of GPU and host) and says where it is not modelled (tunelab's loop)."""
 
     def plan(*extra):
-        out = subprocess.run(
-            [sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--simulate",
-             "--json", *extra],
-            capture_output=True, text=True, cwd=ROOT, env=cpu_env(),
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)["step_by_kernel"]
+        code, out, err = tunelab_here(
+            "plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--simulate", "--json", *extra
+        )
+        assert code == 0, err
+        return json.loads(out)["step_by_kernel"]
 
     st = plan()
     assert st["gpu"] == "H100-SXM" and st["ops"] > 1000
@@ -122,13 +114,10 @@ def test_the_fast_paths_padding_is_planned_from_its_own_batches_and_matches_the_
                 assert planned[arm] == pytest.approx(measured, rel=0.02), (arm, planned[arm], measured)
 
     def tokens(*strategy):
-        p = subprocess.run(
-            [sys.executable, "-m", "tunelab", "plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--json",
-             "--train.micro_batch_size", "8", "--train.global_batch_size", "32", *strategy],
-            cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        return json.loads(p.stdout)["projection"]
+        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--json",
+                                      "--train.micro_batch_size", "8", "--train.global_batch_size", "32", *strategy)  # fmt: skip
+        assert code == 0, err
+        return json.loads(out)["projection"]
 
     fast, litgpt = tokens("--strategy", "fast"), tokens()
     assert fast["tokens"] / litgpt["tokens"] == pytest.approx(planned["fast"] / planned["litgpt"], rel=0.02)
