@@ -122,3 +122,32 @@ def test_the_fast_paths_padding_is_planned_from_its_own_batches_and_matches_the_
     fast, litgpt = tokens("--strategy", "fast"), tokens()
     assert fast["tokens"] / litgpt["tokens"] == pytest.approx(planned["fast"] / planned["litgpt"], rel=0.02)
     assert "length-grouped in windows of 64" in fast["tokens_source"]
+
+
+def test_plan_prints_the_communication_over_the_link_asked():
+    """DDP on 4 A100s: the same bytes per step over PCIe 4 as over the GPU's own NVLink 3, a longer step."""
+
+    def plan(*args):
+        code, out, err = tunelab_here("plan", "open-llama-7b/full", "--gpu", "A100-80GB", *args)
+        assert code == 0, err
+        return json.loads(out)["projection"]
+
+    slow = plan("--strategy", "ddp", "--devices", "4", "--interconnect", "pcie4", "--json")
+    fast = plan("--strategy", "ddp", "--devices", "4", "--json")
+    assert slow["comm_bytes_per_step"]["gpu"] == pytest.approx(fast["comm_bytes_per_step"]["gpu"])
+    assert slow["seconds"] > fast["seconds"]
+    assert "nvlink3" in fast["comm_source"]
+
+
+def test_plan_simulate_prints_beside_the_plan():
+    """`tunelab plan --simulate`: the simulated step beside the plan, in words and in JSON (its peak within 3% of
+    the plan's at bf16-true)."""
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "A100-80GB", "--simulate")
+    assert code == 0, err[-2000:]
+    assert "simulated step" in out and "peak: " in out and "planned" in out
+    # bf16: CUDA's flash kernel, which keeps what torch's CPU kernel keeps (at 32-true CUDA runs the memory-efficient
+    # kernel, whose output the projection reads as a view: the plan counts one copy per block less than the CPU)
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--precision", "bf16-true", "--simulate", "--json")
+    js = json.loads(out)
+    assert js["simulated"]["peak_phase"] in ("forward", "backward", "optimizer step")
+    assert js["simulated"]["peak_bytes"] == pytest.approx(js["peak_memory_gb"] * 1e9, rel=0.03)

@@ -1,29 +1,10 @@
-"""The simulated step (litgpt's model on fake tensors under torch's MemTracker) and the planner terms named from it:
-the fast CPU subset of `tunelab plan-families --simulate` (TinyLlama and Llama 3.2 1B: a 32k and a 128k vocabulary),
-the CLI, and QLoRA's terms against our H100 runs."""
+"""scripts/replay_allocator.py's refusals, as a child process: one line each before any replay. The simulated step's
+own checks are in tests/plan/test_simulate.py and tests/accuracy/test_simulate.py, `plan --simulate`'s output in
+tests/cli/test_plan_json.py."""
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
-from tests.conftest import ROOT, tunelab_cli
-
-
-def test_plan_simulate_prints_beside_the_plan_and_refuses_sharding():
-    proc = tunelab_cli("plan", "tiny-llama-1.1b/lora", "--gpu", "A100-80GB", "--simulate", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "simulated step" in proc.stdout and "peak: " in proc.stdout and "planned" in proc.stdout
-    # bf16: CUDA's flash kernel, which keeps what torch's CPU kernel keeps (at 32-true CUDA runs the memory-efficient
-    # kernel, whose output the projection reads as a view: the plan counts one copy per block less than the CPU)
-    js = json.loads(
-        tunelab_cli(
-            "plan", "tiny-llama-1.1b/full", "--precision", "bf16-true", "--simulate", "--json", timeout=300
-        ).stdout
-    )
-    assert js["simulated"]["peak_phase"] in ("forward", "backward", "optimizer step")
-    assert js["simulated"]["peak_bytes"] == pytest.approx(js["peak_memory_gb"] * 1e9, rel=0.03)
+from tests.conftest import ROOT
 
 
 def test_the_replay_script_refuses_bad_archives_and_outputs_in_one_line_before_replaying(tmp_path):
