@@ -1,5 +1,6 @@
-"""``tunelab advise``: the search keeps only what the planner says fits, ranks by the planner's own numbers, costs
-by the price table, and answers in a moment; bad input is one line."""
+"""``tunelab advise`` as a child process: it answers, and bad input is one line (the search itself:
+tests/plan/test_advise.py; the written recipe in-process: tests/cli/test_advise.py; the written recipe trained: below,
+-m slow)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import math
 import os
 
 import pytest
-import yaml
 
 from tests.conftest import one_line_problems, tunelab_cli
 from tests.plan.test_advise import _records
@@ -54,32 +54,6 @@ def _write_choice(tmp_path):
         "advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--max-devices", "1", "--data", data, "--write", out
     )
     return proc, data, out
-
-
-def test_the_written_choice_validates(tmp_path):
-    """--write: the fastest configuration as a recipe that `tunelab validate` accepts, on the --data file advised
-    on, with its launch commands (one on one GPU, one with a strategy file on several)."""
-    proc, data, out = _write_choice(tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "20 training samples of" in proc.stdout  # the recipe's val_split_fraction 0.5 holds out half
-    assert (out / "lora.yaml").is_file() and "litgpt finetune_lora --config" in (out / "launch.txt").read_text()
-    assert f"launch: tunelab run {out / 'lora.yaml'}" in proc.stdout
-    written = yaml.safe_load((out / "lora.yaml").read_text())
-    assert written["data"]["init_args"]["json_path"] == str(data.resolve())
-    assert tunelab_cli("validate", out / "lora.yaml").returncode == 0
-    several = tmp_path / "several"
-    proc = tunelab_cli("advise", "open-llama-7b/lora", "--gpus", "H100-SXM", "--write", several)
-    assert proc.returncode == 0 and (several / "strategy.yaml").is_file(), proc.stderr
-    assert "--strategy" in (several / "launch.txt").read_text()
-    assert tunelab_cli("validate", several / "lora.yaml").returncode == 0
-    # --json with --write: stdout is the JSON alone (no row repeated for a GPU asked twice), the choice written
-    as_json = tmp_path / "as-json"
-    proc = tunelab_cli("advise", "tiny-llama-1.1b/lora", "--gpus", "L4,L4", "--max-devices", "1", "--json",
-                       "--write", as_json)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)
-    assert rows and len({json.dumps(r, sort_keys=True) for r in rows}) == len(rows)
-    assert (as_json / "lora.yaml").is_file() and "launch: tunelab run" in proc.stderr
 
 
 def test_bad_advise_options_are_one_line(tmp_path):
