@@ -161,13 +161,14 @@ def keep_phase_peak(tracker, phase: str) -> bool:
     """Keep the tracker's current bytes by kind as ``phase``'s peak (``tracker.phase_peaks``) when they are the
     largest so far; whether they were. A tracker with a ``device`` attribute (not None) counts that device only
     (the accelerator of an offloading simulation, :mod:`tunelab.plan.fake_device`), else any device."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
     only = getattr(tracker, "device", None)
     for dev, snap in tracker._curr_mem_snap.items():
         if only is not None and dev != only:
             continue
-        counted = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
-        if counted["Total"] > tracker.phase_peaks.get(phase, {}).get("Total", -1):
-            tracker.phase_peaks[phase] = counted
+        if snap[_TOTAL_KEY] > tracker.phase_peaks.get(phase, {}).get("Total", -1):  # the bytes by kind named then only
+            tracker.phase_peaks[phase] = {str(k.value if hasattr(k, "value") else k): v for k, v in snap.items()}
             return True
     return False
 
