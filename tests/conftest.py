@@ -23,8 +23,9 @@ this 2-core machine: 76 s at torch's default, 31 s at one thread each. Set OMP_N
 
 UNIT_LAYER = ("core", "data", "plan", "run", "report", "tune", "cli", "repo")
 """The folders of the unit layer: one per stage of the package (``tests/plan/`` tests ``tunelab/plan/``), ``cli``
-for commands run in-process (``tunelab_here``: refusals, printed JSON), ``repo`` for checks over the tree. Child-process runs live in ``tests/e2e/``; the plan
-against rank 0's simulated step of real models at full width in ``tests/accuracy/``."""
+for commands run in-process (``tunelab_here``: refusals, printed JSON), ``repo`` for checks over the tree. Child-process
+runs live in ``tests/e2e/``; the plan against rank 0's simulated step of real models at full width in
+``tests/accuracy/``."""
 
 
 @pytest.fixture(autouse=True)
