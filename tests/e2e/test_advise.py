@@ -16,7 +16,7 @@ from tests.plan.test_advise import _records
 
 def test_the_cli_answers_and_refuses_in_one_line(tmp_path):
     """As a child process: an answer per GPU, JSON, and one line for each bad input (the README's 7B example runs as
-    printed with -m slow, its answer compared with the docs' sample, in tests/e2e/test_printed_commands.py)."""
+    printed in-process, its answer compared with the docs' sample, in tests/e2e/test_printed_commands.py)."""
     proc = tunelab_cli("advise", "tiny-llama-1.1b", "--gpus", "L4,H100-SXM", "--max-devices", "2", "--tokens", "5e6")
     assert proc.returncode == 0, proc.stderr
     assert "fastest: " in proc.stdout and "cheapest: " in proc.stdout and "## H100-SXM" in proc.stdout
