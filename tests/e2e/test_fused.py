@@ -67,7 +67,7 @@ def one(case):
 
 
 for case in json.loads(sys.argv[1]):  # one process for every case: torch, litgpt and Triton imported once
-    print(json.dumps(one(case)), flush=True)
+    print(json.dumps({**one(case), "case": case}), flush=True)
 """
 
 
@@ -94,7 +94,9 @@ CASES = {
 @pytest.fixture(scope="module")
 def compared() -> dict:
     """Every case of CASES compared in one child (one import of torch, litgpt and Triton for the five)."""
-    return dict(zip(CASES, compare([case for case, _, _ in CASES.values()])))
+    got = dict(zip(CASES, compare([case for case, _, _ in CASES.values()])))
+    assert all(got[name]["case"] == CASES[name][0] for name in CASES), got  # each result names its case
+    return got
 
 
 @pytest.mark.parametrize("name", list(CASES))
