@@ -62,10 +62,9 @@ from tunelab import hardware
 from tunelab.models import count_params, lora_param_count, lora_tensor_numels, param_tensor_numels
 from tunelab.plan import activations, compiled
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
-from tunelab.units import GB, to_gb
+from tunelab.units import GB, GIB, to_gb
 
-GiB = 2**30
-CUDA_CONTEXT_BYTES = int(0.5 * GiB)
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
 """The CUDA context a process holds outside torch's allocator (outside "allocated" and "reserved")."""
 ALLOCATOR_SLACK = 1.05
 """Reserved / allocated at the peak: the caching allocator keeps some blocks it cannot reuse (5-15% typically)."""
