@@ -354,7 +354,7 @@ def load(path: Path | str, extra: list[str] | None = None) -> Sweep:
 
 def lab_rows(name: str) -> tuple[Row, ...]:
     """The rows of one of the project's lab sweeps (``lab-part1``, ``lab-part2``): what plan-accuracy compares. Read
-    and checked once per process and file version (each row goes through litgpt's parser: about half a second)."""
+    and checked once per process and file version (each row goes through litgpt's parser: about 0.1 s)."""
     path = CONFIGS_DIR / "sweeps" / f"{name}.yaml"
     return _lab_rows(path, path.stat().st_mtime_ns)
 

@@ -137,3 +137,24 @@ def test_a_config_override_that_is_no_regular_file_is_refused_before_litgpts_par
         result = check(resolve("tiny-llama-1.1b/full"), overrides)
         assert not result.ok and [p.key for p in result.problems] == ["--config"], result.problems
         assert "\n" not in str(result.problems[0]) and "; fix: " in str(result.problems[0])
+
+
+def test_the_parsers_caller_check_sees_the_frames_inspect_sees_and_still_refuses_parse_known_args():
+    """litgpt's parser runs with jsonargparse's caller check given frames without their source (validate's
+    ``_FramesOnly``): the same frames ``inspect.stack`` gives, innermost first, and the check still refuses
+    ``parse_known_args`` called from outside jsonargparse."""
+    import inspect
+
+    from tunelab import validate
+
+    def here():
+        return [r[0] for r in validate._FramesOnly().stack()], [r.frame for r in inspect.stack()]
+
+    ours, inspects = here()
+    assert ours and ours == inspects
+    parser = validate.litgpt_parser()
+    import jsonargparse._core
+
+    assert isinstance(jsonargparse._core.inspect, validate._FramesOnly)
+    with pytest.raises(NotImplementedError):
+        parser.parse_known_args(["finetune_lora"])

@@ -179,7 +179,7 @@ class Terms:
     """Bytes per second a checkpoint save writes (``tunelab plan --save-gbs``): :data:`CHECKPOINT_WRITE_BYTES_PER_S`
     unless the user's disk is known."""
 
-    def by_cause(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> dict:
+    def by_cause(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> dict:
         """The run's seconds on ``gpu`` by cause (:data:`CAUSES`; they sum to the run), from the kernel model:
 
         * training: each micro batch's forward and backward (forward again under activation checkpointing) and
@@ -198,12 +198,13 @@ class Terms:
 
         ``host_scale`` and ``gpu_scale`` (litgpt's loop): the launching host's time per op and the board's time per
         kernel relative to the constants' (the H100 machine's host; the table's board at its fitted efficiencies),
-        as a machine that differs from them would run; 1 is the planner's."""
+        as a machine that differs from them would run; 1 is the planner's. ``step``: :meth:`step_time` on ``gpu``
+        when already computed (a fit over many scales computes it once)."""
 
         k = self.kernels
         if k.fast is not None:
             return self._fast_by_cause(gpu)
-        mb = self._micro_batch(gpu, host_scale, gpu_scale)
+        mb = self._micro_batch(gpu, host_scale, gpu_scale, step)
         st, h = mb.step, mb.host_s_per_op
         it_gpu, it_host = mb.gpu_s, mb.host_s
         d = self.detail
@@ -226,13 +227,20 @@ class Terms:
         out["communication"] = self.comm_seconds(mb.backward_s, train / steps * max(it_gpu, it_host) if steps else 0.0)
         return out
 
-    def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0) -> MicroBatch:
-        """litgpt's micro batch on ``gpu`` from the kernel model (:meth:`by_cause`'s factors)."""
+    def step_time(self, gpu):
+        """One micro batch's step of litgpt's loop on ``gpu`` by the kernel model (:func:`kernels.step_time`), before
+        any board scale or optimizer sharding."""
         from tunelab.plan import kernels
 
         k = self.kernels
-        st = kernels.board_scaled(kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name,
-                                                    k.optimizer, k.lora), gpu_scale)  # fmt: skip
+        return kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
+
+    def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> MicroBatch:
+        """litgpt's micro batch on ``gpu`` from the kernel model (:meth:`by_cause`'s factors and ``step``)."""
+        from tunelab.plan import kernels
+
+        k = self.kernels
+        st = kernels.board_scaled(step or self.step_time(gpu), gpu_scale)
         st = kernels.sharded_optimizer(st, k.optimizer_shards)
         h = LITGPT_HOST_S_PER_OP * host_scale
         forwards = 2 if k.recompute else 1
@@ -275,7 +283,7 @@ class Terms:
             0.0, fs.optimizer_s() - fs.gpu_s("optimizer")
         )
         if ev or d["evaluations"]:
-            st = kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
+            st = self.step_time(gpu)
             g, ops = st.gpu_by_phase, st.ops_by_phase
             h = kernels.HOST_S_PER_OP
             out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))

@@ -413,7 +413,9 @@ def lab_machine(items: list | None = None) -> dict:
     rows = [(r.id, t, hardware.lookup(r.gpu), secs) for r, t, *_, secs in items or a100_items()
             if isinstance(t.kernels, runtime.KernelWork)]  # fmt: skip
     grid = [(h, g) for h in HOST_SCALES for g in GPU_SCALES]
-    err = {(i, hg): sum(t.by_cause(gpu, *hg).values()) / secs - 1 for i, t, gpu, secs in rows for hg in grid}
+    steps = {i: t.step_time(gpu) for i, t, gpu, _ in rows}  # each row's step once, scaled at every grid point
+    err = {(i, hg): sum(t.by_cause(gpu, *hg, step=steps[i]).values()) / secs - 1 for i, t, gpu, secs in rows
+           for hg in grid}  # fmt: skip
 
     def fit(without=None) -> tuple:
         return min(grid, key=lambda hg: sum(err[i, hg] ** 2 for i, *_ in rows if i != without))
