@@ -323,11 +323,19 @@ bfloat16 does (the GPU's peak for the kind, fp16 where there is no bf16, is chos
 
 
 def record_step(
-    config, method: str, precision: str, micro: int, seq_len: int, optimizer: str = "AdamW", lora: tuple = ()
+    config,
+    method: str,
+    precision: str,
+    micro: int,
+    seq_len: int,
+    optimizer: str = "AdamW",
+    lora: tuple = (),
+    evaluate: bool = True,
 ) -> list:
     """Every :class:`Op` of one training step of ``config`` as built, as litgpt's finetune script runs it (forward,
     loss, backward, optimizer step and zero_grad), with the optimizer's states already made: a first step on zero
-    gradients makes them, unrecorded. ``lora``: (rank, targets), litgpt's defaults when empty."""
+    gradients makes them, unrecorded; then (``evaluate``) a validation batch and a decoded token
+    (:func:`_record_eval`). ``lora``: (rank, targets), litgpt's defaults when empty."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -358,7 +366,8 @@ def record_step(
             opt.step()
             opt.zero_grad()
             del logits, loss
-            _record_eval(model, x, precision, state)
+            if evaluate:
+                _record_eval(model, x, precision, state)
     return ops
 
 
@@ -542,7 +551,7 @@ def template(
     chunk_ops = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     if method not in LORA_LIKE:
         b3, t3 = (1, 2 * CHUNK + 2) if single else CHUNK_SHAPE
-        more = record_step(config, method, precision, b3, t3, optimizer, lora)
+        more = record_step(config, method, precision, b3, t3, optimizer, lora, evaluate=False)  # training ops only
         extra = loss_chunks(method, b3, t3) - loss_chunks(method, b1, t1)
         for phase in chunk_ops:
             chunk_ops[phase] = (sum(o.phase == phase for o in more) - sum(o.phase == phase for o in ops1)) / extra
