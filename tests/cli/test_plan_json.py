@@ -85,7 +85,16 @@ def test_plan_simulate_prints_the_step_by_kernel():
 
     from tunelab import hardware
     from tunelab.plan import memory
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.simulate import optimizer_of
+    from tunelab.recipes import resolve
+    from tunelab.settings import LITGPT_LORA_R
 
+    x = plan_recipe(resolve("tiny-llama-1.1b/lora"), [], gpu=hardware.lookup("H100-SXM")).input
+    assert x.lora_r != LITGPT_LORA_R  # the recipe's rank, which the step is traced with (not litgpt's default)
+    assert st == kernels.to_json(kernels.step_time(x.config, x.method, str(x.precision), x.micro_batch_size,
+                                                   x.seq_len, "H100-SXM", optimizer_of(x),
+                                                   (x.lora_r, tuple(x.lora_targets))))  # fmt: skip
     x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), fabric=False)  # a strategies file's loop
     assert "tunelab's loop" in kernels.to_json(kernels.for_plan(x, hardware.lookup("H100-SXM")))["not_modelled"]
 

@@ -824,7 +824,9 @@ def for_plan(x, gpu) -> StepTime | str:
 
     if x.world > 1 or not x.fabric:
         return "not modelled yet for several devices or tunelab's loop (a strategies file)"
-    return step_time(x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x))
+    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()  # the recipe's rank and targets, as the runtime's
+    return step_time(x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x),
+                     lora)  # fmt: skip
 
 
 def to_json(st) -> dict:
