@@ -117,6 +117,12 @@ class Settings:
         return self.command == "finetune_lora"
 
 
+def lora_of(run) -> tuple:
+    """(rank, targets) of a run that trains LoRA adapters (a :class:`Settings` or a planned input: anything with
+    ``lora``, ``lora_r`` and ``lora_targets``), () for full fine-tuning: what the kernel model traces a step with."""
+    return (run.lora_r, tuple(run.lora_targets)) if run.lora else ()
+
+
 def from_args(recipe, args: dict) -> Settings:
     """Settings of a recipe from its resolved litgpt arguments (either resolver's)."""
     return settings_of(args, method=recipe.method, command=recipe.command, recipe=recipe.key)

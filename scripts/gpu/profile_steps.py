@@ -70,17 +70,15 @@ def build(method: str, model_name: str, device: torch.device, dtype: torch.dtype
 
             from litgpt.lora import Config as LoRAConfig
 
+            from tunelab.plan.kernels import PROFILED_LORA
+
+            r, targets = PROFILED_LORA  # what the kernel model's accuracy tables time these steps with
             cfg = LoRAConfig(
                 **dataclasses.asdict(config),
-                lora_r=32,
+                lora_r=r,
                 lora_alpha=16,
                 lora_dropout=0.05,
-                lora_query=True,
-                lora_key=True,
-                lora_value=True,
-                lora_projection=True,
-                lora_mlp=True,
-                lora_head=True,
+                **{f"lora_{t}": True for t in targets},
             )
             model = LoRAGPT(cfg)
             mark_only_lora_as_trainable(model)
@@ -218,7 +216,7 @@ def profile_method(
 ) -> dict:
     from tunelab.models import lora_param_count
     from tunelab.plan.flops import flops_per_token
-    from tunelab.settings import LORA_TARGETS
+    from tunelab.plan.kernels import PROFILED_LORA
 
     half = precision == "bf16-true" and device.type == "cuda"
     torch.set_float32_matmul_precision("highest" if half else "high")  # litgpt's CLI sets 'high': TF32 matmuls
@@ -272,7 +270,7 @@ def profile_method(
         names.append((ev.key[:160], ev.count, t))
         by_cat[categorize(ev.key)] = by_cat.get(categorize(ev.key), 0.0) + t / 1e6
         launches[categorize(ev.key)] = launches.get(categorize(ev.key), 0) + ev.count
-    n_lora = lora_param_count(model.config, 32, LORA_TARGETS) if method != "full" else 0
+    n_lora = lora_param_count(model.config, *PROFILED_LORA) if method != "full" else 0
     fpt = flops_per_token(model.config, seq, "full" if method == "full" else "lora", n_lora)
     peak = None
     if device.type == "cuda":

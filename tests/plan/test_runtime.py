@@ -670,3 +670,27 @@ def test_the_qlora_loop_sentence_says_what_its_rows_imply():
     assert "not both under" in slow and "(39% apart)" in slow
     busy = runtime_accuracy._qlora_over_lora({**q, "host_bound": False, "gpu_util": 80.0}, lo)
     assert "Not both host-bound" in busy and "us of host" not in busy
+
+
+def test_measured_lora_steps_are_predicted_at_the_rank_and_targets_they_ran(monkeypatch):
+    """The kernel model's accuracy tables time each measured LoRA step with the adapters it ran: the GPU profiles'
+    (r 32 on every target, as scripts/gpu/profile_steps.py builds them), the recipes' (our H100 rows, resolved from
+    each row's recipe) and a record's own resolved arguments (the H200 archive), not litgpt's default rank."""
+    from tunelab.report import runtime_accuracy
+    from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+
+    asked = []
+    real = kernels.step_time
+
+    def recorded(config, method, *args, **kw):
+        if method != "full":
+            asked.append(kw.get("lora", args[5] if len(args) > 5 else ()))
+        return real(config, method, *args, **kw)
+
+    monkeypatch.setattr(kernels, "step_time", recorded)
+    assert kernels.PROFILED_LORA == (32, LORA_TARGETS) != (LITGPT_LORA_R, LORA_TARGETS)
+    kernels.profile_rows(ROOT)
+    kernels.grid_rows(ROOT)
+    runtime_accuracy.h100_items(ROOT)
+    runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.SECOND_MACHINE)
+    assert len(asked) > 5 and set(asked) == {kernels.PROFILED_LORA}, set(asked)

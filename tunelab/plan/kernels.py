@@ -40,6 +40,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 
+from tunelab.settings import LORA_TARGETS
 from tunelab.units import GB
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "dequantization")
@@ -821,12 +822,12 @@ def for_plan(x, gpu) -> StepTime | str:
     """The step by kernel of a planned configuration (:class:`tunelab.plan.memory.PlanInput`) on ``gpu``, or why it
     is not modelled (a sentence): litgpt's own script on one device, full fine-tuning, LoRA or QLoRA."""
     from tunelab.plan.simulate import optimizer_of
+    from tunelab.settings import lora_of
 
     if x.world > 1 or not x.fabric:
         return "not modelled yet for several devices or tunelab's loop (a strategies file)"
-    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()  # the recipe's rank and targets, as the runtime's
     return step_time(x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x),
-                     lora)  # fmt: skip
+                     lora_of(x))  # fmt: skip
 
 
 def to_json(st) -> dict:
@@ -853,6 +854,9 @@ PROFILE = "reports/2026-11-23-lab-part1-h100/profile.md"
 and kernel self times by category, one profiled step. The constants above are fitted on it."""
 PROFILE_SHAPE = ("tiny-llama-1.1b", "bf16-true", 8, 437, "H100-SXM")
 """(model, precision, micro batch, tokens, GPU) of :data:`PROFILE`."""
+PROFILED_LORA = (32, LORA_TARGETS)
+"""(rank, targets) of the LoRA the GPU profiles built (:data:`PROFILE`, :data:`GRID`; ``scripts/gpu/profile_steps.py``):
+the recipes' r 32 on every target, not litgpt's default rank."""
 
 
 PROFILE_ELEMENTWISE = ("norm/rope/elementwise", "cross-entropy/softmax", "other (copies, casts, ...)")
@@ -880,6 +884,11 @@ def read_profile(path) -> dict:
     return out
 
 
+def lora_profiled(method: str) -> tuple:
+    """:data:`PROFILED_LORA` for LoRA and QLoRA, () for full fine-tuning."""
+    return PROFILED_LORA if method in LORA_LIKE else ()
+
+
 def profile_rows(root) -> list[dict]:
     """The model against :data:`PROFILE`: per method, the step, the phases and the kernel categories, predicted and
     measured (seconds), with the relative error."""
@@ -889,7 +898,7 @@ def profile_rows(root) -> list[dict]:
     measured = read_profile(root / PROFILE)
     rows = []
     for method in ("full", "lora"):
-        st = step_time(Config.from_name(name), method, precision, micro, tokens, gpu)
+        st = step_time(Config.from_name(name), method, precision, micro, tokens, gpu, lora=lora_profiled(method))
         m, cat = measured[method], st.gpu_by_category
         pairs = [
             ("step (max of GPU and host)", st.step_s, m["step"]),
@@ -1000,7 +1009,8 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
     rows = []
     for m in read_grid(root / grid):
         optimizer = bnb_kernels.litgpt_optimizer(m["method"])
-        st = step_time(Config.from_name(m["model"]), m["method"], m["dtype"], m["micro"], m["seq"], gpu, optimizer)
+        st = step_time(Config.from_name(m["model"]), m["method"], m["dtype"], m["micro"], m["seq"], gpu, optimizer,
+                       lora_profiled(m["method"]))  # fmt: skip
         k, ph, cat = m["kernels"], m["phases"], st.gpu_by_category
         pairs = {
             "step": (st.step_s, m["step_s"]),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tunelab import settings
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan.comm import BACKWARD_SHARE
 from tunelab.plan.flops import flops_per_token
@@ -138,7 +139,7 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
     fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
     return KernelWork(x.config, x.method, str(x.precision), x.micro_batch_size,
                       float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
-                      (x.lora_r, tuple(x.lora_targets)) if x.lora else (), optimizer_shards(x),
+                      settings.lora_of(x), optimizer_shards(x),
                       x if fast and x.method != "qlora" else None)  # fmt: skip
 
 

@@ -24,9 +24,10 @@ import dataclasses
 import io
 from pathlib import Path
 
-from tunelab import hardware
+from tunelab import hardware, settings
 from tunelab.plan import bnb_kernels, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample
+from tunelab.recipes import resolve
 from tunelab.units import fmt
 
 H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
@@ -51,9 +52,8 @@ def h100_items(root: Path) -> list[dict]:
         step, gbs = float(r["step_time_s"]), int(r["global_batch_size"])
         tokens = float(r["tok_s_padded"]) * step / gbs  # padded tokens per sample in the steady window
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
-        st = kernels.step_time(
-            Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens, "H100-SXM"
-        )
+        st = kernels.step_time(Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens,
+                               "H100-SXM", lora=settings.lora_of(settings.resolve(resolve(r["recipe"]))))  # fmt: skip
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
                       "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st,
@@ -111,8 +111,9 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
             continue
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
         optimizer = bnb_kernels.litgpt_optimizer(rec.method)
+        s = settings.settings_of(rec.resolved_args, method=rec.method, command=rec.command)
         st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
-                               rec.padded_per_sample, gpu.name, optimizer)  # fmt: skip
+                               rec.padded_per_sample, gpu.name, optimizer, settings.lora_of(s))  # fmt: skip
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
         rows.append({"id": rec.row_id or name.split("/")[-2], "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
@@ -504,8 +505,9 @@ def host_by_machine(h100: list[dict], bench: list[dict], archived: dict) -> dict
             )
     for it in bench:
         if it["arm"] == "litgpt":
-            st = kernels.step_time(it["x"].config, it["method"], it["x"].precision, it["micro"], it["tokens"],
-                                   it["gpu"].name)  # fmt: skip
+            x = it["x"]
+            st = kernels.step_time(x.config, it["method"], x.precision, it["micro"], it["tokens"], it["gpu"].name,
+                                   lora=settings.lora_of(x))  # fmt: skip
             add(
                 f"{it['gpu'].name} {it['report']}",
                 it["gpu_util"],
