@@ -54,9 +54,10 @@ def test_a_template_is_the_traced_step_at_any_shape():
     for method in ("full", "lora"):
         for micro, tokens in ((1, 200), (3, 50), (5, 300)):
             chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
-            tp = kernels.template(c, method, "bf16-true", "AdamW", chunks, micro == 1)
+            lora = kernels.lora_profiled(method)  # the recipes' adapters, whose templates the planner keeps
+            tp = kernels.template(c, method, "bf16-true", "AdamW", chunks, micro == 1, lora)
             nbytes, flops, tiles = tp.kernels_at(micro, tokens)
-            ops = kernels.record_step(c, method, "bf16-true", micro, tokens)
+            ops = kernels.record_step(c, method, "bf16-true", micro, tokens, lora=lora)
             direct = [kernels.measure(o) for o in ops]
             more = (kernels.loss_chunks(method, micro, tokens) - 1) * sum(tp.chunk_ops.values()) * (method != "lora")
             assert len(nbytes) + more == len(direct), (method, micro, tokens)
@@ -64,7 +65,7 @@ def test_a_template_is_the_traced_step_at_any_shape():
                 assert [o.op for o in ops] == [
                     o.op
                     for o in kernels.record_step(
-                        c, method, "bf16-true", *kernels.template_shapes(chunks, micro == 1)[0]
+                        c, method, "bf16-true", *kernels.template_shapes(chunks, micro == 1)[0], lora=lora
                     )
                 ]
                 assert np.allclose(nbytes, [k.bytes for k in direct], rtol=1e-12)
@@ -73,7 +74,7 @@ def test_a_template_is_the_traced_step_at_any_shape():
             assert nbytes.sum() == pytest.approx(sum(k.bytes for k in direct), rel=1e-6)
             assert flops.sum() == pytest.approx(sum(k.flops for k in direct), rel=1e-12)
             assert tiles.sum() == sum(k.tiles for k in direct)
-            st = kernels.step_time(c, method, "bf16-true", micro, tokens, "H100-SXM")  # two templates, extrapolated
+            st = kernels.step_time(c, method, "bf16-true", micro, tokens, "H100-SXM", lora=lora)  # two, extrapolated
             assert st.ops == sum(k.phase in kernels.TRAINING_PHASES for k in direct)
 
 
@@ -309,7 +310,7 @@ def test_the_kernel_model_puts_lora_on_the_host_and_full_on_the_gpu():
 
     c = Config.from_name("tiny-llama-1.1b")
     full = kernels.step_time(c, "full", "bf16-true", 8, 437, "H100-SXM")
-    lora = kernels.step_time(c, "lora", "bf16-true", 8, 437, "H100-SXM")
+    lora = kernels.step_time(c, "lora", "bf16-true", 8, 437, "H100-SXM", lora=kernels.PROFILED_LORA)  # as measured
     assert lora.host_s > lora.gpu_s and full.gpu_s > 0.8 * full.host_s
     assert lora.step_s > full.step_s
     assert sum(full.gpu_by_category.values()) == pytest.approx(full.gpu_s)
