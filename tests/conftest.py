@@ -28,6 +28,38 @@ runs live in ``tests/e2e/``; the plan against rank 0's simulated step of real mo
 ``tests/accuracy/``."""
 
 
+LONGEST_FIRST = (
+    "accuracy/test_ranks.py",
+    "e2e/test_activations.py",
+    "cli/test_hostile.py",
+    "plan/test_advise.py",
+    "plan/test_runtime.py",
+    "e2e/test_fast.py",
+    "e2e/test_distributed.py",
+    "accuracy/test_simulate.py",
+    "e2e/test_planner.py",
+    "e2e/test_printed_commands.py",
+)
+"""Files of a minute or more of the default run (2026-11-28, fresh clone), collected first. pytest-xdist's
+``--dist loadfile`` hands files to the workers in collection order as each frees up: the longest first leaves the
+short ones for the end, so one core does not finish a long file alone while the other waits. Where two files plan
+the same models, the one that traces them comes well before the other (plan/test_advise before the README's 7B
+advise in printed commands; plan/test_runtime before plan-accuracy in e2e/test_planner), so their kernel templates
+are traced once, not on both cores at once. Scheduling only: each file's own order is kept, and no file depends on
+another having run."""
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def rank(item) -> int:
+        path = Path(item.fspath)
+        under = path.is_relative_to(ROOT / "tests")
+        return first.get(path.relative_to(ROOT / "tests").as_posix(), len(first)) if under else len(first)
+
+    items.sort(key=rank)  # stable: the rest in collection order, each file's own order kept
+
+
 @pytest.fixture(autouse=True)
 def _the_unit_layer_starts_no_process(request, monkeypatch):
     """Under a unit-layer folder, starting a child process (subprocess, multiprocessing) fails the test with where
