@@ -241,7 +241,7 @@ class Terms:
         from tunelab.plan import kernels
 
         k = self.kernels
-        st = kernels.board_scaled(step or self.step_time(gpu), gpu_scale)
+        st = kernels.board_scaled(step if step is not None else self.step_time(gpu), gpu_scale)
         st = kernels.sharded_optimizer(st, k.optimizer_shards)
         h = LITGPT_HOST_S_PER_OP * host_scale
         forwards = 2 if k.recompute else 1

@@ -38,13 +38,16 @@ PART3_ROWS = "reports/2026-11-23-lab-part3-h100/results.csv"
 
 
 def h100_items(root: Path) -> list[dict]:
-    """Each timed H100 row: its shape, the measured seconds per optimizer step, the kernel model's step and the host
-    time per op it implies (:func:`implied_host`)."""
+    """Each timed H100 row: its shape, the measured seconds per optimizer step, the kernel model's step (with the
+    LoRA its record in the report's records.tgz trained, else its recipe's) and the host time per op it implies
+    (:func:`implied_host`)."""
     from litgpt import Config
 
     from tunelab import files
+    from tunelab.report.accuracy import archived_records
 
     text = files.read_text(root / H100_ROWS, 1 << 20, "results table")
+    ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / Path(H100_ROWS).with_name("records.tgz"))}
     items = []
     for r in csv.DictReader(io.StringIO(text)):
         if not r.get("step_time_s") or r.get("method") == "qlora" or r.get("status") != "ok":
@@ -52,13 +55,20 @@ def h100_items(root: Path) -> list[dict]:
         step, gbs = float(r["step_time_s"]), int(r["global_batch_size"])
         tokens = float(r["tok_s_padded"]) * step / gbs  # padded tokens per sample in the steady window
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
+        lora = ran[r["row_id"]] if r["row_id"] in ran else settings.lora_of(settings.resolve(resolve(r["recipe"])))
         st = kernels.step_time(Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens,
-                               "H100-SXM", lora=settings.lora_of(settings.resolve(resolve(r["recipe"]))))  # fmt: skip
+                               "H100-SXM", lora=lora)  # fmt: skip
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
                       "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st,
                       "implied_host": implied_host(st, acc, step)})  # fmt: skip
     return items
+
+
+def lora_ran(rec) -> tuple:
+    """The LoRA (rank, targets) a run record trained with, from its own resolved arguments; () for full
+    fine-tuning."""
+    return settings.lora_of(settings.settings_of(rec.resolved_args, method=rec.method, command=rec.command))
 
 
 SECOND_MACHINE = "reports/2026-11-27-lab-part1-h200/records.tgz"
@@ -111,9 +121,8 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
             continue
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
         optimizer = bnb_kernels.litgpt_optimizer(rec.method)
-        s = settings.settings_of(rec.resolved_args, method=rec.method, command=rec.command)
         st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
-                               rec.padded_per_sample, gpu.name, optimizer, settings.lora_of(s))  # fmt: skip
+                               rec.padded_per_sample, gpu.name, optimizer, lora_ran(rec))  # fmt: skip
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
         rows.append({"id": rec.row_id or name.split("/")[-2], "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
