@@ -675,8 +675,8 @@ def test_the_qlora_loop_sentence_says_what_its_rows_imply():
 
 def test_measured_lora_steps_are_predicted_at_the_rank_and_targets_they_ran(monkeypatch):
     """The kernel model's accuracy tables time each measured LoRA step with the adapters it ran: the GPU profiles'
-    (r 32 on every target, as scripts/gpu/profile_steps.py builds them), the recipes' (our H100 rows, resolved from
-    each row's recipe) and a record's own resolved arguments (the H200 archive), not litgpt's default rank."""
+    (r 32 on every target, as scripts/gpu/profile_steps.py builds them) and each run record's own resolved arguments
+    (our H100 rows, the H200 archive), not litgpt's default rank."""
     from tunelab.report import runtime_accuracy
     from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
