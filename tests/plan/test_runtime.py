@@ -695,3 +695,36 @@ def test_measured_lora_steps_are_predicted_at_the_rank_and_targets_they_ran(monk
     runtime_accuracy.h100_items(ROOT)
     runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.SECOND_MACHINE)
     assert len(asked) > 5 and set(asked) == {kernels.PROFILED_LORA}, set(asked)
+
+
+@pytest.mark.parametrize("kind", ["not a tar", "fifo", "link outside", "bad record"])
+def test_a_records_archive_that_does_not_read_is_one_line(tmp_path, kind):
+    """The accuracy tables read run records from a report's records.tgz (our H100 rows' adapters among them): an
+    archive that is not a tar, a FIFO, a link leading outside or one whose record is not JSON is refused in one
+    line naming the file (and the member), never followed or waited on."""
+    import io
+    import os
+    import tarfile
+
+    from tunelab.files import FileRefused
+    from tunelab.report.accuracy import archived_records
+    from tunelab.report.runtime_accuracy import SECOND_MACHINE
+
+    archive = tmp_path / "records.tgz"
+    if kind == "not a tar":
+        archive.write_bytes(b"not a tar")
+    elif kind == "fifo":
+        os.mkfifo(archive)
+    elif kind == "link outside":
+        (tmp_path.parent / "outside.tgz").write_bytes((ROOT / SECOND_MACHINE).read_bytes())  # a real archive
+        archive.symlink_to(tmp_path.parent / "outside.tgz")
+    else:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            info = tarfile.TarInfo("r1/record.json")
+            info.size = 9
+            tar.addfile(info, io.BytesIO(b"{not json"))
+        archive.write_bytes(buf.getvalue())
+    with pytest.raises(FileRefused) as e:
+        list(archived_records(archive))
+    assert str(archive) in str(e.value) and "\n" not in str(e.value) and "fix:" in str(e.value)

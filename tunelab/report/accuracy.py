@@ -204,24 +204,52 @@ OWN_MEASUREMENTS = (
 """Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
 
 
+ARCHIVE_MAX_BYTES = 256 << 20
+"""The largest ``records.tgz`` read (ours are under 0.3 MB; a GPU run's result files are at most 16 MiB each)."""
+
+
+def open_archive(archive: Path):
+    """A report's ``records.tgz`` opened in memory, or None when there is none: read bounded and never through a
+    link (:func:`tunelab.files.read_bytes`); a FIFO, a device, a link or what is not a tar archive is refused in one
+    line (FileRefused)."""
+    import io
+    import tarfile
+
+    from tunelab.files import FileRefused, read_bytes
+
+    if not archive.exists() and not archive.is_symlink():
+        return None
+    data = read_bytes(archive, ARCHIVE_MAX_BYTES, "records archive", links=False)
+    try:
+        return tarfile.open(fileobj=io.BytesIO(data))
+    except tarfile.TarError:
+        raise FileRefused(
+            f"{archive}: not a readable tar archive; fix: restore it (git checkout -- {archive})"
+        ) from None
+
+
 def archived_records(archive: Path):
     """(member name, RunRecord, strategy) for each run record in a report's ``records.tgz`` (none when there is no
     archive), read in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES. The
     strategy is the file as the record kept it (checked as a file is), else the name it loads by."""
     import json
-    import tarfile
 
-    from tunelab.files import RECORD_MAX_BYTES
+    from tunelab.files import RECORD_MAX_BYTES, FileRefused
     from tunelab.record import RunRecord
     from tunelab.strategies import strategy_from_mapping
 
-    if not archive.is_file():
+    tar = open_archive(archive)
+    if tar is None:
         return
-    with tarfile.open(archive) as tar:
+    with tar:
         for member in sorted(tar.getmembers(), key=lambda m: m.name):
             if not (member.isfile() and member.name.endswith("/record.json") and member.size <= RECORD_MAX_BYTES):
                 continue
-            rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
+            try:
+                rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
+            except ValueError as e:  # not JSON, or a record the schema refuses
+                raise FileRefused(f"{archive}: {member.name}: {str(e).splitlines()[0][:200]}; fix: restore the "
+                                  f"archive (git checkout -- {archive})") from None  # fmt: skip
             strategy = (
                 strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
                 if rec.strategy_settings
@@ -234,9 +262,10 @@ def beside(archive: Path, member: str, name: str, limit: int) -> bytes | None:
     """The bytes of ``name`` (a path relative to the run's directory: ``stderr.log``, ``stats/rank0.json``) beside
     the record ``member`` in ``archive``, read in memory; None when it is absent, not a regular file, or larger
     than ``limit`` bytes."""
-    import tarfile
-
-    with tarfile.open(archive) as tar:
+    tar = open_archive(archive)
+    if tar is None:
+        return None
+    with tar:
         try:
             m = tar.getmember(member.rsplit("/", 1)[0] + "/" + name)
         except KeyError:

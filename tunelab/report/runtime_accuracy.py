@@ -27,7 +27,6 @@ from pathlib import Path
 from tunelab import hardware, settings
 from tunelab.plan import bnb_kernels, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample
-from tunelab.recipes import resolve
 from tunelab.units import fmt
 
 H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
@@ -39,8 +38,8 @@ PART3_ROWS = "reports/2026-11-23-lab-part3-h100/results.csv"
 
 def h100_items(root: Path) -> list[dict]:
     """Each timed H100 row: its shape, the measured seconds per optimizer step, the kernel model's step (with the
-    LoRA its record in the report's records.tgz trained, else its recipe's) and the host time per op it implies
-    (:func:`implied_host`)."""
+    LoRA its record in the report's records.tgz trained; a row without a record is not timed, since today's recipe
+    may differ from the run's) and the host time per op it implies (:func:`implied_host`)."""
     from litgpt import Config
 
     from tunelab import files
@@ -50,14 +49,13 @@ def h100_items(root: Path) -> list[dict]:
     ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / Path(H100_ROWS).with_name("records.tgz"))}
     items = []
     for r in csv.DictReader(io.StringIO(text)):
-        if not r.get("step_time_s") or r.get("method") == "qlora" or r.get("status") != "ok":
+        if not r.get("step_time_s") or r.get("method") == "qlora" or r.get("status") != "ok" or r["row_id"] not in ran:
             continue
         step, gbs = float(r["step_time_s"]), int(r["global_batch_size"])
         tokens = float(r["tok_s_padded"]) * step / gbs  # padded tokens per sample in the steady window
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
-        lora = ran[r["row_id"]] if r["row_id"] in ran else settings.lora_of(settings.resolve(resolve(r["recipe"])))
         st = kernels.step_time(Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens,
-                               "H100-SXM", lora=lora)  # fmt: skip
+                               "H100-SXM", lora=ran[r["row_id"]])  # fmt: skip
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
                       "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st,
