@@ -33,12 +33,7 @@ def count_params(config) -> tuple[int, int]:
         and not getattr(c, "shared_attention_norm", False)
     )
     if not simple:
-        import torch
-        from litgpt.model import GPT
-
-        with torch.device("meta"):
-            model = GPT(c)
-        return sum(p.numel() for p in model.parameters()), model.transformer.wte.weight.numel()
+        return _counted_on_meta(_config_key(c), c)
     d, hs, inter = c.n_embd, c.head_size, c.intermediate_size
     q, kv = c.n_head * hs, c.n_query_groups * hs
     bias = 1 if c.bias else 0
@@ -53,6 +48,28 @@ def count_params(config) -> tuple[int, int]:
     emb = c.padded_vocab_size * d
     head = c.padded_vocab_size * d + (c.padded_vocab_size if getattr(c, "lm_head_bias", False) else 0)
     return c.n_layer * layer + norm + emb + head, emb
+
+
+def _config_key(config) -> str:
+    import json
+
+    return json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+
+
+_META_COUNTS: dict = {}
+
+
+def _counted_on_meta(key: str, config) -> tuple[int, int]:
+    """:func:`count_params` of litgpt's model built on the meta device, once per config (an MoE of thousands of
+    experts takes seconds to build, and the micro batch search asks many times)."""
+    if key not in _META_COUNTS:
+        import torch
+        from litgpt.model import GPT
+
+        with torch.device("meta"):
+            model = GPT(config)
+        _META_COUNTS[key] = (sum(p.numel() for p in model.parameters()), model.transformer.wte.weight.numel())
+    return _META_COUNTS[key]
 
 
 _POSITIVE_INTS = (

@@ -389,9 +389,11 @@ def _record_eval(model, x, precision: str, state: dict) -> None:
         del logits
         state["phase"] = "not recorded"
         model.set_kv_cache(batch_size=1)
+        # the position as a constant the fake mode knows: a sliding-window cache reads it on the host (``.item()``)
+        position = torch.tensor([0])
         state["phase"] = "decode"
         with forward_context(precision):
-            model(x[:1, :1], input_pos=torch.zeros(1, dtype=torch.long))
+            model(x[:1, :1], input_pos=position)
         state["phase"] = "not recorded"
     model.clear_kv_cache()
     model.train()
@@ -480,6 +482,10 @@ class Template:
     access: list = field(default_factory=list)
     """How each kernel reaches memory (:func:`access_of`): "" contiguous, "strided" (an elementwise kernel over a
     strided view), "conv" / "conv_backward" (cuDNN's grouped convolution of litgpt's LoRA)."""
+    count: object = None
+    """(kernels x :data:`MONOMIALS`) coefficients of how many kernels each row stands for: 1, or for a run of one op
+    that litgpt repeats once per token in a Python loop (the sliding-window mask, filled row by row), the tokens
+    (:func:`_aligned`). None: one each."""
 
     def kernels_at(self, micro: int, tokens: int):
         """(bytes, FLOPs, tiles) arrays of the kernels at ``micro`` x ``tokens``."""
@@ -496,11 +502,56 @@ class Template:
             )
         return nbytes, flops, tiles
 
+    def counts_at(self, micro: int, tokens: int):
+        """How many kernels each row stands for at ``micro`` x ``tokens`` (:attr:`count`)."""
+        import numpy as np
+
+        if self.count is None or not len(self.count):
+            return np.ones(len(self.phase))
+        mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
+        return self.count @ mono
+
+
+def _runs(ops: list) -> list:
+    """``ops`` as runs of consecutive ops of one kind: [((phase, op, category, dtype), [ops]), ...]."""
+    out: list = []
+    for o in ops:
+        key = (o.phase, o.op, o.category, o.dtype)
+        if out and out[-1][0] == key:
+            out[-1][1].append(o)
+        else:
+            out.append((key, [o]))
+    return out
+
+
+def _aligned(ops1: list, ops2: list, head_chunks: int, single: bool) -> tuple:
+    """The ops of two traces at the two template shapes paired one for one, and how many kernels each pair stands
+    for (a polynomial in B and T). A run of one op whose length grows with the shape (litgpt's sliding-window
+    attention fills its mask row by row in a Python loop: one ``fill_`` per token and layer) becomes one row counted
+    by that polynomial and sized as the run's last (largest) kernel; such kernels are launch-bound
+    (:data:`MIN_KERNEL_S` each on the GPU, one dispatched op each on the host)."""
+    one = {(0, 0): 1}
+    if [o.op for o in ops1] == [o.op for o in ops2]:
+        return ops1, ops2, [one] * len(ops1)
+    runs1, runs2 = _runs(ops1), _runs(ops2)
+    if [key for key, _ in runs1] != [key for key, _ in runs2]:
+        raise ValueError("the step dispatches different ops at the two template shapes")
+    out1, out2, counts = [], [], []
+    for (_, run1), (_, run2) in zip(runs1, runs2):
+        if len(run1) == len(run2):
+            out1 += run1
+            out2 += run2
+            counts += [one] * len(run1)
+        else:
+            out1.append(run1[-1])
+            out2.append(run2[-1])
+            counts.append(_form(len(run1), len(run2), head_chunks, single))
+    return out1, out2, counts
+
 
 def _ops_template(ops1: list, ops2: list, head_chunks: int, single: bool) -> tuple:
-    """The polynomial bytes, FLOPs and matmul dims of each op of two traces of the same step at the two shapes."""
-    if [o.op for o in ops1] != [o.op for o in ops2]:
-        raise ValueError("the step dispatches different ops at the two template shapes")
+    """The polynomial bytes, FLOPs and matmul dims of each op of two traces of the same step at the two shapes
+    (paired by :func:`_aligned`)."""
     rows_b, rows_f, mm, mm_dims = [], [], [], []
     for idx, (o1, o2) in enumerate(zip(ops1, ops2)):
         nbytes: dict = {}
@@ -548,14 +599,18 @@ def template(
     (b1, t1), (b2, t2) = template_shapes(head_chunks, single)
     ops1 = record_step(config, method, precision, b1, t1, optimizer, lora)
     ops2 = record_step(config, method, precision, b2, t2, optimizer, lora)
+    ops1, ops2, counts = _aligned(ops1, ops2, head_chunks, single)
     rows_b, rows_f, mm, mm_dims = _ops_template(ops1, ops2, head_chunks, single)
+    count = np.array([_vec(c) for c in counts], dtype=float).reshape(len(ops1), len(MONOMIALS))
     chunk_ops = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     if method not in LORA_LIKE:
         b3, t3 = (1, 2 * CHUNK + 2) if single else CHUNK_SHAPE
         more = record_step(config, method, precision, b3, t3, optimizer, lora, evaluate=False)  # training ops only
         extra = loss_chunks(method, b3, t3) - loss_chunks(method, b1, t1)
+        at3 = count @ np.array([float(b3) ** i * float(t3) ** j for i, j in MONOMIALS])
         for phase in chunk_ops:
-            chunk_ops[phase] = (sum(o.phase == phase for o in more) - sum(o.phase == phase for o in ops1)) / extra
+            traced = sum(n for o, n in zip(ops1, at3) if o.phase == phase)  # what the template has at (b3, t3)
+            chunk_ops[phase] = (sum(o.phase == phase for o in more) - round(traced)) / extra
     vocab = config.padded_vocab_size
     return Template(
         [o.phase for o in ops1],
@@ -571,6 +626,7 @@ def template(
             for o in ops1
         ],
         [access_of(o1, o2) for o1, o2 in zip(ops1, ops2)],
+        count,
     )
 
 
@@ -582,7 +638,7 @@ def access_of(o1: Op, o2: Op) -> str:
     return "strided" if o1.category == "elementwise" and (o1.strided or o2.strided) else ""
 
 
-TEMPLATE_VERSION = 6
+TEMPLATE_VERSION = 7
 """Bumped when what a template holds changes: the cached ones are made again."""
 
 
@@ -626,10 +682,10 @@ def cached_template(
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
     raw = cached_json("kernel-templates", key, make, "kernel template")
-    arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims")}
+    arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims", "count")}
     tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
                   np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"], raw["logits"],
-                  raw["access"])  # fmt: skip
+                  raw["access"], arrays["count"].reshape(len(raw["phase"]), len(MONOMIALS)))  # fmt: skip
     _TEMPLATES[memo] = tp
     return tp
 
@@ -644,6 +700,7 @@ def template_seconds(
     import numpy as np
 
     nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+    counts = tp.counts_at(micro, tokens)
     if drop_logits:
         keep = ~np.array(tp.logits, dtype=bool)
         tp = dataclasses.replace(
@@ -651,7 +708,7 @@ def template_seconds(
             fp32=[f for f, k in zip(tp.fp32, keep) if k], chunk_ops=dict.fromkeys(tp.chunk_ops, 0.0),
             access=[a for a, k in zip(tp.access, keep) if k],
         )  # fmt: skip
-        nbytes, flops, tiles = nbytes[keep], flops[keep], tiles[keep]
+        nbytes, flops, tiles, counts = nbytes[keep], flops[keep], tiles[keep], counts[keep]
     cat = np.array(tp.category)
     peaks = gpu.peak_tflops
     fp32 = np.array(tp.fp32, dtype=bool)
@@ -671,7 +728,7 @@ def template_seconds(
     waves = np.ceil(np.maximum(tiles, 1) / sms) * sms
     eff = np.where(cat == "matmul", matmul_eff * np.where(tiles > 0, tiles / waves, 1.0), attention_eff)
     compute = np.where(np.isin(cat, ("matmul", "attention")) & (flops > 0), flops / (peak * eff), 0.0)
-    t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S)
+    t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S) * counts
     phases = np.array(tp.phase)
     training = np.isin(phases, TRAINING_PHASES)
     by_cat = {c: float(t[(cat == c) & training].sum()) for c in sorted(set(tp.category))}
@@ -683,7 +740,7 @@ def template_seconds(
             for c in sorted(set(tp.category))
         }
     )
-    ops_by_phase = {p: float((phases == p).sum()) for p in sorted(set(tp.phase))}
+    ops_by_phase = {p: float(counts[phases == p].sum()) for p in sorted(set(tp.phase))}
     more = max(loss_chunks(method, micro, math.ceil(tokens)) - 1, 0) if method not in LORA_LIKE else 0
     for p, n in tp.chunk_ops.items():
         ops_by_phase[p] = ops_by_phase.get(p, 0.0) + more * n
@@ -717,21 +774,34 @@ def step_time(
     gpu = hardware.lookup(gpu_name)
     sms = gpu.sms or DEFAULT_SMS
     chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method in LORA_LIKE else 1
-    small = 1  # one and two blocks; one block more adds the same kernels
-    totals = []
-    for n in (small, small + 1):
-        tp = cached_template(
-            dataclasses.replace(config, n_layer=n), method, precision, optimizer, chunks, micro == 1, lora
-        )
-        totals.append(template_seconds(tp, micro, seq_len, gpu, sms, method))
-    grown = config.n_layer - (small + 1)
-    (n_a, cat_a, ph_a, ops_a), (n_b, cat_b, ph_b, ops_b) = totals
+    kinds = block_kinds(config)
 
-    def extra(a: dict, b: dict) -> dict:
-        return {key: b.get(key, 0.0) + grown * (b.get(key, 0.0) - a.get(key, 0.0)) for key in sorted(set(a) | set(b))}
+    def seconds(layers: list) -> tuple:
+        tp = cached_template(with_blocks(config, layers), method, precision, optimizer, chunks, micro == 1, lora)
+        return template_seconds(tp, micro, seq_len, gpu, sms, method)
 
-    by_cat, both, ops_by_phase = extra(cat_a, cat_b), extra(ph_a, ph_b), extra(ops_a, ops_b)
-    ops = round(n_b + grown * (n_b - n_a))
+    # the first block alone, then each kind of block after it: a block of that kind adds what the second adds
+    first = seconds(kinds[:1])
+    second_kind = kinds[1] if len(kinds) > 1 else kinds[0]
+    later = {kind: seconds([kinds[0], kind]) for kind in dict.fromkeys([second_kind, *kinds[1:]])}
+    n_a, cat_a, ph_a, ops_a = first
+    n_b = later[second_kind][0]
+    grown = {kind: kinds[1:].count(kind) for kind in later}
+    grown[second_kind] -= 1  # the second block is in its two-block step already
+
+    def extra(a: dict, pick: int) -> dict:
+        b = later[second_kind][pick]
+        keys = sorted(set(a).union(*(later[kind][pick] for kind in later)))
+        out = {key: b.get(key, 0.0) + grown[second_kind] * (b.get(key, 0.0) - a.get(key, 0.0)) for key in keys}
+        for kind, times in grown.items():
+            if kind != second_kind:
+                more = later[kind][pick]
+                out = {key: out[key] + times * (more.get(key, 0.0) - a.get(key, 0.0)) for key in keys}
+        return out
+
+    by_cat, both, ops_by_phase = extra(cat_a, 1), extra(ph_a, 2), extra(ops_a, 3)
+    ops = round(n_b + grown[second_kind] * (n_b - n_a))
+    ops += sum(times * (later[kind][0] - n_a) for kind, times in grown.items() if kind != second_kind)
     kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
     host_ops = dict(kernel_ops)
     if optimizer == "AdamW":  # torch's for-each step reads each tensor's step counter on the host (no kernel)
@@ -742,6 +812,23 @@ def step_time(
     by_phase = {k: v for k, v in both.items() if "/" not in k}
     split = {k: v for k, v in both.items() if "/" in k}
     return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase, kernel_ops, split, host_ops)
+
+
+LAYER_LISTS = ("sliding_window_indices", "rope_indices")
+"""litgpt's per-block settings (a 0/1 per layer): blocks that differ in them dispatch other kernels."""
+
+
+def block_kinds(config) -> list:
+    """Each block's kind as litgpt builds it, a tuple of its :data:`LAYER_LISTS` flags (Gemma 2's alternating
+    local and global attention: two kinds; most models: one)."""
+    lists = [getattr(config, name, None) for name in LAYER_LISTS]
+    return [tuple(flags[i] if flags else 0 for flags in lists) for i in range(config.n_layer)]
+
+
+def with_blocks(config, layers: list):
+    """``config`` with the blocks ``layers`` (kinds from :func:`block_kinds`): its per-block lists cut to them."""
+    lists = {name: [kind[i] for kind in layers] for i, name in enumerate(LAYER_LISTS) if getattr(config, name, None)}
+    return dataclasses.replace(config, n_layer=len(layers), **lists)
 
 
 def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops) -> int:

@@ -132,6 +132,11 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
 
     if x.offload_optimizer or x.offload_params:
         return "an offloaded optimizer step (on the CPU) is not in the kernel model"
+    if getattr(x.config, "n_expert", 0):
+        return (
+            f"mixture-of-experts routing ({x.config.mlp_class_name}: which tokens reach which expert depends on "
+            "the data, so its step cannot be traced ahead) is not in the kernel model; the MFU range stands"
+        )
     try:
         optimizer = optimizer_of(x)
     except InputError:
