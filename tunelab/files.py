@@ -43,7 +43,8 @@ class FileRefused(InputError):
     """A file that is not what it should be (not a regular file, too large, not text, a link in a write's way)."""
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """What a file of ``mode`` (``os.lstat``'s) is, in words: a directory, a FIFO, a device, a link, ..."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -81,7 +82,7 @@ def read_bytes(
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"{shown}: is {_kind(st.st_mode)}, not a {what}; fix: give a regular file")
+            raise FileRefused(f"{shown}: is {kind(st.st_mode)}, not a {what}; fix: give a regular file")
         if st.st_size > limit:
             raise FileRefused(
                 f"{shown}: {st.st_size:,} bytes is more than a {what} may have ({limit:,}); fix: give the right file"
@@ -169,7 +170,7 @@ def check_target(path: Path | str, what: str = "output") -> Path:
         raise FileRefused(f"{path}: cannot be checked ({e.strerror or e}); fix: give another {what}") from None
     if not stat.S_ISREG(st.st_mode):
         raise FileRefused(
-            f"{path}: is {_kind(st.st_mode)}; tunelab writes regular files only and never through links or "
+            f"{path}: is {kind(st.st_mode)}; tunelab writes regular files only and never through links or "
             f"devices; fix: give another {what} path"
         )
     return path

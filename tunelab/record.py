@@ -433,6 +433,9 @@ class RunRecord:
     pruned: list = field(default_factory=list)
     """Files removed after the run to save disk (litgpt's final checkpoint of a random-weight run), as paths
     relative to the run directory."""
+    earlier_outputs: str | None = None
+    """Where an earlier run's litgpt outputs found in this run's folder were moved before it started (a path
+    relative to the run directory, under ``earlier/``); None when the folder was new."""
 
     # loss
     loss_first: float | None = None

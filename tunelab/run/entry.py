@@ -84,6 +84,9 @@ def main() -> None:
     atexit.register(_write_memory_history)  # atexit runs last-registered first: before rank<N>.json
     _install_iterator_probe()
     rank_stats.install_step_hook()
+    from tunelab.run.outputs import install_atomic_writes
+
+    install_atomic_writes()  # every file litgpt leaves: a temporary name, fsynced, renamed; never through a link
     if os.environ.get(SKIP_SAVE_ENV) == "1":
         _skip_saves()
     from litgpt.__main__ import main as litgpt_main

@@ -12,7 +12,9 @@
 Every file is written to a temporary name in its directory and renamed into place: a run killed or a disk filled
 mid-save leaves the previous file whole, never a truncated checkpoint under the final name. The full state dict
 of a sharded model is gathered first (``torch.distributed.checkpoint.state_dict``; DeepSpeed ZeRO-3 through its
-16-bit consolidation) and written by rank 0.
+16-bit consolidation) and written by rank 0. litgpt's own helpers, which write in place, are wrapped so
+(:func:`install_atomic_writes`, in the child that runs ``litgpt finetune_*`` too); :func:`whole` checks what a run
+left before its record says ``ok``.
 
 :func:`generate_example` is litgpt's sample generation after a validation (its ``generate`` on the
 ``eval.evaluate_example`` instruction), run eagerly.
@@ -20,6 +22,10 @@ of a sharded model is gathered first (``torch.distributed.checkpoint.state_dict`
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -69,15 +75,162 @@ def _plain(value):
     return value
 
 
+def _folder(directory: Path) -> Path:
+    """``directory``, made if missing, refused (:class:`tunelab.files.FileRefused`) when it or what is in its place
+    is a link or not a folder: nothing is written through it."""
+    directory = Path(directory)
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise files.FileRefused(
+            f"{directory}: is not a folder (a link or a file); tunelab never writes through links; fix: remove it"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def staged(directory: Path, write) -> list[Path]:
+    """``write(folder)`` (a litgpt helper that writes files in place) into a private folder beside ``directory``;
+    each file it made is fsynced and renamed into ``directory``, never through a link: a kill or a full disk leaves
+    every file whole or as it was. Returns the files placed."""
+    directory = _folder(directory)
+    stage = Path(tempfile.mkdtemp(prefix=".tunelab-stage-", dir=directory))
+    placed = []
+    try:
+        write(stage)
+        for made in sorted(stage.iterdir()):
+            fd = os.open(made, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            target = files.check_target(directory / made.name)
+            os.replace(made, target)
+            placed.append(target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return placed
+
+
+def copy_config_files(source_dir: Path, out_dir: Path) -> None:
+    """litgpt's ``copy_config_files`` (the base checkpoint's config and tokenizer files), atomically (:func:`staged`)."""
+    staged(out_dir, lambda stage: _litgpt("copy_config_files")(Path(source_dir), stage))
+
+
+def save_prompt_style(style, checkpoint_dir: Path) -> None:
+    """litgpt's ``save_prompt_style`` (``prompt_style.yaml``), atomically (:func:`staged`)."""
+    staged(checkpoint_dir, lambda stage: _litgpt("save_prompt_style")(style, stage))
+
+
+def save_hyperparameters(function, checkpoint_dir: Path, known_commands=None) -> None:
+    """litgpt's ``save_hyperparameters`` (``hyperparameters.yaml``: the command line as parsed), atomically."""
+    staged(checkpoint_dir, lambda stage: _litgpt("save_hyperparameters")(function, stage, known_commands))
+
+
+def atomic_torch_save(obj, path) -> None:
+    """``torch.save(obj, path)`` through :func:`tunelab.files.write_atomic` (Lightning's ``_atomic_save`` truncates
+    the target first and writes it in place)."""
+    files.write_atomic(Path(path), lambda f: torch.save(obj, f))
+
+
+class _TorchSavingAtomically:
+    """torch, but ``save`` to a path goes through :func:`atomic_torch_save`: set as the ``torch`` of a module whose
+    helper saves with a plain ``torch.save`` (litgpt's ``merge_lora``, Lightning's FSDP full state dict)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and not args and not kwargs:
+            return atomic_torch_save(obj, f)
+        return torch.save(obj, f, *args, **kwargs)
+
+
+_LITGPT: dict = {}
+"""litgpt's own helpers, kept before :func:`install_atomic_writes` replaces them in litgpt's modules."""
+
+
+def _litgpt(helper: str):
+    """litgpt's own ``helper`` (as litgpt defines it, whatever has replaced it in its modules since)."""
+    if not _LITGPT:
+        from litgpt.parser_config import save_hyperparameters as litgpt_save_hyperparameters
+        from litgpt.prompts import save_prompt_style as litgpt_save_prompt_style
+        from litgpt.utils import copy_config_files as litgpt_copy_config_files
+
+        _LITGPT.update(
+            copy_config_files=litgpt_copy_config_files,
+            save_prompt_style=litgpt_save_prompt_style,
+            save_hyperparameters=litgpt_save_hyperparameters,
+        )
+    return _LITGPT[helper]
+
+
+_HELPERS = {
+    "copy_config_files": copy_config_files,
+    "save_prompt_style": save_prompt_style,
+    "save_hyperparameters": save_hyperparameters,
+}
+_LITGPT_MODULES = (
+    "litgpt.utils",
+    "litgpt.prompts",
+    "litgpt.parser_config",
+    "litgpt.finetune.full",
+    "litgpt.finetune.lora",
+    "litgpt.finetune.adapter",
+    "litgpt.finetune.adapter_v2",
+)
+
+
+def install_atomic_writes() -> None:
+    """Every file litgpt's finetune scripts leave is written atomically and never through a link: its helpers
+    (config and tokenizer files, hyperparameters, prompt style) replaced in its modules by the staged ones above,
+    Lightning's checkpoint writer and FSDP's full-state save, and ``merge_lora``'s ``torch.save``."""
+    import importlib
+
+    from lightning.fabric.plugins.io import torch_io
+    from lightning.fabric.strategies import fsdp
+    from litgpt.scripts import merge_lora
+
+    for name in _LITGPT_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for helper, ours in _HELPERS.items():
+            if getattr(module, helper, None) is _litgpt(helper):
+                setattr(module, helper, ours)
+    torch_io._atomic_save = atomic_torch_save
+    fsdp.torch = merge_lora.torch = _TorchSavingAtomically()
+
+
 def write_side_files(directory: Path, args: dict, prompt_style) -> None:
     """litgpt's files beside a checkpoint: the base checkpoint's config and tokenizer files, the run's arguments as
-    ``hyperparameters.yaml``, the prompt style (rank 0 only)."""
-    from litgpt.prompts import save_prompt_style
-    from litgpt.utils import copy_config_files
-
+    ``hyperparameters.yaml``, the prompt style (rank 0 only); each atomically, never through a link."""
     copy_config_files(Path(args["checkpoint_dir"]), directory)
     files.write_text_atomic(directory / "hyperparameters.yaml", yaml.safe_dump(_plain(args), sort_keys=False))
     save_prompt_style(prompt_style, directory)
+
+
+WEIGHT_FILES = ("lit_model.pth", "lit_model.pth.lora")
+"""The weight files litgpt loads from a checkpoint folder (torch.save's zip archives)."""
+
+
+def whole(final_dir: Path, method: str) -> str | None:
+    """Why the final checkpoint a run left in ``final_dir`` is not what litgpt loads (None: it is): a weight file
+    missing (full: ``lit_model.pth``; LoRA: the adapters and the merged model) or cut short (a torch.save archive
+    without its closing directory), or the config it needs missing. Reads each archive's directory only."""
+    final_dir = Path(final_dir)
+    wanted = ["lit_model.pth"] if method == "full" else list(WEIGHT_FILES)
+    for name in [*wanted, "model_config.yaml"]:
+        path = final_dir / name
+        if path.is_symlink() or not path.is_file():
+            return f"{path}: missing (or not a regular file)"
+        if name in WEIGHT_FILES:
+            try:
+                with zipfile.ZipFile(path):
+                    pass
+            except (zipfile.BadZipFile, OSError) as e:
+                return f"{path}: not whole ({e}); the save was cut short"
+    return None
 
 
 def save(
@@ -107,9 +260,11 @@ def save(
 
 
 def merge(final_dir: Path, args: dict) -> None:
-    """litgpt's ``merge_lora``: the base checkpoint plus the adapters into ``final_dir/lit_model.pth``."""
+    """litgpt's ``merge_lora``: the base checkpoint plus the adapters into ``final_dir/lit_model.pth``, written
+    atomically (:func:`install_atomic_writes`)."""
     from litgpt.scripts.merge_lora import merge_lora
 
+    install_atomic_writes()
     merge_lora(
         checkpoint_dir=final_dir,
         pretrained_checkpoint_dir=Path(args["checkpoint_dir"]),

@@ -34,7 +34,7 @@ from tunelab import checkpoints, settings
 from tunelab.data import benchmark
 from tunelab.data import modules as data_modules
 from tunelab.errors import InputError, Interrupted
-from tunelab.files import open_output, read_tail
+from tunelab.files import Busy, exclusive_lock, open_output, read_tail
 from tunelab.paths import DATASET, ROOT, output_root
 from tunelab.plan import stored
 from tunelab.recipes import Recipe
@@ -232,13 +232,69 @@ def _run_directory(recipe: Recipe, run_dir: Path | None) -> Path:
     run_dir = Path(run_dir or output_root() / "runs" / "single" / f"{recipe.model}-{recipe.method}-{int(time.time())}")
     if not run_dir.is_absolute() and Path.cwd().resolve() != ROOT.resolve():
         run_dir = run_dir.absolute()  # the child runs in ROOT: a path relative to here must not move there
-    for inside in ("litgpt", "stats", "stdout.log", "stderr.log", "record.json"):  # a resumed row's own files
+    for inside in ("litgpt", "stats", "stdout.log", "stderr.log", "record.json", ".lock"):  # a resumed row's own
         if (run_dir / inside).is_symlink():
             raise RunError(
                 f"{run_dir / inside}: is a symbolic link; tunelab never writes through links (the run would "
                 "write wherever it points); fix: remove the link"
             )
+    if blocker := _not_plain(run_dir / "litgpt"):
+        raise RunError(
+            f"{blocker}: is {blocker_kind(blocker)} inside the run's output folder; tunelab never writes through "
+            "links, FIFOs or devices (the run would write wherever it leads); fix: remove it"
+        )
     return run_dir
+
+
+MAX_ENTRIES_CHECKED = 100_000
+"""Entries of an earlier output folder looked at before a run (a folder of more is refused: see :func:`_not_plain`)."""
+
+
+def blocker_kind(path: Path) -> str:
+    """What ``path`` is, in words (a symbolic link, a FIFO, ...)."""
+    from tunelab.files import kind
+
+    return kind(os.lstat(path).st_mode)
+
+
+def _not_plain(folder: Path) -> Path | None:
+    """The first entry under ``folder`` (itself included) that is neither a folder nor a regular file: a link, a
+    FIFO, a device, a socket; None when there is none. Links are never followed; the walk is bounded."""
+    import stat
+
+    if not os.path.lexists(folder):
+        return None
+    seen = 0
+    pending = [folder]
+    while pending:
+        path = pending.pop()
+        mode = os.lstat(path).st_mode
+        seen += 1
+        if seen > MAX_ENTRIES_CHECKED:
+            raise RunError(f"{folder}: holds more than {MAX_ENTRIES_CHECKED:,} entries; fix: give another --out")
+        if stat.S_ISDIR(mode):
+            pending.extend(sorted(path.iterdir(), reverse=True))
+        elif not stat.S_ISREG(mode):
+            return path
+    return None
+
+
+EARLIER = "earlier"
+"""The folder of a run directory an earlier run's litgpt outputs are moved into (:func:`_own_output_folder`)."""
+
+
+def _own_output_folder(run_dir: Path) -> str | None:
+    """Give the run an output folder of its own: an earlier run's ``litgpt/`` (its ``final/``, its step
+    checkpoints, its logs) is moved whole to ``earlier/litgpt-<time>/``, kept, and named (the path relative to the
+    run directory; None when there was none). Mixed in, litgpt would keep the earlier merged model ("already
+    merged") and ``--resume`` would take the earlier run's highest step."""
+    litgpt_dir = run_dir / "litgpt"
+    if not litgpt_dir.is_dir() or not any(litgpt_dir.iterdir()):
+        return None
+    dest = run_dir / EARLIER / f"litgpt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(litgpt_dir, dest)
+    return str(dest.relative_to(run_dir))
 
 
 def prepare(
@@ -416,25 +472,35 @@ def run(
     prep = prepare(recipe, overrides or [], run_dir, o.model, o.strategy, o.strategy_config, o.checked)
     run_dir = prep.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:  # one run per output folder at a time (released when this process ends, however it ends)
+        lock = exclusive_lock(run_dir / ".lock")
+    except Busy as e:
+        raise RunError(
+            f"{run_dir}: another run is writing into this folder ({e}); fix: wait for it to end or give another --out"
+        ) from None
+    with lock:
+        return _run_locked(prep, o)
+
+
+def _run_locked(prep: Prepared, o: RunOptions) -> RunRecord:
+    """:func:`run` once its output folder is held."""
+    run_dir = prep.run_dir
+    earlier = _own_output_folder(run_dir) if o.node_rank == 0 else None
+    if earlier:
+        print(
+            f"tunelab: {run_dir / 'litgpt'} held an earlier run's outputs: moved to {run_dir / earlier}",
+            file=sys.stderr,
+            flush=True,
+        )
     stats_dir = run_dir / "stats"
     if o.node_rank == 0:
         for old in stats_dir.glob("rank*.json"):
             old.unlink()
     launch, world = launch_command(prep, o.nnodes, o.node_rank, o.master_addr, o.master_port)
     rec = new_record(prep, launch, world, o.sweep, o.row_id)
-    import torch  # the run's environment: torch's CUDA build
-
-    # nothing here touches CUDA (no context, no memory on the GPU in this process): the device is named by NVML
+    rec.earlier_outputs = earlier
     monitor = GPUMonitor(hz=o.nvml_hz)
-    rec.device_type = "cuda" if cuda_available() else "cpu"
-    rec.device_name = device_name(monitor)
-    rec.device_memory_total_bytes = (monitor.memory_total_bytes() or [None])[0]
-    rec.cuda = torch.version.cuda
-    if o.node_rank == 0:  # the prediction for this run, made before it runs and kept in its record
-        planner = f"tunelab {rec.versions.get('tunelab', '?')}, git {rec.git_sha or 'unknown'}"
-        cuda_name = rec.device_name if rec.device_type == "cuda" else None
-        rec.plan, rec.plan_error = stored.for_run(prep.settings, prep.strat, cuda_name, planner)
-
+    _machine_and_plan(rec, prep, monitor, o.node_rank)
     env = dict(
         os.environ,
         TUNELAB_STATS_DIR=str(stats_dir),
@@ -451,11 +517,28 @@ def run(
     rec.allocator_conf = env.get(ALLOC_CONF_ENV) or None
     rec.started_at = now_iso()
     t0 = time.monotonic()
+    proc, killed_reason, gpus, interrupted = _launch_and_watch(prep, o, launch, world, env, monitor, t0)
+    rec.wall_s = round(time.monotonic() - t0, 3)
+    rec.ended_at = now_iso()
+    rec.exit_code = proc.returncode
+    if o.node_rank:  # node 0 writes the record (its ranks finish after every rank's final barrier)
+        return rec
+
+    _collect_and_save(rec, prep, o, killed_reason, gpus, monitor)
+    if interrupted:
+        raise Interrupted(f"{o.row_id}: stopped; recorded as killed in {run_dir / 'record.json'}")
+    return rec
+
+
+def _launch_and_watch(prep: Prepared, o: RunOptions, launch: list, world: int, env: dict, monitor, t0: float):
+    """Step 3: the child started and watched to its end, its output in the run's logs; whatever happens (an
+    interrupt, a full disk while logging) no rank is left running. (process, why it was killed or None, the GPU
+    samples, whether Ctrl-C or SIGTERM stopped it)."""
     interrupted = False
     suffix = f".node{o.node_rank}" if o.node_rank else ""
     with (
-        open_output(run_dir / f"stdout{suffix}.log") as out_f,
-        open_output(run_dir / f"stderr{suffix}.log") as err_f,
+        open_output(prep.run_dir / f"stdout{suffix}.log") as out_f,
+        open_output(prep.run_dir / f"stderr{suffix}.log") as err_f,
     ):
         monitor.start()
         proc = subprocess.Popen(
@@ -466,29 +549,43 @@ def run(
             stderr=err_f,
             preexec_fn=_preexec(o.memory_limit_bytes),
         )
-        try:  # step 3: watch the child
-            killed_reason = watch(proc, out_f, t0, o.timeout_s, run_dir / "litgpt", world, o.on_progress)
+        try:
+            killed_reason = watch(proc, out_f, t0, o.timeout_s, prep.run_dir / "litgpt", world, o.on_progress)
             proc.wait()  # exited: its stdout closed
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (tunelab.cli turns it into this): record, then stop
             killed_reason = f"{INTERRUPTED_PREFIX} stopped by Ctrl-C or SIGTERM; the row runs again on resume"
             interrupted = True
-        finally:  # whatever happened (interrupt, a full disk while logging): no training, no rank is left running
+        finally:
             _kill_group(proc)
             proc.wait()
             gpus = monitor.stop()
-    rec.wall_s = round(time.monotonic() - t0, 3)
-    rec.ended_at = now_iso()
-    rec.exit_code = proc.returncode
-    if o.node_rank:  # node 0 writes the record (its ranks finish after every rank's final barrier)
-        return rec
+    return proc, killed_reason, gpus, interrupted
 
-    # step 4: collect the record
+
+def _machine_and_plan(rec: RunRecord, prep: Prepared, monitor: GPUMonitor, node_rank: int) -> None:
+    """The device the run gets (named by NVML: nothing here touches CUDA, no context or memory on the GPU in this
+    process) and, on node 0, the plan for this run made before it runs, into ``rec``."""
+    import torch  # the run's environment: torch's CUDA build
+
+    rec.device_type = "cuda" if cuda_available() else "cpu"
+    rec.device_name = device_name(monitor)
+    rec.device_memory_total_bytes = (monitor.memory_total_bytes() or [None])[0]
+    rec.cuda = torch.version.cuda
+    if node_rank == 0:
+        planner = f"tunelab {rec.versions.get('tunelab', '?')}, git {rec.git_sha or 'unknown'}"
+        cuda_name = rec.device_name if rec.device_type == "cuda" else None
+        rec.plan, rec.plan_error = stored.for_run(prep.settings, prep.strat, cuda_name, planner)
+
+
+def _collect_and_save(rec: RunRecord, prep: Prepared, o: RunOptions, killed_reason, gpus, monitor) -> None:
+    """Step 4: the record from what the run left, ``ok`` only when its final checkpoint is whole; written last."""
+    run_dir = prep.run_dir
     stdout = read_tail(run_dir / "stdout.log")  # the last 256 MiB: millions of iteration lines
     stderr = read_tail(run_dir / "stderr.log")
     collect(
         rec,
         prep.settings,
-        stats_dir,
+        run_dir / "stats",
         run_dir / "litgpt",
         stdout,
         stderr,
@@ -500,10 +597,9 @@ def run(
     )
     if prep.source == "random":
         rec.pruned = prune_weights(run_dir)
+    elif rec.status == "ok" and (why := outputs_not_whole(run_dir, prep.recipe.method)):
+        rec.status, rec.error = "failed", f"outputs: {why}"
     save(rec, run_dir / "record.json")
-    if interrupted:
-        raise Interrupted(f"{o.row_id}: stopped; recorded as killed in {run_dir / 'record.json'}")
-    return rec
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -570,6 +666,13 @@ def watch(
 
 
 WEIGHT_SUFFIXES = (".pth", ".bin", ".safetensors", ".pth.lora", ".pth.adapter", ".pth.adapter_v2")
+
+
+def outputs_not_whole(run_dir: Path, method: str) -> str | None:
+    """Why the final checkpoint a run left is not what litgpt loads (:func:`tunelab.run.outputs.whole`), or None."""
+    from tunelab.run.outputs import whole
+
+    return whole(run_dir / "litgpt" / "final", method)
 
 
 def prune_weights(run_dir: Path) -> list[str]:
