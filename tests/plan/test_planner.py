@@ -63,7 +63,8 @@ def test_litgpts_own_choice_on_several_devices_checkpoints_every_block():
     assert "checkpoint_wrapper(" in inspect.getsource(lora.parallelize_fn)
     for method in ("full", "lora"):
         recipe = resolve(f"tiny-llama-1.1b/{method}")
-        assert plan_recipe(recipe, [], gpu=None, devices=4).input.activation_checkpointing, method
+        fed = ["--train.global_batch_size", "128"]  # a batch litgpt's scripts can feed on four devices
+        assert plan_recipe(recipe, fed, gpu=None, devices=4).input.activation_checkpointing, method
         assert not plan_recipe(recipe, [], gpu=None, devices=1).input.activation_checkpointing, method
 
 

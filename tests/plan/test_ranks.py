@@ -100,7 +100,8 @@ def test_litgpts_own_choice_is_wrapped_as_litgpts_scripts_wrap_it_and_keeps_its_
     gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
                ("forward", "backward")}  # fmt: skip
     assert gathers == {"forward": 2 * units, "backward": 2 * (units - 1)}  # the root: forward only
-    x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), ["--precision", precision], gpu=None, devices=world).input
+    overrides = ["--precision", precision, "--train.global_batch_size", "128"]  # a batch litgpt's scripts can feed
+    x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), overrides, gpu=None, devices=world).input
     x = replace(x, config=config, micro_batch_size=2, seq_len=64, accumulation=2)
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     traced = {k: sum(c.calls for c in sim.collectives if c.kind == k) for k in ("all-gather", "reduce-scatter")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import count, fail, listed, number
+from tunelab.cli.common import count, folder, listed, number
 from tunelab.files import unwritable_dir
 
 
@@ -34,7 +34,12 @@ def add_parser(sub) -> None:
     s.add_argument("--strategies", metavar="LIST", help="strategy files to try, comma-separated (default: single "
                    "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several, fsdp-hybrid too on several nodes; "
                    "offload files only when named: their CPU optimizer step is not in the time)")  # fmt: skip
-    s.add_argument("--max-devices", type=number(int, 1, 64, what="a device count"), default=8)
+    s.add_argument(
+        "--max-devices",
+        type=number(int, 1, 16, what="a device count"),
+        default=8,
+        help="devices per node at most (default 8; up to 16): the search tries 1, 2, 4, 8 and 16",
+    )
     work = s.add_mutually_exclusive_group()
     work.add_argument("--tokens", type=number(float, 0, 1e15, low_open=True, what="a token count"),
                       help="padded tokens to train on (default 5e7), as samples of the lab's Alpaca length (437 at "
@@ -57,7 +62,7 @@ def add_parser(sub) -> None:
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (needed with --nodes above 1)")
     s.add_argument("--top", type=count, default=3, help="configurations shown per GPU (default 3)")
     s.add_argument("--json", action="store_true", help="every fitting configuration, ranked, as JSON")
-    s.add_argument("--write", type=Path, metavar="DIR", help="write the fastest (or --by cost: cheapest) as a recipe")
+    s.add_argument("--write", type=folder, metavar="DIR", help="write the fastest (or --by cost: cheapest) as a recipe")
     s.add_argument("--by", choices=["time", "cost"], default="time", help="what --write picks by (default time)")
     s.set_defaults(func=handle)
 
@@ -80,34 +85,9 @@ def handle(args, extra) -> int:
     import json
     import sys
 
-    from tunelab import hardware
     from tunelab.plan import advise, memory
-    from tunelab.strategies import StrategyError, load_strategy
 
-    recipes = _recipes(args.model, args.method)
-    if not recipes:
-        return fail(f"{args.model}: no {args.method} recipe there; fix: --method any")
-    try:
-        gpus = list(
-            {g.name: g for g in (hardware.lookup(n.strip()) for n in args.gpus.split(",") if n.strip())}.values()
-        )
-    except ValueError as e:
-        return fail(f"--gpus: {e}")
-    precision = listed(args.precision)
-    from tunelab.validate import PRECISIONS
-
-    if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
-        return fail(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
-    strategies = listed(args.strategies)
-    for name in strategies or []:
-        try:
-            if name != "single":
-                load_strategy(name)
-        except StrategyError as e:
-            return fail(f"--strategies: {e}")
-    written = [*(f"{m}.yaml" for m in recipes), "strategy.yaml", "launch.txt"]
-    if args.write is not None and (why := unwritable_dir(args.write, written)):
-        return fail(f"--write {args.write}: {why}; fix: give a new or empty folder")
+    recipes, gpus, precision, strategies = _checked(args)
     headroom = memory.ALLOCATOR_HEADROOM if args.headroom is None else args.headroom
     first = next(iter(recipes.values()))
     work = (
@@ -133,3 +113,40 @@ def handle(args, extra) -> int:
         for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data):
             print(f"launch: {line}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON
     return 0 if ranked else 1
+
+
+def _checked(args) -> tuple:
+    """(recipes, GPUs, precisions, strategies) the options name; InputError (one line) for one that names nothing,
+    does not apply, or is not known, before anything is planned."""
+    from tunelab import hardware
+    from tunelab.errors import InputError
+    from tunelab.plan import advise
+    from tunelab.strategies import StrategyError, load_strategy
+    from tunelab.validate import PRECISIONS
+
+    recipes = _recipes(args.model, args.method)
+    if not recipes:
+        raise InputError(f"{args.model}: no {args.method} recipe there; fix: --method any")
+    if args.method != "any" and (other := [r for r in recipes.values() if r.method != args.method]):
+        raise InputError(
+            f"--method {args.method}: {other[0].key} is a {other[0].method} recipe; fix: name a "
+            f"{args.method} recipe or the model's folder, or leave --method out"
+        )
+    names = listed(args.gpus, "--gpus")
+    try:
+        gpus = list({g.name: g for g in (hardware.lookup(n) for n in names)}.values())
+    except ValueError as e:
+        raise InputError(f"--gpus: {e}") from None
+    precision = listed(args.precision, "--precision")
+    if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
+        raise InputError(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
+    strategies = listed(args.strategies, "--strategies")
+    for name in strategies or []:
+        try:
+            if name != "single":
+                load_strategy(name)
+        except StrategyError as e:
+            raise InputError(f"--strategies: {e}") from None
+    if args.write is not None and (why := unwritable_dir(args.write, list(advise.WRITTEN))):
+        raise InputError(f"--write {args.write}: {why}; fix: give a new or empty folder")
+    return recipes, gpus, precision, strategies

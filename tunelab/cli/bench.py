@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from tunelab.cli.common import count, fail, memory_limit, model_choice, positive_seconds, run_options
+from tunelab.cli.common import count, fail, folder, memory_limit, model_choice, positive_seconds, run_options
 from tunelab.files import unwritable_dir
 
 PROBE_STEPS = 8
@@ -42,8 +41,10 @@ def add_parser(sub) -> None:
         help="start no run after S seconds and kill one still running then (it runs again when the same command "
         "runs again): for machines that give a command a fixed time",
     )
-    s.add_argument("--out", type=Path, help="run directory (default: runs/bench/<recipe>)")
-    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-bench-<recipe>-<device>)")
+    s.add_argument("--out", type=folder, help="run directory (default: runs/bench/<recipe>)")
+    s.add_argument(
+        "--report-dir", type=folder, help="report directory (default: reports/<date>-bench-<recipe>-<device>)"
+    )
     run_options(s)
     s.set_defaults(func=handle, passthrough=True)
 
@@ -68,9 +69,9 @@ def handle(args, extra) -> int:
     out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
     from tunelab.files import Busy, exclusive_lock
 
-    for option, folder in (("--report-dir", args.report_dir), ("--out", out)):  # before either arm trains
-        if folder is not None and (why := unwritable_dir(folder)):
-            return fail(f"{option} {folder}: {why}; fix: a new folder")
+    for option, where in (("--report-dir", args.report_dir), ("--out", out)):  # before either arm trains
+        if where is not None and (why := unwritable_dir(where)):
+            return fail(f"{option} {where}: {why}; fix: a new folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = exclusive_lock(out / ".lock")  # held to the end: two benches on one --out would slow each other

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tunelab.cli.common import fail
+from tunelab.cli.common import fail, folder
 
 
 def add_parser(sub) -> None:
@@ -23,7 +21,7 @@ def add_parser(sub) -> None:
         "or a litgpt config name such as "
         "open_llama_7b or tiny-llama-1.1b (random weights)",
     )
-    s.add_argument("--out", type=Path, help="directory to write (default: .tunelab/checkpoints/<name>)")
+    s.add_argument("--out", type=folder, help="directory to write (default: .tunelab/checkpoints/<name>)")
     s.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],

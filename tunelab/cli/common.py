@@ -8,6 +8,7 @@ import argparse
 import math
 import sys
 
+from tunelab.errors import InputError
 from tunelab.units import GB
 
 
@@ -55,6 +56,16 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
     return parse
 
 
+def folder(text: str):
+    """An argparse type: a path to write into, never empty (``--out ''``, an unset shell variable, would mean the
+    current folder)."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (it would mean the current folder); give a folder")
+    return Path(text)
+
+
 positive_seconds = number(float, 0, 3e7, low_open=True, what="a number of seconds")
 """Seconds: more than 0, at most 3e7 (a year: larger values overflow the timers they set)."""
 positive_gb = number(float, 0.001, 1e6, what="a size in GB")
@@ -63,9 +74,18 @@ count = number(int, 1, 10**9, what="an integer")
 """A count (micro batch, steps, pairs, records): 1 to 1e9."""
 
 
-def listed(text: str | None) -> list[str] | None:
-    """A comma-separated option as a list (None when not given; [] when given but naming nothing)."""
-    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+def listed(text: str | None, option: str) -> list[str] | None:
+    """A comma-separated ``option`` as a list (None when not given); InputError (one line) when it is given but
+    names nothing (``--gpus ''``: an unset shell variable), which no command takes as "all" or "none"."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(
+            f"{option} {text!r}: names nothing (an unset shell variable?); fix: give a comma-separated "
+            "list, or leave the option out for its default"
+        )
+    return items
 
 
 def memory_limit(args) -> int | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from tunelab.cli.common import folder
 
 
 def add_parser(sub) -> None:
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
         "constants (kernels.md); the CSVs beside them hold every row. CPU only, under a minute here; the tests "
         "check the committed reports against a fresh run.",
     )
-    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-accuracy)")
+    s.add_argument("--out", type=folder, help="output directory (default: reports/planner-accuracy)")
     s.set_defaults(func=handle)
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tunelab.cli.common import count, fail, listed
+from tunelab.cli.common import count, fail, folder, listed
 
 
 def add_parser(sub) -> None:
@@ -20,7 +18,7 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--families", help="comma-separated litgpt config names (default: the 14 families)")
     s.add_argument("--seq-len", type=count, help="tokens per sequence (default 128; with --simulate 512)")
-    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-families)")
+    s.add_argument("--out", type=folder, help="output directory (default: reports/planner-families)")
     s.add_argument(
         "--simulate",
         action="store_true",
@@ -34,7 +32,7 @@ def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.report.families import write_families
 
-    names = listed(args.families)
+    names = listed(args.families, "--families")
     if names == []:
         return fail(f"--families {args.families!r}: no family named; fix: litgpt config names, comma-separated")
     if args.simulate:

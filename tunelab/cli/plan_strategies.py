@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tunelab.cli.common import fail, listed
+from tunelab.cli.common import fail, folder, listed
 from tunelab.errors import InputError
 from tunelab.files import unwritable_dir
 from tunelab.paths import output_root
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
         "sharded as the run shards them), and the collectives it traced (bytes and calls) beside comm.py's "
         "(on 2 cores: the default four about 25 minutes, every strategy about an hour; 1-37 s a row).",
     )
-    s.add_argument("--out", type=Path, help="output directory (default: reports/planner-strategies)")
+    s.add_argument("--out", type=folder, help="output directory (default: reports/planner-strategies)")
     s.add_argument(
         "--strategies",
         help="comma-separated strategies (default litgpt,fsdp2,fsdp,ddp; litgpt: no strategy file, litgpt's own "
@@ -55,24 +55,24 @@ def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab.report import strategy_checks as sc
 
-    strategies = listed(args.strategies)
+    strategies = listed(args.strategies, "--strategies")
     if strategies == [] or set(strategies or ()) - set(sc.STRATEGIES):
         return fail(f"--strategies {args.strategies}: simulated per rank are {', '.join(sc.STRATEGIES)}")
-    worlds = listed(args.worlds)
+    worlds = listed(args.worlds, "--worlds")
     if worlds == [] or not all(w.isdigit() for w in worlds or ()):
         return fail(f"--worlds {args.worlds}: give device counts such as 2,4,8")
     strategies, worlds = tuple(strategies or sc.DEFAULT_STRATEGIES), tuple(int(w) for w in worlds or ()) or sc.WORLDS
     if any(not 2 <= w <= 1024 for w in worlds):
         return fail(f"--worlds {args.worlds}: each from 2 to 1024")
-    names = listed(args.families)
+    names = listed(args.families, "--families")
     known = {f[0]: f for f in sc.FAMILIES}
     if names == [] or set(names or ()) - set(known):
         return fail(f"--families {args.families}: the families are {', '.join(known)}")
     families = tuple(known[n] for n in names) if names else sc.FAMILIES
-    methods = listed(args.methods)
+    methods = listed(args.methods, "--methods")
     if methods == [] or set(methods or ()) - set(sc.METHODS):
         return fail(f"--methods {args.methods}: the methods are {', '.join(sc.METHODS)}")
-    precisions = listed(args.precisions)
+    precisions = listed(args.precisions, "--precisions")
     if precisions == [] or set(precisions or ()) - set(sc.PRECISIONS):
         return fail(f"--precisions {args.precisions}: the precisions are {', '.join(sc.PRECISIONS)}")
     from tunelab.report import deepspeed_checks as dc
@@ -86,7 +86,7 @@ def handle(args, extra) -> int:
         except InputError as e:
             return fail(str(e))
     if args.deepspeed:
-        return _deepspeed(families, tuple(int(w) for w in listed(args.worlds) or ()), out_dir)
+        return _deepspeed(families, tuple(int(w) for w in listed(args.worlds, "--worlds") or ()), out_dir)
     kept = []
     if args.keep and (out_dir / "strategies.csv").is_file():
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.cli.common import fail
+from tunelab.cli.common import fail, folder
 
 
 def add_parser(sub) -> None:
@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
         "report", help="write results.csv, results.md and plots from a sweep's or tuning study's records"
     )
     s.add_argument("sweep_dir", help="the directory a sweep or tune-study wrote (runs/<name>)")
-    s.add_argument("--out", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.add_argument("--out", type=folder, help="report directory (default: reports/<date>-<sweep>[-<device>])")
     s.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
     s.add_argument(
         "--study",

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from tunelab.cli.common import fail, memory_limit, model_choice, run_options, strategy_options
+from tunelab.cli.common import fail, folder, memory_limit, model_choice, run_options, strategy_options
 
 
 def add_parser(sub) -> None:
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
         epilog="Any other --dotted.key VALUE is a litgpt-style override, e.g. --train.max_steps 10.",
     )
     s.add_argument("recipe", help="a key such as tiny-llama-1.1b/lora, or a YAML path")
-    s.add_argument("--out", type=Path, help="run directory (default: runs/single/<recipe>-<time>)")
+    s.add_argument("--out", type=folder, help="run directory (default: runs/single/<recipe>-<time>)")
     s.add_argument("--id", default="run", help="row id stored in the record")
     run_options(s)
     strategy_options(s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tunelab.cli.common import fail, memory_limit, model_choice, positive_seconds, run_options
+from tunelab.cli.common import fail, folder, listed, memory_limit, model_choice, positive_seconds, run_options
 from tunelab.files import unwritable
 
 
@@ -21,11 +21,11 @@ def add_parser(sub) -> None:
         "reports/<date>-<sweep>[-<device>]/ at the end.",
     )
     s.add_argument("sweep", help="a sweep YAML path, or a name under configs/sweeps/ (lab-part1)")
-    s.add_argument("--out", type=Path, help="sweep directory for the records (default: runs/<sweep name>)")
+    s.add_argument("--out", type=folder, help="sweep directory for the records (default: runs/<sweep name>)")
     s.add_argument("--rerun", action="store_true", help="run rows again even if they have a record")
     s.add_argument("--only", help="comma-separated row ids to run (others untouched)")
     s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    s.add_argument("--report-dir", type=folder, help="report directory (default: reports/<date>-<sweep>[-<device>])")
     s.add_argument(
         "--set",
         action="append",
@@ -82,7 +82,7 @@ def handle(args, extra) -> int:
         model = model_choice(args)
         sweep = load(args.sweep, args.set)
         options = SweepOptions(
-            rerun=args.rerun, model=model, only=args.only.split(",") if args.only else None, timeout_s=args.timeout,
+            rerun=args.rerun, model=model, only=listed(args.only, "--only"), timeout_s=args.timeout,
             memory_limit_bytes=memory_limit(args), deadline_s=args.deadline, after_row=after_row,
             prune_checkpoints=args.prune_checkpoints,
         )  # fmt: skip

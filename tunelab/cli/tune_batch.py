@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from tunelab.cli.common import count, fail, memory_limit, micro_list, model_choice, number, run_options
+from tunelab.cli.common import count, fail, folder, memory_limit, micro_list, model_choice, number, run_options
 
 
 def add_parser(sub) -> None:
@@ -55,7 +54,7 @@ def add_parser(sub) -> None:
         metavar="N,N,...",
         help="also probe these micro batches (rows for the table: how tok/s grows with the batch)",
     )
-    s.add_argument("--out", type=Path, help="probe directory (default: runs/tune-batch/<recipe>)")
+    s.add_argument("--out", type=folder, help="probe directory (default: runs/tune-batch/<recipe>)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_options(s)
     s.set_defaults(func=handle, passthrough=True)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from tunelab.cli.common import count, fail, model_choice, positive_seconds, run_options
+from tunelab.cli.common import count, fail, folder, listed, model_choice, positive_seconds, run_options
 from tunelab.errors import InputError
 
 
@@ -29,8 +28,8 @@ def add_parser(sub) -> None:
     )
     s.add_argument("study_file", help="a study YAML, or a name under configs/sweeps/ (lab-part3)")
     s.add_argument("--only", help="comma-separated study ids (default: every study in the file)")
-    s.add_argument("--out", type=Path, help="probe directory (default: runs/<name>)")
-    s.add_argument("--report-dir", type=Path, help="report directory (default: reports/<date>-<name>-<device>)")
+    s.add_argument("--out", type=folder, help="probe directory (default: runs/<name>)")
+    s.add_argument("--report-dir", type=folder, help="report directory (default: reports/<date>-<name>-<device>)")
     s.add_argument("--no-report", action="store_true", help="only probe; write no report")
     s.add_argument("--max-micro", type=count, help="cap every setting's micro batch (a quick rehearsal)")
     s.add_argument(
@@ -52,7 +51,7 @@ def handle(args, extra) -> int:
 
     try:
         sf = tune_study.load(args.study_file)
-        chosen = tune_study.check(sf, [x for x in (args.only or "").split(",") if x] or None)
+        chosen = tune_study.check(sf, listed(args.only, "--only"))
         model = model_choice(args)
     except (tune_study.StudyError, ValueError) as e:
         return fail(str(e))

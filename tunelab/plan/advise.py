@@ -574,4 +574,13 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
     else:
         commands.append(f"litgpt {recipe.command} --config {recipe_path}")
     write_text_atomic(out_dir / "launch.txt", "\n".join(commands) + "\n")
+    ours = {recipe_path.name, "launch.txt", *(["strategy.yaml"] if c.strategy != "single" else [])}
+    for name in set(WRITTEN) - ours:  # what an earlier answer left here would read as part of this one
+        stale = out_dir / name
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink()
     return commands
+
+
+WRITTEN = ("full.yaml", "lora.yaml", "qlora.yaml", "strategy.yaml", "launch.txt")
+"""The files ``advise --write`` writes into its folder (:func:`write_choice`): an answer replaces all of them."""

@@ -240,6 +240,7 @@ def plan_settings(
     strat = strategy
     if strat is not None:
         strat.check_world(s.world_size, strategy_named or strat.name, per_node=s.devices)
+    check_feeds(s, litgpt=strat is None)
     fields = strategy_fields(strat, s.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
@@ -264,6 +265,24 @@ def plan_settings(
         plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
     label = strat.describe() if strat is not None else "litgpt"
     return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strat)
+
+
+def check_feeds(s: Settings, litgpt: bool) -> None:
+    """ValueError naming the key when the devices cannot all be fed: one micro batch on each of them needs more
+    samples than the global batch (litgpt's own scripts assert it) or than the whole training split (no optimizer
+    step would run)."""
+    unit = s.world_size * s.micro_batch_size
+    if litgpt and s.world_size > 1 and unit > s.global_batch_size:
+        raise ValueError(
+            f"train.global_batch_size: {s.global_batch_size} is smaller than devices x num_nodes x micro_batch_size "
+            f"= {unit} (litgpt asserts); fix: fewer devices or train.global_batch_size {unit}"
+        )
+    train, _, src = train_samples(s)
+    if unit > train:
+        raise ValueError(
+            f"devices: {s.world_size} devices x micro batch {s.micro_batch_size} = {unit} samples a step, more than "
+            f"the {train} training samples ({src}); fix: at most {max(train // s.micro_batch_size, 1)} devices"
+        )
 
 
 def _data_init(s: Settings) -> dict:

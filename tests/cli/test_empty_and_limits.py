@@ -1,0 +1,65 @@
+"""One rule for list and path options, limits said, devices the batch cannot feed refused, an advise answer that
+replaces the previous one (the reliability round's empty, out-of-range and stale cases), in process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import tunelab_here
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["advise", "tiny-llama-1.1b", "--gpus", ""], "--gpus"),
+        (["advise", "tiny-llama-1.1b", "--precision", " , "], "--precision"),
+        (["advise", "tiny-llama-1.1b", "--strategies", ""], "--strategies"),
+        (["advise", "tiny-llama-1.1b", "--write", ""], "--write"),
+        (["plan-accuracy", "--out", ""], "--out"),
+        (["plan-strategies", "--worlds", ""], "--worlds"),
+        (["plan-families", "--families", ","], "--families"),
+        (["run", "tiny-llama-1.1b/lora", "--out", ""], "--out"),
+    ],
+)
+def test_an_empty_list_or_path_is_refused_in_one_line(args, option, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an empty path taken as "here" would write into this folder
+    code, out, err = tunelab_here(*args)
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and option in lines[0], lines
+    assert "empty path" in lines[0] or "names nothing" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_option_that_does_not_apply_or_a_limit_the_search_does_not_reach_is_said():
+    code, _, err = tunelab_here("advise", "tiny-llama-1.1b/full", "--method", "qlora")
+    assert code == 2 and "tiny-llama-1.1b/full is a full recipe" in err
+    code, _, err = tunelab_here("advise", "tiny-llama-1.1b", "--max-devices", "64")
+    assert code == 2 and "between 1 and 16" in err
+
+
+def test_devices_the_batch_or_the_data_cannot_feed_are_refused():
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--devices", "100000", "--strategy", "fsdp")
+    assert code == 2 and "more than the 200 training samples" in err and "at most 12 devices" in err
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--devices", "4")  # litgpt's own FSDP asserts it
+    assert code == 2 and "train.global_batch_size: 16 is smaller than" in err
+    # tunelab's loop takes one micro batch on each device when they outnumber the global batch's: planned
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", "8", "--strategy", "ddp")
+    assert code == 0, err
+
+
+def test_advise_write_replaces_what_an_earlier_answer_left(tmp_path):
+    """A first answer on several devices leaves strategy.yaml; a second that picks one device removes it (and the
+    other method's recipe), so the folder holds one answer."""
+    from tunelab.plan import advise
+
+    out = tmp_path / "w"
+    out.mkdir()
+    for name in ("strategy.yaml", "full.yaml", "launch.txt"):
+        (out / name).write_text("an earlier answer\n")
+    code, _, err = tunelab_here(
+        "advise", "tiny-llama-1.1b/lora", "--gpus", "H100-SXM", "--max-devices", "1", "--write", out
+    )
+    assert code == 0, err
+    assert sorted(f.name for f in out.iterdir()) == ["launch.txt", "lora.yaml"]
+    assert "an earlier answer" not in (out / "launch.txt").read_text()
+    assert set(advise.WRITTEN) >= {"strategy.yaml", "full.yaml", "lora.yaml", "qlora.yaml", "launch.txt"}
