@@ -392,6 +392,7 @@ def _record_eval(model, x, precision: str, state: dict) -> None:
         # the position as a constant the fake mode knows: a sliding-window cache reads it on the host (``.item()``)
         position = torch.tensor([0])
         state["phase"] = "decode"
+        torch.zeros(1, dtype=torch.long)  # the one small kernel of litgpt's per-token position update (``add_``)
         with forward_context(precision):
             model(x[:1, :1], input_pos=position)
         state["phase"] = "not recorded"
