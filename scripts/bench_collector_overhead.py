@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--micro", type=int, default=8, help="micro batch = global batch (no accumulation)")
     ap.add_argument("--precision", help="override the recipe's precision (e.g. bf16-true)")
-    ap.add_argument("--recipe", default="recipes/tiny-llama-1.1b/full.yaml")
+    ap.add_argument("--recipe", default="tiny-llama-1.1b/full", help="a recipe key or YAML path (default %(default)s)")
     ap.add_argument("--model", choices=["tiny", "random"], default="tiny")
     ap.add_argument("--json-out", type=Path, help="write the per-pair figures and medians here")
     a = ap.parse_args()

@@ -40,10 +40,25 @@ def _bytes(tar: tarfile.TarFile, names: dict, suffix: str) -> bytes | None:
 
 
 def _member(tar: tarfile.TarFile, names: dict, suffix: str) -> dict:
+    """The JSON object at ``suffix`` (``<row>/record.json``, ``<row>/stats/rank0.json``); InputError (one line with a
+    fix) for a row the archive does not hold, a member that is not a regular file of at most 16 MiB, or not JSON."""
+    if suffix not in names:
+        rows = sorted({n.split("/")[0] for n in names if n.endswith("/record.json")})
+        shown = ", ".join(rows[:8]) + (", ..." if len(rows) > 8 else "")
+        raise InputError(f"{suffix}: not in the archive; fix: a row id it holds ({shown or 'none'})")
     data = _bytes(tar, names, suffix)
     if data is None:
-        raise SystemExit(f"replay_allocator: {suffix}: not a regular file of at most {RECORD_MAX_BYTES} bytes")
-    return json.loads(data)
+        raise InputError(
+            f"{suffix}: not a regular file of at most {RECORD_MAX_BYTES:,} bytes in the archive; fix: "
+            "an archive the runbook wrote"
+        )
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{suffix}: not JSON ({str(e)[:80]}); fix: an archive the runbook wrote") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{suffix}: not a JSON object; fix: an archive the runbook wrote")
+    return value
 
 
 SANITY_BATCHES = 2
@@ -91,12 +106,21 @@ def validation_lengths(tar: tarfile.TarFile, names: dict, row: str, micro_batch_
             return [], f"its data settings could not be rebuilt ({type(e).__name__}: {str(e)[:120]})"
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def replay_row(tar: tarfile.TarFile, row: str) -> dict:
     names = {m.name.split("/", 1)[-1]: m for m in tar.getmembers()}
     rec = RunRecord.from_dict(_member(tar, names, f"{row}/record.json"))
     rank = _member(tar, names, f"{row}/stats/rank0.json")
-    if not isinstance(rank.get("iters"), list) or not rank["iters"]:
-        raise ValueError("its rank file has no iterations (iters) to replay")
+    iters = rank.get("iters")
+    if not isinstance(iters, list) or not iters:
+        raise InputError(f"{row}/stats/rank0.json: no iterations (iters) to replay; fix: a run that trained")
+    if not all(isinstance(it, list) and len(it) == 3 and all(_number(v) for v in it) for it in iters):
+        raise InputError(
+            f"{row}/stats/rank0.json: iters are not [time, padded, real] numbers; fix: the run's own rank file"
+        )
     x = stored.todays_plan(rec, None, None).input  # the runs replayed ran litgpt's own loop
     seq_lens = [int(padded) // x.micro_batch_size for _t, padded, _real in rank["iters"]]
     val_lens, val_source = validation_lengths(tar, names, row, x.micro_batch_size)
@@ -174,8 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         for row in args.rows:  # the table is rewritten after each row: a long replay cut short keeps what it did
             try:
                 results.append(replay_row(tar, row))
-            except (ValueError, KeyError, TypeError, InputError, tarfile.TarError) as e:  # JSON errors are ValueError
-                print(f"replay_allocator: {args.archive}: row {row}: {type(e).__name__}: {e}", file=sys.stderr)
+            except InputError as e:
+                print(f"replay_allocator: {args.archive}: {e}", file=sys.stderr)
+                return 2
+            except (ValueError, KeyError, TypeError, tarfile.TarError) as e:  # a record of the wrong shape
+                print(
+                    f"replay_allocator: {args.archive}: row {row}: {e}; fix: an archive the runbook wrote",
+                    file=sys.stderr,
+                )
                 return 2
             if args.out:
                 write_text_atomic(args.out, render(results, args.archive))

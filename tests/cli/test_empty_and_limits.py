@@ -63,3 +63,21 @@ def test_advise_write_replaces_what_an_earlier_answer_left(tmp_path):
     assert sorted(f.name for f in out.iterdir()) == ["launch.txt", "lora.yaml"]
     assert "an earlier answer" not in (out / "launch.txt").read_text()
     assert set(advise.WRITTEN) >= {"strategy.yaml", "full.yaml", "lora.yaml", "qlora.yaml", "launch.txt"}
+
+
+def test_a_bench_whose_deadline_leaves_no_run_says_so_and_writes_no_report(tmp_path):
+    code, out, err = tunelab_here(
+        "bench",
+        "tiny-llama-1.1b/full",
+        "--model",
+        "tiny",
+        "--deadline",
+        "0.5",
+        "--out",
+        tmp_path / "runs",
+        "--report-dir",
+        tmp_path / "report",
+    )
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("deadline reached")]
+    assert code == 2 and len(lines) == 1 and "--deadline 0.5: no run could start" in lines[0], (out, err)
+    assert not (tmp_path / "report").exists() and not list((tmp_path / "runs").glob("*/record.json"))

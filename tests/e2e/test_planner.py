@@ -370,3 +370,19 @@ def test_every_family_litgpt_ships_plans_with_a_gpu():
             if not projection["seconds_by_cause"] and "not modelled:" not in projection["seconds_by_cause_source"]:
                 failures.append((name, method, projection["seconds_by_cause_source"]))
     assert not failures, failures
+
+
+def test_two_processes_writing_one_trace_entry_leave_one_whole_file(tmp_path):
+    """Two processes make and write the same trace-cache entry at once: one whole file, no temporary one left."""
+    import os
+
+    script = (
+        "from tunelab.plan.trace_cache import cached_json\n"
+        "import time\n"
+        "cached_json('race', ['e'], lambda: (time.sleep(0.5), {'v': list(range(200000))})[1], 'trace')\n"
+    )
+    env = {**os.environ, "TUNELAB_HOME": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env) for _ in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    (entry,) = (tmp_path / "race").iterdir()
+    assert json.loads(entry.read_text())["value"] == {"v": list(range(200000))}

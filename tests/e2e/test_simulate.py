@@ -8,8 +8,8 @@ from tests.conftest import ROOT
 
 
 def test_the_replay_script_refuses_bad_archives_and_outputs_in_one_line_before_replaying(tmp_path):
-    """scripts/replay_allocator.py: a file that is not a tar, a record that is not JSON, a rank file without
-    iterations, an unknown recipe, and an --out whose folder is missing are each one line and exit 2, the output
+    """scripts/replay_allocator.py: a file that is not a tar, a record that is not JSON, a row the archive does not
+    hold, a rank file without iterations or with iterations that are not numbers, an unknown recipe, and an --out whose folder is missing are each one line and exit 2, the output
     checked before any replay (a replay takes minutes)."""
     import io
     import subprocess
@@ -31,7 +31,10 @@ def test_the_replay_script_refuses_bad_archives_and_outputs_in_one_line_before_r
     not_tar.write_text("not a tar")
     cases = [
         ([not_tar, "r"], "not a tar archive"),
-        ([archive({"r/record.json": "{not json"}), "r"], "row r"),
+        ([archive({"r/record.json": "{not json"}), "r"], "r/record.json: not JSON"),
+        ([archive({"r/record.json": rec % "tiny-llama-1.1b/lora"}), "other"], "not in the archive; fix: a row id it holds (r)"),
+        ([archive({"r/record.json": rec % "tiny-llama-1.1b/lora", "r/stats/rank0.json": '{"iters": [["a", "b", "c"]]}'}), "r"],
+         "iters are not [time, padded, real] numbers"),
         ([archive({"r/record.json": rec % "tiny-llama-1.1b/lora", "r/stats/rank0.json": '{"iters": []}'}), "r"],
          "no iterations"),
         ([archive({"r/record.json": rec % "no/such", "r/stats/rank0.json": '{"iters": [[1, 2, 3]]}'}), "r"],

@@ -82,3 +82,47 @@ def test_a_compiled_blocks_kernels_come_back_from_the_cache_as_traced(tmp_path, 
     monkeypatch.setattr(compiled, "trace_block", lambda *a, **k: (_ for _ in ()).throw(AssertionError("traced")))
     assert compiled.block_kernels(c, "full", "bf16-true") == traced
     compiled._block_kernels.cache_clear()
+
+
+def test_an_edited_or_poisoned_entry_is_traced_again(tmp_path, monkeypatch):
+    """A value changed by hand (its checksum no longer matches), a template whose arrays do not have the shapes
+    its kernel list needs (the checksum recomputed to match, as a deliberate poisoner would), and an entry swapped
+    in from another key are each traced again (two writers at once: tests/e2e/test_planner.py)."""
+    import dataclasses
+    import hashlib
+
+    from litgpt import Config
+
+    from tunelab.plan import kernels
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    made = []
+
+    def make():
+        made.append(1)
+        return {"bytes": [1, 2]}
+
+    cached_json("traces", ["d"], make, "trace")
+    (file,) = (tmp_path / "traces").iterdir()
+    raw = json.loads(file.read_text())
+    file.write_text(json.dumps({**raw, "value": {"bytes": [1, 3]}}))  # edited, checksum left as it was
+    assert cached_json("traces", ["d"], make, "trace") == {"bytes": [1, 2]} and len(made) == 2
+    cached_json("traces", ["f"], lambda: {"bytes": [7, 7]}, "trace")
+    (other,) = [p for p in (tmp_path / "traces").iterdir() if p != file]
+    file.write_text(other.read_text())  # another key's entry swapped into this one's place
+    assert cached_json("traces", ["d"], make, "trace") == {"bytes": [1, 2]} and len(made) == 3
+
+    monkeypatch.setattr(kernels, "_TEMPLATES", {})
+    c = dataclasses.replace(Config.from_name("pythia-14m"), n_layer=1)
+    first = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    (path,) = (tmp_path / "kernel-templates").iterdir()
+    raw = json.loads(path.read_text())
+    poisoned = {**raw["value"], "bytes": raw["value"]["bytes"][:-1]}  # one kernel's row dropped
+    digest = hashlib.sha256(json.dumps(poisoned, sort_keys=True).encode()).hexdigest()
+    path.write_text(json.dumps({**raw, "sum": digest, "value": poisoned}))
+    traced = []
+    real = kernels.record_step
+    monkeypatch.setattr(kernels, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
+    monkeypatch.setattr(kernels, "_TEMPLATES", {})
+    again = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    assert traced and (again.bytes == first.bytes).all()

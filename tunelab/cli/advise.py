@@ -140,6 +140,12 @@ def _checked(args) -> tuple:
     precision = listed(args.precision, "--precision")
     if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
         raise InputError(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
+    for gpu in gpus:
+        if precision and not advise.precisions(gpu, precision):
+            raise InputError(
+                f"--precision {args.precision}: {gpu.name} has no bfloat16 (it computes float16 and float32); fix: "
+                "16-mixed or 32-true on it, or leave --precision out"
+            )
     strategies = listed(args.strategies, "--strategies")
     for name in strategies or []:
         try:

@@ -92,8 +92,17 @@ def handle(args, extra) -> int:
             )
         else:
             print(f"best micro batch: not found for {sorted({a.name for a in arms} - set(best))}; phase skipped")
+    if not any(arm.records for phase in phases for arm in phase.arms):
+        lock.close()
+        return fail(
+            f"--deadline {args.deadline:g}: no run could start before it, nothing is recorded; fix: a longer "
+            "--deadline (each run takes at least a minute here)"
+        )
     report = bench_report.write_report(recipe, phases, out, args.report_dir)
     lock.close()
     print((report / "bench.md").read_text())
     print(f"records: {out}/\nreport:  {report}/bench.md")
+    if left := sum(len(phase.not_started) for phase in phases):
+        print(f"bench: incomplete, {left} run(s) not started before --deadline; the same command goes on from here")
+        return 1
     return 0

@@ -300,10 +300,12 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
     base = plan_settings(settings.from_args(recipe, {**settings.resolve_args(recipe, []), "precision": prec}), gpu=gpu)
     s, x0, work = base.settings, base.input, ask.work
     if ask.global_batch == "keep" and s.global_batch_size > work.samples:  # not one optimizer step
+        smallest = s.global_batch_size * LAB_PADDED_TOKENS_PER_SAMPLE
         raise InputError(
             f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
-            f"{recipe.key}'s global batch of {s.global_batch_size} (one optimizer step); fix: more data, or "
-            "--global-batch free (global batch = micro batch x devices)"
+            f"{recipe.key}'s global batch of {s.global_batch_size} (one optimizer step); fix: --tokens "
+            f"{smallest} or more (one step of {s.global_batch_size} samples of {LAB_PADDED_TOKENS_PER_SAMPLE} "
+            "tokens), more data, or --global-batch free (global batch = micro batch x devices)"
         )
     if work.longest:
         x0 = dataclasses.replace(x0, seq_len=work.longest)

@@ -682,13 +682,30 @@ def cached_template(
         data = {f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
-    raw = cached_json("kernel-templates", key, make, "kernel template")
+    raw = cached_json("kernel-templates", key, make, "kernel template", valid=_template_whole)
     arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims", "count")}
     tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
                   np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"], raw["logits"],
                   raw["access"], arrays["count"].reshape(len(raw["phase"]), len(MONOMIALS)))  # fmt: skip
     _TEMPLATES[memo] = tp
     return tp
+
+
+def _template_whole(raw) -> bool:
+    """Whether a cached template's JSON has every field, one entry per kernel and arrays of the shapes
+    :class:`Template` reads (a file edited by hand or by another version is traced again, not trusted)."""
+    import numpy as np
+
+    n, m = len(raw["phase"]), len(MONOMIALS)
+    phases = (*TRAINING_PHASES, "validation", "decode")
+    if any(len(raw[k]) != n for k in ("category", "fp32", "logits", "access")):
+        return False
+    if not all(p in phases for p in raw["phase"]):
+        return False
+    for k, shape in (("bytes", (n, m)), ("flops", (n, m)), ("count", (n, m)), ("mm_dims", (len(raw["mm"]), 4, m))):
+        if np.array(raw[k], dtype=float).reshape(shape).shape != shape:
+            return False
+    return all(isinstance(i, int) and 0 <= i < n for i in raw["mm"]) and isinstance(raw["chunk_ops"], dict)
 
 
 def template_seconds(

@@ -49,18 +49,24 @@ FAMILY_PRECISIONS = ("bf16-true", "bf16-mixed")
 """The precisions plan-families measures each family at (the activation dtypes differ: see activations.py)."""
 
 
-def _checked(names: list[str] | None) -> list[str]:
-    """The family names asked for (default :data:`FAMILIES`), each a litgpt config name (ValueError otherwise)."""
+def _checked(names: list[str] | None, seq_len: int | None = None) -> list[str]:
+    """The family names asked for (default :data:`FAMILIES`), each a litgpt config name whose model takes
+    ``seq_len`` tokens (ValueError naming the option otherwise, before any model is built)."""
     from litgpt import Config
 
     names = names or list(FAMILIES)
     for name in names:
         try:
-            Config.from_name(name)
+            config = Config.from_name(name)
         except ValueError:
             raise ValueError(
                 f"--families {name}: not a litgpt config name; fix: e.g. {', '.join(FAMILIES[:3])}"
             ) from None
+        if seq_len is not None and seq_len > config.block_size:
+            raise ValueError(
+                f"--seq-len {seq_len}: longer than {name}'s block size {config.block_size} (litgpt's model takes no "
+                f"longer sequence); fix: --seq-len {config.block_size} or less"
+            )
     return names
 
 
@@ -68,7 +74,7 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
     """reports/planner-families/: the planner's activation term against one real forward per family."""
     import torch
 
-    names = _checked(names)
+    names = _checked(names, seq_len)
     out = Path(out or output_root() / "reports" / "planner-families")
     rows = []
     progress = ProgressLine(len(names) * len(FAMILY_PRECISIONS))
@@ -180,7 +186,7 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
     """reports/planner-families/simulated.md and .csv: the analytic plan against the simulated step, per family."""
     import torch
 
-    names = _checked(names)
+    names = _checked(names, seq_len)
     out = Path(out or output_root() / "reports" / "planner-families")
     progress = ProgressLine(len(names) * len(SIMULATED_CASES))
     rows = simulated_rows(names, micro, seq_len, progress)

@@ -55,6 +55,8 @@ class Phase:
     arms: list
     micro: dict = field(default_factory=dict)
     """The micro batch of each arm (by name)."""
+    not_started: list = field(default_factory=list)
+    """The runs the command's ``--deadline`` left no time to start ("pair 1 fast", ...)."""
 
     def ratios(self) -> list[float]:
         """fast / litgpt real tokens/s, pair by pair (pairs where both finished and neither is refused)."""
@@ -124,7 +126,7 @@ def run_phase(
     phase = Phase(name=name, arms=arms, micro=micro or {})
     progress = ProgressLine(pairs * len(arms), stream)
     prefix = "" if name == "recipe" else f"{name}-"
-    not_started = []
+    not_started = phase.not_started
     for pair in range(pairs):
         for arm in arms:
             extra = [*overrides, "--devices", "1"]
