@@ -426,3 +426,48 @@ def test_the_suite_tried_what_it_says():
     assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
                           "price file", "sweep keys", "record fields"}, TRIED  # fmt: skip
     print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")
+
+
+EMPTY = st.one_of(st.sampled_from(["", " ", ",", " , ", ",,", "\t"]), st.text(alphabet=", \t", max_size=8))
+"""Values that name nothing: an unset shell variable, separators only."""
+LIST_OPTIONS = [
+    (["advise", M], "--gpus"),
+    (["advise", M], "--precision"),
+    (["advise", M], "--strategies"),
+    (["plan-strategies"], "--strategies"),
+    (["plan-strategies"], "--worlds"),
+    (["plan-strategies"], "--families"),
+    (["plan-strategies"], "--methods"),
+    (["plan-strategies"], "--precisions"),
+    (["plan-families"], "--families"),
+    (["sweep", "configs/sweeps/lab-part1.yaml"], "--only"),
+    (["tune-study", "configs/sweeps/lab-part3.yaml"], "--only"),
+]
+FOLDER_OPTIONS = [
+    (["run", R], "--out"),
+    (["sweep", "configs/sweeps/lab-part1.yaml"], "--out"),
+    (["bench", R], "--out"),
+    (["bench", R], "--report-dir"),
+    (["tune-batch", R], "--out"),
+    (["advise", M], "--write"),
+    (["plan-accuracy"], "--out"),
+    (["plan-families"], "--out"),
+    (["plan-strategies"], "--out"),
+    (["build-model", "tiny"], "--out"),
+]
+
+
+@SETTINGS
+@given(case=st.sampled_from(LIST_OPTIONS), value=EMPTY)
+def test_a_list_option_that_names_nothing_is_refused(untouched, case, value):
+    """Every comma-separated option: given but naming nothing is one line, never "all" or "none"."""
+    prefix, option = case
+    refused("empty lists", [*prefix, option, value], option)
+
+
+@SETTINGS
+@given(case=st.sampled_from(FOLDER_OPTIONS), value=st.sampled_from(["", " ", "\t", "  "]))
+def test_a_folder_option_given_empty_is_refused(untouched, case, value):
+    """Every folder a command writes into: an empty or blank path (it would mean the current folder) is one line."""
+    prefix, option = case
+    refused("empty folders", [*prefix, option, value], option)
