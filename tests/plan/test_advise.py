@@ -271,3 +271,34 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
         assert again.hours == pytest.approx(c.hours, rel=1e-9), c
         assert (again.micro_batch_size, again.accumulation) == (c.micro_batch_size, c.accumulation), c
     assert any(c.accumulation > 1 for c in sample) and any(c.devices > 1 for c in sample)
+
+
+def test_plan_agrees_with_each_configuration_advise_ranks_across_precisions_and_device_counts():
+    """Every precision and device count advise plans (one candidate of each precision x devices x strategy) is the
+    peak `tunelab plan` gives for the same settings, the global batch included; a device count whose one micro
+    batch each outgrows the global batch is neither ranked by advise nor planned under litgpt's own scripts."""
+    from tunelab.plan.recipe import plan_recipe
+
+    recipe = resolve("tiny-llama-1.1b/lora")
+    h100 = hardware.lookup("H100-SXM")
+    cands = advise.candidates(
+        {"lora": recipe}, [h100], tokens=5e6, max_devices=8, precision=["32-true", "bf16-true", "bf16-mixed"]
+    )
+    seen = {}
+    for c in cands:
+        seen.setdefault((c.precision, c.devices, c.strategy), c)
+    assert {p for p, _, _ in seen} == {"32-true", "bf16-true", "bf16-mixed"} and {d for _, d, _ in seen} >= {1, 2, 4}
+    for (precision, devices, strategy), c in seen.items():
+        assert c.micro_batch_size * c.accumulation * c.world == c.global_batch_size == 16  # the recipe's, kept
+        overrides = ["--train.micro_batch_size", str(c.micro_batch_size), "--devices", str(devices)]
+        alone = plan_recipe(
+            recipe,
+            [*overrides, "--precision", precision],
+            gpu=h100,
+            strategy=None if strategy == "single" else strategy,
+            activation_checkpointing=c.activation_checkpointing,
+        ).plan
+        assert c.peak_gb == pytest.approx(alone.peak_allocated_bytes / 1e9), (precision, devices, strategy)
+    assert not any(c.micro_batch_size * c.world > 16 for c in cands)
+    with pytest.raises(ValueError, match="smaller than devices x num_nodes x micro_batch_size"):
+        plan_recipe(recipe, ["--devices", "8"], gpu=h100)  # litgpt's own scripts: 8 x micro 4 > 16
