@@ -160,3 +160,36 @@ def test_plan_simulate_prints_beside_the_plan():
     js = json.loads(out)
     assert js["simulated"]["peak_phase"] in ("forward", "backward", "optimizer step")
     assert js["simulated"]["peak_bytes"] == pytest.approx(js["peak_memory_gb"] * 1e9, rel=0.03)
+
+
+def test_the_plan_answers_first_in_at_most_15_lines_with_no_third_party_warning(tmp_path, monkeypatch):
+    """`tunelab plan RECIPE --gpu GPU`: the verdict with its margin and largest micro batch, the peak, the time with
+    its band, energy and price in at most 15 lines, no warning of torch or bitsandbytes raised while it traces (a
+    cold trace cache: the fast path's compiled blocks, QLoRA's 4-bit layers); `--verbose` keeps the whole plan."""
+    import logging
+    import warnings
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger().addHandler(handler)
+    try:
+        for recipe, extra in (("tiny-llama-1.1b/full", ["--strategy", "fast"]), ("tiny-llama-1.1b/qlora", [])):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                code, out, err = tunelab_here("plan", recipe, "--gpu", "H100-SXM", *extra)
+            assert code == 0, err
+            assert not [w for w in caught if not issubclass(w.category, DeprecationWarning)], [
+                str(w.message) for w in caught
+            ]
+            lines = out.strip().splitlines()
+            assert len(lines) <= 15 and lines[1].startswith("FITS on H100-SXM: needs"), lines
+            assert "largest micro batch that fits" in lines[1] and "peak allocated per device" in lines[2]
+            assert any(ln.startswith("time: ") and "band" in ln for ln in lines)
+            assert any(ln.startswith("energy: ") and "USD" in ln for ln in lines)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert not [m for m in logged if "gemm_4bit" in m]
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--gpu", "H100-SXM", "--verbose")
+    assert "= peak allocated" in out and "point estimate of the training time" in out and len(out.splitlines()) > 15

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import signal
 import sys
 
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     (exit 2), Ctrl-C or SIGTERM records what ran (exit 130), anything unexpected is one line too (``--debug``: the
     traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # bitsandbytes logs a warning on import on a CPU without its optional kernels package: noise in an answer
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     debug = "--debug" in argv  # anywhere on the line: show tracebacks instead of one-line errors
     argv = [a for a in argv if a != "--debug"]
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a killed sweep records its row, like Ctrl-C

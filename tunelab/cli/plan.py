@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from tunelab.cli.common import count, fail, number
@@ -96,6 +95,12 @@ def add_parser(sub) -> None:
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
+    s.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the whole plan: the breakdown term by term, every note, where each figure comes from (default: the "
+        "answer in about ten lines)",
+    )
     s.set_defaults(func=handle, passthrough=True)
 
 
@@ -104,7 +109,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe
-    from tunelab.plan.render import render, render_measured
+    from tunelab.plan.render import output
     from tunelab.recipes import RecipeError, resolve
 
     lo, hi = args.mfu_range
@@ -137,24 +142,6 @@ def handle(args, extra) -> int:
     measured = measure.for_plan(x) if args.measure else None
     simulated = ranks.simulation(x, args.strategy) if args.simulate else None
     by_kernel = kernels.for_plan(x, gpu) if args.simulate and gpu is not None and x.world == 1 else None
-    if args.json:
-        out = planned.plan.to_json()
-        out["seq_len_source"] = planned.seq_source
-        if projection:
-            out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
-        if measured:
-            out["measured_activations"] = measured
-        if simulated:
-            out["simulated"] = simulated.to_json()
-        if by_kernel is not None:
-            out["step_by_kernel"] = kernels.to_json(by_kernel)
-        print(json.dumps(out, indent=2))
-    else:
-        print(render(planned, gpu, projection, tokens_note))
-        if measured:
-            print(render_measured(measured, x.micro_batch_size))
-        if simulated:
-            print(ranks.render_simulation(simulated, planned.plan))
-        if by_kernel is not None:
-            print(kernels.render(by_kernel))
+    extras = {"measured": measured, "simulated": simulated, "by_kernel": by_kernel}
+    print(output(planned, gpu, projection, tokens_note, extras, as_json=args.json, verbose=args.verbose))
     return 0

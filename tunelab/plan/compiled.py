@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from functools import lru_cache
 
 TRACE_TOKENS = 64
@@ -169,7 +170,10 @@ def trace_block(
 
     default = torch.get_default_dtype()
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        # AOTAutograd warns that these compilers take unboxed arguments: they only record, and a warning printed
+        # into a plan is noise to its reader
+        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             torch.set_default_dtype(dtype)
             block = Block(c, 1)
             if method == "lora":

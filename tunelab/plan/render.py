@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tunelab import hardware
-from tunelab.plan import memory, runtime
+from tunelab.plan import advise, memory, runtime
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
 from tunelab.units import BILLION, GB, gb
@@ -19,6 +19,108 @@ def render(
     if projection:
         lines += _time_lines(projection, tokens_note)
     return "\n".join(lines)
+
+
+def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bool, verbose: bool) -> str:
+    """What ``tunelab plan`` prints: one JSON object, the whole plan (``verbose``) or its answer, then what
+    ``--measure`` and ``--simulate`` added (``extras``: measured, simulated, by_kernel; None where not asked)."""
+    import json
+
+    from tunelab.plan import kernels, ranks
+
+    measured, simulated, by_kernel = extras["measured"], extras["simulated"], extras["by_kernel"]
+    if as_json:
+        out = planned.plan.to_json()
+        out["seq_len_source"] = planned.seq_source
+        if projection:
+            out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
+        if measured:
+            out["measured_activations"] = measured
+        if simulated:
+            out["simulated"] = simulated.to_json()
+        if by_kernel is not None:
+            out["step_by_kernel"] = kernels.to_json(by_kernel)
+        return json.dumps(out, indent=2)
+    parts = [render(planned, gpu, projection, tokens_note) if verbose else render_answer(planned, projection)]
+    if measured:
+        parts.append(render_measured(measured, planned.input.micro_batch_size))
+    if simulated:
+        parts.append(ranks.render_simulation(simulated, planned.plan))
+    if by_kernel is not None:
+        parts.append(kernels.render(by_kernel))
+    return "\n".join(parts)
+
+
+def render_answer(planned: PlannedRecipe, projection: Projection | None = None) -> str:
+    """The plan's answer in about ten lines: the verdict with its margin and the largest micro batch, the peak per
+    device by its largest terms, the time with its band and its causes, energy, the price where the price table
+    knows the GPU, and how many notes ``--verbose`` shows (with the breakdown and where each figure comes from)."""
+    plan = planned.plan
+    where = f"{plan.devices} device(s), {plan.strategy}, {plan.precision}, micro batch {plan.micro_batch_size}"
+    head = f"{plan.model} {plan.method} ({where}, sequence {plan.seq_len})"
+    lines = [head]
+    if plan.gpu:
+        need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
+        word = "AT THE EDGE" if plan.edge else ("FITS" if plan.fits else "DOES NOT FIT")
+        lines.append(
+            f"{word} on {plan.gpu}: needs {need / GB:.2f} of {plan.gpu_memory_bytes / GB:.2f} GB, margin "
+            f"{plan.margin_bytes / GB:+.2f} GB; largest micro batch that fits: {plan.max_micro_batch_size}"
+        )
+    terms = sorted(((v, k) for k, v in plan.breakdown_bytes.items() if v), reverse=True)
+    shown = ", ".join(f"{k.replace('_', ' ')} {v / GB:.2f}" for v, k in terms[:3])
+    lines.append(
+        f"peak allocated per device {gb(plan.peak_allocated_bytes, '.2f')} GB (1e9 B): {shown}"
+        + (f", {len(terms) - 3} more" if len(terms) > 3 else "")
+    )
+    if projection is not None:
+        price = advise.prices().get(plan.gpu) if plan.gpu else None
+        lines += _answer_time(projection, price, planned.input.world)
+    elif plan.gpu is None:
+        lines.append("time, energy and a verdict: name a GPU (--gpu H100-SXM, ...)")
+    more = len(plan.notes)
+    lines.append(f"--verbose: the breakdown, where each figure comes from{f' and {more} note(s)' if more else ''}")
+    return "\n".join(lines)
+
+
+def _answer_time(p: Projection, price, world: int) -> list[str]:
+    """The time, its causes, energy and price lines of :func:`render_answer`."""
+    if p.seconds:
+        band = f"{_duration(p.seconds_band[0])} to {_duration(p.seconds_band[1])}"
+        time_line = f"time: {_duration(p.seconds)} (band {band}) for {p.tokens / 1e6:.2f} M tokens"
+    else:
+        time_line = (
+            f"time: {_duration(p.seconds_low)} to {_duration(p.seconds_high)} (MFU {p.mfu_low:.0%}-{p.mfu_high:.0%})"
+        )
+    if p.mfu_predicted_padded is not None:
+        time_line += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens"
+    lines = [time_line]
+    if p.seconds_by_cause:
+        total = sum(p.seconds_by_cause.values())
+        top = sorted(((v, k) for k, v in p.seconds_by_cause.items() if v >= total / 20), reverse=True)
+        lines.append("  by cause: " + ", ".join(f"{k} {v / total:.0%}" for v, k in top))
+    elif p.seconds_by_cause_source:
+        lines.append(f"  by cause: {p.seconds_by_cause_source[:100]}")
+    energy = f"energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)} (board power, an upper bound)"
+    if price is not None and p.seconds:
+        hours = p.seconds / 3600 * world
+        energy += f"; price: {price.usd_per_hour * hours:,.2f} USD at {price.usd_per_hour:g} USD/h per GPU"
+    lines.append(energy)
+    return lines
+
+
+def _energy(joules: float) -> str:
+    """Joules as Wh or kWh."""
+    wh = joules / 3600
+    return f"{wh:.3g} Wh" if wh < 1000 else f"{wh / 1000:.3g} kWh"
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as a person reads them: 42 s, 12.5 min, 3.2 h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _memory_lines(plan: memory.Plan, seq_source: str) -> list[str]:
