@@ -21,6 +21,30 @@ two workers on two cores, and torch's default (one OpenMP thread per core in eac
 OpenMP threads spin while they wait, burning the core another process needs. Three tiny `tunelab run`s at once on
 this 2-core machine: 76 s at torch's default, 31 s at one thread each. Set OMP_NUM_THREADS to run otherwise."""
 
+
+def _private_temp() -> Path:
+    """A temp folder of this test process's own, made the temp folder of the process (``TMPDIR``, ``tempfile``) and so
+    of every child it starts: what the suite's processes leave in a temp folder lands there, and the checks that
+    nothing was written outside compare it (:func:`beside_checkout`), not the machine's shared temp folder, which
+    other programs write to. Inductor keeps its compile cache where it was (its default under the shared folder)
+    unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise."""
+    import getpass
+    import tempfile
+
+    shared = Path(tempfile.gettempdir())
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(shared / f"torchinductor_{getpass.getuser()}"))
+    private = Path(tempfile.mkdtemp(prefix="tunelab-tests-", dir=shared))
+    os.environ["TMPDIR"] = str(private)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    return private
+
+
+SHARED_TEMP = Path(__import__("tempfile").gettempdir()).resolve()
+"""The machine's temp folder, which other programs on a shared machine write to."""
+PRIVATE_TEMP = _private_temp()
+"""This test process's own temp folder (:func:`_private_temp`)."""
+
+
 UNIT_LAYER = ("core", "data", "plan", "run", "report", "tune", "cli", "repo")
 """The folders of the unit layer: one per stage of the package (``tests/plan/`` tests ``tunelab/plan/``), ``cli``
 for commands run in-process (``tunelab_here``: refusals, printed JSON), ``repo`` for checks over the tree. Child-process
@@ -47,6 +71,13 @@ the same models, the one that traces them comes well before the other (plan/test
 advise in printed commands; plan/test_runtime before plan-accuracy in e2e/test_planner), so their kernel templates
 are traced once, not on both cores at once. Scheduling only: each file's own order is kept, and no file depends on
 another having run."""
+
+
+def pytest_unconfigure(config):
+    """The private temp folder goes with the process that made it."""
+    import shutil
+
+    shutil.rmtree(PRIVATE_TEMP, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -206,18 +237,19 @@ def equal_length_dataset(ckpt: Path, path: Path, n: int = 40) -> Path:
 
 
 def beside_checkout() -> set:
-    """Names in the checkout's parent, less what other processes' torch and Python make in the system temp dir when
-    the checkout sits there (a CI clone in /tmp: the other test worker's torchrun makes torchelastic_* there): what a
-    test compares before and after to show a command wrote nothing beside the checkout."""
-    import os
+    """What a test compares before and after to show that a command wrote nothing outside: the names in the
+    checkout's parent (unless that is the machine's shared temp folder, which other programs write to: a CI clone in
+    /tmp) and in this process's private temp folder (:data:`PRIVATE_TEMP`), less the temporaries torch, Python and
+    gcc make there for the suite's own processes (torchrun's torchelastic_*, multiprocessing's pymp-*, inductor's
+    C++ builds)."""
     import re
-    import tempfile
 
-    names = set(os.listdir(ROOT.parent))
-    if ROOT.parent == Path(tempfile.gettempdir()).resolve():  # and gcc's own temporaries (inductor's C++ builds)
-        names = {n for n in names if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
-        names = {n for n in names if not re.fullmatch(r"cc[A-Za-z0-9]{6}(\.\w+)+", n)}  # ccXXXXXX.s, ccXXXXXX.cdtor.o
-    return names
+    def listed(folder: Path, tag: str) -> set:
+        names = {n for n in os.listdir(folder) if not n.startswith(("torchelastic_", "pymp-", "tmp", "torchinductor_"))}
+        return {f"{tag}{n}" for n in names if not re.fullmatch(r"cc[A-Za-z0-9]{6}(\.\w+)+", n)}
+
+    parent = set() if ROOT.parent.resolve() == SHARED_TEMP else listed(ROOT.parent, "")
+    return parent | listed(PRIVATE_TEMP, "temp/")
 
 
 @pytest.fixture
