@@ -161,3 +161,27 @@ def test_the_report_prints_the_plan_its_record_stored_and_says_when_it_plans_aga
     records = [rec(kept), rec()]
     text = markdown({"name": "s"}, records, [row_of(r, {}, "") for r in records])
     assert "4.00 (-20.0%) |" in text and "†" in text and "planned now" in text
+
+
+def test_a_cpu_report_leaves_out_what_the_device_cannot_measure_and_names_a_refused_rows_settings():
+    """On a CPU the GPU's columns (reserved, retries, MFU, utilisation, power, energy) are empty in every row: they
+    are left out of the table and named once above it; a row refused before it ran (QLoRA on a CPU) shows its
+    recipe's precision and batch sizes, not None/None; the model source names the rows that chose none."""
+    from tunelab.record import RunRecord
+    from tunelab.report.sweep import environment, markdown, row_of
+
+    ok = RunRecord(row_id="s1", recipe="tiny-llama-1.1b/full", device_type="cpu", device_name="Some CPU",
+                   status="ok", precision="32-true", micro_batch_size=8, global_batch_size=32, peak_rss_bytes=5e8,
+                   tok_s_padded=40_000.0, tok_s_real=25_000.0, step_time_s=0.3, model_source="tiny")  # fmt: skip
+    refused = RunRecord(row_id="s13", recipe="open-llama-7b/qlora", device_type="cpu", device_name="Some CPU",
+                        status="refused", overrides=["--train.micro_batch_size", "2"])  # fmt: skip
+    records = [ok, refused]
+    text = markdown({"name": "lab-part1"}, records, [row_of(r, {}, "") for r in records])
+    table = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    header = table[0]
+    assert "MFU" not in header and "power W" not in header and "reserved GB" not in header
+    assert "tok/s padded" in header and "RSS GB" in header
+    assert "Left out, empty in every row here:" in text and "MFU (padded)" in text.split("| row |")[0]
+    s13 = next(ln for ln in table if ln.startswith("| s13 "))
+    assert "None" not in s13 and "bf16-true" in s13 and "| 2/16 |" in s13
+    assert any("model source: tiny (1 row(s) refused before a model was chosen)" in ln for ln in environment(records))

@@ -258,7 +258,12 @@ def environment(records: list[record_mod.RunRecord]) -> list[str]:
         ),
         f"- tunelab commit: {r.git_sha}; runs from {min(x.started_at for x in seen if x.started_at) if any(x.started_at for x in seen) else '?'}"
         f" to {max(x.ended_at for x in seen if x.ended_at) if any(x.ended_at for x in seen) else '?'} (UTC)",
-        f"- model source: {', '.join(sorted({x.model_source or '?' for x in records}))}"
+        f"- model source: {', '.join(sorted({x.model_source for x in records if x.model_source})) or 'none chosen'}"
+        + (
+            f" ({unchosen} row(s) refused before a model was chosen)"
+            if (unchosen := sum(not x.model_source for x in records))
+            else ""
+        )
         + (
             f"; NVML sampled at {r.sample_hz:g} Hz"
             if r.sample_hz
@@ -358,14 +363,30 @@ def _md_results(records: list, rows: list[dict], missing: list) -> list[str]:
     """## Results: one line per recorded row, then the rows not run with the lab's figures."""
     cpu = all(r.device_type == "cpu" for r in records if r.device_name)
     header = [h.format(mem="RSS GB" if cpu else "alloc. GB") for h in RESULT_HEADER]
-    out = ["## Results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row, rec in zip(rows, records):
-        out.append("| " + " | ".join(str(c) for c in _result_cells(row, rec, cpu)) + " |")
+    table = [[str(c) for c in _result_cells(row, rec, cpu)] for row, rec in zip(rows, records)]
     for r in missing:
         lab = r.get("lab") or {}
-        cells = [r["id"], r.get("recipe", ""), "", "", "not run", *[""] * 16, _f(lab.get("status")),
-                 _f(lab.get("memory_gb")), _f(lab.get("time_s")), _f(lab.get("tok_s"), 0)]  # fmt: skip
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+        table.append(
+            [
+                r["id"],
+                r.get("recipe", ""),
+                "",
+                "",
+                "not run",
+                *[""] * 16,
+                _f(lab.get("status")),
+                _f(lab.get("memory_gb")),
+                _f(lab.get("time_s")),
+                _f(lab.get("tok_s"), 0),
+            ]
+        )
+    keep = [i for i, h in enumerate(header) if h in ("row", "recipe", "status") or any(line[i] for line in table)]
+    dropped = [h for i, h in enumerate(header) if i not in keep]
+    out = ["## Results", ""]
+    if dropped:
+        out += [f"Left out, empty in every row here: {', '.join(dropped)}.", ""]
+    out += ["| " + " | ".join(header[i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    out += ["| " + " | ".join(line[i] for i in keep) + " |" for line in table]
     return out
 
 
@@ -389,15 +410,31 @@ def _result_cells(row: dict, rec, cpu: bool) -> list:
             )
             + (" †" if row.get("planner_source") == stored.TODAYS else "")
         )
+    precision, micro, global_batch = rec.precision, rec.micro_batch_size, rec.global_batch_size
+    if precision is None or micro is None:  # refused before it ran: the recipe's own settings
+        precision, micro, global_batch = _recipe_settings(rec)
     return [
-        rec.row_id, rec.recipe, (rec.precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
-        f"{rec.micro_batch_size}/{rec.global_batch_size}", rec.status, _f(mem, 3 if cpu else 2),
+        rec.row_id, rec.recipe, (precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
+        f"{micro}/{global_batch}" if micro is not None else "", rec.status, _f(mem, 3 if cpu else 2),
         _f(row["peak_reserved_gb"]), _f(row["alloc_retries"]), plan, _f(rec.step_time_s, 3), _f(rec.tok_s_padded, 0),
         _f(rec.tok_s_real, 0), _f(row["padding_pct"], 1), _f(rec.litgpt_training_time_s), _f(rec.litgpt_tok_s, 0),
         _f(rec.achieved_tflops_per_device, 1), mfu, util, _f(rec.power_steady_w, 0),
         _f(rec.energy_steady_j_per_1k_tokens, 1), _f(rec.energy_j_per_1k_tokens, 1), _f(row["lab_status"]),
         _f(row["lab_memory_gb"]), _f(row["lab_time_s"]), _f(row["lab_tok_s"], 0),
     ]  # fmt: skip
+
+
+def _recipe_settings(rec) -> tuple:
+    """(precision, micro batch, global batch) of a record's recipe with its overrides, as resolved now (a row refused
+    before it ran records none); Nones where the recipe no longer resolves."""
+    from tunelab.recipes import resolve
+    from tunelab.settings import resolve as resolve_settings
+
+    try:
+        s = resolve_settings(resolve(rec.recipe), [str(o) for o in rec.overrides or []])
+    except Exception:  # noqa: BLE001 - a report never stops on a row it cannot resolve
+        return None, None, None
+    return s.precision, s.micro_batch_size, s.global_batch_size
 
 
 def _md_notes(records: list, rows: list[dict]) -> list[str]:
