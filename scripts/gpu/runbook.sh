@@ -65,6 +65,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT: the folder whose files come back}"
+# the variables a person sets: whole numbers are whole numbers (bash's arithmetic would evaluate anything else,
+# a command substitution included), folders are not empty
+for var in BUDGET PAIRS STEPS OVERHEAD_MICRO BEST_MICRO TUNELAB_REHEARSAL; do
+  if [ -n "${!var+set}" ] && ! [[ ${!var} =~ ^[0-9]{1,9}$ ]]; then
+    echo "runbook: $var=${!var@Q}: not a whole number; fix: digits only (BUDGET=540, PAIRS=3), or leave it unset" >&2; exit 2
+  fi
+done
+for var in RESULTS RUNS; do
+  if [ -n "${!var+set}" ] && [ -z "${!var// /}" ]; then
+    echo "runbook: $var is empty; fix: a folder under the checkout, or leave it unset" >&2; exit 2
+  fi
+done
 RESULTS=${RESULTS:-gpu-results}
 RUNS=${RUNS:-runs/gpu}
 BUDGET=${BUDGET:-540}

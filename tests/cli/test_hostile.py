@@ -442,6 +442,7 @@ LIST_OPTIONS = [
     (["plan-families"], "--families"),
     (["sweep", "configs/sweeps/lab-part1.yaml"], "--only"),
     (["tune-study", "configs/sweeps/lab-part3.yaml"], "--only"),
+    (["advise", M], "--data"),
 ]
 FOLDER_OPTIONS = [
     (["run", R], "--out"),
@@ -454,6 +455,10 @@ FOLDER_OPTIONS = [
     (["plan-families"], "--out"),
     (["plan-strategies"], "--out"),
     (["build-model", "tiny"], "--out"),
+    (["plan", R], "--dataset"),
+    (["plan", R], "--calibrate"),
+    (["advise", M], "--prices"),
+    (["sweep", "configs/sweeps/lab-part1.yaml"], "--archive"),
 ]
 
 

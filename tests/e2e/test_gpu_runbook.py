@@ -315,3 +315,26 @@ def test_profile_steps_refuses_bad_outputs_and_names_before_measuring(tmp_path):
         assert p.returncode == 2 and p.stdout == "", (args, p.stdout, p.stderr)
         assert p.stderr.count("\n") == 1 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
     assert outside.read_text() == "keep"
+
+
+def test_the_runbooks_variables_are_checked_before_anything_runs(tmp_path):
+    """A number the runbook does arithmetic with that is not digits (text, a sign, an exponent, a command
+    substitution bash's arithmetic would run) and an empty folder are one line and exit 2, before any stage or
+    install; nothing they name is run or made."""
+    cases = {
+        "BUDGET": "abc",
+        "PAIRS": "-1",
+        "STEPS": "1e3",
+        "OVERHEAD_MICRO": f"a[$(touch {tmp_path / 'pwned'})]",
+        "RUNS": "",
+        "RESULTS": " ",
+    }
+    for var, value in cases.items():
+        env = {**cpu_env(), "OUT": str(tmp_path / "out"), var: value}
+        p = subprocess.run(
+            ["bash", "scripts/gpu/runbook.sh", "env"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"runbook: {var}"), (var, lines)
+        assert "fix:" in lines[0]
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()

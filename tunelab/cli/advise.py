@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tunelab.cli.common import count, folder, listed, number
+from tunelab.cli.common import count, folder, given_path, listed, number
 from tunelab.files import unwritable_dir
 
 
@@ -56,7 +54,7 @@ def add_parser(sub) -> None:
                    "steps retried allocations); 0 ranks tight configurations too")  # fmt: skip
     s.add_argument("--deadline", type=number(float, 0, 1e5, low_open=True, what="hours"), help="hours at most")
     s.add_argument("--budget", type=number(float, 0, 1e9, low_open=True, what="dollars"), help="USD at most")
-    s.add_argument("--prices", type=Path, help="a price file like configs/hardware/prices.yaml")
+    s.add_argument("--prices", type=given_path, help="a price file like configs/hardware/prices.yaml")
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's)")
     s.add_argument("--nodes", type=number(int, 1, 1024, what="a node count"), default=1, help="nodes (default 1)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (needed with --nodes above 1)")
@@ -124,6 +122,11 @@ def _checked(args) -> tuple:
     from tunelab.strategies import StrategyError, load_strategy
     from tunelab.validate import PRECISIONS
 
+    if args.data is not None and not args.data.strip():
+        raise InputError(
+            "--data '': names nothing (an unset shell variable?); fix: a dataset file, folder or litgpt "
+            "data module, or leave --data out for --tokens"
+        )
     recipes = _recipes(args.model, args.method)
     if not recipes:
         raise InputError(f"{args.model}: no {args.method} recipe there; fix: --method any")

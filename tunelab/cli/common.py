@@ -56,6 +56,16 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
     return parse
 
 
+def given_path(text: str):
+    """An argparse type: a path to read or write, never empty or blank (an unset shell variable would make it the
+    current folder)."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (it would mean the current folder); give a path")
+    return Path(text)
+
+
 def folder(text: str):
     """An argparse type: a path to write into, never empty (``--out ''``, an unset shell variable, would mean the
     current folder)."""

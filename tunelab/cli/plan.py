@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tunelab.cli.common import count, fail, number
+from tunelab.cli.common import count, fail, given_path, number
 from tunelab.plan.projection import DEFAULT_MFU_RANGE
 
 
@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
     s.add_argument(
         "--dataset",
-        type=Path,
+        type=given_path,
         help="an Alpaca JSON: use its longest sample as the sequence length (needs the checkpoint's tokenizer)",
     )
     s.add_argument(
@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
     )
     s.add_argument(
         "--calibrate",
-        type=Path,
+        type=given_path,
         help="a directory of run records: use the measured MFU (and power) of the nearest measured configuration",
     )
     s.add_argument(

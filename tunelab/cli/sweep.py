@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tunelab.cli.common import fail, folder, listed, memory_limit, model_choice, positive_seconds, run_options
+from tunelab.cli.common import (
+    fail,
+    folder,
+    given_path,
+    listed,
+    memory_limit,
+    model_choice,
+    positive_seconds,
+    run_options,
+)
 from tunelab.files import unwritable
 
 
@@ -46,7 +55,7 @@ def add_parser(sub) -> None:
     )
     s.add_argument(
         "--archive",
-        type=Path,
+        type=given_path,
         metavar="FILE.tgz",
         help="after every row, write the records and logs (no weights) to this .tar.gz, paths under the working "
         "directory made relative (a lent machine's archive names no path of it)",
