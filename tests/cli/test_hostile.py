@@ -421,13 +421,6 @@ def test_a_record_with_any_value_under_any_field_is_reported_or_skipped_by_name(
         assert code == 0 and (folder / "rep" / "results.md").is_file(), (key, value, out[-600:])
 
 
-def test_the_suite_tried_what_it_says():
-    """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
-    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
-                          "price file", "sweep keys", "record fields"}, TRIED  # fmt: skip
-    print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")
-
-
 EMPTY = st.one_of(st.sampled_from(["", " ", ",", " , ", ",,", "\t"]), st.text(alphabet=", \t", max_size=8))
 """Values that name nothing: an unset shell variable, separators only."""
 LIST_OPTIONS = [
@@ -476,3 +469,10 @@ def test_a_folder_option_given_empty_is_refused(untouched, case, value):
     """Every folder a command writes into: an empty or blank path (it would mean the current folder) is one line."""
     prefix, option = case
     refused("empty folders", [*prefix, option, value], option)
+
+
+def test_the_suite_tried_what_it_says():
+    """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
+    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
+                          "price file", "sweep keys", "record fields", "empty lists", "empty folders"}, TRIED  # fmt: skip
+    print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")

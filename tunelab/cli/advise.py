@@ -123,10 +123,7 @@ def _checked(args) -> tuple:
     from tunelab.validate import PRECISIONS
 
     if args.data is not None and not args.data.strip():
-        raise InputError(
-            "--data '': names nothing (an unset shell variable?); fix: a dataset file, folder or litgpt "
-            "data module, or leave --data out for --tokens"
-        )
+        raise InputError("--data '': names nothing (an unset shell variable?); fix: a dataset or a data module")
     recipes = _recipes(args.model, args.method)
     if not recipes:
         raise InputError(f"{args.model}: no {args.method} recipe there; fix: --method any")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 from tunelab.errors import InputError
 from tunelab.units import GB
@@ -56,24 +57,20 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
     return parse
 
 
-def given_path(text: str):
-    """An argparse type: a path to read or write, never empty or blank (an unset shell variable would make it the
-    current folder)."""
-    from pathlib import Path
+def _path(kind: str):
+    def parse(text: str):
+        """An argparse type: a path, never blank (an unset shell variable would make it the current folder)."""
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty path (it would mean the current folder); give a {kind}")
+        return Path(text)
 
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path (it would mean the current folder); give a path")
-    return Path(text)
+    return parse
 
 
-def folder(text: str):
-    """An argparse type: a path to write into, never empty (``--out ''``, an unset shell variable, would mean the
-    current folder)."""
-    from pathlib import Path
-
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path (it would mean the current folder); give a folder")
-    return Path(text)
+given_path = _path("path")
+"""An argparse type: a file or folder to read or write, never empty."""
+folder = _path("folder")
+"""An argparse type: a folder to write into, never empty."""
 
 
 positive_seconds = number(float, 0, 3e7, low_open=True, what="a number of seconds")
@@ -91,10 +88,7 @@ def listed(text: str | None, option: str) -> list[str] | None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise InputError(
-            f"{option} {text!r}: names nothing (an unset shell variable?); fix: give a comma-separated "
-            "list, or leave the option out for its default"
-        )
+        raise InputError(f"{option} {text!r}: names nothing (an unset shell variable?); fix: a comma-separated list")
     return items
 
 

@@ -143,30 +143,15 @@ def trace_block(
     Config as a dict. ``with_kernels``: also run the backward and return ``{"bytes": ..., "kernels": {phase:
     [kernel, ...]}}`` (:func:`graph_kernels` of the forward and backward graphs)."""
     import torch
+    import torch._dynamo
     from litgpt.model import build_rope_cache
-    from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     dtype = getattr(torch, PRECISIONS[precision])
     Block, c = _block_class(config, method, lora_r, targets)  # noqa: N806 - litgpt's class
     kept: dict = {}
     graphs: dict = {}
-
-    def forward_graph(gm, example_inputs):
-        graphs["forward"] = gm
-        kept["bytes"] = _kept_bytes(gm, (micro, tokens, c.n_embd))
-        return gm
-
-    def backward_graph(gm, example_inputs):
-        graphs["backward"] = gm
-        return gm
-
-    def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_graph, bw_compiler=backward_graph,
-                                     partition_fn=min_cut_rematerialization_partition)  # fmt: skip
-
-    import torch._dynamo
+    backend = _recording_backend(kept, graphs, (micro, tokens, c.n_embd))
 
     default = torch.get_default_dtype()
     try:
@@ -191,6 +176,33 @@ def trace_block(
         torch.set_default_dtype(default)
         torch._dynamo.reset()
     return kept if with_kernels else kept["bytes"]
+
+
+def _recording_backend(kept: dict, graphs: dict, shape: tuple):
+    """A torch.compile backend that keeps AOTAutograd's forward and backward graphs in ``graphs`` and the bytes the
+    forward keeps for the backward (at ``shape``) in ``kept``, and runs them as they are."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def forward_graph(gm, example_inputs):
+        graphs["forward"] = gm
+        kept["bytes"] = _kept_bytes(gm, shape)
+        return gm
+
+    def backward_graph(gm, example_inputs):
+        graphs["backward"] = gm
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=forward_graph,
+            bw_compiler=backward_graph,
+            partition_fn=min_cut_rematerialization_partition,
+        )
+
+    return backend
 
 
 VIEW_OPS = frozenset(
