@@ -128,3 +128,43 @@ def test_a_second_run_into_a_held_folder_is_refused(tmp_path):
     assert p.returncode != 0 and len(lines) == 1 and "another run is writing into this folder" in lines[0], lines
     assert f"pid {os.getpid()}" in lines[0]
     assert (out / "stdout.log").read_text() == "the first run's log\n" and not (out / "record.json").exists()
+
+
+def test_a_disk_that_fills_during_the_merge_leaves_no_half_file(tmp_path):
+    """The run's folder is a 400 KiB tmpfs (a real filesystem, in a user and mount namespace): training, the
+    adapters and the config files fit (about 260 kB), the merged model (about 319 kB) does not. The merge fails on
+    the full disk, nothing is left under lit_model.pth, the record (written once the failed merge's temporary file
+    is gone) does not say ok. What the run left is read inside the namespace, where the tmpfs lives."""
+    import shlex
+
+    import pytest
+
+    from tests.e2e.test_faults import full_disk_wrapper
+
+    out = tmp_path / "small"
+    out.mkdir()
+    if full_disk_wrapper(out) is None:
+        pytest.skip("this kernel allows no unprivileged user and mount namespace (unshare -rm): no tmpfs to fill")
+    run = shlex.join([sys.executable, "-m", "tunelab", "run", *RUN, "--out", str(out)])
+    look = shlex.join(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import json, pathlib, sys; o = pathlib.Path(sys.argv[1]); f = o / 'litgpt' / 'final'; "
+                "print('FINAL', sorted(p.name for p in f.iterdir()) if f.is_dir() else []); "
+                "print('STATUS', json.loads((o / 'record.json').read_text())['status'])"
+            ),
+            str(out),
+        ]
+    )
+    script = f"mount -t tmpfs -o size=400k tmpfs {shlex.quote(str(out))} && {{ {run}; echo EXIT=$?; {look}; }}"
+    p = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600
+    )
+    said = p.stdout + p.stderr
+    assert "EXIT=0" not in said and "EXIT=" in said, said[-3000:]
+    final = next(ln for ln in p.stdout.splitlines() if ln.startswith("FINAL"))
+    assert "'lit_model.pth'" not in final and not any(".tmp" in n for n in final.split("'")), final
+    assert "'lit_model.pth.lora'" in final  # the adapters were saved before the disk filled
+    assert "STATUS ok" not in p.stdout and "STATUS " in p.stdout, said[-3000:]
