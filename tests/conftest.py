@@ -31,7 +31,8 @@ def _private_temp() -> Path:
     import getpass
     import tempfile
 
-    shared = Path(tempfile.gettempdir())
+    # the machine's temp folder as the first test process found it (xdist's workers inherit its TMPDIR)
+    shared = Path(os.environ.setdefault("TUNELAB_TESTS_SHARED_TEMP", tempfile.gettempdir()))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(shared / f"torchinductor_{getpass.getuser()}"))
     private = Path(tempfile.mkdtemp(prefix="tunelab-tests-", dir=shared))
     os.environ["TMPDIR"] = str(private)
@@ -39,10 +40,10 @@ def _private_temp() -> Path:
     return private
 
 
-SHARED_TEMP = Path(__import__("tempfile").gettempdir()).resolve()
-"""The machine's temp folder, which other programs on a shared machine write to."""
 PRIVATE_TEMP = _private_temp()
 """This test process's own temp folder (:func:`_private_temp`)."""
+SHARED_TEMP = Path(os.environ["TUNELAB_TESTS_SHARED_TEMP"]).resolve()
+"""The machine's temp folder, which other programs on a shared machine write to."""
 
 
 UNIT_LAYER = ("core", "data", "plan", "run", "report", "tune", "cli", "repo")

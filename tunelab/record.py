@@ -70,6 +70,9 @@ class RankStats:
     paused_s: float | None = None
     """Time spent in the loop on validation, sample generation and checkpoint saves (tunelab's loop): left out of
     the iteration it interrupted, so the steady-state figures count training only."""
+    trained_until: float | None = None
+    """When the last training iteration's work was done on the device (``time.monotonic()`` after a synchronisation,
+    tunelab's loop): the end of the last iteration, where a host timestamp would leave queued work out."""
     fused_kernels: str | None = None
     """The strategy's ``liger`` switch as it ran: Liger's kernels in use ("liger: fused linear cross-entropy, ...")
     or why it was off ("liger off: ..."). None: not asked for."""
@@ -546,31 +549,35 @@ def load(path: Path) -> RunRecord:
     return RunRecord.from_dict(read_json(path, what="run record"))
 
 
-def steady_steps(log: list, accumulation: int, n_iters: int) -> tuple[list, int, list]:
-    """(the log's counted iterations, warm-up steps dropped, the steady optimizer steps) of one rank's iteration log
-    (:func:`read_rank_file`): each step a list of its iterations' (seconds, padded tokens, real tokens), as
-    :func:`steady_state` times them."""
+def steady_steps(log: list, accumulation: int, n_iters: int, end: float | None = None) -> tuple[list, int, list]:
+    """(the start of each counted iteration and of what follows the last, warm-up steps dropped, the steady
+    optimizer steps) of one rank's iteration log (:func:`read_rank_file`): each step a list of its iterations'
+    (seconds, padded tokens, real tokens), as :func:`steady_state` times them. An iteration ends where the next
+    starts; the last one ends at ``end`` (:attr:`RankStats.trained_until`, a synchronised point) when the rank
+    recorded one, else it is not counted (its end is unknown: the host may still have work queued)."""
     iters = [it for it in log[:n_iters] if it[1] >= 0]
+    starts = [it[0] for it in iters] + ([end] if end is not None and iters and end >= iters[-1][0] else [])
     durations = [
-        (iters[k + 1][0] - iters[k][0] - (iters[k][3] if len(iters[k]) > 3 else 0.0), iters[k][1], iters[k][2])
-        for k in range(len(iters) - 1)
+        (starts[k + 1] - iters[k][0] - (iters[k][3] if len(iters[k]) > 3 else 0.0), iters[k][1], iters[k][2])
+        for k in range(len(starts) - 1)
     ]
     n_steps_full = len(durations) // accumulation
     warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
-    return iters, warm, [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
+    return starts, warm, [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
 
 
-def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> dict:
+def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int, ends: list | None = None) -> dict:
     """Median step/iteration times, rank 0's mean step, and steady-state token rates from each rank's iteration log.
 
     Iteration k lasts from its batch fetch to the next one, less the time paused inside it (validation, sample
-    generation, a checkpoint save in tunelab's loop); the last iteration (no successor) is dropped, and so is the
-    first 10% of optimizer steps (at least 1 when there are 3 or more): warm-up.
+    generation, a checkpoint save in tunelab's loop); the last iteration ends at the rank's synchronised end of
+    training (``ends``, one per rank, None where it recorded none: then it is dropped); the first 10% of optimizer
+    steps (at least 1 when there are 3 or more) are dropped as warm-up.
     """
     out: dict = {}
     per_rank = []
-    for log in ranks_iters:
-        iters, warm, steps = steady_steps(log, accumulation, n_iters)
+    for i, log in enumerate(ranks_iters):
+        starts, warm, steps = steady_steps(log, accumulation, n_iters, (ends or [])[i] if i < len(ends or []) else None)
         if not steps:
             continue
         n_steps_full = warm + len(steps)
@@ -583,8 +590,8 @@ def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int) -> di
                 "padded": sum(p for st in steps for _, p, _ in st),
                 "real": sum(r for st in steps for _, _, r in st),
                 "iterations": len(steps) * accumulation,
-                "t0": iters[warm * accumulation][0],
-                "t1": iters[n_steps_full * accumulation][0],  # the end of the last counted iteration
+                "t0": starts[warm * accumulation],
+                "t1": starts[n_steps_full * accumulation],  # the end of the last counted iteration
             }
         )
     if not per_rank:

@@ -164,6 +164,23 @@ def test_mean_step_holds_the_wait_the_median_hides():
     assert steady["iterations_s"] == pytest.approx(24 / (10 * 0.1 + 2 * 0.8))
 
 
+def test_the_window_ends_where_the_device_finished_not_at_a_host_timestamp_with_work_queued():
+    """A loop that queues ahead: the host fetched its last batch at 4.0 s, the device finished that work at 6.0 s
+    (the rank's synchronised end). The window ends at 6.0 and counts the last iteration: 5 iterations of real tokens
+    over 6.0 - 1.0 s. Ending on the host's last timestamp (the old window: 3 iterations over 3 s, the last one dropped)
+    reads a rate a quarter higher than the device ran."""
+    from tunelab.record import steady_state
+
+    log = [[float(t), 100, 80, 0.0] for t in range(5)]  # fetches at 0..4 s, the first iteration warm-up
+    synced = steady_state([log], 1, len(log), ends=[6.0])
+    assert synced["window"] == (1.0, 6.0)
+    assert synced["tok_s_real"] == pytest.approx(80 * 4 / 5.0)  # iterations 1-4, the last one ending at 6.0
+    host = steady_state([log], 1, len(log))  # no synchronised end recorded (litgpt's own loop, older records)
+    assert host["window"] == (1.0, 4.0) and host["tok_s_real"] == pytest.approx(80.0)
+    assert host["tok_s_real"] == pytest.approx(synced["tok_s_real"] * 1.25)
+    assert steady_state([log], 1, len(log), ends=[3.0])["window"][1] == 4.0  # an end before the last fetch: ignored
+
+
 def test_a_record_is_not_reused_after_its_strategy_file_changed_in_a_key_its_description_hides(tmp_path):
     """DDP's description is 'DDP' whatever its bucket size; a record keeps every key of the strategy file, so a bench,
     sweep or probe made under bucket_cap_mb 25 is not taken for one under 50 (it runs again, the old record set

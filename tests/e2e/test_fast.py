@@ -248,6 +248,10 @@ def test_the_printed_fast_command_trains_and_records(tiny_ckpt, tmp_path):
     assert rec.optimizer_steps == 6 and rec.first_iteration_s > 0 and rec.tok_s_real > 0
     assert rec.compile_s > 0 and rec.graphs_compiled_in_loop == 0
     assert rec.tokens_padded > rec.tokens_real > 0 and rec.val_loss_final > 0
+    # the steady window ends where the loop synchronised after its last iteration, not at a host timestamp
+    stats = json.loads((tmp_path / "run" / "stats" / "rank0.json").read_text())
+    assert stats["trained_until"] >= stats["iters"][-1][0] and rec.ranks[0].trained_until == stats["trained_until"]
+    assert rec.steady_window_s == pytest.approx(stats["trained_until"] - stats["iters"][1][0], rel=1e-6)
     final = tmp_path / "run" / "litgpt" / "final"
     assert {"lit_model.pth", "model_config.yaml", "hyperparameters.yaml", "prompt_style.yaml"} <= {
         p.name for p in final.iterdir()

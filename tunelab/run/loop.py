@@ -735,6 +735,8 @@ class _Loop:
             self.after_step(iter_num, step_count, is_accumulating)
         if self.losses.pending:  # the last iterations since the last read: the run's final figures
             self.report(epoch, iter_num, step_count, iter_t0, is_accumulating)
+        _synchronize(self.device)  # the last iteration's work done: where its time, and the window, end
+        rank_stats.mark_trained(time.monotonic())
         if graphs_at_start is not None:
             rank_stats.note_graphs_compiled_in_loop(_graphs_compiled() - graphs_at_start)
         if ended_early and self.method != "full":

@@ -92,6 +92,12 @@ def note_pause(seconds: float) -> None:
     _STATE["paused_s"] = _STATE.get("paused_s", 0.0) + seconds
 
 
+def mark_trained(t_monotonic: float) -> None:
+    """The last training iteration's work is done on the device at ``t_monotonic`` (taken after a synchronisation):
+    where the steady-state window ends (:attr:`tunelab.record.RankStats.trained_until`)."""
+    _STATE["trained_until"] = t_monotonic
+
+
 def paused_seconds() -> float:
     """The time noted as pauses so far."""
     return _STATE.get("paused_s", 0.0)
@@ -178,6 +184,7 @@ def write() -> None:
         "graphs_compiled_in_loop": _STATE.get("graphs_compiled_in_loop"),
         "recompile_limit_hits": _STATE.get("recompile_limit_hits"),
         "paused_s": _STATE.get("paused_s"),
+        "trained_until": _STATE.get("trained_until"),
         "fused_kernels": _STATE.get("fused_kernels"),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
