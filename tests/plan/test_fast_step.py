@@ -119,12 +119,13 @@ def test_plan_times_the_fast_path_by_its_own_step_and_its_causes_sum_to_the_esti
 
 def test_the_bench_report_holds_its_stated_errors():
     """runtime.md's bench section, on the mean step of each run's steady window: the host constant is the refit on
-    TinyLlama full's micro-8 fast runs; the probes, GPU-bound and out of sample, within 8%; the H100 micro-8 runs
-    within 15% (their host noise: 0.185-0.239 s for one configuration); litgpt's GPU-bound probes within 5%; the
+    TinyLlama full's micro-8 fast runs; the probes, GPU-bound and out of sample, within 15% (each window to the loop's
+    synchronised end: the plan is 13-14% short of them there); the H100 micro-8 runs within 15% (their host noise:
+    0.185-0.240 s for one configuration); litgpt's GPU-bound probes within 5%; the
     first H200 session's LoRA fast runs are marked as partly eager (they hit torch.compile's recompile limit:
     dynamo's warning in their stderr) and kept out of the stated errors; the second session's ran compiled. On that
     machine TinyLlama LoRA is host-bound in both arms and both run 40-63% faster than planned (the host constants
-    are the H100 machine's: a faster host CPU); OpenLLaMA 7B LoRA runs 10-13% slower than planned in both arms. The
+    are the H100 machine's: a faster host CPU); OpenLLaMA 7B LoRA runs 9-13% slower than planned in both arms. The
     bands plan prints are the mean absolute errors by the model's bound."""
     from tunelab.report import runtime_accuracy
 
@@ -139,7 +140,7 @@ def test_the_bench_report_holds_its_stated_errors():
     fast = [r for r in rows if r["arm"] == "fast" and not r["eager"]]
     h100 = [r for r in fast if r["gpu"] == "H100-SXM"]
     probes = [r for r in h100 if r["accumulation"] == 1]
-    assert len(probes) == 4 and all(r["bound"] == "GPU" and abs(r["error"]) <= 0.08 for r in probes)
+    assert len(probes) == 4 and all(r["bound"] == "GPU" and -0.15 <= r["error"] <= -0.10 for r in probes)
     micro8 = [r for r in h100 if r["accumulation"] > 1]
     assert len(micro8) == 3 and all(r["bound"] == "host" and abs(r["error"]) <= 0.15 for r in micro8)
     lit = [r for r in rows if r["arm"] == "litgpt" and r["bound"] == "GPU"]
@@ -148,7 +149,7 @@ def test_the_bench_report_holds_its_stated_errors():
     tiny = [r for r in compiled if r["bench"] == "tiny-llama-1.1b-lora"]
     assert len(tiny) == 4 and all(0.40 <= r["error"] <= 0.63 for r in tiny)
     seven = [r for r in compiled if r["bench"] == "open-llama-7b-lora"]
-    assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.10 for r in seven)
+    assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.09 for r in seven)
     for bound, (mean, _n) in runtime_accuracy.fast_errors(rows).items():
         assert mean == pytest.approx(fast_step.FAST_MODEL_ERROR[bound], abs=5e-3), bound
     assert {b: n for b, (_, n) in runtime_accuracy.fast_errors(rows).items()} == {"GPU": 4, "host": 6}

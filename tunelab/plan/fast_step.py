@@ -34,17 +34,19 @@ COMPILED_MEMORY_EFFICIENCY = 0.75
 """Fraction of :func:`tunelab.plan.kernels.memory_rate` a compiled (Triton) or Liger kernel reaches over the bytes
 it reads and writes: the figure the fast path's GPU-bound bench probes were checked at (within 8%, out of sample);
 the eager kernels' own constants were refitted since (:data:`tunelab.plan.kernels.MEMORY_EFFICIENCY`)."""
-COMPILED_HOST_S_PER_KERNEL = 74e-6
+COMPILED_HOST_S_PER_KERNEL = 75e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
 each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
 Fitted on our H100 bench of the fast path (TinyLlama full, bf16-true, micro 8, three runs; the mean optimizer step
-over the steady window, 0.185-0.239 s, does not follow its padded tokens there: host-bound, against about 0.1 s of
+over the steady window, 0.185-0.240 s, does not follow its padded tokens there: host-bound, against about 0.1 s of
 kernels); one configuration, one host: the weakest constant of the model. (69 us when fitted on the median
 iteration, which leaves out the step that waits for the GPU at each loss read.)"""
-FAST_MODEL_ERROR = {"GPU": 0.043, "host": 0.215}
+FAST_MODEL_ERROR = {"GPU": 0.131, "host": 0.247}
 """Mean absolute error of :func:`fast_step` over our benches' fast-path runs that ran compiled throughout, by what the
 model says bounds the run (:meth:`FastStep.bound`): the band around its estimate. GPU-bound: TinyLlama full's probes
-at micro 58-97 on an H100 (4 runs). Host-bound: TinyLlama full at micro 8 on an H100 (3 runs, the host constant's
+at micro 58-97 on an H100 (4 runs; each window to the loop's synchronised end, as
+:func:`tunelab.report.runtime_accuracy.synchronised_end` recomputes it: ended on the host's last timestamp with work
+queued, they read 7-13% fast and the error 4.3%). Host-bound: TinyLlama full at micro 8 on an H100 (3 runs, the host constant's
 own), TinyLlama LoRA (2) and OpenLLaMA 7B LoRA (1) at micro 8 on an H200 machine whose host ran TinyLlama's launches
 about 1.45x faster than the H100 machine's: a host-bound step follows the host CPU, which no GPU table describes
 (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes both)."""
