@@ -33,6 +33,7 @@ COLUMNS = [
     "peak_rss_gb",
     "first_iteration_s",
     "compile_s",
+    "wall_s",
     "graphs_compiled_in_loop",
     "recompile_limit_hits",
     "paused_s",
@@ -47,7 +48,8 @@ COLUMNS = [
 ]
 """bench.csv: one row per run (GB = 1e9 bytes; tok/s in the steady state, warm-up excluded, summed over ranks;
 MFU on real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time; compile_s: the
-fast arm's compilation of every training shape before it; graphs_compiled_in_loop: recompilations inside the
+fast arm's compilation of every training shape before it; wall_s: the run end to end, start to final checkpoint
+(model load, compilation, training, validations, saves); graphs_compiled_in_loop: recompilations inside the
 loop; recompile_limit_hits: graph variants torch.compile gave up on (those blocks ran eagerly); a run with either
 is refused: left out of the ratios; paused_s: validation and checkpoints inside the loop,
 left out of the steady state)."""
@@ -94,6 +96,7 @@ def rows(phases: list[Phase], base: Path) -> list[dict]:
                         "peak_rss_gb": to_gb(r.peak_rss_bytes),
                         "first_iteration_s": r.first_iteration_s,
                         "compile_s": r.compile_s,
+                        "wall_s": r.wall_s,
                         "graphs_compiled_in_loop": r.graphs_compiled_in_loop,
                         "recompile_limit_hits": r.recompile_limit_hits,
                         "paused_s": r.paused_s,
@@ -147,7 +150,8 @@ def _head(recipe: Recipe, records: list) -> list[str]:
         "computed; MFU on real tokens (padded tokens in brackets) against the GPU table's dense peak; peak "
         "allocated is torch's allocator peak (GB = 1e9 bytes), peak RSS the process's resident memory; the fast "
         "arm's compilation of every training shape (before its first iteration) and the first iteration's wall "
-        "time are costs of their own, not in the steady state; recompiles in loop: graphs compiled after the first "
+        "time are costs of their own, not in the steady state; end to end: the run from its start to its final "
+        "checkpoint, compilation included (what a short run pays); recompiles in loop: graphs compiled after the first "
         "iteration (a run with any is refused). "
         "Medians over the pairs, range in brackets. Ratio: fast / litgpt real tokens/s, pair by pair.",
         "",
@@ -170,8 +174,8 @@ def _phase_section(phase: Phase) -> list[str]:
             ]
         ),
         "| arm | strategy | micro | runs ok | tok/s real | tok/s padded | MFU (padded) | peak alloc. GB | "
-        "peak RSS GB | compile s | first iteration s | recompiles in loop | last loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "peak RSS GB | compile s | first iteration s | end to end s | recompiles in loop | last loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_arm_row(arm) for arm in phase.arms]
     ratios = phase.ratios()
@@ -207,6 +211,7 @@ def _arm_row(arm) -> str:
     rss = max((r.peak_rss_bytes for r in ok if r.peak_rss_bytes), default=None)
     first = _median([r.first_iteration_s for r in ok])
     comp = _median([r.compile_s for r in ok])
+    wall = _median([r.wall_s for r in ok])
     recompiles = [r.graphs_compiled_in_loop for r in recs if r.graphs_compiled_in_loop is not None]
     last = _median([r.loss_last for r in ok])
     return (
@@ -214,7 +219,7 @@ def _arm_row(arm) -> str:
         f"{len(ok)} of {len(recs)} | {_spread([r.tok_s_real for r in ok])} | "
         f"{_spread([r.tok_s_padded for r in ok])} | "
         f"{'' if mfu is None else f'{mfu:.1%} ({mfu_p:.1%})'} | "
-        f"{gb(alloc)} | {gb(rss)} | {fmt(comp, '.1f')} | {fmt(first, '.1f')} | "
+        f"{gb(alloc)} | {gb(rss)} | {fmt(comp, '.1f')} | {fmt(first, '.1f')} | {fmt(wall, '.1f')} | "
         f"{'' if not recompiles else max(recompiles)} | {fmt(last, '.3f')} |"
     )
 

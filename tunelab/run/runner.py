@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import tunelab
-from tunelab import checkpoints, settings
+from tunelab import checkpoints, paths, settings
 from tunelab.data import benchmark
 from tunelab.data import modules as data_modules
 from tunelab.errors import InputError, Interrupted
@@ -48,6 +48,10 @@ from tunelab.validate import Result, check, litgpt_args, recheck, split_checkpoi
 
 MODEL_CHOICES = ("auto", "checkpoint", "tiny", "random")
 _ITER_LINE = re.compile(r"iter (\d+) step (\d+) \| loss train: ([\d.naninf]+).*iter time: ([\d.]+) ms")
+
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+"""Where torch.compile keeps its caches; a run's child gets tunelab's cache folder unless the user set one."""
 
 
 class RunError(InputError):
@@ -508,6 +512,9 @@ def _run_locked(prep: Prepared, o: RunOptions) -> RunRecord:
         JSONARGPARSE_DEPRECATION_WARNINGS="off",
         **(o.extra_env or {}),
     )
+    # torch.compile's caches (inductor's FX graphs, AOTAutograd's) kept with tunelab's own, across runs and reboots
+    # (inductor's default is the system temp folder): a second run of a recipe compiles from them
+    env.setdefault(INDUCTOR_CACHE_ENV, str(paths.cache_dir() / "inductor"))
     if prep.source == "random":  # random weights: a benchmark, nothing worth saving (see tunelab.run.entry)
         env[SKIP_SAVE_ENV] = "1"
         rec.saves_skipped = True
