@@ -39,6 +39,13 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "tunelab" if INSTALLED else ROOT / ".tunelab"
 
 
+def keep_compile_cache() -> None:
+    """torch.compile's caches (inductor's FX graphs, AOTAutograd's) in tunelab's cache folder, ``inductor/``, unless
+    ``TORCHINDUCTOR_CACHE_DIR`` is set: called before anything imports inductor (which sets its default, the system
+    temp folder), so this process and every child it starts compile from them, and a second run in seconds."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+
+
 def project_path(path) -> Path:
     """A path as the litgpt child reads it: relative paths (in recipes and overrides) from ROOT, its working
     directory."""

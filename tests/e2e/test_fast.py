@@ -357,19 +357,8 @@ def test_a_second_run_compiles_from_the_cache_kept_with_tunelabs(tiny_ckpt, tmp_
     tunelab's cache folder (not the system temp folder), and compiles in a fraction of the time."""
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    argv = [
-        *shlex.split(FAST)[1:],
-        "--train.max_steps",
-        "2",
-        "--precision",
-        "32-true",
-        "--data.num_workers",
-        "0",
-        "--checkpoint_dir",
-        str(tiny_ckpt),
-        "--eval.max_iters",
-        "1",
-    ]
+    argv = [*shlex.split(FAST)[1:], "--train.max_steps", "2", "--precision", "32-true", "--data.num_workers", "0"]
+    argv += ["--checkpoint_dir", str(tiny_ckpt), "--eval.max_iters", "1"]
     cold = run_cli(argv, tmp_path / "cold")
     warm = run_cli(argv, tmp_path / "warm")
     assert cold.status == warm.status == "ok", (cold.error, warm.error)

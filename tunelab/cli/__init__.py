@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import os
 import signal
 import sys
 
@@ -110,11 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     (exit 2), Ctrl-C or SIGTERM records what ran (exit 130), anything unexpected is one line too (``--debug``: the
     traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    # bitsandbytes logs a warning on import on a CPU without its optional kernels package: noise in an answer
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    # torch.compile's caches with tunelab's own (before anything imports inductor, which sets its default, the
-    # system temp folder): a second run of a recipe, and every child, compiles from them
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.cache_dir() / "inductor"))
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its import warning on a CPU: noise in an answer
+    paths.keep_compile_cache()
     debug = "--debug" in argv  # anywhere on the line: show tracebacks instead of one-line errors
     argv = [a for a in argv if a != "--debug"]
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a killed sweep records its row, like Ctrl-C
