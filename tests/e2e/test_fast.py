@@ -364,4 +364,8 @@ def test_a_second_run_compiles_from_the_cache_kept_with_tunelabs(tiny_ckpt, tmp_
     assert cold.status == warm.status == "ok", (cold.error, warm.error)
     assert any((tmp_path / "home" / "inductor").rglob("*")), "inductor's cache is not under tunelab's cache folder"
     assert warm.compile_s < cold.compile_s / 2, (cold.compile_s, warm.compile_s)
+    # the steady window ends where the loop synchronised after its last iteration, not at a host timestamp
+    stats = json.loads((tmp_path / "warm" / "stats" / "rank0.json").read_text())
+    assert stats["trained_until"] >= stats["iters"][-1][0] and warm.ranks[0].trained_until == stats["trained_until"]
+    assert warm.steady_window_s == pytest.approx(stats["trained_until"] - stats["iters"][0][0], rel=1e-6)
     print(f"compile: cold {cold.compile_s:.1f} s, warm {warm.compile_s:.1f} s")
