@@ -134,6 +134,7 @@ def test_recipe_overrides_refuse_what_is_not_a_count(untouched, command, key, va
 FLOAT_OPTIONS = [
     (["plan", R], ["--tokens"]),
     (["plan", R], ["--mfu-range", "0.3"]),
+    (["plan", R], ["--host-us-per-op"]),
     (["advise", M], ["--tokens"]),
     (["bench", R], ["--timeout"]),
     (["bench", R], ["--deadline"]),

@@ -193,3 +193,37 @@ def test_the_plan_answers_first_in_at_most_15_lines_with_no_third_party_warning(
     assert not [m for m in logged if "gemm_4bit" in m]
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--gpu", "H100-SXM", "--verbose")
     assert "= peak allocated" in out and "point estimate of the training time" in out and len(out.splitlines()) > 15
+
+
+def test_a_known_host_sets_litgpts_launch_time_and_narrows_the_band():
+    """`--host-us-per-op`: where the launching host's figure is known, a launch-bound plan (OpenLLaMA 3B LoRA on an
+    H100) follows it (half the figure: the host's launches halve) and its band is the kernel model's error alone, not
+    the spread of the hosts we measured; tunelab's loop and a plan without --gpu refuse it in one line."""
+    from tunelab.plan import runtime
+
+    def projection(*extra):
+        code, out, err = tunelab_here("plan", "open-llama-3b/lora", "--gpu", "H100-SXM", "--json", *extra)
+        assert code == 0, err
+        return json.loads(out)["projection"]
+
+    default, fast_host, slow_host = (
+        projection(),
+        projection("--host-us-per-op", "30"),
+        projection("--host-us-per-op", "120"),
+    )
+    host = default["seconds_by_cause"]["host launches"]
+    assert host > 0 and fast_host["seconds"] < default["seconds"] < slow_host["seconds"]
+    assert slow_host["seconds_by_cause"]["host launches"] > 2 * host  # 120 us against the fitted 60
+    e = runtime.KERNEL_MODEL_ERROR
+    assert fast_host["seconds_band"] == pytest.approx([fast_host["seconds"] * (1 - e), fast_host["seconds"] * (1 + e)])
+    assert "--host-us-per-op" in fast_host["seconds_source"] and "30 us an op" in fast_host["seconds_source"]
+    assert (
+        default["seconds_band"][1] - default["seconds_band"][0]
+        > (1 + e) * default["seconds"] - (1 - e) * default["seconds"]
+    )
+    for argv, fragment in (
+        (["tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--strategy", "fast"], "own launch model"),
+        (["tiny-llama-1.1b/full"], "needs --gpu"),
+    ):
+        code, out, err = tunelab_here("plan", *argv, "--host-us-per-op", "30")
+        assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err

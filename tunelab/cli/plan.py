@@ -94,6 +94,13 @@ def add_parser(sub) -> None:
                    "local NVMe; a network volume is slower)")  # fmt: skip
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
+    s.add_argument(
+        "--host-us-per-op",
+        type=number(float, 1, 10_000, what="microseconds"),
+        metavar="US",
+        help="microseconds per op litgpt's loop takes on your host's CPU, where you know it (a record's "
+        "implied figure); default: our H100 machine's, the time band spanning the hosts we measured",
+    )
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
     s.add_argument(
         "--verbose",
@@ -132,11 +139,17 @@ def handle(args, extra) -> int:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     x = planned.input
     projection, tokens_note = None, ""
+    if args.gpu is None and args.host_us_per_op:
+        return fail("--host-us-per-op: it times the run, which needs --gpu; fix: add --gpu GPU or leave it out")
     if args.gpu is not None:
-        projection, tokens_note = project_recipe(
-            planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
-            mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode, save_gbs=args.save_gbs,
-        )  # fmt: skip
+        try:
+            projection, tokens_note = project_recipe(
+                planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
+                mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode, save_gbs=args.save_gbs,
+                host_us_per_op=args.host_us_per_op,
+            )  # fmt: skip
+        except ValueError as e:
+            return fail(str(e))
     from tunelab.plan import kernels, measure, ranks
 
     measured = measure.for_plan(x) if args.measure else None

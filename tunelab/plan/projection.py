@@ -276,6 +276,12 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             f"the time by cause below, {bound}-bound (band: the fast path's mean absolute error {e:.0%} over our "
             f"benches' {bound}-bound runs{'; a host-bound step follows the host CPU' if bound == 'host' else ''})"
         )
+    elif isinstance(work.kernels, runtime.KernelWork) and work.host_s_per_op:
+        e = runtime.KERNEL_MODEL_ERROR
+        source = (
+            f"the time by cause below, litgpt's loop at {work.host_s_per_op * 1e6:g} us an op on the host "
+            f"(--host-us-per-op; band: the kernel model's mean absolute error {e:.0%} on the lab's A100 rows)"
+        )
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
         fast, slow = (
@@ -315,6 +321,7 @@ def project_recipe(
     interconnect: str | None = None,
     internode: str | None = None,
     save_gbs: float | None = None,
+    host_us_per_op: float | None = None,
 ) -> tuple[Projection, str]:
     """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
@@ -322,7 +329,9 @@ def project_recipe(
     :func:`tunelab.plan.recipe.default_lengths` padded at the run's micro batch). On several devices
     the communication term (tunelab.plan.comm) is added, over ``interconnect`` (default: the GPU's own link) and
     between nodes over ``internode`` (needed for several nodes). Checkpoint saves are written at ``save_gbs`` GB/s
-    (1e9 bytes) where given, else at :data:`tunelab.plan.runtime.CHECKPOINT_WRITE_BYTES_PER_S`."""
+    (1e9 bytes) where given, else at :data:`tunelab.plan.runtime.CHECKPOINT_WRITE_BYTES_PER_S`; litgpt's loop
+    launches at ``host_us_per_op`` microseconds an op where the host is known (ValueError for tunelab's loop, whose
+    host constants are its own), else at the fitted constant with the measured hosts' spread as its band."""
     s, x, strat = planned.settings, planned.input, planned.strategy_config
     cap = s.max_seq_length or 512
     lengths = None if tokens_per_sample else data_lengths(s)
@@ -346,6 +355,13 @@ def project_recipe(
     work = runtime_terms(s, x, per_sample, real)
     if save_gbs:
         work.save_bytes_per_s = save_gbs * GB
+    if host_us_per_op:
+        if not x.fabric:
+            raise ValueError(
+                "--host-us-per-op: the host figure of litgpt's own loop; tunelab's loop (a strategies file) has its "
+                "own launch model; fix: leave --host-us-per-op out"
+            )
+        work.host_s_per_op = host_us_per_op * 1e-6
     if x.world > 1:
         work.comm = comm_mod.per_step(
             x,

@@ -184,6 +184,9 @@ class Terms:
     save_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S
     """Bytes per second a checkpoint save writes (``tunelab plan --save-gbs``): :data:`CHECKPOINT_WRITE_BYTES_PER_S`
     unless the user's disk is known."""
+    host_s_per_op: float | None = None
+    """Seconds per dispatched op of litgpt's loop on the launching host when the user knows it (``tunelab plan
+    --host-us-per-op``); None: :data:`LITGPT_HOST_S_PER_OP`, the machine we fitted on."""
 
     def by_cause(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> dict:
         """The run's seconds on ``gpu`` by cause (:data:`CAUSES`; they sum to the run), from the kernel model:
@@ -248,7 +251,7 @@ class Terms:
         k = self.kernels
         st = kernels.board_scaled(step if step is not None else self.step_time(gpu), gpu_scale)
         st = kernels.sharded_optimizer(st, k.optimizer_shards)
-        h = LITGPT_HOST_S_PER_OP * host_scale
+        h = (self.host_s_per_op or LITGPT_HOST_S_PER_OP) * host_scale
         forwards = 2 if k.recompute else 1
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
         it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0)
