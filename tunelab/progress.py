@@ -2,7 +2,7 @@
 iteration, optimizer step and tokens/s, elapsed time and an estimate of the time left.
 
 On a terminal the line is rewritten in place; otherwise (a log file, CI) it is printed every ``every_s`` seconds.
-The runner feeds it :class:`tunelab.runner.Progress` snapshots through ``on_progress``.
+The runner feeds it :class:`tunelab.run.runner.Progress` snapshots through ``on_progress``.
 """
 
 from __future__ import annotations

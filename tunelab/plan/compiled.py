@@ -290,7 +290,7 @@ def graph_kernels(gm) -> list[tuple]:
 def block_kernels(config, method: str, precision: str, lora_r: int = 0, targets: tuple = ()) -> dict:
     """The kernels of one compiled block's forward and backward, traced at one sample of :data:`TRACE_TOKENS` and
     twice as many tokens: ``{phase: [(kernel at the shorter trace, the same at the longer), ...]}`` (tuples of
-    :func:`graph_kernels`), cached; :func:`tunelab.plan.kernels.compiled_block_seconds` times them at any shape."""
+    :func:`graph_kernels`), cached; :func:`tunelab.plan.fast_step.compiled_block_seconds` times them at any shape."""
     key = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
     return _block_kernels(key, method, str(precision), lora_r, tuple(sorted(targets)))
 

@@ -4,7 +4,7 @@ read from one file, run with ``tunelab tune-study`` and reported by ``tunelab re
 A study names a recipe, a strategy, a device count, overrides and a list of settings (activation checkpointing,
 backward prefetch, the micro batches to search and to add as table rows). Every probe lands in
 ``<out>/<study id>/<setting dir>/mbs<N>/record.json`` (the setting directory is
-:func:`tunelab.tune_batch.variant_name`), so that a second call reuses every probe already recorded. The file's
+:func:`tunelab.tune.batch.variant_name`), so that a second call reuses every probe already recorded. The file's
 ``lab`` section holds the reference tables the report prints beside ours.
 """
 
@@ -55,7 +55,7 @@ class Setting:
     id: str
     activation_checkpointing: bool
     backward_prefetch: str | None
-    """A key of tunelab.tune_batch.PREFETCH (none, pre, post), or None: the strategy file's own."""
+    """A key of tunelab.tune.batch.PREFETCH (none, pre, post), or None: the strategy file's own."""
     max_micro: int = 1024
     also: list[int] = field(default_factory=list)
     start: int | None = None
