@@ -650,6 +650,8 @@ def _config_key(config) -> str:
 
 
 _TEMPLATES: dict = {}
+_TRACED: list = []
+"""Templates traced in this process (the first one says where they are kept)."""
 
 
 def cached_template(
@@ -675,10 +677,22 @@ def cached_template(
         return _TEMPLATES[memo]
 
     def make() -> dict:
-        if not _TEMPLATES:
+        import time
+
+        if not _TRACED:
             print(f"tunelab: tracing litgpt's step for the time model (once per model and shape; kept in "
                   f"{paths.cache_dir() / 'kernel-templates'})", file=sys.stderr, flush=True)  # fmt: skip
+        t0 = time.monotonic()
         tp = template(config, method, precision, optimizer, head_chunks, single, lora)
+        _TRACED.append(1)
+        blocks = f"{config.n_layer} block{'s' if config.n_layer != 1 else ''}"
+        if getattr(config, "sliding_window_size", None):  # which blocks attend in a window (Gemma 2: alternating)
+            blocks += ": " + ", ".join("local" if kind[0] else "global" for kind in block_kinds(config))
+        print(
+            f"tunelab:   traced {config.name} {method} {precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         data = {f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
