@@ -476,6 +476,8 @@ def run(
     prep = prepare(recipe, overrides or [], run_dir, o.model, o.strategy, o.strategy_config, o.checked)
     run_dir = prep.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    if o.node_rank:  # the other nodes of a multi-node run share node 0's folder (and node 0 holds it)
+        return _run_locked(prep, o)
     try:  # one run per output folder at a time (released when this process ends, however it ends)
         lock = exclusive_lock(run_dir / ".lock")
     except Busy as e:
