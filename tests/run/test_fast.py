@@ -47,3 +47,38 @@ def test_length_grouping_keeps_every_sample_once_and_cuts_the_padding(tmp_path):
         shares = [batching.rank_batches(grouped, r, 2) for r in (0, 1)]
         assert len(shares[0]) == len(shares[1]) and {i for s in shares for b in s for i in b} == set(range(n))
     assert batching.plan_epoch(order, 8, lengths, group, 42, 1) != batching.plan_epoch(order, 8, lengths, group, 42, 2)
+
+
+def test_the_fast_loop_builds_litgpts_optimizer_with_every_hyperparameter():
+    """tunelab's loop (fused, as the fast path runs it, and unfused) builds the recipe's optimizer with every
+    hyperparameter litgpt's own ``instantiate_torch_optimizer`` gives it: learning rate, weight decay, betas, eps
+    (an optimizer that kept only the learning rate would train otherwise and pass a loss comparison of a few steps);
+    the schedule starts at litgpt's warm-up; the run's arguments, saved as hyperparameters.yaml, are left as they
+    were (litgpt's helper adds ``fused`` to the init_args it is given)."""
+    import copy
+
+    import torch
+    from litgpt.utils import instantiate_torch_optimizer
+
+    from tunelab.recipes import resolve
+    from tunelab.run.loop import _setup_optimizer
+    from tunelab.settings import resolve_args
+    from tunelab.strategies import load_strategy
+
+    recipe = resolve("tiny-llama-1.1b/full")
+    optimizer = {
+        "class_path": "torch.optim.AdamW",
+        "init_args": {"lr": 3e-4, "weight_decay": 0.05, "betas": [0.8, 0.95], "eps": 1e-7},
+    }
+    args = {**resolve_args(recipe, []), "optimizer": optimizer}
+    pristine = copy.deepcopy(optimizer)
+    model = torch.nn.Linear(4, 4)
+    wanted = instantiate_torch_optimizer(optimizer, list(model.parameters())).defaults
+    for name in ("fast", "ddp"):
+        strategy = load_strategy(name)
+        _, built, scheduler, _ = _setup_optimizer(args, model, strategy, torch.device("cpu"), "32-true", 4, 1, 10)
+        assert args["optimizer"] == pristine, (name, args["optimizer"])  # not mutated
+        for key in ("lr", "weight_decay", "betas", "eps", "amsgrad"):
+            assert built.defaults[key] == wanted[key], (name, key, built.defaults[key], wanted[key])
+        assert bool(built.defaults.get("fused")) == strategy.fused_optimizer, name
+        assert scheduler.get_last_lr()[0] < 3e-4  # litgpt's linear warm-up starts below the peak

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import csv
 import dataclasses
 import math
@@ -354,9 +355,11 @@ def _setup_optimizer(
     if strategy.optimizer:
         optimizer = _bnb_optimizer(strategy.optimizer, args["optimizer"], params)
     elif strategy.fused_optimizer:  # kept only by classes that take it (torch's Adam, AdamW, SGD)
-        optimizer = instantiate_torch_optimizer(args["optimizer"], params, fused=True)
+        # a copy: litgpt's helper adds ``fused`` to the init_args it is given, which the run's saved arguments
+        # (hyperparameters.yaml) would then carry
+        optimizer = instantiate_torch_optimizer(copy.deepcopy(args["optimizer"]), params, fused=True)
     else:
-        optimizer = instantiate_torch_optimizer(args["optimizer"], params)
+        optimizer = instantiate_torch_optimizer(copy.deepcopy(args["optimizer"]), params)
     scheduler = get_lr_scheduler(optimizer, warmup_steps=args["train"]["lr_warmup_steps"], max_steps=max_steps)
     if strategy.name != "deepspeed":
         return model, optimizer, scheduler, None
