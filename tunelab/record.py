@@ -576,8 +576,9 @@ def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int, ends:
     """
     out: dict = {}
     per_rank = []
-    for i, log in enumerate(ranks_iters):
-        starts, warm, steps = steady_steps(log, accumulation, n_iters, (ends or [])[i] if i < len(ends or []) else None)
+    ends = ends if ends and len(ends) == len(ranks_iters) else [None] * len(ranks_iters)
+    for log, end in zip(ranks_iters, ends):
+        starts, warm, steps = steady_steps(log, accumulation, n_iters, end)
         if not steps:
             continue
         n_steps_full = warm + len(steps)

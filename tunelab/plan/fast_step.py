@@ -45,8 +45,7 @@ FAST_MODEL_ERROR = {"GPU": 0.131, "host": 0.247}
 """Mean absolute error of :func:`fast_step` over our benches' fast-path runs that ran compiled throughout, by what the
 model says bounds the run (:meth:`FastStep.bound`): the band around its estimate. GPU-bound: TinyLlama full's probes
 at micro 58-97 on an H100 (4 runs; each window to the loop's synchronised end, as
-:func:`tunelab.report.runtime_accuracy.synchronised_end` recomputes it: ended on the host's last timestamp with work
-queued, they read 7-13% fast and the error 4.3%). Host-bound: TinyLlama full at micro 8 on an H100 (3 runs, the host constant's
+:func:`tunelab.report.runtime_accuracy.synchronised_end` recomputes it). Host-bound: TinyLlama full at micro 8 on an H100 (3 runs, the host constant's
 own), TinyLlama LoRA (2) and OpenLLaMA 7B LoRA (1) at micro 8 on an H200 machine whose host ran TinyLlama's launches
 about 1.45x faster than the H100 machine's: a host-bound step follows the host CPU, which no GPU table describes
 (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes both)."""

@@ -218,8 +218,8 @@ H200 machine, whose host speed and own profile grid were measured in the same se
 def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     """(mean optimizer step s, padded tokens per sample) over a run's steady window: the record's, else recomputed
     from its rank-0 iteration log in the archive (records made before the collector kept the mean). A run of
-    tunelab's loop that recorded no synchronised end (:attr:`tunelab.record.RankStats.trained_until`, kept since
-    2026-11-28) ended its window on a host timestamp with work still queued: its window is recomputed to the end
+    tunelab's loop that recorded no synchronised end (:attr:`tunelab.record.RankStats.trained_until`; older records)
+    ended its window on a host timestamp with work still queued: its window is recomputed to the end
     the loop's printed training time gives (taken after the loop's last synchronising loss read), which counts that
     work (:func:`synchronised_end`)."""
     import json
@@ -229,12 +229,12 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     from tunelab.report.accuracy import beside
 
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
-    end = synchronised_end(archive, member, rec, raw)
+    stats, iters = read_rank_file(json.loads(raw)) if raw is not None else (None, [])
+    end = synchronised_end(archive, member, rec, stats, iters)
     if rec.step_time_mean_s and rec.padded_per_sample and end is None:
         return rec.step_time_mean_s, rec.padded_per_sample
     if raw is None:
         return None
-    stats, iters = read_rank_file(json.loads(raw))
     ends = [stats.trained_until if stats.trained_until is not None else end]
     out = steady_state([iters], rec.accumulation or 1, rec.iters or len(iters), ends)
     if not out.get("step_time_mean_s"):
@@ -242,21 +242,18 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     return out["step_time_mean_s"], out["padded_per_iteration"] / rec.micro_batch_size
 
 
-def synchronised_end(archive: Path, member: str, rec, rank_raw: bytes | None) -> float | None:
+def synchronised_end(archive: Path, member: str, rec, stats, iters: list) -> float | None:
     """Where an archived run of tunelab's loop finished its training work on the device, for a run whose rank file
     kept no ``trained_until``: its first iteration's start plus the training time the loop printed (measured after
     the loop's last loss read, which synchronises). None for litgpt's own loop (its loss read every step
-    synchronises each step, and its printed time includes validation) or where the figures are missing."""
-    import json
-
+    synchronises each step, and its printed time includes validation) or where the figures are missing.
+    ``stats``, ``iters``: its rank-0 file as :func:`tunelab.record.read_rank_file` reads it (None, [] without one)."""
     from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.record import read_rank_file
     from tunelab.report.accuracy import beside
     from tunelab.run.collect import parse_litgpt_report
 
-    if rec.strategy == "litgpt" or rank_raw is None:
+    if rec.strategy == "litgpt" or stats is None:
         return None
-    stats, iters = read_rank_file(json.loads(rank_raw))
     if stats.trained_until is not None or not iters:
         return None
     out = beside(archive, member, "stdout.log", RECORD_MAX_BYTES)

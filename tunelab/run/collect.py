@@ -174,8 +174,7 @@ def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
     """Step 4: token counts and the steady-state figures (warm-up excluded); returns the steady-state summary."""
     rec.tokens_padded = sum(it[1] for its in ranks_iters for it in its[:n_iters] if it[1] >= 0) or None
     rec.tokens_real = sum(it[2] for its in ranks_iters for it in its[:n_iters] if it[2] >= 0) or None
-    ends = [r.trained_until for r in rec.ranks] if len(rec.ranks) == len(ranks_iters) else None
-    steady = steady_state(ranks_iters, rec.accumulation or 1, n_iters, ends)
+    steady = steady_state(ranks_iters, rec.accumulation or 1, n_iters, [r.trained_until for r in rec.ranks])
     for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "step_time_mean_s", "tok_s_padded",
                 "tok_s_real"):  # fmt: skip
         setattr(rec, key, steady.get(key))
