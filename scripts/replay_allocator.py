@@ -1,5 +1,5 @@
 """Replay measured runs on this CPU: litgpt's loop over each run's own sequence lengths on fake tensors, its
-allocations through a model of CUDA's caching allocator (tunelab/plan/allocator.py), beside what the GPU reported.
+allocations through a model of CUDA's caching allocator (tunelab/plan/model/allocator.py), beside what the GPU reported.
 
     python scripts/replay_allocator.py reports/2026-11-23-qlora-memory-h100/records.tgz \\
         tiny-lora-all-mb2 tiny-qlora-all-mb2 --out reports/planner-accuracy/allocator-replay.md
@@ -28,7 +28,8 @@ from tunelab.data import benchmark
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, check_target, write_text_atomic
 from tunelab.plan import stored
-from tunelab.plan.simulate import optimizer_of, replay_run
+from tunelab.plan.model.tables import optimizer_of
+from tunelab.plan.trace.simulate import replay_run
 from tunelab.record import RunRecord
 
 
@@ -147,7 +148,7 @@ def render(results: list[dict], archive: str) -> str:
         "its own padded sequence lengths, in order, and litgpt's two-batch sanity validation at the longer of the "
         "two batches the run's own validation split gives (listed below the table), on fake "
         "tensors at full depth; allocations through a model of CUDA's caching allocator "
-        "(`tunelab/plan/allocator.py`: 512-byte rounding, 2 MiB / 20 MiB segments, best fit, split and merge rules). "
+        "(`tunelab/plan/model/allocator.py`: 512-byte rounding, 2 MiB / 20 MiB segments, best fit, split and merge rules). "
         "GB = 1e9 bytes. requested = what the simulated step holds (the planner's quantity); allocated = the "
         "allocator's blocks (`max_memory_allocated`); the difference is the allocator's rounding, which depends on "
         "the order of sequence lengths.",

@@ -257,7 +257,7 @@ def beside_checkout() -> set:
 def link_table(monkeypatch, tmp_path):
     """Make ``configs/hardware/links.yaml`` read as the text given (``link_table(text)``), the table's cache cleared
     before and after."""
-    from tunelab.plan import comm
+    from tunelab.plan.model import comm
 
     def use(text: str) -> None:
         links = tmp_path / "links.yaml"

@@ -1,6 +1,6 @@
 """litgpt's GPT taken apart at the head: the trunk's output and the head's operands, for a loss that fuses the head
 (Liger's fused linear cross-entropy in :mod:`tunelab.run.fused`) and for the planner's simulation of it
-(:mod:`tunelab.plan.simulate`). Imports torch only when called.
+(:mod:`tunelab.plan.trace.simulate`). Imports torch only when called.
 """
 
 from __future__ import annotations

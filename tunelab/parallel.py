@@ -1,5 +1,5 @@
 """The strategies of ``configs/strategies/`` applied to litgpt's model: one place for the multi-device run
-(:mod:`tunelab.run.loop`) and its simulation on fake tensors (:mod:`tunelab.plan.ranks`), so that what is planned
+(:mod:`tunelab.run.loop`) and its simulation on fake tensors (:mod:`tunelab.plan.trace.ranks`), so that what is planned
 is what runs.
 
 DDP (``DistributedDataParallel`` with the file's buckets), FSDP1 (``FullyShardedDataParallel``: each litgpt

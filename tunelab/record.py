@@ -187,7 +187,7 @@ class StoredPlan:
     max_micro_batch_size: int | None = None
     """The largest micro batch that fits ``gpu``."""
     seconds: float | None = None
-    """Point estimate of the training time on ``gpu`` (litgpt's Training Time; tunelab.plan.runtime)."""
+    """Point estimate of the training time on ``gpu`` (litgpt's Training Time; tunelab.plan.model.runtime)."""
     seconds_by_cause: dict = field(default_factory=dict)
     """That time by cause (matmul, elementwise, host launches, ...), seconds; sums to ``seconds``."""
 

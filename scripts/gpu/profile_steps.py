@@ -70,7 +70,7 @@ def build(method: str, model_name: str, device: torch.device, dtype: torch.dtype
 
             from litgpt.lora import Config as LoRAConfig
 
-            from tunelab.plan.kernels import PROFILED_LORA
+            from tunelab.report.profiles import PROFILED_LORA
 
             r, targets = PROFILED_LORA  # what the kernel model's accuracy tables time these steps with
             cfg = LoRAConfig(
@@ -215,8 +215,8 @@ def profile_method(
     method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device, precision: str = "bf16-true"
 ) -> dict:
     from tunelab.models import lora_param_count
-    from tunelab.plan.flops import flops_per_token
-    from tunelab.plan.kernels import PROFILED_LORA
+    from tunelab.plan.model.flops import flops_per_token
+    from tunelab.report.profiles import PROFILED_LORA
 
     half = precision == "bf16-true" and device.type == "cuda"
     torch.set_float32_matmul_precision("highest" if half else "high")  # litgpt's CLI sets 'high': TF32 matmuls

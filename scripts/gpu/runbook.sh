@@ -15,7 +15,7 @@
 #                 OpenLLaMA 3B at 1, 4; a row "model:micro:lora" runs one method, "model:micro:lora,qlora" two
 #                 (qlora: litgpt's bnb.nf4), "model:micro:full:32-true" at fp32 with TF32 matmuls), full and LoRA
 #                 by default, with the host's clock per phase and its speed per op
-#                 -> profile-grid.jsonl: the time model's out-of-sample rows (tunelab/plan/kernels.py;
+#                 -> profile-grid.jsonl: the time model's out-of-sample rows (tunelab/plan/model/kernels.py;
 #                 reports/planner-accuracy/kernels.md); about 25 s a row on an H200 (2026-11-27)      2.5 min
 #   qlora-memory  QLoRA vs LoRA memory by phase: 8 TinyLlama rows 3.5 min, 8 OpenLLaMA 7B rows
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from tunelab.plan.trace.tables import TRACED
+
 
 def test_the_plan_counts_the_fused_loss_as_the_simulated_step_holds():
     """The planner's fused-loss term (``liger_loss_bytes``) against the simulated step running Liger's allocations
@@ -18,8 +20,8 @@ def test_the_plan_counts_the_fused_loss_as_the_simulated_step_holds():
     the micro batch's fp32 logits (what the fused loss exists to remove)."""
     from litgpt import Config
 
-    from tunelab.plan import memory
-    from tunelab.plan.simulate import simulate
+    from tunelab.plan.model import memory
+    from tunelab.plan.trace.simulate import simulate
 
     for name, method, precision, accumulation in (
         ("tiny-llama-1.1b", "full", "bf16-true", 2),
@@ -30,7 +32,7 @@ def test_the_plan_counts_the_fused_loss_as_the_simulated_step_holds():
         c = Config.from_name(name)
         x = memory.PlanInput(
             config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
-            fabric=False, fused_loss=True,
+            fabric=False, fused_loss=True, tables=TRACED
         )  # fmt: skip
         sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, fabric=False, fused_loss=True)
         planned = memory.predict(x).peak_allocated_bytes

@@ -1,4 +1,4 @@
-"""Several devices simulated per rank (tunelab.plan.ranks): FSDP2 sharded as the run shards it under a fake process
+"""Several devices simulated per rank (tunelab.plan.trace.ranks): FSDP2 sharded as the run shards it under a fake process
 group, DDP's buckets; the plan checked against the simulation, the traced collectives against comm.py."""
 
 from __future__ import annotations
@@ -7,9 +7,11 @@ import pytest
 
 from tests.plan.test_ranks import small_llama
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan import comm, ranks
+from tunelab.plan.model import comm
+from tunelab.plan.model.tables import optimizer_of
 from tunelab.plan.recipe import plan_recipe
-from tunelab.plan.simulate import optimizer_of
+from tunelab.plan.trace import ranks
+from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import resolve
 from tunelab.strategies import load_strategy
 
@@ -105,13 +107,13 @@ def test_lora_under_fsdp1_is_planned_within_5_percent_of_rank_0(world, accumulat
 
     from litgpt import Config
 
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
     from tunelab.settings import LORA_TARGETS
 
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=4)
     x = memory.PlanInput(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
                          lora_targets=LORA_TARGETS, fabric=False, strategy="fsdp", fsdp_root_kept=True, devices=world,
-                         accumulation=accumulation)  # fmt: skip
+                         accumulation=accumulation, tables=TRACED)  # fmt: skip
     sim = ranks.simulate_ranks(c, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 256, accumulation=accumulation,
                                lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
     assert memory.predict(x).peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.05)
@@ -141,7 +143,7 @@ def test_fsdp1_without_auto_wrap_peaks_at_the_backwards_end(method, accumulation
     unsharded gradient twice over (flat parameter's and original parameters'; under LoRA the flat parameter's whole
     gradient) beside the gathered model and the no_sync() gradients; the plan names it and is within 1% (before:
     the forward's end, -21.5% on TinyLlama full)."""
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     sim, x = _variant("fsdp-no-wrap", method, accumulation)
     plan = memory.predict(x)
@@ -152,7 +154,7 @@ def test_fsdp1_without_auto_wrap_peaks_at_the_backwards_end(method, accumulation
 
 @pytest.mark.parametrize(("method", "world"), [("full", 8), pytest.param("lora", 4, marks=pytest.mark.slow)])  # 50 s
 def test_fsdp_offload_is_planned_on_the_device_within_1_percent(method, world):
-    """``fsdp-offload`` (FSDP1's ``cpu_offload``) simulated on the stand-in accelerator (tunelab.plan.fake_device):
+    """``fsdp-offload`` (FSDP1's ``cpu_offload``) simulated on the stand-in accelerator (tunelab.plan.trace.fake_device):
     the device holds the gathered units, each beside its shard's device copy, and the backward's sharded gradients,
     not the shards, their host gradients or the optimizer's states (the step runs on the host: nothing on the device
     then). TinyLlama full (32-true) on 8: +14.6% when the plan kept the optimizer's states on the device (and two
@@ -180,7 +182,7 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     gradient for all of them; under no_sync() they are whole. The trace's gradients equal the planner's
     flat_parameter_grads (the head is a target in litgpt's default list: the root unit takes one too), far above
     the adapters' own."""
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
     from tunelab.settings import LORA_TARGETS
 
     config, world = small_llama(), 2
@@ -188,7 +190,7 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
                                lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
     x = memory.PlanInput(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
                          accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
-                         lora_targets=LORA_TARGETS)  # fmt: skip
+                         lora_targets=LORA_TARGETS, tables=TRACED)  # fmt: skip
     planned = memory.flat_parameter_grads(x, memory.model_states(x, []))
     traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
     assert traced == pytest.approx(planned, rel=0.05)
@@ -199,14 +201,14 @@ def test_fsdp1_lora_reduce_scatters_the_whole_flat_gradients():
     """LoRA under FSDP1 (a ``name: fsdp`` file): each flat parameter mixing frozen and trainable weights gets a whole
     gradient, and FSDP1 reduce-scatters all of it, frozen weights' zeros included: the traced bytes are comm.py's
     (within 3%), not the adapters' gradients alone (before: 21% under on OpenLLaMA 3B)."""
-    from tunelab.plan.memory import PlanInput
+    from tunelab.plan.model.memory import PlanInput
 
     config, world, targets = small_llama(), 4, ("query", "value", "head")
     sim = ranks.simulate_ranks(config, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 64, accumulation=2,
                                lora_r=8, lora_targets=targets)  # fmt: skip
     x = PlanInput(config=config, method="lora", lora_r=8, lora_targets=targets, precision="bf16-true",
                   micro_batch_size=2, seq_len=64, accumulation=2, devices=world, strategy="fsdp",
-                  sharding="FULL_SHARD", fsdp_root_kept=True)  # fmt: skip
+                  sharding="FULL_SHARD", fsdp_root_kept=True, tables=TRACED)  # fmt: skip
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.03)
     assert sim.bytes_moved("reduce-scatter") > 10 * lora_param_count(config, 8, targets) * 2 * (world - 1) / world
@@ -231,7 +233,7 @@ def test_fsdp1_shard_grad_op_keeps_units_gathered_and_gathers_once_per_step(accu
     one all-gather per unit per optimizer step, none in backward, whatever the accumulation (comm.py charged one per
     micro batch: +50% on TinyLlama; the simulation counted the first micro batch's gathers for each of the first
     a - 1); the optimizer's states sharded (the plan kept them whole under accumulation: +32.5%)."""
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     sim, x = _variant("fsdp-shard-grad-op", "full", accumulation)
     total, _ = count_params(x.config)
@@ -262,7 +264,7 @@ def test_fsdp1_no_shard_has_no_ddp_buckets_and_reduces_whole_flat_gradients(meth
     """NO_SHARD through FSDP1 (``fsdp-no-shard``): gradients all-reduced in place, no second copy in buckets (the
     plan had DDP's: +19% on TinyLlama full); under LoRA its flat parameters take whole gradients, frozen weights
     included, and all-reduce them (comm.py had the adapters' alone: -85%)."""
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     sim, x = _variant("fsdp-no-shard", method, 2)
     plan = memory.predict(x)
@@ -282,7 +284,7 @@ def test_the_peak_update_without_the_module_walk_keeps_torchs_peaks(name, monkey
     the collectives and the tracker's own whole-step peak are those torch's full ``_update_peak_stats`` gives."""
     from torch.distributed._tools.mem_tracker import MemTracker  # FSDPMemTracker keeps MemTracker's
 
-    from tunelab.plan.simulate import update_peak
+    from tunelab.plan.trace.simulate import update_peak
 
     def run(walk: bool):
         monkeypatch.setattr(ranks, "update_peak", MemTracker._update_peak_stats if walk else update_peak)
@@ -319,7 +321,7 @@ def test_fsdp1_lora_peaks_where_units_stay_gathered_or_whole_are_planned(name, a
 
     from litgpt import Config
 
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     config = dataclasses.replace(Config.from_name("phi-2"), n_layer=8)  # fake tensors: seconds at full width
     sim, x = _variant(name, "lora", accumulation, config, seq=512)  # the head's backward in chunks of 128

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tunelab.plan import memory
-from tunelab.plan.simulate import simulate
+from tunelab.plan.model import memory
+from tunelab.plan.trace.simulate import simulate
+from tunelab.plan.trace.tables import TRACED
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-1.1b", "Llama-3.2-1B"])
@@ -41,7 +42,7 @@ def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fab
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     x = memory.PlanInput(
         config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
-        quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, fabric=fabric,
+        quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, fabric=fabric,tables=TRACED
     )  # fmt: skip
     plan = memory.predict(x)
     planned = plan.peak_allocated_bytes
@@ -91,7 +92,7 @@ def test_a_replayed_run_is_the_simulated_step_plus_the_allocators_blocks(configs
     and its segments at least the blocks."""
     import dataclasses
 
-    from tunelab.plan.simulate import replay_run
+    from tunelab.plan.trace.simulate import replay_run
 
     c = dataclasses.replace(configs["tiny-llama-1.1b"], n_layer=3)
     same = replay_run(c, "lora", "bf16-true", 2, [64] * 4, accumulation=2)["end"]

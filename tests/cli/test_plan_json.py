@@ -1,4 +1,4 @@
-"""`tunelab plan --json` (run in-process) carries the runtime estimate (tunelab/plan/runtime.py) by cause, the step
+"""`tunelab plan --json` (run in-process) carries the runtime estimate (tunelab/plan/model/runtime.py) by cause, the step
 by kernel under --simulate, and the fast path's padding as its loop forms its batches."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 import pytest
 
 from tests.conftest import ROOT, tunelab_here
-from tunelab.plan import kernels, runtime
+from tunelab.plan.model import kernels, runtime
+from tunelab.plan.trace.tables import TRACED
 
 
 def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
@@ -84,9 +85,9 @@ def test_plan_simulate_prints_the_step_by_kernel():
     from litgpt import Config
 
     from tunelab import hardware
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
+    from tunelab.plan.model.tables import optimizer_of
     from tunelab.plan.recipe import plan_recipe
-    from tunelab.plan.simulate import optimizer_of
     from tunelab.recipes import resolve
     from tunelab.settings import LITGPT_LORA_R
 
@@ -94,8 +95,10 @@ def test_plan_simulate_prints_the_step_by_kernel():
     assert x.lora_r != LITGPT_LORA_R  # the recipe's rank, which the step is traced with (not litgpt's default)
     assert st == kernels.to_json(kernels.step_time(x.config, x.method, str(x.precision), x.micro_batch_size,
                                                    x.seq_len, "H100-SXM", optimizer_of(x),
-                                                   (x.lora_r, tuple(x.lora_targets))))  # fmt: skip
-    x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), fabric=False)  # a strategies file's loop
+                                                   (x.lora_r, tuple(x.lora_targets)), tables=TRACED))  # fmt: skip
+    x = memory.PlanInput(
+        config=Config.from_name("tiny-llama-1.1b"), fabric=False, tables=TRACED
+    )  # a strategies file's loop
     assert "tunelab's loop" in kernels.to_json(kernels.for_plan(x, hardware.lookup("H100-SXM")))["not_modelled"]
 
 
@@ -199,7 +202,7 @@ def test_a_known_host_sets_litgpts_launch_time_and_narrows_the_band():
     """`--host-us-per-op`: where the launching host's figure is known, a launch-bound plan (OpenLLaMA 3B LoRA on an
     H100) follows it (half the figure: the host's launches halve) and its band is the kernel model's error alone, not
     the spread of the hosts we measured; tunelab's loop and a plan without --gpu refuse it in one line."""
-    from tunelab.plan import runtime
+    from tunelab.plan.model import runtime
 
     def projection(*extra):
         code, out, err = tunelab_here("plan", "open-llama-3b/lora", "--gpu", "H100-SXM", "--json", *extra)

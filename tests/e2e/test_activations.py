@@ -1,5 +1,5 @@
-"""The planner's activation term (tunelab/plan/activations.py, derived from the Config) against what autograd really keeps
-in one real forward of litgpt's own model (tunelab/plan/measure.py), per model family, full and LoRA, bf16-true and
+"""The planner's activation term (tunelab/plan/model/activations.py, derived from the Config) against what autograd really keeps
+in one real forward of litgpt's own model (tunelab/plan/trace/measure.py), per model family, full and LoRA, bf16-true and
 bf16-mixed (autocast as Lightning Fabric runs it).
 
 CI checks one family per distinct code path (norm, MLP, attention layout, softcapping, parallel residual) at full
@@ -17,15 +17,15 @@ import pytest
 from litgpt import Config
 
 from tests.conftest import ROOT, cpu_env
-from tunelab.plan.measure import FAMILIES, compare_methods_in_child
+from tunelab.plan.trace.measure import FAMILIES, compare_methods_in_child
 
 
 def measure_in_child(name: str, runs: list[tuple[str, int]], seq_len: int) -> list[dict]:
-    """tunelab.plan.measure.measure of each (method, micro batch) of ``runs`` under bf16-true, in one process of its
+    """tunelab.plan.trace.measure.measure of each (method, micro batch) of ``runs`` under bf16-true, in one process of its
     own: a full-width model's memory goes back to the system when the child ends (in the test process it stays: the
     allocator keeps it, and the suite grew to 18 GB)."""
     code = (
-        "import json, sys; from litgpt import Config; from tunelab.plan.measure import measure; "
+        "import json, sys; from litgpt import Config; from tunelab.plan.trace.measure import measure; "
         "c = Config.from_name(sys.argv[1]); "
         "print(json.dumps([measure(c, m, 'bf16-true', b, int(sys.argv[3])).to_json() "
         "for m, b in json.loads(sys.argv[2])]))"
@@ -105,7 +105,7 @@ first block has nothing to differentiate in its attention or its MLP (a frozen e
 @pytest.mark.parametrize("name", ["tiny-llama-1.1b", "pythia-1b"])  # grouped-query and multi-head qkv layouts
 def test_planner_matches_autograd_for_other_lora_targets(name):
     code = (
-        "import json, sys; from litgpt import Config; from tunelab.plan.measure import compare; "
+        "import json, sys; from litgpt import Config; from tunelab.plan.trace.measure import compare; "
         "c = Config.from_name(sys.argv[1]); "
         "print(json.dumps([compare(c, 'lora', seq_len=64, targets=t) for t in json.loads(sys.argv[2])]))"
     )

@@ -1,6 +1,6 @@
 """DeepSpeed's own memory against the plan: ZeRO-2 and ZeRO-3 run for real on CPU (two gloo ranks under torchrun,
 DeepSpeed 0.19.8's own code, tunelab's DeepSpeed config and loss, foreach AdamW as on CUDA), measured under torch's
-MemTracker on rank 0 (tunelab/run/deepspeed_probe.py), and compared with :func:`tunelab.plan.memory.predict`.
+MemTracker on rank 0 (tunelab/run/deepspeed_probe.py), and compared with :func:`tunelab.plan.model.memory.predict`.
 
 What it checks: the reduce buffer DeepSpeed allocates whole (2e8 elements: 400 MB in bf16, most of a small model's
 peak), ZeRO-2's gradient partition in the backward and its step's float32 gradient and temporary, ZeRO-3's states
@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tunelab.plan import memory
+from tunelab.plan.model import memory
+from tunelab.plan.trace.tables import TRACED
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (requirements.txt installs it)")
 
@@ -62,7 +63,7 @@ def _plan(case, **zero) -> memory.PlanInput:
 
     return memory.PlanInput(
         config=config_of(case), micro_batch_size=case.get("micro", 2), seq_len=case.get("tokens", 128), strategy="deepspeed", zero_stage=case["stage"], devices=2,
-        fabric=False, reduce_bucket_size=int(case["bucket"]), allgather_bucket_size=int(case["bucket"]), **zero,
+        fabric=False, reduce_bucket_size=int(case["bucket"]), allgather_bucket_size=int(case["bucket"]), **zero,tables=TRACED
     )  # fmt: skip
 
 

@@ -68,3 +68,18 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     assert acc.returncode == 0, acc.stderr
     assert (work / "reports" / "planner-accuracy" / "accuracy.md").is_file()  # outputs go where the user is
     assert not list(site.glob("tunelab/_files/reports"))
+
+
+def test_importing_the_plan_model_loads_no_torch_nor_litgpt():
+    """Every module of plan/model/ imported in a fresh interpreter: neither torch, litgpt nor numpy is loaded (the
+    model computes from typed inputs; tracing is plan/trace/'s)."""
+    code = (
+        "import importlib, pkgutil, sys, tunelab.plan.model as m\n"
+        "[importlib.import_module('tunelab.plan.model.' + x.name) for x in pkgutil.iter_modules(m.__path__)]\n"
+        "print(len(list(pkgutil.iter_modules(m.__path__))), sorted({k.split('.')[0] for k in sys.modules} & "
+        "{'torch', 'litgpt', 'numpy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=cpu_env())
+    assert out.returncode == 0, out.stderr
+    count, loaded = out.stdout.split(" ", 1)
+    assert int(count) >= 9 and loaded.strip() == "[]", out.stdout

@@ -377,7 +377,7 @@ def test_two_processes_writing_one_trace_entry_leave_one_whole_file(tmp_path):
     import os
 
     script = (
-        "from tunelab.plan.trace_cache import cached_json\n"
+        "from tunelab.plan.trace.trace_cache import cached_json\n"
         "import time\n"
         "cached_json('race', ['e'], lambda: (time.sleep(0.5), {'v': list(range(200000))})[1], 'trace')\n"
     )

@@ -1,4 +1,4 @@
-"""Several devices simulated per rank (tunelab.plan.ranks): FSDP2 sharded as the run shards it under a fake process
+"""Several devices simulated per rank (tunelab.plan.trace.ranks): FSDP2 sharded as the run shards it under a fake process
 group, DDP's buckets; the plan checked against the simulation, the traced collectives against comm.py."""
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def test_an_unknown_link_names_the_table_it_came_from(link_table):
     import dataclasses
 
     from tunelab.errors import InputError
-    from tunelab.plan import comm
+    from tunelab.plan.model import comm
 
     odd = dataclasses.replace(hardware.lookup("A100-80GB"), link="warp-drive")
     with pytest.raises(InputError, match="gpus.yaml: gpus: A100-80GB: link: .*warp-drive"):
@@ -213,7 +213,7 @@ def test_each_precision_is_timed_at_its_own_peak_as_plan_times_it(monkeypatch):
     """advise hands the runtime the peak plan uses for that precision (32-true: TF32, since litgpt's CLI sets the
     float32 matmul precision 'high'), never bfloat16's for every precision (the fitted curve's compute term, which an
     offloaded optimizer step falls back to, divides by it)."""
-    from tunelab.plan import runtime
+    from tunelab.plan.model import runtime
 
     seen = []
     real = runtime.Terms.seconds_on
@@ -239,7 +239,7 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
     --devices, --strategy, activation checkpointing): the same peak and, over advise's workload, the same hours."""
     import random
 
-    from tunelab.plan import comm
+    from tunelab.plan.model import comm
     from tunelab.plan.recipe import plan_recipe
     from tunelab.strategies import load_strategy
 

@@ -1,4 +1,4 @@
-"""QLoRA's step on a GPU (tunelab/plan/bnb_kernels.py with the traced step): bitsandbytes' constants are the fit to
+"""QLoRA's step on a GPU (tunelab/plan/model/bnb_kernels.py with the traced step): bitsandbytes' constants are the fit to
 the H200 QLoRA grid's stated lines, and the rest of that grid holds out of sample; the kernel counts follow
 bitsandbytes' code (one dequantization per 4-bit matmul forward, one backward, the head per 128-token chunk)."""
 
@@ -7,18 +7,20 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT
-from tunelab.plan import bnb_kernels, kernels
+from tunelab.plan.model import bnb_kernels, kernels
+from tunelab.plan.trace.tables import TRACED
+from tunelab.report import profiles
 
 SEQ = 437
 
 
 def _lines() -> dict:
-    return {(m["model"], m["method"], m["micro"]): m for m in kernels.read_grid(ROOT / kernels.GRID_QLORA)}
+    return {(m["model"], m["method"], m["micro"]): m for m in profiles.read_grid(ROOT / profiles.GRID_QLORA)}
 
 
 def _rows() -> dict:
     return {
-        (r["model"], r["method"], r["micro"]): r["pairs"] for r in kernels.grid_rows(ROOT, kernels.GRID_QLORA, "H200")
+        (r["model"], r["method"], r["micro"]): r["pairs"] for r in profiles.grid_rows(ROOT, profiles.GRID_QLORA, "H200")
     }
 
 
@@ -27,7 +29,7 @@ def _step(model: str, method: str, micro: int):
 
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     return kernels.step_time(Config.from_name(model), method, "bf16-true", micro, SEQ, "H200", optimizer,
-                             kernels.lora_profiled(method))  # the adapters the grid's lines ran  # fmt: skip
+                             profiles.lora_profiled(method), tables=TRACED)  # the adapters the grid's lines ran  # fmt: skip
 
 
 def test_constants_are_the_fit_to_the_stated_lines():
@@ -94,7 +96,7 @@ def test_qlora_lines_hold_out_of_sample():
     launch-bound optimizer phases (PagedAdamW's Python, tensor by tensor) within 6%, TinyLlama's launch-bound step at
     micro 1 within 5%, OpenLLaMA 7B's at micro 8 within 15%."""
     rows = _rows()
-    fitted = kernels.FITTED_SHAPES["H200"]
+    fitted = profiles.FITTED_SHAPES["H200"]
     for key, pairs in rows.items():
         if key[1] == "qlora" and key not in fitted:
             assert abs(pairs["dequantization"][2]) <= 0.12, key

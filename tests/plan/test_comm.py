@@ -1,4 +1,4 @@
-"""The planner's communication term (tunelab/plan/comm.py): volumes by strategy as the ring algorithms move them,
+"""The planner's communication term (tunelab/plan/model/comm.py): volumes by strategy as the ring algorithms move them,
 their growth with devices and fall with bandwidth, nodes, offload, and the lab's Part 2 steps it must explain."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 from tests.conftest import ROOT
 from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan import comm
-from tunelab.plan.memory import PlanInput, dtype_bytes
+from tunelab.plan.model import comm
+from tunelab.plan.model.memory import PlanInput, dtype_bytes
+from tunelab.plan.trace.tables import TRACED
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def cfg():
 
 
 def _x(cfg, **kw) -> PlanInput:
-    return PlanInput(config=cfg, **{"precision": "bf16-true", "micro_batch_size": 4, **kw})
+    return PlanInput(config=cfg, **{"precision": "bf16-true", "micro_batch_size": 4, **kw}, tables=TRACED)
 
 
 def test_volumes_are_the_ring_formulas(cfg):
@@ -109,7 +110,7 @@ def test_each_strategy_is_scheduled_as_it_runs(cfg):
     ZeRO-2 hide nothing; ZeRO-3 its prefetched gathers, not its reduce-scatters); on NVLink a per-block FSDP step
     hides most of its traffic and the one-unit step none of it."""
     from tunelab import hardware
-    from tunelab.plan import runtime
+    from tunelab.plan.model import runtime
 
     link = comm.lookup("nvlink3", "gpu")
     ddp = comm.per_step(_x(cfg, strategy="ddp", devices=4), link)
@@ -181,7 +182,7 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     embedding, final norm and head, kept through backward), as is a ``name: fsdp`` file; an fsdp2 file (its
     ``reshard_after_forward: true`` given to the root too) regathers it: the planned bytes differ by one gather of
     the root per micro batch. litgpt's LoRA (FSDP2 with torch's default for the root) keeps it, as FSDP1 does."""
-    from tunelab.plan.memory import root_unit_params
+    from tunelab.plan.model.memory import root_unit_params
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
 

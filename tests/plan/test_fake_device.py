@@ -1,4 +1,4 @@
-"""The stand-in accelerator of the per-rank simulation (tunelab.plan.fake_device): fake tensors on the device and
+"""The stand-in accelerator of the per-rank simulation (tunelab.plan.trace.fake_device): fake tensors on the device and
 the host counted apart, FSDP1's host <-> device moves allowed, the CPU simulation's attention kernel, and torch
 left as it was."""
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tunelab.plan.fake_device import ACCELERATOR, fake_accelerator
+from tunelab.plan.trace.fake_device import ACCELERATOR, fake_accelerator
 
 
 class _Ops(TorchDispatchMode):

@@ -1,4 +1,4 @@
-"""tunelab/plan/fast_step.py and compiled.block_kernels: the fast path's step kernel by kernel, against the H100 bench."""
+"""tunelab/plan/model/fast_step.py and compiled.block_kernels: the fast path's step kernel by kernel, against the H100 bench."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from tunelab import hardware
-from tunelab.plan import compiled, fast_step
+from tunelab.plan.model import fast_step
 from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.trace import compiled
+from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ def test_a_compiled_block_does_the_eager_blocks_matmuls_in_fewer_kernels_and_byt
     backward), one attention each way, and fuse the rest: far fewer kernels than eager's ops, and fewer bytes."""
     from litgpt import Config
 
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     c = Config.from_name("tiny-llama-1.1b")
     block = compiled.block_kernels(c, "full", "bf16-true")
@@ -57,8 +59,8 @@ def test_a_compiled_block_does_the_eager_blocks_matmuls_in_fewer_kernels_and_byt
     assert flops == pytest.approx(6 * per_block * 4 * 256, rel=1e-6)
     assert [k[0][0] for k in block["forward"]].count("attention") == 1
     assert [k[0][0] for k in block["backward"]].count("attention") == 1
-    eager = kernels.step_time(dataclasses.replace(c, n_layer=2), "full", "bf16-true", 4, 256, "H100-SXM")
-    one = kernels.step_time(dataclasses.replace(c, n_layer=1), "full", "bf16-true", 4, 256, "H100-SXM")
+    eager = kernels.step_time(dataclasses.replace(c, n_layer=2), "full", "bf16-true", 4, 256, "H100-SXM", tables=TRACED)
+    one = kernels.step_time(dataclasses.replace(c, n_layer=1), "full", "bf16-true", 4, 256, "H100-SXM", tables=TRACED)
     eager_ops = sum(eager.ops_by_phase[p] - one.ops_by_phase[p] for p in ("forward", "backward"))
     eager_elementwise = sum(
         eager.gpu_by_phase_category.get(f"{p}/elementwise", 0) - one.gpu_by_phase_category.get(f"{p}/elementwise", 0)

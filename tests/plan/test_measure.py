@@ -1,11 +1,11 @@
-"""One real forward counted (tunelab.plan.measure): the measurement leaves nothing of the model alive."""
+"""One real forward counted (tunelab.plan.trace.measure): the measurement leaves nothing of the model alive."""
 
 from __future__ import annotations
 
 import gc
 
 from tests.plan.test_ranks import small_llama
-from tunelab.plan import measure
+from tunelab.plan.trace import measure
 
 
 def test_a_measurement_leaves_no_storage_of_its_model_alive(monkeypatch):

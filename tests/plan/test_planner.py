@@ -12,6 +12,7 @@ import pytest
 from tunelab import hardware
 from tunelab.plan import projection
 from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import discover, resolve
 from tunelab.report.accuracy import accuracy_rows, own_rows
 
@@ -75,13 +76,13 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     casts them itself; litgpt's loop holds them through the optimizer step, tunelab's does not."""
     from litgpt import Config
 
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     c = Config.from_name("tiny-llama-1.1b")
 
     def plan(precision, strategy, fabric=True):  # FSDP1, as Lightning's FSDPStrategy runs it
         x = memory.PlanInput(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512,
-                             fabric=fabric, fsdp_root_kept=strategy == "fsdp")  # fmt: skip
+                             fabric=fabric, fsdp_root_kept=strategy == "fsdp", tables=TRACED)  # fmt: skip
         return memory.predict(x).breakdown_bytes
 
     single, fsdp, true = plan("bf16-mixed", "single"), plan("bf16-mixed", "fsdp"), plan("bf16-true", "fsdp")
@@ -91,7 +92,7 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     loop_true, loop_mixed = plan("bf16-true", "fsdp", fabric=False), plan("bf16-mixed", "fsdp", fabric=False)
     assert loop_true["logits_and_loss"] == loop_mixed["logits_and_loss"] == fsdp["logits_and_loss"]
     held = memory.logits_held_at_step
-    x = memory.PlanInput(config=c, micro_batch_size=8, seq_len=512)
+    x = memory.PlanInput(config=c, micro_batch_size=8, seq_len=512, tables=TRACED)
     assert held(x) == 8 * 512 * c.padded_vocab_size * 4 and held(dataclasses.replace(x, fabric=False)) == 0
 
 
@@ -290,7 +291,7 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
 
 
 def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
-    """tunelab/plan/compiled.py: the trace is torch.compile's own partitioner on one block (full and LoRA), less than
+    """tunelab/plan/trace/compiled.py: the trace is torch.compile's own partitioner on one block (full and LoRA), less than
     eager autograd keeps, the same bytes per token at any shape (so one trace at 64 tokens serves every plan), the
     block's weights left out and its input kept; mixed precision and activation checkpointing stay eager."""
     import dataclasses
@@ -298,7 +299,8 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     from litgpt import Config
     from litgpt.lora import Config as LoRAConfig
 
-    from tunelab.plan import activations, compiled, memory
+    from tunelab.plan.model import activations, memory
+    from tunelab.plan.trace import compiled
     from tunelab.settings import LORA_TARGETS
 
     c = Config.from_name("tiny-llama-1.1b")
@@ -313,7 +315,7 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     for method, per_token in (("full", full), ("lora", lora)):
         eager = activations.saved_bytes(c, method, 2, 1, 512, LORA_TARGETS).per_layer / 512
         assert 0.5 * eager < per_token < eager, (method, per_token, eager)
-    x = memory.PlanInput(config=c, precision="bf16-true", micro_batch_size=8, seq_len=512, compiled=True)
+    x = memory.PlanInput(config=c, precision="bf16-true", micro_batch_size=8, seq_len=512, compiled=True, tables=TRACED)
     plan = memory.predict(x)
     assert plan.breakdown_bytes["activations"] == pytest.approx(full * 8 * 512 * c.n_layer)
     assert any("partitioner" in n for n in plan.notes)
@@ -377,15 +379,15 @@ def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_
     takes the larger of the two moments); litgpt's loop still holds them (the two add up)."""
     from litgpt import Config
 
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     def plan(fabric):
         x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", precision="bf16-true",
-                             micro_batch_size=2, seq_len=512, devices=4, strategy="fsdp", fabric=fabric)  # fmt: skip
+                             micro_batch_size=2, seq_len=512, devices=4, strategy="fsdp", fabric=fabric, tables=TRACED)  # fmt: skip
         return memory.predict(x).breakdown_bytes
 
     tunelab, litgpt = plan(False), plan(True)
     assert tunelab["logits_and_loss"] == 0 and tunelab["sharding_buffers"] >= memory.root_regathered(
         memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", micro_batch_size=2, seq_len=512,
-                         devices=4, strategy="fsdp"))  # fmt: skip
+                         devices=4, strategy="fsdp", tables=TRACED))  # fmt: skip
     assert litgpt["logits_and_loss"] > 0 and litgpt["sharding_buffers"] == tunelab["sharding_buffers"]

@@ -1,4 +1,4 @@
-"""Several devices simulated per rank (tunelab.plan.ranks): FSDP2 sharded as the run shards it under a fake process
+"""Several devices simulated per rank (tunelab.plan.trace.ranks): FSDP2 sharded as the run shards it under a fake process
 group, DDP's buckets; the plan checked against the simulation, the traced collectives against comm.py."""
 
 from __future__ import annotations
@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan import comm, ranks
+from tunelab.plan.model import comm
 from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.trace import ranks
+from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import resolve
 from tunelab.strategies import load_strategy
 
@@ -36,10 +38,10 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     assert {c.kind for c in sim.collectives} == {"all-gather", "reduce-scatter"}
     assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == config.n_layer + 1  # once per unit
 
-    from tunelab.plan.memory import PlanInput
+    from tunelab.plan.model.memory import PlanInput
 
     x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
-                  accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD")  # fmt: skip
+                  accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD", tables=TRACED)  # fmt: skip
     link = comm.lookup("nvlink4", "gpu")
     planned = comm.per_step(x, link, param_bytes=2)
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.01)
@@ -66,10 +68,10 @@ def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
     sim = ranks.simulate_ranks(config, load_strategy("ddp"), 2, "full", "bf16-true", 2, 64)
     assert sim.bytes_moved("all-reduce") == pytest.approx(2 * (1 / 2) * total * 2)
     assert all(snap["Buckets"] == total * 2 for snap in sim.phases.values())
-    from tunelab.plan.memory import PlanInput
+    from tunelab.plan.model.memory import PlanInput
 
     x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64, devices=2,
-                  strategy="ddp")  # fmt: skip
+                  strategy="ddp", tables=TRACED)  # fmt: skip
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     assert planned.calls == [("all-reduce", sum(c.calls for c in sim.collectives), 2, 0)]  # one call per bucket
 

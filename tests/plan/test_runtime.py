@@ -9,7 +9,10 @@ import json
 import pytest
 
 from tests.conftest import ROOT
-from tunelab.plan import kernels, runtime
+from tunelab.plan.model import kernels, runtime
+from tunelab.plan.trace import kernel_trace
+from tunelab.plan.trace.tables import TRACED
+from tunelab.report import profiles
 from tunelab.report.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
 
@@ -48,23 +51,23 @@ def test_a_template_is_the_traced_step_at_any_shape():
     import numpy as np
     from litgpt import Config
 
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
     for method in ("full", "lora"):
         for micro, tokens in ((1, 200), (3, 50), (5, 300)):
             chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
-            lora = kernels.lora_profiled(method)  # the recipes' adapters, whose templates the planner keeps
-            tp = kernels.template(c, method, "bf16-true", "AdamW", chunks, micro == 1, lora)
+            lora = profiles.lora_profiled(method)  # the recipes' adapters, whose templates the planner keeps
+            tp = kernel_trace.template(c, method, "bf16-true", "AdamW", chunks, micro == 1, lora)
             nbytes, flops, tiles = tp.kernels_at(micro, tokens)
-            ops = kernels.record_step(c, method, "bf16-true", micro, tokens, lora=lora)
-            direct = [kernels.measure(o) for o in ops]
+            ops = kernel_trace.record_step(c, method, "bf16-true", micro, tokens, lora=lora)
+            direct = [kernel_trace.measure(o) for o in ops]
             more = (kernels.loss_chunks(method, micro, tokens) - 1) * sum(tp.chunk_ops.values()) * (method != "lora")
             assert len(nbytes) + more == len(direct), (method, micro, tokens)
             if method == "lora":  # the same kernels one for one (no loss chunks beyond the template's): each
                 assert [o.op for o in ops] == [
                     o.op
-                    for o in kernels.record_step(
+                    for o in kernel_trace.record_step(
                         c, method, "bf16-true", *kernels.template_shapes(chunks, micro == 1)[0], lora=lora
                     )
                 ]
@@ -74,7 +77,9 @@ def test_a_template_is_the_traced_step_at_any_shape():
             assert nbytes.sum() == pytest.approx(sum(k.bytes for k in direct), rel=1e-6)
             assert flops.sum() == pytest.approx(sum(k.flops for k in direct), rel=1e-12)
             assert tiles.sum() == sum(k.tiles for k in direct)
-            st = kernels.step_time(c, method, "bf16-true", micro, tokens, "H100-SXM", lora=lora)  # two, extrapolated
+            st = kernels.step_time(
+                c, method, "bf16-true", micro, tokens, "H100-SXM", lora=lora, tables=TRACED
+            )  # two, extrapolated
             assert st.ops == sum(k.phase in kernels.TRAINING_PHASES for k in direct)
 
 
@@ -86,30 +91,28 @@ def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monke
 
     from litgpt import Config
 
-    from tunelab.plan import kernels
-
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
-    monkeypatch.setattr(kernels, "_TEMPLATES", {})
+    monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
-    first = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    first = kernel_trace.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
     (path,) = (tmp_path / "kernel-templates").iterdir()
     assert json.loads(path.read_text())["value"]["phase"] == first.phase
     traced = []
-    real = kernels.record_step
-    monkeypatch.setattr(kernels, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
-    monkeypatch.setattr(kernels, "_TEMPLATES", {})
-    again = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    real = kernel_trace.record_step
+    monkeypatch.setattr(kernel_trace, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
+    monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
+    again = kernel_trace.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
     assert not traced and (again.bytes == first.bytes).all()
     for broken in ("{not json", json.dumps({**json.loads(path.read_text()), "key": "another"})):
         path.write_text(broken)
-        monkeypatch.setattr(kernels, "_TEMPLATES", {})
-        remade = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+        monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
+        remade = kernel_trace.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
         assert traced and (remade.bytes == first.bytes).all()
         traced.clear()
-    mixed = kernels.cached_template(c, "full", "bf16-mixed", "AdamW", 1, False)
+    mixed = kernel_trace.cached_template(c, "full", "bf16-mixed", "AdamW", 1, False)
     traced.clear()
-    monkeypatch.setattr(kernels, "_TEMPLATES", {})  # float16 under autocast is traced as bfloat16: the same file
-    assert (kernels.cached_template(c, "full", "16-mixed", "AdamW", 1, False).bytes == mixed.bytes).all()
+    monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})  # float16 under autocast is traced as bfloat16: the same file
+    assert (kernel_trace.cached_template(c, "full", "16-mixed", "AdamW", 1, False).bytes == mixed.bytes).all()
     assert not traced and len(list((tmp_path / "kernel-templates").iterdir())) == 2
 
 
@@ -283,14 +286,14 @@ def test_the_kernel_trace_counts_the_models_matmul_flops():
     from litgpt import Config
 
     from tunelab.models import lora_param_count
-    from tunelab.plan import kernels
-    from tunelab.plan.flops import flops_per_token
+    from tunelab.plan.model import kernels
+    from tunelab.plan.model.flops import flops_per_token
     from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
     c = Config.from_name("tiny-llama-1.1b")
     for method, rel in (("full", 1e-3), ("lora", 1e-2)):
         per_block = [
-            sum(k.flops for k in kernels.trace_step(dataclasses.replace(c, n_layer=n), method, "bf16-true", 2, 128)
+            sum(k.flops for k in kernel_trace.trace_step(dataclasses.replace(c, n_layer=n), method, "bf16-true", 2, 128)
                 if k.category == "matmul" and k.phase in kernels.TRAINING_PHASES)
             for n in (1, 2)
         ]  # fmt: skip
@@ -306,11 +309,13 @@ def test_the_kernel_model_puts_lora_on_the_host_and_full_on_the_gpu():
     against 97.6 ms), where a FLOP-rate model makes it faster. A partly empty last wave costs a matmul its share."""
     from litgpt import Config
 
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     c = Config.from_name("tiny-llama-1.1b")
-    full = kernels.step_time(c, "full", "bf16-true", 8, 437, "H100-SXM")
-    lora = kernels.step_time(c, "lora", "bf16-true", 8, 437, "H100-SXM", lora=kernels.PROFILED_LORA)  # as measured
+    full = kernels.step_time(c, "full", "bf16-true", 8, 437, "H100-SXM", tables=TRACED)
+    lora = kernels.step_time(
+        c, "lora", "bf16-true", 8, 437, "H100-SXM", lora=profiles.PROFILED_LORA, tables=TRACED
+    )  # as measured
     assert lora.host_s > lora.gpu_s and full.gpu_s > 0.8 * full.host_s
     assert lora.step_s > full.step_s
     assert sum(full.gpu_by_category.values()) == pytest.approx(full.gpu_s)
@@ -340,9 +345,8 @@ def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
     counter) within 20%; a line the GPU could not run (out of memory) is left out, a line that is not JSON is one
     line."""
     from tunelab import files
-    from tunelab.plan import kernels
 
-    rows = kernels.grid_rows(ROOT)
+    rows = profiles.grid_rows(ROOT)
     assert len(rows) == 10 and {r["model"] for r in rows} == {"tiny-llama-1.1b", "open_llama_3b"}
     steps = [r["pairs"]["step"][2] for r in rows]
     assert -0.30 <= min(steps) and max(steps) <= 0.08
@@ -353,14 +357,14 @@ def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
             assert abs(r["pairs"]["optimizer (phase)"][2]) <= 0.12, r
         elif r["bound"] == "host":  # LoRA: a few MB of states; the host's work per tensor is the phase
             assert abs(r["pairs"]["optimizer (phase)"][2]) <= 0.20, r
-    grid = tmp_path / kernels.GRID
+    grid = tmp_path / profiles.GRID
     grid.parent.mkdir(parents=True)
-    lines = (ROOT / kernels.GRID).read_text().splitlines()
+    lines = (ROOT / profiles.GRID).read_text().splitlines()
     grid.write_text("\n".join([lines[0], json.dumps({**json.loads(lines[1]), "error": "out of memory"})]) + "\n")
-    assert [r["method"] for r in kernels.grid_rows(tmp_path)] == ["full"]
+    assert [r["method"] for r in profiles.grid_rows(tmp_path)] == ["full"]
     grid.write_text(lines[0] + "\n{not json\n")
     with pytest.raises(files.FileRefused, match="line 2 is not JSON"):
-        kernels.grid_rows(tmp_path)
+        profiles.grid_rows(tmp_path)
 
 
 def _holds_the_h200_bounds(rows: list) -> tuple:
@@ -380,13 +384,12 @@ def _holds_the_h200_bounds(rows: list) -> tuple:
 def test_the_kernel_model_out_of_sample_on_the_h200_grid_for_the_lab_models(tmp_path):
     """kernels.md's third table, the lines of the lab's own models (TinyLlama, OpenLLaMA 3B and 7B: 15 of its 27)
     hold its stated bounds; the whole grid runs with -m slow (below)."""
-    from tunelab.plan import kernels
 
     lab = {"tiny-llama-1.1b", "open_llama_3b", "open_llama_7b"}
-    lines = [ln for ln in (ROOT / kernels.GRID_H200).read_text().splitlines() if json.loads(ln)["model"] in lab]
-    (tmp_path / kernels.GRID_H200).parent.mkdir(parents=True)
-    (tmp_path / kernels.GRID_H200).write_text("\n".join(lines) + "\n")
-    rows = kernels.grid_rows(tmp_path, kernels.GRID_H200, "H200")
+    lines = [ln for ln in (ROOT / profiles.GRID_H200).read_text().splitlines() if json.loads(ln)["model"] in lab]
+    (tmp_path / profiles.GRID_H200).parent.mkdir(parents=True)
+    (tmp_path / profiles.GRID_H200).write_text("\n".join(lines) + "\n")
+    rows = profiles.grid_rows(tmp_path, profiles.GRID_H200, "H200")
     gpu_bound, full, small = _holds_the_h200_bounds(rows)
     assert len(rows) == 15 and (len(gpu_bound), len(full), len(small)) == (4, 5, 4)
     assert ("open_llama_7b", "lora", 8) in gpu_bound
@@ -401,9 +404,8 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid():
     any one, a line falls out); full fine-tuning's optimizer phase within 10% on every line (the SMs' ceiling:
     the HBM's 4.8 TB/s alone puts them 14-23% short); every line carries the host's own clock, which a
     launch-bound line's step (LoRA at micro 1 and 2) equals within 5%."""
-    from tunelab.plan import kernels
 
-    rows = kernels.grid_rows(ROOT, kernels.GRID_H200, "H200")
+    rows = profiles.grid_rows(ROOT, profiles.GRID_H200, "H200")
     assert len(rows) == 27 and len({r["model"] for r in rows}) == 6
     gpu_bound, full, small = _holds_the_h200_bounds(rows)
     assert (len(gpu_bound), len(full), len(small)) == (8, 11, 7)
@@ -417,10 +419,10 @@ def test_fp32_matmuls_and_attention_have_their_own_shares_checked_out_of_sample(
     peak) both steps were 14% or more short. fp32 attention's peak is a third of TF32's where the GPU has TF32
     (3xTF32), the plain FP32 peak where it has none."""
     from tunelab import hardware
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     def lines():
-        return {r["micro"]: r["pairs"] for r in kernels.grid_rows(ROOT, kernels.GRID_FP32, "H200")}
+        return {r["micro"]: r["pairs"] for r in profiles.grid_rows(ROOT, profiles.GRID_FP32, "H200")}
 
     rows = lines()
     assert set(rows) == {8, 32}
@@ -441,7 +443,7 @@ def test_memory_rate_is_the_hbm_or_the_sms_ceiling():
     import dataclasses
 
     from tunelab import hardware
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     h100, h200 = hardware.lookup("H100-SXM"), hardware.lookup("H200")
     assert kernels.memory_rate(h100) == h100.bandwidth_gbs * 1e9
@@ -454,7 +456,7 @@ def test_attention_counts_the_head_size_its_kernel_computes():
     """A head size that is not a multiple of 8 runs on torch's flash kernels alone, at their next head size (a
     multiple of 32): OpenLLaMA 3B's 100 as 128 (the H200 profile's Flash_fwd_kernel_traits<128, ...>); 64, 80, 128
     and 256 as they are. The template counts the same FLOPs as a direct trace."""
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     assert [kernels.attention_head(d) for d in (64, 80, 100, 128, 256, 52)] == [64, 80, 128, 128, 256, 64]
     base = kernels.attention_flops("_scaled_dot_product_flash_attention", (2, 4, 10, 100), (2, 4, 10, 100))
@@ -467,9 +469,9 @@ def test_attention_counts_the_head_size_its_kernel_computes():
     from litgpt import Config
 
     c = dataclasses.replace(Config.from_name("open_llama_3b"), n_layer=1)  # head size 100
-    tp = kernels.template(c, "full", "bf16-true", "AdamW", 1, False)
+    tp = kernel_trace.template(c, "full", "bf16-true", "AdamW", 1, False)
     _, flops, _ = tp.kernels_at(3, 50)
-    direct = [kernels.measure(o) for o in kernels.record_step(c, "full", "bf16-true", 3, 50)]
+    direct = [kernel_trace.measure(o) for o in kernel_trace.record_step(c, "full", "bf16-true", 3, 50)]
     att = np.array([k == "attention" for k in tp.category])
     assert flops[att].sum() == pytest.approx(sum(k.flops for k in direct if k.category == "attention"), rel=1e-9)
     assert flops[att].sum() > 0
@@ -483,14 +485,12 @@ def test_strided_and_convolution_kernels_are_marked_from_the_trace():
 
     from litgpt import Config
 
-    from tunelab.plan import kernels
-
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
-    ops1 = kernels.record_step(c, "lora", "bf16-true", 2, 20)
-    ops2 = kernels.record_step(c, "lora", "bf16-true", 3, 28)
+    ops1 = kernel_trace.record_step(c, "lora", "bf16-true", 2, 20)
+    ops2 = kernel_trace.record_step(c, "lora", "bf16-true", 3, 28)
     access = {}
     for o1, o2 in zip(ops1, ops2):
-        access.setdefault(o1.op, set()).add(kernels.access_of(o1, o2))
+        access.setdefault(o1.op, set()).add(kernel_trace.access_of(o1, o2))
     assert access["convolution"] == {"conv"} and access["convolution_backward"] == {"conv_backward"}
     assert "strided" in access["neg"] and "strided" in access["cat"]
     assert access["silu"] == {""}
@@ -518,18 +518,17 @@ def test_a_grid_line_without_its_measurements_is_one_line(tmp_path):
     """kernels.md's grid: a line that is JSON but lacks a measured field (or is not an object) names the file, the
     line and what it lacks, not a KeyError."""
     from tunelab import files
-    from tunelab.plan import kernels
 
-    grid = tmp_path / kernels.GRID
+    grid = tmp_path / profiles.GRID
     grid.parent.mkdir(parents=True)
-    first = json.loads((ROOT / kernels.GRID).read_text().splitlines()[0])
+    first = json.loads((ROOT / profiles.GRID).read_text().splitlines()[0])
     del first["phases"]
     grid.write_text(json.dumps(first) + "\n")
     with pytest.raises(files.FileRefused, match="line 1 lacks phases"):
-        kernels.grid_rows(tmp_path)
+        profiles.grid_rows(tmp_path)
     grid.write_text("[1, 2]\n")
     with pytest.raises(files.FileRefused, match="line 1 lacks a JSON object"):
-        kernels.grid_rows(tmp_path)
+        profiles.grid_rows(tmp_path)
 
 
 def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
@@ -581,9 +580,9 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
     import dataclasses
 
     from tunelab import hardware
-    from tunelab.plan.fast_step import fast_step
-    from tunelab.plan.kernels import MIN_KERNEL_S
-    from tunelab.plan.memory import optimizer_shards
+    from tunelab.plan.model.fast_step import fast_step
+    from tunelab.plan.model.kernels import MIN_KERNEL_S
+    from tunelab.plan.model.memory import optimizer_shards
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
 
@@ -605,7 +604,7 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
         assert causes["optimizer"] == pytest.approx(base["optimizer"] / shards), name
         for cause in ("matmul", "attention", "elementwise"):
             assert causes[cause] == pytest.approx(base[cause]), (name, cause)
-    st = kernels.step_time(full.config, "full", "bf16-true", 8, 437.0, gpu.name)
+    st = kernels.step_time(full.config, "full", "bf16-true", 8, 437.0, gpu.name, tables=TRACED)
     tiny = kernels.sharded_optimizer(st, 10**9)  # every kernel at its floor, the launches unchanged
     assert tiny.gpu_by_phase["optimizer"] == pytest.approx(st.ops_by_phase["optimizer"] * MIN_KERNEL_S)
     assert tiny.host_ops_by_phase == st.host_ops_by_phase and tiny.gpu_s < st.gpu_s
@@ -689,12 +688,12 @@ def test_measured_lora_steps_are_predicted_at_the_rank_and_targets_they_ran(monk
         return real(config, method, *args, **kw)
 
     monkeypatch.setattr(kernels, "step_time", recorded)
-    assert kernels.PROFILED_LORA == (32, LORA_TARGETS) != (LITGPT_LORA_R, LORA_TARGETS)
-    kernels.profile_rows(ROOT)
-    kernels.grid_rows(ROOT)
+    assert profiles.PROFILED_LORA == (32, LORA_TARGETS) != (LITGPT_LORA_R, LORA_TARGETS)
+    profiles.profile_rows(ROOT)
+    profiles.grid_rows(ROOT)
     runtime_accuracy.h100_items(ROOT)
     runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.SECOND_MACHINE)
-    assert len(asked) > 5 and set(asked) == {kernels.PROFILED_LORA}, set(asked)
+    assert len(asked) > 5 and set(asked) == {profiles.PROFILED_LORA}, set(asked)
 
 
 @pytest.mark.parametrize("kind", ["not a tar", "fifo", "link outside", "bad record"])
@@ -740,7 +739,7 @@ def test_sliding_window_attention_is_traced_and_its_mask_loop_counted():
 
     from litgpt import Config
 
-    from tunelab.plan import kernels
+    from tunelab.plan.model import kernels
 
     small = dict(
         n_embd=64,
@@ -754,8 +753,8 @@ def test_sliding_window_attention_is_traced_and_its_mask_loop_counted():
     mistral = dataclasses.replace(Config.from_name("Mistral-7B-v0.1"), n_layer=1, **small)
     for method, micro, tokens in (("full", 3, 50), ("lora", 1, 200)):
         chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
-        tp = kernels.template(mistral, method, "bf16-true", "AdamW", chunks, micro == 1)
-        ops = kernels.record_step(mistral, method, "bf16-true", micro, tokens)
+        tp = kernel_trace.template(mistral, method, "bf16-true", "AdamW", chunks, micro == 1)
+        ops = kernel_trace.record_step(mistral, method, "bf16-true", micro, tokens)
         more = (kernels.loss_chunks(method, micro, tokens) - 1) * sum(tp.chunk_ops.values()) * (method != "lora")
         assert tp.counts_at(micro, tokens).sum() + more == len(ops), method
         fills = sum(o.op == "fill_" and o.phase == "forward" for o in ops)
@@ -764,12 +763,18 @@ def test_sliding_window_attention_is_traced_and_its_mask_loop_counted():
             assert any(o.phase == phase for o in ops)
     gemma = dataclasses.replace(Config.from_name("gemma-2-2b"), n_layer=4, **small)
     assert kernels.block_kinds(gemma) == [(1, 0), (0, 0), (1, 0), (0, 0)]
-    st = kernels.step_time(gemma, "lora", "bf16-true", 2, 40, "H100-SXM")
-    direct = kernels.record_step(gemma, "lora", "bf16-true", 2, 40)
+    st = kernels.step_time(gemma, "lora", "bf16-true", 2, 40, "H100-SXM", tables=TRACED)
+    direct = kernel_trace.record_step(gemma, "lora", "bf16-true", 2, 40)
     assert st.ops == sum(o.phase in kernels.TRAINING_PHASES for o in direct)
     # the global layers dispatch no mask loop: every layer counted as the second (global) one would be fewer
     uniform = kernels.step_time(
-        dataclasses.replace(gemma, sliding_window_indices=[0, 0, 0, 0]), "lora", "bf16-true", 2, 40, "H100-SXM"
+        dataclasses.replace(gemma, sliding_window_indices=[0, 0, 0, 0]),
+        "lora",
+        "bf16-true",
+        2,
+        40,
+        "H100-SXM",
+        tables=TRACED,
     )
     assert uniform.ops < st.ops
 

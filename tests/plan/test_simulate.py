@@ -8,8 +8,9 @@ import pytest
 
 from tests.conftest import ROOT
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan import memory
-from tunelab.plan.simulate import simulate
+from tunelab.plan.model import memory
+from tunelab.plan.trace.simulate import simulate
+from tunelab.plan.trace.tables import TRACED
 
 
 def test_the_simulation_counts_what_the_step_holds(configs):
@@ -23,7 +24,7 @@ def test_the_simulation_counts_what_the_step_holds(configs):
     assert step["Gradient"] == pytest.approx(2 * total, rel=1e-3)
     assert step["Optstate"] == pytest.approx(3 * 2 * total, rel=1e-3)  # two moments + foreach's temporary
     assert step["Activation"] == pytest.approx(memory.logits_held_at_step(
-        memory.PlanInput(config=c, micro_batch_size=2, seq_len=256)), rel=0.01)  # fmt: skip
+        memory.PlanInput(config=c, micro_batch_size=2, seq_len=256, tables=TRACED)), rel=0.01)  # fmt: skip
     assert sim.phases["forward"]["Optstate"] == pytest.approx(2 * 2 * total, rel=1e-3)
 
 
@@ -45,7 +46,7 @@ def test_autocast_copies_are_the_difference_between_mixed_and_true_lora(configs)
     mixed = simulate(c, "lora", "bf16-mixed", 1, 256).phases["forward"]
     true = simulate(c, "lora", "bf16-true", 1, 256).phases["forward"]
     copies = memory.autocast_weight_copies(
-        memory.PlanInput(config=c, method="lora", precision="bf16-mixed", seq_len=256)
+        memory.PlanInput(config=c, method="lora", precision="bf16-mixed", seq_len=256, tables=TRACED)
     )
     extra = mixed["Activation"] - true["Activation"]
     assert copies * 0.99 <= extra <= copies * 1.10
@@ -63,7 +64,7 @@ def test_qlora_follows_bitsandbytes_storage(configs):
     saved = lo.phases["forward"]["Parameter"] - q.phases["forward"]["Parameter"]
     swap = emb + 2 * c.n_embd  # litgpt's StableEmbedding: the old embedding stays referenced, + a LayerNorm
     assert saved == pytest.approx(linear * (2 - 0.5 - 4 / 64) - 2 * swap, rel=0.01)
-    lora = memory.PlanInput(config=c, method="lora", lora_r=8, optimizer="bitsandbytes.optim.PagedAdamW")
+    lora = memory.PlanInput(config=c, method="lora", lora_r=8, optimizer="bitsandbytes.optim.PagedAdamW", tables=TRACED)
     resident = memory.paged_optimizer_device_states(lora)
     assert resident == 8 * (lora_param_count(c, 8) - 8 * c.padded_vocab_size)  # lm_head's B: 8 x 32000, paged
     assert q.phases["optimizer step"]["Optstate"] == pytest.approx(resident, rel=1e-3) and "paged" in " ".join(q.notes)
@@ -76,7 +77,7 @@ def test_the_caching_allocator_rounds_splits_and_merges_as_cudas_does():
     """c10's rules: 512-byte rounding; from 10 MiB a segment of its own rounded to 2 MiB, handed out whole when 1 MiB
     or less would remain (allocated then exceeds the request); the smallest cached block that fits is reused, split
     when more than 1 MiB remains (large pool); small requests from 2 MiB segments; a freed block merges back."""
-    from tunelab.plan.allocator import CachingAllocator
+    from tunelab.plan.model.allocator import CachingAllocator
 
     mib = 1 << 20
     a = CachingAllocator()

@@ -1,4 +1,4 @@
-"""tunelab/plan/trace_cache.py: a trace is made once across processes (read back from the cache directory), made
+"""tunelab/plan/trace/trace_cache.py: a trace is made once across processes (read back from the cache directory), made
 again for another key or a file that does not read, and never written through what is not a plain file."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from tunelab.plan import compiled
-from tunelab.plan.trace_cache import cached_json, tuples
+from tunelab.plan.trace import compiled, kernel_trace
+from tunelab.plan.trace.trace_cache import cached_json, tuples
 
 
 def test_a_trace_is_made_once_and_made_again_when_its_file_does_not_read(tmp_path, monkeypatch):
@@ -93,8 +93,6 @@ def test_an_edited_or_poisoned_entry_is_traced_again(tmp_path, monkeypatch):
 
     from litgpt import Config
 
-    from tunelab.plan import kernels
-
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
     made = []
 
@@ -112,17 +110,17 @@ def test_an_edited_or_poisoned_entry_is_traced_again(tmp_path, monkeypatch):
     file.write_text(other.read_text())  # another key's entry swapped into this one's place
     assert cached_json("traces", ["d"], make, "trace") == {"bytes": [1, 2]} and len(made) == 3
 
-    monkeypatch.setattr(kernels, "_TEMPLATES", {})
+    monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
     c = dataclasses.replace(Config.from_name("pythia-14m"), n_layer=1)
-    first = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    first = kernel_trace.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
     (path,) = (tmp_path / "kernel-templates").iterdir()
     raw = json.loads(path.read_text())
     poisoned = {**raw["value"], "bytes": raw["value"]["bytes"][:-1]}  # one kernel's row dropped
     digest = hashlib.sha256(json.dumps(poisoned, sort_keys=True).encode()).hexdigest()
     path.write_text(json.dumps({**raw, "sum": digest, "value": poisoned}))
     traced = []
-    real = kernels.record_step
-    monkeypatch.setattr(kernels, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
-    monkeypatch.setattr(kernels, "_TEMPLATES", {})
-    again = kernels.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
+    real = kernel_trace.record_step
+    monkeypatch.setattr(kernel_trace, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
+    monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
+    again = kernel_trace.cached_template(c, "full", "bf16-true", "AdamW", 1, False)
     assert traced and (again.bytes == first.bytes).all()

@@ -6,7 +6,7 @@ import pytest
 
 from tunelab import hardware
 from tunelab.models import lora_param_count
-from tunelab.plan.flops import flops_per_token, mfu
+from tunelab.plan.model.flops import flops_per_token, mfu
 
 
 def test_flops_per_token_by_hand():

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import ROOT
 from tunelab import hardware
-from tunelab.plan import memory as planner
+from tunelab.plan.model import memory as planner
 
 
 def test_mfu_peak_is_the_math_the_run_did():

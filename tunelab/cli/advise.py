@@ -83,7 +83,8 @@ def handle(args, extra) -> int:
     import json
     import sys
 
-    from tunelab.plan import advise, memory
+    from tunelab.plan import advise
+    from tunelab.plan.model import memory
 
     recipes, gpus, precision, strategies = _checked(args)
     headroom = memory.ALLOCATOR_HEADROOM if args.headroom is None else args.headroom

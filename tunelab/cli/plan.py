@@ -116,7 +116,7 @@ def handle(args, extra) -> int:
     from tunelab import hardware
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe
-    from tunelab.plan.render import output
+    from tunelab.plan.render import added, output
     from tunelab.recipes import RecipeError, resolve
 
     lo, hi = args.mfu_range
@@ -124,7 +124,7 @@ def handle(args, extra) -> int:
         return fail(f"--mfu-range {lo} {hi}: LOW must not exceed HIGH")
     if args.calibrate and not any(Path(args.calibrate).glob("**/record.json")):
         return fail(f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: a sweep directory")
-    from tunelab.plan import comm
+    from tunelab.plan.model import comm
 
     try:
         for link, scope in ((args.interconnect, "gpu"), (args.internode, "node")):
@@ -150,11 +150,6 @@ def handle(args, extra) -> int:
             )  # fmt: skip
         except ValueError as e:
             return fail(str(e))
-    from tunelab.plan import kernels, measure, ranks
-
-    measured = measure.for_plan(x) if args.measure else None
-    simulated = ranks.simulation(x, args.strategy) if args.simulate else None
-    by_kernel = kernels.for_plan(x, gpu) if args.simulate and gpu is not None and x.world == 1 else None
-    extras = {"measured": measured, "simulated": simulated, "by_kernel": by_kernel}
+    extras = added(x, gpu, args.strategy, measured=args.measure, simulated=args.simulate)
     print(output(planned, gpu, projection, tokens_note, extras, as_json=args.json, verbose=args.verbose))
     return 0

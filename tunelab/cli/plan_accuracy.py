@@ -23,9 +23,9 @@ def add_parser(sub) -> None:
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
-    from tunelab.report.accuracy import write_accuracy
+    from tunelab.report.runtime_accuracy import write_all
 
-    out = write_accuracy(args.out)
+    out = write_all(args.out)
     print((out / "accuracy.md").read_text())
     print("written: " + ", ".join(str(p) for p in sorted(out.iterdir()) if p.suffix in (".md", ".csv")))
     return 0

@@ -3,10 +3,10 @@
 For each GPU of the table asked about, each method (full, LoRA, QLoRA), micro batch (powers of two), activation
 checkpointing (off, on: under FSDP, whose strategy files set it; LoRA on several devices always checkpoints, as
 the planner models litgpt's path), strategy (one device; DDP, FSDP, DeepSpeed ZeRO-2 and ZeRO-3 on 2, 4, 8 ... devices per
-node): the planner's memory (:func:`tunelab.plan.memory.predict` on the recipe's planner input with those fields
+node): the planner's memory (:func:`tunelab.plan.model.memory.predict` on the recipe's planner input with those fields
 replaced: one recipe resolution per method, not one per candidate) and its time (the kernel-level model of
-:meth:`tunelab.plan.runtime.Terms.by_cause` for full fine-tuning and LoRA through litgpt, the fitted curve of
-:mod:`tunelab.plan.runtime` for the rest, with the communication term of :mod:`tunelab.plan.comm`) for the token budget; kept when the planner says it fits (at
+:meth:`tunelab.plan.model.runtime.Terms.by_cause` for full fine-tuning and LoRA through litgpt, the fitted curve of
+:mod:`tunelab.plan.model.runtime` for the rest, with the communication term of :mod:`tunelab.plan.model.comm`) for the token budget; kept when the planner says it fits (at
 the edge: marked), ranked by predicted wall time, with energy (board power x devices x time, an upper bound) and
 cost (devices x hours x the hourly price of ``configs/hardware/prices.yaml`` or ``--prices FILE``).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tunelab import hardware, settings, yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR
-from tunelab.plan import comm, memory, runtime
+from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.recipe import (
     LAB_PADDED_TOKENS_PER_SAMPLE,
     default_lengths,

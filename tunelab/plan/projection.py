@@ -1,5 +1,5 @@
 """Time and energy of a planned run: a range from an MFU range (or the measured MFU and power of the nearest run
-record, ``--calibrate``), and the point estimate of litgpt's "Training Time" (:mod:`tunelab.plan.runtime`).
+record, ``--calibrate``), and the point estimate of litgpt's "Training Time" (:mod:`tunelab.plan.model.runtime`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.models import lora_param_count
-from tunelab.plan import comm as comm_mod
-from tunelab.plan import runtime
-from tunelab.plan.flops import flops_per_token
-from tunelab.plan.memory import PlanInput
+from tunelab.plan.model import comm as comm_mod
+from tunelab.plan.model import runtime
+from tunelab.plan.model.flops import flops_per_token
+from tunelab.plan.model.memory import PlanInput
 from tunelab.plan.recipe import (
     PlannedRecipe,
     data_lengths,
@@ -33,7 +33,7 @@ DEFAULT_MFU_RANGE = (0.25, 0.55)
 
 @dataclass
 class Projection:
-    """The runtime and energy of a run: a range from an MFU range, and a point estimate (tunelab.plan.runtime)."""
+    """The runtime and energy of a run: a range from an MFU range, and a point estimate (tunelab.plan.model.runtime)."""
 
     tokens: float
     """Tokens to process (padded), all devices."""
@@ -54,7 +54,7 @@ class Projection:
     energy_j_per_million_tokens_high: float
     seconds: float | None = None
     """Point estimate of litgpt's "Training Time" for the run: the kernel-level model's causes summed
-    (``seconds_by_cause``) where it applies, else tunelab.plan.runtime's fitted curve (compute + memory-bound work +
+    (``seconds_by_cause``) where it applies, else tunelab.plan.model.runtime's fitted curve (compute + memory-bound work +
     per-iteration overhead, constants fitted on the lab's A100 times); None without the GPU's bandwidth."""
     seconds_band: tuple | None = None
     """seconds x (1 -/+ the estimate's mean absolute error on the lab's A100 rows: out of sample for the kernel
@@ -62,27 +62,27 @@ class Projection:
     seconds_source: str = ""
     comm_bytes_per_step: dict | None = None
     """Bytes one device moves per optimizer step over each link ({'gpu': ..., 'node': ..., 'host': ...}), None on
-    one device (tunelab.plan.comm)."""
+    one device (tunelab.plan.model.comm)."""
     comm_seconds_per_step: float | None = None
     """Seconds that traffic takes per optimizer step, before overlap (its calls' latency included)."""
     comm_latency_per_step: float | None = None
-    """Of those, the seconds of NCCL's ring latency over the step's collective calls (tunelab.plan.comm)."""
+    """Of those, the seconds of NCCL's ring latency over the step's collective calls (tunelab.plan.model.comm)."""
     comm_source: str = ""
     """The links, their achieved bandwidth and the volume formula; the seconds above include the exposed part."""
     seconds_by_cause: dict | None = None
-    """The run's seconds by cause from the kernel-level model (tunelab.plan.runtime.Terms.by_cause: matmul,
+    """The run's seconds by cause from the kernel-level model (tunelab.plan.model.runtime.Terms.by_cause: matmul,
     attention, elementwise, optimizer, host launches, validation, generation, communication; they sum to
     ``seconds``), None where it does not apply (``seconds_by_cause_source`` says why; ``seconds`` is then the
     fitted curve's)."""
     seconds_by_cause_source: str = ""
     seconds_after_loop: float | None = None
     """Seconds after litgpt's loop (outside its Training Time, inside the wall time paid for): the final checkpoint
-    and, for LoRA and QLoRA, the merged model litgpt writes (:func:`tunelab.plan.runtime.checkpoint_bytes`)."""
+    and, for LoRA and QLoRA, the merged model litgpt writes (:func:`tunelab.plan.model.runtime.checkpoint_bytes`)."""
     bytes_after_loop: float | None = None
     """The bytes written after the loop (GB = 1e9 bytes when printed)."""
     save_bytes_per_s: float | None = None
     """The write rate the checkpoint saves are timed at (bytes per second: ``--save-gbs``, else
-    :data:`tunelab.plan.runtime.CHECKPOINT_WRITE_BYTES_PER_S`)."""
+    :data:`tunelab.plan.model.runtime.CHECKPOINT_WRITE_BYTES_PER_S`)."""
     mfu_predicted_padded: float | None = None
     """The run's training FLOPs on padded tokens over its predicted seconds (validation and generation included)
     x devices x the peak: the MFU the kernel model predicts."""
@@ -129,7 +129,7 @@ def project(
     strategy: str | None = None,
 ) -> Projection:
     """The runtime and energy range from an MFU range (or a measured run's MFU), and with ``work`` (the run's
-    tunelab.plan.runtime.Terms) the point estimate."""
+    tunelab.plan.model.runtime.Terms) the point estimate."""
     n_lora = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else 0
     fpt = flops_per_token(x.config, x.seq_len, "full" if x.method == "full" else "lora", n_lora)
     peak = gpu.training_peak(x.precision) or 0.0
@@ -198,11 +198,11 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         "mfu_predicted_real": mfu * real / work.kernels.tokens if mfu is not None and real else None,
         "seconds_by_cause": causes,
         "seconds_by_cause_source": (
-            f"kernel-level model (tunelab/plan/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
+            f"kernel-level model (tunelab/plan/model/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
             "fitted on our H100 and H200 profiles and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
             + _host_bound_note(causes.get("host launches", 0.0), seconds, work.kernels.method)
             if work.kernels.fast is None
-            else f"tunelab's loop with its speed switches, kernel by kernel (tunelab/plan/fast_step.py) on {gpu.name}:"
+            else f"tunelab's loop with its speed switches, kernel by kernel (tunelab/plan/model/fast_step.py) on {gpu.name}:"
             " compiled blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued "
             "ahead of the GPU; checked against our H100 bench in reports/planner-accuracy/runtime.md"
         ),
@@ -221,7 +221,7 @@ def _host_bound_note(host_s: float, seconds: float, method: str = "") -> str:
         return ""
     shorten = (
         "a larger micro batch shortens it (much of it is bitsandbytes' Python: per 4-bit matmul and PagedAdamW's "
-        "step tensor by tensor, tunelab/plan/bnb_kernels.py)"
+        "step tensor by tensor, tunelab/plan/model/bnb_kernels.py)"
         if method == "qlora"
         else "a larger micro batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
     )
@@ -267,7 +267,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     counts = f"{work.detail['optimizer_steps']} optimizer steps, {work.detail['evaluations']} in-loop validations"
     secs = work.seconds_on(gpu, peak)
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
-        from tunelab.plan.fast_step import FAST_MODEL_ERROR, fast_step
+        from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
 
         k = work.kernels
         bound = fast_step(k.fast, gpu, k.tokens).bound()
@@ -304,7 +304,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     else:
         e = runtime.LOO_MEAN_ABS_ERROR
         source = (
-            f"tunelab.plan.runtime fitted on the lab's A100 times (leave-one-out error mean {e:.0%}, worst "
+            f"tunelab.plan.model.runtime fitted on the lab's A100 times (leave-one-out error mean {e:.0%}, worst "
             f"{runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: {peak / 1e12:.0f} TFLOP/s, {gpu.bandwidth_gbs:.0f} GB/s"
         )
     return {"seconds": secs, "seconds_band": (secs * (1 - e), secs * (1 + e)), "seconds_source": f"{source}; {counts}"}
@@ -327,9 +327,9 @@ def project_recipe(
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
     measured on the recipe's data with its tokenizer when both are here, else the default length distribution of
     :func:`tunelab.plan.recipe.default_lengths` padded at the run's micro batch). On several devices
-    the communication term (tunelab.plan.comm) is added, over ``interconnect`` (default: the GPU's own link) and
+    the communication term (tunelab.plan.model.comm) is added, over ``interconnect`` (default: the GPU's own link) and
     between nodes over ``internode`` (needed for several nodes). Checkpoint saves are written at ``save_gbs`` GB/s
-    (1e9 bytes) where given, else at :data:`tunelab.plan.runtime.CHECKPOINT_WRITE_BYTES_PER_S`; litgpt's loop
+    (1e9 bytes) where given, else at :data:`tunelab.plan.model.runtime.CHECKPOINT_WRITE_BYTES_PER_S`; litgpt's loop
     launches at ``host_us_per_op`` microseconds an op where the host is known (ValueError for tunelab's loop, whose
     host constants are its own), else at the fitted constant with the measured hosts' spread as its band."""
     s, x, strat = planned.settings, planned.input, planned.strategy_config

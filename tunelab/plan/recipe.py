@@ -15,8 +15,9 @@ from tunelab import hardware, settings
 from tunelab.data import records as dataset_records
 from tunelab.models import load_config
 from tunelab.paths import project_path
-from tunelab.plan import memory, runtime
-from tunelab.plan.memory import Plan, PlanInput
+from tunelab.plan.model import memory, runtime
+from tunelab.plan.model.memory import Plan, PlanInput
+from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
 from tunelab.settings import Settings
 from tunelab.strategies import StrategyConfig, load_strategy
@@ -158,6 +159,7 @@ def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> 
     fields.setdefault("fsdp2_root_kept", fields["strategy"] == "fsdp" and s.lora)
     return PlanInput(
         config=config,
+        tables=TRACED,
         method=s.method,
         precision=s.precision or "bf16-true",
         quantize=s.quantize,
@@ -254,7 +256,7 @@ def plan_settings(
     if strat is not None and strat.fast:
         plan.notes.append(
             f"tunelab's fast path ({', '.join(strat.fast)}): its time is tunelab's loop with these switches, "
-            "kernel by kernel (tunelab/plan/fast_step.py; against our H100 bench of TinyLlama full: -14% to +12% "
+            "kernel by kernel (tunelab/plan/model/fast_step.py; against our H100 bench of TinyLlama full: -14% to +12% "
             "at micro 8, where the host bounds it, -1% to -7% at micro 58-97, where the GPU does; LoRA not yet "
             "measured compiled throughout; "
             "reports/planner-accuracy/runtime.md); --calibrate with its run records (tunelab bench) uses their "
@@ -465,7 +467,7 @@ def default_padded_per_sample(micro: int, cap: int | None = None) -> float:
 
 
 def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None, real_per_sample: float | None = None):
-    """The recipe's run as tunelab.plan.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
+    """The recipe's run as tunelab.plan.model.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
     epochs or max_steps, eval settings, padded tokens per sample (default: :func:`default_padded_per_sample` at
     the run's micro batch) and, where known, real (unpadded) tokens per sample."""
     train, val, _ = train_samples(s)

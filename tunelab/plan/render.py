@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from tunelab import hardware
-from tunelab.plan import advise, memory, runtime
+from tunelab.plan import advise
+from tunelab.plan.model import kernels, memory, runtime
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
+from tunelab.plan.trace import measure, ranks
 from tunelab.units import BILLION, GB, gb
 
 
@@ -26,8 +28,6 @@ def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bo
     ``--measure`` and ``--simulate`` added (``extras``: measured, simulated, by_kernel; None where not asked)."""
     import json
 
-    from tunelab.plan import kernels, ranks
-
     measured, simulated, by_kernel = extras["measured"], extras["simulated"], extras["by_kernel"]
     if as_json:
         out = planned.plan.to_json()
@@ -45,7 +45,7 @@ def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bo
     if measured:
         parts.append(render_measured(measured, planned.input.micro_batch_size))
     if simulated:
-        parts.append(ranks.render_simulation(simulated, planned.plan))
+        parts.append(render_simulation(simulated, planned.plan))
     if by_kernel is not None:
         parts.append(kernels.render(by_kernel))
     return "\n".join(parts)
@@ -272,3 +272,21 @@ def render_simulated(sim, plan) -> str:
     )
     lines += [f"  ({note})" for note in sim.notes]
     return "\n".join(lines)
+
+
+def render_simulation(sim, plan) -> str:
+    """Any simulation beside the plan: rank 0's (:func:`tunelab.plan.trace.ranks.render`), DeepSpeed's sizes, or the one-device step's."""
+    if isinstance(sim, ranks.ZeroSizes):
+        return ranks.render_zero_sizes(sim, plan)
+    return ranks.render(sim, plan) if isinstance(sim, ranks.RankSimulation) else render_simulated(sim, plan)
+
+
+def added(x, gpu, strategy_name: str, measured: bool, simulated: bool) -> dict:
+    """What ``plan --measure`` and ``--simulate`` add beside the plan of PlanInput ``x`` (None where not asked):
+    the measured step on this machine, the simulated step (rank 0's under ``strategy_name`` on several devices) and,
+    with a GPU on one device, the step by kernel."""
+    return {
+        "measured": measure.for_plan(x) if measured else None,
+        "simulated": ranks.simulation(x, strategy_name) if simulated else None,
+        "by_kernel": kernels.for_plan(x, gpu) if simulated and gpu is not None and x.world == 1 else None,
+    }

@@ -10,7 +10,7 @@ from pathlib import Path
 from tunelab import hardware, settings
 from tunelab.files import write_csv, write_text_atomic
 from tunelab.paths import ROOT, output_root
-from tunelab.plan import comm, memory, runtime
+from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe
 from tunelab.sweep_file import lab_rows
 from tunelab.units import BILLION, GB, GIB
@@ -98,20 +98,12 @@ def _row(part, rid, recipe, note, gpu, plan, measured, lab_status, what) -> dict
 
 def write_accuracy(out: Path | None = None) -> Path:
     """reports/planner-accuracy/: accuracy.md and .csv (memory and verdicts), runtime.csv (times), comm.csv (the
-    lab's multi-GPU steps), multinode.csv (the FSDP study's nodes), kernels.md (the kernel-level step model against
-    our H100 profile), runtime.md and runtime-kernel.csv (the kernel-level time model against our H100 rows and the
-    lab's A100 times)."""
+    lab's multi-GPU steps), multinode.csv (the FSDP study's nodes); the kernel model's pages:
+    :func:`tunelab.report.runtime_accuracy.write_all`."""
     out = Path(out or output_root() / "reports" / "planner-accuracy")
     rows = accuracy_rows()
     write_csv(out / "accuracy.csv", rows)
     runtime_lines = _own_section(out) + _runtime_section(out) + _comm_section(out) + _multinode_section(out)
-    from tunelab.plan import kernels
-    from tunelab.report import runtime_accuracy
-
-    if (ROOT / kernels.PROFILE).is_file():  # a checkout's reports (an installed tunelab carries none)
-        runtime_accuracy.write_kernels_md(out / "kernels.md", ROOT)
-    if (ROOT / runtime_accuracy.H100_ROWS).is_file():
-        runtime_accuracy.write_report(out / "runtime.md", ROOT)
     lines = _memory_summary(rows) + memory_table(rows)
     write_text_atomic(out / "accuracy.md", "\n".join(lines + runtime_lines) + "\n")
     return out
@@ -127,7 +119,7 @@ def _memory_summary(rows: list[dict]) -> list[str]:
         "",
         "Regenerate with `tunelab plan-accuracy`. Predicted = `tunelab plan` peak allocated per device (GB = 1e9 "
         "bytes) from the recipe and the lab's settings; no memory constant is fitted to any measurement (the "
-        "formulas are in `tunelab/plan/memory.py`). Verdict: fits when predicted reserved (x1.05 allocator slack) + 0.5 GiB CUDA "
+        "formulas are in `tunelab/plan/model/memory.py`). Verdict: fits when predicted reserved (x1.05 allocator slack) + 0.5 GiB CUDA "
         "context <= the GPU's memory.",
         "",
         f"- Part 1 (litgpt's peak 'Memory Used' on 1x A100 80GB): worst relative error "
@@ -396,7 +388,7 @@ def _runtime_section(out: Path) -> list[str]:
         "",
         'litgpt\'s "Training Time" (one epoch of 1,000 training samples, the fit loop with its in-loop '
         "validations and generated samples under the lab's eval settings: interval 25, 100 batches, 100 new "
-        "tokens) against `tunelab.plan.runtime`: compute FLOPs / (peak x ETA) + memory-bound bytes / (bandwidth x "
+        "tokens) against `tunelab.plan.model.runtime`: compute FLOPs / (peak x ETA) + memory-bound bytes / (bandwidth x "
         f"MU) + iterations x OVERHEAD_S, with ETA {runtime.ETA}, MU {runtime.MU}, OVERHEAD_S "
         f"{runtime.OVERHEAD_S} s fitted on these rows (a refit now gives {fitted[0]:.4f}, {fitted[1]:.4f}, "
         f"{fitted[2]:.4f}). Leave-one-out: each row estimated with the constants refitted without it. "
@@ -437,12 +429,12 @@ def lab_runtime_items() -> list:
 
 
 def fit_runtime_constants(items: list | None = None) -> tuple[float, float, float]:
-    """(ETA, MU, OVERHEAD_S) fitted on every lab row with a time: what tunelab.plan.runtime holds."""
+    """(ETA, MU, OVERHEAD_S) fitted on every lab row with a time: what tunelab.plan.model.runtime holds."""
     return runtime.fit([item[1:] for item in (items or lab_runtime_items())])
 
 
 def runtime_rows(items: list | None = None) -> list[dict]:
-    """Each lab row's time beside the estimate with tunelab.plan.runtime's constants and the estimate with the constants
+    """Each lab row's time beside the estimate with tunelab.plan.model.runtime's constants and the estimate with the constants
     refitted without that row (leave-one-out), and the split of the estimate into its terms."""
     items = items or lab_runtime_items()
     fitted = (runtime.ETA, runtime.MU, runtime.OVERHEAD_S)
@@ -479,7 +471,7 @@ over PCIe 4.0 it takes 0.86 s."""
 def comm_rows() -> list[dict]:
     """The lab's Part 2 multi-GPU rows (OpenLLaMA 7B, 4x A100) against one device's measured step (m1) carried to
     each row's shape by the kernel model, plus the communication term over :data:`LAB_PART2_LINK`, exposed as its
-    schedule leaves it (:meth:`tunelab.plan.comm.Comm.exposed`): the link's achieved share of its peak fitted on all
+    schedule leaves it (:meth:`tunelab.plan.model.comm.Comm.exposed`): the link's achieved share of its peak fitted on all
     rows, and left out (refitted without the row)."""
     rows = {r.id: r for r in lab_rows("lab-part2")}
     a100 = hardware.lookup("A100-80GB")
@@ -528,7 +520,7 @@ def comm_rows() -> list[dict]:
 
 
 def _windows(planned, gpu) -> dict:
-    """The kernel model's optimizer step of a planned lab row (:meth:`tunelab.plan.runtime.Terms.windows`)."""
+    """The kernel model's optimizer step of a planned lab row (:meth:`tunelab.plan.model.runtime.Terms.windows`)."""
     from tunelab.plan.recipe import runtime_terms
 
     return runtime_terms(planned.settings, planned.input, None).windows(gpu)
@@ -566,7 +558,7 @@ def _comm_section(out: Path) -> list[str]:
         "Each multi-GPU row's step (the lab's printed time over its step count) against one A100's measured step "
         "(m1: 400 steps in 212 s) carried to the row by the kernel model (its micro batch; under FSDP each rank's "
         "optimizer step over its quarter of the parameters: the model's ratios, the measured step's scale) plus the "
-        "communication term of `tunelab.plan.comm`: bytes per device per step by strategy (FSDP1 without auto-wrap: "
+        "communication term of `tunelab.plan.model.comm`: bytes per device per step by strategy (FSDP1 without auto-wrap: "
         "the whole model one root unit, gathered once per micro batch, as the per-rank simulation traces it), over "
         f"{link.name} ({link.gbs:g} GB/s peak: {LAB_PART2_LINK_WHY}), exposed as its schedule leaves it: DDP's "
         "buckets run beside the backward that fills them, FSDP's one unit beside nothing (gathered before the "
@@ -620,7 +612,7 @@ fitted: the errors do not change)."""
 
 def multinode_rows() -> list[dict]:
     """Each multi-node row of :data:`MULTINODE_ROWS` as compute (the runtime's own efficiency on the V100's fp16
-    peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.comm.per_step``: a flat ring over the nodes' network,
+    peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.model.comm.per_step``: a flat ring over the nodes' network,
     which carries one device's volume per node) over one network bandwidth fitted to the rows, and fitted without the row
     (leave-one-out). The single-node row has no network and is shown apart."""
     gpu = hardware.lookup(MULTINODE_GPU)
@@ -682,7 +674,7 @@ def _multinode_section(out: Path) -> list[str]:
         "",
         "Each row: compute (8 FLOPs per parameter and token: activation checkpointing; the V100's fp16 peak at the "
         f"runtime's fitted efficiency {runtime.ETA:g}) plus FSDP FULL_SHARD's bytes per device per step "
-        "(`tunelab.plan.comm`: gathers in forward and backward, gradient reduce-scatter; 16-bit; a flat ring whose "
+        "(`tunelab.plan.model.comm`: gathers in forward and backward, gradient reduce-scatter; 16-bit; a flat ring whose "
         "slowest hop is the node's network, which carries one device's volume per node), less what its schedule "
         "hides beside the passes. The study did not say "
         "which network joined its nodes, so its bandwidth is fitted: on both multi-node rows, and on the other row "

@@ -11,7 +11,7 @@ the reduce bucket 2e8, ZeRO-3's prefetch bucket 5e7, persistence threshold 1e5, 
 1e9). ZeRO-2 is measured under torch's MemTracker; ZeRO-3 under torch's profiler (the CPU blocks alive, followed
 through its memory events by :func:`tunelab.run.deepspeed_probe.alive_bytes`: MemTracker keeps ZeRO-3's swapped-out
 parameter storages alive, so its peak under the tracker is the whole model). The plan of the same model and
-settings (:func:`tunelab.plan.memory.predict`) is compared with rank 0's peak. Offload is left out: on a CPU there
+settings (:func:`tunelab.plan.model.memory.predict`) is compared with rank 0's peak. Offload is left out: on a CPU there
 is no device to offload from.
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tunelab import files
 from tunelab.errors import InputError
+from tunelab.plan.trace.tables import TRACED
 
 SCALE = 16
 """Width, MLP width and vocabulary / this (heads / 4)."""
@@ -72,13 +73,13 @@ class ZeroRow:
 
 def plan_input(model: str, world: int, stage: int = 2):
     """The plan's input for the shrunk ``model`` on ``world`` ranks under ZeRO ``stage``, as the probe runs it."""
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
     from tunelab.run.deepspeed_probe import scaled
 
     zero3 = {f"zero3_{k[len('stage3_') :]}": v for k, v in ZERO3.items() if k != "stage3_prefetch_bucket_size"}
     return memory.PlanInput(
         config=scaled(model, SCALE), micro_batch_size=MICRO, seq_len=TOKENS, strategy="deepspeed", zero_stage=stage,
-        devices=world, fabric=False, reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET,
+        devices=world, fabric=False, reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET, tables=TRACED,
         **(zero3 if stage == 3 else {}),
     )  # fmt: skip
 
@@ -117,7 +118,7 @@ def _probe(cases: list[dict], world: int) -> list[dict]:
 
 def rows(families, worlds=WORLDS, stages=STAGES) -> list[ZeroRow]:
     """Every family on every world and stage, with progress on stderr (one DeepSpeed run per world and stage)."""
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     names = [(f[0], _litgpt_name(f)) for f in families]
     out: list[ZeroRow] = []

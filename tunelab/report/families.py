@@ -11,8 +11,9 @@ from pathlib import Path
 
 from tunelab.files import write_csv, write_text_atomic
 from tunelab.paths import output_root
-from tunelab.plan import bnb_kernels
-from tunelab.plan.measure import FAMILIES, compare_methods_in_child
+from tunelab.plan.model import bnb_kernels
+from tunelab.plan.trace.measure import FAMILIES, compare_methods_in_child
+from tunelab.plan.trace.tables import TRACED
 from tunelab.progress import ProgressLine
 from tunelab.units import GB
 
@@ -41,7 +42,7 @@ FAMILY_COLUMNS = [
     "seconds",
     "notes",
 ]
-"""families.csv: bytes autograd keeps (measured) and tunelab.plan.activations' derivation (planned), per block, for the
+"""families.csv: bytes autograd keeps (measured) and tunelab.plan.model.activations' derivation (planned), per block, for the
 first block, for the head and loss, and for the whole model (first + (n_layer - 1) blocks + head)."""
 
 
@@ -97,7 +98,7 @@ def write_families(out: Path | None = None, names: list[str] | None = None, seq_
         "through torch's CPU flash kernel, which keeps what CUDA's flash kernel keeps; dropout as CUDA's fused kernel "
         "(a 1-byte mask). bf16-mixed as Lightning Fabric runs it: fp32 weights, the model's forward under (CPU) "
         "autocast, its outputs converted to fp32 before the loss; autocast's 16-bit weight copies are not "
-        "activations (the planner's `autocast_weight_cache`). Planned: `tunelab/plan/activations.py` from the "
+        "activations (the planner's `autocast_weight_cache`). Planned: `tunelab/plan/model/activations.py` from the "
         f"Config alone. Micro batch 1, {seq_len} tokens; LoRA r 8 on query, key, value, projection, MLP and head. "
         "Bytes; error = planned / measured - 1. The whole model = the first block + (n_layer - 1) blocks + head "
         "and loss.",
@@ -144,13 +145,13 @@ SIMULATED_CASES = (("full", "bf16-true"), ("full", "bf16-mixed"), ("lora", "bf16
 
 
 def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> list[dict]:
-    """Every family x :data:`SIMULATED_CASES`: the analytic plan (:func:`tunelab.plan.memory.predict`) and the
-    simulated step (:func:`tunelab.plan.simulate.simulate`) of one device, AdamW (QLoRA: paged AdamW, as litgpt
+    """Every family x :data:`SIMULATED_CASES`: the analytic plan (:func:`tunelab.plan.model.memory.predict`) and the
+    simulated step (:func:`tunelab.plan.trace.simulate.simulate`) of one device, AdamW (QLoRA: paged AdamW, as litgpt
     builds it), no accumulation."""
     from litgpt import Config
 
-    from tunelab.plan import memory
-    from tunelab.plan.simulate import simulate
+    from tunelab.plan.model import memory
+    from tunelab.plan.trace.simulate import simulate
 
     rows = []
     for i, name in enumerate(names):
@@ -161,7 +162,7 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
             optimizer = bnb_kernels.litgpt_optimizer(method)
             x = memory.PlanInput(
                 config=config, method=method, precision=precision, micro_batch_size=micro, seq_len=seq_len,
-                quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer,
+                quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, tables=TRACED,
             )  # fmt: skip
             planned = memory.predict(x).peak_allocated_bytes
             sim = simulate(config, method, precision, micro, seq_len, optimizer=optimizer)
@@ -199,8 +200,8 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
         "",
         f"Regenerate with `tunelab plan-families --simulate` (torch {torch.__version__}). Simulated: litgpt's own "
         "model and loss at full width on fake tensors (`FakeTensorMode`), forward, backward and two optimizer steps "
-        "under torch's `MemTracker`, 1 and 2 blocks extrapolated to the model's (`tunelab/plan/simulate.py`). "
-        f"Planned: `tunelab/plan/memory.py`. One device, micro batch {micro} x {seq_len} tokens, AdamW (QLoRA: "
+        "under torch's `MemTracker`, 1 and 2 blocks extrapolated to the model's (`tunelab/plan/trace/simulate.py`). "
+        f"Planned: `tunelab/plan/model/memory.py`. One device, micro batch {micro} x {seq_len} tokens, AdamW (QLoRA: "
         "paged AdamW: states of tensors from 1e5 elements outside the allocator, smaller ones' on the device), no "
         "accumulation, LoRA r 8 on every target. Peak allocated, "
         "GB = 1e9 bytes; error = planned / simulated - 1.",

@@ -1,18 +1,18 @@
-"""``reports/planner-accuracy/runtime.md``: the kernel-level time model (:meth:`tunelab.plan.runtime.Terms.by_cause`)
+"""``reports/planner-accuracy/runtime.md``: the kernel-level time model (:meth:`tunelab.plan.model.runtime.Terms.by_cause`)
 against every time we have, each row with its error.
 
 * Our H100 Part 1 rows (``reports/2026-11-23-lab-part1-h100/results.csv``): the steady time per optimizer step
   (``accumulation`` micro batches and one optimizer step), at each row's measured padded tokens per sample. They
-  hold the one constant fitted on runs, :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP`: each row is also
+  hold the one constant fitted on runs, :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`: each row is also
   predicted with it refitted without that row (leave-one-out).
 * Our H100 bench of the fast path against litgpt (``reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/records.tgz``):
   each arm's steady iteration; the fast arm at micro 8 holds the fast path's host constant
-  (:data:`tunelab.plan.fast_step.COMPILED_HOST_S_PER_KERNEL`, refitted here), its micro-batch probes and every litgpt
+  (:data:`tunelab.plan.model.fast_step.COMPILED_HOST_S_PER_KERNEL`, refitted here), its micro-batch probes and every litgpt
   run are out of sample.
 * Our H100 Part 3 micro-batch curve (``reports/2026-11-23-lab-part3-h100/results.csv``): out of sample.
 * The lab's A100 Part 1 times (litgpt's "Training Time" of a whole run under the lab's eval settings): out of
   sample for the kernel model (nothing in it was fitted there; a different host CPU), beside the fitted curve
-  (:mod:`tunelab.plan.runtime`'s ETA/MU/OVERHEAD_S, fitted on those very rows). Padded tokens per sample from
+  (:mod:`tunelab.plan.model.runtime`'s ETA/MU/OVERHEAD_S, fitted on those very rows). Padded tokens per sample from
   the default length distribution at each row's micro batch (:func:`tunelab.plan.recipe.default_lengths`: 437 at
   micro 8, as the lab measured; 383 at micro 4).
 """
@@ -25,8 +25,19 @@ import io
 from pathlib import Path
 
 from tunelab import hardware, settings
-from tunelab.plan import bnb_kernels, kernels, runtime
+from tunelab.paths import ROOT
+from tunelab.plan.model import bnb_kernels, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample
+from tunelab.plan.trace.tables import TRACED
+from tunelab.report import profiles
+from tunelab.report.accuracy import (
+    LAB_PART2_LINK,
+    archived_records,
+    beside,
+    lab_runtime_items,
+    ran_eagerly,
+    write_accuracy,
+)
 from tunelab.units import fmt
 
 H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
@@ -43,7 +54,6 @@ def h100_items(root: Path) -> list[dict]:
     from litgpt import Config
 
     from tunelab import files
-    from tunelab.report.accuracy import archived_records
 
     text = files.read_text(root / H100_ROWS, 1 << 20, "results table")
     ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / Path(H100_ROWS).with_name("records.tgz"))}
@@ -55,7 +65,7 @@ def h100_items(root: Path) -> list[dict]:
         tokens = float(r["tok_s_padded"]) * step / gbs  # padded tokens per sample in the steady window
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
         st = kernels.step_time(Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens,
-                               "H100-SXM", lora=ran[r["row_id"]])  # fmt: skip
+                               "H100-SXM", lora=ran[r["row_id"]], tables=TRACED)  # fmt: skip
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
                       "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st,
@@ -105,12 +115,10 @@ OPENLLAMA_ROWS = "reports/2026-11-27-lab-part1-openllama-h200/records.tgz"
 def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
     """Each row of ``archive`` (:data:`SECOND_MACHINE`, :data:`QLORA_LOOP`, :data:`OPENLLAMA_ROWS`): its mean
     optimizer step (steady window) and that step by third of the window (:func:`window_thirds`)
-    against the kernel model on its GPU's table row at :data:`tunelab.plan.runtime.LITGPT_HOST_S_PER_OP` (out of
+    against the kernel model on its GPU's table row at :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP` (out of
     sample: fitted on the H100 machine), the host time per op the row implies, the probes, the SM clock and the
     GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
     from litgpt import Config
-
-    from tunelab.report.accuracy import archived_records
 
     rows = []
     for name, rec, _ in archived_records(path := root / archive):
@@ -120,7 +128,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
         optimizer = bnb_kernels.litgpt_optimizer(rec.method)
         st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
-                               rec.padded_per_sample, gpu.name, optimizer, lora_ran(rec))  # fmt: skip
+                               rec.padded_per_sample, gpu.name, optimizer, lora_ran(rec), tables=TRACED)  # fmt: skip
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
         rows.append({"id": rec.row_id or name.split("/")[-2], "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
@@ -142,7 +150,6 @@ def window_thirds(archive: Path, member: str, rec, st) -> list[tuple]:
 
     from tunelab.files import RECORD_MAX_BYTES
     from tunelab.record import read_rank_file, steady_steps
-    from tunelab.report.accuracy import beside
 
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
     if raw is None:
@@ -226,7 +233,6 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
 
     from tunelab.files import RECORD_MAX_BYTES
     from tunelab.record import read_rank_file, steady_state
-    from tunelab.report.accuracy import beside
 
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
     stats, iters = read_rank_file(json.loads(raw)) if raw is not None else (None, [])
@@ -249,7 +255,6 @@ def synchronised_end(archive: Path, member: str, rec, stats, iters: list) -> flo
     synchronises each step, and its printed time includes validation) or where the figures are missing.
     ``stats``, ``iters``: its rank-0 file as :func:`tunelab.record.read_rank_file` reads it (None, [] without one)."""
     from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.report.accuracy import beside
     from tunelab.run.collect import parse_litgpt_report
 
     if rec.strategy == "litgpt" or stats is None:
@@ -267,7 +272,6 @@ def bench_items(root: Path) -> list[dict]:
     strategy keys. Records are read in memory from the archive: regular ``*/record.json`` members of at most
     RECORD_MAX_BYTES (and their rank-0 iteration logs where the record lacks the mean)."""
     from tunelab.plan import stored
-    from tunelab.report.accuracy import archived_records, ran_eagerly
 
     items = []
     for archive in BENCH:
@@ -289,9 +293,9 @@ def bench_items(root: Path) -> list[dict]:
 
 def bench_step(item: dict, compiled_host_s: float | None = None) -> tuple[float, str]:
     """(predicted seconds per optimizer step, what bounds it) of a bench run on its own GPU: the fast path by
-    :func:`tunelab.plan.fast_step.fast_step` (its micro batches and its optimizer step), litgpt's by the planner's
-    own :meth:`tunelab.plan.runtime.Terms.by_cause` over one step (validation left out)."""
-    from tunelab.plan import fast_step
+    :func:`tunelab.plan.model.fast_step.fast_step` (its micro batches and its optimizer step), litgpt's by the planner's
+    own :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out)."""
+    from tunelab.plan.model import fast_step
 
     gpu, x, acc = item["gpu"], item["x"], item["accumulation"]
     if x.fabric:
@@ -320,7 +324,7 @@ def fit_compiled_host(items: list[dict]) -> float:
 
 def fast_errors(rows: list[dict]) -> dict:
     """{bound: (mean absolute error, runs)} of the fast path's bench rows that ran compiled throughout, by the bound
-    the model gives each: what :data:`tunelab.plan.fast_step.FAST_MODEL_ERROR` states."""
+    the model gives each: what :data:`tunelab.plan.model.fast_step.FAST_MODEL_ERROR` states."""
     out = {}
     for bound in ("GPU", "host"):
         errs = [abs(r["error"]) for r in rows if r["arm"] == "fast" and not r["eager"] and r["bound"] == bound]
@@ -359,7 +363,7 @@ def part3_rows(root: Path) -> list[dict]:
             continue
         micro, it = int(r["micro_batch_size"]), float(r["iter_time_ms"]) / 1e3
         tokens = float(r["tok_s_padded"]) * it / micro
-        st = kernels.step_time(c, "full", "bf16-mixed", micro, tokens, "H100-SXM")
+        st = kernels.step_time(c, "full", "bf16-mixed", micro, tokens, "H100-SXM", tables=TRACED)
         g, ops, h = st.gpu_by_phase, st.host_ops_by_phase, runtime.LITGPT_HOST_S_PER_OP
         f = 2 if r["activation_checkpointing"] == "True" else 1
         gpu = f * g["forward"] + g["backward"]
@@ -375,9 +379,8 @@ def part2_rows() -> list[dict]:
     """The lab's Part 2 A100 rows (OpenLLaMA 7B full, one device and four over PCIe): the kernel model's optimizer
     step (its micro batches, optimizer step and the communication compute does not hide; no validation) against
     the lab's time over its steps (which also holds start-up and any validation: an upper bound of the step)."""
-    from tunelab.plan import comm
+    from tunelab.plan.model import comm
     from tunelab.plan.recipe import plan_recipe, runtime_terms
-    from tunelab.report.accuracy import LAB_PART2_LINK
     from tunelab.sweep_file import lab_rows
 
     link = comm.lookup(LAB_PART2_LINK, "gpu")
@@ -407,7 +410,6 @@ def part2_rows() -> list[dict]:
 def a100_items() -> list[tuple]:
     """The lab's timed A100 rows planned (``tunelab.report.accuracy.lab_runtime_items``), the kernel model's step padded
     at each row's micro batch (not the lab's 437 tokens at 8): (row, terms, peak FLOP/s, bandwidth, lab seconds)."""
-    from tunelab.report.accuracy import lab_runtime_items
 
     items = lab_runtime_items()
     for _, t, *_ in items:
@@ -487,8 +489,8 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
     lines = [
         "# The kernel-level time model against measured times",
         "",
-        "Regenerate with `tunelab plan-accuracy`. Model: `tunelab/plan/kernels.py` times every kernel of litgpt's "
-        "simulated step (constants fitted on our H100 profile: `kernels.md`); `tunelab/plan/runtime.py` "
+        "Regenerate with `tunelab plan-accuracy`. Model: `tunelab/plan/model/kernels.py` times every kernel of litgpt's "
+        "simulated step (constants fitted on our H100 profile: `kernels.md`); `tunelab/plan/model/runtime.py` "
         "(`Terms.by_cause`) puts the run around it: each micro batch and each optimizer step take their kernels "
         "or the host's launches, whichever is longer, at "
         f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us of host time per op in litgpt's loop (fitted on the H100 "
@@ -539,7 +541,7 @@ def host_by_machine(h100: list[dict], bench: list[dict], archived: dict) -> dict
         if it["arm"] == "litgpt":
             x = it["x"]
             st = kernels.step_time(x.config, it["method"], x.precision, it["micro"], it["tokens"], it["gpu"].name,
-                                   lora=settings.lora_of(x))  # fmt: skip
+                                   lora=settings.lora_of(x), tables=TRACED)  # fmt: skip
             add(
                 f"{it['gpu'].name} {it['report']}",
                 it["gpu_util"],
@@ -611,7 +613,7 @@ def _md_qlora_loop(rows: list[dict]) -> list[str]:
         "",
         f"litgpt 0.5.13, bitsandbytes 0.50.2, torch 2.11, random weights, the benchmark data (`{QLORA_LOOP}`): "
         "TinyLlama at micro 4 x 4, 16 optimizer steps, no validation; the mean optimizer step over the steady window "
-        "against the model at the H100 machine's host constant. bitsandbytes' constants (`tunelab/plan/bnb_kernels.py`)"
+        "against the model at the H100 machine's host constant. bitsandbytes' constants (`tunelab/plan/model/bnb_kernels.py`)"
         " were fitted on the isolated step (`kernels.md`), not here.",
         "",
         "| row | recipe | micro x accumulation | padded tokens | measured s | predicted s | error | host us/op implied "
@@ -728,7 +730,7 @@ def _md_bench(items: list[dict]) -> list[str]:
     bench = bench_rows(items)
     if not bench:
         return lines
-    from tunelab.plan import fast_step
+    from tunelab.plan.model import fast_step
 
     refit = fit_compiled_host(items)
     lines += [
@@ -742,7 +744,7 @@ def _md_bench(items: list[dict]) -> list[str]:
         "`...-h200-compiled/`: pairs at micro 8 x 4). Measured: the mean step "
         "over the steady window (the window's time over its steps; the median understates the fast path, "
         "whose loss read every 25 iterations makes one step in about six wait for the GPU's backlog), at the "
-        "window's padded tokens per sample. The fast path is timed by `tunelab/plan/fast_step.py` (compiled "
+        "window's padded tokens per sample. The fast path is timed by `tunelab/plan/model/fast_step.py` (compiled "
         "blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued ahead of "
         "the GPU); its host time per compiled kernel "
         f"({fast_step.COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us) is fitted on TinyLlama full's three micro-8 "
@@ -785,7 +787,7 @@ def _md_part2() -> list[str]:
         "## The lab's Part 2 rows on A100s (seconds per optimizer step)",
         "",
         "OpenLLaMA 7B full fine-tuning, bf16-true: m1 on one A100, m2-m4 on four joined by PCIe (communication "
-        "from `tunelab/plan/comm.py` over the link `accuracy.md` uses, exposed as its schedule leaves it: DDP's buckets "
+        "from `tunelab/plan/model/comm.py` over the link `accuracy.md` uses, exposed as its schedule leaves it: DDP's buckets "
         "beside the backward, FSDP's one unit beside nothing; under FSDP each rank's optimizer step over its quarter "
         "of the parameters). Lab: its time over its steps "
         "(start-up and any validation included). The kernel model is out of sample here; the PCIe link's achieved "
@@ -868,10 +870,10 @@ def _kernel_cell(p: float, v: float, e: float | None) -> str:
 def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
     if not (root / grid).is_file():
         return []
-    rows = kernels.grid_rows(root, grid, gpu)
+    rows = profiles.grid_rows(root, grid, gpu)
     whats = list(dict.fromkeys(w for r in rows for w in r["pairs"]))  # every row's, in order
-    fitted = kernels.FITTED_SHAPES.get(gpu, set())
-    dtypes = ", ".join(sorted({m["dtype"] for m in kernels.read_grid(root / grid)}))
+    fitted = profiles.FITTED_SHAPES.get(gpu, set())
+    dtypes = ", ".join(sorted({m["dtype"] for m in profiles.read_grid(root / grid)}))
     lines = [
         f"## Out of sample: {gpu}, {day}, {len({r['model'] for r in rows})} models",
         "",
@@ -880,7 +882,7 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
         "(error). The optimizer is its phase by CUDA events: the profiler's optimizer kernel time is twice that "
         "phase (on one stream kernels cannot outlast the interval that holds them). A line marked `fit` had its "
         "elementwise kernels (or, on the H200, its shape measured again by op: `"
-        + kernels.GRID_BY_OP
+        + profiles.GRID_BY_OP
         + "`) in the fit "
         "of the memory constants (or, at 32-true, the fp32 matmul and attention constants); every other number is "
         "out of sample.",
@@ -902,25 +904,25 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
         f"Step: {len(steps)} lines, errors {min(steps):+.0%} to {max(steps):+.0%}, mean absolute "
         f"{sum(map(abs, steps)) / len(steps):.0%}; the {len(gpu_bound)} GPU-bound (by the model) "
         + (f"from {min(gpu_bound):+.0%} to {max(gpu_bound):+.0%}. " if gpu_bound else ". ")
-        + kernels.GRID_NOTES.get(grid, ""),
+        + profiles.GRID_NOTES.get(grid, ""),
         "",
     ]
     return lines
 
 
 def write_kernels_md(path, root) -> None:
-    """``kernels.md``: :func:`tunelab.plan.kernels.profile_rows` as a table, with what was fitted and what was not, then
-    :func:`tunelab.plan.kernels.grid_rows` (out of sample) where the checkout holds :data:`tunelab.plan.kernels.GRID`."""
+    """``kernels.md``: :func:`tunelab.report.profiles.profile_rows` as a table, with what was fitted and what was not, then
+    :func:`tunelab.report.profiles.grid_rows` (out of sample) where the checkout holds :data:`tunelab.report.profiles.GRID`."""
     from tunelab.files import write_text_atomic
 
-    rows = kernels.profile_rows(root)
+    rows = profiles.profile_rows(root)
     lines = [
         "# The kernel-level step model against our H100 profile and the H100 and H200 grids",
         "",
-        "Regenerate with `tunelab plan-accuracy`. Model: `tunelab/plan/kernels.py` (every ATen op of litgpt's "
+        "Regenerate with `tunelab plan-accuracy`. Model: `tunelab/plan/model/kernels.py` (every ATen op of litgpt's "
         "simulated step, timed by category on the GPU; the step is the longer of the GPU's kernels and the host's "
         "launches; a phase likewise). Measured: `"
-        + kernels.PROFILE
+        + profiles.PROFILE
         + "` (TinyLlama 1.1B, bf16-true, micro 8 x 437 tokens, NVIDIA H100 80GB "
         "HBM3, torch 2.11; phases by CUDA events, kernels by the profiler's self time). Seconds per optimizer step.",
         "",
@@ -946,6 +948,19 @@ def write_kernels_md(path, root) -> None:
         + ". Known misses: the optimizer's kernels as the profiler counts them (twice the phase by CUDA events), and "
         "the full step's forward and backward phases (the host's share of a phase is not one figure per op).",
         "",
-        *[line for grid, gpu, day in kernels.GRIDS for line in _grid_lines(root, grid, gpu, day)],
+        *[line for grid, gpu, day in profiles.GRIDS for line in _grid_lines(root, grid, gpu, day)],
     ]
     write_text_atomic(path, "\n".join(lines))
+
+
+def write_all(out: Path | None = None) -> Path:
+    """``tunelab plan-accuracy``: :func:`tunelab.report.accuracy.write_accuracy`'s pages, then kernels.md (the
+    kernel-level step model against our H100 profile), runtime.md and runtime-kernel.csv (the kernel-level time
+    model against our H100 rows and the lab's A100 times) where the checkout holds their reports (an installed
+    tunelab carries none)."""
+    out = write_accuracy(out)
+    if (ROOT / profiles.PROFILE).is_file():
+        write_kernels_md(out / "kernels.md", ROOT)
+    if (ROOT / H100_ROWS).is_file():
+        write_report(out / "runtime.md", ROOT)
+    return out

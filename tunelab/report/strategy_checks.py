@@ -1,6 +1,6 @@
-"""The plan on several devices against rank 0's simulated step (:mod:`tunelab.plan.ranks`), for every strategy
+"""The plan on several devices against rank 0's simulated step (:mod:`tunelab.plan.trace.ranks`), for every strategy
 simulated per rank, world sizes 2, 4 and 8, five model families, full and LoRA; and the collectives the simulation
-traced against :mod:`tunelab.plan.comm`'s formulas. Written to ``reports/planner-strategies/`` by ``tunelab
+traced against :mod:`tunelab.plan.model.comm`'s formulas. Written to ``reports/planner-strategies/`` by ``tunelab
 plan-strategies``; the tests run a fast subset.
 
 Each row plans a recipe as ``tunelab plan RECIPE --devices N --strategy S`` does (the family's model through
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tunelab import files
 from tunelab.paths import output_root
+from tunelab.plan.trace.tables import TRACED
 from tunelab.units import GB
 
 FAMILIES = (
@@ -38,7 +39,7 @@ STRATEGIES = (
 )  # fmt: skip
 """``litgpt`` (no strategy file: litgpt's own choice, as its scripts wrap the model) and the strategy files
 (``configs/strategies/``) checked: every one simulated per rank (``fsdp-offload`` on a stand-in accelerator, its
-device side compared: :mod:`tunelab.plan.fake_device`). Not here: DeepSpeed's (not simulated) and ``fast`` (one
+device side compared: :mod:`tunelab.plan.trace.fake_device`). Not here: DeepSpeed's (not simulated) and ``fast`` (one
 device)."""
 DEFAULT_STRATEGIES = ("litgpt", "fsdp2", "fsdp", "ddp")
 """What a call without ``--strategies`` reruns; FSDP1's variants (each as quick as ``fsdp``) are asked for by name."""
@@ -78,14 +79,14 @@ def v100_rows() -> list[dict]:
     peak allocated and what a GPU monitor would read (reserved and the CUDA context), MiB, and the verdict on a
     V100 16 GB."""
     from tunelab import hardware
-    from tunelab.plan import memory
+    from tunelab.plan.model import memory
 
     gpu, out = hardware.lookup("V100-16GB"), []
     for ac, table in SEED_V100_MB.items():
         for batch, mb in table.items():
             x = memory.PlanInput(config=gpt2_xl_config(), method="full", precision="16-mixed", micro_batch_size=batch,
                                  seq_len=128, devices=4, strategy="fsdp", sharding="FULL_SHARD", fsdp_root_kept=True,
-                                 activation_checkpointing=ac, attention_math=True)  # fmt: skip
+                                 activation_checkpointing=ac, attention_math=True, tables=TRACED)  # fmt: skip
             plan = memory.verdict(memory.predict(x), gpu)
             seen = (plan.predicted_reserved_bytes + plan.cuda_context_bytes) / 2**20
             out.append({"checkpointing": ac, "batch": batch, "peak_mib": plan.peak_allocated_bytes / 2**20,
@@ -181,8 +182,9 @@ class Row:
 
 def check(family: tuple, method: str, strategy: str, world: int, precision: str | None = None) -> Row:
     """Plan and simulate one configuration (``precision``: None, the recipe's)."""
-    from tunelab.plan import comm, ranks
+    from tunelab.plan.model import comm
     from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.trace import ranks
     from tunelab.recipes import resolve
     from tunelab.strategies import load_strategy
 
@@ -288,7 +290,7 @@ def _how(found: list[Row]) -> str:
         "`fsdp-no-shard`, `fsdp-no-wrap`, `fsdp-offload`) are simulated the same way; their rows cover "
         f"{', '.join(_families_of(found, VARIANTS)) or 'no family yet'} ({_seconds(found, VARIANTS)}). "
         "`fsdp-offload` (FSDP1's `cpu_offload`, which offloads only from an accelerator) runs on a stand-in "
-        "accelerator (fake tensors on torch's `meta` device, the host's apart: `tunelab/plan/fake_device.py`); its "
+        "accelerator (fake tensors on torch's `meta` device, the host's apart: `tunelab/plan/trace/fake_device.py`); its "
         "rows compare the device side (peak allocated on the device; the host's peak is in `tunelab plan "
         "--simulate`). Not simulated per rank (planned by arithmetic, see docs/planner.md): DeepSpeed ZeRO-2/3 and "
         "offload (DeepSpeed's own ZeRO-2 runs for real on this CPU at each family's shape / 16 instead: the "
@@ -315,7 +317,7 @@ def markdown(found: list[Row], zero_rows=()) -> str:
         "the run's own `tunelab.parallel.wrap` (every block, under torch's FSDPMemTracker), DDP as the one-device "
         "simulated step plus DDP's own bucket assignment. Memory: peak allocated per device, GB = 1e9 bytes. "
         "Communication: bytes rank 0 sends per optimizer step in a ring, traced from the collectives the "
-        "simulation dispatched against `tunelab/plan/comm.py`'s formula.",
+        "simulation dispatched against `tunelab/plan/model/comm.py`'s formula.",
         "",
         f"**{within} of {len(found)} rows within 3%**; worst {worst.memory_error:+.1%} ({worst.family} "
         f"{worst.method} {worst.strategy} on {worst.world}). Traced communication against the formula: worst "

@@ -17,7 +17,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_json, read_text
 from tunelab.models import load_config, lora_param_count
-from tunelab.plan.flops import flops_per_token, mfu
+from tunelab.plan.model.flops import flops_per_token, mfu
 from tunelab.record import RankStats, RunRecord, driver_calls_in, read_rank_file, steady_state
 from tunelab.run.gpu_monitor import GPUMonitor
 from tunelab.settings import Settings

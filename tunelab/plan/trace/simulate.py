@@ -1,6 +1,6 @@
 """A simulated training step: where the peak is and what is alive there, for any litgpt Config, on this CPU.
 
-The analytic planner (:mod:`tunelab.plan.memory`) adds terms; this module runs the step those terms describe and
+The analytic planner (:mod:`tunelab.plan.model.memory`) adds terms; this module runs the step those terms describe and
 lets torch count it:
 
 * litgpt's own model classes (``litgpt.GPT``, ``litgpt.lora.GPT``) at full width, built under
@@ -8,7 +8,7 @@ lets torch count it:
   has memory, so a 13B model simulates in seconds on a laptop;
 * litgpt's training step as its finetune scripts run it: full -> ``logits = model(x)`` and
   ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
-  over the chunk list (``tunelab.plan.measure.model_logits`` and ``training_loss``; under bf16-mixed only the
+  over the chunk list (``tunelab.plan.trace.measure.model_logits`` and ``training_loss``; under bf16-mixed only the
   model's forward runs under autocast; the outputs are converted to fp32, as Lightning Fabric's precision plugins
   do under every precision, bf16-true included);
   ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or the optimizer asked)
@@ -44,7 +44,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from tunelab.plan.measure import DTYPES
+from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
+from tunelab.plan.trace.measure import DTYPES
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -160,7 +161,7 @@ def update_peak(tracker, peak_state) -> None:
 def keep_phase_peak(tracker, phase: str) -> bool:
     """Keep the tracker's current bytes by kind as ``phase``'s peak (``tracker.phase_peaks``) when they are the
     largest so far; whether they were. A tracker with a ``device`` attribute (not None) counts that device only
-    (the accelerator of an offloading simulation, :mod:`tunelab.plan.fake_device`), else any device."""
+    (the accelerator of an offloading simulation, :mod:`tunelab.plan.trace.fake_device`), else any device."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
     only = getattr(tracker, "device", None)
@@ -242,7 +243,7 @@ def _stable_embedding(model):
     caller keeps it alive the same way."""
     from bitsandbytes.nn import StableEmbedding
 
-    from tunelab.plan.measure import default_dtype
+    from tunelab.plan.trace.measure import default_dtype
 
     old = model.transformer.wte
     with default_dtype(old.weight.dtype):  # made in the weight's dtype: litgpt's .to(dtype) afterwards
@@ -253,7 +254,7 @@ def _stable_embedding(model):
 def setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
     """(model, optimizer, what litgpt's main keeps beside them) as litgpt's finetune script sets them up, on the
     current (fake) device."""
-    from tunelab.plan.measure import build_model
+    from tunelab.plan.trace.measure import build_model
 
     model = build_model(config, method, precision, lora_r, targets)
     model.max_seq_length = seq_len
@@ -274,13 +275,13 @@ def _liger_loss_standin():
     as its Python code allocates, for fake tensors: its Triton cross-entropy kernel cannot run here and writes only
     in place (each chunk's loss into a preallocated row, the chunk's logits gradient over the logits). Forward:
     ``grad_input`` (positions x hidden, the input's dtype), ``grad_weight`` (the head weight's shape and dtype, when
-    it trains) and the loss rows are allocated; the positions run in chunks (:func:`tunelab.plan.memory.
+    it trains) and the loss rows are allocated; the positions run in chunks (:func:`tunelab.plan.model.memory.
     liger_chunk_rows`), each chunk's logits (chunk x vocabulary, the compute dtype) made by a matmul, turned into
     their gradient in place, multiplied into ``grad_input``'s rows and accumulated into ``grad_weight``; only the two
     gradients are saved. Backward scales them in place and hands them back."""
     import torch
 
-    from tunelab.plan.memory import liger_chunk_rows
+    from tunelab.plan.model.memory import liger_chunk_rows
 
     class FusedLinearCrossEntropy(torch.autograd.Function):
         @staticmethod
@@ -338,7 +339,7 @@ def _one_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunelab.plan.measure import cuda_dropout, model_logits, training_loss
+    from tunelab.plan.trace.measure import cuda_dropout, model_logits, training_loss
 
     with FakeTensorMode():
         model, opt, kept = setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer)
@@ -384,7 +385,7 @@ def replay_run(
 ) -> dict:
     """litgpt's finetune loop over a run's own padded sequence lengths (one per micro batch, in order), at full depth
     (no extrapolation), its storage allocations replayed through CUDA's caching allocator
-    (:mod:`tunelab.plan.allocator`): {"end", "loaded", "first_step"} -> :class:`~tunelab.plan.allocator.Peaks`, as
+    (:mod:`tunelab.plan.model.allocator`): {"end", "loaded", "first_step"} -> :class:`~tunelab.plan.model.allocator.Peaks`, as
     a run record's phases: "loaded" before the first training batch (the model, the optimizer, and the sanity
     validation litgpt runs on two batches of ``validation_seqs`` tokens, by default the longest twice),
     "first_step" after the first optimizer step. Minutes for a 1B model's dozen steps: a check of the allocator's
@@ -393,8 +394,8 @@ def replay_run(
     from litgpt.utils import chunked_cross_entropy
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunelab.plan.allocator import replay
-    from tunelab.plan.measure import cuda_dropout, model_logits, training_loss
+    from tunelab.plan.model.allocator import replay
+    from tunelab.plan.trace.measure import cuda_dropout, model_logits, training_loss
 
     events: list = []
     marks: dict[str, int] = {}
@@ -431,12 +432,6 @@ def replay_run(
     return {"end": end, **so_far}
 
 
-OPTIMIZERS = ("AdamW", "AdamW fused", "SGD", "SGD momentum", "PagedAdamW", "PagedAdamW32bit")
-"""Optimizers simulated: torch's AdamW (``foreach=True``, CUDA's default; ``fused=True``), SGD (with momentum:
-one state), and bitsandbytes' paged AdamW (the states of tensors from 1e5 elements outside torch's allocator: left
-out; smaller tensors' fp32 states on the device)."""
-
-
 def make_optimizer(name: str, params):
     """The simulated optimizer ``name`` (:data:`OPTIMIZERS`) over ``params``."""
     import torch
@@ -457,7 +452,7 @@ def _paged_adamw(params):
     fused kernel per tensor, no temporaries."""
     import torch
 
-    from tunelab.plan.memory import PAGED_MIN_NUMEL
+    from tunelab.plan.model.memory import PAGED_MIN_NUMEL
 
     class PagedAdamW(torch.optim.Optimizer):
         def __init__(self, params):
@@ -579,24 +574,8 @@ def simulate(
     )
 
 
-def optimizer_of(x) -> str:
-    """The simulated optimizer for a PlanInput (:data:`OPTIMIZERS`); InputError for one that is not simulated."""
-    from tunelab.errors import InputError
-
-    name = str(x.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
-    if name in ("AdamW", "Adam"):
-        return "AdamW fused" if x.fused_optimizer else "AdamW"
-    if name == "SGD":
-        return "SGD momentum" if x.momentum else "SGD"
-    if name in ("PagedAdamW", "PagedAdamW32bit"):
-        return name
-    raise InputError(
-        f"--simulate: optimizer {name} is not simulated ({', '.join(OPTIMIZERS)}); fix: plan without --simulate"
-    )
-
-
 def for_plan(x) -> Simulation:
-    """The simulated step of a planned configuration (:class:`tunelab.plan.memory.PlanInput`): one device, no
+    """The simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`): one device, no
     sharding (InputError otherwise: sharding is not simulated)."""
     import sys
 

@@ -19,7 +19,7 @@ nothing, but is dispatched with its real shapes):
   flat parameters are fake too); the tracker installs no gradient hook on the original parameters, which FSDP1 makes
   views of its flat parameters (torch refuses one), so their gradients count as temporaries, not as "Gradient".
   Its ``cpu_offload`` (``fsdp-offload``), which FSDP1 applies only from an accelerator, runs on a stand-in one
-  (:mod:`tunelab.plan.fake_device`: fake tensors on ``meta``, the host's memory apart): the peak is the device's,
+  (:mod:`tunelab.plan.trace.fake_device`: fake tensors on ``meta``, the host's memory apart): the peak is the device's,
   the host's peak is :attr:`RankSimulation.host_peak_bytes`.
 * **litgpt's own choice** (no strategy file, :data:`LITGPT`): the libraries' own wrapping, as litgpt's scripts call
   it. Full fine-tuning: Lightning's ``FSDPStrategy.setup_module`` with the keywords litgpt's ``finetune/full.py``
@@ -29,7 +29,7 @@ nothing, but is dispatched with its real shapes):
   ``ModelParallelStrategy`` builds it (FSDP2 over ``checkpoint_wrapper`` blocks, the root kept unsharded from
   forward to backward by torch's default). Both in litgpt's loop: the forward under Fabric, the logits held until
   the next forward rebinds them.
-* **DDP**: the one-device simulated step (:mod:`tunelab.plan.simulate`) plus DDP's gradient buckets, assigned by
+* **DDP**: the one-device simulated step (:mod:`tunelab.plan.trace.simulate`) plus DDP's gradient buckets, assigned by
   DDP's own function (``torch.distributed._compute_bucket_assignment_by_size``, gradient-ready order, the first
   bucket 1 MiB, then ``bucket_cap_mb``): a flat copy of the trainable gradients unless ``gradient_as_bucket_view``.
   DDP's reducer does not run on fake tensors (its C++ checks read tensor data), so its buckets are computed, not
@@ -37,17 +37,17 @@ nothing, but is dispatched with its real shapes):
 
 * **DeepSpeed ZeRO-2/3**: not simulated (DeepSpeed's engine reads tensor data and runs its own communication
   layer: it does not run on fake tensors); ``--simulate`` prints its buffers by their sizes instead
-  (:func:`zero_sizes`): the terms of :mod:`tunelab.plan.memory` taken from DeepSpeed's config keys and the buffers its
+  (:func:`zero_sizes`): the terms of :mod:`tunelab.plan.model.memory` taken from DeepSpeed's config keys and the buffers its
   code allocates, each checked against DeepSpeed itself run on CPU over gloo (tests/e2e/test_deepspeed_memory.py).
 
 Collectives are recorded as dispatched (``c10d`` ops: kind, the whole tensor's bytes, the phase) for one optimizer
-step at the model's depth; the time model times the same volumes from :mod:`tunelab.plan.comm`'s formulas, which
+step at the model's depth; the time model times the same volumes from :mod:`tunelab.plan.model.comm`'s formulas, which
 tests hold equal to these traces (FSDP1's root unit gathered once per micro batch, FSDP2's twice, DDP's buckets).
 
 Depth: FSDP2 runs every block of the model (fake tensors make that seconds: TinyLlama's 22 blocks in about 6 s).
 Extrapolating from two small depths, as the one-device simulation does, is wrong here: where the backward peak
 falls (before or after a block's reduce-scatter buffer is alive) moves between 2 and 3 blocks, so a per-kind
-difference is not one block's bytes. DDP's one-device step is extrapolated as :mod:`tunelab.plan.simulate` does.
+difference is not one block's bytes. DDP's one-device step is extrapolated as :mod:`tunelab.plan.trace.simulate` does.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tunelab.errors import InputError
-from tunelab.plan.simulate import PhasePeaks, keep_phase_peak, tracker_phase, update_peak
+from tunelab.plan.model.tables import optimizer_of
+from tunelab.plan.trace.simulate import PhasePeaks, keep_phase_peak, tracker_phase, update_peak
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 from tunelab.units import GB
 
@@ -129,7 +130,7 @@ class RankSimulation(PhasePeaks):
     notes: list[str] = field(default_factory=list)
     host_peak_bytes: float = 0.0
     """Peak host RAM the offloaded states took (FSDP1's ``cpu_offload``: sharded parameters, their gradients, the
-    optimizer's states, pinned), simulated on the host apart from the device (:mod:`tunelab.plan.fake_device`); 0
+    optimizer's states, pinned), simulated on the host apart from the device (:mod:`tunelab.plan.trace.fake_device`); 0
     without offload. ``phases`` and the peak are the device's."""
 
     def bytes_moved(self, kind: str | None = None) -> float:
@@ -204,7 +205,7 @@ def _recording(base):
     """``base`` (torch's FSDPMemTracker or MemTracker) keeping each phase's peak (by kind) and every collective
     dispatched (kind, phase, bytes); parameters that are not leaves (FSDP1's views of its flat parameters) or take
     no gradient get no gradient hook (torch refuses one)."""
-    from tunelab.plan.simulate import NoHook
+    from tunelab.plan.trace.simulate import NoHook
 
     class Tracker(base):
         def __init__(self, *args):
@@ -255,9 +256,9 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from tunelab.parallel import wrap
-    from tunelab.plan.fake_device import fake_accelerator
-    from tunelab.plan.measure import build_model, cuda_dropout
-    from tunelab.plan.simulate import make_optimizer
+    from tunelab.plan.trace.fake_device import fake_accelerator
+    from tunelab.plan.trace.measure import build_model, cuda_dropout
+    from tunelab.plan.trace.simulate import make_optimizer
 
     mesh = None
     if strategy is not None and strategy.sharding_strategy == "HYBRID_SHARD":  # one node of ``world`` devices
@@ -383,8 +384,8 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
     micro batches differ (SHARD_GRAD_OP gathers its units in the first and keeps them through the rest; counting
     the first's gathers for each charged it ``accumulation - 1``); FSDP2 reshards after every backward, so its
     first stands for the rest. ``fabric``: litgpt's loop (the forward under Lightning Fabric:
-    :func:`tunelab.plan.measure.model_logits`; its logits held to the next forward), else tunelab's loop."""
-    from tunelab.plan.measure import model_logits, training_loss
+    :func:`tunelab.plan.trace.measure.model_logits`; its logits held to the next forward), else tunelab's loop."""
+    from tunelab.plan.trace.measure import model_logits, training_loss
 
     runs = min(accumulation, most)
     marks: list[int] = []
@@ -430,8 +431,8 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
     from torch.distributed.device_mesh import init_device_mesh
 
     from tunelab.parallel import wrap
-    from tunelab.plan.measure import build_model, cuda_dropout
-    from tunelab.plan.simulate import make_optimizer
+    from tunelab.plan.trace.measure import build_model, cuda_dropout
+    from tunelab.plan.trace.simulate import make_optimizer
 
     # outside fake mode: a mesh reads its ranks; litgpt's is Lightning's ModelParallelStrategy's, named
     if strategy is None:
@@ -476,7 +477,7 @@ def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=
     import torch
     import torch.distributed as dist
 
-    from tunelab.plan.measure import build_model
+    from tunelab.plan.trace.measure import build_model
 
     with torch.device("meta"):
         model = build_model(config, method, precision, lora_r, targets)
@@ -488,7 +489,7 @@ def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=
 
 def _ddp(config, method, precision, micro, seq_len, strategy, accumulation, lora_r, targets, optimizer):
     """(phases, collectives, notes) of DDP: the one-device simulated step (tunelab's loop) plus the buckets."""
-    from tunelab.plan.simulate import simulate
+    from tunelab.plan.trace.simulate import simulate
 
     one = simulate(
         config, method, precision, micro, seq_len, strategy.activation_checkpointing, accumulation, optimizer,
@@ -583,7 +584,7 @@ def simulate_ranks(
         built = (config.n_layer, config.n_layer)
         notes = _fsdp_notes(name, method)
         if host:
-            notes.insert(1, "cpu_offload on a stand-in accelerator (tunelab.plan.fake_device: fake tensors on the meta "
+            notes.insert(1, "cpu_offload on a stand-in accelerator (tunelab.plan.trace.fake_device: fake tensors on the meta "
                          "device); the peaks are the device's, the host's counted apart")  # fmt: skip
     return RankSimulation(
         model=config.name,
@@ -606,11 +607,9 @@ def simulate_ranks(
 
 
 def for_plan(x, strategy) -> RankSimulation:
-    """Rank 0's simulated step of a planned configuration (:class:`tunelab.plan.memory.PlanInput`) under a loaded
+    """Rank 0's simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) under a loaded
     strategy file; InputError for what is not simulated per rank."""
     import sys
-
-    from tunelab.plan.simulate import optimizer_of
 
     if strategy is not None and strategy.name not in SIMULATED:
         raise InputError(
@@ -681,8 +680,8 @@ class ZeroSizes:
 
 def zero_sizes(x) -> ZeroSizes:
     """DeepSpeed ZeRO-2/3's own buffers for a planned configuration, from its config keys and the rules its code
-    follows (:mod:`tunelab.plan.memory`'s DeepSpeed terms)."""
-    from tunelab.plan import memory
+    follows (:mod:`tunelab.plan.model.memory`'s DeepSpeed terms)."""
+    from tunelab.plan.model import memory
 
     st = memory.model_states(x, [])
     n, s16 = x.world, memory.zero_param_bytes(x)
@@ -725,10 +724,10 @@ def render_zero_sizes(z: ZeroSizes, plan) -> str:
 
 
 def simulation(x, strategy_name: str):
-    """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.simulate.for_plan`) on one device,
+    """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.trace.simulate.for_plan`) on one device,
     rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, as its scripts wrap),
     DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`zero_sizes`)."""
-    from tunelab.plan import simulate
+    from tunelab.plan.trace import simulate
     from tunelab.strategies import load_strategy
 
     if x.world == 1:
@@ -737,12 +736,3 @@ def simulation(x, strategy_name: str):
     if strategy is not None and strategy.name == "deepspeed" and strategy.zero_stage >= 2:
         return zero_sizes(x)
     return for_plan(x, strategy)
-
-
-def render_simulation(sim, plan) -> str:
-    """Any simulation beside the plan: rank 0's (:func:`render`), DeepSpeed's sizes, or the one-device step's."""
-    from tunelab.plan.render import render_simulated
-
-    if isinstance(sim, ZeroSizes):
-        return render_zero_sizes(sim, plan)
-    return render(sim, plan) if isinstance(sim, RankSimulation) else render_simulated(sim, plan)

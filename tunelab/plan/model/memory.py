@@ -18,7 +18,7 @@ Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = mi
 * activations: what autograd keeps for backward, derived op by op from the model's litgpt Config for any family
   (RMSNorm / LayerNorm, SwiGLU / GeGLU / GELU MLPs, multi-head / grouped / multi-query attention, partial rotary,
   parallel residual, shared and post norms, attention and final-logit softcapping, LoRA's dropout and adapter
-  inputs, a frozen embedding's first block): ``tunelab/plan/activations.py``, checked against a real forward of
+  inputs, a frozen embedding's first block): ``tunelab/plan/model/activations.py``, checked against a real forward of
   litgpt's own model per family (``tunelab plan-families``, ``tunelab plan --measure``). Activation checkpointing
   keeps each block's input (s d per token; fp32 under mixed precision) plus one block recomputed at a time. Mixed
   precision is derived the same way, per tensor dtype (fp32 residual stream and norms, 16-bit matmuls).
@@ -60,7 +60,8 @@ from typing import NamedTuple
 
 from tunelab import hardware
 from tunelab.models import count_params, lora_param_count, lora_tensor_numels, param_tensor_numels
-from tunelab.plan import activations, compiled
+from tunelab.plan.model import activations
+from tunelab.plan.model.tables import compiled_supported, tables_of
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
 from tunelab.units import GB, GIB, to_gb
 
@@ -160,7 +161,7 @@ class PlanInput:
     (:func:`zero_reduce_buffer`)."""
     allgather_bucket_size: int = 200_000_000
     """DeepSpeed's ``allgather_bucket_size`` (elements; a strategy file's key): ZeRO-2's parameter all-gather after
-    the step runs in buckets of this size (:mod:`tunelab.plan.comm` counts its calls)."""
+    the step runs in buckets of this size (:mod:`tunelab.plan.model.comm` counts its calls)."""
     zero3_max_live_parameters: int = 1_000_000_000
     """DeepSpeed's ``stage3_max_live_parameters`` (elements; a strategy file's ``max_live_parameters``, DeepSpeed's
     default 1e9): with the reuse distance, how many parameters ZeRO-3 holds gathered when the forward turns into
@@ -181,11 +182,11 @@ class PlanInput:
     """Keep only each block's input; recompute one block at a time in backward."""
     fsdp_root_kept: bool = False
     """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
-    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.ranks`); FSDP2: the next field."""
+    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.trace.ranks`); FSDP2: the next field."""
     fsdp2_root_kept: bool = False
     """FSDP2 whose root was sharded with torch's default ``reshard_after_forward=None`` (litgpt's LoRA
     ``parallelize_fn``): since torch 2.8 the root stays unsharded from its forward to the end of backward, gathered
-    once per micro batch like FSDP1's (traced: :mod:`tunelab.plan.ranks`); False: resharded after forward and
+    once per micro batch like FSDP1's (traced: :mod:`tunelab.plan.trace.ranks`); False: resharded after forward and
     gathered again for backward (a strategy file's ``reshard_after_forward: true``)."""
     ddp_bucket_mb: int = 25
     """DDP's ``bucket_cap_mb`` (a strategy file's key; torch's default 25): how many all-reduce calls a step makes."""
@@ -206,11 +207,15 @@ class PlanInput:
     (:func:`liger_loss_bytes`)."""
     loss_read_interval: int = 1
     """Iterations between reads of the loss to the host (a strategy's ``log_interval``; litgpt reads it every
-    iteration): between reads the host queues kernels ahead of the GPU (:mod:`tunelab.plan.fast_step`)."""
+    iteration): between reads the host queues kernels ahead of the GPU (:mod:`tunelab.plan.model.fast_step`)."""
     compiled: bool = False
     """Transformer blocks compiled (torch.compile, a strategy's ``compile: blocks``): what each block keeps is what
-    torch's partitioner saves (:mod:`tunelab.plan.compiled`, traced), not eager autograd's; planned as eager (an
+    torch's partitioner saves (:mod:`tunelab.plan.trace.compiled`, traced), not eager autograd's; planned as eager (an
     upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
+    tables: object = None
+    """The traced tables the model reads (:class:`tunelab.plan.model.tables.Tables`; the planner passes
+    :data:`tunelab.plan.trace.tables.TRACED`): kernel templates, compiled blocks, DDP's buckets. None: a case the
+    model can plan without them (memory of eager blocks, any strategy but DDP)."""
 
     @property
     def world(self) -> int:
@@ -409,7 +414,7 @@ def autocast_weight_copies(x: PlanInput) -> float:
     grad (one per forward) but casts a frozen one at every call, and the graph keeps each copy for the input's
     gradient. So full fine-tuning keeps one copy of every linear weight (lm_head included, the embedding not: it is
     a lookup), and LoRA one copy of each frozen block weight, one of lm_head per 128-token chunk litgpt's loop
-    calls it for, and one of the adapters. Seen in the simulated step (tunelab/plan/simulate.py): the difference
+    calls it for, and one of the adapters. Seen in the simulated step (tunelab/plan/trace/simulate.py): the difference
     between bf16-mixed and bf16-true LoRA is 2 x the block weights + one lm_head copy per chunk, to 0.2%. With a
     fused loss (Liger's) LoRA's head weight (frozen, or ``[W, B]`` made by concatenation: no leaf) is cast again
     for every chunk and not kept (:func:`liger_loss_bytes` counts the one alive); full fine-tuning's trainable head
@@ -435,7 +440,7 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     mixed = autocast_over_fp32_weights(x)
     s_logits = logits_bytes(x)
     n_tok = x.micro_batch_size * x.seq_len
-    # what autograd keeps, derived from the Config (tunelab/plan/activations.py; measured per family on CPU)
+    # what autograd keeps, derived from the Config (tunelab/plan/model/activations.py; measured per family on CPU)
     kind = "lora" if x.lora else "full"
     efficient = s_act == 4 and not x.attention_math  # fp32 attention: CUDA's memory-efficient kernel, not flash
     saved = activations.saved_bytes(
@@ -455,17 +460,17 @@ def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
     notes.extend(saved.notes)
     traced = (
         x.compiled
-        and compiled.supported(x.precision)
+        and compiled_supported(x.precision)
         and not (x.activation_checkpointing or bnb_quantized(x) or x.attention_math)
     )
     if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
         acts = checkpointed_inputs(x) + saved.per_layer
     elif traced:  # what torch.compile's partitioner keeps per block (traced once, bytes per token)
         args = (c, kind, str(x.precision), x.lora_r, tuple(x.lora_targets) if x.lora else ())
-        first = compiled.saved_bytes_per_token(*args, input_grad=not x.lora) * n_tok
-        acts = first + compiled.saved_bytes_per_token(*args) * n_tok * (c.n_layer - 1)
+        first = tables_of(x).compiled_saved_bytes(*args, input_grad=not x.lora) * n_tok
+        acts = first + tables_of(x).compiled_saved_bytes(*args) * n_tok * (c.n_layer - 1)
         notes.append(
-            "compiled blocks: each block keeps what torch.compile's partitioner saves (tunelab/plan/compiled.py, "
+            "compiled blocks: each block keeps what torch.compile's partitioner saves (tunelab/plan/trace/compiled.py, "
             f"traced: {acts / c.n_layer / GB:.2f} GB per block where eager keeps {saved.per_layer / GB:.2f})"
         )
     else:
@@ -497,7 +502,7 @@ def checkpointed_inputs(x: PlanInput) -> float:
 
 def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> float:
     """The head and loss at their peak without a fused loss: what the loss saved (``head``) and what is alive beside
-    it (as the simulated step shows, :mod:`tunelab.plan.simulate`):
+    it (as the simulated step shows, :mod:`tunelab.plan.trace.simulate`):
 
     * full fine-tuning: the logits and one more logits-sized tensor: in litgpt's loop, which holds the logits, their
       gradient (the chunked loss's backward concatenates the chunks' gradients into one); in tunelab's loop, whose
@@ -519,7 +524,7 @@ def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> fl
 
 def liger_loss_bytes(x: PlanInput) -> float:
     """Bytes Liger's fused linear cross-entropy holds at its peak, the last chunk of its forward (beside the final
-    norm's saved tensors), as its code allocates (``tunelab.plan.simulate._liger_loss_standin``): the final norm's
+    norm's saved tensors), as its code allocates (``tunelab.plan.trace.simulate._liger_loss_standin``): the final norm's
     output ``h`` (positions x hidden, the residual stream's dtype), the loss's input (a copy of ``h`` without the
     last position; with a LoRA head, ``[h, adapter]`` made by concatenation, hidden + r columns), the gradient of
     that input, the gradient of the head weight when it trains (full fine-tuning; a LoRA head: the concatenated
@@ -589,7 +594,7 @@ def flat_parameter_frozen_grad_elements(x: PlanInput, total: int) -> int:
     frozen ones included (torch's FSDP documents it for ``use_orig_params=True``, which Lightning's FSDPStrategy and
     tunelab's loop set; traced by the per-rank simulation); the root unit (embedding, final norm, head) only when
     one of its weights is trained. The memory side (:func:`flat_parameter_grads`) and the communication side
-    (``tunelab.plan.comm``: these gradients are reduce-scattered whole) both count them here."""
+    (``tunelab.plan.model.comm``: these gradients are reduce-scattered whole) both count them here."""
     root = root_unit_params(x.config)
     return total - root + (root if "head" in set(x.lora_targets) else 0)
 
@@ -905,7 +910,7 @@ def fsdp1_offloaded(x: PlanInput, dev: _PerDevice, notes: list) -> _PerDevice:
     each beside the device copy of its shard that FSDP1 gathered from, the unsharded gradients of
     micro batches under ``no_sync()``, and each unit's sharded gradient, which FSDP1 keeps on the device
     (``_saved_grad_shard``) until the backward's end although it has copied it out (the FSDP1 backward moments
-    count them). Seen in the per-rank simulation on a stand-in accelerator (:mod:`tunelab.plan.fake_device`;
+    count them). Seen in the per-rank simulation on a stand-in accelerator (:mod:`tunelab.plan.trace.fake_device`;
     TinyLlama full, 32-true, 8 devices: the activations as without offload, 109.6 MB of shards beside the gathered
     root and two blocks, nothing on the device at the optimizer step). The host's peak: the shards and the
     optimizer's states beside either the step (the host gradients and the step's temporaries) or the host gradient
@@ -941,7 +946,7 @@ def lora_loss_backward_temporaries(x: PlanInput, s_act: float) -> float:
     """Bytes the chunked loss's backward adds under LoRA at its peak, beside everything the forward kept: three
     vocabulary-sized tensors of one 128-token chunk (the gradients of cross-entropy's nll_loss and log_softmax, and
     the last chunk's slice ``logits[-1][..., :-1, :]`` padded back), less the last chunk's log-softmax, which
-    autograd has freed by then (its node has run), as the simulated step shows (tunelab/plan/simulate.py).
+    autograd has freed by then (its node has run), as the simulated step shows (tunelab/plan/trace/simulate.py).
     ``s_act``: the logits' bytes per element. Full fine-tuning's loss gradient is counted whole in the logits term."""
     chunk = min(LM_HEAD_CHUNK, x.seq_len)
     last = last_chunk_tokens(x.seq_len)
@@ -959,7 +964,7 @@ def dequantized_weight_temporary(x: PlanInput) -> float:
     made last first): the loss's saved log-softmax and its backward temporaries are freed by then, and every
     chunk's logits gradient is alive in the compute dtype (Fabric's fp32 conversion, undone by its backward); with
     final-logit softcapping (Gemma 2) the last chunk's saved tanh is freed too. Seen in the simulated step
-    (tunelab/plan/simulate.py)."""
+    (tunelab/plan/trace/simulate.py)."""
     if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
         return 0
     c, s = x.config, dtype_bytes(x.precision)
@@ -1003,7 +1008,7 @@ def stable_embedding_states(x: PlanInput) -> float:
     whole run, and the new weight trains (made after ``mark_only_lora_as_trainable``) without being in the
     optimizer, so ``zero_grad`` never frees its vocabulary-sized gradient: two vocabulary x embedding tensors, plus
     the norm's weight, bias and their gradients. Its activations (the norm's input; the first block's input now
-    carries a gradient) are in the activation term. Seen in the simulated step (tunelab/plan/simulate.py)."""
+    carries a gradient) are in the activation term. Seen in the simulated step (tunelab/plan/trace/simulate.py)."""
     if not bnb_quantized(x):
         return 0
     c = x.config
@@ -1290,7 +1295,7 @@ def predict(x: PlanInput) -> Plan:
     base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
     forward_peak = base - acts - st.autocast_cache + f_acts + f_cache + logits + in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
-    # a vocabulary-sized term the simulated step shows (tunelab/plan/simulate.py), largest for 128k-256k vocabularies
+    # a vocabulary-sized term the simulated step shows (tunelab/plan/trace/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(x)
     step_peak = dev.grads + dev.step_temp + held
     backward, backward_peak, acts_at_backward, at_end, gathered = _backward_moment(x, st, dev, base, acts)

@@ -2,7 +2,7 @@
 
 Bytes per block and for the head, for ``n = micro x T`` tokens, ``s`` = activation dtype bytes. Each term is a
 tensor litgpt's code saves (the op that saves it in brackets), counted once per storage, as
-``tunelab.plan.measure`` counts them on a real forward (``tests/e2e/test_activations.py`` compares the two for
+``tunelab.plan.trace.measure`` counts them on a real forward (``tests/e2e/test_activations.py`` compares the two for
 14 model families, full and LoRA, bf16-true and bf16-mixed; ``reports/planner-families/``):
 
 Norms (``config.norm_class_name``):

@@ -3,7 +3,7 @@
 A strategy file's ``compile: blocks`` compiles each of litgpt's blocks in place (tunelab's fast path). AOTAutograd
 then splits every block into a forward and a backward graph with its min-cut partitioner, which saves fewer
 tensors than eager autograd: pointwise results (RMSNorm's normalised input, RoPE, SwiGLU's product) are recomputed
-in backward from what is kept. The eager derivation (:mod:`tunelab.plan.activations`) is therefore an upper bound
+in backward from what is kept. The eager derivation (:mod:`tunelab.plan.model.activations`) is therefore an upper bound
 for compiled blocks (our H100, TinyLlama full at bf16-true: eager plans 9.6 GB of activations at micro 8 x 512
 where the compiled run's peak was 3.5 GB lower).
 
@@ -49,20 +49,13 @@ import json
 import warnings
 from functools import lru_cache
 
-TRACE_TOKENS = 64
-"""Tokens of the shorter of the two one-sample traces (the longer has twice as many; a multiple of 64, as the fast
-path pads; any length gives the same bytes per token, tested)."""
+from tunelab.plan.model.tables import COMPILED_PRECISIONS, TRACE_TOKENS
+from tunelab.plan.trace.measure import lora_config
+from tunelab.plan.trace.trace_cache import cached_json, tuples
+
 LORA_DROPOUT = 0.05
 """LoRA's dropout in the trace (the recipes' and litgpt's LoRA default; nonzero, as the eager plan assumes): the
 partitioner decides whether its mask is kept or its random numbers drawn again."""
-PRECISIONS = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}
-"""Precisions traced: the weights' dtype is the compute dtype. Mixed precision (autocast over fp32 weights) is not:
-CPU autocast's op lists differ from CUDA's, so a plan under it stays eager (an upper bound) and says so."""
-
-
-def supported(precision: str) -> bool:
-    """Whether compiled blocks under ``precision`` are traced (else planned as eager)."""
-    return str(precision) in PRECISIONS
 
 
 def saved_bytes_per_token(
@@ -82,8 +75,6 @@ TRACE_VERSION = 1
 
 @lru_cache(maxsize=64)
 def _traced(config_json: str, method: str, precision: str, lora_r: int, targets: tuple, input_grad: bool, tokens: int):
-    from tunelab.plan.trace_cache import cached_json
-
     key = ["saved", TRACE_VERSION, config_json, method, precision, lora_r, list(targets), input_grad, tokens]
     return cached_json(
         "compiled-blocks",
@@ -103,8 +94,6 @@ def _block_class(config: dict, method: str, lora_r: int, targets: tuple):
 
         return Block, c
     from litgpt.lora import Block
-
-    from tunelab.plan.measure import lora_config
 
     return Block, lora_config(c, lora_r, 2 * lora_r, LORA_DROPOUT, targets)
 
@@ -147,7 +136,7 @@ def trace_block(
     from litgpt.model import build_rope_cache
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    dtype = getattr(torch, PRECISIONS[precision])
+    dtype = getattr(torch, COMPILED_PRECISIONS[precision])
     Block, c = _block_class(config, method, lora_r, targets)  # noqa: N806 - litgpt's class
     kept: dict = {}
     graphs: dict = {}
@@ -290,15 +279,13 @@ def graph_kernels(gm) -> list[tuple]:
 def block_kernels(config, method: str, precision: str, lora_r: int = 0, targets: tuple = ()) -> dict:
     """The kernels of one compiled block's forward and backward, traced at one sample of :data:`TRACE_TOKENS` and
     twice as many tokens: ``{phase: [(kernel at the shorter trace, the same at the longer), ...]}`` (tuples of
-    :func:`graph_kernels`), cached; :func:`tunelab.plan.fast_step.compiled_block_seconds` times them at any shape."""
+    :func:`graph_kernels`), cached; :func:`tunelab.plan.model.fast_step.compiled_block_seconds` times them at any shape."""
     key = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
     return _block_kernels(key, method, str(precision), lora_r, tuple(sorted(targets)))
 
 
 @lru_cache(maxsize=32)
 def _block_kernels(config_json: str, method: str, precision: str, lora_r: int, targets: tuple) -> dict:
-    from tunelab.plan.trace_cache import cached_json, tuples
-
     key = ["kernels", TRACE_VERSION, config_json, method, precision, lora_r, list(targets)]
     made = cached_json(
         "compiled-blocks",

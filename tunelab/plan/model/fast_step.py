@@ -1,25 +1,25 @@
 """The step of tunelab's own loop under a strategy file (the fast path), kernel by kernel: what its switches remove.
 
-:mod:`tunelab.plan.kernels` times litgpt's eager step op by op. Under a strategy file tunelab's loop changes four
+:mod:`tunelab.plan.model.kernels` times litgpt's eager step op by op. Under a strategy file tunelab's loop changes four
 things the time follows, each modelled from what runs, not from a speed-up factor:
 
 * **compiled blocks** (``compile: blocks``): each block's forward and backward are the graphs torch.compile's
-  partitioner makes (:func:`tunelab.plan.compiled.block_kernels`): its matmuls and attention one library kernel each
+  partitioner makes (:func:`tunelab.plan.trace.compiled.block_kernels`): its matmuls and attention one library kernel each
   (timed as the eager ones are), everything else in fused regions that read and write HBM once; the host launches
   each compiled kernel at :data:`COMPILED_HOST_S_PER_KERNEL`;
 * **Liger's fused linear cross-entropy** (``liger: loss``): the loss's kernels on the logits (the fp32 cast, the
-  log-softmax, the NLL and their backward: :attr:`tunelab.plan.kernels.Template.logits`) give way to Liger's chunks:
+  log-softmax, the NLL and their backward: :attr:`tunelab.plan.model.kernels.Template.logits`) give way to Liger's chunks:
   the head's three matmuls (as before, moved into the forward) and one Triton kernel per chunk that reads the
   chunk's logits and writes their gradient in place (:func:`liger_chunks`, from Liger's own chunking rule); Liger
   reads the count of real targets to the host first (``.item()``), which waits for the GPU to finish the forward;
 * **the fused optimizer** (``fused_optimizer``): the simulated step traces torch's fused AdamW as the op it is (one
-  kernel over every parameter) in place of the for-each kernels, timed as :mod:`tunelab.plan.kernels` times them;
+  kernel over every parameter) in place of the for-each kernels, timed as :mod:`tunelab.plan.model.kernels` times them;
 * **no per-iteration synchronisation** (``log_interval``): the host queues ahead of the GPU, so an iteration takes
   the longer of its kernels and its launches over the whole iteration, not op by op; with Liger, the forward and
   backward are one such stretch and the loss (after Liger's wait) another.
 
 What stays eager (the embedding, the final norm, the head's matmuls) is litgpt's step without blocks
-(``n_layer=0``, :func:`tunelab.plan.kernels.cached_template`), timed as :mod:`tunelab.plan.kernels` times it.
+(``n_layer=0``, :func:`tunelab.plan.trace.kernel_trace.cached_template`), timed as :mod:`tunelab.plan.model.kernels` times it.
 Not modelled: compiled blocks under mixed precision, activation checkpointing and QLoRA (timed as eager blocks, as
 their memory is planned), CUDA graphs, the data loader (pretokenised and prefetched, off the critical path).
 """
@@ -30,10 +30,14 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from tunelab.plan.model import kernels
+from tunelab.plan.model.memory import dtype_bytes, optimizer_shards
+from tunelab.plan.model.tables import TRACE_TOKENS, compiled_supported, optimizer_of, tables_of
+
 COMPILED_MEMORY_EFFICIENCY = 0.75
-"""Fraction of :func:`tunelab.plan.kernels.memory_rate` a compiled (Triton) or Liger kernel reaches over the bytes
+"""Fraction of :func:`tunelab.plan.model.kernels.memory_rate` a compiled (Triton) or Liger kernel reaches over the bytes
 it reads and writes: the figure the fast path's GPU-bound bench probes were checked at (within 8%, out of sample);
-the eager kernels' own constants were refitted since (:data:`tunelab.plan.kernels.MEMORY_EFFICIENCY`)."""
+the eager kernels' own constants were refitted since (:data:`tunelab.plan.model.kernels.MEMORY_EFFICIENCY`)."""
 COMPILED_HOST_S_PER_KERNEL = 75e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
 each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
@@ -107,32 +111,27 @@ def _add(into: dict, phase: str, category: str, seconds: float) -> None:
 
 
 def kernel_seconds(category: str, flops: float, nbytes: float, tiles: float, fp32: bool, gpu, sms: int) -> float:
-    """One kernel's GPU seconds, by the rules of :mod:`tunelab.plan.kernels` (matmuls and attention by FLOPs at their
+    """One kernel's GPU seconds, by the rules of :mod:`tunelab.plan.model.kernels` (matmuls and attention by FLOPs at their
     efficiency and wave quantization, everything else by bytes over the memory rate at :data:`COMPILED_MEMORY_EFFICIENCY`
     (the for-each optimizer at its own), at least MIN_KERNEL_S)."""
-    from tunelab.plan import kernels as k
-
     peaks = gpu.peak_tflops
     peak = (peaks.get("tf32") or peaks["fp32"]) if fp32 else (peaks.get("bf16") or peaks.get("fp16") or peaks["fp32"])
     peak *= 1e12
-    rate = k.memory_rate(gpu)
+    rate = kernels.memory_rate(gpu)
     compute = 0.0
     if category == "matmul" and flops:
         waves = math.ceil(max(tiles, 1) / sms) * sms
-        compute = flops / (peak * k.MATMUL_EFFICIENCY * (tiles / waves if tiles else 1.0))
+        compute = flops / (peak * kernels.MATMUL_EFFICIENCY * (tiles / waves if tiles else 1.0))
     elif category == "attention" and flops:
-        compute = flops / (peak * k.ATTENTION_EFFICIENCY)
-    memory = nbytes / (rate * (k.FOREACH_EFFICIENCY if category == "optimizer" else COMPILED_MEMORY_EFFICIENCY))
-    return max(compute, memory, k.MIN_KERNEL_S)
+        compute = flops / (peak * kernels.ATTENTION_EFFICIENCY)
+    memory = nbytes / (rate * (kernels.FOREACH_EFFICIENCY if category == "optimizer" else COMPILED_MEMORY_EFFICIENCY))
+    return max(compute, memory, kernels.MIN_KERNEL_S)
 
 
 def compiled_block_seconds(block: dict, micro: int, tokens: float, gpu, sms: int) -> tuple[dict, dict]:
-    """({phase: {category: GPU seconds}}, {phase: kernels}) of one compiled block (:func:`tunelab.plan.compiled
+    """({phase: {category: GPU seconds}}, {phase: kernels}) of one compiled block (:func:`tunelab.plan.trace.compiled
     .block_kernels`) at ``micro`` x ``tokens``: what the traces at one sample of 64 and 128 tokens give, scaled by
     the tokens of the micro batch (fused bytes and matmul rows are affine in them; attention by sample and length)."""
-    from tunelab.plan import kernels as k
-    from tunelab.plan.compiled import TRACE_TOKENS
-
     n = micro * tokens
     grow = (n - TRACE_TOKENS) / TRACE_TOKENS
     seconds: dict = {}
@@ -142,7 +141,7 @@ def compiled_block_seconds(block: dict, micro: int, tokens: float, gpu, sms: int
             fp32 = a[1] == "float32"
             if a[0] == "fused":
                 nbytes = a[2] + (b[2] - a[2]) * grow
-                t = max(kernel_seconds("elementwise", 0.0, nbytes, 0, fp32, gpu, sms), a[3] * k.MIN_KERNEL_S)
+                t = max(kernel_seconds("elementwise", 0.0, nbytes, 0, fp32, gpu, sms), a[3] * kernels.MIN_KERNEL_S)
                 _add(seconds, phase, "elementwise", t)
                 count[phase] = count.get(phase, 0) + a[3]
                 continue
@@ -153,13 +152,13 @@ def compiled_block_seconds(block: dict, micro: int, tokens: float, gpu, sms: int
                 ]
                 (x, w), size = dims, 4 if fp32 else 2
                 batch = x[0] if len(x) == 3 else 1
-                flops, tiles = k.matmul_flops_tiles(batch, x[-2], w[-1], x[-1])
+                flops, tiles = kernels.matmul_flops_tiles(batch, x[-2], w[-1], x[-1])
                 nbytes = size * batch * (x[-2] * x[-1] + x[-1] * w[-1] + x[-2] * w[-1])
                 _add(seconds, phase, "matmul", kernel_seconds("matmul", flops, nbytes, tiles, fp32, gpu, sms))
             else:  # attention: (1, heads, T, head size) -> (micro, heads, tokens, head size)
                 q = (micro, a[2][1], tokens, a[2][3])
                 kv = (micro, a[3][1], tokens, a[3][3])
-                flops = k.attention_flops(a[4], q, kv)
+                flops = kernels.attention_flops(a[4], q, kv)
                 nbytes = (4 if "backward" in a[4] else 2) * 2 * math.prod(q)  # q, k, v, out (and their gradients)
                 _add(seconds, phase, "attention", kernel_seconds("attention", flops, nbytes, 0, fp32, gpu, sms))
             count[phase] = count.get(phase, 0) + 1
@@ -170,9 +169,6 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     """The fast path's micro batch and optimizer step for PlanInput ``x`` (a strategy file: ``x.fabric`` False) at
     ``tokens`` padded tokens per sample on ``gpu`` (see the module docstring); ``compiled_host_s``: the host time per
     compiled kernel (the accuracy report refits it)."""
-    from tunelab.plan import compiled, kernels
-    from tunelab.plan.simulate import optimizer_of
-
     c, micro = x.config, x.micro_batch_size
     sms = gpu.sms or kernels.DEFAULT_SMS
     method = "full" if x.method == "full" else "lora"
@@ -184,7 +180,7 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     out = FastStep(waits_for_loss=liger)
 
     def eager(n_layer: int):
-        tp = kernels.cached_template(dataclasses.replace(c, n_layer=n_layer), method, str(x.precision), optimizer,
+        tp = tables_of(x).template(dataclasses.replace(c, n_layer=n_layer), method, str(x.precision), optimizer,
                                      chunks, micro == 1, lora)  # fmt: skip
         return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)
 
@@ -197,7 +193,7 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     for phase in ("forward", "backward"):
         out.host[phase] = base_ops.get(phase, 0.0) * kernels.HOST_S_PER_OP
         out.kernels[phase] = base_ops.get(phase, 0.0)
-    if compiled.supported(x.precision) and x.compiled and not x.activation_checkpointing and x.method != "qlora":
+    if compiled_supported(x.precision) and x.compiled and not x.activation_checkpointing and x.method != "qlora":
         _compiled_blocks(out, x, gpu, sms, tokens, compiled_host_s)
     else:  # eager blocks: one block is the template of one block less the template of none
         _, _, one, one_ops = eager(1)
@@ -224,10 +220,9 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
 def _optimizer_step(out: FastStep, x, gpu, tokens: float, optimizer: str, method: str, lora: tuple) -> None:
     """The optimizer step in ``out`` as traced (torch's fused AdamW is its own op there: ``optimizer_of``'s "AdamW
     fused"), over this rank's share of the parameters where the strategy shards the optimizer's states."""
-    from tunelab.plan import kernels
-    from tunelab.plan.memory import optimizer_shards
-
-    st = kernels.step_time(x.config, method, str(x.precision), x.micro_batch_size, tokens, gpu.name, optimizer, lora)
+    st = kernels.step_time(
+        x.config, method, str(x.precision), x.micro_batch_size, tokens, gpu.name, optimizer, lora, tables=tables_of(x)
+    )
     st = kernels.sharded_optimizer(st, optimizer_shards(x))
     _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
     out.host["optimizer"] = st.host_ops("optimizer") * kernels.HOST_S_PER_OP
@@ -237,10 +232,8 @@ def _optimizer_step(out: FastStep, x, gpu, tokens: float, optimizer: str, method
 def _compiled_blocks(out: FastStep, x, gpu, sms: int, tokens: float, compiled_host_s: float) -> None:
     """The compiled blocks in ``out``: one block's kernels from torch.compile's own graphs, times the depth, each
     launched at ``compiled_host_s`` of host time."""
-    from tunelab.plan import compiled
-
     c, method = x.config, "full" if x.method == "full" else "lora"
-    block = compiled.block_kernels(c, method, str(x.precision), x.lora_r if x.lora else 0,
+    block = tables_of(x).compiled_block(c, method, str(x.precision), x.lora_r if x.lora else 0,
                                    tuple(x.lora_targets) if x.lora else ())  # fmt: skip
     secs, count = compiled_block_seconds(block, x.micro_batch_size, tokens, gpu, sms)
     for phase in ("forward", "backward"):
@@ -254,9 +247,6 @@ def _liger_loss(out: FastStep, x, gpu, rows: int) -> None:
     """Liger's fused linear cross-entropy in ``out``: its chunks' logits read and their gradient written in place
     (bytes over the bandwidth, or a minimal kernel per chunk), its ops on the host (its matmuls are the head's,
     counted with the model)."""
-    from tunelab.plan import kernels
-    from tunelab.plan.memory import dtype_bytes
-
     c = x.config
     n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
     size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2

@@ -7,7 +7,7 @@ the "dequantize then ``F.linear``" path):
 
 * forward: one ``kDequantizeBlockwise`` kernel writes the weight in the compute dtype, then the matmul;
 * backward (input gradient): one ``kDequantizeBlockwise`` kernel to float16 (the dtype Lightning quantized from), a
-  copy to the compute dtype (traced: :mod:`tunelab.plan.simulate`'s stand-in does that cast, and the kernel model
+  copy to the compute dtype (traced: :mod:`tunelab.plan.trace.simulate`'s stand-in does that cast, and the kernel model
   times a float16 <-> bfloat16 cast at the unvectorized rate), then the matmul;
 * litgpt's head runs by 128-token chunk: its weight is dequantized once per chunk, forward and backward; litgpt's
   validation runs the head whole (once); a generated token (one row) takes bitsandbytes' fused kernel instead (not
@@ -15,7 +15,7 @@ the "dequantize then ``F.linear``" path):
 * the optimizer is bitsandbytes' ``PagedAdamW``: one ``kOptimizer32bit2State`` kernel per trainable tensor, driven
   from Python tensor by tensor.
 
-The trace (:func:`tunelab.plan.kernels.record_step`) sees the matmuls and the backward's cast; this module adds
+The trace (:func:`tunelab.plan.trace.kernel_trace.record_step`) sees the matmuls and the backward's cast; this module adds
 what it cannot see: the dequantization kernels, the optimizer's kernels, and the host's Python work per 4-bit matmul
 and per optimizer tensor. Measured on an H200 (``reports/2026-11-27-profile-grid-qlora-h200/``: TinyLlama and
 OpenLLaMA 7B, LoRA beside QLoRA on one machine): the constants below say which line each was fitted on."""
@@ -24,20 +24,22 @@ from __future__ import annotations
 
 import math
 
+from tunelab.models import count_params
+
 NF4_BLOCK = 64
 """Weights per absmax block of Lightning's nf4 mode (bitsandbytes' default block size)."""
 DEQUANT_BYTES_PER_WEIGHT = 0.5 + 4 / NF4_BLOCK + 2
 """Bytes one dequantization moves per weight: the packed 4-bit weight and its block's fp32 absmax read, a 16-bit
 weight written."""
 DEQUANT_EFFICIENCY = 0.58
-"""Fraction of :func:`tunelab.plan.kernels.memory_rate` ``kDequantizeBlockwise`` reaches over
+"""Fraction of :func:`tunelab.plan.model.kernels.memory_rate` ``kDequantizeBlockwise`` reaches over
 :data:`DEQUANT_BYTES_PER_WEIGHT`. Fitted on OpenLLaMA 7B's forward dequantizations at micro 4 on the H200 (164 kernels,
 7.82 ms for 7.0e9 weights: 0.585); out of sample its float16 ones in backward (7.82 ms), TinyLlama's (1.57 ms for
 1.23e9 weights: 0.51, the model 11% short)."""
 FORWARD_HOST_OPS_PER_MATMUL = 6.7
 """The host's work per 4-bit matmul in the forward pass beyond the ops the trace records and the dequantization's
 launch (bitsandbytes' Python: ``Linear4bit.forward``, ``matmul_4bit``, the autograd function, the custom op's
-dispatch to its CUDA kernel through ctypes), in dispatched ops (:data:`tunelab.plan.kernels.HOST_S_PER_OP` each).
+dispatch to its CUDA kernel through ctypes), in dispatched ops (:data:`tunelab.plan.model.kernels.HOST_S_PER_OP` each).
 Fitted on TinyLlama's QLoRA line at micro 4 (launch-bound: its forward's host clock 86.6 ms against 48.9 for its LoRA
 twin on the same machine), each op at the twin's host time per op (34.1 us); TinyLlama at micro 1, also
 launch-bound, is out of sample (it implies 10.0: the host's clock varies from process to process by as much)."""
@@ -70,8 +72,6 @@ def quantized(config, tokens: float) -> dict:
     """{phase: (weights dequantized, dequantization kernels)} of one micro batch (forward, backward) and one
     validation batch: every block's linears once, the head once per 128-token chunk in training, once whole in
     validation."""
-    from tunelab.models import count_params
-
     total, emb = count_params(config)
     head = config.padded_vocab_size * config.n_embd
     body, matmuls = total - emb - head, config.n_layer * linears_per_block(config)
@@ -80,25 +80,22 @@ def quantized(config, tokens: float) -> dict:
     return {"forward": train, "backward": train, "validation": (body + head, matmuls + 1)}
 
 
-def qlora_work(config, tokens: float, gpu) -> dict:
+def qlora_work(config, tokens: float, memory_rate: float, min_kernel_s: float) -> dict:
     """{phase: (GPU seconds, kernels, host ops beyond the kernels)} bitsandbytes adds to a QLoRA micro batch
-    (:func:`quantized`) on ``gpu``."""
-    from tunelab.plan import kernels
-
-    rate = kernels.memory_rate(gpu) * DEQUANT_EFFICIENCY
+    (:func:`quantized`) on a GPU whose eager kernels move ``memory_rate`` bytes/s
+    (:func:`tunelab.plan.model.kernels.memory_rate`), each at least ``min_kernel_s``."""
+    rate = memory_rate * DEQUANT_EFFICIENCY
     host = {"forward": FORWARD_HOST_OPS_PER_MATMUL, "backward": BACKWARD_HOST_OPS_PER_MATMUL}
     out = {}
     for phase, (weights, n) in quantized(config, tokens).items():
-        seconds = max(weights * DEQUANT_BYTES_PER_WEIGHT / rate, n * kernels.MIN_KERNEL_S)
+        seconds = max(weights * DEQUANT_BYTES_PER_WEIGHT / rate, n * min_kernel_s)
         out[phase] = (seconds, n, n * host.get(phase, FORWARD_HOST_OPS_PER_MATMUL))
     return out
 
 
-def paged_adamw(numels: list, gpu) -> tuple:
+def paged_adamw(numels: list, rate: float, min_kernel_s: float) -> tuple:
     """(GPU seconds, kernels, host ops beyond the kernels) of one ``PagedAdamW`` step over trainable tensors of
-    ``numels`` elements on ``gpu``: a kernel per tensor (at least :data:`tunelab.plan.kernels.MIN_KERNEL_S`)."""
-    from tunelab.plan import kernels
-
-    rate = kernels.memory_rate(gpu) * kernels.MEMORY_EFFICIENCY
-    seconds = sum(max(n * PAGED_ADAMW_BYTES_PER_ELEMENT / rate, kernels.MIN_KERNEL_S) for n in numels)
+    ``numels`` elements on a GPU whose contiguous kernels move ``rate`` bytes/s: a kernel per tensor (at least
+    ``min_kernel_s``)."""
+    seconds = sum(max(n * PAGED_ADAMW_BYTES_PER_ELEMENT / rate, min_kernel_s) for n in numels)
     return seconds, len(numels), len(numels) * PAGED_ADAMW_HOST_OPS_PER_TENSOR

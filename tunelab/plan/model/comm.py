@@ -11,9 +11,9 @@ sync while accumulating), P parameters of s_p bytes, T trainable ones with gradi
   parameter bytes for full fine-tuning), where R are the root unit's parameters (the embedding, the final norm, the
   head: everything outside the blocks), which FSDP1 gathers once per forward and keeps for the backward (it does
   not free the root's parameters after forward; FSDP2 regathers them: R = 0; ZeRO-3 keeps what its coordinator holds
-  at the forward's end, :func:`tunelab.plan.memory.zero3_gathered`: R = K). With FSDP1's whole model one unit
+  at the forward's end, :func:`tunelab.plan.model.memory.zero3_gathered`: R = K). With FSDP1's whole model one unit
   (``fsdp_wrap: none``) all of it is the root: a x (n-1)/n x P s_p + (n-1)/n x T s_g. Traced: the per-rank
-  simulation (:mod:`tunelab.plan.ranks`) records these gathers (FSDP1's root once per forward, FSDP2's twice). LoRA under FSDP
+  simulation (:mod:`tunelab.plan.trace.ranks`) records these gathers (FSDP1's root once per forward, FSDP2's twice). LoRA under FSDP
   still gathers every frozen weight: its traffic is that of full fine-tuning less the gradients; under FSDP1 not even
   those: each flat parameter with a trainable weight gets a whole gradient, frozen weights' zeros included, and is
   reduce-scattered whole (traced). A model given by
@@ -66,8 +66,10 @@ from tunelab import yaml_input
 from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
 from tunelab.paths import CONFIGS_DIR
-from tunelab.plan import memory
-from tunelab.plan.memory import PlanInput, parameter_bytes
+from tunelab.plan.model import memory
+from tunelab.plan.model.kernels import TRACED_AS
+from tunelab.plan.model.memory import PlanInput, parameter_bytes
+from tunelab.plan.model.tables import tables_of
 from tunelab.units import GB
 
 LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
@@ -208,16 +210,13 @@ _BUCKETS: dict = {}
 def ddp_bucket_count(x: PlanInput) -> int:
     """DDP's gradient buckets for ``x``: DDP's own assignment of the trainable gradients (a first bucket of 1 MiB,
     then ``bucket_cap_mb``; a bucket closes once it exceeds the cap, so it holds whole tensors:
-    :func:`tunelab.plan.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
-    from tunelab.plan.kernels import TRACED_AS
-    from tunelab.plan.ranks import ddp_buckets
-
+    :func:`tunelab.plan.trace.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
     lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
     precision = TRACED_AS.get(str(x.precision), str(x.precision))  # float16's gradients: bfloat16's bytes
     key = (repr(x.config), x.method, precision, x.ddp_bucket_mb, lora)
     if key not in _BUCKETS:
         method = "lora" if x.lora else "full"
-        _BUCKETS[key] = len(ddp_buckets(x.config, method, precision, x.ddp_bucket_mb, *lora))
+        _BUCKETS[key] = len(tables_of(x).ddp_buckets(x.config, method, precision, x.ddp_bucket_mb, *lora))
     return _BUCKETS[key]
 
 
@@ -357,7 +356,7 @@ def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
     elif x.strategy == "fsdp" and x.sharding == "HYBRID_SHARD":
         _hybrid(c, x, z)
     elif (x.strategy == "fsdp" and x.sharding == "SHARD_GRAD_OP") or (x.strategy == "deepspeed" and x.zero_stage == 2):
-        # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.ranks); FSDP2
+        # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.trace.ranks); FSDP2
         # reshards after each backward and gathers again
         gathers = 1 if x.strategy == "deepspeed" or x.fsdp_root_kept else a
         c.bytes_gpu = gathers * ring * P + ring * G

@@ -33,8 +33,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from tunelab.plan.activations import saved_bytes
-from tunelab.plan.memory import dtype_bytes
+from tunelab.plan.model.activations import saved_bytes
+from tunelab.plan.model.memory import dtype_bytes
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 DTYPES = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32", "bf16-mixed": "float32"}
@@ -369,7 +369,7 @@ def compare(
     lora_r: int = LITGPT_LORA_R,
     targets=LORA_TARGETS,
 ) -> dict:
-    """The planner's saved-activation bytes (tunelab.plan.activations, as CUDA keeps them: the measurement runs
+    """The planner's saved-activation bytes (tunelab.plan.model.activations, as CUDA keeps them: the measurement runs
     CUDA's 1-byte dropout mask) beside the measurement, per block and for the head; errors relative to the
     measurement."""
     s = dtype_bytes(precision)
@@ -419,7 +419,7 @@ def compare_methods_in_child(
         [
             sys.executable,
             "-m",
-            "tunelab.plan.measure",
+            "tunelab.plan.trace.measure",
             name,
             ",".join(methods),
             ",".join(precisions),
@@ -456,7 +456,9 @@ def for_plan(x) -> dict:
     return compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r, x.lora_targets)
 
 
-if __name__ == "__main__":  # python -m tunelab.plan.measure NAME METHOD[,..] PRECISION[,..] MICRO SEQ -> JSON lines
+if (
+    __name__ == "__main__"
+):  # python -m tunelab.plan.trace.measure NAME METHOD[,..] PRECISION[,..] MICRO SEQ -> JSON lines
     from litgpt import Config
 
     name, methods, precisions, micro, seq = sys.argv[1:6]

@@ -2,7 +2,7 @@
 
     seconds = compute FLOPs / (peak FLOP/s x ETA) + memory-bound bytes / (bandwidth x MU) + iterations x OVERHEAD_S
 
-* compute FLOPs: training (the model's matmul FLOPs per padded token, ``tunelab.plan.flops.flops_per_token``, times the
+* compute FLOPs: training (the model's matmul FLOPs per padded token, ``tunelab.plan.model.flops.flops_per_token``, times the
   epoch's padded tokens) and every validation litgpt runs inside its fit loop: the 2-batch sanity check at the
   start, then ``eval.max_iters`` batches (at most the validation set) every ``eval.interval`` optimizer steps, at a
   third of the training FLOPs per token (forward only); with activation checkpointing each training token's
@@ -28,10 +28,20 @@ import math
 from dataclasses import dataclass
 
 from tunelab import settings
+from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan.comm import BACKWARD_SHARE
-from tunelab.plan.flops import flops_per_token
-from tunelab.plan.memory import four_bit_bytes_per_param, optimizer_shards, parameter_bytes
+from tunelab.plan.model import kernels
+from tunelab.plan.model.comm import BACKWARD_SHARE
+from tunelab.plan.model.fast_step import fast_step
+from tunelab.plan.model.flops import flops_per_token
+from tunelab.plan.model.memory import (
+    four_bit_bytes_per_param,
+    model_states,
+    optimizer_shards,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
+from tunelab.plan.model.tables import optimizer_of
 from tunelab.units import GB
 
 ETA = 0.6040
@@ -49,7 +59,7 @@ LITGPT_HOST_S_PER_OP = 60e-6
 dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside it on the same CPU): the loop is
 launch-bound wherever its kernels take less. Fitted on our H100 Part 1 rows (litgpt 0.5.13 on that machine's host;
 ``tunelab plan-accuracy`` leaves each row out): 60 us where the isolated step of the profile dispatched at 35
-(:data:`tunelab.plan.kernels.HOST_S_PER_OP`). A property of the host CPU and software, not of the GPU."""
+(:data:`tunelab.plan.model.kernels.HOST_S_PER_OP`). A property of the host CPU and software, not of the GPU."""
 LITGPT_HOST_S_PER_OP_RANGE = (37e-6, 76e-6)
 """The host seconds per op litgpt's loop took over every host-bound run we have, on the machines they ran on (GPU
 busy under 60% of the steady window: seven reports, each its own lent machine; ``tunelab plan-accuracy`` recomputes it
@@ -81,7 +91,6 @@ def checkpoint_bytes(x) -> tuple[float, float]:
     * after the loop (outside Training Time, inside the wall time): full fine-tuning saves the model; LoRA and
       QLoRA save the adapters, then litgpt's ``merge_lora`` writes the merged model in the run's precision (QLoRA:
       16-bit; the pretrained weights it reads are not counted: mmapped, just read by the run)."""
-    from tunelab.plan.memory import model_states, optimizer_state_bytes
 
     st = model_states(x, [])
     if x.lora:
@@ -100,11 +109,11 @@ def checkpoint_bytes(x) -> tuple[float, float]:
 
 @dataclass
 class KernelWork:
-    """What the kernel model (:mod:`tunelab.plan.kernels`) times: one device's training step."""
+    """What the kernel model (:mod:`tunelab.plan.model.kernels`) times: one device's training step."""
 
     config: object
     method: str
-    """full, lora or qlora (LoRA's step on 4-bit weights: :mod:`tunelab.plan.bnb_kernels`)."""
+    """full, lora or qlora (LoRA's step on 4-bit weights: :mod:`tunelab.plan.model.bnb_kernels`)."""
     precision: str
     micro: int
     tokens: float
@@ -115,21 +124,20 @@ class KernelWork:
     lora: tuple = ()
     """(rank, targets) of the adapters."""
     optimizer_shards: int = 1
-    """Devices the optimizer's states are sharded over (:func:`tunelab.plan.memory.optimizer_shards`): each rank's
+    """Devices the optimizer's states are sharded over (:func:`tunelab.plan.model.memory.optimizer_shards`): each rank's
     optimizer step runs its kernels over 1/this of the parameters (its launches stay: torch's optimizer is handed
     every original parameter, a rank's share of some of them empty)."""
+    tables: object = None
+    """Where the step's kernel templates come from (:class:`tunelab.plan.model.tables.Tables`)."""
     fast: object = None
     """tunelab's loop with a speed switch on (compiled blocks, Liger's loss, the fused optimizer, the loss read less
-    often than every iteration): the PlanInput, whose step :func:`tunelab.plan.fast_step.fast_step` times."""
+    often than every iteration): the PlanInput, whose step :func:`tunelab.plan.model.fast_step.fast_step` times."""
 
 
 def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
     """The step the kernel model times for PlanInput ``x``, or why it does not (a sentence): offloaded optimizer
     steps (they run on the CPU) and optimizers it does not trace. QLoRA is traced as LoRA on 4-bit weights, with
-    what bitsandbytes adds beside the trace (:mod:`tunelab.plan.bnb_kernels`)."""
-    from tunelab.errors import InputError
-    from tunelab.plan.simulate import optimizer_of
-
+    what bitsandbytes adds beside the trace (:mod:`tunelab.plan.model.bnb_kernels`)."""
     if x.offload_optimizer or x.offload_params:
         return "an offloaded optimizer step (on the CPU) is not in the kernel model"
     if getattr(x.config, "n_expert", 0):
@@ -144,7 +152,7 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
     fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
     return KernelWork(x.config, x.method, str(x.precision), x.micro_batch_size,
                       float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
-                      settings.lora_of(x), optimizer_shards(x),
+                      settings.lora_of(x), optimizer_shards(x), x.tables,
                       x if fast and x.method != "qlora" else None)  # fmt: skip
 
 
@@ -153,7 +161,7 @@ class MicroBatch:
     """One training micro batch of litgpt's loop on a GPU by the kernel model (:meth:`Terms._micro_batch`)."""
 
     step: object
-    """The step's kernels (:class:`tunelab.plan.kernels.StepTime`), this rank's share of the optimizer's."""
+    """The step's kernels (:class:`tunelab.plan.model.kernels.StepTime`), this rank's share of the optimizer's."""
     host_s_per_op: float
     """Host seconds per dispatched op (:data:`LITGPT_HOST_S_PER_OP` times the host's factor)."""
     gpu_s: float
@@ -178,7 +186,7 @@ class Terms:
     iterations: float
     detail: dict
     comm: object = None
-    """The communication of one optimizer step (:class:`tunelab.plan.comm.Comm`), None on one device."""
+    """The communication of one optimizer step (:class:`tunelab.plan.model.comm.Comm`), None on one device."""
     kernels: KernelWork | str = ""
     """The step the kernel model times (:func:`kernel_work`), or why it does not."""
     save_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S
@@ -201,9 +209,9 @@ class Terms:
           (a sample stopped early by its end token is not modelled: an upper bound), kernels or launches;
         * QLoRA: bitsandbytes' dequantization kernels in each forward, backward and validation batch as
           "dequantization", its Python per 4-bit matmul and per optimizer tensor with the launches
-          (:mod:`tunelab.plan.bnb_kernels`);
+          (:mod:`tunelab.plan.model.bnb_kernels`);
         * checkpoint saves: every ``train.save_interval`` optimizer steps (:meth:`save_seconds`);
-        * communication: what compute does not hide (:mod:`tunelab.plan.comm`).
+        * communication: what compute does not hide (:mod:`tunelab.plan.model.comm`).
 
         ``host_scale`` and ``gpu_scale`` (litgpt's loop): the launching host's time per op and the board's time per
         kernel relative to the constants' (the H100 machine's host; the table's board at its fitted efficiencies),
@@ -239,14 +247,13 @@ class Terms:
     def step_time(self, gpu):
         """One micro batch's step of litgpt's loop on ``gpu`` by the kernel model (:func:`kernels.step_time`), before
         any board scale or optimizer sharding."""
-        from tunelab.plan import kernels
 
         k = self.kernels
-        return kernels.step_time(k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
+        args = (k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
+        return kernels.step_time(*args, tables=k.tables)
 
     def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> MicroBatch:
         """litgpt's micro batch on ``gpu`` from the kernel model (:meth:`by_cause`'s factors and ``step``)."""
-        from tunelab.plan import kernels
 
         k = self.kernels
         st = kernels.board_scaled(step if step is not None else self.step_time(gpu), gpu_scale)
@@ -263,7 +270,7 @@ class Terms:
         """One optimizer step of litgpt's loop on ``gpu`` by the kernel model, in seconds: ``passes`` (the forward
         and backward passes of its micro batches), ``backward`` (one micro batch's backward), ``optimizer`` (the
         optimizer step: this rank's share of its kernels, or its launches): what communication is scheduled
-        beside (:meth:`tunelab.plan.comm.Comm.exposed`)."""
+        beside (:meth:`tunelab.plan.model.comm.Comm.exposed`)."""
         mb = self._micro_batch(gpu)
         st, d = mb.step, self.detail
         micro_batches = d["train_iterations"] / d["optimizer_steps"] if d.get("optimizer_steps") else 0.0
@@ -273,11 +280,9 @@ class Terms:
         return {"passes": micro_batches * max(mb.gpu_s, mb.host_s), "backward": mb.backward_s, "optimizer": optimizer}
 
     def _fast_by_cause(self, gpu) -> dict:
-        """:meth:`by_cause` for tunelab's loop with its speed switches (:mod:`tunelab.plan.fast_step`): each micro
+        """:meth:`by_cause` for tunelab's loop with its speed switches (:mod:`tunelab.plan.model.fast_step`): each micro
         batch takes its kernels or its launches over the stretches the host queues ahead in, the optimizer step
         likewise; validation and generation as in litgpt's step (tunelab's loop runs them eagerly)."""
-        from tunelab.plan import kernels
-        from tunelab.plan.fast_step import fast_step
 
         k, d = self.kernels, self.detail
         fs = fast_step(k.fast, gpu, k.tokens)
@@ -339,7 +344,7 @@ class Terms:
     def comm_beside(self, compute_s: float) -> float:
         """:meth:`comm_seconds` for a run whose compute takes ``compute_s`` in all, known only as a total (the
         fitted curve, an MFU range): per optimizer step its share, the backward of one micro batch
-        :data:`tunelab.plan.comm.BACKWARD_SHARE` of a micro batch's share."""
+        :data:`tunelab.plan.model.comm.BACKWARD_SHARE` of a micro batch's share."""
         steps = self.detail.get("optimizer_steps") or 0
         if not steps:
             return 0.0
@@ -349,7 +354,7 @@ class Terms:
 
     def comm_seconds(self, backward_s: float, passes_s: float) -> float:
         """Seconds of communication over the run left exposed: each optimizer step adds what its traffic takes
-        beyond the compute its schedule runs it beside (:meth:`tunelab.plan.comm.Comm.exposed`): ``backward_s``,
+        beyond the compute its schedule runs it beside (:meth:`tunelab.plan.model.comm.Comm.exposed`): ``backward_s``,
         one micro batch's backward; ``passes_s``, the step's forward and backward passes."""
         steps = self.detail.get("optimizer_steps") or 0
         if self.comm is None or not steps:
@@ -364,8 +369,6 @@ def _schedule(train: dict, micro: int, train_samples: int) -> tuple[int, int]:
     samples = train_samples * (train.get("epochs") or 1)
     steps = samples // gbs
     if train_samples and train_samples < gbs:  # litgpt divides by the steps per epoch: a run with none fails
-        from tunelab.errors import InputError
-
         raise InputError(
             f"train.global_batch_size {gbs:,} is more than the {train_samples:,} training samples: an epoch has no "
             f"optimizer step to time; fix: lower train.global_batch_size to at most {train_samples:,}, or give more data"

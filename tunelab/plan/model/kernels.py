@@ -1,0 +1,534 @@
+"""The simulated step's kernels, timed one by one on a named GPU: the first piece of the runtime model by cause.
+
+The step of :mod:`tunelab.plan.trace.simulate` (litgpt's model, loss and optimizer on fake tensors, at full width) runs
+under a ``TorchDispatchMode`` that records every ATen op it dispatches in the forward pass and the loss, the
+backward pass and the optimizer step: its category, its FLOPs (matmuls and attention) and the bytes it reads and
+writes (every tensor argument and result that is not a view). Ops that only make views launch no kernel and are
+not counted. The step is traced with one and with two blocks and extrapolated by block to the model's ``n_layer``,
+as the memory simulation does.
+
+Each kernel gets a time on the GPU (``configs/hardware/gpus.yaml``):
+
+* matmul: FLOPs / (dense peak of the compute dtype x :data:`MATMUL_EFFICIENCY` x the share of the GPU's SMs its
+  output tiles keep busy over its waves (:func:`wave_efficiency`: tiles of :data:`TILE` x :data:`TILE`, one wave
+  per SM count));
+  fp32 matmuls as TF32 on tensor cores (litgpt's 'high') at :data:`TF32_MATMUL_SHARE` of that efficiency;
+* attention (flash): FLOPs / (dense peak x :data:`ATTENTION_EFFICIENCY`), causal (half the score blocks); fp32
+  attention, which flash does not take, by the memory-efficient kernel, whose fp32 products are three TF32 ones
+  (:func:`fp32_attention_peak`) x :data:`FP32_ATTENTION_EFFICIENCY`;
+* everything else (norms, RoPE, SwiGLU, casts, copies, the loss, the optimizer's for-each ops, LoRA's grouped
+  convolution): bytes / (:func:`memory_rate`, the HBM's bandwidth or what the SMs move, x its kind's share:
+  :data:`MEMORY_EFFICIENCY` contiguous, :data:`STRIDED_EFFICIENCY` over a strided view, :data:`FOREACH_EFFICIENCY`,
+  :data:`CONV_EFFICIENCY` / :data:`CONV_BACKWARD_EFFICIENCY`; :attr:`Template.access`);
+* every kernel at least :data:`MIN_KERNEL_S`.
+
+The host launches the kernels one after another: :data:`HOST_S_PER_OP` per dispatched op (Python, the dispatcher,
+the launch), and the for-each AdamW's Python work per tensor (:data:`ADAM_FOREACH_HOST_OPS_PER_TENSOR`). The step
+takes ``max(GPU time, host time)``: a small model with many small kernels (LoRA on 1B) waits on the host, a large one
+on the GPU.
+
+Checked against our H100 profile (:data:`PROFILE`, where most constants were fitted) and the H100 and H200 grids
+(:data:`GRIDS`): ``reports/planner-accuracy/kernels.md``. :mod:`tunelab.plan.model.runtime` puts the run around the step
+(validations, saves, communication, the litgpt loop's own host time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from tunelab import hardware
+from tunelab.models import lora_tensor_numels, param_tensor_numels
+from tunelab.plan.model import bnb_kernels
+from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
+from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, lora_of
+from tunelab.units import GB
+
+CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "dequantization")
+"""Kernel categories, as the H100 profile groups CUDA kernels (norm/rope/elementwise, cross-entropy/softmax, ...)."""
+TRAINING_PHASES = ("forward", "backward", "optimizer")
+"""The phases of a training step; a trace also records ``validation`` (one batch of litgpt's ``validate``) and
+``decode`` (one generated token), which the step's totals leave out."""
+LORA_LIKE = ("lora", "qlora")
+"""Methods whose head runs by 128-token chunk in litgpt's script (``lm_head_chunk_size``)."""
+
+MATMUL_EFFICIENCY = 0.85
+"""Fraction of the dense peak a large, well-shaped matmul reaches (cuBLAS on H100/A100 reaches 70-90%); fitted on
+the H100 profile's matmul time (TinyLlama full, 29.1 ms)."""
+ATTENTION_EFFICIENCY = 0.19
+"""Fraction of the dense peak the flash kernels reach at fine-tuning lengths (437 tokens, head size 64: short rows,
+few tiles); fitted on the H100 profile's attention time (3.0 ms)."""
+TF32_MATMUL_SHARE = 0.81
+"""An fp32 matmul's efficiency against the TF32 peak, as a share of :data:`MATMUL_EFFICIENCY` (a bf16 matmul's
+against the bf16 peak): cuBLAS's TF32 kernels reach less of their peak than its bf16 ones (their operands are twice
+as wide: twice the bytes per FLOP to feed the tensor cores; a reading, not measured apart). Fitted on the H200 grid's fp32 line at micro 8
+(TinyLlama full, 32-true: 72.2 ms of matmul kernels against 58.3 planned at the bf16 share); its micro-32 line is
+out of sample (``reports/planner-accuracy/kernels.md``)."""
+FP32_ATTENTION_EFFICIENCY = 0.15
+"""Fraction of :func:`fp32_attention_peak` that fp32 attention reaches (the same causal FLOPs as flash): torch's
+flash kernels take only 16-bit inputs, so fp32 SDPA runs the memory-efficient (CUTLASS) kernel. Fitted on the H200
+grid's fp32 line at micro 8 (19.7 ms of attention kernels; timed as flash at the TF32 peak it was 5.1 ms); its
+micro-32 line is out of sample."""
+MEMORY_EFFICIENCY = 0.9
+"""Fraction of :func:`memory_rate` a contiguous eager elementwise kernel reaches (a large device-to-device copy
+moves about 90% of the HBM's peak on the H100 and H200 machines we borrow). Fitted with
+:data:`STRIDED_EFFICIENCY` and :data:`SM_BYTES_PER_CYCLE` on the elementwise, loss and copy kernels of eight
+full fine-tuning steps: the H100 profile, the H100 grid's five, two H200 lines (bounded at 0.9: the fit alone
+wanted 1.0)."""
+FOREACH_EFFICIENCY = 0.56
+"""Fraction of :func:`memory_rate` torch's for-each optimizer kernels reach (many tensors per launch, bf16 math in
+fp32); fitted on the H100 profile's optimizer phase (TinyLlama full, AdamW for-each, 16.4 ms)."""
+STRIDED_EFFICIENCY = 0.44
+"""Fraction of :func:`memory_rate` an elementwise kernel reaches when an operand is a strided view (RoPE on a
+transposed head, its halves, their cat, copies and slice gradients): torch's unvectorized TensorIterator path.
+Fitted with :data:`MEMORY_EFFICIENCY` (above); the H200 profile of OpenLLaMA 3B and 7B by op shows these ops
+(cat, clone, neg, slice_backward) 2 to 3x slower than their bytes at the contiguous rate."""
+CONV_EFFICIENCY = 0.13
+"""Fraction of :func:`memory_rate` cuDNN's grouped 1-D convolution (litgpt's LoRA on the fused qkv: the r-wide
+groups into the q, k, v widths) reaches over the bytes it reads and writes, forward, layout conversions to NHWC
+and back included: measured on the H200 (OpenLLaMA 7B LoRA, micro 8 x 437: 172 us a call for an 86 MB output)."""
+CONV_BACKWARD_EFFICIENCY = 0.034
+"""The same for its backward (data and weight gradients: an implicit GEMM over the tokens with an r-wide reduction,
+the layouts converted again): 648 us a call on that line, 27x its bytes at the contiguous rate."""
+SM_BYTES_PER_CYCLE = 15.0
+"""Bytes an SM moves to and from memory per clock cycle in an eager kernel (the loads it keeps in flight over the
+memory's latency): with the SM count and the boost clock, a ceiling on the rate that can sit below the HBM's
+(:func:`memory_rate`): 3.9 TB/s for 132 SMs at 1980 MHz, under the H200's 4.8 TB/s HBM and over the H100's 3.35.
+Fitted with :data:`MEMORY_EFFICIENCY`; checked out of sample by the H200's optimizer phases (for-each kernels,
+another efficiency), which the HBM's figure alone put 15-20% short."""
+MIN_KERNEL_S = 3e-6
+"""The shortest a kernel takes on the GPU (launch latency and a tail): seconds."""
+HOST_S_PER_OP = 35e-6
+"""Host time per dispatched op in eager PyTorch (Python module code, the dispatcher, autograd's bookkeeping, the
+launch); fitted on the H100 profile's two steps (full 97.6 ms, GPU-bound; LoRA 160.7 ms, host-bound: its kernels
+keep the GPU busy 89 ms)."""
+ADAM_FOREACH_HOST_OPS_PER_TENSOR = 0.74
+"""Host work per trainable tensor of torch's for-each Adam/AdamW step beyond its for-each ops, in dispatched ops
+(:data:`HOST_S_PER_OP` each): without ``capturable`` it reads every tensor's step counter on the host twice
+(``_get_value(step)`` for both bias corrections, torch/optim/adam.py) and builds the per-tensor step sizes in Python.
+Fitted on the H100 profile's and grid's launch-bound LoRA optimizer phases (TinyLlama: 222 tensors, 5.1-6.9 ms;
+OpenLLaMA 3B: 262, 6.0-7.1 ms; the median); the fused step (one kernel over the list) has none."""
+TILE = 128
+"""Output tile edge of a tensor-core matmul kernel (cuBLAS's common 128 x 128 / 128 x 256 tiles)."""
+DEFAULT_SMS = 108
+"""Streaming multiprocessors assumed for a GPU table row without a sourced ``sms`` (an A100's)."""
+
+
+@dataclass
+class StepTime:
+    """A step's time by cause on one GPU (seconds; ``gpu_by_category`` sums to ``gpu_s``)."""
+
+    gpu: str
+    ops: int
+    gpu_s: float
+    host_s: float
+    gpu_by_category: dict = field(default_factory=dict)
+    gpu_by_phase: dict = field(default_factory=dict)
+    ops_by_phase: dict = field(default_factory=dict)
+    """{phase: ops dispatched that launch a kernel}."""
+    gpu_by_phase_category: dict = field(default_factory=dict)
+    """{"phase/category": seconds}: the GPU time of each category within each phase."""
+    host_ops_by_phase: dict = field(default_factory=dict)
+    """{phase: the host's work in dispatched ops}: :attr:`ops_by_phase` plus what the host does without a kernel
+    (the for-each AdamW's reads of its step counters, :data:`ADAM_FOREACH_HOST_OPS_PER_TENSOR`); each takes
+    :data:`HOST_S_PER_OP` (litgpt's loop: ``runtime.LITGPT_HOST_S_PER_OP``)."""
+
+    def host_ops(self, phase: str) -> float:
+        """A phase's host work in dispatched ops (:attr:`host_ops_by_phase`)."""
+        return self.host_ops_by_phase.get(phase, 0)
+
+    def phase_s(self, phase: str) -> float:
+        """A phase's time: its kernels or its launches, whichever is longer."""
+        return max(self.gpu_by_phase.get(phase, 0.0), self.host_ops(phase) * HOST_S_PER_OP)
+
+    @property
+    def step_s(self) -> float:
+        """The step: the GPU's kernels or the host's launches, whichever is longer."""
+        return max(self.gpu_s, self.host_s)
+
+
+def memory_rate(gpu) -> float:
+    """Bytes per second an eager memory-bound kernel's traffic is measured against on ``gpu``: the HBM bandwidth or
+    what its SMs move (``sms`` x ``boost_mhz`` x :data:`SM_BYTES_PER_CYCLE`), whichever is lower (a row without SMs
+    or clock: the bandwidth). Each kind of kernel reaches its share of it (:data:`MEMORY_EFFICIENCY`, ...)."""
+    rate = gpu.bandwidth_gbs * GB
+    if gpu.sms and gpu.boost_mhz:
+        rate = min(rate, gpu.sms * gpu.boost_mhz * 1e6 * SM_BYTES_PER_CYCLE)
+    return rate
+
+
+def wave_efficiency(tiles: int, sms: int) -> float:
+    """The share of SM slots a matmul's ``tiles`` output tiles keep busy: the last wave is partly empty."""
+    if tiles <= 0:
+        return 1.0
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
+MATMUL_OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}
+"""Positions of a matmul op's two operands among its arguments."""
+
+
+def matmul_dims(op: str, top: list, out0) -> tuple:
+    """(batch, m, n, k) of a matmul-like op from its operand shapes (``convolution``: litgpt's LoRA, a grouped 1-D
+    convolution over tokens, as output elements x the weight's fan-in; its backward twice that)."""
+    if op in MATMUL_OPERANDS:
+        i, j = MATMUL_OPERANDS[op]
+        a, b = top[i], top[j]
+        batch = a[0] if len(a) == 3 else 1
+        return batch, a[-2], b[-1], a[-1]
+    if op in ("convolution", "convolution_backward"):
+        w = top[1] if op == "convolution" else top[2]
+        return (2 if op == "convolution_backward" else 1), math.prod(out0), 0, math.prod(w[1:])
+    return 0, 0, 0, 0
+
+
+def matmul_flops_tiles(batch, m, n, k) -> tuple[float, float]:
+    """(FLOPs, output tiles of :data:`TILE` x :data:`TILE`) of ``batch`` products of (m x k) by (k x n); ``n`` 0:
+    a convolution of ``m`` output elements (``batch`` 2: its backward), tiled by element count."""
+    if n == 0:
+        return 2.0 * batch * m * k, math.ceil(m / TILE**2)
+    return 2.0 * batch * m * n * k, batch * math.ceil(m / TILE) * math.ceil(n / TILE)
+
+
+def attention_flops(op: str, q, k) -> float:
+    """Causal attention FLOPs from the query and key shapes (B, H, T, D): 4 B H T T_k D forward, halved (the blocks
+    above the diagonal are skipped), 2.5x that backward; D as the kernel computes it (:func:`attention_head`)."""
+    if len(q) != 4:
+        return 0.0
+    b, h, t, d = q
+    forward = 4.0 * b * h * t * k[2] * attention_head(d) / 2
+    return forward * (2.5 if "backward" in op else 1.0)
+
+
+def attention_head(d: int) -> int:
+    """The head size an attention kernel computes for heads of ``d``: ``d`` where it is a multiple of 8 (cuDNN's
+    and the memory-efficient kernels take it as it is); otherwise only torch's flash kernels run it, rounded up to
+    their next head size, a multiple of 32 (OpenLLaMA 3B's 100 runs as 128: ``Flash_fwd_kernel_traits<128, ...>`` in
+    our H200 profile by op)."""
+    return d if d % 8 == 0 else -(-d // 32) * 32
+
+
+TRACED_AS = {"16-mixed": "bf16-mixed"}
+"""Precisions traced as another of the same sizes: float16 under autocast moves the bytes and does the FLOPs
+bfloat16 does (the GPU's peak for the kind, fp16 where there is no bf16, is chosen when the kernels are timed)."""
+
+
+TEMPLATE_SHAPES = ((2, 20), (3, 28))
+"""The two (micro batch, tokens) a :class:`Template` is traced at (LoRA: the tokens plus 128 per head chunk before
+the last): each size an op sees is solved as c x B^a x (T + o)^b (a in 0..1, b in 0..2, o in 0, -1, less the
+tokens of the full chunks) from its two values; the ratios of B, T, T - 1, B T, B (T - 1), T^2 between these
+shapes all differ, and both keep full fine-tuning's loss in one 128-row chunk."""
+CHUNK = 128
+"""litgpt's chunk: the loss's rows (``chunked_cross_entropy``), the LoRA head's tokens (``lm_head_chunk_size``)."""
+CHUNK_SHAPE = (2, 130)
+"""A shape whose full fine-tuning loss runs in three chunks of :data:`CHUNK` rows (B (T - 1) = 258): the ops each
+chunk more dispatches are counted there."""
+MONOMIALS = [(i, j) for i in range(4) for j in range(5)]
+"""The terms B^i T^j a :class:`Template`'s sizes are polynomials in."""
+
+
+def loss_chunks(method: str, micro: int, tokens: int) -> int:
+    """How many chunks litgpt's loss runs in: full fine-tuning's ``chunked_cross_entropy`` by :data:`CHUNK` rows of
+    B (T - 1); LoRA's head (``lm_head_chunk_size``) by :data:`CHUNK` tokens, the loss by head chunk."""
+    return math.ceil(tokens / CHUNK) if method in LORA_LIKE else math.ceil(micro * (tokens - 1) / CHUNK)
+
+
+def template_shapes(head_chunks: int, single: bool = False) -> tuple:
+    """:data:`TEMPLATE_SHAPES` with the tokens of ``head_chunks - 1`` full LoRA head chunks added (``single``: one
+    sample per micro batch in both)."""
+    return tuple((1 if single else b, t + CHUNK * (head_chunks - 1)) for b, t in TEMPLATE_SHAPES)
+
+
+@dataclass
+class Template:
+    """A step's kernels as polynomials in the micro batch B and the tokens T (one block count): evaluated for any
+    shape without tracing again (:meth:`kernels_at`). Made by :func:`template`."""
+
+    phase: list
+    category: list
+    fp32: list
+    bytes: object
+    """(kernels x :data:`MONOMIALS`) coefficients of the bytes each kernel moves."""
+    flops: object
+    mm: object
+    """Indices of the matmul kernels."""
+    mm_dims: object
+    """(matmuls x 4 x :data:`MONOMIALS`): batch, m, n, k of each matmul."""
+    chunk_ops: dict
+    """{phase: ops} one more loss chunk dispatches."""
+    logits: list = field(default_factory=list)
+    """Whether each kernel is one of the loss's own on the logits (not a matmul; it reads or writes a tensor whose last
+    dimension is the vocabulary, or it is the loss itself): what Liger's fused linear cross-entropy replaces."""
+    access: list = field(default_factory=list)
+    """How each kernel reaches memory (:func:`access_of`): "" contiguous, "strided" (an elementwise kernel over a
+    strided view), "conv" / "conv_backward" (cuDNN's grouped convolution of litgpt's LoRA)."""
+    count: object = None
+    """(kernels x :data:`MONOMIALS`) coefficients of how many kernels each row stands for: 1, or for a run of one op
+    that litgpt repeats once per token in a Python loop (the sliding-window mask, filled row by row), the tokens
+    (:func:`_aligned`). None: one each."""
+
+    def kernels_at(self, micro: int, tokens: int):
+        """(bytes, FLOPs, tiles) arrays of the kernels at ``micro`` x ``tokens``."""
+        import numpy as np
+
+        mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
+        nbytes, flops = self.bytes @ mono, self.flops @ mono
+        tiles = np.zeros(len(nbytes))
+        if len(self.mm):
+            batch, m, n, _ = np.moveaxis(self.mm_dims @ mono, 1, 0)
+            conv = n == 0
+            tiles[self.mm] = np.where(
+                conv, np.ceil(m / TILE**2), batch * np.ceil(m / TILE) * np.ceil(np.maximum(n, 1) / TILE)
+            )
+        return nbytes, flops, tiles
+
+    def counts_at(self, micro: int, tokens: int):
+        """How many kernels each row stands for at ``micro`` x ``tokens`` (:attr:`count`)."""
+        import numpy as np
+
+        if self.count is None or not len(self.count):
+            return np.ones(len(self.phase))
+        mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
+        return self.count @ mono
+
+
+def template_seconds(
+    tp: Template, micro: int, tokens: float, gpu, sms: int, method: str, drop_logits: bool = False
+) -> tuple:
+    """(ops, GPU seconds by category, GPU seconds by phase, ops by phase) of ``tp`` at ``micro`` x ``tokens`` on
+    ``gpu``: each kernel by its category (the module docstring), the ops of litgpt's loss chunks beyond the one the
+    template holds added at :data:`MIN_KERNEL_S` each. ``drop_logits``: without the loss's own kernels on the logits
+    (:attr:`Template.logits`; Liger's fused loss replaces them)."""
+    import numpy as np
+
+    nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+    counts = tp.counts_at(micro, tokens)
+    if drop_logits:
+        keep = ~np.array(tp.logits, dtype=bool)
+        tp = dataclasses.replace(
+            tp, phase=[p for p, k in zip(tp.phase, keep) if k], category=[c for c, k in zip(tp.category, keep) if k],
+            fp32=[f for f, k in zip(tp.fp32, keep) if k], chunk_ops=dict.fromkeys(tp.chunk_ops, 0.0),
+            access=[a for a, k in zip(tp.access, keep) if k],
+        )  # fmt: skip
+        nbytes, flops, tiles, counts = nbytes[keep], flops[keep], tiles[keep], counts[keep]
+    cat = np.array(tp.category)
+    peaks = gpu.peak_tflops
+    fp32 = np.array(tp.fp32, dtype=bool)
+    low = peaks.get("tf32") or peaks["fp32"]
+    high = peaks.get("bf16") or peaks.get("fp16") or peaks["fp32"]
+    peak = np.where(fp32, low, high) * 1e12
+    peak = np.where(fp32 & (cat == "attention"), fp32_attention_peak(peaks) * 1e12, peak)  # not flash
+    attention_eff = np.where(fp32, FP32_ATTENTION_EFFICIENCY, ATTENTION_EFFICIENCY)
+    matmul_eff = MATMUL_EFFICIENCY * np.where(fp32 & bool(peaks.get("tf32")), TF32_MATMUL_SHARE, 1.0)
+    access = np.array(tp.access or [""] * len(cat))
+    share = np.select(
+        [cat == "optimizer", access == "strided", access == "conv", access == "conv_backward"],
+        [FOREACH_EFFICIENCY, STRIDED_EFFICIENCY, CONV_EFFICIENCY, CONV_BACKWARD_EFFICIENCY],
+        MEMORY_EFFICIENCY,
+    )
+    bandwidth = memory_rate(gpu) * share
+    waves = np.ceil(np.maximum(tiles, 1) / sms) * sms
+    eff = np.where(cat == "matmul", matmul_eff * np.where(tiles > 0, tiles / waves, 1.0), attention_eff)
+    compute = np.where(np.isin(cat, ("matmul", "attention")) & (flops > 0), flops / (peak * eff), 0.0)
+    t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S) * counts
+    phases = np.array(tp.phase)
+    training = np.isin(phases, TRAINING_PHASES)
+    by_cat = {c: float(t[(cat == c) & training].sum()) for c in sorted(set(tp.category))}
+    by_phase = {p: float(t[phases == p].sum()) for p in sorted(set(tp.phase))}
+    by_phase.update(
+        {
+            f"{p}/{c}": float(t[(phases == p) & (cat == c)].sum())
+            for p in sorted(set(tp.phase))
+            for c in sorted(set(tp.category))
+        }
+    )
+    ops_by_phase = {p: float(counts[phases == p].sum()) for p in sorted(set(tp.phase))}
+    more = max(loss_chunks(method, micro, math.ceil(tokens)) - 1, 0) if method not in LORA_LIKE else 0
+    for p, n in tp.chunk_ops.items():
+        ops_by_phase[p] = ops_by_phase.get(p, 0.0) + more * n
+        by_phase[p] = by_phase.get(p, 0.0) + more * n * MIN_KERNEL_S
+        by_phase[f"{p}/loss"] = by_phase.get(f"{p}/loss", 0.0) + more * n * MIN_KERNEL_S
+        by_cat["loss"] = by_cat.get("loss", 0.0) + more * n * MIN_KERNEL_S
+    return sum(ops_by_phase.get(p, 0.0) for p in TRAINING_PHASES), by_cat, by_phase, ops_by_phase
+
+
+def fp32_attention_peak(peaks: dict) -> float:
+    """TFLOP/s the memory-efficient attention kernel has for fp32 inputs: from compute capability 8.0 its CUTLASS
+    GEMMs multiply fp32 as three TF32 products (``OpMultiplyAddFastF32``, 3xTF32: big x big + big x small + small x
+    big), a third of the TF32 peak; before it (no TF32: V100, T4) on the CUDA cores, the plain FP32 peak."""
+    return peaks["tf32"] / 3 if peaks.get("tf32") else peaks["fp32"]
+
+
+def step_time(
+    config,
+    method: str,
+    precision: str,
+    micro: int,
+    seq_len: float,
+    gpu_name: str,
+    optimizer: str = "AdamW",
+    lora: tuple = (),
+    *,
+    tables: Tables,
+) -> StepTime:
+    """A step's time by cause on ``gpu_name``: the templates of one and two blocks at ``micro`` x ``seq_len``
+    (padded tokens per sample; a mean may be fractional; ``tables``: where they come from), extrapolated by block.
+    ``lora``: (rank, targets)."""
+
+    gpu = hardware.lookup(gpu_name)
+    sms = gpu.sms or DEFAULT_SMS
+    chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method in LORA_LIKE else 1
+    kinds = block_kinds(config)
+
+    def seconds(layers: list) -> tuple:
+        tp = tables.template(with_blocks(config, layers), method, precision, optimizer, chunks, micro == 1, lora)
+        return template_seconds(tp, micro, seq_len, gpu, sms, method)
+
+    # the first block alone, then each kind of block after it: a block of that kind adds what the second adds
+    first = seconds(kinds[:1])
+    second_kind = kinds[1] if len(kinds) > 1 else kinds[0]
+    later = {kind: seconds([kinds[0], kind]) for kind in dict.fromkeys([second_kind, *kinds[1:]])}
+    n_a, cat_a, ph_a, ops_a = first
+    n_b = later[second_kind][0]
+    grown = {kind: kinds[1:].count(kind) for kind in later}
+    grown[second_kind] -= 1  # the second block is in its two-block step already
+
+    def extra(a: dict, pick: int) -> dict:
+        b = later[second_kind][pick]
+        keys = sorted(set(a).union(*(later[kind][pick] for kind in later)))
+        out = {key: b.get(key, 0.0) + grown[second_kind] * (b.get(key, 0.0) - a.get(key, 0.0)) for key in keys}
+        for kind, times in grown.items():
+            if kind != second_kind:
+                more = later[kind][pick]
+                out = {key: out[key] + times * (more.get(key, 0.0) - a.get(key, 0.0)) for key in keys}
+        return out
+
+    by_cat, both, ops_by_phase = extra(cat_a, 1), extra(ph_a, 2), extra(ops_a, 3)
+    ops = round(n_b + grown[second_kind] * (n_b - n_a))
+    ops += sum(times * (later[kind][0] - n_a) for kind, times in grown.items() if kind != second_kind)
+    kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
+    host_ops = dict(kernel_ops)
+    if optimizer == "AdamW":  # torch's for-each step reads each tensor's step counter on the host (no kernel)
+        extra = trainable_tensors(config, method, lora) * ADAM_FOREACH_HOST_OPS_PER_TENSOR
+        host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(extra)
+    ops += _add_bitsandbytes(config, method, seq_len, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
+    host_s = sum(host_ops.get(p, 0) for p in TRAINING_PHASES) * HOST_S_PER_OP
+    by_phase = {k: v for k, v in both.items() if "/" not in k}
+    split = {k: v for k, v in both.items() if "/" in k}
+    return StepTime(gpu_name, ops, sum(by_cat.values()), host_s, by_cat, by_phase, kernel_ops, split, host_ops)
+
+
+LAYER_LISTS = ("sliding_window_indices", "rope_indices")
+"""litgpt's per-block settings (a 0/1 per layer): blocks that differ in them dispatch other kernels."""
+
+
+def block_kinds(config) -> list:
+    """Each block's kind as litgpt builds it, a tuple of its :data:`LAYER_LISTS` flags (Gemma 2's alternating
+    local and global attention: two kinds; most models: one)."""
+    lists = [getattr(config, name, None) for name in LAYER_LISTS]
+    return [tuple(flags[i] if flags else 0 for flags in lists) for i in range(config.n_layer)]
+
+
+def with_blocks(config, layers: list):
+    """``config`` with the blocks ``layers`` (kinds from :func:`block_kinds`): its per-block lists cut to them."""
+    lists = {name: [kind[i] for kind in layers] for i, name in enumerate(LAYER_LISTS) if getattr(config, name, None)}
+    return dataclasses.replace(config, n_layer=len(layers), **lists)
+
+
+def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops) -> int:
+    """Add what the trace does not see of bitsandbytes (:mod:`tunelab.plan.model.bnb_kernels`) to a step's dicts: QLoRA's
+    dequantization kernels (category ``dequantization``) and its Python per 4-bit matmul; a paged AdamW's kernel and
+    Python per tensor. Returns the training phases' kernels added."""
+
+    work = bnb_kernels.qlora_work(config, tokens, memory_rate(gpu), MIN_KERNEL_S) if method == "qlora" else {}
+    if optimizer.startswith("Paged"):
+        r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+        numels = param_tensor_numels(config) if method == "full" else lora_tensor_numels(config, r, targets)
+        sec, n, host = bnb_kernels.paged_adamw(numels, memory_rate(gpu) * MEMORY_EFFICIENCY, MIN_KERNEL_S)
+        work["optimizer"] = (sec, n, host)
+    added = 0
+    for phase, (sec, n, host) in work.items():
+        cat = "optimizer" if phase == "optimizer" else "dequantization"
+        both[phase] = both.get(phase, 0.0) + sec
+        both[f"{phase}/{cat}"] = both.get(f"{phase}/{cat}", 0.0) + sec
+        kernel_ops[phase] = kernel_ops.get(phase, 0) + n
+        host_ops[phase] = host_ops.get(phase, 0) + n + round(host)
+        if phase in TRAINING_PHASES:
+            by_cat[cat] = by_cat.get(cat, 0.0) + sec
+            added += n
+    return added
+
+
+def board_scaled(st, gpu_scale: float):
+    """:class:`StepTime` ``st`` with every kernel's time times ``gpu_scale`` (a board that runs them slower or faster
+    than the model's constants); the host's launches unchanged."""
+    if gpu_scale == 1.0:
+        return st
+    return dataclasses.replace(
+        st,
+        gpu_s=st.gpu_s * gpu_scale,
+        gpu_by_category={key: v * gpu_scale for key, v in st.gpu_by_category.items()},
+        gpu_by_phase={key: v * gpu_scale for key, v in st.gpu_by_phase.items()},
+        gpu_by_phase_category={key: v * gpu_scale for key, v in st.gpu_by_phase_category.items()},
+    )
+
+
+def sharded_optimizer(st, shards: int):
+    """:class:`StepTime` ``st`` with its optimizer step's kernels over 1/``shards`` of the
+    parameters (a rank's share under a sharded optimizer: :attr:`tunelab.plan.model.runtime.KernelWork.optimizer_shards`): their time divided,
+    each still at least :data:`MIN_KERNEL_S`; the host's launches unchanged."""
+    if shards <= 1:
+        return st
+    floor = st.ops_by_phase.get("optimizer", 0) * MIN_KERNEL_S
+    whole = st.gpu_by_phase.get("optimizer", 0.0)
+    share = max(whole / shards, floor) / whole if whole else 1.0
+    by_cat = {k: v * share if k == "optimizer" else v for k, v in st.gpu_by_category.items()}
+    return dataclasses.replace(
+        st,
+        gpu_s=sum(by_cat.values()),
+        gpu_by_category=by_cat,
+        gpu_by_phase={k: v * share if k == "optimizer" else v for k, v in st.gpu_by_phase.items()},
+        gpu_by_phase_category={
+            k: v * share if k.startswith("optimizer/") else v for k, v in st.gpu_by_phase_category.items()
+        },
+    )
+
+
+def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
+    """Trainable parameter tensors of litgpt's model for ``config``: every tensor (full fine-tuning) or LoRA's A and
+    B of each adapted layer (``lora``: (rank, targets), litgpt's defaults when empty)."""
+
+    if method == "full":
+        return len(param_tensor_numels(config))
+    r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+    return len(lora_tensor_numels(config, r, targets))
+
+
+def for_plan(x, gpu) -> StepTime | str:
+    """The step by kernel of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) on ``gpu``, or why it
+    is not modelled (a sentence): litgpt's own script on one device, full fine-tuning, LoRA or QLoRA."""
+    if x.world > 1 or not x.fabric:
+        return "not modelled yet for several devices or tunelab's loop (a strategies file)"
+    lora = lora_of(x)
+    args = (x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x), lora)
+    return step_time(*args, tables=tables_of(x))
+
+
+def to_json(st) -> dict:
+    """``plan --simulate --gpu --json``: the step by kernel, or ``{"not_modelled": why}``."""
+    return {"not_modelled": st} if isinstance(st, str) else {**dataclasses.asdict(st), "step_s": st.step_s}
+
+
+def render(st) -> str:
+    """``plan --simulate --gpu``: the step by kernel, in lines."""
+    if isinstance(st, str):
+        return f"\nstep by kernel: {st}"
+    cats = ", ".join(f"{k} {v:.4f}" for k, v in sorted(st.gpu_by_category.items(), key=lambda kv: -kv[1]))
+    bound = "the host's launches" if st.host_s > st.gpu_s else "the GPU's kernels"
+    return (
+        f"\nstep by kernel on {st.gpu} (tunelab/plan/model/kernels.py; constants fitted on H100 and H200 profiles): "
+        f"{st.step_s:.4f} s for one micro batch and an optimizer step, bound by {bound}\n"
+        f"  GPU {st.gpu_s:.4f} s: {cats}\n"
+        f"  host {st.host_s:.4f} s: {st.host_s / HOST_S_PER_OP:,.0f} ops x {HOST_S_PER_OP * 1e6:.0f} us"
+    )
