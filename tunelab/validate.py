@@ -19,8 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from tunelab import hardware
+from tunelab.checkpoints import unsafe_files
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
+from tunelab.files import FileRefused, read_bytes
 from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.recipes import Recipe, display_path
@@ -160,7 +162,6 @@ CONFIG_MAX_BYTES = 2**20
 def _config_override_problem(overrides: list[str]) -> str | None:
     """Why a ``--config FILE`` among the overrides cannot be read (a FIFO, a device, a directory, over
     :data:`CONFIG_MAX_BYTES`, missing), or None. Checked before litgpt's parser, which would block on a FIFO."""
-    from tunelab.files import FileRefused, read_bytes
 
     for i, arg in enumerate(overrides):
         path = arg.split("=", 1)[1] if arg.startswith("--config=") else None
@@ -307,7 +308,6 @@ def _irregular_files(ckpt: Path) -> list[str]:
 def _unsafe_weight_files(ckpt: Path) -> list[str]:
     if not any(Path(ckpt).glob("*.pth")) and not any(Path(ckpt).glob("*.bin")):
         return []  # nothing to check: no torch import for a plan of a model that is not downloaded
-    from tunelab.checkpoints import unsafe_files  # imports torch
 
     return unsafe_files(ckpt)
 

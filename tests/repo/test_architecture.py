@@ -249,3 +249,41 @@ def test_the_tests_mirror_the_package_in_their_layers():
     assert not misplaced, f"test files outside the layers' folders: {misplaced}"
     stages = set(UNIT_LAYER) - {"cli", "repo"}
     assert stages <= set(LAYERS), stages - set(LAYERS)
+
+
+HEAVY = ("torch", "litgpt", "lightning", "deepspeed", "bitsandbytes", "liger_kernel", "numpy", "matplotlib", "pynvml")
+"""Third-party packages slow to import (seconds) or absent on some machines: imported where they are used."""
+
+
+def heavy_at_import(module: str, mods: dict, seen: set | None = None) -> bool:
+    """Whether importing ``module`` loads a :data:`HEAVY` package (its own module-level imports, followed)."""
+    seen = set() if seen is None else seen
+    if module in seen or module not in mods:
+        return False
+    seen.add(module)
+    for node in ast.parse(mods[module].read_text(encoding="utf-8")).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name.split(".")[0] in HEAVY or (name.startswith("tunelab") and heavy_at_import(name, mods, seen)):
+                return True
+    return False
+
+
+def test_a_function_imports_only_what_is_heavy_to_import():
+    """Outside the CLI's lazy loading, a tunelab module imported inside a function is one whose import loads torch,
+    litgpt or another heavy package; everything else is imported at the top, where the graph shows it."""
+    mods = modules()
+    found = []
+    for name, path in mods.items():
+        if stage(name) == "cli":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and id(node) not in top and (node.module or "").startswith("tunelab"):
+                targets = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
+                if not any(heavy_at_import(t, mods) for t in targets or [node.module]):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
+    assert not found, found

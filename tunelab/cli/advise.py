@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tunelab.cli.common import count, folder, given_path, listed, number
-from tunelab.files import unwritable_dir
 
 
 def add_parser(sub) -> None:
@@ -27,31 +26,63 @@ def add_parser(sub) -> None:
     s.add_argument("model", help="a folder of recipes/ (open-llama-7b) or a recipe key (open-llama-7b/lora)")
     s.add_argument("--gpus", default="A10G,A100-80GB,H100-SXM", help="GPU table rows, comma-separated")
     s.add_argument("--method", choices=["full", "lora", "qlora", "any"], default="any")
-    s.add_argument("--precision", metavar="LIST", help="precisions to try (default: bf16-true,bf16-mixed where "
-                   "the GPU has bfloat16, else 16-mixed)")  # fmt: skip
-    s.add_argument("--strategies", metavar="LIST", help="strategy files to try, comma-separated (default: single "
-                   "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several, fsdp-hybrid too on several nodes; "
-                   "offload files only when named: their CPU optimizer step is not in the time)")  # fmt: skip
+    s.add_argument(
+        "--precision",
+        metavar="LIST",
+        help="precisions to try (default: bf16-true,bf16-mixed where the GPU has bfloat16, else 16-mixed)",
+    )
+    s.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="strategy files to try, comma-separated (default: single "
+        "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several, fsdp-hybrid too on several nodes; "
+        "offload files only when named: their CPU optimizer step is not in the time)",
+    )
     s.add_argument(
         "--max-devices",
         type=number(int, 1, 16, what="a device count"),
         default=8,
         help="devices per node at most (default 8; up to 16): the search tries 1, 2, 4, 8 and 16",
     )
+    _workload(s)
+    s.add_argument(
+        "--global-batch",
+        choices=["keep", "free"],
+        default="keep",
+        help="keep the recipe's global batch (default), or free: no accumulation, micro batches up to "
+        "the planner's largest",
+    )
+    s.add_argument(
+        "--headroom",
+        type=number(float, 0, 0.5, what="a fraction"),
+        help="memory left free for the allocator (default 0.10: past 88-92%% of an H100 the measured "
+        "steps retried allocations); 0 ranks tight configurations too",
+    )
+    _limits_and_output(s)
+    s.set_defaults(func=handle)
+
+
+def _workload(s) -> None:
+    """The options that say what is trained: the tokens or the dataset, and the epochs."""
     work = s.add_mutually_exclusive_group()
-    work.add_argument("--tokens", type=number(float, 0, 1e15, low_open=True, what="a token count"),
-                      help="padded tokens to train on (default 5e7), as samples of the lab's Alpaca length (437 at "
-                      "micro 8; padding per micro batch from a default length distribution)")  # fmt: skip
-    work.add_argument("--data", metavar="FILE|MODULE", help="the dataset: a .json/.jsonl file or folder litgpt "
-                      "reads (sample lengths from the tokenizer where the checkpoint has one, else 4 characters per "
-                      "token; padding per micro batch), or a litgpt data module (Alpaca, Dolly, ...)")  # fmt: skip
+    work.add_argument(
+        "--tokens",
+        type=number(float, 0, 1e15, low_open=True, what="a token count"),
+        help="padded tokens to train on (default 5e7), as samples of the lab's Alpaca length (437 at "
+        "micro 8; padding per micro batch from a default length distribution)",
+    )
+    work.add_argument(
+        "--data",
+        metavar="FILE|MODULE",
+        help="the dataset: a .json/.jsonl file or folder litgpt "
+        "reads (sample lengths from the tokenizer where the checkpoint has one, else 4 characters per "
+        "token; padding per micro batch), or a litgpt data module (Alpaca, Dolly, ...)",
+    )
     s.add_argument("--epochs", type=number(int, 1, 10**4, what="an epoch count"), default=1)
-    s.add_argument("--global-batch", choices=["keep", "free"], default="keep",
-                   help="keep the recipe's global batch (default), or free: no accumulation, micro batches up to "
-                   "the planner's largest")  # fmt: skip
-    s.add_argument("--headroom", type=number(float, 0, 0.5, what="a fraction"),
-                   help="memory left free for the allocator (default 0.10: past 88-92%% of an H100 the measured "
-                   "steps retried allocations); 0 ranks tight configurations too")  # fmt: skip
+
+
+def _limits_and_output(s) -> None:
+    """The options that bound the search (deadline, budget, prices, links, nodes) and shape what it prints."""
     s.add_argument("--deadline", type=number(float, 0, 1e5, low_open=True, what="hours"), help="hours at most")
     s.add_argument("--budget", type=number(float, 0, 1e9, low_open=True, what="dollars"), help="USD at most")
     s.add_argument("--prices", type=given_path, help="a price file like configs/hardware/prices.yaml")
@@ -62,20 +93,6 @@ def add_parser(sub) -> None:
     s.add_argument("--json", action="store_true", help="every fitting configuration, ranked, as JSON")
     s.add_argument("--write", type=folder, metavar="DIR", help="write the fastest (or --by cost: cheapest) as a recipe")
     s.add_argument("--by", choices=["time", "cost"], default="time", help="what --write picks by (default time)")
-    s.set_defaults(func=handle)
-
-
-def _recipes(model: str, method: str) -> dict:
-    """{method: recipe} to advise on: a folder of recipes/ gives each of its methods (those ``method`` allows), a
-    recipe key or path the one."""
-    from tunelab.recipes import RECIPES_DIR, resolve
-
-    folder = RECIPES_DIR / model
-    if folder.is_dir() and "/" not in model:
-        methods = ["full", "lora", "qlora"] if method == "any" else [method]
-        return {m: resolve(f"{model}/{m}") for m in methods if (folder / f"{m}.yaml").is_file()}
-    recipe = resolve(model)
-    return {recipe.path.stem: recipe}
 
 
 def handle(args, extra) -> int:
@@ -86,7 +103,8 @@ def handle(args, extra) -> int:
     from tunelab.plan import advise
     from tunelab.plan.model import memory
 
-    recipes, gpus, precision, strategies = _checked(args)
+    lists = [listed(getattr(args, o), f"--{o}") for o in ("gpus", "precision", "strategies")]
+    recipes, gpus, precision, strategies = advise.asked(args, *lists)
     headroom = memory.ALLOCATOR_HEADROOM if args.headroom is None else args.headroom
     first = next(iter(recipes.values()))
     work = (
@@ -96,10 +114,19 @@ def handle(args, extra) -> int:
     )
     table = advise.prices(args.prices or advise.PRICE_TABLE)
     cands = advise.candidates(
-        recipes, gpus, workload=work, max_devices=args.max_devices, nodes=args.nodes,
-        interconnect=args.interconnect, internode=args.internode, price_table=table, precision=precision,
-        strategies=strategies, global_batch=args.global_batch, headroom=headroom,
-    )  # fmt: skip
+        recipes,
+        gpus,
+        workload=work,
+        max_devices=args.max_devices,
+        nodes=args.nodes,
+        interconnect=args.interconnect,
+        internode=args.internode,
+        price_table=table,
+        precision=precision,
+        strategies=strategies,
+        global_batch=args.global_batch,
+        headroom=headroom,
+    )
     limits = {"deadline_h": args.deadline, "budget": args.budget, "tight_ok": headroom == 0}
     ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:
@@ -112,48 +139,3 @@ def handle(args, extra) -> int:
         for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data):
             print(f"launch: {line}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON
     return 0 if ranked else 1
-
-
-def _checked(args) -> tuple:
-    """(recipes, GPUs, precisions, strategies) the options name; InputError (one line) for one that names nothing,
-    does not apply, or is not known, before anything is planned."""
-    from tunelab import hardware
-    from tunelab.errors import InputError
-    from tunelab.plan import advise
-    from tunelab.strategies import StrategyError, load_strategy
-    from tunelab.validate import PRECISIONS
-
-    if args.data is not None and not args.data.strip():
-        raise InputError("--data '': names nothing (an unset shell variable?); fix: a dataset or a data module")
-    recipes = _recipes(args.model, args.method)
-    if not recipes:
-        raise InputError(f"{args.model}: no {args.method} recipe there; fix: --method any")
-    if args.method != "any" and (other := [r for r in recipes.values() if r.method != args.method]):
-        raise InputError(
-            f"--method {args.method}: {other[0].key} is a {other[0].method} recipe; fix: name a "
-            f"{args.method} recipe or the model's folder, or leave --method out"
-        )
-    names = listed(args.gpus, "--gpus")
-    try:
-        gpus = list({g.name: g for g in (hardware.lookup(n) for n in names)}.values())
-    except ValueError as e:
-        raise InputError(f"--gpus: {e}") from None
-    precision = listed(args.precision, "--precision")
-    if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
-        raise InputError(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
-    for gpu in gpus:
-        if precision and not advise.precisions(gpu, precision):
-            raise InputError(
-                f"--precision {args.precision}: {gpu.name} has no bfloat16 (it computes float16 and float32); fix: "
-                "16-mixed or 32-true on it, or leave --precision out"
-            )
-    strategies = listed(args.strategies, "--strategies")
-    for name in strategies or []:
-        try:
-            if name != "single":
-                load_strategy(name)
-        except StrategyError as e:
-            raise InputError(f"--strategies: {e}") from None
-    if args.write is not None and (why := unwritable_dir(args.write, list(advise.WRITTEN))):
-        raise InputError(f"--write {args.write}: {why}; fix: give a new or empty folder")
-    return recipes, gpus, precision, strategies

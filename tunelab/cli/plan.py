@@ -89,9 +89,13 @@ def add_parser(sub) -> None:
         "process group (wrapped as the run wraps it; DDP's buckets), its peak per phase by kind and its "
         "collectives per step; deepspeed-zero2/3: its buffers by their sizes",
     )
-    s.add_argument("--save-gbs", type=number(float, 0, 1e4, low_open=True, what="GB/s"), metavar="GBS",
-                   help="GB/s (1e9 bytes) your disk takes checkpoint saves at (default 0.7: torch.save on a fast "
-                   "local NVMe; a network volume is slower)")  # fmt: skip
+    s.add_argument(
+        "--save-gbs",
+        type=number(float, 0, 1e4, low_open=True, what="GB/s"),
+        metavar="GBS",
+        help="GB/s (1e9 bytes) your disk takes checkpoint saves at (default 0.7: torch.save on a fast "
+        "local NVMe; a network volume is slower)",
+    )
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
     s.add_argument(
@@ -131,10 +135,8 @@ def handle(args, extra) -> int:
             if link is not None:  # named: checked even where no time is projected (one line naming the option)
                 comm.lookup(link, scope, given=True)
         gpu = hardware.lookup(args.gpu) if args.gpu is not None else hardware.local_gpu()  # none: this machine's
-        planned = plan_recipe(
-            resolve(args.recipe), extra, gpu=gpu, devices=args.devices, strategy=args.strategy,
-            activation_checkpointing=args.activation_checkpointing, dataset=args.dataset,
-        )  # fmt: skip
+        asked = {k: getattr(args, k) for k in ("devices", "strategy", "activation_checkpointing", "dataset")}
+        planned = plan_recipe(resolve(args.recipe), extra, gpu=gpu, **asked)
     except (RecipeError, ValueError, KeyError) as e:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     x = planned.input
@@ -143,11 +145,9 @@ def handle(args, extra) -> int:
         return fail("--host-us-per-op: it times the run, which needs --gpu; fix: add --gpu GPU or leave it out")
     if args.gpu is not None:
         try:
-            projection, tokens_note = project_recipe(
-                planned, gpu, tokens=args.tokens, tokens_per_sample=args.tokens_per_sample, calibrate_dir=args.calibrate,
-                mfu_range=(lo, hi), interconnect=args.interconnect, internode=args.internode, save_gbs=args.save_gbs,
-                host_us_per_op=args.host_us_per_op,
-            )  # fmt: skip
+            asked = {k: getattr(args, k) for k in ("tokens", "tokens_per_sample", "interconnect", "internode")}
+            asked |= {"save_gbs": args.save_gbs, "host_us_per_op": args.host_us_per_op, "mfu_range": (lo, hi)}
+            projection, tokens_note = project_recipe(planned, gpu, calibrate_dir=args.calibrate, **asked)
         except ValueError as e:
             return fail(str(e))
     extras = added(x, gpu, args.strategy, measured=args.measure, simulated=args.simulate)

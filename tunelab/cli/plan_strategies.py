@@ -95,12 +95,16 @@ def handle(args, extra) -> int:
             return fail(str(e))
     out = sc.write(
         sc.rows(
-            families=families, strategies=strategies, worlds=worlds, methods=tuple(methods or sc.METHODS), kept=kept,
+            families=families,
+            strategies=strategies,
+            worlds=worlds,
+            methods=tuple(methods or sc.METHODS),
+            kept=kept,
             each=lambda found: sc.write(found, args.out),  # the report after every row: a stopped run keeps its rows
             precisions=tuple(precisions or (None,)),
         ),
         args.out,
-    )  # fmt: skip
+    )
     print((out / "strategies.md").read_text())
     print(f"written: {out}/strategies.md, {out}/strategies.csv")
     return 0

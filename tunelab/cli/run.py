@@ -29,8 +29,17 @@ def add_parser(sub) -> None:
     s.set_defaults(func=handle, passthrough=True)
 
 
-SUMMARY = ("status", "error", "peak_allocated_bytes", "peak_rss_bytes", "step_time_s", "tok_s_padded", "tok_s_real",
-           "mfu", "val_loss_final")  # fmt: skip
+SUMMARY = (
+    "status",
+    "error",
+    "peak_allocated_bytes",
+    "peak_rss_bytes",
+    "step_time_s",
+    "tok_s_padded",
+    "tok_s_real",
+    "mfu",
+    "val_loss_final",
+)
 """The record's fields a finished run prints (the whole record is in record.json)."""
 
 
@@ -56,10 +65,17 @@ def handle(args, extra) -> int:
         args.out = output_root() / "runs" / "single" / f"{recipe.slug()}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         options = RunOptions(
-            row_id=args.id, model=model, timeout_s=args.timeout, memory_limit_bytes=memory_limit(args),
-            on_progress=progress.show, strategy=args.strategy, nnodes=args.nnodes, node_rank=args.node_rank,
-            master_addr=args.master_addr, master_port=args.master_port,
-        )  # fmt: skip
+            row_id=args.id,
+            model=model,
+            timeout_s=args.timeout,
+            memory_limit_bytes=memory_limit(args),
+            on_progress=progress.show,
+            strategy=args.strategy,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+        )
         rec = run(recipe, extra, args.out, options)
     except RunError as e:
         return fail(str(e))

@@ -91,10 +91,15 @@ def handle(args, extra) -> int:
         model = model_choice(args)
         sweep = load(args.sweep, args.set)
         options = SweepOptions(
-            rerun=args.rerun, model=model, only=listed(args.only, "--only"), timeout_s=args.timeout,
-            memory_limit_bytes=memory_limit(args), deadline_s=args.deadline, after_row=after_row,
+            rerun=args.rerun,
+            model=model,
+            only=listed(args.only, "--only"),
+            timeout_s=args.timeout,
+            memory_limit_bytes=memory_limit(args),
+            deadline_s=args.deadline,
+            after_row=after_row,
             prune_checkpoints=args.prune_checkpoints,
-        )  # fmt: skip
+        )
         sweep_dir = run_sweep(sweep, args.out, options)
     except (SweepError, ValueError, OSError) as e:
         return fail(str(e).replace("\n", "\n  "))

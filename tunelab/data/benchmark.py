@@ -115,8 +115,13 @@ def save_tokenizer(tok, out_dir: Path, model_max_length: int | None = None) -> N
     """A tokenizer as litgpt reads it from a checkpoint directory: tokenizer.json and a tokenizer_config.json with
     the BOS token added, the special tokens named (and the model's length, where given)."""
     tok.save(str(out_dir / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True, "bos_token": "<s>",
-              "eos_token": "</s>", "unk_token": "<unk>"}  # fmt: skip
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": True,
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+    }
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     write_text_atomic(out_dir / "tokenizer_config.json", json.dumps(config, indent=2))

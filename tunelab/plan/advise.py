@@ -23,8 +23,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tunelab import hardware, settings, yaml_input
+from tunelab import hardware, recipes, settings, yaml_input
+from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
+from tunelab.files import unwritable_dir, write_text_atomic
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.recipe import (
@@ -35,9 +37,11 @@ from tunelab.plan.recipe import (
     sample_lengths,
     strategy_fields,
 )
-from tunelab.recipes import Recipe
-from tunelab.strategies import load_strategy
+from tunelab.recipes import Recipe, display_path
+from tunelab.settings import DATA_MODULE_SIZES, resolve, resolve_args
+from tunelab.strategies import StrategyError, load_strategy
 from tunelab.units import GB, figure
+from tunelab.validate import PRECISIONS
 
 PRICE_TABLE = CONFIGS_DIR / "hardware" / "prices.yaml"
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -137,9 +141,6 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     sample)."""
     from pathlib import Path
 
-    from tunelab.data import records as dataset_records
-    from tunelab.settings import DATA_MODULE_SIZES, resolve
-
     s = resolve(recipe, [])
     path = Path(data)
     if path.exists():
@@ -151,9 +152,12 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
             raise InputError(f"--data {data}: no records")
         lengths, longest, how = sample_lengths(records, Path(s.checkpoint_dir), "alpaca", s.max_seq_length)
         return Workload(
-            samples=len(records), epochs=epochs, lengths=tuple(lengths), longest=longest,
+            samples=len(records),
+            epochs=epochs,
+            lengths=tuple(lengths),
+            longest=longest,
             how=f"{len(records):,} training samples of {data} x {epochs} epoch(s), lengths {how}",
-        )  # fmt: skip
+        )
     name = data if "." in data else f"litgpt.data.{data}"
     if name not in DATA_MODULE_SIZES:
         known = ", ".join(k.rsplit(".", 1)[1] for k in DATA_MODULE_SIZES)
@@ -162,11 +166,12 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     held_out = resolve(recipe, ["--data", name]).val_split_fraction or 0  # what `--data NAME` keeps of the recipe
     train = int(n * (1 - held_out))
     return Workload(
-        samples=train, epochs=epochs,
+        samples=train,
+        epochs=epochs,
         how=f"{train:,} training samples ({what}; val_split_fraction {held_out:g} held out) x {epochs} epoch(s) x "
         f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure at micro 8; padding per micro batch "
         "from the default length distribution)",
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -386,8 +391,16 @@ def _planned(x, gpu, links, work: Workload, strat, recipe, price, headroom, conf
 def _dedupe(cands: list[Candidate]) -> list[Candidate]:
     seen, out = set(), []
     for c in cands:
-        key = (c.gpu, c.method, c.precision, c.strategy, c.devices, c.nodes, c.micro_batch_size,
-               c.activation_checkpointing)  # fmt: skip
+        key = (
+            c.gpu,
+            c.method,
+            c.precision,
+            c.strategy,
+            c.devices,
+            c.nodes,
+            c.micro_batch_size,
+            c.activation_checkpointing,
+        )
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -538,9 +551,6 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
 
     import yaml
 
-    from tunelab.files import write_text_atomic
-    from tunelab.recipes import display_path
-
     out_dir = Path(out_dir)
     config = dict(recipe.config)
     config["precision"] = c.precision
@@ -555,8 +565,6 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
     if data and Path(data).exists() and isinstance(block, dict) and isinstance(block.get("init_args"), dict):
         config["data"] = {**block, "init_args": {**block["init_args"], "json_path": str(Path(data).resolve())}}
     elif data:  # a litgpt data module: its class, as `--data NAME` switches it
-        from tunelab.settings import resolve_args
-
         config["data"] = resolve_args(recipe, ["--data", data])["data"]
     head = (
         f"# tunelab advise: {_words(c)}\n# from {display_path(recipe.path)}; predicted peak {c.peak_gb:.1f} GB per "
@@ -586,3 +594,51 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
 
 WRITTEN = ("full.yaml", "lora.yaml", "qlora.yaml", "strategy.yaml", "launch.txt")
 """The files ``advise --write`` writes into its folder (:func:`write_choice`): an answer replaces all of them."""
+
+
+def _recipes_of(model: str, method: str) -> dict:
+    """{method: recipe} to advise on: a folder of recipes/ gives each of its methods (those ``method`` allows), a
+    recipe key or path the one."""
+    folder = recipes.RECIPES_DIR / model
+    if folder.is_dir() and "/" not in model:
+        methods = ["full", "lora", "qlora"] if method == "any" else [method]
+        return {m: recipes.resolve(f"{model}/{m}") for m in methods if (folder / f"{m}.yaml").is_file()}
+    recipe = recipes.resolve(model)
+    return {recipe.path.stem: recipe}
+
+
+def asked(args, names: list, precision: list | None, strategies: list | None) -> tuple:
+    """(recipes, GPUs, precisions, strategies) ``tunelab advise``'s options name (``args``: its parsed options;
+    ``names``, ``precision``, ``strategies``: its lists, split); InputError (one line) for one that names
+    nothing, does not apply, or is not known, before anything is planned."""
+    if args.data is not None and not args.data.strip():
+        raise InputError("--data '': names nothing (an unset shell variable?); fix: a dataset or a data module")
+    found = _recipes_of(args.model, args.method)
+    if not found:
+        raise InputError(f"{args.model}: no {args.method} recipe there; fix: --method any")
+    if args.method != "any" and (other := [r for r in found.values() if r.method != args.method]):
+        raise InputError(
+            f"--method {args.method}: {other[0].key} is a {other[0].method} recipe; fix: name a "
+            f"{args.method} recipe or the model's folder, or leave --method out"
+        )
+    try:
+        gpus = list({g.name: g for g in (hardware.lookup(n) for n in names)}.values())
+    except ValueError as e:
+        raise InputError(f"--gpus: {e}") from None
+    if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
+        raise InputError(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
+    for gpu in gpus:
+        if precision and not precisions(gpu, precision):
+            raise InputError(
+                f"--precision {args.precision}: {gpu.name} has no bfloat16 (it computes float16 and float32); fix: "
+                "16-mixed or 32-true on it, or leave --precision out"
+            )
+    for name in strategies or []:
+        try:
+            if name != "single":
+                load_strategy(name)
+        except StrategyError as e:
+            raise InputError(f"--strategies: {e}") from None
+    if args.write is not None and (why := unwritable_dir(args.write, list(WRITTEN))):
+        raise InputError(f"--write {args.write}: {why}; fix: give a new or empty folder")
+    return found, gpus, precision, strategies

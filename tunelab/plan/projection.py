@@ -15,6 +15,7 @@ from tunelab import record as record_mod
 from tunelab.models import lora_param_count
 from tunelab.plan.model import comm as comm_mod
 from tunelab.plan.model import runtime
+from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import PlanInput
 from tunelab.plan.recipe import (
@@ -188,8 +189,11 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         return {"seconds_by_cause_source": f"not modelled: {work.kernels}"}
     causes = work.by_cause(gpu)
     d, seconds = work.detail, sum(causes.values())
-    after = {"seconds_after_loop": work.save_seconds(after_loop=True), "bytes_after_loop": d["final_save_bytes"],
-             "save_bytes_per_s": work.save_bytes_per_s}  # fmt: skip
+    after = {
+        "seconds_after_loop": work.save_seconds(after_loop=True),
+        "bytes_after_loop": d["final_save_bytes"],
+        "save_bytes_per_s": work.save_bytes_per_s,
+    }
     mfu = d["train_flops"] / (seconds * d["world"] * peak) if seconds and peak else None
     real = d.get("real_tokens_per_sample")
     return {
@@ -267,8 +271,6 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     counts = f"{work.detail['optimizer_steps']} optimizer steps, {work.detail['evaluations']} in-loop validations"
     secs = work.seconds_on(gpu, peak)
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
-        from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
-
         k = work.kernels
         bound = fast_step(k.fast, gpu, k.tokens).bound()
         e = FAST_MODEL_ERROR[bound]

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunelab import hardware, settings
+from tunelab.data import benchmark
 from tunelab.data import records as dataset_records
+from tunelab.data.grouping import bucket, plan_epoch
+from tunelab.errors import InputError
+from tunelab.files import read_json
 from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.plan.model import memory, runtime
@@ -222,8 +226,14 @@ def plan_recipe(
         else None
     )
     named = f"--strategy {strategy}" if isinstance(strategy, (str, Path)) else None
-    return plan_settings(s, gpu=gpu, strategy=strat, activation_checkpointing=activation_checkpointing,
-                         dataset=dataset, strategy_named=named)  # fmt: skip
+    return plan_settings(
+        s,
+        gpu=gpu,
+        strategy=strat,
+        activation_checkpointing=activation_checkpointing,
+        dataset=dataset,
+        strategy_named=named,
+    )
 
 
 def plan_settings(
@@ -328,9 +338,12 @@ def data_lengths(s: Settings) -> list[int] | None:
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
         return None
     return sample_lengths(
-        dataset_records.read(project_path(path)), ckpt, data.get("prompt_style", "alpaca"), s.max_seq_length,
+        dataset_records.read(project_path(path)),
+        ckpt,
+        data.get("prompt_style", "alpaca"),
+        s.max_seq_length,
         data.get("seed", 42),
-    )[0]  # fmt: skip
+    )[0]
 
 
 CHARS_PER_TOKEN = 4.0
@@ -351,9 +364,6 @@ def load_tokenizer(checkpoint_dir: Path):
     """litgpt's Tokenizer of a checkpoint, its JSON files checked first (bounded, UTF-8, valid JSON: one line
     naming the file), and anything litgpt or the tokenizers library then refuses said in one line too."""
     from litgpt.tokenizer import Tokenizer
-
-    from tunelab.errors import InputError
-    from tunelab.files import read_json
 
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (checkpoint_dir / name).exists():
@@ -417,7 +427,6 @@ def grouped_padded_per_sample(
     windows of ``group`` micro batches, :func:`tunelab.data.grouping.plan_epoch`, the loop's own code), each padded
     to its longest sample rounded up to ``multiple`` (:func:`tunelab.data.grouping.bucket`), the order shuffled as
     litgpt's loader shuffles (seeded)."""
-    from tunelab.data.grouping import bucket, plan_epoch
 
     if not lengths:
         return 0.0
@@ -454,7 +463,6 @@ def default_lengths(cap: int = 512) -> tuple:
     lab's Alpaca subset: LogNormal(5.43, 0.5) tokens, at least 48; ``tunelab/data/benchmark.py``), capped at
     ``cap`` (the recipe's max_seq_length). Padded per micro batch as litgpt pads (:func:`padded_per_sample`):
     253 tokens per sample at micro 1, 383 at 4, 440 at 8 (the lab measured 437 there), 482 at 16, 505 at 32."""
-    from tunelab.data import benchmark
 
     rng = random.Random(benchmark.SEED)
     draw = lambda: max(benchmark.MIN_LEN, round(math.exp(rng.gauss(benchmark.LOG_MEAN, benchmark.LOG_STD))))  # noqa: E731

@@ -251,8 +251,13 @@ def render_measured(m: dict, micro: int) -> str:
 
 def render_simulated(sim, plan) -> str:
     """``plan --simulate``: each phase's peak of the simulated step, what is alive there, beside the plan."""
-    kinds = (("Parameter", "weights"), ("Gradient", "grads"), ("Activation", "activations"), ("Temp", "temps"),
-             ("Optstate", "optimizer"))  # fmt: skip
+    kinds = (
+        ("Parameter", "weights"),
+        ("Gradient", "grads"),
+        ("Activation", "activations"),
+        ("Temp", "temps"),
+        ("Optstate", "optimizer"),
+    )
     lines = [
         f"\nsimulated step (litgpt's model on fake tensors under torch's MemTracker; {sim.layers_built[0]} and "
         f"{sim.layers_built[1]} blocks extrapolated to {sim.n_layer}; {sim.seconds:.1f} s): peak allocated per phase, "

@@ -14,6 +14,9 @@ import math
 
 from tunelab import hardware
 from tunelab.errors import InputError
+from tunelab.plan import recipe as recipe_mod
+from tunelab.plan.projection import project_recipe
+from tunelab.recipes import resolve
 from tunelab.record import RunRecord, StoredPlan
 
 STORED = "stored"
@@ -51,12 +54,10 @@ def for_run(settings, strategy, device_name: str | None, planner: str) -> tuple[
     litgpt's own choice) on the GPU ``device_name`` names (None, or a board the table does not know: memory only);
     (None, the planner's one line) when the planner refuses it, or a fault of the planner's own (the run goes on:
     the plan is a prediction beside it, never a reason to lose it). ``planner``: what made it (version and commit)."""
-    from tunelab.plan.projection import project_recipe
-    from tunelab.plan.recipe import plan_settings
 
     try:
         gpu = hardware.identify(device_name) if device_name else None
-        planned = plan_settings(settings, gpu=gpu, strategy=strategy)
+        planned = recipe_mod.plan_settings(settings, gpu=gpu, strategy=strategy)
         projection = project_recipe(planned, gpu)[0] if gpu is not None else None
     except REFUSED as e:
         return None, f"{type(e).__name__}: {str(e)[:300]}"
@@ -70,11 +71,9 @@ def todays_plan(rec: RunRecord, gpu: hardware.GPU | None, strategy=...):
     ``gpu`` (None: no verdict), under ``strategy`` (a loaded StrategyConfig or a file; default: the record's own
     file): what the planner-accuracy reports check against measurements, and what :func:`of_record` falls back to.
     Raises what the planner raises for a recipe it refuses (:data:`REFUSED`)."""
-    from tunelab.plan.recipe import plan_recipe
-    from tunelab.recipes import resolve
 
     chosen = rec.strategy_file if strategy is ... else strategy
-    return plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu, strategy=chosen)
+    return recipe_mod.plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu, strategy=chosen)
 
 
 def of_record(rec: RunRecord, gpu: hardware.GPU) -> tuple[StoredPlan | None, str]:

@@ -8,10 +8,13 @@ import dataclasses
 from pathlib import Path
 
 from tunelab import hardware, settings
-from tunelab.files import write_csv, write_text_atomic
+from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_bytes, write_csv, write_text_atomic
 from tunelab.paths import ROOT, output_root
+from tunelab.plan import stored
 from tunelab.plan.model import comm, memory, runtime
-from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe
+from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe, runtime_terms
+from tunelab.record import RunRecord
+from tunelab.strategies import strategy_from_mapping
 from tunelab.sweep_file import lab_rows
 from tunelab.units import BILLION, GB, GIB
 
@@ -207,8 +210,6 @@ def open_archive(archive: Path):
     import io
     import tarfile
 
-    from tunelab.files import FileRefused, read_bytes
-
     if not archive.exists() and not archive.is_symlink():
         return None
     data = read_bytes(archive, ARCHIVE_MAX_BYTES, "records archive", links=False)
@@ -226,10 +227,6 @@ def archived_records(archive: Path):
     strategy is the file as the record kept it (checked as a file is), else the name it loads by."""
     import json
 
-    from tunelab.files import RECORD_MAX_BYTES, FileRefused
-    from tunelab.record import RunRecord
-    from tunelab.strategies import strategy_from_mapping
-
     tar = open_archive(archive)
     if tar is None:
         return
@@ -240,8 +237,10 @@ def archived_records(archive: Path):
             try:
                 rec = RunRecord.from_dict(json.loads(tar.extractfile(member).read()))
             except ValueError as e:  # not JSON, or a record the schema refuses
-                raise FileRefused(f"{archive}: {member.name}: {str(e).splitlines()[0][:200]}; fix: restore the "
-                                  f"archive (git checkout -- {archive})") from None  # fmt: skip
+                raise FileRefused(
+                    f"{archive}: {member.name}: {str(e).splitlines()[0][:200]}; fix: restore the "
+                    f"archive (git checkout -- {archive})"
+                ) from None
             strategy = (
                 strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
                 if rec.strategy_settings
@@ -278,7 +277,6 @@ def own_rows(reports: Path | None = None) -> list[dict]:
     """Every run record with a measured peak in the archives of :data:`OWN_MEASUREMENTS`, planned from its own
     recipe and overrides (as ``tunelab plan`` would), beside what the GPU measured. Records are read from the
     archive in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES."""
-    from tunelab.plan import stored
 
     reports = Path(reports or ROOT / "reports")
     rows = []
@@ -296,17 +294,24 @@ def own_rows(reports: Path | None = None) -> list[dict]:
             predicted = plan.peak_allocated_bytes / GB
             rows.append(
                 {
-                    "report": name, "row": rec.row_id, "device": rec.device_name,
-                    "recipe": rec.recipe + (f" --strategy {rec.strategy_file}" if rec.strategy_file else "")
+                    "report": name,
+                    "row": rec.row_id,
+                    "device": rec.device_name,
+                    "recipe": rec.recipe
+                    + (f" --strategy {rec.strategy_file}" if rec.strategy_file else "")
                     + (" (blocks eager past torch.compile's recompile limit: planned uncompiled)" if eager else ""),
-                    "method": x.method, "precision": str(x.precision), "micro": x.micro_batch_size,
-                    "seq_len": x.seq_len, "predicted_gb": round(predicted, 3), "measured_gb": round(measured, 3),
+                    "method": x.method,
+                    "precision": str(x.precision),
+                    "micro": x.micro_batch_size,
+                    "seq_len": x.seq_len,
+                    "predicted_gb": round(predicted, 3),
+                    "measured_gb": round(measured, 3),
                     "rel_error": round(predicted / measured - 1, 4),
                     "residual_gb": round(measured - predicted, 3),
                     "model": x.config.name,
                     "lora_targets": ",".join(x.lora_targets) if x.lora else "",
                 }
-            )  # fmt: skip
+            )
     return rows
 
 
@@ -521,7 +526,6 @@ def comm_rows() -> list[dict]:
 
 def _windows(planned, gpu) -> dict:
     """The kernel model's optimizer step of a planned lab row (:meth:`tunelab.plan.model.runtime.Terms.windows`)."""
-    from tunelab.plan.recipe import runtime_terms
 
     return runtime_terms(planned.settings, planned.input, None).windows(gpu)
 
@@ -644,9 +648,13 @@ def multinode_rows() -> list[dict]:
         if nodes > 1:
             est, est_loo = _step(compute, k, fitted), _step(compute, k, loo)
             row.update(
-                fitted_gbs=fitted, estimate_s=est, error=est / secs - 1, loo_gbs=loo, loo_estimate_s=est_loo,
+                fitted_gbs=fitted,
+                estimate_s=est,
+                error=est / secs - 1,
+                loo_gbs=loo,
+                loo_estimate_s=est_loo,
                 loo_error=est_loo / secs - 1,
-            )  # fmt: skip
+            )
         out.append(row)
     return out
 

@@ -30,7 +30,10 @@ from pathlib import Path
 
 from tunelab import files
 from tunelab.errors import InputError
+from tunelab.plan.model import memory
+from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.trace.tables import TRACED
+from tunelab.recipes import resolve
 
 SCALE = 16
 """Width, MLP width and vocabulary / this (heads / 4)."""
@@ -73,15 +76,22 @@ class ZeroRow:
 
 def plan_input(model: str, world: int, stage: int = 2):
     """The plan's input for the shrunk ``model`` on ``world`` ranks under ZeRO ``stage``, as the probe runs it."""
-    from tunelab.plan.model import memory
     from tunelab.run.deepspeed_probe import scaled
 
     zero3 = {f"zero3_{k[len('stage3_') :]}": v for k, v in ZERO3.items() if k != "stage3_prefetch_bucket_size"}
     return memory.PlanInput(
-        config=scaled(model, SCALE), micro_batch_size=MICRO, seq_len=TOKENS, strategy="deepspeed", zero_stage=stage,
-        devices=world, fabric=False, reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET, tables=TRACED,
+        config=scaled(model, SCALE),
+        micro_batch_size=MICRO,
+        seq_len=TOKENS,
+        strategy="deepspeed",
+        zero_stage=stage,
+        devices=world,
+        fabric=False,
+        reduce_bucket_size=BUCKET,
+        allgather_bucket_size=BUCKET,
+        tables=TRACED,
         **(zero3 if stage == 3 else {}),
-    )  # fmt: skip
+    )
 
 
 def probe_case(model: str, stage: int) -> dict:
@@ -93,8 +103,6 @@ def probe_case(model: str, stage: int) -> dict:
 def _litgpt_name(family: tuple) -> str:
     """litgpt's config name of a :data:`tunelab.report.strategy_checks.FAMILIES` entry (its recipe's model, or the
     checkpoint directory it names)."""
-    from tunelab.plan.recipe import plan_recipe
-    from tunelab.recipes import resolve
 
     _, model, checkpoint = family
     overrides = ["--checkpoint_dir", checkpoint] if checkpoint else []
@@ -107,8 +115,17 @@ def _probe(cases: list[dict], world: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "measured.json"
         env = {**os.environ, "TUNELAB_DS_CASES": json.dumps(cases), "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), "-m",
-               "tunelab.run.deepspeed_probe", str(out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(world),
+            "-m",
+            "tunelab.run.deepspeed_probe",
+            str(out),
+        ]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=d)
         if done.returncode != 0 or not out.is_file():
             tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
@@ -118,7 +135,6 @@ def _probe(cases: list[dict], world: int) -> list[dict]:
 
 def rows(families, worlds=WORLDS, stages=STAGES) -> list[ZeroRow]:
     """Every family on every world and stage, with progress on stderr (one DeepSpeed run per world and stage)."""
-    from tunelab.plan.model import memory
 
     names = [(f[0], _litgpt_name(f)) for f in families]
     out: list[ZeroRow] = []
@@ -149,7 +165,7 @@ def read(path: Path) -> list[ZeroRow]:
                 float(r["measured_bytes"]),
                 float(r["seconds"]),
                 int(r["stage"]),
-            )  # fmt: skip
+            )
             for r in found
         ]
     except (KeyError, ValueError, TypeError) as e:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from tunelab.files import write_csv, write_text_atomic
 from tunelab.paths import output_root
-from tunelab.plan.model import bnb_kernels
+from tunelab.plan.model import bnb_kernels, memory
 from tunelab.plan.trace.measure import FAMILIES, compare_methods_in_child
+from tunelab.plan.trace.simulate import simulate
 from tunelab.plan.trace.tables import TRACED
 from tunelab.progress import ProgressLine
 from tunelab.units import GB
@@ -139,8 +140,13 @@ SIMULATED_COLUMNS = [
 """simulated.csv: the simulated step's peak (bytes, its phase and what is alive there by kind) beside the analytic
 plan's derived peak for the same configuration (QLoRA: without its measured term, shown apart: the simulation
 derives what bitsandbytes' code allocates and cannot contain what was only measured)."""
-SIMULATED_CASES = (("full", "bf16-true"), ("full", "bf16-mixed"), ("lora", "bf16-true"), ("lora", "bf16-mixed"),
-                   ("qlora", "bf16-true"))  # fmt: skip
+SIMULATED_CASES = (
+    ("full", "bf16-true"),
+    ("full", "bf16-mixed"),
+    ("lora", "bf16-true"),
+    ("lora", "bf16-mixed"),
+    ("qlora", "bf16-true"),
+)
 """Method x precision simulated per family (QLoRA computes in the precision's dtype: bf16-true as litgpt runs it)."""
 
 
@@ -150,9 +156,6 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
     builds it), no accumulation."""
     from litgpt import Config
 
-    from tunelab.plan.model import memory
-    from tunelab.plan.trace.simulate import simulate
-
     rows = []
     for i, name in enumerate(names):
         config = Config.from_name(name)
@@ -161,23 +164,38 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
                 progress.started(i * len(SIMULATED_CASES) + j, f"{name} {method} {precision}")
             optimizer = bnb_kernels.litgpt_optimizer(method)
             x = memory.PlanInput(
-                config=config, method=method, precision=precision, micro_batch_size=micro, seq_len=seq_len,
-                quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, tables=TRACED,
-            )  # fmt: skip
+                config=config,
+                method=method,
+                precision=precision,
+                micro_batch_size=micro,
+                seq_len=seq_len,
+                quantize="bnb.nf4" if method == "qlora" else None,
+                optimizer=optimizer,
+                tables=TRACED,
+            )
             planned = memory.predict(x).peak_allocated_bytes
             sim = simulate(config, method, precision, micro, seq_len, optimizer=optimizer)
             snap = sim.phases[sim.peak_phase]
             rows.append(
                 {
-                    "model": name, "method": method, "precision": precision, "micro_batch_size": micro,
-                    "seq_len": seq_len, "n_layer": config.n_layer, "simulated_peak": round(sim.peak_bytes),
-                    "simulated_phase": sim.peak_phase, "planned_peak": round(planned),
+                    "model": name,
+                    "method": method,
+                    "precision": precision,
+                    "micro_batch_size": micro,
+                    "seq_len": seq_len,
+                    "n_layer": config.n_layer,
+                    "simulated_peak": round(sim.peak_bytes),
+                    "simulated_phase": sim.peak_phase,
+                    "planned_peak": round(planned),
                     "error": planned / sim.peak_bytes - 1,
-                    **{f"simulated_{k.lower()}": round(snap.get(k, 0)) for k in ("Parameter", "Gradient",
-                                                                                   "Activation", "Temp", "Optstate")},
-                    "where": sim.where.get(sim.peak_phase, ""), "seconds": round(sim.seconds, 1),
+                    **{
+                        f"simulated_{k.lower()}": round(snap.get(k, 0))
+                        for k in ("Parameter", "Gradient", "Activation", "Temp", "Optstate")
+                    },
+                    "where": sim.where.get(sim.peak_phase, ""),
+                    "seconds": round(sim.seconds, 1),
                 }
-            )  # fmt: skip
+            )
             if progress:
                 progress.completed()
     return rows
@@ -219,16 +237,22 @@ def write_simulated(out: Path | None = None, names: list[str] | None = None, mic
         lines.append(
             f"| {r['model']} | {r['method']} | {r['precision']} | {r['simulated_peak'] / GB:.2f} | "
             f"{r['simulated_phase']} | "
-            + " | ".join(f"{r[f'simulated_{k}'] / GB:.2f}" for k in ("parameter", "gradient", "activation",
-                                                                       "temp", "optstate"))
+            + " | ".join(
+                f"{r[f'simulated_{k}'] / GB:.2f}" for k in ("parameter", "gradient", "activation", "temp", "optstate")
+            )
             + f" | {r['planned_peak'] / GB:.2f} | {r['error']:+.1%} |"
-        )  # fmt: skip
+        )
     write_text_atomic(out / "simulated.md", "\n".join(lines) + "\n")
     return out
 
 
-KIND_WORDS = {"parameter": "weights", "gradient": "gradients", "activation": "activations", "temp": "temporaries",
-              "optstate": "optimizer states"}  # fmt: skip
+KIND_WORDS = {
+    "parameter": "weights",
+    "gradient": "gradients",
+    "activation": "activations",
+    "temp": "temporaries",
+    "optstate": "optimizer states",
+}
 
 
 def _dominant(rows: list[dict]) -> list[str]:

@@ -80,9 +80,16 @@ def profile_rows(root) -> list[dict]:
         ]
         for what, predicted, value in pairs:
             rows.append(
-                {"method": method, "what": what, "predicted_s": predicted, "measured_s": value,
-                 "rel_error": predicted / value - 1 if value else None, "ops": st.ops, "host_s": st.host_s}
-            )  # fmt: skip
+                {
+                    "method": method,
+                    "what": what,
+                    "predicted_s": predicted,
+                    "measured_s": value,
+                    "rel_error": predicted / value - 1 if value else None,
+                    "ops": st.ops,
+                    "host_s": st.host_s,
+                }
+            )
     return rows
 
 
@@ -120,11 +127,25 @@ GRIDS = (
 )
 """(measured lines, the GPU table's row they ran on, the day) of every grid :func:`tunelab.report.runtime_accuracy.write_kernels_md` checks."""
 FITTED_SHAPES = {
-    "H100-SXM": {(m, "full", b) for m, b in (("tiny-llama-1.1b", 1), ("tiny-llama-1.1b", 4), ("tiny-llama-1.1b", 16),
-                                             ("open_llama_3b", 1), ("open_llama_3b", 4))},
-    "H200": {("open_llama_3b", "full", 8), ("tiny-llama-1.1b", "full", 16), ("open_llama_7b", "lora", 8),
-             ("tiny-llama-1.1b", "full", 8), ("open_llama_7b", "qlora", 4), ("tiny-llama-1.1b", "qlora", 4)},
-}  # fmt: skip
+    "H100-SXM": {
+        (m, "full", b)
+        for m, b in (
+            ("tiny-llama-1.1b", 1),
+            ("tiny-llama-1.1b", 4),
+            ("tiny-llama-1.1b", 16),
+            ("open_llama_3b", 1),
+            ("open_llama_3b", 4),
+        )
+    },
+    "H200": {
+        ("open_llama_3b", "full", 8),
+        ("tiny-llama-1.1b", "full", 16),
+        ("open_llama_7b", "lora", 8),
+        ("tiny-llama-1.1b", "full", 8),
+        ("open_llama_7b", "qlora", 4),
+        ("tiny-llama-1.1b", "qlora", 4),
+    },
+}
 """(model, method, micro) whose elementwise kernels (H100: these very lines) or whose shape (H200: the lines of
 :data:`GRID_BY_OP`, measured again) the memory constants were fitted on, or (H200, TinyLlama full at micro 8: only
 :data:`GRID_FP32` has it) the fp32 matmul and attention constants, or (H200, QLoRA at micro 4: only
@@ -167,8 +188,17 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
     rows = []
     for m in read_grid(root / grid):
         optimizer = bnb_kernels.litgpt_optimizer(m["method"])
-        st = kernels.step_time(Config.from_name(m["model"]), m["method"], m["dtype"], m["micro"], m["seq"], gpu, optimizer,
-                       lora_profiled(m["method"]), tables=TRACED)  # fmt: skip
+        st = kernels.step_time(
+            Config.from_name(m["model"]),
+            m["method"],
+            m["dtype"],
+            m["micro"],
+            m["seq"],
+            gpu,
+            optimizer,
+            lora_profiled(m["method"]),
+            tables=TRACED,
+        )
         k, ph, cat = m["kernels"], m["phases"], st.gpu_by_category
         pairs = {
             "step": (st.step_s, m["step_s"]),
@@ -187,10 +217,16 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
         if isinstance(m.get("host_phases"), dict):
             pairs["host (own clock)"] = (st.host_s, sum(m["host_phases"].values()))
         rows.append(
-            {"model": m["model"], "micro": m["micro"], "method": m["method"], "ops": st.ops,
-             "launches": sum(m["launches"].values()), "bound": "host" if st.host_s > st.gpu_s else "GPU",
-             "pairs": {w: (p, v, p / v - 1 if v else None) for w, (p, v) in pairs.items()}}
-        )  # fmt: skip
+            {
+                "model": m["model"],
+                "micro": m["micro"],
+                "method": m["method"],
+                "ops": st.ops,
+                "launches": sum(m["launches"].values()),
+                "bound": "host" if st.host_s > st.gpu_s else "GPU",
+                "pairs": {w: (p, v, p / v - 1 if v else None) for w, (p, v) in pairs.items()},
+            }
+        )
     return rows
 
 

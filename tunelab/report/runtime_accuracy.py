@@ -24,11 +24,14 @@ import dataclasses
 import io
 from pathlib import Path
 
-from tunelab import hardware, settings
+from tunelab import files, hardware, settings
+from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
 from tunelab.paths import ROOT
-from tunelab.plan.model import bnb_kernels, kernels, runtime
-from tunelab.plan.recipe import default_padded_per_sample
+from tunelab.plan import stored
+from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime
+from tunelab.plan.recipe import default_padded_per_sample, plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
+from tunelab.record import read_rank_file, steady_state, steady_steps
 from tunelab.report import profiles
 from tunelab.report.accuracy import (
     LAB_PART2_LINK,
@@ -38,6 +41,8 @@ from tunelab.report.accuracy import (
     ran_eagerly,
     write_accuracy,
 )
+from tunelab.run.collect import parse_litgpt_report
+from tunelab.sweep_file import lab_rows
 from tunelab.units import fmt
 
 H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
@@ -53,8 +58,6 @@ def h100_items(root: Path) -> list[dict]:
     may differ from the run's) and the host time per op it implies (:func:`implied_host`)."""
     from litgpt import Config
 
-    from tunelab import files
-
     text = files.read_text(root / H100_ROWS, 1 << 20, "results table")
     ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / Path(H100_ROWS).with_name("records.tgz"))}
     items = []
@@ -64,12 +67,31 @@ def h100_items(root: Path) -> list[dict]:
         step, gbs = float(r["step_time_s"]), int(r["global_batch_size"])
         tokens = float(r["tok_s_padded"]) * step / gbs  # padded tokens per sample in the steady window
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
-        st = kernels.step_time(Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens,
-                               "H100-SXM", lora=ran[r["row_id"]], tables=TRACED)  # fmt: skip
+        st = kernels.step_time(
+            Config.from_name(r["model_name"]),
+            r["method"],
+            r["precision"],
+            micro,
+            tokens,
+            "H100-SXM",
+            lora=ran[r["row_id"]],
+            tables=TRACED,
+        )
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
-        items.append({"id": r["row_id"], "recipe": r["recipe"], "precision": r["precision"], "micro": micro, "gpu_util": util,
-                      "accumulation": acc, "tokens": tokens, "measured_s": step, "st": st,
-                      "implied_host": implied_host(st, acc, step)})  # fmt: skip
+        items.append(
+            {
+                "id": r["row_id"],
+                "recipe": r["recipe"],
+                "precision": r["precision"],
+                "micro": micro,
+                "gpu_util": util,
+                "accumulation": acc,
+                "tokens": tokens,
+                "measured_s": step,
+                "st": st,
+                "implied_host": implied_host(st, acc, step),
+            }
+        )
     return items
 
 
@@ -127,19 +149,41 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
             continue
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
         optimizer = bnb_kernels.litgpt_optimizer(rec.method)
-        st = kernels.step_time(Config.from_name(rec.model_name), rec.method, rec.precision, rec.micro_batch_size,
-                               rec.padded_per_sample, gpu.name, optimizer, lora_ran(rec), tables=TRACED)  # fmt: skip
+        st = kernels.step_time(
+            Config.from_name(rec.model_name),
+            rec.method,
+            rec.precision,
+            rec.micro_batch_size,
+            rec.padded_per_sample,
+            gpu.name,
+            optimizer,
+            lora_ran(rec),
+            tables=TRACED,
+        )
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
-        rows.append({"id": rec.row_id or name.split("/")[-2], "gpu": gpu.name, "recipe": rec.recipe, "precision": rec.precision,
-                     "micro": rec.micro_batch_size, "accumulation": acc, "tokens": rec.padded_per_sample,
-                     "measured_s": measured, "predicted_s": pred, "error": pred / measured - 1,
-                     "kernels_s": acc * (g["forward"] + g["backward"]) + g["optimizer"],
-                     "host_bound": (rec.gpu_util_steady_mean or 100.0) < HOST_BOUND_UTIL,
-                     "implied_host_us": (h * 1e6 if (h := implied_host(st, acc, measured)) else None),
-                     "host_op_us": rec.host_op_us, "device_op_us": rec.device_op_us,
-                     "sm_clock_mhz": rec.sm_clock_steady_mhz, "gpu_util": rec.gpu_util_steady_mean,
-                     "thirds": window_thirds(path, name, rec, st)})  # fmt: skip
+        rows.append(
+            {
+                "id": rec.row_id or name.split("/")[-2],
+                "gpu": gpu.name,
+                "recipe": rec.recipe,
+                "precision": rec.precision,
+                "micro": rec.micro_batch_size,
+                "accumulation": acc,
+                "tokens": rec.padded_per_sample,
+                "measured_s": measured,
+                "predicted_s": pred,
+                "error": pred / measured - 1,
+                "kernels_s": acc * (g["forward"] + g["backward"]) + g["optimizer"],
+                "host_bound": (rec.gpu_util_steady_mean or 100.0) < HOST_BOUND_UTIL,
+                "implied_host_us": (h * 1e6 if (h := implied_host(st, acc, measured)) else None),
+                "host_op_us": rec.host_op_us,
+                "device_op_us": rec.device_op_us,
+                "sm_clock_mhz": rec.sm_clock_steady_mhz,
+                "gpu_util": rec.gpu_util_steady_mean,
+                "thirds": window_thirds(path, name, rec, st),
+            }
+        )
     return sorted(rows, key=lambda r: _natural(r["id"]))
 
 
@@ -147,9 +191,6 @@ def window_thirds(archive: Path, member: str, rec, st) -> list[tuple]:
     """(mean optimizer step s, host us per op it implies or None) over each third of a run's steady window, from
     its rank-0 iteration log in the archive (none without one): whether the step held still through the window."""
     import json
-
-    from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.record import read_rank_file, steady_steps
 
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
     if raw is None:
@@ -185,8 +226,9 @@ def step_seconds(st, acc: int, host_s_per_op: float) -> float:
 def fit_host(items: list[dict]) -> float:
     """The host seconds per op that minimises the squared relative error over ``items`` (a grid of 0.1 us)."""
     grid = [n * 1e-7 for n in range(100, 2000)]
-    return min(grid, key=lambda h: sum((step_seconds(i["st"], i["accumulation"], h) / i["measured_s"] - 1) ** 2
-                                       for i in items))  # fmt: skip
+    return min(
+        grid, key=lambda h: sum((step_seconds(i["st"], i["accumulation"], h) / i["measured_s"] - 1) ** 2 for i in items)
+    )
 
 
 def h100_rows(root: Path, items: list | None = None) -> list[dict]:
@@ -199,10 +241,18 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
         pred = step_seconds(it["st"], it["accumulation"], runtime.LITGPT_HOST_S_PER_OP)
         pred_loo = step_seconds(it["st"], it["accumulation"], loo)
         st = it["st"]
-        rows.append({**{k: v for k, v in it.items() if k != "st"}, "predicted_s": pred, "error": pred / it["measured_s"] - 1,
-                     "loo_host_us": loo * 1e6, "loo_predicted_s": pred_loo, "loo_error": pred_loo / it["measured_s"] - 1,
-                     "gpu_s_per_micro": st.gpu_by_phase["forward"] + st.gpu_by_phase["backward"],
-                     "ops_per_micro": st.ops_by_phase["forward"] + st.ops_by_phase["backward"]})  # fmt: skip
+        rows.append(
+            {
+                **{k: v for k, v in it.items() if k != "st"},
+                "predicted_s": pred,
+                "error": pred / it["measured_s"] - 1,
+                "loo_host_us": loo * 1e6,
+                "loo_predicted_s": pred_loo,
+                "loo_error": pred_loo / it["measured_s"] - 1,
+                "gpu_s_per_micro": st.gpu_by_phase["forward"] + st.gpu_by_phase["backward"],
+                "ops_per_micro": st.ops_by_phase["forward"] + st.ops_by_phase["backward"],
+            }
+        )
     return rows
 
 
@@ -231,9 +281,6 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     work (:func:`synchronised_end`)."""
     import json
 
-    from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.record import read_rank_file, steady_state
-
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
     stats, iters = read_rank_file(json.loads(raw)) if raw is not None else (None, [])
     end = synchronised_end(archive, member, rec, stats, iters)
@@ -254,8 +301,6 @@ def synchronised_end(archive: Path, member: str, rec, stats, iters: list) -> flo
     the loop's last loss read, which synchronises). None for litgpt's own loop (its loss read every step
     synchronises each step, and its printed time includes validation) or where the figures are missing.
     ``stats``, ``iters``: its rank-0 file as :func:`tunelab.record.read_rank_file` reads it (None, [] without one)."""
-    from tunelab.files import RECORD_MAX_BYTES
-    from tunelab.run.collect import parse_litgpt_report
 
     if rec.strategy == "litgpt" or stats is None:
         return None
@@ -271,7 +316,6 @@ def bench_items(root: Path) -> list[dict]:
     window, GPU utilisation, the GPU it ran on, and its PlanInput as planned from its own recipe, overrides and
     strategy keys. Records are read in memory from the archive: regular ``*/record.json`` members of at most
     RECORD_MAX_BYTES (and their rank-0 iteration logs where the record lacks the mean)."""
-    from tunelab.plan import stored
 
     items = []
     for archive in BENCH:
@@ -282,12 +326,23 @@ def bench_items(root: Path) -> list[dict]:
                 continue
             x = stored.todays_plan(rec, None, strategy).input
             parts = name.split("/")
-            items.append({"bench": parts[1], "report": Path(archive).parent.name,
-                          "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],
-                          "arm": "litgpt" if x.fabric else "fast", "x": x, "gpu": gpu, "method": x.method,
-                          "micro": x.micro_batch_size, "accumulation": x.accumulation, "tokens": steady[1],
-                          "measured_s": steady[0], "gpu_util": rec.gpu_util_steady_mean,
-                          "eager": not x.fabric and ran_eagerly(root / archive, name, rec)})  # fmt: skip
+            items.append(
+                {
+                    "bench": parts[1],
+                    "report": Path(archive).parent.name,
+                    "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],
+                    "arm": "litgpt" if x.fabric else "fast",
+                    "x": x,
+                    "gpu": gpu,
+                    "method": x.method,
+                    "micro": x.micro_batch_size,
+                    "accumulation": x.accumulation,
+                    "tokens": steady[1],
+                    "measured_s": steady[0],
+                    "gpu_util": rec.gpu_util_steady_mean,
+                    "eager": not x.fabric and ran_eagerly(root / archive, name, rec),
+                }
+            )
     return items
 
 
@@ -295,7 +350,6 @@ def bench_step(item: dict, compiled_host_s: float | None = None) -> tuple[float,
     """(predicted seconds per optimizer step, what bounds it) of a bench run on its own GPU: the fast path by
     :func:`tunelab.plan.model.fast_step.fast_step` (its micro batches and its optimizer step), litgpt's by the planner's
     own :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out)."""
-    from tunelab.plan.model import fast_step
 
     gpu, x, acc = item["gpu"], item["x"], item["accumulation"]
     if x.fabric:
@@ -339,13 +393,25 @@ def bench_rows(items: list[dict]) -> list[dict]:
     rows = []
     for item in items:
         pred, bound = bench_step(item)
-        rows.append({"bench": item["bench"], "report": item["report"], "gpu": item["gpu"].name, "run": item["run"],
-                     "arm": item["arm"],
-                     "micro": item["micro"], "accumulation": item["accumulation"], "tokens": item["tokens"],
-                     "measured_s": item["measured_s"], "predicted_s": pred, "error": pred / item["measured_s"] - 1,
-                     "bound": bound, "gpu_util": item["gpu_util"],
-                     "eager": item["eager"],
-                     "sample": "in (host constant)" if _fitted(item) else "out"})  # fmt: skip
+        rows.append(
+            {
+                "bench": item["bench"],
+                "report": item["report"],
+                "gpu": item["gpu"].name,
+                "run": item["run"],
+                "arm": item["arm"],
+                "micro": item["micro"],
+                "accumulation": item["accumulation"],
+                "tokens": item["tokens"],
+                "measured_s": item["measured_s"],
+                "predicted_s": pred,
+                "error": pred / item["measured_s"] - 1,
+                "bound": bound,
+                "gpu_util": item["gpu_util"],
+                "eager": item["eager"],
+                "sample": "in (host constant)" if _fitted(item) else "out",
+            }
+        )
     return rows
 
 
@@ -353,8 +419,6 @@ def part3_rows(root: Path) -> list[dict]:
     """Each finished probe of the Part 3 study: its measured iteration (steady window) against the kernel model's
     micro batch and optimizer step, at the probe's padded tokens per sample."""
     from litgpt import Config
-
-    from tunelab import files
 
     c = Config.from_name("tiny-llama-1.1b")
     rows = []
@@ -369,9 +433,19 @@ def part3_rows(root: Path) -> list[dict]:
         gpu = f * g["forward"] + g["backward"]
         host = h * (f * ops["forward"] + ops["backward"])
         pred = max(gpu, host) + max(g["optimizer"], h * ops["optimizer"])
-        rows.append({"setting": r["setting"], "micro": micro, "tokens": tokens, "measured_s": it, "predicted_s": pred,
-                     "error": pred / it - 1, "bound": "GPU" if gpu >= host else "host",
-                     "gpu_util": float(r["gpu_util_mean"]), "retries": int(r["num_alloc_retries"] or 0)})  # fmt: skip
+        rows.append(
+            {
+                "setting": r["setting"],
+                "micro": micro,
+                "tokens": tokens,
+                "measured_s": it,
+                "predicted_s": pred,
+                "error": pred / it - 1,
+                "bound": "GPU" if gpu >= host else "host",
+                "gpu_util": float(r["gpu_util_mean"]),
+                "retries": int(r["num_alloc_retries"] or 0),
+            }
+        )
     return rows
 
 
@@ -379,9 +453,6 @@ def part2_rows() -> list[dict]:
     """The lab's Part 2 A100 rows (OpenLLaMA 7B full, one device and four over PCIe): the kernel model's optimizer
     step (its micro batches, optimizer step and the communication compute does not hide; no validation) against
     the lab's time over its steps (which also holds start-up and any validation: an upper bound of the step)."""
-    from tunelab.plan.model import comm
-    from tunelab.plan.recipe import plan_recipe, runtime_terms
-    from tunelab.sweep_file import lab_rows
 
     link = comm.lookup(LAB_PART2_LINK, "gpu")
     rows = []
@@ -400,10 +471,19 @@ def part2_rows() -> list[dict]:
         steps = t.detail["optimizer_steps"]
         lab = float(r.lab["time_s"]) / train["max_steps"]
         pred = sum(causes.values()) / steps
-        rows.append({"id": r.id, "strategy": r.strategy, "devices": x.world, "micro": x.micro_batch_size,
-                     "lab_step_s": lab, "predicted_s": pred, "error": pred / lab - 1,
-                     "compute_s": (sum(causes.values()) - causes["communication"]) / steps,
-                     "communication_s": causes["communication"] / steps})  # fmt: skip
+        rows.append(
+            {
+                "id": r.id,
+                "strategy": r.strategy,
+                "devices": x.world,
+                "micro": x.micro_batch_size,
+                "lab_step_s": lab,
+                "predicted_s": pred,
+                "error": pred / lab - 1,
+                "compute_s": (sum(causes.values()) - causes["communication"]) / steps,
+                "communication_s": causes["communication"] / steps,
+            }
+        )
     return rows
 
 
@@ -445,12 +525,16 @@ def lab_machine(items: list | None = None) -> dict:
     ``gpu_scale``), fitted by least squares on relative error over the lab's Part 1 rows, then each row predicted with
     them refitted without it (leave-one-out). {"host", "gpu": the fit on every row; "loo": {row: error}; "mae": the
     leave-one-out mean absolute error}; ``items``: :func:`a100_items` when already planned."""
-    rows = [(r.id, t, hardware.lookup(r.gpu), secs) for r, t, *_, secs in items or a100_items()
-            if isinstance(t.kernels, runtime.KernelWork)]  # fmt: skip
+    rows = [
+        (r.id, t, hardware.lookup(r.gpu), secs)
+        for r, t, *_, secs in items or a100_items()
+        if isinstance(t.kernels, runtime.KernelWork)
+    ]
     grid = [(h, g) for h in HOST_SCALES for g in GPU_SCALES]
     steps = {i: t.step_time(gpu) for i, t, gpu, _ in rows}  # each row's step once, scaled at every grid point
-    err = {(i, hg): sum(t.by_cause(gpu, *hg, step=steps[i]).values()) / secs - 1 for i, t, gpu, secs in rows
-           for hg in grid}  # fmt: skip
+    err = {
+        (i, hg): sum(t.by_cause(gpu, *hg, step=steps[i]).values()) / secs - 1 for i, t, gpu, secs in rows for hg in grid
+    }
 
     def fit(without=None) -> tuple:
         return min(grid, key=lambda hg: sum(err[i, hg] ** 2 for i, *_ in rows if i != without))
@@ -462,7 +546,6 @@ def lab_machine(items: list | None = None) -> dict:
 
 def write_report(path: Path, root: Path) -> None:
     """runtime.md (and runtime-kernel.csv beside it): one function per section."""
-    from tunelab.files import write_csv, write_text_atomic
 
     items, bench = h100_items(root), bench_items(root)
     archived = {a: second_machine_rows(root, a) for a in (SECOND_MACHINE, QLORA_LOOP, OPENLLAMA_ROWS)}
@@ -540,8 +623,16 @@ def host_by_machine(h100: list[dict], bench: list[dict], archived: dict) -> dict
     for it in bench:
         if it["arm"] == "litgpt":
             x = it["x"]
-            st = kernels.step_time(x.config, it["method"], x.precision, it["micro"], it["tokens"], it["gpu"].name,
-                                   lora=settings.lora_of(x), tables=TRACED)  # fmt: skip
+            st = kernels.step_time(
+                x.config,
+                it["method"],
+                x.precision,
+                it["micro"],
+                it["tokens"],
+                it["gpu"].name,
+                lora=settings.lora_of(x),
+                tables=TRACED,
+            )
             add(
                 f"{it['gpu'].name} {it['report']}",
                 it["gpu_util"],
@@ -730,7 +821,6 @@ def _md_bench(items: list[dict]) -> list[str]:
     bench = bench_rows(items)
     if not bench:
         return lines
-    from tunelab.plan.model import fast_step
 
     refit = fit_compiled_host(items)
     lines += [
@@ -773,10 +863,13 @@ def _md_bench(items: list[dict]) -> list[str]:
             f"{r['tokens']:.0f} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
             f"{r['bound']} | {r['gpu_util']:.0f} | {sample} |"
         )
-    lines += ["", "Fast path as designed (compiled throughout), mean absolute error by what the model says bounds "
-                  "the run (`fast_step.FAST_MODEL_ERROR`, the band `plan` prints for each): "
-                  + "; ".join(f"{b}-bound {e:.1%} over {n} runs" for b, (e, n) in fast_errors(bench).items())
-                  + "."]  # fmt: skip
+    lines += [
+        "",
+        "Fast path as designed (compiled throughout), mean absolute error by what the model says bounds "
+        "the run (`fast_step.FAST_MODEL_ERROR`, the band `plan` prints for each): "
+        + "; ".join(f"{b}-bound {e:.1%} over {n} runs" for b, (e, n) in fast_errors(bench).items())
+        + ".",
+    ]
     return lines
 
 
@@ -823,8 +916,10 @@ def _md_a100(a100: list[dict]) -> list[str]:
     ]
     for r in a100:
         if r["kernel_s"] is None:
-            lines.append(f"| {r['id']} | {r['recipe']} | {r['lab_s']:.1f} | not modelled: {r['not_modelled']} |  | "
-                         f"{r['curve_s']:.1f} |" + " |" * len(runtime.CAUSES))  # fmt: skip
+            lines.append(
+                f"| {r['id']} | {r['recipe']} | {r['lab_s']:.1f} | not modelled: {r['not_modelled']} |  | "
+                f"{r['curve_s']:.1f} |" + " |" * len(runtime.CAUSES)
+            )
             continue
         causes = " | ".join(f"{r[c]:.1f}" for c in runtime.CAUSES)
         lines.append(
@@ -894,9 +989,10 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
         cells = ["" if w not in r["pairs"] else _kernel_cell(*r["pairs"][w]) for w in whats]
         mark = " (fit)" if (r["model"], r["method"], r["micro"]) in fitted else ""
         lines.append(
-            f"| {r['model']}{mark} | {r['micro']} | {r['method']} | {r['bound']} | " + " | ".join(cells)
+            f"| {r['model']}{mark} | {r['micro']} | {r['method']} | {r['bound']} | "
+            + " | ".join(cells)
             + f" | {r['ops']:,} / {r['launches']:,} |"
-        )  # fmt: skip
+        )
     steps = [r["pairs"]["step"][2] for r in rows]
     gpu_bound = [r["pairs"]["step"][2] for r in rows if r["bound"] == "GPU"]
     lines += [
@@ -913,7 +1009,6 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
 def write_kernels_md(path, root) -> None:
     """``kernels.md``: :func:`tunelab.report.profiles.profile_rows` as a table, with what was fitted and what was not, then
     :func:`tunelab.report.profiles.grid_rows` (out of sample) where the checkout holds :data:`tunelab.report.profiles.GRID`."""
-    from tunelab.files import write_text_atomic
 
     rows = profiles.profile_rows(root)
     lines = [

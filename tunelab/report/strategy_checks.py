@@ -19,9 +19,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunelab import files
+from tunelab import files, hardware
+from tunelab.errors import InputError
 from tunelab.paths import output_root
+from tunelab.plan.model import comm, memory
+from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.trace import ranks
 from tunelab.plan.trace.tables import TRACED
+from tunelab.recipes import resolve
+from tunelab.report import accuracy, deepspeed_checks
+from tunelab.strategies import load_strategy
 from tunelab.units import GB
 
 FAMILIES = (
@@ -34,9 +41,16 @@ FAMILIES = (
 """(label, recipe model, checkpoint_dir override): the families checked, each on a recipe of ours (Gemma and Phi-2
 on OpenLLaMA 3B's settings, their model from litgpt's config of the directory name)."""
 STRATEGIES = (
-    "litgpt", "fsdp2", "fsdp", "ddp", "fsdp-shard-grad-op", "fsdp-hybrid", "fsdp-no-shard", "fsdp-no-wrap",
+    "litgpt",
+    "fsdp2",
+    "fsdp",
+    "ddp",
+    "fsdp-shard-grad-op",
+    "fsdp-hybrid",
+    "fsdp-no-shard",
+    "fsdp-no-wrap",
     "fsdp-offload",
-)  # fmt: skip
+)
 """``litgpt`` (no strategy file: litgpt's own choice, as its scripts wrap the model) and the strategy files
 (``configs/strategies/``) checked: every one simulated per rank (``fsdp-offload`` on a stand-in accelerator, its
 device side compared: :mod:`tunelab.plan.trace.fake_device`). Not here: DeepSpeed's (not simulated) and ``fast`` (one
@@ -67,10 +81,22 @@ def gpt2_xl_config():
     from litgpt import Config
 
     return Config(
-        name="gpt2-xl (minGPT)", block_size=128, vocab_size=50257, padded_vocab_size=50257, n_layer=48, n_head=25,
-        n_embd=1600, n_query_groups=25, rotary_percentage=0.0, parallel_residual=False, bias=True,
-        norm_class_name="LayerNorm", mlp_class_name="GptNeoxMLP", intermediate_size=6400, gelu_approximate="none",
-    )  # fmt: skip
+        name="gpt2-xl (minGPT)",
+        block_size=128,
+        vocab_size=50257,
+        padded_vocab_size=50257,
+        n_layer=48,
+        n_head=25,
+        n_embd=1600,
+        n_query_groups=25,
+        rotary_percentage=0.0,
+        parallel_residual=False,
+        bias=True,
+        norm_class_name="LayerNorm",
+        mlp_class_name="GptNeoxMLP",
+        intermediate_size=6400,
+        gelu_approximate="none",
+    )
 
 
 def v100_rows() -> list[dict]:
@@ -78,20 +104,38 @@ def v100_rows() -> list[dict]:
     16-bit MixedPrecision over fp32 shards, AdamW, the logits held by the loop, V100 without flash attention): the
     peak allocated and what a GPU monitor would read (reserved and the CUDA context), MiB, and the verdict on a
     V100 16 GB."""
-    from tunelab import hardware
-    from tunelab.plan.model import memory
 
     gpu, out = hardware.lookup("V100-16GB"), []
     for ac, table in SEED_V100_MB.items():
         for batch, mb in table.items():
-            x = memory.PlanInput(config=gpt2_xl_config(), method="full", precision="16-mixed", micro_batch_size=batch,
-                                 seq_len=128, devices=4, strategy="fsdp", sharding="FULL_SHARD", fsdp_root_kept=True,
-                                 activation_checkpointing=ac, attention_math=True, tables=TRACED)  # fmt: skip
+            x = memory.PlanInput(
+                config=gpt2_xl_config(),
+                method="full",
+                precision="16-mixed",
+                micro_batch_size=batch,
+                seq_len=128,
+                devices=4,
+                strategy="fsdp",
+                sharding="FULL_SHARD",
+                fsdp_root_kept=True,
+                activation_checkpointing=ac,
+                attention_math=True,
+                tables=TRACED,
+            )
             plan = memory.verdict(memory.predict(x), gpu)
             seen = (plan.predicted_reserved_bytes + plan.cuda_context_bytes) / 2**20
-            out.append({"checkpointing": ac, "batch": batch, "peak_mib": plan.peak_allocated_bytes / 2**20,
-                        "seen_mib": seen, "measured_mib": mb, "error": seen / mb - 1 if mb else None,
-                        "fits": plan.fits, "lab_fits": mb is not None})  # fmt: skip
+            out.append(
+                {
+                    "checkpointing": ac,
+                    "batch": batch,
+                    "peak_mib": plan.peak_allocated_bytes / 2**20,
+                    "seen_mib": seen,
+                    "measured_mib": mb,
+                    "error": seen / mb - 1 if mb else None,
+                    "fits": plan.fits,
+                    "lab_fits": mb is not None,
+                }
+            )
     return out
 
 
@@ -99,7 +143,6 @@ def v100_rows() -> list[dict]:
 def _part2_section() -> tuple[str, ...]:
     """strategies.md's section on the lab's Part 2 rows on several GPUs, as ``tunelab plan-accuracy`` checks them
     (planned once per process: the report is written after every row)."""
-    from tunelab.report import accuracy
 
     rows = [r for r in accuracy.accuracy_rows() if r["part"] == "Part 2" and r["devices"] > 1]
     return (
@@ -182,11 +225,6 @@ class Row:
 
 def check(family: tuple, method: str, strategy: str, world: int, precision: str | None = None) -> Row:
     """Plan and simulate one configuration (``precision``: None, the recipe's)."""
-    from tunelab.plan.model import comm
-    from tunelab.plan.recipe import plan_recipe
-    from tunelab.plan.trace import ranks
-    from tunelab.recipes import resolve
-    from tunelab.strategies import load_strategy
 
     label, model, checkpoint = family
     overrides = ["--train.micro_batch_size", str(MICRO), "--train.max_seq_length", str(SEQ)]
@@ -199,10 +237,21 @@ def check(family: tuple, method: str, strategy: str, world: int, precision: str 
     sim = ranks.for_plan(x, None if strategy == "litgpt" else load_strategy(strategy))
     formula = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     return Row(
-        label, method, str(x.precision), strategy, world, x.accumulation, planned.plan.peak_allocated_bytes,
-        sim.peak_bytes, sim.peak_phase, sim.bytes_moved(), formula.bytes_gpu, sim.seconds,
-        sum(c.calls for c in sim.collectives), sum(n for _, n, _, _ in formula.calls),
-    )  # fmt: skip
+        label,
+        method,
+        str(x.precision),
+        strategy,
+        world,
+        x.accumulation,
+        planned.plan.peak_allocated_bytes,
+        sim.peak_bytes,
+        sim.peak_phase,
+        sim.bytes_moved(),
+        formula.bytes_gpu,
+        sim.seconds,
+        sum(c.calls for c in sim.collectives),
+        sum(n for _, n, _, _ in formula.calls),
+    )
 
 
 def rows(
@@ -232,14 +281,20 @@ def _merged(out: list[Row], kept) -> list[Row]:
     done = {(r.family, r.method, r.precision, r.strategy, r.world) for r in out}
     found = out + [r for r in kept if (r.family, r.method, r.precision, r.strategy, r.world) not in done]
     order = {f[0]: i for i, f in enumerate(FAMILIES)}
-    return sorted(found, key=lambda r: (order.get(r.family, 99), r.method, PRECISIONS.index(r.precision)
-                                        if r.precision in PRECISIONS else 99, STRATEGIES.index(r.strategy)
-                                        if r.strategy in STRATEGIES else 99, r.world))  # fmt: skip
+    return sorted(
+        found,
+        key=lambda r: (
+            order.get(r.family, 99),
+            r.method,
+            PRECISIONS.index(r.precision) if r.precision in PRECISIONS else 99,
+            STRATEGIES.index(r.strategy) if r.strategy in STRATEGIES else 99,
+            r.world,
+        ),
+    )
 
 
 def read(path: Path) -> list[Row]:
     """The rows of an earlier strategies.csv (read bounded; a file that is not one: InputError naming it)."""
-    from tunelab.errors import InputError
 
     text = files.read_text(path, 1 << 20, "strategies table")
     out = []
@@ -249,10 +304,24 @@ def read(path: Path) -> list[Row]:
 
     try:
         for r in csv.DictReader(io.StringIO(text)):
-            out.append(Row(r["family"], r["method"], r["precision"], r["strategy"], int(r["world"]),
-                           int(r["accumulation"]), float(r["planned_bytes"]), float(r["simulated_bytes"]),
-                           r["simulated_phase"], float(r["traced_bytes_per_step"]), float(r["formula_bytes_per_step"]),
-                           float(r["seconds"]), num(r, "traced_calls"), num(r, "formula_calls")))  # fmt: skip
+            out.append(
+                Row(
+                    r["family"],
+                    r["method"],
+                    r["precision"],
+                    r["strategy"],
+                    int(r["world"]),
+                    int(r["accumulation"]),
+                    float(r["planned_bytes"]),
+                    float(r["simulated_bytes"]),
+                    r["simulated_phase"],
+                    float(r["traced_bytes_per_step"]),
+                    float(r["formula_bytes_per_step"]),
+                    float(r["seconds"]),
+                    num(r, "traced_calls"),
+                    num(r, "formula_calls"),
+                )
+            )
     except (KeyError, ValueError, TypeError) as e:
         raise InputError(f"{path}: not a strategies table ({e}); fix: run without --keep") from None
     return out
@@ -338,7 +407,6 @@ def markdown(found: list[Row], zero_rows=()) -> str:
             f"{r.simulated_phase} | {r.traced_bytes_per_step / GB:.2f} | {r.formula_bytes_per_step / GB:.2f} | "
             f"{ce} | {calls} | {r.seconds:.1f} |"
         )
-    from tunelab.report import deepspeed_checks
 
     return (
         "\n".join(lines + list(_part2_section()) + deepspeed_checks.section(list(zero_rows)) + _v100_section()) + "\n"
@@ -348,7 +416,6 @@ def markdown(found: list[Row], zero_rows=()) -> str:
 def write(found: list[Row], out: Path | None = None) -> Path:
     """strategies.md and strategies.csv under ``out`` (default reports/planner-strategies/), written atomically;
     the DeepSpeed section from the ``deepspeed.csv`` there, if any."""
-    from tunelab.report import deepspeed_checks
 
     out = Path(out or output_root() / "reports" / "planner-strategies")
     out.mkdir(parents=True, exist_ok=True)

@@ -115,9 +115,10 @@ def collect(sf: StudyFile, base: Path) -> list[SettingResult]:
                 m = int(named.group(1))  # the micro batch its directory was made for
                 if rec.micro_batch_size not in (None, m):
                     rec = record_mod.RunRecord(
-                        row_id=path.parent.name, status="error",
+                        row_id=path.parent.name,
+                        status="error",
                         error=f"its record ran micro batch {rec.micro_batch_size}, not {m}",
-                    )  # fmt: skip
+                    )
                 probes.append((m, rec, path))
             if not probes:
                 continue

@@ -15,6 +15,8 @@ from tunelab import record as record_mod
 from tunelab.files import read_json, save_figure, write_csv, write_text_atomic
 from tunelab.paths import report_dir, slug
 from tunelab.plan import stored
+from tunelab.recipes import resolve
+from tunelab.settings import resolve as resolve_settings
 from tunelab.sweep_file import SweepError, check_lab
 from tunelab.units import GB, GIB
 
@@ -275,8 +277,10 @@ def environment(records: list[record_mod.RunRecord]) -> list[str]:
         cpus = sorted({x.host_cpu for x in seen if x.host_cpu})
         launch = [x.device_op_us for x in seen if x.device_op_us]
         on_gpu = f"; on GPU 0 with its launch {min(launch):.2f}-{max(launch):.2f} us (`device_op_us`)" if launch else ""
-        lines.append(f"- host: {', '.join(cpus) or '?'}; eager dispatch {min(probes):.2f}-{max(probes):.2f} us per op "
-                     f"(`gpu_monitor.host_op_us`, before each run){on_gpu}")  # fmt: skip
+        lines.append(
+            f"- host: {', '.join(cpus) or '?'}; eager dispatch {min(probes):.2f}-{max(probes):.2f} us per op "
+            f"(`gpu_monitor.host_op_us`, before each run){on_gpu}"
+        )
     clocks = [x for x in seen if x.sm_clock_steady_mhz]
     if clocks:
         top = max((x.sm_clock_max_mhz or 0) for x in clocks)
@@ -351,11 +355,32 @@ def _md_summary(meta: dict, records: list, missing: list) -> list[str]:
 
 
 RESULT_HEADER = [
-    "row", "recipe", "precision", "micro/global", "status", "{mem}", "reserved GB", "retries", "plan GB (err)",
-    "step s", "tok/s padded", "tok/s real", "padding %", "litgpt s", "litgpt tok/s", "TFLOP/s", "MFU (padded)",
-    "util % (steady)", "power W (steady)", "J/1k tok (steady)", "J/1k tok (run)", "lab status", "lab GB", "lab s",
+    "row",
+    "recipe",
+    "precision",
+    "micro/global",
+    "status",
+    "{mem}",
+    "reserved GB",
+    "retries",
+    "plan GB (err)",
+    "step s",
+    "tok/s padded",
+    "tok/s real",
+    "padding %",
+    "litgpt s",
+    "litgpt tok/s",
+    "TFLOP/s",
+    "MFU (padded)",
+    "util % (steady)",
+    "power W (steady)",
+    "J/1k tok (steady)",
+    "J/1k tok (run)",
+    "lab status",
+    "lab GB",
+    "lab s",
     "lab tok/s",
-]  # fmt: skip
+]
 """The results table's columns ({mem}: RSS on a CPU, allocated on a GPU)."""
 
 
@@ -414,21 +439,37 @@ def _result_cells(row: dict, rec, cpu: bool) -> list:
     if precision is None or micro is None:  # refused before it ran: the recipe's own settings
         precision, micro, global_batch = _recipe_settings(rec)
     return [
-        rec.row_id, rec.recipe, (precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
-        f"{micro}/{global_batch}" if micro is not None else "", rec.status, _f(mem, 3 if cpu else 2),
-        _f(row["peak_reserved_gb"]), _f(row["alloc_retries"]), plan, _f(rec.step_time_s, 3), _f(rec.tok_s_padded, 0),
-        _f(rec.tok_s_real, 0), _f(row["padding_pct"], 1), _f(rec.litgpt_training_time_s), _f(rec.litgpt_tok_s, 0),
-        _f(rec.achieved_tflops_per_device, 1), mfu, util, _f(rec.power_steady_w, 0),
-        _f(rec.energy_steady_j_per_1k_tokens, 1), _f(rec.energy_j_per_1k_tokens, 1), _f(row["lab_status"]),
-        _f(row["lab_memory_gb"]), _f(row["lab_time_s"]), _f(row["lab_tok_s"], 0),
-    ]  # fmt: skip
+        rec.row_id,
+        rec.recipe,
+        (precision or "") + (f" {rec.quantize}" if rec.quantize else ""),
+        f"{micro}/{global_batch}" if micro is not None else "",
+        rec.status,
+        _f(mem, 3 if cpu else 2),
+        _f(row["peak_reserved_gb"]),
+        _f(row["alloc_retries"]),
+        plan,
+        _f(rec.step_time_s, 3),
+        _f(rec.tok_s_padded, 0),
+        _f(rec.tok_s_real, 0),
+        _f(row["padding_pct"], 1),
+        _f(rec.litgpt_training_time_s),
+        _f(rec.litgpt_tok_s, 0),
+        _f(rec.achieved_tflops_per_device, 1),
+        mfu,
+        util,
+        _f(rec.power_steady_w, 0),
+        _f(rec.energy_steady_j_per_1k_tokens, 1),
+        _f(rec.energy_j_per_1k_tokens, 1),
+        _f(row["lab_status"]),
+        _f(row["lab_memory_gb"]),
+        _f(row["lab_time_s"]),
+        _f(row["lab_tok_s"], 0),
+    ]
 
 
 def _recipe_settings(rec) -> tuple:
     """(precision, micro batch, global batch) of a record's recipe with its overrides, as resolved now (a row refused
     before it ran records none); Nones where the recipe no longer resolves."""
-    from tunelab.recipes import resolve
-    from tunelab.settings import resolve as resolve_settings
 
     try:
         s = resolve_settings(resolve(rec.recipe), [str(o) for o in rec.overrides or []])
@@ -442,13 +483,27 @@ def _md_notes(records: list, rows: list[dict]) -> list[str]:
     out = []
     sources = {row.get("planner_source") for row in rows if row.get("planner_peak_gb") is not None}
     if sources:
-        out += ["", "Plan: " + "; ".join(filter(None, [
-            "the plan each record stored before its run" if stored.STORED in sources else "",
-            f"† {stored.TODAYS}: the record predates stored plans, so its recipe and overrides were planned now"
-            if stored.TODAYS in sources else "",
-        ])) + "."]  # fmt: skip
-    peaks = {f"{r.precision}: {r.peak_basis} {r.peak_tflops_per_device:g} TFLOP/s" for r in records
-             if r.peak_basis and r.peak_tflops_per_device is not None}  # fmt: skip
+        out += [
+            "",
+            "Plan: "
+            + "; ".join(
+                filter(
+                    None,
+                    [
+                        "the plan each record stored before its run" if stored.STORED in sources else "",
+                        f"† {stored.TODAYS}: the record predates stored plans, so its recipe and overrides were planned now"
+                        if stored.TODAYS in sources
+                        else "",
+                    ],
+                )
+            )
+            + ".",
+        ]
+    peaks = {
+        f"{r.precision}: {r.peak_basis} {r.peak_tflops_per_device:g} TFLOP/s"
+        for r in records
+        if r.peak_basis and r.peak_tflops_per_device is not None
+    }
     if peaks:
         out += ["", "MFU peaks used: " + "; ".join(sorted(peaks)) + "."]
     return out
@@ -458,8 +513,13 @@ def _md_phases(records: list, rows: list[dict]) -> list[str]:
     """### Memory by phase, where the ranks recorded it."""
     if not any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
         return []
-    out = ["", "### Memory by phase", "", "| row | loaded GB | after 1st step GB | peak GB | plan GB |",
-           "|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "",
+        "### Memory by phase",
+        "",
+        "| row | loaded GB | after 1st step GB | peak GB | plan GB |",
+        "|---|---|---|---|---|",
+    ]
     for row, rec in zip(rows, records):
         if rec.ranks and rec.ranks[0].phase_peak_allocated:
             out.append(
@@ -481,18 +541,33 @@ def _md_failed(records: list) -> list[str]:
 
 def _md_settings(records: list) -> list[str]:
     """## Settings of each row: its overrides, strategy and model."""
-    return ["", "## Settings of each row", "", "| row | overrides on the recipe | strategy | model |",
-            "|---|---|---|---|"] + [
+    return [
+        "",
+        "## Settings of each row",
+        "",
+        "| row | overrides on the recipe | strategy | model |",
+        "|---|---|---|---|",
+    ] + [
         f"| {r.row_id} | `{' '.join(r.overrides) or '(recipe as is)'}` | {r.strategy} | {r.model_name} "
         f"({r.model_source}) |"
         for r in records
-    ]  # fmt: skip
+    ]
 
 
 def _md_definitions_and_plots(records: list) -> list[str]:
     """## Definitions and ## Plots, and the files beside the report."""
-    out = ["", "## Definitions", "", DEFINITIONS, "## Plots", "", "![peak memory per row](memory.png)", "",
-           "![throughput per row](throughput.png)", ""]  # fmt: skip
+    out = [
+        "",
+        "## Definitions",
+        "",
+        DEFINITIONS,
+        "## Plots",
+        "",
+        "![peak memory per row](memory.png)",
+        "",
+        "![throughput per row](throughput.png)",
+        "",
+    ]
     if any(r.device_count > 1 for r in records):
         out += ["![memory by rank](memory_by_rank.png)", ""]
     if any(r.ranks and r.ranks[0].phase_peak_allocated for r in records):
@@ -683,8 +758,10 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: s
         raise FileNotFoundError(f"no run records (*/record.json) under {sweep_dir}")
     for rec in records:  # said where the user sees it, not only in a table row
         if (rec.error or "").startswith(UNREADABLE):
-            print(f"{Path(sweep_dir) / rec.row_id / 'record.json'}: {rec.error}; reported as an error row",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{Path(sweep_dir) / rec.row_id / 'record.json'}: {rec.error}; reported as an error row",
+                file=sys.stderr,
+            )
     if not_run_reason:
         meta["not_run_reason"] = not_run_reason
     labs = {r["id"]: r.get("lab") or {} for r in meta.get("rows", [])}

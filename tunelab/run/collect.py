@@ -175,8 +175,14 @@ def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
     rec.tokens_padded = sum(it[1] for its in ranks_iters for it in its[:n_iters] if it[1] >= 0) or None
     rec.tokens_real = sum(it[2] for its in ranks_iters for it in its[:n_iters] if it[2] >= 0) or None
     steady = steady_state(ranks_iters, rec.accumulation or 1, n_iters, [r.trained_until for r in rec.ranks])
-    for key in ("warmup_steps_excluded", "step_time_s", "iter_time_s", "step_time_mean_s", "tok_s_padded",
-                "tok_s_real"):  # fmt: skip
+    for key in (
+        "warmup_steps_excluded",
+        "step_time_s",
+        "iter_time_s",
+        "step_time_mean_s",
+        "tok_s_padded",
+        "tok_s_real",
+    ):
         setattr(rec, key, steady.get(key))
     if steady.get("window"):
         rec.steady_window_s = steady["window"][1] - steady["window"][0]

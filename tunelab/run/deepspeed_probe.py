@@ -15,6 +15,9 @@ import sys
 
 import torch
 
+from tunelab import files
+from tunelab.strategies import StrategyConfig
+
 
 def scaled(name: str, scale: int):
     """litgpt's config ``name`` with its width, MLP width and vocabulary / ``scale`` and its heads / 4 (each at least
@@ -27,10 +30,16 @@ def scaled(name: str, scale: int):
     c = Config.from_name(name)
     n_embd, n_head = c.n_embd // scale, max(1, c.n_head // 4)
     return dataclasses.replace(
-        c, n_embd=n_embd, n_head=n_head, n_query_groups=max(1, c.n_query_groups // 4), head_size=n_embd // n_head,
-        intermediate_size=c.intermediate_size // scale, vocab_size=c.padded_vocab_size // scale,
-        padded_vocab_size=c.padded_vocab_size // scale, block_size=256,
-    )  # fmt: skip
+        c,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_query_groups=max(1, c.n_query_groups // 4),
+        head_size=n_embd // n_head,
+        intermediate_size=c.intermediate_size // scale,
+        vocab_size=c.padded_vocab_size // scale,
+        padded_vocab_size=c.padded_vocab_size // scale,
+        block_size=256,
+    )
 
 
 def config_of(case):
@@ -41,11 +50,20 @@ def config_of(case):
     if "family" in case:
         return scaled(case["family"], case.get("scale", 16))
     return Config(
-        n_layer=case["layers"], n_embd=case["embd"], n_head=case["heads"], n_query_groups=case["heads"],
-        vocab_size=case["vocab"], padded_vocab_size=case["vocab"], block_size=256, bias=False,
-        norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=case["inter"],
-        rotary_percentage=1.0, parallel_residual=False,
-    )  # fmt: skip
+        n_layer=case["layers"],
+        n_embd=case["embd"],
+        n_head=case["heads"],
+        n_query_groups=case["heads"],
+        vocab_size=case["vocab"],
+        padded_vocab_size=case["vocab"],
+        block_size=256,
+        bias=False,
+        norm_class_name="RMSNorm",
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=case["inter"],
+        rotary_percentage=1.0,
+        parallel_residual=False,
+    )
 
 
 def _run(case, rank):
@@ -55,14 +73,14 @@ def _run(case, rank):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from tunelab.run.loop import deepspeed_config, litgpt_loss
-    from tunelab.strategies import StrategyConfig
 
     cfg = config_of(case)
     torch.manual_seed(0)
     model = GPT(cfg).to(torch.bfloat16)
     bucket = int(case["bucket"])
-    strat = StrategyConfig(name="deepspeed", zero_stage=case["stage"], reduce_bucket_size=bucket,
-                           allgather_bucket_size=bucket)  # fmt: skip
+    strat = StrategyConfig(
+        name="deepspeed", zero_stage=case["stage"], reduce_bucket_size=bucket, allgather_bucket_size=bucket
+    )
     conf = deepspeed_config(strat, case.get("micro", 2), 1, "bf16-true")
     conf["zero_optimization"].update({k: int(v) for k, v in case.get("zero", {}).items()})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -71,8 +89,13 @@ def _run(case, rank):
     held: list = []
 
     def gathered(module, args, output):  # what ZeRO-3 holds gathered when the forward reaches the head
-        held.append(sum(p.ds_numel for p in engine.module.parameters()
-                        if p.ds_status != ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist))  # fmt: skip
+        held.append(
+            sum(
+                p.ds_numel
+                for p in engine.module.parameters()
+                if p.ds_status != ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist
+            )
+        )
 
     x = torch.randint(0, cfg.vocab_size, (case.get("micro", 2), case.get("tokens", 128)))
     profiled = case.get("measure") == "profiler"
@@ -110,8 +133,6 @@ def profiled_peak(prof) -> tuple[int, int]:
     """(peak, at the end) of the bytes alive that were allocated while ``prof`` ran, over its training steps
     (:data:`STEPS_MARK`), from the allocations and frees its memory events report (:func:`alive_bytes`)."""
     import tempfile
-
-    from tunelab import files
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")

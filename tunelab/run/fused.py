@@ -25,6 +25,8 @@ import types
 
 import torch
 
+from tunelab.gpt import head_operands, hidden_states
+
 MODES = ("loss", "all")
 """The strategy key ``liger``'s values: the fused loss alone, or the loss with RMSNorm and SwiGLU."""
 IGNORE_INDEX = -100
@@ -85,8 +87,6 @@ def loss(gpt, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """litgpt's training loss, fused: the mean cross-entropy of the shifted targets (ignore index -100) over the
     head's logits, with final-logit softcapping where the config has it, the logits never materialised."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
-    from tunelab.gpt import head_operands, hidden_states
 
     h, weight, bias = head_operands(gpt, hidden_states(gpt, input_ids)[:, :-1, :])
     return liger_fused_linear_cross_entropy(

@@ -43,8 +43,13 @@ class WindowFigures:
     """Share of the samples whose clock NVML says was held down by power or heat (:data:`CAPPED_REASONS`)."""
 
 
-CAPPED_REASONS = {0x4: "software power cap", 0x8: "hardware slowdown", 0x20: "software thermal slowdown",
-                  0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}  # fmt: skip
+CAPPED_REASONS = {
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+}
 """NVML's clock event (throttle) reason bits that hold the SM clock below what the load asks for
 (nvmlClocksEventReason*: idle, application clocks and sync boost are not among them)."""
 

@@ -521,8 +521,11 @@ def _compile_shapes(model, shapes, device, method, strategy, autocast, engine) -
     if rank_stats.global_rank() == 0:
         import torch._dynamo.config as dynamo_config
 
-        print(f"shapes compiled: {len(shapes)} in {time.monotonic() - t0:.1f} s, {_graphs_compiled()} graphs "
-              f"(recompile limit {dynamo_config.recompile_limit})", flush=True)  # fmt: skip
+        print(
+            f"shapes compiled: {len(shapes)} in {time.monotonic() - t0:.1f} s, {_graphs_compiled()} graphs "
+            f"(recompile limit {dynamo_config.recompile_limit})",
+            flush=True,
+        )
 
 
 def _eval_args(args: dict):

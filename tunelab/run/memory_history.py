@@ -19,6 +19,8 @@ import os
 import sys
 from collections import Counter
 
+from tunelab.files import write_json_atomic
+
 ENV = "TUNELAB_MEMORY_HISTORY"
 MAX_ENTRIES = 2_000_000
 """Allocator events kept (torch's ring buffer: older ones are dropped beyond this)."""
@@ -115,8 +117,6 @@ def write(out_dir: str, rank: int) -> None:
     if not _STATE["on"]:
         return
     import torch
-
-    from tunelab.files import write_json_atomic
 
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)

@@ -34,7 +34,7 @@ from tunelab import checkpoints, paths, settings
 from tunelab.data import benchmark
 from tunelab.data import modules as data_modules
 from tunelab.errors import InputError, Interrupted
-from tunelab.files import Busy, exclusive_lock, open_output, read_tail
+from tunelab.files import Busy, exclusive_lock, kind, open_output, read_tail
 from tunelab.paths import DATASET, ROOT, output_root
 from tunelab.plan import stored
 from tunelab.recipes import Recipe
@@ -256,7 +256,6 @@ MAX_ENTRIES_CHECKED = 100_000
 
 def blocker_kind(path: Path) -> str:
     """What ``path`` is, in words (a symbolic link, a FIFO, ...)."""
-    from tunelab.files import kind
 
     return kind(os.lstat(path).st_mode)
 

@@ -191,8 +191,17 @@ def _write_meta(sweep: Sweep, base: Path, o: SweepOptions) -> None:
     """``sweep.json``: what the directory sweeps (file, rows, weights' source); refused where the directory holds
     runs made with another ``--model`` (resuming them would mix two sources of weights)."""
     meta_path = base / "sweep.json"
-    rows = [{"id": r.id, "recipe": r.recipe.key, "settings": r.settings, "lab": r.lab, "note": r.note,
-             "strategy": r.strategy} for r in sweep.rows]  # fmt: skip
+    rows = [
+        {
+            "id": r.id,
+            "recipe": r.recipe.key,
+            "settings": r.settings,
+            "lab": r.lab,
+            "note": r.note,
+            "strategy": r.strategy,
+        }
+        for r in sweep.rows
+    ]
     meta = {
         "name": sweep.name,
         "file": str(sweep.path.relative_to(ROOT) if sweep.path.is_relative_to(ROOT) else sweep.path),
@@ -232,10 +241,16 @@ def _run_row(sweep: Sweep, base: Path, o: SweepOptions, row: Row, row_timeout, p
     disk_full = False
     try:
         options = RunOptions(
-            sweep=sweep.name, row_id=row.id, model=o.model, timeout_s=row_timeout,
-            memory_limit_bytes=o.memory_limit_bytes, on_progress=progress.show, strategy=row.strategy,
-            strategy_config=row.strategy_config, checked=row.checked,
-        )  # fmt: skip
+            sweep=sweep.name,
+            row_id=row.id,
+            model=o.model,
+            timeout_s=row_timeout,
+            memory_limit_bytes=o.memory_limit_bytes,
+            on_progress=progress.show,
+            strategy=row.strategy,
+            strategy_config=row.strategy_config,
+            checked=row.checked,
+        )
         rec = run(row.recipe, row.overrides(), base / row.id, options)
     except (Interrupted, KeyboardInterrupt):
         recorded = sum(1 for r in rows if row_done(base, r)[0])
@@ -248,10 +263,19 @@ def _run_row(sweep: Sweep, base: Path, o: SweepOptions, row: Row, row_timeout, p
         disk_full = _is_disk_full(e)
         reason = f"{DISK_FULL_PREFIX}: {e}" if disk_full and not str(e).startswith(DISK_FULL_PREFIX) else str(e)
         rec = record_mod.RunRecord(
-            sweep=sweep.name, row_id=row.id, recipe=row.recipe.key, command=row.recipe.command,
-            overrides=row.overrides(), status="error", error=reason, method=row.recipe.method, started_at="",
-            ended_at="", wall_s=0.0, strategy=row.strategy_label,
-        )  # fmt: skip
+            sweep=sweep.name,
+            row_id=row.id,
+            recipe=row.recipe.key,
+            command=row.recipe.command,
+            overrides=row.overrides(),
+            status="error",
+            error=reason,
+            method=row.recipe.method,
+            started_at="",
+            ended_at="",
+            wall_s=0.0,
+            strategy=row.strategy_label,
+        )
         _save_if_possible(rec, base / row.id / "record.json")  # the disk full: the sweep stops after the row
     if rec.status == "error" and not disk_full and "No space left on device" in (rec.error or ""):
         disk_full = True  # the run itself hit the full disk (litgpt saving a checkpoint): the machine's fault

@@ -282,8 +282,15 @@ def _result(
         }
         for m, r in sorted(results.items())
     ]
-    return TuneResult(largest_fitting=lo, best=best, start=start, start_reason=start_reason, setting=setting,
-                      predicted_largest=predicted, probes=probes)  # fmt: skip
+    return TuneResult(
+        largest_fitting=lo,
+        best=best,
+        start=start,
+        start_reason=start_reason,
+        setting=setting,
+        predicted_largest=predicted,
+        probes=probes,
+    )
 
 
 def reusable(

@@ -28,6 +28,8 @@ from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.run.resume import DEADLINE_PREFIX, resume_state, strategy_label, strategy_settings
 from tunelab.run.runner import RunOptions, run
+from tunelab.tune.batch import Probes, search
+from tunelab.validate import parse
 
 
 @dataclass
@@ -156,7 +158,6 @@ def run_phase(
 def global_batch_for(recipe: Recipe, overrides: list[str], micro: int) -> int:
     """The global batch of a run at its own best ``micro``: the recipe's (with the overrides) when ``micro`` divides
     it, so the optimizer's maths is the baseline's, else the next multiple of ``micro`` above it (said in bench.md)."""
-    from tunelab.validate import parse
 
     g = int(parse(recipe, overrides)["train"]["global_batch_size"])
     return -(-g // micro) * micro
@@ -176,7 +177,6 @@ def best_micro(
     """Each arm's best micro batch on one device: tune-batch's search (the fastest without allocator retries), its
     probes under ``<out>/tune-<arm>/`` (``options``: their weights and limits). An arm with no clean probe is left
     out."""
-    from tunelab.tune.batch import Probes, search
 
     best = {}
     for arm in arms:

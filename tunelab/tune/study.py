@@ -230,7 +230,7 @@ def _setting(st, slabel: str, earlier: list[Setting], where: str) -> Setting:
             where,
             f"{slabel}: activation_checkpointing",
             "true or false",
-        ),  # fmt: skip
+        ),
         backward_prefetch=prefetch,
         max_micro=_positive_int(st.get("max_micro", 1024), where, f"{slabel}: max_micro"),
         also=[_positive_int(m, where, f"{slabel}: also") for m in also],

@@ -319,10 +319,17 @@ def _sizes(x: PlanInput, params, param_bytes) -> _Sizes:
     if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
         reduced = memory.flat_parameter_frozen_grad_elements(x, total) + trainable
     return _Sizes(
-        n=x.world, g=max(x.devices, 1), m=max(x.num_nodes, 1), a=max(x.accumulation, 1), s_p=s_p, P=total * s_p,
-        G=reduced * s_p, R=root, trainable=trainable,
+        n=x.world,
+        g=max(x.devices, 1),
+        m=max(x.num_nodes, 1),
+        a=max(x.accumulation, 1),
+        s_p=s_p,
+        P=total * s_p,
+        G=reduced * s_p,
+        R=root,
+        trainable=trainable,
         units=1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1,
-    )  # fmt: skip
+    )
 
 
 def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
@@ -404,6 +411,9 @@ def _hybrid(c: Comm, x: PlanInput, z: _Sizes) -> None:
     c.bytes_node = 2 * (m - 1) / m * z.G / g
     c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
     kept = 1 if x.fsdp_root_kept else 0
-    c.calls = [("all-gather", z.a * (2 * z.units - kept), g - 1, 0), ("reduce-scatter", z.units, g - 1, 0),
-               ("all-reduce", z.units, 2 * (m - 1), 2 * (m - 1))]  # fmt: skip
+    c.calls = [
+        ("all-gather", z.a * (2 * z.units - kept), g - 1, 0),
+        ("reduce-scatter", z.units, g - 1, 0),
+        ("all-reduce", z.units, 2 * (m - 1), 2 * (m - 1)),
+    ]
     c.hideable_under = "step"

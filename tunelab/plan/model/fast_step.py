@@ -180,8 +180,9 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     out = FastStep(waits_for_loss=liger)
 
     def eager(n_layer: int):
-        tp = tables_of(x).template(dataclasses.replace(c, n_layer=n_layer), method, str(x.precision), optimizer,
-                                     chunks, micro == 1, lora)  # fmt: skip
+        tp = tables_of(x).template(
+            dataclasses.replace(c, n_layer=n_layer), method, str(x.precision), optimizer, chunks, micro == 1, lora
+        )
         return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)
 
     _, _, base, base_ops = eager(0)  # embedding, final norm, head (and litgpt's loss unless Liger's replaces it)
@@ -233,8 +234,9 @@ def _compiled_blocks(out: FastStep, x, gpu, sms: int, tokens: float, compiled_ho
     """The compiled blocks in ``out``: one block's kernels from torch.compile's own graphs, times the depth, each
     launched at ``compiled_host_s`` of host time."""
     c, method = x.config, "full" if x.method == "full" else "lora"
-    block = tables_of(x).compiled_block(c, method, str(x.precision), x.lora_r if x.lora else 0,
-                                   tuple(x.lora_targets) if x.lora else ())  # fmt: skip
+    block = tables_of(x).compiled_block(
+        c, method, str(x.precision), x.lora_r if x.lora else 0, tuple(x.lora_targets) if x.lora else ()
+    )
     secs, count = compiled_block_seconds(block, x.micro_batch_size, tokens, gpu, sms)
     for phase in ("forward", "backward"):
         for cat, sec in secs.get(phase, {}).items():
@@ -251,7 +253,11 @@ def _liger_loss(out: FastStep, x, gpu, rows: int) -> None:
     n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
     size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2
     ce = 2.0 * rows * c.padded_vocab_size * size  # each chunk's logits read, their gradient written in place
-    _add(out.gpu, "loss", "elementwise", max(ce / (kernels.memory_rate(gpu) * COMPILED_MEMORY_EFFICIENCY),
-                                             n * kernels.MIN_KERNEL_S))  # fmt: skip
+    _add(
+        out.gpu,
+        "loss",
+        "elementwise",
+        max(ce / (kernels.memory_rate(gpu) * COMPILED_MEMORY_EFFICIENCY), n * kernels.MIN_KERNEL_S),
+    )
     out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + LIGER_OPS_FIXED) * kernels.HOST_S_PER_OP
     out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + LIGER_OPS_FIXED  # its matmuls are the head's, above

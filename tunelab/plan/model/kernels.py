@@ -293,25 +293,12 @@ class Template:
         return self.count @ mono
 
 
-def template_seconds(
-    tp: Template, micro: int, tokens: float, gpu, sms: int, method: str, drop_logits: bool = False
-) -> tuple:
-    """(ops, GPU seconds by category, GPU seconds by phase, ops by phase) of ``tp`` at ``micro`` x ``tokens`` on
-    ``gpu``: each kernel by its category (the module docstring), the ops of litgpt's loss chunks beyond the one the
-    template holds added at :data:`MIN_KERNEL_S` each. ``drop_logits``: without the loss's own kernels on the logits
-    (:attr:`Template.logits`; Liger's fused loss replaces them)."""
+def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int):
+    """Each of ``tp``'s kernels' GPU seconds on ``gpu`` (arrays: its bytes, FLOPs and matmul tiles at one shape):
+    matmuls and attention by FLOPs at their efficiency (matmuls over their waves), the rest by bytes over its kind's
+    share of :func:`memory_rate`, each at least :data:`MIN_KERNEL_S` (the module docstring)."""
     import numpy as np
 
-    nbytes, flops, tiles = tp.kernels_at(micro, tokens)
-    counts = tp.counts_at(micro, tokens)
-    if drop_logits:
-        keep = ~np.array(tp.logits, dtype=bool)
-        tp = dataclasses.replace(
-            tp, phase=[p for p, k in zip(tp.phase, keep) if k], category=[c for c, k in zip(tp.category, keep) if k],
-            fp32=[f for f, k in zip(tp.fp32, keep) if k], chunk_ops=dict.fromkeys(tp.chunk_ops, 0.0),
-            access=[a for a, k in zip(tp.access, keep) if k],
-        )  # fmt: skip
-        nbytes, flops, tiles, counts = nbytes[keep], flops[keep], tiles[keep], counts[keep]
     cat = np.array(tp.category)
     peaks = gpu.peak_tflops
     fp32 = np.array(tp.fp32, dtype=bool)
@@ -331,7 +318,33 @@ def template_seconds(
     waves = np.ceil(np.maximum(tiles, 1) / sms) * sms
     eff = np.where(cat == "matmul", matmul_eff * np.where(tiles > 0, tiles / waves, 1.0), attention_eff)
     compute = np.where(np.isin(cat, ("matmul", "attention")) & (flops > 0), flops / (peak * eff), 0.0)
-    t = np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S) * counts
+    return np.maximum(np.maximum(nbytes / bandwidth, compute), MIN_KERNEL_S)
+
+
+def template_seconds(
+    tp: Template, micro: int, tokens: float, gpu, sms: int, method: str, drop_logits: bool = False
+) -> tuple:
+    """(ops, GPU seconds by category, GPU seconds by phase, ops by phase) of ``tp`` at ``micro`` x ``tokens`` on
+    ``gpu``: each kernel by its category (the module docstring), the ops of litgpt's loss chunks beyond the one the
+    template holds added at :data:`MIN_KERNEL_S` each. ``drop_logits``: without the loss's own kernels on the logits
+    (:attr:`Template.logits`; Liger's fused loss replaces them)."""
+    import numpy as np
+
+    nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+    counts = tp.counts_at(micro, tokens)
+    if drop_logits:
+        keep = ~np.array(tp.logits, dtype=bool)
+        tp = dataclasses.replace(
+            tp,
+            phase=[p for p, k in zip(tp.phase, keep) if k],
+            category=[c for c, k in zip(tp.category, keep) if k],
+            fp32=[f for f, k in zip(tp.fp32, keep) if k],
+            chunk_ops=dict.fromkeys(tp.chunk_ops, 0.0),
+            access=[a for a, k in zip(tp.access, keep) if k],
+        )
+        nbytes, flops, tiles, counts = nbytes[keep], flops[keep], tiles[keep], counts[keep]
+    t = kernel_times(tp, nbytes, flops, tiles, gpu, sms) * counts
+    cat = np.array(tp.category)
     phases = np.array(tp.phase)
     training = np.isin(phases, TRAINING_PHASES)
     by_cat = {c: float(t[(cat == c) & training].sum()) for c in sorted(set(tp.category))}

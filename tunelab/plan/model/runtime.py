@@ -150,10 +150,19 @@ def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
     except InputError:
         return f"the optimizer {x.optimizer} is not in the kernel model"
     fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
-    return KernelWork(x.config, x.method, str(x.precision), x.micro_batch_size,
-                      float(tokens_per_sample), optimizer, bool(x.activation_checkpointing),
-                      settings.lora_of(x), optimizer_shards(x), x.tables,
-                      x if fast and x.method != "qlora" else None)  # fmt: skip
+    return KernelWork(
+        x.config,
+        x.method,
+        str(x.precision),
+        x.micro_batch_size,
+        float(tokens_per_sample),
+        optimizer,
+        bool(x.activation_checkpointing),
+        settings.lora_of(x),
+        optimizer_shards(x),
+        x.tables,
+        x if fast and x.method != "qlora" else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -172,8 +181,18 @@ class MicroBatch:
     """Its backward alone: kernels or launches, whichever is longer (what DDP's buckets hide behind)."""
 
 
-CAUSES = ("matmul", "attention", "elementwise", "dequantization", "optimizer", "host launches", "validation",
-          "generation", "checkpoint saves", "communication")  # fmt: skip
+CAUSES = (
+    "matmul",
+    "attention",
+    "elementwise",
+    "dequantization",
+    "optimizer",
+    "host launches",
+    "validation",
+    "generation",
+    "checkpoint saves",
+    "communication",
+)
 """The causes :meth:`Terms.by_cause` splits a run's seconds into."""
 
 

@@ -145,8 +145,16 @@ def _attention(real):
                 query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
             )
             return out[0]
-        return real(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                    enable_gqa=enable_gqa)  # fmt: skip
+        return real(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
 
     return sdpa
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -127,9 +128,17 @@ def _recorder(ops: list, state: dict):
             top = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
             strided = any(t.numel() > 1 and not t.is_contiguous() for t in ins + outs) or _cast16(name, ins, outs)
             ops.append(
-                Op(state["phase"], name, _category(name), str(dt).removeprefix("torch.") if dt else "bfloat16", top,
-                   tuple(outs[0].shape) if outs else None, moved, strided)
-            )  # fmt: skip
+                Op(
+                    state["phase"],
+                    name,
+                    _category(name),
+                    str(dt).removeprefix("torch.") if dt else "bfloat16",
+                    top,
+                    tuple(outs[0].shape) if outs else None,
+                    moved,
+                    strided,
+                )
+            )
             return out
 
     return Recorder()
@@ -404,42 +413,71 @@ def cached_template(
     template."""
     import json
 
-    import numpy as np
-
     precision = TRACED_AS.get(str(precision), str(precision))  # one template for precisions traced alike
-    key = [TEMPLATE_VERSION, _config_key(config), method, precision, optimizer, head_chunks, single,
-           [lora[0], sorted(lora[1])] if lora else []]  # fmt: skip
+    key = [
+        TEMPLATE_VERSION,
+        _config_key(config),
+        method,
+        precision,
+        optimizer,
+        head_chunks,
+        single,
+        [lora[0], sorted(lora[1])] if lora else [],
+    ]
     memo = json.dumps(key)
     if memo in _TEMPLATES:
         return _TEMPLATES[memo]
 
-    def make() -> dict:
-        import time
+    args = (config, method, precision, optimizer, head_chunks, single, lora)
+    raw = cached_json("kernel-templates", key, lambda: _traced_json(*args), "kernel template", valid=_template_whole)
+    _TEMPLATES[memo] = _from_json(raw)
+    return _TEMPLATES[memo]
 
-        if not _TRACED:
-            print(f"tunelab: tracing litgpt's step for the time model (once per model and shape; kept in "
-                  f"{paths.cache_dir() / 'kernel-templates'})", file=sys.stderr, flush=True)  # fmt: skip
-        t0 = time.monotonic()
-        tp = template(config, method, precision, optimizer, head_chunks, single, lora)
-        _TRACED.append(1)
-        blocks = f"{config.n_layer} block{'s' if config.n_layer != 1 else ''}"
-        if getattr(config, "sliding_window_size", None):  # which blocks attend in a window (Gemma 2: alternating)
-            blocks += ": " + ", ".join("local" if kind[0] else "global" for kind in block_kinds(config))
+
+def _traced_json(config, method, precision, optimizer, head_chunks, single, lora) -> dict:
+    """:func:`template` traced, with a line of progress per template, as the JSON the cache keeps."""
+    import numpy as np
+
+    if not _TRACED:
         print(
-            f"tunelab:   traced {config.name} {method} {precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
+            f"tunelab: tracing litgpt's step for the time model (once per model and shape; kept in "
+            f"{paths.cache_dir() / 'kernel-templates'})",
             file=sys.stderr,
             flush=True,
         )
-        data = {f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}
-        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    t0 = time.monotonic()
+    tp = template(config, method, precision, optimizer, head_chunks, single, lora)
+    _TRACED.append(1)
+    blocks = f"{config.n_layer} block{'s' if config.n_layer != 1 else ''}"
+    if getattr(config, "sliding_window_size", None):  # which blocks attend in a window (Gemma 2: alternating)
+        blocks += ": " + ", ".join("local" if kind[0] else "global" for kind in block_kinds(config))
+    print(
+        f"tunelab:   traced {config.name} {method} {precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    data = {f.name: getattr(tp, f.name) for f in dataclasses.fields(tp)}
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
-    raw = cached_json("kernel-templates", key, make, "kernel template", valid=_template_whole)
+
+def _from_json(raw: dict) -> Template:
+    """A cached template's JSON (checked whole by :func:`_template_whole`) as a :class:`Template`."""
+    import numpy as np
+
     arrays = {k: np.array(raw[k], dtype=float) for k in ("bytes", "flops", "mm_dims", "count")}
-    tp = Template(raw["phase"], raw["category"], raw["fp32"], arrays["bytes"], arrays["flops"],
-                  np.array(raw["mm"], dtype=int), arrays["mm_dims"], raw["chunk_ops"], raw["logits"],
-                  raw["access"], arrays["count"].reshape(len(raw["phase"]), len(MONOMIALS)))  # fmt: skip
-    _TEMPLATES[memo] = tp
-    return tp
+    return Template(
+        raw["phase"],
+        raw["category"],
+        raw["fp32"],
+        arrays["bytes"],
+        arrays["flops"],
+        np.array(raw["mm"], dtype=int),
+        arrays["mm_dims"],
+        raw["chunk_ops"],
+        raw["logits"],
+        raw["access"],
+        arrays["count"].reshape(len(raw["phase"]), len(MONOMIALS)),
+    )
 
 
 def _template_whole(raw) -> bool:

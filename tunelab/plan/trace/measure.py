@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from tunelab.errors import InputError
 from tunelab.plan.model.activations import saved_bytes
 from tunelab.plan.model.memory import dtype_bytes
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
@@ -375,9 +376,15 @@ def compare(
     s = dtype_bytes(precision)
     m = measure(config, method, precision, micro_batch_size, seq_len, layers=2, lora_r=lora_r, targets=targets)
     p = saved_bytes(
-        config, "full" if method == "full" else "lora", s, micro_batch_size, seq_len, targets, lora_r,
+        config,
+        "full" if method == "full" else "lora",
+        s,
+        micro_batch_size,
+        seq_len,
+        targets,
+        lora_r,
         mixed=precision == "bf16-mixed",
-    )  # fmt: skip
+    )
     total_m = m.per_layer_bytes[0] + m.per_layer_bytes[1] * (config.n_layer - 1) + m.head_bytes
     total_p = p.total(config.n_layer)
     err = lambda a, b: (a - b) / b if b else None  # noqa: E731
@@ -440,7 +447,6 @@ def compare_methods_in_child(
 def for_plan(x) -> dict:
     """``plan --measure``: :func:`compare` for a planned configuration (one sequence of its length); InputError for
     a precision that is not measured (:data:`DTYPES`)."""
-    from tunelab.errors import InputError
 
     if str(x.precision) not in DTYPES:
         raise InputError(

@@ -59,9 +59,22 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tunelab.errors import InputError
+from tunelab.plan.model import memory
 from tunelab.plan.model.tables import optimizer_of
-from tunelab.plan.trace.simulate import PhasePeaks, keep_phase_peak, tracker_phase, update_peak
+from tunelab.plan.trace.fake_device import fake_accelerator
+from tunelab.plan.trace.measure import build_model, cuda_dropout, model_logits, training_loss
+from tunelab.plan.trace.simulate import (
+    NoHook,
+    PhasePeaks,
+    keep_phase_peak,
+    make_optimizer,
+    simulate,
+    tracker_phase,
+    update_peak,
+)
+from tunelab.plan.trace.simulate import for_plan as simulate_for_plan
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
+from tunelab.strategies import load_strategy
 from tunelab.units import GB
 
 SIMULATED = ("fsdp2", "fsdp", "ddp")
@@ -205,7 +218,6 @@ def _recording(base):
     """``base`` (torch's FSDPMemTracker or MemTracker) keeping each phase's peak (by kind) and every collective
     dispatched (kind, phase, bytes); parameters that are not leaves (FSDP1's views of its flat parameters) or take
     no gradient get no gradient hook (torch refuses one)."""
-    from tunelab.plan.trace.simulate import NoHook
 
     class Tracker(base):
         def __init__(self, *args):
@@ -256,9 +268,6 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from tunelab.parallel import wrap
-    from tunelab.plan.trace.fake_device import fake_accelerator
-    from tunelab.plan.trace.measure import build_model, cuda_dropout
-    from tunelab.plan.trace.simulate import make_optimizer
 
     mesh = None
     if strategy is not None and strategy.sharding_strategy == "HYBRID_SHARD":  # one node of ``world`` devices
@@ -285,9 +294,18 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
         tracker.track_external(model, opt, x)
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore")
-            raw = _two_steps(model, opt, tracker, x, method, precision, accumulation,
-                             lambda last: contextlib.nullcontext() if last else model.no_sync(), most=3,
-                             fabric=strategy is None)  # fmt: skip
+            raw = _two_steps(
+                model,
+                opt,
+                tracker,
+                x,
+                method,
+                precision,
+                accumulation,
+                lambda last: contextlib.nullcontext() if last else model.no_sync(),
+                most=3,
+                fabric=strategy is None,
+            )
         host = tracker._peak_mem.get(torch.device("cpu"), 0) if offload else 0
         return tracker.phase_peaks, raw, host
 
@@ -385,7 +403,6 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
     the first's gathers for each charged it ``accumulation - 1``); FSDP2 reshards after every backward, so its
     first stands for the rest. ``fabric``: litgpt's loop (the forward under Lightning Fabric:
     :func:`tunelab.plan.trace.measure.model_logits`; its logits held to the next forward), else tunelab's loop."""
-    from tunelab.plan.trace.measure import model_logits, training_loss
 
     runs = min(accumulation, most)
     marks: list[int] = []
@@ -431,8 +448,6 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
     from torch.distributed.device_mesh import init_device_mesh
 
     from tunelab.parallel import wrap
-    from tunelab.plan.trace.measure import build_model, cuda_dropout
-    from tunelab.plan.trace.simulate import make_optimizer
 
     # outside fake mode: a mesh reads its ranks; litgpt's is Lightning's ModelParallelStrategy's, named
     if strategy is None:
@@ -477,8 +492,6 @@ def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=
     import torch
     import torch.distributed as dist
 
-    from tunelab.plan.trace.measure import build_model
-
     with torch.device("meta"):
         model = build_model(config, method, precision, lora_r, targets)
     grads = [p for p in model.parameters() if p.requires_grad][::-1]
@@ -489,12 +502,21 @@ def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=
 
 def _ddp(config, method, precision, micro, seq_len, strategy, accumulation, lora_r, targets, optimizer):
     """(phases, collectives, notes) of DDP: the one-device simulated step (tunelab's loop) plus the buckets."""
-    from tunelab.plan.trace.simulate import simulate
 
     one = simulate(
-        config, method, precision, micro, seq_len, strategy.activation_checkpointing, accumulation, optimizer,
-        layers=2, lora_r=lora_r, lora_targets=targets, fabric=False,
-    )  # fmt: skip
+        config,
+        method,
+        precision,
+        micro,
+        seq_len,
+        strategy.activation_checkpointing,
+        accumulation,
+        optimizer,
+        layers=2,
+        lora_r=lora_r,
+        lora_targets=targets,
+        fabric=False,
+    )
     buckets = ddp_buckets(config, method, precision, strategy.bucket_cap_mb, lora_r, targets)
     copy = 0 if strategy.gradient_as_bucket_view else sum(buckets)
     phases = {p: {**kinds, "Buckets": copy, "Total": kinds["Total"] + copy} for p, kinds in one.phases.items()}
@@ -568,24 +590,23 @@ def simulate_ranks(
     accumulation = max(accumulation, 1)
     name = LITGPT if strategy is None else strategy.name
     host = 0.0
+    case = (config, method, precision, micro_batch_size, seq_len)
     if name == "ddp":
-        phases, collectives, notes, built = _ddp(
-            config, method, precision, micro_batch_size, seq_len, strategy, accumulation, lora_r,
-            lora_targets, optimizer,
-        )  # fmt: skip
+        phases, collectives, notes, built = _ddp(*case, strategy, accumulation, lora_r, lora_targets, optimizer)
     else:
         fsdp1 = name == "fsdp" or name == LITGPT and method == "full"
         with fake_world(world):
-            phases, raw, host = (_fsdp1_step if fsdp1 else _fsdp2_step)(
-                config, method, precision, micro_batch_size, seq_len, world, strategy, accumulation, lora_r,
-                lora_targets, optimizer,
-            )  # fmt: skip
+            step = _fsdp1_step if fsdp1 else _fsdp2_step
+            phases, raw, host = step(*case, world, strategy, accumulation, lora_r, lora_targets, optimizer)
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
         notes = _fsdp_notes(name, method)
         if host:
-            notes.insert(1, "cpu_offload on a stand-in accelerator (tunelab.plan.trace.fake_device: fake tensors on the meta "
-                         "device); the peaks are the device's, the host's counted apart")  # fmt: skip
+            notes.insert(
+                1,
+                "cpu_offload on a stand-in accelerator (tunelab.plan.trace.fake_device: fake tensors on the meta "
+                "device); the peaks are the device's, the host's counted apart",
+            )
     return RankSimulation(
         model=config.name,
         method=method,
@@ -628,9 +649,18 @@ def for_plan(x, strategy) -> RankSimulation:
         flush=True,
     )
     return simulate_ranks(
-        x.config, strategy, x.world, x.method, str(x.precision), x.micro_batch_size, x.seq_len, x.accumulation,
-        optimizer_of(x), x.lora_r, x.lora_targets,
-    )  # fmt: skip
+        x.config,
+        strategy,
+        x.world,
+        x.method,
+        str(x.precision),
+        x.micro_batch_size,
+        x.seq_len,
+        x.accumulation,
+        optimizer_of(x),
+        x.lora_r,
+        x.lora_targets,
+    )
 
 
 def render(sim: RankSimulation, plan) -> str:
@@ -674,50 +704,90 @@ class ZeroSizes:
     """(what, bytes per device, its size's source and lifetime)."""
 
     def to_json(self) -> dict:
-        return {"deepspeed_stage": self.stage, "world": self.world,
-                "terms": [{"what": w, "bytes": b, "source": s} for w, b, s in self.terms]}  # fmt: skip
+        return {
+            "deepspeed_stage": self.stage,
+            "world": self.world,
+            "terms": [{"what": w, "bytes": b, "source": s} for w, b, s in self.terms],
+        }
 
 
 def zero_sizes(x) -> ZeroSizes:
     """DeepSpeed ZeRO-2/3's own buffers for a planned configuration, from its config keys and the rules its code
     follows (:mod:`tunelab.plan.model.memory`'s DeepSpeed terms)."""
-    from tunelab.plan.model import memory
 
     st = memory.model_states(x, [])
     n, s16 = x.world, memory.zero_param_bytes(x)
     grads, temp = memory.zero_step_bytes(x, st)
     at_step = 0.0 if x.offload_optimizer else grads + temp - (st.grads if x.zero_stage >= 3 else 0.0)
     terms = [
-        ("reduce buffer", memory.zero_reduce_buffer(x), f"reduce_bucket_size {x.reduce_bucket_size:,} x {s16} B; "
-         + ("held through the run" if x.zero_stage >= 3 else "from each backward's start to its end")),
-        ("16-bit parameters", 0.0 if x.offload_params else st.weights / n if x.zero_stage >= 3 else st.weights,
-         "in host RAM (offload_param)" if x.offload_params else "parameters / devices" if x.zero_stage >= 3
-         else "every parameter on every device (ZeRO-2)"),
-        ("float32 master and Adam moments", 0.0 if x.offload_optimizer else (st.optimizer + st.master) / n,
-         "in host RAM (offload_optimizer)" if x.offload_optimizer else "12 B x trainable / devices"),
+        (
+            "reduce buffer",
+            memory.zero_reduce_buffer(x),
+            f"reduce_bucket_size {x.reduce_bucket_size:,} x {s16} B; "
+            + ("held through the run" if x.zero_stage >= 3 else "from each backward's start to its end"),
+        ),
+        (
+            "16-bit parameters",
+            0.0 if x.offload_params else st.weights / n if x.zero_stage >= 3 else st.weights,
+            "in host RAM (offload_param)"
+            if x.offload_params
+            else "parameters / devices"
+            if x.zero_stage >= 3
+            else "every parameter on every device (ZeRO-2)",
+        ),
+        (
+            "float32 master and Adam moments",
+            0.0 if x.offload_optimizer else (st.optimizer + st.master) / n,
+            "in host RAM (offload_optimizer)" if x.offload_optimizer else "12 B x trainable / devices",
+        ),
         ("step: float32 gradient partition and AdamW's temporary", at_step / n, "at the optimizer step"),
-    ]  # fmt: skip
-    if x.zero_stage >= 3:
-        persistent, partitioned = memory.zero3_tensors(x)
-        kept = memory.zero3_gathered(x)
-        terms += [
-            ("gathered at the forward's end", kept, f"{memory.zero3_kept(x):,.0f} of {partitioned:,} elements: max("
-             f"stage3_max_live_parameters {x.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)"),
-            ("16-bit gradient partitions", st.grads / n if memory.zero3_gradient_partitions(x) else 0.0,
-             "held through the run (grad_partitions_flat_buffer; in host RAM under offload_optimizer)"),
-            ("small tensors whole", persistent * s16, f"{persistent:,} elements under "
-             f"stage3_param_persistence_threshold {x.zero3_param_persistence_threshold:,}"),
-        ]  # fmt: skip
-    else:
-        terms.append(("16-bit gradient partition in the backward", memory.zero2_backward_partition(x, st),
-                      "trainable / devices, once the first bucket fills (none where the model fits one bucket)"))  # fmt: skip
+    ]
+    terms += _zero3_terms(x, st, s16) if x.zero_stage >= 3 else _zero2_terms(x, st)
     return ZeroSizes(x.zero_stage, n, terms)
+
+
+def _zero3_terms(x, st, s16: int) -> list:
+    """ZeRO-3's own buffers (:func:`zero_sizes`): what stays gathered, its gradient partitions, small tensors."""
+    persistent, partitioned = memory.zero3_tensors(x)
+    kept = memory.zero3_gathered(x)
+    n = x.world
+    return [
+        (
+            "gathered at the forward's end",
+            kept,
+            f"{memory.zero3_kept(x):,.0f} of {partitioned:,} elements: max("
+            f"stage3_max_live_parameters {x.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)",
+        ),
+        (
+            "16-bit gradient partitions",
+            st.grads / n if memory.zero3_gradient_partitions(x) else 0.0,
+            "held through the run (grad_partitions_flat_buffer; in host RAM under offload_optimizer)",
+        ),
+        (
+            "small tensors whole",
+            persistent * s16,
+            f"{persistent:,} elements under stage3_param_persistence_threshold {x.zero3_param_persistence_threshold:,}",
+        ),
+    ]
+
+
+def _zero2_terms(x, st) -> list:
+    """ZeRO-2's own buffer beyond the common ones (:func:`zero_sizes`): its gradient partition in the backward."""
+    return [
+        (
+            "16-bit gradient partition in the backward",
+            memory.zero2_backward_partition(x, st),
+            "trainable / devices, once the first bucket fills (none where the model fits one bucket)",
+        )
+    ]
 
 
 def render_zero_sizes(z: ZeroSizes, plan) -> str:
     """``plan --simulate`` under DeepSpeed: its buffers by their sizes, beside the plan's peak."""
-    lines = [f"\nDeepSpeed ZeRO-{z.stage} on {z.world} devices, by its own sizes (not simulated: its engine does not "
-             "run on fake tensors; checked against DeepSpeed run on CPU, offload not), per device, GB = 1e9 bytes:"]  # fmt: skip
+    lines = [
+        f"\nDeepSpeed ZeRO-{z.stage} on {z.world} devices, by its own sizes (not simulated: its engine does not "
+        "run on fake tensors; checked against DeepSpeed run on CPU, offload not), per device, GB = 1e9 bytes:"
+    ]
     lines += [f"  {what:<56}{b / GB:9.3f}  [{source}]" for what, b, source in z.terms]
     lines.append(f"  the plan's peak: {plan.peak_allocated_bytes / GB:.2f} GB (its breakdown above)")
     return "\n".join(lines)
@@ -727,11 +797,8 @@ def simulation(x, strategy_name: str):
     """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.trace.simulate.for_plan`) on one device,
     rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, as its scripts wrap),
     DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`zero_sizes`)."""
-    from tunelab.plan.trace import simulate
-    from tunelab.strategies import load_strategy
-
     if x.world == 1:
-        return simulate.for_plan(x)
+        return simulate_for_plan(x)
     strategy = load_strategy(strategy_name) if strategy_name != "litgpt" else None
     if strategy is not None and strategy.name == "deepspeed" and strategy.zero_stage >= 2:
         return zero_sizes(x)

@@ -44,8 +44,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from tunelab.errors import InputError
+from tunelab.gpt import head_operands, hidden_states
+from tunelab.plan.model.allocator import replay
+from tunelab.plan.model.memory import PAGED_MIN_NUMEL, liger_chunk_rows
 from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
-from tunelab.plan.trace.measure import DTYPES
+from tunelab.plan.trace.measure import DTYPES, build_model, cuda_dropout, default_dtype, model_logits, training_loss
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -243,8 +247,6 @@ def _stable_embedding(model):
     caller keeps it alive the same way."""
     from bitsandbytes.nn import StableEmbedding
 
-    from tunelab.plan.trace.measure import default_dtype
-
     old = model.transformer.wte
     with default_dtype(old.weight.dtype):  # made in the weight's dtype: litgpt's .to(dtype) afterwards
         model.transformer.wte = StableEmbedding(old.num_embeddings, old.embedding_dim)
@@ -254,7 +256,6 @@ def _stable_embedding(model):
 def setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
     """(model, optimizer, what litgpt's main keeps beside them) as litgpt's finetune script sets them up, on the
     current (fake) device."""
-    from tunelab.plan.trace.measure import build_model
 
     model = build_model(config, method, precision, lora_r, targets)
     model.max_seq_length = seq_len
@@ -280,8 +281,6 @@ def _liger_loss_standin():
     their gradient in place, multiplied into ``grad_input``'s rows and accumulated into ``grad_weight``; only the two
     gradients are saved. Backward scales them in place and hands them back."""
     import torch
-
-    from tunelab.plan.model.memory import liger_chunk_rows
 
     class FusedLinearCrossEntropy(torch.autograd.Function):
         @staticmethod
@@ -312,7 +311,6 @@ def _liger_loss_standin():
 def _fused_training_loss(model, idx):
     """tunelab's loop with ``liger``: the model's trunk (:func:`tunelab.gpt.hidden_states`), then the fused
     loss over the shifted positions against the head weight (a LoRA head's adapter appended as extra columns)."""
-    from tunelab.gpt import head_operands, hidden_states
 
     h, weight, _ = head_operands(model, hidden_states(model, idx)[:, :-1, :])
     return _liger_loss_standin().apply(h.reshape(-1, h.size(-1)), weight)
@@ -338,8 +336,6 @@ def _one_step(
     Liger's fused head and loss (:func:`_liger_loss_standin`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from tunelab.plan.trace.measure import cuda_dropout, model_logits, training_loss
 
     with FakeTensorMode():
         model, opt, kept = setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer)
@@ -393,9 +389,6 @@ def replay_run(
     import torch
     from litgpt.utils import chunked_cross_entropy
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from tunelab.plan.model.allocator import replay
-    from tunelab.plan.trace.measure import cuda_dropout, model_logits, training_loss
 
     events: list = []
     marks: dict[str, int] = {}
@@ -451,8 +444,6 @@ def _paged_adamw(params):
     (``get_state_buffer``); larger tensors' states are paged (CUDA unified memory, not counted); the update is one
     fused kernel per tensor, no temporaries."""
     import torch
-
-    from tunelab.plan.model.memory import PAGED_MIN_NUMEL
 
     class PagedAdamW(torch.optim.Optimizer):
         def __init__(self, params):
@@ -547,10 +538,22 @@ def simulate(
     t0 = time.perf_counter()
     small = min(layers, max(1, config.n_layer - 1))
     runs = [
-        _one_step(dataclasses.replace(config, n_layer=n), method, precision, micro_batch_size, seq_len,
-                  activation_checkpointing, lora_r, lora_targets, accumulation, optimizer, fabric, fused_loss)
+        _one_step(
+            dataclasses.replace(config, n_layer=n),
+            method,
+            precision,
+            micro_batch_size,
+            seq_len,
+            activation_checkpointing,
+            lora_r,
+            lora_targets,
+            accumulation,
+            optimizer,
+            fabric,
+            fused_loss,
+        )
         for n in (small, small + 1)
-    ]  # fmt: skip
+    ]
     (a, _), (b, where) = runs
     grown = config.n_layer - (small + 1)
     phases = {
@@ -579,8 +582,6 @@ def for_plan(x) -> Simulation:
     sharding (InputError otherwise: sharding is not simulated)."""
     import sys
 
-    from tunelab.errors import InputError
-
     if x.world > 1 or x.strategy not in ("single", None):
         raise InputError(
             f"--simulate: {x.strategy} on {x.world} device(s) is not simulated (sharding and its buffers are not); "
@@ -594,7 +595,16 @@ def for_plan(x) -> Simulation:
         flush=True,
     )
     return simulate(
-        x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, x.activation_checkpointing,
-        x.accumulation, optimizer, lora_r=x.lora_r, lora_targets=x.lora_targets, fabric=x.fabric,
+        x.config,
+        x.method,
+        str(x.precision),
+        x.micro_batch_size,
+        x.seq_len,
+        x.activation_checkpointing,
+        x.accumulation,
+        optimizer,
+        lora_r=x.lora_r,
+        lora_targets=x.lora_targets,
+        fabric=x.fabric,
         fused_loss=x.fused_loss,
-    )  # fmt: skip
+    )

@@ -12,6 +12,9 @@ import hashlib
 import json
 from collections.abc import Callable
 
+from tunelab import files, paths
+from tunelab.errors import InputError
+
 
 def cached_json(
     folder: str, key: list, make: Callable[[], object], what: str, valid: Callable[[object], bool] | None = None
@@ -21,9 +24,6 @@ def cached_json(
     ``valid(value)`` holds, else made and written atomically. ``what`` names the file in a refusal."""
     import litgpt
     import torch
-
-    from tunelab import files, paths
-    from tunelab.errors import InputError
 
     full = json.dumps([*key, torch.__version__, getattr(litgpt, "__version__", "")], default=str)
     where = paths.cache_dir() / folder
