@@ -9,13 +9,13 @@ import pytest
 from tests.conftest import ROOT
 from tunelab.plan.model import bnb_kernels, kernels
 from tunelab.plan.trace.tables import TRACED
-from tunelab.report import profiles
+from tunelab.report import evidence, profiles
 
 SEQ = 437
 
 
 def _lines() -> dict:
-    return {(m["model"], m["method"], m["micro"]): m for m in profiles.read_grid(ROOT / profiles.GRID_QLORA)}
+    return {(m["model"], m["method"], m["micro"]): m for m in profiles.read_grid(ROOT / evidence.path(*profiles.GRID_QLORA))}
 
 
 def _rows() -> dict:

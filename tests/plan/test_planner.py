@@ -339,14 +339,14 @@ def test_a_records_strategy_settings_are_checked_as_a_strategy_file_is(tmp_path)
     import tarfile
 
     from tunelab.record import RunRecord
-    from tunelab.report.accuracy import OWN_MEASUREMENTS
+    from tunelab.report import evidence
     from tunelab.strategies import StrategyError, load_strategy
 
     rec = RunRecord(
         recipe="tiny-llama-1.1b/full", status="ok", peak_allocated_bytes=10**9, strategy_file="fast",
         strategy_settings={**load_strategy("fast").settings(), "bogus": 1},
     )  # fmt: skip
-    folder = tmp_path / OWN_MEASUREMENTS[0]
+    folder = tmp_path / evidence.with_role("memory")[0].folder
     folder.mkdir()
     data = json.dumps(rec.to_dict()).encode()
     with tarfile.open(folder / "records.tgz", "w:gz") as tar:

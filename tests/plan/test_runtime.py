@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 from tunelab.plan.model import kernels, runtime
 from tunelab.plan.trace import kernel_trace
 from tunelab.plan.trace.tables import TRACED
-from tunelab.report import profiles
+from tunelab.report import evidence, profiles
 from tunelab.report.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
 
@@ -357,9 +357,9 @@ def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
             assert abs(r["pairs"]["optimizer (phase)"][2]) <= 0.12, r
         elif r["bound"] == "host":  # LoRA: a few MB of states; the host's work per tensor is the phase
             assert abs(r["pairs"]["optimizer (phase)"][2]) <= 0.20, r
-    grid = tmp_path / profiles.GRID
+    grid = tmp_path / evidence.path(*profiles.GRID)
     grid.parent.mkdir(parents=True)
-    lines = (ROOT / profiles.GRID).read_text().splitlines()
+    lines = (ROOT / evidence.path(*profiles.GRID)).read_text().splitlines()
     grid.write_text("\n".join([lines[0], json.dumps({**json.loads(lines[1]), "error": "out of memory"})]) + "\n")
     assert [r["method"] for r in profiles.grid_rows(tmp_path)] == ["full"]
     grid.write_text(lines[0] + "\n{not json\n")
@@ -386,9 +386,9 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid_for_the_lab_models(tmp_
     hold its stated bounds; the whole grid runs with -m slow (below)."""
 
     lab = {"tiny-llama-1.1b", "open_llama_3b", "open_llama_7b"}
-    lines = [ln for ln in (ROOT / profiles.GRID_H200).read_text().splitlines() if json.loads(ln)["model"] in lab]
-    (tmp_path / profiles.GRID_H200).parent.mkdir(parents=True)
-    (tmp_path / profiles.GRID_H200).write_text("\n".join(lines) + "\n")
+    lines = [ln for ln in (ROOT / evidence.path(*profiles.GRID_H200)).read_text().splitlines() if json.loads(ln)["model"] in lab]
+    (tmp_path / evidence.path(*profiles.GRID_H200)).parent.mkdir(parents=True)
+    (tmp_path / evidence.path(*profiles.GRID_H200)).write_text("\n".join(lines) + "\n")
     rows = profiles.grid_rows(tmp_path, profiles.GRID_H200, "H200")
     gpu_bound, full, small = _holds_the_h200_bounds(rows)
     assert len(rows) == 15 and (len(gpu_bound), len(full), len(small)) == (4, 5, 4)
@@ -519,9 +519,9 @@ def test_a_grid_line_without_its_measurements_is_one_line(tmp_path):
     line and what it lacks, not a KeyError."""
     from tunelab import files
 
-    grid = tmp_path / profiles.GRID
+    grid = tmp_path / evidence.path(*profiles.GRID)
     grid.parent.mkdir(parents=True)
-    first = json.loads((ROOT / profiles.GRID).read_text().splitlines()[0])
+    first = json.loads((ROOT / evidence.path(*profiles.GRID)).read_text().splitlines()[0])
     del first["phases"]
     grid.write_text(json.dumps(first) + "\n")
     with pytest.raises(files.FileRefused, match="line 1 lacks phases"):
@@ -715,7 +715,7 @@ def test_a_records_archive_that_does_not_read_is_one_line(tmp_path, kind):
     elif kind == "fifo":
         os.mkfifo(archive)
     elif kind == "link outside":
-        (tmp_path.parent / "outside.tgz").write_bytes((ROOT / SECOND_MACHINE).read_bytes())  # a real archive
+        (tmp_path.parent / "outside.tgz").write_bytes((ROOT / evidence.path(SECOND_MACHINE, "records")).read_bytes())  # a real archive
         archive.symlink_to(tmp_path.parent / "outside.tgz")
     else:
         buf = io.BytesIO()

@@ -14,6 +14,7 @@ from tunelab.plan import stored
 from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe, runtime_terms
 from tunelab.record import RunRecord
+from tunelab.report import evidence
 from tunelab.strategies import strategy_from_mapping
 from tunelab.sweep_file import lab_rows
 from tunelab.units import BILLION, GB, GIB
@@ -184,21 +185,6 @@ def memory_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-OWN_MEASUREMENTS = (
-    "2026-11-23-lab-part1-h100",
-    "2026-11-23-qlora-memory-h100",
-    "2026-11-25-bench-tiny-llama-1.1b-full-h100",
-    "2026-11-26-bench-tiny-llama-1.1b-lora-h200",
-    "2026-11-26-bench-open-llama-7b-lora-h200",
-    "2026-11-26-bench-tiny-llama-1.1b-lora-h200-compiled",
-    "2026-11-26-bench-open-llama-7b-lora-h200-compiled",
-    "2026-11-27-lab-part1-h200",
-    "2026-11-27-qlora-time-h200",
-    "2026-11-27-lab-part1-openllama-h200",
-)
-"""Reports under reports/ whose records.tgz hold our own GPU measurements the planner is checked against."""
-
-
 ARCHIVE_MAX_BYTES = 256 << 20
 """The largest ``records.tgz`` read (ours are under 0.3 MB; a GPU run's result files are at most 16 MiB each)."""
 
@@ -274,18 +260,20 @@ def ran_eagerly(archive: Path, member: str, rec) -> bool:
 
 
 def own_rows(reports: Path | None = None) -> list[dict]:
-    """Every run record with a measured peak in the archives of :data:`OWN_MEASUREMENTS`, planned from its own
+    """Every run record with a measured peak in the archives of the evidence manifest's ``memory`` entries
+    (:func:`tunelab.report.evidence.with_role`), planned from its own
     recipe and overrides (as ``tunelab plan`` would), beside what the GPU measured. Records are read from the
     archive in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES."""
 
     reports = Path(reports or ROOT / "reports")
     rows = []
-    for name in OWN_MEASUREMENTS:
-        for member, rec, strategy in archived_records(reports / name / "records.tgz"):
+    for entry in evidence.with_role("memory"):
+        archive = reports / entry.folder / entry.holds["records"]
+        for member, rec, strategy in archived_records(archive):
             if rec.status != "ok" or not rec.peak_allocated_bytes:
                 continue
             compiled = getattr(strategy, "compile", None)  # a record's own keys; a name or None: not compiled
-            eager = bool(compiled) and ran_eagerly(reports / name / "records.tgz", member, rec)
+            eager = bool(compiled) and ran_eagerly(archive, member, rec)
             if eager:  # the longest shapes (the peak's) ran through eager blocks: planned as they ran
                 strategy = dataclasses.replace(strategy, compile=None)
             planned = stored.todays_plan(rec, None, strategy)
@@ -294,7 +282,7 @@ def own_rows(reports: Path | None = None) -> list[dict]:
             predicted = plan.peak_allocated_bytes / GB
             rows.append(
                 {
-                    "report": name,
+                    "report": entry.folder,
                     "row": rec.row_id,
                     "device": rec.device_name,
                     "recipe": rec.recipe
@@ -341,7 +329,7 @@ def _own_section(out: Path) -> list[str]:
         "## Against our own GPU measurements",
         "",
         "Every measured run in the records of "
-        + ", ".join(f"`reports/{n}/`" for n in OWN_MEASUREMENTS)
+        + ", ".join(f"`{e.where}`" for e in evidence.with_role("memory"))
         + ": peak allocated (`torch.cuda.max_memory_allocated`, GB = 1e9 bytes) against `tunelab plan` from the "
         "run's own recipe and overrides, as `tunelab plan` reads them; residual = measured - predicted. No term is "
         f"fitted to these rows. {within} of {len(rows)} within 3%. `own.csv` has the rows. The H200 LoRA bench's "

@@ -11,10 +11,11 @@ from tunelab import files
 from tunelab.plan.model import bnb_kernels, kernels
 from tunelab.plan.model.kernels import LORA_LIKE
 from tunelab.plan.trace.tables import TRACED
+from tunelab.report import evidence
 from tunelab.settings import LORA_TARGETS
 
-PROFILE = "reports/2026-11-23-lab-part1-h100/profile.md"
-"""Our H100 profile (TinyLlama 1.1B, bf16-true, micro 8 x 437 tokens; full and LoRA): phase times by CUDA events
+PROFILE = ("h100-part1", "profile")
+"""Our H100 profile (an entry of :mod:`tunelab.report.evidence` and what it holds; TinyLlama 1.1B, bf16-true, micro 8 x 437 tokens; full and LoRA): phase times by CUDA events
 and kernel self times by category, one profiled step. The constants above are fitted on it."""
 PROFILE_SHAPE = ("tiny-llama-1.1b", "bf16-true", 8, 437, "H100-SXM")
 """(model, precision, micro batch, tokens, GPU) of :data:`PROFILE`."""
@@ -56,7 +57,7 @@ def profile_rows(root) -> list[dict]:
     from litgpt import Config
 
     name, precision, micro, tokens, gpu = PROFILE_SHAPE
-    measured = read_profile(root / PROFILE)
+    measured = read_profile(root / evidence.path(*PROFILE))
     rows = []
     for method in ("full", "lora"):
         st = kernels.step_time(
@@ -93,39 +94,31 @@ def profile_rows(root) -> list[dict]:
     return rows
 
 
-GRID = "reports/2026-11-25-profile-grid-h100/profile-grid.jsonl"
-"""The same profile over other shapes (TinyLlama at micro 1, 4, 16, OpenLLaMA 3B at 1 and 4; full and LoRA; one JSON
+GRID = ("h100-grid", "grid")
+"""(An entry of :mod:`tunelab.report.evidence`, what it holds, as each grid here.) The same profile over other shapes (TinyLlama at micro 1, 4, 16, OpenLLaMA 3B at 1 and 4; full and LoRA; one JSON
 line each, ``scripts/gpu/runbook.sh grid``): its full lines' elementwise kernels are in the memory constants' fit
 (:data:`MEMORY_EFFICIENCY`), its steps, phases and LoRA lines out of sample."""
-GRID_H200 = "reports/2026-11-26-profile-grid-h200/profile-grid.jsonl"
+GRID_H200 = ("h200-grid", "grid")
 """The grid again on an H200 machine, over six models (TinyLlama, OpenLLaMA 3B and 7B, Llama 3.2 1B, Phi-2, Gemma
 2B) at micro 1 to 16, each line with the host's own clock per phase (``host_phases``): out of sample too."""
-GRID_BY_OP = "reports/2026-11-26-profile-grid-h200/by-op.jsonl"
+GRID_BY_OP = ("h200-grid", "by_op")
 """Three more H200 lines, each op's GPU time beside its calls (``cpu_ops``: OpenLLaMA 7B LoRA at micro 8, OpenLLaMA
 3B full at 8, TinyLlama full at 16; a later call that session, another H200 machine): what :data:`STRIDED_EFFICIENCY`,
 :data:`CONV_EFFICIENCY` and :data:`CONV_BACKWARD_EFFICIENCY` were read from, and with :data:`MEMORY_EFFICIENCY` and
 :data:`SM_BYTES_PER_CYCLE` fitted on."""
-GRID_H200_AGAIN = "reports/2026-11-27-profile-grid-h200/profile-grid.jsonl"
+GRID_H200_AGAIN = ("h200-grid-again", "grid")
 """TinyLlama at micro 1, 4, 8 (LoRA), 16 and OpenLLaMA 3B at 4 on a third H200 machine, the day its litgpt Part 1
-rows were timed (``reports/2026-11-27-lab-part1-h200/``); each line with its host clock per phase and the probes
+rows were timed (``h200-part1``); each line with its host clock per phase and the probes
 taken before it (``host``): out of sample."""
-GRID_FP32 = "reports/2026-11-27-profile-grid-h200/profile-grid-32-true.jsonl"
+GRID_FP32 = ("h200-grid-again", "grid 32-true")
 """TinyLlama full at 32-true (fp32 weights, TF32 matmuls) at micro 8 and 32 on the same machine, a later call: the
 micro-8 line holds :data:`TF32_MATMUL_SHARE` and :data:`FP32_ATTENTION_EFFICIENCY`, the micro-32 line checks them."""
-GRID_QLORA = "reports/2026-11-27-profile-grid-qlora-h200/profile-grid.jsonl"
+GRID_QLORA = ("h200-grid-qlora", "grid QLoRA")
 """QLoRA beside LoRA on one H200 machine (TinyLlama at micro 1, 4, 16, OpenLLaMA 7B at 4; OpenLLaMA 7B QLoRA at 8
 too): litgpt's bnb.nf4 as its script builds it (``profile_steps.py --methods lora,qlora``), PagedAdamW and the
 StableEmbedding swap included. OpenLLaMA 7B's QLoRA line at micro 4 holds
 :data:`tunelab.plan.model.bnb_kernels.DEQUANT_EFFICIENCY`, TinyLlama's at micro 4 the host's work per 4-bit matmul and per
 PagedAdamW tensor; every other cell is out of sample."""
-GRIDS = (
-    (GRID, "H100-SXM", "2026-11-25"),
-    (GRID_H200, "H200", "2026-11-26"),
-    (GRID_H200_AGAIN, "H200", "2026-11-27"),
-    (GRID_FP32, "H200", "2026-11-27, 32-true"),
-    (GRID_QLORA, "H200", "2026-11-27, QLoRA"),
-)
-"""(measured lines, the GPU table's row they ran on, the day) of every grid :func:`tunelab.report.runtime_accuracy.write_kernels_md` checks."""
 FITTED_SHAPES = {
     "H100-SXM": {
         (m, "full", b)
@@ -176,8 +169,8 @@ def read_grid(path) -> list[dict]:
     return out
 
 
-def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
-    """The model against a grid's lines (:data:`GRIDS`) on ``gpu``, out of sample: per line the step and phases (CUDA
+def grid_rows(root, grid: tuple = GRID, gpu: str = "H100-SXM") -> list[dict]:
+    """The model against a grid's lines (:func:`tunelab.report.evidence.grids`) on ``gpu``, out of sample: per line the step and phases (CUDA
     events), the kernel categories (profiler self time) and the ops against the kernels launched; where the line
     has the host's own clock per phase, the model's host time (every op at :data:`HOST_S_PER_OP`) against that
     clock summed over the step. The optimizer is compared with its phase, not with the profiler's kernel time: in
@@ -186,7 +179,7 @@ def grid_rows(root, grid: str = GRID, gpu: str = "H100-SXM") -> list[dict]:
     from litgpt import Config
 
     rows = []
-    for m in read_grid(root / grid):
+    for m in read_grid(root / evidence.path(*grid)):
         optimizer = bnb_kernels.litgpt_optimizer(m["method"])
         st = kernels.step_time(
             Config.from_name(m["model"]),

@@ -1,15 +1,15 @@
 """``reports/planner-accuracy/runtime.md``: the kernel-level time model (:meth:`tunelab.plan.model.runtime.Terms.by_cause`)
 against every time we have, each row with its error.
 
-* Our H100 Part 1 rows (``reports/2026-11-23-lab-part1-h100/results.csv``): the steady time per optimizer step
+* Our H100 Part 1 rows (:data:`H100_ROWS`): the steady time per optimizer step
   (``accumulation`` micro batches and one optimizer step), at each row's measured padded tokens per sample. They
   hold the one constant fitted on runs, :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`: each row is also
   predicted with it refitted without that row (leave-one-out).
-* Our H100 bench of the fast path against litgpt (``reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/records.tgz``):
+* Our H100 bench of the fast path against litgpt (the evidence entry ``h100-bench-tiny-full``):
   each arm's steady iteration; the fast arm at micro 8 holds the fast path's host constant
   (:data:`tunelab.plan.model.fast_step.COMPILED_HOST_S_PER_KERNEL`, refitted here), its micro-batch probes and every litgpt
   run are out of sample.
-* Our H100 Part 3 micro-batch curve (``reports/2026-11-23-lab-part3-h100/results.csv``): out of sample.
+* Our H100 Part 3 micro-batch curve (:data:`PART3_ROWS`): out of sample.
 * The lab's A100 Part 1 times (litgpt's "Training Time" of a whole run under the lab's eval settings): out of
   sample for the kernel model (nothing in it was fitted there; a different host CPU), beside the fitted curve
   (:mod:`tunelab.plan.model.runtime`'s ETA/MU/OVERHEAD_S, fitted on those very rows). Padded tokens per sample from
@@ -32,7 +32,7 @@ from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample, plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
 from tunelab.record import read_rank_file, steady_state, steady_steps
-from tunelab.report import profiles
+from tunelab.report import evidence, profiles
 from tunelab.report.accuracy import (
     LAB_PART2_LINK,
     archived_records,
@@ -45,10 +45,10 @@ from tunelab.run.collect import parse_litgpt_report
 from tunelab.sweep_file import lab_rows
 from tunelab.units import fmt
 
-H100_ROWS = "reports/2026-11-23-lab-part1-h100/results.csv"
-"""Our H100 Part 1 report's table (litgpt 0.5.13, torch 2.11, NVIDIA H100 80GB HBM3)."""
-PART3_ROWS = "reports/2026-11-23-lab-part3-h100/results.csv"
-"""Our H100 Part 3 study's table: TinyLlama full fine-tuning, bf16-mixed, FSDP on one device, micro batch 8 to
+H100_ROWS = "h100-part1"
+"""Our H100 Part 1 report (its table and records; an entry of :mod:`tunelab.report.evidence`)."""
+PART3_ROWS = "h100-part3"
+"""Our H100 Part 3 study (its table): TinyLlama full fine-tuning, bf16-mixed, FSDP on one device, micro batch 8 to
 244, without and with activation checkpointing; one micro batch per optimizer step."""
 
 
@@ -58,8 +58,8 @@ def h100_items(root: Path) -> list[dict]:
     may differ from the run's) and the host time per op it implies (:func:`implied_host`)."""
     from litgpt import Config
 
-    text = files.read_text(root / H100_ROWS, 1 << 20, "results table")
-    ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / Path(H100_ROWS).with_name("records.tgz"))}
+    text = files.read_text(root / evidence.path(H100_ROWS, "rows"), 1 << 20, "results table")
+    ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / evidence.path(H100_ROWS, "records"))}
     items = []
     for r in csv.DictReader(io.StringIO(text)):
         if not r.get("step_time_s") or r.get("method") == "qlora" or r.get("status") != "ok" or r["row_id"] not in ran:
@@ -101,8 +101,8 @@ def lora_ran(rec) -> tuple:
     return settings.lora_of(settings.settings_of(rec.resolved_args, method=rec.method, command=rec.command))
 
 
-SECOND_MACHINE = "reports/2026-11-27-lab-part1-h200/records.tgz"
-"""The same Part 1 rows (s1-s5, s10) by litgpt on an H200 machine, 2026-11-27: every record with the host's probes
+SECOND_MACHINE = "h200-part1"
+"""The same Part 1 rows (s1-s5, s10) by litgpt on an H200 machine: every record with the host's probes
 taken just before its launch (``host_op_us``, ``device_op_us``), to check the host constant on another host."""
 
 
@@ -124,14 +124,14 @@ def implied_host(st, acc: int, measured_s: float) -> float | None:
     return (lo + hi) / 2
 
 
-QLORA_LOOP = "reports/2026-11-27-qlora-time-h200/records.tgz"
-"""TinyLlama QLoRA and LoRA by litgpt on an H200 machine, 2026-11-27 (micro 4 x 4, 16 steps, no validation): the
+QLORA_LOOP = "h200-qlora-time"
+"""TinyLlama QLoRA and LoRA by litgpt on an H200 machine (micro 4 x 4, 16 steps, no validation): the
 loop's step with bitsandbytes' work in it, beside its LoRA twin."""
 
 
-OPENLLAMA_ROWS = "reports/2026-11-27-lab-part1-openllama-h200/records.tgz"
-"""The lab's Part 1 OpenLLaMA rows (s6, s7, s11, s12: 3B and 7B, full and LoRA) by litgpt on an H200 machine,
-2026-11-27: the planner's steps for them were written into docs/results.md before they ran."""
+OPENLLAMA_ROWS = "h200-part1-openllama"
+"""The lab's Part 1 OpenLLaMA rows (s6, s7, s11, s12: 3B and 7B, full and LoRA) by litgpt on an H200 machine:
+the planner's steps for them were written into docs/results.md before they ran."""
 
 
 def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
@@ -143,7 +143,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
     from litgpt import Config
 
     rows = []
-    for name, rec, _ in archived_records(path := root / archive):
+    for name, rec, _ in archived_records(path := root / evidence.path(archive, "records")):
         gpu = hardware.identify(rec.device_name or "")
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
@@ -256,22 +256,6 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
     return rows
 
 
-BENCH = (
-    "reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/records.tgz",
-    "reports/2026-11-26-bench-tiny-llama-1.1b-lora-h200/records.tgz",
-    "reports/2026-11-26-bench-open-llama-7b-lora-h200/records.tgz",
-    "reports/2026-11-26-bench-tiny-llama-1.1b-lora-h200-compiled/records.tgz",
-    "reports/2026-11-26-bench-open-llama-7b-lora-h200-compiled/records.tgz",
-    "reports/2026-11-26-litgpt-tiny-llama-1.1b-h200/records.tgz",
-)
-"""Our benches' run records, litgpt and the fast path at bf16-true: TinyLlama full on an H100 (the pairs at micro 8
-and the largest-micro-batch probes), TinyLlama LoRA and OpenLLaMA 7B LoRA on an H200 (pairs at micro 8; the first
-session's fast arms partly eager, the second session's ``-compiled`` runs compiled throughout, on another H200
-machine); and two litgpt runs (TinyLlama LoRA and full at the lab's s4: bf16-true, micro 8 x 4, 20 steps) on a third
-H200 machine, whose host speed and own profile grid were measured in the same session
-(``reports/2026-11-26-profile-grid-h200/``)."""
-
-
 def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     """(mean optimizer step s, padded tokens per sample) over a run's steady window: the record's, else recomputed
     from its rank-0 iteration log in the archive (records made before the collector kept the mean). A run of
@@ -312,13 +296,13 @@ def synchronised_end(archive: Path, member: str, rec, stats, iters: list) -> flo
 
 
 def bench_items(root: Path) -> list[dict]:
-    """Each finished run of :data:`BENCH`: its mean optimizer step and padded tokens per sample over the steady
+    """Each finished run of the benches (the evidence manifest's ``bench`` entries): its mean optimizer step and padded tokens per sample over the steady
     window, GPU utilisation, the GPU it ran on, and its PlanInput as planned from its own recipe, overrides and
     strategy keys. Records are read in memory from the archive: regular ``*/record.json`` members of at most
     RECORD_MAX_BYTES (and their rank-0 iteration logs where the record lacks the mean)."""
 
     items = []
-    for archive in BENCH:
+    for archive in (e.path("records") for e in evidence.with_role("bench")):
         for name, rec, strategy in archived_records(root / archive):
             steady = _steady(root / archive, name, rec) if rec.status == "ok" else None
             gpu = hardware.identify(rec.device_name or "")
@@ -422,7 +406,9 @@ def part3_rows(root: Path) -> list[dict]:
 
     c = Config.from_name("tiny-llama-1.1b")
     rows = []
-    for r in csv.DictReader(io.StringIO(files.read_text(root / PART3_ROWS, 1 << 20, "results table"))):
+    for r in csv.DictReader(
+        io.StringIO(files.read_text(root / evidence.path(PART3_ROWS, "rows"), 1 << 20, "results table"))
+    ):
         if r.get("status") != "ok" or not r.get("iter_time_ms"):
             continue
         micro, it = int(r["micro_batch_size"]), float(r["iter_time_ms"]) / 1e3
@@ -558,7 +544,7 @@ def write_report(path: Path, root: Path) -> None:
         *_md_second_machine(archived[SECOND_MACHINE], items, host_by_machine(items, bench, archived)),
         *_md_qlora_loop(archived[QLORA_LOOP]),
         *_md_openllama(archived[OPENLLAMA_ROWS]),
-        *(_md_part3(root) if (root / PART3_ROWS).is_file() else []),
+        *(_md_part3(root) if (root / evidence.path(PART3_ROWS, "rows")).is_file() else []),
         *_md_bench(bench),
         *_md_part2(),
         *_md_a100(a100),
@@ -612,11 +598,11 @@ def host_by_machine(h100: list[dict], bench: list[dict], archived: dict) -> dict
             out.setdefault(machine, []).append(host * 1e6)
 
     for i in h100:
-        add(f"H100-SXM {Path(H100_ROWS).parent.name}", i["gpu_util"], i["implied_host"])
+        add(f"H100-SXM {evidence.entry(H100_ROWS).folder}", i["gpu_util"], i["implied_host"])
     for archive, rows in archived.items():
         for r in rows:
             add(
-                f"{r['gpu']} {Path(archive).parent.name}",
+                f"{r['gpu']} {evidence.entry(archive).folder}",
                 r["gpu_util"],
                 r["implied_host_us"] and r["implied_host_us"] / 1e6,
             )
@@ -651,9 +637,9 @@ def _md_second_machine(rows: list[dict], h100: list[dict], machines: dict) -> li
     probes = [r["host_op_us"] for r in rows if r["host_op_us"]]
     lines = [
         "",
-        "## The same Part 1 rows on another machine (an H200, 2026-11-27), out of sample",
+        f"## The same Part 1 rows on another machine (an H200, {evidence.entry(SECOND_MACHINE).date}), out of sample",
         "",
-        "litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`reports/2026-11-27-lab-part1-h200/`): the "
+        f"litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`{evidence.entry(SECOND_MACHINE).where}`): the "
         "mean optimizer step over each row's steady window against the model on the H200's table row at the H100 "
         "machine's host constant. 'host us/op implied': the host time per op that would make the model's step "
         "equal the measured one (none where the kernels alone take longer); in brackets where the GPU was busy "
@@ -700,9 +686,9 @@ def _md_qlora_loop(rows: list[dict]) -> list[str]:
         return []
     lines = [
         "",
-        "## QLoRA beside LoRA in litgpt's loop (an H200, 2026-11-27), out of sample",
+        f"## QLoRA beside LoRA in litgpt's loop (an H200, {evidence.entry(QLORA_LOOP).date}), out of sample",
         "",
-        f"litgpt 0.5.13, bitsandbytes 0.50.2, torch 2.11, random weights, the benchmark data (`{QLORA_LOOP}`): "
+        f"litgpt 0.5.13, bitsandbytes 0.50.2, torch 2.11, random weights, the benchmark data (`{evidence.path(QLORA_LOOP, 'records')}`): "
         "TinyLlama at micro 4 x 4, 16 optimizer steps, no validation; the mean optimizer step over the steady window "
         "against the model at the H100 machine's host constant. bitsandbytes' constants (`tunelab/plan/model/bnb_kernels.py`)"
         " were fitted on the isolated step (`kernels.md`), not here.",
@@ -731,9 +717,9 @@ def _md_openllama(rows: list[dict]) -> list[str]:
         return []
     lines = [
         "",
-        "## The lab's OpenLLaMA Part 1 rows (an H200, 2026-11-27), out of sample",
+        f"## The lab's OpenLLaMA Part 1 rows (an H200, {evidence.entry(OPENLLAMA_ROWS).date}), out of sample",
         "",
-        f"litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`{OPENLLAMA_ROWS}`): one epoch of 1,000 "
+        f"litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`{evidence.path(OPENLLAMA_ROWS, 'records')}`): one epoch of 1,000 "
         "samples at the lab's settings; the mean optimizer step over the steady window against the model at the H100 "
         "machine's host constant. The planned steps were written into `docs/results.md` before the rows ran. 'by "
         "third': the mean step over each third of the steady window and the host us per op it implies (GPU where "
@@ -823,14 +809,17 @@ def _md_bench(items: list[dict]) -> list[str]:
         return lines
 
     refit = fit_compiled_host(items)
+    first_session = ", ".join(
+        f"`{e.where}`" for e in evidence.with_role("bench") if e.device == "H200" and e.machine == "first"
+    )
     lines += [
         "",
         "## Our benches: the fast path and litgpt (seconds per optimizer step, steady window, mean)",
         "",
         "bf16-true, the benchmark data, random weights, torch 2.11, litgpt 0.5.13: TinyLlama full on an NVIDIA "
-        "H100 80GB HBM3 (`reports/2026-11-25-bench-tiny-llama-1.1b-full-h100/`: pairs at micro 8 x 4 and the "
+        f"H100 80GB HBM3 (`{evidence.entry('h100-bench-tiny-full').where}`: pairs at micro 8 x 4 and the "
         "largest-micro-batch probes, one micro batch per step), TinyLlama LoRA and OpenLLaMA 7B LoRA on an "
-        "NVIDIA H200, two sessions on two machines (`reports/2026-11-26-bench-*-lora-h200/` and "
+        f"NVIDIA H200, two sessions on two machines ({first_session} and "
         "`...-h200-compiled/`: pairs at micro 8 x 4). Measured: the mean step "
         "over the steady window (the window's time over its steps; the median understates the fast path, "
         "whose loss read every 25 iterations makes one step in about six wait for the GPU's backlog), at the "
@@ -847,7 +836,7 @@ def _md_bench(items: list[dict]) -> list[str]:
         "both arms alike: a host-bound step follows the host's CPU. OpenLLaMA 7B's fast run kept the GPU 97% "
         "busy at 689 W of its 700 W limit, so the model's host bound there is wrong: its GPU side is short "
         "(clocks under the power limit were not sampled; the records since carry them). A third H200 machine "
-        "(`reports/2026-11-26-litgpt-tiny-llama-1.1b-h200/`: litgpt's TinyLlama LoRA and full at the lab's s4, "
+        f"(`{evidence.entry('h200-litgpt-tiny').where}`: litgpt's TinyLlama LoRA and full at the lab's s4, "
         "20 steps; its SM clock held 1980 MHz through the steady window, its host dispatched at 4.1 us per op "
         "by `host_op_us`) ran both 24-30% faster than planned: host-bound on a faster host, as above; that "
         "session's profile grid (`kernels.md`) measured the same machine's host clock per phase.",
@@ -962,22 +951,23 @@ def _kernel_cell(p: float, v: float, e: float | None) -> str:
     return f"{p * 1e3:.1f} / {v * 1e3:.1f} ({e:+.0%})" if e is not None else f"{p * 1e3:.1f} / {v * 1e3:.1f}"
 
 
-def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
-    if not (root / grid).is_file():
+def _grid_lines(root, grid: tuple, gpu: str, day: str) -> list[str]:
+    where = evidence.path(*grid)
+    if not (root / where).is_file():
         return []
     rows = profiles.grid_rows(root, grid, gpu)
     whats = list(dict.fromkeys(w for r in rows for w in r["pairs"]))  # every row's, in order
     fitted = profiles.FITTED_SHAPES.get(gpu, set())
-    dtypes = ", ".join(sorted({m["dtype"] for m in profiles.read_grid(root / grid)}))
+    dtypes = ", ".join(sorted({m["dtype"] for m in profiles.read_grid(root / where)}))
     lines = [
         f"## Out of sample: {gpu}, {day}, {len({r['model'] for r in rows})} models",
         "",
-        f"Measured: `{grid}` (`scripts/gpu/runbook.sh grid`: `scripts/gpu/profile_steps.py`, sequence 437, 10 timed "
+        f"Measured: `{where}` (`scripts/gpu/runbook.sh grid`: `scripts/gpu/profile_steps.py`, sequence 437, 10 timed "
         f"steps after 3 warm-up steps, random weights, {dtypes}). Each cell: predicted / measured milliseconds "
         "(error). The optimizer is its phase by CUDA events: the profiler's optimizer kernel time is twice that "
         "phase (on one stream kernels cannot outlast the interval that holds them). A line marked `fit` had its "
         "elementwise kernels (or, on the H200, its shape measured again by op: `"
-        + profiles.GRID_BY_OP
+        + evidence.path(*profiles.GRID_BY_OP)
         + "`) in the fit "
         "of the memory constants (or, at 32-true, the fp32 matmul and attention constants); every other number is "
         "out of sample.",
@@ -1008,7 +998,7 @@ def _grid_lines(root, grid: str, gpu: str, day: str) -> list[str]:
 
 def write_kernels_md(path, root) -> None:
     """``kernels.md``: :func:`tunelab.report.profiles.profile_rows` as a table, with what was fitted and what was not, then
-    :func:`tunelab.report.profiles.grid_rows` (out of sample) where the checkout holds :data:`tunelab.report.profiles.GRID`."""
+    :func:`tunelab.report.profiles.grid_rows` (out of sample) for each grid of :func:`tunelab.report.evidence.grids`."""
 
     rows = profiles.profile_rows(root)
     lines = [
@@ -1017,7 +1007,7 @@ def write_kernels_md(path, root) -> None:
         "Regenerate with `tunelab plan-accuracy`. Model: `tunelab/plan/model/kernels.py` (every ATen op of litgpt's "
         "simulated step, timed by category on the GPU; the step is the longer of the GPU's kernels and the host's "
         "launches; a phase likewise). Measured: `"
-        + profiles.PROFILE
+        + evidence.path(*profiles.PROFILE)
         + "` (TinyLlama 1.1B, bf16-true, micro 8 x 437 tokens, NVIDIA H100 80GB "
         "HBM3, torch 2.11; phases by CUDA events, kernels by the profiler's self time). Seconds per optimizer step.",
         "",
@@ -1043,7 +1033,7 @@ def write_kernels_md(path, root) -> None:
         + ". Known misses: the optimizer's kernels as the profiler counts them (twice the phase by CUDA events), and "
         "the full step's forward and backward phases (the host's share of a phase is not one figure per op).",
         "",
-        *[line for grid, gpu, day in profiles.GRIDS for line in _grid_lines(root, grid, gpu, day)],
+        *[line for e, what, day in evidence.grids() for line in _grid_lines(root, (e.id, what), e.device, day)],
     ]
     write_text_atomic(path, "\n".join(lines))
 
@@ -1054,8 +1044,8 @@ def write_all(out: Path | None = None) -> Path:
     model against our H100 rows and the lab's A100 times) where the checkout holds their reports (an installed
     tunelab carries none)."""
     out = write_accuracy(out)
-    if (ROOT / profiles.PROFILE).is_file():
+    if evidence.entries(ROOT) and (ROOT / evidence.path(*profiles.PROFILE)).is_file():
         write_kernels_md(out / "kernels.md", ROOT)
-    if (ROOT / H100_ROWS).is_file():
+    if evidence.entries(ROOT) and (ROOT / evidence.path(H100_ROWS, "rows")).is_file():
         write_report(out / "runtime.md", ROOT)
     return out

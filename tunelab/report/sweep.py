@@ -273,7 +273,7 @@ def environment(records: list[record_mod.RunRecord]) -> list[str]:
         ),
     ]
     probes = [x.host_op_us for x in seen if x.host_op_us]
-    if probes:  # what a host-bound step follows (records made before 2026-11-26 lack it)
+    if probes:  # what a host-bound step follows (older records lack it)
         cpus = sorted({x.host_cpu for x in seen if x.host_cpu})
         launch = [x.device_op_us for x in seen if x.device_op_us]
         on_gpu = f"; on GPU 0 with its launch {min(launch):.2f}-{max(launch):.2f} us (`device_op_us`)" if launch else ""

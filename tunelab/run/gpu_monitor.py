@@ -256,7 +256,7 @@ def per_op_us(step, start, sync=None) -> float:
 def host_op_us() -> float:
     """The host's eager dispatch speed: microseconds per small autograd-recording torch op (a multiply of a
     16-element tensor that requires grad), the median of 5 repeats, measured in the parent before launch. It
-    describes that moment, not the loop: on one H200 machine (2026-11-27) six runs read 4.3-7.6 us while litgpt's
+    describes that moment, not the loop: on one H200 machine (evidence ``h200-part1``) six runs read 4.3-7.6 us while litgpt's
     host-bound loop cost the same 54-57 us per op in each (``reports/planner-accuracy/runtime.md``), so the planner
     does not scale its host constant by it; it says which CPU a record's times came from and how busy it was."""
     import torch
@@ -268,8 +268,8 @@ def host_op_us() -> float:
 def device_op_us() -> float | None:
     """The same chain of ops as :func:`host_op_us` on GPU 0: dispatch and the kernel's launch, timed on the host
     without a synchronisation inside a repeat (the GPU runs such a kernel faster than the host queues it); None
-    without CUDA. What a host-bound step pays per kernel before litgpt's own Python: 10.1 us on the H200 machine of
-    2026-11-26 whose CPU probe read 3.9 us (``reports/2026-11-26-profile-grid-h200/``, independent ops there), where
+    without CUDA. What a host-bound step pays per kernel before litgpt's own Python: 10.1 us on the H200 machine
+    whose CPU probe read 3.9 us (evidence ``h200-grid``, independent ops there), where
     litgpt's TinyLlama loop took about 47 us per kernel-launching op (runtime.md)."""
     import torch
 

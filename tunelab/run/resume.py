@@ -82,7 +82,7 @@ def resume_state(
     if (rec.get("allocator_conf") or None) != alloc:  # the allocator's setting changes the step and the reserve
         return False, f"allocator setting changed ({rec.get('allocator_conf')} -> {alloc})"
     compiled = (rec.get("strategy_settings") or {}).get("compile")
-    if compiled and "recompile_limit_hits" not in rec:  # its blocks may have run eagerly unseen (fixed 2026-11-26)
+    if compiled and "recompile_limit_hits" not in rec:  # its blocks may have run eagerly unseen (an older loop)
         return False, "made before torch.compile's recompile-limit hits were counted"
     if recipe is not None and rec.get("recipe") != recipe:
         return False, f"recipe changed ({rec.get('recipe')} -> {recipe})"

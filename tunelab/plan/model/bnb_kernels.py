@@ -17,7 +17,7 @@ the "dequantize then ``F.linear``" path):
 
 The trace (:func:`tunelab.plan.trace.kernel_trace.record_step`) sees the matmuls and the backward's cast; this module adds
 what it cannot see: the dequantization kernels, the optimizer's kernels, and the host's Python work per 4-bit matmul
-and per optimizer tensor. Measured on an H200 (``reports/2026-11-27-profile-grid-qlora-h200/``: TinyLlama and
+and per optimizer tensor. Measured on an H200 (evidence ``h200-grid-qlora``, ``reports/evidence.yaml``: TinyLlama and
 OpenLLaMA 7B, LoRA beside QLoRA on one machine): the constants below say which line each was fitted on."""
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ fit; s1 ran out of memory with 7.84 GiB reserved but unallocated)."""
 ALLOCATOR_HEADROOM = 0.10
 """Fraction of the GPU's memory a configuration chosen for speed leaves above its predicted peak allocated. Past
 it the caching allocator retries (frees its cache, calls cudaMalloc again) and throughput drops although the run
-fits: measured on the H100 (reports/2026-11-23-lab-part3-h100), retries began at 75.2 GB allocated of 85.0 GB (FSDP,
+fits: measured on the H100 (evidence ``h100-part3``, ``reports/evidence.yaml``), retries began at 75.2 GB allocated of 85.0 GB (FSDP,
 micro 42 of the 47 that fit: 88%) and at 78.5 GB (with activation checkpointing, micro 244: 92%); micro 47 ran at
 82% of the best throughput with 26 retries. ``tunelab advise`` ranks only configurations within it
 (``--headroom``)."""

@@ -1,0 +1,71 @@
+"""The evidence manifest (reports/evidence.yaml): every archived measurement listed once, with what it holds, and
+no measurement named in code by its date or folder."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+from tunelab import hardware
+from tunelab.errors import InputError
+from tunelab.report import evidence
+
+DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+
+
+def test_every_entry_names_a_folder_and_files_that_are_there_on_a_known_gpu():
+    entries = evidence.entries(ROOT)
+    assert len(entries) >= 16
+    for e in entries.values():
+        assert (ROOT / e.where).is_dir(), e.id
+        for what in e.holds:
+            assert (ROOT / e.path(what)).is_file(), (e.id, what)
+        assert hardware.lookup(e.device).name == e.device
+        assert DATED.fullmatch(e.date) and e.software and e.used_for, e.id
+
+
+def test_every_dated_report_folder_with_measurements_is_in_the_manifest():
+    """A GPU report folder (its name ends in the device) holding records, a grid or a profile is an entry."""
+    listed = {e.folder for e in evidence.entries(ROOT).values()}
+    held = ("records.tgz", "profile-grid.jsonl", "profile.md")
+    for folder in (ROOT / "reports").iterdir():
+        gpu = folder.name.rsplit("-", 1)[-1] in ("h100", "h200") or "-h200-" in folder.name
+        if DATED.match(folder.name) and gpu and any((folder / f).is_file() for f in held):
+            assert folder.name in listed, folder.name
+
+
+def test_no_date_and_no_dated_report_folder_in_the_package():
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "tunelab").rglob("*.py")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if DATED.search(line)
+    ]
+    assert not found, found
+
+
+def test_the_tables_read_what_the_manifest_lists(tmp_path):
+    """A new entry is read by the tables of its role, in the manifest's order; a bad entry is one line."""
+    (tmp_path / "reports").mkdir()
+    manifest = tmp_path / evidence.MANIFEST
+    manifest.write_text(
+        "b:\n  folder: f2\n  device: H200\n  date: 2027-01-02\n  software: torch\n  roles: [memory]\n"
+        "  holds: {records: records.tgz, grid QLoRA: g.jsonl}\n"
+        "a:\n  folder: f1\n  device: H100-SXM\n  date: 2027-01-01\n  software: torch\n  roles: [bench, memory]\n"
+    )
+    assert [e.id for e in evidence.with_role("memory", tmp_path)] == ["b", "a"]
+    assert [e.id for e in evidence.with_role("bench", tmp_path)] == ["a"]
+    assert [(e.id, what, label) for e, what, label in evidence.grids(tmp_path)] == [
+        ("b", "grid QLoRA", "2027-01-02, QLoRA")
+    ]
+    assert evidence.path("b", "records", tmp_path) == "reports/f2/records.tgz"
+    with pytest.raises(KeyError, match="holds no 'rows'"):
+        evidence.path("b", "rows", tmp_path)
+    for folder, bad in (("../out", ""), ("f", "  roles: [everything]\n"), ("f", "  colour: red\n")):
+        evidence.entries.cache_clear()
+        manifest.write_text(f"c:\n  folder: {folder}\n  device: H200\n  date: 2027-01-01\n  software: torch\n{bad}")
+        with pytest.raises(InputError, match=r"reports/evidence.yaml: c: "):
+            evidence.entries(tmp_path)
+    evidence.entries.cache_clear()

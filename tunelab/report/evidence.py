@@ -1,0 +1,118 @@
+"""The archived GPU measurements (``reports/evidence.yaml``): one entry per report folder, with its device, date,
+software, what it holds and what the planner fits on it or holds it to. The accuracy reports read every folder
+through here, so a new measurement is an entry and a folder, not code."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from tunelab import yaml_input
+from tunelab.errors import InputError
+from tunelab.paths import ROOT
+
+MANIFEST = "reports/evidence.yaml"
+"""The manifest, relative to the checkout."""
+ROLES = ("memory", "bench")
+"""What an entry's ``roles`` may name."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One archived measurement (a folder under reports/)."""
+
+    id: str
+    """Its key in the manifest, which code and reports name it by."""
+    folder: str
+    """The folder under reports/."""
+    device: str
+    """The GPU table row it ran on."""
+    date: str
+    """The day it was measured."""
+    software: str
+    """The stack that ran it (torch, litgpt, ...)."""
+    holds: dict = field(default_factory=dict)
+    """{what: file name}: the files of the folder that are read (records, rows, profile, grid, ...)."""
+    used_for: str = ""
+    """What the planner fits on it or holds it to, and where that is shown."""
+    machine: str | None = None
+    """Which lent machine of that device, where known (hosts differ between machines)."""
+    roles: tuple = ()
+    """Which accuracy tables read it: ``memory`` (accuracy.md's own rows), ``bench`` (runtime.md's benches)."""
+
+    def path(self, what: str) -> str:
+        """The file it holds as ``what``, relative to the checkout (``reports/<folder>/<file>``)."""
+        if what not in self.holds:
+            raise KeyError(f"{MANIFEST}: {self.id} holds no {what!r} (it holds {', '.join(self.holds)})")
+        return f"reports/{self.folder}/{self.holds[what]}"
+
+    @property
+    def where(self) -> str:
+        """Its folder, as reports cite it."""
+        return f"reports/{self.folder}/"
+
+
+@functools.cache
+def entries(root: Path = ROOT) -> dict[str, Entry]:
+    """Every entry of ``root``'s manifest, in its order; empty where the checkout has none (an installed tunelab
+    carries no reports). A key the schema does not know, a missing one or a folder outside reports/: InputError."""
+    path = root / MANIFEST
+    if not path.is_file():
+        return {}
+    raw = yaml_input.load_mapping(path, "the evidence manifest")
+    known = {f.name for f in fields(Entry)} - {"id"}
+    out = {}
+    for key, value in raw.items():
+        if not isinstance(value, dict) or set(value) - known or {"folder", "device", "date", "software"} - set(value):
+            raise InputError(f"{MANIFEST}: {key}: needs folder, device, date and software, and only {sorted(known)}")
+        folder = str(value["folder"])
+        if "/" in folder or folder.startswith("."):
+            raise InputError(f"{MANIFEST}: {key}: folder {folder!r} must be one folder name under reports/")
+        holds = {str(k): str(v) for k, v in (value.get("holds") or {}).items()}
+        if any("/" in v or v.startswith(".") for v in holds.values()):
+            raise InputError(f"{MANIFEST}: {key}: holds names files of its own folder only")
+        roles = value.get("roles") or []
+        if not isinstance(roles, list) or set(map(str, roles)) - set(ROLES):
+            raise InputError(f"{MANIFEST}: {key}: roles: {roles!r}; each one of {', '.join(ROLES)}")
+        out[str(key)] = Entry(
+            str(key),
+            folder,
+            str(value["device"]),
+            str(value["date"]),
+            str(value["software"]),
+            holds,
+            str(value.get("used_for", "")),
+            value.get("machine"),
+            tuple(map(str, roles)),
+        )
+    return out
+
+
+def entry(key: str, root: Path = ROOT) -> Entry:
+    """The manifest's entry ``key``; KeyError naming the manifest for one it lacks."""
+    try:
+        return entries(root)[key]
+    except KeyError:
+        raise KeyError(f"{MANIFEST}: no entry {key!r}") from None
+
+
+def path(key: str, what: str, root: Path = ROOT) -> str:
+    """The file entry ``key`` holds as ``what``, relative to the checkout."""
+    return entry(key, root).path(what)
+
+
+def with_role(role: str, root: Path = ROOT) -> list[Entry]:
+    """The entries a table of ``role`` (:data:`ROLES`) reads, in the manifest's order."""
+    return [e for e in entries(root).values() if role in e.roles]
+
+
+def grids(root: Path = ROOT) -> list[tuple[Entry, str, str]]:
+    """(entry, what, label) of every kernel grid in the manifest, in its order: ``what`` a ``holds`` key ``grid`` or
+    ``grid <kind>``, ``label`` the entry's date and that kind."""
+    return [
+        (e, what, e.date + (f", {what.split(' ', 1)[1]}" if " " in what else ""))
+        for e in entries(root).values()
+        for what in e.holds
+        if what == "grid" or what.startswith("grid ")
+    ]
