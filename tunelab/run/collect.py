@@ -12,6 +12,7 @@ import math
 import re
 import signal
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunelab import hardware
@@ -259,28 +260,41 @@ def _gpu_figures(rec: RunRecord, gpus: list, steady: dict, monitor: GPUMonitor |
             rec.energy_steady_j_per_1k_tokens = rec.energy_steady_j / steady["window_tokens_real"] * 1000
 
 
-def collect(
-    rec: RunRecord,
-    s: Settings,
-    stats_dir: Path,
-    out_dir: Path,
-    stdout: str,
-    stderr: str,
-    killed_reason: str | None,
-    gpus: list,
-    sample_hz: float | None,
-    ckpt: Path,
-    monitor: GPUMonitor | None = None,
-) -> RunRecord:
+@dataclass
+class Finished:
+    """What a finished (or stopped) run left for its record: one object from the runner to :func:`collect`."""
+
+    settings: Settings
+    """The settings the run was launched with (resolved once by the parent)."""
+    run_dir: Path
+    """The run's folder: ``stats/`` (the ranks' files) and ``litgpt/`` (litgpt's out_dir) under it."""
+    stdout: str
+    """The tail of the child's stdout (litgpt's printout)."""
+    stderr: str
+    """The tail of the child's stderr."""
+    killed_reason: str | None
+    """Why the runner stopped the child (a timeout, Ctrl-C), or None where it exited by itself."""
+    gpus: list
+    """The NVML samples, per GPU."""
+    sample_hz: float | None
+    """Their rate (None without samples)."""
+    checkpoint_dir: Path
+    """The model the run trained (its config gives the FLOPs)."""
+    monitor: GPUMonitor | None = None
+    """The sampler (its SM clock and power caps), where one ran."""
+
+
+def collect(rec: RunRecord, run: Finished) -> RunRecord:
     """Fill ``rec`` from the rank files, litgpt's printout and metrics.csv, and the NVML samples."""
-    ranks_iters = _read_ranks(rec, stats_dir)
-    rec.status, rec.error = _classify(rec.exit_code, killed_reason, rec.ranks, stderr[-20000:], stdout[-5000:])
+    ranks_iters = _read_ranks(rec, run.run_dir / "stats")
+    tails = run.stderr[-20000:], run.stdout[-5000:]
+    rec.status, rec.error = _classify(rec.exit_code, run.killed_reason, rec.ranks, *tails)
     _rank_figures(rec)
-    n_iters = _litgpt_figures(rec, stdout, out_dir)
+    n_iters = _litgpt_figures(rec, run.stdout, run.run_dir / "litgpt")
     steady = _speed(rec, ranks_iters, n_iters)
-    _compute(rec, s, ckpt, n_iters)
-    rec.gpus, rec.sample_hz = gpus, sample_hz
-    _gpu_figures(rec, gpus, steady, monitor)
+    _compute(rec, run.settings, run.checkpoint_dir, n_iters)
+    rec.gpus, rec.sample_hz = run.gpus, run.sample_hz
+    _gpu_figures(rec, run.gpus, steady, run.monitor)
     for name in ("step_time_s", "iter_time_s", "tok_s_padded", "tok_s_real"):
         v = getattr(rec, name)
         if v is not None and (math.isnan(v) or math.isinf(v)):

@@ -39,7 +39,7 @@ from tunelab.paths import DATASET, ROOT, output_root
 from tunelab.plan import stored
 from tunelab.recipes import Recipe
 from tunelab.record import ALLOC_CONF_ENV, RunRecord, save
-from tunelab.run.collect import collect, last_error_line, latest_tokens
+from tunelab.run.collect import Finished, collect, last_error_line, latest_tokens
 from tunelab.run.entry import SKIP_SAVE_ENV
 from tunelab.run.gpu_monitor import GPUMonitor, cpu_name, device_name, device_op_us, host_op_us
 from tunelab.run.resume import INTERRUPTED_PREFIX
@@ -590,19 +590,9 @@ def _collect_and_save(rec: RunRecord, prep: Prepared, o: RunOptions, killed_reas
     run_dir = prep.run_dir
     stdout = read_tail(run_dir / "stdout.log")  # the last 256 MiB: millions of iteration lines
     stderr = read_tail(run_dir / "stderr.log")
-    collect(
-        rec,
-        prep.settings,
-        run_dir / "stats",
-        run_dir / "litgpt",
-        stdout,
-        stderr,
-        killed_reason,
-        gpus,
-        o.nvml_hz if gpus else None,
-        prep.ckpt or Path(prep.args["checkpoint_dir"]),
-        monitor,
-    )
+    ckpt = prep.ckpt or Path(prep.args["checkpoint_dir"])
+    hz = o.nvml_hz if gpus else None
+    collect(rec, Finished(prep.settings, run_dir, stdout, stderr, killed_reason, gpus, hz, ckpt, monitor))
     if prep.source == "random":
         rec.pruned = prune_weights(run_dir)
     elif rec.status == "ok" and (why := outputs_not_whole(run_dir, prep.recipe.method)):
