@@ -5,6 +5,7 @@ steps as the lab ran them, and `tunelab plan --json` carries it."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -12,7 +13,7 @@ from tests.conftest import ROOT
 from tunelab.plan.model import kernels, runtime
 from tunelab.plan.trace import kernel_trace
 from tunelab.plan.trace.tables import TRACED
-from tunelab.report import evidence, profiles
+from tunelab.report import evidence, profiles, runtime_accuracy
 from tunelab.report.accuracy import fit_runtime_constants, lab_runtime_items, runtime_rows
 
 
@@ -386,7 +387,11 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid_for_the_lab_models(tmp_
     hold its stated bounds; the whole grid runs with -m slow (below)."""
 
     lab = {"tiny-llama-1.1b", "open_llama_3b", "open_llama_7b"}
-    lines = [ln for ln in (ROOT / evidence.path(*profiles.GRID_H200)).read_text().splitlines() if json.loads(ln)["model"] in lab]
+    lines = [
+        ln
+        for ln in (ROOT / evidence.path(*profiles.GRID_H200)).read_text().splitlines()
+        if json.loads(ln)["model"] in lab
+    ]
     (tmp_path / evidence.path(*profiles.GRID_H200)).parent.mkdir(parents=True)
     (tmp_path / evidence.path(*profiles.GRID_H200)).write_text("\n".join(lines) + "\n")
     rows = profiles.grid_rows(tmp_path, profiles.GRID_H200, "H200")
@@ -715,7 +720,9 @@ def test_a_records_archive_that_does_not_read_is_one_line(tmp_path, kind):
     elif kind == "fifo":
         os.mkfifo(archive)
     elif kind == "link outside":
-        (tmp_path.parent / "outside.tgz").write_bytes((ROOT / evidence.path(SECOND_MACHINE, "records")).read_bytes())  # a real archive
+        (tmp_path.parent / "outside.tgz").write_bytes(
+            (ROOT / evidence.path(SECOND_MACHINE, "records")).read_bytes()
+        )  # a real archive
         archive.symlink_to(tmp_path.parent / "outside.tgz")
     else:
         buf = io.BytesIO()
@@ -796,3 +803,27 @@ def test_every_family_litgpt_ships_plans_with_a_gpu_or_says_what_is_not_modelled
             assert runtime["seconds_low"] > 0  # the MFU range stands
         else:
             assert sum(runtime["seconds_by_cause"].values()) > 0, name
+
+
+def test_the_runtime_report_says_which_timed_runs_lie_in_the_plans_band():
+    """The band: the kernel model's error either side of the estimate, widened to the time at either end of the
+    hosts we measured; runtime.md counts, set by set, the timed runs inside it and names those outside."""
+    at = {runtime.LITGPT_HOST_S_PER_OP_RANGE[0]: 0.5, runtime.LITGPT_HOST_S_PER_OP_RANGE[1]: 2.0}
+    assert runtime.litgpt_band(1.0, at.get) == (0.5, 2.0)  # the hosts widen the error's band
+    e = runtime.KERNEL_MODEL_ERROR
+    assert runtime.litgpt_band(1.0, lambda h: 1.0) == pytest.approx((1 - e, 1 + e))
+    row = runtime_accuracy._band(1.0, at.get, 1.9)
+    assert row["in_band"] and not runtime_accuracy._band(1.0, at.get, 2.1)["in_band"]
+    assert not runtime_accuracy._band(1.0, at.get, 0.49)["in_band"]
+    timed = {
+        "set": [
+            ("a", {"measured_s": 1.0, **row}),
+            ("b", {"measured_s": 3.0, "band_low_s": 0.5, "band_high_s": 2.0, "in_band": False}),
+        ]
+    }
+    lines = runtime_accuracy._md_band(timed)
+    assert "1 of 2 timed runs lie inside it" in "\n".join(lines)
+    assert "| set | 1 of 2 | b: 3.000 (0.500-2.000) |" in lines
+    text = (ROOT / "reports/planner-accuracy/runtime.md").read_text()
+    inside, total = map(int, re.search(r"(\d+) of (\d+) timed runs lie inside it", text).groups())
+    assert 60 <= total and inside < total  # every timed run we hold, and the ones outside are named

@@ -286,11 +286,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         )
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
-        fast, slow = (
-            sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values())
-            for h in runtime.LITGPT_HOST_S_PER_OP_RANGE
-        )
-        band = (min(secs * (1 - e), fast), max(secs * (1 + e), slow))
+        band = runtime.litgpt_band(secs, lambda h: sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values()))
         a, b = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
         wider = band != (secs * (1 - e), secs * (1 + e))
         source = (

@@ -182,6 +182,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
                 "sm_clock_mhz": rec.sm_clock_steady_mhz,
                 "gpu_util": rec.gpu_util_steady_mean,
                 "thirds": window_thirds(path, name, rec, st),
+                **_band(pred, lambda h, st=st, acc=acc: step_seconds(st, acc, h), measured),
             }
         )
     return sorted(rows, key=lambda r: _natural(r["id"]))
@@ -214,6 +215,21 @@ def _natural(name: str) -> tuple:
     import re
 
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def _band(point: float, seconds_at, measured: float) -> dict:
+    """The plan's band around a litgpt time (:func:`tunelab.plan.model.runtime.litgpt_band`) and whether
+    ``measured`` lies in it."""
+    low, high = runtime.litgpt_band(point, seconds_at)
+    return {"band_low_s": low, "band_high_s": high, "in_band": low <= measured <= high}
+
+
+def _fast_band(point: float, bound: str, measured: float) -> dict:
+    """The plan's band around a fast-path time: its stated error for the bound either side
+    (:data:`tunelab.plan.model.fast_step.FAST_MODEL_ERROR`)."""
+    e = fast_step.FAST_MODEL_ERROR[bound]
+    low, high = point * (1 - e), point * (1 + e)
+    return {"band_low_s": low, "band_high_s": high, "in_band": low <= measured <= high}
 
 
 def step_seconds(st, acc: int, host_s_per_op: float) -> float:
@@ -251,6 +267,7 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
                 "loo_error": pred_loo / it["measured_s"] - 1,
                 "gpu_s_per_micro": st.gpu_by_phase["forward"] + st.gpu_by_phase["backward"],
                 "ops_per_micro": st.ops_by_phase["forward"] + st.ops_by_phase["backward"],
+                **_band(pred, lambda h, st=st, acc=it["accumulation"]: step_seconds(st, acc, h), it["measured_s"]),
             }
         )
     return rows
@@ -330,16 +347,17 @@ def bench_items(root: Path) -> list[dict]:
     return items
 
 
-def bench_step(item: dict, compiled_host_s: float | None = None) -> tuple[float, str]:
+def bench_step(item: dict, compiled_host_s: float | None = None, host_scale: float = 1.0) -> tuple[float, str]:
     """(predicted seconds per optimizer step, what bounds it) of a bench run on its own GPU: the fast path by
     :func:`tunelab.plan.model.fast_step.fast_step` (its micro batches and its optimizer step), litgpt's by the planner's
-    own :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out)."""
+    own :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out; its host's time per op
+    ``host_scale`` times the constant's)."""
 
     gpu, x, acc = item["gpu"], item["x"], item["accumulation"]
     if x.fabric:
         work = runtime.kernel_work(x, item["tokens"])
         one = {"train_iterations": acc, "optimizer_steps": 1, "eval_iterations": 0, "evaluations": 0, "new_tokens": 0}
-        by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu)
+        by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale)
         return sum(by.values()), "host" if by["host launches"] > 0 else "GPU"
     h = fast_step.COMPILED_HOST_S_PER_KERNEL if compiled_host_s is None else compiled_host_s
     fs = fast_step.fast_step(x, gpu, item["tokens"], h)
@@ -377,6 +395,7 @@ def bench_rows(items: list[dict]) -> list[dict]:
     rows = []
     for item in items:
         pred, bound = bench_step(item)
+        m = item["measured_s"]
         rows.append(
             {
                 "bench": item["bench"],
@@ -394,6 +413,11 @@ def bench_rows(items: list[dict]) -> list[dict]:
                 "gpu_util": item["gpu_util"],
                 "eager": item["eager"],
                 "sample": "in (host constant)" if _fitted(item) else "out",
+                **(
+                    _band(pred, lambda h, i=item: bench_step(i, host_scale=h / runtime.LITGPT_HOST_S_PER_OP)[0], m)
+                    if item["arm"] == "litgpt"
+                    else _fast_band(pred, bound, m)
+                ),
             }
         )
     return rows
@@ -419,6 +443,12 @@ def part3_rows(root: Path) -> list[dict]:
         gpu = f * g["forward"] + g["backward"]
         host = h * (f * ops["forward"] + ops["backward"])
         pred = max(gpu, host) + max(g["optimizer"], h * ops["optimizer"])
+
+        def at(h, g=g, ops=ops, f=f):
+            return max(f * g["forward"] + g["backward"], h * (f * ops["forward"] + ops["backward"])) + max(
+                g["optimizer"], h * ops["optimizer"]
+            )
+
         rows.append(
             {
                 "setting": r["setting"],
@@ -430,6 +460,7 @@ def part3_rows(root: Path) -> list[dict]:
                 "bound": "GPU" if gpu >= host else "host",
                 "gpu_util": float(r["gpu_util_mean"]),
                 "retries": int(r["num_alloc_retries"] or 0),
+                **_band(pred, at, it),
             }
         )
     return rows
@@ -491,8 +522,12 @@ def a100_rows(items: list | None = None) -> list[dict]:
     for r, t, peak, bw, secs in items or a100_items():
         row = {"id": r.id, "recipe": r.recipe.key, "note": r.note, "lab_s": secs, "curve_s": t.seconds(peak, bw)}
         if isinstance(t.kernels, runtime.KernelWork):
-            causes = t.by_cause(hardware.lookup(r.gpu))
-            row.update(kernel_s=sum(causes.values()), error=sum(causes.values()) / secs - 1, **causes)
+            gpu = hardware.lookup(r.gpu)
+            causes = t.by_cause(gpu)
+            pred = sum(causes.values())
+            row.update(kernel_s=pred, error=pred / secs - 1, **causes)
+            h0 = runtime.LITGPT_HOST_S_PER_OP
+            row.update(_band(pred, lambda h, t=t, gpu=gpu, h0=h0: sum(t.by_cause(gpu, h / h0).values()), secs))
         else:
             row.update(kernel_s=None, error=None, not_modelled=t.kernels)
         rows.append(row)
@@ -539,8 +574,20 @@ def write_report(path: Path, root: Path) -> None:
     h100, a100 = h100_rows(root, items), a100_rows(lab)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
+    part3 = part3_rows(root) if (root / evidence.path(PART3_ROWS, "rows")).is_file() else []
+    timed = {
+        "our H100 Part 1 rows": [(r["id"], r) for r in h100],
+        **{
+            f"{evidence.entry(a).folder}": [(r["id"], r) for r in archived[a]]
+            for a in (SECOND_MACHINE, QLORA_LOOP, OPENLLAMA_ROWS)
+        },
+        "our H100 Part 3 curve": [(f"{r['setting']} micro {r['micro']}", r) for r in part3],
+        "our benches": [(f"{r['report']} {r['run']}", r) for r in bench_rows(bench)],
+        "the lab's A100 Part 1 times": [(r["id"], {**r, "measured_s": r["lab_s"]}) for r in a100 if r["kernel_s"]],
+    }
     lines = [
         *_md_h100(h100, fit_host(items)),
+        *_md_band(timed),
         *_md_second_machine(archived[SECOND_MACHINE], items, host_by_machine(items, bench, archived)),
         *_md_qlora_loop(archived[QLORA_LOOP]),
         *_md_openllama(archived[OPENLLAMA_ROWS]),
@@ -551,6 +598,34 @@ def write_report(path: Path, root: Path) -> None:
         *_md_weak(lab),
     ]
     write_text_atomic(path, "\n".join(lines))
+
+
+def _md_band(timed: dict) -> list[str]:
+    """Whether each timed run lies in the band the plan prints around it (``timed``: {set: [(run, row), ...]}, each
+    row with its measured seconds and :func:`_band`'s figures)."""
+    e, (a, b) = runtime.KERNEL_MODEL_ERROR, (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
+    runs = [run for rows in timed.values() for run in rows]
+    inside = sum(r["in_band"] for _, r in runs)
+    lines = [
+        "",
+        "## The plan's band against every timed run",
+        "",
+        f"The band `tunelab plan` prints around litgpt's loop: the kernel model's mean absolute error ({e:.0%}) either "
+        f"side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
+        f"its stated error for its bound. {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
+        "times hold start-up and validation: an upper bound of the step, not held to the band.)",
+        "",
+        "| timed runs | inside | outside: measured s (band s) |",
+        "|---|---|---|",
+    ]
+    for name, rows in timed.items():
+        out = [
+            f"{run}: {r['measured_s']:.3f} ({r['band_low_s']:.3f}-{r['band_high_s']:.3f})"
+            for run, r in rows
+            if not r["in_band"]
+        ]
+        lines.append(f"| {name} | {len(rows) - len(out)} of {len(rows)} | {'; '.join(out)} |")
+    return lines
 
 
 def _md_h100(h100: list[dict], fitted: float) -> list[str]:

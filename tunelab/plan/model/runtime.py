@@ -69,6 +69,16 @@ KERNEL_MODEL_ERROR = 0.173
 """Mean absolute error of the kernel-level model (:meth:`Terms.by_cause`) on the lab's A100 Part 1 rows, out of
 sample (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it): the band around its
 point estimate."""
+
+
+def litgpt_band(point: float, seconds_at) -> tuple[float, float]:
+    """The plan's band around a time of litgpt's loop (``point``, at :data:`LITGPT_HOST_S_PER_OP`):
+    :data:`KERNEL_MODEL_ERROR` either side, widened to the time at either end of :data:`LITGPT_HOST_S_PER_OP_RANGE`
+    (``seconds_at(h)``: the same time with the host at ``h`` seconds an op)."""
+    fast, slow = (seconds_at(h) for h in LITGPT_HOST_S_PER_OP_RANGE)
+    return min(point * (1 - KERNEL_MODEL_ERROR), fast), max(point * (1 + KERNEL_MODEL_ERROR), slow)
+
+
 LAB_EVAL = {"eval.interval": 25, "eval.max_iters": 100, "eval.max_new_tokens": 100, "eval.initial_validation": False}
 """The lab's eval settings (its YAMLs): what its "Training Time" figures contain."""
 
