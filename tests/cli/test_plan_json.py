@@ -230,3 +230,25 @@ def test_a_known_host_sets_litgpts_launch_time_and_narrows_the_band():
     ):
         code, out, err = tunelab_here("plan", *argv, "--host-us-per-op", "30")
         assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
+
+
+def test_the_plan_and_advise_say_where_the_host_and_the_link_came_from():
+    """The host's time per op: the hosts we measured, or the figure given; the link between the GPUs: the GPU's own,
+    or the one given; each in the answer's lines and the JSON; advise says both above its tables."""
+
+    def plan(*extra):
+        code, out, err = tunelab_here("plan", "open-llama-7b/full", "--gpu", "A100-80GB", *extra)
+        assert code == 0, err
+        return out
+
+    text = plan("--devices", "4", "--strategy", "fsdp")
+    low, high = (round(h * 1e6) for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
+    assert f"host: {low}-{high} us an op, as on the machines we measured" in text
+    assert "link: nvlink3 between the GPUs, the A100-80GB's own" in text
+    p = json.loads(plan("--devices", "4", "--strategy", "fsdp", "--interconnect", "pcie4", "--json"))["projection"]
+    assert p["link_source"].startswith("pcie4 between the GPUs, as given (--interconnect)")
+    p = json.loads(plan("--host-us-per-op", "45", "--json"))["projection"]
+    assert p["host_source"] == "45 us an op, as given (--host-us-per-op)" and not p["link_source"]
+    code, out, err = tunelab_here("advise", "open-llama-7b", "--gpus", "A100-80GB", "--tokens", "5e7")
+    assert code == 0, err
+    assert f"the machines we measured took {low}-{high}" in out and "links (between the GPUs" in out

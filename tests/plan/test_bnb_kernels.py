@@ -15,7 +15,9 @@ SEQ = 437
 
 
 def _lines() -> dict:
-    return {(m["model"], m["method"], m["micro"]): m for m in profiles.read_grid(ROOT / evidence.path(*profiles.GRID_QLORA))}
+    return {
+        (m["model"], m["method"], m["micro"]): m for m in profiles.read_grid(ROOT / evidence.path(*profiles.GRID_QLORA))
+    }
 
 
 def _rows() -> dict:

@@ -205,6 +205,8 @@ class Candidate:
     """The recipe it starts from."""
     global_batch_size: int = 0
     """Samples per optimizer step (the recipe's, or micro x devices with a free global batch)."""
+    links: str = ""
+    """The links its traffic crosses (between a node's GPUs, between nodes); empty on one device."""
 
     @property
     def world(self) -> int:
@@ -385,6 +387,7 @@ def _planned(x, gpu, links, work: Workload, strat, recipe, price, headroom, conf
         cost_usd=None if price is None else price.usd_per_hour * x.world * hours,
         recipe=recipe.key,
         global_batch_size=gbs,
+        links=" + ".join(link.name for link in links[:2] if link is not None) if x.world > 1 else "",
     )
 
 
@@ -446,6 +449,7 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
     """The answer as text: per GPU its best ``top`` configurations and why the rest lost, then the fastest and
     the cheapest overall."""
     limits = limits or {}
+    low, high = runtime.LITGPT_HOST_S_PER_OP_RANGE
     head = (
         "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | hours | "
         "comm s/step | kWh | USD |"
@@ -454,6 +458,9 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
         f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
         f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
         f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
+        f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, our H100 machine's (the machines "
+        f"we measured took {low * 1e6:.0f}-{high * 1e6:.0f}: a faster CPU shortens host-bound runs); links: each "
+        "GPU's own between its GPUs unless --interconnect, --internode between nodes",
         "",
     ]
     ranked_on: dict[str, list[Candidate]] = {}
@@ -473,6 +480,8 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
         ]
         if mine:
             best = min(c.hours for c in mine)
+            if links := next((c.links for c in mine if c.links), ""):
+                lines += [f"links (between the GPUs + between nodes): {links}", ""]
             lines += [head, "|" + "---|" * 11]
             for c in mine[:top]:
                 lines.append(

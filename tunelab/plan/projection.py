@@ -4,6 +4,7 @@ record, ``--calibrate``), and the point estimate of litgpt's "Training Time" (:m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import Counter
@@ -15,7 +16,7 @@ from tunelab import record as record_mod
 from tunelab.models import lora_param_count
 from tunelab.plan.model import comm as comm_mod
 from tunelab.plan.model import runtime
-from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
+from tunelab.plan.model.fast_step import COMPILED_HOST_S_PER_KERNEL, FAST_MODEL_ERROR, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import PlanInput
 from tunelab.plan.recipe import (
@@ -76,6 +77,12 @@ class Projection:
     ``seconds``), None where it does not apply (``seconds_by_cause_source`` says why; ``seconds`` is then the
     fitted curve's)."""
     seconds_by_cause_source: str = ""
+    host_source: str = ""
+    """Where the time the host takes per op comes from (the hosts we measured, ``--host-us-per-op``, the fast
+    path's fitted constant); empty for the fitted curve."""
+    link_source: str = ""
+    """The links several devices' traffic crosses and where they come from (``--interconnect``, ``--internode``, or
+    the GPU's own); empty on one device."""
     seconds_after_loop: float | None = None
     """Seconds after litgpt's loop (outside its Training Time, inside the wall time paid for): the final checkpoint
     and, for LoRA and QLoRA, the merged model litgpt writes (:func:`tunelab.plan.model.runtime.checkpoint_bytes`)."""
@@ -278,12 +285,16 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             f"the time by cause below, {bound}-bound (band: the fast path's mean absolute error {e:.0%} over our "
             f"benches' {bound}-bound runs{'; a host-bound step follows the host CPU' if bound == 'host' else ''})"
         )
+        host = (
+            f"tunelab's loop, {COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us per compiled kernel (fitted on our H100 bench)"
+        )
     elif isinstance(work.kernels, runtime.KernelWork) and work.host_s_per_op:
         e = runtime.KERNEL_MODEL_ERROR
         source = (
             f"the time by cause below, litgpt's loop at {work.host_s_per_op * 1e6:g} us an op on the host "
             f"(--host-us-per-op; band: the kernel model's mean absolute error {e:.0%} on the lab's A100 rows)"
         )
+        host = f"{work.host_s_per_op * 1e6:g} us an op, as given (--host-us-per-op)"
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
         band = runtime.litgpt_band(secs, lambda h: sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values()))
@@ -298,14 +309,16 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             )
             + ")"
         )
-        return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}"}
+        host = f"{a:.0f}-{b:.0f} us an op, as on the machines we measured (yours: --host-us-per-op)"
+        return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
     else:
-        e = runtime.LOO_MEAN_ABS_ERROR
+        e, host = runtime.LOO_MEAN_ABS_ERROR, ""
         source = (
             f"tunelab.plan.model.runtime fitted on the lab's A100 times (leave-one-out error mean {e:.0%}, worst "
             f"{runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: {peak / 1e12:.0f} TFLOP/s, {gpu.bandwidth_gbs:.0f} GB/s"
         )
-    return {"seconds": secs, "seconds_band": (secs * (1 - e), secs * (1 + e)), "seconds_source": f"{source}; {counts}"}
+    band = (secs * (1 - e), secs * (1 + e))
+    return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 
 
 def project_recipe(
@@ -367,4 +380,11 @@ def project_recipe(
             comm_mod.lookup(internode, "node", given=True) if internode else None,
             comm_mod.lookup("host-pcie4", "host"),
         )
-    return project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy), note
+    out = project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
+    if work.comm is not None:
+        own = "as given (--interconnect)" if interconnect else f"the {gpu.name}'s own (other: --interconnect)"
+        links = [f"{work.comm.links['gpu']} between the GPUs, {own}"]
+        if "node" in work.comm.links:
+            links.append(f"{work.comm.links['node']} between nodes (--internode)")
+        out = dataclasses.replace(out, link_source="; ".join(links))
+    return out, note

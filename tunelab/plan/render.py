@@ -100,6 +100,9 @@ def _answer_time(p: Projection, price, world: int) -> list[str]:
         lines.append("  by cause: " + ", ".join(f"{k} {v / total:.0%}" for v, k in top))
     elif p.seconds_by_cause_source:
         lines.append(f"  by cause: {p.seconds_by_cause_source[:100]}")
+    where = [w for w in (p.host_source and f"host: {p.host_source}", p.link_source and f"link: {p.link_source}") if w]
+    if where:
+        lines.append("  " + "; ".join(where))
     energy = f"energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)} (board power, an upper bound)"
     if price is not None and p.seconds:
         hours = p.seconds / 3600 * world
