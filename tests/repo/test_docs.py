@@ -26,3 +26,40 @@ def test_the_module_map_names_every_module_and_the_readme_every_folder():
     assert len(readme.splitlines()) <= 150
     for page in re.findall(r"\]\((docs/[\w-]+\.md)", readme):
         assert (ROOT / page).is_file(), page
+
+
+def pages() -> list:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_line_of_the_readme_and_the_docs_fits_120_characters():
+    """Tables with long cells are lists; long commands are broken; nothing is read sideways."""
+    long = [
+        f"{page.relative_to(ROOT)}:{n} ({len(line)})"
+        for page in pages()
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > 120
+    ]
+    assert not long, long
+
+
+DOC_WORDS_CEILING = 28_500
+"""The README and docs together, in words: a ceiling that only comes down, toward 12,000 (an hour's read)."""
+PLANNER_WORDS_CEILING = 10_500
+"""docs/planner.md in words: a ceiling that only comes down, toward 3,000 (the model's terms, equations, weak spots)."""
+LONG_DOCSTRINGS_CEILING = 30
+"""Module docstrings over 12 lines: a count that only comes down, toward none (the rest in docs/)."""
+
+
+def test_the_docs_and_the_docstrings_only_shrink_toward_their_caps():
+    import ast
+
+    words = sum(len(page.read_text(encoding="utf-8").split()) for page in pages())
+    assert words <= DOC_WORDS_CEILING, words
+    assert len((ROOT / "docs" / "planner.md").read_text(encoding="utf-8").split()) <= PLANNER_WORDS_CEILING
+    long = [
+        path
+        for path in (ROOT / "tunelab").rglob("*.py")
+        if len((ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or "").splitlines()) > 12
+    ]
+    assert len(long) <= LONG_DOCSTRINGS_CEILING, sorted(str(p.relative_to(ROOT)) for p in long)

@@ -449,20 +449,11 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
     """The answer as text: per GPU its best ``top`` configurations and why the rest lost, then the fastest and
     the cheapest overall."""
     limits = limits or {}
-    low, high = runtime.LITGPT_HOST_S_PER_OP_RANGE
     head = (
         "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | hours | "
         "comm s/step | kWh | USD |"
     )
-    lines = [
-        f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
-        f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
-        f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
-        f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, our H100 machine's (the machines "
-        f"we measured took {low * 1e6:.0f}-{high * 1e6:.0f}: a faster CPU shortens host-bound runs); links: each "
-        "GPU's own between its GPUs unless --interconnect, --internode between nodes",
-        "",
-    ]
+    lines = _header(work, cands, ranked)
     ranked_on: dict[str, list[Candidate]] = {}
     planned_on: dict[str, list[Candidate]] = {}
     for group, among in ((ranked_on, ranked), (planned_on, cands)):  # one pass each, in rank order
@@ -507,6 +498,21 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
         if priced:
             lines.append(f"cheapest: {_words(min(priced, key=lambda c: (c.cost_usd, c.hours)))}")
     return "\n".join(lines)
+
+
+def _header(work: Workload, cands: list, ranked: list) -> list[str]:
+    """:func:`render`'s first lines: the workload, the counts and what the columns hold; where the host's time per
+    op and the links come from."""
+    low, high = runtime.LITGPT_HOST_S_PER_OP_RANGE
+    return [
+        f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
+        f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
+        f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
+        f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, our H100 machine's (the machines "
+        f"we measured took {low * 1e6:.0f}-{high * 1e6:.0f}: a faster CPU shortens host-bound runs); links: each "
+        "GPU's own between its GPUs unless --interconnect, --internode between nodes",
+        "",
+    ]
 
 
 def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: dict) -> list[str]:

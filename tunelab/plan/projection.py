@@ -321,6 +321,34 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 
 
+def _host_and_links(work, x, gpu: hardware.GPU, host_us_per_op, interconnect, internode) -> None:
+    """Into ``work``: the host's time per op where it is known, and on several devices the communication over the
+    links named (else the GPU's own)."""
+    if host_us_per_op:
+        if not x.fabric:
+            raise ValueError(
+                "--host-us-per-op: the host figure of litgpt's own loop; tunelab's loop (a strategies file) has its "
+                "own launch model; fix: leave --host-us-per-op out"
+            )
+        work.host_s_per_op = host_us_per_op * 1e-6
+    if x.world > 1:
+        work.comm = comm_mod.per_step(
+            x,
+            comm_mod.lookup(interconnect or gpu.link or "pcie4", "gpu", given=bool(interconnect)),
+            comm_mod.lookup(internode, "node", given=True) if internode else None,
+            comm_mod.lookup("host-pcie4", "host"),
+        )
+
+
+def _link_source(c, gpu: hardware.GPU, interconnect: str | None) -> str:
+    """Where the links a multi-device run's traffic crosses came from (:attr:`Projection.link_source`)."""
+    own = "as given (--interconnect)" if interconnect else f"the {gpu.name}'s own (other: --interconnect)"
+    links = [f"{c.links['gpu']} between the GPUs, {own}"]
+    if "node" in c.links:
+        links.append(f"{c.links['node']} between nodes (--internode)")
+    return "; ".join(links)
+
+
 def project_recipe(
     planned: PlannedRecipe,
     gpu: hardware.GPU,
@@ -366,25 +394,8 @@ def project_recipe(
     work = runtime_terms(s, x, per_sample, real)
     if save_gbs:
         work.save_bytes_per_s = save_gbs * GB
-    if host_us_per_op:
-        if not x.fabric:
-            raise ValueError(
-                "--host-us-per-op: the host figure of litgpt's own loop; tunelab's loop (a strategies file) has its "
-                "own launch model; fix: leave --host-us-per-op out"
-            )
-        work.host_s_per_op = host_us_per_op * 1e-6
-    if x.world > 1:
-        work.comm = comm_mod.per_step(
-            x,
-            comm_mod.lookup(interconnect or gpu.link or "pcie4", "gpu", given=bool(interconnect)),
-            comm_mod.lookup(internode, "node", given=True) if internode else None,
-            comm_mod.lookup("host-pcie4", "host"),
-        )
+    _host_and_links(work, x, gpu, host_us_per_op, interconnect, internode)
     out = project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
     if work.comm is not None:
-        own = "as given (--interconnect)" if interconnect else f"the {gpu.name}'s own (other: --interconnect)"
-        links = [f"{work.comm.links['gpu']} between the GPUs, {own}"]
-        if "node" in work.comm.links:
-            links.append(f"{work.comm.links['node']} between nodes (--internode)")
-        out = dataclasses.replace(out, link_source="; ".join(links))
+        out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
     return out, note
