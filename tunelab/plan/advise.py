@@ -552,7 +552,7 @@ def _words(c: Candidate) -> str:
     cost = "" if c.cost_usd is None else f", {figure(c.cost_usd)} USD"
     return (
         f"{c.world}x {c.gpu}, {c.method} ({c.recipe}), {c.precision}, {c.strategy}, micro {c.micro_batch_size} x "
-        f"{c.accumulation}, activation checkpointing {'on' if c.activation_checkpointing else 'off'}: "
+        f"{c.accumulation}{', activation checkpointing' if c.activation_checkpointing else ''}: "
         f"{figure(c.hours)} h{cost}"
     )
 
