@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -82,3 +83,56 @@ def test_the_fast_loop_builds_litgpts_optimizer_with_every_hyperparameter():
             assert built.defaults[key] == wanted[key], (name, key, built.defaults[key], wanted[key])
         assert bool(built.defaults.get("fused")) == strategy.fused_optimizer, name
         assert scheduler.get_last_lr()[0] < 3e-4  # litgpt's linear warm-up starts below the peak
+
+
+def test_the_loop_takes_the_loss_on_float32_logits_as_litgpt_does(monkeypatch):
+    """Fabric hands litgpt's loss float32 logits under every precision: the loop's loss (full fine-tuning's whole
+    head, LoRA's chunked head) reads the logits in float32 from a bfloat16 model too."""
+    import litgpt.utils
+    import torch
+    from litgpt import GPT, Config
+
+    from tunelab.run import loop
+    from tunelab.strategies import StrategyConfig
+
+    seen = []
+    real = litgpt.utils.chunked_cross_entropy
+
+    def spy(logits, targets, **kw):
+        seen.append({t.dtype for t in (logits if isinstance(logits, list) else [logits])})
+        return real(logits, targets, **kw)
+
+    monkeypatch.setattr(litgpt.utils, "chunked_cross_entropy", spy)
+    config = Config(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=64, padded_vocab_size=64)
+    model = GPT(config).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 12))
+    for method in ("full", "lora"):
+        loss = loop.litgpt_loss(model, ids, ids, method, StrategyConfig(name="single"))
+        assert loss.dtype == torch.float32 and seen[-1] == {torch.float32}, (method, seen[-1])
+
+
+def test_the_loops_validation_is_litgpts_eval_mode_without_a_graph_over_max_iters():
+    """litgpt's ``validate`` (``@torch.no_grad``, ``model.eval()``): the mean of the first ``max_iters`` batches'
+    losses, no autograd graph kept across them, the model back in train mode after."""
+    import contextlib
+
+    import torch
+    from litgpt import GPT, Config
+
+    from tunelab.run import loop
+    from tunelab.strategies import StrategyConfig
+
+    config = Config(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=64, padded_vocab_size=64)
+    model = GPT(config)
+    calls = []
+    model.register_forward_hook(lambda m, a, out: calls.append((m.training, torch.is_grad_enabled())))
+    torch.manual_seed(0)
+    batches = [{"input_ids": (ids := torch.randint(0, 64, (2, 12))), "labels": ids} for _ in range(5)]
+    model.train()
+    got = loop.validate(model, batches, torch.device("cpu"), contextlib.nullcontext(), 3, 1)
+    assert calls == [(False, False)] * 3 and model.training
+    model.eval()
+    with torch.no_grad():
+        single = StrategyConfig(name="single")
+        want = [loop.litgpt_loss(model, b["input_ids"], b["labels"], "full", single).item() for b in batches[:3]]
+    assert got == pytest.approx(sum(want) / 3, rel=1e-6)

@@ -554,8 +554,10 @@ class _Loop:
         self.tokenizer = Tokenizer(Path(args["checkpoint_dir"]))
         self.data = _Data(args, self.tokenizer, self.micro, self.rank, self.world, strategy, self.device)
         self.data.max_seq_length = min(self.data.longest(), self.train.get("max_seq_length") or 10**9)
-        steps = self.epochs * (self.data.iterations_per_epoch() // self.accumulation)
-        self.max_steps = min(steps, self.train.get("max_steps") or float("inf"))
+        # as litgpt's fit: the loop runs to train.max_steps or through the epochs (a trailing micro batch short of a
+        # whole accumulation window included); the schedule spans the optimizer steps the epochs hold
+        self.max_steps = self.train.get("max_steps") or float("inf")
+        schedule = min(self.epochs * (self.data.iterations_per_epoch() // self.accumulation), self.max_steps)
         shapes = self.data.shapes(self.epochs, self.max_steps * self.accumulation)
         model = _setup_model(
             args,
@@ -569,7 +571,7 @@ class _Loop:
             len(shapes),
         )
         self.model, self.optimizer, self.scheduler, self.engine = _setup_optimizer(
-            args, model, strategy, self.device, self.precision, self.micro, self.accumulation, self.max_steps
+            args, model, strategy, self.device, self.precision, self.micro, self.accumulation, schedule
         )
         self.autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -806,9 +808,10 @@ def reduce_sum(values: list[float], device: torch.device, world: int) -> torch.T
 
 
 @torch.no_grad()
+@torch.no_grad()
 def validate(model, val_dl, device, autocast, max_iters: int, world: int) -> float:
     """litgpt's ``validate``: the mean of the first ``max_iters`` validation batches' losses (float32 logits,
-    ``chunk_size=0``), here also averaged over ranks."""
+    ``chunk_size=0``; eval mode, no autograd graph), here also averaged over ranks."""
     from litgpt.utils import chunked_cross_entropy
 
     model.eval()
