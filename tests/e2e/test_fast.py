@@ -288,8 +288,7 @@ def test_fast_lora_runs_every_shape_compiled(tiny_ckpt, tmp_path):
     assert int(shapes) >= 4 and int(graphs) >= 2 * int(shapes)  # past the old limit; block 0's variant per shape
 
 
-@pytest.mark.slow  # 1 min on 2 cores; CI trains the same loop against litgpt (lora-bf16 above); saving,
-# validation inside the run and the merge through it are checked here alone
+# about 1 min on 2 cores, in CI's run: saving, validation inside the run and the merge (its scaling) are checked here
 def test_fast_lora_saves_validates_and_merges_like_litgpt(tiny_ckpt, tmp_path):
     """LoRA under fast.yaml with ``eval.interval`` and ``train.save_interval`` inside the run: validation (and its
     sample) at the interval, in metrics.csv, timed apart from the iterations; the adapters every 2 steps and at the
@@ -347,6 +346,14 @@ def test_fast_lora_saves_validates_and_merges_like_litgpt(tiny_ckpt, tmp_path):
     base = torch.load(tiny_ckpt / "lit_model.pth", weights_only=True)
     key = "transformer.h.0.attn.qkv.weight"
     assert merged[key].shape == base[key].shape and not torch.equal(merged[key], base[key])
+    adapters = torch.load(out / "final" / "lit_model.pth.lora", weights_only=True)["model"]
+    recipe = yaml.safe_load((ROOT / "recipes" / "tiny-llama-1.1b" / "lora.yaml").read_text())
+    proj = "transformer.h.0.attn.proj"
+    a, b = adapters[f"{proj}.lora_A"].float(), adapters[f"{proj}.lora_B"].float()
+    delta = (b @ a) * (recipe["lora_alpha"] / recipe["lora_r"])  # litgpt's scaling: the recipe's alpha over its rank
+    assert delta.abs().max() > 0 and merged[f"{proj}.weight"].float() == pytest.approx(
+        (base[f"{proj}.weight"].float() + delta).numpy(), abs=1e-6
+    )
     gen = run_litgpt(["generate", str(out / "final"), "--prompt", "hello", "--max_new_tokens", "4"])
     assert gen.returncode == 0, gen.stderr[-2000:]
 
@@ -394,6 +401,8 @@ def test_a_whole_epoch_of_full_bf16_trains_and_saves_litgpts_weights(tiny_ckpt, 
         "1",
         "--train.lr_warmup_steps",
         "2",
+        "--train.save_interval",
+        "2",
         "--data.json_path",
         str(data_file),
         "--data.val_split_fraction",
@@ -414,6 +423,11 @@ def test_a_whole_epoch_of_full_bf16_trains_and_saves_litgpts_weights(tiny_ckpt, 
     assert [lr for _, lr in fast] == [lr for _, lr in reference]  # the schedule's length is the epoch's steps
     assert [loss for loss, _ in fast] == pytest.approx([loss for loss, _ in reference], rel=5e-3)
     assert rec.val_loss_final == pytest.approx(ref.val_loss_final, rel=5e-3)
+
+    def step_keys(run: str) -> set:  # a full step checkpoint resumes: the optimizer's and scheduler's state in it
+        return set(torch.load(tmp_path / run / "litgpt" / "step-000002" / "lit_model.pth", weights_only=False))
+
+    assert step_keys("fast") == step_keys("litgpt") >= {"model", "optimizer", "scheduler"}
 
     def weights(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
