@@ -136,3 +136,52 @@ def test_the_loops_validation_is_litgpts_eval_mode_without_a_graph_over_max_iter
         single = StrategyConfig(name="single")
         want = [loop.litgpt_loss(model, b["input_ids"], b["labels"], "full", single).item() for b in batches[:3]]
     assert got == pytest.approx(sum(want) / 3, rel=1e-6)
+
+
+def test_the_loop_builds_litgpts_lora_model_with_the_recipes_adapters_and_dropout(tiny_ckpt):
+    """The LoRA model the loop trains: the recipe's rank, alpha and dropout on every adapted layer (the recipes'
+    0.05: dropout on in training, as litgpt's; a loop that built its adapters without it would train otherwise
+    and still pass a loss comparison run with ``--lora_dropout 0``), only the adapters trainable."""
+    import torch
+
+    from tunelab.recipes import resolve
+    from tunelab.run.loop import build_model
+    from tunelab.settings import resolve_args
+
+    args = {**resolve_args(resolve("tiny-llama-1.1b/lora"), []), "checkpoint_dir": str(tiny_ckpt)}
+    model, config = build_model(args, "lora", torch.device("cpu"), "32-true")
+    layers = [m for m in model.modules() if hasattr(m, "lora_A")]
+    assert layers and (config.lora_r, config.lora_alpha) == (args["lora_r"], args["lora_alpha"]) == (32, 16)
+    assert {m.lora_dropout.p for m in layers} == {args["lora_dropout"]} == {0.05}
+    trainable = {n.rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"lora_A", "lora_B"}
+
+
+def test_grouping_keeps_a_short_micro_batch_and_filler_rows_count_as_padding_only():
+    """A sample count that is no multiple of the micro batch: every sample in one micro batch of the epoch, the short
+    one kept (plain and length-grouped); a short micro batch filled up to the static row count: the filler rows are
+    litgpt's padding (pad id, ignored labels), counted as padded tokens, never as real ones."""
+    import math
+
+    import torch
+    from litgpt.data.base import get_sft_collate_fn
+
+    n, micro = 37, 8
+    lengths = [5 + (7 * i) % 23 for i in range(n)]
+    order = batching.litgpt_order(n, 42, 0)
+    for group in (None, 2):
+        plan = batching.plan_epoch(order, micro, lengths, group, seed=42, epoch=0)
+        assert sorted(i for b in plan for i in b) == list(range(n)) and len(plan) == math.ceil(n / micro)
+    samples = [
+        {
+            "input_ids": torch.arange(1, k + 1),
+            "labels": torch.arange(1, k + 1),
+            "token_counts": {"raw": k - 2, "raw_plus_prompt_template": k},
+        }
+        for k in (5, 9)
+    ]
+    fn = get_sft_collate_fn(max_seq_length=64, pad_id=0, ignore_index=-100)
+    batch = batching.collate(batching.Tokenized(samples), [0, 1], fn, rows=4, multiple=8, cap=64)
+    assert tuple(batch["input_ids"].shape) == (4, 16) and batch["padded"] == 64
+    assert batch["real"] == 14 and batch["raw"] == 10  # the two samples' tokens only
+    assert (batch["labels"][2:] == -100).all() and (batch["input_ids"][2:] == 0).all()
