@@ -185,3 +185,42 @@ def test_grouping_keeps_a_short_micro_batch_and_filler_rows_count_as_padding_onl
     assert tuple(batch["input_ids"].shape) == (4, 16) and batch["padded"] == 64
     assert batch["real"] == 14 and batch["raw"] == 10  # the two samples' tokens only
     assert (batch["labels"][2:] == -100).all() and (batch["input_ids"][2:] == 0).all()
+
+
+def test_compiling_the_shapes_ahead_leaves_the_random_state_and_no_gradients():
+    """The pass that compiles every static shape before training runs a forward and backward per shape through
+    LoRA's dropout, which draws random numbers: the random state after it is the one before (the run's dropout masks
+    stay litgpt's), and no gradient is left behind."""
+    import contextlib
+
+    import torch
+    from litgpt.lora import GPT, Config
+
+    from tunelab.run import loop
+    from tunelab.strategies import StrategyConfig
+
+    config = Config(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=32,
+        vocab_size=64,
+        padded_vocab_size=64,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.5,
+        lora_query=True,
+        lora_value=True,
+    )
+    model = GPT(config).train()
+    strategy = StrategyConfig(name="single", compile="blocks")
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    model(torch.zeros((2, 8), dtype=torch.long))
+    assert not torch.equal(torch.get_rng_state(), before)  # a forward in training draws (dropout)
+    torch.set_rng_state(before)
+    loop._compile_shapes(
+        model, [(2, 8), (2, 16)], torch.device("cpu"), "lora", strategy, contextlib.nullcontext(), None
+    )
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(p.grad is None for p in model.parameters())
