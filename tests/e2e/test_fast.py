@@ -383,8 +383,8 @@ def test_a_whole_epoch_of_full_bf16_trains_and_saves_litgpts_weights(tiny_ckpt, 
     accumulation, as litgpt's schedule does) of full fine-tuning at bf16-true (the loss on float32 logits, as
     litgpt's), compiled and fused, against litgpt's own: the same iterations and learning rates, the loss within
     bf16's tolerance, the final validation's loss, and a final checkpoint holding litgpt's trained weights within 5%
-    of what the epoch moved them (here 1.5% apart: bf16 kernels compiled against eager; a checkpoint one step stale
-    is 3%, under this bound: the cosine's last step is small)."""
+    of what the epoch moved them (here 1.5% apart: bf16 kernels compiled against eager; with the rate still rising
+    at the last step, a checkpoint one step stale is 28% apart)."""
     import torch
 
     data_file = equal_length_dataset(tiny_ckpt, tmp_path / "data.json", n=40)
@@ -400,7 +400,7 @@ def test_a_whole_epoch_of_full_bf16_trains_and_saves_litgpts_weights(tiny_ckpt, 
         "--train.epochs",
         "1",
         "--train.lr_warmup_steps",
-        "2",
+        "8",  # longer than the epoch's 7 steps: the rate rises to the end, so the last step moves the weights most
         "--train.save_interval",
         "2",
         "--data.json_path",

@@ -224,3 +224,31 @@ def test_compiling_the_shapes_ahead_leaves_the_random_state_and_no_gradients():
     )
     assert torch.equal(torch.get_rng_state(), before)
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_final_validation_runs_over_the_whole_validation_set(tmp_path):
+    """litgpt's final validation takes every validation batch (``max_iters=len(val_dataloader)``), not
+    ``eval.max_iters``: the loop's end asks for as many as the split holds, then saves the final checkpoint."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tunelab.run import loop
+
+    asked, saved = [], []
+    run = SimpleNamespace(
+        token_counts={"raw": 1, "raw_plus_prompt_template": 2, "padded": 3},
+        device=torch.device("cpu"),
+        world=1,
+        rank=0,
+        eval_args=SimpleNamespace(final_validation=True, max_iters=1),
+        data=SimpleNamespace(val=[object()] * 5),
+        validate=lambda n: asked.append(n) or 2.0,
+        log=SimpleNamespace(row=lambda row: None, close=lambda: None),
+        _write_iterations=lambda: None,
+        save=lambda directory, *a: saved.append(directory.name),
+        out_dir=tmp_path,
+        method="full",
+    )
+    loop._Loop.finish(run, 1.0, 3)
+    assert asked == [5] and saved == ["final"]
