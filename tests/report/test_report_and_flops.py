@@ -185,3 +185,20 @@ def test_a_cpu_report_leaves_out_what_the_device_cannot_measure_and_names_a_refu
     s13 = next(ln for ln in table if ln.startswith("| s13 "))
     assert "None" not in s13 and "bf16-true" in s13 and "| 2/16 |" in s13
     assert any("model source: tiny (1 row(s) refused before a model was chosen)" in ln for ln in environment(records))
+
+
+def test_the_bench_says_from_which_step_the_fast_path_pays_end_to_end():
+    """Start-up is the wall time less litgpt's Training Time; the fast arm's spans its warmest to its coldest run;
+    break-even is the extra start-up over the time each optimizer step saves; nothing where no step is saved."""
+    from tunelab.record import RunRecord
+    from tunelab.report.bench import whole_cost, whole_cost_line
+
+    def run(start: float, train: float) -> RunRecord:  # 40 iterations at accumulation 4: 10 optimizer steps
+        return RunRecord(status="ok", wall_s=start + train, litgpt_training_time_s=train, iters=40, accumulation=4)
+
+    fast, litgpt = [run(40.0, 10.0), run(100.0, 10.0)], [run(30.0, 30.0), run(30.0, 30.0)]
+    cost = whole_cost(fast, litgpt)
+    assert cost["fast_start_s"] == (40.0, 100.0) and cost["litgpt_start_s"] == 30.0
+    assert cost["saved_per_step_s"] == 2.0 and cost["break_even_steps"] == (5.0, 35.0)
+    assert "ahead from about 5 to 35 optimizer steps" in whole_cost_line(cost)[1]
+    assert whole_cost(fast, [run(30.0, 5.0)]) is None and whole_cost([], litgpt) is None

@@ -158,6 +158,53 @@ def _head(recipe: Recipe, records: list) -> list[str]:
     ]
 
 
+def whole_cost(fast: list, litgpt: list) -> dict | None:
+    """When the fast arm pays for itself, from finished runs of the two arms (records): each run's start-up (wall time
+    less litgpt's printed Training Time: loading, compiling ahead, the final save), the fast arm's from its warmest
+    to its coldest compile cache; the time each optimizer step saves (the Training Times over the steps); the steps
+    from which the fast arm is ahead end to end, warm and cold. None without a finished run of each arm, or where
+    the fast arm saves nothing per step."""
+
+    def parts(recs: list) -> list[tuple[float, float]]:
+        return [
+            (r.wall_s - r.litgpt_training_time_s, r.litgpt_training_time_s * (r.accumulation or 1) / r.iters)
+            for r in recs
+            if r.status == "ok" and r.wall_s and r.litgpt_training_time_s and r.iters
+        ]
+
+    f, lit = parts(fast), parts(litgpt)
+    if not f or not lit:
+        return None
+    lit_start, lit_step = statistics.median(s for s, _ in lit), statistics.median(t for _, t in lit)
+    saved = lit_step - statistics.median(t for _, t in f)
+    if saved <= 0:
+        return None
+    warm, cold = min(s for s, _ in f), max(s for s, _ in f)
+    return {
+        "fast_start_s": (warm, cold),
+        "litgpt_start_s": lit_start,
+        "saved_per_step_s": saved,
+        "break_even_steps": tuple(max(0.0, (s - lit_start) / saved) for s in (warm, cold)),
+    }
+
+
+def whole_cost_line(cost: dict | None) -> list[str]:
+    """:func:`whole_cost` in a sentence (nothing without it)."""
+    if cost is None:
+        return []
+    (warm, cold), (n_warm, n_cold) = cost["fast_start_s"], cost["break_even_steps"]
+    start = (
+        f"{warm:.0f} s" if round(warm) == round(cold) else f"{warm:.0f} s (its warmest compile cache) to {cold:.0f} s"
+    )
+    ahead = f"{n_warm:.0f}" if round(n_warm) == round(n_cold) else f"{n_warm:.0f} to {n_cold:.0f}"
+    return [
+        "",
+        f"End to end: the fast arm starts in {start} (litgpt: {cost['litgpt_start_s']:.0f} s; loading, compiling "
+        f"ahead, the final save), then saves {cost['saved_per_step_s']:.2f} s an optimizer step: it is ahead from "
+        f"about {ahead} optimizer steps.",
+    ]
+
+
 def _phase_section(phase: Phase) -> list[str]:
     """One phase of the bench (the recipe's settings, or each arm at its best micro batch): the arms' table, the
     speed-up over the pairs, the runs that failed or were refused, the loss lines."""
@@ -188,6 +235,8 @@ def _phase_section(phase: Phase) -> list[str]:
             + (f"; 95% interval of the median {ci.low:.2f}-{ci.high:.2f}" if ci else "")
             + ").",
         ]
+    arms = {arm.name: [r for _, r, _ in arm.records] for arm in phase.arms}
+    lines += whole_cost_line(whole_cost(arms.get("fast", []), arms.get("litgpt", [])))
     failed = [(arm.name, r) for arm in phase.arms for _, r, _ in arm.records if r.status != "ok"]
     lines += [f"- {name} {r.row_id}: {r.status}: {r.error}" for name, r in failed]
     lines += [

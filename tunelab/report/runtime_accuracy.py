@@ -32,7 +32,7 @@ from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime
 from tunelab.plan.recipe import default_padded_per_sample, plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
 from tunelab.record import read_rank_file, steady_state, steady_steps
-from tunelab.report import evidence, profiles
+from tunelab.report import bench, evidence, profiles
 from tunelab.report.accuracy import (
     LAB_PART2_LINK,
     archived_records,
@@ -593,6 +593,7 @@ def write_report(path: Path, root: Path) -> None:
         *_md_openllama(archived[OPENLLAMA_ROWS]),
         *(_md_part3(root) if (root / evidence.path(PART3_ROWS, "rows")).is_file() else []),
         *_md_bench(bench),
+        *_md_whole_cost(root),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab),
@@ -625,6 +626,28 @@ def _md_band(timed: dict) -> list[str]:
             if not r["in_band"]
         ]
         lines.append(f"| {name} | {len(rows) - len(out)} of {len(rows)} | {'; '.join(out)} |")
+    return lines
+
+
+def _md_whole_cost(root: Path) -> list[str]:
+    """Each bench report's fast arm against litgpt end to end (:func:`tunelab.report.bench.whole_cost`)."""
+    lines = [
+        "",
+        "## The fast path's whole cost (our benches, end to end)",
+        "",
+        "Start-up: a run's wall time less litgpt's printed Training Time (loading, compiling every shape ahead, the "
+        "final save); the fast arm's from its warmest to its coldest inductor cache (a first run on a machine "
+        "compiles cold). Per step: the Training Times over the optimizer steps. Break-even: the optimizer steps "
+        "from which the fast arm's whole run is the shorter.",
+        "",
+    ]
+    for e in evidence.with_role("bench"):
+        recs = [(name.split("/")[-2], rec) for name, rec, _ in archived_records(root / e.path("records"))]
+        cost = bench.whole_cost(
+            [r for n, r in recs if n.startswith("fast-")], [r for n, r in recs if n.startswith("litgpt-")]
+        )
+        if cost is not None:
+            lines.append(f"- `{e.folder}` ({e.device}):" + bench.whole_cost_line(cost)[1].removeprefix("End to end:"))
     return lines
 
 
