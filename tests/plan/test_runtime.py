@@ -827,3 +827,28 @@ def test_the_runtime_report_says_which_timed_runs_lie_in_the_plans_band():
     text = (ROOT / "reports/planner-accuracy/runtime.md").read_text()
     inside, total = map(int, re.search(r"(\d+) of (\d+) timed runs lie inside it", text).groups())
     assert 60 <= total and inside < total  # every timed run we hold, and the ones outside are named
+
+
+def test_the_fast_path_says_from_which_step_it_pays_and_its_start_up_is_the_benches():
+    """`plan --strategy fast`: the time a step saves against stock litgpt on the same run (the kernel model both)
+    and the steps from which the fast path's later start (warm and cold compile cache) is paid back; that start is
+    the medians over our benches' reports, as runtime.md recomputes it; litgpt's own plan carries none."""
+    from tests.conftest import tunelab_here
+    from tunelab.plan.model import fast_step
+
+    assert fast_step.FAST_START_EXTRA_S == pytest.approx(runtime_accuracy.fast_start_extra(ROOT), abs=0.05)
+
+    def projection(*extra):
+        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H200", "--json", *extra)
+        assert code == 0, err
+        return json.loads(out)["projection"]
+
+    fast, stock = projection("--strategy", "fast"), projection()
+    saved = fast["fast_saved_per_step_s"]
+    assert saved > 0 and fast["fast_break_even_steps"] == pytest.approx(
+        [e / saved for e in fast_step.FAST_START_EXTRA_S]
+    )
+    assert stock["fast_saved_per_step_s"] is None and stock["fast_break_even_steps"] is None
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H200", "--strategy", "fast")
+    n_warm, n_cold = fast["fast_break_even_steps"]
+    assert code == 0 and f"ahead from {n_warm:.0f}-{n_cold:.0f} optimizer steps" in out

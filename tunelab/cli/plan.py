@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
         "communication; they sum to seconds), mfu_predicted_padded/real, seconds_after_loop, bytes_after_loop, "
         "save_bytes_per_s, the MFU range's seconds_low/high and energy_j_low/high, comm_bytes_per_step and "
         "comm_seconds_per_step on several devices; host_source and link_source (where the host's time per op and the "
-        "links come from). How each is computed: docs/planner.md.",
+        "links come from); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps (against stock "
+        "litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")

@@ -16,7 +16,7 @@ from tunelab import record as record_mod
 from tunelab.models import lora_param_count
 from tunelab.plan.model import comm as comm_mod
 from tunelab.plan.model import runtime
-from tunelab.plan.model.fast_step import COMPILED_HOST_S_PER_KERNEL, FAST_MODEL_ERROR, fast_step
+from tunelab.plan.model.fast_step import COMPILED_HOST_S_PER_KERNEL, FAST_MODEL_ERROR, FAST_START_EXTRA_S, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import PlanInput
 from tunelab.plan.recipe import (
@@ -83,6 +83,12 @@ class Projection:
     link_source: str = ""
     """The links several devices' traffic crosses and where they come from (``--interconnect``, ``--internode``, or
     the GPU's own); empty on one device."""
+    fast_saved_per_step_s: float | None = None
+    """tunelab's fast path: seconds each optimizer step takes less than stock litgpt's at the recipe's settings
+    (litgpt's padding against the fast path's), the kernel model's both; None for litgpt's own loop."""
+    fast_break_even_steps: tuple | None = None
+    """The optimizer steps from which the fast path's whole run is the shorter, its start-up
+    (:data:`tunelab.plan.model.fast_step.FAST_START_EXTRA_S`) warm and cold; None where it saves nothing a step."""
     seconds_after_loop: float | None = None
     """Seconds after litgpt's loop (outside its Training Time, inside the wall time paid for): the final checkpoint
     and, for LoRA and QLoRA, the merged model litgpt writes (:func:`tunelab.plan.model.runtime.checkpoint_bytes`)."""
@@ -340,6 +346,21 @@ def _host_and_links(work, x, gpu: hardware.GPU, host_us_per_op, interconnect, in
         )
 
 
+def _pays_from(fast, stock, gpu: hardware.GPU) -> dict:
+    """The fast path against stock litgpt on the same run (:class:`tunelab.plan.model.runtime.Terms` of each): the
+    time an optimizer step saves (training only: validation, samples and saves are alike) and the step from which
+    the fast path's start-up (:data:`FAST_START_EXTRA_S`, warm and cold) is paid back."""
+    apart = ("validation", "generation", "checkpoint saves")
+    steps = fast.detail["optimizer_steps"] or 1
+
+    def per_step(terms) -> float:
+        return sum(v for k, v in terms.by_cause(gpu).items() if k not in apart) / steps
+
+    saved = per_step(stock) - per_step(fast)
+    pays = tuple(extra / saved for extra in FAST_START_EXTRA_S) if saved > 0 else None
+    return {"fast_saved_per_step_s": saved, "fast_break_even_steps": pays}
+
+
 def _link_source(c, gpu: hardware.GPU, interconnect: str | None) -> str:
     """Where the links a multi-device run's traffic crosses came from (:attr:`Projection.link_source`)."""
     own = "as given (--interconnect)" if interconnect else f"the {gpu.name}'s own (other: --interconnect)"
@@ -396,6 +417,13 @@ def project_recipe(
         work.save_bytes_per_s = save_gbs * GB
     _host_and_links(work, x, gpu, host_us_per_op, interconnect, internode)
     out = project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
+    if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
+        switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
+        stock = dataclasses.replace(x, fabric=True, **switches)
+        stock_per_sample = padded_tokens_per_sample(
+            list(lengths or default_lengths(cap)), x.micro_batch_size, None, cap
+        )
+        out = dataclasses.replace(out, **_pays_from(work, runtime_terms(s, stock, stock_per_sample, real), gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
     return out, note

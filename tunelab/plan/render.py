@@ -5,6 +5,7 @@ from __future__ import annotations
 from tunelab import hardware
 from tunelab.plan import advise
 from tunelab.plan.model import kernels, memory, runtime
+from tunelab.plan.model.fast_step import FAST_START_EXTRA_S
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
 from tunelab.plan.trace import measure, ranks
@@ -100,6 +101,8 @@ def _answer_time(p: Projection, price, world: int) -> list[str]:
         lines.append("  by cause: " + ", ".join(f"{k} {v / total:.0%}" for v, k in top))
     elif p.seconds_by_cause_source:
         lines.append(f"  by cause: {p.seconds_by_cause_source[:100]}")
+    if p.fast_saved_per_step_s is not None:
+        lines.append("  " + _fast_pays(p))
     where = [w for w in (p.host_source and f"host: {p.host_source}", p.link_source and f"link: {p.link_source}") if w]
     if where:
         lines.append("  " + "; ".join(where))
@@ -109,6 +112,18 @@ def _answer_time(p: Projection, price, world: int) -> list[str]:
         energy += f"; price: {price.usd_per_hour * hours:,.2f} USD at {price.usd_per_hour:g} USD/h per GPU"
     lines.append(energy)
     return lines
+
+
+def _fast_pays(p: Projection) -> str:
+    """The fast path against stock litgpt end to end: its later start, the time a step saves, where it pays."""
+    warm, cold = FAST_START_EXTRA_S
+    start = f"fast path: starts {warm:.0f}-{cold:.0f} s after litgpt (warm-cold compile cache)"
+    if p.fast_break_even_steps is None:
+        return f"{start} and saves no time a step here: stock litgpt is the faster end to end"
+    n_warm, n_cold = p.fast_break_even_steps
+    return (
+        f"{start}, saves {p.fast_saved_per_step_s:.2f} s a step: ahead from {n_warm:.0f}-{n_cold:.0f} optimizer steps"
+    )
 
 
 def _energy(joules: float) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import statistics
 from pathlib import Path
 
 from tunelab import files, hardware, settings
@@ -641,14 +642,35 @@ def _md_whole_cost(root: Path) -> list[str]:
         "from which the fast arm's whole run is the shorter.",
         "",
     ]
+    for e, cost in bench_costs(root):
+        lines.append(f"- `{e.folder}` ({e.device}):" + bench.whole_cost_line(cost)[1].removeprefix("End to end:"))
+    warm, cold = fast_start_extra(root)
+    lines += [
+        "",
+        f"The fast arm's start beyond litgpt's, the median over these reports: {warm:.1f} s warm, {cold:.1f} s cold "
+        "(`tunelab.plan.model.fast_step.FAST_START_EXTRA_S`, from which `plan --strategy fast` counts the steps it "
+        "takes to pay back).",
+    ]
+    return lines
+
+
+def bench_costs(root: Path) -> list[tuple]:
+    """(evidence entry, :func:`tunelab.report.bench.whole_cost`) of every bench report with both arms finished."""
+    out = []
     for e in evidence.with_role("bench"):
         recs = [(name.split("/")[-2], rec) for name, rec, _ in archived_records(root / e.path("records"))]
         cost = bench.whole_cost(
             [r for n, r in recs if n.startswith("fast-")], [r for n, r in recs if n.startswith("litgpt-")]
         )
         if cost is not None:
-            lines.append(f"- `{e.folder}` ({e.device}):" + bench.whole_cost_line(cost)[1].removeprefix("End to end:"))
-    return lines
+            out.append((e, cost))
+    return out
+
+
+def fast_start_extra(root: Path) -> tuple[float, float]:
+    """The fast arm's start-up beyond litgpt's, warm and cold: the medians over :func:`bench_costs`."""
+    costs = [cost for _, cost in bench_costs(root)]
+    return tuple(statistics.median(c["fast_start_s"][i] - c["litgpt_start_s"] for c in costs) for i in (0, 1))
 
 
 def _md_h100(h100: list[dict], fitted: float) -> list[str]:

@@ -53,6 +53,10 @@ at micro 58-97 on an H100 (4 runs; each window to the loop's synchronised end, a
 own), TinyLlama LoRA (2) and OpenLLaMA 7B LoRA (1) at micro 8 on an H200 machine whose host ran TinyLlama's launches
 about 1.45x faster than the H100 machine's: a host-bound step follows the host CPU, which no GPU table describes
 (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes both)."""
+FAST_START_EXTRA_S = (26.1, 74.8)
+"""Seconds the fast path's run takes to start beyond litgpt's (loading, tokenising once, compiling every shape ahead,
+the final save: wall time less the printed Training Time), with inductor's cache warm and cold: the medians over
+our benches' reports (evidence ``bench`` entries; ``reports/planner-accuracy/runtime.md`` recomputes them)."""
 LIGER_OPS_PER_CHUNK = 5
 """Ops Liger's fused linear cross-entropy dispatches per chunk (liger_kernel/ops/fused_linear_cross_entropy.py: the
 logits matmul, the cross-entropy Triton kernel, the loss slice's copy, the input-gradient matmul, the weight
