@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tunelab import hardware
 from tunelab.plan import advise
-from tunelab.plan.model import kernels, memory, runtime
+from tunelab.plan.model import kernels, memory, runtime, zero
 from tunelab.plan.model.fast_step import FAST_START_EXTRA_S
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
@@ -299,8 +299,8 @@ def render_simulated(sim, plan) -> str:
 
 def render_simulation(sim, plan) -> str:
     """Any simulation beside the plan: rank 0's (:func:`tunelab.plan.trace.ranks.render`), DeepSpeed's sizes, or the one-device step's."""
-    if isinstance(sim, ranks.ZeroSizes):
-        return ranks.render_zero_sizes(sim, plan)
+    if isinstance(sim, zero.ZeroSizes):
+        return zero.render_zero_sizes(sim, plan)
     return ranks.render(sim, plan) if isinstance(sim, ranks.RankSimulation) else render_simulated(sim, plan)
 
 
