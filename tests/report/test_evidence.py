@@ -69,3 +69,36 @@ def test_the_tables_read_what_the_manifest_lists(tmp_path):
         with pytest.raises(InputError, match=r"reports/evidence.yaml: c: "):
             evidence.entries(tmp_path)
     evidence.entries.cache_clear()
+
+
+def test_a_bad_manifest_is_one_line_naming_it(tmp_path):
+    """Wrong types, a FIFO or a link where the manifest is, an entry or a file it lacks: one line naming the manifest
+    and the fix, never a traceback."""
+    import os
+
+    (tmp_path / "reports").mkdir()
+    manifest = tmp_path / evidence.MANIFEST
+    base = "c:\n  folder: f\n  device: H200\n  date: 2027-01-01\n  software: torch\n"
+    for bad in ("  holds: [records.tgz]\n", "  roles: memory\n", "  holds: {records: ../x.tgz}\n"):
+        evidence.entries.cache_clear()
+        manifest.write_text(base + bad)
+        with pytest.raises(InputError, match=r"reports/evidence.yaml: c: .*"):
+            evidence.entries(tmp_path)
+    for odd in ("fifo", "link"):
+        evidence.entries.cache_clear()
+        manifest.unlink()
+        if odd == "fifo":
+            os.mkfifo(manifest)
+        else:
+            (tmp_path / "outside.yaml").write_text(base)
+            manifest.symlink_to(tmp_path / "outside.yaml")
+        with pytest.raises(InputError):
+            evidence.entries(tmp_path)
+    evidence.entries.cache_clear()
+    manifest.unlink()
+    manifest.write_text(base)
+    for call in (lambda: evidence.entry("nope", tmp_path), lambda: evidence.path("c", "rows", tmp_path)):
+        with pytest.raises(InputError, match="fix:") as e:
+            call()
+        assert "\n" not in str(e.value) and not str(e.value).startswith("'")
+    evidence.entries.cache_clear()

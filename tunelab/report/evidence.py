@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from tunelab import yaml_input
+from tunelab import files, yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import ROOT
 
@@ -44,7 +44,9 @@ class Entry:
     def path(self, what: str) -> str:
         """The file it holds as ``what``, relative to the checkout (``reports/<folder>/<file>``)."""
         if what not in self.holds:
-            raise KeyError(f"{MANIFEST}: {self.id} holds no {what!r} (it holds {', '.join(self.holds)})")
+            raise EvidenceMissing(
+                f"{MANIFEST}: {self.id} holds no {what!r} (it holds {', '.join(self.holds)}); fix: add it"
+            )
         return f"reports/{self.folder}/{self.holds[what]}"
 
     @property
@@ -58,9 +60,11 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
     """Every entry of ``root``'s manifest, in its order; empty where the checkout has none (an installed tunelab
     carries no reports). A key the schema does not know, a missing one or a folder outside reports/: InputError."""
     path = root / MANIFEST
-    if not path.is_file():
-        return {}
-    raw = yaml_input.load_mapping(path, "the evidence manifest")
+    if not path.exists() and not path.is_symlink():
+        return {}  # what is there but is no regular file (a FIFO, a link) is refused by the reader
+    raw = yaml_input.loads(files.read_text(path, yaml_input.MAX_BYTES, "the evidence manifest", links=False), MANIFEST)
+    if not isinstance(raw, dict):
+        raise InputError(f"{MANIFEST}: a mapping of entries (name: folder, device, ...); fix: restore it")
     known = {f.name for f in fields(Entry)} - {"id"}
     out = {}
     for key, value in raw.items():
@@ -69,6 +73,10 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
         folder = str(value["folder"])
         if "/" in folder or folder.startswith("."):
             raise InputError(f"{MANIFEST}: {key}: folder {folder!r} must be one folder name under reports/")
+        if not isinstance(value.get("holds") or {}, dict):
+            raise InputError(
+                f"{MANIFEST}: {key}: holds: a mapping of what to a file name, e.g. {{records: records.tgz}}"
+            )
         holds = {str(k): str(v) for k, v in (value.get("holds") or {}).items()}
         if any("/" in v or v.startswith(".") for v in holds.values()):
             raise InputError(f"{MANIFEST}: {key}: holds names files of its own folder only")
@@ -89,12 +97,19 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
     return out
 
 
+class EvidenceMissing(InputError, KeyError):
+    """An entry, or a file of one, that the manifest lacks (one line: the manifest, the name, the fix)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def entry(key: str, root: Path = ROOT) -> Entry:
-    """The manifest's entry ``key``; KeyError naming the manifest for one it lacks."""
+    """The manifest's entry ``key``; :class:`EvidenceMissing` naming the manifest for one it lacks."""
     try:
         return entries(root)[key]
     except KeyError:
-        raise KeyError(f"{MANIFEST}: no entry {key!r}") from None
+        raise EvidenceMissing(f"{MANIFEST}: no entry {key!r}; fix: restore it (git checkout -- {MANIFEST})") from None
 
 
 def path(key: str, what: str, root: Path = ROOT) -> str:
