@@ -576,6 +576,7 @@ def write_report(path: Path, root: Path) -> None:
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     part3 = part3_rows(root) if (root / evidence.path(PART3_ROWS, "rows")).is_file() else []
+    benches = bench_rows(bench)
     timed = {
         "our H100 Part 1 rows": [(r["id"], r) for r in h100],
         **{
@@ -583,7 +584,7 @@ def write_report(path: Path, root: Path) -> None:
             for a in (SECOND_MACHINE, QLORA_LOOP, OPENLLAMA_ROWS)
         },
         "our H100 Part 3 curve": [(f"{r['setting']} micro {r['micro']}", r) for r in part3],
-        "our benches": [(f"{r['report']} {r['run']}", r) for r in bench_rows(bench)],
+        "our benches": [(f"{r['report']} {r['run']}", r) for r in benches],
         "the lab's A100 Part 1 times": [(r["id"], {**r, "measured_s": r["lab_s"]}) for r in a100 if r["kernel_s"]],
     }
     lines = [
@@ -592,9 +593,9 @@ def write_report(path: Path, root: Path) -> None:
         *_md_second_machine(archived[SECOND_MACHINE], items, host_by_machine(items, bench, archived)),
         *_md_qlora_loop(archived[QLORA_LOOP]),
         *_md_openllama(archived[OPENLLAMA_ROWS]),
-        *(_md_part3(root) if (root / evidence.path(PART3_ROWS, "rows")).is_file() else []),
-        *_md_bench(bench),
-        *_md_whole_cost(root),
+        *(_md_part3(part3) if part3 else []),
+        *_md_bench(bench, benches),
+        *_md_whole_cost(bench_costs(root)),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab),
@@ -630,8 +631,8 @@ def _md_band(timed: dict) -> list[str]:
     return lines
 
 
-def _md_whole_cost(root: Path) -> list[str]:
-    """Each bench report's fast arm against litgpt end to end (:func:`tunelab.report.bench.whole_cost`)."""
+def _md_whole_cost(costs: list[tuple]) -> list[str]:
+    """Each bench report's fast arm against litgpt end to end (``costs``: :func:`bench_costs`)."""
     lines = [
         "",
         "## The fast path's whole cost (our benches, end to end)",
@@ -642,9 +643,9 @@ def _md_whole_cost(root: Path) -> list[str]:
         "from which the fast arm's whole run is the shorter.",
         "",
     ]
-    for e, cost in bench_costs(root):
+    for e, cost in costs:
         lines.append(f"- `{e.folder}` ({e.device}):" + bench.whole_cost_line(cost)[1].removeprefix("End to end:"))
-    warm, cold = fast_start_extra(root)
+    warm, cold = start_extra(costs)
     lines += [
         "",
         f"The fast arm's start beyond litgpt's, the median over these reports: {warm:.1f} s warm, {cold:.1f} s cold "
@@ -668,9 +669,13 @@ def bench_costs(root: Path) -> list[tuple]:
 
 
 def fast_start_extra(root: Path) -> tuple[float, float]:
-    """The fast arm's start-up beyond litgpt's, warm and cold: the medians over :func:`bench_costs`."""
-    costs = [cost for _, cost in bench_costs(root)]
-    return tuple(statistics.median(c["fast_start_s"][i] - c["litgpt_start_s"] for c in costs) for i in (0, 1))
+    """The fast arm's start-up beyond litgpt's, warm and cold, over ``root``'s benches (:func:`start_extra`)."""
+    return start_extra(bench_costs(root))
+
+
+def start_extra(costs: list[tuple]) -> tuple[float, float]:
+    """The fast arm's start-up beyond litgpt's, warm and cold: the medians over ``costs`` (:func:`bench_costs`)."""
+    return tuple(statistics.median(c["fast_start_s"][i] - c["litgpt_start_s"] for _, c in costs) for i in (0, 1))
 
 
 def _md_h100(h100: list[dict], fitted: float) -> list[str]:
@@ -897,8 +902,8 @@ def _implied(row: dict) -> str:
     return f"{h:.1f}" if row["host_bound"] else f"({h:.1f})"
 
 
-def _md_part3(root: Path) -> list[str]:
-    """Our H100 Part 3 micro-batch curve, out of sample."""
+def _md_part3(rows: list[dict]) -> list[str]:
+    """Our H100 Part 3 micro-batch curve (:func:`part3_rows`), out of sample."""
     lines: list[str] = []
     lines += [
         "",
@@ -912,7 +917,7 @@ def _md_part3(root: Path) -> list[str]:
         "allocator retries |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in part3_rows(root):
+    for r in rows:
         lines.append(
             f"| {r['setting']} | {r['micro']} | {r['tokens']:.0f} | {r['measured_s']:.3f} | "
             f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {r['bound']} | {r['gpu_util']:.0f} | {r['retries']} |"
@@ -920,11 +925,10 @@ def _md_part3(root: Path) -> list[str]:
     return lines
 
 
-def _md_bench(items: list[dict]) -> list[str]:
+def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
     """Our benches (litgpt and the fast path), and the fast path's error by bound; ``items``: :func:`bench_items`
-    (the archives read once, for the rows and the refit)."""
+    (the archives read once, for the rows and the refit), ``bench``: their :func:`bench_rows`."""
     lines: list[str] = []
-    bench = bench_rows(items)
     if not bench:
         return lines
 
