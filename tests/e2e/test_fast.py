@@ -43,6 +43,31 @@ def iterations(run_dir: Path, fast: bool) -> list[tuple[float, float]]:
     return [(float(r["logged_loss" if fast else "loss"]), float(r["learning_rate"])) for r in rows]
 
 
+def tiny_data(data_file: Path, ckpt: Path) -> list[str]:
+    """The comparisons' data and model: a quarter of the records for validation, no loader workers."""
+    return [
+        "--data.json_path",
+        str(data_file),
+        "--data.val_split_fraction",
+        "0.25",
+        "--data.num_workers",
+        "0",
+        "--checkpoint_dir",
+        str(ckpt),
+    ]
+
+
+def litgpt_and_fast(argv: list[str], tmp_path: Path) -> tuple:
+    """(litgpt's record, the fast path's record, its strategy file) of ``argv`` run by litgpt's own script and by
+    fast.yaml without length grouping (litgpt's batching), each finished."""
+    ref = run_cli(argv, tmp_path / "litgpt")
+    assert ref.status == "ok", ref.error
+    strategy = fast_variant(tmp_path, length_grouping=None)
+    rec = run_cli([*argv, "--strategy", str(strategy), "--devices", "1", "--timeout", "600"], tmp_path / "fast")
+    assert rec.status == "ok", (rec.error, (tmp_path / "fast" / "stderr.log").read_text()[-3000:])
+    return ref, rec, strategy
+
+
 def unequal_dataset(path: Path) -> Path:
     """The project's own Alpaca-format records (unequal lengths), 64 of them."""
     records = json.loads((ROOT / "data" / "alpaca_tunelab.json").read_text())[:64]
@@ -110,22 +135,11 @@ def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_pat
         "6",
         "--train.lr_warmup_steps",
         "2",
-        "--data.json_path",
-        str(data_file),
-        "--data.val_split_fraction",
-        "0.25",
-        "--data.num_workers",
-        "0",
-        "--checkpoint_dir",
-        str(tiny_ckpt),
+        *tiny_data(data_file, tiny_ckpt),
         *optimizer_config(tmp_path / "optimizer.yaml", lr, optimizer),
         *extra,
     ]
-    ref = run_cli(argv, tmp_path / "litgpt")
-    assert ref.status == "ok", ref.error
-    strategy = fast_variant(tmp_path, length_grouping=None)
-    rec = run_cli([*argv, "--strategy", str(strategy), "--devices", "1", "--timeout", "600"], tmp_path / "fast")
-    assert rec.status == "ok", (rec.error, (tmp_path / "fast" / "stderr.log").read_text()[-3000:])
+    ref, rec, strategy = litgpt_and_fast(argv, tmp_path)
     assert "compiled blocks" in rec.strategy and "fused optimizer" in rec.strategy
     from tunelab.strategies import load_strategy
 
@@ -403,21 +417,10 @@ def test_a_whole_epoch_of_full_bf16_trains_and_saves_litgpts_weights(tiny_ckpt, 
         "8",  # longer than the epoch's 7 steps: the rate rises to the end, so the last step moves the weights most
         "--train.save_interval",
         "2",
-        "--data.json_path",
-        str(data_file),
-        "--data.val_split_fraction",
-        "0.25",
-        "--data.num_workers",
-        "0",
-        "--checkpoint_dir",
-        str(tiny_ckpt),
+        *tiny_data(data_file, tiny_ckpt),
         *optimizer_config(tmp_path / "optimizer.yaml", 0.01),
     ]
-    ref = run_cli(argv, tmp_path / "litgpt")
-    assert ref.status == "ok", ref.error
-    strategy = fast_variant(tmp_path, length_grouping=None)
-    rec = run_cli([*argv, "--strategy", str(strategy), "--devices", "1", "--timeout", "600"], tmp_path / "fast")
-    assert rec.status == "ok", (rec.error, (tmp_path / "fast" / "stderr.log").read_text()[-3000:])
+    ref, rec, strategy = litgpt_and_fast(argv, tmp_path)
     reference, fast = iterations(tmp_path / "litgpt", False), iterations(tmp_path / "fast", True)
     assert len(reference) == len(fast) == 15  # 30 training samples at micro 2: one epoch, the last step short
     assert [lr for _, lr in fast] == [lr for _, lr in reference]  # the schedule's length is the epoch's steps
