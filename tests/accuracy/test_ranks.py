@@ -8,6 +8,7 @@ import pytest
 from tests.plan.test_ranks import small_llama
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan.model import comm
+from tunelab.plan.model.strategies import fsdp1
 from tunelab.plan.model.tables import optimizer_of
 from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.trace import ranks
@@ -123,7 +124,7 @@ def test_full_fine_tuning_under_fsdp1_peaks_in_backward_as_planned():
     """TinyLlama's full recipe (32-true) under a ``name: fsdp`` file on 8 devices, micro 2 x 512: rank 0's peak is in
     backward, where FSDP1 holds a block's unsharded gradient twice over (its flat parameter's and its original
     parameters'), the head's gradient and one activation gradient beside every activation, the logits freed
-    (memory.fsdp1_backward_gradients); the plan names that peak and is within 1% of the simulation (without the
+    (fsdp1.fsdp1_backward_gradients); the plan names that peak and is within 1% of the simulation (without the
     term it planned the forward's end, -2.6%; OpenLLaMA 3B -4.5%: reports/planner-strategies/)."""
     planned = plan_recipe(
         resolve("tiny-llama-1.1b/full"), ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
@@ -191,7 +192,7 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     x = memory.PlanInput(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
                          accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
                          lora_targets=LORA_TARGETS, tables=TRACED)  # fmt: skip
-    planned = memory.flat_parameter_grads(x, memory.model_states(x, []))
+    planned = fsdp1.flat_parameter_grads(x, memory.model_states(x, []))
     traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
     assert traced == pytest.approx(planned, rel=0.05)
     assert planned > 10 * lora_param_count(config, 8, LORA_TARGETS) * 2
@@ -275,7 +276,7 @@ def test_fsdp1_no_shard_has_no_ddp_buckets_and_reduces_whole_flat_gradients(meth
         assert plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.01)
     else:
         traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
-        assert traced == pytest.approx(memory.flat_parameter_grads(x, memory.model_states(x, [])), rel=0.05)
+        assert traced == pytest.approx(fsdp1.flat_parameter_grads(x, memory.model_states(x, [])), rel=0.05)
 
 
 @pytest.mark.parametrize("name", ["fsdp", "fsdp2"])

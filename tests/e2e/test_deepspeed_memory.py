@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from tunelab.plan.model import memory
+from tunelab.plan.model.strategies import zero
 from tunelab.plan.trace.tables import TRACED
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (requirements.txt installs it)")
@@ -87,10 +88,10 @@ def test_zero3_states_at_rest_and_peak(measured):
     x = _plan(CASES[4])
     plan = memory.predict(x)
     b = plan.breakdown_bytes
-    at_rest = b["weights"] + b["optimizer_states"] + b["gradients"] + b["sharding_buffers"] - memory.zero3_gathered(x)
+    at_rest = b["weights"] + b["optimizer_states"] + b["gradients"] + b["sharding_buffers"] - zero.zero3_gathered(x)
     assert abs(at_rest - measured[4]["at_rest"]) / measured[4]["at_rest"] < 0.01, (at_rest, measured[4]["at_rest"])
     assert abs(plan.peak_allocated_bytes - measured[4]["peak"]) / measured[4]["peak"] < 0.05
-    assert memory.zero_reduce_buffer(x) == 400e6
+    assert zero.zero_reduce_buffer(x) == 400e6
 
 
 @SLOW
@@ -103,7 +104,7 @@ def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i)
     zero = case.get("zero", {})
     x = _plan(case, **{k: int(zero[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters", "zero3_max_reuse_distance",
                        "zero3_param_persistence_threshold") if f"stage3_{k[6:]}" in zero})  # fmt: skip
-    kept = memory.zero3_kept(x)
+    kept = zero.zero3_kept(x)
     largest = case["vocab"] * case["embd"]
     assert abs(measured[i]["gathered_at_head"] - kept) <= largest, (kept, measured[i]["gathered_at_head"])
 

@@ -302,3 +302,31 @@ def test_plan_agrees_with_each_configuration_advise_ranks_across_precisions_and_
     assert not any(c.micro_batch_size * c.world > 16 for c in cands)
     with pytest.raises(ValueError, match="smaller than devices x num_nodes x micro_batch_size"):
         plan_recipe(recipe, ["--devices", "8"], gpu=h100)  # litgpt's own scripts: 8 x micro 4 > 16
+
+
+def test_a_zero3_candidate_is_planned_as_the_same_case_planned_alone():
+    """advise starts every strategy file from the recipe's own case; a DeepSpeed candidate must not keep FSDP1's
+    "root unit kept" from litgpt's own multi-device choice (it once let FSDP1's rule drop the logits from ZeRO-3's
+    peak at the loss: OpenLLaMA 13B full on 8 H100s, 40.10 GB advised against 40.55 GB planned)."""
+    from tunelab.plan.recipe import plan_recipe
+
+    gpu = hardware.lookup("H100-SXM")
+    recipe = resolve("open-llama-13b/full")
+    found = advise.candidates({"full": recipe}, [gpu], tokens=5e7, strategies=["deepspeed-zero3"])
+    several = [c for c in found if c.world == 8]
+    assert several
+    for c in several[:2]:
+        alone = plan_recipe(
+            recipe,
+            [
+                "--train.micro_batch_size",
+                str(c.micro_batch_size),
+                "--devices",
+                str(c.devices),
+                "--precision",
+                c.precision,
+            ],
+            gpu=gpu,
+            strategy="deepspeed-zero3",
+        ).plan
+        assert c.peak_gb == pytest.approx(alone.peak_allocated_bytes / 1e9), c.micro_batch_size

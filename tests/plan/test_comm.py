@@ -12,6 +12,7 @@ from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan.model import comm
 from tunelab.plan.model.memory import PlanInput, dtype_bytes
+from tunelab.plan.model.strategies.ddp import ddp_bucket_count
 from tunelab.plan.trace.tables import TRACED
 
 
@@ -114,7 +115,7 @@ def test_each_strategy_is_scheduled_as_it_runs(cfg):
 
     link = comm.lookup("nvlink3", "gpu")
     ddp = comm.per_step(_x(cfg, strategy="ddp", devices=4), link)
-    assert ddp.hideable_under == "backward" and ddp.pipelined == comm.ddp_bucket_count(_x(cfg, strategy="ddp"))
+    assert ddp.hideable_under == "backward" and ddp.pipelined == ddp_bucket_count(_x(cfg, strategy="ddp"))
     fsdp = comm.per_step(_x(cfg, strategy="fsdp", devices=4), link)
     assert fsdp.hideable_under == "step" and fsdp.pipelined == sum(k for _, k, _, _ in fsdp.calls) > cfg.n_layer
     assert comm.per_step(_x(cfg, strategy="fsdp", fsdp_wrap="none", devices=4), link).hideable_under == "none"
@@ -182,7 +183,7 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     embedding, final norm and head, kept through backward), as is a ``name: fsdp`` file; an fsdp2 file (its
     ``reshard_after_forward: true`` given to the root too) regathers it: the planned bytes differ by one gather of
     the root per micro batch. litgpt's LoRA (FSDP2 with torch's default for the root) keeps it, as FSDP1 does."""
-    from tunelab.plan.model.memory import root_unit_params
+    from tunelab.plan.model.case import root_unit_params
     from tunelab.plan.recipe import plan_recipe
     from tunelab.recipes import resolve
 
@@ -213,7 +214,7 @@ def test_each_call_costs_nccls_ring_latency(cfg, link_table):
     assert nvlink.latency_us == 3.4 and comm.lookup("pcie4", "gpu").latency_us == 5.7
     ddp = comm.per_step(_x(cfg, strategy="ddp", devices=8), nvlink)
     (kind, calls, steps, across), = ddp.calls  # fmt: skip
-    assert (kind, steps, across) == ("all-reduce", 14, 0) and calls == comm.ddp_bucket_count(_x(cfg, strategy="ddp"))
+    assert (kind, steps, across) == ("all-reduce", 14, 0) and calls == ddp_bucket_count(_x(cfg, strategy="ddp"))
     assert ddp.latency_s == pytest.approx(calls * (8.4 + 14 * 3.4) * 1e-6)
     assert ddp.seconds == pytest.approx(ddp.bytes_gpu / nvlink.bytes_per_s + ddp.latency_s)
     x = _x(cfg, strategy="fsdp", devices=4, accumulation=3, fsdp_root_kept=True)

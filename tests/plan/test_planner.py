@@ -380,6 +380,7 @@ def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_
     from litgpt import Config
 
     from tunelab.plan.model import memory
+    from tunelab.plan.model.strategies import fsdp2
 
     def plan(fabric):
         x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", precision="bf16-true",
@@ -387,7 +388,7 @@ def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_
         return memory.predict(x).breakdown_bytes
 
     tunelab, litgpt = plan(False), plan(True)
-    assert tunelab["logits_and_loss"] == 0 and tunelab["sharding_buffers"] >= memory.root_regathered(
+    assert tunelab["logits_and_loss"] == 0 and tunelab["sharding_buffers"] >= fsdp2.root_regathered(
         memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", micro_batch_size=2, seq_len=512,
                          devices=4, strategy="fsdp", tables=TRACED))  # fmt: skip
     assert litgpt["logits_and_loss"] > 0 and litgpt["sharding_buffers"] == tunelab["sharding_buffers"]

@@ -287,3 +287,46 @@ def test_a_function_imports_only_what_is_heavy_to_import():
                 if not any(heavy_at_import(t, mods) for t in targets or [node.module]):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
     assert not found, found
+
+
+STRATEGY_NAMES = {"single", "ddp", "fsdp", "fsdp1", "fsdp2", "deepspeed"}
+"""Names of strategies (a strategy file's ``name``, :attr:`PlanInput.strategy`)."""
+REGISTRY = "tunelab/plan/model/strategies/__init__.py"
+NAME_TESTS_LEFT = {
+    "tunelab/strategies.py": 9,
+    "tunelab/parallel.py": 7,
+    "tunelab/run/loop.py": 6,
+    "tunelab/plan/advise.py": 4,
+    "tunelab/plan/trace/ranks.py": 3,
+    "tunelab/cli/tune_batch.py": 1,
+    "tunelab/tune/study.py": 1,
+}
+"""Where a strategy's name is still compared outside the registry: the run side (how each strategy wraps the
+model), the per-rank simulation that picks the same wrapper, advise's "single" (no strategy file). Ceilings that may
+only come down (docs/architecture.md: the planner's strategies are objects; the run side's are next)."""
+
+
+def name_tests(path: Path) -> int:
+    """Comparisons in ``path`` with a strategy's name on one side (``x == "fsdp"``, ``name in ("ddp", "fsdp")``)."""
+    count = 0
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                if any(isinstance(c, ast.Constant) and c.value in STRATEGY_NAMES for c in items):
+                    count += 1
+                    break
+    return count
+
+
+def test_no_strategy_name_is_compared_outside_the_registry():
+    """The planner asks a strategy object (``tunelab.plan.model.strategies.of``) what it does; only the registry reads
+    names. The places left may only shrink."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != REGISTRY and (n := name_tests(path)):
+            found[rel] = n
+    over = {rel: n for rel, n in found.items() if n > NAME_TESTS_LEFT.get(rel, 0)}
+    assert not over, f"a strategy's name compared outside {REGISTRY}: {over}; ask the strategy object instead"
+    assert not any(rel.startswith("tunelab/plan/model/") for rel in found), found

@@ -19,7 +19,7 @@ from tunelab.errors import InputError
 from tunelab.files import read_json
 from tunelab.models import load_config
 from tunelab.paths import project_path
-from tunelab.plan.model import memory, runtime
+from tunelab.plan.model import memory, runtime, strategies
 from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
@@ -88,7 +88,7 @@ def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
     there are several: FSDP for full fine-tuning, FSDP2 with the same division for LoRA): how it divides the model
     states, and the speed switches that change memory (fused or bitsandbytes optimizer, compiled blocks, Liger's fused
     loss)."""
-    fields = _division(strategy, world)
+    fields = strategies.fields_of(strategy, world)
     if strategy is not None:  # a strategies file runs tunelab's own loop, not litgpt's script under Fabric
         fields.update(
             fused_optimizer=strategy.fused_optimizer,
@@ -108,44 +108,6 @@ BNB_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW", "paged_
 """A strategy's ``optimizer`` memory options: the bitsandbytes classes they name."""
 
 
-def _division(strategy: StrategyConfig | None, world: int) -> dict:
-    if strategy is None:
-        return {"strategy": "single" if world == 1 else "fsdp"}
-    if strategy.name == "single" or (strategy.name == "ddp" and world == 1):
-        return {"strategy": "single"}
-    if strategy.name == "ddp":
-        return {"strategy": "ddp", "ddp_bucket_mb": strategy.bucket_cap_mb}
-    if strategy.name == "fsdp":
-        return {
-            "strategy": "fsdp",
-            "sharding": strategy.sharding_strategy,
-            "fsdp_wrap": strategy.auto_wrap,
-            "fsdp_root_kept": True,
-            "fsdp2_root_kept": False,
-            "offload_params": strategy.cpu_offload,
-            "activation_checkpointing": strategy.activation_checkpointing,
-        }
-    if strategy.name == "fsdp2":  # per-block fully_shard: reshard_after_forward False keeps parameters (ZeRO-2)
-        return {
-            "strategy": "fsdp",
-            "sharding": "FULL_SHARD" if strategy.reshard_after_forward else "SHARD_GRAD_OP",
-            "fsdp_root_kept": False,
-            "fsdp2_root_kept": False,  # tunelab.parallel.wrap passes the file's reshard_after_forward to the root too
-        }
-    if strategy.name == "deepspeed":
-        return {
-            "strategy": "deepspeed",
-            "zero_stage": strategy.zero_stage,
-            "offload_optimizer": strategy.offload_optimizer,
-            "offload_params": strategy.offload_params,
-            "reduce_bucket_size": strategy.reduce_bucket_size,
-            "allgather_bucket_size": strategy.allgather_bucket_size,
-            "zero3_max_live_parameters": strategy.max_live_parameters,
-            "zero3_max_reuse_distance": strategy.max_reuse_distance,
-        }
-    raise ValueError(f"strategy {strategy.name!r} has no memory model")
-
-
 def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
     """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
     Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices under litgpt's own
@@ -155,12 +117,8 @@ def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> 
     lora = {"lora_r": s.lora_r, "lora_targets": s.lora_targets} if s.lora else {}
     fields.setdefault("strategy", "single")
     fields.setdefault("optimizer", s.built_optimizer)
-    fields.setdefault("activation_checkpointing", fields["strategy"] == "fsdp" and s.world_size > 1)
-    # litgpt's own choice on several devices: full fine-tuning under Lightning's FSDPStrategy (FSDP1, which keeps its
-    # root unit gathered through backward), LoRA under FSDP2 (its root kept too, by torch's default since 2.8)
-    fields.setdefault("fsdp_root_kept", fields["strategy"] == "fsdp" and not s.lora)
-    # litgpt's LoRA shards the root with torch's default (reshard_after_forward=None): kept from forward to backward
-    fields.setdefault("fsdp2_root_kept", fields["strategy"] == "fsdp" and s.lora)
+    for key, value in strategies.litgpt_defaults(fields["strategy"], s.world_size, s.lora).items():
+        fields.setdefault(key, value)
     return PlanInput(
         config=config,
         tables=TRACED,

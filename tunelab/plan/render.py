@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from tunelab import hardware
 from tunelab.plan import advise
-from tunelab.plan.model import kernels, memory, runtime, zero
+from tunelab.plan.model import kernels, memory, runtime
 from tunelab.plan.model.fast_step import FAST_START_EXTRA_S
+from tunelab.plan.model.strategies import zero
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
 from tunelab.plan.trace import measure, ranks

@@ -11,7 +11,7 @@ sync while accumulating), P parameters of s_p bytes, T trainable ones with gradi
   parameter bytes for full fine-tuning), where R are the root unit's parameters (the embedding, the final norm, the
   head: everything outside the blocks), which FSDP1 gathers once per forward and keeps for the backward (it does
   not free the root's parameters after forward; FSDP2 regathers them: R = 0; ZeRO-3 keeps what its coordinator holds
-  at the forward's end, :func:`tunelab.plan.model.memory.zero3_gathered`: R = K). With FSDP1's whole model one unit
+  at the forward's end, :func:`tunelab.plan.model.strategies.zero.zero3_gathered`: R = K). With FSDP1's whole model one unit
   (``fsdp_wrap: none``) all of it is the root: a x (n-1)/n x P s_p + (n-1)/n x T s_g. Traced: the per-rank
   simulation (:mod:`tunelab.plan.trace.ranks`) records these gathers (FSDP1's root once per forward, FSDP2's twice). LoRA under FSDP
   still gathers every frozen weight: its traffic is that of full fine-tuning less the gradients; under FSDP1 not even
@@ -58,7 +58,6 @@ it, leaving each row out).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -66,10 +65,10 @@ from tunelab import yaml_input
 from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
 from tunelab.paths import CONFIGS_DIR
-from tunelab.plan.model import memory
-from tunelab.plan.model.kernels import TRACED_AS
-from tunelab.plan.model.memory import PlanInput, parameter_bytes
-from tunelab.plan.model.tables import tables_of
+from tunelab.plan.model import strategies
+from tunelab.plan.model.case import PlanInput
+from tunelab.plan.model.strategies.base import Sizes
+from tunelab.plan.model.strategies.fsdp1 import flat_parameter_frozen_grad_elements
 from tunelab.units import GB
 
 LINK_TABLE = CONFIGS_DIR / "hardware" / "links.yaml"
@@ -204,22 +203,6 @@ class Comm:
         return dataclasses.replace(self, seconds=bandwidth + self.latency_s, host_s=self.host_s * factor)
 
 
-_BUCKETS: dict = {}
-
-
-def ddp_bucket_count(x: PlanInput) -> int:
-    """DDP's gradient buckets for ``x``: DDP's own assignment of the trainable gradients (a first bucket of 1 MiB,
-    then ``bucket_cap_mb``; a bucket closes once it exceeds the cap, so it holds whole tensors:
-    :func:`tunelab.plan.trace.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
-    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
-    precision = TRACED_AS.get(str(x.precision), str(x.precision))  # float16's gradients: bfloat16's bytes
-    key = (repr(x.config), x.method, precision, x.ddp_bucket_mb, lora)
-    if key not in _BUCKETS:
-        method = "lora" if x.lora else "full"
-        _BUCKETS[key] = len(tables_of(x).ddp_buckets(x.config, method, precision, x.ddp_bucket_mb, *lora))
-    return _BUCKETS[key]
-
-
 def call_latency(steps: int, across: int, gpu_link: Link, node_link: Link | None) -> float:
     """NCCL's ring latency of one call of ``steps`` ring steps, ``across`` of them between nodes."""
     net = node_link.latency_us if node_link is not None else 0.0
@@ -240,15 +223,18 @@ def per_step(
     ``params``: (total, trainable) parameter counts instead of those of ``x.config`` (a model given by its size
     only); ``param_bytes``: bytes per gathered parameter and gradient instead of the precision's (4 under mixed
     precision, whose FSDP keeps float32 parameters; 2 where a framework gathers 16-bit copies)."""
+    strategy = strategies.of(x)
     z = _sizes(x, params, param_bytes)
-    c = _volumes(x, z, params)
+    c = Comm()
+    if z.n > 1:
+        strategy.volumes(c, x, z, params)
+    else:
+        c.formula = "one device: none"
     c.links = {"gpu": gpu_link.name}
     if z.m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
         c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
-    if host_link is not None and x.offload_params and x.strategy == "fsdp":
-        c.bytes_host = z.a * 2 * z.P / z.n + z.G / z.n
-    elif host_link is not None and x.strategy == "deepspeed" and (x.offload_optimizer or x.offload_params):
-        c.bytes_host = (z.G + z.trainable * z.s_p) / z.n + (z.a * 2 * z.P / z.n if x.offload_params else 0.0)
+    if host_link is not None:
+        c.bytes_host = strategy.host_bytes(x, z)
     seconds = c.bytes_gpu / gpu_link.bytes_per_s
     if c.bytes_node:
         if node_link is None:
@@ -256,8 +242,7 @@ def per_step(
         c.links["node"] = node_link.name
         # a flat ring crosses each node's network once: the node's NICs carry one device's volume (NCCL spreads
         # its channels over them); HYBRID_SHARD runs g rings across the nodes, one per local rank, sharing them
-        shared = z.g if x.sharding == "HYBRID_SHARD" and x.strategy == "fsdp" else 1
-        seconds += c.bytes_node / (node_link.bytes_per_s / shared)
+        seconds += c.bytes_node / (node_link.bytes_per_s / strategy.node_rings(x, z))
     if c.bytes_host:
         c.links["host"] = host_link.name
         c.host_s = c.bytes_host / host_link.bytes_per_s
@@ -266,59 +251,30 @@ def per_step(
     c.seconds = seconds + c.latency_s
     if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)
-    if (x.strategy == "fsdp" and x.fsdp_wrap == "none") or (x.strategy == "deepspeed" and x.zero_stage < 3):
+    if strategy.unhideable(x):
         c.hideable_under = "none"  # one unit: gathered, then reduced; ZeRO-1/2: reductions on the compute stream
     return c
 
 
-@dataclass
-class _Sizes:
-    """The symbols of :func:`per_step`'s formulas for one configuration."""
-
-    n: int
-    """Devices in all."""
-    g: int
-    """Devices per node."""
-    m: int
-    """Nodes."""
-    a: int
-    """Micro batches per optimizer step."""
-    s_p: float
-    """Bytes per gathered parameter and gradient."""
-    P: float  # noqa: N815 - the docstring's symbols
-    """Parameter bytes."""
-    G: float  # noqa: N815
-    """Gradient bytes reduced (FSDP1 under LoRA: its flat parameters' whole gradients, frozen weights too)."""
-    R: float  # noqa: N815
-    """Bytes of FSDP1's root unit, gathered once per micro batch (the whole model without auto-wrap; 0 for FSDP2)."""
-    trainable: int
-    """Trainable parameters."""
-    units: int
-    """FSDP units (each block and the root; 1 without auto-wrap or for a model given by its size)."""
-
-
-def _sizes(x: PlanInput, params, param_bytes) -> _Sizes:
-    """:class:`_Sizes` of ``x`` (``params``, ``param_bytes``: as :func:`per_step`)."""
+def _sizes(x: PlanInput, params, param_bytes) -> Sizes:
+    """:class:`Sizes` of ``x`` (``params``, ``param_bytes``: as :func:`per_step`)."""
+    strategy = strategies.of(x)
     if params is None:
         total, _ = count_params(x.config)
         trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
     else:
         total, trainable = params
-    s_p = param_bytes or (
-        memory.zero_param_bytes(x)
-        if x.strategy == "deepspeed"
-        else parameter_bytes(x.precision) * memory.fsdp1_unsharded_scale(x)  # litgpt's FSDP1: bf16 under bf16-mixed
-    )
-    if params is not None or not (x.fsdp_root_kept or x.fsdp2_root_kept):
+    s_p = param_bytes or strategy.param_bytes(x) * strategy.gathered_scale(x)  # litgpt's FSDP1: bf16 under bf16-mixed
+    if params is not None or not strategy.root_kept(x):
         root = 0.0  # FSDP2 resharding its root regathers it for backward; blocks unknown: every parameter twice
     elif x.fsdp_wrap == "none":
         root = total * s_p  # the whole model one unit: the root
     else:
         root = count_params(dataclasses.replace(x.config, n_layer=0))[0] * s_p
     reduced = trainable
-    if params is None and memory.fsdp1_lora(x):  # FSDP1's flat parameters' whole gradients, frozen weights too
-        reduced = memory.flat_parameter_frozen_grad_elements(x, total) + trainable
-    return _Sizes(
+    if params is None and strategy.frozen_weights_grad(x):  # FSDP1's flat parameters' whole gradients
+        reduced = flat_parameter_frozen_grad_elements(x, total) + trainable
+    return Sizes(
         n=x.world,
         g=max(x.devices, 1),
         m=max(x.num_nodes, 1),
@@ -330,90 +286,3 @@ def _sizes(x: PlanInput, params, param_bytes) -> _Sizes:
         trainable=trainable,
         units=1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1,
     )
-
-
-def _volumes(x: PlanInput, z: _Sizes, params) -> Comm:
-    """The bytes per device per optimizer step within a ring of all devices, its formula and its calls (kind,
-    calls, ring steps per call, of them across nodes), by strategy; links and seconds come after."""
-    n, m, a, P, G, units = z.n, z.m, z.a, z.P, z.G, z.units  # noqa: N806 - the docstring's symbols
-    ring = (n - 1) / n
-    c = Comm()
-    ar, ag, rs = (
-        ("all-reduce", 2 * (n - 1), 2 * m if m > 1 else 0),
-        ("all-gather", n - 1, m - 1),
-        ("reduce-scatter", n - 1, m - 1),
-    )
-    reduces = math.ceil(G / (x.reduce_bucket_size * z.s_p))  # DeepSpeed's buckets, in its config's elements
-    if n == 1:
-        c.formula = "one device: none"
-    elif (
-        x.strategy == "ddp"
-        or (x.strategy == "fsdp" and x.sharding == "NO_SHARD")
-        or (x.strategy == "deepspeed" and x.zero_stage == 1)
-    ):
-        c.bytes_gpu, c.formula = 2 * ring * G, "gradient all-reduce 2(n-1)/n x T s_g"
-        calls = (
-            ddp_bucket_count(x)
-            if x.strategy == "ddp" and params is None
-            else reduces
-            if x.strategy == "deepspeed"
-            else units
-        )
-        c.calls = [(ar[0], calls, *ar[1:])]
-    elif x.strategy == "fsdp" and x.sharding == "HYBRID_SHARD":
-        _hybrid(c, x, z)
-    elif (x.strategy == "fsdp" and x.sharding == "SHARD_GRAD_OP") or (x.strategy == "deepspeed" and x.zero_stage == 2):
-        # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.trace.ranks); FSDP2
-        # reshards after each backward and gathers again
-        gathers = 1 if x.strategy == "deepspeed" or x.fsdp_root_kept else a
-        c.bytes_gpu = gathers * ring * P + ring * G
-        c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
-        if x.strategy == "deepspeed":  # reduce-scatters on the compute stream (overlap_comm off), gather after
-            c.calls = [(rs[0], reduces, *rs[1:]), (ag[0], gathers, *ag[1:])]
-            c.hideable_under = "none"
-        else:
-            c.calls = [(ag[0], gathers * units, *ag[1:]), (rs[0], units, *rs[1:])]
-            c.hideable_under = "step"
-    elif x.strategy == "fsdp":  # FULL_SHARD: a root unit kept (FSDP1's, FSDP2's by default) gathered once per forward
-        kept = x.fsdp_root_kept or x.fsdp2_root_kept
-        c.bytes_gpu = a * ring * (2 * P - z.R) + ring * G
-        c.formula = (
-            "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"
-            if x.fsdp_wrap == "none" and x.fsdp_root_kept
-            else "a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (R: the root unit's parameters, kept into backward)"
-            if kept
-            else "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
-        )
-        c.hideable_under = "step"
-        c.calls = [(ag[0], a * (2 * units - (1 if kept else 0)), *ag[1:]), (rs[0], units, *rs[1:])]
-    elif x.strategy == "deepspeed":
-        _zero3(c, x, z, params)
-    return c
-
-
-def _zero3(c: Comm, x: PlanInput, z: _Sizes, params) -> None:
-    """ZeRO-3: what is still gathered at the forward's end is not gathered again; its gathers prefetched beside the
-    passes, its reduce-scatters on the compute stream (``overlap_comm`` off)."""
-    ring, a, units = (z.n - 1) / z.n, z.a, z.units
-    K = 0.0 if params is not None else memory.zero3_kept(x) * z.s_p  # noqa: N806 - the docstring's symbols
-    c.bytes_gpu = a * ring * (2 * z.P - K) + ring * z.G
-    c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
-    c.hideable_under = "step"
-    c.calls = [("all-gather", a * 2 * units, z.n - 1, z.m - 1), ("reduce-scatter", units, z.n - 1, z.m - 1)]
-    c.pipelined, c.unhidden = a * 2 * units, ring * z.G / c.bytes_gpu if c.bytes_gpu else 0.0
-
-
-def _hybrid(c: Comm, x: PlanInput, z: _Sizes) -> None:
-    """HYBRID_SHARD: FULL_SHARD within each node of g devices, each device's gradient shard all-reduced across the
-    m nodes."""
-    g, m, r = z.g, z.m, (z.g - 1) / z.g
-    c.bytes_gpu = z.a * r * (2 * z.P - z.R) + r * z.G
-    c.bytes_node = 2 * (m - 1) / m * z.G / g
-    c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
-    kept = 1 if x.fsdp_root_kept else 0
-    c.calls = [
-        ("all-gather", z.a * (2 * z.units - kept), g - 1, 0),
-        ("reduce-scatter", z.units, g - 1, 0),
-        ("all-reduce", z.units, 2 * (m - 1), 2 * (m - 1)),
-    ]
-    c.hideable_under = "step"

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from tunelab import settings
 from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan.model import kernels
+from tunelab.plan.model import kernels, strategies
+from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.comm import BACKWARD_SHARE
 from tunelab.plan.model.fast_step import fast_step
 from tunelab.plan.model.flops import flops_per_token
@@ -39,7 +40,6 @@ from tunelab.plan.model.memory import (
     model_states,
     optimizer_shards,
     optimizer_state_bytes,
-    parameter_bytes,
 )
 from tunelab.plan.model.tables import optimizer_of
 from tunelab.units import GB
@@ -107,11 +107,10 @@ def checkpoint_bytes(x) -> tuple[float, float]:
         merged = st.total * (2 if x.method == "qlora" else st.s_param)
         return st.lora_weights, st.lora_weights + merged
     model = st.total * st.s_param
-    if not x.fabric and x.strategy in ("fsdp", "deepspeed"):  # tunelab's loop saves a sharded run's model alone
+    strategy = strategies.of(x)
+    if not x.fabric and strategy.sharded:  # tunelab's loop saves a sharded run's model alone
         return model, model
-    if x.strategy == "deepspeed":
-        weights = model / x.world if x.zero_stage >= 3 else model
-        each = weights + (st.optimizer + st.master) / x.world
+    if (each := strategy.checkpoint_bytes(x, st)) is not None:
         return each, each
     states = optimizer_state_bytes(x.optimizer.split(".")[-1], st.trainable, st.s_param, x.momentum)
     return model + states, model

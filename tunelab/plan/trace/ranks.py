@@ -37,7 +37,7 @@ nothing, but is dispatched with its real shapes):
 
 * **DeepSpeed ZeRO-2/3**: not simulated (DeepSpeed's engine reads tensor data and runs its own communication
   layer: it does not run on fake tensors); ``--simulate`` prints its buffers by their sizes instead
-  (:func:`tunelab.plan.model.zero.zero_sizes`): the terms of :mod:`tunelab.plan.model.memory` taken from DeepSpeed's config keys and the buffers its
+  (:func:`tunelab.plan.model.strategies.zero.zero_sizes`): the terms of :mod:`tunelab.plan.model.memory` taken from DeepSpeed's config keys and the buffers its
   code allocates, each checked against DeepSpeed itself run on CPU over gloo (tests/e2e/test_deepspeed_memory.py).
 
 Collectives are recorded as dispatched (``c10d`` ops: kind, the whole tensor's bytes, the phase) for one optimizer
@@ -59,8 +59,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tunelab.errors import InputError
+from tunelab.plan.model import memory
+from tunelab.plan.model.strategies.zero import zero_sizes
 from tunelab.plan.model.tables import optimizer_of
-from tunelab.plan.model.zero import zero_sizes
 from tunelab.plan.trace.fake_device import fake_accelerator
 from tunelab.plan.trace.measure import build_model, cuda_dropout, model_logits, training_loss
 from tunelab.plan.trace.simulate import (
@@ -696,10 +697,10 @@ def render(sim: RankSimulation, plan) -> str:
 def simulation(x, strategy_name: str):
     """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.trace.simulate.for_plan`) on one device,
     rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, as its scripts wrap),
-    DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`tunelab.plan.model.zero.zero_sizes`)."""
+    DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`tunelab.plan.model.strategies.zero.zero_sizes`)."""
     if x.world == 1:
         return simulate_for_plan(x)
     strategy = load_strategy(strategy_name) if strategy_name != "litgpt" else None
     if strategy is not None and strategy.name == "deepspeed" and strategy.zero_stage >= 2:
-        return zero_sizes(x)
+        return zero_sizes(x, memory.model_states(x, []))
     return for_plan(x, strategy)

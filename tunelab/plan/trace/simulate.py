@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from tunelab.errors import InputError
 from tunelab.gpt import head_operands, hidden_states
+from tunelab.plan.model import strategies
 from tunelab.plan.model.allocator import replay
 from tunelab.plan.model.memory import PAGED_MIN_NUMEL, liger_chunk_rows
 from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
@@ -582,7 +583,7 @@ def for_plan(x) -> Simulation:
     sharding (InputError otherwise: sharding is not simulated)."""
     import sys
 
-    if x.world > 1 or x.strategy not in ("single", None):
+    if x.world > 1 or strategies.of(x).divides:
         raise InputError(
             f"--simulate: {x.strategy} on {x.world} device(s) is not simulated (sharding and its buffers are not); "
             "fix: simulate the one-device case (no --strategy, --devices 1)"

@@ -1,0 +1,206 @@
+"""The one interface every strategy of the planner implements (:class:`Strategy`), with one device's answers as its
+defaults, and the symbols the communication model hands it (:class:`Sizes`). See docs/contributing.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tunelab.plan.model.case import Division, ModelStates, PerDevice, PlanInput, block_params, parameter_bytes
+
+
+class BackwardMoment(NamedTuple):
+    """A strategy's peak inside its backward (FSDP1's: :meth:`Strategy.backward_moment`), bytes per device."""
+
+    gradients: float
+    """The backward's own bytes (the ``fsdp1_backward_gradients`` term)."""
+    peak: float
+    """Everything on the device then."""
+    activations: float
+    """The activations still alive."""
+    moment: bool | str
+    """True: the backward's end; "first block": the first block's backward, the last to run; False: a block's."""
+    gathered: float
+    """The sharding buffers then."""
+
+
+class ForwardMoment(NamedTuple):
+    """The peak outside the optimizer step and the backward (:meth:`Strategy.forward_moment`), bytes per device."""
+
+    activations: float
+    logits: float
+    gathered: float
+    """Gathered parameters and their buffers, with the unsharded gradients of micro batches without sync."""
+    autocast_cache: float
+    note: str | None
+
+    @property
+    def total(self) -> float:
+        return self.activations + self.logits + self.gathered + self.autocast_cache
+
+
+@dataclass
+class Sizes:
+    """The symbols of the communication formulas (``tunelab.plan.model.comm.per_step``) for one case."""
+
+    n: int
+    """Devices in all."""
+    g: int
+    """Devices per node."""
+    m: int
+    """Nodes."""
+    a: int
+    """Micro batches per optimizer step."""
+    s_p: float
+    """Bytes per gathered parameter and gradient."""
+    P: float  # noqa: N815 - the formulas' symbols
+    """Parameter bytes."""
+    G: float  # noqa: N815
+    """Gradient bytes reduced (FSDP1 under LoRA: its flat parameters' whole gradients, frozen weights too)."""
+    R: float  # noqa: N815
+    """Bytes of FSDP1's root unit, gathered once per micro batch (the whole model without auto-wrap; 0 for FSDP2)."""
+    trainable: int
+    """Trainable parameters."""
+    units: int
+    """FSDP units (each block and the root; 1 without auto-wrap or for a model given by its size)."""
+
+    @property
+    def ring(self) -> float:
+        """A ring's share of the volume each device sends, (n-1)/n."""
+        return (self.n - 1) / self.n
+
+    def call(self, kind: str, calls: float) -> tuple:
+        """One row of ``Comm.calls``: (kind, calls, ring steps per call, of them across nodes)."""
+        if kind == "all-reduce":
+            return kind, calls, 2 * (self.n - 1), 2 * self.m if self.m > 1 else 0
+        return kind, calls, self.n - 1, self.m - 1
+
+
+class Strategy:
+    """How one strategy divides a case's model states among devices, the moments its peak can fall on, and what it
+    communicates per optimizer step. These defaults are one device's: nothing divided, nothing sent. A strategy
+    module subclasses it and overrides what its strategy changes; ``strategies.REGISTRY`` names it."""
+
+    name = "single"
+    """Its name in :attr:`PlanInput.strategy` (FSDP1 and FSDP2 share ``fsdp``; the registry tells them apart)."""
+    files: tuple[str, ...] = ()
+    """The strategy files' ``name`` values it plans (``configs/strategies/*.yaml``)."""
+    divides = False
+    """Whether the model states are divided among devices (the one-device simulation refuses it)."""
+    sharded = False
+    """Whether each rank holds only its shard of the states (tunelab's loop then saves the model alone)."""
+
+    def fields(self, config, world: int) -> dict:
+        """:class:`PlanInput` fields for a strategy file of this strategy (``config``: its ``StrategyConfig``)."""
+        return {"strategy": self.name}
+
+    # the model states before division
+    def param_bytes(self, x: PlanInput) -> int:
+        """Bytes per parameter element held on the device."""
+        return parameter_bytes(x.precision)
+
+    def gathered_scale(self, x: PlanInput) -> float:
+        """A gathered parameter's or an unsharded gradient's bytes over a sharded one's."""
+        return 1.0
+
+    def autocast_over_fp32(self, x: PlanInput) -> bool:
+        """Mixed precision as autocast over fp32 weights (activations per tensor dtype, autocast's weight copies)."""
+        return "mixed" in str(x.precision)
+
+    def optimizer_states(self, x: PlanInput, trainable: int, s_param: int, notes: list) -> tuple | None:
+        """(optimizer states, master weights) when the strategy keeps its own (DeepSpeed's fp32); None: the
+        optimizer's."""
+        return None
+
+    def foreach_temporary(self, x: PlanInput) -> bool:
+        """Whether the optimizer's step is torch's own (foreach AdamW: one parameter-sized temporary)."""
+        return True
+
+    def frozen_weights_grad(self, x: PlanInput) -> bool:
+        """Whether frozen weights get gradients and stay differentiable in the forward (FSDP1's LoRA)."""
+        return False
+
+    # the division
+    def gradients(self, x: PlanInput, st: ModelStates, notes: list) -> float:
+        """Gradient bytes before division."""
+        return st.grads
+
+    def division(self, x: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
+        """The devices each state is sharded over, and the strategy's buffers."""
+        return Division()
+
+    def step_bytes(self, x: PlanInput, st: ModelStates, grads: float, step_temp: float) -> tuple[float, float]:
+        """(gradients, temporary) the optimizer step sees on the device, before division."""
+        return grads, step_temp
+
+    def offloaded(self, x: PlanInput, st: ModelStates, dev: PerDevice, notes: list) -> PerDevice:
+        """``dev`` with what offload moves to host RAM: the optimizer's states, master weights and float32 gradients
+        (``offload_optimizer``: the gradients stream out per bucket, no step on the device), the weights
+        (``offload_params``: ZeRO-3 gathers them to the device)."""
+        two_blocks = block_params(x.config) * st.s_param * 2
+        if x.offload_optimizer:
+            dev.host += st.optimizer + st.master + st.trainable * 4
+            dev.optimizer = dev.step_temp = 0
+            dev.grads = min(dev.grads, two_blocks)
+            notes.append("optimizer offload: states, master weights and their gradients in host RAM")
+        if x.offload_params:
+            dev.host += st.weights
+            dev.weights = 0  # ZeRO-3's gathered parameters are in_flight
+            notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
+        return dev
+
+    def optimizer_shards(self, x: PlanInput, st: ModelStates) -> int:
+        """Devices the optimizer's states are sharded over: each rank's step updates 1/this of them."""
+        return self.division(x, st, st.grads, []).shard_o
+
+    # the moments of the peak
+    def accumulated_gradients(self, x: PlanInput, st: ModelStates, dev: PerDevice) -> float:
+        """Gradients alive beside the activations: with accumulation they persist from the first micro batch."""
+        return dev.grads if x.accumulation > 1 else 0
+
+    def at_the_loss(self, x: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
+        """(logits, gathered buffers) at the forward's end."""
+        return logits, dev.in_flight
+
+    def forward_moment(
+        self, x: PlanInput, st: ModelStates, dev: PerDevice, acts: float, logits: float, inputs: float
+    ) -> ForwardMoment:
+        """The activations, logits, buffers, autocast's copies and note at the peak outside the step and the
+        backward (``inputs``: what activation checkpointing keeps)."""
+        logits, in_flight = self.at_the_loss(x, st, dev, logits)
+        return ForwardMoment(acts, logits, in_flight, st.autocast_cache, None)
+
+    def backward_moment(
+        self, x: PlanInput, st: ModelStates, dev: PerDevice, base: float, acts: float, inputs: float
+    ) -> BackwardMoment:
+        """A peak inside the backward that the forward's end does not hold (none by default)."""
+        return BackwardMoment(0.0, 0.0, acts, False, 0.0)
+
+    def backward_note(self, x: PlanInput, at_end) -> str:
+        """The plan's note when :meth:`backward_moment` holds the peak."""
+        return ""
+
+    def checkpoint_bytes(self, x: PlanInput, st: ModelStates) -> float | None:
+        """Bytes each rank writes per checkpoint when the strategy writes its own (DeepSpeed's); None: litgpt's."""
+        return None
+
+    # communication per optimizer step
+    def root_kept(self, x: PlanInput) -> bool:
+        """Whether the root unit stays gathered from the forward into the backward (gathered once per micro batch)."""
+        return False
+
+    def volumes(self, c, x: PlanInput, z: Sizes, params) -> None:
+        """Fill ``c`` (a ``comm.Comm``) with the bytes per device per step over the GPU links, its formula and its
+        calls, on ``z.n`` > 1 devices (``params``: a model given by its size only); one device's: none."""
+
+    def host_bytes(self, x: PlanInput, z: Sizes) -> float:
+        """Bytes per device per step between the GPU and host RAM (offload)."""
+        return 0.0
+
+    def node_rings(self, x: PlanInput, z: Sizes) -> int:
+        """Rings sharing each node's network (HYBRID_SHARD: one per local rank)."""
+        return 1
+
+    def unhideable(self, x: PlanInput) -> bool:
+        """Whether no compute hides the traffic (one unit; ZeRO-1/2's reductions on the compute stream)."""
+        return False

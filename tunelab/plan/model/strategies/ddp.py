@@ -1,0 +1,48 @@
+"""DDP: every rank holds the whole model; its gradient buckets hold a second copy of the gradients, all-reduced
+beside the last micro batch's backward."""
+
+from __future__ import annotations
+
+from tunelab.plan.model.case import Division, ModelStates, PlanInput
+from tunelab.plan.model.kernels import TRACED_AS
+from tunelab.plan.model.strategies.base import Sizes, Strategy
+from tunelab.plan.model.tables import tables_of
+
+_BUCKETS: dict = {}
+
+
+def ddp_bucket_count(x: PlanInput) -> int:
+    """DDP's gradient buckets for ``x``: DDP's own assignment of the trainable gradients (a first bucket of 1 MiB,
+    then ``bucket_cap_mb``; a bucket closes once it exceeds the cap, so it holds whole tensors:
+    :func:`tunelab.plan.trace.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
+    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
+    precision = TRACED_AS.get(str(x.precision), str(x.precision))  # float16's gradients: bfloat16's bytes
+    key = (repr(x.config), x.method, precision, x.ddp_bucket_mb, lora)
+    if key not in _BUCKETS:
+        method = "lora" if x.lora else "full"
+        _BUCKETS[key] = len(tables_of(x).ddp_buckets(x.config, method, precision, x.ddp_bucket_mb, *lora))
+    return _BUCKETS[key]
+
+
+def all_reduce(c, z: Sizes, calls: float) -> None:
+    """The gradients all-reduced whole in ``calls`` calls (DDP, FSDP's NO_SHARD, ZeRO-1)."""
+    c.bytes_gpu, c.formula = 2 * z.ring * z.G, "gradient all-reduce 2(n-1)/n x T s_g"
+    c.calls = [z.call("all-reduce", calls)]
+
+
+class DDP(Strategy):
+    """torch's DistributedDataParallel (``name: ddp``)."""
+
+    name, files, divides = "ddp", ("ddp",), True
+
+    def fields(self, config, world: int) -> dict:
+        if world == 1:  # one rank: nothing to synchronise
+            return {"strategy": "single"}
+        return {"strategy": self.name, "ddp_bucket_mb": config.bucket_cap_mb}
+
+    def division(self, x: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
+        notes.append("DDP: gradient buckets hold a second copy of the gradients")
+        return Division(extra=st.grads)
+
+    def volumes(self, c, x: PlanInput, z: Sizes, params) -> None:
+        all_reduce(c, z, ddp_bucket_count(x) if params is None else z.units)
