@@ -1,17 +1,10 @@
 """Build litgpt checkpoint directories offline: the embedded tiny model, or a real architecture with random weights.
 
-A litgpt checkpoint directory holds ``lit_model.pth`` (the state dict), ``model_config.yaml`` (the
-``litgpt.Config``), a tokenizer (``tokenizer.json`` + ``tokenizer_config.json``) and ``generation_config.json``.
-``litgpt finetune_*`` accepts what :func:`build` writes as it is (``check_valid_checkpoint_dir`` passes).
-
-* ``tiny``: a 2-layer model with TinyLlama's layout (RMSNorm, SwiGLU ``LLaMAMLP``, rotary embeddings,
-  grouped-query attention 4 heads / 2 query groups) and a 512-token BPE vocabulary trained here on the shipped
-  dataset. About 0.1 M parameters: a training step takes milliseconds on a laptop CPU.
-* any litgpt config name (``open_llama_7b``, ``tiny-llama-1.1b``, ...): that architecture, randomly initialised,
-  for benchmarking memory and speed on a GPU with no download (both depend on shapes, not on values), with the
-  benchmark tokenizer of :mod:`tunelab.data.benchmark` (word-level, so that the benchmark dataset's batches have
-  the lab's token counts).
-"""
+A directory holds ``lit_model.pth``, ``model_config.yaml``, a tokenizer and ``generation_config.json``;
+``litgpt finetune_*`` accepts what :func:`build` writes as it is. ``tiny``: a 2-layer model with TinyLlama's layout
+(RMSNorm, SwiGLU, rotary embeddings, grouped-query attention) and a 512-token BPE vocabulary trained here on the
+shipped dataset: a training step takes milliseconds on a CPU. A real architecture (``tunelab build-model NAME``):
+litgpt's config at full size with random weights and the benchmark tokenizer, for GPU runs without a download."""
 
 from __future__ import annotations
 

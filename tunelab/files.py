@@ -1,21 +1,11 @@
 """Every file tunelab reads back or writes goes through here.
 
-Reading (:func:`read_bytes`, :func:`read_text`, :func:`read_json`): regular files only (a FIFO, a device or a
-directory is refused without blocking: the file is opened non-blocking and checked before a byte is read), and
-bounded (a file over its limit is refused, never read whole). A refusal is :class:`FileRefused`, an
-:class:`~tunelab.errors.InputError`: one line naming the file, what is wrong and the fix.
-
-Writing (:func:`write_text_atomic`, :func:`write_json_atomic`, :func:`write_csv`, :func:`save_figure`): atomically
-(temporary file in the same directory, created exclusively and never through a link, fsync, rename), so that a
-reader, a crash or a full disk sees the old file or the new one, never half of one; only over a regular file or
-nothing (a device, FIFO, directory or symbolic link in the target's place is refused, so ``--out /dev/null`` never
-turns the device into a file). Logs and locks are opened with :func:`open_output` and :func:`exclusive_lock`
-under the same rules.
-
-* :func:`set_aside`: a stale or corrupt record renamed out of the way, kept, never deleted;
-* :func:`exclusive_lock`: one holder of a directory at a time (flock: the kernel releases it when the holder dies).
-* :func:`unwritable`, :func:`unwritable_dir`: why an output file or folder cannot be written, asked before any work.
-"""
+Reading (:func:`read_bytes`, :func:`read_text`, :func:`read_json`): regular files only, opened non-blocking and
+checked before a byte is read (a FIFO, a device or a directory is refused without blocking), and bounded (a file
+over its limit is refused, never read whole); a refusal is :class:`FileRefused`, one line naming the file and the
+fix. Writing (:func:`write_text_atomic`, :func:`write_json_atomic`, :func:`write_csv`, :func:`save_figure`): a
+temporary file in the same directory, created exclusively and never through a link, fsynced and renamed, so a crash
+or a full disk leaves the old file or the new one, never a torn one. docs/reliability.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """The settings of one run, resolved once: a recipe plus litgpt-style overrides -> :class:`Settings`.
 
 Everything tunelab derives from litgpt's arguments (world size, gradient accumulation, LoRA targets, the data
-module) is computed here and nowhere else; the runner, the planner, the validator, the multi-device loop,
-``tunelab ls`` and the report read it.
-
-Two ways in, one result:
-
-* :func:`resolve_args` (fast, ~1 ms after the first call): litgpt's own defaults, read from the pinned litgpt's
-  source (the ``setup()`` signature of each ``finetune_*`` command and the ``TrainArgs`` / ``EvalArgs``
-  dataclasses, parsed with ``ast``: nothing of litgpt, torch or Lightning is imported), then the recipe's keys,
-  then the overrides. The planner uses it (``tunelab plan`` answers in a fraction of a second).
-* ``tunelab.validate.parse``: litgpt's real jsonargparse parser (seconds), which also refuses bad types. The
-  runner and the validator use it. ``tests/core/test_settings.py`` checks that both give the same :class:`Settings`
-  on every recipe and every sweep row.
-"""
+module) is computed here and nowhere else. Two ways in, one result: :func:`resolve_args` reads litgpt's own defaults
+from the pinned litgpt's source with ``ast`` (nothing of litgpt, torch or Lightning imported), then the recipe and
+the overrides (the planner's way: a fraction of a second); ``tunelab.validate.parse`` runs litgpt's real
+jsonargparse parser (seconds; it also refuses bad types: the runner's way). ``tests/core/test_settings.py`` holds
+the two equal on every recipe and sweep row."""
 
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
-"""Sweep files: a YAML of rows (recipe + litgpt overrides + the lab's published figures), read and checked here:
-every row is resolved by litgpt's own parser once, when the file is loaded (``tunelab.run.sweep`` runs the rows;
-``tunelab plan-accuracy`` plans the lab's rows).
+"""Sweep files: a YAML of rows (recipe + litgpt overrides + the lab's published figures), read and checked here; every
+row is resolved by litgpt's own parser once, when the file is loaded. Keys (anything else is refused)::
 
-Sweep file keys (anything else is refused)::
+    name: lab-part1        description: ...        lab_hardware: 1x A100 80GB        gpu: A100-80GB
+    timeout_s: 1800        defaults: {train.epochs: 1}                   # overrides for every row
+    rows: [{id: s3, recipe: tiny-llama-1.1b/full, set: {precision: 32-true},
+            lab: {status: ok, memory_gb: 34.82, time_s: 57.19, tok_s: 7646}, note: ...}]
+    grid: [{recipe: tiny-llama-1.1b/lora, set: {...}, axes: {train.micro_batch_size: [1, 2, 4]},
+            id: "lora-mbs{train.micro_batch_size}"}]                      # the product of every axis
 
-    name: lab-part1                # the sweep's name (directory and report name)
-    description: ...               # free text for the report
-    lab_hardware: 1x A100 80GB     # the hardware of the `lab` figures
-    gpu: A100-80GB                 # the GPU table row of that hardware (the planner's comparison; rows may differ)
-    timeout_s: 1800                # per-run timeout (optional)
-    defaults: {key: value}         # litgpt overrides for every row (dotted keys)
-    rows:                          # explicit rows
-      - id: s3
-        recipe: tiny-llama-1.1b/full
-        set: {precision: 32-true, train.global_batch_size: 32, train.micro_batch_size: 8}
-        lab: {status: ok, memory_gb: 34.82, time_s: 57.19, tok_s: 7646}
-        note: gradient accumulation 4
-    grid:                          # rows made from axes (the product of every axis)
-      - recipe: tiny-llama-1.1b/lora
-        set: {...}                 # fixed overrides
-        axes: {train.micro_batch_size: [1, 2, 4]}
-        id: lora-mbs{train.micro_batch_size}   # optional id template
-"""
+``lab`` holds the published figures; ``gpu`` is the GPU table row the planner compares them with."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def test_the_module_map_names_every_module_and_the_readme_every_folder():
     table = readme[readme.index("## Layout") :]
     for folder in ("recipes/", "configs/", "data/", "docs/", "scripts/", "reports/", "tests/", "tunelab/"):
         assert f"`{folder}" in table, folder
-    assert len(readme.splitlines()) <= 150
+    assert len(readme.splitlines()) <= 120
     for page in re.findall(r"\]\((docs/[\w-]+\.md)", readme):
         assert (ROOT / page).is_file(), page
 
@@ -47,8 +47,8 @@ DOC_WORDS_CEILING = 20_400
 """The README and docs together, in words: a ceiling that only comes down, toward 12,000 (an hour's read)."""
 PLANNER_WORDS_CEILING = 3_000
 """docs/planner.md in words: at most 3,000 (the model's terms, equations, weak spots; figures in the reports)."""
-LONG_DOCSTRINGS_CEILING = 30
-"""Module docstrings over 12 lines: a count that only comes down, toward none (the rest in docs/)."""
+LONG_DOCSTRINGS_CEILING = 0
+"""Module docstrings over 12 lines: none (the rest in docs/)."""
 
 
 def test_the_docs_and_the_docstrings_only_shrink_toward_their_caps():

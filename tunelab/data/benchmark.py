@@ -1,22 +1,10 @@
 """The benchmark workload for random-weight GPU runs: 2,000 Alpaca-shaped records and a word-level tokenizer whose
 token counts reproduce the lab's batches.
 
-The lab fine-tuned on a 2,000-sample Alpaca subset, half of it held out (``val_split_fraction 0.5``): 1,000
-training samples. Its own figures (s3: 7,646 tok/s x 57.19 s; s4: 12,506 tok/s x 34.97 s) give about 437,000
-padded tokens in the epoch, i.e. about **437 padded tokens per training sample** at micro batch 8 (each batch
-padded to its longest sample, truncated at 512). Memory (activations scale with the padded length) and tok/s only
-compare with the lab's when the workload has that shape, whatever the values of the tokens.
-
-So each record here is built to a target length in tokens, drawn from a log-normal distribution (median ~230
-tokens, ~6% of samples longer than 512, truncated by litgpt as in the lab): the expected padded length of a batch
-of 8 is ~437 tokens. The words are pseudo-words of a fixed vocabulary, and the tokenizer is word-level (one word,
-one token; the Alpaca template's words and punctuation are in its vocabulary), so the length of every record
-under the tokenizer is exact. The model keeps its real vocabulary size (32,000 for the lab's models): only the
-first few thousand embedding rows are ever looked up, which changes neither memory nor FLOPs.
-
-``tests/run/test_gpu_ready.py`` checks the padded tokens per sample through litgpt's own data module (split,
-shuffle, collate) against 437.
-"""
+The lab's figures imply about 437 padded tokens per training sample at micro batch 8 (1,000 training samples, each
+batch padded to its longest, truncated at 512). Memory and tok/s only compare with the lab's when the workload has
+that shape, so each record here is drawn to a length distribution that gives it, and the tokenizer counts one token
+per word. ``tunelab build-model`` writes it beside a random-weight checkpoint (docs/gpu-runbook.md)."""
 
 from __future__ import annotations
 

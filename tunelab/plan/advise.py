@@ -1,18 +1,12 @@
 """``tunelab advise``: every configuration of a model worth renting, planned and ranked.
 
-For each GPU of the table asked about, each method (full, LoRA, QLoRA), micro batch (powers of two), activation
-checkpointing (off, on: under FSDP, whose strategy files set it; LoRA on several devices always checkpoints, as
-the planner models litgpt's path), strategy (one device; DDP, FSDP, DeepSpeed ZeRO-2 and ZeRO-3 on 2, 4, 8 ... devices per
-node): the planner's memory (:func:`tunelab.plan.model.memory.predict` on the recipe's planner input with those fields
-replaced: one recipe resolution per method, not one per candidate) and its time (the kernel-level model of
-:meth:`tunelab.plan.model.runtime.Terms.by_cause` for full fine-tuning and LoRA through litgpt, the fitted curve of
-:mod:`tunelab.plan.model.runtime` for the rest, with the communication term of :mod:`tunelab.plan.model.comm`) for the token budget; kept when the planner says it fits (at
-the edge: marked), ranked by predicted wall time, with energy (board power x devices x time, an upper bound) and
-cost (devices x hours x the hourly price of ``configs/hardware/prices.yaml`` or ``--prices FILE``).
-
-The recipe's global batch is kept (it is part of the training maths): a micro batch x devices that does not divide
-it is not a candidate. QLoRA runs on one device (litgpt's QLoRA path).
-"""
+For each GPU asked about, each method, precision, micro batch, activation checkpointing, strategy file and device
+count: the planner's memory (:func:`tunelab.plan.model.memory.predict` on the recipe's case with those fields
+replaced, one recipe resolution per method) and its time (:meth:`tunelab.plan.model.runtime.Terms.by_cause`, with
+the communication of :mod:`tunelab.plan.model.comm`), priced from ``configs/hardware/prices.yaml``. Only what fits
+with ``--headroom`` to spare is ranked, by time and by cost; times within the model's error of the best are marked
+as ties a measurement must decide. ``--write DIR`` leaves the chosen recipe and its launch command
+(docs/commands.md)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 run for real on this CPU against the plan, per family: ``tunelab plan-strategies
 --deepspeed``.
 
-DeepSpeed's engine reads tensor data and runs its own communication, so it does not run on fake tensors and the
-per-rank simulation cannot hold it. Instead each family's litgpt config is shrunk to a size DeepSpeed runs on a CPU
-(:func:`tunelab.run.deepspeed_probe.scaled`: width, MLP width and vocabulary / 16, heads / 4, every block kept, so
-the family's shape stays: attention groups, norms, MLP, biases, partial rotary), and DeepSpeed 0.19's own ZeRO-2
-and ZeRO-3 run it on 2 and 4 gloo ranks (tunelab's DeepSpeed config and loss, foreach AdamW as on CUDA, micro
-batch 2 x 128 tokens, bf16, every element count of DeepSpeed's defaults shrunk with the model's matrices, / 16^2:
-the reduce bucket 2e8, ZeRO-3's prefetch bucket 5e7, persistence threshold 1e5, live parameters and reuse distance
-1e9). ZeRO-2 is measured under torch's MemTracker; ZeRO-3 under torch's profiler (the CPU blocks alive, followed
-through its memory events by :func:`tunelab.run.deepspeed_probe.alive_bytes`: MemTracker keeps ZeRO-3's swapped-out
-parameter storages alive, so its peak under the tracker is the whole model). The plan of the same model and
-settings (:func:`tunelab.plan.model.memory.predict`) is compared with rank 0's peak. Offload is left out: on a CPU there
-is no device to offload from.
-"""
+DeepSpeed's engine does not run on fake tensors, so each family's config is shrunk to a size DeepSpeed runs on a CPU
+(:func:`tunelab.run.deepspeed_probe.scaled`: widths and vocabulary / 16, heads / 4, every block kept) and
+DeepSpeed's own ZeRO-2 and ZeRO-3 train it on 2 and 4 gloo ranks with tunelab's config; each rank's measured peak is
+set beside the plan of the same shrunk case (:mod:`tunelab.plan.model.strategies.zero`'s terms)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
-"""``reports/planner-accuracy/runtime.md``: the kernel-level time model (:meth:`tunelab.plan.model.runtime.Terms.by_cause`)
-against every time we have, each row with its error.
+"""``reports/planner-accuracy/runtime.md``: the kernel-level time model
+(:meth:`tunelab.plan.model.runtime.Terms.by_cause`) against every time we hold, each row with its error and whether
+it falls inside the plan's band.
 
-* Our H100 Part 1 rows (:data:`H100_ROWS`): the steady time per optimizer step
-  (``accumulation`` micro batches and one optimizer step), at each row's measured padded tokens per sample. They
-  hold the one constant fitted on runs, :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`: each row is also
-  predicted with it refitted without that row (leave-one-out).
-* Our H100 bench of the fast path against litgpt (the evidence entry ``h100-bench-tiny-full``):
-  each arm's steady iteration; the fast arm at micro 8 holds the fast path's host constant
-  (:data:`tunelab.plan.model.fast_step.COMPILED_HOST_S_PER_KERNEL`, refitted here), its micro-batch probes and every litgpt
-  run are out of sample.
-* Our H100 Part 3 micro-batch curve (:data:`PART3_ROWS`): out of sample.
-* The lab's A100 Part 1 times (litgpt's "Training Time" of a whole run under the lab's eval settings): out of
-  sample for the kernel model (nothing in it was fitted there; a different host CPU), beside the fitted curve
-  (:mod:`tunelab.plan.model.runtime`'s ETA/MU/OVERHEAD_S, fitted on those very rows). Padded tokens per sample from
-  the default length distribution at each row's micro batch (:func:`tunelab.plan.recipe.default_lengths`: 437 at
-  micro 8, as the lab measured; 383 at micro 4).
-"""
+The rows come from the archived measurements ``reports/evidence.yaml`` lists (our Part 1 rows, the fast-path
+benches, the Part 3 micro-batch curve, litgpt runs on H200 machines), the lab's published rows (the A100 Part 1 and
+Part 2 tables) and the host probes the records carry. The one constant fitted on runs, litgpt's host time per op, is
+also shown refitted without each row (leave-one-out). :func:`write_all` writes the page and its CSV."""
 
 from __future__ import annotations
 

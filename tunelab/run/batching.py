@@ -1,21 +1,11 @@
-"""Batches for tunelab's own training loop (:mod:`tunelab.run.loop`): litgpt's sample order dealt to the ranks, and
-the fast path's switches (a strategy file's ``pretokenize``, ``length_grouping``, ``prefetch``).
+"""Batches for tunelab's own training loop (:mod:`tunelab.run.loop`): litgpt's sample order dealt to the ranks, and the
+fast path's switches (a strategy file's ``pretokenize``, ``length_grouping``, ``prefetch``).
 
-* :func:`litgpt_order`: the global sample order of ``litgpt finetune_*`` on one device, epoch by epoch, so that the
-  global batch of every optimizer step holds the same samples whatever the number of ranks.
-* :class:`Tokenized`: every sample tokenised once, before the loop, by litgpt's own dataset code (``SFTDataset``:
-  prompt template, truncation, prompt masking), instead of once per sample per epoch in a loader worker.
-* :func:`plan_epoch`: the epoch's micro batches as sample indices: litgpt's order cut into micro batches, or
-  length-grouped: the order cut into windows of ``group`` micro batches, each window sorted by length and cut into
-  micro batches, the micro batches then shuffled (seeded). Every sample is in exactly one micro batch per epoch;
-  attention and the loss are unchanged, only which samples share a micro batch (and so how much padding it has)
-  and their order change.
-* :func:`collate`: litgpt's own collate function (right padding, ignore index), with the batch's padded, real and raw
-  token counts as Python ints computed from the tokenised lengths: reading them needs no tensor, so no host
-  synchronisation. With a strategy's ``pad_to_multiple`` the length is padded on to a multiple (:func:`bucket`)
-  and a short last micro batch filled with rows of padding, so compiled code sees a few fixed shapes.
-* :class:`Prefetcher`: on a GPU, the next batch pinned and copied on a side stream while the current one trains.
-"""
+:func:`litgpt_order` gives litgpt's one-device sample order, so that every optimizer step holds the same samples
+whatever the number of ranks; :class:`Tokenized` tokenises every sample once with litgpt's own dataset code; the
+epoch's micro batches (litgpt's order, or grouped by length within windows, every sample once) come from
+:func:`tunelab.data.grouping.plan_epoch`; :class:`Prefetcher` copies the next batch to the device on a side stream
+while the current one trains."""
 
 from __future__ import annotations
 

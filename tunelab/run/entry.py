@@ -1,17 +1,11 @@
-"""``python -m tunelab.run.entry <litgpt args>``: litgpt's own CLI, run in-process, that leaves per-rank figures at exit.
+"""``python -m tunelab.run.entry <litgpt args>``: litgpt's own CLI, run in-process, that leaves per-rank figures at
+exit.
 
-The training loop stays litgpt's: this module only observes. It wraps ``litgpt.utils.CycleIterator.__next__``
-(the training batch iterator of every finetune script) to note, per micro-batch iteration, the time it started and
-its padded and real token counts; at exit (normal, exception or sys.exit) it writes ``rank<N>.json`` into
-``$TUNELAB_STATS_DIR`` with this rank's allocator peaks (``torch.cuda.max_memory_allocated/reserved``,
-``num_alloc_retries``), the allocator peak at each phase (model loaded = first batch fetched, first optimizer step,
-end), the float32 matmul precision in force (TF32 or not: it sets the MFU peak), its peak RSS and the exception
-that ended it. Iteration timestamps are ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process of the
-machine), so the parent can line NVML samples up with the steady-state window. Lightning's multi-device launcher re-runs
-``python -m tunelab.run.entry ...`` for every rank, so every rank reports for itself (litgpt prints rank 0 only). What a
-rank measures and how it is written is :mod:`tunelab.run.rank_stats` (shared with tunelab's multi-device loop);
-with ``TUNELAB_MEMORY_HISTORY=1`` a rank also leaves what was alive at its peaks (:mod:`tunelab.run.memory_history`).
-"""
+The training loop stays litgpt's: this module only observes. It wraps ``litgpt.utils.CycleIterator.__next__`` to
+note, per micro batch, its start time and its padded and real token counts, and at exit (normal, exception or
+``sys.exit``) writes ``rank<N>.json`` into ``$TUNELAB_STATS_DIR``: the allocator's peaks and retries, the peak at
+each phase, the matmul precision, the exception if any, and the iteration log. Random-weight benchmark runs can skip
+litgpt's saves and merge (``TUNELAB_SKIP_SAVE=1``). docs/records.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """Liger-Kernel's fused Triton kernels in litgpt's model (a strategy's ``liger`` switch, tunelab's loop, one device).
 
-* ``liger: loss``: the lm_head and the cross-entropy as one fused operation (``liger_fused_linear_cross_entropy``):
-  the head's matmul runs over chunks of positions and each chunk's logits are turned into their loss and gradient
-  at once, so the micro batch's logits (micro x sequence x vocabulary, in fp32 for the loss) never exist. The
-  logits are computed in the compute dtype and the softmax in fp32, as litgpt's loss on Fabric's fp32 outputs.
-  The loop calls the model's trunk (:func:`tunelab.gpt.hidden_states`: litgpt's ``GPT.forward`` without the head,
-  for training without a KV cache) and hands the last norm's output to the fused loss.
-* ``liger: all``: the loss, plus Liger's RMSNorm (casting mode "gemma": everything in fp32, cast back, which is
-  litgpt's ``RMSNorm``) and SwiGLU (``silu(fc_1(x)) * fc_2(x)``: silu in fp32 cast to the input dtype, then the
-  product, as torch computes it) in place of litgpt's. Not with ``compile: blocks``: inductor already fuses the norms
-  and the activation of compiled blocks (checked in :meth:`tunelab.strategies.StrategyConfig.check`).
-
-Liger's kernels are Triton's and need a CUDA GPU; on a CPU the switch is off (said in the run's log and record),
-except under Triton's interpreter (``TRITON_INTERPRET=1``), which runs the same kernels on the CPU with numpy:
-slow, used by the tests to compare them with litgpt's own modules. Liger's loss reads the count of counted targets
-to the host once per micro batch (``.item()``): one synchronisation per iteration that the rest of the fast loop
-avoids.
+``liger: loss`` runs the lm_head and the cross-entropy as one fused operation over chunks of positions, so the micro
+batch's logits never exist (the logits in the compute dtype, the softmax in fp32, as litgpt's loss on Fabric's fp32
+outputs); the loop calls the model's trunk (:func:`tunelab.gpt.hidden_states`) and hands the last norm's output to
+it. ``liger: all`` also swaps in Liger's RMSNorm (casting mode "gemma": litgpt's fp32 norm) and SwiGLU; not with
+``compile: blocks``, whose inductor kernels fuse them already. Triton's kernels need a CUDA GPU: on a CPU the
+switch is off (said in the record), except under ``TRITON_INTERPRET=1``, which the tests use. Liger's loss reads
+its count of targets to the host once per micro batch (an ``.item()`` inside liger-kernel): the one synchronisation
+per iteration the fast loop keeps on a GPU.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """NVML sampling (nvidia-ml-py) in a background thread of the parent: utilisation, power, used memory, energy, the SM
-clock and why it is held down (power cap, thermal slowdown); and the host's own speed (:func:`host_op_us`,
-:func:`device_op_us`).
+clock and why it is held down; and the host's own speed (:func:`host_op_us`, :func:`device_op_us`).
 
-Every sample keeps its timestamp (``time.monotonic()``, CLOCK_MONOTONIC: the same clock the training ranks stamp
-their iterations with, see ``tunelab.run.entry``), so that the record can give two sets of figures, each labelled:
-
-* the whole run, launch to exit (imports, checkpoint load, training, validation, saving, LoRA merge);
-* the steady-state window: the same optimizer steps the tokens/s figures use (warm-up excluded), from
-  :meth:`GPUMonitor.window`. Energy per token is only meaningful over this window.
-
-On a machine without an NVIDIA driver NVML does not initialise and the monitor returns no samples: GPU figures
-are then absent from the record, never made up.
-"""
+Every sample keeps its ``time.monotonic()`` stamp, the clock the ranks stamp their iterations with, so the record
+gives two labelled sets of figures: the whole run, launch to exit, and the steady-state window the tokens/s use
+(warm-up excluded, :meth:`GPUMonitor.window`). Energy is NVML's counter where the GPU has one, else power
+integrated over the samples. docs/records.md."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
-"""Multi-device fine-tuning of a litgpt recipe under a chosen strategy: DDP, FSDP (FSDP1 with its knobs),
-FSDP2 (``fully_shard``) or DeepSpeed ZeRO 2/3 with CPU offload. Launched by torchrun (one process per device):
+"""tunelab's own training loop: litgpt's recipe under a chosen strategy (DDP, FSDP1, FSDP2, DeepSpeed ZeRO 2/3 with
+offload) on one or several devices, and the fast path's speed switches. Launched by torchrun, one process per device
+(``tunelab run RECIPE --strategy FILE`` launches it; the record keeps the command).
 
-    python -m torch.distributed.run --nproc_per_node 4 -m tunelab.run.loop \\
-        --recipe recipes/open-llama-7b/full.yaml --strategy configs/strategies/fsdp.yaml [litgpt overrides]
-
-Why a loop of our own: ``litgpt finetune_*`` hard-codes its strategy (FSDP for full, FSDP2 for LoRA) and offers
-neither DDP nor DeepSpeed. This ``fit`` is a faithful copy of litgpt 0.5.13's ``finetune/full.py`` and
-``finetune/lora.py`` fit loops, minus checkpoint saving and in-loop evaluation (the lab's Part 2 scripts had
-neither): the same model classes and checkpoint loading, the same data module, the same loss
-(``chunked_cross_entropy`` on shifted targets, LoRA's ``lm_head_chunk_size=128``), the same accumulation (loss
-divided by the accumulation steps, gradient sync only on the last micro batch), the same optimizer construction
-(``instantiate_torch_optimizer``) and learning-rate schedule (``get_lr_scheduler``: linear warm-up then cosine),
-the same token counting. Each rank takes its share of litgpt's single-device sample order (LitgptOrderSampler), so
-the global batch of every step holds the same samples as ``litgpt finetune_*`` on one device.
-
-Each rank writes ``rank<N>.json`` into ``$TUNELAB_STATS_DIR`` (tunelab.run.entry's format: allocator peaks, retries,
-RSS, per-iteration tokens); rank 0 writes litgpt's ``metrics.csv`` columns under ``<out_dir>/logs/csv/version_0``
-and prints litgpt's per-iteration line, so ``tunelab run`` collects the same record as for a single device.
-"""
+Why a loop of our own: ``litgpt finetune_*`` hard-codes its strategy and offers neither DDP nor DeepSpeed. ``fit``
+follows litgpt's ``finetune/full.py`` and ``finetune/lora.py`` (sample order, schedule, loss, accumulation,
+validation, checkpoints as :mod:`tunelab.run.outputs` writes them); each rank leaves its figures in its rank file as
+litgpt's observed runs do. The differences the speed switches make: docs/strategies.md, "The fast path"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """What is alive in GPU memory at a run's peaks, from CUDA's allocator history (opt-in: ``TUNELAB_MEMORY_HISTORY=1``).
 
-With the variable set, each rank records torch's allocator history from its start
-(``torch.cuda.memory._record_memory_history``, Python stacks only), marks the first training batch, and at exit
-writes ``memory-rank<N>.json`` beside ``rank<N>.json``: for the "loaded" phase (model, optimizer, quantization and
-litgpt's sanity validation, before the first training batch) and for the rest of the run, the peak of the bytes
-requested from the allocator, replayed from the history, and at that moment those bytes grouped by the first caller
-outside torch that asked for them (file:line function). The history records requested sizes (the planner's
-quantity); ``max_memory_allocated``, written beside them, counts the allocator's blocks (rounded up to 512 bytes,
-sometimes a split remainder more), so it is the larger. The snapshot stays in memory: nothing is pickled or read.
-
-Costs host memory and time (a stack per allocation): a measurement run, not a benchmark. Without CUDA it is a no-op
-with one line on stderr. A history longer than ``MAX_ENTRIES`` loses its start; the file then says ``truncated``.
-"""
+Each rank records torch's allocator history from its start (``torch.cuda.memory._record_memory_history``, Python
+stacks only), marks the first training batch, and at exit writes ``memory-rank<N>.json`` beside its rank file: for
+the "loaded" phase and for the rest of the run, the peak of the bytes requested, replayed from the history, and the
+bytes alive then grouped by the first caller outside torch (file:line). docs/records.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,11 @@
 """What tunelab's loop (:mod:`tunelab.run.loop`) leaves beside its metrics, as ``litgpt finetune_*`` leaves it, so that
-``litgpt generate``, ``chat``, ``merge_lora`` and ``evaluate`` load a model trained under ``--strategy``:
+``litgpt generate``, ``chat``, ``merge_lora`` and ``evaluate`` load a model trained under ``--strategy``.
 
-* full fine-tuning: ``<out_dir>/final/lit_model.pth`` (``{"model": state_dict}``) and, every ``train.save_interval``
-  optimizer steps, ``<out_dir>/step-<NNNNNN>/lit_model.pth`` with the optimizer and scheduler states, iteration and
-  step (litgpt's ``state``);
-* LoRA: ``lit_model.pth.lora`` (the adapters only) in the same places; at the end litgpt's own ``merge_lora`` writes
-  the merged ``final/lit_model.pth``;
-* beside each: the checkpoint's config and tokenizer files (litgpt's ``copy_config_files``), ``hyperparameters.yaml``
-  (the run's resolved arguments: what ``merge_lora`` reads) and ``prompt_style.yaml`` (litgpt's ``save_prompt_style``).
-
-Every file is written to a temporary name in its directory and renamed into place: a run killed or a disk filled
-mid-save leaves the previous file whole, never a truncated checkpoint under the final name. The full state dict
-of a sharded model is gathered first (``torch.distributed.checkpoint.state_dict``; DeepSpeed ZeRO-3 through its
-16-bit consolidation) and written by rank 0. litgpt's own helpers, which write in place, are wrapped so
-(:func:`install_atomic_writes`, in the child that runs ``litgpt finetune_*`` too); :func:`whole` checks what a run
-left before its record says ``ok``.
-
-:func:`generate_example` is litgpt's sample generation after a validation (its ``generate`` on the
-``eval.evaluate_example`` instruction), run eagerly.
-"""
+Full fine-tuning: ``final/lit_model.pth`` and, every ``train.save_interval`` optimizer steps,
+``step-<NNNNNN>/lit_model.pth`` with the optimizer and scheduler states, iteration and step; LoRA: the adapters
+(``lit_model.pth.lora``) in the same places, then litgpt's own ``merge_lora`` for the merged model; beside each the
+checkpoint's config and tokenizer files and the run's hyperparameters. Written atomically
+(:mod:`tunelab.files`): a crash leaves the last whole checkpoint, never a torn one."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """``tunelab tune-batch``: the largest micro batch that fits, and the fastest one, found by real short probes.
 
-Starting from the planner's guess (the largest micro batch it predicts fits the named GPU, or 1), each probe is a
-real run of a few optimizer steps (no accumulation, no final validation) written as a run record. The micro batch
-doubles until a probe runs out of memory, then bisects between the last fit and the first failure. The best
-micro batch is the one with the highest steady-state tokens/s among the probes that fit with no allocator retries
-(seed 000: batch 8 fit but ran slower than 7 because of cudaMalloc retries). On CPU, ``--memory-limit-gb`` caps
-each probe's address space, so the search runs (and is tested) for real without a GPU.
-
-Under a strategy (``--strategy fsdp --devices 4``) the probes run tunelab's multi-device loop; with
-``--activation-checkpointing on|off|both`` each setting is searched on its own, from a copy of the strategy file
-with that one key changed (written beside the probes, so every record names the exact file it ran). The table has
-the columns of the FSDP tuning study the project reproduces (docs/lab.md, Part 3): micro batch, peak allocated and
-reserved, GPU utilisation mean +/- std, TFLOP/s per device, iteration time, allocator retries, status; the best
-micro batch is starred, and the planner's predicted largest micro batch is shown beside the probed one.
-"""
+Starting from the planner's largest fitting micro batch (or 1), each probe is a real run of a few optimizer steps
+written as a run record. The micro batch doubles until a probe runs out of memory, then bisects between the last fit
+and the first failure. The fastest is the highest steady-state real tokens/s among the probes that fit without
+allocator retries (retries cost time before they cost an OOM). Each probe's window ends at a synchronised point.
+On CPU ``--memory-limit-gb`` caps each probe's address space, so the search runs here too (docs/commands.md)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """``tunelab bench RECIPE``: litgpt's own command against tunelab's fast path, side by side on one device.
 
-Both arms run the same recipe with the same settings (micro and global batch, precision, data, steps; one device)
-as real runs with their records: arm ``litgpt`` is ``litgpt finetune_*`` itself (behind tunelab's observer), arm
-``fast`` is tunelab's loop under a strategy file (default ``configs/strategies/fast.yaml``). They alternate, litgpt
-first then fast in each pair, so that a drift of the machine (clocks, temperature, other work) touches both; the
-speed-up is the ratio of each pair's steady-state real tokens/s (warm-up excluded), reported as the median with
-its range over the pairs. The fast arm's first iteration (compilation) is reported apart. With ``--best-micro``
-each arm is also run at its own best micro batch (tune-batch: the fastest without allocator retries).
-
-Every run is a record under ``<out>/<arm>-<pair>/`` (``<out>/best-<arm>-<pair>/``), reused when the same command
-runs again; ``bench.md``, ``bench.csv`` (one row per run, fixed columns) and ``loss.png`` (the two loss curves of the
-first pair) are written from the records by :mod:`tunelab.report.bench`.
-"""
+Both arms run the same recipe and settings as real runs with their records: ``litgpt`` is ``litgpt finetune_*``
+behind tunelab's observer, ``fast`` tunelab's loop under a strategy file (default ``configs/strategies/fast.yaml``).
+They alternate in pairs, litgpt first, so a drift of the machine touches both; the speed-up is the median over the
+pairs of each pair's ratio of steady-state real tokens/s (warm-up excluded), with its range, and ``bench.md`` also
+gives each arm's whole run: start-up, the time an optimizer step saves and the step from which the fast arm is
+ahead end to end. Losses are compared per pair."""
 
 from __future__ import annotations
 

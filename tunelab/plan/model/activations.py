@@ -1,66 +1,14 @@
-"""What autograd keeps for backward in litgpt's models, derived from the ``Config`` (no LLaMA assumptions).
+"""What autograd keeps for backward in litgpt's models, derived op by op from the ``Config`` (no LLaMA assumptions).
 
-Bytes per block and for the head, for ``n = micro x T`` tokens, ``s`` = activation dtype bytes. Each term is a
-tensor litgpt's code saves (the op that saves it in brackets), counted once per storage, as
-``tunelab.plan.trace.measure`` counts them on a real forward (``tests/e2e/test_activations.py`` compares the two for
-14 model families, full and LoRA, bf16-true and bf16-mixed; ``reports/planner-families/``):
-
-Norms (``config.norm_class_name``):
-  * litgpt ``RMSNorm`` computes in fp32: the fp32 copy of its input (4d) [pow, mul], ``rsqrt`` (4) [mul], the
-    fp32 weight (4d, once per norm, not per token) [mul]; when the weight trains (full), the fp32 normalised value
-    (4d) [mul by the weight]. A 32-bit model's input is already fp32: the "copy" is its input (still 4d, once).
-  * ``LayerNorm`` (torch's native kernel): its input (s d) and mean and rstd (per token: 2 x 4 bytes on CUDA, 2 x s
-    on CPU) [native_layer_norm].
-  * ``norm_1``; ``norm_2`` unless ``shared_attention_norm``; ``post_attention_norm`` / ``post_mlp_norm`` (Gemma 2)
-    normalise the attention / MLP output (their output feeds a residual add, not a linear: nothing more kept).
-Linear inputs: a linear whose weight trains keeps its input (s x in_features) [mm / addmm]; inputs shared by
-  several linears are one storage (qkv, fc_1 and fc_2 read one normalised input; with a shared attention norm the
-  MLP reads it too). A frozen linear keeps nothing for its weight.
-Attention, fused SDPA (flash / memory-efficient on CUDA; torch's CPU flash kernel saves the same): q and k after
-  RoPE (partial rotary: a concatenation, still one new tensor each), v, the output (s x n_head x head_size each;
-  with grouped-query or multi-query attention k and v are expanded to every head first), the fp32 log-sum-exp
-  (4 x n_head). Multi-head attention's v is a view of the fused qkv output, which stays alive whole:
-  s x (n_head + 2 n_query_groups) x head_size instead of v alone. The output's reshaped copy is the projection's
-  input: flash and cuDNN (and torch's CPU kernel) write the output in q's layout, so reshaping it back to
-  (B, T, d) copies; CUDA's memory-efficient kernel, the one fp32 runs, writes (B, T, heads, head_size), so there
-  the reshape is a view and nothing more is kept (``attention_output_view``). A head size that is not a multiple
-  of 8 (OpenLLaMA 3B: 100) makes torch's SDPA pad q, k and v before CUDA's flash kernel (``pad_last_dim<8>``):
-  the kernel keeps the three padded copies and its padded output, and the roped q and k and the fused qkv are not
-  kept (``flash_pad``).
-Attention with logit softcapping (Gemma 2): litgpt's math path on every device: q and k (expanded) [bmm], the
-  tanh of the scaled scores (s x n_head x T per token) [tanh], the fp32 softmax (4 x n_head x T) [softmax], its
-  cast to the dtype (s x n_head x T) and v [bmm]: quadratic in T.
-MLP (``config.mlp_class_name``): ``LLaMAMLP`` (SwiGLU) and ``GemmaMLP`` (GeGLU): fc_1 out (the activation's input),
-  the activation's output and fc_2 out (the product's inputs): 3 s I, + the product (s I) as the projection's
-  input when it trains. ``GptNeoxMLP``: fc out (the GELU's input) s I + the GELU output (s I, the projection's input
-  when it trains; LoRA: the adapter's dropout reads it instead).
-LoRA, per adapted linear (litgpt.lora): the dropout mask (1 byte per input element on CUDA's fused dropout; on CPU
-  torch multiplies by a mask in the input dtype: s), the dropout output (s x in_features) [lora_A], lora_A's
-  output (s x r) [lora_B]. The fused qkv has one dropout (and one lora_A output of r per enabled q, k, v);
-  fc_1 and fc_2 each have their own dropout on the same input. When only some of q, k, v are adapted, litgpt
-  scatters the adapters' output into a zero tensor of the full qkv width (``zero_pad``: ``index_copy_``), whose
-  backward keeps its source for ``expand_as``: s x the enabled width (q: n_head x head_size, k and v:
-  n_query_groups x head_size each) [index_copy], and the int64 index (8 x that width per block, not per token:
-  ``lora_ind`` returns a clone of its buffer).
-Head (outside the blocks): the final norm, the lm_head input when it trains, and the loss: litgpt's chunked
-  cross-entropy keeps each chunk's log-softmax (V per position, T-1 positions per sequence, in the logits' dtype:
-  fp32, as Lightning Fabric, which runs litgpt's scripts, converts the model's outputs to fp32 under every
-  precision, bf16-true included) and the targets; Gemma 2's
-  final softcapping adds the tanh (s x V). A frozen embedding (LoRA) makes block 0 keep less (its norm's input
-  needs no gradient): the first block is counted apart.
-
-Mixed precision (``mixed=True``; Lightning's bf16-mixed: fp32 weights, the model's forward under autocast, its
-  outputs converted to fp32 before the loss; checked against CPU autocast, whose op lists differ from CUDA's only
-  in ops these models call on fp32 inputs): the residual stream is fp32, so a norm of it keeps an fp32 input
-  (LayerNorm too: autocast runs it in fp32) and its fp32 weight is the parameter itself (no copy; Gemma's
-  ``1 + w`` still is one); matmuls compute in 16 bits, so q, k, v, attention, the MLP and LoRA's adapter inputs
-  keep what 16-bit -true keeps, except that each trainable linear reading a normalised input keeps its own 16-bit
-  cast of it (autocast caches weight casts only: fc_1 and fc_2 keep two); the loss's log-softmax is fp32.
-  Autocast's 16-bit weight copies are the planner's own term (``memory.autocast_weight_copies``), not counted here.
-
-Not modelled (said where a plan uses them): mixture-of-experts MLPs, latent attention, an explicit attention mask
-(sequences longer than a sliding window).
-"""
+Bytes per block and for the head, for ``n = micro x T`` tokens: each term is a tensor litgpt's code saves, counted
+once per storage, as :mod:`tunelab.plan.trace.measure` counts them on a real forward
+(``tests/e2e/test_activations.py`` compares the two per family). Covered: RMSNorm and LayerNorm (and Gemma's post
+norms), the inputs of trainable linears, fused SDPA (flash and memory-efficient layouts, a head size padded to a
+multiple of 8, GQA/MQA expansion, partial rotary), softcapped attention by the math path, SwiGLU/GeGLU/GELU MLPs,
+LoRA's dropout and adapter inputs (and its zero-padded partial qkv), the chunked loss's log-softmax in fp32, a
+frozen embedding's first block, and mixed precision per tensor dtype. Not modelled (said where a plan uses them):
+mixture-of-experts MLPs, latent attention, an explicit attention mask. The terms and where each comes from:
+docs/planner.md, "Memory"."""
 
 from __future__ import annotations
 

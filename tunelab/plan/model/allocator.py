@@ -1,22 +1,11 @@
 """CUDA's caching allocator, modelled from its code, to replay a simulated step's allocations on this CPU.
 
-``torch.cuda.max_memory_allocated`` counts the blocks the caching allocator hands out, not the bytes asked for, and
-a block can be larger than its request. The rules (PyTorch's native allocator, ``c10/cuda/CUDACachingAllocator.cpp``,
-default settings: no ``max_split_size``, no expandable segments, one stream):
-
-* a request is rounded up to a multiple of 512 bytes (``round_size``; 512 at least);
-* requests of up to 1 MiB come from the small pool, larger ones from the large pool (``get_pool``);
-* the smallest cached free block of the pool that fits is taken, the lowest address among equals (``get_free_block``:
-  a set ordered by size, then address); without one a new segment is reserved: 2 MiB for a small request, 20 MiB
-  for one under 10 MiB, else the request rounded up to 2 MiB (``get_allocation_size``);
-* the block is split when what remains is at least 512 bytes (small pool) or more than 1 MiB (large pool)
-  (``should_split``); otherwise the whole block is handed out and counted as allocated;
-* a freed block merges with free neighbours of its segment and returns to its pool; segments are never released
-  (no ``empty_cache``, no out-of-memory retry).
-
-:func:`replay` runs a trace of ``(kind, key, bytes)`` events ("alloc" / "free") through it: the allocated and
-reserved peaks a GPU would report for that sequence of requests.
-"""
+``torch.cuda.max_memory_allocated`` counts the blocks the allocator hands out, not the bytes asked for. The rules of
+PyTorch's native allocator at default settings (``c10/cuda/CUDACachingAllocator.cpp``): requests rounded up to 512
+bytes; a small pool (up to 1 MiB) and a large one; the smallest cached free block that fits, split when the rest is
+large enough; segments from cudaMalloc in 2 MiB (small) or 20 MiB / rounded (large) units; freed blocks merged with
+free neighbours. :func:`replay` runs a list of allocations and frees through these rules and reports the peaks a
+GPU would (allocated and reserved); ``scripts/replay_allocator.py`` and ``reports/planner-accuracy/`` use it."""
 
 from __future__ import annotations
 

@@ -1,24 +1,11 @@
-"""bitsandbytes' own work in litgpt's QLoRA step on a GPU, by its code, beside the step the trace records.
+"""bitsandbytes' own work in litgpt's QLoRA step on a GPU, read from its code, beside the step the trace records.
 
-litgpt's ``--quantize bnb.nf4`` runs through Lightning's bitsandbytes plugin: every ``torch.nn.Linear`` (the head's
-included) holds NF4 weights, quantized from a float16 copy, without nested statistics (one fp32 absmax per 64-weight
-block). bitsandbytes 0.50.2's ``MatMul4Bit`` (with training's row counts, past the fused kernel's 1,536 rows on CUDA,
-the "dequantize then ``F.linear``" path):
-
-* forward: one ``kDequantizeBlockwise`` kernel writes the weight in the compute dtype, then the matmul;
-* backward (input gradient): one ``kDequantizeBlockwise`` kernel to float16 (the dtype Lightning quantized from), a
-  copy to the compute dtype (traced: :mod:`tunelab.plan.trace.simulate`'s stand-in does that cast, and the kernel model
-  times a float16 <-> bfloat16 cast at the unvectorized rate), then the matmul;
-* litgpt's head runs by 128-token chunk: its weight is dequantized once per chunk, forward and backward; litgpt's
-  validation runs the head whole (once); a generated token (one row) takes bitsandbytes' fused kernel instead (not
-  modelled: the decode step is timed as LoRA's);
-* the optimizer is bitsandbytes' ``PagedAdamW``: one ``kOptimizer32bit2State`` kernel per trainable tensor, driven
-  from Python tensor by tensor.
-
-The trace (:func:`tunelab.plan.trace.kernel_trace.record_step`) sees the matmuls and the backward's cast; this module adds
-what it cannot see: the dequantization kernels, the optimizer's kernels, and the host's Python work per 4-bit matmul
-and per optimizer tensor. Measured on an H200 (evidence ``h200-grid-qlora``, ``reports/evidence.yaml``: TinyLlama and
-OpenLLaMA 7B, LoRA beside QLoRA on one machine): the constants below say which line each was fitted on."""
+Under ``--quantize bnb.nf4`` every linear holds NF4 weights; bitsandbytes 0.50.2's ``MatMul4Bit`` dequantizes each
+weight with one ``kDequantizeBlockwise`` kernel in the forward and one in the backward (to float16, then the compute
+dtype), ``PagedAdamW`` runs one kernel per trainable tensor, and each of these costs the host its Python. This
+module adds those kernels and the host's ops to the traced LoRA step; the rates are fitted on one H200 grid and
+checked out of sample there (``reports/planner-accuracy/kernels.md``). Not modelled: the fused kernel for small row
+counts, litgpt's StableEmbedding's own kernels."""
 
 from __future__ import annotations
 

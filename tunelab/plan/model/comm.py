@@ -1,59 +1,12 @@
-"""Communication of a multi-device run: the bytes each device moves per optimizer step under its strategy, over
-the links of the system (``configs/hardware/links.yaml``), and the seconds of it that compute does not hide.
+"""Communication of a multi-device run: the bytes each device moves per optimizer step under its strategy, over the
+links of ``configs/hardware/links.yaml``, and the seconds of it that compute does not hide.
 
-Ring collectives on n devices move, per device: an all-reduce of B bytes 2 (n-1)/n x B; an all-gather or a
-reduce-scatter (n-1)/n x B. Per optimizer step, with ``a`` micro batches accumulated (litgpt skips the gradient
-sync while accumulating), P parameters of s_p bytes, T trainable ones with gradients of s_g bytes:
-
-* DDP, FSDP NO_SHARD, ZeRO-1: the gradients all-reduced once: 2 (n-1)/n x T s_g.
-* FSDP FULL_SHARD, FSDP2 resharding, ZeRO-3: each block's parameters all-gathered for each forward and again for
-  each backward, the gradients reduce-scattered: a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (about 3x the
-  parameter bytes for full fine-tuning), where R are the root unit's parameters (the embedding, the final norm, the
-  head: everything outside the blocks), which FSDP1 gathers once per forward and keeps for the backward (it does
-  not free the root's parameters after forward; FSDP2 regathers them: R = 0; ZeRO-3 keeps what its coordinator holds
-  at the forward's end, :func:`tunelab.plan.model.strategies.zero.zero3_gathered`: R = K). With FSDP1's whole model one unit
-  (``fsdp_wrap: none``) all of it is the root: a x (n-1)/n x P s_p + (n-1)/n x T s_g. Traced: the per-rank
-  simulation (:mod:`tunelab.plan.trace.ranks`) records these gathers (FSDP1's root once per forward, FSDP2's twice). LoRA under FSDP
-  still gathers every frozen weight: its traffic is that of full fine-tuning less the gradients; under FSDP1 not even
-  those: each flat parameter with a trainable weight gets a whole gradient, frozen weights' zeros included, and is
-  reduce-scattered whole (traced). A model given by
-  its size only (no blocks known) is planned without the root's saving.
-* FSDP SHARD_GRAD_OP, FSDP2 without resharding: gathered once per forward and kept: a x (n-1)/n x P s_p + (n-1)/n x
-  T s_g. DeepSpeed ZeRO-2: gradients reduce-scattered, updated parameters all-gathered once per step.
-* HYBRID_SHARD: FULL_SHARD inside each node of g devices, and across the m nodes an all-reduce of each device's
-  gradient shard: 2 (m-1)/m x T s_g / g.
-* CPU offload over the host link: FSDP ``cpu_offload`` copies the parameter shard in for each gather and the
-  gradient shard out; DeepSpeed ``offload_optimizer`` sends the gradient shard out and the updated parameter shard
-  back each step, ``offload_params`` also brings the parameter shard in for each forward and backward.
-
-Latency: each collective call also costs NCCL's ring latency (its tuning model, ``src/graph/tuning.cc``, Simple
-protocol): :data:`BASE_LATENCY_S` plus, per ring step, the hop's latency (the link table's ``latency_us``: NVLink
-3.4 us, PCIe 5.7, the network 14); an all-reduce takes 2 (n-1) steps (2 m of them across nodes), an all-gather or a
-reduce-scatter n-1 (m-1 across). Calls per optimizer step: DDP one all-reduce per gradient bucket (DDP's own
-assignment, :func:`ddp_bucket_count`: TinyLlama's 2.2 GB of bf16 gradients in 46 buckets at 25 MB); FSDP and ZeRO-3 one gather per unit (the blocks and the
-root) per forward and per backward of each micro batch, one reduce-scatter per unit per step; ZeRO-2 its
-reduce-scatters in buckets of its ``reduce_bucket_size`` and its gathers in buckets of ``allgather_bucket_size``
-(the strategy file's keys; tunelab's files keep Lightning's 2e8 elements). Small models on many devices, or many
-micro batches, are where the latency shows.
-
-A ring that spans nodes runs at its slowest hop, the network: a flat ring crosses each node's network once, so
-the node's NICs (NCCL spreads its channels over them) carry one device's volume, and an all-reduce's bus bandwidth
-across nodes comes near the node's aggregate NIC bandwidth (nccl-tests: 96 GB/s on nodes of 8 A100s with 4 HDR
-adapters, 100 GB/s). HYBRID_SHARD's g rings across the nodes, one per local rank, share it. NCCL's trees do better
-on many nodes: an upper bound of the time there. Seconds = bytes / (peak x the link's efficiency).
-
-Overlap follows the schedule (:meth:`Comm.exposed`): gradient buckets (DDP, FSDP's NO_SHARD) are issued one after
-another as the last micro batch's backward fills them (litgpt syncs only there); FSDP's per-unit gathers run ahead
-of the unit that needs them, beside the forward and backward passes of every micro batch, and each unit's
-reduce-scatter beside the next unit's backward; k equal calls beside a window W end max(C/k, C - W (1 - 1/k)) after
-it. FSDP without auto-wrap (one unit: gathered before the forward, reduced after the backward) and offload's host
-copies hide behind nothing; so do DeepSpeed's gradient reductions, which tunelab's config runs on the compute stream
-(``overlap_comm`` off: ``tunelab.run.loop.deepspeed_config``), and ZeRO-2's gather of the updated parameters after
-the step; ZeRO-3's parameter gathers are prefetched beside the passes. The lab's Part 2 rows (four A100s over
-PCIe: FSDP without auto-wrap exposes all its traffic, DDP all but what its last micro batch's backward hides)
-measure the PCIe link's achieved bandwidth (``configs/hardware/links.yaml``: pcie4; ``tunelab plan-accuracy`` fits
-it, leaving each row out).
-"""
+:func:`per_step` builds the symbols (:class:`tunelab.plan.model.strategies.base.Sizes`), asks the case's strategy
+object for its volumes and calls (``Strategy.volumes``: ring all-reduce 2(n-1)/n, all-gather and reduce-scatter
+(n-1)/n of the bytes), adds NCCL's ring latency per call (:data:`BASE_LATENCY_S` plus the link's latency per ring
+step), runs a ring that spans nodes at the network's speed, and :meth:`Comm.exposed` says what the schedule leaves
+unhidden (k equal calls beside a window W end max(C/k, C - W (1 - 1/k)) after it). The formulas per strategy and
+the links' sources: docs/planner.md, "Communication"."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """The step of tunelab's own loop under a strategy file (the fast path), kernel by kernel: what its switches remove.
 
-:mod:`tunelab.plan.model.kernels` times litgpt's eager step op by op. Under a strategy file tunelab's loop changes four
-things the time follows, each modelled from what runs, not from a speed-up factor:
-
-* **compiled blocks** (``compile: blocks``): each block's forward and backward are the graphs torch.compile's
-  partitioner makes (:func:`tunelab.plan.trace.compiled.block_kernels`): its matmuls and attention one library kernel each
-  (timed as the eager ones are), everything else in fused regions that read and write HBM once; the host launches
-  each compiled kernel at :data:`COMPILED_HOST_S_PER_KERNEL`;
-* **Liger's fused linear cross-entropy** (``liger: loss``): the loss's kernels on the logits (the fp32 cast, the
-  log-softmax, the NLL and their backward: :attr:`tunelab.plan.model.kernels.Template.logits`) give way to Liger's chunks:
-  the head's three matmuls (as before, moved into the forward) and one Triton kernel per chunk that reads the
-  chunk's logits and writes their gradient in place (:func:`liger_chunks`, from Liger's own chunking rule); Liger
-  reads the count of real targets to the host first (``.item()``), which waits for the GPU to finish the forward;
-* **the fused optimizer** (``fused_optimizer``): the simulated step traces torch's fused AdamW as the op it is (one
-  kernel over every parameter) in place of the for-each kernels, timed as :mod:`tunelab.plan.model.kernels` times them;
-* **no per-iteration synchronisation** (``log_interval``): the host queues ahead of the GPU, so an iteration takes
-  the longer of its kernels and its launches over the whole iteration, not op by op; with Liger, the forward and
-  backward are one such stretch and the loss (after Liger's wait) another.
-
-What stays eager (the embedding, the final norm, the head's matmuls) is litgpt's step without blocks
-(``n_layer=0``, :func:`tunelab.plan.trace.kernel_trace.cached_template`), timed as :mod:`tunelab.plan.model.kernels` times it.
-Not modelled: compiled blocks under mixed precision, activation checkpointing and QLoRA (timed as eager blocks, as
-their memory is planned), CUDA graphs, the data loader (pretokenised and prefetched, off the critical path).
-"""
+Under a strategy file the time follows four changes, each modelled from what runs, not from a speed-up factor:
+compiled blocks (the kernels inductor's graphs launch, :func:`tunelab.plan.trace.compiled.block_kernels`, fused
+regions reading and writing HBM once, each launched at :data:`COMPILED_HOST_S_PER_KERNEL`), Liger's fused linear
+cross-entropy (its chunks instead of the logits), the fused optimizer (one kernel over all parameters), and the
+loss read every ``log_interval`` iterations (the host queues ahead of the GPU between reads). Its padding is the
+loop's own grouping. :data:`FAST_START_EXTRA_S` is the fast path's longer start, from our benches: docs/planner.md,
+"The fast path"."""
 
 from __future__ import annotations
 

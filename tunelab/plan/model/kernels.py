@@ -1,36 +1,13 @@
-"""The simulated step's kernels, timed one by one on a named GPU: the first piece of the runtime model by cause.
+"""The traced step's kernels, timed one by one on a named GPU: the runtime model's step by cause.
 
-The step of :mod:`tunelab.plan.trace.simulate` (litgpt's model, loss and optimizer on fake tensors, at full width) runs
-under a ``TorchDispatchMode`` that records every ATen op it dispatches in the forward pass and the loss, the
-backward pass and the optimizer step: its category, its FLOPs (matmuls and attention) and the bytes it reads and
-writes (every tensor argument and result that is not a view). Ops that only make views launch no kernel and are
-not counted. The step is traced with one and with two blocks and extrapolated by block to the model's ``n_layer``,
-as the memory simulation does.
-
-Each kernel gets a time on the GPU (``configs/hardware/gpus.yaml``):
-
-* matmul: FLOPs / (dense peak of the compute dtype x :data:`MATMUL_EFFICIENCY` x the share of the GPU's SMs its
-  output tiles keep busy over its waves (:func:`wave_efficiency`: tiles of :data:`TILE` x :data:`TILE`, one wave
-  per SM count));
-  fp32 matmuls as TF32 on tensor cores (litgpt's 'high') at :data:`TF32_MATMUL_SHARE` of that efficiency;
-* attention (flash): FLOPs / (dense peak x :data:`ATTENTION_EFFICIENCY`), causal (half the score blocks); fp32
-  attention, which flash does not take, by the memory-efficient kernel, whose fp32 products are three TF32 ones
-  (:func:`fp32_attention_peak`) x :data:`FP32_ATTENTION_EFFICIENCY`;
-* everything else (norms, RoPE, SwiGLU, casts, copies, the loss, the optimizer's for-each ops, LoRA's grouped
-  convolution): bytes / (:func:`memory_rate`, the HBM's bandwidth or what the SMs move, x its kind's share:
-  :data:`MEMORY_EFFICIENCY` contiguous, :data:`STRIDED_EFFICIENCY` over a strided view, :data:`FOREACH_EFFICIENCY`,
-  :data:`CONV_EFFICIENCY` / :data:`CONV_BACKWARD_EFFICIENCY`; :attr:`Template.access`);
-* every kernel at least :data:`MIN_KERNEL_S`.
-
-The host launches the kernels one after another: :data:`HOST_S_PER_OP` per dispatched op (Python, the dispatcher,
-the launch), and the for-each AdamW's Python work per tensor (:data:`ADAM_FOREACH_HOST_OPS_PER_TENSOR`). The step
-takes ``max(GPU time, host time)``: a small model with many small kernels (LoRA on 1B) waits on the host, a large one
-on the GPU.
-
-Checked against our H100 profile (:data:`PROFILE`, where most constants were fitted) and the H100 and H200 grids
-(:data:`GRIDS`): ``reports/planner-accuracy/kernels.md``. :mod:`tunelab.plan.model.runtime` puts the run around the step
-(validations, saves, communication, the litgpt loop's own host time).
-"""
+A step's template (:class:`Template`, from the tracer through :class:`tunelab.plan.model.tables.Tables`) lists every
+ATen op of the forward and loss, backward, optimizer step, a validation batch and a generated token, with each op's
+FLOPs, bytes and output tiles as polynomials in micro batch and tokens. Each kernel's time: matmuls at the dense
+peak x :data:`MATMUL_EFFICIENCY` x their waves' SM share (fp32 as TF32), attention at its share of the peak, every
+other kernel by its bytes over the memory rate (the HBM's or the SMs', the lower) at its category's share, at least
+:data:`MIN_KERNEL_S`. The host launches each op at litgpt's time per op; a phase takes its kernels or its launches,
+whichever is longer (:func:`step_time`). Constants and their fits: docs/planner.md, "Time"; checked in
+``reports/planner-accuracy/kernels.md``."""
 
 from __future__ import annotations
 

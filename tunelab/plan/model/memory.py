@@ -1,55 +1,12 @@
-"""Predict peak GPU memory, fit, FLOPs, runtime and energy of a recipe before launch, from arithmetic alone.
+"""The memory plan: a case (:class:`tunelab.plan.model.case.PlanInput`) -> :class:`Plan`, a breakdown per device that
+sums to the predicted peak of ``torch.cuda.max_memory_allocated``, the verdict for a GPU and the largest micro
+batch.
 
-Memory model (bytes; P = parameters, s = bytes of the training dtype, N_tok = micro_batch x sequence length):
-
-* weights: P x s (bf16-true 2, 32-true 4; mixed precision keeps fp32 weights, 4). QLoRA: the linear layers in
-  NF4, 0.5 byte/param plus one fp32 absmax per 64-weight block (0.0625 byte/param; nf4-dq: 8-bit absmax + fp32
-  per 256 blocks), embedding kept in the compute dtype.
-* gradients of the trainable parameters: P_train x s_param. Without accumulation they are created during the
-  backward pass while activations are freed, so the peak holds max(activations, gradients); with accumulation
-  they persist from the first micro batch, so they add.
-* optimizer states: AdamW 2 per trainable parameter in the parameter dtype (bf16-true: bf16 states), SGD with
-  momentum 1, plain SGD none; bitsandbytes 8-bit Adam 2 bytes; bitsandbytes paged optimizers (litgpt's QLoRA
-  PagedAdamW) keep the states of tensors from 1e5 elements in CUDA unified memory, outside torch's allocator (not
-  in "allocated"), and smaller tensors' states (most LoRA adapters) on the device.
-* mixed precision: autocast's 16-bit weight copies alive from the forward until backward has used them
-  (``autocast_weight_copies``: every linear weight for full fine-tuning; LoRA: every frozen block weight, one
-  lm_head copy per 128-token chunk, the adapters).
-* activations: what autograd keeps for backward, derived op by op from the model's litgpt Config for any family
-  (RMSNorm / LayerNorm, SwiGLU / GeGLU / GELU MLPs, multi-head / grouped / multi-query attention, partial rotary,
-  parallel residual, shared and post norms, attention and final-logit softcapping, LoRA's dropout and adapter
-  inputs, a frozen embedding's first block): ``tunelab/plan/model/activations.py``, checked against a real forward of
-  litgpt's own model per family (``tunelab plan-families``, ``tunelab plan --measure``). Activation checkpointing
-  keeps each block's input (s d per token; fp32 under mixed precision) plus one block recomputed at a time. Mixed
-  precision is derived the same way, per tensor dtype (fp32 residual stream and norms, 16-bit matmuls).
-* logits and loss: the loss's saved tensors (litgpt's chunked cross-entropy keeps each chunk's log-softmax) plus
-  what is alive beside them when backward starts: the logits litgpt's loop still holds and, for full fine-tuning,
-  their gradient (3 x N_tok x V x s in all); LoRA's chunked head: 2 x N_tok x V x s plus the loss backward's
-  chunk gradients. The logits are fp32 (s = 4 here) under every precision in litgpt's scripts: Lightning Fabric's
-  precision plugins convert the model's outputs to fp32, bf16-true included (tunelab's own multi-device loop does
-  not: the compute dtype there).
-* QLoRA, from the code (Lightning's BitsandbytesPrecision and litgpt's loading, bitsandbytes 0.50): on one device
-  the model is built under ``fabric.init_module`` with every ``torch.nn.Linear`` replaced by an NF4 layer that
-  quantizes itself in ``__init__`` on CUDA, and ``load_checkpoint`` streams the memory-mapped weights through a
-  load hook that quantizes each one (``weight.to(cuda, float16)`` then ``quantize_4bit``): the bf16 model never sits
-  on the GPU, one layer's 16-bit copy at a time does (the measured peak right after loading, 1.3-1.8 GB for
-  TinyLlama and 5.6-6.0 GB for OpenLLaMA 7B, is far below the training peak, so loading never sets it). In training,
-  ``MatMul4Bit`` keeps only the packed weight for backward (no activation beyond LoRA's); every forward matmul
-  dequantizes its weight to a 16-bit temporary and every backward one to fp16 and then a compute-dtype copy
-  (``dequantized_weight_temporary``: lm_head's, 2 x 0.13 GB for TinyLlama, 2 x 0.26 GB for 7B, sets the peak);
-  PagedAdamW keeps the states of tensors under 1e5 elements on the device (``paged_optimizer_device_states``);
-  litgpt's script swaps the embedding for bitsandbytes' ``StableEmbedding`` after building the optimizer: the old
-  one stays referenced, the new one trains outside the optimizer (``stable_embedding_states``). No measured
-  constant: these causes leave the H100's QLoRA runs as close to the plan as its LoRA runs without quantization.
-* CUDA context (~0.5 GiB, outside "allocated") and the caching allocator's slack (reserved / allocated, ALLOCATOR_SLACK = 1.05:
-  PyTorch typically reserves 5-15% above what it allocates) decide the fit, not the allocated peak alone.
-
-Strategies divide the model states: DDP adds gradient buckets (a second copy of the gradients); FSDP
-FULL_SHARD shards weights, gradients and optimizer states (plus one unsharded block in flight), SHARD_GRAD_OP
-shards gradients and states, HYBRID_SHARD shards within a node, NO_SHARD is DDP; DeepSpeed ZeRO-1/2/3 shard
-states / + gradients / + weights and keep fp32 master weights and fp32 Adam states (12 bytes/param) whatever the
-training precision; offload moves optimizer states (and with ZeRO-3 parameters) to host RAM.
-"""
+:func:`predict` takes the model states (:func:`model_states`), the activations and the loss (:func:`_activations`,
+from :mod:`tunelab.plan.model.activations`), the strategy's division (:func:`_divide`, asking
+:func:`tunelab.plan.model.strategies.of`), then the largest of the forward's end, the strategy's backward moment and
+the optimizer step. :func:`verdict` adds the allocator's slack and the CUDA context. The terms, the equations and
+where it is weak: docs/planner.md, "Memory"."""
 
 from __future__ import annotations
 

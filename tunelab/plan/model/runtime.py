@@ -1,26 +1,12 @@
-"""Runtime of a litgpt fine-tuning run as a point estimate: what litgpt's "Training Time" contains, term by term.
+"""The run's time as litgpt's "Training Time" counts it, by cause, and the band around it.
 
-    seconds = compute FLOPs / (peak FLOP/s x ETA) + memory-bound bytes / (bandwidth x MU) + iterations x OVERHEAD_S
-
-* compute FLOPs: training (the model's matmul FLOPs per padded token, ``tunelab.plan.model.flops.flops_per_token``, times the
-  epoch's padded tokens) and every validation litgpt runs inside its fit loop: the 2-batch sanity check at the
-  start, then ``eval.max_iters`` batches (at most the validation set) every ``eval.interval`` optimizer steps, at a
-  third of the training FLOPs per token (forward only); with activation checkpointing each training token's
-  forward runs again in the backward pass (a third more);
-* memory-bound bytes: the optimizer step over the trainable parameters every optimizer step (AdamW reads weights,
-  gradients and both moments and writes three of them: 7 x the parameter dtype's bytes; SGD 3 x, with momentum 5 x),
-  the sample litgpt generates after each in-loop validation (``eval.max_new_tokens`` decode steps, each reading
-  every weight), and for QLoRA the dequantization of every 4-bit weight in each forward and backward matmul
-  (0.5 byte read, a 16-bit write, a 16-bit read and the cast's 16-bit write: 6.5 bytes per weight; the lm_head
-  once per 128-token chunk of litgpt's chunked head);
-* iterations: micro-batch iterations of training and validation (host work per iteration: Python, data loading,
-  kernel launches).
-
-ETA, MU and OVERHEAD_S are fitted once, by least squares on relative error, to the lab's own A100 times (rows
-s2-s7 and s10-s14 of configs/sweeps/lab-part1.yaml under the lab's eval settings, :data:`LAB_EVAL`);
-``tunelab plan-accuracy`` refits them leaving each row out in turn and reports that error. Other GPUs get the same
-constants through their own peak FLOP/s and bandwidth (configs/hardware/gpus.yaml): a transfer, not a measurement.
-"""
+:class:`Terms` holds a case's step by kernel (:mod:`tunelab.plan.model.kernels`, or the fast path's
+:mod:`tunelab.plan.model.fast_step`) with everything around it litgpt runs inside its loop: the optimizer steps of
+the run's padded tokens, the initial, periodic and final validation, the generated samples, the checkpoint saves
+(and apart, outside Training Time, the save and merge after the loop). :meth:`Terms.by_cause` sums to the point
+estimate; :func:`litgpt_band` is the band the plan prints (the runtime model's error, widened for host-bound runs
+to the hosts we measured). Where the kernel model does not apply, the fitted curve (:func:`seconds`: FLOPs at
+:data:`ETA`, bytes at :data:`MU`, :data:`OVERHEAD_S` per iteration) answers and says so. docs/planner.md, "Time"."""
 
 from __future__ import annotations
 

@@ -1,46 +1,12 @@
-"""What a compiled transformer block keeps for backward: torch.compile's own partitioner, traced on fake tensors.
+"""What a compiled transformer block keeps for backward and launches: torch.compile's own partitioner, on fake tensors.
 
-A strategy file's ``compile: blocks`` compiles each of litgpt's blocks in place (tunelab's fast path). AOTAutograd
-then splits every block into a forward and a backward graph with its min-cut partitioner, which saves fewer
-tensors than eager autograd: pointwise results (RMSNorm's normalised input, RoPE, SwiGLU's product) are recomputed
-in backward from what is kept. The eager derivation (:mod:`tunelab.plan.model.activations`) is therefore an upper bound
-for compiled blocks (our H100, TinyLlama full at bf16-true: eager plans 9.6 GB of activations at micro 8 x 512
-where the compiled run's peak was 3.5 GB lower).
-
-Here one block of the model (litgpt's own class, LoRA's for LoRA) is compiled with a backend that runs
-AOTAutograd with the same partitioner (``min_cut_rematerialization_partition``, what inductor uses) on fake tensors
-and stops at the forward graph: the tensors it returns beyond the block's output are what backward keeps. The
-block's parameters and the shared RoPE tables are not activations and are left out; the block's input is counted
-(the previous block's output, kept as this block's first norm's input). Nothing is computed: a trace takes about
-two seconds on a CPU.
-
-A saved tensor is counted by the storage it keeps alive, each storage once: a view kept for backward holds its
-whole base. Under multi-head attention (n_query_groups == n_head, OpenLLaMA 7B) litgpt's value is a view of the
-fused q/k/v projection's output and flash attention keeps it, so each block keeps three widths where the view has
-one (q and k are RoPE'd copies); under grouped-query attention the value is expanded and copied, and nothing else
-aliases. Counting views by their own size planned the compiled OpenLLaMA 7B LoRA run on our H200 at 37.92 GB
-against 40.12 measured (-5.5%: two hidden widths per token and block, 2 x 4096 x 2 bytes x 32 blocks x the tokens);
-counted by storage, the trace gives what was measured.
-
-Where it is traced: on this CPU, so attention is torch's CPU flash kernel, whose saved tensors are CUDA's flash
-kernel's (q, k, v, its output, the log-sum-exp); the partitioner's choices do not depend on the device. On our
-H100 the compiled TinyLlama step kept a little less than this trace (measured 34.0 MB per sample and block between
-micro 8 and 94 at 512 tokens, traced 36.2 MB): the plan's peak stays an upper bound, 1.9% above the measured at
-micro 8 and 4.8% at micro 97, where eager autograd's figure was 23% and 53% above.
-
-What a block keeps is linear in the tokens (every saved tensor is batch x tokens x a width, or batch x heads x
-tokens), so two traces, at 64 and 128 tokens, give bytes per token, cached per (config, method, precision, LoRA
-settings); their difference also drops what does not grow with the tokens (a weight's transpose kept for
-backward: a view of the weight, not an activation).
-
-The same two traces give the time side (:func:`block_kernels`): the forward and backward graphs the partitioner
-hands to inductor, read as the kernels inductor makes of them. Matmuls and attention stay library calls (cuBLAS,
-flash), one kernel each; every other op is fused with the ops it feeds or is fed by (views launch nothing), and a
-fused region reads what enters it and writes what leaves it once: its bytes are the region's inputs and outputs,
-not every op's. A region with several reductions (a norm's weight gradient summed over the tokens beside the
-input gradient) is counted as that many kernels. That is inductor's fusion in the ideal: the bytes are a lower bound
-(inductor sometimes splits a region, and then writes and reads what crosses the split).
-"""
+A strategy file's ``compile: blocks`` compiles each of litgpt's blocks; AOTAutograd's min-cut partitioner then saves
+fewer tensors than eager autograd (pointwise results are recomputed in backward), so the eager derivation is an
+upper bound. Here one block (litgpt's class, LoRA's for LoRA) is compiled with a backend that runs the same
+partitioner on fake tensors and stops at the forward graph: what it returns beyond the block's output is what
+backward keeps, each storage counted once (a kept view holds its whole base). Its forward and backward graphs are
+also read as the kernels inductor would launch (:func:`block_kernels`, for the fast path's time). Nothing is
+computed: a trace takes seconds, and is cached (:mod:`tunelab.plan.trace.trace_cache`)."""
 
 from __future__ import annotations
 

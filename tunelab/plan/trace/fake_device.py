@@ -1,27 +1,10 @@
 """A stand-in accelerator for the per-rank simulation, so that FSDP1's ``cpu_offload`` runs on this CPU with its
 device side and host side apart.
 
-FSDP1 offloads parameters and gradients only from an accelerator: the sharded flat parameters live (pinned) in host
-RAM, each unit's shard is copied to the device to be gathered, the sharded gradient is copied back, and the
-optimizer steps on the host. A CPU-only torch has no CUDA device to fake (``.to("cuda")`` asks CUDA's hooks; a
-Python ``privateuse1`` backend has no streams for autograd's device threads), so the device is ``meta``: fake
-tensors whose ``device`` says ``meta``, which torch's MemTracker counts apart from the host's (``cpu``), and which
-autograd runs on its CPU queue. While :func:`fake_accelerator` is entered:
-
-* fake tensors may claim the ``meta`` device (``torch._functorch.config.fake_tensor_allow_meta``);
-* ``torch.meta`` is a device module FSDP1's device handle can use (streams and events that do nothing: the
-  simulation runs in program order, as FSDP1 on this CPU does);
-* every fake tensor carries the CPU's dispatch keys whatever device it claims, and assigning ``.data`` carries the
-  claimed device over: FSDP1 moves its flat parameter between host and device by ``flat_param.data = ...``, which
-  torch allows between CPU and CUDA tensors (both dense) but not between a CPU and a ``meta`` tensor;
-* pinning host memory (``pin_memory``) copies the fake tensor on the host, and the copy says it is pinned;
-* attention on the device runs the kernel the CPU simulation runs (torch's CPU flash kernel, which keeps what
-  CUDA's flash kernel keeps), where torch would otherwise take its math path for a ``meta`` tensor (the scores
-  kept for backward: 67 MB a block of TinyLlama at 2 x 512 tokens).
-
-Everything is put back on exit. What this leaves out: the copies' overlap with compute (time, not memory) and the
-caching allocator's stream-ordered reuse (as on the CPU simulation of every strategy).
-"""
+FSDP1 offloads only from an accelerator. A CPU-only torch has no CUDA device to fake, so the "device" is ``meta``:
+fake tensors that say ``meta``, which ``MemTracker`` counts apart from the host's ``cpu``, while FSDP's calls that
+ask for an accelerator (streams, events, ``current_device``, pinned memory) are answered for the duration of the
+simulation and put back on exit (:func:`fake_accelerator`)."""
 
 from __future__ import annotations
 

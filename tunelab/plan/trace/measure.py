@@ -1,27 +1,11 @@
 """Count what autograd really keeps for backward in one training forward of litgpt's own model, on this CPU.
 
-The planner's activation term is arithmetic over the ``Config``; this module is the measurement that checks it,
-for any model litgpt knows (``tunelab plan --measure``, ``tunelab measure-activations``, the per-family report):
-
-* the real module classes: ``litgpt.GPT`` (full) or ``litgpt.lora.GPT`` (LoRA / QLoRA adapters), built from the
-  model's ``Config`` at full width with only ``layers`` blocks (default 2), so that 7B-13B shapes fit in this
-  machine's memory: what one block keeps does not depend on how many blocks follow it; the weights are left
-  uninitialised-then-zeroed (their values do not change what is saved, and building is instant);
-* the real loss path of litgpt's finetune scripts as Lightning Fabric runs them (:func:`training_forward`): full ->
-  ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` then
-  ``chunked_cross_entropy`` over the chunk list; bf16-mixed: the model's forward under autocast, its outputs
-  converted to fp32, autocast's weight copies left to the planner's own term;
-* dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the input's dtype;
-* the fused attention CUDA uses: on CPU, ``F.scaled_dot_product_attention`` with ``is_causal`` dispatches to
-  torch's CPU flash kernel, which keeps what the CUDA flash kernel keeps (q, k, v, the output and the fp32
-  log-sum-exp; not the T x T matrix). Models with attention softcapping (Gemma 2) take litgpt's own math path on
-  every device and keep the scores: that is counted too;
-* ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor saved for backward; each is counted once per
-  storage (views of one buffer share it) at its storage's size, parameters and buffers excluded (they are model
-  states, not activations), attributed to the block being run when it was first saved, or to the head and loss.
-
-Only the forward is run (everything autograd keeps is saved by then); no backward, no optimizer.
-"""
+The check of the planner's activation term for any model litgpt knows (``tunelab plan --measure``, ``tunelab
+measure-activations``, the per-family report): litgpt's own ``GPT`` or ``lora.GPT`` from the ``Config`` at full
+width with a few blocks (what one block keeps does not depend on those after it), weights zeroed, one training
+forward and loss under ``saved_tensors_hooks`` that count every saved storage once, by block and for the head.
+Also the helpers the simulations share: the model's logits and loss as litgpt's loops compute them, the dtypes
+of each precision, CUDA's dropout."""
 
 from __future__ import annotations
 

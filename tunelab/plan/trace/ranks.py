@@ -1,54 +1,13 @@
 """Several devices, simulated per rank in one CPU process: the memory of rank 0 and the collectives it issues.
 
-No GPU we can borrow has more than one device, so the multi-device step runs here, on fake tensors, as rank 0 of a
-world of N joined by torch's fake process group (``backend="fake"``: every collective returns at once and moves
-nothing, but is dispatched with its real shapes):
-
-* **FSDP2** (``fully_shard``): litgpt's model at full width is built under ``FakeTensorMode`` and sharded by
-  :func:`tunelab.parallel.wrap`, the function the run itself uses (each block, then the root). torch's
-  ``FSDPMemTracker`` counts every storage by kind (sharded and unsharded parameters and gradients, all-gather and
-  reduce-scatter buffers, activations, temporaries, optimizer states) and keeps the peak per phase. One correction
-  to the tracker: under an outer fake mode DTensor's sharding propagation runs its shape inference in that same
-  mode, so the tracker counted those global-shape temporaries as memory (1.4 GB for TinyLlama's optimizer step on 4
-  ranks); they are skipped (:func:`_propagation_skipped`).
-* **FSDP1** (``FullyShardedDataParallel``, what litgpt's CLI and a strategy file's ``name: fsdp`` run): the same
-  fake model wrapped by :func:`tunelab.parallel.wrap` (each block a unit, ``use_orig_params``, the file's sharding,
-  ``limit_all_gathers``, mixed precision and checkpointing), under torch's generic ``MemTracker`` (FSDPMemTracker is
-  FSDP2's); the micro batches before the last run under ``no_sync()``, as tunelab's loop and litgpt's Fabric run
-  them, which keeps whole unsharded gradients. FSDP1 runs on fake tensors and the fake process group as it is (its
-  flat parameters are fake too); the tracker installs no gradient hook on the original parameters, which FSDP1 makes
-  views of its flat parameters (torch refuses one), so their gradients count as temporaries, not as "Gradient".
-  Its ``cpu_offload`` (``fsdp-offload``), which FSDP1 applies only from an accelerator, runs on a stand-in one
-  (:mod:`tunelab.plan.trace.fake_device`: fake tensors on ``meta``, the host's memory apart): the peak is the device's,
-  the host's peak is :attr:`RankSimulation.host_peak_bytes`.
-* **litgpt's own choice** (no strategy file, :data:`LITGPT`): the libraries' own wrapping, as litgpt's scripts call
-  it. Full fine-tuning: Lightning's ``FSDPStrategy.setup_module`` with the keywords litgpt's ``finetune/full.py``
-  passes (read from its source: :func:`litgpt_fsdp_keywords`) and Fabric's ``FSDPPrecision`` (FSDP1, each Block a
-  unit and checkpointed; one change, :func:`lightning_fsdp`: FSDP takes this CPU where Lightning passes a CUDA
-  index). LoRA: litgpt's ``parallelize_fn`` over a (data_parallel, tensor_parallel) mesh as Lightning's
-  ``ModelParallelStrategy`` builds it (FSDP2 over ``checkpoint_wrapper`` blocks, the root kept unsharded from
-  forward to backward by torch's default). Both in litgpt's loop: the forward under Fabric, the logits held until
-  the next forward rebinds them.
-* **DDP**: the one-device simulated step (:mod:`tunelab.plan.trace.simulate`) plus DDP's gradient buckets, assigned by
-  DDP's own function (``torch.distributed._compute_bucket_assignment_by_size``, gradient-ready order, the first
-  bucket 1 MiB, then ``bucket_cap_mb``): a flat copy of the trainable gradients unless ``gradient_as_bucket_view``.
-  DDP's reducer does not run on fake tensors (its C++ checks read tensor data), so its buckets are computed, not
-  traced, and said so.
-
-* **DeepSpeed ZeRO-2/3**: not simulated (DeepSpeed's engine reads tensor data and runs its own communication
-  layer: it does not run on fake tensors); ``--simulate`` prints its buffers by their sizes instead
-  (:func:`tunelab.plan.model.strategies.zero.zero_sizes`): the terms of :mod:`tunelab.plan.model.memory` taken from DeepSpeed's config keys and the buffers its
-  code allocates, each checked against DeepSpeed itself run on CPU over gloo (tests/e2e/test_deepspeed_memory.py).
-
-Collectives are recorded as dispatched (``c10d`` ops: kind, the whole tensor's bytes, the phase) for one optimizer
-step at the model's depth; the time model times the same volumes from :mod:`tunelab.plan.model.comm`'s formulas, which
-tests hold equal to these traces (FSDP1's root unit gathered once per micro batch, FSDP2's twice, DDP's buckets).
-
-Depth: FSDP2 runs every block of the model (fake tensors make that seconds: TinyLlama's 22 blocks in about 6 s).
-Extrapolating from two small depths, as the one-device simulation does, is wrong here: where the backward peak
-falls (before or after a block's reduce-scatter buffer is alive) moves between 2 and 3 blocks, so a per-kind
-difference is not one block's bytes. DDP's one-device step is extrapolated as :mod:`tunelab.plan.trace.simulate` does.
-"""
+litgpt's model at full width on fake tensors, as rank 0 of a world joined by torch's fake process group (every
+collective dispatched with its real shapes, nothing moved), wrapped by :func:`tunelab.parallel.wrap` as the run
+wraps it: FSDP2 under ``FSDPMemTracker`` (DTensor's shape-propagation temporaries skipped), FSDP1 and DDP under
+``MemTracker``, FSDP1's ``cpu_offload`` on a stand-in device (:mod:`tunelab.plan.trace.fake_device`). The micro
+batches before the last run under ``no_sync()``; the peak per phase by kind and the collectives by kind, phase and
+size per optimizer step come back as :class:`RankSimulation`. DeepSpeed does not run on fake tensors:
+a ZeRO-2/3 file gets its buffers by their sizes (:func:`tunelab.plan.model.strategies.zero.zero_sizes`).
+``tunelab plan --simulate`` prints it; docs/planner.md, "Where the peaks come from"."""
 
 from __future__ import annotations
 

@@ -1,40 +1,12 @@
 """A simulated training step: where the peak is and what is alive there, for any litgpt Config, on this CPU.
 
-The analytic planner (:mod:`tunelab.plan.model.memory`) adds terms; this module runs the step those terms describe and
-lets torch count it:
-
-* litgpt's own model classes (``litgpt.GPT``, ``litgpt.lora.GPT``) at full width, built under
-  ``torch._subclasses.fake_tensor.FakeTensorMode``: every tensor has its real shape, dtype and storage size, none
-  has memory, so a 13B model simulates in seconds on a laptop;
-* litgpt's training step as its finetune scripts run it: full -> ``logits = model(x)`` and
-  ``chunked_cross_entropy(logits[..., :-1, :], ...)``; LoRA -> ``model(x, lm_head_chunk_size=128)`` and the loss
-  over the chunk list (``tunelab.plan.trace.measure.model_logits`` and ``training_loss``; under bf16-mixed only the
-  model's forward runs under autocast; the outputs are converted to fp32, as Lightning Fabric's precision plugins
-  do under every precision, bf16-true included);
-  ``backward``; ``optimizer.step()`` (AdamW with ``foreach=True``, torch's CUDA default, or the optimizer asked)
-  with the logits still referenced, as in litgpt's loop, which keeps them until the next forward returns; then
-  ``zero_grad``. Two optimizer steps: the second runs beside the states the first created; with gradient
-  accumulation a second micro batch runs beside the gradients;
-* dropout as CUDA runs it (``native_dropout``: a 1-byte mask), not CPU's mask in the activation dtype;
-* QLoRA: litgpt's setup replaces the embedding by bitsandbytes' ``StableEmbedding`` (:func:`_stable_embedding`);
-  bitsandbytes' 4-bit kernels cannot run here, so a stand-in linear follows its code: every ``torch.nn.Linear`` (as
-  Lightning's BitsandbytesPrecision converts them) stored as NF4 (half a byte per weight, one fp32 absmax per 64),
-  each forward matmul dequantizing it to a temporary in the compute dtype, each backward one to fp16 (the dtype
-  Lightning quantized from) and then a copy in the compute dtype (``bitsandbytes.functional.dequantize_4bit``,
-  0.50), nothing but the packed weight kept for backward (``MatMul4Bit`` keeps ``(None, B)``); a paged optimizer
-  keeps the states of tensors from 1e5 elements outside torch's allocator (left out) and smaller tensors' fp32
-  states on the device (counted);
-* ``torch.distributed._tools.mem_tracker.MemTracker`` counts every storage by kind (parameters, buffers,
-  gradients, activations, temporaries, optimizer states) and keeps the peak; a subclass keeps one peak per phase
-  (forward, backward, optimizer step) and the module running there.
-
-Blocks: the step is simulated with ``layers`` and ``layers + 1`` blocks; each phase's peak (by kind) is extrapolated
-linearly to the model's ``n_layer`` (one block more adds the same bytes), and the whole step's peak is the largest
-phase. The differences from a CUDA step, said in every result: attention runs torch's CPU flash kernel, which keeps
-what CUDA's flash kernel keeps (output and fp32 log-sum-exp) but not its workspace; mixed precision runs CPU
-autocast, whose op lists differ from CUDA's in ops (softmax, layer_norm, pow, exp, rsqrt) that these models call
-on fp32 inputs only, so the same tensors are made and saved; the caching allocator's rounding (512 bytes) and CUDA-side buffers (kernel workspaces) are not counted.
-"""
+litgpt's own model classes at full width under ``FakeTensorMode`` (real shapes and dtypes, no memory), trained as
+its finetune scripts do (full: logits then chunked cross-entropy; LoRA: 128-token head chunks; fp32 outputs as
+Fabric converts them), with ``backward``, two optimizer steps beside the logits litgpt's loop still holds, a second
+micro batch under accumulation, CUDA's dropout masks, and QLoRA's bitsandbytes layers stood in by their sizes.
+torch's ``MemTracker`` counts every storage by kind and phase. :func:`for_plan` simulates a planned one-device case;
+:func:`replay_run` replays its allocations through the caching allocator's model
+(:mod:`tunelab.plan.model.allocator`). ``tunelab plan --simulate`` prints it beside the plan."""
 
 from __future__ import annotations
 
