@@ -330,3 +330,19 @@ def test_no_strategy_name_is_compared_outside_the_registry():
     over = {rel: n for rel, n in found.items() if n > NAME_TESTS_LEFT.get(rel, 0)}
     assert not over, f"a strategy's name compared outside {REGISTRY}: {over}; ask the strategy object instead"
     assert not any(rel.startswith("tunelab/plan/model/") for rel in found), found
+
+
+def test_the_case_and_the_strategy_go_by_their_names():
+    """A planned case is ``case``, resolved settings ``settings``, a strategy ``strategy`` (or ``strategy_config``):
+    never ``x``, ``s`` or ``strat`` (issue: names that say what they hold)."""
+    short = {"x": "PlanInput", "s": "Settings", "strat": None}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Name) and node.id == "strat":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} strat")
+            if isinstance(node, ast.arg) and node.arg in short and node.annotation is not None:
+                kind = ast.unparse(node.annotation)
+                if kind == short[node.arg]:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.arg}: {kind}")
+    assert not found, found

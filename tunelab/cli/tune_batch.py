@@ -91,10 +91,10 @@ def handle(args, extra) -> int:
         model = model_choice(args)
         gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
         if args.strategy:
-            strat = load_strategy(args.strategy)
-            if args.backward_prefetch and strat.name != "fsdp":
+            strategy = load_strategy(args.strategy)
+            if args.backward_prefetch and strategy.name != "fsdp":
                 raise ValueError(
-                    f"--backward-prefetch: strategy {args.strategy} is {strat.name}, not FSDP; "
+                    f"--backward-prefetch: strategy {args.strategy} is {strategy.name}, not FSDP; "
                     "fix: give an FSDP strategy or leave the option out"
                 )
     except (RecipeError, ValueError) as e:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tunelab import hardware, recipes, settings, yaml_input
+from tunelab import hardware, recipes, yaml_input
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
 from tunelab.files import unwritable_dir, write_text_atomic
@@ -32,7 +32,7 @@ from tunelab.plan.recipe import (
     strategy_fields,
 )
 from tunelab.recipes import Recipe, display_path
-from tunelab.settings import DATA_MODULE_SIZES, resolve, resolve_args
+from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
 from tunelab.strategies import StrategyError, load_strategy
 from tunelab.units import GB, figure
 from tunelab.validate import PRECISIONS
@@ -135,16 +135,18 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     sample)."""
     from pathlib import Path
 
-    s = resolve(recipe, [])
+    settings = resolve(recipe, [])
     path = Path(data)
     if path.exists():
         parts = dataset_records.split_files(path)
         records = dataset_records.read(parts[0])
         if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file
-            records = records[: max(1, int(len(records) * (1 - (s.val_split_fraction or 0))))]
+            records = records[: max(1, int(len(records) * (1 - (settings.val_split_fraction or 0))))]
         if not records:
             raise InputError(f"--data {data}: no records")
-        lengths, longest, how = sample_lengths(records, Path(s.checkpoint_dir), "alpaca", s.max_seq_length)
+        lengths, longest, how = sample_lengths(
+            records, Path(settings.checkpoint_dir), "alpaca", settings.max_seq_length
+        )
         return Workload(
             samples=len(records),
             epochs=epochs,
@@ -298,39 +300,41 @@ def _tried(ask: _Ask, method: str, world: int) -> list[str]:
 def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, links, price) -> list[Candidate]:
     """Every device count, strategy, activation checkpointing and micro batch of one recipe at one precision on
     ``gpu``, planned."""
-    base = plan_settings(settings.from_args(recipe, {**settings.resolve_args(recipe, []), "precision": prec}), gpu=gpu)
-    s, x0, work = base.settings, base.input, ask.work
-    if ask.global_batch == "keep" and s.global_batch_size > work.samples:  # not one optimizer step
-        smallest = s.global_batch_size * LAB_PADDED_TOKENS_PER_SAMPLE
+    base = plan_settings(from_args(recipe, {**resolve_args(recipe, []), "precision": prec}), gpu=gpu)
+    settings, base_case, work = base.settings, base.input, ask.work
+    if ask.global_batch == "keep" and settings.global_batch_size > work.samples:  # not one optimizer step
+        smallest = settings.global_batch_size * LAB_PADDED_TOKENS_PER_SAMPLE
         raise InputError(
             f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
-            f"{recipe.key}'s global batch of {s.global_batch_size} (one optimizer step); fix: --tokens "
-            f"{smallest} or more (one step of {s.global_batch_size} samples of {LAB_PADDED_TOKENS_PER_SAMPLE} "
+            f"{recipe.key}'s global batch of {settings.global_batch_size} (one optimizer step); fix: --tokens "
+            f"{smallest} or more (one step of {settings.global_batch_size} samples of {LAB_PADDED_TOKENS_PER_SAMPLE} "
             "tokens), more data, or --global-batch free (global batch = micro batch x devices)"
         )
     if work.longest:
-        x0 = dataclasses.replace(x0, seq_len=work.longest)
+        base_case = dataclasses.replace(base_case, seq_len=work.longest)
     out = []
     for d in ask.device_counts:
         world = d * ask.nodes
         if method == "qlora" and world > 1:
             continue
-        for strat in _tried(ask, method, world):
-            config = None if strat == "single" else ask.load(strat)
+        for strategy_name in _tried(ask, method, world):
+            config = None if strategy_name == "single" else ask.load(strategy_name)
             if world > 1 and (config is None or not config.averages_gradients(world, per_node=d)):
                 continue  # fast.yaml on several devices, HYBRID_SHARD with one per node: the ranks never synchronise
             fields = strategy_fields(config, world)
-            for ac in (False, True) if strat.startswith("fsdp") else (False,):  # where a file sets it
+            for ac in (False, True) if strategy_name.startswith("fsdp") else (False,):  # where a file sets it
                 # as tunelab's loop runs it: checkpointing only where asked
                 checkpointing = ac or fields.get("activation_checkpointing", False)
-                x1 = dataclasses.replace(
-                    x0, **{**fields, "activation_checkpointing": checkpointing}, devices=d, num_nodes=ask.nodes
+                strategy_case = dataclasses.replace(
+                    base_case, **{**fields, "activation_checkpointing": checkpointing}, devices=d, num_nodes=ask.nodes
                 )
-                for mb, acc in _micro_batches(x1, gpu, s.global_batch_size, world, ask.global_batch, ask.headroom):
+                for mb, acc in _micro_batches(
+                    strategy_case, gpu, settings.global_batch_size, world, ask.global_batch, ask.headroom
+                ):
                     if mb * acc * world > work.samples:  # a global batch past the data: no step
                         continue  # (tunelab validate refuses it too)
-                    x = dataclasses.replace(x1, micro_batch_size=mb, accumulation=acc)
-                    out.append(_planned(x, gpu, links, work, strat, recipe, price, ask.headroom, config))
+                    case = dataclasses.replace(strategy_case, micro_batch_size=mb, accumulation=acc)
+                    out.append(_planned(case, gpu, links, work, strategy_name, recipe, price, ask.headroom, config))
     return out
 
 
@@ -344,44 +348,44 @@ def _link(name: str | None, gpu: hardware.GPU, scope: str) -> comm.Link:
         raise InputError(f"{hardware.GPU_TABLE}: gpus: {gpu.name}: link: {e}") from None
 
 
-def _micro_batches(x, gpu, gbs: int, world: int, global_batch: str, headroom: float) -> list[tuple[int, int]]:
+def _micro_batches(case, gpu, gbs: int, world: int, global_batch: str, headroom: float) -> list[tuple[int, int]]:
     """(micro batch, accumulation) pairs to plan."""
     if global_batch == "keep":
         return [(mb, gbs // (mb * world)) for mb in MICRO_BATCHES if gbs % (mb * world) == 0]
-    top = memory.max_micro_batch(x, gpu, headroom=headroom)
+    top = memory.max_micro_batch(case, gpu, headroom=headroom)
     return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
 
 
-def _planned(x, gpu, links, work: Workload, strat, recipe, price, headroom, config=None) -> Candidate:
-    plan = memory.verdict(memory.predict(x), gpu)
-    gbs = x.micro_batch_size * x.accumulation * x.world
+def _planned(case, gpu, links, work: Workload, strategy_name, recipe, price, headroom, config=None) -> Candidate:
+    plan = memory.verdict(memory.predict(case), gpu)
+    gbs = case.micro_batch_size * case.accumulation * case.world
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
-    terms = runtime.terms(x, args, work.samples, 0, work.per_sample(x.micro_batch_size, config, x.seq_len))
-    if x.world > 1:
-        terms.comm = comm.per_step(x, *links)
-    seconds = terms.seconds_on(gpu, gpu.training_peak(x.precision) or 0.0)
+    terms = runtime.terms(case, args, work.samples, 0, work.per_sample(case.micro_batch_size, config, case.seq_len))
+    if case.world > 1:
+        terms.comm = comm.per_step(case, *links)
+    seconds = terms.seconds_on(gpu, gpu.training_peak(case.precision) or 0.0)
     hours = seconds / 3600
     return Candidate(
         gpu=gpu.name,
-        method=x.method,
-        precision=x.precision,
-        strategy=strat,
-        devices=x.devices,
-        nodes=x.num_nodes,
-        micro_batch_size=x.micro_batch_size,
-        accumulation=x.accumulation,
-        activation_checkpointing=x.activation_checkpointing,
+        method=case.method,
+        precision=case.precision,
+        strategy=strategy_name,
+        devices=case.devices,
+        nodes=case.num_nodes,
+        micro_batch_size=case.micro_batch_size,
+        accumulation=case.accumulation,
+        activation_checkpointing=case.activation_checkpointing,
         peak_gb=plan.peak_allocated_bytes / GB,
         fits=bool(plan.fits),
         edge=plan.edge,
         tight=bool(plan.fits) and memory.tight(plan, gpu, headroom),
         hours=hours,
         comm_s_per_step=terms.comm.seconds if terms.comm is not None else 0.0,
-        energy_kwh=gpu.tdp_w * x.world * seconds / 3.6e6,
-        cost_usd=None if price is None else price.usd_per_hour * x.world * hours,
+        energy_kwh=gpu.tdp_w * case.world * seconds / 3.6e6,
+        cost_usd=None if price is None else price.usd_per_hour * case.world * hours,
         recipe=recipe.key,
         global_batch_size=gbs,
-        links=" + ".join(link.name for link in links[:2] if link is not None) if x.world > 1 else "",
+        links=" + ".join(link.name for link in links[:2] if link is not None) if case.world > 1 else "",
     )
 
 
@@ -584,9 +588,9 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
     )
     commands = [f"tunelab run {recipe_path}"]
     if c.strategy != "single":
-        strat = dataclasses.asdict(load_strategy(c.strategy))
-        strat["activation_checkpointing"] = c.activation_checkpointing
-        strat_path = write_text_atomic(out_dir / "strategy.yaml", yaml.safe_dump(strat, sort_keys=False))
+        strategy_fields = dataclasses.asdict(load_strategy(c.strategy))
+        strategy_fields["activation_checkpointing"] = c.activation_checkpointing
+        strat_path = write_text_atomic(out_dir / "strategy.yaml", yaml.safe_dump(strategy_fields, sort_keys=False))
         commands = [f"tunelab run {recipe_path} --strategy {strat_path}"]
         if c.nodes > 1:
             commands = [f"{commands[0]} --nnodes {c.nodes} --node-rank <this node's rank> --master-addr <node 0>"]

@@ -134,7 +134,7 @@ def calibration(records_dir: Path, model: str, method: str, precision: str, micr
 
 
 def project(
-    x: PlanInput,
+    case: PlanInput,
     gpu: hardware.GPU,
     tokens: float,
     calibrate_dir: Path | None = None,
@@ -144,28 +144,11 @@ def project(
 ) -> Projection:
     """The runtime and energy range from an MFU range (or a measured run's MFU), and with ``work`` (the run's
     tunelab.plan.model.runtime.Terms) the point estimate."""
-    n_lora = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else 0
-    fpt = flops_per_token(x.config, x.seq_len, "full" if x.method == "full" else "lora", n_lora)
-    peak = gpu.training_peak(x.precision) or 0.0
-    lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
-    power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
-    if calibrate_dir:
-        found, passed = calibration(calibrate_dir, x.config.name, x.method, x.precision, x.micro_batch_size, strategy)
-        skipped = "; ".join(f"{n} record(s) passed over: {why}" for why, n in passed.items())
-        if not found:
-            source += f" (no usable record under {calibrate_dir}{': ' + skipped if skipped else ''})"
-        if found:
-            rec, path = found
-            lo = hi = rec.mfu
-            source = (
-                f"measured MFU {rec.mfu:.1%} of run {rec.sweep or ''}/{rec.row_id} ({rec.model_name} "
-                f"{rec.method} {rec.precision} micro {rec.micro_batch_size} on {rec.device_name}; {path})"
-                + (f" ({skipped})" if skipped else "")
-            )
-            if rec.power_mean_w and rec.power_mean_w > 0:
-                power = rec.power_mean_w / max(rec.device_count, 1)
-                power_source = f"measured mean {power:.0f} W per GPU in that run"
-    world = x.world
+    n_lora = lora_param_count(case.config, case.lora_r, case.lora_targets) if case.lora else 0
+    fpt = flops_per_token(case.config, case.seq_len, "full" if case.method == "full" else "lora", n_lora)
+    peak = gpu.training_peak(case.precision) or 0.0
+    lo, hi, source, power, power_source = _mfu_and_power(case, gpu, calibrate_dir, mfu_range, strategy)
+    world = case.world
     total_flops = fpt.total * tokens
     rate = lambda m: m * peak * world  # noqa: E731
     t_low = total_flops / rate(hi) if peak and hi else float("inf")
@@ -193,6 +176,32 @@ def project(
         **_comm_fields(work),
         **_by_cause(work, gpu, peak),
     )
+
+
+def _mfu_and_power(case: PlanInput, gpu: hardware.GPU, calibrate_dir, mfu_range, strategy) -> tuple:
+    """(MFU low, MFU high, their source, power per GPU, its source): the range asked and the board's power, or a
+    calibration record's measured MFU and power where one matches."""
+    lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
+    power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
+    if calibrate_dir:
+        found, passed = calibration(
+            calibrate_dir, case.config.name, case.method, case.precision, case.micro_batch_size, strategy
+        )
+        skipped = "; ".join(f"{n} record(s) passed over: {why}" for why, n in passed.items())
+        if not found:
+            source += f" (no usable record under {calibrate_dir}{': ' + skipped if skipped else ''})"
+        if found:
+            rec, path = found
+            lo = hi = rec.mfu
+            source = (
+                f"measured MFU {rec.mfu:.1%} of run {rec.sweep or ''}/{rec.row_id} ({rec.model_name} "
+                f"{rec.method} {rec.precision} micro {rec.micro_batch_size} on {rec.device_name}; {path})"
+                + (f" ({skipped})" if skipped else "")
+            )
+            if rec.power_mean_w and rec.power_mean_w > 0:
+                power = rec.power_mean_w / max(rec.device_count, 1)
+                power_source = f"measured mean {power:.0f} W per GPU in that run"
+    return lo, hi, source, power, power_source
 
 
 def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
@@ -327,19 +336,19 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 
 
-def _host_and_links(work, x, gpu: hardware.GPU, host_us_per_op, interconnect, internode) -> None:
+def _host_and_links(work, case, gpu: hardware.GPU, host_us_per_op, interconnect, internode) -> None:
     """Into ``work``: the host's time per op where it is known, and on several devices the communication over the
     links named (else the GPU's own)."""
     if host_us_per_op:
-        if not x.fabric:
+        if not case.fabric:
             raise ValueError(
                 "--host-us-per-op: the host figure of litgpt's own loop; tunelab's loop (a strategies file) has its "
                 "own launch model; fix: leave --host-us-per-op out"
             )
         work.host_s_per_op = host_us_per_op * 1e-6
-    if x.world > 1:
+    if case.world > 1:
         work.comm = comm_mod.per_step(
-            x,
+            case,
             comm_mod.lookup(interconnect or gpu.link or "pcie4", "gpu", given=bool(interconnect)),
             comm_mod.lookup(internode, "node", given=True) if internode else None,
             comm_mod.lookup("host-pcie4", "host"),
@@ -392,12 +401,12 @@ def project_recipe(
     (1e9 bytes) where given, else at :data:`tunelab.plan.model.runtime.CHECKPOINT_WRITE_BYTES_PER_S`; litgpt's loop
     launches at ``host_us_per_op`` microseconds an op where the host is known (ValueError for tunelab's loop, whose
     host constants are its own), else at the fitted constant with the measured hosts' spread as its band."""
-    s, x, strat = planned.settings, planned.input, planned.strategy_config
-    cap = s.max_seq_length or 512
-    lengths = None if tokens_per_sample else data_lengths(s)
-    regrouped = not tokens_per_sample and strat is not None and strat.regroups  # the fast path's own batches
+    settings, case, strategy = planned.settings, planned.input, planned.strategy_config
+    cap = settings.max_seq_length or 512
+    lengths = None if tokens_per_sample else data_lengths(settings)
+    regrouped = not tokens_per_sample and strategy is not None and strategy.regroups  # the fast path's own batches
     per_sample = tokens_per_sample or (
-        padded_tokens_per_sample(list(lengths or default_lengths(cap)), x.micro_batch_size, strat, cap)
+        padded_tokens_per_sample(list(lengths or default_lengths(cap)), case.micro_batch_size, strategy, cap)
         if lengths or regrouped
         else None  # litgpt's padding of the default lengths, said so by epoch_tokens
     )
@@ -405,25 +414,25 @@ def project_recipe(
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
-        tokens, note = epoch_tokens(s, per_sample)
+        tokens, note = epoch_tokens(settings, per_sample)
         if regrouped:
             note += (
-                f" (the fast path's micro batches: length-grouped in windows of {strat.length_grouping} micro "
-                f"batches, padded to multiples of {strat.pad_to_multiple}, over "
+                f" (the fast path's micro batches: length-grouped in windows of {strategy.length_grouping} micro "
+                f"batches, padded to multiples of {strategy.pad_to_multiple}, over "
                 + ("the data's lengths)" if lengths else "the default Alpaca-like length distribution)")
             )
-    work = runtime_terms(s, x, per_sample, real)
+    work = runtime_terms(settings, case, per_sample, real)
     if save_gbs:
         work.save_bytes_per_s = save_gbs * GB
-    _host_and_links(work, x, gpu, host_us_per_op, interconnect, internode)
-    out = project(x, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
+    _host_and_links(work, case, gpu, host_us_per_op, interconnect, internode)
+    out = project(case, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
-        stock = dataclasses.replace(x, fabric=True, **switches)
+        stock = dataclasses.replace(case, fabric=True, **switches)
         stock_per_sample = padded_tokens_per_sample(
-            list(lengths or default_lengths(cap)), x.micro_batch_size, None, cap
+            list(lengths or default_lengths(cap)), case.micro_batch_size, None, cap
         )
-        out = dataclasses.replace(out, **_pays_from(work, runtime_terms(s, stock, stock_per_sample, real), gpu))
+        out = dataclasses.replace(out, **_pays_from(work, runtime_terms(settings, stock, stock_per_sample, real), gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
     return out, note

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunelab import hardware, settings
+from tunelab import hardware
 from tunelab.data import benchmark
 from tunelab.data import records as dataset_records
 from tunelab.data.grouping import bucket, plan_epoch
@@ -23,7 +23,7 @@ from tunelab.plan.model import memory, runtime, strategies
 from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
-from tunelab.settings import Settings
+from tunelab.settings import Settings, data_size, resolve
 from tunelab.strategies import StrategyConfig, load_strategy
 
 LAB_PADDED_TOKENS_PER_SAMPLE = 437
@@ -49,36 +49,36 @@ class PlannedRecipe:
     """The strategy file as loaded (None: litgpt's own strategy): its batching switches change the padding."""
 
 
-def check_ranges(s: Settings) -> None:
+def check_ranges(settings: Settings) -> None:
     """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, or one
     micro batch exceeds the global batch (several devices' micro batches may: tunelab's loop then takes one micro
     batch per step on each)."""
     for key, value in (
-        ("train.micro_batch_size", s.micro_batch_size),
-        ("train.global_batch_size", s.global_batch_size),
-        ("train.max_seq_length", s.max_seq_length),
-        ("devices", s.args.get("devices")),
-        ("num_nodes", s.args.get("num_nodes")),
-        ("lora_r", s.args.get("lora_r")),
-        ("train.epochs", (s.args.get("train") or {}).get("epochs")),
-        ("train.save_interval", (s.args.get("train") or {}).get("save_interval")),
-        ("train.log_interval", (s.args.get("train") or {}).get("log_interval")),
-        ("eval.interval", (s.args.get("eval") or {}).get("interval")),
+        ("train.micro_batch_size", settings.micro_batch_size),
+        ("train.global_batch_size", settings.global_batch_size),
+        ("train.max_seq_length", settings.max_seq_length),
+        ("devices", settings.args.get("devices")),
+        ("num_nodes", settings.args.get("num_nodes")),
+        ("lora_r", settings.args.get("lora_r")),
+        ("train.epochs", (settings.args.get("train") or {}).get("epochs")),
+        ("train.save_interval", (settings.args.get("train") or {}).get("save_interval")),
+        ("train.log_interval", (settings.args.get("train") or {}).get("log_interval")),
+        ("eval.interval", (settings.args.get("eval") or {}).get("interval")),
     ):
         if value is None and key not in ("train.micro_batch_size", "train.global_batch_size"):
             continue  # a default applies; the batch sizes have none (an empty value, `--train.micro_batch_size ''`)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
-    max_steps = (s.args.get("train") or {}).get("max_steps")
+    max_steps = (settings.args.get("train") or {}).get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
         raise ValueError(  # litgpt reads 0 and None as no limit
             f"train.max_steps: {max_steps!r} must be a whole number of steps (0 or empty: no limit); fix: set "
             "--train.max_steps to 1 or more"
         )
-    if s.micro_batch_size > s.global_batch_size:  # one micro batch is more than a whole step's samples
+    if settings.micro_batch_size > settings.global_batch_size:  # one micro batch is more than a whole step's samples
         raise ValueError(
-            f"train.micro_batch_size {s.micro_batch_size:,} is more than train.global_batch_size "
-            f"{s.global_batch_size:,} (the samples of one optimizer step); fix: a micro batch of at most the global "
+            f"train.micro_batch_size {settings.micro_batch_size:,} is more than train.global_batch_size "
+            f"{settings.global_batch_size:,} (the samples of one optimizer step); fix: a micro batch of at most the global "
             "batch, or a larger --train.global_batch_size"
         )
 
@@ -108,29 +108,29 @@ BNB_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW", "paged_
 """A strategy's ``optimizer`` memory options: the bitsandbytes classes they name."""
 
 
-def plan_input(s: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
+def plan_input(settings: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
     """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
     Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices under litgpt's own
     choice checkpoints activations per block, as both of litgpt's paths do (LoRA: FSDP2 over ``checkpoint_wrapper``
     blocks; full fine-tuning: FSDP1, Lightning's ``FSDPStrategy`` with ``activation_checkpointing_policy={Block}``);
     a strategy file says for itself."""
-    lora = {"lora_r": s.lora_r, "lora_targets": s.lora_targets} if s.lora else {}
+    lora = {"lora_r": settings.lora_r, "lora_targets": settings.lora_targets} if settings.lora else {}
     fields.setdefault("strategy", "single")
-    fields.setdefault("optimizer", s.built_optimizer)
-    for key, value in strategies.litgpt_defaults(fields["strategy"], s.world_size, s.lora).items():
+    fields.setdefault("optimizer", settings.built_optimizer)
+    for key, value in strategies.litgpt_defaults(fields["strategy"], settings.world_size, settings.lora).items():
         fields.setdefault(key, value)
     return PlanInput(
         config=config,
         tables=TRACED,
-        method=s.method,
-        precision=s.precision or "bf16-true",
-        quantize=s.quantize,
-        micro_batch_size=s.micro_batch_size,
-        seq_len=seq_len or min(s.max_seq_length or config.block_size, config.block_size),
-        accumulation=s.accumulation,
-        momentum=s.momentum,
-        devices=s.devices,
-        num_nodes=s.num_nodes,
+        method=settings.method,
+        precision=settings.precision or "bf16-true",
+        quantize=settings.quantize,
+        micro_batch_size=settings.micro_batch_size,
+        seq_len=seq_len or min(settings.max_seq_length or config.block_size, config.block_size),
+        accumulation=settings.accumulation,
+        momentum=settings.momentum,
+        devices=settings.devices,
+        num_nodes=settings.num_nodes,
         **lora,
         **fields,
     )
@@ -149,12 +149,12 @@ def longest_sample_tokens(json_path: Path, checkpoint_dir: Path, prompt_style: s
     return sample_lengths(records, checkpoint_dir, prompt_style)[1]
 
 
-def _dataset_seq_len(s: Settings, dataset: Path) -> tuple[int, str]:
-    ckpt = Path(s.checkpoint_dir)
+def _dataset_seq_len(settings: Settings, dataset: Path) -> tuple[int, str]:
+    ckpt = Path(settings.checkpoint_dir)
     if not (ckpt / "tokenizer.json").is_file() and not (ckpt / "tokenizer.model").is_file():
         raise ValueError(f"--dataset needs the model's tokenizer, and {ckpt} has none (download the checkpoint)")
     longest = longest_sample_tokens(dataset, ckpt)
-    cap = s.max_seq_length
+    cap = settings.max_seq_length
     capped = " capped at max_seq_length" if cap and longest > cap else ""
     return (min(longest, cap) if cap else longest), f"the dataset's longest sample ({longest} tokens){capped}"
 
@@ -175,8 +175,8 @@ def plan_recipe(
     or a loaded StrategyConfig; None or 'litgpt' for litgpt's own choice (one device; FSDP on several).
     ``activation_checkpointing`` turns it on whatever the strategy says."""
     extra = [*overrides, "--devices", str(devices)] if devices else overrides
-    s = settings.resolve(recipe, extra)
-    strat = (
+    settings = resolve(recipe, extra)
+    strategy_config = (
         load_strategy(strategy)
         if isinstance(strategy, (str, Path)) and strategy != "litgpt"
         else strategy
@@ -185,9 +185,9 @@ def plan_recipe(
     )
     named = f"--strategy {strategy}" if isinstance(strategy, (str, Path)) else None
     return plan_settings(
-        s,
+        settings,
         gpu=gpu,
-        strategy=strat,
+        strategy=strategy_config,
         activation_checkpointing=activation_checkpointing,
         dataset=dataset,
         strategy_named=named,
@@ -195,7 +195,7 @@ def plan_recipe(
 
 
 def plan_settings(
-    s: Settings,
+    settings: Settings,
     *,
     gpu: hardware.GPU | None,
     strategy: StrategyConfig | None = None,
@@ -206,24 +206,26 @@ def plan_settings(
     """Plan resolved Settings under a loaded strategy (None: litgpt's own choice) for ``gpu`` (None: no verdict):
     the planner's typed front door, which :func:`plan_recipe` (a recipe and override strings) and the runner (the
     Settings it launches) both enter. ``strategy_named``: how the user named the strategy, for its messages."""
-    check_ranges(s)
-    strat = strategy
-    if strat is not None:
-        strat.check_world(s.world_size, strategy_named or strat.name, per_node=s.devices)
-    check_feeds(s, litgpt=strat is None)
-    fields = strategy_fields(strat, s.world_size)
+    check_ranges(settings)
+    strategy_config = strategy
+    if strategy_config is not None:
+        strategy_config.check_world(
+            settings.world_size, strategy_named or strategy_config.name, per_node=settings.devices
+        )
+    check_feeds(settings, litgpt=strategy_config is None)
+    fields = strategy_fields(strategy_config, settings.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
     seq, seq_source = None, "the recipe's train.max_seq_length"
     if dataset is not None:
-        seq, seq_source = _dataset_seq_len(s, dataset)
-    x = plan_input(s, load_config(s.checkpoint_dir), seq_len=seq, **fields)
+        seq, seq_source = _dataset_seq_len(settings, dataset)
+    x = plan_input(settings, load_config(settings.checkpoint_dir), seq_len=seq, **fields)
     if gpu is not None and str(x.precision).startswith("bf16") and not gpu.bf16:
         x.attention_math = True
     plan = memory.predict(x)
-    if strat is not None and strat.fast:
+    if strategy_config is not None and strategy_config.fast:
         plan.notes.append(
-            f"tunelab's fast path ({', '.join(strat.fast)}): its time is tunelab's loop with these switches, "
+            f"tunelab's fast path ({', '.join(strategy_config.fast)}): its time is tunelab's loop with these switches, "
             "kernel by kernel (tunelab/plan/model/fast_step.py; against our H100 bench of TinyLlama full: -14% to +12% "
             "at micro 8, where the host bounds it, -1% to -7% at micro 58-97, where the GPU does; LoRA not yet "
             "measured compiled throughout; "
@@ -233,73 +235,78 @@ def plan_settings(
     if gpu is not None:
         memory.verdict(plan, gpu)
         plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
-    label = strat.describe() if strat is not None else "litgpt"
-    return PlannedRecipe(settings=s, input=x, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strat)
+    label = strategy_config.describe() if strategy_config is not None else "litgpt"
+    return PlannedRecipe(
+        settings=settings, input=x, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
+    )
 
 
-def check_feeds(s: Settings, litgpt: bool) -> None:
+def check_feeds(settings: Settings, litgpt: bool) -> None:
     """ValueError naming the key when the devices cannot all be fed: one micro batch on each of them needs more
     samples than the global batch (litgpt's own scripts assert it) or than the whole training split (no optimizer
     step would run)."""
-    unit = s.world_size * s.micro_batch_size
-    if litgpt and s.world_size > 1 and unit > s.global_batch_size:
+    unit = settings.world_size * settings.micro_batch_size
+    if litgpt and settings.world_size > 1 and unit > settings.global_batch_size:
         raise ValueError(
-            f"train.global_batch_size: {s.global_batch_size} is smaller than devices x num_nodes x micro_batch_size "
+            f"train.global_batch_size: {settings.global_batch_size} is smaller than devices x num_nodes x micro_batch_size "
             f"= {unit} (litgpt asserts); fix: fewer devices or train.global_batch_size {unit}"
         )
-    train, _, src = train_samples(s)
+    train, _, src = train_samples(settings)
     if unit > train:
         raise ValueError(
-            f"devices: {s.world_size} devices x micro batch {s.micro_batch_size} = {unit} samples a step, more than "
-            f"the {train} training samples ({src}); fix: at most {max(train // s.micro_batch_size, 1)} devices"
+            f"devices: {settings.world_size} devices x micro batch {settings.micro_batch_size} = {unit} samples a step, more than "
+            f"the {train} training samples ({src}); fix: at most {max(train // settings.micro_batch_size, 1)} devices"
         )
 
 
-def _data_init(s: Settings) -> dict:
-    data = s.args.get("data")
+def _data_init(settings: Settings) -> dict:
+    data = settings.args.get("data")
     return (data.get("init_args") or {}) if isinstance(data, dict) else {}
 
 
-def train_samples(s: Settings) -> tuple[int, int, str]:
+def train_samples(settings: Settings) -> tuple[int, int, str]:
     """(training samples, validation samples, where the figure comes from) of the run's data: the file here or a
     known litgpt data module, split by its val_split_fraction; else the lab's 2,000 samples, said so."""
-    n, src = settings.data_size(s.args)
+    n, src = data_size(settings.args)
     if n is None:
         n, src = LAB_DATA_SAMPLES, f"the lab's 2,000-sample Alpaca subset assumed: {src}"
-    train = int(n * (1 - (s.val_split_fraction or 0)))
+    train = int(n * (1 - (settings.val_split_fraction or 0)))
     return train, n - train, src
 
 
-def epoch_tokens(s: Settings, tokens_per_sample: float | None) -> tuple[float, str]:
+def epoch_tokens(settings: Settings, tokens_per_sample: float | None) -> tuple[float, str]:
     """Padded tokens of the recipe's training run (epochs over its data, or max_steps), and how they were counted."""
-    per_sample = tokens_per_sample or default_padded_per_sample(s.micro_batch_size or 1, s.max_seq_length)
+    per_sample = tokens_per_sample or default_padded_per_sample(settings.micro_batch_size or 1, settings.max_seq_length)
     how = f"{per_sample:.0f} padded tokens/sample" + (
         ""
         if tokens_per_sample
-        else f" (the default Alpaca-like length distribution padded at micro {s.micro_batch_size}; "
+        else f" (the default Alpaca-like length distribution padded at micro {settings.micro_batch_size}; "
         "--tokens-per-sample to change)"
     )
-    train, _, src = train_samples(s)
-    epochs = s.epochs or 1
-    if s.max_steps and s.max_steps * s.global_batch_size <= train * epochs:
-        samples = s.max_steps * s.global_batch_size
-        return samples * per_sample, f"max_steps {s.max_steps} x global batch {s.global_batch_size} x {how}"
+    train, _, src = train_samples(settings)
+    epochs = settings.epochs or 1
+    if settings.max_steps and settings.max_steps * settings.global_batch_size <= train * epochs:
+        samples = settings.max_steps * settings.global_batch_size
+        return (
+            samples * per_sample,
+            f"max_steps {settings.max_steps} x global batch {settings.global_batch_size} x {how}",
+        )
     # litgpt's loop also stops at the end of its last epoch, whichever comes first
-    ends = f", which end before max_steps {s.max_steps}" if s.max_steps else ""
+    ends = f", which end before max_steps {settings.max_steps}" if settings.max_steps else ""
     return train * epochs * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}){ends} x {how}"
 
 
-def data_lengths(s: Settings) -> list[int] | None:
+def data_lengths(settings: Settings) -> list[int] | None:
     """Token lengths of (a seeded sample of) the recipe's data, or None without its file and tokenizer here."""
-    data = _data_init(s)
-    path, ckpt = data.get("json_path"), Path(s.checkpoint_dir)
+    data = _data_init(settings)
+    path, ckpt = data.get("json_path"), Path(settings.checkpoint_dir)
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
         return None
     return sample_lengths(
         dataset_records.read(project_path(path)),
         ckpt,
         data.get("prompt_style", "alpaca"),
-        s.max_seq_length,
+        settings.max_seq_length,
         data.get("seed", 42),
     )[0]
 
@@ -432,12 +439,14 @@ def default_padded_per_sample(micro: int, cap: int | None = None) -> float:
     return padded_per_sample(list(default_lengths(cap or 512)), micro)
 
 
-def runtime_terms(s: Settings, x: PlanInput, tokens_per_sample: float | None, real_per_sample: float | None = None):
+def runtime_terms(
+    settings: Settings, case: PlanInput, tokens_per_sample: float | None, real_per_sample: float | None = None
+):
     """The recipe's run as tunelab.plan.model.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
     epochs or max_steps, eval settings, padded tokens per sample (default: :func:`default_padded_per_sample` at
     the run's micro batch) and, where known, real (unpadded) tokens per sample."""
-    train, val, _ = train_samples(s)
-    per_sample = tokens_per_sample or default_padded_per_sample(x.micro_batch_size, s.max_seq_length)
-    t = runtime.terms(x, s.args, train, val, per_sample)
+    train, val, _ = train_samples(settings)
+    per_sample = tokens_per_sample or default_padded_per_sample(case.micro_batch_size, settings.max_seq_length)
+    t = runtime.terms(case, settings.args, train, val, per_sample)
     t.detail["real_tokens_per_sample"] = real_per_sample
     return t

@@ -305,12 +305,12 @@ def render_simulation(sim, plan) -> str:
     return ranks.render(sim, plan) if isinstance(sim, ranks.RankSimulation) else render_simulated(sim, plan)
 
 
-def added(x, gpu, strategy_name: str, measured: bool, simulated: bool) -> dict:
-    """What ``plan --measure`` and ``--simulate`` add beside the plan of PlanInput ``x`` (None where not asked):
+def added(case, gpu, strategy_name: str, measured: bool, simulated: bool) -> dict:
+    """What ``plan --measure`` and ``--simulate`` add beside the plan of PlanInput ``case`` (None where not asked):
     the measured step on this machine, the simulated step (rank 0's under ``strategy_name`` on several devices) and,
     with a GPU on one device, the step by kernel."""
     return {
-        "measured": measure.for_plan(x) if measured else None,
-        "simulated": ranks.simulation(x, strategy_name) if simulated else None,
-        "by_kernel": kernels.for_plan(x, gpu) if simulated and gpu is not None and x.world == 1 else None,
+        "measured": measure.for_plan(case) if measured else None,
+        "simulated": ranks.simulation(case, strategy_name) if simulated else None,
+        "by_kernel": kernels.for_plan(case, gpu) if simulated and gpu is not None and case.world == 1 else None,
     }

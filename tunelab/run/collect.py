@@ -198,7 +198,7 @@ def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
     return steady
 
 
-def _compute(rec: RunRecord, s: Settings, ckpt: Path, n_iters: int) -> None:
+def _compute(rec: RunRecord, settings: Settings, ckpt: Path, n_iters: int) -> None:
     """Step 5: FLOPs per token at the run's mean padded length, achieved TFLOP/s and MFU against the GPU table."""
     try:
         config = load_config(ckpt)
@@ -208,8 +208,8 @@ def _compute(rec: RunRecord, s: Settings, ckpt: Path, n_iters: int) -> None:
             if rec.tokens_padded and n_iters
             else (rec.max_seq_length or config.block_size)
         )
-        n_lora = lora_param_count(config, int(s.lora_r or 0), s.lora_targets) if s.lora else 0
-        fpt = flops_per_token(config, seq, "lora" if s.lora else "full", n_lora)
+        n_lora = lora_param_count(config, int(settings.lora_r or 0), settings.lora_targets) if settings.lora else 0
+        fpt = flops_per_token(config, seq, "lora" if settings.lora else "full", n_lora)
         rec.flops_per_token, rec.flops_formula = fpt.total, fpt.formula
         if rec.tok_s_real:
             real_per_dev = rec.tok_s_real / rec.device_count

@@ -78,10 +78,10 @@ def _run(case, rank):
     torch.manual_seed(0)
     model = GPT(cfg).to(torch.bfloat16)
     bucket = int(case["bucket"])
-    strat = StrategyConfig(
+    strategy = StrategyConfig(
         name="deepspeed", zero_stage=case["stage"], reduce_bucket_size=bucket, allgather_bucket_size=bucket
     )
-    conf = deepspeed_config(strat, case.get("micro", 2), 1, "bf16-true")
+    conf = deepspeed_config(strategy, case.get("micro", 2), 1, "bf16-true")
     conf["zero_optimization"].update({k: int(v) for k, v in case.get("zero", {}).items()})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     tracker = MemTracker()
@@ -108,7 +108,7 @@ def _run(case, rank):
         with torch.profiler.record_function(STEPS_MARK):
             for _ in range(3):
                 tracker.reset_mod_stats()
-                engine.backward(litgpt_loss(engine, x, x, "full", strat))
+                engine.backward(litgpt_loss(engine, x, x, "full", strategy))
                 engine.step()
         peak = tracker.get_tracker_snapshot("peak")
         now = tracker.get_tracker_snapshot()

@@ -226,7 +226,9 @@ class Prepared:
     """Model source: checkpoint, tiny or random."""
     ckpt: Path | None
     strategy: str | None
-    strat: object | None
+    """The strategy file asked for (a name or a path; None: litgpt's own command)."""
+    strategy_config: object | None
+    """That file, loaded (tunelab.strategies.StrategyConfig)."""
     run_dir: Path
 
 
@@ -315,10 +317,10 @@ def prepare(
     are checked again for this run's model and device without a second parse. ``strategy_config``: the strategy
     file already loaded."""
     overrides = list(overrides)
-    strat = strategy_config
-    if strategy and strat is None:  # the file first: an unreadable one is refused before litgpt is imported
+    config = strategy_config
+    if strategy and config is None:  # the file first: an unreadable one is refused before litgpt is imported
         try:
-            strat = load_strategy(strategy)
+            config = load_strategy(strategy)
         except StrategyError as e:
             raise RunError(f"{recipe.key}: {e}") from None
     source, ckpt = choose_model(recipe, model, split_checkpoint_override(overrides)[1])
@@ -345,7 +347,7 @@ def prepare(
         raise RunError(f"{recipe.key}: {missing}")
     if strategy:
         try:
-            strat.check(recipe.method, result.resolved, device)
+            config.check(recipe.method, result.resolved, device)
         except StrategyError as e:
             raise RunError(f"{recipe.key}: --strategy {strategy}: {e}") from None
     return Prepared(
@@ -357,7 +359,7 @@ def prepare(
         source=source,
         ckpt=ckpt,
         strategy=strategy,
-        strat=strat,
+        strategy_config=config,
         run_dir=run_dir,
     )
 
@@ -368,7 +370,7 @@ def launch_command(
     """Step 2: the child's command line (after ``python``) and the world size: ``litgpt finetune_*`` behind
     tunelab.run.entry, or torchrun running tunelab's multi-device loop under a strategy file."""
     s = prep.settings
-    if prep.strat is None:
+    if prep.strategy_config is None:
         return ["-m", "tunelab.run.entry", *litgpt_args(prep.recipe, prep.full_overrides)], s.world_size
     port = master_port or _free_port()
     launch = [
@@ -400,9 +402,9 @@ def new_record(prep: Prepared, launch: list[str], world: int, sweep: str | None,
         command=prep.recipe.command,
         overrides=prep.overrides,
         litgpt_argv=launch,
-        strategy=prep.strat.describe() if prep.strat else "litgpt",
+        strategy=prep.strategy_config.describe() if prep.strategy_config else "litgpt",
         strategy_file=prep.strategy,
-        strategy_settings=prep.strat.settings() if prep.strat else None,
+        strategy_settings=prep.strategy_config.settings() if prep.strategy_config else None,
         resolved_args=json.loads(json.dumps(prep.args, default=str)),
         model_source=prep.source,
         git_sha=git_sha(),
@@ -582,7 +584,7 @@ def _machine_and_plan(rec: RunRecord, prep: Prepared, monitor: GPUMonitor, node_
     if node_rank == 0:
         planner = f"tunelab {rec.versions.get('tunelab', '?')}, git {rec.git_sha or 'unknown'}"
         cuda_name = rec.device_name if rec.device_type == "cuda" else None
-        rec.plan, rec.plan_error = stored.for_run(prep.settings, prep.strat, cuda_name, planner)
+        rec.plan, rec.plan_error = stored.for_run(prep.settings, prep.strategy_config, cuda_name, planner)
 
 
 def _collect_and_save(rec: RunRecord, prep: Prepared, o: RunOptions, killed_reason, gpus, monitor) -> None:

@@ -267,7 +267,7 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
         where = f"{sf.path}: study {s.id}"
         try:
             resolve(s.recipe)
-            strat = load_strategy(s.strategy)
+            strategy = load_strategy(s.strategy)
             if s.gpu:
                 hardware.lookup(s.gpu)
             if s.checkpoint and s.checkpoint not in checkpoints.EMBEDDED:
@@ -282,8 +282,8 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
         problems = probe_problems(resolve(s.recipe), extra, world, s.steps, strategy=True)
         if problems:
             raise StudyError(f"{where}: set: {'; '.join(problems)}")
-        if any(st.backward_prefetch for st in s.settings) and strat.name != "fsdp":
-            raise StudyError(f"{where}: backward_prefetch needs an FSDP strategy, and {s.strategy} is {strat.name}")
+        if any(st.backward_prefetch for st in s.settings) and strategy.name != "fsdp":
+            raise StudyError(f"{where}: backward_prefetch needs an FSDP strategy, and {s.strategy} is {strategy.name}")
     return chosen
 
 

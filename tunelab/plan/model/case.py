@@ -184,21 +184,21 @@ def last_chunk_tokens(seq_len: int) -> int:
     return seq_len - (math.ceil(seq_len / LM_HEAD_CHUNK) - 1) * LM_HEAD_CHUNK
 
 
-def logits_bytes(x: PlanInput) -> int:
+def logits_bytes(case: PlanInput) -> int:
     """Bytes per element of the logits the loss sees: 4 under every precision. Lightning Fabric (litgpt's scripts)
     converts the model's outputs to fp32 (its precision plugins' ``convert_output``), bf16-true included; tunelab's
     loop casts them to fp32 itself, as litgpt's numerics require."""
     return 4
 
 
-def logits_held_at_step(x: PlanInput) -> float:
+def logits_held_at_step(case: PlanInput) -> float:
     """Bytes of the logits alive during the optimizer step: micro batch x sequence x padded vocabulary in the
     logits' dtype (:func:`logits_bytes`). litgpt's fit loop keeps ``logits`` referenced until the next iteration, so
     they sit beside the gradients and optimizer states; tunelab's loop computes them inside its loss function, so
     nothing holds them after backward (0), and its fused loss never makes them."""
-    if not x.fabric or x.fused_loss:
+    if not case.fabric or case.fused_loss:
         return 0
-    return x.micro_batch_size * x.seq_len * x.config.padded_vocab_size * logits_bytes(x)
+    return case.micro_batch_size * case.seq_len * case.config.padded_vocab_size * logits_bytes(case)
 
 
 @dataclass

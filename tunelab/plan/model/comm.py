@@ -163,7 +163,7 @@ def call_latency(steps: int, across: int, gpu_link: Link, node_link: Link | None
 
 
 def per_step(
-    x: PlanInput,
+    case: PlanInput,
     gpu_link: Link,
     node_link: Link | None = None,
     host_link: Link | None = None,
@@ -171,23 +171,23 @@ def per_step(
     params: tuple[int, int] | None = None,
     param_bytes: int | None = None,
 ) -> Comm:
-    """The communication of one optimizer step of ``x`` (its strategy, devices, nodes, accumulation).
+    """The communication of one optimizer step of ``case`` (its strategy, devices, nodes, accumulation).
 
-    ``params``: (total, trainable) parameter counts instead of those of ``x.config`` (a model given by its size
+    ``params``: (total, trainable) parameter counts instead of those of ``case.config`` (a model given by its size
     only); ``param_bytes``: bytes per gathered parameter and gradient instead of the precision's (4 under mixed
     precision, whose FSDP keeps float32 parameters; 2 where a framework gathers 16-bit copies)."""
-    strategy = strategies.of(x)
-    z = _sizes(x, params, param_bytes)
+    strategy = strategies.of(case)
+    z = _sizes(case, params, param_bytes)
     c = Comm()
     if z.n > 1:
-        strategy.volumes(c, x, z, params)
+        strategy.volumes(c, case, z, params)
     else:
         c.formula = "one device: none"
     c.links = {"gpu": gpu_link.name}
-    if z.m > 1 and x.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
+    if z.m > 1 and case.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
         c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
     if host_link is not None:
-        c.bytes_host = strategy.host_bytes(x, z)
+        c.bytes_host = strategy.host_bytes(case, z)
     seconds = c.bytes_gpu / gpu_link.bytes_per_s
     if c.bytes_node:
         if node_link is None:
@@ -195,7 +195,7 @@ def per_step(
         c.links["node"] = node_link.name
         # a flat ring crosses each node's network once: the node's NICs carry one device's volume (NCCL spreads
         # its channels over them); HYBRID_SHARD runs g rings across the nodes, one per local rank, sharing them
-        seconds += c.bytes_node / (node_link.bytes_per_s / strategy.node_rings(x, z))
+        seconds += c.bytes_node / (node_link.bytes_per_s / strategy.node_rings(case, z))
     if c.bytes_host:
         c.links["host"] = host_link.name
         c.host_s = c.bytes_host / host_link.bytes_per_s
@@ -204,38 +204,40 @@ def per_step(
     c.seconds = seconds + c.latency_s
     if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)
-    if strategy.unhideable(x):
+    if strategy.unhideable(case):
         c.hideable_under = "none"  # one unit: gathered, then reduced; ZeRO-1/2: reductions on the compute stream
     return c
 
 
-def _sizes(x: PlanInput, params, param_bytes) -> Sizes:
-    """:class:`Sizes` of ``x`` (``params``, ``param_bytes``: as :func:`per_step`)."""
-    strategy = strategies.of(x)
+def _sizes(case: PlanInput, params, param_bytes) -> Sizes:
+    """:class:`Sizes` of ``case`` (``params``, ``param_bytes``: as :func:`per_step`)."""
+    strategy = strategies.of(case)
     if params is None:
-        total, _ = count_params(x.config)
-        trainable = lora_param_count(x.config, x.lora_r, x.lora_targets) if x.lora else total
+        total, _ = count_params(case.config)
+        trainable = lora_param_count(case.config, case.lora_r, case.lora_targets) if case.lora else total
     else:
         total, trainable = params
-    s_p = param_bytes or strategy.param_bytes(x) * strategy.gathered_scale(x)  # litgpt's FSDP1: bf16 under bf16-mixed
-    if params is not None or not strategy.root_kept(x):
+    s_p = param_bytes or strategy.param_bytes(case) * strategy.gathered_scale(
+        case
+    )  # litgpt's FSDP1: bf16 under bf16-mixed
+    if params is not None or not strategy.root_kept(case):
         root = 0.0  # FSDP2 resharding its root regathers it for backward; blocks unknown: every parameter twice
-    elif x.fsdp_wrap == "none":
+    elif case.fsdp_wrap == "none":
         root = total * s_p  # the whole model one unit: the root
     else:
-        root = count_params(dataclasses.replace(x.config, n_layer=0))[0] * s_p
+        root = count_params(dataclasses.replace(case.config, n_layer=0))[0] * s_p
     reduced = trainable
-    if params is None and strategy.frozen_weights_grad(x):  # FSDP1's flat parameters' whole gradients
-        reduced = flat_parameter_frozen_grad_elements(x, total) + trainable
+    if params is None and strategy.frozen_weights_grad(case):  # FSDP1's flat parameters' whole gradients
+        reduced = flat_parameter_frozen_grad_elements(case, total) + trainable
     return Sizes(
-        n=x.world,
-        g=max(x.devices, 1),
-        m=max(x.num_nodes, 1),
-        a=max(x.accumulation, 1),
+        n=case.world,
+        g=max(case.devices, 1),
+        m=max(case.num_nodes, 1),
+        a=max(case.accumulation, 1),
         s_p=s_p,
         P=total * s_p,
         G=reduced * s_p,
         R=root,
         trainable=trainable,
-        units=1 if x.fsdp_wrap == "none" or params is not None else x.config.n_layer + 1,
+        units=1 if case.fsdp_wrap == "none" or params is not None else case.config.n_layer + 1,
     )

@@ -153,23 +153,23 @@ def compiled_block_seconds(block: dict, micro: int, tokens: float, gpu, sms: int
     return seconds, count
 
 
-def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PER_KERNEL) -> FastStep:
-    """The fast path's micro batch and optimizer step for PlanInput ``x`` (a strategy file: ``x.fabric`` False) at
+def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PER_KERNEL) -> FastStep:
+    """The fast path's micro batch and optimizer step for PlanInput ``case`` (a strategy file: ``case.fabric`` False) at
     ``tokens`` padded tokens per sample on ``gpu`` (see the module docstring); ``compiled_host_s``: the host time per
     compiled kernel (the accuracy report refits it)."""
-    c, micro = x.config, x.micro_batch_size
+    c, micro = case.config, case.micro_batch_size
     sms = gpu.sms or kernels.DEFAULT_SMS
-    method = "full" if x.method == "full" else "lora"
-    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
-    optimizer = optimizer_of(x)
+    method = "full" if case.method == "full" else "lora"
+    lora = (case.lora_r, tuple(case.lora_targets)) if case.lora else ()
+    optimizer = optimizer_of(case)
     whole_tokens = max(1, math.ceil(tokens))
     chunks = kernels.loss_chunks("lora", micro, whole_tokens) if method == "lora" else 1
-    liger = bool(x.fused_loss)
+    liger = bool(case.fused_loss)
     out = FastStep(waits_for_loss=liger)
 
     def eager(n_layer: int):
-        tp = tables_of(x).template(
-            dataclasses.replace(c, n_layer=n_layer), method, str(x.precision), optimizer, chunks, micro == 1, lora
+        tp = tables_of(case).template(
+            dataclasses.replace(c, n_layer=n_layer), method, str(case.precision), optimizer, chunks, micro == 1, lora
         )
         return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)
 
@@ -182,8 +182,13 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
     for phase in ("forward", "backward"):
         out.host[phase] = base_ops.get(phase, 0.0) * kernels.HOST_S_PER_OP
         out.kernels[phase] = base_ops.get(phase, 0.0)
-    if compiled_supported(x.precision) and x.compiled and not x.activation_checkpointing and x.method != "qlora":
-        _compiled_blocks(out, x, gpu, sms, tokens, compiled_host_s)
+    if (
+        compiled_supported(case.precision)
+        and case.compiled
+        and not case.activation_checkpointing
+        and case.method != "qlora"
+    ):
+        _compiled_blocks(out, case, gpu, sms, tokens, compiled_host_s)
     else:  # eager blocks: one block is the template of one block less the template of none
         _, _, one, one_ops = eager(1)
         block: dict = {}
@@ -191,7 +196,7 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
             if "/" in key and key.split("/")[0] in ("forward", "backward"):
                 _add(block, *key.split("/"), sec - base.get(key, 0.0))
         more = {p: one_ops.get(p, 0.0) - base_ops.get(p, 0.0) for p in ("forward", "backward")}
-        if x.activation_checkpointing:  # each block's forward runs again in the backward pass
+        if case.activation_checkpointing:  # each block's forward runs again in the backward pass
             for cat, sec in block.get("forward", {}).items():
                 _add(block, "backward", cat, sec)
             more["backward"] += more["forward"]
@@ -201,31 +206,39 @@ def fast_step(x, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PE
             out.host[phase] += c.n_layer * more[phase] * kernels.HOST_S_PER_OP
             out.kernels[phase] += c.n_layer * more[phase]
     if liger:
-        _liger_loss(out, x, gpu, micro * whole_tokens)
-    _optimizer_step(out, x, gpu, tokens, optimizer, method, lora)
+        _liger_loss(out, case, gpu, micro * whole_tokens)
+    _optimizer_step(out, case, gpu, tokens, optimizer, method, lora)
     return out
 
 
-def _optimizer_step(out: FastStep, x, gpu, tokens: float, optimizer: str, method: str, lora: tuple) -> None:
+def _optimizer_step(out: FastStep, case, gpu, tokens: float, optimizer: str, method: str, lora: tuple) -> None:
     """The optimizer step in ``out`` as traced (torch's fused AdamW is its own op there: ``optimizer_of``'s "AdamW
     fused"), over this rank's share of the parameters where the strategy shards the optimizer's states."""
     st = kernels.step_time(
-        x.config, method, str(x.precision), x.micro_batch_size, tokens, gpu.name, optimizer, lora, tables=tables_of(x)
+        case.config,
+        method,
+        str(case.precision),
+        case.micro_batch_size,
+        tokens,
+        gpu.name,
+        optimizer,
+        lora,
+        tables=tables_of(case),
     )
-    st = kernels.sharded_optimizer(st, optimizer_shards(x))
+    st = kernels.sharded_optimizer(st, optimizer_shards(case))
     _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
     out.host["optimizer"] = st.host_ops("optimizer") * kernels.HOST_S_PER_OP
     out.kernels["optimizer"] = st.ops_by_phase.get("optimizer", 0)
 
 
-def _compiled_blocks(out: FastStep, x, gpu, sms: int, tokens: float, compiled_host_s: float) -> None:
+def _compiled_blocks(out: FastStep, case, gpu, sms: int, tokens: float, compiled_host_s: float) -> None:
     """The compiled blocks in ``out``: one block's kernels from torch.compile's own graphs, times the depth, each
     launched at ``compiled_host_s`` of host time."""
-    c, method = x.config, "full" if x.method == "full" else "lora"
-    block = tables_of(x).compiled_block(
-        c, method, str(x.precision), x.lora_r if x.lora else 0, tuple(x.lora_targets) if x.lora else ()
+    c, method = case.config, "full" if case.method == "full" else "lora"
+    block = tables_of(case).compiled_block(
+        c, method, str(case.precision), case.lora_r if case.lora else 0, tuple(case.lora_targets) if case.lora else ()
     )
-    secs, count = compiled_block_seconds(block, x.micro_batch_size, tokens, gpu, sms)
+    secs, count = compiled_block_seconds(block, case.micro_batch_size, tokens, gpu, sms)
     for phase in ("forward", "backward"):
         for cat, sec in secs.get(phase, {}).items():
             _add(out.gpu, phase, cat, c.n_layer * sec)
@@ -233,13 +246,13 @@ def _compiled_blocks(out: FastStep, x, gpu, sms: int, tokens: float, compiled_ho
         out.kernels[phase] += c.n_layer * count.get(phase, 0)
 
 
-def _liger_loss(out: FastStep, x, gpu, rows: int) -> None:
+def _liger_loss(out: FastStep, case, gpu, rows: int) -> None:
     """Liger's fused linear cross-entropy in ``out``: its chunks' logits read and their gradient written in place
     (bytes over the bandwidth, or a minimal kernel per chunk), its ops on the host (its matmuls are the head's,
     counted with the model)."""
-    c = x.config
+    c = case.config
     n = liger_chunks(rows, c.n_embd, c.padded_vocab_size)
-    size = dtype_bytes(x.precision) if "mixed" not in str(x.precision) else 2
+    size = dtype_bytes(case.precision) if "mixed" not in str(case.precision) else 2
     ce = 2.0 * rows * c.padded_vocab_size * size  # each chunk's logits read, their gradient written in place
     _add(
         out.gpu,

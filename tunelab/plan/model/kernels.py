@@ -495,14 +495,23 @@ def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
     return len(lora_tensor_numels(config, r, targets))
 
 
-def for_plan(x, gpu) -> StepTime | str:
+def for_plan(case, gpu) -> StepTime | str:
     """The step by kernel of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) on ``gpu``, or why it
     is not modelled (a sentence): litgpt's own script on one device, full fine-tuning, LoRA or QLoRA."""
-    if x.world > 1 or not x.fabric:
+    if case.world > 1 or not case.fabric:
         return "not modelled yet for several devices or tunelab's loop (a strategies file)"
-    lora = lora_of(x)
-    args = (x.config, x.method, str(x.precision), x.micro_batch_size, x.seq_len, gpu.name, optimizer_of(x), lora)
-    return step_time(*args, tables=tables_of(x))
+    lora = lora_of(case)
+    args = (
+        case.config,
+        case.method,
+        str(case.precision),
+        case.micro_batch_size,
+        case.seq_len,
+        gpu.name,
+        optimizer_of(case),
+        lora,
+    )
+    return step_time(*args, tables=tables_of(case))
 
 
 def to_json(st) -> dict:

@@ -100,30 +100,30 @@ class Plan:
         return d
 
 
-def _optimizer_states(x: PlanInput, opt: str, trainable: int, s_param: int, notes: list) -> tuple[float, float]:
+def _optimizer_states(case: PlanInput, opt: str, trainable: int, s_param: int, notes: list) -> tuple[float, float]:
     """(optimizer states, master weights) in bytes before any division: DeepSpeed's float32 moments and master
     weights, a paged optimizer's device-resident states, else the optimizer's own states."""
-    if (own := strategies.of(x).optimizer_states(x, trainable, s_param, notes)) is not None:
+    if (own := strategies.of(case).optimizer_states(case, trainable, s_param, notes)) is not None:
         return own
     if "Paged" in opt:
         notes.append(
             f"{opt}: states of tensors from {PAGED_MIN_NUMEL:,} elements in CUDA unified memory, outside torch's "
             "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
         )
-        return paged_optimizer_device_states(x), 0
+        return paged_optimizer_device_states(case), 0
     if not opt.startswith("Adam") and opt != "SGD" and "8bit" not in opt:
         notes.append(f"optimizer {opt}: assumed 2 states per parameter")
-    return optimizer_state_bytes(opt, trainable, s_param, x.momentum), 0
+    return optimizer_state_bytes(opt, trainable, s_param, case.momentum), 0
 
 
-def model_states(x: PlanInput, notes: list) -> ModelStates:
+def model_states(case: PlanInput, notes: list) -> ModelStates:
     """Step 1: weights (quantized or not), gradients, optimizer states, master weights, step temporaries."""
-    c = x.config
+    c = case.config
     total, emb = count_params(c)
-    strategy = strategies.of(x)
-    s_param = strategy.param_bytes(x)
-    trainable = lora_param_count(c, x.lora_r, x.lora_targets) if x.lora else total
-    quantize = x.quantize or ""
+    strategy = strategies.of(case)
+    s_param = strategy.param_bytes(case)
+    trainable = lora_param_count(c, case.lora_r, case.lora_targets) if case.lora else total
+    quantize = case.quantize or ""
     if quantize.startswith(("bnb.nf4", "bnb.fp4")):
         linear = total - emb
         per = four_bit_bytes_per_param(quantize)
@@ -133,10 +133,10 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
         weights = (total - emb) * 1.0 + emb * s_param
     else:
         weights = total * s_param  # the base model (LoRA adapters are counted apart)
-    lora_weights = trainable * s_param if x.lora else 0
+    lora_weights = trainable * s_param if case.lora else 0
     grads = trainable * s_param
-    opt = x.optimizer.split(".")[-1]
-    opt_bytes, master = _optimizer_states(x, opt, trainable, s_param, notes)
+    opt = case.optimizer.split(".")[-1]
+    opt_bytes, master = _optimizer_states(case, opt, trainable, s_param, notes)
     # torch's foreach AdamW (the default on CUDA) allocates one parameter-sized temporary (sqrt of exp_avg_sq)
     # during the step, on top of weights, gradients and states
     step_temp = (
@@ -145,12 +145,12 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
             opt.startswith("Adam")
             and "8bit" not in opt
             and "Paged" not in opt
-            and strategy.foreach_temporary(x)
-            and not x.fused_optimizer
+            and strategy.foreach_temporary(case)
+            and not case.fused_optimizer
         )
         else 0
     )
-    if x.fused_optimizer and opt.startswith("Adam"):
+    if case.fused_optimizer and opt.startswith("Adam"):
         notes.append("fused AdamW: the update runs in place, no parameter-sized temporary")
     return ModelStates(
         total=total,
@@ -162,9 +162,9 @@ def model_states(x: PlanInput, notes: list) -> ModelStates:
         optimizer=opt_bytes,
         master=master,
         step_temp=step_temp,
-        autocast_cache=autocast_weight_copies(x) if autocast_over_fp32_weights(x) else 0,
+        autocast_cache=autocast_weight_copies(case) if autocast_over_fp32_weights(case) else 0,
         s_param=s_param,
-        s_gathered=s_param * strategy.gathered_scale(x),
+        s_gathered=s_param * strategy.gathered_scale(case),
     )
 
 
@@ -179,10 +179,10 @@ def optimizer_state_bytes(opt: str, trainable: int, s_param: int, momentum: floa
     return trainable * 2 * s_param
 
 
-def autocast_over_fp32_weights(x: PlanInput) -> bool:
+def autocast_over_fp32_weights(case: PlanInput) -> bool:
     """Mixed precision as autocast over fp32 weights (one device, DDP): activations in per-tensor dtypes and
     autocast's weight copies; the strategy says (:meth:`tunelab.plan.model.strategies.base.Strategy.autocast_over_fp32`)."""
-    return strategies.of(x).autocast_over_fp32(x)
+    return strategies.of(case).autocast_over_fp32(case)
 
 
 PAGED_MIN_NUMEL = 100_000
@@ -190,21 +190,21 @@ PAGED_MIN_NUMEL = 100_000
 (``Optimizer8bit.get_state_buffer``: ``p.numel() < 1e5`` gets ``torch.zeros_like``, ordinary device memory)."""
 
 
-def paged_optimizer_device_states(x: PlanInput) -> float:
+def paged_optimizer_device_states(case: PlanInput) -> float:
     """Bytes of a paged optimizer's states that are ordinary device memory: the states of trainable tensors under
     :data:`PAGED_MIN_NUMEL` elements. PagedAdamW keeps two fp32 states (8 bytes per element); the 8-bit one keeps two
     uint8 states (2 bytes) for tensors from 4096 elements (``min_8bit_size``), fp32 below. Under LoRA nearly every
     adapter tensor is small (r x width), so nearly all LoRA states stay on the device; full fine-tuning's small
     tensors are the norm weights and biases (not counted: kilobytes per block)."""
-    if not x.lora:
+    if not case.lora:
         return 0
-    small = [n for n in lora_tensor_numels(x.config, x.lora_r, x.lora_targets) if n < PAGED_MIN_NUMEL]
-    if "8bit" in str(x.optimizer):
+    small = [n for n in lora_tensor_numels(case.config, case.lora_r, case.lora_targets) if n < PAGED_MIN_NUMEL]
+    if "8bit" in str(case.optimizer):
         return sum(8 * n if n < 4096 else 2 * n for n in small)
     return 8 * sum(small)
 
 
-def autocast_weight_copies(x: PlanInput) -> float:
+def autocast_weight_copies(case: PlanInput) -> float:
     """Bytes of the 16-bit weight copies autocast makes under mixed precision, alive from the forward until backward
     has used them. Autocast casts each matmul's fp32 weight to 16 bits; it caches the copy of a weight that requires
     grad (one per forward) but casts a frozen one at every call, and the graph keeps each copy for the input's
@@ -215,88 +215,88 @@ def autocast_weight_copies(x: PlanInput) -> float:
     fused loss (Liger's) LoRA's head weight (frozen, or ``[W, B]`` made by concatenation: no leaf) is cast again
     for every chunk and not kept (:func:`liger_loss_bytes` counts the one alive); full fine-tuning's trainable head
     weight is cached as before."""
-    c = x.config
+    c = case.config
     total, emb = count_params(c)
     head = c.padded_vocab_size * c.n_embd
-    if not x.lora:
+    if not case.lora:
         return 2 * (total - emb)
     # LoRA under activation checkpointing: a block's forward keeps nothing (its recompute casts one block again in
     # backward), so only the head's copies stay (per-rank simulation, litgpt's LoRA at bf16-mixed on several
     # devices). Full fine-tuning's copies sit in autocast's cache until the forward ends, checkpointed or not.
-    checkpointed = x.activation_checkpointing
-    blocks = 0 if checkpointed else total - emb - head + lora_param_count(c, x.lora_r, x.lora_targets)
-    chunks = 0 if x.fused_loss else math.ceil(x.seq_len / LM_HEAD_CHUNK)
+    checkpointed = case.activation_checkpointing
+    blocks = 0 if checkpointed else total - emb - head + lora_param_count(c, case.lora_r, case.lora_targets)
+    chunks = 0 if case.fused_loss else math.ceil(case.seq_len / LM_HEAD_CHUNK)
     return 2 * blocks + 2 * head * chunks
 
 
-def _activations(x: PlanInput, notes: list) -> tuple[float, float]:
+def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
     """Step 2: (activations, logits and loss) per device at the end of the forward pass."""
-    c = x.config
-    s_act = dtype_bytes(x.precision)  # the compute dtype (16-bit under mixed precision)
-    mixed = autocast_over_fp32_weights(x)
-    s_logits = logits_bytes(x)
-    n_tok = x.micro_batch_size * x.seq_len
+    c = case.config
+    s_act = dtype_bytes(case.precision)  # the compute dtype (16-bit under mixed precision)
+    mixed = autocast_over_fp32_weights(case)
+    s_logits = logits_bytes(case)
+    n_tok = case.micro_batch_size * case.seq_len
     # what autograd keeps, derived from the Config (tunelab/plan/model/activations.py; measured per family on CPU)
-    kind = "lora" if x.lora else "full"
-    efficient = s_act == 4 and not x.attention_math  # fp32 attention: CUDA's memory-efficient kernel, not flash
+    kind = "lora" if case.lora else "full"
+    efficient = s_act == 4 and not case.attention_math  # fp32 attention: CUDA's memory-efficient kernel, not flash
     saved = activations.saved_bytes(
         c,
         kind,
         s_act,
-        x.micro_batch_size,
-        x.seq_len,
-        x.lora_targets,
-        x.lora_r,
+        case.micro_batch_size,
+        case.seq_len,
+        case.lora_targets,
+        case.lora_r,
         mixed=mixed,
         logits_bytes=s_logits,
         attention_output_view=efficient,
-        flash_pad=not (efficient or x.attention_math) and c.head_size % 8 != 0,
-        frozen_weights_grad=strategies.of(x).frozen_weights_grad(x),
+        flash_pad=not (efficient or case.attention_math) and c.head_size % 8 != 0,
+        frozen_weights_grad=strategies.of(case).frozen_weights_grad(case),
     )
     notes.extend(saved.notes)
     traced = (
-        x.compiled
-        and compiled_supported(x.precision)
-        and not (x.activation_checkpointing or bnb_quantized(x) or x.attention_math)
+        case.compiled
+        and compiled_supported(case.precision)
+        and not (case.activation_checkpointing or bnb_quantized(case) or case.attention_math)
     )
-    if x.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
-        acts = checkpointed_inputs(x) + saved.per_layer
+    if case.activation_checkpointing:  # block inputs only, plus one block recomputed at a time in backward
+        acts = checkpointed_inputs(case) + saved.per_layer
     elif traced:  # what torch.compile's partitioner keeps per block (traced once, bytes per token)
-        args = (c, kind, str(x.precision), x.lora_r, tuple(x.lora_targets) if x.lora else ())
-        first = tables_of(x).compiled_saved_bytes(*args, input_grad=not x.lora) * n_tok
-        acts = first + tables_of(x).compiled_saved_bytes(*args) * n_tok * (c.n_layer - 1)
+        args = (c, kind, str(case.precision), case.lora_r, tuple(case.lora_targets) if case.lora else ())
+        first = tables_of(case).compiled_saved_bytes(*args, input_grad=not case.lora) * n_tok
+        acts = first + tables_of(case).compiled_saved_bytes(*args) * n_tok * (c.n_layer - 1)
         notes.append(
             "compiled blocks: each block keeps what torch.compile's partitioner saves (tunelab/plan/trace/compiled.py, "
             f"traced: {acts / c.n_layer / GB:.2f} GB per block where eager keeps {saved.per_layer / GB:.2f})"
         )
     else:
         acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
-    if x.compiled and not traced:
+    if case.compiled and not traced:
         notes.append("compiled blocks: activations planned as eager here (an upper bound: inductor saves less)")
-    if bnb_quantized(x):  # QLoRA's trainable StableEmbedding: its norm keeps its input (and mean and rstd), and the
+    if bnb_quantized(case):  # QLoRA's trainable StableEmbedding: its norm keeps its input (and mean and rstd), and the
         # first block's input carries a gradient, so it keeps what the others keep (stable_embedding_states)
         acts += (s_act * c.n_embd + 8) * n_tok + (
-            0 if x.activation_checkpointing else saved.per_layer - saved.first_layer
+            0 if case.activation_checkpointing else saved.per_layer - saved.first_layer
         )
-    if x.fused_loss:
-        logits = saved.head_norm + liger_loss_bytes(x)
+    if case.fused_loss:
+        logits = saved.head_norm + liger_loss_bytes(case)
         notes.append("Liger's fused linear cross-entropy: the logits are never materialised (liger_loss_bytes)")
     else:
-        logits = _logits_and_loss(x, saved.head, s_logits, n_tok)
-    if x.attention_math and not x.activation_checkpointing:  # softmax(QK^T) kept for backward
-        acts += c.n_layer * n_tok * c.n_head * x.seq_len * s_act
+        logits = _logits_and_loss(case, saved.head, s_logits, n_tok)
+    if case.attention_math and not case.activation_checkpointing:  # softmax(QK^T) kept for backward
+        acts += c.n_layer * n_tok * c.n_head * case.seq_len * s_act
     return acts, logits
 
 
-def checkpointed_inputs(x: PlanInput) -> float:
+def checkpointed_inputs(case: PlanInput) -> float:
     """Bytes activation checkpointing keeps per block, for every block: its input (fp32 under autocast over fp32
     weights, else the compute dtype), micro batch x sequence x embedding; a block recomputed in backward adds its
     own activations for a while."""
-    s = 4 if autocast_over_fp32_weights(x) else dtype_bytes(x.precision)
-    return s * x.config.n_embd * x.micro_batch_size * x.seq_len * x.config.n_layer
+    s = 4 if autocast_over_fp32_weights(case) else dtype_bytes(case.precision)
+    return s * case.config.n_embd * case.micro_batch_size * case.seq_len * case.config.n_layer
 
 
-def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> float:
+def _logits_and_loss(case: PlanInput, head: float, s_logits: int, n_tok: int) -> float:
     """The head and loss at their peak without a fused loss: what the loss saved (``head``) and what is alive beside
     it (as the simulated step shows, :mod:`tunelab.plan.trace.simulate`):
 
@@ -307,18 +307,18 @@ def _logits_and_loss(x: PlanInput, head: float, s_logits: int, n_tok: int) -> fl
       (:func:`lora_loss_backward_temporaries`);
     * LoRA, tunelab's loop: the larger of the chunks with the copy ``reshape`` makes of the last one's shifted slice
       (the end of the loss's forward) and the backward's temporaries (the chunks gone by then)."""
-    c = x.config
+    c = case.config
     logits = n_tok * c.padded_vocab_size * s_logits
-    if not x.lora:
+    if not case.lora:
         return head + 2 * logits
-    temporaries = lora_loss_backward_temporaries(x, s_logits)
-    if x.fabric:
+    temporaries = lora_loss_backward_temporaries(case, s_logits)
+    if case.fabric:
         return head + logits + temporaries
-    last = last_chunk_tokens(x.seq_len)
-    return head + max(logits + (last - 1) * x.micro_batch_size * c.padded_vocab_size * s_logits, temporaries)
+    last = last_chunk_tokens(case.seq_len)
+    return head + max(logits + (last - 1) * case.micro_batch_size * c.padded_vocab_size * s_logits, temporaries)
 
 
-def liger_loss_bytes(x: PlanInput) -> float:
+def liger_loss_bytes(case: PlanInput) -> float:
     """Bytes Liger's fused linear cross-entropy holds at its peak, the last chunk of its forward (beside the final
     norm's saved tensors), as its code allocates (``tunelab.plan.trace.simulate._liger_loss_standin``): the final norm's
     output ``h`` (positions x hidden, the residual stream's dtype), the loss's input (a copy of ``h`` without the
@@ -328,38 +328,42 @@ def liger_loss_bytes(x: PlanInput) -> float:
     with the weight; under bf16-mixed, autocast's 16-bit copy of the transposed head weight that chunk's first
     matmul made (a view is never cached; the second matmul's copy of a trainable leaf weight is, and is counted
     with the autocast cache). The micro batch's logits (fp32 for the loss, and their gradient) never exist."""
-    c = x.config
-    s_act = dtype_bytes(x.precision)
-    s_h = 4 if autocast_over_fp32_weights(x) else s_act  # bf16-mixed: the residual stream and ln_f are fp32
-    s_w = 4 if "mixed" in str(x.precision) or str(x.precision).startswith("32") else 2  # the weights' dtype
-    n, positions, v = x.micro_batch_size * x.seq_len, x.micro_batch_size * (x.seq_len - 1), c.padded_vocab_size
-    lora_head = x.lora and "head" in set(x.lora_targets)
-    width = c.n_embd + (x.lora_r if lora_head else 0)
+    c = case.config
+    s_act = dtype_bytes(case.precision)
+    s_h = 4 if autocast_over_fp32_weights(case) else s_act  # bf16-mixed: the residual stream and ln_f are fp32
+    s_w = 4 if "mixed" in str(case.precision) or str(case.precision).startswith("32") else 2  # the weights' dtype
+    n, positions, v = (
+        case.micro_batch_size * case.seq_len,
+        case.micro_batch_size * (case.seq_len - 1),
+        c.padded_vocab_size,
+    )
+    lora_head = case.lora and "head" in set(case.lora_targets)
+    width = c.n_embd + (case.lora_r if lora_head else 0)
     chunk = liger_chunk_rows(positions, v, width)
     total = s_h * c.n_embd * n + 2 * s_h * width * positions  # h, the input copy, its gradient
     if lora_head:
         total += 2 * s_w * v * width  # [W, B] and its gradient
-    elif not x.lora:
+    elif not case.lora:
         total += s_w * v * c.n_embd  # the head weight's gradient
-    if autocast_over_fp32_weights(x):
+    if autocast_over_fp32_weights(case):
         total += s_act * v * width
     return total + chunk * v * s_act + chunk * width * s_h
 
 
-def optimizer_shards(x: PlanInput) -> int:
+def optimizer_shards(case: PlanInput) -> int:
     """Devices the optimizer's states are sharded over (:class:`Division`'s ``shard_o``): each rank's optimizer
     step updates 1/this of the trainable parameters. FSDP's FULL_SHARD and SHARD_GRAD_OP over the world,
     HYBRID_SHARD over its node, ZeRO from stage 1; DDP, FSDP's NO_SHARD and one device update every parameter on
     every rank."""
-    return strategies.of(x).optimizer_shards(x, model_states(x, []))
+    return strategies.of(case).optimizer_shards(case, model_states(case, []))
 
 
-def _divide(x: PlanInput, st: ModelStates, notes: list) -> PerDevice:
+def _divide(case: PlanInput, st: ModelStates, notes: list) -> PerDevice:
     """Step 3: the strategy's division of the model states among devices (and into host RAM for offload)."""
-    strategy = strategies.of(x)
-    grads = strategy.gradients(x, st, notes)
-    d = strategy.division(x, st, grads, notes)
-    grads, step_temp = strategy.step_bytes(x, st, grads, st.step_temp)
+    strategy = strategies.of(case)
+    grads = strategy.gradients(case, st, notes)
+    d = strategy.division(case, st, grads, notes)
+    grads, step_temp = strategy.step_bytes(case, st, grads, st.step_temp)
     dev = PerDevice(
         weights=st.weights / d.shard_w,
         lora_weights=st.lora_weights / d.shard_w,
@@ -371,7 +375,7 @@ def _divide(x: PlanInput, st: ModelStates, notes: list) -> PerDevice:
         in_flight=d.in_flight,
         gathered=d.gathered,
     )
-    return strategy.offloaded(x, st, dev, notes)
+    return strategy.offloaded(case, st, dev, notes)
 
 
 def liger_chunk_rows(positions: int, vocab: int, hidden: int) -> int:
@@ -383,19 +387,19 @@ def liger_chunk_rows(positions: int, vocab: int, hidden: int) -> int:
     return min(rows, positions)
 
 
-def lora_loss_backward_temporaries(x: PlanInput, s_act: float) -> float:
+def lora_loss_backward_temporaries(case: PlanInput, s_act: float) -> float:
     """Bytes the chunked loss's backward adds under LoRA at its peak, beside everything the forward kept: three
     vocabulary-sized tensors of one 128-token chunk (the gradients of cross-entropy's nll_loss and log_softmax, and
     the last chunk's slice ``logits[-1][..., :-1, :]`` padded back), less the last chunk's log-softmax, which
     autograd has freed by then (its node has run), as the simulated step shows (tunelab/plan/trace/simulate.py).
     ``s_act``: the logits' bytes per element. Full fine-tuning's loss gradient is counted whole in the logits term."""
-    chunk = min(LM_HEAD_CHUNK, x.seq_len)
-    last = last_chunk_tokens(x.seq_len)
-    v = x.config.padded_vocab_size
-    return (3 * chunk - (last - 1)) * x.micro_batch_size * v * s_act
+    chunk = min(LM_HEAD_CHUNK, case.seq_len)
+    last = last_chunk_tokens(case.seq_len)
+    v = case.config.padded_vocab_size
+    return (3 * chunk - (last - 1)) * case.micro_batch_size * v * s_act
 
 
-def dequantized_weight_temporary(x: PlanInput) -> float:
+def dequantized_weight_temporary(case: PlanInput) -> float:
     """Bytes a 4-bit (QLoRA) matmul's dequantized weight adds to LoRA's peak (the start of backward). bitsandbytes'
     ``MatMul4Bit`` (0.50) dequantizes its weight to a temporary in the forward pass and again in the backward pass,
     one matmul at a time; in backward ``dequantize_4bit`` returns the dtype the weight was quantized from, fp16
@@ -406,26 +410,26 @@ def dequantized_weight_temporary(x: PlanInput) -> float:
     chunk's logits gradient is alive in the compute dtype (Fabric's fp32 conversion, undone by its backward); with
     final-logit softcapping (Gemma 2) the last chunk's saved tanh is freed too. Seen in the simulated step
     (tunelab/plan/trace/simulate.py)."""
-    if not str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
+    if not str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
         return 0
-    c, s = x.config, dtype_bytes(x.precision)
-    fp16_copy = 0 if str(x.precision).startswith("16") else 2  # under fp16 compute, .to() returns the fp16 copy
-    v, positions = c.padded_vocab_size, x.micro_batch_size * (x.seq_len - 1)
-    freed = positions * v * logits_bytes(x) + lora_loss_backward_temporaries(x, logits_bytes(x))  # the loss's
-    head = v * c.n_embd * (s + fp16_copy) + x.micro_batch_size * x.seq_len * v * s  # + every chunk's gradient
+    c, s = case.config, dtype_bytes(case.precision)
+    fp16_copy = 0 if str(case.precision).startswith("16") else 2  # under fp16 compute, .to() returns the fp16 copy
+    v, positions = c.padded_vocab_size, case.micro_batch_size * (case.seq_len - 1)
+    freed = positions * v * logits_bytes(case) + lora_loss_backward_temporaries(case, logits_bytes(case))  # the loss's
+    head = v * c.n_embd * (s + fp16_copy) + case.micro_batch_size * case.seq_len * v * s  # + every chunk's gradient
     if c.final_logit_softcapping is not None:
-        last = last_chunk_tokens(x.seq_len)
-        head -= x.micro_batch_size * last * v * s
+        last = last_chunk_tokens(case.seq_len)
+        head -= case.micro_batch_size * last * v * s
     mlp = max(c.intermediate_size, c.n_embd) * c.n_embd * (s + fp16_copy)  # a block's, the head's gradients gone
     return max(0, head - freed, mlp - freed)
 
 
-def bnb_quantized(x: PlanInput) -> bool:
+def bnb_quantized(case: PlanInput) -> bool:
     """litgpt runs the model under Lightning's BitsandbytesPrecision (any ``bnb.*`` quantization)."""
-    return str(x.quantize or "").startswith("bnb.")
+    return str(case.quantize or "").startswith("bnb.")
 
 
-def stable_embedding_states(x: PlanInput) -> float:
+def stable_embedding_states(case: PlanInput) -> float:
     """Bytes of litgpt's QLoRA embedding swap (``finetune/lora.py`` main, 0.5.13; any bitsandbytes quantization):
     after the optimizer is built, ``model.transformer.wte`` is replaced by bitsandbytes' ``StableEmbedding`` (an
     embedding and a LayerNorm, moved to the weights' dtype). ``main`` keeps the old embedding referenced for the
@@ -433,22 +437,22 @@ def stable_embedding_states(x: PlanInput) -> float:
     optimizer, so ``zero_grad`` never frees its vocabulary-sized gradient: two vocabulary x embedding tensors, plus
     the norm's weight, bias and their gradients. Its activations (the norm's input; the first block's input now
     carries a gradient) are in the activation term. Seen in the simulated step (tunelab/plan/trace/simulate.py)."""
-    if not bnb_quantized(x):
+    if not bnb_quantized(case):
         return 0
-    c = x.config
-    s = 4 if "mixed" in str(x.precision) or str(x.precision).startswith("32") else 2  # the weights' dtype
+    c = case.config
+    s = 4 if "mixed" in str(case.precision) or str(case.precision).startswith("32") else 2  # the weights' dtype
     return 2 * c.padded_vocab_size * c.n_embd * s + 4 * c.n_embd * s
 
 
-def predict(x: PlanInput) -> Plan:
+def predict(case: PlanInput) -> Plan:
     """The predicted peak allocated memory per device, as a breakdown that sums to it: model states (step 1),
     divided by the strategy (step 3), plus the largest of the candidate peaks: the end of the forward pass
     (activations and logits alive, step 2; autocast's 16-bit weight copies too, alive until backward used them),
     FSDP1's backward, or the optimizer step (gradients and the step's temporary)."""
     notes: list = []
-    st = model_states(x, notes)
-    acts, logits = _activations(x, notes)
-    dev = _divide(x, st, notes)
+    st = model_states(case, notes)
+    acts, logits = _activations(case, notes)
+    dev = _divide(case, st, notes)
     state_bytes = {
         "weights": dev.weights,
         "lora_weights": dev.lora_weights,
@@ -456,26 +460,26 @@ def predict(x: PlanInput) -> Plan:
         "autocast_weight_cache": 0,
         "dequantized_weight_temporary": 0,
         "sharding_buffers": dev.extra,
-        "qlora_stable_embedding": stable_embedding_states(x),
+        "qlora_stable_embedding": stable_embedding_states(case),
     }
-    strategy = strategies.of(x)
-    accumulated = strategy.accumulated_gradients(x, st, dev)
-    inputs = checkpointed_inputs(x)
-    f_acts, logits, in_flight, f_cache, f_note = strategy.forward_moment(x, st, dev, acts, logits, inputs)
-    base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(x)
+    strategy = strategies.of(case)
+    accumulated = strategy.accumulated_gradients(case, st, dev)
+    inputs = checkpointed_inputs(case)
+    f_acts, logits, in_flight, f_cache, f_note = strategy.forward_moment(case, st, dev, acts, logits, inputs)
+    base = acts + accumulated + st.autocast_cache + dequantized_weight_temporary(case)
     forward_peak = base - acts - st.autocast_cache + f_acts + f_cache + logits + in_flight
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/trace/simulate.py), largest for 128k-256k vocabularies
-    held = logits_held_at_step(x)
+    held = logits_held_at_step(case)
     step_peak = dev.grads + dev.step_temp + held
     backward, backward_peak, acts_at_backward, at_end, gathered = strategy.backward_moment(
-        x, st, dev, base, acts, inputs
+        case, st, dev, base, acts, inputs
     )
     in_backward = backward_peak > max(forward_peak, step_peak)  # FSDP1's backward: the logits freed, its gradients
     if in_backward or forward_peak >= step_peak:
         state_bytes["sharding_buffers"] += gathered if in_backward else in_flight
         state_bytes["autocast_weight_cache"] = st.autocast_cache if in_backward else f_cache
-        state_bytes["dequantized_weight_temporary"] = dequantized_weight_temporary(x)
+        state_bytes["dequantized_weight_temporary"] = dequantized_weight_temporary(case)
         parts = {
             "gradients": accumulated,
             "activations": acts_at_backward if in_backward else f_acts,
@@ -484,7 +488,7 @@ def predict(x: PlanInput) -> Plan:
             "optimizer_step_temporary": 0,
         }
         if in_backward:
-            notes.append(strategy.backward_note(x, at_end))
+            notes.append(strategy.backward_note(case, at_end))
         elif f_note:
             notes.append(f_note)
     else:
@@ -498,21 +502,21 @@ def predict(x: PlanInput) -> Plan:
             "the peak is the optimizer step (gradients, the step's temporary and the logits the loop still holds), "
             "not the forward pass"
         )
-    return _plan(x, st, dev, {**state_bytes, **parts}, notes)
+    return _plan(case, st, dev, {**state_bytes, **parts}, notes)
 
 
-def _plan(x: PlanInput, st: ModelStates, dev: PerDevice, parts: dict, notes: list) -> Plan:
-    """The :class:`Plan` of ``x`` whose breakdown is ``parts`` (bytes by term, rounded down)."""
+def _plan(case: PlanInput, st: ModelStates, dev: PerDevice, parts: dict, notes: list) -> Plan:
+    """The :class:`Plan` of ``case`` whose breakdown is ``parts`` (bytes by term, rounded down)."""
     breakdown = {k: int(v) for k, v in parts.items()}
     peak = sum(breakdown.values())
     return Plan(
-        model=x.config.name,
-        method=x.method,
-        precision=x.precision,
-        strategy=x.strategy,
-        devices=x.world,
-        micro_batch_size=x.micro_batch_size,
-        seq_len=x.seq_len,
+        model=case.config.name,
+        method=case.method,
+        precision=case.precision,
+        strategy=case.strategy,
+        devices=case.world,
+        micro_batch_size=case.micro_batch_size,
+        seq_len=case.seq_len,
         params=st.total,
         trainable_params=st.trainable,
         breakdown_bytes=breakdown,
@@ -540,13 +544,13 @@ def tight(plan: Plan, gpu: hardware.GPU, headroom: float = ALLOCATOR_HEADROOM) -
     return headroom > 0 and plan.peak_allocated_bytes > (1 - headroom) * gpu.memory_bytes
 
 
-def max_micro_batch(x: PlanInput, gpu: hardware.GPU, limit: int = 4096, headroom: float = 0.0) -> int:
+def max_micro_batch(case: PlanInput, gpu: hardware.GPU, limit: int = 4096, headroom: float = 0.0) -> int:
     """The largest micro batch whose predicted reserved memory + context fits (0 if even 1 does not); with
     ``headroom`` > 0 also leaving that fraction of the GPU's memory above the predicted peak allocated (see
     :func:`tight`)."""
 
     def fits(m):
-        plan = verdict(predict(dataclasses.replace(x, micro_batch_size=m)), gpu)
+        plan = verdict(predict(dataclasses.replace(case, micro_batch_size=m)), gpu)
         return plan.fits and not tight(plan, gpu, headroom)
 
     if not fits(1):

@@ -76,29 +76,29 @@ issue #26, 2024: serialization, not the disk, bounds it); a network volume write
 volume: 125 MiB/s unless provisioned up to 1,000). Not measured by us: a stated figure, not a fit."""
 
 
-def checkpoint_bytes(x) -> tuple[float, float]:
-    """(bytes the slowest rank writes at each in-loop save, bytes written after litgpt's loop) for PlanInput ``x``:
+def checkpoint_bytes(case) -> tuple[float, float]:
+    """(bytes the slowest rank writes at each in-loop save, bytes written after litgpt's loop) for PlanInput ``case``:
 
     * in the loop (every ``train.save_interval`` optimizer steps; inside litgpt's Training Time): full fine-tuning
       saves ``{model, optimizer, scheduler, counters}``: the weights and the optimizer's states; LoRA and QLoRA save
       the adapters only (``save_lora_checkpoint``); FSDP gathers the full state dict to rank 0, which writes all of
       it; DeepSpeed writes each rank's partition of the states (and of the weights at ZeRO-3) in parallel;
-      tunelab's loop (``x.fabric`` False) saves as litgpt does, but a sharded run's model alone;
+      tunelab's loop (``case.fabric`` False) saves as litgpt does, but a sharded run's model alone;
     * after the loop (outside Training Time, inside the wall time): full fine-tuning saves the model; LoRA and
       QLoRA save the adapters, then litgpt's ``merge_lora`` writes the merged model in the run's precision (QLoRA:
       16-bit; the pretrained weights it reads are not counted: mmapped, just read by the run)."""
 
-    st = model_states(x, [])
-    if x.lora:
-        merged = st.total * (2 if x.method == "qlora" else st.s_param)
+    st = model_states(case, [])
+    if case.lora:
+        merged = st.total * (2 if case.method == "qlora" else st.s_param)
         return st.lora_weights, st.lora_weights + merged
     model = st.total * st.s_param
-    strategy = strategies.of(x)
-    if not x.fabric and strategy.sharded:  # tunelab's loop saves a sharded run's model alone
+    strategy = strategies.of(case)
+    if not case.fabric and strategy.sharded:  # tunelab's loop saves a sharded run's model alone
         return model, model
-    if (each := strategy.checkpoint_bytes(x, st)) is not None:
+    if (each := strategy.checkpoint_bytes(case, st)) is not None:
         return each, each
-    states = optimizer_state_bytes(x.optimizer.split(".")[-1], st.trainable, st.s_param, x.momentum)
+    states = optimizer_state_bytes(case.optimizer.split(".")[-1], st.trainable, st.s_param, case.momentum)
     return model + states, model
 
 
@@ -129,34 +129,34 @@ class KernelWork:
     often than every iteration): the PlanInput, whose step :func:`tunelab.plan.model.fast_step.fast_step` times."""
 
 
-def kernel_work(x, tokens_per_sample: float) -> KernelWork | str:
-    """The step the kernel model times for PlanInput ``x``, or why it does not (a sentence): offloaded optimizer
+def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
+    """The step the kernel model times for PlanInput ``case``, or why it does not (a sentence): offloaded optimizer
     steps (they run on the CPU) and optimizers it does not trace. QLoRA is traced as LoRA on 4-bit weights, with
     what bitsandbytes adds beside the trace (:mod:`tunelab.plan.model.bnb_kernels`)."""
-    if x.offload_optimizer or x.offload_params:
+    if case.offload_optimizer or case.offload_params:
         return "an offloaded optimizer step (on the CPU) is not in the kernel model"
-    if getattr(x.config, "n_expert", 0):
+    if getattr(case.config, "n_expert", 0):
         return (
-            f"mixture-of-experts routing ({x.config.mlp_class_name}: which tokens reach which expert depends on "
+            f"mixture-of-experts routing ({case.config.mlp_class_name}: which tokens reach which expert depends on "
             "the data, so its step cannot be traced ahead) is not in the kernel model; the MFU range stands"
         )
     try:
-        optimizer = optimizer_of(x)
+        optimizer = optimizer_of(case)
     except InputError:
-        return f"the optimizer {x.optimizer} is not in the kernel model"
-    fast = not x.fabric and (x.compiled or x.fused_loss or x.fused_optimizer or x.loss_read_interval > 1)
+        return f"the optimizer {case.optimizer} is not in the kernel model"
+    fast = not case.fabric and (case.compiled or case.fused_loss or case.fused_optimizer or case.loss_read_interval > 1)
     return KernelWork(
-        x.config,
-        x.method,
-        str(x.precision),
-        x.micro_batch_size,
+        case.config,
+        case.method,
+        str(case.precision),
+        case.micro_batch_size,
         float(tokens_per_sample),
         optimizer,
-        bool(x.activation_checkpointing),
-        settings.lora_of(x),
-        optimizer_shards(x),
-        x.tables,
-        x if fast and x.method != "qlora" else None,
+        bool(case.activation_checkpointing),
+        settings.lora_of(case),
+        optimizer_shards(case),
+        case.tables,
+        case if fast and case.method != "qlora" else None,
     )
 
 
@@ -406,15 +406,15 @@ def _dequantized_bytes(
     return train_iters * per_train_iter + eval_iters * per_eval_iter
 
 
-def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:
-    """The run's work (see the module docstring) for a PlanInput ``x`` and litgpt's resolved ``args``."""
-    c = x.config
+def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:
+    """The run's work (see the module docstring) for a PlanInput ``case`` and litgpt's resolved ``args``."""
+    c = case.config
     train, ev = args["train"], args.get("eval") or {}
-    world = x.world
-    micro = x.micro_batch_size
+    world = case.world
+    micro = case.micro_batch_size
     samples, steps = _schedule(train, micro, train_samples)
-    lora = x.lora
-    n_lora = lora_param_count(c, x.lora_r, x.lora_targets) if lora else 0
+    lora = case.lora
+    n_lora = lora_param_count(c, case.lora_r, case.lora_targets) if lora else 0
     fpt = flops_per_token(c, tokens_per_sample, "lora" if lora else "full", n_lora).total
     fpt_fwd = flops_per_token(c, tokens_per_sample, "full").total / 3
     interval = ev.get("interval") or 10**9
@@ -423,26 +423,26 @@ def terms(x, args: dict, train_samples: int, val_samples: int, tokens_per_sample
     eval_iters = 2 + n_evals * val_batches  # the sanity check, then each in-loop validation
     train_flops = samples * tokens_per_sample * fpt
     eval_flops = eval_iters * micro * tokens_per_sample * fpt_fwd
-    recompute_flops = samples * tokens_per_sample * fpt_fwd if x.activation_checkpointing else 0.0
+    recompute_flops = samples * tokens_per_sample * fpt_fwd if case.activation_checkpointing else 0.0
     total, emb = count_params(c)
-    s_param = parameter_bytes(x.precision)
+    s_param = parameter_bytes(case.precision)
     trainable = n_lora if lora else total
-    opt = x.optimizer.split(".")[-1]
-    per_param = 7 if opt.startswith("Adam") else (5 if x.momentum else 3)
+    opt = case.optimizer.split(".")[-1]
+    per_param = 7 if opt.startswith("Adam") else (5 if case.momentum else 3)
     opt_bytes = steps * trainable * per_param * s_param
-    quant = str(x.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
-    weight_bytes = (total - emb) * (four_bit_bytes_per_param(x.quantize) if quant else s_param) + emb * s_param
+    quant = str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
+    weight_bytes = (total - emb) * (four_bit_bytes_per_param(case.quantize) if quant else s_param) + emb * s_param
     gen_bytes = n_evals * (ev.get("max_new_tokens") or 0) * weight_bytes
     train_iters = samples / micro
     dequant = _dequantized_bytes(c, total, emb, tokens_per_sample, train_iters, eval_iters) if quant else 0.0
     memory = (opt_bytes + gen_bytes + dequant) / world
-    save_bytes, final_save_bytes = checkpoint_bytes(x)
+    save_bytes, final_save_bytes = checkpoint_bytes(case)
     save_interval = train.get("save_interval")
     return Terms(
         compute_flops=(train_flops + recompute_flops + eval_flops) / world,
         memory_bytes=memory,
         iterations=(train_iters + eval_iters) / world,
-        kernels=kernel_work(x, tokens_per_sample),
+        kernels=kernel_work(case, tokens_per_sample),
         detail={
             "world": world,
             "train_iterations": train_iters / world,

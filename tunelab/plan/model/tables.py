@@ -45,11 +45,11 @@ class Tables(Protocol):
         """Bytes of each DDP gradient bucket, as DDP assigns the trainable gradients (``lora``: rank, targets)."""
 
 
-def tables_of(x) -> Tables:
+def tables_of(case) -> Tables:
     """The tables a case carries (``PlanInput.tables``); a case planned without any cannot be timed by kernel."""
-    if x.tables is None:
+    if case.tables is None:
         raise ValueError("this plan needs traced tables (PlanInput.tables: tunelab.plan.trace.tables.TRACED)")
-    return x.tables
+    return case.tables
 
 
 def compiled_supported(precision: str) -> bool:
@@ -57,13 +57,13 @@ def compiled_supported(precision: str) -> bool:
     return str(precision) in COMPILED_PRECISIONS
 
 
-def optimizer_of(x) -> str:
+def optimizer_of(case) -> str:
     """The traced optimizer for a PlanInput (:data:`OPTIMIZERS`); InputError for one that is not traced."""
-    name = str(x.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
+    name = str(case.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
     if name in ("AdamW", "Adam"):
-        return "AdamW fused" if x.fused_optimizer else "AdamW"
+        return "AdamW fused" if case.fused_optimizer else "AdamW"
     if name == "SGD":
-        return "SGD momentum" if x.momentum else "SGD"
+        return "SGD momentum" if case.momentum else "SGD"
     if name in ("PagedAdamW", "PagedAdamW32bit"):
         return name
     raise InputError(

@@ -428,22 +428,22 @@ def compare_methods_in_child(
     return [json.loads(line) for line in p.stdout.strip().splitlines()[-n:]]
 
 
-def for_plan(x) -> dict:
+def for_plan(case) -> dict:
     """``plan --measure``: :func:`compare` for a planned configuration (one sequence of its length); InputError for
     a precision that is not measured (:data:`DTYPES`)."""
 
-    if str(x.precision) not in DTYPES:
+    if str(case.precision) not in DTYPES:
         raise InputError(
-            f"--measure: precision {x.precision} is not measured ({', '.join(DTYPES)}); fix: measure with one of "
+            f"--measure: precision {case.precision} is not measured ({', '.join(DTYPES)}); fix: measure with one of "
             "them, or use --simulate"
         )
     print(
-        f"measuring {x.config.name} ({x.method}, {x.precision}, one sequence of {x.seq_len} tokens, 2 blocks at full "
+        f"measuring {case.config.name} ({case.method}, {case.precision}, one sequence of {case.seq_len} tokens, 2 blocks at full "
         "width) on this CPU ...",
         file=sys.stderr,
         flush=True,
     )
-    return compare(x.config, x.method, str(x.precision), 1, x.seq_len, x.lora_r, x.lora_targets)
+    return compare(case.config, case.method, str(case.precision), 1, case.seq_len, case.lora_r, case.lora_targets)
 
 
 if (

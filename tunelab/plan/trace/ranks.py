@@ -587,39 +587,39 @@ def simulate_ranks(
     )
 
 
-def for_plan(x, strategy) -> RankSimulation:
+def for_plan(case, strategy) -> RankSimulation:
     """Rank 0's simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) under a loaded
     strategy file; InputError for what is not simulated per rank."""
     import sys
 
     if strategy is not None and strategy.name not in SIMULATED:
         raise InputError(
-            f"--simulate on {x.world} devices: {strategy.name} is not simulated per rank (simulated: "
+            f"--simulate on {case.world} devices: {strategy.name} is not simulated per rank (simulated: "
             f"{', '.join(SIMULATED)}, litgpt's own choice; DeepSpeed ZeRO-2/3 by its sizes); fix: --strategy "
             "litgpt, fsdp, fsdp2, ddp or deepspeed-zero2/3, or plan without --simulate"
         )
-    if x.method == "qlora":
+    if case.method == "qlora":
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
-    if x.num_nodes > 1:
+    if case.num_nodes > 1:
         raise InputError("--simulate: one node only (the per-rank simulation has no node boundary); fix: --num_nodes 1")
     print(
-        f"simulating rank 0 of {x.world} under {LITGPT if strategy is None else strategy.name} ({x.config.name}, {x.method}, {x.precision}, micro "
-        f"{x.micro_batch_size} x {x.seq_len} tokens) on fake tensors ...",
+        f"simulating rank 0 of {case.world} under {LITGPT if strategy is None else strategy.name} ({case.config.name}, {case.method}, {case.precision}, micro "
+        f"{case.micro_batch_size} x {case.seq_len} tokens) on fake tensors ...",
         file=sys.stderr,
         flush=True,
     )
     return simulate_ranks(
-        x.config,
+        case.config,
         strategy,
-        x.world,
-        x.method,
-        str(x.precision),
-        x.micro_batch_size,
-        x.seq_len,
-        x.accumulation,
-        optimizer_of(x),
-        x.lora_r,
-        x.lora_targets,
+        case.world,
+        case.method,
+        str(case.precision),
+        case.micro_batch_size,
+        case.seq_len,
+        case.accumulation,
+        optimizer_of(case),
+        case.lora_r,
+        case.lora_targets,
     )
 
 
@@ -653,13 +653,13 @@ def render(sim: RankSimulation, plan) -> str:
     return "\n".join(lines)
 
 
-def simulation(x, strategy_name: str):
+def simulation(case, strategy_name: str):
     """``plan --simulate``: the one-device simulated step (:func:`tunelab.plan.trace.simulate.for_plan`) on one device,
     rank 0's under the named strategy file on several (``litgpt``: litgpt's own choice, as its scripts wrap),
     DeepSpeed's buffers by their sizes under a ZeRO-2/3 file (:func:`tunelab.plan.model.strategies.zero.zero_sizes`)."""
-    if x.world == 1:
-        return simulate_for_plan(x)
+    if case.world == 1:
+        return simulate_for_plan(case)
     strategy = load_strategy(strategy_name) if strategy_name != "litgpt" else None
     if strategy is not None and strategy.name == "deepspeed" and strategy.zero_stage >= 2:
-        return zero_sizes(x, memory.model_states(x, []))
-    return for_plan(x, strategy)
+        return zero_sizes(case, memory.model_states(case, []))
+    return for_plan(case, strategy)

@@ -550,34 +550,34 @@ def simulate(
     )
 
 
-def for_plan(x) -> Simulation:
+def for_plan(case) -> Simulation:
     """The simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`): one device, no
     sharding (InputError otherwise: sharding is not simulated)."""
     import sys
 
-    if x.world > 1 or strategies.of(x).divides:
+    if case.world > 1 or strategies.of(case).divides:
         raise InputError(
-            f"--simulate: {x.strategy} on {x.world} device(s) is not simulated (sharding and its buffers are not); "
+            f"--simulate: {case.strategy} on {case.world} device(s) is not simulated (sharding and its buffers are not); "
             "fix: simulate the one-device case (no --strategy, --devices 1)"
         )
-    optimizer = optimizer_of(x)
+    optimizer = optimizer_of(case)
     print(
-        f"simulating {x.config.name} ({x.method}, {x.precision}, micro {x.micro_batch_size} x {x.seq_len} tokens, "
+        f"simulating {case.config.name} ({case.method}, {case.precision}, micro {case.micro_batch_size} x {case.seq_len} tokens, "
         f"{optimizer}) on fake tensors ...",
         file=sys.stderr,
         flush=True,
     )
     return simulate(
-        x.config,
-        x.method,
-        str(x.precision),
-        x.micro_batch_size,
-        x.seq_len,
-        x.activation_checkpointing,
-        x.accumulation,
+        case.config,
+        case.method,
+        str(case.precision),
+        case.micro_batch_size,
+        case.seq_len,
+        case.activation_checkpointing,
+        case.accumulation,
         optimizer,
-        lora_r=x.lora_r,
-        lora_targets=x.lora_targets,
-        fabric=x.fabric,
-        fused_loss=x.fused_loss,
+        lora_r=case.lora_r,
+        lora_targets=case.lora_targets,
+        fabric=case.fabric,
+        fused_loss=case.fused_loss,
     )

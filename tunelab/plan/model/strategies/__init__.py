@@ -46,11 +46,11 @@ def litgpt_defaults(name: str, world: int, lora: bool) -> dict:
     }
 
 
-def of(x: PlanInput) -> Strategy:
-    """The strategy that plans ``x`` (None plans as one device)."""
-    name = x.strategy or "single"
+def of(case: PlanInput) -> Strategy:
+    """The strategy that plans ``case`` (None plans as one device)."""
+    name = case.strategy or "single"
     if name not in NAMES:
         raise ValueError(f"strategy {name!r} has no memory model; one of {', '.join(NAMES)}")
     if name == "fsdp":
-        name = "fsdp1" if x.fsdp_root_kept else "fsdp2"
+        name = "fsdp1" if case.fsdp_root_kept else "fsdp2"
     return REGISTRY[name]

@@ -95,112 +95,112 @@ class Strategy:
         return {"strategy": self.name}
 
     # the model states before division
-    def param_bytes(self, x: PlanInput) -> int:
+    def param_bytes(self, case: PlanInput) -> int:
         """Bytes per parameter element held on the device."""
-        return parameter_bytes(x.precision)
+        return parameter_bytes(case.precision)
 
-    def gathered_scale(self, x: PlanInput) -> float:
+    def gathered_scale(self, case: PlanInput) -> float:
         """A gathered parameter's or an unsharded gradient's bytes over a sharded one's."""
         return 1.0
 
-    def autocast_over_fp32(self, x: PlanInput) -> bool:
+    def autocast_over_fp32(self, case: PlanInput) -> bool:
         """Mixed precision as autocast over fp32 weights (activations per tensor dtype, autocast's weight copies)."""
-        return "mixed" in str(x.precision)
+        return "mixed" in str(case.precision)
 
-    def optimizer_states(self, x: PlanInput, trainable: int, s_param: int, notes: list) -> tuple | None:
+    def optimizer_states(self, case: PlanInput, trainable: int, s_param: int, notes: list) -> tuple | None:
         """(optimizer states, master weights) when the strategy keeps its own (DeepSpeed's fp32); None: the
         optimizer's."""
         return None
 
-    def foreach_temporary(self, x: PlanInput) -> bool:
+    def foreach_temporary(self, case: PlanInput) -> bool:
         """Whether the optimizer's step is torch's own (foreach AdamW: one parameter-sized temporary)."""
         return True
 
-    def frozen_weights_grad(self, x: PlanInput) -> bool:
+    def frozen_weights_grad(self, case: PlanInput) -> bool:
         """Whether frozen weights get gradients and stay differentiable in the forward (FSDP1's LoRA)."""
         return False
 
     # the division
-    def gradients(self, x: PlanInput, st: ModelStates, notes: list) -> float:
+    def gradients(self, case: PlanInput, st: ModelStates, notes: list) -> float:
         """Gradient bytes before division."""
         return st.grads
 
-    def division(self, x: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
+    def division(self, case: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
         """The devices each state is sharded over, and the strategy's buffers."""
         return Division()
 
-    def step_bytes(self, x: PlanInput, st: ModelStates, grads: float, step_temp: float) -> tuple[float, float]:
+    def step_bytes(self, case: PlanInput, st: ModelStates, grads: float, step_temp: float) -> tuple[float, float]:
         """(gradients, temporary) the optimizer step sees on the device, before division."""
         return grads, step_temp
 
-    def offloaded(self, x: PlanInput, st: ModelStates, dev: PerDevice, notes: list) -> PerDevice:
+    def offloaded(self, case: PlanInput, st: ModelStates, dev: PerDevice, notes: list) -> PerDevice:
         """``dev`` with what offload moves to host RAM: the optimizer's states, master weights and float32 gradients
         (``offload_optimizer``: the gradients stream out per bucket, no step on the device), the weights
         (``offload_params``: ZeRO-3 gathers them to the device)."""
-        two_blocks = block_params(x.config) * st.s_param * 2
-        if x.offload_optimizer:
+        two_blocks = block_params(case.config) * st.s_param * 2
+        if case.offload_optimizer:
             dev.host += st.optimizer + st.master + st.trainable * 4
             dev.optimizer = dev.step_temp = 0
             dev.grads = min(dev.grads, two_blocks)
             notes.append("optimizer offload: states, master weights and their gradients in host RAM")
-        if x.offload_params:
+        if case.offload_params:
             dev.host += st.weights
             dev.weights = 0  # ZeRO-3's gathered parameters are in_flight
             notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
         return dev
 
-    def optimizer_shards(self, x: PlanInput, st: ModelStates) -> int:
+    def optimizer_shards(self, case: PlanInput, st: ModelStates) -> int:
         """Devices the optimizer's states are sharded over: each rank's step updates 1/this of them."""
-        return self.division(x, st, st.grads, []).shard_o
+        return self.division(case, st, st.grads, []).shard_o
 
     # the moments of the peak
-    def accumulated_gradients(self, x: PlanInput, st: ModelStates, dev: PerDevice) -> float:
+    def accumulated_gradients(self, case: PlanInput, st: ModelStates, dev: PerDevice) -> float:
         """Gradients alive beside the activations: with accumulation they persist from the first micro batch."""
-        return dev.grads if x.accumulation > 1 else 0
+        return dev.grads if case.accumulation > 1 else 0
 
-    def at_the_loss(self, x: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
+    def at_the_loss(self, case: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
         """(logits, gathered buffers) at the forward's end."""
         return logits, dev.in_flight
 
     def forward_moment(
-        self, x: PlanInput, st: ModelStates, dev: PerDevice, acts: float, logits: float, inputs: float
+        self, case: PlanInput, st: ModelStates, dev: PerDevice, acts: float, logits: float, inputs: float
     ) -> ForwardMoment:
         """The activations, logits, buffers, autocast's copies and note at the peak outside the step and the
         backward (``inputs``: what activation checkpointing keeps)."""
-        logits, in_flight = self.at_the_loss(x, st, dev, logits)
+        logits, in_flight = self.at_the_loss(case, st, dev, logits)
         return ForwardMoment(acts, logits, in_flight, st.autocast_cache, None)
 
     def backward_moment(
-        self, x: PlanInput, st: ModelStates, dev: PerDevice, base: float, acts: float, inputs: float
+        self, case: PlanInput, st: ModelStates, dev: PerDevice, base: float, acts: float, inputs: float
     ) -> BackwardMoment:
         """A peak inside the backward that the forward's end does not hold (none by default)."""
         return BackwardMoment(0.0, 0.0, acts, False, 0.0)
 
-    def backward_note(self, x: PlanInput, at_end) -> str:
+    def backward_note(self, case: PlanInput, at_end) -> str:
         """The plan's note when :meth:`backward_moment` holds the peak."""
         return ""
 
-    def checkpoint_bytes(self, x: PlanInput, st: ModelStates) -> float | None:
+    def checkpoint_bytes(self, case: PlanInput, st: ModelStates) -> float | None:
         """Bytes each rank writes per checkpoint when the strategy writes its own (DeepSpeed's); None: litgpt's."""
         return None
 
     # communication per optimizer step
-    def root_kept(self, x: PlanInput) -> bool:
+    def root_kept(self, case: PlanInput) -> bool:
         """Whether the root unit stays gathered from the forward into the backward (gathered once per micro batch)."""
         return False
 
-    def volumes(self, c, x: PlanInput, z: Sizes, params) -> None:
+    def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
         """Fill ``c`` (a ``comm.Comm``) with the bytes per device per step over the GPU links, its formula and its
         calls, on ``z.n`` > 1 devices (``params``: a model given by its size only); one device's: none."""
 
-    def host_bytes(self, x: PlanInput, z: Sizes) -> float:
+    def host_bytes(self, case: PlanInput, z: Sizes) -> float:
         """Bytes per device per step between the GPU and host RAM (offload)."""
         return 0.0
 
-    def node_rings(self, x: PlanInput, z: Sizes) -> int:
+    def node_rings(self, case: PlanInput, z: Sizes) -> int:
         """Rings sharing each node's network (HYBRID_SHARD: one per local rank)."""
         return 1
 
-    def unhideable(self, x: PlanInput) -> bool:
+    def unhideable(self, case: PlanInput) -> bool:
         """Whether no compute hides the traffic (one unit; ZeRO-1/2's reductions on the compute stream)."""
         return False

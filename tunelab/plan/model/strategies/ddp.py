@@ -11,16 +11,16 @@ from tunelab.plan.model.tables import tables_of
 _BUCKETS: dict = {}
 
 
-def ddp_bucket_count(x: PlanInput) -> int:
-    """DDP's gradient buckets for ``x``: DDP's own assignment of the trainable gradients (a first bucket of 1 MiB,
+def ddp_bucket_count(case: PlanInput) -> int:
+    """DDP's gradient buckets for ``case``: DDP's own assignment of the trainable gradients (a first bucket of 1 MiB,
     then ``bucket_cap_mb``; a bucket closes once it exceeds the cap, so it holds whole tensors:
     :func:`tunelab.plan.trace.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
-    lora = (x.lora_r, tuple(x.lora_targets)) if x.lora else ()
-    precision = TRACED_AS.get(str(x.precision), str(x.precision))  # float16's gradients: bfloat16's bytes
-    key = (repr(x.config), x.method, precision, x.ddp_bucket_mb, lora)
+    lora = (case.lora_r, tuple(case.lora_targets)) if case.lora else ()
+    precision = TRACED_AS.get(str(case.precision), str(case.precision))  # float16's gradients: bfloat16's bytes
+    key = (repr(case.config), case.method, precision, case.ddp_bucket_mb, lora)
     if key not in _BUCKETS:
-        method = "lora" if x.lora else "full"
-        _BUCKETS[key] = len(tables_of(x).ddp_buckets(x.config, method, precision, x.ddp_bucket_mb, *lora))
+        method = "lora" if case.lora else "full"
+        _BUCKETS[key] = len(tables_of(case).ddp_buckets(case.config, method, precision, case.ddp_bucket_mb, *lora))
     return _BUCKETS[key]
 
 
@@ -40,9 +40,9 @@ class DDP(Strategy):
             return {"strategy": "single"}
         return {"strategy": self.name, "ddp_bucket_mb": config.bucket_cap_mb}
 
-    def division(self, x: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
+    def division(self, case: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
         notes.append("DDP: gradient buckets hold a second copy of the gradients")
         return Division(extra=st.grads)
 
-    def volumes(self, c, x: PlanInput, z: Sizes, params) -> None:
-        all_reduce(c, z, ddp_bucket_count(x) if params is None else z.units)
+    def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
+        all_reduce(c, z, ddp_bucket_count(case) if params is None else z.units)

@@ -8,18 +8,18 @@ from tunelab.plan.model.strategies.base import Sizes, Strategy
 from tunelab.plan.model.strategies.ddp import all_reduce
 
 
-def fsdp_shard_group(x: PlanInput) -> int:
+def fsdp_shard_group(case: PlanInput) -> int:
     """Devices FSDP shards over: the world, or under HYBRID_SHARD one node's devices."""
-    return x.world if x.sharding != "HYBRID_SHARD" else max(1, x.devices)
+    return case.world if case.sharding != "HYBRID_SHARD" else max(1, case.devices)
 
 
-def unsharded_while_accumulating(x: PlanInput) -> bool:
+def unsharded_while_accumulating(case: PlanInput) -> bool:
     """Sharded FSDP accumulating: the micro batches without gradient sync keep whole, unsharded gradients (counted
     in the sharding buffers); the sharded ones do not exist then (``zero_grad`` freed them)."""
-    return x.sharding != "NO_SHARD" and x.accumulation > 1
+    return case.sharding != "NO_SHARD" and case.accumulation > 1
 
 
-def sgo_gathered(x: PlanInput, st: ModelStates) -> float:
+def sgo_gathered(case: PlanInput, st: ModelStates) -> float:
     """Bytes SHARD_GRAD_OP (FSDP1's, or FSDP2's ``reshard_after_forward: false``) holds gathered beside the
     activations: it does not reshard a unit after its forward, so at the forward's end every parameter is unsharded
     (beside its shard), and the backward frees a unit only after its own backward. Seen in the per-rank simulation
@@ -34,75 +34,75 @@ class FSDP(Strategy):
     name = "fsdp"
     divides = sharded = True
 
-    def autocast_over_fp32(self, x: PlanInput) -> bool:
+    def autocast_over_fp32(self, case: PlanInput) -> bool:
         """FSDP's mixed precision (``MixedPrecision(param_dtype=bfloat16)``, Lightning's FSDPPrecision) gathers
         16-bit weights: activations as at 16-bit -true, no autocast copies. litgpt's LoRA on several devices is FSDP2
         under Fabric's ModelParallelStrategy, which takes the ordinary MixedPrecision plugin: fp32 weights gathered,
         autocast over them."""
-        return bool(x.fsdp2_root_kept and x.fabric and "mixed" in str(x.precision))
+        return bool(case.fsdp2_root_kept and case.fabric and "mixed" in str(case.precision))
 
-    def gathered_bytes(self, x: PlanInput, st: ModelStates) -> float:
+    def gathered_bytes(self, case: PlanInput, st: ModelStates) -> float:
         """Under FULL_SHARD and HYBRID_SHARD, what is gathered beside the activations: the block in use and the
         next one prefetched, plus the root unit (embedding, head, final norm), gathered at the forward's start and
         again for the whole backward (the per-rank simulation shows it)."""
-        return (block_params(x.config) * 2 + root_unit_params(x.config)) * st.s_gathered
+        return (block_params(case.config) * 2 + root_unit_params(case.config)) * st.s_gathered
 
-    def division(self, x: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
+    def division(self, case: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
         """FSDP's sharding (FSDP1 or FSDP2): what each sharding strategy shards, what it holds gathered, and the
         unsharded gradients of micro batches without sync (``grads``: the gradients before division)."""
-        if x.sharding == "NO_SHARD":
+        if case.sharding == "NO_SHARD":
             notes.append(
                 "FSDP NO_SHARD: every device holds the whole model; gradients all-reduced in place (no buckets)"
             )
             return Division()
-        group = fsdp_shard_group(x)
+        group = fsdp_shard_group(case)
         d = Division()
-        if x.sharding in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"):
+        if case.sharding in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"):
             d.shard_w = d.shard_g = d.shard_o = group
-        if x.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
+        if case.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
             # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
             # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
-            d.in_flight = d.gathered = self.gathered_bytes(x, st)
-            if x.fsdp_wrap == "none":
+            d.in_flight = d.gathered = self.gathered_bytes(case, st)
+            if case.fsdp_wrap == "none":
                 d.in_flight = d.gathered = 0
                 d.extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
-        elif x.sharding == "SHARD_GRAD_OP":
-            d.in_flight = sgo_gathered(x, st)
+        elif case.sharding == "SHARD_GRAD_OP":
+            d.in_flight = sgo_gathered(case, st)
             notes.append(
                 "SHARD_GRAD_OP: each unit stays gathered from its forward to its backward (the whole model at the "
                 "forward's end; under no_sync() until the last micro batch's backward)"
             )
-        if x.accumulation > 1:
-            d.in_flight += grads * self.gathered_scale(x)  # no_sync() during accumulation keeps unsharded gradients
+        if case.accumulation > 1:
+            d.in_flight += grads * self.gathered_scale(case)  # no_sync() during accumulation keeps unsharded gradients
             notes.append("FSDP with gradient accumulation: no_sync() keeps full unsharded gradients")
         return d
 
-    def offloaded(self, x: PlanInput, st: ModelStates, dev: PerDevice, notes: list) -> PerDevice:
-        return fsdp1_offloaded(x, dev, notes) if x.offload_params else super().offloaded(x, st, dev, notes)
+    def offloaded(self, case: PlanInput, st: ModelStates, dev: PerDevice, notes: list) -> PerDevice:
+        return fsdp1_offloaded(case, dev, notes) if case.offload_params else super().offloaded(case, st, dev, notes)
 
-    def accumulated_gradients(self, x: PlanInput, st: ModelStates, dev: PerDevice) -> float:
-        return 0 if unsharded_while_accumulating(x) else super().accumulated_gradients(x, st, dev)
+    def accumulated_gradients(self, case: PlanInput, st: ModelStates, dev: PerDevice) -> float:
+        return 0 if unsharded_while_accumulating(case) else super().accumulated_gradients(case, st, dev)
 
-    def volumes(self, c, x: PlanInput, z: Sizes, params) -> None:
-        if x.sharding == "NO_SHARD":
+    def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
+        if case.sharding == "NO_SHARD":
             all_reduce(c, z, z.units)
-        elif x.sharding == "HYBRID_SHARD":
-            _hybrid(c, x, z)
-        elif x.sharding == "SHARD_GRAD_OP":
+        elif case.sharding == "HYBRID_SHARD":
+            _hybrid(c, case, z)
+        elif case.sharding == "SHARD_GRAD_OP":
             # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.trace.ranks);
             # FSDP2 reshards after each backward and gathers again
-            gathers = 1 if x.fsdp_root_kept else z.a
+            gathers = 1 if case.fsdp_root_kept else z.a
             c.bytes_gpu = gathers * z.ring * z.P + z.ring * z.G
             c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
             c.calls = [z.call("all-gather", gathers * z.units), z.call("reduce-scatter", z.units)]
             c.hideable_under = "step"
         else:  # FULL_SHARD: a root unit kept (FSDP1's, FSDP2's by default) gathered once per forward
-            kept = self.root_kept(x)
+            kept = self.root_kept(case)
             c.bytes_gpu = z.a * z.ring * (2 * z.P - z.R) + z.ring * z.G
             c.formula = (
                 "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"
-                if x.fsdp_wrap == "none" and x.fsdp_root_kept
+                if case.fsdp_wrap == "none" and case.fsdp_root_kept
                 else "a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (R: the root unit's parameters, kept into backward)"
                 if kept
                 else "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
@@ -113,24 +113,24 @@ class FSDP(Strategy):
                 z.call("reduce-scatter", z.units),
             ]
 
-    def host_bytes(self, x: PlanInput, z: Sizes) -> float:
-        return z.a * 2 * z.P / z.n + z.G / z.n if x.offload_params else 0.0
+    def host_bytes(self, case: PlanInput, z: Sizes) -> float:
+        return z.a * 2 * z.P / z.n + z.G / z.n if case.offload_params else 0.0
 
-    def node_rings(self, x: PlanInput, z: Sizes) -> int:
-        return z.g if x.sharding == "HYBRID_SHARD" else 1
+    def node_rings(self, case: PlanInput, z: Sizes) -> int:
+        return z.g if case.sharding == "HYBRID_SHARD" else 1
 
-    def unhideable(self, x: PlanInput) -> bool:
-        return x.fsdp_wrap == "none"
+    def unhideable(self, case: PlanInput) -> bool:
+        return case.fsdp_wrap == "none"
 
 
-def _hybrid(c, x: PlanInput, z: Sizes) -> None:
+def _hybrid(c, case: PlanInput, z: Sizes) -> None:
     """HYBRID_SHARD: FULL_SHARD within each node of g devices, each device's gradient shard all-reduced across the
     m nodes."""
     g, m, r = z.g, z.m, (z.g - 1) / z.g
     c.bytes_gpu = z.a * r * (2 * z.P - z.R) + r * z.G
     c.bytes_node = 2 * (m - 1) / m * z.G / g
     c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
-    kept = 1 if x.fsdp_root_kept else 0
+    kept = 1 if case.fsdp_root_kept else 0
     c.calls = [
         ("all-gather", z.a * (2 * z.units - kept), g - 1, 0),
         ("reduce-scatter", z.units, g - 1, 0),
@@ -139,7 +139,7 @@ def _hybrid(c, x: PlanInput, z: Sizes) -> None:
     c.hideable_under = "step"
 
 
-def fsdp1_offloaded(x: PlanInput, dev: PerDevice, notes: list) -> PerDevice:
+def fsdp1_offloaded(case: PlanInput, dev: PerDevice, notes: list) -> PerDevice:
     """``dev`` under FSDP1's ``cpu_offload`` (``CPUOffload(offload_params=True)``): every sharded flat parameter
     lives pinned in host RAM, with a pinned host copy of its sharded gradient (``_cpu_grad``), and the optimizer
     steps there, over host parameters: the shards, the optimizer's states and the step's temporaries leave the
@@ -156,7 +156,7 @@ def fsdp1_offloaded(x: PlanInput, dev: PerDevice, notes: list) -> PerDevice:
     step_or_repin = max(dev.grads + dev.step_temp, 2 * dev.grads)
     dev.host += dev.weights + dev.lora_weights + dev.optimizer + step_or_repin
     dev.weights = dev.lora_weights = dev.grads = dev.optimizer = dev.step_temp = 0.0
-    copies = dev.gathered / fsdp_shard_group(x)
+    copies = dev.gathered / fsdp_shard_group(case)
     dev.in_flight += copies
     dev.gathered += copies
     notes.append(

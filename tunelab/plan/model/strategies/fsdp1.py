@@ -18,24 +18,24 @@ from tunelab.plan.model.strategies.base import BackwardMoment
 from tunelab.plan.model.strategies.fsdp import FSDP, fsdp_shard_group
 
 
-def flat_parameter_frozen_grad_elements(x: PlanInput, total: int) -> int:
+def flat_parameter_frozen_grad_elements(case: PlanInput, total: int) -> int:
     """Frozen weights FSDP1 gives a gradient under LoRA (``total``: all parameters, LoRA's excluded): a flat
     parameter (one per block, and the root unit) with any trainable weight gets a gradient for all of its weights,
     frozen ones included (torch's FSDP documents it for ``use_orig_params=True``, which Lightning's FSDPStrategy and
     tunelab's loop set; traced by the per-rank simulation); the root unit (embedding, final norm, head) only when
     one of its weights is trained. The memory side (:func:`flat_parameter_grads`) and the communication side
     (``tunelab.plan.model.comm``: these gradients are reduce-scattered whole) both count them here."""
-    root = root_unit_params(x.config)
-    return total - root + (root if "head" in set(x.lora_targets) else 0)
+    root = root_unit_params(case.config)
+    return total - root + (root if "head" in set(case.lora_targets) else 0)
 
 
-def flat_parameter_grads(x: PlanInput, st: ModelStates) -> float:
+def flat_parameter_grads(case: PlanInput, st: ModelStates) -> float:
     """Gradient bytes FSDP1 allocates for a LoRA model: every weight of a flat parameter with a trainable weight
     (:func:`flat_parameter_frozen_grad_elements`) plus LoRA's own."""
-    return flat_parameter_frozen_grad_elements(x, st.total) * st.s_param + st.lora_weights
+    return flat_parameter_frozen_grad_elements(case, st.total) * st.s_param + st.lora_weights
 
 
-def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
+def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 holds at its backward peak (full fine-tuning, each block a sharded unit) beside every activation
     and the gathered units, that the forward's end does not hold (the logits are freed by then): the block's
     unsharded flat gradient and the same gradients again as its original parameters' tensors (``use_orig_params``),
@@ -53,36 +53,38 @@ def fsdp1_backward_gradients(x: PlanInput, st: ModelStates) -> float:
     backward and NO_SHARD gathers none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9%
     while a block was taken off). FSDP1's ``cpu_offload`` changes none of it (:func:`fsdp1_offloaded`). 0 elsewhere
     (one unit and the other strategies are not derived here)."""
-    c = x.config
+    c = case.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
-    if x.lora and x.fsdp_wrap != "none":
-        chunk_grads = 2 * x.micro_batch_size * min(LM_HEAD_CHUNK, x.seq_len) * c.padded_vocab_size
-        gathered_apart = block if x.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
-        at_head = (3 * head - gathered_apart) * st.s_param + chunk_grads * dtype_bytes(x.precision)
+    if case.lora and case.fsdp_wrap != "none":
+        chunk_grads = 2 * case.micro_batch_size * min(LM_HEAD_CHUNK, case.seq_len) * c.padded_vocab_size
+        gathered_apart = block if case.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
+        at_head = (3 * head - gathered_apart) * st.s_param + chunk_grads * dtype_bytes(case.precision)
         return max(at_head, (head + 2 * block) * st.s_param)
-    if not _fsdp1_full_shard_full(x):
+    if not _fsdp1_full_shard_full(case):
         return 0
-    return (2 * block + head) * st.s_gathered + x.micro_batch_size * x.seq_len * c.n_embd * dtype_bytes(x.precision)
+    return (2 * block + head) * st.s_gathered + case.micro_batch_size * case.seq_len * c.n_embd * dtype_bytes(
+        case.precision
+    )
 
 
-def fsdp1_unsharded_scale(x: PlanInput) -> float:
+def fsdp1_unsharded_scale(case: PlanInput) -> float:
     """The bytes of a gathered parameter or an unsharded gradient element under FSDP1 over the sharded one's:
     litgpt's own FSDP1 (Lightning's ``FSDPStrategy``) under 16-bit mixed precision gathers and reduces in 16 bits
     (``FSDPPrecision.mixed_precision_config``: param, reduce and buffer dtype bfloat16 for bf16-mixed) over fp32
     shards, 0.5; 1 elsewhere. Seen in the per-rank simulation (TinyLlama full, bf16-mixed, 4 devices: the root and
     blocks gathered in bf16, no_sync()'s unsharded gradients 2.2 GB for 1.1B parameters)."""
-    mixed16 = "mixed" in str(x.precision) and parameter_bytes(x.precision) == 4
-    return 0.5 if x.fabric and mixed16 else 1.0
+    mixed16 = "mixed" in str(case.precision) and parameter_bytes(case.precision) == 4
+    return 0.5 if case.fabric and mixed16 else 1.0
 
 
-def _fsdp1_full_shard_full(x: PlanInput) -> bool:
+def _fsdp1_full_shard_full(case: PlanInput) -> bool:
     """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit (offloaded or not:
     :func:`fsdp1_offloaded` takes the states off the device, the moments stay)."""
-    return x.method == "full" and x.sharding in ("FULL_SHARD", "HYBRID_SHARD") and x.fsdp_wrap != "none"
+    return case.method == "full" and case.sharding in ("FULL_SHARD", "HYBRID_SHARD") and case.fsdp_wrap != "none"
 
 
-def fsdp1_root_backward_end(x: PlanInput, st: ModelStates) -> float:
+def fsdp1_root_backward_end(case: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 full fine-tuning (:func:`_fsdp1_full_shard_full`) holds at its backward's end, when the root
     unit's gradient is made, beyond the states: the root's unsharded parameters (kept through backward), its new
     flat gradient and the same gradients as its original parameters' tensors (``use_orig_params``: the embedding's
@@ -93,19 +95,19 @@ def fsdp1_root_backward_end(x: PlanInput, st: ModelStates) -> float:
     simulation's backward peak (TinyLlama full, 32-true, 8 devices: the root's 524.3 MB parameters and 524.3 MB
     flat gradient, two of 262.1 MB, 22 block gradients of 22.0 MB; Gemma 2B full on 2, accumulating 4: the root's
     2,097 MB parameters and new flat gradient, two of 1,048.6 MB, the accumulated 18 x 220.2 + 2,097 MB)."""
-    if not _fsdp1_full_shard_full(x):
+    if not _fsdp1_full_shard_full(case):
         return 0.0
-    scale = fsdp1_unsharded_scale(x)
-    root = root_unit_params(x.config) * st.s_param * scale
-    if x.accumulation > 2:  # a middle micro batch: the root's new flat gradient beside its accumulated one
+    scale = fsdp1_unsharded_scale(case)
+    root = root_unit_params(case.config) * st.s_param * scale
+    if case.accumulation > 2:  # a middle micro batch: the root's new flat gradient beside its accumulated one
         return 3 * root + st.grads * scale
-    if x.accumulation == 2:  # the first: its new flat gradient is the root's first
+    if case.accumulation == 2:  # the first: its new flat gradient is the root's first
         return 2 * root + st.grads * scale
-    shard = fsdp_shard_group(x)
+    shard = fsdp_shard_group(case)
     return 3 * root + max(st.grads - root / scale, 0.0) / shard
 
 
-def fsdp1_first_block_backward(x: PlanInput, st: ModelStates, acts: float, inputs: float) -> tuple[float, float]:
+def fsdp1_first_block_backward(case: PlanInput, st: ModelStates, acts: float, inputs: float) -> tuple[float, float]:
     """(bytes beyond the states and the gathered units, activations alive) of FSDP1 full fine-tuning
     (:func:`_fsdp1_full_shard_full`) in the first block's backward, the last to run, after a micro batch with sync:
     the block's unsharded gradient, the head's (held until the root's reduce-scatter) and every other block's
@@ -114,31 +116,31 @@ def fsdp1_first_block_backward(x: PlanInput, st: ModelStates, acts: float, input
     peak where a block's sharded gradient outweighs its checkpointed input (OpenLLaMA 3B full, bf16, 8 devices,
     checkpointed: 247.8 + 204.8 MB beside 24 sharded gradients of 31.0 MB and one block recomputed). (0, 0) with
     accumulation (no_sync() keeps the gradients whole: the earlier moment holds them all) and elsewhere."""
-    if not _fsdp1_full_shard_full(x) or x.accumulation > 1:
+    if not _fsdp1_full_shard_full(case) or case.accumulation > 1:
         return 0.0, 0.0
-    c = x.config
-    block, scale = block_params(c) * st.s_param, fsdp1_unsharded_scale(x)
-    shard = fsdp_shard_group(x)
+    c = case.config
+    block, scale = block_params(c) * st.s_param, fsdp1_unsharded_scale(case)
+    shard = fsdp_shard_group(case)
     grads = (block + c.padded_vocab_size * c.n_embd * st.s_param) * scale + (c.n_layer - 1) * block / shard
-    left = inputs / c.n_layer + acts - inputs if x.activation_checkpointing else acts / c.n_layer
+    left = inputs / c.n_layer + acts - inputs if case.activation_checkpointing else acts / c.n_layer
     return grads, left
 
 
-def fsdp1_one_unit_gradients(x: PlanInput, st: ModelStates) -> float:
+def fsdp1_one_unit_gradients(case: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 without auto-wrap (the whole model one sharded unit) holds at its backward's end beyond the
     gathered model and the states: the unit's unsharded flat gradient and the same gradients as its original
     parameters' tensors (``use_orig_params``), every activation freed by then; under LoRA the flat parameter's
     gradient covers its frozen weights too (:func:`flat_parameter_grads`). Read from the per-rank simulation
     (TinyLlama full, 32-true, 4 devices: 8.8 GB of temporaries at the backward's peak, twice its 4.4 GB of
     gradients). 0 elsewhere."""
-    if x.fsdp_wrap != "none" or x.sharding == "NO_SHARD":
+    if case.fsdp_wrap != "none" or case.sharding == "NO_SHARD":
         return 0.0
-    if x.offload_params or x.offload_optimizer:
+    if case.offload_params or case.offload_optimizer:
         return 0.0
-    return 2 * (flat_parameter_grads(x, st) if x.lora else st.grads)
+    return 2 * (flat_parameter_grads(case, st) if case.lora else st.grads)
 
 
-def fsdp1_no_shard_root_gradients(x: PlanInput, st: ModelStates) -> float:
+def fsdp1_no_shard_root_gradients(case: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 under NO_SHARD (each block a unit) holds at its backward's end beyond every flat gradient (whole:
     nothing is sharded, each unit's is all-reduced in place and kept): the root unit's original parameters'
     gradients (``use_orig_params``: the embedding's, the head's and the final norm's, as their own tensors beside
@@ -146,11 +148,11 @@ def fsdp1_no_shard_root_gradients(x: PlanInput, st: ModelStates) -> float:
     :func:`flat_parameter_frozen_grad_elements`). Read from MemTracker at the per-rank simulation's backward peak
     (Phi-2 LoRA on 8 devices: 32 block flat gradients of 160.3 MB, the root's 527.8 MB and two of 262.1 MB).
     0 elsewhere."""
-    if x.sharding != "NO_SHARD" or x.fsdp_wrap == "none":
+    if case.sharding != "NO_SHARD" or case.fsdp_wrap == "none":
         return 0.0
-    if x.offload_params or x.offload_optimizer or (x.lora and "head" not in set(x.lora_targets)):
+    if case.offload_params or case.offload_optimizer or (case.lora and "head" not in set(case.lora_targets)):
         return 0.0
-    return root_unit_params(x.config) * st.s_param
+    return root_unit_params(case.config) * st.s_param
 
 
 class FSDP1(FSDP):
@@ -169,62 +171,62 @@ class FSDP1(FSDP):
             "activation_checkpointing": config.activation_checkpointing,
         }
 
-    def gathered_scale(self, x: PlanInput) -> float:
-        return fsdp1_unsharded_scale(x)
+    def gathered_scale(self, case: PlanInput) -> float:
+        return fsdp1_unsharded_scale(case)
 
-    def frozen_weights_grad(self, x: PlanInput) -> bool:
+    def frozen_weights_grad(self, case: PlanInput) -> bool:
         """LoRA under FSDP1 (NO_SHARD too: it keeps flat parameters, all-reduced whole): flat parameters mixing
         frozen and trainable weights, which FSDP1 gives a whole gradient (:func:`flat_parameter_grads`) and whose
         frozen weights are differentiable views during the forward (their matmuls keep their inputs:
         ``activations.saved_bytes``)."""
-        return x.lora
+        return case.lora
 
-    def gradients(self, x: PlanInput, st: ModelStates, notes: list) -> float:
-        if not x.lora:
+    def gradients(self, case: PlanInput, st: ModelStates, notes: list) -> float:
+        if not case.lora:
             return st.grads
         notes.append(
             "FSDP1 with LoRA: each block's flat parameter holds frozen and trainable weights, and FSDP1 "
             "(use_orig_params) gives the whole flat parameter a gradient, as much as full fine-tuning's; its frozen "
             "weights are differentiable in the forward, so their matmuls keep their inputs too"
         )
-        return flat_parameter_grads(x, st)
+        return flat_parameter_grads(case, st)
 
-    def at_the_loss(self, x: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
+    def at_the_loss(self, case: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
         """FSDP1's loss runs with its root gathered and no block (MemTracker at the per-rank simulation's peaks,
         Gemma 2B full on 8 devices): the blocks' buffers count only where they outweigh the logits."""
-        apart = dev.gathered - root_unit_params(x.config) * st.s_gathered if dev.gathered else 0.0
+        apart = dev.gathered - root_unit_params(case.config) * st.s_gathered if dev.gathered else 0.0
         if apart > logits:
             return 0.0, dev.in_flight
         return logits, dev.in_flight - apart
 
-    def root_kept(self, x: PlanInput) -> bool:
+    def root_kept(self, case: PlanInput) -> bool:
         return True
 
     def backward_moment(
-        self, x: PlanInput, st: ModelStates, dev: PerDevice, base: float, acts: float, inputs: float
+        self, case: PlanInput, st: ModelStates, dev: PerDevice, base: float, acts: float, inputs: float
     ) -> BackwardMoment:
         """FSDP1's backward peak: a block's backward beside every activation (:func:`fsdp1_backward_gradients`), the
         first block's (:func:`fsdp1_first_block_backward`) or the backward's end with none (without auto-wrap
         :func:`fsdp1_one_unit_gradients`, under NO_SHARD :func:`fsdp1_no_shard_root_gradients`, under FULL_SHARD
         :func:`fsdp1_root_backward_end`, whose root is its own gathered bytes), whichever is higher, each beside the
         logits litgpt's loop holds through backward (:func:`logits_held_at_step`); all 0 but ``acts`` elsewhere."""
-        held = logits_held_at_step(x)
-        backward = fsdp1_backward_gradients(x, st)
+        held = logits_held_at_step(case)
+        backward = fsdp1_backward_gradients(case, st)
         rest = base - acts + held  # what every backward's end holds beside its own terms
         candidates = []
         if backward:
             candidates.append(
                 BackwardMoment(backward, base + dev.in_flight + backward + held, acts, False, dev.in_flight)
             )
-        if one_unit := fsdp1_one_unit_gradients(x, st):
+        if one_unit := fsdp1_one_unit_gradients(case, st):
             candidates.append(BackwardMoment(one_unit, rest + dev.in_flight + one_unit, 0.0, True, dev.in_flight))
-        if root := fsdp1_no_shard_root_gradients(x, st):  # every flat gradient (unless accumulated: in base already)
-            at_end = (0.0 if x.accumulation > 1 else dev.grads) + root
+        if root := fsdp1_no_shard_root_gradients(case, st):  # every flat gradient (unless accumulated: in base already)
+            at_end = (0.0 if case.accumulation > 1 else dev.grads) + root
             candidates.append(BackwardMoment(at_end, rest + dev.in_flight + at_end, 0.0, True, dev.in_flight))
-        if end := fsdp1_root_backward_end(x, st):
-            kept = root_unit_params(x.config) * st.s_gathered
+        if end := fsdp1_root_backward_end(case, st):
+            kept = root_unit_params(case.config) * st.s_gathered
             candidates.append(BackwardMoment(end - kept, rest + end, 0.0, True, kept))
-        late, left = fsdp1_first_block_backward(x, st, acts, inputs)
+        late, left = fsdp1_first_block_backward(case, st, acts, inputs)
         if late:
             candidates.append(
                 BackwardMoment(late, rest + left + dev.in_flight + late, left, "first block", dev.in_flight)
@@ -232,19 +234,19 @@ class FSDP1(FSDP):
         # the first of the highest, as before: a block's backward, then the ends in this order
         return max(candidates, key=lambda c: c.peak, default=BackwardMoment(0.0, 0.0, acts, False, 0.0))
 
-    def backward_note(self, x: PlanInput, at_end) -> str:
+    def backward_note(self, case: PlanInput, at_end) -> str:
         """The plan's note when FSDP1's backward holds the peak (:meth:`backward_moment`)."""
-        if at_end and x.sharding == "NO_SHARD":
+        if at_end and case.sharding == "NO_SHARD":
             return (
                 "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
                 "unit's original parameters' gradients beside its own, every activation freed"
             )
-        if at_end and x.fsdp_wrap == "none":
+        if at_end and case.fsdp_wrap == "none":
             return (
                 "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
                 "twice over (its flat parameter's and its original parameters'), every activation freed"
             )
-        held = " (litgpt's loop still holds the logits)" if logits_held_at_step(x) else ""
+        held = " (litgpt's loop still holds the logits)" if logits_held_at_step(case) else ""
         if at_end == "first block":
             return (
                 "the peak is FSDP1's backward of the first block, the last to run: its unsharded gradient and the "

@@ -17,12 +17,12 @@ from tunelab.plan.model.strategies.base import ForwardMoment
 from tunelab.plan.model.strategies.fsdp import FSDP
 
 
-def fsdp2_full_shard(x: PlanInput) -> bool:
+def fsdp2_full_shard(case: PlanInput) -> bool:
     """FSDP2 resharding each block after forward (FULL_SHARD), each block a unit, then the root."""
-    return x.sharding == "FULL_SHARD" and x.fsdp_wrap != "none"
+    return case.sharding == "FULL_SHARD" and case.fsdp_wrap != "none"
 
 
-def root_regathered(x: PlanInput) -> float:
+def root_regathered(case: PlanInput) -> float:
     """Bytes FSDP2 holds at the start of backward that its loss never sees beside it, when each block and then the
     root unit are sharded and resharded after forward (``reshard_after_forward``, FULL_SHARD): the root is freed
     before the loss runs and gathered again for the head's backward, its all-gather buffer and its unsharded
@@ -30,15 +30,15 @@ def root_regathered(x: PlanInput) -> float:
     FSDPMemTracker holds at the per-rank simulation's peaks, by kind and size (TinyLlama LoRA and Gemma 2B full on 2
     devices: no gathered parameter at the loss; 2 x the root plus the logits' gradient at the backward's start).
     0 elsewhere (FSDP1 keeps the root gathered from forward to backward: it sits beside the loss)."""
-    if not fsdp2_full_shard(x) or x.fsdp2_root_kept:
+    if not fsdp2_full_shard(case) or case.fsdp2_root_kept:
         return 0.0
-    n_tok = x.micro_batch_size * x.seq_len
-    return 2 * root_unit_params(x.config) * parameter_bytes(
-        x.precision
-    ) + n_tok * x.config.padded_vocab_size * dtype_bytes(x.precision)
+    n_tok = case.micro_batch_size * case.seq_len
+    return 2 * root_unit_params(case.config) * parameter_bytes(
+        case.precision
+    ) + n_tok * case.config.padded_vocab_size * dtype_bytes(case.precision)
 
 
-def fsdp2_gathered(x: PlanInput) -> float:
+def fsdp2_gathered(case: PlanInput) -> float:
     """Bytes FSDP2 (FULL_SHARD, each block a unit, then the root) holds gathered beside the activations inside its
     blocks, as FSDPMemTracker shows at the per-rank simulation's peaks (OpenLLaMA 3B, bf16-true): the larger of
 
@@ -48,25 +48,25 @@ def fsdp2_gathered(x: PlanInput) -> float:
     * full fine-tuning, a block's backward: the root, the head's weight gradient (unsharded until the root's
       reduce-scatter at the end of backward), the block's unsharded parameters and gradients, the next block's
       all-gather buffer and the previous one's reduce-scatter buffer (on 8 devices: 409.6 + 204.8 + 4 x 247.8 MB)."""
-    c = x.config
+    c = case.config
     root, block = root_unit_params(c), block_params(c)
-    backward = root + c.padded_vocab_size * c.n_embd + 4 * block if x.method == "full" else 0
-    return max(root + 3 * block, backward) * parameter_bytes(x.precision)
+    backward = root + c.padded_vocab_size * c.n_embd + 4 * block if case.method == "full" else 0
+    return max(root + 3 * block, backward) * parameter_bytes(case.precision)
 
 
-def fsdp2_forward_start(x: PlanInput) -> float:
+def fsdp2_forward_start(case: PlanInput) -> float:
     """Bytes FSDP2 (each block, then the root, resharded after forward) holds gathered at the forward's start: the
     root unit and the first block, each unsharded beside its all-gather buffer, 2 x (root + block), before any of
     this forward's activations. Read from FSDPMemTracker at the per-rank simulation's forward peak (TinyLlama LoRA on
     4 devices under litgpt's parallelize_fn: 0.355 GB unsharded beside 0.355 GB of all-gather buffers); the peak
     where activation checkpointing leaves the activations small."""
-    if not fsdp2_full_shard(x):
+    if not fsdp2_full_shard(case):
         return 0.0
-    return 2 * (root_unit_params(x.config) + block_params(x.config)) * parameter_bytes(x.precision)
+    return 2 * (root_unit_params(case.config) + block_params(case.config)) * parameter_bytes(case.precision)
 
 
 def _fsdp2_moment(
-    x: PlanInput, dev: PerDevice, acts: float, logits: float, cache: float, checkpointed: float
+    case: PlanInput, dev: PerDevice, acts: float, logits: float, cache: float, checkpointed: float
 ) -> ForwardMoment:
     """The activations, logits, gathered buffers, autocast's copies and note at FSDP2's peak outside the optimizer step
     (``cache``: autocast's weight copies, alive from the forward into backward), the largest of:
@@ -76,18 +76,20 @@ def _fsdp2_moment(
     activations, under checkpointing their inputs only, and the logits litgpt's loop holds); and, under
     checkpointing, a block's backward (the root, the block and the next one gathered, one block recomputed). Every
     moment holds the unsharded gradients of micro batches without sync."""
-    held = logits_held_at_step(x)
+    held = logits_held_at_step(case)
     grads = dev.in_flight - dev.gathered
-    inputs = checkpointed if x.activation_checkpointing else acts
-    root = root_unit_params(x.config) * parameter_bytes(x.precision)
+    inputs = checkpointed if case.activation_checkpointing else acts
+    root = root_unit_params(case.config) * parameter_bytes(case.precision)
     start_note = "the peak is FSDP2's forward start: the root unit and the first block gathered, each beside its "
     start_note += "all-gather buffer" + (", the last micro batch's logits still held (litgpt's loop)" if held else "")
-    late = 0.0 if x.activation_checkpointing else cache  # checkpointed: only the head's copies, made at the loss
+    late = 0.0 if case.activation_checkpointing else cache  # checkpointed: only the head's copies, made at the loss
     moments = [
-        ForwardMoment(0.0, held, fsdp2_forward_start(x) + grads, 0.0, start_note),
-        ForwardMoment(acts, logits, grads + (root if x.fsdp2_root_kept else 0.0), cache, None),
+        ForwardMoment(0.0, held, fsdp2_forward_start(case) + grads, 0.0, start_note),
+        ForwardMoment(acts, logits, grads + (root if case.fsdp2_root_kept else 0.0), cache, None),
         ForwardMoment(inputs, held, dev.in_flight, late, None),
-        ForwardMoment(acts, held, grads + root + 2 * block_params(x.config) * parameter_bytes(x.precision), late, None),
+        ForwardMoment(
+            acts, held, grads + root + 2 * block_params(case.config) * parameter_bytes(case.precision), late, None
+        ),
     ]
     return max(moments, key=lambda m: m.total)
 
@@ -107,17 +109,17 @@ class FSDP2(FSDP):
             "fsdp2_root_kept": False,
         }
 
-    def gathered_bytes(self, x: PlanInput, st: ModelStates) -> float:
-        if fsdp2_full_shard(x):  # what it gathers beside the activations, by moment
-            return max(root_regathered(x), fsdp2_gathered(x))
-        return super().gathered_bytes(x, st)
+    def gathered_bytes(self, case: PlanInput, st: ModelStates) -> float:
+        if fsdp2_full_shard(case):  # what it gathers beside the activations, by moment
+            return max(root_regathered(case), fsdp2_gathered(case))
+        return super().gathered_bytes(case, st)
 
     def forward_moment(
-        self, x: PlanInput, st: ModelStates, dev: PerDevice, acts: float, logits: float, inputs: float
+        self, case: PlanInput, st: ModelStates, dev: PerDevice, acts: float, logits: float, inputs: float
     ) -> ForwardMoment:
-        if not fsdp2_full_shard(x):
-            return super().forward_moment(x, st, dev, acts, logits, inputs)
-        return _fsdp2_moment(x, dev, acts, logits, st.autocast_cache, inputs)
+        if not fsdp2_full_shard(case):
+            return super().forward_moment(case, st, dev, acts, logits, inputs)
+        return _fsdp2_moment(case, dev, acts, logits, st.autocast_cache, inputs)
 
-    def root_kept(self, x: PlanInput) -> bool:
-        return x.fsdp2_root_kept
+    def root_kept(self, case: PlanInput) -> bool:
+        return case.fsdp2_root_kept

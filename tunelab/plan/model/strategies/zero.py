@@ -13,15 +13,17 @@ from tunelab.plan.model.strategies.ddp import all_reduce
 from tunelab.units import GB
 
 
-def zero3_tensors(x: PlanInput) -> tuple[int, int]:
-    """(persistent, partitioned) parameter elements of ``x``'s model under ZeRO-3, tensor by tensor against
+def zero3_tensors(case: PlanInput) -> tuple[int, int]:
+    """(persistent, partitioned) parameter elements of ``case``'s model under ZeRO-3, tensor by tensor against
     :attr:`PlanInput.zero3_param_persistence_threshold` (LoRA's matrices included)."""
-    numels = param_tensor_numels(x.config) + (lora_tensor_numels(x.config, x.lora_r, x.lora_targets) if x.lora else [])
-    persistent = sum(n for n in numels if n < x.zero3_param_persistence_threshold)
+    numels = param_tensor_numels(case.config) + (
+        lora_tensor_numels(case.config, case.lora_r, case.lora_targets) if case.lora else []
+    )
+    persistent = sum(n for n in numels if n < case.zero3_param_persistence_threshold)
     return persistent, sum(numels) - persistent
 
 
-def zero3_gathered(x: PlanInput) -> float:
+def zero3_gathered(case: PlanInput) -> float:
     """Bytes of parameters ZeRO-3 holds gathered at the forward's end (in the 16-bit dtype DeepSpeed casts the model
     to): the larger of ``stage3_max_live_parameters`` and half of ``stage3_max_reuse_distance`` elements, or the
     whole partitioned model where it is smaller. Once DeepSpeed's parameter coordinator has traced a step it
@@ -32,49 +34,49 @@ def zero3_gathered(x: PlanInput) -> float:
     reuse 1e6 or 3.9e6 held 2.09e6 elements, reuse 8e6 4.03e6, 2e7 1.0e7 (the rule, and part of one more weight);
     reuse 1e9 the whole model. DeepSpeed's defaults (1e9, 1e9) hold 1e9 elements, 2 GB in bf16: all of a 1B
     model, five blocks and the head of a 7B one. Gone after the backward."""
-    return zero3_kept(x) * zero_param_bytes(x)
+    return zero3_kept(case) * zero_param_bytes(case)
 
 
-def zero3_kept(x: PlanInput) -> float:
+def zero3_kept(case: PlanInput) -> float:
     """Parameters (elements) ZeRO-3 holds gathered at the forward's end: :func:`zero3_gathered`'s rule."""
-    return min(zero3_tensors(x)[1], max(x.zero3_max_live_parameters, x.zero3_max_reuse_distance / 2))
+    return min(zero3_tensors(case)[1], max(case.zero3_max_live_parameters, case.zero3_max_reuse_distance / 2))
 
 
-def zero_param_bytes(x: PlanInput) -> int:
+def zero_param_bytes(case: PlanInput) -> int:
     """Bytes per 16-bit parameter or gradient element DeepSpeed holds: bf16 wherever the precision is bf16 (tunelab's
     DeepSpeed config turns ``bf16`` on and DeepSpeed casts the model), else the precision's."""
-    return 2 if str(x.precision).startswith("bf16") else parameter_bytes(x.precision)
+    return 2 if str(case.precision).startswith("bf16") else parameter_bytes(case.precision)
 
 
-def zero2_backward_partition(x: PlanInput, st: ModelStates) -> float:
+def zero2_backward_partition(case: PlanInput, st: ModelStates) -> float:
     """ZeRO-2's 16-bit gradient partition (``grads_in_partition``, the trainable parameters / devices), allocated when
     the first reduce bucket fills: inside the backward, beside its activations, where the trainable parameters
     outnumber ``reduce_bucket_size``; otherwise only at the backward's end, after the activations are gone. Freed
     at the step (which sees the float32 copy: :func:`zero_step_bytes`)."""
-    if st.trainable <= x.reduce_bucket_size:
+    if st.trainable <= case.reduce_bucket_size:
         return 0.0
-    return st.trainable * zero_param_bytes(x) / x.world
+    return st.trainable * zero_param_bytes(case) / case.world
 
 
-def zero_step_bytes(x: PlanInput, st: ModelStates) -> tuple[float, float]:
+def zero_step_bytes(case: PlanInput, st: ModelStates) -> tuple[float, float]:
     """(gradients, temporary) of DeepSpeed's optimizer step on the device, before division by the devices: the
     float32 gradient partition the step reads (ZeRO-2 converts the 16-bit partition into it; ZeRO-3 holds its
     16-bit partitions as well: :func:`zero3_gradient_partitions`) and torch's foreach AdamW's one float32
     temporary over the master partition. Measured with DeepSpeed's own step on CPU (foreach AdamW, as on CUDA):
     8 bytes per trainable parameter / devices above the states at rest, ZeRO-2 and ZeRO-3 alike."""
-    if x.offload_optimizer:
+    if case.offload_optimizer:
         return st.grads, 0.0
-    grads = st.trainable * 4 + (st.grads if x.zero_stage >= 3 else 0.0)
+    grads = st.trainable * 4 + (st.grads if case.zero_stage >= 3 else 0.0)
     return grads, st.trainable * 4
 
 
-def zero3_gradient_partitions(x: PlanInput) -> bool:
+def zero3_gradient_partitions(case: PlanInput) -> bool:
     """ZeRO-3 without optimizer offload allocates its gradient partitions (``grad_partitions_flat_buffer``, the
     model's dtype) at its start and holds them through the run: beside the activations, not only at the step."""
-    return x.zero_stage >= 3 and not x.offload_optimizer
+    return case.zero_stage >= 3 and not case.offload_optimizer
 
 
-def zero_reduce_buffer(x: PlanInput) -> float:
+def zero_reduce_buffer(case: PlanInput) -> float:
     """Bytes of DeepSpeed's gradient reduce buffer (``contiguous_gradients``, as tunelab's loop configures it, with
     ``overlap_comm`` off: one buffer; on, two): ``reduce_bucket_size`` elements in the gradients' dtype
     (:func:`zero_param_bytes`),
@@ -82,9 +84,9 @@ def zero_reduce_buffer(x: PlanInput) -> float:
     backward's start and frees it at its end; ZeRO-3 (``stage3``'s optimizer init) holds it for the whole run.
     Measured on CPU with DeepSpeed's own code over gloo (tests/e2e/test_deepspeed_memory.py): 400 MB at the default 2e8
     elements, most of a small model's peak."""
-    if x.zero_stage < 2:
+    if case.zero_stage < 2:
         return 0.0
-    return x.reduce_bucket_size * zero_param_bytes(x)
+    return case.reduce_bucket_size * zero_param_bytes(case)
 
 
 class ZeRO(Strategy):
@@ -106,90 +108,90 @@ class ZeRO(Strategy):
             "zero3_max_reuse_distance": config.max_reuse_distance,
         }
 
-    def param_bytes(self, x: PlanInput) -> int:
-        return zero_param_bytes(x)
+    def param_bytes(self, case: PlanInput) -> int:
+        return zero_param_bytes(case)
 
-    def autocast_over_fp32(self, x: PlanInput) -> bool:
+    def autocast_over_fp32(self, case: PlanInput) -> bool:
         return False  # ``bf16.enabled``: the forward sees 16-bit weights
 
-    def optimizer_states(self, x: PlanInput, trainable: int, s_param: int, notes: list) -> tuple:
+    def optimizer_states(self, case: PlanInput, trainable: int, s_param: int, notes: list) -> tuple:
         notes.append("DeepSpeed keeps fp32 master weights and fp32 optimizer states")
         return trainable * 8, (trainable * 4 if s_param < 4 else 0)  # fp32 Adam moments; fp32 master weights
 
-    def foreach_temporary(self, x: PlanInput) -> bool:
+    def foreach_temporary(self, case: PlanInput) -> bool:
         return False
 
-    def division(self, x: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
+    def division(self, case: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
         """DeepSpeed ZeRO's stages: states (1), gradients (2), weights (3) over the devices, and its buffers."""
-        world = x.world
+        world = case.world
         d = Division(
-            shard_o=world if x.zero_stage >= 1 else 1,
-            shard_g=world if x.zero_stage >= 2 else 1,
-            shard_w=world if x.zero_stage >= 3 else 1,
+            shard_o=world if case.zero_stage >= 1 else 1,
+            shard_g=world if case.zero_stage >= 2 else 1,
+            shard_w=world if case.zero_stage >= 3 else 1,
         )
-        if x.zero_stage >= 3:
-            persistent = zero3_tensors(x)[0] * zero_param_bytes(x)
-            d.extra = zero_reduce_buffer(x) + persistent * (1 - 1 / world)  # small tensors whole on every rank
-            d.in_flight = d.gathered = zero3_gathered(x)
+        if case.zero_stage >= 3:
+            persistent = zero3_tensors(case)[0] * zero_param_bytes(case)
+            d.extra = zero_reduce_buffer(case) + persistent * (1 - 1 / world)  # small tensors whole on every rank
+            d.in_flight = d.gathered = zero3_gathered(case)
             notes.append(
                 "ZeRO-3: its gradient reduce buffer (reduce_bucket_size elements) and gradient partitions held "
-                f"through the run; {zero3_kept(x) / 1e6:,.0f}M parameters gathered at the forward's end "
+                f"through the run; {zero3_kept(case) / 1e6:,.0f}M parameters gathered at the forward's end "
                 "(stage3_max_live_parameters, stage3_max_reuse_distance)"
             )
-        elif x.zero_stage == 2:
-            d.in_flight = zero_reduce_buffer(x) + zero2_backward_partition(x, st)
+        elif case.zero_stage == 2:
+            d.in_flight = zero_reduce_buffer(case) + zero2_backward_partition(case, st)
             notes.append("ZeRO-2: its gradient reduce buffer (reduce_bucket_size elements) from backward's start")
         return d
 
-    def step_bytes(self, x: PlanInput, st: ModelStates, grads: float, step_temp: float) -> tuple[float, float]:
-        return zero_step_bytes(x, st) if x.zero_stage >= 2 else (grads, step_temp)
+    def step_bytes(self, case: PlanInput, st: ModelStates, grads: float, step_temp: float) -> tuple[float, float]:
+        return zero_step_bytes(case, st) if case.zero_stage >= 2 else (grads, step_temp)
 
-    def accumulated_gradients(self, x: PlanInput, st: ModelStates, dev: PerDevice) -> float:
+    def accumulated_gradients(self, case: PlanInput, st: ModelStates, dev: PerDevice) -> float:
         """ZeRO-2/3 hold their 16-bit partitions (``dev.grads`` is the step's float32)."""
-        if x.zero_stage < 2:
-            return super().accumulated_gradients(x, st, dev)
-        held = zero3_gradient_partitions(x) or (x.accumulation > 1 and not x.offload_optimizer)
-        return st.grads / x.world if held else 0
+        if case.zero_stage < 2:
+            return super().accumulated_gradients(case, st, dev)
+        held = zero3_gradient_partitions(case) or (case.accumulation > 1 and not case.offload_optimizer)
+        return st.grads / case.world if held else 0
 
-    def at_the_loss(self, x: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
+    def at_the_loss(self, case: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
         """ZeRO-2's reduce buffer and 16-bit gradient partition come in the backward, after the head's backward has
         freed the logits, beside the activations (DeepSpeed run on CPU at each family's shape / 16, 2 ranks): the
         larger of the two counts."""
-        if x.zero_stage != 2:
-            return super().at_the_loss(x, st, dev, logits)
+        if case.zero_stage != 2:
+            return super().at_the_loss(case, st, dev, logits)
         return (0.0, dev.in_flight) if dev.in_flight > logits else (logits, 0.0)
 
-    def checkpoint_bytes(self, x: PlanInput, st: ModelStates) -> float:
+    def checkpoint_bytes(self, case: PlanInput, st: ModelStates) -> float:
         model = st.total * st.s_param
-        weights = model / x.world if x.zero_stage >= 3 else model
-        return weights + (st.optimizer + st.master) / x.world
+        weights = model / case.world if case.zero_stage >= 3 else model
+        return weights + (st.optimizer + st.master) / case.world
 
-    def volumes(self, c, x: PlanInput, z: Sizes, params) -> None:
-        reduces = math.ceil(z.G / (x.reduce_bucket_size * z.s_p))  # its buckets, in its config's elements
-        if x.zero_stage == 1:
+    def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
+        reduces = math.ceil(z.G / (case.reduce_bucket_size * z.s_p))  # its buckets, in its config's elements
+        if case.zero_stage == 1:
             all_reduce(c, z, reduces)
-        elif x.zero_stage == 2:  # reduce-scatters on the compute stream (overlap_comm off), gather after
+        elif case.zero_stage == 2:  # reduce-scatters on the compute stream (overlap_comm off), gather after
             c.bytes_gpu = z.ring * z.P + z.ring * z.G
             c.formula = "1 x (n-1)/n x P s_p + (n-1)/n x T s_g"
             c.calls = [z.call("reduce-scatter", reduces), z.call("all-gather", 1)]
             c.hideable_under = "none"
         else:
-            _zero3(c, x, z, params)
+            _zero3(c, case, z, params)
 
-    def host_bytes(self, x: PlanInput, z: Sizes) -> float:
-        if not (x.offload_optimizer or x.offload_params):
+    def host_bytes(self, case: PlanInput, z: Sizes) -> float:
+        if not (case.offload_optimizer or case.offload_params):
             return 0.0
-        return (z.G + z.trainable * z.s_p) / z.n + (z.a * 2 * z.P / z.n if x.offload_params else 0.0)
+        return (z.G + z.trainable * z.s_p) / z.n + (z.a * 2 * z.P / z.n if case.offload_params else 0.0)
 
-    def unhideable(self, x: PlanInput) -> bool:
-        return x.zero_stage < 3
+    def unhideable(self, case: PlanInput) -> bool:
+        return case.zero_stage < 3
 
 
-def _zero3(c, x: PlanInput, z: Sizes, params) -> None:
+def _zero3(c, case: PlanInput, z: Sizes, params) -> None:
     """ZeRO-3: what is still gathered at the forward's end is not gathered again; its gathers prefetched beside the
     passes, its reduce-scatters on the compute stream (``overlap_comm`` off)."""
     ring, a, units = z.ring, z.a, z.units
-    K = 0.0 if params is not None else zero3_kept(x) * z.s_p  # noqa: N806 - the formulas' symbols
+    K = 0.0 if params is not None else zero3_kept(case) * z.s_p  # noqa: N806 - the formulas' symbols
     c.bytes_gpu = a * ring * (2 * z.P - K) + ring * z.G
     c.formula = "a x (n-1)/n x (2P - K) s_p + (n-1)/n x T s_g (K: kept gathered into the backward)"
     c.hideable_under = "step"
@@ -215,71 +217,71 @@ class ZeroSizes:
         }
 
 
-def zero_sizes(x: PlanInput, st: ModelStates) -> ZeroSizes:
+def zero_sizes(case: PlanInput, st: ModelStates) -> ZeroSizes:
     """DeepSpeed ZeRO-2/3's own buffers for a planned configuration (``plan --simulate`` under a ZeRO strategy file:
     its engine does not run on fake tensors), from its config keys and the rules its code follows (this module's
     terms), each with where its size comes from and when it is alive; ``st``: the case's model states."""
-    n, s16 = x.world, zero_param_bytes(x)
-    grads, temp = zero_step_bytes(x, st)
-    at_step = 0.0 if x.offload_optimizer else grads + temp - (st.grads if x.zero_stage >= 3 else 0.0)
+    n, s16 = case.world, zero_param_bytes(case)
+    grads, temp = zero_step_bytes(case, st)
+    at_step = 0.0 if case.offload_optimizer else grads + temp - (st.grads if case.zero_stage >= 3 else 0.0)
     terms = [
         (
             "reduce buffer",
-            zero_reduce_buffer(x),
-            f"reduce_bucket_size {x.reduce_bucket_size:,} x {s16} B; "
-            + ("held through the run" if x.zero_stage >= 3 else "from each backward's start to its end"),
+            zero_reduce_buffer(case),
+            f"reduce_bucket_size {case.reduce_bucket_size:,} x {s16} B; "
+            + ("held through the run" if case.zero_stage >= 3 else "from each backward's start to its end"),
         ),
         (
             "16-bit parameters",
-            0.0 if x.offload_params else st.weights / n if x.zero_stage >= 3 else st.weights,
+            0.0 if case.offload_params else st.weights / n if case.zero_stage >= 3 else st.weights,
             "in host RAM (offload_param)"
-            if x.offload_params
+            if case.offload_params
             else "parameters / devices"
-            if x.zero_stage >= 3
+            if case.zero_stage >= 3
             else "every parameter on every device (ZeRO-2)",
         ),
         (
             "float32 master and Adam moments",
-            0.0 if x.offload_optimizer else (st.optimizer + st.master) / n,
-            "in host RAM (offload_optimizer)" if x.offload_optimizer else "12 B x trainable / devices",
+            0.0 if case.offload_optimizer else (st.optimizer + st.master) / n,
+            "in host RAM (offload_optimizer)" if case.offload_optimizer else "12 B x trainable / devices",
         ),
         ("step: float32 gradient partition and AdamW's temporary", at_step / n, "at the optimizer step"),
     ]
-    terms += _zero3_terms(x, st, s16) if x.zero_stage >= 3 else _zero2_terms(x, st)
-    return ZeroSizes(x.zero_stage, n, terms)
+    terms += _zero3_terms(case, st, s16) if case.zero_stage >= 3 else _zero2_terms(case, st)
+    return ZeroSizes(case.zero_stage, n, terms)
 
 
-def _zero3_terms(x, st, s16: int) -> list:
+def _zero3_terms(case, st, s16: int) -> list:
     """ZeRO-3's own buffers (:func:`zero_sizes`): what stays gathered, its gradient partitions, small tensors."""
-    persistent, partitioned = zero3_tensors(x)
-    kept = zero3_gathered(x)
-    n = x.world
+    persistent, partitioned = zero3_tensors(case)
+    kept = zero3_gathered(case)
+    n = case.world
     return [
         (
             "gathered at the forward's end",
             kept,
-            f"{zero3_kept(x):,.0f} of {partitioned:,} elements: max("
-            f"stage3_max_live_parameters {x.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)",
+            f"{zero3_kept(case):,.0f} of {partitioned:,} elements: max("
+            f"stage3_max_live_parameters {case.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)",
         ),
         (
             "16-bit gradient partitions",
-            st.grads / n if zero3_gradient_partitions(x) else 0.0,
+            st.grads / n if zero3_gradient_partitions(case) else 0.0,
             "held through the run (grad_partitions_flat_buffer; in host RAM under offload_optimizer)",
         ),
         (
             "small tensors whole",
             persistent * s16,
-            f"{persistent:,} elements under stage3_param_persistence_threshold {x.zero3_param_persistence_threshold:,}",
+            f"{persistent:,} elements under stage3_param_persistence_threshold {case.zero3_param_persistence_threshold:,}",
         ),
     ]
 
 
-def _zero2_terms(x, st) -> list:
+def _zero2_terms(case, st) -> list:
     """ZeRO-2's own buffer beyond the common ones (:func:`zero_sizes`): its gradient partition in the backward."""
     return [
         (
             "16-bit gradient partition in the backward",
-            zero2_backward_partition(x, st),
+            zero2_backward_partition(case, st),
             "trainable / devices, once the first bucket fills (none where the model fits one bucket)",
         )
     ]
