@@ -152,6 +152,6 @@ def test_the_bench_report_holds_its_stated_errors():
     assert len(tiny) == 4 and all(0.40 <= r["error"] <= 0.63 for r in tiny)
     seven = [r for r in compiled if r["bench"] == "open-llama-7b-lora"]
     assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.09 for r in seven)
-    for bound, (mean, _n) in runtime_accuracy.fast_errors(rows).items():
-        assert mean == pytest.approx(fast_step.FAST_MODEL_ERROR[bound], abs=5e-3), bound
+    for bound, (widest, _n) in runtime_accuracy.fast_errors(rows).items():  # rounded up: the band holds every run
+        assert widest <= fast_step.FAST_MODEL_ERROR[bound] < widest + 1e-3, bound
     assert {b: n for b, (_, n) in runtime_accuracy.fast_errors(rows).items()} == {"GPU": 4, "host": 6}

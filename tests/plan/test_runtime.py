@@ -235,10 +235,13 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     openllama = runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.OPENLLAMA_ROWS)  # an 8th machine
     archived = {runtime_accuracy.SECOND_MACHINE: second, runtime_accuracy.QLORA_LOOP: loop,
                 runtime_accuracy.OPENLLAMA_ROWS: openllama}  # fmt: skip
-    machines = runtime_accuracy.host_by_machine(h100, runtime_accuracy.bench_items(ROOT), archived)
-    assert len(machines) == 8 and 50 <= min(machines["H200 2026-11-27-qlora-time-h200"]) <= 55
+    lab = runtime_accuracy.lab_hosts()  # the lab's published rows the model calls host-bound: TinyLlama LoRA alone
+    assert set(lab) == {"s10"} and 20 <= lab["s10"] <= 35
+    machines = runtime_accuracy.host_by_machine(h100, runtime_accuracy.bench_items(ROOT), archived, lab)
+    assert len(machines) == 9 and 50 <= min(machines["H200 2026-11-27-qlora-time-h200"]) <= 55
     every = [h for hs in machines.values() for h in hs]
-    assert runtime.LITGPT_HOST_S_PER_OP_RANGE == pytest.approx((min(every) * 1e-6, max(every) * 1e-6), abs=0.5e-6)
+    low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)  # rounded outward to 0.1 us
+    assert low <= min(every) < low + 0.1 and high - 0.1 < max(every) <= high
     gpu, e = hardware.lookup("H100-SXM"), runtime.KERNEL_MODEL_ERROR
 
     def estimate(recipe: str, *overrides: str) -> tuple[dict, float, float]:
@@ -251,7 +254,7 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     lora, fast, slow = estimate("tiny-llama-1.1b/lora")
     assert lora["seconds_band"] == pytest.approx((fast, slow))  # both beyond the model's band
     assert fast < lora["seconds"] * (1 - e) < lora["seconds"] * (1 + e) < slow
-    assert "widened to the host's 37-76 us an op" in lora["seconds_source"]
+    assert "widened to the host's 27-76 us an op" in lora["seconds_source"]
     full, fast, slow = estimate("tiny-llama-1.1b/full", "--precision", "bf16-true", "--train.micro_batch_size", "64",
                                 "--train.global_batch_size", "64")  # fmt: skip
     assert full["seconds_band"] == pytest.approx((full["seconds"] * (1 - e), full["seconds"] * (1 + e)))
@@ -826,7 +829,9 @@ def test_the_runtime_report_says_which_timed_runs_lie_in_the_plans_band():
     assert "| set | 1 of 2 | b: 3.000 (0.500-2.000) |" in lines
     text = (ROOT / "reports/planner-accuracy/runtime.md").read_text()
     inside, total = map(int, re.search(r"(\d+) of (\d+) timed runs lie inside it", text).groups())
-    assert 60 <= total and inside < total  # every timed run we hold, and the ones outside are named
+    assert 70 <= total and inside == total - 3  # every timed run we hold, the ones outside named:
+    outside = re.findall(r"^\| ([^|]+) \| (\d+) of (\d+) \|", text, re.M)
+    assert [s for s, a, b in outside if a != b] == ["our H100 Part 3 curve"]  # tunelab's FSDP loop, a noisy host
 
 
 def test_the_fast_path_says_from_which_step_it_pays_and_its_start_up_is_the_benches():

@@ -251,11 +251,12 @@ def _host_bound_note(host_s: float, seconds: float, method: str = "") -> str:
         if method == "qlora"
         else "a larger micro batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
     )
+    low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     return (
         f". Host-bound: {host_s / seconds:.0%} of it is the host launching kernels (litgpt's loop at "
         f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, fitted on our H100 machine's CPU): it follows the CPU, "
-        "not the GPU (on the seven machines we measured, litgpt's loop took 37-76 us an op: "
-        "reports/planner-accuracy/runtime.md); " + shorten
+        "not the GPU (on the machines we measured, the lab's included, litgpt's loop took "
+        f"{low:.0f}-{high:.0f} us an op: reports/planner-accuracy/runtime.md); " + shorten
     )
 
 
