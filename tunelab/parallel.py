@@ -26,39 +26,39 @@ def wrap(model, strategy: StrategyConfig, device: torch.device, world: int, mesh
     two-dimensional (nodes, devices per node) mesh (default: :func:`hybrid_mesh`, the node as torchrun launched it;
     the simulation names one node of ``world``)."""
 
-    kind = strategy.name
-    if strategy.activation_checkpointing and kind not in ("fsdp",):
+    wrapper = WRAPS.get(strategy.name)
+    if strategy.activation_checkpointing and wrapper is not _fsdp1:  # FSDP1 applies it through FSDP
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         model.transformer.h = torch.nn.ModuleList([checkpoint_wrapper(b) for b in model.transformer.h])
-    if kind == "single" or world == 1 and kind == "ddp":
+    if wrapper is None or world == 1 and wrapper is _ddp:  # one device, or DeepSpeed (wrapped with its optimizer)
         return model
-    if kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    return wrapper(model, strategy, device, world, mesh)
 
-        return DDP(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=strategy.bucket_cap_mb,
-            gradient_as_bucket_view=strategy.gradient_as_bucket_view,
-            find_unused_parameters=False,
-        )
-    if kind == "fsdp":
-        if strategy.sharding_strategy == "HYBRID_SHARD" and mesh is None and world > 1:  # one rank: nothing to average
-            mesh = hybrid_mesh(device, world)
-        return _fsdp1(model, strategy, device, mesh)
-    if kind == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
-        mesh = mesh or init_device_mesh(device.type, (world,))
-        for block in model.transformer.h:  # litgpt's parallelize_fn: each block, then the root
-            fully_shard(block, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
-        fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
-        return model
-    if kind == "deepspeed":
-        return model
-    raise ValueError(f"unknown strategy {kind!r}")
+def _ddp(model, strategy: StrategyConfig, device: torch.device, world: int, mesh=None):
+    """DDP with the file's buckets."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=strategy.bucket_cap_mb,
+        gradient_as_bucket_view=strategy.gradient_as_bucket_view,
+        find_unused_parameters=False,
+    )
+
+
+def _fsdp2(model, strategy: StrategyConfig, device: torch.device, world: int, mesh=None):
+    """``fully_shard`` on each block, then the root, as litgpt's own FSDP2 path (its ``parallelize_fn``) does."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = mesh or init_device_mesh(device.type, (world,))
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+    return model
 
 
 def hybrid_mesh(device: torch.device, world: int):
@@ -79,10 +79,12 @@ def hybrid_mesh(device: torch.device, world: int):
     return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
 
-def _fsdp1(model, strategy: StrategyConfig, device: torch.device, mesh=None):
+def _fsdp1(model, strategy: StrategyConfig, device: torch.device, world: int, mesh=None):
     """FSDP1 (``FullyShardedDataParallel``) as a ``name: fsdp`` file says: its sharding, each block a unit (or none),
     backward prefetch, mixed-precision dtypes, ``use_orig_params``, ``limit_all_gathers``, and activation
     checkpointing per block applied through FSDP."""
+    if strategy.sharding_strategy == "HYBRID_SHARD" and mesh is None and world > 1:  # one rank: nothing to average
+        mesh = hybrid_mesh(device, world)
     from litgpt.model import Block
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -117,3 +119,8 @@ def _fsdp1(model, strategy: StrategyConfig, device: torch.device, mesh=None):
 
         apply_activation_checkpointing(fsdp, check_fn=lambda m: isinstance(m, Block))
     return fsdp
+
+
+WRAPS = {"ddp": _ddp, "fsdp": _fsdp1, "fsdp2": _fsdp2}
+"""How each strategy that wraps litgpt's model wraps it, by its file's ``name`` (one device trains the model as it is;
+DeepSpeed wraps it with its optimizer in :mod:`tunelab.run.loop`)."""

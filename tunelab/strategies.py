@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -10,11 +11,152 @@ from tunelab import yaml_input
 from tunelab.errors import InputError
 from tunelab.paths import CONFIGS_DIR, SAFE_NAME
 
-NAMES = ("single", "ddp", "fsdp", "fsdp2", "deepspeed")
-
 
 class StrategyError(InputError):
     """A strategy file or combination that cannot run, with the reason."""
+
+
+class Kind:
+    """What one strategy (a file's ``name``) is apart from its knobs: how it is named, what it refuses, how the loop
+    accumulates and saves under it. One device's answers; each kind below overrides what differs. The model is
+    wrapped by :func:`tunelab.parallel.wrap`, planned by :mod:`tunelab.plan.model.strategies`."""
+
+    divides = False
+    """Whether the ranks divide the work and synchronise (a one-device kind refuses several)."""
+    sharded = False
+    """Whether each rank holds a shard of the model: the loop gathers the state dict before it saves."""
+    engine = False
+    """Whether the strategy wraps the model with its optimizer (DeepSpeed's engine)."""
+    prefetches = False
+    """Whether a file's ``backward_prefetch`` applies (FSDP1's units prefetch the next one's parameters)."""
+
+    def describe(self, config: StrategyConfig) -> str:
+        """The strategy in words, as records and reports name it."""
+        return config.name + (f" ({', '.join(config.fast)})" if config.fast else "")
+
+    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
+        """Why the ranks of this world would never average a gradient (None: they do)."""
+        if world > 1:
+            return (
+                f"name: {config.name} runs one device, not {world} (each rank would train its own copy and never "
+                "average a gradient); fix: --devices 1, or a strategy that synchronises (ddp, fsdp, fsdp2, "
+                "deepspeed-*)"
+            )
+        return None
+
+    def problem(self, config: StrategyConfig) -> str | None:
+        """Why a file of this kind cannot run as written (None: it can)."""
+        return None
+
+    def holds_shard(self, config: StrategyConfig) -> bool:
+        """Whether each rank holds only its shard of the weights (the loop's saves gather them)."""
+        return self.sharded
+
+    def chunks_head(self, config: StrategyConfig) -> bool:
+        """Whether LoRA's head may run in 128-token chunks as litgpt's loop runs it."""
+        return True
+
+    def accumulating(self, model, accumulating: bool):
+        """The context a micro batch runs in: gradient sync skipped while ``accumulating`` where the wrapper can."""
+        return contextlib.nullcontext()
+
+
+class DDPKind(Kind):
+    """DDP (``name: ddp``): every rank the whole model; gradient sync skipped under ``no_sync()`` while accumulating."""
+
+    divides = True
+
+    def describe(self, config: StrategyConfig) -> str:
+        return "DDP" + (f" ({', '.join(config.fast)})" if config.fast else "")
+
+    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
+        return None
+
+    def accumulating(self, model, accumulating: bool):
+        return model.no_sync() if accumulating and hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
+class FSDP1Kind(DDPKind):
+    """FSDP1 (``name: fsdp``): its sharding variants and their refusals, ``no_sync()`` as DDP."""
+
+    sharded = prefetches = True
+
+    def describe(self, config: StrategyConfig) -> str:
+        prefetch = {None: ", no backward prefetch", "BACKWARD_POST": ", backward prefetch post"}
+        return (
+            f"FSDP {config.sharding_strategy}, wrap {config.auto_wrap}"
+            + (", activation checkpointing" if config.activation_checkpointing else "")
+            + prefetch.get(config.backward_prefetch, "")
+            + (", CPU offload" if config.cpu_offload else "")
+        )
+
+    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
+        if config.sharding_strategy == "HYBRID_SHARD" and world > 1 and per_node == 1:
+            return (
+                f"sharding_strategy: HYBRID_SHARD with 1 device per node ({world} nodes): it shards within a node, "
+                "and over a group of one torch's FSDP1 switches to NO_SHARD and averages no gradient across nodes; "
+                "fix: --devices 2 or more per node, or the ddp strategy (one device per node)"
+            )
+        return None
+
+    def problem(self, config: StrategyConfig) -> str | None:
+        if config.sharding_strategy not in SHARDINGS:
+            return f"sharding_strategy {config.sharding_strategy!r} is not a torch ShardingStrategy"
+        return None
+
+
+class FSDP2Kind(Kind):
+    """FSDP2 (``name: fsdp2``): gradient sync turned off on the module while accumulating."""
+
+    divides = sharded = True
+
+    def describe(self, config: StrategyConfig) -> str:
+        return f"FSDP2 fully_shard (reshard_after_forward={config.reshard_after_forward})"
+
+    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
+        return None
+
+    def accumulating(self, model, accumulating: bool):
+        model.set_requires_gradient_sync(not accumulating)
+        return contextlib.nullcontext()
+
+
+class DeepSpeedKind(Kind):
+    """DeepSpeed ZeRO (``name: deepspeed``): its engine wraps the model with the optimizer."""
+
+    divides = engine = True
+
+    def describe(self, config: StrategyConfig) -> str:
+        off = [n for n, on in (("optimizer", config.offload_optimizer), ("params", config.offload_params)) if on]
+        return f"DeepSpeed ZeRO-{config.zero_stage}" + (f", offload {'+'.join(off)} to CPU" if off else "")
+
+    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
+        return None
+
+    def problem(self, config: StrategyConfig) -> str | None:
+        return "offload_params needs zero_stage: 3" if config.offload_params and config.zero_stage != 3 else None
+
+    def holds_shard(self, config: StrategyConfig) -> bool:
+        return config.zero_stage == 3
+
+    def chunks_head(self, config: StrategyConfig) -> bool:
+        """ZeRO-3 hangs when a module (the chunked LoRA head) runs a data-dependent number of times per forward (its
+        prefetch trace changes between steps): there the head is not chunked (same loss)."""
+        return config.zero_stage != 3
+
+
+SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+"""torch's FSDP1 sharding strategies."""
+KINDS: dict[str, Kind] = {
+    "single": Kind(),
+    "ddp": DDPKind(),
+    "fsdp": FSDP1Kind(),
+    "fsdp2": FSDP2Kind(),
+    "deepspeed": DeepSpeedKind(),
+}
+"""Every strategy a file can name, by its ``name`` (the registry: the one place a name is read)."""
+NAMES = tuple(KINDS)
+"""The ``name`` values a strategy file takes."""
 
 
 @dataclass
@@ -138,47 +280,21 @@ class StrategyConfig:
 
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "description"}))
 
+    @property
+    def kind(self) -> Kind:
+        """What this file's strategy is apart from its knobs (:data:`KINDS`)."""
+        return KINDS[self.name]
+
     def describe(self) -> str:
         """The strategy in words, as records and reports name it."""
-        if self.name == "fsdp":
-            return (
-                f"FSDP {self.sharding_strategy}, wrap {self.auto_wrap}"
-                + (", activation checkpointing" if self.activation_checkpointing else "")
-                + (
-                    ", no backward prefetch"
-                    if self.backward_prefetch is None
-                    else ", backward prefetch post"
-                    if self.backward_prefetch == "BACKWARD_POST"
-                    else ""
-                )
-                + (", CPU offload" if self.cpu_offload else "")
-            )
-        if self.name == "fsdp2":
-            return f"FSDP2 fully_shard (reshard_after_forward={self.reshard_after_forward})"
-        if self.name == "deepspeed":
-            off = [n for n, on in (("optimizer", self.offload_optimizer), ("params", self.offload_params)) if on]
-            return f"DeepSpeed ZeRO-{self.zero_stage}" + (f", offload {'+'.join(off)} to CPU" if off else "")
-        base = self.name.upper() if self.name == "ddp" else self.name
-        return base + (f" ({', '.join(self.fast)})" if self.fast else "")
+        return self.kind.describe(self)
 
     def check_world(self, world: int, source: str = "", per_node: int | None = None) -> None:
-        """Refuse a world on which the ranks would never average a gradient: several devices under a one-device
-        strategy (``name: single``: each rank trains its own copy), or HYBRID_SHARD with one device per node
-        (``per_node``, when known: over a group of one torch's FSDP1 switches to NO_SHARD and reduces nothing across
-        nodes). One check for plan, advise, run and sweeps."""
-        where = source + ": " if source else ""
-        if self.name == "single" and world > 1:
-            raise StrategyError(
-                f"{where}name: single runs one device, not {world} (each rank would train "
-                "its own copy and never average a gradient); fix: --devices 1, or a strategy that synchronises (ddp, "
-                "fsdp, fsdp2, deepspeed-*)"
-            )
-        if self.name == "fsdp" and self.sharding_strategy == "HYBRID_SHARD" and world > 1 and per_node == 1:
-            raise StrategyError(
-                f"{where}sharding_strategy: HYBRID_SHARD with 1 device per node ({world} nodes): it shards within a "
-                "node, and over a group of one torch's FSDP1 switches to NO_SHARD and averages no gradient across "
-                "nodes; fix: --devices 2 or more per node, or the ddp strategy (one device per node)"
-            )
+        """Refuse a world on which the ranks would never average a gradient (:meth:`Kind.world_problem`: several
+        devices under a one-device strategy, HYBRID_SHARD with one device per node). One check for plan, advise,
+        run and sweeps."""
+        if why := self.kind.world_problem(self, world, per_node):
+            raise StrategyError(f"{source}: {why}" if source else why)
 
     def averages_gradients(self, world: int, per_node: int | None = None) -> bool:
         """Whether the ranks of this world average their gradients under this strategy (:meth:`check_world` passes)."""
@@ -209,15 +325,8 @@ class StrategyConfig:
                 "needs bitsandbytes quant_storage wiring that litgpt lacks; QLoRA runs on one device with "
                 "`litgpt finetune_lora` (tunelab run without --strategy)"
             )
-        if self.name == "deepspeed" and self.offload_params and self.zero_stage != 3:
-            raise StrategyError("offload_params needs zero_stage: 3")
-        if self.name == "fsdp" and self.sharding_strategy not in (
-            "FULL_SHARD",
-            "SHARD_GRAD_OP",
-            "HYBRID_SHARD",
-            "NO_SHARD",
-        ):
-            raise StrategyError(f"sharding_strategy {self.sharding_strategy!r} is not a torch ShardingStrategy")
+        if why := self.kind.problem(self):
+            raise StrategyError(why)
         if self.liger:
             self._check_liger()
         if args.get("precision") in ("16-mixed",):
@@ -227,7 +336,7 @@ class StrategyConfig:
             )
 
     def _check_liger(self) -> None:
-        if self.name != "single":
+        if self.kind.divides:
             raise StrategyError(
                 f"liger: {self.liger} under {self.name}: the fused loss calls the model's blocks and head itself, "
                 "past the forward that DDP, FSDP and DeepSpeed wrap; fix: use it with name: single (one device)"

@@ -92,7 +92,7 @@ def handle(args, extra) -> int:
         gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
         if args.strategy:
             strategy = load_strategy(args.strategy)
-            if args.backward_prefetch and strategy.name != "fsdp":
+            if args.backward_prefetch and not strategy.kind.prefetches:
                 raise ValueError(
                     f"--backward-prefetch: strategy {args.strategy} is {strategy.name}, not FSDP; "
                     "fix: give an FSDP strategy or leave the option out"

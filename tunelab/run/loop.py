@@ -349,7 +349,7 @@ def _setup_optimizer(
     else:
         optimizer = instantiate_torch_optimizer(copy.deepcopy(args["optimizer"]), params)
     scheduler = get_lr_scheduler(optimizer, warmup_steps=args["train"]["lr_warmup_steps"], max_steps=max_steps)
-    if strategy.name != "deepspeed":
+    if not strategy.kind.engine:
         return model, optimizer, scheduler, None
     import deepspeed
 
@@ -387,9 +387,7 @@ def litgpt_loss(model, input_ids, targets, method: str, strategy: StrategyConfig
 
     if strategy.liger:  # the head and the loss fused (one device): the logits are never materialised
         return fused.loss(model, input_ids, targets)
-    # ZeRO-3 hangs when a module (the chunked LoRA head) runs a data-dependent number of times per forward (its
-    # prefetch trace changes between steps): there the head is not chunked (same loss).
-    if method == "full" or (strategy.name == "deepspeed" and strategy.zero_stage == 3):
+    if method == "full" or not strategy.kind.chunks_head(strategy):  # ZeRO-3 runs the head whole (same loss)
         logits = model(input_ids).float()
         logits = logits[..., :-1, :]
     else:
@@ -410,12 +408,7 @@ def _forward_backward(
     is_accumulating: bool,
 ):
     """One micro batch's forward and backward; gradients are synchronised only on the last micro batch of a step."""
-    sync = contextlib.nullcontext()
-    if is_accumulating and strategy.name in ("ddp", "fsdp") and hasattr(model, "no_sync"):
-        sync = model.no_sync()
-    elif strategy.name == "fsdp2":
-        model.set_requires_gradient_sync(not is_accumulating)
-    with sync:
+    with strategy.kind.accumulating(model, is_accumulating):
         with autocast:
             loss = litgpt_loss(model, input_ids, targets, method, strategy)
         if engine is not None:
@@ -580,7 +573,7 @@ class _Loop:
 
     @property
     def sharded(self) -> bool:
-        return self.strategy.name in ("fsdp", "fsdp2") or self.engine is not None and self.strategy.zero_stage == 3
+        return self.strategy.kind.holds_shard(self.strategy)
 
     def validate(self, max_iters: int) -> float:
         """litgpt's validation (the mean of the first ``max_iters`` batches' losses, on float32 logits), eagerly."""
@@ -616,7 +609,7 @@ class _Loop:
             self.args,
             self.data.module.prompt_style,
             state,
-            sharded=self.strategy.name in ("fsdp", "fsdp2"),
+            sharded=self.strategy.kind.sharded,
         )
         if path is not None:
             print(f"Saving checkpoint to {str(directory)!r}", flush=True)

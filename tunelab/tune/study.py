@@ -282,7 +282,7 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
         problems = probe_problems(resolve(s.recipe), extra, world, s.steps, strategy=True)
         if problems:
             raise StudyError(f"{where}: set: {'; '.join(problems)}")
-        if any(st.backward_prefetch for st in s.settings) and strategy.name != "fsdp":
+        if any(st.backward_prefetch for st in s.settings) and not strategy.kind.prefetches:
             raise StudyError(f"{where}: backward_prefetch needs an FSDP strategy, and {s.strategy} is {strategy.name}")
     return chosen
 
