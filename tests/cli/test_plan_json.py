@@ -244,6 +244,10 @@ def test_the_plan_and_advise_say_where_the_host_and_the_link_came_from():
     text = plan("--devices", "4", "--strategy", "fsdp")
     low, high = (round(h * 1e6) for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     assert f"host: {low}-{high} us an op, as on the machines we measured" in text
+    # which side of the band a faster CPU falls, where the host moves the run at all
+    lora = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM")[1]
+    full = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM")[1]
+    assert "a faster CPU nears the band's low end" in lora and "the GPU bounds this run" in full
     assert "link: nvlink3 between the GPUs, the A100-80GB's own" in text
     p = json.loads(plan("--devices", "4", "--strategy", "fsdp", "--interconnect", "pcie4", "--json"))["projection"]
     assert p["link_source"].startswith("pcie4 between the GPUs, as given (--interconnect)")

@@ -298,7 +298,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         bound = fast_step(k.fast, gpu, k.tokens).bound()
         e = FAST_MODEL_ERROR[bound]
         source = (
-            f"the time by cause below, {bound}-bound (band: the fast path's mean absolute error {e:.0%} over our "
+            f"the time by cause below, {bound}-bound (band: the fast path's widest miss {e:.0%} over our "
             f"benches' {bound}-bound runs{'; a host-bound step follows the host CPU' if bound == 'host' else ''})"
         )
         host = (
@@ -325,7 +325,8 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             )
             + ")"
         )
-        host = f"{a:.0f}-{b:.0f} us an op, as on the machines we measured (yours: --host-us-per-op)"
+        side = "a faster CPU nears the band's low end" if wider else "the GPU bounds this run"
+        host = f"{a:.0f}-{b:.0f} us an op, as on the machines we measured; {side} (yours: --host-us-per-op)"
         return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
     else:
         e, host = runtime.LOO_MEAN_ABS_ERROR, ""
