@@ -76,6 +76,20 @@ class RankStats:
     fused_kernels: str | None = None
     """The strategy's ``liger`` switch as it ran: Liger's kernels in use ("liger: fused linear cross-entropy, ...")
     or why it was off ("liger off: ..."). None: not asked for."""
+    report_training_time_s: float | None = None
+    """tunelab's loop, rank 0: its Training Time as litgpt's performance report counts it (the whole fit loop, in-loop
+    validation included), written here rather than read back from what it prints. None: litgpt's own script."""
+    report_tok_s: float | None = None
+    """tunelab's loop, rank 0: padded tokens of every rank over the Training Time less its pauses (its report's
+    Tok/sec)."""
+    report_memory_gb: float | None = None
+    """tunelab's loop, rank 0: its report's Memory Used, ``torch.cuda.max_memory_allocated`` in GB (None on a CPU)."""
+    report_val_loss: float | None = None
+    """tunelab's loop, rank 0: the final validation's loss."""
+    trainable_params: int | None = None
+    """tunelab's loop, rank 0: parameters that train (LoRA: the adapters)."""
+    frozen_params: int | None = None
+    """tunelab's loop, rank 0: parameters that do not train."""
     driver_allocs: list = field(default_factory=list)
     """CUDA's caching allocator going to the driver: [iteration index, cudaMalloc calls so far, cudaFree calls so
     far] (``torch.cuda.memory_stats``' ``num_device_alloc`` / ``num_device_free``) at the start of the first

@@ -65,3 +65,24 @@ def test_a_window_the_entries_do_not_cover_is_unknown():
 def test_a_malformed_driver_log_is_refused_in_one_line(bad):
     with pytest.raises(ValueError, match="driver_allocs is not a list of"):
         read_rank_file({"rank": 0, "driver_allocs": bad})
+
+
+def test_the_loops_report_travels_in_its_rank_file_not_its_printout(monkeypatch, tmp_path):
+    """tunelab's loop notes its performance report (litgpt's Training Time, Tok/sec, Memory Used, the final
+    validation, the parameter counts) into rank 0's file; the record takes them from there even when nothing was
+    printed, and from litgpt's printout only for litgpt's own script (no such figures in its rank file)."""
+    monkeypatch.setattr(rank_stats, "_STATE", {"exception": None})
+    rank_stats.note_report(trainable_params=1_000, frozen_params=9_000)
+    rank_stats.note_report(report_training_time_s=12.5, report_tok_s=4321.0, report_memory_gb=None)
+    rank_stats.note_report(report_val_loss=1.75)
+    stats, log = read_rank_file(run_loop(monkeypatch, tmp_path, [None] * 3))
+    rec = RunRecord(sweep="t", row_id="r", recipe="x", accumulation=1, ranks=[stats])
+    collect._litgpt_figures(rec, "", tmp_path)
+    assert (rec.litgpt_training_time_s, rec.litgpt_tok_s, rec.litgpt_memory_gb) == (12.5, 4321.0, None)
+    assert (rec.n_trainable, rec.n_params, rec.val_loss_final) == (1_000, 10_000, 1.75)
+    printed = "| - Training Time             :  3.00 s\n| - Tok/sec                   :  7.00 tok/s\n"
+    monkeypatch.setattr(rank_stats, "_STATE", {"exception": None})  # litgpt's own script: nothing noted
+    stats, _ = read_rank_file(run_loop(monkeypatch, tmp_path, [None] * 3))
+    rec = RunRecord(sweep="t", row_id="r", recipe="x", accumulation=1, ranks=[stats])
+    collect._litgpt_figures(rec, printed, tmp_path)
+    assert (rec.litgpt_training_time_s, rec.litgpt_tok_s) == (3.0, 7.0)

@@ -84,6 +84,23 @@ def parse_litgpt_report(stdout: str) -> dict:
     }
 
 
+def rank_report(ranks: list[RankStats]) -> dict | None:
+    """The figures of :func:`parse_litgpt_report` from rank 0's file, where tunelab's loop wrote them (None: litgpt's
+    own script, whose printed report is the only place they are)."""
+    first = next((r for r in ranks if r.rank == 0), None)
+    if first is None or first.report_training_time_s is None:
+        return None
+    return {
+        "training_time_s": first.report_training_time_s,
+        "tok_s": first.report_tok_s,
+        "memory_gb": first.report_memory_gb,
+        "trainable": first.trainable_params,
+        "non_trainable": first.frozen_params,
+        "val_loss": first.report_val_loss,
+        "last_iter": None,
+    }
+
+
 def _classify(
     exit_code: int | None, killed_reason: str | None, ranks: list[RankStats], stderr_tail: str, stdout_tail: str
 ) -> tuple[str, str | None]:
@@ -150,7 +167,7 @@ def _rank_figures(rec: RunRecord) -> None:
 
 def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:
     """Step 3: litgpt's printed figures and metrics.csv (losses, iterations, steps); returns the iterations run."""
-    lit = parse_litgpt_report(stdout)
+    lit = rank_report(rec.ranks) or parse_litgpt_report(stdout)
     rec.litgpt_training_time_s, rec.litgpt_tok_s, rec.litgpt_memory_gb = (
         lit["training_time_s"],
         lit["tok_s"],

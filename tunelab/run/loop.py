@@ -327,6 +327,7 @@ def _setup_model(
         n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
         print(f"Number of trainable parameters: {n_train:,}")
         print(f"Number of non-trainable parameters: {n_frozen:,}")
+        rank_stats.note_report(trainable_params=n_train, frozen_params=n_frozen)
         print(f"Strategy: {strategy.describe()} on {world} process(es), device {device.type}")
     return parallel.wrap(model, strategy, device, world)
 
@@ -741,16 +742,19 @@ class _Loop:
         )
         paused = rank_stats.paused_seconds()
         if self.rank == 0:  # litgpt's performance report (its Training Time includes in-loop validation too)
+            tok_s = totals[2].item() / max(training_time - paused, 1e-9)
+            memory = torch.cuda.max_memory_allocated() / GB if self.device.type == "cuda" else None
+            rank_stats.note_report(report_training_time_s=training_time, report_tok_s=tok_s, report_memory_gb=memory)
             print(
                 f"| - Total Tokens (w/ Padding) :  {int(totals[2])}\n| - Training Time             :  "
-                f"{training_time:.2f} s\n| - Tok/sec                   :  "
-                f"{totals[2].item() / max(training_time - paused, 1e-9):.2f} tok/s"
+                f"{training_time:.2f} s\n| - Tok/sec                   :  {tok_s:.2f} tok/s"
             )
-            if self.device.type == "cuda":
-                print(f"| - Memory Used               :  {torch.cuda.max_memory_allocated() / GB:.02f} GB")
+            if memory is not None:
+                print(f"| - Memory Used               :  {memory:.02f} GB")
         if self.eval_args.final_validation:
             val = self.validate(len(self.data.val))
             if self.rank == 0:
+                rank_stats.note_report(report_val_loss=val)
                 print(f"Final evaluation | val loss: {val:.3f} | val ppl: {math.exp(val):.3f}")
             self.log.row({"iter": iter_num, "step": iter_num, "val_loss": val, "val_ppl": math.exp(val)})
         self.log.close()

@@ -85,6 +85,13 @@ def note_fused_kernels(text: str) -> None:
     _STATE["fused_kernels"] = "; ".join(x for x in (_STATE.get("fused_kernels"), text) if x)
 
 
+def note_report(**figures) -> None:
+    """Figures tunelab's loop reports as litgpt's scripts print them (``report_training_time_s``, ``report_tok_s``,
+    ``report_memory_gb``, ``report_val_loss``, ``trainable_params``, ``frozen_params``): the rank file carries them,
+    so the record never reads them back from printed text."""
+    _STATE.update(figures)
+
+
 def note_pause(seconds: float) -> None:
     """``seconds`` of the current iteration went to validation, generation or a save (left out of its time)."""
     if _ITERS:
@@ -170,6 +177,17 @@ def global_rank() -> int:
     return node * per_node + local
 
 
+REPORTED = (
+    "report_training_time_s",
+    "report_tok_s",
+    "report_memory_gb",
+    "report_val_loss",
+    "trainable_params",
+    "frozen_params",
+)
+"""The figures :func:`note_report` takes (each a field of :class:`tunelab.record.RankStats`)."""
+
+
 def write() -> None:
     """Write ``rank<N>.json`` into ``$TUNELAB_STATS_DIR`` (atomically; nothing when the variable is unset)."""
     out_dir = os.environ.get("TUNELAB_STATS_DIR")
@@ -186,6 +204,7 @@ def write() -> None:
         "paused_s": _STATE.get("paused_s"),
         "trained_until": _STATE.get("trained_until"),
         "fused_kernels": _STATE.get("fused_kernels"),
+        **{k: _STATE.get(k) for k in REPORTED},
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     try:
