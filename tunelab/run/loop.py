@@ -26,7 +26,7 @@ import torch.distributed as dist
 from tunelab import checkpoints, files, parallel, settings
 from tunelab.plan.recipe import BNB_OPTIMIZERS
 from tunelab.recipes import resolve
-from tunelab.run import batching, fused, outputs, rank_stats
+from tunelab.run import batching, fused, handoff, outputs, rank_stats
 from tunelab.strategies import StrategyConfig, load_strategy
 from tunelab.units import GB
 from tunelab.validate import parse
@@ -816,26 +816,32 @@ def validate(model, val_dl, device, autocast, max_iters: int, world: int) -> flo
 def main(argv: list[str] | None = None) -> int:
     """torchrun's entry: resolve the recipe with litgpt's parser, set up the process group, train."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--recipe", required=True, help="recipe key or YAML path")
-    p.add_argument("--strategy", required=True, help="a configs/strategies/*.yaml file")
+    p.add_argument("--handoff", help="the run folder's hand-off file (tunelab run writes it: tunelab.run.handoff)")
+    p.add_argument("--recipe", help="recipe key or YAML path (without --handoff: resolved here by litgpt's parser)")
+    p.add_argument("--strategy", help="a configs/strategies/*.yaml file (without --handoff)")
     ns, overrides = p.parse_known_args(argv)
+    if not ns.handoff and not (ns.recipe and ns.strategy):
+        p.error("give --handoff FILE, or --recipe and --strategy")
     rank_stats.die_with_parent()
     sys.excepthook = rank_stats.excepthook
     import atexit
 
     atexit.register(rank_stats.write)
     rank_stats.install_step_hook()
-    recipe = resolve(ns.recipe)
-    args = parse(recipe, overrides)  # litgpt's own parser resolves the recipe and overrides
-    strategy = load_strategy(ns.strategy)
-    strategy.check(recipe.method, args, "cuda" if torch.cuda.is_available() else "cpu")
+    if ns.handoff:  # what the parent resolved and checked once
+        method, args, strategy = handoff.read(ns.handoff)
+    else:
+        recipe = resolve(ns.recipe)
+        args = parse(recipe, overrides)  # litgpt's own parser resolves the recipe and overrides
+        method, strategy = ("full" if recipe.method == "full" else "lora"), load_strategy(ns.strategy)
+    strategy.check(method, args, "cuda" if torch.cuda.is_available() else "cpu")
     # as litgpt's CLI does (litgpt/__main__.py): float32 matmuls may use TF32 tensor cores. The same recipe then
     # computes the same way under `litgpt finetune_*` and under a --strategy run, and MFU divides by the same peak.
     torch.set_float32_matmul_precision("high")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend)
     try:
-        fit(args, "full" if recipe.method == "full" else "lora", strategy)
+        fit(args, method, strategy)
     except BaseException as e:
         rank_stats.record_exception(e)
         raise

@@ -39,6 +39,7 @@ from tunelab.paths import DATASET, ROOT, output_root
 from tunelab.plan import stored
 from tunelab.recipes import Recipe
 from tunelab.record import ALLOC_CONF_ENV, RunRecord, save
+from tunelab.run import handoff
 from tunelab.run.collect import Finished, collect, last_error_line, latest_tokens
 from tunelab.run.entry import SKIP_SAVE_ENV
 from tunelab.run.gpu_monitor import GPUMonitor, cpu_name, device_name, device_op_us, host_op_us
@@ -383,11 +384,8 @@ def launch_command(
         f"--master_port={port}",
         "-m",
         "tunelab.run.loop",
-        "--recipe",
-        str(prep.recipe.path),
-        "--strategy",
-        str(prep.strategy),
-        *prep.full_overrides,
+        "--handoff",
+        str(prep.run_dir / handoff.NAME),
     ]
     return launch, settings.world_size(s.devices, nnodes)
 
@@ -503,6 +501,8 @@ def _run_locked(prep: Prepared, o: RunOptions) -> RunRecord:
     if o.node_rank == 0:
         for old in stats_dir.glob("rank*.json"):
             old.unlink()
+    if prep.strategy_config is not None:  # every rank trains what was checked here, without parsing it again
+        handoff.write(run_dir, "full" if prep.recipe.method == "full" else "lora", prep.args, prep.strategy_config)
     launch, world = launch_command(prep, o.nnodes, o.node_rank, o.master_addr, o.master_port)
     rec = new_record(prep, launch, world, o.sweep, o.row_id)
     rec.earlier_outputs = earlier
