@@ -551,12 +551,12 @@ def simulate_ranks(
     name = LITGPT if strategy is None else strategy.name
     host = 0.0
     case = (config, method, precision, micro_batch_size, seq_len)
-    if name == "ddp":
+    if strategy is not None and not strategy.kind.sharded:  # DDP, the one simulated strategy that shards nothing
         phases, collectives, notes, built = _ddp(*case, strategy, accumulation, lora_r, lora_targets, optimizer)
     else:
-        fsdp1 = name == "fsdp" or name == LITGPT and method == "full"
+        # litgpt's own choice: FSDP1 (Lightning's FSDPStrategy) for full fine-tuning, FSDP2 for LoRA
+        step = (_fsdp1_step if method == "full" else _fsdp2_step) if strategy is None else FSDP_STEPS[strategy.name]
         with fake_world(world):
-            step = _fsdp1_step if fsdp1 else _fsdp2_step
             phases, raw, host = step(*case, world, strategy, accumulation, lora_r, lora_targets, optimizer)
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
@@ -660,6 +660,10 @@ def simulation(case, strategy_name: str):
     if case.world == 1:
         return simulate_for_plan(case)
     strategy = load_strategy(strategy_name) if strategy_name != "litgpt" else None
-    if strategy is not None and strategy.name == "deepspeed" and strategy.zero_stage >= 2:
+    if strategy is not None and strategy.kind.engine and strategy.zero_stage >= 2:
         return zero_sizes(case, memory.model_states(case, []))
     return for_plan(case, strategy)
+
+
+FSDP_STEPS = {"fsdp": _fsdp1_step, "fsdp2": _fsdp2_step}
+"""The per-rank step each FSDP strategy file runs under (by its ``name``): FSDP1's or FSDP2's wrapping and tracker."""
