@@ -33,7 +33,7 @@ from tunelab.plan.recipe import (
 )
 from tunelab.recipes import Recipe, display_path
 from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
-from tunelab.strategies import StrategyError, load_strategy
+from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.units import GB, figure
 from tunelab.validate import PRECISIONS
 
@@ -249,7 +249,7 @@ def candidates(
         strategies=strategies,
         global_batch=global_batch,
         headroom=headroom,
-        load=functools.cache(load_strategy),  # each strategy file read once, not per GPU and precision
+        load=functools.cache(strategy_file),  # each strategy file read once, not per GPU and precision
     )
     out = []
     for gpu in gpus:
@@ -288,6 +288,12 @@ class _Ask:
     """Reads a strategy file (cached)."""
 
 
+def strategy_file(name: str) -> StrategyConfig | None:
+    """The strategy file ``name`` names, loaded; None for ``single``, advise's word for one device without a file
+    (litgpt's own command)."""
+    return None if name == "single" else load_strategy(name)
+
+
 def _tried(ask: _Ask, method: str, world: int) -> list[str]:
     """The strategy files tried for ``method`` on ``world`` devices: one device alone, :data:`STRATEGIES` on several
     (and HYBRID_SHARD across nodes), or those asked; QLoRA on one device without a strategy only (litgpt quantizes
@@ -318,7 +324,7 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
         if method == "qlora" and world > 1:
             continue
         for strategy_name in _tried(ask, method, world):
-            config = None if strategy_name == "single" else ask.load(strategy_name)
+            config = ask.load(strategy_name)
             if world > 1 and (config is None or not config.averages_gradients(world, per_node=d)):
                 continue  # fast.yaml on several devices, HYBRID_SHARD with one per node: the ranks never synchronise
             fields = strategy_fields(config, world)
@@ -587,17 +593,18 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
         out_dir / f"{recipe.path.stem}.yaml", head + yaml.safe_dump(config, sort_keys=False)
     )
     commands = [f"tunelab run {recipe_path}"]
-    if c.strategy != "single":
-        strategy_fields = dataclasses.asdict(load_strategy(c.strategy))
+    chosen = strategy_file(c.strategy)
+    if chosen is not None:
+        strategy_fields = dataclasses.asdict(chosen)
         strategy_fields["activation_checkpointing"] = c.activation_checkpointing
-        strat_path = write_text_atomic(out_dir / "strategy.yaml", yaml.safe_dump(strategy_fields, sort_keys=False))
-        commands = [f"tunelab run {recipe_path} --strategy {strat_path}"]
+        strategy_path = write_text_atomic(out_dir / "strategy.yaml", yaml.safe_dump(strategy_fields, sort_keys=False))
+        commands = [f"tunelab run {recipe_path} --strategy {strategy_path}"]
         if c.nodes > 1:
             commands = [f"{commands[0]} --nnodes {c.nodes} --node-rank <this node's rank> --master-addr <node 0>"]
     else:
         commands.append(f"litgpt {recipe.command} --config {recipe_path}")
     write_text_atomic(out_dir / "launch.txt", "\n".join(commands) + "\n")
-    ours = {recipe_path.name, "launch.txt", *(["strategy.yaml"] if c.strategy != "single" else [])}
+    ours = {recipe_path.name, "launch.txt", *(["strategy.yaml"] if chosen is not None else [])}
     for name in set(WRITTEN) - ours:  # what an earlier answer left here would read as part of this one
         stale = out_dir / name
         if stale.is_file() and not stale.is_symlink():
@@ -648,8 +655,7 @@ def asked(args, names: list, precision: list | None, strategies: list | None) ->
             )
     for name in strategies or []:
         try:
-            if name != "single":
-                load_strategy(name)
+            strategy_file(name)
         except StrategyError as e:
             raise InputError(f"--strategies: {e}") from None
     if args.write is not None and (why := unwritable_dir(args.write, list(WRITTEN))):
