@@ -37,7 +37,7 @@ class PlanInput:
     lora_targets: tuple = LORA_TARGETS
     """Names of the LoRA targets that are on (tunelab.settings.LORA_TARGETS)."""
     strategy: str = "single"
-    """One of STRATEGIES."""
+    """The planner's name for the strategy (:data:`tunelab.plan.model.strategies.NAMES`)."""
     devices: int = 1
     """Devices per node."""
     num_nodes: int = 1
@@ -73,7 +73,8 @@ class PlanInput:
     """Keep only each block's input; recompute one block at a time in backward."""
     fsdp_root_kept: bool = False
     """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
-    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.trace.ranks`); FSDP2: the next field."""
+    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.trace.ranks`); FSDP2: the next
+    field."""
     fsdp2_root_kept: bool = False
     """FSDP2 whose root was sharded with torch's default ``reshard_after_forward=None`` (litgpt's LoRA
     ``parallelize_fn``): since torch 2.8 the root stays unsharded from its forward to the end of backward, gathered

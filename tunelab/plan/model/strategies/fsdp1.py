@@ -1,5 +1,6 @@
-"""FSDP1 (torch's ``FullyShardedDataParallel``, litgpt's full fine-tuning on several devices): flat parameters, the root
-unit kept gathered from the forward into the backward, its backward's moments and ``cpu_offload``. See docs/planner.md."""
+"""FSDP1 (torch's ``FullyShardedDataParallel``, litgpt's full fine-tuning on several devices): flat parameters, the
+root unit kept gathered from the forward into the backward, its backward's moments and ``cpu_offload``. See
+docs/planner.md."""
 
 from __future__ import annotations
 
@@ -41,18 +42,18 @@ def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     unsharded flat gradient and the same gradients again as its original parameters' tensors (``use_orig_params``),
     the head's weight gradient (the root unit's, held until the root's reduce-scatter at the backward's end) and one
     activation gradient. Read from what MemTracker holds at the per-rank simulation's peak, by kind and size
-    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md). LoRA (:meth:`FSDP1.frozen_weights_grad`): the head's
-    weight gradient too, made by the chunked head's backward, which sums the chunks' gradients (the running sum,
-    the chunk's and their sum: three head-sized tensors at once, beside two chunks' logits gradients in the compute
-    dtype and one block gathered, the last, prefetched),
-    then held in each block's backward (two blocks gathered) beside the block's flat gradient (frozen weights
-    included) and its original parameters' gradients, as in full fine-tuning; the larger of the two, as bytes
-    beyond the two gathered blocks the forward counts (OpenLLaMA 3B on 8 devices: 251.7 + 227.3 + 204.8 MB in a
-    block's backward; Gemma 2B: 3 x 1,048.6 + 2 x 131.1 MB at the head). At the head, one block of the two the
-    forward counts is apart under FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP keeps every unit gathered into the
-    backward and NO_SHARD gathers none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9%
-    while a block was taken off). FSDP1's ``cpu_offload`` changes none of it (:func:`fsdp1_offloaded`). 0 elsewhere
-    (one unit and the other strategies are not derived here)."""
+    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md). LoRA
+    (:meth:`FSDP1.frozen_weights_grad`): the head's weight gradient too, made by the chunked head's backward, which
+    sums the chunks' gradients (the running sum, the chunk's and their sum: three head-sized tensors at once, beside
+    two chunks' logits gradients in the compute dtype and one block gathered, the last, prefetched), then held in
+    each block's backward (two blocks gathered) beside the block's flat gradient (frozen weights included) and its
+    original parameters' gradients, as in full fine-tuning; the larger of the two, as bytes beyond the two gathered
+    blocks the forward counts (OpenLLaMA 3B on 8 devices: 251.7 + 227.3 + 204.8 MB in a block's backward; Gemma 2B:
+    3 x 1,048.6 + 2 x 131.1 MB at the head). At the head, one block of the two the forward counts is apart under
+    FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP keeps every unit gathered into the backward and NO_SHARD gathers
+    none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9% while a block was taken off).
+    FSDP1's ``cpu_offload`` changes none of it (:func:`tunelab.plan.model.strategies.fsdp.fsdp1_offloaded`). 0
+    elsewhere (one unit and the other strategies are not derived here)."""
     c = case.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
@@ -80,7 +81,7 @@ def fsdp1_unsharded_scale(case: PlanInput) -> float:
 
 def _fsdp1_full_shard_full(case: PlanInput) -> bool:
     """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit (offloaded or not:
-    :func:`fsdp1_offloaded` takes the states off the device, the moments stay)."""
+    :func:`tunelab.plan.model.strategies.fsdp.fsdp1_offloaded` takes the states off the device, the moments stay)."""
     return case.method == "full" and case.sharding in ("FULL_SHARD", "HYBRID_SHARD") and case.fsdp_wrap != "none"
 
 
@@ -144,10 +145,10 @@ def fsdp1_no_shard_root_gradients(case: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 under NO_SHARD (each block a unit) holds at its backward's end beyond every flat gradient (whole:
     nothing is sharded, each unit's is all-reduced in place and kept): the root unit's original parameters'
     gradients (``use_orig_params``: the embedding's, the head's and the final norm's, as their own tensors beside
-    the root's flat gradient until its post-backward hook), when the root has a gradient (full fine-tuning, or LoRA on the head:
-    :func:`flat_parameter_frozen_grad_elements`). Read from MemTracker at the per-rank simulation's backward peak
-    (Phi-2 LoRA on 8 devices: 32 block flat gradients of 160.3 MB, the root's 527.8 MB and two of 262.1 MB).
-    0 elsewhere."""
+    the root's flat gradient until its post-backward hook), when the root has a gradient (full fine-tuning, or LoRA
+    on the head: :func:`flat_parameter_frozen_grad_elements`). Read from MemTracker at the per-rank simulation's
+    backward peak (Phi-2 LoRA on 8 devices: 32 block flat gradients of 160.3 MB, the root's 527.8 MB and two of
+    262.1 MB). 0 elsewhere."""
     if case.sharding != "NO_SHARD" or case.fsdp_wrap == "none":
         return 0.0
     if case.offload_params or case.offload_optimizer or (case.lora and "head" not in set(case.lora_targets)):

@@ -271,7 +271,8 @@ def _zero3_terms(case, st, s16: int) -> list:
         (
             "small tensors whole",
             persistent * s16,
-            f"{persistent:,} elements under stage3_param_persistence_threshold {case.zero3_param_persistence_threshold:,}",
+            f"{persistent:,} elements under stage3_param_persistence_threshold "
+            f"{case.zero3_param_persistence_threshold:,}",
         ),
     ]
 
