@@ -36,7 +36,7 @@ class Kind:
 
     def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
         """Why the ranks of this world would never average a gradient (None: they do)."""
-        if world > 1:
+        if world > 1 and not self.divides:
             return (
                 f"name: {config.name} runs one device, not {world} (each rank would train its own copy and never "
                 "average a gradient); fix: --devices 1, or a strategy that synchronises (ddp, fsdp, fsdp2, "
@@ -68,9 +68,6 @@ class DDPKind(Kind):
 
     def describe(self, config: StrategyConfig) -> str:
         return "DDP" + (f" ({', '.join(config.fast)})" if config.fast else "")
-
-    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
-        return None
 
     def accumulating(self, model, accumulating: bool):
         return model.no_sync() if accumulating and hasattr(model, "no_sync") else contextlib.nullcontext()
@@ -113,9 +110,6 @@ class FSDP2Kind(Kind):
     def describe(self, config: StrategyConfig) -> str:
         return f"FSDP2 fully_shard (reshard_after_forward={config.reshard_after_forward})"
 
-    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
-        return None
-
     def accumulating(self, model, accumulating: bool):
         model.set_requires_gradient_sync(not accumulating)
         return contextlib.nullcontext()
@@ -129,9 +123,6 @@ class DeepSpeedKind(Kind):
     def describe(self, config: StrategyConfig) -> str:
         off = [n for n, on in (("optimizer", config.offload_optimizer), ("params", config.offload_params)) if on]
         return f"DeepSpeed ZeRO-{config.zero_stage}" + (f", offload {'+'.join(off)} to CPU" if off else "")
-
-    def world_problem(self, config: StrategyConfig, world: int, per_node: int | None) -> str | None:
-        return None
 
     def problem(self, config: StrategyConfig) -> str | None:
         return "offload_params needs zero_stage: 3" if config.offload_params and config.zero_stage != 3 else None

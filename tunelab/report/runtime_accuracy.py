@@ -103,16 +103,21 @@ waited on the host at least 40% of the window): only such a row's step says what
 GPU's gap is the kernel model's, not the host's)."""
 
 
-def implied_host(st, acc: int, measured_s: float) -> float | None:
-    """The host seconds per op that makes :func:`step_seconds` equal ``measured_s`` (by bisection); None
-    when the kernels alone, with no host time, already take longer (a GPU-bound row says nothing of its host)."""
-    lo, hi = 0.0, 1e-3
-    if step_seconds(st, acc, lo) >= measured_s or step_seconds(st, acc, hi) <= measured_s:
+def solve(seconds_at, measured_s: float, lo: float, hi: float) -> float | None:
+    """The ``x`` in [lo, hi] at which the increasing ``seconds_at(x)`` equals ``measured_s``, by bisection (the
+    interval halved 50 times); None where ``measured_s`` lies outside [seconds_at(lo), seconds_at(hi)]."""
+    if seconds_at(lo) >= measured_s or seconds_at(hi) <= measured_s:
         return None
-    for _ in range(50):  # the interval halved 50 times: far below a nanosecond
+    for _ in range(50):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if step_seconds(st, acc, mid) < measured_s else (lo, mid)
+        lo, hi = (mid, hi) if seconds_at(mid) < measured_s else (lo, mid)
     return (lo + hi) / 2
+
+
+def implied_host(st, acc: int, measured_s: float) -> float | None:
+    """The host seconds per op that makes :func:`step_seconds` equal ``measured_s``; None when the kernels alone,
+    with no host time, already take longer (a GPU-bound row says nothing of its host)."""
+    return solve(lambda h: step_seconds(st, acc, h), measured_s, 0.0, 1e-3)
 
 
 QLORA_LOOP = "h200-qlora-time"
@@ -545,13 +550,10 @@ def lab_hosts(items: list | None = None) -> dict:
         def run_s(scale: float, t=t, gpu=gpu, step=step) -> float:
             return sum(t.by_cause(gpu, scale, step=step).values())
 
-        lo, hi = 1e-4, 4.0
-        if run_s(lo) / secs >= HOST_BOUND_UTIL / 100 or run_s(hi) <= secs:
-            continue  # busy with its kernels by the model, or slower than any host explains
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if run_s(mid) < secs else (lo, mid)
-        out[r.id] = (lo + hi) / 2 * runtime.LITGPT_HOST_S_PER_OP * 1e6
+        if run_s(1e-4) / secs >= HOST_BOUND_UTIL / 100:
+            continue  # busy with its kernels by the model: its time says nothing of its host
+        if (scale := solve(run_s, secs, 1e-4, 4.0)) is not None:
+            out[r.id] = scale * runtime.LITGPT_HOST_S_PER_OP * 1e6
     return out
 
 

@@ -20,7 +20,7 @@ from tunelab.models import count_params, lora_param_count
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan.model import strategies
 from tunelab.plan.model.case import PlanInput
-from tunelab.plan.model.strategies.base import Sizes
+from tunelab.plan.model.strategies.base import Sizes, Strategy
 from tunelab.plan.model.strategies.fsdp1 import flat_parameter_frozen_grad_elements
 from tunelab.units import GB
 
@@ -177,7 +177,7 @@ def per_step(
     only); ``param_bytes``: bytes per gathered parameter and gradient instead of the precision's (4 under mixed
     precision, whose FSDP keeps float32 parameters; 2 where a framework gathers 16-bit copies)."""
     strategy = strategies.of(case)
-    z = _sizes(case, params, param_bytes)
+    z = _sizes(case, strategy, params, param_bytes)
     c = Comm()
     if z.n > 1:
         strategy.volumes(c, case, z, params)
@@ -209,9 +209,8 @@ def per_step(
     return c
 
 
-def _sizes(case: PlanInput, params, param_bytes) -> Sizes:
-    """:class:`Sizes` of ``case`` (``params``, ``param_bytes``: as :func:`per_step`)."""
-    strategy = strategies.of(case)
+def _sizes(case: PlanInput, strategy: Strategy, params, param_bytes) -> Sizes:
+    """:class:`Sizes` of ``case`` under ``strategy`` (``params``, ``param_bytes``: as :func:`per_step`)."""
     if params is None:
         total, _ = count_params(case.config)
         trainable = lora_param_count(case.config, case.lora_r, case.lora_targets) if case.lora else total

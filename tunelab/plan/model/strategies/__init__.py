@@ -19,7 +19,7 @@ REGISTRY: dict[str, Strategy] = {
     "deepspeed": ZeRO(),
 }
 """Every strategy the planner models, by its key."""
-NAMES = ("single", "ddp", "fsdp", "deepspeed")
+NAMES = tuple(dict.fromkeys(strategy.name for strategy in REGISTRY.values()))
 """The names :attr:`PlanInput.strategy` takes (``fsdp``: FSDP1 where its root unit is kept, else FSDP2)."""
 
 
