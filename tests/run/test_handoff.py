@@ -33,3 +33,12 @@ def test_a_hand_off_that_is_not_one_is_refused(tmp_path):
         handoff.read(tmp_path / "h.json")
     with pytest.raises(ValueError):  # a value JSON cannot carry is refused when written, not lost
         handoff.write(tmp_path, "lora", {"x": object()}, load_strategy("ddp"))
+
+
+def test_a_fifo_or_a_missing_file_in_place_of_the_hand_off_is_refused_without_blocking(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")
+    for path in (tmp_path / "fifo.json", tmp_path / "absent.json"):
+        with pytest.raises(ValueError, match="hand-off file; fix"):
+            handoff.read(path)
