@@ -239,7 +239,8 @@ def equal_length_dataset(ckpt: Path, path: Path, n: int = 40) -> Path:
 
 def beside_checkout() -> set:
     """What a test compares before and after to show that a command wrote nothing outside: the names in the
-    checkout's parent (unless that is the machine's shared temp folder, which other programs write to: a CI clone in
+    checkout's own ``reports/`` and ``runs/`` (a command under test that runs writes into its temp folder, never
+    into the repository), in the checkout's parent (unless that is the machine's shared temp folder, which other programs write to: a CI clone in
     /tmp) and in this process's private temp folder (:data:`PRIVATE_TEMP`), less the temporaries torch, Python and
     gcc make there for the suite's own processes (torchrun's torchelastic_*, multiprocessing's pymp-*, inductor's
     C++ builds)."""
@@ -250,7 +251,8 @@ def beside_checkout() -> set:
         return {f"{tag}{n}" for n in names if not re.fullmatch(r"cc[A-Za-z0-9]{6}(\.\w+)+", n)}
 
     parent = set() if ROOT.parent.resolve() == SHARED_TEMP else listed(ROOT.parent, "")
-    return parent | listed(PRIVATE_TEMP, "temp/")
+    own = set().union(*(listed(ROOT / d, f"{d}/") for d in ("reports", "runs") if (ROOT / d).is_dir()))
+    return parent | own | listed(PRIVATE_TEMP, "temp/")
 
 
 @pytest.fixture
