@@ -125,9 +125,9 @@ def test_litgpt_loop_carries_the_constants_out_of_sample():
     QLoRA row within 15% at the H100 machine's host constant, QLoRA over LoRA within 10% of the measured ratio
     (1.44x), and the two rows imply host times per op within 10% of each other: bitsandbytes' host work, fitted on
     the isolated step, is what the loop pays too."""
-    from tunelab.report.runtime_accuracy import QLORA_LOOP, second_machine_rows
+    from tunelab.report.runtime_accuracy import steps_rows
 
-    rows = {r["recipe"]: r for r in second_machine_rows(ROOT, QLORA_LOOP)}
+    rows = {r["recipe"]: r for r in steps_rows(ROOT, "h200-qlora-time")}
     q, lo = rows["tiny-llama-1.1b/qlora"], rows["tiny-llama-1.1b/lora"]
     assert q["host_bound"] and lo["host_bound"]
     assert abs(q["error"]) <= 0.15

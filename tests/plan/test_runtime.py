@@ -164,7 +164,7 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     (runtime.md's summary); the busy rows are marked and left out of it."""
     from tunelab.report import runtime_accuracy
 
-    rows = {r["id"]: r for r in runtime_accuracy.second_machine_rows(ROOT)}
+    rows = {r["id"]: r for r in runtime_accuracy.steps_rows(ROOT, "h200-part1")}
     assert set(rows) == {"s1", "s2", "s3", "s4", "s5", "s10"} and {r["gpu"] for r in rows.values()} == {"H200"}
     bound = {i for i, r in rows.items() if r["host_bound"]}
     assert bound == {"s4", "s5", "s10"}
@@ -172,7 +172,7 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     assert all(50e0 <= rows[i]["implied_host_us"] <= 60e0 for i in bound)
     h100 = runtime_accuracy.h100_items(ROOT)
     machines = runtime_accuracy.host_by_machine(
-        h100, runtime_accuracy.bench_items(ROOT), {runtime_accuracy.SECOND_MACHINE: list(rows.values())}
+        h100, runtime_accuracy.bench_items(ROOT), {"h200-part1": list(rows.values())}
     )
     # host-bound litgpt runs only (GPU busy under 60%): the H100 Part 1 rows s4, s5, s10 (41-54%; s2, s3 busy),
     # this machine's three, and the TinyLlama runs of four bench reports (OpenLLaMA 7B's kept the GPU 78-83% busy)
@@ -183,9 +183,10 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     assert len(machines) == 6 and not any("open-llama-7b" in m for m in machines)
     every = [h for hosts in machines.values() for h in hosts]
     assert 35 <= min(every) and max(every) <= 80 and max(every) / min(every) >= 1.8
-    md = "\n".join(runtime_accuracy._md_second_machine(list(rows.values()), h100, machines))
+    md = "\n".join(runtime_accuracy._md_steps(evidence.entry("h200-part1"), list(rows.values()), h100))
+    md += "\n".join(runtime_accuracy._md_hosts(machines, {"h200-part1": list(rows.values())}))
     assert (
-        "| 0.637 | GPU-bound | not timed |" in md
+        "| 0.637 | GPU-bound | 0.603 (GPU), 0.593 (GPU), 0.604 (GPU) | not timed |" in md
         and "| (55.8) |" in md
         and "H200 2026-11-27-lab-part1-h200: 54-57;" in md
     )
@@ -198,7 +199,7 @@ def test_the_openllama_rows_on_an_h200_out_of_sample():
     slowing less as their window goes on (each third's step from the run's own iteration log)."""
     from tunelab.report import runtime_accuracy
 
-    rows = {r["id"]: r for r in runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.OPENLLAMA_ROWS)}
+    rows = {r["id"]: r for r in runtime_accuracy.steps_rows(ROOT, "h200-part1-openllama")}
     assert set(rows) == {"s6", "s7", "s11", "s12"} and {r["gpu"] for r in rows.values()} == {"H200"}
     assert not rows["s6"]["host_bound"] and abs(rows["s6"]["error"]) < 0.03
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
@@ -213,8 +214,8 @@ def test_the_openllama_rows_on_an_h200_out_of_sample():
     for i in ("s7", "s12"):
         first, _, last = (h for _, h in rows[i]["thirds"])
         assert first > last
-    md = "\n".join(runtime_accuracy._md_openllama(list(rows.values())))
-    assert "| s11 | open-llama-3b/lora | 4 x 4 | 378 | 0.801 | 1.093 | +36.5% |" in md
+    md = "\n".join(runtime_accuracy._md_steps(evidence.entry("h200-part1-openllama"), list(rows.values()), []))
+    assert "| s11 | open-llama-3b/lora | bf16-true | 4 x 4 | 378 | 0.801 | 1.093 | +36.5% |" in md
     assert "0.812 (45), 0.783 (43), 0.807 (44)" in md
 
 
@@ -230,11 +231,10 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     from tunelab.report import runtime_accuracy
 
     h100 = runtime_accuracy.h100_items(ROOT)
-    second = runtime_accuracy.second_machine_rows(ROOT)
-    loop = runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.QLORA_LOOP)  # QLoRA and LoRA, a 7th machine
-    openllama = runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.OPENLLAMA_ROWS)  # an 8th machine
-    archived = {runtime_accuracy.SECOND_MACHINE: second, runtime_accuracy.QLORA_LOOP: loop,
-                runtime_accuracy.OPENLLAMA_ROWS: openllama}  # fmt: skip
+    second = runtime_accuracy.steps_rows(ROOT, "h200-part1")
+    loop = runtime_accuracy.steps_rows(ROOT, "h200-qlora-time")  # QLoRA and LoRA, a 7th machine
+    openllama = runtime_accuracy.steps_rows(ROOT, "h200-part1-openllama")  # an 8th machine
+    archived = {"h200-part1": second, "h200-qlora-time": loop, "h200-part1-openllama": openllama}
     lab = runtime_accuracy.lab_hosts()  # the lab's published rows the model calls host-bound: TinyLlama LoRA alone
     assert set(lab) == {"s10"} and 20 <= lab["s10"] <= 35
     machines = runtime_accuracy.host_by_machine(h100, runtime_accuracy.bench_items(ROOT), archived, lab)
@@ -700,7 +700,7 @@ def test_measured_lora_steps_are_predicted_at_the_rank_and_targets_they_ran(monk
     profiles.profile_rows(ROOT)
     profiles.grid_rows(ROOT)
     runtime_accuracy.h100_items(ROOT)
-    runtime_accuracy.second_machine_rows(ROOT, runtime_accuracy.SECOND_MACHINE)
+    runtime_accuracy.steps_rows(ROOT, "h200-part1")
     assert len(asked) > 5 and set(asked) == {profiles.PROFILED_LORA}, set(asked)
 
 
@@ -715,7 +715,6 @@ def test_a_records_archive_that_does_not_read_is_one_line(tmp_path, kind):
 
     from tunelab.files import FileRefused
     from tunelab.report.accuracy import archived_records
-    from tunelab.report.runtime_accuracy import SECOND_MACHINE
 
     archive = tmp_path / "records.tgz"
     if kind == "not a tar":
@@ -724,7 +723,7 @@ def test_a_records_archive_that_does_not_read_is_one_line(tmp_path, kind):
         os.mkfifo(archive)
     elif kind == "link outside":
         (tmp_path.parent / "outside.tgz").write_bytes(
-            (ROOT / evidence.path(SECOND_MACHINE, "records")).read_bytes()
+            (ROOT / evidence.path("h200-part1", "records")).read_bytes()
         )  # a real archive
         archive.symlink_to(tmp_path.parent / "outside.tgz")
     else:

@@ -102,3 +102,35 @@ def test_a_bad_manifest_is_one_line_naming_it(tmp_path):
             call()
         assert "\n" not in str(e.value) and not str(e.value).startswith("'")
     evidence.entries.cache_clear()
+
+
+def test_a_new_steps_entry_is_a_section_of_runtime_md_without_python(tmp_path):
+    """A measurement of litgpt's steps added to the manifest (role ``steps``, a title, a note) and its archive are
+    read and given their own section, titled and noted from the manifest; a steps entry without a title is one line.
+    (Here the second machine's archive again, under a new name.)"""
+    import shutil
+
+    from tunelab.report import runtime_accuracy
+
+    (tmp_path / "reports" / "new").mkdir(parents=True)
+    shutil.copy(ROOT / evidence.path("h200-part1", "records"), tmp_path / "reports" / "new" / "records.tgz")
+    manifest = tmp_path / evidence.MANIFEST
+    entry = "x:\n  folder: new\n  device: H200\n  date: 2027-01-01\n  software: torch 9\n  roles: [steps]\n"
+    manifest.write_text(entry + "  holds: {records: records.tgz}\n  title: Once more\n  note: Noted here.\n")
+    try:
+        assert [e.id for e in evidence.with_role("steps", tmp_path)] == ["x"]
+        rows = runtime_accuracy.steps_rows(tmp_path, "x")
+        assert [r["id"] for r in rows] == ["s1", "s2", "s3", "s4", "s5", "s10"]
+        assert [r["measured_s"] for r in rows] == [
+            r["measured_s"] for r in runtime_accuracy.steps_rows(ROOT, "h200-part1")
+        ]
+        md = "\n".join(runtime_accuracy._md_steps(evidence.entry("x", tmp_path), rows, []))
+        assert md.startswith("\n## Once more (H200, 2027-01-01), out of sample\n\ntorch 9;")
+        assert "Noted here." in md and "`reports/new/records.tgz`" in md and "| s10 | tiny-llama-1.1b/lora |" in md
+        assert "H100 machine: measured s" not in md  # no H100 row of the same id given: the column is left out
+        evidence.entries.cache_clear()
+        manifest.write_text(entry)
+        with pytest.raises(InputError, match="reports/evidence.yaml: x: a steps entry needs a title"):
+            evidence.entries(tmp_path)
+    finally:
+        evidence.entries.cache_clear()

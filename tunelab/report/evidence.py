@@ -14,8 +14,9 @@ from tunelab.paths import ROOT
 
 MANIFEST = "reports/evidence.yaml"
 """The manifest, relative to the checkout."""
-ROLES = ("memory", "bench")
-"""What an entry's ``roles`` may name."""
+ROLES = ("memory", "bench", "steps")
+"""What an entry's ``roles`` may name: ``memory`` (accuracy.md's own rows), ``bench`` (runtime.md's benches),
+``steps`` (runtime.md's litgpt runs held to the plan out of sample, one section each, headed by its ``title``)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,11 @@ class Entry:
     machine: str | None = None
     """Which lent machine of that device, where known (hosts differ between machines)."""
     roles: tuple = ()
-    """Which accuracy tables read it: ``memory`` (accuracy.md's own rows), ``bench`` (runtime.md's benches)."""
+    """Which accuracy tables read it (:data:`ROLES`)."""
+    title: str = ""
+    """The heading of its own section, where a table gives it one (``steps``)."""
+    note: str = ""
+    """What a reader needs beside its table: how it was run, what stands out in it."""
 
     def path(self, what: str) -> str:
         """The file it holds as ``what``, relative to the checkout (``reports/<folder>/<file>``)."""
@@ -83,6 +88,8 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
         roles = value.get("roles") or []
         if not isinstance(roles, list) or set(map(str, roles)) - set(ROLES):
             raise InputError(f"{MANIFEST}: {key}: roles: {roles!r}; each one of {', '.join(ROLES)}")
+        if "steps" in roles and not value.get("title"):
+            raise InputError(f"{MANIFEST}: {key}: a steps entry needs a title (its section's heading); fix: add one")
         out[str(key)] = Entry(
             str(key),
             folder,
@@ -93,6 +100,8 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
             str(value.get("used_for", "")),
             value.get("machine"),
             tuple(map(str, roles)),
+            str(value.get("title", "")),
+            " ".join(str(value.get("note", "")).split()),
         )
     return out
 

@@ -92,11 +92,6 @@ def lora_ran(rec) -> tuple:
     return settings.lora_of(settings.settings_of(rec.resolved_args, method=rec.method, command=rec.command))
 
 
-SECOND_MACHINE = "h200-part1"
-"""The same Part 1 rows (s1-s5, s10) by litgpt on an H200 machine: every record with the host's probes
-taken just before its launch (``host_op_us``, ``device_op_us``), to check the host constant on another host."""
-
-
 HOST_BOUND_UTIL = 60.0
 """GPU utilisation (NVML, % of the steady window) under which a row counts as host-bound by measurement (the GPU
 waited on the host at least 40% of the window): only such a row's step says what its host costs per op (a busy
@@ -120,18 +115,8 @@ def implied_host(st, acc: int, measured_s: float) -> float | None:
     return solve(lambda h: step_seconds(st, acc, h), measured_s, 0.0, 1e-3)
 
 
-QLORA_LOOP = "h200-qlora-time"
-"""TinyLlama QLoRA and LoRA by litgpt on an H200 machine (micro 4 x 4, 16 steps, no validation): the
-loop's step with bitsandbytes' work in it, beside its LoRA twin."""
-
-
-OPENLLAMA_ROWS = "h200-part1-openllama"
-"""The lab's Part 1 OpenLLaMA rows (s6, s7, s11, s12: 3B and 7B, full and LoRA) by litgpt on an H200 machine:
-the planner's steps for them were written into docs/results.md before they ran."""
-
-
-def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]:
-    """Each row of ``archive`` (:data:`SECOND_MACHINE`, :data:`QLORA_LOOP`, :data:`OPENLLAMA_ROWS`): its mean
+def steps_rows(root: Path, key: str) -> list[dict]:
+    """Each litgpt run of the evidence entry ``key`` (a ``steps`` entry of :mod:`tunelab.report.evidence`): its mean
     optimizer step (steady window) and that step by third of the window (:func:`window_thirds`)
     against the kernel model on its GPU's table row at :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP` (out of
     sample: fitted on the H100 machine), the host time per op the row implies, the probes, the SM clock and the
@@ -139,7 +124,7 @@ def second_machine_rows(root: Path, archive: str = SECOND_MACHINE) -> list[dict]
     from litgpt import Config
 
     rows = []
-    for name, rec, _ in archived_records(path := root / evidence.path(archive, "records")):
+    for name, rec, _ in archived_records(path := root / evidence.path(key, "records", root)):
         gpu = hardware.identify(rec.device_name or "")
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
@@ -592,7 +577,7 @@ def write_report(path: Path, root: Path) -> None:
     """runtime.md (and runtime-kernel.csv beside it): one function per section."""
 
     items, bench = h100_items(root), bench_items(root)
-    archived = {a: second_machine_rows(root, a) for a in (SECOND_MACHINE, QLORA_LOOP, OPENLLAMA_ROWS)}
+    steps = {e.id: steps_rows(root, e.id) for e in evidence.with_role("steps", root)}
     lab = a100_items()  # the lab's rows planned once, for their table and the diagnostic
     h100, a100 = h100_rows(root, items), a100_rows(lab)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
@@ -601,10 +586,7 @@ def write_report(path: Path, root: Path) -> None:
     benches = bench_rows(bench)
     timed = {
         "our H100 Part 1 rows": [(r["id"], r) for r in h100],
-        **{
-            f"{evidence.entry(a).folder}": [(r["id"], r) for r in archived[a]]
-            for a in (SECOND_MACHINE, QLORA_LOOP, OPENLLAMA_ROWS)
-        },
+        **{evidence.entry(key, root).folder: [(r["id"], r) for r in rows] for key, rows in steps.items()},
         "our H100 Part 3 curve": [(f"{r['setting']} micro {r['micro']}", r) for r in part3],
         "our benches": [(f"{r['report']} {r['run']}", r) for r in benches],
         "the lab's A100 Part 1 times": [(r["id"], {**r, "measured_s": r["lab_s"]}) for r in a100 if r["kernel_s"]],
@@ -612,9 +594,8 @@ def write_report(path: Path, root: Path) -> None:
     lines = [
         *_md_h100(h100, fit_host(items)),
         *_md_band(timed),
-        *_md_second_machine(archived[SECOND_MACHINE], items, host_by_machine(items, bench, archived, lab_hosts(lab))),
-        *_md_qlora_loop(archived[QLORA_LOOP]),
-        *_md_openllama(archived[OPENLLAMA_ROWS]),
+        *_md_hosts(host_by_machine(items, bench, steps, lab_hosts(lab)), steps),
+        *(line for key, rows in steps.items() for line in _md_steps(evidence.entry(key, root), rows, items)),
         *(_md_part3(part3) if part3 else []),
         *_md_bench(bench, benches),
         *_md_whole_cost(bench_costs(root)),
@@ -732,12 +713,11 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
     return lines
 
 
-def host_by_machine(h100: list[dict], bench: list[dict], archived: dict, lab: dict | None = None) -> dict:
+def host_by_machine(h100: list[dict], bench: list[dict], steps: dict, lab: dict | None = None) -> dict:
     """{machine: [host us per op, ...]}: what every litgpt run that was host-bound by measurement (GPU busy under
     :data:`HOST_BOUND_UTIL`) implies (:func:`implied_host`), by the machine it ran on: the H100 Part 1 rows
     (``h100``: :func:`h100_items`), each bench report's litgpt runs (``bench``: :func:`bench_items`; one report, one
-    machine), the rows of each archive in ``archived`` ({archive: :func:`second_machine_rows` of it}:
-    :data:`SECOND_MACHINE`, :data:`QLORA_LOOP`, :data:`OPENLLAMA_ROWS`) and the lab's host-bound rows (``lab``:
+    machine), the rows of each ``steps`` entry ({key: :func:`steps_rows` of it}) and the lab's host-bound rows (``lab``:
     :func:`lab_hosts`, published Training Times: host-bound by the model, not by a measured utilisation)."""
     out: dict = {}
     if lab:
@@ -749,10 +729,10 @@ def host_by_machine(h100: list[dict], bench: list[dict], archived: dict, lab: di
 
     for i in h100:
         add(f"H100-SXM {evidence.entry(H100_ROWS).folder}", i["gpu_util"], i["implied_host"])
-    for archive, rows in archived.items():
+    for key, rows in steps.items():
         for r in rows:
             add(
-                f"{r['gpu']} {evidence.entry(archive).folder}",
+                f"{r['gpu']} {evidence.entry(key).folder}",
                 r["gpu_util"],
                 r["implied_host_us"] and r["implied_host_us"] / 1e6,
             )
@@ -777,123 +757,106 @@ def host_by_machine(h100: list[dict], bench: list[dict], archived: dict, lab: di
     return out
 
 
-def _md_second_machine(rows: list[dict], h100: list[dict], machines: dict) -> list[str]:
-    """The Part 1 rows again on another machine (:func:`second_machine_rows`), beside the H100 machine's same rows
-    (``h100``: :func:`h100_items`) and the host time per op each implies; ``machines``: :func:`host_by_machine`."""
-    if not rows:
+def _md_hosts(machines: dict, steps: dict) -> list[str]:
+    """The host time per op every host-bound litgpt run implies, by machine (``machines``: :func:`host_by_machine`),
+    beside the probes the ``steps`` entries' records carry ({key: :func:`steps_rows`})."""
+    every = [h for hosts in machines.values() for h in hosts]
+    if not every:
         return []
+    spread = "; ".join(
+        f"{m}: {min(h):.0f}" + (f"-{max(h):.0f}" if round(max(h)) != round(min(h)) else "") for m, h in machines.items()
+    )
+    within = max(max(h) / min(h) - 1 for h in machines.values())
+    probes = [
+        f"{min(p):.2f}-{max(p):.2f} us on `{evidence.entry(key).folder}`"
+        for key, rows in steps.items()
+        if len(p := [r["host_op_us"] for r in rows if r["host_op_us"]]) > 1
+    ]
+    return [
+        "",
+        "## The host's time per op, by machine",
+        "",
+        f"Every litgpt run we have whose GPU waited on its host (busy under {HOST_BOUND_UTIL:.0f}%), by machine, in us "
+        f"of host time per op: {spread}. From {min(every):.0f} to {max(every):.0f} us, a factor of "
+        f"{max(every) / min(every):.1f}: the loop's cost per op is a property of the machine (and of the moment: runs "
+        f"on one machine differ by up to {within:.0%}). The eager-dispatch probe the records carry (`host_op_us`) "
+        f"does not follow it"
+        + (
+            f" (it read {'; '.join(probes)}, its highest readings beside the same loop speed as its lowest)"
+            if probes
+            else ""
+        )
+        + ": the plan keeps one host constant, does not scale it by a probe, and carries this spread in its band.",
+    ]
+
+
+def _steps_cells(rows: list[dict], h100: list[dict]) -> dict:
+    """{column: its cell per row} of a ``steps`` section (:func:`_md_steps`), the H100 machine's figures beside the
+    rows of the same id (``h100``: :func:`h100_items`) where it has any."""
     first = {i["id"]: (i["measured_s"], i["implied_host"]) for i in h100}
-    bound = [r for r in rows if r["host_bound"] and r["implied_host_us"]]
-    probes = [r["host_op_us"] for r in rows if r["host_op_us"]]
-    lines = [
-        "",
-        f"## The same Part 1 rows on another machine (an H200, {evidence.entry(SECOND_MACHINE).date}), out of sample",
-        "",
-        f"litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`{evidence.entry(SECOND_MACHINE).where}`): the "
-        "mean optimizer step over each row's steady window against the model on the H200's table row at the H100 "
-        "machine's host constant. 'host us/op implied': the host time per op that would make the model's step "
-        "equal the measured one (none where the kernels alone take longer); in brackets where the GPU was busy "
-        f"{HOST_BOUND_UTIL:.0f}% of the window or more: such a row's gap is the kernel model's, not its host's. "
-        "The probes (`host_op_us`: an eager op on the CPU; `device_op_us`: the same op launched on GPU 0) were "
-        "taken in the parent just before each launch.",
-        "",
-        "| row | recipe | precision | micro x accumulation | padded tokens | measured s | predicted s | error | "
-        "kernels s | host us/op implied | H100 machine: measured s, host us/op implied | host_op_us | "
-        "device_op_us | SM MHz | GPU util % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        h1, h1_host = first.get(r["id"], (None, None))
-        other = f"{h1:.3f}, {fmt(h1_host and h1_host * 1e6, '.1f', 'GPU-bound')}" if h1 else "not timed"
-        lines.append(
-            f"| {r['id']} | {r['recipe']} | {r['precision']} | {r['micro']} x {r['accumulation']} | "
-            f"{r['tokens']:.0f} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
-            f"{r['kernels_s']:.3f} | {_implied(r)} | {other} | {fmt(r['host_op_us'], '.2f')} | "
-            f"{fmt(r['device_op_us'], '.2f')} | {fmt(r['sm_clock_mhz'], '.0f')} | {fmt(r['gpu_util'], '.0f')} |"
-        )
-    if bound and probes and machines:
-        every = [h for hosts in machines.values() for h in hosts]
-        spread = "; ".join(
-            f"{m}: {min(h):.0f}" + (f"-{max(h):.0f}" if round(max(h)) != round(min(h)) else "")
-            for m, h in machines.items()
-        )
-        within = max(max(h) / min(h) - 1 for h in machines.values())
-        lines += [
-            "",
-            f"Every litgpt run we have whose GPU waited on its host (busy under {HOST_BOUND_UTIL:.0f}%), by machine, "
-            f"in us of host time per op: {spread}. From {min(every):.0f} to {max(every):.0f} us, a factor of "
-            f"{max(every) / min(every):.1f}: the loop's cost per op is a property of the machine (and of the moment: "
-            f"runs on one machine differ by up to {within:.0%}), and the H100 machine the constant was fitted on is among "
-            f"the slower ones. The probes do not follow it: `host_op_us` read {min(probes):.2f}-{max(probes):.2f} us "
-            "on the second machine within six minutes, its highest readings beside the same loop speed as its "
-            "lowest. So the plan keeps one host constant and does not scale it by a probe; a launch-bound plan "
-            "carries that spread.",
-        ]
-    return lines
+
+    def on_h100(r: dict) -> str:
+        if r["id"] not in first:
+            return "not timed"
+        s, host = first[r["id"]]
+        return f"{s:.3f}, {fmt(host and host * 1e6, '.1f', 'GPU-bound')}"
+
+    columns = {
+        "row": lambda r: r["id"],
+        "recipe": lambda r: r["recipe"],
+        "precision": lambda r: r["precision"],
+        "micro x accumulation": lambda r: f"{r['micro']} x {r['accumulation']}",
+        "padded tokens": lambda r: f"{r['tokens']:.0f}",
+        "measured s": lambda r: f"{r['measured_s']:.3f}",
+        "predicted s": lambda r: f"{r['predicted_s']:.3f}",
+        "error": lambda r: f"{r['error']:+.1%}",
+        "kernels s": lambda r: f"{r['kernels_s']:.3f}",
+        "host us/op implied": _implied,
+        "by third: s (us/op)": lambda r: ", ".join(f"{s:.3f} ({fmt(h, '.0f', 'GPU')})" for s, h in r["thirds"]),
+        "H100 machine: measured s, host us/op implied": on_h100 if set(first) & {r["id"] for r in rows} else None,
+        "host_op_us": lambda r: fmt(r["host_op_us"], ".2f"),
+        "device_op_us": lambda r: fmt(r["device_op_us"], ".2f"),
+        "SM MHz": lambda r: fmt(r["sm_clock_mhz"], ".0f"),
+        "GPU util %": lambda r: fmt(r["gpu_util"], ".0f"),
+    }
+    return {c: [f(r) for r in rows] for c, f in columns.items() if f is not None}
 
 
-def _md_qlora_loop(rows: list[dict]) -> list[str]:
-    """QLoRA beside LoRA in litgpt's loop (:data:`QLORA_LOOP`): bitsandbytes' constants were fitted on the isolated
-    step (``kernels.md``, the QLoRA grid), so every number here is out of sample."""
+def _md_steps(e: evidence.Entry, rows: list[dict], h100: list[dict]) -> list[str]:
+    """One ``steps`` entry's section: its litgpt runs (:func:`steps_rows`) against the plan on its GPU's table row at
+    the H100 machine's host constant, out of sample, beside the H100 machine's rows of the same id (``h100``:
+    :func:`h100_items`); a column empty in every row is left out."""
     if not rows:
         return []
-    lines = [
-        "",
-        f"## QLoRA beside LoRA in litgpt's loop (an H200, {evidence.entry(QLORA_LOOP).date}), out of sample",
-        "",
-        f"litgpt 0.5.13, bitsandbytes 0.50.2, torch 2.11, random weights, the benchmark data (`{evidence.path(QLORA_LOOP, 'records')}`): "
-        "TinyLlama at micro 4 x 4, 16 optimizer steps, no validation; the mean optimizer step over the steady window "
-        "against the model at the H100 machine's host constant. bitsandbytes' constants (`tunelab/plan/model/bnb_kernels.py`)"
-        " were fitted on the isolated step (`kernels.md`), not here.",
-        "",
-        "| row | recipe | micro x accumulation | padded tokens | measured s | predicted s | error | host us/op implied "
-        "| GPU util % |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['id']} | {r['recipe']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
-            f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {_implied(r)} | "
-            f"{fmt(r['gpu_util'], '.0f')} |"
-        )
-    by = {r["recipe"].split("/")[-1]: r for r in rows}
-    if {"qlora", "lora"} <= set(by):
-        q, lo = by["qlora"], by["lora"]
-        lines += ["", _qlora_over_lora(q, lo)]
-    return lines
-
-
-def _md_openllama(rows: list[dict]) -> list[str]:
-    """The lab's Part 1 OpenLLaMA rows on an H200 (:data:`OPENLLAMA_ROWS`): nothing was fitted on them, and their
-    planned steps were committed before they ran; each row's step by third of its steady window beside the mean."""
-    if not rows:
-        return []
-    lines = [
-        "",
-        f"## The lab's OpenLLaMA Part 1 rows (an H200, {evidence.entry(OPENLLAMA_ROWS).date}), out of sample",
-        "",
-        f"litgpt 0.5.13, torch 2.11, random weights, the benchmark data (`{evidence.path(OPENLLAMA_ROWS, 'records')}`): one epoch of 1,000 "
-        "samples at the lab's settings; the mean optimizer step over the steady window against the model at the H100 "
-        "machine's host constant. The planned steps were written into `docs/results.md` before the rows ran. 'by "
-        "third': the mean step over each third of the steady window and the host us per op it implies (GPU where "
-        "the kernels alone take longer).",
-        "",
-        "| row | recipe | micro x accumulation | padded tokens | measured s | predicted s | error | kernels s | "
-        "host us/op implied | by third: s (us/op) | GPU util % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        thirds = ", ".join(f"{s:.3f} ({fmt(h, '.0f', 'GPU')})" for s, h in r["thirds"]) or "no log"
-        lines.append(
-            f"| {r['id']} | {r['recipe']} | {r['micro']} x {r['accumulation']} | {r['tokens']:.0f} | "
-            f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | {r['kernels_s']:.3f} | "
-            f"{_implied(r)} | {thirds} | {fmt(r['gpu_util'], '.0f')} |"
-        )
+    cells = _steps_cells(rows, h100)
+    shown = [c for c, values in cells.items() if any(values)]
     errors = [abs(r["error"]) for r in rows]
-    lines += [
+    lines = [
+        "",
+        f"## {e.title} ({e.device}, {e.date}), out of sample",
+        "",
+        f"{e.software}; random weights, the benchmark data (`{e.path('records')}`). {e.note} Measured: the mean "
+        "optimizer step over each run's steady window; predicted: the model on the GPU's table row at the H100 "
+        "machine's host constant. 'host us/op implied': the host time per op that would make the model's step equal "
+        "the measured one (GPU-bound where the kernels alone take longer), in brackets where the GPU was busy "
+        f"{HOST_BOUND_UTIL:.0f}% of the window or more: such a row's gap is the kernel model's, not its host's."
+        + (" 'by third': the mean step over each third of the window." if "by third: s (us/op)" in shown else "")
+        + (
+            " The probes (`host_op_us`: an eager op on the CPU; `device_op_us`: the same op launched on GPU 0) were "
+            "taken in the parent just before each launch."
+            if "host_op_us" in shown
+            else ""
+        ),
+        "",
+        "| " + " | ".join(shown) + " |",
+        "|" + "---|" * len(shown),
+        *("| " + " | ".join(cells[c][k] for c in shown) + " |" for k in range(len(rows))),
         "",
         f"Mean absolute error {sum(errors) / len(errors):.1%} over {len(rows)} rows, worst {max(errors):.1%}.",
     ]
+    by = {r["recipe"].split("/")[-1]: r for r in rows}
+    if {"qlora", "lora"} <= set(by):
+        lines += ["", _qlora_over_lora(by["qlora"], by["lora"])]
     return lines
 
 
@@ -961,37 +924,22 @@ def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
         return lines
 
     refit = fit_compiled_host(items)
-    first_session = ", ".join(
-        f"`{e.where}`" for e in evidence.with_role("bench") if e.device == "H200" and e.machine == "first"
-    )
     lines += [
         "",
         "## Our benches: the fast path and litgpt (seconds per optimizer step, steady window, mean)",
         "",
-        "bf16-true, the benchmark data, random weights, torch 2.11, litgpt 0.5.13: TinyLlama full on an NVIDIA "
-        f"H100 80GB HBM3 (`{evidence.entry('h100-bench-tiny-full').where}`: pairs at micro 8 x 4 and the "
-        "largest-micro-batch probes, one micro batch per step), TinyLlama LoRA and OpenLLaMA 7B LoRA on an "
-        f"NVIDIA H200, two sessions on two machines ({first_session} and "
-        "`...-h200-compiled/`: pairs at micro 8 x 4). Measured: the mean step "
-        "over the steady window (the window's time over its steps; the median understates the fast path, "
-        "whose loss read every 25 iterations makes one step in about six wait for the GPU's backlog), at the "
-        "window's padded tokens per sample. The fast path is timed by `tunelab/plan/model/fast_step.py` (compiled "
-        "blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued ahead of "
-        "the GPU); its host time per compiled kernel "
-        f"({fast_step.COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us) is fitted on TinyLlama full's three micro-8 "
-        f"runs (a refit gives {refit * 1e6:.0f} us), which are host-bound. Everything else is out of sample. "
-        "The first H200 session's LoRA fast runs hit torch.compile's recompile limit (block 0's input needs no "
-        "grad under LoRA, a second graph per shape the loop's limit did not count): their longest shapes ran "
-        "eagerly, so they measure a slower loop than the one planned (marked; left out of the fast path's "
-        "stated error); the second session's (`-compiled`) ran every shape compiled. Its machine's host ran "
-        "TinyLlama LoRA's launches about 1.45x faster than the constants (fitted on the H100 machine) say, in "
-        "both arms alike: a host-bound step follows the host's CPU. OpenLLaMA 7B's fast run kept the GPU 97% "
-        "busy at 689 W of its 700 W limit, so the model's host bound there is wrong: its GPU side is short "
-        "(clocks under the power limit were not sampled; the records since carry them). A third H200 machine "
-        f"(`{evidence.entry('h200-litgpt-tiny').where}`: litgpt's TinyLlama LoRA and full at the lab's s4, "
-        "20 steps; its SM clock held 1980 MHz through the steady window, its host dispatched at 4.1 us per op "
-        "by `host_op_us`) ran both 24-30% faster than planned: host-bound on a faster host, as above; that "
-        "session's profile grid (`kernels.md`) measured the same machine's host clock per phase.",
+        "bf16-true, the benchmark data, random weights. Measured: the mean step over the steady window (the window's "
+        "time over its steps; the median understates the fast path, whose loss read every 25 iterations makes one "
+        "step in about six wait for the GPU's backlog), at the window's padded tokens per sample. The fast path is "
+        "timed by `tunelab/plan/model/fast_step.py` (compiled blocks from torch.compile's own graphs, Liger's chunks, "
+        "the fused optimizer, launches queued ahead of the GPU); its host time per compiled kernel "
+        f"({fast_step.COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us; a refit gives {refit * 1e6:.0f} us) is fitted on "
+        "the runs marked 'in' below. Everything else is out of sample. The reports:",
+        "",
+        *(
+            f"- `{e.where}` ({e.device}{f', {e.machine} machine' if e.machine else ''}; {e.software}): {e.note}"
+            for e in evidence.with_role("bench")
+        ),
         "",
         "| report | GPU | run | arm | micro x accumulation | padded tokens | measured s | predicted s | error | "
         "bound (model) | GPU util % | sample |",
