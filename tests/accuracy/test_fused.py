@@ -30,13 +30,13 @@ def test_the_plan_counts_the_fused_loss_as_the_simulated_step_holds():
         ("Llama-3.2-1B", "full", "bf16-mixed", 2),
     ):
         c = Config.from_name(name)
-        x = memory.PlanInput(
+        x = memory.PlanInput.of(
             config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
             fabric=False, fused_loss=True, tables=TRACED
         )  # fmt: skip
         sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, fabric=False, fused_loss=True)
         planned = memory.predict(x).peak_allocated_bytes
         assert planned == pytest.approx(sim.peak_bytes, rel=0.01), (name, method, precision, sim.peak_phase)
-        plain = memory.predict(memory.PlanInput(**{**x.__dict__, "fused_loss": False}))
+        plain = memory.predict(x.changed(fused_loss=False))
         if plain.peak_allocated_bytes > planned:  # not when the optimizer step is the peak of both
             assert plain.peak_allocated_bytes - planned >= 4 * 512 * c.padded_vocab_size * 4 * 0.9

@@ -92,7 +92,7 @@ def test_litgpts_own_choice_is_planned_within_2_percent_of_rank_0(model, method,
     overrides += ["--precision", precision] if precision else []
     planned = plan_recipe(resolve(f"{recipe}/{method}"), overrides, gpu=None, devices=world)
     x = planned.input
-    assert x.activation_checkpointing and x.fabric
+    assert x.activation_checkpointing and x.loop.fabric
     sim = ranks.for_plan(x, None)
     assert sim.strategy == "litgpt"
     assert planned.plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.02 if precision else 0.015)
@@ -112,7 +112,7 @@ def test_lora_under_fsdp1_is_planned_within_5_percent_of_rank_0(world, accumulat
     from tunelab.settings import LORA_TARGETS
 
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=4)
-    x = memory.PlanInput(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
+    x = memory.PlanInput.of(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
                          lora_targets=LORA_TARGETS, fabric=False, strategy="fsdp", fsdp_root_kept=True, devices=world,
                          accumulation=accumulation, tables=TRACED)  # fmt: skip
     sim = ranks.simulate_ranks(c, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 256, accumulation=accumulation,
@@ -189,7 +189,7 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     config, world = small_llama(), 2
     sim = ranks.simulate_ranks(config, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 64, accumulation=2,
                                lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
-    x = memory.PlanInput(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
+    x = memory.PlanInput.of(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
                          accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
                          lora_targets=LORA_TARGETS, tables=TRACED)  # fmt: skip
     planned = fsdp1.flat_parameter_grads(x, memory.model_states(x, []))
@@ -207,7 +207,7 @@ def test_fsdp1_lora_reduce_scatters_the_whole_flat_gradients():
     config, world, targets = small_llama(), 4, ("query", "value", "head")
     sim = ranks.simulate_ranks(config, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 64, accumulation=2,
                                lora_r=8, lora_targets=targets)  # fmt: skip
-    x = PlanInput(config=config, method="lora", lora_r=8, lora_targets=targets, precision="bf16-true",
+    x = PlanInput.of(config=config, method="lora", lora_r=8, lora_targets=targets, precision="bf16-true",
                   micro_batch_size=2, seq_len=64, accumulation=2, devices=world, strategy="fsdp",
                   sharding="FULL_SHARD", fsdp_root_kept=True, tables=TRACED)  # fmt: skip
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
@@ -220,8 +220,8 @@ def _variant(name: str, method: str, accumulation: int, config=None, seq: int = 
     FSDP1 strategy file, at the recipe's LoRA settings, bf16-true, micro 2 x ``seq``, tunelab's loop."""
     config, world = config or small_llama(), 4
     x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), [], gpu=None, devices=world, strategy=name).input
-    x = x.__class__(**{**x.__dict__, "config": config, "micro_batch_size": 2, "seq_len": seq, "precision": "bf16-true",
-                       "accumulation": accumulation, "fabric": False})  # fmt: skip
+    x = x.changed(config=config, micro_batch_size=2, seq_len=seq, precision="bf16-true", accumulation=accumulation,
+                  fabric=False)  # fmt: skip
     sim = ranks.simulate_ranks(config, load_strategy(name), world, method, "bf16-true", 2, seq, accumulation,
                                lora_r=x.lora_r, lora_targets=x.lora_targets)  # fmt: skip
     return sim, x

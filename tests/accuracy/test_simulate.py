@@ -40,7 +40,7 @@ def test_tunelabs_loop_is_planned_within_1_percent(configs, method, accumulation
 def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fabric=True):
     """The analytic plan's peak against the simulated step (``fabric``: litgpt's loop; False: tunelab's)."""
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
-    x = memory.PlanInput(
+    x = memory.PlanInput.of(
         config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
         quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, fabric=fabric,tables=TRACED
     )  # fmt: skip

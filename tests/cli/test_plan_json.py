@@ -54,7 +54,6 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
     # what shortens it: QLoRA's host time is largely bitsandbytes' own Python, and the fast path takes no QLoRA
     assert "fast.yaml" in proj["seconds_by_cause_source"]  # the last: TinyLlama LoRA
     assert bound["tiny-llama-1.1b/qlora"] and "bitsandbytes' Python" in qlora_source and "fast.yaml" not in qlora_source
-    import dataclasses
 
     from tunelab import hardware
     from tunelab.plan.recipe import plan_recipe
@@ -62,7 +61,7 @@ def test_plan_json_has_the_time_by_cause_summing_to_its_point_estimate():
 
     x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=hardware.lookup("H100-SXM")).input
     args = {"train": {"global_batch_size": 16, "epochs": 1}, "eval": {"interval": None}}
-    t = runtime.terms(dataclasses.replace(x, offload_optimizer=True), args, 1000, 0, 437.0)
+    t = runtime.terms(x.changed(offload_optimizer=True), args, 1000, 0, 437.0)
     assert "offloaded" in t.kernels
     assert t.seconds_on(hardware.lookup("H100-SXM"), 989e12) == t.seconds(989e12, 3350e9)
 
@@ -96,7 +95,7 @@ def test_plan_simulate_prints_the_step_by_kernel():
     assert st == kernels.to_json(kernels.step_time(x.config, x.method, str(x.precision), x.micro_batch_size,
                                                    x.seq_len, "H100-SXM", optimizer_of(x),
                                                    (x.lora_r, tuple(x.lora_targets)), tables=TRACED))  # fmt: skip
-    x = memory.PlanInput(
+    x = memory.PlanInput.of(
         config=Config.from_name("tiny-llama-1.1b"), fabric=False, tables=TRACED
     )  # a strategies file's loop
     assert "tunelab's loop" in kernels.to_json(kernels.for_plan(x, hardware.lookup("H100-SXM")))["not_modelled"]

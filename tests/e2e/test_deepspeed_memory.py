@@ -62,7 +62,7 @@ def measured(tmp_path_factory):
 def _plan(case, **zero) -> memory.PlanInput:
     from tunelab.run.deepspeed_probe import config_of
 
-    return memory.PlanInput(
+    return memory.PlanInput.of(
         config=config_of(case), micro_batch_size=case.get("micro", 2), seq_len=case.get("tokens", 128), strategy="deepspeed", zero_stage=case["stage"], devices=2,
         fabric=False, reduce_bucket_size=int(case["bucket"]), allgather_bucket_size=int(case["bucket"]), **zero,tables=TRACED
     )  # fmt: skip

@@ -24,7 +24,7 @@ def cfg():
 
 
 def _x(cfg, **kw) -> PlanInput:
-    return PlanInput(config=cfg, **{"precision": "bf16-true", "micro_batch_size": 4, **kw}, tables=TRACED)
+    return PlanInput.of(config=cfg, **{"precision": "bf16-true", "micro_batch_size": 4, **kw}, tables=TRACED)
 
 
 def test_volumes_are_the_ring_formulas(cfg):
@@ -192,7 +192,7 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     litgpt = plan_recipe(resolve("open-llama-7b/full"), over, gpu=None, devices=4).input
     fsdp1 = plan_recipe(resolve("open-llama-7b/full"), over, gpu=None, devices=4, strategy="fsdp").input
     fsdp2 = plan_recipe(resolve("open-llama-7b/full"), over, gpu=None, devices=4, strategy="fsdp2").input
-    assert litgpt.fsdp_root_kept and fsdp1.fsdp_root_kept and not fsdp2.fsdp_root_kept
+    assert litgpt.options.fsdp_root_kept and fsdp1.options.fsdp_root_kept and not fsdp2.options.fsdp_root_kept
     root = root_unit_params(litgpt.config) * dtype_bytes(litgpt.precision)
     one, two = comm.per_step(litgpt, link), comm.per_step(fsdp2, link)
     assert one.bytes_gpu == pytest.approx(comm.per_step(fsdp1, link).bytes_gpu)
@@ -200,7 +200,7 @@ def test_fsdp1_gathers_its_root_once_per_micro_batch_and_fsdp2_twice():
     assert litgpt.accumulation == 2
     lora = plan_recipe(resolve("open-llama-7b/lora"), over, gpu=None, devices=4).input
     lora2 = plan_recipe(resolve("open-llama-7b/lora"), over, gpu=None, devices=4, strategy="fsdp2").input
-    assert lora.fsdp2_root_kept and not lora2.fsdp2_root_kept and not lora.fsdp_root_kept
+    assert lora.options.fsdp2_root_kept and not lora2.options.fsdp2_root_kept and not lora.options.fsdp_root_kept
     extra = comm.per_step(lora2, link).bytes_gpu - comm.per_step(lora, link).bytes_gpu
     assert extra == pytest.approx(lora.accumulation * 3 / 4 * root, rel=1e-6)
 

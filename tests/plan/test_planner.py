@@ -81,7 +81,7 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     c = Config.from_name("tiny-llama-1.1b")
 
     def plan(precision, strategy, fabric=True):  # FSDP1, as Lightning's FSDPStrategy runs it
-        x = memory.PlanInput(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512,
+        x = memory.PlanInput.of(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512,
                              fabric=fabric, fsdp_root_kept=strategy == "fsdp", tables=TRACED)  # fmt: skip
         return memory.predict(x).breakdown_bytes
 
@@ -93,7 +93,7 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     assert loop_true["logits_and_loss"] == loop_mixed["logits_and_loss"] == fsdp["logits_and_loss"]
     held = memory.logits_held_at_step
     x = memory.PlanInput(config=c, micro_batch_size=8, seq_len=512, tables=TRACED)
-    assert held(x) == 8 * 512 * c.padded_vocab_size * 4 and held(dataclasses.replace(x, fabric=False)) == 0
+    assert held(x) == 8 * 512 * c.padded_vocab_size * 4 and held(x.changed(fabric=False)) == 0
 
 
 def test_our_gpu_records_are_planned_from_their_own_recipes():
@@ -294,7 +294,6 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     """tunelab/plan/trace/compiled.py: the trace is torch.compile's own partitioner on one block (full and LoRA), less than
     eager autograd keeps, the same bytes per token at any shape (so one trace at 64 tokens serves every plan), the
     block's weights left out and its input kept; mixed precision and activation checkpointing stay eager."""
-    import dataclasses
 
     from litgpt import Config
     from litgpt.lora import Config as LoRAConfig
@@ -315,11 +314,13 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     for method, per_token in (("full", full), ("lora", lora)):
         eager = activations.saved_bytes(c, method, 2, 1, 512, LORA_TARGETS).per_layer / 512
         assert 0.5 * eager < per_token < eager, (method, per_token, eager)
-    x = memory.PlanInput(config=c, precision="bf16-true", micro_batch_size=8, seq_len=512, compiled=True, tables=TRACED)
+    x = memory.PlanInput.of(
+        config=c, precision="bf16-true", micro_batch_size=8, seq_len=512, compiled=True, tables=TRACED
+    )
     plan = memory.predict(x)
     assert plan.breakdown_bytes["activations"] == pytest.approx(full * 8 * 512 * c.n_layer)
     assert any("partitioner" in n for n in plan.notes)
-    eager_plan = memory.predict(dataclasses.replace(x, compiled=False)).breakdown_bytes["activations"]
+    eager_plan = memory.predict(x.changed(compiled=False)).breakdown_bytes["activations"]
     for other in (
         dataclasses.replace(x, precision="bf16-mixed"),
         dataclasses.replace(x, activation_checkpointing=True),
@@ -383,7 +384,7 @@ def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_
     from tunelab.plan.model.strategies import fsdp2
 
     def plan(fabric):
-        x = memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", precision="bf16-true",
+        x = memory.PlanInput.of(config=Config.from_name("tiny-llama-1.1b"), method="lora", precision="bf16-true",
                              micro_batch_size=2, seq_len=512, devices=4, strategy="fsdp", fabric=fabric, tables=TRACED)  # fmt: skip
         return memory.predict(x).breakdown_bytes
 

@@ -40,7 +40,7 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
 
     from tunelab.plan.model.memory import PlanInput
 
-    x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
+    x = PlanInput.of(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
                   accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD", tables=TRACED)  # fmt: skip
     link = comm.lookup("nvlink4", "gpu")
     planned = comm.per_step(x, link, param_bytes=2)
@@ -49,7 +49,7 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     assert {k: n for k, n, _, _ in planned.calls} == traced  # the calls comm.py charges NCCL's latency for
     # four micro batches: three without sync gather as often as the simulated one did
     four = ranks.simulate_ranks(config, load_strategy("fsdp2"), world, "full", "bf16-true", 2, 64, accumulation=4)
-    x4 = PlanInput(**{**x.__dict__, "accumulation": 4})
+    x4 = x.changed(accumulation=4)
     assert four.bytes_moved() == pytest.approx(comm.per_step(x4, link, param_bytes=2).bytes_gpu, rel=0.01)
     assert four.phases == sim.phases  # memory: a third micro batch adds nothing
 
@@ -127,8 +127,8 @@ def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
     assert gathers == {"forward": 2 * units, "backward": 2 * (units - 1)}  # the root: forward only
     assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == units
     x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=None, devices=world, strategy=name).input
-    x = x.__class__(**{**x.__dict__, "config": config, "micro_batch_size": 2, "seq_len": 64, "accumulation": 2})
-    assert x.fsdp_root_kept
+    x = x.changed(config=config, micro_batch_size=2, seq_len=64, accumulation=2)
+    assert x.options.fsdp_root_kept
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"), param_bytes=2)
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.01)
     traced = {k: sum(c.calls for c in sim.collectives if c.kind == k) for k in ("all-gather", "reduce-scatter")}

@@ -559,7 +559,7 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     assert runtime.checkpoint_bytes(mixed) == (12 * total, 4 * total)
     sgd = dataclasses.replace(full, optimizer="SGD", momentum=0.0)
     assert runtime.checkpoint_bytes(sgd) == (2 * total, 2 * total)
-    zero3 = dataclasses.replace(full, strategy="deepspeed", zero_stage=3, devices=4)
+    zero3 = full.changed(strategy="deepspeed", zero_stage=3, devices=4)
     assert runtime.checkpoint_bytes(zero3)[0] == pytest.approx(2 * total / 4 + 12 * total / 4)
     lora = plan_recipe(resolve("tiny-llama-1.1b/lora"), ["--precision", "bf16-true"], gpu=gpu).input
     adapters = lora_param_count(lora.config, lora.lora_r, lora.lora_targets) * 2
@@ -575,9 +575,9 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     none = runtime.terms(full, args, 1000, 0, 437.0)
     assert none.by_cause(gpu)["checkpoint saves"] == 0
     assert sum(causes.values()) - sum(none.by_cause(gpu).values()) == pytest.approx(causes["checkpoint saves"])
-    fast_fsdp = dataclasses.replace(full, fabric=False, strategy="fsdp", devices=4)  # tunelab's loop, sharded
+    fast_fsdp = full.changed(fabric=False, strategy="fsdp", devices=4)  # tunelab's loop, sharded
     assert runtime.checkpoint_bytes(fast_fsdp) == (2 * total, 2 * total)
-    assert runtime.checkpoint_bytes(dataclasses.replace(fast_fsdp, fabric=True))[0] == 6 * total
+    assert runtime.checkpoint_bytes(fast_fsdp.changed(fabric=True))[0] == 6 * total
 
 
 def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
@@ -597,12 +597,12 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
     gpu = hardware.lookup("H100-SXM")
     full = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=gpu).input
     ddp = dataclasses.replace(full, strategy="ddp", devices=4)
-    cases = {"ddp": (ddp, 1), "no-shard": (dataclasses.replace(ddp, strategy="fsdp", sharding="NO_SHARD"), 1),
-             "full-shard": (dataclasses.replace(ddp, strategy="fsdp", sharding="FULL_SHARD"), 4),
-             "grad-op": (dataclasses.replace(ddp, strategy="fsdp", sharding="SHARD_GRAD_OP"), 4),
-             "hybrid": (dataclasses.replace(ddp, strategy="fsdp", sharding="HYBRID_SHARD", devices=2, num_nodes=2), 2),
-             "zero1": (dataclasses.replace(ddp, strategy="deepspeed", zero_stage=1), 4),
-             "zero0": (dataclasses.replace(ddp, strategy="deepspeed", zero_stage=0), 1)}  # fmt: skip
+    cases = {"ddp": (ddp, 1), "no-shard": (ddp.changed(strategy="fsdp", sharding="NO_SHARD"), 1),
+             "full-shard": (ddp.changed(strategy="fsdp", sharding="FULL_SHARD"), 4),
+             "grad-op": (ddp.changed(strategy="fsdp", sharding="SHARD_GRAD_OP"), 4),
+             "hybrid": (ddp.changed(strategy="fsdp", sharding="HYBRID_SHARD", devices=2, num_nodes=2), 2),
+             "zero1": (ddp.changed(strategy="deepspeed", zero_stage=1), 4),
+             "zero0": (ddp.changed(strategy="deepspeed", zero_stage=0), 1)}  # fmt: skip
     args = {"train": {"global_batch_size": 32, "epochs": 1}, "eval": {"interval": None}}
     base = runtime.terms(ddp, args, 1000, 0, 437.0).by_cause(gpu)
     assert base["optimizer"] > 0
@@ -617,7 +617,7 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
     assert tiny.gpu_by_phase["optimizer"] == pytest.approx(st.ops_by_phase["optimizer"] * MIN_KERNEL_S)
     assert tiny.host_ops_by_phase == st.host_ops_by_phase and tiny.gpu_s < st.gpu_s
     assert tiny.gpu_by_phase["forward"] == st.gpu_by_phase["forward"]
-    fast = dataclasses.replace(cases["full-shard"][0], fabric=False, fused_optimizer=True)
+    fast = cases["full-shard"][0].changed(fabric=False, fused_optimizer=True)
     whole, share = fast_step(dataclasses.replace(fast, strategy="ddp"), gpu, 437.0), fast_step(fast, gpu, 437.0)
     assert share.gpu_s("optimizer") == pytest.approx(whole.gpu_s("optimizer") / 4)
     assert share.host["optimizer"] == whole.host["optimizer"]

@@ -338,3 +338,30 @@ def test_the_case_and_the_strategy_go_by_their_names():
                 if kind == short[node.arg]:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.arg}: {kind}")
     assert not found, found
+
+
+def test_a_strategys_own_keys_are_read_by_the_strategy_modules_alone():
+    """The case holds the run flat and a strategy file's own keys in one group (``PlanInput.options``:
+    ``StrategyOptions``), beside the loop's switches (``PlanInput.loop``); outside ``plan/model/strategies/`` no
+    module reads ``.options.<key>``: it asks the strategy object."""
+    from dataclasses import fields
+
+    from tunelab.plan.model.case import LoopFeatures, PlanInput, StrategyOptions
+
+    flat = {f.name for f in fields(PlanInput)}
+    grouped = {f.name for f in fields(StrategyOptions)} | {f.name for f in fields(LoopFeatures)}
+    assert not flat & grouped and {"options", "loop"} <= flat
+    case = PlanInput.of(config=None, zero_stage=2, fabric=False, micro_batch_size=3)
+    assert (case.options.zero_stage, case.loop.fabric, case.micro_batch_size) == (2, False, 3)
+    changed = case.changed(sharding="NO_SHARD", micro_batch_size=4)
+    assert (changed.options.zero_stage, changed.options.sharding, changed.micro_batch_size) == (2, "NO_SHARD", 4)
+    keys = {f.name for f in fields(StrategyOptions)}
+    readers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "plan/model/strategies/" in path.relative_to(ROOT).as_posix():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in keys and isinstance(node.value, ast.Attribute):
+                if node.value.attr == "options":
+                    readers.append(f"{path.relative_to(ROOT)}:{node.lineno} .options.{node.attr}")
+    assert not readers, readers

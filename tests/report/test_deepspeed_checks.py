@@ -20,18 +20,18 @@ def test_a_shrunk_family_keeps_its_shape():
     assert (phi.n_layer, phi.bias, phi.norm_class_name, phi.parallel_residual) == (32, True, "LayerNorm", True)
     assert phi.rope_n_elem == int(phi.head_size * 0.4)
     x = dc.plan_input("gemma-2b", 4)
-    assert (x.zero_stage, x.world, x.reduce_bucket_size) == (2, 4, 781_250)
+    assert (x.options.zero_stage, x.world, x.options.reduce_bucket_size) == (2, 4, 781_250)
 
 
 def test_zero3_runs_and_is_planned_with_deepspeeds_defaults_shrunk_alike():
     """ZeRO-3's element counts shrink with the matrices (/ 16^2), in the probe's DeepSpeed config and in the plan
     alike; it is measured by the profiler (MemTracker keeps its released parameters alive), ZeRO-2 by MemTracker."""
     x = dc.plan_input("tiny-llama-1.1b", 2, 3)
-    assert x.zero_stage == 3 and x.zero3_param_persistence_threshold == 390
-    assert x.zero3_max_live_parameters == x.zero3_max_reuse_distance == 3_906_250
+    assert x.options.zero_stage == 3 and x.options.zero3_param_persistence_threshold == 390
+    assert x.options.zero3_max_live_parameters == x.options.zero3_max_reuse_distance == 3_906_250
     case = dc.probe_case("tiny-llama-1.1b", 3)
     assert case["measure"] == "profiler" and case["zero"]["stage3_prefetch_bucket_size"] == 195_312
-    assert case["zero"]["stage3_param_persistence_threshold"] == x.zero3_param_persistence_threshold
+    assert case["zero"]["stage3_param_persistence_threshold"] == x.options.zero3_param_persistence_threshold
     assert "measure" not in dc.probe_case("tiny-llama-1.1b", 2)
 
 

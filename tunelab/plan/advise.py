@@ -331,8 +331,8 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
             for ac in (False, True) if strategy_name.startswith("fsdp") else (False,):  # where a file sets it
                 # as tunelab's loop runs it: checkpointing only where asked
                 checkpointing = ac or fields.get("activation_checkpointing", False)
-                strategy_case = dataclasses.replace(
-                    base_case, **{**fields, "activation_checkpointing": checkpointing}, devices=d, num_nodes=ask.nodes
+                strategy_case = base_case.changed(
+                    **{**fields, "activation_checkpointing": checkpointing}, devices=d, num_nodes=ask.nodes
                 )
                 for mb, acc in _micro_batches(
                     strategy_case, gpu, settings.global_batch_size, world, ask.global_batch, ask.headroom

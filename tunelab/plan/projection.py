@@ -342,7 +342,7 @@ def _host_and_links(work, case, gpu: hardware.GPU, host_us_per_op, interconnect,
     """Into ``work``: the host's time per op where it is known, and on several devices the communication over the
     links named (else the GPU's own)."""
     if host_us_per_op:
-        if not case.fabric:
+        if not case.loop.fabric:
             raise ValueError(
                 "--host-us-per-op: the host figure of litgpt's own loop; tunelab's loop (a strategies file) has its "
                 "own launch model; fix: leave --host-us-per-op out"
@@ -430,7 +430,7 @@ def project_recipe(
     out = project(case, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
-        stock = dataclasses.replace(case, fabric=True, **switches)
+        stock = case.changed(fabric=True, **switches)
         stock_per_sample = padded_tokens_per_sample(
             list(lengths or default_lengths(cap)), case.micro_batch_size, None, cap
         )

@@ -119,7 +119,7 @@ def plan_input(settings: Settings, config, *, seq_len: int | None = None, **fiel
     fields.setdefault("optimizer", settings.built_optimizer)
     for key, value in strategies.litgpt_defaults(fields["strategy"], settings.world_size, settings.lora).items():
         fields.setdefault(key, value)
-    return PlanInput(
+    return PlanInput.of(
         config=config,
         tables=TRACED,
         method=settings.method,

@@ -70,7 +70,7 @@ def plan_input(model: str, world: int, stage: int = 2):
     from tunelab.run.deepspeed_probe import scaled
 
     zero3 = {f"zero3_{k[len('stage3_') :]}": v for k, v in ZERO3.items() if k != "stage3_prefetch_bucket_size"}
-    return memory.PlanInput(
+    return memory.PlanInput.of(
         config=scaled(model, SCALE),
         micro_batch_size=MICRO,
         seq_len=TOKENS,

@@ -313,7 +313,7 @@ def bench_items(root: Path) -> list[dict]:
                     "bench": parts[1],
                     "report": Path(archive).parent.name,
                     "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],
-                    "arm": "litgpt" if x.fabric else "fast",
+                    "arm": "litgpt" if x.loop.fabric else "fast",
                     "x": x,
                     "gpu": gpu,
                     "method": x.method,
@@ -322,7 +322,7 @@ def bench_items(root: Path) -> list[dict]:
                     "tokens": steady[1],
                     "measured_s": steady[0],
                     "gpu_util": rec.gpu_util_steady_mean,
-                    "eager": not x.fabric and ran_eagerly(root / archive, name, rec),
+                    "eager": not x.loop.fabric and ran_eagerly(root / archive, name, rec),
                 }
             )
     return items
@@ -335,7 +335,7 @@ def bench_step(item: dict, compiled_host_s: float | None = None, host_scale: flo
     ``host_scale`` times the constant's)."""
 
     gpu, x, acc = item["gpu"], item["x"], item["accumulation"]
-    if x.fabric:
+    if x.loop.fabric:
         work = runtime.kernel_work(x, item["tokens"])
         one = {"train_iterations": acc, "optimizer_steps": 1, "eval_iterations": 0, "evaluations": 0, "new_tokens": 0}
         by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale)

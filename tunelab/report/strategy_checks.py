@@ -108,7 +108,7 @@ def v100_rows() -> list[dict]:
     gpu, out = hardware.lookup("V100-16GB"), []
     for ac, table in SEED_V100_MB.items():
         for batch, mb in table.items():
-            x = memory.PlanInput(
+            x = memory.PlanInput.of(
                 config=gpt2_xl_config(),
                 method="full",
                 precision="16-mixed",

@@ -4,10 +4,98 @@ strategy divides (:class:`ModelStates`, :class:`Division`, :class:`PerDevice`). 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 
 from tunelab.models import count_params
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """The keys a strategy file sets for its own strategy, with the defaults of the library that runs it; each is
+    read by the one strategy module it belongs to (:mod:`tunelab.plan.model.strategies`)."""
+
+    sharding: str = "FULL_SHARD"
+    """FSDP sharding strategy (SHARDING)."""
+    zero_stage: int = 3
+    """DeepSpeed ZeRO stage."""
+    reduce_bucket_size: int = 200_000_000
+    """DeepSpeed's ``reduce_bucket_size`` (elements; a strategy file's key, 2e8 as in Lightning's DeepSpeed
+    strategy): ZeRO-2 and ZeRO-3 allocate a gradient reduce buffer of this many elements whatever the model's size
+    (:func:`zero_reduce_buffer`)."""
+    allgather_bucket_size: int = 200_000_000
+    """DeepSpeed's ``allgather_bucket_size`` (elements; a strategy file's key): ZeRO-2's parameter all-gather after
+    the step runs in buckets of this size (:mod:`tunelab.plan.model.comm` counts its calls)."""
+    zero3_max_live_parameters: int = 1_000_000_000
+    """DeepSpeed's ``stage3_max_live_parameters`` (elements; a strategy file's ``max_live_parameters``, DeepSpeed's
+    default 1e9): with the reuse distance, how many parameters ZeRO-3 holds gathered when the forward turns into
+    the backward (:func:`zero3_gathered`)."""
+    zero3_max_reuse_distance: int = 1_000_000_000
+    """DeepSpeed's ``stage3_max_reuse_distance`` (elements; a strategy file's ``max_reuse_distance``, DeepSpeed's
+    default 1e9): a parameter used again within this many parameters' fetches is not released
+    (:func:`zero3_gathered`)."""
+    zero3_param_persistence_threshold: int = 100_000
+    """DeepSpeed's ``stage3_param_persistence_threshold`` (elements; its default 1e5): ZeRO-3 keeps a parameter
+    tensor smaller than this whole on every rank, never partitioned nor gathered (norms, LoRA's matrices)
+    (:func:`zero3_tensors`)."""
+    offload_optimizer: bool = False
+    """Optimizer states (and master weights) in host RAM."""
+    offload_params: bool = False
+    """Parameters in host RAM."""
+    fsdp_root_kept: bool = False
+    """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
+    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.trace.ranks`); FSDP2: the next
+    field."""
+    fsdp2_root_kept: bool = False
+    """FSDP2 whose root was sharded with torch's default ``reshard_after_forward=None`` (litgpt's LoRA
+    ``parallelize_fn``): since torch 2.8 the root stays unsharded from its forward to the end of backward, gathered
+    once per micro batch like FSDP1's (traced: :mod:`tunelab.plan.trace.ranks`); False: resharded after forward and
+    gathered again for backward (a strategy file's ``reshard_after_forward: true``)."""
+    ddp_bucket_mb: int = 25
+    """DDP's ``bucket_cap_mb`` (a strategy file's key; torch's default 25): how many all-reduce calls a step makes."""
+    fsdp_wrap: str = "block"
+    """FSDP units: 'block' (each transformer block, litgpt's policy) or 'none' (the whole model one unit, Lightning's
+    default when no auto_wrap_policy is given: every parameter is gathered for the whole forward and backward)."""
+
+
+@dataclass(frozen=True)
+class LoopFeatures:
+    """The loop that runs the case: litgpt's own script under Fabric, or tunelab's loop with a strategy file's
+    speed switches."""
+
+    fabric: bool = True
+    """The run is litgpt's own script under Lightning Fabric, whose precision plugins convert the model's outputs
+    (the logits) to fp32 under every precision, and whose loop holds the logits through the optimizer step; False:
+    tunelab's loop (a strategies file), whose loss casts the logits to fp32 itself and drops them after backward."""
+    fused_optimizer: bool = False
+    """torch's fused Adam/AdamW kernel updates in place: no parameter-sized temporary during the step."""
+    fused_loss: bool = False
+    """tunelab's loop with Liger's fused linear cross-entropy (a strategy's ``liger``): the head's logits are never
+    materialised; the fused loss keeps the gradients of its input and of the head weight from forward to backward
+    (:func:`liger_loss_bytes`)."""
+    loss_read_interval: int = 1
+    """Iterations between reads of the loss to the host (a strategy's ``log_interval``; litgpt reads it every
+    iteration): between reads the host queues kernels ahead of the GPU (:mod:`tunelab.plan.model.fast_step`)."""
+    compiled: bool = False
+    """Transformer blocks compiled (torch.compile, a strategy's ``compile: blocks``): what each block keeps is what
+    torch's partitioner saves (:mod:`tunelab.plan.trace.compiled`, traced), not eager autograd's; planned as eager (an
+    upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
+
+
+def _grouped(fields: dict, options: StrategyOptions, loop: LoopFeatures) -> dict:
+    """``fields`` with the :class:`StrategyOptions` and :class:`LoopFeatures` keys moved into ``options`` and
+    ``loop`` (copies)."""
+    fields = dict(fields)
+    groups = {"options": fields.pop("options", options), "loop": fields.pop("loop", loop)}
+    out = {}
+    for key, value in fields.items():
+        group = next((g for g, o in groups.items() if key in {f.name for f in dataclass_fields(o)}), None)
+        if group is None:
+            out[key] = value
+        else:
+            groups[group] = replace(groups[group], **{key: value})
+    return {**groups, **out}
 
 
 @dataclass
@@ -42,72 +130,28 @@ class PlanInput:
     """Devices per node."""
     num_nodes: int = 1
     """Nodes."""
-    sharding: str = "FULL_SHARD"
-    """FSDP sharding strategy (SHARDING)."""
-    zero_stage: int = 3
-    """DeepSpeed ZeRO stage."""
-    reduce_bucket_size: int = 200_000_000
-    """DeepSpeed's ``reduce_bucket_size`` (elements; a strategy file's key, 2e8 as in Lightning's DeepSpeed
-    strategy): ZeRO-2 and ZeRO-3 allocate a gradient reduce buffer of this many elements whatever the model's size
-    (:func:`zero_reduce_buffer`)."""
-    allgather_bucket_size: int = 200_000_000
-    """DeepSpeed's ``allgather_bucket_size`` (elements; a strategy file's key): ZeRO-2's parameter all-gather after
-    the step runs in buckets of this size (:mod:`tunelab.plan.model.comm` counts its calls)."""
-    zero3_max_live_parameters: int = 1_000_000_000
-    """DeepSpeed's ``stage3_max_live_parameters`` (elements; a strategy file's ``max_live_parameters``, DeepSpeed's
-    default 1e9): with the reuse distance, how many parameters ZeRO-3 holds gathered when the forward turns into
-    the backward (:func:`zero3_gathered`)."""
-    zero3_max_reuse_distance: int = 1_000_000_000
-    """DeepSpeed's ``stage3_max_reuse_distance`` (elements; a strategy file's ``max_reuse_distance``, DeepSpeed's
-    default 1e9): a parameter used again within this many parameters' fetches is not released
-    (:func:`zero3_gathered`)."""
-    zero3_param_persistence_threshold: int = 100_000
-    """DeepSpeed's ``stage3_param_persistence_threshold`` (elements; its default 1e5): ZeRO-3 keeps a parameter
-    tensor smaller than this whole on every rank, never partitioned nor gathered (norms, LoRA's matrices)
-    (:func:`zero3_tensors`)."""
-    offload_optimizer: bool = False
-    """Optimizer states (and master weights) in host RAM."""
-    offload_params: bool = False
-    """Parameters in host RAM."""
     activation_checkpointing: bool = False
     """Keep only each block's input; recompute one block at a time in backward."""
-    fsdp_root_kept: bool = False
-    """FSDP1 (``name: fsdp``): the root unit (everything outside the blocks) is not freed after forward, so it is
-    gathered once per micro batch, not again for backward (traced: :mod:`tunelab.plan.trace.ranks`); FSDP2: the next
-    field."""
-    fsdp2_root_kept: bool = False
-    """FSDP2 whose root was sharded with torch's default ``reshard_after_forward=None`` (litgpt's LoRA
-    ``parallelize_fn``): since torch 2.8 the root stays unsharded from its forward to the end of backward, gathered
-    once per micro batch like FSDP1's (traced: :mod:`tunelab.plan.trace.ranks`); False: resharded after forward and
-    gathered again for backward (a strategy file's ``reshard_after_forward: true``)."""
-    ddp_bucket_mb: int = 25
-    """DDP's ``bucket_cap_mb`` (a strategy file's key; torch's default 25): how many all-reduce calls a step makes."""
-    fsdp_wrap: str = "block"
-    """FSDP units: 'block' (each transformer block, litgpt's policy) or 'none' (the whole model one unit, Lightning's
-    default when no auto_wrap_policy is given: every parameter is gathered for the whole forward and backward)."""
     attention_math: bool = False
     """SDPA falls back to the math kernel (scores materialised): bf16 on a GPU without bf16 (V100, T4)."""
-    fused_optimizer: bool = False
-    """torch's fused Adam/AdamW kernel updates in place: no parameter-sized temporary during the step."""
-    fabric: bool = True
-    """The run is litgpt's own script under Lightning Fabric, whose precision plugins convert the model's outputs
-    (the logits) to fp32 under every precision, and whose loop holds the logits through the optimizer step; False:
-    tunelab's loop (a strategies file), whose loss casts the logits to fp32 itself and drops them after backward."""
-    fused_loss: bool = False
-    """tunelab's loop with Liger's fused linear cross-entropy (a strategy's ``liger``): the head's logits are never
-    materialised; the fused loss keeps the gradients of its input and of the head weight from forward to backward
-    (:func:`liger_loss_bytes`)."""
-    loss_read_interval: int = 1
-    """Iterations between reads of the loss to the host (a strategy's ``log_interval``; litgpt reads it every
-    iteration): between reads the host queues kernels ahead of the GPU (:mod:`tunelab.plan.model.fast_step`)."""
-    compiled: bool = False
-    """Transformer blocks compiled (torch.compile, a strategy's ``compile: blocks``): what each block keeps is what
-    torch's partitioner saves (:mod:`tunelab.plan.trace.compiled`, traced), not eager autograd's; planned as eager (an
-    upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
+    options: StrategyOptions = field(default_factory=lambda: StrategyOptions())
+    """What the strategy's file sets for its own strategy (read by the strategy's module alone)."""
+    loop: LoopFeatures = field(default_factory=lambda: LoopFeatures())
+    """The training loop that runs the case: litgpt's script, or tunelab's with its speed switches."""
     tables: object = None
     """The traced tables the model reads (:class:`tunelab.plan.model.tables.Tables`; the planner passes
     :data:`tunelab.plan.trace.tables.TRACED`): kernel templates, compiled blocks, DDP's buckets. None: a case the
     model can plan without them (memory of eager blocks, any strategy but DDP)."""
+
+    @classmethod
+    def of(cls, **fields) -> PlanInput:
+        """A case from flat fields, each :class:`StrategyOptions` and :class:`LoopFeatures` field into its group."""
+        return cls(**_grouped(fields, StrategyOptions(), LoopFeatures()))
+
+    def changed(self, **fields) -> PlanInput:
+        """This case with ``fields`` replaced, each :class:`StrategyOptions` and :class:`LoopFeatures` field in its
+        group (``dataclasses.replace`` that knows the groups)."""
+        return replace(self, **_grouped(fields, self.options, self.loop))
 
     @property
     def world(self) -> int:
@@ -197,7 +241,7 @@ def logits_held_at_step(case: PlanInput) -> float:
     logits' dtype (:func:`logits_bytes`). litgpt's fit loop keeps ``logits`` referenced until the next iteration, so
     they sit beside the gradients and optimizer states; tunelab's loop computes them inside its loss function, so
     nothing holds them after backward (0), and its fused loss never makes them."""
-    if not case.fabric or case.fused_loss:
+    if not case.loop.fabric or case.loop.fused_loss:
         return 0
     return case.micro_batch_size * case.seq_len * case.config.padded_vocab_size * logits_bytes(case)
 

@@ -184,7 +184,7 @@ def per_step(
     else:
         c.formula = "one device: none"
     c.links = {"gpu": gpu_link.name}
-    if z.m > 1 and case.sharding != "HYBRID_SHARD":  # a flat ring crosses the network: it runs at that hop
+    if z.m > 1 and not strategy.hierarchical(case):  # a flat ring crosses the network: it runs at that hop
         c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
     if host_link is not None:
         c.bytes_host = strategy.host_bytes(case, z)
@@ -221,7 +221,7 @@ def _sizes(case: PlanInput, strategy: Strategy, params, param_bytes) -> Sizes:
     )  # litgpt's FSDP1: bf16 under bf16-mixed
     if params is not None or not strategy.root_kept(case):
         root = 0.0  # FSDP2 resharding its root regathers it for backward; blocks unknown: every parameter twice
-    elif case.fsdp_wrap == "none":
+    elif strategy.one_unit(case):
         root = total * s_p  # the whole model one unit: the root
     else:
         root = count_params(dataclasses.replace(case.config, n_layer=0))[0] * s_p
@@ -238,5 +238,5 @@ def _sizes(case: PlanInput, strategy: Strategy, params, param_bytes) -> Sizes:
         G=reduced * s_p,
         R=root,
         trainable=trainable,
-        units=1 if case.fsdp_wrap == "none" or params is not None else case.config.n_layer + 1,
+        units=1 if strategy.one_unit(case) or params is not None else case.config.n_layer + 1,
     )

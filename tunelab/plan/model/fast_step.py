@@ -154,7 +154,7 @@ def compiled_block_seconds(block: dict, micro: int, tokens: float, gpu, sms: int
 
 
 def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S_PER_KERNEL) -> FastStep:
-    """The fast path's micro batch and optimizer step for PlanInput ``case`` (a strategy file: ``case.fabric`` False) at
+    """The fast path's micro batch and optimizer step for PlanInput ``case`` (a strategy file: ``case.loop.fabric`` False) at
     ``tokens`` padded tokens per sample on ``gpu`` (see the module docstring); ``compiled_host_s``: the host time per
     compiled kernel (the accuracy report refits it)."""
     c, micro = case.config, case.micro_batch_size
@@ -164,7 +164,7 @@ def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S
     optimizer = optimizer_of(case)
     whole_tokens = max(1, math.ceil(tokens))
     chunks = kernels.loss_chunks("lora", micro, whole_tokens) if method == "lora" else 1
-    liger = bool(case.fused_loss)
+    liger = bool(case.loop.fused_loss)
     out = FastStep(waits_for_loss=liger)
 
     def eager(n_layer: int):
@@ -184,7 +184,7 @@ def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S
         out.kernels[phase] = base_ops.get(phase, 0.0)
     if (
         compiled_supported(case.precision)
-        and case.compiled
+        and case.loop.compiled
         and not case.activation_checkpointing
         and case.method != "qlora"
     ):

@@ -498,7 +498,7 @@ def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
 def for_plan(case, gpu) -> StepTime | str:
     """The step by kernel of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) on ``gpu``, or why it
     is not modelled (a sentence): litgpt's own script on one device, full fine-tuning, LoRA or QLoRA."""
-    if case.world > 1 or not case.fabric:
+    if case.world > 1 or not case.loop.fabric:
         return "not modelled yet for several devices or tunelab's loop (a strategies file)"
     lora = lora_of(case)
     args = (

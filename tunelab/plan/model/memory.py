@@ -146,11 +146,11 @@ def model_states(case: PlanInput, notes: list) -> ModelStates:
             and "8bit" not in opt
             and "Paged" not in opt
             and strategy.foreach_temporary(case)
-            and not case.fused_optimizer
+            and not case.loop.fused_optimizer
         )
         else 0
     )
-    if case.fused_optimizer and opt.startswith("Adam"):
+    if case.loop.fused_optimizer and opt.startswith("Adam"):
         notes.append("fused AdamW: the update runs in place, no parameter-sized temporary")
     return ModelStates(
         total=total,
@@ -225,7 +225,7 @@ def autocast_weight_copies(case: PlanInput) -> float:
     # devices). Full fine-tuning's copies sit in autocast's cache until the forward ends, checkpointed or not.
     checkpointed = case.activation_checkpointing
     blocks = 0 if checkpointed else total - emb - head + lora_param_count(c, case.lora_r, case.lora_targets)
-    chunks = 0 if case.fused_loss else math.ceil(case.seq_len / LM_HEAD_CHUNK)
+    chunks = 0 if case.loop.fused_loss else math.ceil(case.seq_len / LM_HEAD_CHUNK)
     return 2 * blocks + 2 * head * chunks
 
 
@@ -255,7 +255,7 @@ def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
     )
     notes.extend(saved.notes)
     traced = (
-        case.compiled
+        case.loop.compiled
         and compiled_supported(case.precision)
         and not (case.activation_checkpointing or bnb_quantized(case) or case.attention_math)
     )
@@ -271,14 +271,14 @@ def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
         )
     else:
         acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
-    if case.compiled and not traced:
+    if case.loop.compiled and not traced:
         notes.append("compiled blocks: activations planned as eager here (an upper bound: inductor saves less)")
     if bnb_quantized(case):  # QLoRA's trainable StableEmbedding: its norm keeps its input (and mean and rstd), and the
         # first block's input carries a gradient, so it keeps what the others keep (stable_embedding_states)
         acts += (s_act * c.n_embd + 8) * n_tok + (
             0 if case.activation_checkpointing else saved.per_layer - saved.first_layer
         )
-    if case.fused_loss:
+    if case.loop.fused_loss:
         logits = saved.head_norm + liger_loss_bytes(case)
         notes.append("Liger's fused linear cross-entropy: the logits are never materialised (liger_loss_bytes)")
     else:
@@ -312,7 +312,7 @@ def _logits_and_loss(case: PlanInput, head: float, s_logits: int, n_tok: int) ->
     if not case.lora:
         return head + 2 * logits
     temporaries = lora_loss_backward_temporaries(case, s_logits)
-    if case.fabric:
+    if case.loop.fabric:
         return head + logits + temporaries
     last = last_chunk_tokens(case.seq_len)
     return head + max(logits + (last - 1) * case.micro_batch_size * c.padded_vocab_size * s_logits, temporaries)

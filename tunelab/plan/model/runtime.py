@@ -84,7 +84,7 @@ def checkpoint_bytes(case) -> tuple[float, float]:
       saves ``{model, optimizer, scheduler, counters}``: the weights and the optimizer's states; LoRA and QLoRA save
       the adapters only (``save_lora_checkpoint``); FSDP gathers the full state dict to rank 0, which writes all of
       it; DeepSpeed writes each rank's partition of the states (and of the weights at ZeRO-3) in parallel;
-      tunelab's loop (``case.fabric`` False) saves as litgpt does, but a sharded run's model alone;
+      tunelab's loop (``case.loop.fabric`` False) saves as litgpt does, but a sharded run's model alone;
     * after the loop (outside Training Time, inside the wall time): full fine-tuning saves the model; LoRA and
       QLoRA save the adapters, then litgpt's ``merge_lora`` writes the merged model in the run's precision (QLoRA:
       16-bit; the pretrained weights it reads are not counted: mmapped, just read by the run)."""
@@ -95,7 +95,7 @@ def checkpoint_bytes(case) -> tuple[float, float]:
         return st.lora_weights, st.lora_weights + merged
     model = st.total * st.s_param
     strategy = strategies.of(case)
-    if not case.fabric and strategy.sharded:  # tunelab's loop saves a sharded run's model alone
+    if not case.loop.fabric and strategy.sharded:  # tunelab's loop saves a sharded run's model alone
         return model, model
     if (each := strategy.checkpoint_bytes(case, st)) is not None:
         return each, each
@@ -134,7 +134,7 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
     """The step the kernel model times for PlanInput ``case``, or why it does not (a sentence): offloaded optimizer
     steps (they run on the CPU) and optimizers it does not trace. QLoRA is traced as LoRA on 4-bit weights, with
     what bitsandbytes adds beside the trace (:mod:`tunelab.plan.model.bnb_kernels`)."""
-    if case.offload_optimizer or case.offload_params:
+    if strategies.of(case).off_device(case):
         return "an offloaded optimizer step (on the CPU) is not in the kernel model"
     if getattr(case.config, "n_expert", 0):
         return (
@@ -145,7 +145,9 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         optimizer = optimizer_of(case)
     except InputError:
         return f"the optimizer {case.optimizer} is not in the kernel model"
-    fast = not case.fabric and (case.compiled or case.fused_loss or case.fused_optimizer or case.loss_read_interval > 1)
+    fast = not case.loop.fabric and (
+        case.loop.compiled or case.loop.fused_loss or case.loop.fused_optimizer or case.loop.loss_read_interval > 1
+    )
     return KernelWork(
         case.config,
         case.method,

@@ -61,7 +61,7 @@ def optimizer_of(case) -> str:
     """The traced optimizer for a PlanInput (:data:`OPTIMIZERS`); InputError for one that is not traced."""
     name = str(case.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
     if name in ("AdamW", "Adam"):
-        return "AdamW fused" if case.fused_optimizer else "AdamW"
+        return "AdamW fused" if case.loop.fused_optimizer else "AdamW"
     if name == "SGD":
         return "SGD momentum" if case.momentum else "SGD"
     if name in ("PagedAdamW", "PagedAdamW32bit"):

@@ -578,6 +578,6 @@ def for_plan(case) -> Simulation:
         optimizer,
         lora_r=case.lora_r,
         lora_targets=case.lora_targets,
-        fabric=case.fabric,
-        fused_loss=case.fused_loss,
+        fabric=case.loop.fabric,
+        fused_loss=case.loop.fused_loss,
     )

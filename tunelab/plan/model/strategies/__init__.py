@@ -52,5 +52,5 @@ def of(case: PlanInput) -> Strategy:
     if name not in NAMES:
         raise ValueError(f"strategy {name!r} has no memory model; one of {', '.join(NAMES)}")
     if name == "fsdp":
-        name = "fsdp1" if case.fsdp_root_kept else "fsdp2"
+        name = "fsdp1" if case.options.fsdp_root_kept else "fsdp2"
     return REGISTRY[name]

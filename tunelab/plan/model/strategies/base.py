@@ -138,12 +138,12 @@ class Strategy:
         (``offload_optimizer``: the gradients stream out per bucket, no step on the device), the weights
         (``offload_params``: ZeRO-3 gathers them to the device)."""
         two_blocks = block_params(case.config) * st.s_param * 2
-        if case.offload_optimizer:
+        if case.options.offload_optimizer:
             dev.host += st.optimizer + st.master + st.trainable * 4
             dev.optimizer = dev.step_temp = 0
             dev.grads = min(dev.grads, two_blocks)
             notes.append("optimizer offload: states, master weights and their gradients in host RAM")
-        if case.offload_params:
+        if case.options.offload_params:
             dev.host += st.weights
             dev.weights = 0  # ZeRO-3's gathered parameters are in_flight
             notes.append("parameter offload: weights in host RAM, gathered to the device as ZeRO-3 gathers them")
@@ -200,6 +200,19 @@ class Strategy:
     def node_rings(self, case: PlanInput, z: Sizes) -> int:
         """Rings sharing each node's network (HYBRID_SHARD: one per local rank)."""
         return 1
+
+    def hierarchical(self, case: PlanInput) -> bool:
+        """Whether its rings stay inside each node and only a reduction crosses the network (HYBRID_SHARD); else
+        on several nodes one flat ring runs at the network's speed."""
+        return False
+
+    def one_unit(self, case: PlanInput) -> bool:
+        """Whether the whole model is one unit, gathered whole (FSDP without auto-wrap)."""
+        return False
+
+    def off_device(self, case: PlanInput) -> bool:
+        """Whether offload puts the optimizer's step or the weights in host RAM (the step then runs on the CPU)."""
+        return case.options.offload_optimizer or case.options.offload_params
 
     def unhideable(self, case: PlanInput) -> bool:
         """Whether no compute hides the traffic (one unit; ZeRO-1/2's reductions on the compute stream)."""

@@ -17,10 +17,12 @@ def ddp_bucket_count(case: PlanInput) -> int:
     :func:`tunelab.plan.trace.ranks.ddp_buckets`), counted once per model, method, precision and cap."""
     lora = (case.lora_r, tuple(case.lora_targets)) if case.lora else ()
     precision = TRACED_AS.get(str(case.precision), str(case.precision))  # float16's gradients: bfloat16's bytes
-    key = (repr(case.config), case.method, precision, case.ddp_bucket_mb, lora)
+    key = (repr(case.config), case.method, precision, case.options.ddp_bucket_mb, lora)
     if key not in _BUCKETS:
         method = "lora" if case.lora else "full"
-        _BUCKETS[key] = len(tables_of(case).ddp_buckets(case.config, method, precision, case.ddp_bucket_mb, *lora))
+        _BUCKETS[key] = len(
+            tables_of(case).ddp_buckets(case.config, method, precision, case.options.ddp_bucket_mb, *lora)
+        )
     return _BUCKETS[key]
 
 

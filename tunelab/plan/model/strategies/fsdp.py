@@ -10,13 +10,13 @@ from tunelab.plan.model.strategies.ddp import all_reduce
 
 def fsdp_shard_group(case: PlanInput) -> int:
     """Devices FSDP shards over: the world, or under HYBRID_SHARD one node's devices."""
-    return case.world if case.sharding != "HYBRID_SHARD" else max(1, case.devices)
+    return case.world if case.options.sharding != "HYBRID_SHARD" else max(1, case.devices)
 
 
 def unsharded_while_accumulating(case: PlanInput) -> bool:
     """Sharded FSDP accumulating: the micro batches without gradient sync keep whole, unsharded gradients (counted
     in the sharding buffers); the sharded ones do not exist then (``zero_grad`` freed them)."""
-    return case.sharding != "NO_SHARD" and case.accumulation > 1
+    return case.options.sharding != "NO_SHARD" and case.accumulation > 1
 
 
 def sgo_gathered(case: PlanInput, st: ModelStates) -> float:
@@ -39,7 +39,7 @@ class FSDP(Strategy):
         16-bit weights: activations as at 16-bit -true, no autocast copies. litgpt's LoRA on several devices is FSDP2
         under Fabric's ModelParallelStrategy, which takes the ordinary MixedPrecision plugin: fp32 weights gathered,
         autocast over them."""
-        return bool(case.fsdp2_root_kept and case.fabric and "mixed" in str(case.precision))
+        return bool(case.options.fsdp2_root_kept and case.loop.fabric and "mixed" in str(case.precision))
 
     def gathered_bytes(self, case: PlanInput, st: ModelStates) -> float:
         """Under FULL_SHARD and HYBRID_SHARD, what is gathered beside the activations: the block in use and the
@@ -50,24 +50,24 @@ class FSDP(Strategy):
     def division(self, case: PlanInput, st: ModelStates, grads: float, notes: list) -> Division:
         """FSDP's sharding (FSDP1 or FSDP2): what each sharding strategy shards, what it holds gathered, and the
         unsharded gradients of micro batches without sync (``grads``: the gradients before division)."""
-        if case.sharding == "NO_SHARD":
+        if case.options.sharding == "NO_SHARD":
             notes.append(
                 "FSDP NO_SHARD: every device holds the whole model; gradients all-reduced in place (no buckets)"
             )
             return Division()
         group = fsdp_shard_group(case)
         d = Division()
-        if case.sharding in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"):
+        if case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"):
             d.shard_w = d.shard_g = d.shard_o = group
-        if case.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
+        if case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD"):
             # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
             # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
             d.in_flight = d.gathered = self.gathered_bytes(case, st)
-            if case.fsdp_wrap == "none":
+            if case.options.fsdp_wrap == "none":
                 d.in_flight = d.gathered = 0
                 d.extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
-        elif case.sharding == "SHARD_GRAD_OP":
+        elif case.options.sharding == "SHARD_GRAD_OP":
             d.in_flight = sgo_gathered(case, st)
             notes.append(
                 "SHARD_GRAD_OP: each unit stays gathered from its forward to its backward (the whole model at the "
@@ -79,20 +79,24 @@ class FSDP(Strategy):
         return d
 
     def offloaded(self, case: PlanInput, st: ModelStates, dev: PerDevice, notes: list) -> PerDevice:
-        return fsdp1_offloaded(case, dev, notes) if case.offload_params else super().offloaded(case, st, dev, notes)
+        return (
+            fsdp1_offloaded(case, dev, notes)
+            if case.options.offload_params
+            else super().offloaded(case, st, dev, notes)
+        )
 
     def accumulated_gradients(self, case: PlanInput, st: ModelStates, dev: PerDevice) -> float:
         return 0 if unsharded_while_accumulating(case) else super().accumulated_gradients(case, st, dev)
 
     def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
-        if case.sharding == "NO_SHARD":
+        if case.options.sharding == "NO_SHARD":
             all_reduce(c, z, z.units)
-        elif case.sharding == "HYBRID_SHARD":
+        elif case.options.sharding == "HYBRID_SHARD":
             _hybrid(c, case, z)
-        elif case.sharding == "SHARD_GRAD_OP":
+        elif case.options.sharding == "SHARD_GRAD_OP":
             # FSDP1 keeps its units gathered through no_sync()'s micro batches (traced: tunelab.plan.trace.ranks);
             # FSDP2 reshards after each backward and gathers again
-            gathers = 1 if case.fsdp_root_kept else z.a
+            gathers = 1 if case.options.fsdp_root_kept else z.a
             c.bytes_gpu = gathers * z.ring * z.P + z.ring * z.G
             c.formula = f"{'1' if gathers == 1 else 'a'} x (n-1)/n x P s_p + (n-1)/n x T s_g"
             c.calls = [z.call("all-gather", gathers * z.units), z.call("reduce-scatter", z.units)]
@@ -102,7 +106,7 @@ class FSDP(Strategy):
             c.bytes_gpu = z.a * z.ring * (2 * z.P - z.R) + z.ring * z.G
             c.formula = (
                 "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"
-                if case.fsdp_wrap == "none" and case.fsdp_root_kept
+                if case.options.fsdp_wrap == "none" and case.options.fsdp_root_kept
                 else "a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (R: the root unit's parameters, kept into backward)"
                 if kept
                 else "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
@@ -114,13 +118,19 @@ class FSDP(Strategy):
             ]
 
     def host_bytes(self, case: PlanInput, z: Sizes) -> float:
-        return z.a * 2 * z.P / z.n + z.G / z.n if case.offload_params else 0.0
+        return z.a * 2 * z.P / z.n + z.G / z.n if case.options.offload_params else 0.0
 
     def node_rings(self, case: PlanInput, z: Sizes) -> int:
-        return z.g if case.sharding == "HYBRID_SHARD" else 1
+        return z.g if case.options.sharding == "HYBRID_SHARD" else 1
+
+    def hierarchical(self, case: PlanInput) -> bool:
+        return case.options.sharding == "HYBRID_SHARD"
+
+    def one_unit(self, case: PlanInput) -> bool:
+        return case.options.fsdp_wrap == "none"
 
     def unhideable(self, case: PlanInput) -> bool:
-        return case.fsdp_wrap == "none"
+        return self.one_unit(case)
 
 
 def _hybrid(c, case: PlanInput, z: Sizes) -> None:
@@ -130,7 +140,7 @@ def _hybrid(c, case: PlanInput, z: Sizes) -> None:
     c.bytes_gpu = z.a * r * (2 * z.P - z.R) + r * z.G
     c.bytes_node = 2 * (m - 1) / m * z.G / g
     c.formula = "within a node: a x (g-1)/g x (2P - R) s_p + (g-1)/g x T s_g; across: 2(m-1)/m x T s_g / g"
-    kept = 1 if case.fsdp_root_kept else 0
+    kept = 1 if case.options.fsdp_root_kept else 0
     c.calls = [
         ("all-gather", z.a * (2 * z.units - kept), g - 1, 0),
         ("reduce-scatter", z.units, g - 1, 0),

@@ -57,9 +57,9 @@ def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     c = case.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
-    if case.lora and case.fsdp_wrap != "none":
+    if case.lora and case.options.fsdp_wrap != "none":
         chunk_grads = 2 * case.micro_batch_size * min(LM_HEAD_CHUNK, case.seq_len) * c.padded_vocab_size
-        gathered_apart = block if case.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
+        gathered_apart = block if case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
         at_head = (3 * head - gathered_apart) * st.s_param + chunk_grads * dtype_bytes(case.precision)
         return max(at_head, (head + 2 * block) * st.s_param)
     if not _fsdp1_full_shard_full(case):
@@ -76,13 +76,17 @@ def fsdp1_unsharded_scale(case: PlanInput) -> float:
     shards, 0.5; 1 elsewhere. Seen in the per-rank simulation (TinyLlama full, bf16-mixed, 4 devices: the root and
     blocks gathered in bf16, no_sync()'s unsharded gradients 2.2 GB for 1.1B parameters)."""
     mixed16 = "mixed" in str(case.precision) and parameter_bytes(case.precision) == 4
-    return 0.5 if case.fabric and mixed16 else 1.0
+    return 0.5 if case.loop.fabric and mixed16 else 1.0
 
 
 def _fsdp1_full_shard_full(case: PlanInput) -> bool:
     """FSDP1 full fine-tuning, FULL_SHARD or HYBRID_SHARD, each block a unit (offloaded or not:
     :func:`tunelab.plan.model.strategies.fsdp.fsdp1_offloaded` takes the states off the device, the moments stay)."""
-    return case.method == "full" and case.sharding in ("FULL_SHARD", "HYBRID_SHARD") and case.fsdp_wrap != "none"
+    return (
+        case.method == "full"
+        and case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD")
+        and case.options.fsdp_wrap != "none"
+    )
 
 
 def fsdp1_root_backward_end(case: PlanInput, st: ModelStates) -> float:
@@ -134,9 +138,9 @@ def fsdp1_one_unit_gradients(case: PlanInput, st: ModelStates) -> float:
     gradient covers its frozen weights too (:func:`flat_parameter_grads`). Read from the per-rank simulation
     (TinyLlama full, 32-true, 4 devices: 8.8 GB of temporaries at the backward's peak, twice its 4.4 GB of
     gradients). 0 elsewhere."""
-    if case.fsdp_wrap != "none" or case.sharding == "NO_SHARD":
+    if case.options.fsdp_wrap != "none" or case.options.sharding == "NO_SHARD":
         return 0.0
-    if case.offload_params or case.offload_optimizer:
+    if case.options.offload_params or case.options.offload_optimizer:
         return 0.0
     return 2 * (flat_parameter_grads(case, st) if case.lora else st.grads)
 
@@ -149,9 +153,13 @@ def fsdp1_no_shard_root_gradients(case: PlanInput, st: ModelStates) -> float:
     on the head: :func:`flat_parameter_frozen_grad_elements`). Read from MemTracker at the per-rank simulation's
     backward peak (Phi-2 LoRA on 8 devices: 32 block flat gradients of 160.3 MB, the root's 527.8 MB and two of
     262.1 MB). 0 elsewhere."""
-    if case.sharding != "NO_SHARD" or case.fsdp_wrap == "none":
+    if case.options.sharding != "NO_SHARD" or case.options.fsdp_wrap == "none":
         return 0.0
-    if case.offload_params or case.offload_optimizer or (case.lora and "head" not in set(case.lora_targets)):
+    if (
+        case.options.offload_params
+        or case.options.offload_optimizer
+        or (case.lora and "head" not in set(case.lora_targets))
+    ):
         return 0.0
     return root_unit_params(case.config) * st.s_param
 
@@ -237,12 +245,12 @@ class FSDP1(FSDP):
 
     def backward_note(self, case: PlanInput, at_end) -> str:
         """The plan's note when FSDP1's backward holds the peak (:meth:`backward_moment`)."""
-        if at_end and case.sharding == "NO_SHARD":
+        if at_end and case.options.sharding == "NO_SHARD":
             return (
                 "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
                 "unit's original parameters' gradients beside its own, every activation freed"
             )
-        if at_end and case.fsdp_wrap == "none":
+        if at_end and case.options.fsdp_wrap == "none":
             return (
                 "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
                 "twice over (its flat parameter's and its original parameters'), every activation freed"

@@ -19,7 +19,7 @@ from tunelab.plan.model.strategies.fsdp import FSDP
 
 def fsdp2_full_shard(case: PlanInput) -> bool:
     """FSDP2 resharding each block after forward (FULL_SHARD), each block a unit, then the root."""
-    return case.sharding == "FULL_SHARD" and case.fsdp_wrap != "none"
+    return case.options.sharding == "FULL_SHARD" and case.options.fsdp_wrap != "none"
 
 
 def root_regathered(case: PlanInput) -> float:
@@ -30,7 +30,7 @@ def root_regathered(case: PlanInput) -> float:
     FSDPMemTracker holds at the per-rank simulation's peaks, by kind and size (TinyLlama LoRA and Gemma 2B full on 2
     devices: no gathered parameter at the loss; 2 x the root plus the logits' gradient at the backward's start).
     0 elsewhere (FSDP1 keeps the root gathered from forward to backward: it sits beside the loss)."""
-    if not fsdp2_full_shard(case) or case.fsdp2_root_kept:
+    if not fsdp2_full_shard(case) or case.options.fsdp2_root_kept:
         return 0.0
     n_tok = case.micro_batch_size * case.seq_len
     return 2 * root_unit_params(case.config) * parameter_bytes(
@@ -85,7 +85,7 @@ def _fsdp2_moment(
     late = 0.0 if case.activation_checkpointing else cache  # checkpointed: only the head's copies, made at the loss
     moments = [
         ForwardMoment(0.0, held, fsdp2_forward_start(case) + grads, 0.0, start_note),
-        ForwardMoment(acts, logits, grads + (root if case.fsdp2_root_kept else 0.0), cache, None),
+        ForwardMoment(acts, logits, grads + (root if case.options.fsdp2_root_kept else 0.0), cache, None),
         ForwardMoment(inputs, held, dev.in_flight, late, None),
         ForwardMoment(
             acts, held, grads + root + 2 * block_params(case.config) * parameter_bytes(case.precision), late, None
@@ -122,4 +122,4 @@ class FSDP2(FSDP):
         return _fsdp2_moment(case, dev, acts, logits, st.autocast_cache, inputs)
 
     def root_kept(self, case: PlanInput) -> bool:
-        return case.fsdp2_root_kept
+        return case.options.fsdp2_root_kept

@@ -19,7 +19,7 @@ def zero3_tensors(case: PlanInput) -> tuple[int, int]:
     numels = param_tensor_numels(case.config) + (
         lora_tensor_numels(case.config, case.lora_r, case.lora_targets) if case.lora else []
     )
-    persistent = sum(n for n in numels if n < case.zero3_param_persistence_threshold)
+    persistent = sum(n for n in numels if n < case.options.zero3_param_persistence_threshold)
     return persistent, sum(numels) - persistent
 
 
@@ -39,7 +39,9 @@ def zero3_gathered(case: PlanInput) -> float:
 
 def zero3_kept(case: PlanInput) -> float:
     """Parameters (elements) ZeRO-3 holds gathered at the forward's end: :func:`zero3_gathered`'s rule."""
-    return min(zero3_tensors(case)[1], max(case.zero3_max_live_parameters, case.zero3_max_reuse_distance / 2))
+    return min(
+        zero3_tensors(case)[1], max(case.options.zero3_max_live_parameters, case.options.zero3_max_reuse_distance / 2)
+    )
 
 
 def zero_param_bytes(case: PlanInput) -> int:
@@ -53,7 +55,7 @@ def zero2_backward_partition(case: PlanInput, st: ModelStates) -> float:
     the first reduce bucket fills: inside the backward, beside its activations, where the trainable parameters
     outnumber ``reduce_bucket_size``; otherwise only at the backward's end, after the activations are gone. Freed
     at the step (which sees the float32 copy: :func:`zero_step_bytes`)."""
-    if st.trainable <= case.reduce_bucket_size:
+    if st.trainable <= case.options.reduce_bucket_size:
         return 0.0
     return st.trainable * zero_param_bytes(case) / case.world
 
@@ -64,16 +66,16 @@ def zero_step_bytes(case: PlanInput, st: ModelStates) -> tuple[float, float]:
     16-bit partitions as well: :func:`zero3_gradient_partitions`) and torch's foreach AdamW's one float32
     temporary over the master partition. Measured with DeepSpeed's own step on CPU (foreach AdamW, as on CUDA):
     8 bytes per trainable parameter / devices above the states at rest, ZeRO-2 and ZeRO-3 alike."""
-    if case.offload_optimizer:
+    if case.options.offload_optimizer:
         return st.grads, 0.0
-    grads = st.trainable * 4 + (st.grads if case.zero_stage >= 3 else 0.0)
+    grads = st.trainable * 4 + (st.grads if case.options.zero_stage >= 3 else 0.0)
     return grads, st.trainable * 4
 
 
 def zero3_gradient_partitions(case: PlanInput) -> bool:
     """ZeRO-3 without optimizer offload allocates its gradient partitions (``grad_partitions_flat_buffer``, the
     model's dtype) at its start and holds them through the run: beside the activations, not only at the step."""
-    return case.zero_stage >= 3 and not case.offload_optimizer
+    return case.options.zero_stage >= 3 and not case.options.offload_optimizer
 
 
 def zero_reduce_buffer(case: PlanInput) -> float:
@@ -84,9 +86,9 @@ def zero_reduce_buffer(case: PlanInput) -> float:
     backward's start and frees it at its end; ZeRO-3 (``stage3``'s optimizer init) holds it for the whole run.
     Measured on CPU with DeepSpeed's own code over gloo (tests/e2e/test_deepspeed_memory.py): 400 MB at the default 2e8
     elements, most of a small model's peak."""
-    if case.zero_stage < 2:
+    if case.options.zero_stage < 2:
         return 0.0
-    return case.reduce_bucket_size * zero_param_bytes(case)
+    return case.options.reduce_bucket_size * zero_param_bytes(case)
 
 
 class ZeRO(Strategy):
@@ -125,11 +127,11 @@ class ZeRO(Strategy):
         """DeepSpeed ZeRO's stages: states (1), gradients (2), weights (3) over the devices, and its buffers."""
         world = case.world
         d = Division(
-            shard_o=world if case.zero_stage >= 1 else 1,
-            shard_g=world if case.zero_stage >= 2 else 1,
-            shard_w=world if case.zero_stage >= 3 else 1,
+            shard_o=world if case.options.zero_stage >= 1 else 1,
+            shard_g=world if case.options.zero_stage >= 2 else 1,
+            shard_w=world if case.options.zero_stage >= 3 else 1,
         )
-        if case.zero_stage >= 3:
+        if case.options.zero_stage >= 3:
             persistent = zero3_tensors(case)[0] * zero_param_bytes(case)
             d.extra = zero_reduce_buffer(case) + persistent * (1 - 1 / world)  # small tensors whole on every rank
             d.in_flight = d.gathered = zero3_gathered(case)
@@ -138,39 +140,39 @@ class ZeRO(Strategy):
                 f"through the run; {zero3_kept(case) / 1e6:,.0f}M parameters gathered at the forward's end "
                 "(stage3_max_live_parameters, stage3_max_reuse_distance)"
             )
-        elif case.zero_stage == 2:
+        elif case.options.zero_stage == 2:
             d.in_flight = zero_reduce_buffer(case) + zero2_backward_partition(case, st)
             notes.append("ZeRO-2: its gradient reduce buffer (reduce_bucket_size elements) from backward's start")
         return d
 
     def step_bytes(self, case: PlanInput, st: ModelStates, grads: float, step_temp: float) -> tuple[float, float]:
-        return zero_step_bytes(case, st) if case.zero_stage >= 2 else (grads, step_temp)
+        return zero_step_bytes(case, st) if case.options.zero_stage >= 2 else (grads, step_temp)
 
     def accumulated_gradients(self, case: PlanInput, st: ModelStates, dev: PerDevice) -> float:
         """ZeRO-2/3 hold their 16-bit partitions (``dev.grads`` is the step's float32)."""
-        if case.zero_stage < 2:
+        if case.options.zero_stage < 2:
             return super().accumulated_gradients(case, st, dev)
-        held = zero3_gradient_partitions(case) or (case.accumulation > 1 and not case.offload_optimizer)
+        held = zero3_gradient_partitions(case) or (case.accumulation > 1 and not case.options.offload_optimizer)
         return st.grads / case.world if held else 0
 
     def at_the_loss(self, case: PlanInput, st: ModelStates, dev: PerDevice, logits: float) -> tuple[float, float]:
         """ZeRO-2's reduce buffer and 16-bit gradient partition come in the backward, after the head's backward has
         freed the logits, beside the activations (DeepSpeed run on CPU at each family's shape / 16, 2 ranks): the
         larger of the two counts."""
-        if case.zero_stage != 2:
+        if case.options.zero_stage != 2:
             return super().at_the_loss(case, st, dev, logits)
         return (0.0, dev.in_flight) if dev.in_flight > logits else (logits, 0.0)
 
     def checkpoint_bytes(self, case: PlanInput, st: ModelStates) -> float:
         model = st.total * st.s_param
-        weights = model / case.world if case.zero_stage >= 3 else model
+        weights = model / case.world if case.options.zero_stage >= 3 else model
         return weights + (st.optimizer + st.master) / case.world
 
     def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
-        reduces = math.ceil(z.G / (case.reduce_bucket_size * z.s_p))  # its buckets, in its config's elements
-        if case.zero_stage == 1:
+        reduces = math.ceil(z.G / (case.options.reduce_bucket_size * z.s_p))  # its buckets, in its config's elements
+        if case.options.zero_stage == 1:
             all_reduce(c, z, reduces)
-        elif case.zero_stage == 2:  # reduce-scatters on the compute stream (overlap_comm off), gather after
+        elif case.options.zero_stage == 2:  # reduce-scatters on the compute stream (overlap_comm off), gather after
             c.bytes_gpu = z.ring * z.P + z.ring * z.G
             c.formula = "1 x (n-1)/n x P s_p + (n-1)/n x T s_g"
             c.calls = [z.call("reduce-scatter", reduces), z.call("all-gather", 1)]
@@ -179,12 +181,12 @@ class ZeRO(Strategy):
             _zero3(c, case, z, params)
 
     def host_bytes(self, case: PlanInput, z: Sizes) -> float:
-        if not (case.offload_optimizer or case.offload_params):
+        if not (case.options.offload_optimizer or case.options.offload_params):
             return 0.0
-        return (z.G + z.trainable * z.s_p) / z.n + (z.a * 2 * z.P / z.n if case.offload_params else 0.0)
+        return (z.G + z.trainable * z.s_p) / z.n + (z.a * 2 * z.P / z.n if case.options.offload_params else 0.0)
 
     def unhideable(self, case: PlanInput) -> bool:
-        return case.zero_stage < 3
+        return case.options.zero_stage < 3
 
 
 def _zero3(c, case: PlanInput, z: Sizes, params) -> None:
@@ -223,32 +225,34 @@ def zero_sizes(case: PlanInput, st: ModelStates) -> ZeroSizes:
     terms), each with where its size comes from and when it is alive; ``st``: the case's model states."""
     n, s16 = case.world, zero_param_bytes(case)
     grads, temp = zero_step_bytes(case, st)
-    at_step = 0.0 if case.offload_optimizer else grads + temp - (st.grads if case.zero_stage >= 3 else 0.0)
+    at_step = (
+        0.0 if case.options.offload_optimizer else grads + temp - (st.grads if case.options.zero_stage >= 3 else 0.0)
+    )
     terms = [
         (
             "reduce buffer",
             zero_reduce_buffer(case),
-            f"reduce_bucket_size {case.reduce_bucket_size:,} x {s16} B; "
-            + ("held through the run" if case.zero_stage >= 3 else "from each backward's start to its end"),
+            f"reduce_bucket_size {case.options.reduce_bucket_size:,} x {s16} B; "
+            + ("held through the run" if case.options.zero_stage >= 3 else "from each backward's start to its end"),
         ),
         (
             "16-bit parameters",
-            0.0 if case.offload_params else st.weights / n if case.zero_stage >= 3 else st.weights,
+            0.0 if case.options.offload_params else st.weights / n if case.options.zero_stage >= 3 else st.weights,
             "in host RAM (offload_param)"
-            if case.offload_params
+            if case.options.offload_params
             else "parameters / devices"
-            if case.zero_stage >= 3
+            if case.options.zero_stage >= 3
             else "every parameter on every device (ZeRO-2)",
         ),
         (
             "float32 master and Adam moments",
-            0.0 if case.offload_optimizer else (st.optimizer + st.master) / n,
-            "in host RAM (offload_optimizer)" if case.offload_optimizer else "12 B x trainable / devices",
+            0.0 if case.options.offload_optimizer else (st.optimizer + st.master) / n,
+            "in host RAM (offload_optimizer)" if case.options.offload_optimizer else "12 B x trainable / devices",
         ),
         ("step: float32 gradient partition and AdamW's temporary", at_step / n, "at the optimizer step"),
     ]
-    terms += _zero3_terms(case, st, s16) if case.zero_stage >= 3 else _zero2_terms(case, st)
-    return ZeroSizes(case.zero_stage, n, terms)
+    terms += _zero3_terms(case, st, s16) if case.options.zero_stage >= 3 else _zero2_terms(case, st)
+    return ZeroSizes(case.options.zero_stage, n, terms)
 
 
 def _zero3_terms(case, st, s16: int) -> list:
@@ -261,7 +265,7 @@ def _zero3_terms(case, st, s16: int) -> list:
             "gathered at the forward's end",
             kept,
             f"{zero3_kept(case):,.0f} of {partitioned:,} elements: max("
-            f"stage3_max_live_parameters {case.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)",
+            f"stage3_max_live_parameters {case.options.zero3_max_live_parameters:,}, stage3_max_reuse_distance / 2)",
         ),
         (
             "16-bit gradient partitions",
@@ -272,7 +276,7 @@ def _zero3_terms(case, st, s16: int) -> list:
             "small tensors whole",
             persistent * s16,
             f"{persistent:,} elements under stage3_param_persistence_threshold "
-            f"{case.zero3_param_persistence_threshold:,}",
+            f"{case.options.zero3_param_persistence_threshold:,}",
         ),
     ]
 
