@@ -63,7 +63,13 @@ def test_the_tables_read_what_the_manifest_lists(tmp_path):
     assert evidence.path("b", "records", tmp_path) == "reports/f2/records.tgz"
     with pytest.raises(KeyError, match="holds no 'rows'"):
         evidence.path("b", "rows", tmp_path)
-    for folder, bad in (("../out", ""), ("f", "  roles: [everything]\n"), ("f", "  colour: red\n")):
+    bad_entries = (
+        ("../out", ""),
+        ("f", "  roles: [everything]\n"),
+        ("f", "  colour: red\n"),
+        ("f", "  notes: {grid: x}\n"),
+    )
+    for folder, bad in bad_entries:
         evidence.entries.cache_clear()
         manifest.write_text(f"c:\n  folder: {folder}\n  device: H200\n  date: 2027-01-01\n  software: torch\n{bad}")
         with pytest.raises(InputError, match=r"reports/evidence.yaml: c: "):
@@ -134,3 +140,14 @@ def test_a_new_steps_entry_is_a_section_of_runtime_md_without_python(tmp_path):
             evidence.entries(tmp_path)
     finally:
         evidence.entries.cache_clear()
+
+
+def test_a_grids_reading_is_the_manifests_words_in_its_kernels_section():
+    """What a kernel grid's table shows, in words, is data (``notes`` keyed by the file it holds), printed under
+    that grid's table in kernels.md: a new grid brings its own words, no Python."""
+    from tunelab.report import runtime_accuracy
+
+    words = evidence.entry("h200-grid-qlora", ROOT).notes["grid QLoRA"]
+    assert words.startswith("QLoRA against LoRA on one machine")
+    lines = runtime_accuracy._grid_lines(ROOT, ("h200-grid-qlora", "grid QLoRA"), "H200", "2026-11-27, QLoRA")
+    assert any(words in line for line in lines)

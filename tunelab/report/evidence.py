@@ -45,6 +45,8 @@ class Entry:
     """The heading of its own section, where a table gives it one (``steps``)."""
     note: str = ""
     """What a reader needs beside its table: how it was run, what stands out in it."""
+    notes: dict = field(default_factory=dict)
+    """{what it holds: what the table made of that file shows, in words} (a kernel grid's reading)."""
 
     def path(self, what: str) -> str:
         """The file it holds as ``what``, relative to the checkout (``reports/<folder>/<file>``)."""
@@ -88,6 +90,9 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
         roles = value.get("roles") or []
         if not isinstance(roles, list) or set(map(str, roles)) - set(ROLES):
             raise InputError(f"{MANIFEST}: {key}: roles: {roles!r}; each one of {', '.join(ROLES)}")
+        notes = value.get("notes") or {}
+        if not isinstance(notes, dict) or set(map(str, notes)) - set(holds):
+            raise InputError(f"{MANIFEST}: {key}: notes: a mapping of what it holds to words; fix: name a holds key")
         if "steps" in roles and not value.get("title"):
             raise InputError(f"{MANIFEST}: {key}: a steps entry needs a title (its section's heading); fix: add one")
         out[str(key)] = Entry(
@@ -102,6 +107,7 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
             tuple(map(str, roles)),
             str(value.get("title", "")),
             " ".join(str(value.get("note", "")).split()),
+            {str(k): " ".join(str(v).split()) for k, v in notes.items()},
         )
     return out
 

@@ -1090,7 +1090,7 @@ def _grid_lines(root, grid: tuple, gpu: str, day: str) -> list[str]:
         f"Step: {len(steps)} lines, errors {min(steps):+.0%} to {max(steps):+.0%}, mean absolute "
         f"{sum(map(abs, steps)) / len(steps):.0%}; the {len(gpu_bound)} GPU-bound (by the model) "
         + (f"from {min(gpu_bound):+.0%} to {max(gpu_bound):+.0%}. " if gpu_bound else ". ")
-        + profiles.GRID_NOTES.get(grid, ""),
+        + evidence.entry(grid[0]).notes.get(grid[1], ""),
         "",
     ]
     return lines
