@@ -211,6 +211,57 @@ def cpu_ops(prof) -> dict:
     return {k: [n, round(t, 1), round(g, 1)] for k, n, t, g in rows[:200]}
 
 
+DECODE_NEW = (8, 24)
+"""New tokens of the two generations :func:`decode_times` times: their difference over the 16 tokens between them is
+one decoded token, the prompt's prefill cancelled."""
+
+
+def decode_times(model, prompt: torch.Tensor, device: torch.device) -> dict | None:
+    """litgpt's generation as its finetune scripts run it after a validation (``litgpt.generate.base.generate`` at
+    temperature 0.8, one sample, the KV cache set for it, the model in eval mode): generations of
+    :data:`DECODE_NEW` new tokens after ``prompt``, each synchronised at its end, medians of three; the difference
+    over the tokens between them is one decoded token (seconds, and ops dispatched, counted once per length by a
+    dispatch mode outside the timing). None where the model's sequence leaves no room for the longer one."""
+    from litgpt.generate.base import generate
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counted(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    if prompt.numel() + DECODE_NEW[1] >= model.max_seq_length:
+        return None
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model.eval()
+    model.set_kv_cache(batch_size=1, device=device)
+    seconds, ops = {}, {}
+    for new in DECODE_NEW:
+        run = functools.partial(generate, model, prompt, prompt.numel() + new, temperature=0.8)
+        run()  # warm-up
+        with Counted() as counted:
+            run()
+        ops[new] = counted.ops
+        walls = []
+        for _ in range(3):
+            sync()
+            t0 = time.perf_counter()
+            run()
+            sync()
+            walls.append(time.perf_counter() - t0)
+        seconds[new] = statistics.median(walls)
+    model.clear_kv_cache()
+    model.train()
+    a, b = DECODE_NEW
+    return {
+        "s": (seconds[b] - seconds[a]) / (b - a),
+        "ops": (ops[b] - ops[a]) / (b - a),
+        "new_tokens": list(DECODE_NEW),
+    }
+
+
 def profile_method(
     method: str, model_name: str, micro: int, seq: int, steps: int, device: torch.device, precision: str = "bf16-true"
 ) -> dict:
@@ -279,6 +330,8 @@ def profile_method(
         gpu = hardware.identify(torch.cuda.get_device_name(0))
         peak = gpu.training_peak(precision) if gpu else None
     tokens = micro * seq
+    # QLoRA decodes through bitsandbytes' 4-bit inference kernel (gemv), not its training path: not timed here
+    decode = decode_times(model, batch[0, : max(1, seq // 2)], device) if method != "qlora" else None
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -296,6 +349,7 @@ def profile_method(
         "mfu": fpt.total * tokens / step_s / peak if peak else None,
         "tflops": fpt.total * tokens / step_s / 1e12,
         "flops_formula": fpt.formula,
+        **({"decode": decode} if decode else {}),
     }
 
 

@@ -261,7 +261,7 @@ def test_alloc_stage_rehearsed(tmp_path):
 @pytest.mark.slow  # about a minute on 2 cores
 def test_grid_stage_rehearsed_and_resumed(tmp_path):
     """Stage grid (the time model's out-of-sample profiles): one JSON line per (model, micro batch, method) with the
-    phases, the host's clock per phase, the kernel time and launches by category; a row "model:micro:lora,qlora" runs
+    phases, the host's clock per phase, the kernel time and launches by category, litgpt's generation per token; a row "model:micro:lora,qlora" runs
     those methods (QLoRA's dequantization its own category); a second call with the lines carried back runs none again."""
     out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
     proc = _runbook(out, runs, results, 500, "grid", timeout=900, GRID="tiny:1 tiny:2 tiny:3:lora,qlora")
@@ -280,6 +280,9 @@ def test_grid_stage_rehearsed_and_resumed(tmp_path):
     assert all(v > 0 for r in lines for v in r["host_phases"].values())  # the host's own clock, per phase
     assert all(r["host"]["host_op_us"] > 0 and r["host"]["module_op_us"] > 0 for r in lines)
     assert lines[0]["cpu_ops"]["aten::mm"][0] > 0  # the profiled step's host-side ops: calls, self microseconds
+    # litgpt's generate per decoded token (seconds, ops dispatched); QLoRA's 4-bit inference kernel is not timed
+    assert all(r["decode"]["s"] > 0 and r["decode"]["ops"] > 0 for r in lines if r["method"] != "qlora")
+    assert "decode" not in lines[-1]
     qlora = lines[-1]  # litgpt's bnb.nf4: every linear layer's 4-bit weight dequantized in forward and backward
     assert qlora["launches"]["dequantization"] > 0 and "dequantization" not in lines[-2]["launches"]
     results.mkdir()

@@ -403,6 +403,24 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid_for_the_lab_models(tmp_
     assert ("open_llama_7b", "lora", 8) in gpu_bound
 
 
+def test_a_grid_line_with_litgpts_generation_timed_is_held_to_the_decode_model(tmp_path):
+    """A grid line carrying litgpt's generation per token (``decode``: the runbook's profile_steps.py times
+    ``litgpt.generate.base.generate``) is compared with the model's decoded token (its kernels or its host's ops,
+    whichever is longer); a line without one shows no such pair."""
+    from litgpt import Config
+
+    first = json.loads((ROOT / evidence.path(*profiles.GRID_H200)).read_text().splitlines()[0])
+    where = tmp_path / evidence.path(*profiles.GRID_H200)
+    where.parent.mkdir(parents=True)
+    where.write_text(json.dumps(first) + "\n" + json.dumps({**first, "decode": {"s": 0.02, "ops": 200.0}}) + "\n")
+    plain, timed = profiles.grid_rows(tmp_path, profiles.GRID_H200, "H200")
+    assert "decode, per token" not in plain["pairs"]
+    predicted, measured, error = timed["pairs"]["decode, per token"]
+    st = kernels.step_time(Config.from_name(first["model"]), first["method"], first["dtype"], first["micro"],
+                           first["seq"], "H200", tables=TRACED)  # fmt: skip
+    assert predicted == st.phase_s("decode") > 0 and measured == 0.02 and error == pytest.approx(predicted / 0.02 - 1)
+
+
 @pytest.mark.slow  # 40 s from a fresh clone (tracing Llama 3.2 1B, Phi-2 and Gemma 2B); CI keeps the lab's models'
 # 15 lines of the grid (above)
 def test_the_kernel_model_out_of_sample_on_the_h200_grid():

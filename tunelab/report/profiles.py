@@ -209,6 +209,8 @@ def grid_rows(root, grid: tuple = GRID, gpu: str = "H100-SXM") -> list[dict]:
             pairs["dequantization"] = (cat.get("dequantization", 0.0), k["dequantization"])
         if isinstance(m.get("host_phases"), dict):
             pairs["host (own clock)"] = (st.host_s, sum(m["host_phases"].values()))
+        if isinstance(m.get("decode"), dict) and m["decode"].get("s"):  # litgpt's generate, per token
+            pairs["decode, per token"] = (st.phase_s("decode"), m["decode"]["s"])
         rows.append(
             {
                 "model": m["model"],
