@@ -61,9 +61,11 @@ class _NoChild(subprocess.Popen):
 
 
 @pytest.fixture(scope="module")
-def untouched():
+def untouched(tmp_path_factory):
     """What must not change while the suite runs: the checkout's parent, the checkout's output folders, and the
-    process's children (none may be started, none left)."""
+    process's children (none may be started, none left). pytest's own temp folder is made first: a case that asks
+    for ``tmp_path`` makes it otherwise, inside the window, when this file runs alone."""
+    tmp_path_factory.getbasetemp()
 
     def snapshot():
         outputs = {p: sorted(os.listdir(ROOT / p)) if (ROOT / p).is_dir() else None for p in ("runs", "reports")}

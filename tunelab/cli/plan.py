@@ -15,12 +15,10 @@ def add_parser(sub) -> None:
         "plan",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="predict peak memory, fit, largest micro batch, runtime and energy before launch",
-        description="Predict the peak GPU memory of RECIPE (with litgpt-style overrides) per device, broken down "
-        "into weights, gradients, optimizer states, activations, logits, strategy buffers; the verdict "
-        "for --gpu with its margin and the largest micro batch that fits; FLOPs per token and a runtime "
-        "and energy range for the recipe's training run. The model comes from the recipe's "
-        "checkpoint_dir (its model_config.yaml, else litgpt's config of the directory name), so any "
-        "model litgpt knows can be planned: --checkpoint_dir checkpoints/meta-llama/Llama-2-7b-hf.",
+        description="Predict the peak GPU memory of RECIPE (with litgpt-style overrides) per device, broken down into "
+        "weights, gradients, optimizer states, activations, logits, strategy buffers; the verdict for --gpu with its "
+        "margin and the largest micro batch that fits; the run's time and energy. Any model litgpt knows plans (the "
+        "recipe's checkpoint_dir: its model_config.yaml, else litgpt's config of the directory name).",
         epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
         "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb (sums to "
         "peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, seq_len_source, notes, "
@@ -32,6 +30,32 @@ def add_parser(sub) -> None:
         "links come from); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps (against stock "
         "litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )
+    _case_arguments(s.add_argument_group("the run planned"))
+    _time_arguments(s.add_argument_group("its time, energy and links"))
+    checks = s.add_argument_group("checks beside the plan (seconds each, on this CPU)")
+    checks.add_argument(
+        "--measure",
+        action="store_true",
+        help="count what autograd keeps in one real forward of litgpt's model (full width, 2 blocks) beside the plan",
+    )
+    checks.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run litgpt's step on fake tensors under MemTracker: each phase's peak beside the plan; on several "
+        "devices rank 0 under a fake process group, wrapped as the run wraps it (docs/planner.md)",
+    )
+    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
+    s.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the whole plan: the breakdown term by term, every note, where each figure comes from (default: the "
+        "answer in about ten lines)",
+    )
+    s.set_defaults(func=handle, passthrough=True)
+
+
+def _case_arguments(s) -> None:
+    """The recipe, the GPU, the devices and the strategy: what is planned."""
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml: A100-80GB, H100-SXM, V100-32GB, L4, ...")
     s.add_argument("--devices", type=count, help="GPUs per node (default: the recipe's devices)")
@@ -50,6 +74,10 @@ def add_parser(sub) -> None:
         type=given_path,
         help="an Alpaca JSON: use its longest sample as the sequence length (needs the checkpoint's tokenizer)",
     )
+
+
+def _time_arguments(s) -> None:
+    """The run's size, the MFU range, the disk, the links and the host: what its time and energy depend on."""
     s.add_argument(
         "--tokens",
         type=number(float, 0, 1e18, low_open=True, what="a token count"),
@@ -75,23 +103,6 @@ def add_parser(sub) -> None:
         help="a directory of run records: use the measured MFU (and power) of the nearest measured configuration",
     )
     s.add_argument(
-        "--measure",
-        action="store_true",
-        help="also count what autograd keeps in one real forward of litgpt's model for this case (full "
-        "width, 2 blocks, one sequence of the planned length, on this CPU; seconds to a minute) and "
-        "print it beside the planner's activation term",
-    )
-    s.add_argument(
-        "--simulate",
-        action="store_true",
-        help="also run litgpt's training step on fake tensors under torch's MemTracker (full width, 1 and 2 blocks "
-        "extrapolated; seconds): each phase's peak and what is alive there, beside the plan; with a GPU (--gpu or "
-        "this machine's), the step's time by kernel on it. On several devices, litgpt's own choice (wrapped as "
-        "litgpt's scripts wrap it), --strategy fsdp (and variants), fsdp2 or ddp: rank 0 simulated under a fake "
-        "process group (wrapped as the run wraps it; DDP's buckets), its peak per phase by kind and its "
-        "collectives per step; deepspeed-zero2/3: its buffers by their sizes",
-    )
-    s.add_argument(
         "--save-gbs",
         type=number(float, 0, 1e4, low_open=True, what="GB/s"),
         metavar="GBS",
@@ -107,14 +118,6 @@ def add_parser(sub) -> None:
         help="microseconds per op litgpt's loop takes on your host's CPU, where you know it (a record's "
         "implied figure); default: our H100 machine's, the time band spanning the hosts we measured",
     )
-    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
-    s.add_argument(
-        "--verbose",
-        action="store_true",
-        help="the whole plan: the breakdown term by term, every note, where each figure comes from (default: the "
-        "answer in about ten lines)",
-    )
-    s.set_defaults(func=handle, passthrough=True)
 
 
 def handle(args, extra) -> int:

@@ -61,56 +61,97 @@ def saved_bytes(
     ``frozen_weights_grad``: LoRA under FSDP1 (``use_orig_params``), whose frozen weights are, during the forward,
     views of a flat parameter that needs a gradient: every matmul keeps its input for its weight's gradient as in
     full fine-tuning, beside the adapters' own (the root unit's weights too when the head is a target)."""
-    full = method == "full"
-    on = set(targets)
-    wt = full or frozen_weights_grad  # the blocks' own weights take a gradient
-    wt_root = full or (frozen_weights_grad and "head" in on)  # the embedding, final norm and head do
+    k = _Kept(c, method, s, micro * seq, set(targets), lora_r, device, mixed, frozen_weights_grad)
+    per, first = (
+        k.block(False, attention_output_view, flash_pad, seq),
+        k.block(True, attention_output_view, flash_pad, seq),
+    )
+    head_norm = k.norm(k.wt_root) + (k.lora_in(c.n_embd) if k.lora("head") else 0)
+    head = head_norm + (s * c.n_embd * k.n if k.wt_root else 0)
+    positions = micro * (seq - 1)
+    # log-softmax per chunk in the logits' dtype (fp32 under Fabric), int64 targets
+    head += logits_bytes * c.padded_vocab_size * positions + 8 * positions
+    if c.final_logit_softcapping is not None:
+        head += s * c.padded_vocab_size * positions  # tanh of the logits
+    if c.attention_logit_softcapping is not None:
+        k.notes.append("attention softcapping: scores kept (T x T per head), on every device")
+    return SavedBytes(
+        per_layer=per, first_layer=first, head=head, notes=tuple(dict.fromkeys(k.notes)), head_norm=head_norm
+    )
 
-    def lora(k: str) -> bool:
-        return not full and k in on
 
-    n = micro * seq
-    d, inter, hs, nh, ng = c.n_embd, c.intermediate_size, c.head_size, c.n_head, c.n_query_groups
-    qw = nh * hs
-    mask_b = 1 if device == "cuda" else s
-    notes = []
-    gated = c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
-    mlp_inputs = 2 if gated else 1  # linears reading the MLP's normalised input
-    # a norm's weight is cast to fp32 (a new tensor) unless it already is (mixed); Gemma's 1 + w is always new
-    norm_weight_copy = 4 * d if (not mixed or "Gemma" in c.name) else 0
+class _Kept:
+    """The terms :func:`saved_bytes` adds up for one configuration, ``n`` tokens: each sublayer's kept tensors."""
 
-    def norm(weight_trains: bool, input_needs_grad: bool = True, residual: bool = True, again: bool = False) -> float:
+    def __init__(self, c, method, s, n, on, lora_r, device, mixed, frozen_weights_grad) -> None:
+        self.c, self.s, self.n, self.on, self.lora_r, self.mixed = c, s, n, on, lora_r, mixed
+        self.full = method == "full"
+        self.wt = self.full or frozen_weights_grad  # the blocks' own weights take a gradient
+        self.wt_root = self.full or (frozen_weights_grad and "head" in on)  # the embedding, final norm and head do
+        self.cuda = device == "cuda"
+        self.mask_b = 1 if self.cuda else s
+        self.notes: list[str] = []
+        self.gated = c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
+        self.mlp_inputs = 2 if self.gated else 1  # linears reading the MLP's normalised input
+        # a norm's weight is cast to fp32 (a new tensor) unless it already is (mixed); Gemma's 1 + w is always new
+        self.norm_weight_copy = 4 * c.n_embd if (not mixed or "Gemma" in c.name) else 0
+
+    def lora(self, k: str) -> bool:
+        return not self.full and k in self.on
+
+    def norm(self, weight_trains: bool, input_needs_grad: bool = True, residual: bool = True, again: bool = False):
         """``residual``: it normalises the residual stream (fp32 under mixed), not a sublayer's 16-bit output;
         ``again``: a second norm of the same input (a parallel residual's norm_2), whose input is already kept
         unless the norm makes its own fp32 copy of it (RMSNorm of a 16-bit input)."""
+        c, s, n, d = self.c, self.s, self.n, self.c.n_embd
         if not (weight_trains or input_needs_grad):
             return 0  # nothing needs a gradient through it (LoRA's first block: a frozen embedding feeds it)
         if c.norm_class_name == "LayerNorm":  # autocast runs layer_norm in fp32: its input, fp32 under mixed
-            kept_input = 0 if again else (4 if mixed and residual else s) * d
-            return (kept_input + 2 * (4 if device == "cuda" else s)) * n
+            kept_input = 0 if again else (4 if self.mixed and residual else s) * d
+            return (kept_input + 2 * (4 if self.cuda else s)) * n
         if c.norm_class_name != "RMSNorm":
-            notes.append(f"norm {c.norm_class_name}: counted as RMSNorm")
-        own_copy = not again or (not mixed and s < 4)  # x.float() of a 16-bit input is a new tensor each time
-        return (4 * d * own_copy + 4) * n + norm_weight_copy + (4 * d * n if weight_trains else 0)
+            self.notes.append(f"norm {c.norm_class_name}: counted as RMSNorm")
+        own_copy = not again or (not self.mixed and s < 4)  # x.float() of a 16-bit input is a new tensor each time
+        return (4 * d * own_copy + 4) * n + self.norm_weight_copy + (4 * d * n if weight_trains else 0)
 
-    def linear_inputs(k: int) -> float:
+    def linear_inputs(self, k: int) -> float:
         """Full fine-tuning: what ``k`` trainable linears reading one normalised input keep. -true: that input, one
         storage. Mixed: it is fp32 and each linear keeps its own 16-bit cast (autocast caches weights only)."""
-        return s * d * n * (k if mixed else min(k, 1))
+        return self.s * self.c.n_embd * self.n * (k if self.mixed else min(k, 1))
 
-    def lora_in(width: int, outs: int = 1, input_needs_grad: bool = True) -> float:
+    def lora_in(self, width: int, outs: int = 1, input_needs_grad: bool = True) -> float:
         """dropout mask (only when its input needs a gradient) + dropout output + lora_A output(s)"""
-        return ((mask_b if input_needs_grad else 0) + s) * width * n + s * lora_r * outs * n
+        s, n = self.s, self.n
+        return ((self.mask_b if input_needs_grad else 0) + s) * width * n + s * self.lora_r * outs * n
 
-    def block(first: bool) -> float:
-        grad_in = wt_root or not first  # LoRA's first block: its input (a frozen embedding's output) needs no gradient
-        b = norm(wt, input_needs_grad=grad_in)
+    def block(self, first: bool, attention_output_view: bool, flash_pad: bool, seq: int) -> float:
+        """One block: its first norm, the attention, the second norm and the MLP."""
+        c, wt = self.c, self.wt
+        grad_in = self.wt_root or not first  # LoRA's first block: its input (a frozen embedding's output) needs none
+        b = self.norm(wt, input_needs_grad=grad_in)
+        attn, attn_out_grad = self.attention(grad_in, attention_output_view, flash_pad, seq)
+        b += attn
+        if c.post_attention_norm:
+            b += self.norm(wt, input_needs_grad=attn_out_grad, residual=False)
+        # the MLP's input: the block input (parallel residual) or the block input plus the attention's output
+        mlp_in_grad = grad_in or (attn_out_grad and not c.parallel_residual)
+        if not c.shared_attention_norm:
+            b += self.norm(wt, input_needs_grad=mlp_in_grad, again=c.parallel_residual)
+            if wt:
+                b += self.linear_inputs(self.mlp_inputs)  # norm_2's output: fc_1 / fc_2 input
+        return b + self.mlp(mlp_in_grad)
+
+    def attention(self, grad_in: bool, attention_output_view: bool, flash_pad: bool, seq: int) -> tuple:
+        """(bytes, whether its output needs a gradient) of the attention sublayer after its norm."""
+        c, s, n, d, lora = self.c, self.s, self.n, self.c.n_embd, self.lora
+        hs, nh, ng = c.head_size, c.n_head, c.n_query_groups
+        qw, b = nh * hs, 0.0
         qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))
         attn_grad = grad_in or qkv_targets > 0  # q, k, v need a gradient: attention keeps its inputs
-        if wt:
-            b += linear_inputs(1 + (mlp_inputs if c.shared_attention_norm else 0))  # qkv's (+ the MLP's) input
+        if self.wt:
+            b += self.linear_inputs(1 + (self.mlp_inputs if c.shared_attention_norm else 0))  # qkv's (+ MLP's) input
         if qkv_targets:
-            b += lora_in(d, qkv_targets, input_needs_grad=grad_in)
+            b += self.lora_in(d, qkv_targets, input_needs_grad=grad_in)
             if qkv_targets < 3:  # zero_pad's index_copy_ keeps the adapters' output and a copy of its int64 index
                 width = hs * sum(w for k, w in (("query", nh), ("key", ng), ("value", ng)) if lora(k))
                 b += s * n * width + 8 * width
@@ -127,54 +168,27 @@ def saved_bytes(
             else:  # GQA / MQA: k and v expanded to every head
                 kv = 2 * s * qw * n
             b += s * qw * n + kv + s * qw * n + 4 * nh * n  # q, k and v, the output, fp32 log-sum-exp
-        if wt and not attention_output_view:
+        if self.wt and not attention_output_view:
             b += s * qw * n  # the output's reshaped copy: the projection's input
         if lora("projection"):
-            b += lora_in(qw, input_needs_grad=attn_grad)
-        attn_out_grad = attn_grad or lora("projection")
-        if c.post_attention_norm:
-            b += norm(wt, input_needs_grad=attn_out_grad, residual=False)
-        # the MLP's input: the block input (parallel residual) or the block input plus the attention's output
-        mlp_in_grad = grad_in or (attn_out_grad and not c.parallel_residual)
-        if not c.shared_attention_norm:
-            b += norm(wt, input_needs_grad=mlp_in_grad, again=c.parallel_residual)
-            if wt:
-                b += linear_inputs(mlp_inputs)  # norm_2's output: fc_1 / fc_2 input
-        if lora("mlp"):
-            b += lora_in(d, input_needs_grad=mlp_in_grad) * (2 if gated else 1)
+            b += self.lora_in(qw, input_needs_grad=attn_grad)
+        return b, attn_grad or lora("projection")
+
+    def mlp(self, mlp_in_grad: bool) -> float:
+        """The MLP sublayer after its norm (and its post norm)."""
+        c, s, n, inter, lora = self.c, self.s, self.n, self.c.intermediate_size, self.lora
+        b = self.lora_in(c.n_embd, input_needs_grad=mlp_in_grad) * (2 if self.gated else 1) if lora("mlp") else 0
         if not (mlp_in_grad or lora("mlp")):
             return b  # a frozen MLP with no gradient through its input keeps nothing
-        if gated:
-            b += 3 * s * inter * n
-            if wt:
+        if self.gated or c.mlp_class_name == "GptNeoxMLP":
+            b += (3 if self.gated else 1) * s * inter * n  # gate, up and their product; or the GELU's input
+            if self.wt:
                 b += s * inter * n
             if lora("mlp"):
-                b += lora_in(inter)
-        elif c.mlp_class_name == "GptNeoxMLP":
-            b += s * inter * n  # the GELU's input
-            if wt:
-                b += s * inter * n
-            if lora("mlp"):
-                b += lora_in(inter)
+                b += self.lora_in(inter)
         else:
-            notes.append(f"MLP {c.mlp_class_name}: not modelled (counted as SwiGLU)")
+            self.notes.append(f"MLP {c.mlp_class_name}: not modelled (counted as SwiGLU)")
             b += 4 * s * inter * n
         if c.post_mlp_norm:
-            b += norm(wt, residual=False)
+            b += self.norm(self.wt, residual=False)
         return b
-
-    per = block(first=False)
-    first = block(first=True)
-    v = c.padded_vocab_size
-    head_norm = norm(wt_root) + (lora_in(d) if lora("head") else 0)
-    head = head_norm + (s * d * n if wt_root else 0)
-    positions = micro * (seq - 1)
-    # log-softmax per chunk in the logits' dtype (fp32 under Fabric), int64 targets
-    head += logits_bytes * v * positions + 8 * positions
-    if c.final_logit_softcapping is not None:
-        head += s * v * positions  # tanh of the logits
-    if c.attention_logit_softcapping is not None:
-        notes.append("attention softcapping: scores kept (T x T per head), on every device")
-    return SavedBytes(
-        per_layer=per, first_layer=first, head=head, notes=tuple(dict.fromkeys(notes)), head_norm=head_norm
-    )
