@@ -151,3 +151,29 @@ def test_a_grids_reading_is_the_manifests_words_in_its_kernels_section():
     assert words.startswith("QLoRA against LoRA on one machine")
     lines = runtime_accuracy._grid_lines(ROOT, ("h200-grid-qlora", "grid QLoRA"), "H200", "2026-11-27, QLoRA")
     assert any(words in line for line in lines)
+
+
+def test_the_published_multinode_table_is_data_read_in_one_checked_place(tmp_path):
+    """The FSDP study's multi-node rows are a data file (configs/published/), not constants in code: the report's
+    rows are its rows; a file with a key missing, a row that is not numbers or a link in its place is one line."""
+    import os
+
+    from tunelab.report import accuracy
+
+    study = accuracy.multinode_study(ROOT)
+    assert study.gpu == "V100-16GB" and [r[0] for r in study.rows] == [4, 8, 16]
+    rows = accuracy.multinode_rows()
+    assert [(r["gpus"], r["study_step_s"]) for r in rows] == [(n, s) for n, _, s in study.rows]
+    where = tmp_path / accuracy.MULTINODE_TABLE
+    where.parent.mkdir(parents=True)
+    text = (ROOT / accuracy.MULTINODE_TABLE).read_text()
+    for bad in (text.replace("param_bytes: 2\n", ""), text.replace("params_b: 4.4", "params_b: many")):
+        where.write_text(bad)
+        with pytest.raises(InputError, match=r"configs/published/fsdp-multinode.yaml: .*fix:") as e:
+            accuracy.multinode_study(tmp_path)
+        assert "\n" not in str(e.value)
+    where.unlink()
+    (tmp_path / "outside.yaml").write_text(text)
+    os.symlink(tmp_path / "outside.yaml", where)
+    with pytest.raises(InputError):
+        accuracy.multinode_study(tmp_path)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tunelab import hardware, settings
+from tunelab import files, hardware, settings, yaml_input
+from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_bytes, write_csv, write_text_atomic
 from tunelab.paths import ROOT, output_root
 from tunelab.plan import stored
@@ -581,44 +582,65 @@ def _comm_section(out: Path) -> list[str]:
     return lines
 
 
-MULTINODE_ROWS = (
-    # (GPUs, parameters, iteration ms) as published; 4 V100 16 GB per node, AMP, sequence 128, batch 16 per GPU
-    (4, 2.9e9, 12772),
-    (8, 4.4e9, 15717),
-    (16, 8.4e9, 39228),
-)
-"""The FSDP study's multi-node table: GPT-2-shaped models scaled (layers, heads, width) to fill 16 GB V100s at
-batch 16 per GPU, 4 GPUs per node, mixed precision, sequence length 128, 30 iterations averaged. The network
-between nodes was not described."""
-MULTINODE_GPU = "V100-16GB"
-MULTINODE_GPUS_PER_NODE = 4
-MULTINODE_TOKENS = 16 * 128
-"""Tokens per GPU per iteration (batch 16 x sequence 128)."""
-MULTINODE_FLOPS_PER_PARAM_TOKEN = 8
-"""Forward, backward and the forward again of activation checkpointing (the study's TFLOP/s figures for 8 and 16
-GPUs match 8 FLOPs per parameter and token: 36.7 and 55.7 published, 36.8 and 56.1 from its times)."""
-MULTINODE_PARAM_BYTES = 2
-"""Bytes per gathered parameter: 16-bit gathers assumed (float32 gathers double the bytes and the bandwidth
-fitted: the errors do not change)."""
+MULTINODE_TABLE = "configs/published/fsdp-multinode.yaml"
+"""The FSDP study's multi-node table as published (a data file, relative to the checkout; its keys in its header)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MultinodeStudy:
+    """The published multi-node table (:data:`MULTINODE_TABLE`)."""
+
+    gpu: str
+    gpus_per_node: int
+    tokens_per_gpu: int
+    flops_per_param_token: float
+    param_bytes: int
+    rows: tuple
+    """(GPUs, parameters, iteration seconds) per published row."""
+
+
+def multinode_study(root: Path = ROOT) -> MultinodeStudy:
+    """:data:`MULTINODE_TABLE` read and checked (one line naming the file and the key for anything else)."""
+    where = MULTINODE_TABLE
+    raw = yaml_input.loads(files.read_text(root / where, yaml_input.MAX_BYTES, "a published table", links=False), where)
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: a mapping of the study's keys; fix: restore it (git checkout -- {where})")
+    keys = [f.name for f in dataclasses.fields(MultinodeStudy)]
+    if set(raw) != set(keys):
+        raise InputError(f"{where}: needs exactly {', '.join(keys)}; fix: restore it (git checkout -- {where})")
+    try:
+        rows = tuple((int(r["gpus"]), float(r["params_b"]) * BILLION, r["iteration_ms"] / 1000) for r in raw["rows"])
+        numbers = {k: raw[k] for k in keys[1:-1]}
+        if (
+            not rows
+            or any(v <= 0 for r in rows for v in r)
+            or any(not isinstance(v, int | float) for v in numbers.values())
+        ):
+            raise ValueError
+    except (TypeError, KeyError, ValueError):
+        raise InputError(
+            f"{where}: rows: a list of {{gpus, params_b, iteration_ms}}, each above 0; fix: restore it"
+        ) from None
+    return MultinodeStudy(str(raw["gpu"]), **numbers, rows=rows)
 
 
 def multinode_rows() -> list[dict]:
-    """Each multi-node row of :data:`MULTINODE_ROWS` as compute (the runtime's own efficiency on the V100's fp16
-    peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.model.comm.per_step``: a flat ring over the nodes' network,
-    which carries one device's volume per node) over one network bandwidth fitted to the rows, and fitted without the row
-    (leave-one-out). The single-node row has no network and is shown apart."""
-    gpu = hardware.lookup(MULTINODE_GPU)
-    peak = gpu.training_peak("16-mixed")
+    """Each row of the published multi-node table (:func:`multinode_study`) as compute (the runtime's own efficiency
+    on the GPU's fp16 peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.model.comm.per_step``: a flat ring over the
+    nodes' network, which carries one device's volume per node) over one network bandwidth fitted to the rows, and
+    fitted without the row (leave-one-out). The single-node row has no network and is shown apart."""
+    study = multinode_study()
+    peak = hardware.lookup(study.gpu).training_peak("16-mixed")
     items = []
-    for n, params, ms in MULTINODE_ROWS:
-        nodes = n // MULTINODE_GPUS_PER_NODE
+    for n, params, secs in study.rows:
+        nodes = n // study.gpus_per_node
         x = memory.PlanInput(
-            config=None, strategy="fsdp", precision="16-mixed", devices=MULTINODE_GPUS_PER_NODE, num_nodes=nodes
+            config=None, strategy="fsdp", precision="16-mixed", devices=study.gpus_per_node, num_nodes=nodes
         )
         unit = comm.Link("unit", "node" if nodes > 1 else "gpu", 1.0, 1.0, "1 GB/s: scaled by the fit")
-        k = comm.per_step(x, unit, unit, params=(int(params), int(params)), param_bytes=MULTINODE_PARAM_BYTES)
-        compute = MULTINODE_FLOPS_PER_PARAM_TOKEN * params * MULTINODE_TOKENS / (peak * runtime.ETA)
-        items.append((n, nodes, params, compute, k, ms / 1000))
+        k = comm.per_step(x, unit, unit, params=(int(params), int(params)), param_bytes=study.param_bytes)
+        compute = study.flops_per_param_token * params * study.tokens_per_gpu / (peak * runtime.ETA)
+        items.append((n, nodes, params, compute, k, secs))
     across = [i for i in items if i[1] > 1]
     fitted = _fit_bandwidth(across)
     out = []
@@ -660,16 +682,16 @@ def _fit_bandwidth(items: list[tuple]) -> float:
 
 
 def _multinode_section(out: Path) -> list[str]:
-    rows = multinode_rows()
+    rows, study = multinode_rows(), multinode_study()
     write_csv(out / "multinode.csv", rows)
     across = [r for r in rows if r["nodes"] > 1]
     eth = comm.lookup("ethernet-25g", "node")
     lines = [
         "",
-        "## Communication across nodes: the FSDP study's multi-node table (V100s)",
+        f"## Communication across nodes: the FSDP study's multi-node table ({study.gpu}, `{MULTINODE_TABLE}`)",
         "",
-        "Each row: compute (8 FLOPs per parameter and token: activation checkpointing; the V100's fp16 peak at the "
-        f"runtime's fitted efficiency {runtime.ETA:g}) plus FSDP FULL_SHARD's bytes per device per step "
+        f"Each row: compute ({study.flops_per_param_token:g} FLOPs per parameter and token: activation checkpointing; "
+        f"the {study.gpu}'s fp16 peak at the runtime's fitted efficiency {runtime.ETA:g}) plus FSDP FULL_SHARD's bytes per device per step "
         "(`tunelab.plan.model.comm`: gathers in forward and backward, gradient reduce-scatter; 16-bit; a flat ring whose "
         "slowest hop is the node's network, which carries one device's volume per node), less what its schedule "
         "hides beside the passes. The study did not say "
