@@ -98,7 +98,7 @@ def test_qlora_lines_hold_out_of_sample():
     launch-bound optimizer phases (PagedAdamW's Python, tensor by tensor) within 6%, TinyLlama's launch-bound step at
     micro 1 within 5%, OpenLLaMA 7B's at micro 8 within 15%."""
     rows = _rows()
-    fitted = profiles.FITTED_SHAPES["H200"]
+    fitted = evidence.fitted_shapes("H200")
     for key, pairs in rows.items():
         if key[1] == "qlora" and key not in fitted:
             assert abs(pairs["dequantization"][2]) <= 0.12, key

@@ -61,6 +61,11 @@ def test_the_tables_read_what_the_manifest_lists(tmp_path):
         ("b", "grid QLoRA", "2027-01-02, QLoRA")
     ]
     assert evidence.path("b", "records", tmp_path) == "reports/f2/records.tgz"
+    manifest.write_text(manifest.read_text() + "  fitted: [[m, full, 8]]\nc:\n  folder: f3\n  device: H200\n"
+                        "  date: 2027-01-03\n  software: torch\n  fitted: [[n, lora, 4]]\n")  # fmt: skip
+    evidence.entries.cache_clear()
+    assert evidence.fitted_shapes("H200", tmp_path) == {("n", "lora", 4)}
+    assert evidence.fitted_shapes("H100-SXM", tmp_path) == {("m", "full", 8)}
     with pytest.raises(KeyError, match="holds no 'rows'"):
         evidence.path("b", "rows", tmp_path)
     bad_entries = (
@@ -68,6 +73,7 @@ def test_the_tables_read_what_the_manifest_lists(tmp_path):
         ("f", "  roles: [everything]\n"),
         ("f", "  colour: red\n"),
         ("f", "  notes: {grid: x}\n"),
+        ("f", "  fitted: [tiny]\n"),
     )
     for folder, bad in bad_entries:
         evidence.entries.cache_clear()

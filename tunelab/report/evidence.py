@@ -47,6 +47,8 @@ class Entry:
     """What a reader needs beside its table: how it was run, what stands out in it."""
     notes: dict = field(default_factory=dict)
     """{what it holds: what the table made of that file shows, in words} (a kernel grid's reading)."""
+    fitted: frozenset = frozenset()
+    """(model, method, micro) of a grid's lines a constant was fitted on (:func:`fitted_shapes`)."""
 
     def path(self, what: str) -> str:
         """The file it holds as ``what``, relative to the checkout (``reports/<folder>/<file>``)."""
@@ -93,6 +95,9 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
         notes = value.get("notes") or {}
         if not isinstance(notes, dict) or set(map(str, notes)) - set(holds):
             raise InputError(f"{MANIFEST}: {key}: notes: a mapping of what it holds to words; fix: name a holds key")
+        fitted = value.get("fitted") or []
+        if not isinstance(fitted, list) or not all(isinstance(f, list) and len(f) == 3 for f in fitted):
+            raise InputError(f"{MANIFEST}: {key}: fitted: a list of [model, method, micro]; fix: write it so")
         if "steps" in roles and not value.get("title"):
             raise InputError(f"{MANIFEST}: {key}: a steps entry needs a title (its section's heading); fix: add one")
         out[str(key)] = Entry(
@@ -108,6 +113,7 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
             str(value.get("title", "")),
             " ".join(str(value.get("note", "")).split()),
             {str(k): " ".join(str(v).split()) for k, v in notes.items()},
+            frozenset((str(m), str(method), int(micro)) for m, method, micro in fitted),
         )
     return out
 
@@ -146,3 +152,9 @@ def grids(root: Path = ROOT) -> list[tuple[Entry, str, str]]:
         for what in e.holds
         if what == "grid" or what.startswith("grid ")
     ]
+
+
+def fitted_shapes(device: str, root: Path = ROOT) -> set:
+    """(model, method, micro) of every grid line on ``device`` that a constant was fitted on, over every entry of
+    that device (a shape measured again by op on one machine counts as fitted on the device's grids)."""
+    return {shape for e in entries(root).values() if e.device == device for shape in e.fitted}

@@ -119,32 +119,6 @@ too): litgpt's bnb.nf4 as its script builds it (``profile_steps.py --methods lor
 StableEmbedding swap included. OpenLLaMA 7B's QLoRA line at micro 4 holds
 :data:`tunelab.plan.model.bnb_kernels.DEQUANT_EFFICIENCY`, TinyLlama's at micro 4 the host's work per 4-bit matmul and per
 PagedAdamW tensor; every other cell is out of sample."""
-FITTED_SHAPES = {
-    "H100-SXM": {
-        (m, "full", b)
-        for m, b in (
-            ("tiny-llama-1.1b", 1),
-            ("tiny-llama-1.1b", 4),
-            ("tiny-llama-1.1b", 16),
-            ("open_llama_3b", 1),
-            ("open_llama_3b", 4),
-        )
-    },
-    "H200": {
-        ("open_llama_3b", "full", 8),
-        ("tiny-llama-1.1b", "full", 16),
-        ("open_llama_7b", "lora", 8),
-        ("tiny-llama-1.1b", "full", 8),
-        ("open_llama_7b", "qlora", 4),
-        ("tiny-llama-1.1b", "qlora", 4),
-    },
-}
-"""(model, method, micro) whose elementwise kernels (H100: these very lines) or whose shape (H200: the lines of
-:data:`GRID_BY_OP`, measured again) the memory constants were fitted on, or (H200, TinyLlama full at micro 8: only
-:data:`GRID_FP32` has it) the fp32 matmul and attention constants, or (H200, QLoRA at micro 4: only
-:data:`GRID_QLORA` has them) bitsandbytes' constants: marked in the report."""
-
-
 GRID_KEYS = ("model", "method", "dtype", "micro", "seq", "step_s", "phases", "kernels", "launches")
 """What each measured line of :data:`GRID` holds (``scripts/gpu/profile_steps.py --json``)."""
 

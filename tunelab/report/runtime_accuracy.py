@@ -1057,7 +1057,7 @@ def _grid_lines(root, grid: tuple, gpu: str, day: str) -> list[str]:
         return []
     rows = profiles.grid_rows(root, grid, gpu)
     whats = list(dict.fromkeys(w for r in rows for w in r["pairs"]))  # every row's, in order
-    fitted = profiles.FITTED_SHAPES.get(gpu, set())
+    fitted = evidence.fitted_shapes(gpu)
     dtypes = ", ".join(sorted({m["dtype"] for m in profiles.read_grid(root / where)}))
     lines = [
         f"## Out of sample: {gpu}, {day}, {len({r['model'] for r in rows})} models",
