@@ -278,7 +278,7 @@ def own_rows(reports: Path | None = None) -> list[dict]:
             if eager:  # the longest shapes (the peak's) ran through eager blocks: planned as they ran
                 strategy = dataclasses.replace(strategy, compile=None)
             planned = stored.todays_plan(rec, None, strategy)
-            plan, x = planned.plan, planned.input
+            plan, case = planned.plan, planned.input
             measured = rec.peak_allocated_bytes / GB
             predicted = plan.peak_allocated_bytes / GB
             rows.append(
@@ -289,16 +289,16 @@ def own_rows(reports: Path | None = None) -> list[dict]:
                     "recipe": rec.recipe
                     + (f" --strategy {rec.strategy_file}" if rec.strategy_file else "")
                     + (" (blocks eager past torch.compile's recompile limit: planned uncompiled)" if eager else ""),
-                    "method": x.method,
-                    "precision": str(x.precision),
-                    "micro": x.micro_batch_size,
-                    "seq_len": x.seq_len,
+                    "method": case.method,
+                    "precision": str(case.precision),
+                    "micro": case.micro_batch_size,
+                    "seq_len": case.seq_len,
                     "predicted_gb": round(predicted, 3),
                     "measured_gb": round(measured, 3),
                     "rel_error": round(predicted / measured - 1, 4),
                     "residual_gb": round(measured - predicted, 3),
-                    "model": x.config.name,
-                    "lora_targets": ",".join(x.lora_targets) if x.lora else "",
+                    "model": case.config.name,
+                    "lora_targets": ",".join(case.lora_targets) if case.lora else "",
                 }
             )
     return rows
@@ -416,9 +416,9 @@ def lab_runtime_items() -> list:
         extra = [*r.overrides(), *settings.to_overrides(runtime.LAB_EVAL)]
         g = hardware.lookup(r.gpu)
         planned = plan_recipe(r.recipe, extra, gpu=g)
-        x = planned.input
-        t = runtime.terms(x, planned.settings.args, 1000, 1000, LAB_PADDED_TOKENS_PER_SAMPLE)
-        items.append((r, t, g.training_peak(x.precision), g.bandwidth_gbs * GB, float(r.lab["time_s"])))
+        case = planned.input
+        t = runtime.terms(case, planned.settings.args, 1000, 1000, LAB_PADDED_TOKENS_PER_SAMPLE)
+        items.append((r, t, g.training_peak(case.precision), g.bandwidth_gbs * GB, float(r.lab["time_s"])))
     return items
 
 
@@ -480,12 +480,12 @@ def comm_rows() -> list[dict]:
         if r.id == "m1" or not r.lab.get("time_s") or settings.world_size(a.get("devices"), a.get("num_nodes")) < 2:
             continue
         planned = plan_recipe(r.recipe, r.overrides(), gpu=a100, strategy=r.strategy)
-        x = planned.input
+        case = planned.input
         w = {key: v * board for key, v in _windows(planned, a100).items()}
-        items.append((r, x, w, comm.per_step(x, link), float(r.lab["time_s"]) / a["train"]["max_steps"]))
+        items.append((r, case, w, comm.per_step(case, link), float(r.lab["time_s"]) / a["train"]["max_steps"]))
     fitted = fit_link_efficiency([(w, k, s) for _, _, w, k, s in items], link)
     out = []
-    for i, (r, x, w, k, secs) in enumerate(items):
+    for i, (r, case, w, k, secs) in enumerate(items):
         loo = fit_link_efficiency([(ww, kk, s) for j, (_, _, ww, kk, s) in enumerate(items) if j != i], link)
         compute = w["passes"] + w["optimizer"]
         est, est_loo = _step_at(w, k, link, fitted), _step_at(w, k, link, loo)
@@ -493,8 +493,8 @@ def comm_rows() -> list[dict]:
             {
                 "id": r.id,
                 "strategy": r.strategy,
-                "micro_batch_size": x.micro_batch_size,
-                "devices": x.world,
+                "micro_batch_size": case.micro_batch_size,
+                "devices": case.world,
                 "lab_step_s": secs,
                 "compute_step_s": compute,
                 "comm_gb": k.bytes_gpu / GB,
@@ -634,11 +634,11 @@ def multinode_rows() -> list[dict]:
     items = []
     for n, params, secs in study.rows:
         nodes = n // study.gpus_per_node
-        x = memory.PlanInput(
+        case = memory.PlanInput(
             config=None, strategy="fsdp", precision="16-mixed", devices=study.gpus_per_node, num_nodes=nodes
         )
         unit = comm.Link("unit", "node" if nodes > 1 else "gpu", 1.0, 1.0, "1 GB/s: scaled by the fit")
-        k = comm.per_step(x, unit, unit, params=(int(params), int(params)), param_bytes=study.param_bytes)
+        k = comm.per_step(case, unit, unit, params=(int(params), int(params)), param_bytes=study.param_bytes)
         compute = study.flops_per_param_token * params * study.tokens_per_gpu / (peak * runtime.ETA)
         items.append((n, nodes, params, compute, k, secs))
     across = [i for i in items if i[1] > 1]

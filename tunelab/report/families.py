@@ -163,7 +163,7 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
             if progress:
                 progress.started(i * len(SIMULATED_CASES) + j, f"{name} {method} {precision}")
             optimizer = bnb_kernels.litgpt_optimizer(method)
-            x = memory.PlanInput(
+            case = memory.PlanInput(
                 config=config,
                 method=method,
                 precision=precision,
@@ -173,7 +173,7 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
                 optimizer=optimizer,
                 tables=TRACED,
             )
-            planned = memory.predict(x).peak_allocated_bytes
+            planned = memory.predict(case).peak_allocated_bytes
             sim = simulate(config, method, precision, micro, seq_len, optimizer=optimizer)
             snap = sim.phases[sim.peak_phase]
             rows.append(

@@ -306,23 +306,23 @@ def bench_items(root: Path) -> list[dict]:
             gpu = hardware.identify(rec.device_name or "")
             if not steady or gpu is None:
                 continue
-            x = stored.todays_plan(rec, None, strategy).input
+            case = stored.todays_plan(rec, None, strategy).input
             parts = name.split("/")
             items.append(
                 {
                     "bench": parts[1],
                     "report": Path(archive).parent.name,
                     "run": "/".join(parts[-3:-1]) if "tune" in name else parts[-2],
-                    "arm": "litgpt" if x.loop.fabric else "fast",
-                    "x": x,
+                    "arm": "litgpt" if case.loop.fabric else "fast",
+                    "case": case,
                     "gpu": gpu,
-                    "method": x.method,
-                    "micro": x.micro_batch_size,
-                    "accumulation": x.accumulation,
+                    "method": case.method,
+                    "micro": case.micro_batch_size,
+                    "accumulation": case.accumulation,
                     "tokens": steady[1],
                     "measured_s": steady[0],
                     "gpu_util": rec.gpu_util_steady_mean,
-                    "eager": not x.loop.fabric and ran_eagerly(root / archive, name, rec),
+                    "eager": not case.loop.fabric and ran_eagerly(root / archive, name, rec),
                 }
             )
     return items
@@ -334,14 +334,14 @@ def bench_step(item: dict, compiled_host_s: float | None = None, host_scale: flo
     own :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out; its host's time per op
     ``host_scale`` times the constant's)."""
 
-    gpu, x, acc = item["gpu"], item["x"], item["accumulation"]
-    if x.loop.fabric:
-        work = runtime.kernel_work(x, item["tokens"])
+    gpu, case, acc = item["gpu"], item["case"], item["accumulation"]
+    if case.loop.fabric:
+        work = runtime.kernel_work(case, item["tokens"])
         one = {"train_iterations": acc, "optimizer_steps": 1, "eval_iterations": 0, "evaluations": 0, "new_tokens": 0}
         by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale)
         return sum(by.values()), "host" if by["host launches"] > 0 else "GPU"
     h = fast_step.COMPILED_HOST_S_PER_KERNEL if compiled_host_s is None else compiled_host_s
-    fs = fast_step.fast_step(x, gpu, item["tokens"], h)
+    fs = fast_step.fast_step(case, gpu, item["tokens"], h)
     return acc * fs.iteration_s() + fs.optimizer_s(), fs.bound()
 
 
@@ -738,15 +738,15 @@ def host_by_machine(h100: list[dict], bench: list[dict], steps: dict, lab: dict 
             )
     for it in bench:
         if it["arm"] == "litgpt":
-            x = it["x"]
+            case = it["case"]
             st = kernels.step_time(
-                x.config,
+                case.config,
                 it["method"],
-                x.precision,
+                case.precision,
                 it["micro"],
                 it["tokens"],
                 it["gpu"].name,
-                lora=settings.lora_of(x),
+                lora=settings.lora_of(case),
                 tables=TRACED,
             )
             add(

@@ -108,7 +108,7 @@ def v100_rows() -> list[dict]:
     gpu, out = hardware.lookup("V100-16GB"), []
     for ac, table in SEED_V100_MB.items():
         for batch, mb in table.items():
-            x = memory.PlanInput.of(
+            case = memory.PlanInput.of(
                 config=gpt2_xl_config(),
                 method="full",
                 precision="16-mixed",
@@ -122,7 +122,7 @@ def v100_rows() -> list[dict]:
                 attention_math=True,
                 tables=TRACED,
             )
-            plan = memory.verdict(memory.predict(x), gpu)
+            plan = memory.verdict(memory.predict(case), gpu)
             seen = (plan.predicted_reserved_bytes + plan.cuda_context_bytes) / 2**20
             out.append(
                 {
@@ -233,16 +233,16 @@ def check(family: tuple, method: str, strategy: str, world: int, precision: str 
     if precision:
         overrides += ["--precision", precision]
     planned = plan_recipe(resolve(f"{model}/{method}"), overrides, gpu=None, devices=world, strategy=strategy)
-    x = planned.input
-    sim = ranks.for_plan(x, None if strategy == "litgpt" else load_strategy(strategy))
-    formula = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
+    case = planned.input
+    sim = ranks.for_plan(case, None if strategy == "litgpt" else load_strategy(strategy))
+    formula = comm.per_step(case, comm.lookup("nvlink4", "gpu"))
     return Row(
         label,
         method,
-        str(x.precision),
+        str(case.precision),
         strategy,
         world,
-        x.accumulation,
+        case.accumulation,
         planned.plan.peak_allocated_bytes,
         sim.peak_bytes,
         sim.peak_phase,
