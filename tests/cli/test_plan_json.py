@@ -109,7 +109,7 @@ def test_the_fast_paths_padding_is_planned_from_its_own_batches_and_matches_the_
     import statistics
     import tarfile
 
-    from tunelab.plan.recipe import default_lengths, grouped_padded_per_sample, padded_per_sample
+    from tunelab.data.lengths import default_lengths, grouped_padded_per_sample, padded_per_sample
 
     lengths = list(default_lengths(512))
     real = statistics.fmean(lengths)

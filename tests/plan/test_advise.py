@@ -186,7 +186,7 @@ def test_the_fast_path_is_timed_at_the_padding_its_own_batches_have():
     """advise times --strategies fast at the padding of the micro batches its loop forms (length-grouped, padded to
     a multiple of 64: about 1.13 padded per real token) and litgpt's own at litgpt's (1.74 at micro 8): at the same
     micro batch and precision the fast candidate computes fewer tokens, so it is planned faster."""
-    from tunelab.plan.recipe import default_lengths, grouped_padded_per_sample, padded_per_sample
+    from tunelab.data.lengths import default_lengths, grouped_padded_per_sample, padded_per_sample
     from tunelab.strategies import load_strategy
 
     work = advise.workload_from_tokens(1e6)

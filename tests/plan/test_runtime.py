@@ -330,7 +330,7 @@ def test_padding_grows_with_the_micro_batch_from_the_default_distribution():
     """Without the data's lengths the plan pads a stated distribution per micro batch as litgpt does: the lab's
     437 at micro 8, and what our H100 rows measured at other micro batches (s10: 389 at micro 4; Part 3: 512, the
     cap, at micro 64 and more)."""
-    from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, default_padded_per_sample
+    from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE, default_padded_per_sample
 
     padded = [default_padded_per_sample(m) for m in (1, 2, 4, 8, 16, 32, 64)]
     assert padded == sorted(padded) and padded[0] < 0.6 * padded[-1]

@@ -19,18 +19,12 @@ from dataclasses import dataclass
 
 from tunelab import hardware, recipes, yaml_input
 from tunelab.data import records as dataset_records
+from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE, default_lengths, padded_tokens_per_sample, sample_lengths
 from tunelab.errors import InputError
 from tunelab.files import unwritable_dir, write_text_atomic
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan.model import comm, memory, runtime
-from tunelab.plan.recipe import (
-    LAB_PADDED_TOKENS_PER_SAMPLE,
-    default_lengths,
-    padded_tokens_per_sample,
-    plan_settings,
-    sample_lengths,
-    strategy_fields,
-)
+from tunelab.plan.recipe import plan_settings, strategy_fields
 from tunelab.recipes import Recipe, display_path
 from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
@@ -106,9 +100,9 @@ class Workload:
 
     def per_sample(self, micro: int, strategy=None, cap: int = 512) -> float:
         """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample): from the
-        data's lengths, else from the default length distribution (:func:`tunelab.plan.recipe.default_lengths`,
+        data's lengths, else from the default length distribution (:func:`tunelab.data.lengths.default_lengths`,
         437 at micro 8 as the lab measured); under a ``strategy`` (a loaded file) that forms its micro batches its
-        own way, as its loop forms them (:func:`tunelab.plan.recipe.padded_tokens_per_sample`; ``cap``: the sequence
+        own way, as its loop forms them (:func:`tunelab.data.lengths.padded_tokens_per_sample`; ``cap``: the sequence
         length no micro batch is padded past)."""
         return padded_tokens_per_sample(list(self.lengths or default_lengths()), micro, strategy, cap)
 

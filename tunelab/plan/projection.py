@@ -13,20 +13,14 @@ from pathlib import Path
 
 from tunelab import hardware
 from tunelab import record as record_mod
+from tunelab.data.lengths import default_lengths, padded_tokens_per_sample
 from tunelab.models import lora_param_count
 from tunelab.plan.model import comm as comm_mod
 from tunelab.plan.model import runtime
 from tunelab.plan.model.fast_step import COMPILED_HOST_S_PER_KERNEL, FAST_MODEL_ERROR, FAST_START_EXTRA_S, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import PlanInput
-from tunelab.plan.recipe import (
-    PlannedRecipe,
-    data_lengths,
-    default_lengths,
-    epoch_tokens,
-    padded_tokens_per_sample,
-    runtime_terms,
-)
+from tunelab.plan.recipe import PlannedRecipe, data_lengths, epoch_tokens, runtime_terms
 from tunelab.units import GB
 
 DEFAULT_MFU_RANGE = (0.25, 0.55)
@@ -397,7 +391,7 @@ def project_recipe(
     """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
     measured on the recipe's data with its tokenizer when both are here, else the default length distribution of
-    :func:`tunelab.plan.recipe.default_lengths` padded at the run's micro batch). On several devices
+    :func:`tunelab.data.lengths.default_lengths` padded at the run's micro batch). On several devices
     the communication term (tunelab.plan.model.comm) is added, over ``interconnect`` (default: the GPU's own link) and
     between nodes over ``internode`` (needed for several nodes). Checkpoint saves are written at ``save_gbs`` GB/s
     (1e9 bytes) where given, else at :data:`tunelab.plan.model.runtime.CHECKPOINT_WRITE_BYTES_PER_S`; litgpt's loop

@@ -8,12 +8,13 @@ import dataclasses
 from pathlib import Path
 
 from tunelab import files, hardware, settings, yaml_input
+from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_bytes, write_csv, write_text_atomic
 from tunelab.paths import ROOT, output_root
 from tunelab.plan import stored
 from tunelab.plan.model import comm, memory, runtime
-from tunelab.plan.recipe import LAB_PADDED_TOKENS_PER_SAMPLE, plan_recipe, runtime_terms
+from tunelab.plan.recipe import plan_recipe, runtime_terms
 from tunelab.record import RunRecord
 from tunelab.report import evidence
 from tunelab.strategies import strategy_from_mapping

@@ -16,11 +16,12 @@ import statistics
 from pathlib import Path
 
 from tunelab import files, hardware, settings
+from tunelab.data.lengths import default_padded_per_sample
 from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
 from tunelab.paths import ROOT
 from tunelab.plan import stored
 from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime
-from tunelab.plan.recipe import default_padded_per_sample, plan_recipe, runtime_terms
+from tunelab.plan.recipe import plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
 from tunelab.record import read_rank_file, steady_state, steady_steps
 from tunelab.report import bench, evidence, profiles
