@@ -874,3 +874,18 @@ def test_the_fast_path_says_from_which_step_it_pays_and_its_start_up_is_the_benc
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H200", "--strategy", "fast")
     n_warm, n_cold = fast["fast_break_even_steps"]
     assert code == 0 and f"ahead from {n_warm:.0f}-{n_cold:.0f} optimizer steps" in out
+
+
+def test_the_decoded_token_is_checked_against_litgpts_published_generation_speeds():
+    """runtime.md's check set (configs/published/litgpt-generate.yaml, each row cited, nothing fitted on it): the
+    planned token is the longer of its kernels and its host's ops at litgpt's loop constant, as the plan counts
+    generation; the host time per op a published time allows is that time over the ops."""
+    rows = runtime_accuracy.generate_rows()
+    assert len(rows) >= 3 and all("Lightning-AI/litgpt" in r["source"] and " at " in r["source"] for r in rows)
+    for r in rows:
+        per_token = r["seconds"] / r["new_tokens"] * 1e3
+        assert r["published_ms"] == pytest.approx(per_token)
+        assert r["planned_ms"] == pytest.approx(max(r["kernels_ms"], r["ops"] * runtime.LITGPT_HOST_S_PER_OP * 1e3))
+        assert r["implied_host_us"] == pytest.approx(per_token * 1e3 / r["ops"])
+    md = "\n".join(runtime_accuracy._md_generate(rows))
+    assert "| A100-40GB | falcon-7b | bf16-true | 256 | 21.0 |" in md

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tunelab import files, hardware, settings, yaml_input
+from tunelab import hardware, settings
 from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_bytes, write_csv, write_text_atomic
@@ -602,27 +602,15 @@ class MultinodeStudy:
 
 def multinode_study(root: Path = ROOT) -> MultinodeStudy:
     """:data:`MULTINODE_TABLE` read and checked (one line naming the file and the key for anything else)."""
-    where = MULTINODE_TABLE
-    raw = yaml_input.loads(files.read_text(root / where, yaml_input.MAX_BYTES, "a published table", links=False), where)
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: a mapping of the study's keys; fix: restore it (git checkout -- {where})")
-    keys = [f.name for f in dataclasses.fields(MultinodeStudy)]
-    if set(raw) != set(keys):
-        raise InputError(f"{where}: needs exactly {', '.join(keys)}; fix: restore it (git checkout -- {where})")
+    keys = tuple(f.name for f in dataclasses.fields(MultinodeStudy))[:-1]
+    head, rows = evidence.published("fsdp-multinode", keys, ("gpus", "params_b", "iteration_ms"), root)
     try:
-        rows = tuple((int(r["gpus"]), float(r["params_b"]) * BILLION, r["iteration_ms"] / 1000) for r in raw["rows"])
-        numbers = {k: raw[k] for k in keys[1:-1]}
-        if (
-            not rows
-            or any(v <= 0 for r in rows for v in r)
-            or any(not isinstance(v, int | float) for v in numbers.values())
-        ):
+        out = tuple((int(r["gpus"]), float(r["params_b"]) * BILLION, r["iteration_ms"] / 1000) for r in rows)
+        if any(v <= 0 for r in out for v in r) or any(not isinstance(head[k], int | float) for k in keys[1:]):
             raise ValueError
-    except (TypeError, KeyError, ValueError):
-        raise InputError(
-            f"{where}: rows: a list of {{gpus, params_b, iteration_ms}}, each above 0; fix: restore it"
-        ) from None
-    return MultinodeStudy(str(raw["gpu"]), **numbers, rows=rows)
+    except (TypeError, ValueError):
+        raise InputError(f"{MULTINODE_TABLE}: each figure a number above 0; fix: restore it") from None
+    return MultinodeStudy(str(head["gpu"]), *(head[k] for k in keys[1:]), rows=out)
 
 
 def multinode_rows() -> list[dict]:

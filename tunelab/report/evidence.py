@@ -158,3 +158,21 @@ def fitted_shapes(device: str, root: Path = ROOT) -> set:
     """(model, method, micro) of every grid line on ``device`` that a constant was fitted on, over every entry of
     that device (a shape measured again by op on one machine counts as fitted on the device's grids)."""
     return {shape for e in entries(root).values() if e.device == device for shape in e.fitted}
+
+
+PUBLISHED = "configs/published"
+"""Published tables (the literature's, litgpt's), one YAML data file each, relative to the checkout."""
+
+
+def published(name: str, keys: tuple, row_keys: tuple, root: Path = ROOT) -> tuple[dict, list[dict]]:
+    """(the table's own ``keys``, its rows) of ``configs/published/<name>.yaml``, read bounded, never through a
+    link; a missing key or a row whose keys are not ``row_keys``: one line naming the file and the fix."""
+    where = f"{PUBLISHED}/{name}.yaml"
+    raw = yaml_input.loads(files.read_text(root / where, yaml_input.MAX_BYTES, "a published table", links=False), where)
+    fix = f"fix: restore it (git checkout -- {where})"
+    if not isinstance(raw, dict) or set(raw) != {*keys, "rows"}:
+        raise InputError(f"{where}: needs exactly {', '.join((*keys, 'rows'))}; {fix}")
+    rows = raw["rows"]
+    if not isinstance(rows, list) or not rows or any(not isinstance(r, dict) or set(r) != set(row_keys) for r in rows):
+        raise InputError(f"{where}: rows: a list of {{{', '.join(row_keys)}}}; {fix}")
+    return {k: raw[k] for k in keys}, rows

@@ -600,6 +600,7 @@ def write_report(path: Path, root: Path) -> None:
         *(_md_part3(part3) if part3 else []),
         *_md_bench(bench, benches),
         *_md_whole_cost(bench_costs(root)),
+        *_md_generate(generate_rows(root)),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab),
@@ -960,6 +961,62 @@ def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
         + "; ".join(f"{b}-bound {e:.1%} over {n} runs" for b, (e, n) in fast_errors(bench).items())
         + ".",
     ]
+    return lines
+
+
+def generate_rows(root: Path = ROOT) -> list[dict]:
+    """litgpt's published generation speeds (``configs/published/litgpt-generate.yaml``: a check set, not fitted)
+    against the plan's decoded token on the same GPU row: its kernels, its host's ops at litgpt's loop constant
+    (:data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`), the longer of the two as the plan counts generation,
+    and the most host time per op the published time allows (all of it, where it exceeds the kernels)."""
+    from litgpt import Config
+
+    keys = ("source", "gpu", "model", "precision", "new_tokens", "seconds")
+    _, table = evidence.published("litgpt-generate", (), keys, root)
+    rows = []
+    for r in table:
+        st = kernels.step_time(Config.from_name(r["model"]), "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
+        gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
+        published = r["seconds"] / r["new_tokens"]
+        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP)
+        rows.append(
+            {
+                **r,
+                "published_ms": published * 1e3,
+                "kernels_ms": gpu_s * 1e3,
+                "ops": ops,
+                "planned_ms": planned * 1e3,
+                "error": planned / published - 1,
+                "implied_host_us": published / ops * 1e6 if ops and published > gpu_s else None,
+            }
+        )
+    return rows
+
+
+def _md_generate(rows: list[dict]) -> list[str]:
+    """The plan's decoded token against litgpt's published generation speeds (:func:`generate_rows`)."""
+    loop = runtime.LITGPT_HOST_S_PER_OP * 1e6
+    lines = [
+        "",
+        "## The decoded token against litgpt's published generation speeds (a check set, not fitted)",
+        "",
+        "Each row is cited in `configs/published/litgpt-generate.yaml` (one sample, a short prompt, the time over the "
+        "new tokens). Planned: the longer of the decoded token's kernels and its host's ops at litgpt's training loop "
+        f"constant ({loop:.0f} us an op), as the plan counts each generated sample's token. A generation runs without "
+        "autograd, so its host's time per op is its own: at most the published time over the ops (equal where the "
+        "host bounds the token). The runbook's grid now times litgpt's `generate` per token (`decode`), from which our own constant can "
+        "be fitted.",
+        "",
+        "| source | GPU | model | precision | new tokens | published ms/token | kernels ms | ops | planned ms | "
+        "error | host us/op, at most |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['source']} | {r['gpu']} | {r['model']} | {r['precision']} | {r['new_tokens']} | "
+            f"{r['published_ms']:.1f} | {r['kernels_ms']:.1f} | {r['ops']:,} | {r['planned_ms']:.1f} | "
+            f"{r['error']:+.0%} | {fmt(r['implied_host_us'], '.1f', 'GPU-bound')} |"
+        )
     return lines
 
 
