@@ -418,12 +418,16 @@ MIXED_PRECISION_DTYPES = ("float32", "bfloat16", "float16")
 """FSDP MixedPrecision: the keys torch takes and the dtypes the loop maps to torch dtypes."""
 
 
+BNB_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW", "paged_adamw8bit": "PagedAdamW8bit"}
+"""A strategy's ``optimizer`` memory options: the bitsandbytes classes they name."""
+
+
 CHOICES = {
     "sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"),
     "auto_wrap": ("block", "none"),
     "backward_prefetch": ("BACKWARD_PRE", "BACKWARD_POST", None),
     "zero_stage": (1, 2, 3),
-    "optimizer": ("adamw8bit", "paged_adamw", "paged_adamw8bit", None),
+    "optimizer": (*BNB_OPTIMIZERS, None),
     "compile": ("blocks", None),
     "liger": ("loss", "all", None),
 }

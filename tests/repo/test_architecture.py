@@ -360,3 +360,10 @@ def test_a_strategys_own_keys_are_read_by_the_strategy_modules_alone():
                 if node.value.attr == "options":
                     readers.append(f"{path.relative_to(ROOT)}:{node.lineno} .options.{node.attr}")
     assert not readers, readers
+
+
+def test_the_training_loop_imports_nothing_of_the_planner():
+    """Each rank runs ``tunelab.run.loop``: what it trains with (a strategy file's keys, the bitsandbytes optimizer a
+    key names) comes from the core (``tunelab.strategies``), never from the planner, at any import level."""
+    planned = [m for m, _ in imports(PACKAGE / "run" / "loop.py", all_levels=True) if m.startswith("tunelab.plan")]
+    assert not planned, planned

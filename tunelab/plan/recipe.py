@@ -18,7 +18,7 @@ from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
 from tunelab.settings import Settings, data_size, resolve
-from tunelab.strategies import StrategyConfig, load_strategy
+from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, load_strategy
 
 LAB_DATA_SAMPLES = 2000
 """Samples assumed when the run's data size is not known here: the lab's 2,000-sample Alpaca subset."""
@@ -94,10 +94,6 @@ def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
         if strategy.optimizer:
             fields["optimizer"] = f"bitsandbytes.optim.{BNB_OPTIMIZERS[strategy.optimizer]}"
     return fields
-
-
-BNB_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW", "paged_adamw8bit": "PagedAdamW8bit"}
-"""A strategy's ``optimizer`` memory options: the bitsandbytes classes they name."""
 
 
 def plan_input(settings: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:

@@ -24,10 +24,9 @@ import torch
 import torch.distributed as dist
 
 from tunelab import checkpoints, files, parallel, settings
-from tunelab.plan.recipe import BNB_OPTIMIZERS
 from tunelab.recipes import resolve
 from tunelab.run import batching, fused, handoff, outputs, rank_stats
-from tunelab.strategies import StrategyConfig, load_strategy
+from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, load_strategy
 from tunelab.units import GB
 from tunelab.validate import parse
 
