@@ -133,6 +133,8 @@ def handle(args, extra) -> int:
         return fail(f"--mfu-range {lo} {hi}: LOW must not exceed HIGH")
     if args.calibrate and not any(Path(args.calibrate).glob("**/record.json")):
         return fail(f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: a sweep directory")
+    if args.gpu is None and args.host_us_per_op:
+        return fail("--host-us-per-op: it times the run, which needs --gpu; fix: add --gpu GPU or leave it out")
     from tunelab.plan.model import comm
 
     try:
@@ -144,10 +146,7 @@ def handle(args, extra) -> int:
         planned = plan_recipe(resolve(args.recipe), extra, gpu=gpu, **asked)
     except (RecipeError, ValueError, KeyError) as e:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
-    x = planned.input
     projection, tokens_note = None, ""
-    if args.gpu is None and args.host_us_per_op:
-        return fail("--host-us-per-op: it times the run, which needs --gpu; fix: add --gpu GPU or leave it out")
     if args.gpu is not None:
         try:
             asked = {k: getattr(args, k) for k in ("tokens", "tokens_per_sample", "interconnect", "internode")}
@@ -155,6 +154,6 @@ def handle(args, extra) -> int:
             projection, tokens_note = project_recipe(planned, gpu, calibrate_dir=args.calibrate, **asked)
         except ValueError as e:
             return fail(str(e))
-    extras = added(x, gpu, args.strategy, measured=args.measure, simulated=args.simulate)
+    extras = added(planned.input, gpu, args.strategy, measured=args.measure, simulated=args.simulate)
     print(output(planned, gpu, projection, tokens_note, extras, as_json=args.json, verbose=args.verbose))
     return 0
