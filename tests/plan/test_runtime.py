@@ -876,7 +876,7 @@ def test_the_fast_path_says_from_which_step_it_pays_and_its_start_up_is_the_benc
     assert code == 0 and f"ahead from {n_warm:.0f}-{n_cold:.0f} optimizer steps" in out
 
 
-def test_the_decoded_token_is_checked_against_litgpts_published_generation_speeds():
+def test_the_decoded_token_is_checked_against_litgpts_published_generation_speeds(tmp_path):
     """runtime.md's check set (configs/published/litgpt-generate.yaml, each row cited, nothing fitted on it): the
     planned token is the longer of its kernels and its host's ops at litgpt's loop constant, as the plan counts
     generation; the host time per op a published time allows is that time over the ops."""
@@ -889,3 +889,12 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
         assert r["implied_host_us"] == pytest.approx(per_token * 1e3 / r["ops"])
     md = "\n".join(runtime_accuracy._md_generate(rows))
     assert "| A100-40GB | falcon-7b | bf16-true | 256 | 21.0 |" in md
+    # a row naming an unknown model or GPU, or a time that is not a number: one line naming the file and the row
+    from tunelab.errors import InputError
+
+    (tmp_path / "configs" / "published").mkdir(parents=True)
+    text = (ROOT / "configs" / "published" / "litgpt-generate.yaml").read_text()
+    for bad in ("model: falcon-7b", "model: nope"), ("seconds: 9.76", "seconds: fast"), ("gpu: A100-40GB", "gpu: Z9"):
+        (tmp_path / "configs" / "published" / "litgpt-generate.yaml").write_text(text.replace(*bad, 1))
+        with pytest.raises(InputError, match=r"configs/published/litgpt-generate.yaml: rows\[0\]: .*fix:"):
+            runtime_accuracy.generate_rows(tmp_path)

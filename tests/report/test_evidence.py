@@ -74,6 +74,7 @@ def test_the_tables_read_what_the_manifest_lists(tmp_path):
         ("f", "  colour: red\n"),
         ("f", "  notes: {grid: x}\n"),
         ("f", "  fitted: [tiny]\n"),
+        ("f", "  fitted: [[tiny, full, eight]]\n"),
     )
     for folder, bad in bad_entries:
         evidence.entries.cache_clear()

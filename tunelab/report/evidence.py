@@ -96,7 +96,9 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
         if not isinstance(notes, dict) or set(map(str, notes)) - set(holds):
             raise InputError(f"{MANIFEST}: {key}: notes: a mapping of what it holds to words; fix: name a holds key")
         fitted = value.get("fitted") or []
-        if not isinstance(fitted, list) or not all(isinstance(f, list) and len(f) == 3 for f in fitted):
+        if not isinstance(fitted, list) or not all(
+            isinstance(f, list) and len(f) == 3 and _count(f[2]) for f in fitted
+        ):
             raise InputError(f"{MANIFEST}: {key}: fitted: a list of [model, method, micro]; fix: write it so")
         if "steps" in roles and not value.get("title"):
             raise InputError(f"{MANIFEST}: {key}: a steps entry needs a title (its section's heading); fix: add one")
@@ -116,6 +118,11 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
             frozenset((str(m), str(method), int(micro)) for m, method, micro in fitted),
         )
     return out
+
+
+def _count(value) -> bool:
+    """Whether ``value`` is a micro batch: a whole number of 1 or more (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 class EvidenceMissing(InputError, KeyError):

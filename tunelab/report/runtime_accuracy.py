@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tunelab import files, hardware, settings
 from tunelab.data.lengths import default_padded_per_sample
+from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
 from tunelab.paths import ROOT
 from tunelab.plan import stored
@@ -974,8 +975,14 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
     keys = ("source", "gpu", "model", "precision", "new_tokens", "seconds")
     _, table = evidence.published("litgpt-generate", (), keys, root)
     rows = []
-    for r in table:
-        st = kernels.step_time(Config.from_name(r["model"]), "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
+    for n, r in enumerate(table):
+        try:
+            config, _ = Config.from_name(str(r["model"])), hardware.lookup(str(r["gpu"]))
+            if not all(isinstance(r[k], int | float) and not isinstance(r[k], bool) and r[k] > 0 for k in keys[-2:]):
+                raise ValueError("new_tokens and seconds must be numbers above 0")
+        except ValueError as e:
+            raise InputError(f"{evidence.PUBLISHED}/litgpt-generate.yaml: rows[{n}]: {e}; fix: correct it") from None
+        st = kernels.step_time(config, "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
         gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
         published = r["seconds"] / r["new_tokens"]
         planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP)
