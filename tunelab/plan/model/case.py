@@ -134,9 +134,9 @@ class PlanInput:
     """Keep only each block's input; recompute one block at a time in backward."""
     attention_math: bool = False
     """SDPA falls back to the math kernel (scores materialised): bf16 on a GPU without bf16 (V100, T4)."""
-    options: StrategyOptions = field(default_factory=lambda: StrategyOptions())
+    options: StrategyOptions = field(default_factory=StrategyOptions)
     """What the strategy's file sets for its own strategy (read by the strategy's module alone)."""
-    loop: LoopFeatures = field(default_factory=lambda: LoopFeatures())
+    loop: LoopFeatures = field(default_factory=LoopFeatures)
     """The training loop that runs the case: litgpt's script, or tunelab's with its speed switches."""
     tables: object = None
     """The traced tables the model reads (:class:`tunelab.plan.model.tables.Tables`; the planner passes
