@@ -145,7 +145,7 @@ class _Kept:
         """(bytes, whether its output needs a gradient) of the attention sublayer after its norm."""
         c, s, n, d, lora = self.c, self.s, self.n, self.c.n_embd, self.lora
         hs, nh, ng = c.head_size, c.n_head, c.n_query_groups
-        qw, b = nh * hs, 0.0
+        qw, b = nh * hs, 0
         qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))
         attn_grad = grad_in or qkv_targets > 0  # q, k, v need a gradient: attention keeps its inputs
         if self.wt:
