@@ -195,7 +195,49 @@ def host_probes(device: torch.device) -> dict:
     out = {"cpu": cpu_name(), "host_op_us": host_op_us()}
     out["device_op_us"] = device_op_us() if device.type == "cuda" else per_op_us(lambda y: x * 1.0, x)
     out["module_op_us"] = per_op_us(lambda y: lin(x * 1.0), x, sync)
+    out["litgpt_step_op_us"] = litgpt_step_op_us()
     return out
+
+
+def litgpt_step_op_us() -> float:
+    """This CPU's time per dispatched op of litgpt's own training step at a toy width (the tiny model, 2 blocks, 8
+    tokens, AdamW; on the CPU, so the kernels cost next to nothing): Python modules, dispatcher and autograd as the
+    loop pays them. Beside each grid line's host clock per phase, the data to tell whether a CPU-side probe predicts
+    a machine's loop (``plan --host auto``); the median of 5 repeats of 5 steps, the ops counted once."""
+    from litgpt.model import GPT
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tunelab import checkpoints
+
+    class Counted(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = GPT(checkpoints.model_config("tiny"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    idx = torch.randint(0, model.config.vocab_size, (1, 8))
+
+    def step() -> None:
+        logits = model(idx)
+        torch.nn.functional.cross_entropy(logits[0, :-1].float(), idx[0, 1:]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the optimizer's states made
+    with Counted() as counted:
+        step()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(5):
+            step()
+        times.append((time.perf_counter() - t0) / 5)
+    return statistics.median(times) / counted.ops * 1e6
 
 
 def cpu_ops(prof) -> dict:

@@ -279,6 +279,7 @@ def test_grid_stage_rehearsed_and_resumed(tmp_path):
     assert set(lines[0]["phases"]) == set(lines[0]["host_phases"]) == {"forward", "loss", "backward", "optimizer"}
     assert all(v > 0 for r in lines for v in r["host_phases"].values())  # the host's own clock, per phase
     assert all(r["host"]["host_op_us"] > 0 and r["host"]["module_op_us"] > 0 for r in lines)
+    assert all(r["host"]["litgpt_step_op_us"] > 0 for r in lines)  # litgpt's own step on this CPU, per op
     assert lines[0]["cpu_ops"]["aten::mm"][0] > 0  # the profiled step's host-side ops: calls, self microseconds
     # litgpt's generate per decoded token (seconds, ops dispatched); QLoRA's 4-bit inference kernel is not timed
     assert all(r["decode"]["s"] > 0 and r["decode"]["ops"] > 0 for r in lines if r["method"] != "qlora")
