@@ -894,7 +894,9 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
 
     (tmp_path / "configs" / "published").mkdir(parents=True)
     text = (ROOT / "configs" / "published" / "litgpt-generate.yaml").read_text()
-    for bad in ("model: falcon-7b", "model: nope"), ("seconds: 9.76", "seconds: fast"), ("gpu: A100-40GB", "gpu: Z9"):
+    bad_rows = (("model: falcon-7b", "model: nope"), ("seconds: 9.76", "seconds: fast"), ("gpu: A100-40GB", "gpu: Z9"),
+                ("seconds: 9.76", "seconds: .inf"))  # fmt: skip
+    for bad in bad_rows:
         (tmp_path / "configs" / "published" / "litgpt-generate.yaml").write_text(text.replace(*bad, 1))
-        with pytest.raises(InputError, match=r"configs/published/litgpt-generate.yaml: rows\[0\]: .*fix:"):
+        with pytest.raises(InputError, match=r"configs/published/litgpt-generate.yaml: rows\[0\].*fix:"):
             runtime_accuracy.generate_rows(tmp_path)

@@ -174,11 +174,22 @@ def test_the_published_multinode_table_is_data_read_in_one_checked_place(tmp_pat
     where = tmp_path / accuracy.MULTINODE_TABLE
     where.parent.mkdir(parents=True)
     text = (ROOT / accuracy.MULTINODE_TABLE).read_text()
-    for bad in (text.replace("param_bytes: 2\n", ""), text.replace("params_b: 4.4", "params_b: many")):
+    bad_texts = (
+        text.replace("param_bytes: 2\n", ""),
+        text.replace("params_b: 4.4", "params_b: many"),
+        text.replace("params_b: 4.4", "params_b: .nan"),
+        text.replace("iteration_ms: 15717", "iteration_ms: .inf"),
+        text.replace("tokens_per_gpu: 2048", "tokens_per_gpu: .inf"),
+    )
+    for bad in bad_texts:
         where.write_text(bad)
         with pytest.raises(InputError, match=r"configs/published/fsdp-multinode.yaml: .*fix:") as e:
             accuracy.multinode_study(tmp_path)
         assert "\n" not in str(e.value)
+    where.unlink()
+    os.mkfifo(where)  # a FIFO in its place: refused, never waited on
+    with pytest.raises(InputError, match="FIFO"):
+        accuracy.multinode_study(tmp_path)
     where.unlink()
     (tmp_path / "outside.yaml").write_text(text)
     os.symlink(tmp_path / "outside.yaml", where)

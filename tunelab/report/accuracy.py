@@ -613,12 +613,12 @@ def multinode_study(root: Path = ROOT) -> MultinodeStudy:
     return MultinodeStudy(str(head["gpu"]), *(head[k] for k in keys[1:]), rows=out)
 
 
-def multinode_rows() -> list[dict]:
+def multinode_rows(study: MultinodeStudy | None = None) -> list[dict]:
     """Each row of the published multi-node table (:func:`multinode_study`) as compute (the runtime's own efficiency
     on the GPU's fp16 peak) plus FSDP FULL_SHARD's traffic (``tunelab.plan.model.comm.per_step``: a flat ring over the
     nodes' network, which carries one device's volume per node) over one network bandwidth fitted to the rows, and
     fitted without the row (leave-one-out). The single-node row has no network and is shown apart."""
-    study = multinode_study()
+    study = study or multinode_study()
     peak = hardware.lookup(study.gpu).training_peak("16-mixed")
     items = []
     for n, params, secs in study.rows:
@@ -671,7 +671,8 @@ def _fit_bandwidth(items: list[tuple]) -> float:
 
 
 def _multinode_section(out: Path) -> list[str]:
-    rows, study = multinode_rows(), multinode_study()
+    study = multinode_study()
+    rows = multinode_rows(study)
     write_csv(out / "multinode.csv", rows)
     across = [r for r in rows if r["nodes"] > 1]
     eth = comm.lookup("ethernet-25g", "node")

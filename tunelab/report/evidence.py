@@ -5,6 +5,7 @@ through here, so a new measurement is an entry and a folder, not code."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -175,11 +176,15 @@ def published(name: str, keys: tuple, row_keys: tuple, root: Path = ROOT) -> tup
     """(the table's own ``keys``, its rows) of ``configs/published/<name>.yaml``, read bounded, never through a
     link; a missing key or a row whose keys are not ``row_keys``: one line naming the file and the fix."""
     where = f"{PUBLISHED}/{name}.yaml"
-    raw = yaml_input.loads(files.read_text(root / where, yaml_input.MAX_BYTES, "a published table", links=False), where)
+    raw = yaml_input.loads(files.read_text(root / where, yaml_input.MAX_BYTES, "published table", links=False), where)
     fix = f"fix: restore it (git checkout -- {where})"
     if not isinstance(raw, dict) or set(raw) != {*keys, "rows"}:
         raise InputError(f"{where}: needs exactly {', '.join((*keys, 'rows'))}; {fix}")
     rows = raw["rows"]
     if not isinstance(rows, list) or not rows or any(not isinstance(r, dict) or set(r) != set(row_keys) for r in rows):
         raise InputError(f"{where}: rows: a list of {{{', '.join(row_keys)}}}; {fix}")
+    for n, values in [(None, raw), *enumerate(rows)]:
+        for k, v in values.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise InputError(f"{where}: {'' if n is None else f'rows[{n}].'}{k}: {v} is not a number; {fix}")
     return {k: raw[k] for k in keys}, rows

@@ -83,6 +83,13 @@ class LoopFeatures:
     upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
 
 
+_GROUP_OF = {
+    **{f.name: "options" for f in dataclass_fields(StrategyOptions)},
+    **{f.name: "loop" for f in dataclass_fields(LoopFeatures)},
+}
+"""The group each :class:`StrategyOptions` and :class:`LoopFeatures` field belongs to."""
+
+
 def _grouped(fields: dict, options: StrategyOptions, loop: LoopFeatures) -> dict:
     """``fields`` with the :class:`StrategyOptions` and :class:`LoopFeatures` keys moved into ``options`` and
     ``loop`` (copies)."""
@@ -90,7 +97,7 @@ def _grouped(fields: dict, options: StrategyOptions, loop: LoopFeatures) -> dict
     groups = {"options": fields.pop("options", options), "loop": fields.pop("loop", loop)}
     out = {}
     for key, value in fields.items():
-        group = next((g for g, o in groups.items() if key in {f.name for f in dataclass_fields(o)}), None)
+        group = _GROUP_OF.get(key)
         if group is None:
             out[key] = value
         else:

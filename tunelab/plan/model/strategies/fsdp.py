@@ -63,7 +63,7 @@ class FSDP(Strategy):
             # the block in use and the next one prefetched, plus the root unit (embedding, head, final norm),
             # gathered at the forward's start and again for the whole backward (the per-rank simulation shows it)
             d.in_flight = d.gathered = self.gathered_bytes(case, st)
-            if case.options.fsdp_wrap == "none":
+            if self.one_unit(case):
                 d.in_flight = d.gathered = 0
                 d.extra = st.weights + st.lora_weights  # one unit: all parameters gathered through forward and backward
                 notes.append("FSDP without auto-wrap: the whole model is one unit, gathered for every step")
@@ -106,7 +106,7 @@ class FSDP(Strategy):
             c.bytes_gpu = z.a * z.ring * (2 * z.P - z.R) + z.ring * z.G
             c.formula = (
                 "a x (n-1)/n x P s_p + (n-1)/n x T s_g (the whole model one unit)"
-                if case.options.fsdp_wrap == "none" and case.options.fsdp_root_kept
+                if self.one_unit(case) and case.options.fsdp_root_kept
                 else "a x (n-1)/n x (2P - R) s_p + (n-1)/n x T s_g (R: the root unit's parameters, kept into backward)"
                 if kept
                 else "a x 2(n-1)/n x P s_p + (n-1)/n x T s_g"
@@ -121,7 +121,7 @@ class FSDP(Strategy):
         return z.a * 2 * z.P / z.n + z.G / z.n if case.options.offload_params else 0.0
 
     def node_rings(self, case: PlanInput, z: Sizes) -> int:
-        return z.g if case.options.sharding == "HYBRID_SHARD" else 1
+        return z.g if self.hierarchical(case) else 1
 
     def hierarchical(self, case: PlanInput) -> bool:
         return case.options.sharding == "HYBRID_SHARD"
