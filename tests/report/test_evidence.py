@@ -141,6 +141,9 @@ def test_a_new_steps_entry_is_a_section_of_runtime_md_without_python(tmp_path):
         assert md.startswith("\n## Once more (H200, 2027-01-01), out of sample\n\ntorch 9;")
         assert "Noted here." in md and "`reports/new/records.tgz`" in md and "| s10 | tiny-llama-1.1b/lora |" in md
         assert "H100 machine: measured s" not in md  # no H100 row of the same id given: the column is left out
+        unprobed = [{**r, "host_op_us": None, "device_op_us": None} for r in rows]  # a column empty in every row
+        header = runtime_accuracy._md_steps(evidence.entry("x", tmp_path), unprobed, [])[5]
+        assert "| SM MHz |" in header and "host_op_us" not in header and "device_op_us" not in header
         evidence.entries.cache_clear()
         manifest.write_text(entry)
         with pytest.raises(InputError, match="reports/evidence.yaml: x: a steps entry needs a title"):
