@@ -287,10 +287,9 @@ def test_a_function_imports_only_what_is_heavy_to_import():
 STRATEGY_NAMES = {"single", "ddp", "fsdp", "fsdp1", "fsdp2", "deepspeed"}
 """Names of strategies (a strategy file's ``name``, :attr:`PlanInput.strategy`)."""
 REGISTRY = "tunelab/plan/model/strategies/__init__.py"
-NAME_TESTS_LEFT = {"tunelab/plan/advise.py": 1}
-"""Where a strategy's name is still compared outside the registries: advise's "single" (``advise.strategy_file``: no
-strategy file at all, a choice word rather than a strategy). Ceilings that may only come down. The registries: the planner's
-(``tunelab.plan.model.strategies``) and the run's (``tunelab.strategies.KINDS``)."""
+NAME_TESTS_LEFT: dict[str, int] = {}
+"""Where a strategy's name is still compared outside the registries (none). Ceilings that may only come down. The
+registries: the planner's (``tunelab.plan.model.strategies``) and the run's (``tunelab.strategies.KINDS``)."""
 
 
 def name_tests(path: Path) -> int:

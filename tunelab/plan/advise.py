@@ -24,6 +24,7 @@ from tunelab.errors import InputError
 from tunelab.files import unwritable_dir, write_text_atomic
 from tunelab.paths import CONFIGS_DIR
 from tunelab.plan.model import comm, memory, runtime
+from tunelab.plan.model import strategies as planned_strategies
 from tunelab.plan.recipe import plan_settings, strategy_fields
 from tunelab.recipes import Recipe, display_path
 from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
@@ -285,7 +286,7 @@ class _Ask:
 def strategy_file(name: str) -> StrategyConfig | None:
     """The strategy file ``name`` names, loaded; None for ``single``, advise's word for one device without a file
     (litgpt's own command)."""
-    return None if name == "single" else load_strategy(name)
+    return None if planned_strategies.without_file(name) else load_strategy(name)
 
 
 def _tried(ask: _Ask, method: str, world: int) -> list[str]:
@@ -293,8 +294,10 @@ def _tried(ask: _Ask, method: str, world: int) -> list[str]:
     (and HYBRID_SHARD across nodes), or those asked; QLoRA on one device without a strategy only (litgpt quantizes
     there)."""
     if method == "qlora":
-        return ["single"]
-    return ask.strategies or (["single"] if world == 1 else [*STRATEGIES, *(["fsdp-hybrid"] if ask.nodes > 1 else [])])
+        return [planned_strategies.ONE_DEVICE]
+    return ask.strategies or (
+        [planned_strategies.ONE_DEVICE] if world == 1 else [*STRATEGIES, *(["fsdp-hybrid"] if ask.nodes > 1 else [])]
+    )
 
 
 def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, links, price) -> list[Candidate]:

@@ -21,13 +21,20 @@ REGISTRY: dict[str, Strategy] = {
 """Every strategy the planner models, by its key."""
 NAMES = tuple(dict.fromkeys(strategy.name for strategy in REGISTRY.values()))
 """The names :attr:`PlanInput.strategy` takes (``fsdp``: FSDP1 where its root unit is kept, else FSDP2)."""
+ONE_DEVICE = "single"
+"""The choice of one device with no strategy file: litgpt's own command (advise's word for it)."""
+
+
+def without_file(choice: str) -> bool:
+    """Whether ``choice`` (a strategy file's name or :data:`ONE_DEVICE`) runs without a strategy file."""
+    return choice in REGISTRY[ONE_DEVICE].files
 
 
 def fields_of(config, world: int) -> dict:
     """:class:`PlanInput` fields for a strategy file's ``StrategyConfig`` on ``world`` devices (None: litgpt's own
     choice, one device or FSDP on several)."""
     if config is None:
-        return {"strategy": "single" if world == 1 else "fsdp"}
+        return {"strategy": ONE_DEVICE if world == 1 else "fsdp"}
     for strategy in REGISTRY.values():
         if config.name in strategy.files:
             return strategy.fields(config, world)
@@ -48,7 +55,7 @@ def litgpt_defaults(name: str, world: int, lora: bool) -> dict:
 
 def of(case: PlanInput) -> Strategy:
     """The strategy that plans ``case`` (None plans as one device)."""
-    name = case.strategy or "single"
+    name = case.strategy or ONE_DEVICE
     if name not in NAMES:
         raise ValueError(f"strategy {name!r} has no memory model; one of {', '.join(NAMES)}")
     if name == "fsdp":
