@@ -138,7 +138,7 @@ def test_each_strategy_is_scheduled_as_it_runs(cfg):
     for strategy in ("fsdp", "ddp"):
         x = _x(cfg, strategy=strategy, devices=4, accumulation=4, fsdp_root_kept=strategy == "fsdp")
         t = runtime.terms(x, {**args, "train": {"global_batch_size": 64, "epochs": 1}}, 640, 0, 437.0)
-        t.comm = comm.per_step(x, pcie)
+        t.comm = dataclasses.replace(comm.per_step(x, pcie), forward_s=0.0)  # the step's alone: not the sanity check's
         one = runtime.terms(dataclasses.replace(x, accumulation=1), args, 160, 0, 437.0).windows(a100)
         w = t.windows(a100)
         assert w["passes"] == pytest.approx(4 * one["passes"]) and w["backward"] == pytest.approx(one["backward"])
@@ -243,3 +243,34 @@ def test_gpus_without_peer_to_peer_go_through_host_memory_at_its_measured_bandwi
     assert slow.bytes_gpu == fast.bytes_gpu > 0
     latency = fast.seconds - fast.bytes_gpu / (p2p.gbs * p2p.efficiency * 1e9)
     assert slow.seconds - latency == pytest.approx(fast.bytes_gpu / (shm.gbs * shm.efficiency * 1e9), rel=1e-6)
+
+
+def test_a_forward_without_gradients_gathers_what_the_training_step_resharded(cfg):
+    """A validation batch or a generated token under a sharded strategy gathers every unit again, but not what stays
+    gathered between forwards: FSDP1's root unit (torch never reshards the root after its forward), everything under
+    SHARD_GRAD_OP, what ZeRO-3 keeps at the forward's end; HYBRID_SHARD within its node; DDP and ZeRO-2 hold it."""
+    from tunelab.plan.model.case import root_unit_params
+    from tunelab.plan.model.strategies.zero import zero3_kept
+
+    link = comm.lookup("pcie4", "gpu")
+    p_bytes, root = count_params(cfg)[0] * 2, root_unit_params(cfg) * 2
+    fsdp1 = comm.per_step(_x(cfg, strategy="fsdp", devices=4, fsdp_root_kept=True), link)
+    assert fsdp1.forward_bytes == pytest.approx(3 / 4 * (p_bytes - root))
+    assert fsdp1.forward_s == pytest.approx(
+        fsdp1.forward_bytes / link.bytes_per_s + (cfg.n_layer) * comm.call_latency(3, 0, link, None)
+    )
+    fsdp2 = comm.per_step(_x(cfg, strategy="fsdp", devices=4), link)
+    assert fsdp2.forward_bytes == pytest.approx(3 / 4 * p_bytes)
+    hybrid = _x(cfg, strategy="fsdp", sharding="HYBRID_SHARD", devices=2, num_nodes=2, fsdp_root_kept=True)
+    assert comm.per_step(hybrid, link, comm.lookup("ib-hdr-4x", "node")).forward_bytes == pytest.approx(
+        1 / 2 * (p_bytes - root)
+    )
+    zero3 = _x(cfg, strategy="deepspeed", zero_stage=3, devices=4)
+    assert comm.per_step(zero3, link).forward_bytes == pytest.approx(3 / 4 * (p_bytes - zero3_kept(zero3) * 2))
+    for held in (
+        _x(cfg, strategy="fsdp", sharding="SHARD_GRAD_OP", devices=4),
+        _x(cfg, strategy="ddp", devices=4),
+        _x(cfg, strategy="deepspeed", zero_stage=2, devices=4),
+    ):
+        assert comm.per_step(held, link).forward_bytes == comm.per_step(held, link).forward_s == 0
+    assert comm.per_step(_x(cfg, strategy="single"), link).forward_s == 0

@@ -900,3 +900,39 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
         (tmp_path / "configs" / "published" / "litgpt-generate.yaml").write_text(text.replace(*bad, 1))
         with pytest.raises(InputError, match=r"configs/published/litgpt-generate.yaml: rows\[0\].*fix:"):
             runtime_accuracy.generate_rows(tmp_path)
+
+
+def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers():
+    """Each validation batch and each generated token under FULL_SHARD gathers the parameters again
+    (``Comm.forward_s``): over a slow link every such forward takes its gathers, what its compute does not hide
+    counted as communication; over a fast one the compute hides them. In litgpt's loop and in the fast path's."""
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.plan.model import comm
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    gpu = hardware.lookup("A10G")
+    full = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=gpu).input
+    sharded = full.changed(strategy="fsdp", devices=4, fsdp_root_kept=True)
+    args = {"train": {"global_batch_size": 32, "epochs": 1}, "eval": {"interval": 5, "max_new_tokens": 50}}
+    for case in (sharded, sharded.changed(fabric=False, fused_optimizer=True)):
+        terms = runtime.terms(case, args, 1000, 100, 437.0)
+        d = terms.detail
+        batches, tokens = d["eval_iterations"], d["evaluations"] * d["new_tokens"]
+        assert d["evaluations"] == 6 and tokens == 300
+        for link, hidden in (("pcie4-no-p2p", False), ("nvlink4", True)):
+            terms.comm = comm.per_step(case, comm.lookup(link, "gpu"))
+            causes = terms.by_cause(gpu)
+            terms.comm = dataclasses.replace(terms.comm, forward_s=0.0)
+            without = terms.by_cause(gpu)
+            extra = causes["communication"] - without["communication"]
+            gather = comm.per_step(case, comm.lookup(link, "gpu")).forward_s
+            batch, token = causes["validation"] / batches, causes["generation"] / tokens
+            if hidden:
+                assert extra == 0 and gather < token < batch, link
+            else:  # each forward takes its gathers or its compute, whichever is longer
+                assert token < gather, link
+                exposed = batches * max(0.0, gather - batch) + tokens * (gather - token)
+                assert extra == pytest.approx(exposed, rel=1e-9), link

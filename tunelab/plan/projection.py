@@ -61,6 +61,11 @@ class Projection:
     one device (tunelab.plan.model.comm)."""
     comm_seconds_per_step: float | None = None
     """Seconds that traffic takes per optimizer step, before overlap (its calls' latency included)."""
+    comm_bytes_per_forward: float | None = None
+    """Bytes one device gathers per forward without gradients (a validation batch, a generated token) under a
+    sharded strategy, None on one device; the run's seconds count what its compute does not hide."""
+    comm_seconds_per_forward: float | None = None
+    """Seconds those gathers take, their calls' latency included."""
     comm_latency_per_step: float | None = None
     """Of those, the seconds of NCCL's ring latency over the step's collective calls (tunelab.plan.model.comm)."""
     comm_source: str = ""
@@ -272,6 +277,8 @@ def _comm_fields(work) -> dict:
     return {
         "comm_bytes_per_step": {"gpu": c.bytes_gpu, "node": c.bytes_node, "host": c.bytes_host},
         "comm_seconds_per_step": c.seconds,
+        "comm_bytes_per_forward": c.forward_bytes,
+        "comm_seconds_per_forward": c.forward_s,
         "comm_latency_per_step": c.latency_s,
         "comm_source": f"{c.formula}; {calls}; {used}; {comm_mod.SCHEDULES[c.hideable_under]}"
         + (f", {c.unhidden:.0%} of it after or outside that" if c.unhidden else ""),

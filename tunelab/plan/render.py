@@ -212,6 +212,11 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
             f"  communication per optimizer step and device: {moved or 'none'}: {p.comm_seconds_per_step:.3f} s "
             f"before overlap (included above) [{p.comm_source}]"
         )
+    if p.comm_bytes_per_forward:
+        lines.append(
+            f"  gathered per validation batch and generated token: {p.comm_bytes_per_forward / GB:.2f} GB, "
+            f"{p.comm_seconds_per_forward:.3f} s (what their compute does not hide: in communication above)"
+        )
     return lines
 
 

@@ -137,6 +137,11 @@ class Comm:
     """The collective calls per optimizer step: (kind, calls, ring steps per call, of them across nodes)."""
     latency_s: float = 0.0
     """Seconds per step of the calls' latency (in :attr:`seconds`)."""
+    forward_bytes: float = 0.0
+    """Bytes per device one forward without gradients gathers (a validation batch, a generated token): not in
+    :attr:`seconds`, which is the training step's."""
+    forward_s: float = 0.0
+    """Seconds those gathers take, their calls' latency included."""
 
     def exposed(self, backward_s: float, passes_s: float) -> float:
         """Seconds per optimizer step the communication adds beyond the compute, by its schedule. ``backward_s``:
@@ -202,6 +207,12 @@ def per_step(
         seconds += c.host_s
     c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
     c.seconds = seconds + c.latency_s
+    if z.n > 1:
+        c.forward_bytes, calls = strategy.forward_gathers(case, z, params)
+        flat = z.m > 1 and not strategy.hierarchical(case)  # as the step's gathers: a flat ring at the network's speed
+        link = node_link if flat and node_link is not None else gpu_link
+        latency = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in calls)
+        c.forward_s = c.forward_bytes / link.bytes_per_s + latency
     if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)
     if strategy.unhideable(case):

@@ -254,11 +254,13 @@ class Terms:
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
-        out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))
+        batch = max(g.get("validation", 0.0), h * ops.get("validation", 0))
         decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
+        out["validation"] = ev * batch
         out["generation"] = d["evaluations"] * d["new_tokens"] * decode
         out["checkpoint saves"] = self.save_seconds()
-        out["communication"] = self.comm_seconds(mb.backward_s, train / steps * max(it_gpu, it_host) if steps else 0.0)
+        passes = train / steps * max(it_gpu, it_host) if steps else 0.0
+        out["communication"] = self.comm_seconds(mb.backward_s, passes) + self.gather_seconds(batch, decode)
         return out
 
     def step_time(self, gpu):
@@ -317,11 +319,14 @@ class Terms:
             st = self.step_time(gpu)
             g, ops = st.gpu_by_phase, st.ops_by_phase
             h = kernels.HOST_S_PER_OP
-            out["validation"] = ev * max(g.get("validation", 0.0), h * ops.get("validation", 0))
-            out["generation"] = d["evaluations"] * d["new_tokens"] * max(g.get("decode", 0.0), h * ops.get("decode", 0))
+            batch = max(g.get("validation", 0.0), h * ops.get("validation", 0))
+            decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
+            out["validation"] = ev * batch
+            out["generation"] = d["evaluations"] * d["new_tokens"] * decode
+            out["communication"] = self.gather_seconds(batch, decode)
         out["checkpoint saves"] = self.save_seconds()
         passes = train / steps * fs.iteration_s() if steps else 0.0
-        out["communication"] = self.comm_seconds(fs.gpu_s("backward"), passes)
+        out["communication"] += self.comm_seconds(fs.gpu_s("backward"), passes)
         return out
 
     def save_seconds(self, after_loop: bool = False) -> float:
@@ -368,6 +373,17 @@ class Terms:
         per_step = compute_s / steps
         micro_batches = max(self.detail.get("train_iterations", 0) / steps, 1.0)
         return self.comm_seconds(per_step * BACKWARD_SHARE / micro_batches, per_step)
+
+    def gather_seconds(self, batch_s: float, token_s: float) -> float:
+        """Seconds over the run that the parameter gathers of forwards without gradients add beyond them: under a
+        sharded strategy each validation batch (``batch_s`` of kernels or launches) and each generated token
+        (``token_s``) gathers what the training step resharded (:attr:`tunelab.plan.model.comm.Comm.forward_s`),
+        each unit's gather beside the previous unit's compute, so what the compute does not cover is exposed."""
+        if self.comm is None or not self.comm.forward_s:
+            return 0.0
+        d, gather = self.detail, self.comm.forward_s
+        tokens = d["evaluations"] * d["new_tokens"]
+        return d["eval_iterations"] * max(0.0, gather - batch_s) + tokens * max(0.0, gather - token_s)
 
     def comm_seconds(self, backward_s: float, passes_s: float) -> float:
         """Seconds of communication over the run left exposed: each optimizer step adds what its traffic takes

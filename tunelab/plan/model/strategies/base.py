@@ -193,6 +193,13 @@ class Strategy:
         """Fill ``c`` (a ``comm.Comm``) with the bytes per device per step over the GPU links, its formula and its
         calls, on ``z.n`` > 1 devices (``params``: a model given by its size only); one device's: none."""
 
+    def forward_gathers(self, case: PlanInput, z: Sizes, params) -> tuple[float, list]:
+        """(bytes per device, calls) that one forward without gradients gathers on ``z.n`` > 1 devices (a
+        validation batch, a generated token; ``params`` as in :meth:`volumes`). What stays gathered between two
+        such forwards (a root unit kept, everything under SHARD_GRAD_OP) is not gathered again; one device's:
+        none."""
+        return 0.0, []
+
     def host_bytes(self, case: PlanInput, z: Sizes) -> float:
         """Bytes per device per step between the GPU and host RAM (offload)."""
         return 0.0

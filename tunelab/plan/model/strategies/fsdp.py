@@ -117,6 +117,15 @@ class FSDP(Strategy):
                 z.call("reduce-scatter", z.units),
             ]
 
+    def forward_gathers(self, case: PlanInput, z: Sizes, params) -> tuple[float, list]:
+        """FULL_SHARD and HYBRID_SHARD gather every unit but the root kept (torch never reshards the root after its
+        forward) within the shard group; SHARD_GRAD_OP and NO_SHARD keep their parameters whole between forwards."""
+        if case.options.sharding not in ("FULL_SHARD", "HYBRID_SHARD"):
+            return 0.0, []
+        group = fsdp_shard_group(case)
+        calls = z.units - (1 if self.root_kept(case) else 0)
+        return (group - 1) / group * (z.P - z.R), [("all-gather", calls, group - 1, 0)] if calls else []
+
     def host_bytes(self, case: PlanInput, z: Sizes) -> float:
         return z.a * 2 * z.P / z.n + z.G / z.n if case.options.offload_params else 0.0
 

@@ -180,6 +180,14 @@ class ZeRO(Strategy):
         else:
             _zero3(c, case, z, params)
 
+    def forward_gathers(self, case: PlanInput, z: Sizes, params) -> tuple[float, list]:
+        """ZeRO-3 gathers every parameter but those it keeps gathered at the forward's end; ZeRO-1 and 2 hold them
+        whole."""
+        if case.options.zero_stage < 3:
+            return 0.0, []
+        kept = 0.0 if params is not None else zero3_kept(case) * z.s_p
+        return z.ring * max(0.0, z.P - kept), [z.call("all-gather", z.units)]
+
     def host_bytes(self, case: PlanInput, z: Sizes) -> float:
         if not (case.options.offload_optimizer or case.options.offload_params):
             return 0.0
