@@ -936,3 +936,33 @@ def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers()
                 assert token < gather, link
                 exposed = batches * max(0.0, gather - batch) + tokens * (gather - token)
                 assert extra == pytest.approx(exposed, rel=1e-9), link
+
+
+def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_path):
+    """runtime.md's second check set (configs/published/litgpt-config-hub.yaml, nothing fitted on it): each row's
+    YAML, kept beside it, planned on the table's GPU with the devices the YAML asks; the table's runtime against the
+    plan's band, the table's peak and OOM against the plan's. A bad row: one line naming the file and the row."""
+    import shutil
+
+    from tunelab.errors import InputError
+
+    published = tmp_path / "configs" / "published"
+    shutil.copytree(ROOT / "configs" / "published" / "litgpt-config-hub", published / "litgpt-config-hub")
+    text = (ROOT / "configs" / "published" / "litgpt-config-hub.yaml").read_text()
+    head, rows = text.split("rows:\n")
+    keep = [ln for ln in rows.splitlines() if "tiny-llama/lora.yaml" in ln or "gemma-2b/full.yaml" in ln]
+    (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep) + "\n")
+    tiny, gemma = sorted(runtime_accuracy.config_hub_rows(tmp_path), key=lambda r: r["devices"])
+    assert (tiny["devices"], tiny["strategy"], gemma["devices"], gemma["strategy"]) == (1, "single", 4, "fsdp")
+    for r in (tiny, gemma):
+        assert r["same_yaml"] and r["error"] == pytest.approx(r["planned_s"] / (r["minutes"] * 60) - 1)
+        assert r["inside"] == (r["band"][0] <= r["minutes"] * 60 <= r["band"][1])
+    assert tiny["inside"] and not gemma["inside"]  # one GPU inside; four over PCIe far slower than planned
+    assert gemma["planned_gb"] == pytest.approx(gemma["peak_gb"], rel=0.02)
+    md = "\n".join(runtime_accuracy._md_config_hub([tiny, gemma]))
+    assert "1 of 2 timed runs lie inside the plan's band; 0 of 1 on several GPUs" in md
+    for bad in (("config: tiny-llama/lora.yaml", "config: ../../../recipes/tiny-llama-1.1b/lora.yaml"),
+                ("machine: 1xA10G", "machine: A10G"), ("minutes: 8.09", "minutes: fast"), ("1xA10G", "1xZ9")):  # fmt: skip
+        (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep).replace(*bad) + "\n")
+        with pytest.raises(InputError, match=r"configs/published/litgpt-config-hub.yaml: rows\[\d\].*fix:"):
+            runtime_accuracy.config_hub_rows(tmp_path)

@@ -12,16 +12,18 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import re
 import statistics
 from pathlib import Path
 
-from tunelab import files, hardware, settings
+from tunelab import files, hardware, recipes, settings
 from tunelab.data.lengths import default_padded_per_sample
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
 from tunelab.paths import ROOT
 from tunelab.plan import stored
 from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime
+from tunelab.plan.projection import project_recipe
 from tunelab.plan.recipe import plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
 from tunelab.record import read_rank_file, steady_state, steady_steps
@@ -36,7 +38,7 @@ from tunelab.report.accuracy import (
 )
 from tunelab.run.collect import parse_litgpt_report
 from tunelab.sweep_file import lab_rows
-from tunelab.units import fmt
+from tunelab.units import GB, fmt
 
 H100_ROWS = "h100-part1"
 """Our H100 Part 1 report (its table and records; an entry of :mod:`tunelab.report.evidence`)."""
@@ -602,6 +604,7 @@ def write_report(path: Path, root: Path) -> None:
         *_md_bench(bench, benches),
         *_md_whole_cost(bench_costs(root)),
         *_md_generate(generate_rows(root)),
+        *_md_config_hub(config_hub_rows(root)),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab),
@@ -998,6 +1001,90 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
             }
         )
     return rows
+
+
+CONFIG_HUB = "litgpt-config-hub"
+"""The published table of litgpt's config_hub runs (``configs/published/``), its YAMLs in the folder of that name."""
+
+
+def config_hub_rows(root: Path = ROOT) -> list[dict]:
+    """litgpt's published runs of its config_hub YAMLs (``configs/published/litgpt-config-hub.yaml``: a check set,
+    not fitted), each YAML planned as it is on the table's GPU: the plan's time and band against the table's runtime,
+    its peak per device against the table's, its verdict against the table's OOM. A row whose epochs or micro batch
+    differ from its YAML's ran an older YAML (``same_yaml`` False)."""
+    keys = ("config", "machine", "epochs", "micro_batch_size", "minutes", "peak_gb")
+    _, table = evidence.published(CONFIG_HUB, ("source",), keys, root)
+    folder = (root / evidence.PUBLISHED / CONFIG_HUB).resolve()
+    rows = []
+    for n, r in enumerate(table):
+        machine = re.fullmatch(r"(\d+)x(\w+)", str(r["machine"]))
+        path = (folder / str(r["config"])).resolve()
+        counts = all(isinstance(r[k], int) and not isinstance(r[k], bool) and r[k] > 0 for k in keys[2:4])
+        numbers = all(r[k] is None or (isinstance(r[k], int | float) and r[k] > 0) for k in keys[4:])
+        try:
+            if machine is None or not path.is_relative_to(folder) or path.suffix != ".yaml":
+                raise ValueError(f"machine NxGPU and a YAML inside {evidence.PUBLISHED}/{CONFIG_HUB}/")
+            if not counts or not numbers:
+                raise ValueError("epochs and micro_batch_size whole numbers, minutes and peak_gb numbers or null")
+            gpu = hardware.lookup(machine.group(2))
+        except ValueError as e:
+            raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml: rows[{n}]: {e}; fix: correct it") from None
+        planned = plan_recipe(recipes.load(path), [], gpu=gpu)
+        projection, _ = project_recipe(planned, gpu)
+        st = planned.settings
+        published_s = r["minutes"] * 60 if r["minutes"] is not None else None
+        lo, hi = projection.seconds_band
+        rows.append(
+            {
+                **r,
+                "gpu": gpu.name,
+                "devices": st.world_size,
+                "strategy": planned.input.strategy,
+                "same_yaml": (st.epochs, st.micro_batch_size) == (r["epochs"], r["micro_batch_size"]),
+                "planned_s": projection.seconds,
+                "band": (lo, hi),
+                "error": projection.seconds / published_s - 1 if published_s else None,
+                "inside": lo <= published_s <= hi if published_s else None,
+                "planned_gb": planned.plan.peak_allocated_bytes / GB,
+                "fits": planned.plan.fits,
+            }
+        )
+    return rows
+
+
+def _md_config_hub(rows: list[dict]) -> list[str]:
+    """The plan against litgpt's published config_hub runs (:func:`config_hub_rows`)."""
+    timed = [r for r in rows if r["minutes"] is not None and r["same_yaml"]]
+    inside = [r for r in timed if r["inside"]]
+    several = [r for r in timed if r["devices"] > 1]
+    lines = [
+        "",
+        "## litgpt's published config_hub runs (a check set, not fitted)",
+        "",
+        f"Each row of `configs/published/{CONFIG_HUB}.yaml` (litgpt's table, bf16, Alpaca2k, A10G machines), its YAML "
+        "planned as it is: `tunelab plan <yaml> --gpu A10G`, the GPU's own link. The table's runtime is not defined "
+        "by litgpt (it may hold loading, the final validation and the save). "
+        f"{len(inside)} of {len(timed)} timed runs lie inside the plan's band; "
+        f"{sum(1 for r in several if r['inside'])} of {len(several)} on several GPUs. Rows whose epochs or micro "
+        "batch differ from the YAML ran an older one: shown, not counted.",
+        "",
+        "| config | machine | devices | strategy | published min | planned min (band) | error | inside | "
+        "published GB | planned GB | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lo, hi = r["band"]
+        if r["minutes"] is None:
+            inside = "OOM published"
+        else:
+            inside = ("yes" if r["inside"] else "no") if r["same_yaml"] else "older YAML"
+        lines.append(
+            f"| {r['config']} | {r['machine']} | {r['devices']} | {r['strategy']} | "
+            f"{fmt(r['minutes'], '.2f', 'OOM')} | {r['planned_s'] / 60:.1f} ({lo / 60:.1f}-{hi / 60:.1f}) | "
+            f"{fmt(r['error'], '+.0%', '')} | {inside} | {fmt(r['peak_gb'], '.2f', 'OOM')} | "
+            f"{r['planned_gb']:.2f} | {'yes' if r['fits'] else 'no'} |"
+        )
+    return lines
 
 
 def _md_generate(rows: list[dict]) -> list[str]:
