@@ -174,6 +174,15 @@ def test_names_that_no_table_holds_are_refused(untouched, case, value):
 
 
 @SETTINGS
+@given(value=st.sampled_from([".inf", ".nan", "bf17", "'[1]'", "16", "'{a: 1}'", "true", "fp16"]))
+def test_a_precision_lightning_does_not_name_is_one_line(untouched, value):
+    """The plan's precision, from a recipe's override (as from a YAML's ``precision:``): anything but one of
+    Lightning's full names is refused in one line naming the key, before any model is built (was: an internal
+    KeyError from the tracer)."""
+    refused("precision", ["plan", R, "--gpu", "H100-SXM", "--precision", value], "precision")
+
+
+@SETTINGS
 @given(
     key=st.sampled_from(["memory_gib", "peak_tflops", "bandwidth_gbs", "sms", "boost_mhz", "tdp_w"]),
     value=st.one_of(
@@ -477,5 +486,5 @@ def test_a_folder_option_given_empty_is_refused(untouched, case, value):
 def test_the_suite_tried_what_it_says():
     """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
     assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
-                          "price file", "sweep keys", "record fields", "empty lists", "empty folders"}, TRIED  # fmt: skip
+                          "price file", "sweep keys", "record fields", "empty lists", "empty folders", "precision"}, TRIED  # fmt: skip
     print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")

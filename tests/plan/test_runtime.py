@@ -962,7 +962,14 @@ def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_pa
     md = "\n".join(runtime_accuracy._md_config_hub([tiny, gemma]))
     assert "1 of 2 timed runs lie inside the plan's band; 0 of 1 on several GPUs" in md
     for bad in (("config: tiny-llama/lora.yaml", "config: ../../../recipes/tiny-llama-1.1b/lora.yaml"),
-                ("machine: 1xA10G", "machine: A10G"), ("minutes: 8.09", "minutes: fast"), ("1xA10G", "1xZ9")):  # fmt: skip
+                ("machine: 1xA10G", "machine: A10G"), ("minutes: 8.09", "minutes: fast"), ("1xA10G", "1xZ9"),
+                ("peak_gb: 13.5", "peak_gb: true")):  # fmt: skip
         (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep).replace(*bad) + "\n")
         with pytest.raises(InputError, match=r"configs/published/litgpt-config-hub.yaml: rows\[\d\].*fix:"):
             runtime_accuracy.config_hub_rows(tmp_path)
+    # a YAML whose own value the planner refuses: one line naming that YAML
+    (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep) + "\n")
+    yaml_file = published / "litgpt-config-hub" / "tiny-llama" / "lora.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("\ndevices: 1\n", "\ndevices: abc\n"))
+    with pytest.raises(InputError, match=r"litgpt-config-hub/tiny-llama/lora.yaml: devices: 'abc'.*fix:"):
+        runtime_accuracy.config_hub_rows(tmp_path)

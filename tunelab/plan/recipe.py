@@ -19,6 +19,7 @@ from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
 from tunelab.settings import Settings, data_size, resolve
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, load_strategy
+from tunelab.validate import PRECISIONS
 
 LAB_DATA_SAMPLES = 2000
 """Samples assumed when the run's data size is not known here: the lab's 2,000-sample Alpaca subset."""
@@ -42,9 +43,9 @@ class PlannedRecipe:
 
 
 def check_ranges(settings: Settings) -> None:
-    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, or one
-    micro batch exceeds the global batch (several devices' micro batches may: tunelab's loop then takes one micro
-    batch per step on each)."""
+    """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, the
+    precision is not a full Lightning name, or one micro batch exceeds the global batch (several devices' micro
+    batches may: tunelab's loop then takes one micro batch per step on each)."""
     for key, value in (
         ("train.micro_batch_size", settings.micro_batch_size),
         ("train.global_batch_size", settings.global_batch_size),
@@ -61,6 +62,11 @@ def check_ranges(settings: Settings) -> None:
             continue  # a default applies; the batch sizes have none (an empty value, `--train.micro_batch_size ''`)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
+    if settings.precision is not None and settings.precision not in PRECISIONS:
+        raise ValueError(
+            f"precision: {settings.precision!r} is not a full Lightning precision name; fix: use one of "
+            f"{', '.join(PRECISIONS)}"
+        )
     max_steps = (settings.args.get("train") or {}).get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
         raise ValueError(  # litgpt reads 0 and None as no limit

@@ -1020,7 +1020,10 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
         machine = re.fullmatch(r"(\d+)x(\w+)", str(r["machine"]))
         path = (folder / str(r["config"])).resolve()
         counts = all(isinstance(r[k], int) and not isinstance(r[k], bool) and r[k] > 0 for k in keys[2:4])
-        numbers = all(r[k] is None or (isinstance(r[k], int | float) and r[k] > 0) for k in keys[4:])
+        numbers = all(
+            r[k] is None or (isinstance(r[k], int | float) and not isinstance(r[k], bool) and r[k] > 0)
+            for k in keys[4:]
+        )
         try:
             if machine is None or not path.is_relative_to(folder) or path.suffix != ".yaml":
                 raise ValueError(f"machine NxGPU and a YAML inside {evidence.PUBLISHED}/{CONFIG_HUB}/")
@@ -1029,8 +1032,13 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
             gpu = hardware.lookup(machine.group(2))
         except ValueError as e:
             raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml: rows[{n}]: {e}; fix: correct it") from None
-        planned = plan_recipe(recipes.load(path), [], gpu=gpu)
-        projection, _ = project_recipe(planned, gpu)
+        try:
+            planned = plan_recipe(recipes.load(path), [], gpu=gpu)
+            projection, _ = project_recipe(planned, gpu)
+        except InputError:
+            raise
+        except ValueError as e:  # the YAML's own values, refused by the planner's range checks
+            raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}/{r['config']}: {e}") from None
         st = planned.settings
         published_s = r["minutes"] * 60 if r["minutes"] is not None else None
         lo, hi = projection.seconds_band
