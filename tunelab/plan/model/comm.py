@@ -167,6 +167,11 @@ def call_latency(steps: int, across: int, gpu_link: Link, node_link: Link | None
     return BASE_LATENCY_S + ((steps - across) * gpu_link.latency_us + across * net) * 1e-6
 
 
+def calls_latency(calls: list, gpu_link: Link, node_link: Link | None) -> float:
+    """Seconds of NCCL's ring latency over ``calls`` (:attr:`Comm.calls`' rows)."""
+    return sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in calls)
+
+
 def per_step(
     case: PlanInput,
     gpu_link: Link,
@@ -205,14 +210,13 @@ def per_step(
         c.links["host"] = host_link.name
         c.host_s = c.bytes_host / host_link.bytes_per_s
         seconds += c.host_s
-    c.latency_s = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in c.calls)
+    c.latency_s = calls_latency(c.calls, gpu_link, node_link)
     c.seconds = seconds + c.latency_s
     if z.n > 1:
         c.forward_bytes, calls = strategy.forward_gathers(case, z, params)
         flat = z.m > 1 and not strategy.hierarchical(case)  # as the step's gathers: a flat ring at the network's speed
         link = node_link if flat and node_link is not None else gpu_link
-        latency = sum(k * call_latency(steps, across, gpu_link, node_link) for _, k, steps, across in calls)
-        c.forward_s = c.forward_bytes / link.bytes_per_s + latency
+        c.forward_s = c.forward_bytes / link.bytes_per_s + calls_latency(calls, gpu_link, node_link)
     if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)
     if strategy.unhideable(case):

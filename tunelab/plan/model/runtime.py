@@ -242,7 +242,7 @@ class Terms:
         st, h = mb.step, mb.host_s_per_op
         it_gpu, it_host = mb.gpu_s, mb.host_s
         d = self.detail
-        train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
+        train, steps = d["train_iterations"], d["optimizer_steps"]
         forwards = 2 if k.recompute else 1
         out = dict.fromkeys(CAUSES, 0.0)
         repeats = {"forward": train * forwards, "backward": train, "optimizer": steps}
@@ -254,14 +254,21 @@ class Terms:
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
         opt_host = h * ops.get("optimizer", 0)
         out["host launches"] = train * max(0.0, it_host - it_gpu) + steps * max(0.0, opt_host - g.get("optimizer", 0.0))
-        batch = max(g.get("validation", 0.0), h * ops.get("validation", 0))
-        decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
-        out["validation"] = ev * batch
-        out["generation"] = d["evaluations"] * d["new_tokens"] * decode
+        gathers = self._evaluations(out, g, ops, h)
         out["checkpoint saves"] = self.save_seconds()
         passes = train / steps * max(it_gpu, it_host) if steps else 0.0
-        out["communication"] = self.comm_seconds(mb.backward_s, passes) + self.gather_seconds(batch, decode)
+        out["communication"] = self.comm_seconds(mb.backward_s, passes) + gathers
         return out
+
+    def _evaluations(self, out: dict, g: dict, ops: dict, h: float) -> float:
+        """Into ``out``: the validation batches and generated tokens, each its kernels (``g``) or its launches
+        (``ops`` at ``h`` seconds an op); returns the seconds their gathers add (:meth:`gather_seconds`)."""
+        d = self.detail
+        batch = max(g.get("validation", 0.0), h * ops.get("validation", 0))
+        decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
+        out["validation"] = d["eval_iterations"] * batch
+        out["generation"] = d["evaluations"] * d["new_tokens"] * decode
+        return self.gather_seconds(batch, decode)
 
     def step_time(self, gpu):
         """One micro batch's step of litgpt's loop on ``gpu`` by the kernel model (:func:`kernels.step_time`), before
@@ -315,18 +322,13 @@ class Terms:
         out["host launches"] = train * max(0.0, fs.iteration_s() - busy) + steps * max(
             0.0, fs.optimizer_s() - fs.gpu_s("optimizer")
         )
+        gathers = 0.0
         if ev or d["evaluations"]:
             st = self.step_time(gpu)
-            g, ops = st.gpu_by_phase, st.ops_by_phase
-            h = kernels.HOST_S_PER_OP
-            batch = max(g.get("validation", 0.0), h * ops.get("validation", 0))
-            decode = max(g.get("decode", 0.0), h * ops.get("decode", 0))
-            out["validation"] = ev * batch
-            out["generation"] = d["evaluations"] * d["new_tokens"] * decode
-            out["communication"] = self.gather_seconds(batch, decode)
+            gathers = self._evaluations(out, st.gpu_by_phase, st.ops_by_phase, kernels.HOST_S_PER_OP)
         out["checkpoint saves"] = self.save_seconds()
         passes = train / steps * fs.iteration_s() if steps else 0.0
-        out["communication"] += self.comm_seconds(fs.gpu_s("backward"), passes)
+        out["communication"] = self.comm_seconds(fs.gpu_s("backward"), passes) + gathers
         return out
 
     def save_seconds(self, after_loop: bool = False) -> float:
