@@ -98,7 +98,7 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
             raise InputError(f"{MANIFEST}: {key}: notes: a mapping of what it holds to words; fix: name a holds key")
         fitted = value.get("fitted") or []
         if not isinstance(fitted, list) or not all(
-            isinstance(f, list) and len(f) == 3 and _count(f[2]) for f in fitted
+            isinstance(f, list) and len(f) == 3 and positive(f[2], whole=True) for f in fitted
         ):
             raise InputError(f"{MANIFEST}: {key}: fitted: a list of [model, method, micro]; fix: write it so")
         if "steps" in roles and not value.get("title"):
@@ -121,9 +121,11 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
     return out
 
 
-def _count(value) -> bool:
-    """Whether ``value`` is a micro batch: a whole number of 1 or more (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def positive(value, whole: bool = False) -> bool:
+    """Whether ``value`` is a number above 0 (``whole``: a whole number of 1 or more), never a bool: what a count, a
+    time or a size in a manifest entry or a published table must be."""
+    kinds = int if whole else int | float
+    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
 
 
 class EvidenceMissing(InputError, KeyError):

@@ -981,7 +981,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
     for n, r in enumerate(table):
         try:
             config, _ = Config.from_name(str(r["model"])), hardware.lookup(str(r["gpu"]))
-            if not all(isinstance(r[k], int | float) and not isinstance(r[k], bool) and r[k] > 0 for k in keys[-2:]):
+            if not all(evidence.positive(r[k]) for k in keys[-2:]):
                 raise ValueError("new_tokens and seconds must be numbers above 0")
         except ValueError as e:
             raise InputError(f"{evidence.PUBLISHED}/litgpt-generate.yaml: rows[{n}]: {e}; fix: correct it") from None
@@ -1015,15 +1015,12 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
     keys = ("config", "machine", "epochs", "micro_batch_size", "minutes", "peak_gb")
     _, table = evidence.published(CONFIG_HUB, ("source",), keys, root)
     folder = (root / evidence.PUBLISHED / CONFIG_HUB).resolve()
-    rows = []
+    rows, plans = [], {}
     for n, r in enumerate(table):
         machine = re.fullmatch(r"(\d+)x(\w+)", str(r["machine"]))
         path = (folder / str(r["config"])).resolve()
-        counts = all(isinstance(r[k], int) and not isinstance(r[k], bool) and r[k] > 0 for k in keys[2:4])
-        numbers = all(
-            r[k] is None or (isinstance(r[k], int | float) and not isinstance(r[k], bool) and r[k] > 0)
-            for k in keys[4:]
-        )
+        counts = all(evidence.positive(r[k], whole=True) for k in keys[2:4])
+        numbers = all(r[k] is None or evidence.positive(r[k]) for k in keys[4:])
         try:
             if machine is None or not path.is_relative_to(folder) or path.suffix != ".yaml":
                 raise ValueError(f"machine NxGPU and a YAML inside {evidence.PUBLISHED}/{CONFIG_HUB}/")
@@ -1032,13 +1029,15 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
             gpu = hardware.lookup(machine.group(2))
         except ValueError as e:
             raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml: rows[{n}]: {e}; fix: correct it") from None
-        try:
-            planned = plan_recipe(recipes.load(path), [], gpu=gpu)
-            projection, _ = project_recipe(planned, gpu)
-        except InputError:
-            raise
-        except ValueError as e:  # the YAML's own values, refused by the planner's range checks
-            raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}/{r['config']}: {e}") from None
+        if (path, gpu.name) not in plans:  # one YAML published on several machines: planned once
+            try:
+                planned = plan_recipe(recipes.load(path), [], gpu=gpu)
+                plans[path, gpu.name] = planned, project_recipe(planned, gpu)[0]
+            except InputError:
+                raise
+            except ValueError as e:  # the YAML's own values, refused by the planner's range checks
+                raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}/{r['config']}: {e}") from None
+        planned, projection = plans[path, gpu.name]
         st = planned.settings
         published_s = r["minutes"] * 60 if r["minutes"] is not None else None
         lo, hi = projection.seconds_band
@@ -1071,7 +1070,8 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         "",
         f"Each row of `configs/published/{CONFIG_HUB}.yaml` (litgpt's table, bf16, Alpaca2k, A10G machines), its YAML "
         "planned as it is: `tunelab plan <yaml> --gpu A10G`, the GPU's own link. The table's runtime is not defined "
-        "by litgpt (it may hold loading, the final validation and the save). "
+        "by litgpt (it may hold loading, the final validation and the save). Peaks: GB (1e9 bytes) allocated per "
+        "device, as litgpt prints 'Memory Used'. "
         f"{len(inside)} of {len(timed)} timed runs lie inside the plan's band; "
         f"{sum(1 for r in several if r['inside'])} of {len(several)} on several GPUs. Rows whose epochs or micro "
         "batch differ from the YAML ran an older one: shown, not counted.",
