@@ -1013,7 +1013,7 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
     its peak per device against the table's, its verdict against the table's OOM. A row whose epochs or micro batch
     differ from its YAML's ran an older YAML (``same_yaml`` False)."""
     keys = ("config", "machine", "epochs", "micro_batch_size", "minutes", "peak_gb")
-    _, table = evidence.published(CONFIG_HUB, ("source",), keys, root)
+    head, table = evidence.published(CONFIG_HUB, ("source", "note"), keys, root)
     folder = (root / evidence.PUBLISHED / CONFIG_HUB).resolve()
     rows, plans = [], {}
     for n, r in enumerate(table):
@@ -1048,6 +1048,8 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "devices": st.world_size,
                 "strategy": planned.input.strategy,
                 "same_yaml": (st.epochs, st.micro_batch_size) == (r["epochs"], r["micro_batch_size"]),
+                "sliding_window": sliding_window(planned.input.config),
+                "note": str(head["note"]),
                 "planned_s": projection.seconds,
                 "band": (lo, hi),
                 "error": projection.seconds / published_s - 1 if published_s else None,
@@ -1059,9 +1061,20 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
     return rows
 
 
+def sliding_window(config) -> bool:
+    """Whether any layer of a litgpt ``config`` attends within a sliding window."""
+    return bool(config.sliding_window_size) and any(config.sliding_window_indices or [])
+
+
+def _counted(row: dict) -> bool:
+    """Whether a config_hub row holds the plan to its band: timed, its YAML as it ran, no sliding window (the
+    table's litgpt masked differently: the data file's note)."""
+    return row["minutes"] is not None and row["same_yaml"] and not row["sliding_window"]
+
+
 def _md_config_hub(rows: list[dict]) -> list[str]:
     """The plan against litgpt's published config_hub runs (:func:`config_hub_rows`)."""
-    timed = [r for r in rows if r["minutes"] is not None and r["same_yaml"]]
+    timed = [r for r in rows if _counted(r)]
     inside = [r for r in timed if r["inside"]]
     several = [r for r in timed if r["devices"] > 1]
     lines = [
@@ -1074,7 +1087,7 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         "device, as litgpt prints 'Memory Used'. "
         f"{len(inside)} of {len(timed)} timed runs lie inside the plan's band; "
         f"{sum(1 for r in several if r['inside'])} of {len(several)} on several GPUs. Rows whose epochs or micro "
-        "batch differ from the YAML ran an older one: shown, not counted.",
+        "batch differ from the YAML ran an older one: shown, not counted. " + (rows[0]["note"] if rows else ""),
         "",
         "| config | machine | devices | strategy | published min | planned min (band) | error | inside | "
         "published GB | planned GB | fits |",
@@ -1085,7 +1098,8 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         if r["minutes"] is None:
             inside = "OOM published"
         else:
-            inside = ("yes" if r["inside"] else "no") if r["same_yaml"] else "older YAML"
+            inside = "yes" if r["inside"] else "no"
+            inside += "" if _counted(r) else (" (older YAML)" if not r["same_yaml"] else " (sliding window)")
         lines.append(
             f"| {r['config']} | {r['machine']} | {r['devices']} | {r['strategy']} | "
             f"{fmt(r['minutes'], '.2f', 'OOM')} | {r['planned_s'] / 60:.1f} ({lo / 60:.1f}-{hi / 60:.1f}) | "
