@@ -187,3 +187,10 @@ def lora_param_count(config, r: int, targets=LORA_TARGETS) -> int:
     """Trainable parameters LoRA adds for rank ``r`` on ``targets`` (names of litgpt's ``lora_*`` switches that are
     on: tunelab.settings.LORA_TARGETS)."""
     return sum(lora_tensor_numels(config, r, targets))
+
+
+def sliding_window_layers(config) -> int:
+    """Layers of a litgpt ``config`` that attend within a sliding window (``sliding_window_indices``)."""
+    if not getattr(config, "sliding_window_size", None):
+        return 0
+    return sum(1 for flag in getattr(config, "sliding_window_indices", None) or [] if flag)

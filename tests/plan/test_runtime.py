@@ -978,3 +978,26 @@ def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_pa
     yaml_file.write_text(yaml_file.read_text().replace("\ndevices: 1\n", "\ndevices: abc\n"))
     with pytest.raises(InputError, match=r"litgpt-config-hub/tiny-llama/lora.yaml: devices: 'abc'.*fix:"):
         runtime_accuracy.config_hub_rows(tmp_path)
+
+
+def test_a_sliding_window_models_mask_is_counted_op_by_op_and_said():
+    """litgpt (0.5.13) builds each sliding-window layer's mask row by row in Python in every forward without a KV
+    cache: the traced forward of Mistral v0.1 holds about one op per token per layer more than v0.2's (the same
+    architecture, no window), and a host-bound plan of it says so; v0.2's plan does not."""
+    from litgpt import Config
+
+    from tunelab import hardware
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import load
+
+    v1, v2 = Config.from_name("Mistral-7B-v0.1"), Config.from_name("Mistral-7B-Instruct-v0.2")
+    extra = [kernels.step_time(c, "lora", "bf16-true", 1, 200, "A10G", tables=TRACED).ops_by_phase for c in (v1, v2)]
+    per_layer = (extra[0]["forward"] - extra[1]["forward"]) / v1.n_layer
+    assert 200 <= per_layer <= 210 and extra[0]["backward"] == extra[1]["backward"]
+    gpu, hub = hardware.lookup("A10G"), ROOT / "configs" / "published" / "litgpt-config-hub"
+    said = []
+    for name in ("mistral-7b", "mistral-7b-v0.2"):
+        projection, _ = project_recipe(plan_recipe(load(hub / name / "lora.yaml"), [], gpu=gpu), gpu)
+        said.append("sliding-window layer's mask row by row" in projection.seconds_by_cause_source)
+    assert said == [True, False]

@@ -14,7 +14,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab import record as record_mod
 from tunelab.data.lengths import default_lengths, padded_tokens_per_sample
-from tunelab.models import lora_param_count
+from tunelab.models import lora_param_count, sliding_window_layers
 from tunelab.plan.model import comm as comm_mod
 from tunelab.plan.model import runtime
 from tunelab.plan.model.fast_step import COMPILED_HOST_S_PER_KERNEL, FAST_MODEL_ERROR, FAST_START_EXTRA_S, fast_step
@@ -225,7 +225,7 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
         "seconds_by_cause_source": (
             f"kernel-level model (tunelab/plan/model/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
             "fitted on our H100 and H200 profiles and H100 Part 1 rows; checked in reports/planner-accuracy/runtime.md"
-            + _host_bound_note(causes.get("host launches", 0.0), seconds, work.kernels.method)
+            + _host_bound_note(causes.get("host launches", 0.0), seconds, work.kernels)
             if work.kernels.fast is None
             else f"tunelab's loop with its speed switches, kernel by kernel (tunelab/plan/model/fast_step.py) on {gpu.name}:"
             " compiled blocks from torch.compile's own graphs, Liger's chunks, the fused optimizer, launches queued "
@@ -238,18 +238,23 @@ HOST_BOUND_SHARE = 0.25
 """The share of a plan's time spent waiting on the host's launches above which ``plan`` says the run is host-bound."""
 
 
-def _host_bound_note(host_s: float, seconds: float, method: str = "") -> str:
+def _host_bound_note(host_s: float, seconds: float, step: runtime.KernelWork) -> str:
     """A sentence for a plan whose time is mostly the host launching kernels (:data:`HOST_BOUND_SHARE`): that share
     follows the machine's CPU, not its GPU, and what shortens it (QLoRA: bitsandbytes' own Python is much of it, and
-    the fast path's model does not take QLoRA); "" otherwise."""
+    the fast path's model does not take QLoRA; sliding-window layers: litgpt's mask, built row by row); "" otherwise."""
     if not seconds or host_s < HOST_BOUND_SHARE * seconds:
         return ""
     shorten = (
         "a larger micro batch shortens it (much of it is bitsandbytes' Python: per 4-bit matmul and PagedAdamW's "
         "step tensor by tensor, tunelab/plan/model/bnb_kernels.py)"
-        if method == "qlora"
+        if step.method == "qlora"
         else "a larger micro batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
     )
+    if windowed := sliding_window_layers(step.config):
+        shorten += (
+            f"; litgpt builds each sliding-window layer's mask row by row in Python in training and validation: "
+            f"about {step.tokens:.0f} more ops in each of its {windowed} such layers per forward, counted here"
+        )
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     return (
         f". Host-bound: {host_s / seconds:.0%} of it is the host launching kernels (litgpt's loop at "

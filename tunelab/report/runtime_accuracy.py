@@ -20,6 +20,7 @@ from tunelab import files, hardware, recipes, settings
 from tunelab.data.lengths import default_padded_per_sample
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
+from tunelab.models import sliding_window_layers
 from tunelab.paths import ROOT
 from tunelab.plan import stored
 from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime
@@ -1048,7 +1049,7 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "devices": st.world_size,
                 "strategy": planned.input.strategy,
                 "same_yaml": (st.epochs, st.micro_batch_size) == (r["epochs"], r["micro_batch_size"]),
-                "sliding_window": sliding_window(planned.input.config),
+                "sliding_window": sliding_window_layers(planned.input.config) > 0,
                 "note": str(head["note"]),
                 "planned_s": projection.seconds,
                 "band": (lo, hi),
@@ -1059,11 +1060,6 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
             }
         )
     return rows
-
-
-def sliding_window(config) -> bool:
-    """Whether any layer of a litgpt ``config`` attends within a sliding window."""
-    return bool(config.sliding_window_size) and any(config.sliding_window_indices or [])
 
 
 def _counted(row: dict) -> bool:
