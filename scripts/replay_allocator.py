@@ -28,7 +28,6 @@ from tunelab.data import benchmark
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, check_target, write_text_atomic
 from tunelab.plan import stored
-from tunelab.plan.model.tables import optimizer_of
 from tunelab.plan.trace.simulate import replay_run
 from tunelab.record import RunRecord
 
@@ -127,10 +126,7 @@ def replay_row(tar: tarfile.TarFile, row: str) -> dict:
     val_lens, val_source = validation_lengths(tar, names, row, x.micro_batch_size)
     print(f"{row}: {x.config.name} {x.method} {x.precision}, micro {x.micro_batch_size}, {len(seq_lens)} micro "
           f"batches, validation batches {val_lens or 'unknown'} ({val_source}) ...", file=sys.stderr, flush=True)  # fmt: skip
-    peaks = replay_run(
-        x.config, x.method, str(x.precision), x.micro_batch_size, seq_lens, x.accumulation, optimizer_of(x),
-        x.lora_r, x.lora_targets, validation_seqs=val_lens or None,
-    )  # fmt: skip
+    peaks = replay_run(x, seq_lens, validation_seqs=val_lens or None)
     measured = rank.get("phase_peak_allocated") or {}
     return {
         "row": row, "device": rec.device_name, "seq_lens": seq_lens, "peak_reserved": rec.peak_reserved_bytes,

@@ -34,7 +34,7 @@ def test_the_plan_counts_the_fused_loss_as_the_simulated_step_holds():
             config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
             fabric=False, fused_loss=True, tables=TRACED
         )  # fmt: skip
-        sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, fabric=False, fused_loss=True)
+        sim = simulate(x)
         planned = memory.predict(x).peak_allocated_bytes
         assert planned == pytest.approx(sim.peak_bytes, rel=0.01), (name, method, precision, sim.peak_phase)
         plain = memory.predict(x.changed(fused_loss=False))

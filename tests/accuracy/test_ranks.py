@@ -8,8 +8,8 @@ import pytest
 from tests.plan.test_ranks import small_llama
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan.model import comm
+from tunelab.plan.model.case import PlanInput
 from tunelab.plan.model.strategies import fsdp1
-from tunelab.plan.model.tables import optimizer_of
 from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.trace import ranks
 from tunelab.plan.trace.tables import TRACED
@@ -51,10 +51,7 @@ def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(model, strategy,
     )  # fmt: skip
     x = planned.input
     assert not x.activation_checkpointing
-    sim = ranks.simulate_ranks(
-        x.config, load_strategy(strategy), world, method, str(x.precision), 2, 512, x.accumulation, optimizer_of(x),
-        x.lora_r, x.lora_targets,
-    )  # fmt: skip
+    sim = ranks.simulate_ranks(x, load_strategy(strategy))
     assert planned.plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.03)
 
 
@@ -115,8 +112,7 @@ def test_lora_under_fsdp1_is_planned_within_5_percent_of_rank_0(world, accumulat
     x = memory.PlanInput.of(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
                          lora_targets=LORA_TARGETS, fabric=False, strategy="fsdp", fsdp_root_kept=True, devices=world,
                          accumulation=accumulation, tables=TRACED)  # fmt: skip
-    sim = ranks.simulate_ranks(c, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 256, accumulation=accumulation,
-                               lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
+    sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     assert memory.predict(x).peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.05)
 
 
@@ -131,8 +127,7 @@ def test_full_fine_tuning_under_fsdp1_peaks_in_backward_as_planned():
         gpu=None, devices=8, strategy="fsdp",
     )  # fmt: skip
     x, plan = planned.input, planned.plan
-    sim = ranks.simulate_ranks(x.config, load_strategy("fsdp"), 8, "full", str(x.precision), 2, 512, x.accumulation,
-                               optimizer_of(x))  # fmt: skip
+    sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     assert sim.peak_phase == "backward" and plan.breakdown_bytes["fsdp1_backward_gradients"] > 0
     assert plan.breakdown_bytes["logits_and_loss"] == 0
     assert plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.01)
@@ -187,11 +182,10 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     from tunelab.settings import LORA_TARGETS
 
     config, world = small_llama(), 2
-    sim = ranks.simulate_ranks(config, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 64, accumulation=2,
-                               lora_r=8, lora_targets=LORA_TARGETS)  # fmt: skip
     x = memory.PlanInput.of(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
                          accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
                          lora_targets=LORA_TARGETS, tables=TRACED)  # fmt: skip
+    sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     planned = fsdp1.flat_parameter_grads(x, memory.model_states(x, []))
     traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
     assert traced == pytest.approx(planned, rel=0.05)
@@ -202,14 +196,12 @@ def test_fsdp1_lora_reduce_scatters_the_whole_flat_gradients():
     """LoRA under FSDP1 (a ``name: fsdp`` file): each flat parameter mixing frozen and trainable weights gets a whole
     gradient, and FSDP1 reduce-scatters all of it, frozen weights' zeros included: the traced bytes are comm.py's
     (within 3%), not the adapters' gradients alone (before: 21% under on OpenLLaMA 3B)."""
-    from tunelab.plan.model.memory import PlanInput
 
     config, world, targets = small_llama(), 4, ("query", "value", "head")
-    sim = ranks.simulate_ranks(config, load_strategy("fsdp"), world, "lora", "bf16-true", 2, 64, accumulation=2,
-                               lora_r=8, lora_targets=targets)  # fmt: skip
     x = PlanInput.of(config=config, method="lora", lora_r=8, lora_targets=targets, precision="bf16-true",
                   micro_batch_size=2, seq_len=64, accumulation=2, devices=world, strategy="fsdp",
                   sharding="FULL_SHARD", fsdp_root_kept=True, tables=TRACED)  # fmt: skip
+    sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.03)
     assert sim.bytes_moved("reduce-scatter") > 10 * lora_param_count(config, 8, targets) * 2 * (world - 1) / world
@@ -222,8 +214,7 @@ def _variant(name: str, method: str, accumulation: int, config=None, seq: int = 
     x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), [], gpu=None, devices=world, strategy=name).input
     x = x.changed(config=config, micro_batch_size=2, seq_len=seq, precision="bf16-true", accumulation=accumulation,
                   fabric=False)  # fmt: skip
-    sim = ranks.simulate_ranks(config, load_strategy(name), world, method, "bf16-true", 2, seq, accumulation,
-                               lora_r=x.lora_r, lora_targets=x.lora_targets)  # fmt: skip
+    sim = ranks.simulate_ranks(x, load_strategy(name))
     return sim, x
 
 
@@ -303,7 +294,12 @@ def test_the_peak_update_without_the_module_walk_keeps_torchs_peaks(name, monkey
             return Kept
 
         monkeypatch.setattr(ranks, "_recording", recording)
-        sim = ranks.simulate_ranks(small_llama(2), load_strategy(name), 4, "lora", "bf16-true", 2, 64, accumulation=2)
+        sim = ranks.simulate_ranks(
+            PlanInput.of(
+                config=small_llama(2), method="lora", micro_batch_size=2, seq_len=64, accumulation=2, devices=4
+            ),
+            load_strategy(name),
+        )
         return sim.phases, sim.collectives, dict(seen["tracker"]._peak_mem)
 
     walked, skipped = run(True), run(False)

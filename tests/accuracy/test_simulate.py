@@ -46,7 +46,7 @@ def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fab
     )  # fmt: skip
     plan = memory.predict(x)
     planned = plan.peak_allocated_bytes
-    sim = simulate(c, method, precision, 4, 512, accumulation=accumulation, optimizer=optimizer, fabric=fabric)
+    sim = simulate(x)
     assert set(sim.phases) == {"forward", "backward", "optimizer step"}
     assert planned == pytest.approx(sim.peak_bytes, rel=rel), (sim.peak_phase, sim.phases[sim.peak_phase])
 
@@ -95,7 +95,8 @@ def test_a_replayed_run_is_the_simulated_step_plus_the_allocators_blocks(configs
     from tunelab.plan.trace.simulate import replay_run
 
     c = dataclasses.replace(configs["tiny-llama-1.1b"], n_layer=3)
-    same = replay_run(c, "lora", "bf16-true", 2, [64] * 4, accumulation=2)["end"]
-    assert same.requested == pytest.approx(simulate(c, "lora", "bf16-true", 2, 64, accumulation=2).peak_bytes, abs=64)
-    varied = replay_run(c, "lora", "bf16-true", 2, [64, 32, 128, 16], accumulation=2)["end"]
+    lora = memory.PlanInput(c, "lora", "bf16-true", micro_batch_size=2, seq_len=64, accumulation=2)
+    same = replay_run(lora, [64] * 4)["end"]
+    assert same.requested == pytest.approx(simulate(lora).peak_bytes, abs=64)
+    varied = replay_run(lora, [64, 32, 128, 16])["end"]
     assert varied.requested <= varied.allocated <= varied.reserved

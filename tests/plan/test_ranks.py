@@ -7,6 +7,7 @@ import pytest
 
 from tunelab.models import count_params, lora_param_count
 from tunelab.plan.model import comm
+from tunelab.plan.model.case import PlanInput
 from tunelab.plan.recipe import plan_recipe
 from tunelab.plan.trace import ranks
 from tunelab.plan.trace.tables import TRACED
@@ -24,12 +25,19 @@ def small_llama(n_layer: int = 3):
     )  # fmt: skip
 
 
+def case(config, method: str, world: int, precision: str = "bf16-true", **fields) -> PlanInput:
+    """Rank 0's case on ``world`` devices: ``config`` at micro 2 x 64 tokens."""
+    return PlanInput.of(
+        config=config, method=method, precision=precision, micro_batch_size=2, seq_len=64, devices=world, **fields
+    )
+
+
 def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     """Sharded parameters and optimizer states are exactly 1/world of the model's (bf16, AdamW: two states); the
     traced bytes each device sends per step equal comm.py's FULL_SHARD formula with accumulation (gathered for
     forward and backward of each micro batch, gradients reduce-scattered once)."""
     config, world = small_llama(), 4
-    sim = ranks.simulate_ranks(config, load_strategy("fsdp2"), world, "full", "bf16-true", 2, 64, accumulation=2)
+    sim = ranks.simulate_ranks(case(config, "full", world, accumulation=2), load_strategy("fsdp2"))
     total, _ = count_params(config)
     step = sim.phases["optimizer step"]
     assert step["Sharded Param"] == pytest.approx(total * 2 / world, rel=0.01)
@@ -37,8 +45,6 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     assert 2 * total * 2 / world <= step["OptState"] <= 3 * total * 2 / world * 1.01
     assert {c.kind for c in sim.collectives} == {"all-gather", "reduce-scatter"}
     assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == config.n_layer + 1  # once per unit
-
-    from tunelab.plan.model.memory import PlanInput
 
     x = PlanInput.of(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
                   accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD", tables=TRACED)  # fmt: skip
@@ -48,7 +54,7 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     traced = {k: sum(c.calls for c in sim.collectives if c.kind == k) for k in ("all-gather", "reduce-scatter")}
     assert {k: n for k, n, _, _ in planned.calls} == traced  # the calls comm.py charges NCCL's latency for
     # four micro batches: three without sync gather as often as the simulated one did
-    four = ranks.simulate_ranks(config, load_strategy("fsdp2"), world, "full", "bf16-true", 2, 64, accumulation=4)
+    four = ranks.simulate_ranks(case(config, "full", world, accumulation=4), load_strategy("fsdp2"))
     x4 = x.changed(accumulation=4)
     assert four.bytes_moved() == pytest.approx(comm.per_step(x4, link, param_bytes=2).bytes_gpu, rel=0.01)
     assert four.phases == sim.phases  # memory: a third micro batch adds nothing
@@ -65,10 +71,9 @@ def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
     targets = ("query", "value")
     lora = ranks.ddp_buckets(config, "lora", "bf16-true", bucket_cap_mb=25, lora_r=8, targets=targets)
     assert sum(lora) == lora_param_count(config, 8, targets) * 2
-    sim = ranks.simulate_ranks(config, load_strategy("ddp"), 2, "full", "bf16-true", 2, 64)
+    sim = ranks.simulate_ranks(case(config, "full", 2), load_strategy("ddp"))
     assert sim.bytes_moved("all-reduce") == pytest.approx(2 * (1 / 2) * total * 2)
     assert all(snap["Buckets"] == total * 2 for snap in sim.phases.values())
-    from tunelab.plan.model.memory import PlanInput
 
     x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64, devices=2,
                   strategy="ddp", tables=TRACED)  # fmt: skip
@@ -95,7 +100,7 @@ def test_litgpts_own_choice_is_wrapped_as_litgpts_scripts_wrap_it_and_keeps_its_
         "limit_all_gathers": True, "cpu_offload": False,
     }  # fmt: skip
     config, world = small_llama(), 4
-    sim = ranks.simulate_ranks(config, None, world, method, precision, 2, 64, accumulation=2)
+    sim = ranks.simulate_ranks(case(config, method, world, precision, accumulation=2), None)
     assert sim.strategy == "litgpt" and sim.activation_checkpointing
     assert "Lightning's FSDPStrategy" in sim.notes[0] if method == "full" else "parallelize_fn" in sim.notes[0]
     units = config.n_layer + 1
@@ -119,8 +124,8 @@ def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
     gradients reduce-scattered once per step after no_sync() micro batches; the bytes each device sends equal
     comm.py's formula; no_sync keeps whole unsharded gradients (accumulation 2 holds more than 1)."""
     config, world = small_llama(), 4
-    sim = ranks.simulate_ranks(config, load_strategy(name), world, "full", "bf16-true", 2, 64, accumulation=2)
-    one = ranks.simulate_ranks(config, load_strategy(name), world, "full", "bf16-true", 2, 64, accumulation=1)
+    sim = ranks.simulate_ranks(case(config, "full", world, accumulation=2), load_strategy(name))
+    one = ranks.simulate_ranks(case(config, "full", world), load_strategy(name))
     units = 1 if name == "fsdp-no-wrap" else config.n_layer + 1
     gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
                ("forward", "backward")}  # fmt: skip

@@ -13,12 +13,19 @@ from tunelab.plan.trace.simulate import simulate
 from tunelab.plan.trace.tables import TRACED
 
 
+def case(config, method: str, precision: str, micro: int, seq_len: int, **fields) -> memory.PlanInput:
+    """The one-device case the simulation runs: ``config`` at micro x seq_len tokens, litgpt's loop."""
+    return memory.PlanInput.of(
+        config=config, method=method, precision=precision, micro_batch_size=micro, seq_len=seq_len, **fields
+    )
+
+
 def test_the_simulation_counts_what_the_step_holds(configs):
     """Weights, gradients and AdamW's states are exactly the model's sizes; the states exist from the first step,
     so the second step's forward holds them; the logits stay alive through the optimizer step (litgpt's loop)."""
     c = configs["Llama-3.2-1B"]
     total, _ = count_params(c)
-    sim = simulate(c, "full", "bf16-true", 2, 256)
+    sim = simulate(case(c, "full", "bf16-true", 2, 256))
     step = sim.phases["optimizer step"]
     assert step["Parameter"] == pytest.approx(2 * total, rel=1e-3)
     assert step["Gradient"] == pytest.approx(2 * total, rel=1e-3)
@@ -31,8 +38,8 @@ def test_the_simulation_counts_what_the_step_holds(configs):
 def test_extrapolation_by_block_is_linear(configs):
     """Built with 1+2 or with 2+3 blocks, the extrapolated step is the same: one block more adds the same bytes."""
     c = configs["tiny-llama-1.1b"]
-    a = simulate(c, "lora", "bf16-true", 2, 256, layers=1)
-    b = simulate(c, "lora", "bf16-true", 2, 256, layers=2)
+    a = simulate(case(c, "lora", "bf16-true", 2, 256), layers=1)
+    b = simulate(case(c, "lora", "bf16-true", 2, 256), layers=2)
     assert b.layers_built == (2, 3)
     for phase in a.phases:
         assert a.phases[phase]["Total"] == pytest.approx(b.phases[phase]["Total"], rel=0.005)
@@ -43,8 +50,8 @@ def test_autocast_copies_are_the_difference_between_mixed_and_true_lora(configs)
     the simulated difference to bf16-true is that term, give or take what the activations differ by (the logits
     are fp32 in both: Fabric converts the model's outputs under every precision)."""
     c = configs["tiny-llama-1.1b"]
-    mixed = simulate(c, "lora", "bf16-mixed", 1, 256).phases["forward"]
-    true = simulate(c, "lora", "bf16-true", 1, 256).phases["forward"]
+    mixed = simulate(case(c, "lora", "bf16-mixed", 1, 256)).phases["forward"]
+    true = simulate(case(c, "lora", "bf16-true", 1, 256)).phases["forward"]
     copies = memory.autocast_weight_copies(
         memory.PlanInput(config=c, method="lora", precision="bf16-mixed", seq_len=256, tables=TRACED)
     )
@@ -57,8 +64,8 @@ def test_qlora_follows_bitsandbytes_storage(configs):
     states of every tensor under 1e5 elements on the device (at rank 8 every adapter but lm_head's B) and pages the
     rest; the adapters take gradients, and so does the StableEmbedding litgpt swaps in."""
     c = configs["tiny-llama-1.1b"]
-    q = simulate(c, "qlora", "bf16-true", 2, 256, optimizer="PagedAdamW")
-    lo = simulate(c, "lora", "bf16-true", 2, 256)
+    q = simulate(case(c, "qlora", "bf16-true", 2, 256, optimizer="PagedAdamW"))
+    lo = simulate(case(c, "lora", "bf16-true", 2, 256))
     total, emb = count_params(c)
     linear = total - emb  # every Linear, lm_head's included (Lightning converts them all)
     saved = lo.phases["forward"]["Parameter"] - q.phases["forward"]["Parameter"]

@@ -174,7 +174,7 @@ def simulated_rows(names, micro: int = 4, seq_len: int = 512, progress=None) -> 
                 tables=TRACED,
             )
             planned = memory.predict(case).peak_allocated_bytes
-            sim = simulate(config, method, precision, micro, seq_len, optimizer=optimizer)
+            sim = simulate(case)
             snap = sim.phases[sim.peak_phase]
             rows.append(
                 {

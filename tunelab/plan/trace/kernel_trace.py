@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from tunelab import paths
+from tunelab.plan.model.case import PlanInput
 from tunelab.plan.model.kernels import (
     CHUNK,
     CHUNK_SHAPE,
@@ -179,7 +180,8 @@ def record_step(
     state = {"phase": "forward"}
     with FakeTensorMode(), cuda_dropout(), warnings.catch_warnings():
         warnings.filterwarnings("ignore")
-        model, opt, _ = setup_step(config, method, precision, seq_len, False, lora_r, tuple(targets), optimizer)
+        case = PlanInput(config, method, precision, seq_len=seq_len, lora_r=lora_r, lora_targets=tuple(targets))
+        model, opt, _ = setup_step(case, optimizer)
         trainable = [p for p in model.parameters() if p.requires_grad]
         for p in trainable:
             p.grad = torch.zeros_like(p)

@@ -15,7 +15,7 @@ import contextlib
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tunelab.errors import InputError
 from tunelab.plan.model import memory
@@ -217,7 +217,7 @@ def _fsdp_tracker(model, opt):
     return _recording(FSDPMemTracker)(model, opt)
 
 
-def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
+def _fsdp1_step(case, strategy, optimizer: str):
     """As :func:`_fsdp2_step`, under FSDP1 (:func:`tunelab.parallel.wrap` with a ``name: fsdp`` file, or Lightning's
     FSDPStrategy as litgpt's full fine-tuning makes it when ``strategy`` is None: :func:`lightning_fsdp`) and torch's
     MemTracker; the micro batches before the last run under ``no_sync()``."""
@@ -233,39 +233,27 @@ def _fsdp1_step(config, method, precision, micro, seq_len, world, strategy, accu
     if strategy is not None and strategy.sharding_strategy == "HYBRID_SHARD":  # one node of ``world`` devices
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (1, world))  # outside fake mode
+        mesh = init_device_mesh("cpu", (1, case.world))  # outside fake mode
     offload = strategy is not None and strategy.cpu_offload
     with FakeTensorMode(allow_non_fake_inputs=True), _fake_storage_allocated(), contextlib.ExitStack() as stack:
         # offload: a stand-in accelerator, the host's memory counted apart; else all on this CPU
         device = stack.enter_context(fake_accelerator()) if offload else torch.device("cpu")
-        model = build_model(config, method, precision, lora_r, targets)
-        model.max_seq_length = seq_len
-        model.train()
+        model = _built(case)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore")
             if strategy is None:
-                model = lightning_fsdp(model, precision)
+                model = lightning_fsdp(model, str(case.precision))
             else:
-                model = wrap(model, strategy, device, world, mesh=mesh)
+                model = wrap(model, strategy, device, case.world, mesh=mesh)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
-        x = torch.zeros(micro, seq_len, dtype=torch.long, device=device)
+        x = torch.zeros(case.micro_batch_size, case.seq_len, dtype=torch.long, device=device)
         tracker = _recording(MemTracker)()
         tracker.device = device if offload else None
         tracker.track_external(model, opt, x)
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore")
-            raw = _two_steps(
-                model,
-                opt,
-                tracker,
-                x,
-                method,
-                precision,
-                accumulation,
-                lambda last: contextlib.nullcontext() if last else model.no_sync(),
-                most=3,
-                fabric=strategy is None,
-            )
+            no_sync = lambda last: contextlib.nullcontext() if last else model.no_sync()  # noqa: E731
+            raw = _two_steps(model, opt, tracker, x, case, no_sync, most=3, fabric=strategy is None)
         host = tracker._peak_mem.get(torch.device("cpu"), 0) if offload else 0
         return tracker.phase_peaks, raw, host
 
@@ -353,9 +341,9 @@ def _fake_storage_allocated():
         flat_param._data_ptr_allocated = real
 
 
-def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, most: int = 2, fabric=False) -> list:
-    """Two optimizer steps of tunelab's loop (the second runs beside the optimizer states the first made), each of
-    ``min(accumulation, most)`` micro batches (a later one runs beside the gradients; more add no memory), each
+def _two_steps(model, opt, tracker, x, case, sync, most: int = 2, fabric=False) -> list:
+    """Two optimizer steps of ``case`` in tunelab's loop (the second runs beside the optimizer states the first
+    made), each of ``min(accumulation, most)`` micro batches (a later one runs beside the gradients; more add no memory), each
     micro batch under ``sync(last)`` (a context: gradient sync on the last only); the second step's collectives,
     those of the micro batches without sync counted for all of them: with three, the middle one ``accumulation -
     2`` times; with two, the first ``accumulation - 1`` times. FSDP1 runs three (``most=3``): its first and middle
@@ -364,6 +352,7 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
     first stands for the rest. ``fabric``: litgpt's loop (the forward under Lightning Fabric:
     :func:`tunelab.plan.trace.measure.model_logits`; its logits held to the next forward), else tunelab's loop."""
 
+    method, precision, accumulation = case.method, str(case.precision), case.accumulation
     runs = min(accumulation, most)
     marks: list[int] = []
     logits = None
@@ -396,9 +385,9 @@ def _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, mo
     return raw
 
 
-def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accumulation, lora_r, targets, optimizer):
-    """({phase: {kind: bytes}}, [(kind, phase, bytes)] of the second optimizer step) of ``config``, rank 0
-    of ``world`` under FSDP2 (:func:`tunelab.parallel.wrap` in tunelab's loop, or litgpt's LoRA sharding in
+def _fsdp2_step(case, strategy, optimizer: str):
+    """({phase: {kind: bytes}}, [(kind, phase, bytes)] of the second optimizer step) of ``case``, rank 0
+    of its world under FSDP2 (:func:`tunelab.parallel.wrap` in tunelab's loop, or litgpt's LoRA sharding in
     litgpt's loop when ``strategy`` is None: :func:`litgpt_parallelize`), gradient sync only on the last micro
     batch (:func:`_two_steps`)."""
     import contextlib
@@ -411,19 +400,17 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
 
     # outside fake mode: a mesh reads its ranks; litgpt's is Lightning's ModelParallelStrategy's, named
     if strategy is None:
-        mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        mesh = init_device_mesh("cpu", (case.world, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
     else:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh("cpu", (case.world,))
     with FakeTensorMode():
-        model = build_model(config, method, precision, lora_r, targets)
-        model.max_seq_length = seq_len
-        model.train()
+        model = _built(case)
         if strategy is None:
             model = litgpt_parallelize(model, mesh)
         else:
-            model = wrap(model, strategy, torch.device("cpu"), world, mesh=mesh)
+            model = wrap(model, strategy, torch.device("cpu"), case.world, mesh=mesh)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
-        x = torch.zeros(micro, seq_len, dtype=torch.long)
+        x = torch.zeros(case.micro_batch_size, case.seq_len, dtype=torch.long)
         tracker = _fsdp_tracker(model, opt)
         tracker.track_inputs((x,))
         with tracker, _propagation_skipped(tracker), cuda_dropout(), warnings.catch_warnings():
@@ -433,8 +420,16 @@ def _fsdp2_step(config, method, precision, micro, seq_len, world, strategy, accu
                 model.set_requires_gradient_sync(last)
                 return contextlib.nullcontext()
 
-            raw = _two_steps(model, opt, tracker, x, method, precision, accumulation, sync, fabric=strategy is None)
+            raw = _two_steps(model, opt, tracker, x, case, sync, fabric=strategy is None)
         return tracker.phase_peaks, raw, 0
+
+
+def _built(case):
+    """litgpt's model of ``case`` on the current (fake) device, its rope cache for the sequence, in training mode."""
+    model = build_model(case.config, case.method, str(case.precision), case.lora_r, case.lora_targets)
+    model.max_seq_length = case.seq_len
+    model.train()
+    return model
 
 
 def _per_step(raw: list) -> list[Collective]:
@@ -460,24 +455,12 @@ def ddp_buckets(config, method: str, precision: str, bucket_cap_mb: int, lora_r=
     return [sum(grads[i].numel() * grads[i].element_size() for i in b) for b in buckets]
 
 
-def _ddp(config, method, precision, micro, seq_len, strategy, accumulation, lora_r, targets, optimizer):
+def _ddp(case, strategy):
     """(phases, collectives, notes) of DDP: the one-device simulated step (tunelab's loop) plus the buckets."""
-
-    one = simulate(
-        config,
-        method,
-        precision,
-        micro,
-        seq_len,
-        strategy.activation_checkpointing,
-        accumulation,
-        optimizer,
-        layers=2,
-        lora_r=lora_r,
-        lora_targets=targets,
-        fabric=False,
-    )
-    buckets = ddp_buckets(config, method, precision, strategy.bucket_cap_mb, lora_r, targets)
+    one_device = case.changed(activation_checkpointing=strategy.activation_checkpointing, fabric=False)
+    one = simulate(one_device.changed(fused_loss=False), layers=2)
+    lora = (case.lora_r, case.lora_targets)
+    buckets = ddp_buckets(case.config, case.method, str(case.precision), strategy.bucket_cap_mb, *lora)
     copy = 0 if strategy.gradient_as_bucket_view else sum(buckets)
     phases = {p: {**kinds, "Buckets": copy, "Total": kinds["Total"] + copy} for p, kinds in one.phases.items()}
     collectives = [Collective("all-reduce", "backward", size, 1) for size in buckets]
@@ -529,38 +512,28 @@ def _check_simulated(strategy, world: int, method: str) -> None:
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
 
 
-def simulate_ranks(
-    config,
-    strategy,
-    world: int,
-    method: str = "full",
-    precision: str = "bf16-true",
-    micro_batch_size: int = 1,
-    seq_len: int = 512,
-    accumulation: int = 1,
-    optimizer: str = "AdamW",
-    lora_r: int = LITGPT_LORA_R,
-    lora_targets=LORA_TARGETS,
-) -> RankSimulation:
-    """Rank 0's step of ``config`` (a litgpt Config) under ``strategy`` (a :class:`tunelab.strategies.
-    StrategyConfig` named in :data:`SIMULATED`, or None: litgpt's own choice, :data:`LITGPT`) on ``world``
-    devices: see the module docstring."""
-    _check_simulated(strategy, world, method)
+def simulate_ranks(case, strategy) -> RankSimulation:
+    """Rank 0's step of ``case`` (a :class:`~tunelab.plan.model.case.PlanInput`: its litgpt Config, method,
+    precision, micro batch, sequence, accumulation, LoRA and optimizer, on its devices) under ``strategy`` (a
+    :class:`tunelab.strategies.StrategyConfig` named in :data:`SIMULATED`, or None: litgpt's own choice,
+    :data:`LITGPT`): see the module docstring."""
+    world, config = case.world, case.config
+    _check_simulated(strategy, world, case.method)
     t0 = time.perf_counter()
-    accumulation = max(accumulation, 1)
+    case = replace(case, accumulation=max(case.accumulation, 1))
     name = LITGPT if strategy is None else strategy.name
     host = 0.0
-    case = (config, method, precision, micro_batch_size, seq_len)
     if strategy is not None and not strategy.kind.sharded:  # DDP, the one simulated strategy that shards nothing
-        phases, collectives, notes, built = _ddp(*case, strategy, accumulation, lora_r, lora_targets, optimizer)
+        phases, collectives, notes, built = _ddp(case, strategy)
     else:
         # litgpt's own choice: FSDP1 (Lightning's FSDPStrategy) for full fine-tuning, FSDP2 for LoRA
-        step = (_fsdp1_step if method == "full" else _fsdp2_step) if strategy is None else FSDP_STEPS[strategy.name]
+        full = case.method == "full"
+        step = (_fsdp1_step if full else _fsdp2_step) if strategy is None else FSDP_STEPS[strategy.name]
         with fake_world(world):
-            phases, raw, host = step(*case, world, strategy, accumulation, lora_r, lora_targets, optimizer)
+            phases, raw, host = step(case, strategy, optimizer_of(case))
         collectives = _per_step(raw)
         built = (config.n_layer, config.n_layer)
-        notes = _fsdp_notes(name, method)
+        notes = _fsdp_notes(name, case.method)
         if host:
             notes.insert(
                 1,
@@ -569,13 +542,13 @@ def simulate_ranks(
             )
     return RankSimulation(
         model=config.name,
-        method=method,
-        precision=precision,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
+        method=case.method,
+        precision=str(case.precision),
+        micro_batch_size=case.micro_batch_size,
+        seq_len=case.seq_len,
         strategy=name,
         world=world,
-        accumulation=accumulation,
+        accumulation=case.accumulation,
         activation_checkpointing=strategy is None or strategy.activation_checkpointing,
         n_layer=config.n_layer,
         layers_built=built,
@@ -603,24 +576,13 @@ def for_plan(case, strategy) -> RankSimulation:
     if case.num_nodes > 1:
         raise InputError("--simulate: one node only (the per-rank simulation has no node boundary); fix: --num_nodes 1")
     print(
-        f"simulating rank 0 of {case.world} under {LITGPT if strategy is None else strategy.name} ({case.config.name}, {case.method}, {case.precision}, micro "
-        f"{case.micro_batch_size} x {case.seq_len} tokens) on fake tensors ...",
+        f"simulating rank 0 of {case.world} under {LITGPT if strategy is None else strategy.name} "
+        f"({case.config.name}, {case.method}, {case.precision}, micro {case.micro_batch_size} x {case.seq_len} "
+        "tokens) on fake tensors ...",
         file=sys.stderr,
         flush=True,
     )
-    return simulate_ranks(
-        case.config,
-        strategy,
-        case.world,
-        case.method,
-        str(case.precision),
-        case.micro_batch_size,
-        case.seq_len,
-        case.accumulation,
-        optimizer_of(case),
-        case.lora_r,
-        case.lora_targets,
-    )
+    return simulate_ranks(case, strategy)
 
 
 def render(sim: RankSimulation, plan) -> str:

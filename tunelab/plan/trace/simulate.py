@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tunelab.errors import InputError
 from tunelab.gpt import head_operands, hidden_states
@@ -23,7 +23,6 @@ from tunelab.plan.model.allocator import replay
 from tunelab.plan.model.memory import PAGED_MIN_NUMEL, liger_chunk_rows
 from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
 from tunelab.plan.trace.measure import DTYPES, build_model, cuda_dropout, default_dtype, model_logits, training_loss
-from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
 PHASES = ("forward", "backward", "optimizer step")
 KINDS = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
@@ -226,20 +225,21 @@ def _stable_embedding(model):
     return old
 
 
-def setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer):
-    """(model, optimizer, what litgpt's main keeps beside them) as litgpt's finetune script sets them up, on the
-    current (fake) device."""
+def setup_step(case, optimizer: str):
+    """(model, optimizer, what litgpt's main keeps beside them) of ``case`` (a :class:`~tunelab.plan.model.case.
+    PlanInput`) as litgpt's finetune script sets them up, on the current (fake) device; ``optimizer`` as traced
+    (:data:`OPTIMIZERS`)."""
 
-    model = build_model(config, method, precision, lora_r, targets)
-    model.max_seq_length = seq_len
-    if method == "qlora":
+    model = build_model(case.config, case.method, str(case.precision), case.lora_r, case.lora_targets)
+    model.max_seq_length = case.seq_len
+    if case.method == "qlora":
         _quantize(model)
-    if ac:
+    if case.activation_checkpointing:
         _checkpoint_blocks(model)
     model.train()
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
-    kept = [_stable_embedding(model)] if method == "qlora" else []
+    kept = [_stable_embedding(model)] if case.method == "qlora" else []
     return model, opt, kept
 
 
@@ -289,41 +289,29 @@ def _fused_training_loss(model, idx):
     return _liger_loss_standin().apply(h.reshape(-1, h.size(-1)), weight)
 
 
-def _one_step(
-    config,
-    method,
-    precision,
-    micro,
-    seq_len,
-    ac,
-    lora_r,
-    targets,
-    accumulation=1,
-    optimizer="AdamW",
-    fabric=True,
-    fused_loss=False,
-):
-    """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``config`` as built.
-    ``fabric``: litgpt's script (its loop holds the logits through backward and the optimizer step); False:
-    tunelab's loop (the loss computed in a function: nothing holds the logits once it returns, before backward). ``fused_loss``: tunelab's loop with
-    Liger's fused head and loss (:func:`_liger_loss_standin`)."""
+def _one_step(case, optimizer: str):
+    """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``case`` as built. The loop's
+    ``fabric``: litgpt's script (its loop holds the logits through backward and the optimizer step); else tunelab's
+    loop (the loss computed in a function: nothing holds the logits once it returns, before backward), with
+    ``fused_loss`` Liger's fused head and loss (:func:`_liger_loss_standin`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    method, precision, fabric = case.method, str(case.precision), case.loop.fabric
     with FakeTensorMode():
-        model, opt, kept = setup_step(config, method, precision, seq_len, ac, lora_r, targets, optimizer)
-        x = torch.zeros(micro, seq_len, dtype=torch.long)
+        model, opt, kept = setup_step(case, optimizer)
+        x = torch.zeros(case.micro_batch_size, case.seq_len, dtype=torch.long)
         tracker = _phase_tracker()
         tracker.track_external(model, opt, x, *kept)
         logits = None
         with tracker, cuda_dropout(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Module is None")  # ModTracker on modules already gone
             for _ in range(2):  # the second step runs with the optimizer states the first one created
-                for _ in range(min(accumulation, 2)):  # a later micro batch runs beside the gradients
+                for _ in range(min(case.accumulation, 2)):  # a later micro batch runs beside the gradients
                     tracker.reset_mod_stats()  # per-module stats are per forward; the phase peaks stay
                     # litgpt's loop: the previous logits stay referenced through the next forward, until
                     # `logits = model(...)` rebinds the name; the loss is computed after that
-                    if fused_loss:  # the loop's loss runs under autocast with bf16-mixed
+                    if case.loop.fused_loss:  # the loop's loss runs under autocast with bf16-mixed
                         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
                             loss = _fused_training_loss(model, x)
                     else:
@@ -340,19 +328,8 @@ def _one_step(
     return tracker.phase_peaks, tracker.phase_where
 
 
-def replay_run(
-    config,
-    method: str,
-    precision: str,
-    micro_batch_size: int,
-    seq_lens: list[int],
-    accumulation: int = 1,
-    optimizer: str = "AdamW",
-    lora_r: int = LITGPT_LORA_R,
-    lora_targets=LORA_TARGETS,
-    validation_seqs: list[int] | None = None,
-) -> dict:
-    """litgpt's finetune loop over a run's own padded sequence lengths (one per micro batch, in order), at full depth
+def replay_run(case, seq_lens: list[int], validation_seqs: list[int] | None = None) -> dict:
+    """litgpt's finetune loop of ``case`` over a run's own padded sequence lengths (one per micro batch, in order), at full depth
     (no extrapolation), its storage allocations replayed through CUDA's caching allocator
     (:mod:`tunelab.plan.model.allocator`): {"end", "loaded", "first_step"} -> :class:`~tunelab.plan.model.allocator.Peaks`, as
     a run record's phases: "loaded" before the first training batch (the model, the optimizer, and the sanity
@@ -366,8 +343,11 @@ def replay_run(
     events: list = []
     marks: dict[str, int] = {}
     longest = max(seq_lens)
+    method, precision, micro_batch_size = case.method, str(case.precision), case.micro_batch_size
     with FakeTensorMode():
-        model, opt, kept = setup_step(config, method, precision, longest, False, lora_r, lora_targets, optimizer)
+        model, opt, kept = setup_step(
+            replace(case, seq_len=longest, activation_checkpointing=False), optimizer_of(case)
+        )
         tracker = _phase_tracker(events)
         tracker.track_external(model, opt, *kept)
         loss = None
@@ -388,8 +368,8 @@ def replay_run(
                 x = torch.zeros(micro_batch_size, t, dtype=torch.long)
                 logits = model_logits(model, x, method, precision)
                 loss = training_loss(logits, x, method)
-                (loss / accumulation).backward()
-                if (i + 1) % accumulation == 0:
+                (loss / case.accumulation).backward()
+                if (i + 1) % case.accumulation == 0:
                     opt.step()
                     opt.zero_grad()
                     marks.setdefault("first_step", len(events))
@@ -446,20 +426,21 @@ def _checkpoint_blocks(model) -> None:
         block.forward = wrapped
 
 
-def _check(method: str, precision: str, optimizer: str, fabric: bool, fused_loss: bool) -> None:
+def _check(case, optimizer: str) -> None:
     """ValueError for a step :func:`simulate` does not run."""
-    if fused_loss and fabric:
+    if case.loop.fused_loss and case.loop.fabric:
         raise ValueError("fused_loss runs in tunelab's own loop: pass fabric=False")
-    if precision not in DTYPES:
-        raise ValueError(f"precision {precision!r}: simulated are {', '.join(DTYPES)}")
-    if method not in ("full", "lora", "qlora"):
-        raise ValueError(f"method {method!r}: full, lora or qlora")
+    if str(case.precision) not in DTYPES:
+        raise ValueError(f"precision {case.precision!r}: simulated are {', '.join(DTYPES)}")
+    if case.method not in ("full", "lora", "qlora"):
+        raise ValueError(f"method {case.method!r}: full, lora or qlora")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r}: simulated are {', '.join(OPTIMIZERS)}")
 
 
-def _notes(config, method: str, precision: str, optimizer: str, fused_loss: bool) -> list[str]:
+def _notes(case, optimizer: str) -> list[str]:
     """What the simulated step on this CPU does differently from a GPU, and what it leaves out."""
+    method, precision = case.method, str(case.precision)
     notes = [
         "attention: torch's CPU flash kernel (keeps what CUDA's flash kernel keeps, not its workspace)",
         "no caching-allocator rounding",
@@ -469,16 +450,17 @@ def _notes(config, method: str, precision: str, optimizer: str, fused_loss: bool
             "fp32 attention on CUDA runs the memory-efficient kernel, whose output the projection reads as a view: "
             "the CPU kernel's copy (one per block) is not there on a GPU, and the plan does not count it"
         )
-    if config.head_size % 8 and precision != "32-true":
+    if case.config.head_size % 8 and precision != "32-true":
         notes.append(
-            f"head size {config.head_size}: on CUDA torch pads q, k and v to a multiple of 8 for the flash kernel "
-            "(new tensors kept instead of q, k and the fused qkv); the plan counts that, the CPU kernel does not pad"
+            f"head size {case.config.head_size}: on CUDA torch pads q, k and v to a multiple of 8 for the flash "
+            "kernel (new tensors kept instead of q, k and the fused qkv); the plan counts that, the CPU kernel does "
+            "not pad"
         )
     if precision == "bf16-mixed":
         notes.append("mixed precision under CPU autocast: its fp32 op list differs from CUDA's")
     if method == "qlora":
         notes.append("NF4 weights and their dequantization as bitsandbytes' code does it")
-    if fused_loss:
+    if case.loop.fused_loss:
         notes.append("Liger's fused linear cross-entropy as its Python code allocates (its Triton kernel: in place)")
     if "Paged" in optimizer:
         notes.append(
@@ -488,45 +470,19 @@ def _notes(config, method: str, precision: str, optimizer: str, fused_loss: bool
     return notes
 
 
-def simulate(
-    config,
-    method: str = "full",
-    precision: str = "bf16-true",
-    micro_batch_size: int = 1,
-    seq_len: int = 512,
-    activation_checkpointing: bool = False,
-    accumulation: int = 1,
-    optimizer: str = "AdamW",
-    layers: int = 1,
-    lora_r: int = LITGPT_LORA_R,
-    lora_targets=LORA_TARGETS,
-    fabric: bool = True,
-    fused_loss: bool = False,
-) -> Simulation:
-    """The simulated step of ``config`` (a litgpt Config) at full width: see the module docstring. ``fabric``:
-    litgpt's script under Lightning Fabric (its loop holds the logits through the optimizer step); False: tunelab's
-    own loop (fp32 logits too, freed after backward). ``fused_loss``: tunelab's loop with Liger's fused head and
+def simulate(case, layers: int = 1) -> Simulation:
+    """The simulated step of ``case`` (a :class:`~tunelab.plan.model.case.PlanInput`: its litgpt Config at full
+    width, method, precision, micro batch, sequence, accumulation, checkpointing, LoRA, optimizer and loop) on one
+    device, built at ``layers`` and ``layers + 1`` blocks and extrapolated: see the module docstring. The loop's
+    ``fabric``: litgpt's script under Lightning Fabric (its loop holds the logits through the optimizer step);
+    else tunelab's own loop (fp32 logits too, freed after backward), with ``fused_loss`` Liger's fused head and
     loss (the logits never materialised)."""
-    _check(method, precision, optimizer, fabric, fused_loss)
+    optimizer = optimizer_of(case)
+    _check(case, optimizer)
     t0 = time.perf_counter()
+    config = case.config
     small = min(layers, max(1, config.n_layer - 1))
-    runs = [
-        _one_step(
-            dataclasses.replace(config, n_layer=n),
-            method,
-            precision,
-            micro_batch_size,
-            seq_len,
-            activation_checkpointing,
-            lora_r,
-            lora_targets,
-            accumulation,
-            optimizer,
-            fabric,
-            fused_loss,
-        )
-        for n in (small, small + 1)
-    ]
+    runs = [_one_step(replace(case, config=replace(config, n_layer=n)), optimizer) for n in (small, small + 1)]
     (a, _), (b, where) = runs
     grown = config.n_layer - (small + 1)
     phases = {
@@ -534,19 +490,18 @@ def simulate(
         for phase in PHASES
         if phase in a and phase in b
     }
-    notes = _notes(config, method, precision, optimizer, fused_loss)
     return Simulation(
         model=config.name,
-        method=method,
-        precision=precision,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
+        method=case.method,
+        precision=str(case.precision),
+        micro_batch_size=case.micro_batch_size,
+        seq_len=case.seq_len,
         n_layer=config.n_layer,
         layers_built=(small, small + 1),
         phases=phases,
         where=where,
         seconds=time.perf_counter() - t0,
-        notes=notes,
+        notes=_notes(case, optimizer),
     )
 
 
@@ -560,24 +515,10 @@ def for_plan(case) -> Simulation:
             f"--simulate: {case.strategy} on {case.world} device(s) is not simulated (sharding and its buffers are not); "
             "fix: simulate the one-device case (no --strategy, --devices 1)"
         )
-    optimizer = optimizer_of(case)
     print(
-        f"simulating {case.config.name} ({case.method}, {case.precision}, micro {case.micro_batch_size} x {case.seq_len} tokens, "
-        f"{optimizer}) on fake tensors ...",
+        f"simulating {case.config.name} ({case.method}, {case.precision}, micro {case.micro_batch_size} x "
+        f"{case.seq_len} tokens, {optimizer_of(case)}) on fake tensors ...",
         file=sys.stderr,
         flush=True,
     )
-    return simulate(
-        case.config,
-        case.method,
-        str(case.precision),
-        case.micro_batch_size,
-        case.seq_len,
-        case.activation_checkpointing,
-        case.accumulation,
-        optimizer,
-        lora_r=case.lora_r,
-        lora_targets=case.lora_targets,
-        fabric=case.loop.fabric,
-        fused_loss=case.loop.fused_loss,
-    )
+    return simulate(case)
