@@ -22,7 +22,7 @@ def test_every_entry_names_a_folder_and_files_that_are_there_on_a_known_gpu():
         assert (ROOT / e.where).is_dir(), e.id
         for what in e.holds:
             assert (ROOT / e.path(what)).is_file(), (e.id, what)
-        assert hardware.lookup(e.device).name == e.device
+        assert e.device == "cpu" or hardware.lookup(e.device).name == e.device
         assert DATED.fullmatch(e.date) and e.software and e.used_for, e.id
 
 

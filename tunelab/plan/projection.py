@@ -241,7 +241,8 @@ HOST_BOUND_SHARE = 0.25
 def _host_bound_note(host_s: float, seconds: float, step: runtime.KernelWork) -> str:
     """A sentence for a plan whose time is mostly the host launching kernels (:data:`HOST_BOUND_SHARE`): that share
     follows the machine's CPU, not its GPU, and what shortens it (QLoRA: bitsandbytes' own Python is much of it, and
-    the fast path's model does not take QLoRA; sliding-window layers: litgpt's mask, built row by row); "" otherwise."""
+    the fast path's model does not take QLoRA; sliding-window layers: litgpt's mask, built row by row; a sharding
+    wrapper's own work); "" otherwise."""
     if not seconds or host_s < HOST_BOUND_SHARE * seconds:
         return ""
     shorten = (
@@ -254,6 +255,11 @@ def _host_bound_note(host_s: float, seconds: float, step: runtime.KernelWork) ->
         shorten += (
             f"; litgpt builds each sliding-window layer's mask row by row in Python in training and validation: "
             f"about {step.tokens:.0f} more ops in each of its {windowed} such layers per forward, counted here"
+        )
+    if wrapper := sum(step.wrapper_ops):
+        shorten += (
+            f"; the sharding wrapper's own work (hooks, views, unshards) is about {wrapper:,.0f} ops a micro batch, "
+            "measured on a CPU against the plain loop (scripts/bench_wrapper_host.py), counted here"
         )
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     return (

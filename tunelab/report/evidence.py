@@ -29,7 +29,7 @@ class Entry:
     folder: str
     """The folder under reports/."""
     device: str
-    """The GPU table row it ran on."""
+    """The GPU table row it ran on; ``cpu`` for host work measured on a CPU (in ops of the plain loop)."""
     date: str
     """The day it was measured."""
     software: str

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from tunelab.plan.model import kernels
+from tunelab.plan.model import kernels, strategies
 from tunelab.plan.model.memory import dtype_bytes, optimizer_shards
 from tunelab.plan.model.tables import TRACE_TOKENS, compiled_supported, optimizer_of, tables_of
 
@@ -205,6 +205,8 @@ def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S
                 _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, c.n_layer * sec)
             out.host[phase] += c.n_layer * more[phase] * kernels.HOST_S_PER_OP
             out.kernels[phase] += c.n_layer * more[phase]
+    for phase, ops in zip(("forward", "backward"), strategies.of(case).wrapper_host_ops(case)):
+        out.host[phase] += ops * kernels.HOST_S_PER_OP  # the strategy's wrapper: hooks and views, no kernels
     if liger:
         _liger_loss(out, case, gpu, micro * whole_tokens)
     _optimizer_step(out, case, gpu, tokens, optimizer, method, lora)

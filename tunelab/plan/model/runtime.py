@@ -125,6 +125,9 @@ class KernelWork:
     every original parameter, a rank's share of some of them empty)."""
     tables: object = None
     """Where the step's kernel templates come from (:class:`tunelab.plan.model.tables.Tables`)."""
+    wrapper_ops: tuple = (0.0, 0.0)
+    """(forward, backward) host work the strategy's wrapper adds per micro batch, in ops of the loop
+    (:meth:`tunelab.plan.model.strategies.base.Strategy.wrapper_host_ops`); not repeated by recompute."""
     fast: object = None
     """tunelab's loop with a speed switch on (compiled blocks, Liger's loss, the fused optimizer, the loss read less
     often than every iteration): the PlanInput, whose step :func:`tunelab.plan.model.fast_step.fast_step` times."""
@@ -159,6 +162,7 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         settings.lora_of(case),
         optimizer_shards(case),
         case.tables,
+        strategies.of(case).wrapper_host_ops(case),
         case if fast and case.method != "qlora" else None,
     )
 
@@ -287,9 +291,10 @@ class Terms:
         h = (self.host_s_per_op or LITGPT_HOST_S_PER_OP) * host_scale
         forwards = 2 if k.recompute else 1
         g, ops = st.gpu_by_phase, st.host_ops_by_phase
+        wrapper_forward, wrapper_backward = k.wrapper_ops
         it_gpu = forwards * g.get("forward", 0.0) + g.get("backward", 0.0)
-        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0))
-        backward = max(g.get("backward", 0.0), h * ops.get("backward", 0))
+        it_host = h * (forwards * ops.get("forward", 0) + ops.get("backward", 0) + wrapper_forward + wrapper_backward)
+        backward = max(g.get("backward", 0.0), h * (ops.get("backward", 0) + wrapper_backward))
         return MicroBatch(st, h, it_gpu, it_host, backward)
 
     def windows(self, gpu) -> dict:

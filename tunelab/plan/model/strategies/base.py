@@ -204,6 +204,13 @@ class Strategy:
         """Bytes per device per step between the GPU and host RAM (offload)."""
         return 0.0
 
+    # the host's work
+    def wrapper_host_ops(self, case: PlanInput) -> tuple[float, float]:
+        """(forward, backward) host work the strategy's wrapper adds to each micro batch (its hooks, views,
+        unshards, collective launches), in ops of the model's own loop: charged at that loop's time per op. One
+        device's: none."""
+        return 0.0, 0.0
+
     def node_rings(self, case: PlanInput, z: Sizes) -> int:
         """Rings sharing each node's network (HYBRID_SHARD: one per local rank)."""
         return 1

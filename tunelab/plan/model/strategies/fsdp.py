@@ -33,6 +33,16 @@ class FSDP(Strategy):
 
     name = "fsdp"
     divides = sharded = True
+    host_ops_per_unit: tuple[float, float] = (0.0, 0.0)
+    """(forward, backward) host work per block unit and micro batch, in ops of the plain loop (measured: the
+    subclass names where)."""
+    host_ops_fixed: tuple[float, float] = (0.0, 0.0)
+    """(forward, backward) host work per micro batch beside the blocks' (the root unit, the wrapper's own)."""
+
+    def wrapper_host_ops(self, case: PlanInput) -> tuple[float, float]:
+        """:attr:`host_ops_per_unit` for each block unit (one unit without auto-wrap) plus :attr:`host_ops_fixed`."""
+        units = 1 if self.one_unit(case) else case.config.n_layer
+        return tuple(units * unit + fixed for unit, fixed in zip(self.host_ops_per_unit, self.host_ops_fixed))
 
     def autocast_over_fp32(self, case: PlanInput) -> bool:
         """FSDP's mixed precision (``MixedPrecision(param_dtype=bfloat16)``, Lightning's FSDPPrecision) gathers
