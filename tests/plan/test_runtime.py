@@ -130,7 +130,9 @@ def test_the_kernel_report_holds_its_stated_errors():
     )
     part3 = runtime_accuracy.part3_rows(ROOT)  # out of sample: where the GPU bounds the iteration, within 8%
     gpu_bound = [r for r in part3 if r["bound"] == "GPU" and r["retries"] < 5]
-    assert len(gpu_bound) >= 15 and max(abs(r["error"]) for r in gpu_bound) <= 0.08
+    assert len(gpu_bound) >= 14 and max(abs(r["error"]) for r in gpu_bound) <= 0.08
+    edge = next(r for r in part3 if r["micro"] == 32 and r["setting"] == "fsdp")  # FSDP's host work: at the edge
+    assert edge["bound"] == "host" and abs(edge["error"]) <= 0.08
     part2 = {r["id"]: r["error"] for r in runtime_accuracy.part2_rows()}  # OpenLLaMA 7B, 1 and 4 A100s
     assert set(part2) == {"m1", "m2", "m3", "m4"} and all(abs(e) <= 0.05 for e in part2.values()), part2
     a100 = [r for r in runtime_accuracy.a100_rows() if r["kernel_s"] is not None]
