@@ -51,6 +51,9 @@
 #   overhead      the collector's overhead to 1%: TinyLlama full bf16-true at OVERHEAD_MICRO (default 16; set it
 #                 to the bench stage's best micro batch), 30 steps, alternating pairs until the median ratio's 95%
 #                 interval is within +-1% (at most 40 pairs, BUDGET) -> collector-overhead.json (not yet timed)
+#   wrapper-host  FSDP's wrapper host work per unit on this machine's CPU, in ops of the plain loop, and the plain
+#                 loop's time per op there (scripts/bench_wrapper_host.py, 5 reps; CPU only) -> wrapper-host.json,
+#                 beside the loop's own time per op in this machine's records                      est. 5 min
 # A stage cut by BUDGET goes on where it stopped at the next call (same command, gpu-results/ carried).
 #
 # Every stage writes into $OUT (what comes back: at most 8 files, whatever the stages): <sweep>.tgz (every record
@@ -222,6 +225,14 @@ stage_overhead() {
       --precision bf16-true --model random --deadline "$(( $(left) - 30 ))" --json-out "$OUT/collector-overhead.json"
   fi
 }
+stage_wrapper-host() {  # FSDP's wrapper host work on this machine's own CPU -> wrapper-host.json and .md
+  if [ "$REHEARSAL" = 1 ]; then
+    "$PY" scripts/bench_wrapper_host.py --reps 1 --iters 3 --warmup 1 --cases litgpt-fsdp1:1 \
+      --json-out "$OUT/wrapper-host.json"
+  else
+    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/bench_wrapper_host.py --reps 5 --json-out "$OUT/wrapper-host.json"
+  fi
+}
 stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }
 stage_alloc() {  # litgpt's loop and CUDA's caching allocator: ALLOC_ROWS of lab-part1 (default s12) with the
   local rows=${ALLOC_ROWS:-s12}  # driver calls counted, then again under expandable segments
@@ -260,7 +271,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, mid, alloc, big, profile, grid, part3, bench, families, history, overhead)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, mid, alloc, big, profile, grid, part3, bench, families, history, overhead, wrapper-host)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue
