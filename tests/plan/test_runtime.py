@@ -342,6 +342,52 @@ def test_padding_grows_with_the_micro_batch_from_the_default_distribution():
     assert default_padded_per_sample(64, cap=256) <= 256
 
 
+def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens(tmp_path, monkeypatch):
+    """The default distribution was counted with LLaMA 2's tokenizer; under Llama 3's (vocab 128000), which Meta
+    publishes at 3.94 characters per token of English against LLaMA 2's 3.17, every sample takes 3.17/3.94 of the
+    tokens (configs/published/tokenizers.yaml); a tokenizer the table does not list keeps the counts. The plan says
+    so where it counts its tokens. A table that does not read is one line."""
+    import dataclasses
+
+    from tunelab import hardware, recipes
+    from tunelab.data import lengths
+    from tunelab.errors import InputError
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe, runtime_terms
+
+    scale, words = lengths.tokens_scale(128000)
+    assert scale == pytest.approx(3.17 / 3.94) and "3.94 characters per token against 3.17" in words
+    assert lengths.tokens_scale(32000) == lengths.tokens_scale(256000) == (1.0, "")
+    plain, llama3 = lengths.default_lengths(512), lengths.default_lengths(512, 128000)
+    unclipped = [(a, b) for a, b in zip(plain, llama3) if a < 512]
+    assert all(b == max(1, round(a * scale)) for a, b in unclipped[:1000])
+    gpu = hardware.lookup("H100-SXM")
+    base = plan_recipe(recipes.load(ROOT / "configs/published/litgpt-config-hub/llama-3.2-1B/full.yaml"), [], gpu=gpu)
+    projected, timed = {}, {}
+    for vocab in (32000, 128000):
+        planned = dataclasses.replace(base, input=base.input.changed(
+            config=dataclasses.replace(base.input.config, vocab_size=vocab)))  # fmt: skip
+        projected[vocab] = project_recipe(planned, gpu)  # (projection, how its tokens were counted)
+        timed[vocab] = runtime_terms(planned.settings, planned.input, None).kernels.tokens  # the step's per sample
+    micro = base.input.micro_batch_size
+    assert projected[128000][0].tokens / projected[32000][0].tokens == pytest.approx(
+        lengths.default_padded_per_sample(micro, 512, 128000) / lengths.default_padded_per_sample(micro, 512)
+    )
+    assert timed[128000] / timed[32000] == pytest.approx(
+        lengths.default_padded_per_sample(micro, 512, 128000) / lengths.default_padded_per_sample(micro, 512)
+    )
+    assert "scaled to Llama 3's" in projected[128000][1] and "scaled" not in projected[32000][1]
+    table = tmp_path / "tokenizers.yaml"
+    table.write_text("reference: {chars_per_token: .nan}\ntokenizers: {}\n")
+    monkeypatch.setattr(lengths, "TOKENIZERS", table)
+    lengths.tokens_scale.cache_clear()
+    try:
+        with pytest.raises(InputError, match=r"configs/published/tokenizers.yaml: chars_per_token.*fix:"):
+            lengths.tokens_scale(128000)
+    finally:
+        lengths.tokens_scale.cache_clear()
+
+
 def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
     """kernels.md's second table: the isolated step at micro batches and a model the step's constants were not
     fitted on (TinyLlama at micro 1, 4, 16; OpenLLaMA 3B at 1, 4; full and LoRA; the full lines' elementwise kernels

@@ -9,11 +9,13 @@ import math
 import random
 from pathlib import Path
 
+from tunelab import yaml_input
 from tunelab.data import benchmark
 from tunelab.data import records as dataset_records
 from tunelab.data.grouping import bucket, plan_epoch
 from tunelab.errors import InputError
 from tunelab.files import read_json
+from tunelab.paths import CONFIGS_DIR
 from tunelab.strategies import StrategyConfig
 
 LAB_PADDED_TOKENS_PER_SAMPLE = 437
@@ -140,22 +142,54 @@ def _padded(lengths: tuple, micro: int, grouping: tuple | None, cap: int) -> flo
     return padded_per_sample(list(lengths), micro)
 
 
+TOKENIZERS = CONFIGS_DIR / "published" / "tokenizers.yaml"
+"""Published characters per token of English text by tokenizer, against the default distribution's."""
+
+
+@functools.cache
+def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
+    """(a sample's tokens under the tokenizer of a model with ``vocab_size`` over the default distribution's, the
+    words that say so) from :data:`TOKENIZERS`; (1.0, "") for a tokenizer it does not list. A table that does not
+    read: one line naming it."""
+    where = "configs/published/tokenizers.yaml"
+    raw = yaml_input.load_mapping(TOKENIZERS, "the tokenizer table", where)
+    fix = f"fix: restore it (git checkout -- {where})"
+    try:
+        ref = float(raw["reference"]["chars_per_token"])
+        rows = {str(k): (list(v["vocab_sizes"]), float(v["chars_per_token"])) for k, v in raw["tokenizers"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise InputError(f"{where}: needs reference and tokenizers, each with chars_per_token; {fix}") from None
+    if not all(math.isfinite(c) and c > 0 for c in (ref, *(c for _, c in rows.values()))):
+        raise InputError(f"{where}: chars_per_token must be a number above 0; {fix}")
+    for name, (sizes, chars) in rows.items():
+        if vocab_size in sizes:
+            return ref / chars, (
+                f"counted with {raw['reference'].get('name', 'the reference')} tokenizer, scaled to {name} "
+                f"{chars:g} characters per token against {ref:g} ({where})"
+            )
+    return 1.0, ""
+
+
 DEFAULT_LENGTH_DRAWS = 20_000
 """Sample lengths drawn from the default distribution (seeded): enough for the mean padding at micro 128."""
 
 
 @functools.cache
-def default_lengths(cap: int = 512) -> tuple:
+def default_lengths(cap: int = 512, vocab_size: int | None = None) -> tuple:
     """Sample lengths in tokens where the data's are not known: the benchmark data's stated distribution (the
-    lab's Alpaca subset: LogNormal(5.43, 0.5) tokens, at least 48; ``tunelab/data/benchmark.py``), capped at
+    lab's Alpaca subset: LogNormal(5.43, 0.5) tokens, at least 48; ``tunelab/data/benchmark.py``), counted with
+    LLaMA 2's tokenizer and scaled to the tokenizer of a model of ``vocab_size`` (:func:`tokens_scale`), capped at
     ``cap`` (the recipe's max_seq_length). Padded per micro batch as litgpt pads (:func:`padded_per_sample`):
     253 tokens per sample at micro 1, 383 at 4, 440 at 8 (the lab measured 437 there), 482 at 16, 505 at 32."""
 
     rng = random.Random(benchmark.SEED)
     draw = lambda: max(benchmark.MIN_LEN, round(math.exp(rng.gauss(benchmark.LOG_MEAN, benchmark.LOG_STD))))  # noqa: E731
-    return tuple(min(cap, draw()) for _ in range(DEFAULT_LENGTH_DRAWS))
+    scale = tokens_scale(vocab_size)[0]
+    return tuple(
+        min(cap, draw() if scale == 1.0 else max(1, round(draw() * scale))) for _ in range(DEFAULT_LENGTH_DRAWS)
+    )
 
 
-def default_padded_per_sample(micro: int, cap: int | None = None) -> float:
+def default_padded_per_sample(micro: int, cap: int | None = None, vocab_size: int | None = None) -> float:
     """Padded tokens per sample at ``micro`` under :func:`default_lengths`."""
-    return padded_per_sample(list(default_lengths(cap or 512)), micro)
+    return padded_per_sample(list(default_lengths(cap or 512, vocab_size)), micro)

@@ -416,19 +416,19 @@ def project_recipe(
     launches at ``host_us_per_op`` microseconds an op where the host is known (ValueError for tunelab's loop, whose
     host constants are its own), else at the fitted constant with the measured hosts' spread as its band."""
     settings, case, strategy = planned.settings, planned.input, planned.strategy_config
-    cap = settings.max_seq_length or 512
+    cap, vocab = settings.max_seq_length or 512, case.config.vocab_size
     lengths = None if tokens_per_sample else data_lengths(settings)
     regrouped = not tokens_per_sample and strategy is not None and strategy.regroups  # the fast path's own batches
     per_sample = tokens_per_sample or (
-        padded_tokens_per_sample(list(lengths or default_lengths(cap)), case.micro_batch_size, strategy, cap)
+        padded_tokens_per_sample(list(lengths or default_lengths(cap, vocab)), case.micro_batch_size, strategy, cap)
         if lengths or regrouped
         else None  # litgpt's padding of the default lengths, said so by epoch_tokens
     )
-    real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(cap))
+    real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(cap, vocab))
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
-        tokens, note = epoch_tokens(settings, per_sample)
+        tokens, note = epoch_tokens(settings, per_sample, vocab)
         if regrouped:
             note += (
                 f" (the fast path's micro batches: length-grouped in windows of {strategy.length_grouping} micro "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tunelab import hardware
 from tunelab.data import records as dataset_records
-from tunelab.data.lengths import default_padded_per_sample, longest_sample_tokens, sample_lengths
+from tunelab.data.lengths import default_padded_per_sample, longest_sample_tokens, sample_lengths, tokens_scale
 from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.plan.model import memory, runtime, strategies
@@ -255,14 +255,19 @@ def train_samples(settings: Settings) -> tuple[int, int, str]:
     return train, n - train, src
 
 
-def epoch_tokens(settings: Settings, tokens_per_sample: float | None) -> tuple[float, str]:
-    """Padded tokens of the recipe's training run (epochs over its data, or max_steps), and how they were counted."""
-    per_sample = tokens_per_sample or default_padded_per_sample(settings.micro_batch_size or 1, settings.max_seq_length)
+def epoch_tokens(
+    settings: Settings, tokens_per_sample: float | None, vocab_size: int | None = None
+) -> tuple[float, str]:
+    """Padded tokens of the recipe's training run (epochs over its data, or max_steps), and how they were counted
+    (``vocab_size``: the model's, whose tokenizer the default length distribution is scaled to)."""
+    micro, cap = settings.micro_batch_size or 1, settings.max_seq_length
+    per_sample = tokens_per_sample or default_padded_per_sample(micro, cap, vocab_size)
+    scaled = tokens_scale(vocab_size)[1]
     how = f"{per_sample:.0f} padded tokens/sample" + (
         ""
         if tokens_per_sample
-        else f" (the default Alpaca-like length distribution padded at micro {settings.micro_batch_size}; "
-        "--tokens-per-sample to change)"
+        else f" (the default Alpaca-like length distribution{f', {scaled},' if scaled else ''} padded at micro "
+        f"{settings.micro_batch_size}; --tokens-per-sample to change)"
     )
     train, _, src = train_samples(settings)
     epochs = settings.epochs or 1
@@ -299,7 +304,8 @@ def runtime_terms(
     epochs or max_steps, eval settings, padded tokens per sample (default: :func:`default_padded_per_sample` at
     the run's micro batch) and, where known, real (unpadded) tokens per sample."""
     train, val, _ = train_samples(settings)
-    per_sample = tokens_per_sample or default_padded_per_sample(case.micro_batch_size, settings.max_seq_length)
+    cap, vocab = settings.max_seq_length, case.config.vocab_size
+    per_sample = tokens_per_sample or default_padded_per_sample(case.micro_batch_size, cap, vocab)
     t = runtime.terms(case, settings.args, train, val, per_sample)
     t.detail["real_tokens_per_sample"] = real_per_sample
     return t
