@@ -135,13 +135,6 @@ def memory_rate(gpu) -> float:
     return rate
 
 
-def wave_efficiency(tiles: int, sms: int) -> float:
-    """The share of SM slots a matmul's ``tiles`` output tiles keep busy: the last wave is partly empty."""
-    if tiles <= 0:
-        return 1.0
-    return tiles / (math.ceil(tiles / sms) * sms)
-
-
 MATMUL_OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}
 """Positions of a matmul op's two operands among its arguments."""
 

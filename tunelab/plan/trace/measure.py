@@ -168,10 +168,6 @@ class Measurement:
     def per_layer_mean(self) -> float:
         return sum(self.per_layer_bytes) / len(self.per_layer_bytes)
 
-    def total_for(self, n_layer: int) -> float:
-        """The whole model's activations: the mean block times ``n_layer``, plus the head and loss."""
-        return self.per_layer_mean * n_layer + self.head_bytes
-
     def to_json(self) -> dict:
         return {
             "model": self.model,
