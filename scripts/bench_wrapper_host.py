@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunelab.checkpoints import TINY_CONFIG  # noqa: E402
+from tunelab.errors import InputError  # noqa: E402
 from tunelab.files import check_target, write_json_atomic, write_text_atomic  # noqa: E402
 
 CASES = {
@@ -266,7 +267,13 @@ def main(argv=None) -> int:
             ap.error(f"--cases: {item!r}; each wrapper:world, wrapper one of {', '.join(CASES)}, world 1-64")
         cases.append((name, int(world)))
     if args.json_out:
-        check_target(args.json_out, "--json-out")
+        if args.json_out.suffix != ".json":
+            ap.error(f"--json-out {args.json_out}: a .json file (its table is written beside it as .md)")
+        try:
+            check_target(args.json_out, "--json-out")
+            check_target(args.json_out.with_suffix(".md"), "--json-out's table")
+        except InputError as e:
+            ap.error(str(e))
     from importlib.metadata import version
 
     result = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -54,3 +55,7 @@ def test_a_short_run_writes_its_reps_and_table_and_bad_cases_are_one_line(tmp_pa
     for bad in ("nope:2", "fsdp:0", "fsdp"):
         proc = subprocess.run([*cmd, "--cases", bad], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "--cases" in proc.stderr and "Traceback" not in proc.stderr, bad
+    os.mkfifo(tmp_path / "piped.md")  # the table's place: refused before anything runs, the FIFO never opened
+    for target, words in ((tmp_path / "piped.json", "FIFO"), (tmp_path / "out.txt", "a .json file")):
+        proc = subprocess.run([*cmd, "--json-out", str(target)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, target
