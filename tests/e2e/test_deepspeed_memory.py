@@ -101,9 +101,9 @@ def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i)
     and half the reuse distance, or the whole partitioned model (the small one, under the defaults), to within one
     weight matrix (the limits are crossed a tensor at a time)."""
     case = CASES[i]
-    zero = case.get("zero", {})
-    x = _plan(case, **{k: int(zero[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters", "zero3_max_reuse_distance",
-                       "zero3_param_persistence_threshold") if f"stage3_{k[6:]}" in zero})  # fmt: skip
+    config = case.get("zero", {})  # the DeepSpeed config keys of the case (not the strategy module `zero`)
+    x = _plan(case, **{k: int(config[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters",
+                       "zero3_max_reuse_distance", "zero3_param_persistence_threshold") if f"stage3_{k[6:]}" in config})  # fmt: skip
     kept = zero.zero3_kept(x)
     largest = case["vocab"] * case["embd"]
     assert abs(measured[i]["gathered_at_head"] - kept) <= largest, (kept, measured[i]["gathered_at_head"])
