@@ -74,13 +74,13 @@ def _model(wrapper: str | None, name: str, world: int, n_layer: int, checkpointe
 
     from tunelab.plan.model.case import PlanInput
     from tunelab.plan.trace import ranks
-    from tunelab.plan.trace.simulate import _checkpoint_blocks, make_optimizer
+    from tunelab.plan.trace.simulate import _checkpoint_blocks, case_model, make_optimizer
     from tunelab.strategies import load_strategy
 
     method, precision, _ = CASES[name]
     case = PlanInput.of(config=_config(n_layer), method=method, precision=precision, seq_len=64, devices=world)
     with torch.device("meta"):
-        model = ranks._built(case)
+        model = case_model(case)
     model = model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():

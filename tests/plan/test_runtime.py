@@ -383,6 +383,12 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
     try:
         with pytest.raises(InputError, match=r"configs/published/tokenizers.yaml: chars_per_token.*fix:"):
             lengths.tokens_scale(128000)
+        table.write_text(
+            "reference: {chars_per_token: 3}\ntokenizers: {x: {vocab_sizes: '128000', chars_per_token: 4}}\n"
+        )
+        lengths.tokens_scale.cache_clear()
+        with pytest.raises(InputError, match=r"tokenizers.yaml: vocab_sizes must be a list of whole numbers.*fix:"):
+            lengths.tokens_scale(128000)
     finally:
         lengths.tokens_scale.cache_clear()
 

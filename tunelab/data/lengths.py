@@ -161,6 +161,8 @@ def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
         raise InputError(f"{where}: needs reference and tokenizers, each with chars_per_token; {fix}") from None
     if not all(math.isfinite(c) and c > 0 for c in (ref, *(c for _, c in rows.values()))):
         raise InputError(f"{where}: chars_per_token must be a number above 0; {fix}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for sizes, _ in rows.values() for v in sizes):
+        raise InputError(f"{where}: vocab_sizes must be a list of whole numbers; {fix}")
     for name, (sizes, chars) in rows.items():
         if vocab_size in sizes:
             return ref / chars, (
@@ -185,9 +187,7 @@ def default_lengths(cap: int = 512, vocab_size: int | None = None) -> tuple:
     rng = random.Random(benchmark.SEED)
     draw = lambda: max(benchmark.MIN_LEN, round(math.exp(rng.gauss(benchmark.LOG_MEAN, benchmark.LOG_STD))))  # noqa: E731
     scale = tokens_scale(vocab_size)[0]
-    return tuple(
-        min(cap, draw() if scale == 1.0 else max(1, round(draw() * scale))) for _ in range(DEFAULT_LENGTH_DRAWS)
-    )
+    return tuple(min(cap, max(1, round(draw() * scale))) for _ in range(DEFAULT_LENGTH_DRAWS))
 
 
 def default_padded_per_sample(micro: int, cap: int | None = None, vocab_size: int | None = None) -> float:

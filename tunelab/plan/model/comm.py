@@ -194,7 +194,8 @@ def per_step(
     else:
         c.formula = "one device: none"
     c.links = {"gpu": gpu_link.name}
-    if z.m > 1 and not strategy.hierarchical(case):  # a flat ring crosses the network: it runs at that hop
+    flat = z.m > 1 and not strategy.hierarchical(case)  # a flat ring crosses the network: it runs at that hop
+    if flat:
         c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
     if host_link is not None:
         c.bytes_host = strategy.host_bytes(case, z)
@@ -214,8 +215,7 @@ def per_step(
     c.seconds = seconds + c.latency_s
     if z.n > 1:
         c.forward_bytes, calls = strategy.forward_gathers(case, z, params)
-        flat = z.m > 1 and not strategy.hierarchical(case)  # as the step's gathers: a flat ring at the network's speed
-        link = node_link if flat and node_link is not None else gpu_link
+        link = node_link if flat and node_link is not None else gpu_link  # as the step's: a flat ring's slowest hop
         c.forward_s = c.forward_bytes / link.bytes_per_s + calls_latency(calls, gpu_link, node_link)
     if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)

@@ -26,6 +26,7 @@ from tunelab.plan.trace.measure import build_model, cuda_dropout, model_logits, 
 from tunelab.plan.trace.simulate import (
     NoHook,
     PhasePeaks,
+    case_model,
     keep_phase_peak,
     make_optimizer,
     simulate,
@@ -238,7 +239,7 @@ def _fsdp1_step(case, strategy, optimizer: str):
     with FakeTensorMode(allow_non_fake_inputs=True), _fake_storage_allocated(), contextlib.ExitStack() as stack:
         # offload: a stand-in accelerator, the host's memory counted apart; else all on this CPU
         device = stack.enter_context(fake_accelerator()) if offload else torch.device("cpu")
-        model = _built(case)
+        model = case_model(case)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore")
             if strategy is None:
@@ -404,7 +405,7 @@ def _fsdp2_step(case, strategy, optimizer: str):
     else:
         mesh = init_device_mesh("cpu", (case.world,))
     with FakeTensorMode():
-        model = _built(case)
+        model = case_model(case)
         if strategy is None:
             model = litgpt_parallelize(model, mesh)
         else:
@@ -422,14 +423,6 @@ def _fsdp2_step(case, strategy, optimizer: str):
 
             raw = _two_steps(model, opt, tracker, x, case, sync, fabric=strategy is None)
         return tracker.phase_peaks, raw, 0
-
-
-def _built(case):
-    """litgpt's model of ``case`` on the current (fake) device, its rope cache for the sequence, in training mode."""
-    model = build_model(case.config, case.method, str(case.precision), case.lora_r, case.lora_targets)
-    model.max_seq_length = case.seq_len
-    model.train()
-    return model
 
 
 def _per_step(raw: list) -> list[Collective]:

@@ -225,18 +225,25 @@ def _stable_embedding(model):
     return old
 
 
-def setup_step(case, optimizer: str):
-    """(model, optimizer, what litgpt's main keeps beside them) of ``case`` (a :class:`~tunelab.plan.model.case.
-    PlanInput`) as litgpt's finetune script sets them up, on the current (fake) device; ``optimizer`` as traced
-    (:data:`OPTIMIZERS`)."""
-
+def case_model(case):
+    """litgpt's model of ``case`` (a :class:`~tunelab.plan.model.case.PlanInput`: its config, method, precision and
+    LoRA) on the current device, its rope cache for the case's sequence, in training mode."""
     model = build_model(case.config, case.method, str(case.precision), case.lora_r, case.lora_targets)
     model.max_seq_length = case.seq_len
+    model.train()
+    return model
+
+
+def setup_step(case, optimizer: str):
+    """(model, optimizer, what litgpt's main keeps beside them) of ``case`` as litgpt's finetune script sets them
+    up, on the current (fake) device (:func:`case_model`, QLoRA's 4-bit layers, checkpointed blocks); ``optimizer``
+    as traced (:data:`OPTIMIZERS`)."""
+
+    model = case_model(case)
     if case.method == "qlora":
         _quantize(model)
     if case.activation_checkpointing:
         _checkpoint_blocks(model)
-    model.train()
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
     kept = [_stable_embedding(model)] if case.method == "qlora" else []
