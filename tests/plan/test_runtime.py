@@ -389,6 +389,12 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
         lengths.tokens_scale.cache_clear()
         with pytest.raises(InputError, match=r"tokenizers.yaml: vocab_sizes must be a list of whole numbers.*fix:"):
             lengths.tokens_scale(128000)
+        link = tmp_path / "link.yaml"
+        link.symlink_to(ROOT / "configs" / "published" / "tokenizers.yaml")  # the table itself, through a link
+        monkeypatch.setattr(lengths, "TOKENIZERS", link)
+        lengths.tokens_scale.cache_clear()
+        with pytest.raises(InputError, match=r"tokenizers.yaml: is a symbolic link.*fix:"):
+            lengths.tokens_scale(128000)
     finally:
         lengths.tokens_scale.cache_clear()
 

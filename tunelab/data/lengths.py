@@ -14,7 +14,7 @@ from tunelab.data import benchmark
 from tunelab.data import records as dataset_records
 from tunelab.data.grouping import bucket, plan_epoch
 from tunelab.errors import InputError
-from tunelab.files import read_json
+from tunelab.files import read_json, read_text
 from tunelab.paths import CONFIGS_DIR
 from tunelab.strategies import StrategyConfig
 
@@ -152,7 +152,9 @@ def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
     words that say so) from :data:`TOKENIZERS`; (1.0, "") for a tokenizer it does not list. A table that does not
     read: one line naming it."""
     where = "configs/published/tokenizers.yaml"
-    raw = yaml_input.load_mapping(TOKENIZERS, "the tokenizer table", where)
+    raw = yaml_input.loads(read_text(TOKENIZERS, yaml_input.MAX_BYTES, "tokenizer table", where, links=False), where)
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: a mapping of reference and tokenizers; fix: restore it (git checkout -- {where})")
     fix = f"fix: restore it (git checkout -- {where})"
     try:
         ref = float(raw["reference"]["chars_per_token"])
