@@ -330,3 +330,15 @@ def test_a_zero3_candidate_is_planned_as_the_same_case_planned_alone():
             strategy="deepspeed-zero3",
         ).plan
         assert c.peak_gb == pytest.approx(alone.peak_allocated_bytes / 1e9), c.micro_batch_size
+
+
+def test_default_lengths_follow_the_models_tokenizer_and_the_recipes_cap():
+    from tunelab.data.lengths import default_padded_per_sample
+
+    work = advise.workload_from_tokens(1e6)
+    llama2, llama3 = (work.per_sample(8, None, 512, vocab) for vocab in (32_000, 128_000))
+    assert llama2 == pytest.approx(default_padded_per_sample(8, 512, 32_000))
+    assert llama3 == pytest.approx(default_padded_per_sample(8, 512, 128_000))
+    assert llama3 < 0.9 * llama2  # Llama 3's tokenizer takes fewer tokens a sample
+    # the cap bounds the lengths themselves, so a longer one keeps longer samples
+    assert work.per_sample(8, None, 2048) > work.per_sample(8, None, 512)

@@ -99,13 +99,15 @@ class Workload:
     how: str = ""
     """Where the figures come from, in words."""
 
-    def per_sample(self, micro: int, strategy=None, cap: int = 512) -> float:
+    def per_sample(self, micro: int, strategy=None, cap: int = 512, vocab_size: int | None = None) -> float:
         """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample): from the
         data's lengths, else from the default length distribution (:func:`tunelab.data.lengths.default_lengths`,
         437 at micro 8 as the lab measured); under a ``strategy`` (a loaded file) that forms its micro batches its
         own way, as its loop forms them (:func:`tunelab.data.lengths.padded_tokens_per_sample`; ``cap``: the sequence
-        length no micro batch is padded past)."""
-        return padded_tokens_per_sample(list(self.lengths or default_lengths()), micro, strategy, cap)
+        length no micro batch is padded past; ``vocab_size``: the model's, whose tokenizer scales the default
+        lengths)."""
+        lengths = self.lengths or default_lengths(cap, vocab_size)
+        return padded_tokens_per_sample(list(lengths), micro, strategy, cap)
 
     @property
     def tokens(self) -> float:
@@ -363,7 +365,13 @@ def _planned(case, gpu, links, work: Workload, strategy_name, recipe, price, hea
     plan = memory.verdict(memory.predict(case), gpu)
     gbs = case.micro_batch_size * case.accumulation * case.world
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
-    terms = runtime.terms(case, args, work.samples, 0, work.per_sample(case.micro_batch_size, config, case.seq_len))
+    terms = runtime.terms(
+        case,
+        args,
+        work.samples,
+        0,
+        work.per_sample(case.micro_batch_size, config, case.seq_len, case.config.vocab_size),
+    )
     if case.world > 1:
         terms.comm = comm.per_step(case, *links)
     seconds = terms.seconds_on(gpu, gpu.training_peak(case.precision) or 0.0)
