@@ -1128,3 +1128,21 @@ def test_the_fsdp_wrappers_host_work_is_the_archived_cpu_measurements_median():
         for what, constant in (("per_unit", strategy.host_ops_per_unit), ("fixed", strategy.host_ops_fixed)):
             for phase, value in zip(("forward", "backward"), constant):
                 assert value == round(statistics.median(c[f"{phase}_ops_{what}"]["median"] for c in cases)), what
+
+
+def test_the_fast_paths_stock_comparison_pads_the_same_tokenizer_scaled_lengths(monkeypatch):
+    """plan --strategy fast compares its step with stock litgpt's on the same run: both at the default lengths
+    scaled to the model's tokenizer (Llama 3's here), never at LLaMA 2's."""
+    from tunelab import hardware, recipes
+    from tunelab.plan import projection
+    from tunelab.plan.recipe import plan_recipe
+
+    asked = []
+    real = projection.default_lengths
+    monkeypatch.setattr(projection, "default_lengths", lambda *a: asked.append(a) or real(*a))
+    gpu = hardware.lookup("H100-SXM")
+    path = ROOT / "configs/published/litgpt-config-hub/llama-3.2-1B/lora.yaml"
+    planned = plan_recipe(recipes.load(path), [], gpu=gpu, strategy="fast")
+    assert planned.input.config.vocab_size == 128000
+    out, _ = projection.project_recipe(planned, gpu)
+    assert out.fast_saved_per_step_s and asked and all(a == (512, 128000) for a in asked)

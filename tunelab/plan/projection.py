@@ -418,13 +418,14 @@ def project_recipe(
     settings, case, strategy = planned.settings, planned.input, planned.strategy_config
     cap, vocab = settings.max_seq_length or 512, case.config.vocab_size
     lengths = None if tokens_per_sample else data_lengths(settings)
+    known = list(lengths or default_lengths(cap, vocab))  # the data's, else the default distribution's
     regrouped = not tokens_per_sample and strategy is not None and strategy.regroups  # the fast path's own batches
     per_sample = tokens_per_sample or (
-        padded_tokens_per_sample(list(lengths or default_lengths(cap, vocab)), case.micro_batch_size, strategy, cap)
+        padded_tokens_per_sample(known, case.micro_batch_size, strategy, cap)
         if lengths or regrouped
         else None  # litgpt's padding of the default lengths, said so by epoch_tokens
     )
-    real = None if tokens_per_sample else statistics.fmean(lengths or default_lengths(cap, vocab))
+    real = None if tokens_per_sample else statistics.fmean(known)
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
@@ -443,9 +444,7 @@ def project_recipe(
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
         stock = case.changed(fabric=True, **switches)
-        stock_per_sample = padded_tokens_per_sample(
-            list(lengths or default_lengths(cap)), case.micro_batch_size, None, cap
-        )
+        stock_per_sample = padded_tokens_per_sample(known, case.micro_batch_size, None, cap)
         out = dataclasses.replace(out, **_pays_from(work, runtime_terms(settings, stock, stock_per_sample, real), gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
