@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,9 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import host_bench  # noqa: E402
+from host_bench import add_rep_args, check_rep_args, measured_on  # noqa: E402
+
 from tunelab.checkpoints import TINY_CONFIG  # noqa: E402
-from tunelab.errors import InputError  # noqa: E402
-from tunelab.files import check_target, write_json_atomic, write_text_atomic  # noqa: E402
 
 CASES = {
     "litgpt-fsdp1": (
@@ -74,7 +74,7 @@ def _model(wrapper: str | None, name: str, world: int, n_layer: int, checkpointe
 
     from tunelab.plan.model.case import PlanInput
     from tunelab.plan.trace import ranks
-    from tunelab.plan.trace.simulate import _checkpoint_blocks, case_model, make_optimizer
+    from tunelab.plan.trace.simulate import case_model, checkpoint_blocks, make_optimizer
     from tunelab.strategies import load_strategy
 
     method, precision, _ = CASES[name]
@@ -86,9 +86,10 @@ def _model(wrapper: str | None, name: str, world: int, n_layer: int, checkpointe
         for p in model.parameters():
             p.normal_(0, 0.02)
     model.max_seq_length = 64
+    model.reset_parameters()  # the RoPE cache, which ``to_empty`` left unset
     if wrapper is None:
         if checkpointed and name.startswith("litgpt"):
-            _checkpoint_blocks(model)
+            checkpoint_blocks(model)
     elif name == "litgpt-fsdp1":
         model = ranks.lightning_fsdp(model, precision)
     elif name == "litgpt-fsdp2":
@@ -124,7 +125,7 @@ def _ops(model, opt, case, x) -> dict:
 
     ops: list = []
     state = {"phase": "forward"}
-    with kernel_trace._recorder(ops, state):
+    with kernel_trace.recorder(ops, state):
         loss = training_loss(model_logits(model, x, case.method, str(case.precision)), x, case.method)
         state["phase"] = "backward"
         loss.backward()
@@ -247,15 +248,11 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=5, help="reps per case (default %(default)s)")
-    ap.add_argument("--iters", type=int, default=40, help="timed iterations per model (default %(default)s)")
-    ap.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default %(default)s)")
+    add_rep_args(ap, reps=5, iters=40, warmup=10)
     ap.add_argument("--cases", default=DEFAULT_CASES, help="wrapper:world, comma-separated (default %(default)s)")
-    ap.add_argument("--json-out", type=Path, help="write every rep and the summary here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if min(args.reps, args.iters) < 1 or args.warmup < 0:
-        ap.error("--reps and --iters take 1 or more, --warmup 0 or more")
+    check_rep_args(ap, args)
     if args.child:
         name, world = args.child.split(":")
         print(json.dumps(child(name, int(world), args.reps, args.iters, args.warmup)))
@@ -266,23 +263,9 @@ def main(argv=None) -> int:
         if name not in CASES or not world.isdigit() or not 1 <= int(world) <= 64:
             ap.error(f"--cases: {item!r}; each wrapper:world, wrapper one of {', '.join(CASES)}, world 1-64")
         cases.append((name, int(world)))
-    if args.json_out:
-        if args.json_out.suffix != ".json":
-            ap.error(f"--json-out {args.json_out}: a .json file (its table is written beside it as .md)")
-        try:
-            check_target(args.json_out, "--json-out")
-            check_target(args.json_out.with_suffix(".md"), "--json-out's table")
-        except InputError as e:
-            ap.error(str(e))
-    from importlib.metadata import version
-
     result = {
         "what": "An FSDP wrapper's host work per unit, in ops of the plain loop (scripts/bench_wrapper_host.py)",
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "litgpt": version("litgpt"),
-        "settings": {"reps": args.reps, "iters": args.iters, "warmup": args.warmup, "blocks": BLOCKS},
+        **measured_on(args, BLOCKS),
         "cases": {},
     }
     for i, (name, world) in enumerate(cases, 1):
@@ -312,9 +295,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        if args.json_out:
-            write_json_atomic(args.json_out, result)
-            write_text_atomic(args.json_out.with_suffix(".md"), markdown(result))
+        host_bench.write(args, result, markdown)
     if not args.json_out:
         print(json.dumps(result, indent=1))
     return 0

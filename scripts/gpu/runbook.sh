@@ -53,7 +53,8 @@
 #                 interval is within +-1% (at most 40 pairs, BUDGET) -> collector-overhead.json (not yet timed)
 #   wrapper-host  FSDP's wrapper host work per unit on this machine's CPU, in ops of the plain loop, and the plain
 #                 loop's time per op there (scripts/bench_wrapper_host.py, 5 reps; CPU only) -> wrapper-host.json,
-#                 beside the loop's own time per op in this machine's records                      est. 5 min
+#                 beside the loop's own time per op in this machine's records; then validation's and decode's
+#                 share of a training op's host time (scripts/bench_eval_host.py) -> eval-host.json  est. 8 min
 # A stage cut by BUDGET goes on where it stopped at the next call (same command, gpu-results/ carried).
 #
 # Every stage writes into $OUT (what comes back: at most 8 files, whatever the stages): <sweep>.tgz (every record
@@ -225,12 +226,15 @@ stage_overhead() {
       --precision bf16-true --model random --deadline "$(( $(left) - 30 ))" --json-out "$OUT/collector-overhead.json"
   fi
 }
-stage_wrapper-host() {  # FSDP's wrapper host work on this machine's own CPU -> wrapper-host.json and .md
+stage_wrapper-host() {  # host work on this machine's own CPU -> wrapper-host.json, eval-host.json and their .md
   if [ "$REHEARSAL" = 1 ]; then
     "$PY" scripts/bench_wrapper_host.py --reps 1 --iters 3 --warmup 1 --cases litgpt-fsdp1:1 \
-      --json-out "$OUT/wrapper-host.json"
+      --json-out "$OUT/wrapper-host.json" || return
+    "$PY" scripts/bench_eval_host.py --reps 1 --iters 2 --warmup 0 --json-out "$OUT/eval-host.json"
   else
-    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/bench_wrapper_host.py --reps 5 --json-out "$OUT/wrapper-host.json"
+    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/bench_wrapper_host.py --reps 5 --json-out "$OUT/wrapper-host.json" \
+      || return
+    timeout -s INT "$(( $(left) - 20 ))" "$PY" scripts/bench_eval_host.py --reps 5 --json-out "$OUT/eval-host.json"
   fi
 }
 stage_mid() { sweep lab-part1 s6 s11 s7 s12 s13; }

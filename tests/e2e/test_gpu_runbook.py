@@ -345,11 +345,14 @@ def test_the_runbooks_variables_are_checked_before_anything_runs(tmp_path):
 
 
 def test_wrapper_host_stage_rehearsed(tmp_path):
-    """Stage wrapper-host on this CPU, one short rep: FSDP's wrapper host work measured on the machine's own CPU comes
-    back as its JSON and table, beside the runbook's log."""
+    """Stage wrapper-host on this CPU, one short rep: FSDP's wrapper host work and evaluation's share of a training
+    op's host time, measured on the machine's own CPU, come back as their JSON and tables, beside the runbook's
+    log."""
     out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
     proc = _runbook(out, runs, results, 600, "wrapper-host", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert {f.name for f in _returned_files(out)} == {"wrapper-host.json", "wrapper-host.md", "runbook.log"}
+    names = {"wrapper-host.json", "wrapper-host.md", "eval-host.json", "eval-host.md", "runbook.log"}
+    assert {f.name for f in _returned_files(out)} == names
     (case,) = json.loads((out / "wrapper-host.json").read_text())["cases"].values()
     assert case["wrapper"] == "litgpt-fsdp1" and len(case["reps"]) == 1
+    assert set(json.loads((out / "eval-host.json").read_text())["methods"]) == {"full", "lora"}

@@ -975,7 +975,8 @@ def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
 def generate_rows(root: Path = ROOT) -> list[dict]:
     """litgpt's published generation speeds (``configs/published/litgpt-generate.yaml``: a check set, not fitted)
     against the plan's decoded token on the same GPU row: its kernels, its host's ops at litgpt's loop constant
-    (:data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`), the longer of the two as the plan counts generation,
+    (:data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`) times the decoded token's share of it
+    (:data:`tunelab.plan.model.runtime.EVAL_HOST_SHARE`), the longer of the two as the plan counts generation,
     and the most host time per op the published time allows (all of it, where it exceeds the kernels)."""
     from litgpt import Config
 
@@ -992,7 +993,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
         st = kernels.step_time(config, "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
         gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
         published = r["seconds"] / r["new_tokens"]
-        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP)
+        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP * runtime.eval_host_share("decode", "full"))
         rows.append(
             {
                 **r,
@@ -1110,17 +1111,18 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
 
 def _md_generate(rows: list[dict]) -> list[str]:
     """The plan's decoded token against litgpt's published generation speeds (:func:`generate_rows`)."""
-    loop = runtime.LITGPT_HOST_S_PER_OP * 1e6
+    loop, share = runtime.LITGPT_HOST_S_PER_OP * 1e6, runtime.eval_host_share("decode", "full")
     lines = [
         "",
         "## The decoded token against litgpt's published generation speeds (a check set, not fitted)",
         "",
         "Each row is cited in `configs/published/litgpt-generate.yaml` (one sample, a short prompt, the time over the "
-        "new tokens). Planned: the longer of the decoded token's kernels and its host's ops at litgpt's training loop "
-        f"constant ({loop:.0f} us an op), as the plan counts each generated sample's token. A generation runs without "
-        "autograd, so its host's time per op is its own: at most the published time over the ops (equal where the "
-        "host bounds the token). The runbook's grid now times litgpt's `generate` per token (`decode`), from which our own constant can "
-        "be fitted.",
+        "new tokens). Planned: the longer of the decoded token's kernels and its host's ops, as the plan counts each "
+        f"generated sample's token: litgpt's training loop constant ({loop:.0f} us an op) times a decoded token's "
+        f"share of it ({share:.3f}: without autograd an op costs the host less; measured on a CPU, evidence "
+        f"`cpu-eval-host`), {loop * share:.0f} us an op. 'host us/op, at most': the published time over the ops "
+        "(equal where the host bounds the token). The runbook's grid times litgpt's `generate` per token (`decode`) "
+        "on a lent GPU, which would check the share on a GPU's host.",
         "",
         "| source | GPU | model | precision | new tokens | published ms/token | kernels ms | ops | planned ms | "
         "error | host us/op, at most |",

@@ -171,23 +171,10 @@ def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S
         tp = tables_of(case).template(
             dataclasses.replace(c, n_layer=n_layer), method, str(case.precision), optimizer, chunks, micro == 1, lora
         )
-        return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)
+        return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)[2:]
 
-    # one block: the template of two blocks less the template of one; the rest (embedding, final norm, head, and
-    # litgpt's loss unless Liger's replaces it): one block's template less that block, as they run in a deep model
-    # (the head's backward to its input included; a model of no blocks may train nothing: a LoRA without its head)
-    _, _, one, one_ops = eager(1)
-    _, _, two, two_ops = eager(2)
-    base = {key: 2 * one.get(key, 0.0) - two.get(key, 0.0) for key in {*one, *two}}
-    base_ops = {p: 2 * one_ops.get(p, 0.0) - two_ops.get(p, 0.0) for p in ("forward", "backward")}
-    for key, sec in base.items():
-        if "/" in key:
-            phase, cat = key.split("/")
-            if phase in ("forward", "backward"):
-                _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, sec)
-    for phase in ("forward", "backward"):
-        out.host[phase] = base_ops.get(phase, 0.0) * kernels.HOST_S_PER_OP
-        out.kernels[phase] = base_ops.get(phase, 0.0)
+    one, two = eager(1), eager(2)
+    _outside_blocks(out, one, two)
     if (
         compiled_supported(case.precision)
         and case.loop.compiled
@@ -195,27 +182,50 @@ def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S
         and case.method != "qlora"
     ):
         _compiled_blocks(out, case, gpu, sms, tokens, compiled_host_s)
-    else:  # eager blocks
-        block: dict = {}
-        for key, sec in two.items():
-            if "/" in key and key.split("/")[0] in ("forward", "backward"):
-                _add(block, *key.split("/"), sec - one.get(key, 0.0))
-        more = {p: two_ops.get(p, 0.0) - one_ops.get(p, 0.0) for p in ("forward", "backward")}
-        if case.activation_checkpointing:  # each block's forward runs again in the backward pass
-            for cat, sec in block.get("forward", {}).items():
-                _add(block, "backward", cat, sec)
-            more["backward"] += more["forward"]
-        for phase in ("forward", "backward"):
-            for cat, sec in block.get(phase, {}).items():
-                _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, c.n_layer * sec)
-            out.host[phase] += c.n_layer * more[phase] * kernels.HOST_S_PER_OP
-            out.kernels[phase] += c.n_layer * more[phase]
+    else:
+        _eager_blocks(out, one, two, c.n_layer, case.activation_checkpointing)
     for phase, ops in zip(("forward", "backward"), strategies.of(case).wrapper_host_ops(case)):
         out.host[phase] += ops * kernels.HOST_S_PER_OP  # the strategy's wrapper: hooks and views, no kernels
     if liger:
         _liger_loss(out, case, gpu, micro * whole_tokens)
     _optimizer_step(out, case, gpu, tokens, optimizer, method, lora)
     return out
+
+
+def _outside_blocks(out: FastStep, one: tuple, two: tuple) -> None:
+    """Into ``out``: what runs outside the blocks (embedding, final norm, head, and litgpt's loss unless Liger's
+    replaces it), from the eager templates of one and two blocks (``(seconds by phase/category, ops by phase)``
+    each): one block's template less one block, as they run in a deep model (the head's backward to its input
+    included; a model of no blocks may train nothing, as a LoRA without its head)."""
+    (one_s, one_ops), (two_s, two_ops) = one, two
+    for key in {*one_s, *two_s}:
+        phase, _, cat = key.partition("/")
+        if cat and phase in ("forward", "backward"):
+            _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, 2 * one_s.get(key, 0.0) - two_s.get(key, 0.0))
+    for phase in ("forward", "backward"):
+        ops = 2 * one_ops.get(phase, 0.0) - two_ops.get(phase, 0.0)
+        out.host[phase] = ops * kernels.HOST_S_PER_OP
+        out.kernels[phase] = ops
+
+
+def _eager_blocks(out: FastStep, one: tuple, two: tuple, n_layer: int, recompute: bool) -> None:
+    """Into ``out``: ``n_layer`` eager blocks, each the template of two blocks less the template of one (``recompute``:
+    activation checkpointing runs each block's forward again in the backward pass)."""
+    (one_s, one_ops), (two_s, two_ops) = one, two
+    block: dict = {}
+    for key, sec in two_s.items():
+        if "/" in key and key.split("/")[0] in ("forward", "backward"):
+            _add(block, *key.split("/"), sec - one_s.get(key, 0.0))
+    more = {p: two_ops.get(p, 0.0) - one_ops.get(p, 0.0) for p in ("forward", "backward")}
+    if recompute:
+        for cat, sec in block.get("forward", {}).items():
+            _add(block, "backward", cat, sec)
+        more["backward"] += more["forward"]
+    for phase in ("forward", "backward"):
+        for cat, sec in block.get(phase, {}).items():
+            _add(out.gpu, phase, "elementwise" if cat == "loss" else cat, n_layer * sec)
+        out.host[phase] += n_layer * more[phase] * kernels.HOST_S_PER_OP
+        out.kernels[phase] += n_layer * more[phase]
 
 
 def _optimizer_step(out: FastStep, case, gpu, tokens: float, optimizer: str, method: str, lora: tuple) -> None:

@@ -106,7 +106,10 @@ def _flat(x) -> list:
     return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
-def _recorder(ops: list, state: dict):
+def recorder(ops: list, state: dict):
+    """A dispatch mode that appends an :class:`Op` to ``ops`` for every kernel dispatched under it, in the phase
+    ``state["phase"]`` names at the time (none while it is "not recorded"; views, queries and allocations never):
+    the trace's count of ops, which the host's time per op multiplies."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -188,7 +191,7 @@ def record_step(
         opt.step()
         opt.zero_grad()
         x = torch.zeros(micro, seq_len, dtype=torch.long)
-        with _recorder(ops, state):
+        with recorder(ops, state):
             logits = model_logits(model, x, method, precision)
             loss = training_loss(logits, x, method)
             state["phase"] = "backward"

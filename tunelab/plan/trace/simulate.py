@@ -243,7 +243,7 @@ def setup_step(case, optimizer: str):
     if case.method == "qlora":
         _quantize(model)
     if case.activation_checkpointing:
-        _checkpoint_blocks(model)
+        checkpoint_blocks(model)
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
     kept = [_stable_embedding(model)] if case.method == "qlora" else []
@@ -420,7 +420,7 @@ def _paged_adamw(params):
     return PagedAdamW(params)
 
 
-def _checkpoint_blocks(model) -> None:
+def checkpoint_blocks(model) -> None:
     """Activation checkpointing of every block, as litgpt's FSDP policy wraps them (non-reentrant)."""
     from torch.utils.checkpoint import checkpoint
 

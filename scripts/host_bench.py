@@ -1,0 +1,57 @@
+"""What the CPU host benches share (bench_wrapper_host.py, bench_eval_host.py): their rep arguments, the checks
+that refuse bad input in one line before anything runs, and the machine and software a result was measured on."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from pathlib import Path
+
+from tunelab.errors import InputError
+from tunelab.files import check_target
+
+
+def add_rep_args(ap: argparse.ArgumentParser, reps: int, iters: int, warmup: int) -> None:
+    """--reps, --iters, --warmup and --json-out, at these defaults."""
+    ap.add_argument("--reps", type=int, default=reps, help="reps (default %(default)s)")
+    ap.add_argument("--iters", type=int, default=iters, help="timed turns per model (default %(default)s)")
+    ap.add_argument("--warmup", type=int, default=warmup, help="untimed turns first (default %(default)s)")
+    ap.add_argument("--json-out", type=Path, help="write every rep and the summary here (.json; .md beside it)")
+
+
+def check_rep_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One line (argparse's exit 2) for counts out of range or an output that is not a .json file one may write
+    (never through a link, FIFO or device: :func:`tunelab.files.check_target`), the table's place included."""
+    if min(args.reps, args.iters) < 1 or args.warmup < 0:
+        ap.error("--reps and --iters take 1 or more, --warmup 0 or more")
+    if args.json_out:
+        if args.json_out.suffix != ".json":
+            ap.error(f"--json-out {args.json_out}: a .json file (its table is written beside it as .md)")
+        try:
+            check_target(args.json_out, "--json-out")
+            check_target(args.json_out.with_suffix(".md"), "--json-out's table")
+        except InputError as e:
+            ap.error(str(e))
+
+
+def measured_on(args: argparse.Namespace, blocks: tuple) -> dict:
+    """The CPU, Python, torch and litgpt a result was measured with, and its settings."""
+    from importlib.metadata import version
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "litgpt": version("litgpt"),
+        "settings": {"reps": args.reps, "iters": args.iters, "warmup": args.warmup, "blocks": blocks},
+    }
+
+
+def write(args: argparse.Namespace, result: dict, markdown) -> None:
+    """``result`` into --json-out and its table (``markdown(result)``) beside it as .md, each atomically (what was
+    written before stays whole if the run is cut); nothing without --json-out."""
+    from tunelab.files import write_json_atomic, write_text_atomic
+
+    if args.json_out:
+        write_json_atomic(args.json_out, result)
+        write_text_atomic(args.json_out.with_suffix(".md"), markdown(result))
