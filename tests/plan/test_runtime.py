@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 
 import pytest
 
@@ -118,26 +119,28 @@ def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monke
 
 
 def test_the_kernel_report_holds_its_stated_errors():
-    """runtime.md's figures: our H100 rows within 10.1% leave-one-out with the host constant refitted without each;
-    the constant is the fit; the stated out-of-sample error on the lab's A100 rows is what they give."""
+    """runtime.md's figures: our H100 rows within 10.1% leave-one-out with that machine's own host constant refitted
+    without each (60 us on all five: the machine is one of those the planner's constant is the median of); the band's
+    stated error on the lab's A100 rows is what they give."""
     from tunelab.report import runtime_accuracy
 
     rows = runtime_accuracy.h100_rows(ROOT)
     assert {r["id"] for r in rows} == {"s2", "s3", "s4", "s5", "s10"}
     assert max(abs(r["loo_error"]) for r in rows) <= 0.101  # s5 (bf16-mixed) sits at +10.0%, the issue's bound
-    assert runtime_accuracy.fit_host(runtime_accuracy.h100_items(ROOT)) == pytest.approx(
-        runtime.LITGPT_HOST_S_PER_OP, abs=0.5e-6
-    )
+    assert runtime_accuracy.fit_host(runtime_accuracy.h100_items(ROOT)) == pytest.approx(60.2e-6, abs=0.5e-6)
     part3 = runtime_accuracy.part3_rows(ROOT)  # out of sample: where the GPU bounds the iteration, within 8%
     gpu_bound = [r for r in part3 if r["bound"] == "GPU" and r["retries"] < 5]
     assert len(gpu_bound) >= 14 and max(abs(r["error"]) for r in gpu_bound) <= 0.08
     edge = next(r for r in part3 if r["micro"] == 32 and r["setting"] == "fsdp")  # FSDP's host work: at the edge
-    assert edge["bound"] == "host" and abs(edge["error"]) <= 0.08
+    assert abs(edge["error"]) <= 0.08  # GPU-bound by a hair at the median host (util 91%)
     part2 = {r["id"]: r["error"] for r in runtime_accuracy.part2_rows()}  # OpenLLaMA 7B, 1 and 4 A100s
     assert set(part2) == {"m1", "m2", "m3", "m4"} and all(abs(e) <= 0.05 for e in part2.values()), part2
-    a100 = [r for r in runtime_accuracy.a100_rows() if r["kernel_s"] is not None]
-    assert len(a100) == 11
-    assert sum(abs(r["error"]) for r in a100) / len(a100) == pytest.approx(runtime.KERNEL_MODEL_ERROR, abs=5e-3)
+    rows = runtime_accuracy.a100_rows()
+    a100 = [r for r in rows if r["kernel_s"] is not None]
+    assert len(a100) == 11 and [r["id"] for r in a100 if r["host_bound"]] == ["s10"]
+    widest = runtime_accuracy.kernel_model_error(rows)  # the band holds every row the kernels bound
+    assert widest <= runtime.KERNEL_MODEL_ERROR < widest + 1e-3
+    assert all(abs(r["error"]) <= runtime.KERNEL_MODEL_ERROR for r in a100 if not r["host_bound"])
 
 
 def test_the_host_time_a_row_implies_gives_back_its_measured_step():
@@ -203,7 +206,9 @@ def test_the_openllama_rows_on_an_h200_out_of_sample():
 
     rows = {r["id"]: r for r in runtime_accuracy.steps_rows(ROOT, "h200-part1-openllama")}
     assert set(rows) == {"s6", "s7", "s11", "s12"} and {r["gpu"] for r in rows.values()} == {"H200"}
-    assert not rows["s6"]["host_bound"] and abs(rows["s6"]["error"]) < 0.03
+    s6 = rows["s6"]  # its GPU busy 94%: planned at its kernels, their model's miss inside its band
+    assert not s6["host_bound"] and s6["predicted_s"] == pytest.approx(s6["kernels_s"], rel=0.01)
+    assert abs(s6["error"]) <= runtime.KERNEL_MODEL_ERROR
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     bound = {i: r for i, r in rows.items() if r["host_bound"]}
     assert set(bound) == {"s7", "s11", "s12"}
@@ -217,7 +222,11 @@ def test_the_openllama_rows_on_an_h200_out_of_sample():
         first, _, last = (h for _, h in rows[i]["thirds"])
         assert first > last
     md = "\n".join(runtime_accuracy._md_steps(evidence.entry("h200-part1-openllama"), list(rows.values()), []))
-    assert "| s11 | open-llama-3b/lora | bf16-true | 4 x 4 | 378 | 0.801 | 1.093 | +36.5% |" in md
+    s11 = rows["s11"]
+    assert f"| s11 | open-llama-3b/lora | bf16-true | 4 x 4 | 378 | 0.801 | {s11['predicted_s']:.3f} | " in md
+    assert f" | {s11['error']:+.1%} | " in md and s11["error"] == pytest.approx(
+        s11["predicted_s"] / 0.801 - 1, abs=1e-3
+    )
     assert "0.812 (45), 0.783 (43), 0.807 (44)" in md
 
 
@@ -242,6 +251,10 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     machines = runtime_accuracy.host_by_machine(h100, runtime_accuracy.bench_items(ROOT), archived, lab)
     assert len(machines) == 9 and 50 <= min(machines["H200 2026-11-27-qlora-time-h200"]) <= 55
     every = [h for hs in machines.values() for h in hs]
+    # the point estimate's host: the median machine (each machine's median), so that no machine counts twice
+    assert runtime_accuracy.central_host(machines) == pytest.approx(runtime.LITGPT_HOST_S_PER_OP, abs=0.05e-6)
+    medians = sorted(statistics.median(hs) for hs in machines.values())
+    assert medians[len(medians) // 2] == pytest.approx(runtime.LITGPT_HOST_S_PER_OP * 1e6, abs=0.05)
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)  # rounded outward to 0.1 us
     assert low <= min(every) < low + 0.1 and high - 0.1 < max(every) <= high
     gpu, e = hardware.lookup("H100-SXM"), runtime.KERNEL_MODEL_ERROR
@@ -746,12 +759,12 @@ def test_the_qlora_loop_sentence_says_what_its_rows_imply():
     how far apart they are, and whether both sit under the host constant; a row the GPU kept busy isolates nothing."""
     from tunelab.report import runtime_accuracy
 
-    q = {"measured_s": 1.2, "predicted_s": 1.35, "gpu_util": 14.0, "host_bound": True, "implied_host_us": 53.5}
-    lo = {"measured_s": 0.8, "predicted_s": 1.0, "gpu_util": 22.0, "host_bound": True, "implied_host_us": 50.4}
+    q = {"measured_s": 1.2, "predicted_s": 1.35, "gpu_util": 14.0, "host_bound": True, "implied_host_us": 45.0}
+    lo = {"measured_s": 0.8, "predicted_s": 1.0, "gpu_util": 22.0, "host_bound": True, "implied_host_us": 42.4}
     text = runtime_accuracy._qlora_over_lora(q, lo)
-    assert "measured 1.50x, predicted 1.35x" in text and "53.5 and 50.4 us" in text and "(6% apart)" in text
-    assert "both under the constant's 60 us" in text
-    slow = runtime_accuracy._qlora_over_lora({**q, "implied_host_us": 70.0}, lo)
+    assert "measured 1.50x, predicted 1.35x" in text and "45.0 and 42.4 us" in text and "(6% apart)" in text
+    assert f"both under the constant's {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us" in text
+    slow = runtime_accuracy._qlora_over_lora({**q, "implied_host_us": 70.0}, {**lo, "implied_host_us": 50.4})
     assert "not both under" in slow and "(39% apart)" in slow
     busy = runtime_accuracy._qlora_over_lora({**q, "host_bound": False, "gpu_util": 80.0}, lo)
     assert "Not both host-bound" in busy and "us of host" not in busy

@@ -517,7 +517,7 @@ def _header(work: Workload, cands: list, ranked: list) -> list[str]:
         f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
         f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
         f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
-        f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, our H100 machine's (the machines "
+        f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, the median machine's (the machines "
         f"we measured took {low * 1e6:.0f}-{high * 1e6:.0f}: a faster CPU shortens host-bound runs); links: each "
         "GPU's own between its GPUs unless --interconnect, --internode between nodes",
         "",

@@ -53,8 +53,9 @@ class Projection:
     (``seconds_by_cause``) where it applies, else tunelab.plan.model.runtime's fitted curve (compute + memory-bound work +
     per-iteration overhead, constants fitted on the lab's A100 times); None without the GPU's bandwidth."""
     seconds_band: tuple | None = None
-    """seconds x (1 -/+ the estimate's mean absolute error on the lab's A100 rows: out of sample for the kernel
-    model, leave-one-out for the fitted curve)."""
+    """seconds x (1 -/+ the estimate's error on the lab's A100 rows: the kernel model's widest miss where its kernels
+    bound a row, out of sample, widened to the hosts we measured where the host bounds the run; the fitted curve's
+    leave-one-out mean absolute error)."""
     seconds_source: str = ""
     comm_bytes_per_step: dict | None = None
     """Bytes one device moves per optimizer step over each link ({'gpu': ..., 'node': ..., 'host': ...}), None on
@@ -264,7 +265,7 @@ def _host_bound_note(host_s: float, seconds: float, step: runtime.KernelWork) ->
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     return (
         f". Host-bound: {host_s / seconds:.0%} of it is the host launching kernels (litgpt's loop at "
-        f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, fitted on our H100 machine's CPU): it follows the CPU, "
+        f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, the median machine we measured): it follows the CPU, "
         "not the GPU (on the machines we measured, the lab's included, litgpt's loop took "
         f"{low:.0f}-{high:.0f} us an op: reports/planner-accuracy/runtime.md); " + shorten
     )
@@ -320,7 +321,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         e = runtime.KERNEL_MODEL_ERROR
         source = (
             f"the time by cause below, litgpt's loop at {work.host_s_per_op * 1e6:g} us an op on the host "
-            f"(--host-us-per-op; band: the kernel model's mean absolute error {e:.0%} on the lab's A100 rows)"
+            f"(--host-us-per-op; band: the kernel model's widest miss {e:.0%} on the lab's A100 rows its kernels bound)"
         )
         host = f"{work.host_s_per_op * 1e6:g} us an op, as given (--host-us-per-op)"
     elif isinstance(work.kernels, runtime.KernelWork):
@@ -329,7 +330,8 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         a, b = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
         wider = band != (secs * (1 - e), secs * (1 + e))
         source = (
-            f"the time by cause below (band: its mean absolute error {e:.0%} on the lab's A100 rows, out of sample"
+            f"the time by cause below (band: its widest miss {e:.0%} on the lab's A100 rows its kernels bound, out of "
+            "sample"
             + (
                 f"; widened to the host's {a:.0f}-{b:.0f} us an op that litgpt's loop took on the machines we measured"
                 if wider

@@ -124,8 +124,8 @@ def implied_host(st, acc: int, measured_s: float) -> float | None:
 def steps_rows(root: Path, key: str) -> list[dict]:
     """Each litgpt run of the evidence entry ``key`` (a ``steps`` entry of :mod:`tunelab.report.evidence`): its mean
     optimizer step (steady window) and that step by third of the window (:func:`window_thirds`)
-    against the kernel model on its GPU's table row at :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP` (out of
-    sample: fitted on the H100 machine), the host time per op the row implies, the probes, the SM clock and the
+    against the kernel model on its GPU's table row at :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP` (the
+    median machine's), the host time per op the row implies, the probes, the SM clock and the
     GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
     from litgpt import Config
 
@@ -511,10 +511,14 @@ def a100_items() -> list[tuple]:
 
 def a100_rows(items: list | None = None) -> list[dict]:
     """The lab's A100 rows: the kernel model's run by cause against litgpt's Training Time, and the fitted curve;
-    ``items``: :func:`a100_items` when already planned."""
+    ``host_bound``: the model says the row waited on its host (:func:`lab_hosts`); ``items``: :func:`a100_items` when
+    already planned."""
+    items = items or a100_items()
+    hosts = lab_hosts(items)
     rows = []
-    for r, t, peak, bw, secs in items or a100_items():
+    for r, t, peak, bw, secs in items:
         row = {"id": r.id, "recipe": r.recipe.key, "note": r.note, "lab_s": secs, "curve_s": t.seconds(peak, bw)}
+        row["host_bound"] = r.id in hosts
         if isinstance(t.kernels, runtime.KernelWork):
             gpu = hardware.lookup(r.gpu)
             causes = t.by_cause(gpu)
@@ -526,6 +530,12 @@ def a100_rows(items: list | None = None) -> list[dict]:
             row.update(kernel_s=None, error=None, not_modelled=t.kernels)
         rows.append(row)
     return rows
+
+
+def kernel_model_error(rows: list[dict]) -> float:
+    """:data:`tunelab.plan.model.runtime.KERNEL_MODEL_ERROR` before rounding: the widest ``|error|`` of the kernel
+    model over the lab's A100 rows (:func:`a100_rows`) it times and does not call host-bound."""
+    return max(abs(r["error"]) for r in rows if r["kernel_s"] is not None and not r["host_bound"])
 
 
 def lab_hosts(items: list | None = None) -> dict:
@@ -626,8 +636,8 @@ def _md_band(timed: dict) -> list[str]:
         "",
         "## The plan's band against every timed run",
         "",
-        f"The band `tunelab plan` prints around litgpt's loop: the kernel model's mean absolute error ({e:.0%}) either "
-        f"side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
+        f"The band `tunelab plan` prints around litgpt's loop: the kernel model's widest miss on the lab's A100 rows its "
+        f"kernels bound ({e:.1%}) either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
         f"its stated error for its bound. {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
         "times hold start-up and validation: an upper bound of the step, not held to the band.)",
         "",
@@ -700,15 +710,17 @@ def _md_h100(h100: list[dict], fitted: float) -> list[str]:
         "simulated step (constants fitted on our H100 profile: `kernels.md`); `tunelab/plan/model/runtime.py` "
         "(`Terms.by_cause`) puts the run around it: each micro batch and each optimizer step take their kernels "
         "or the host's launches, whichever is longer, at "
-        f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us of host time per op in litgpt's loop (fitted on the H100 "
-        f"rows below; a refit gives {fitted * 1e6:.1f} us), then validations and generated samples. "
+        f"{runtime.LITGPT_HOST_S_PER_OP * 1e6:.1f} us of host time per op in litgpt's loop (the median machine of "
+        "those we measured: the host section below), then validations and generated samples. "
         "`tunelab plan` prints it as the time by cause and takes it as its point estimate, and `advise` ranks by it, "
         "wherever it applies (the fitted curve remains for offloaded optimizer steps and optimizers it does not trace).",
         "",
         "## Our H100 Part 1 rows (seconds per optimizer step, steady window)",
         "",
         "NVIDIA H100 80GB HBM3, litgpt 0.5.13, torch 2.11, random weights, the benchmark data; padded tokens per "
-        "sample as measured in each row's window. In sample for the host constant; leave-one-out beside it.",
+        "sample as measured in each row's window. Predicted: at the planner's host constant (this machine is one of "
+        f"those it is the median of); leave-one-out: at this machine's own constant ({fitted * 1e6:.1f} us fitted on "
+        "these rows) refitted without the row, the model where the host is known.",
         "",
         "| row | recipe | precision | micro x accumulation | padded tokens | measured s | predicted s | error | "
         "leave-one-out s | error | GPU s per micro | ops per micro |",
@@ -767,6 +779,13 @@ def host_by_machine(h100: list[dict], bench: list[dict], steps: dict, lab: dict 
     return out
 
 
+def central_host(machines: dict) -> float:
+    """The planner's host seconds per op (:data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`): the median over
+    ``machines`` (:func:`host_by_machine`) of each machine's median, so that no machine counts for more than one
+    however many runs it holds."""
+    return statistics.median(statistics.median(hosts) for hosts in machines.values()) / 1e6
+
+
 def _md_hosts(machines: dict, steps: dict) -> list[str]:
     """The host time per op every host-bound litgpt run implies, by machine (``machines``: :func:`host_by_machine`),
     beside the probes the ``steps`` entries' records carry ({key: :func:`steps_rows`})."""
@@ -796,7 +815,9 @@ def _md_hosts(machines: dict, steps: dict) -> list[str]:
             if probes
             else ""
         )
-        + ": the plan keeps one host constant, does not scale it by a probe, and carries this spread in its band.",
+        + ": the plan keeps one host constant, does not scale it by a probe, and carries this spread in its band. "
+        f"That constant is the median machine: each machine's median, the median over the {len(machines)} machines, "
+        f"{central_host(machines) * 1e6:.1f} us (the planner's {runtime.LITGPT_HOST_S_PER_OP * 1e6:.1f}).",
     ]
 
 
@@ -834,7 +855,7 @@ def _steps_cells(rows: list[dict], h100: list[dict]) -> dict:
 
 def _md_steps(e: evidence.Entry, rows: list[dict], h100: list[dict]) -> list[str]:
     """One ``steps`` entry's section: its litgpt runs (:func:`steps_rows`) against the plan on its GPU's table row at
-    the H100 machine's host constant, out of sample, beside the H100 machine's rows of the same id (``h100``:
+    the planner's host constant, beside the H100 machine's rows of the same id (``h100``:
     :func:`h100_items`); a column empty in every row is left out."""
     if not rows:
         return []
@@ -846,8 +867,8 @@ def _md_steps(e: evidence.Entry, rows: list[dict], h100: list[dict]) -> list[str
         f"## {e.title} ({e.device}, {e.date}), out of sample",
         "",
         f"{e.software}; random weights, the benchmark data (`{e.path('records')}`). {e.note} Measured: the mean "
-        "optimizer step over each run's steady window; predicted: the model on the GPU's table row at the H100 "
-        "machine's host constant. 'host us/op implied': the host time per op that would make the model's step equal "
+        "optimizer step over each run's steady window; predicted: the model on the GPU's table row at the planner's "
+        "host constant (the median machine's). 'host us/op implied': the host time per op that would make the model's step equal "
         "the measured one (GPU-bound where the kernels alone take longer), in brackets where the GPU was busy "
         f"{HOST_BOUND_UTIL:.0f}% of the window or more: such a row's gap is the kernel model's, not its host's."
         + (" 'by third': the mean step over each third of the window." if "by third: s (us/op)" in shown else "")
@@ -1166,6 +1187,8 @@ def _md_a100(a100: list[dict]) -> list[str]:
     """The lab's A100 Part 1 runs by cause, out of sample for the kernel model."""
     modelled = [r for r in a100 if r["kernel_s"] is not None]
     mean = sum(abs(r["error"]) for r in modelled) / len(modelled)
+    bound = [r for r in modelled if not r["host_bound"]]
+    widest = max(bound, key=lambda r: abs(r["error"]))
     lines = [
         "",
         "## The lab's A100 Part 1 rows (litgpt's Training Time of the whole run)",
@@ -1173,7 +1196,10 @@ def _md_a100(a100: list[dict]) -> list[str]:
         "Out of sample for the kernel model (another GPU, another host CPU: the lab's A100 80GB machine). The fitted "
         "curve was fitted on these rows (in sample). Seconds by cause from `Terms.by_cause`; generation is an upper "
         f"bound (every sample taken to its 100 new tokens). Kernel model: mean absolute error {mean:.1%} over "
-        f"{len(modelled)} rows.",
+        f"{len(modelled)} rows; where its kernels bound the row ({len(bound)} rows; not "
+        f"{', '.join(r['id'] for r in modelled if r['host_bound'])}, the host's), its widest miss "
+        f"{abs(widest['error']):.1%} ({widest['id']}): the band `plan` prints either side "
+        f"(`runtime.KERNEL_MODEL_ERROR`, {runtime.KERNEL_MODEL_ERROR:.3f}).",
         "",
         "| row | recipe | lab s | kernel model s | error | fitted curve s | " + " | ".join(runtime.CAUSES) + " |",
         "|---|---|---|---|---|---|" + "---|" * len(runtime.CAUSES),
@@ -1207,15 +1233,15 @@ def _md_weak(lab: list) -> list[str]:
         "identified by eleven rows; the records now carry the host's op time and the board's steady SM clock, "
         "to measure them instead.",
         "",
-        "Known weak: the host constant is that of the H100 machine: the lab's A100 machine ran TinyLlama's LoRA "
-        "loop about twice as fast per op (s10: our H100 machine took 64.6 s for the same row without validations, "
+        "Known weak: the host constant is the median machine's: the lab's A100 machine ran TinyLlama's LoRA "
+        "loop about twice as fast per op as our H100 machine (s10: our H100 machine took 64.6 s for the same row without validations, "
         "the lab 45.2 s with two; not a count of ops: litgpt 0.5.7, the lab's, dispatches the same 1,634 forward and "
         "2,408 backward ops at micro 4 as 0.5.13 by the same trace); generation is an upper bound; fp32's elementwise kernels and the for-each AdamW over fp32 "
         "state are timed 13-30% long (the H200's 32-true grid, `kernels.md`), and the lab's fp32 rows ran faster "
         "than planned (s3); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
         "DDP's wrapper work on the host, FSDP's wrapper kernels on the GPU (only their communication), the gather before a sharded checkpoint "
-        "save; the host of a machine other than the constants' (a factor of nearly 3 over nine machines, the lab's among them, and the probes the "
+        "save; the host of a machine other than the median (a factor of nearly 3 over nine machines, the lab's among them, and the probes the "
         "records carry do not predict it: the second-machine section) and a board's clock under its power cap "
         "(`sm_clock_steady_mhz` in the records, not in the plan).",
         "",
