@@ -112,15 +112,16 @@ def test_qlora_lines_hold_out_of_sample():
 
 def test_qlora_plans_by_cause_on_the_lab_row():
     """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): -20%, the kernel model's widest miss on the lab's
-    rows, which sets its band (it was -15% with a flat 2.5 bytes a dequantization and no PagedAdamW; -1% while its
+    rows, inside its band (it was -15% with a flat 2.5 bytes a dequantization and no PagedAdamW; -1% while its
     generated tokens were launched at our H100 machine's training op's host time; bitsandbytes' single-token path,
     ``gemv_4bit``, and its Python are not modelled), with dequantization and the host's launches as causes."""
     from tunelab.plan.model import runtime
-    from tunelab.report.runtime_accuracy import a100_rows, kernel_model_error
+    from tunelab.report.runtime_accuracy import a100_rows
 
-    rows = a100_rows()
+    rows = [r for r in a100_rows() if r["kernel_s"] is not None and not r["host_bound"]]
     s13 = next(r for r in rows if r["id"] == "s13")
-    assert s13["error"] < 0 and abs(s13["error"]) == kernel_model_error(rows) <= runtime.KERNEL_MODEL_ERROR
+    assert s13 == max(rows, key=lambda r: abs(r["error"])) and -0.21 <= s13["error"] <= -0.19
+    assert abs(s13["error"]) <= runtime.KERNEL_MODEL_ERROR
     assert s13["dequantization"] > 0 and s13["host launches"] > 0
 
 

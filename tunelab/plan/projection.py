@@ -53,9 +53,9 @@ class Projection:
     (``seconds_by_cause``) where it applies, else tunelab.plan.model.runtime's fitted curve (compute + memory-bound work +
     per-iteration overhead, constants fitted on the lab's A100 times); None without the GPU's bandwidth."""
     seconds_band: tuple | None = None
-    """seconds x (1 -/+ the estimate's error on the lab's A100 rows: the kernel model's widest miss where its kernels
-    bound a row, out of sample, widened to the hosts we measured where the host bounds the run; the fitted curve's
-    leave-one-out mean absolute error)."""
+    """seconds x (1 -/+ the estimate's error: the kernel model's widest miss where the GPU bounds a run we hold (ours,
+    the lab's A100 rows), widened to the hosts we measured where the host bounds the run; the fitted curve's
+    leave-one-out mean absolute error on the lab's rows)."""
     seconds_source: str = ""
     comm_bytes_per_step: dict | None = None
     """Bytes one device moves per optimizer step over each link ({'gpu': ..., 'node': ..., 'host': ...}), None on
@@ -321,7 +321,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         e = runtime.KERNEL_MODEL_ERROR
         source = (
             f"the time by cause below, litgpt's loop at {work.host_s_per_op * 1e6:g} us an op on the host "
-            f"(--host-us-per-op; band: the kernel model's widest miss {e:.0%} on the lab's A100 rows its kernels bound)"
+            f"(--host-us-per-op; band: the kernel model's widest miss {e:.0%} where the GPU bounds a run we hold)"
         )
         host = f"{work.host_s_per_op * 1e6:g} us an op, as given (--host-us-per-op)"
     elif isinstance(work.kernels, runtime.KernelWork):
@@ -330,8 +330,8 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         a, b = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
         wider = band != (secs * (1 - e), secs * (1 + e))
         source = (
-            f"the time by cause below (band: its widest miss {e:.0%} on the lab's A100 rows its kernels bound, out of "
-            "sample"
+            f"the time by cause below (band: its widest miss {e:.0%} where the GPU bounds a run we hold, ours and the "
+            "lab's"
             + (
                 f"; widened to the host's {a:.0f}-{b:.0f} us an op that litgpt's loop took on the machines we measured"
                 if wider

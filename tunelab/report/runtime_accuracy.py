@@ -121,32 +121,57 @@ def implied_host(st, acc: int, measured_s: float) -> float | None:
     return solve(lambda h: step_seconds(st, acc, h), measured_s, 0.0, 1e-3)
 
 
+def _record_step(rec, gpu):
+    """The kernel model's step of a litgpt run's record on ``gpu`` (a QLoRA run with litgpt's PagedAdamW)."""
+    from litgpt import Config
+
+    optimizer = bnb_kernels.litgpt_optimizer(rec.method)
+    config = Config.from_name(rec.model_name)
+    args = (rec.method, rec.precision, rec.micro_batch_size, rec.padded_per_sample, gpu.name, optimizer)
+    return kernels.step_time(config, *args, lora_ran(rec), tables=TRACED)
+
+
+def _bench_step(it: dict):
+    """The kernel model's step of a bench item's litgpt run (:func:`bench_items`)."""
+    case = it["case"]
+    args = (case.config, it["method"], case.precision, it["micro"], it["tokens"], it["gpu"].name)
+    return kernels.step_time(*args, lora=settings.lora_of(case), tables=TRACED)
+
+
+def busy_steps(root: Path, bench: list[dict] | None = None) -> list[tuple]:
+    """(step, accumulation, measured s) of every litgpt run we timed whose GPU was busy :data:`HOST_BOUND_UTIL` % of
+    its steady window or more (its time is its kernels', its host's leaves no mark): the H100 Part 1 rows, each
+    ``steps`` entry's records and the benches' litgpt arms (``bench``: :func:`bench_items` when already read)."""
+    out = [(i["st"], i["accumulation"], i["measured_s"]) for i in h100_items(root) if i["gpu_util"] >= HOST_BOUND_UTIL]
+    for e in evidence.with_role("steps", root):
+        for _, rec, _ in archived_records(root / evidence.path(e.id, "records", root)):
+            gpu = hardware.identify(rec.device_name or "")
+            if (
+                rec.status == "ok"
+                and rec.step_time_mean_s
+                and gpu
+                and (rec.gpu_util_steady_mean or 0) >= HOST_BOUND_UTIL
+            ):
+                out.append((_record_step(rec, gpu), rec.accumulation or 1, rec.step_time_mean_s))
+    for it in bench if bench is not None else bench_items(root):
+        if it["arm"] == "litgpt" and (it["gpu_util"] or 0) >= HOST_BOUND_UTIL:
+            out.append((_bench_step(it), it["accumulation"], it["measured_s"]))
+    return out
+
+
 def steps_rows(root: Path, key: str) -> list[dict]:
     """Each litgpt run of the evidence entry ``key`` (a ``steps`` entry of :mod:`tunelab.report.evidence`): its mean
     optimizer step (steady window) and that step by third of the window (:func:`window_thirds`)
     against the kernel model on its GPU's table row at :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP` (the
     median machine's), the host time per op the row implies, the probes, the SM clock and the
     GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
-    from litgpt import Config
-
     rows = []
     for name, rec, _ in archived_records(path := root / evidence.path(key, "records", root)):
         gpu = hardware.identify(rec.device_name or "")
         if rec.status != "ok" or not rec.step_time_mean_s or gpu is None:
             continue
         acc, measured = rec.accumulation or 1, rec.step_time_mean_s
-        optimizer = bnb_kernels.litgpt_optimizer(rec.method)
-        st = kernels.step_time(
-            Config.from_name(rec.model_name),
-            rec.method,
-            rec.precision,
-            rec.micro_batch_size,
-            rec.padded_per_sample,
-            gpu.name,
-            optimizer,
-            lora_ran(rec),
-            tables=TRACED,
-        )
+        st = _record_step(rec, gpu)
         pred = step_seconds(st, acc, runtime.LITGPT_HOST_S_PER_OP)
         g = st.gpu_by_phase
         rows.append(
@@ -532,10 +557,14 @@ def a100_rows(items: list | None = None) -> list[dict]:
     return rows
 
 
-def kernel_model_error(rows: list[dict]) -> float:
+def kernel_model_error(rows: list[dict], busy: list[tuple]) -> float:
     """:data:`tunelab.plan.model.runtime.KERNEL_MODEL_ERROR` before rounding: the widest ``|error|`` of the kernel
-    model over the lab's A100 rows (:func:`a100_rows`) it times and does not call host-bound."""
-    return max(abs(r["error"]) for r in rows if r["kernel_s"] is not None and not r["host_bound"])
+    model where the GPU bounds a run we calibrate on: the lab's A100 rows (:func:`a100_rows`) it times and does not
+    call host-bound, and our runs whose GPU was busy :data:`HOST_BOUND_UTIL` % or more (``busy``:
+    :func:`busy_steps`), these at the planner's host constant."""
+    h = runtime.LITGPT_HOST_S_PER_OP
+    lab = [abs(r["error"]) for r in rows if r["kernel_s"] is not None and not r["host_bound"]]
+    return max(lab + [abs(step_seconds(st, acc, h) / m - 1) for st, acc, m in busy])
 
 
 def lab_hosts(items: list | None = None) -> dict:
@@ -636,8 +665,9 @@ def _md_band(timed: dict) -> list[str]:
         "",
         "## The plan's band against every timed run",
         "",
-        f"The band `tunelab plan` prints around litgpt's loop: the kernel model's widest miss on the lab's A100 rows its "
-        f"kernels bound ({e:.1%}) either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
+        f"The band `tunelab plan` prints around litgpt's loop: the kernel model's widest miss where the GPU bounds a run "
+        f"we calibrate on (ours busy {HOST_BOUND_UTIL:.0f}% or more, the lab's A100 rows its kernels bound; {e:.1%}) "
+        f"either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
         f"its stated error for its bound. {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
         "times hold start-up and validation: an upper bound of the step, not held to the band.)",
         "",
@@ -760,22 +790,8 @@ def host_by_machine(h100: list[dict], bench: list[dict], steps: dict, lab: dict 
             )
     for it in bench:
         if it["arm"] == "litgpt":
-            case = it["case"]
-            st = kernels.step_time(
-                case.config,
-                it["method"],
-                case.precision,
-                it["micro"],
-                it["tokens"],
-                it["gpu"].name,
-                lora=settings.lora_of(case),
-                tables=TRACED,
-            )
-            add(
-                f"{it['gpu'].name} {it['report']}",
-                it["gpu_util"],
-                implied_host(st, it["accumulation"], it["measured_s"]),
-            )
+            implied = implied_host(_bench_step(it), it["accumulation"], it["measured_s"])
+            add(f"{it['gpu'].name} {it['report']}", it["gpu_util"], implied)
     return out
 
 
@@ -1198,8 +1214,8 @@ def _md_a100(a100: list[dict]) -> list[str]:
         f"bound (every sample taken to its 100 new tokens). Kernel model: mean absolute error {mean:.1%} over "
         f"{len(modelled)} rows; where its kernels bound the row ({len(bound)} rows; not "
         f"{', '.join(r['id'] for r in modelled if r['host_bound'])}, the host's), its widest miss "
-        f"{abs(widest['error']):.1%} ({widest['id']}): the band `plan` prints either side "
-        f"(`runtime.KERNEL_MODEL_ERROR`, {runtime.KERNEL_MODEL_ERROR:.3f}).",
+        f"{abs(widest['error']):.1%} ({widest['id']}); with our runs the GPU kept busy, the band `plan` prints either "
+        f"side (`runtime.KERNEL_MODEL_ERROR`, {runtime.KERNEL_MODEL_ERROR:.3f}).",
         "",
         "| row | recipe | lab s | kernel model s | error | fitted curve s | " + " | ".join(runtime.CAUSES) + " |",
         "|---|---|---|---|---|---|" + "---|" * len(runtime.CAUSES),
