@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Measure what an FSDP wrapper costs the host per unit, in ops of the plain model's own loop, on this CPU.
+"""Measure what an FSDP or DDP wrapper costs the host per unit, in ops of the plain model's own loop, on this CPU.
 
 The planner times a host-bound step as its dispatched ops at the host's time per op; an FSDP wrapper adds work per
 unit (its pre- and post-forward and backward hooks, the flat parameter's views, the unshard and reshard, the
-collectives' launches) that is mostly Python and views, not ops of the model. This script measures that work as a
+collectives' launches), DDP its reducer (a hook per parameter, the bucket copies, the all-reduce's launch; under
+``no_sync()`` almost nothing), mostly Python and views, not ops of the model. This script measures that work as a
 number of the model's own ops, so the planner can charge it at any host's time per op:
 
   * the project's tiny model (litgpt's LLaMA, 64 wide), real tensors on this CPU, one thread, so the step is host
@@ -29,6 +30,7 @@ Usage: python scripts/bench_wrapper_host.py [--reps 5] [--iters 40] [--warmup 10
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -54,9 +56,11 @@ CASES = {
     "litgpt-fsdp2": ("lora", "bf16-true", "litgpt's LoRA: its parallelize_fn (fully_shard per block, checkpointed)"),
     "fsdp": ("full", "bf16-true", "tunelab's fsdp file: FSDP1, FULL_SHARD, Block units"),
     "fsdp2": ("full", "bf16-true", "tunelab's fsdp2 file: fully_shard per block, then the root"),
+    "ddp": ("full", "bf16-true", "tunelab's ddp file: torch DDP with its buckets, every micro batch all-reducing"),
+    "ddp-no-sync": ("full", "bf16-true", "the same inside DDP's no_sync(): a micro batch that accumulates"),
 }
 """Wrapper name: (method, precision, what it is)."""
-DEFAULT_CASES = "litgpt-fsdp1:1,litgpt-fsdp1:2,litgpt-fsdp1:4,fsdp:4,fsdp2:4,litgpt-fsdp2:4"
+DEFAULT_CASES = "litgpt-fsdp1:1,litgpt-fsdp1:2,litgpt-fsdp1:4,fsdp:4,fsdp2:4,litgpt-fsdp2:4,ddp:1,ddp-no-sync:1"
 BLOCKS = (2, 8)
 
 
@@ -97,6 +101,14 @@ def _model(wrapper: str | None, name: str, world: int, n_layer: int, checkpointe
 
         mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
         model = ranks.litgpt_parallelize(model, mesh)
+    elif name.startswith("ddp"):  # tunelab does not wrap one rank in DDP; here it is, to time its reducer
+        from torch.nn.parallel import DistributedDataParallel
+
+        config = load_strategy("ddp")
+        model = DistributedDataParallel(
+            model, bucket_cap_mb=config.bucket_cap_mb, gradient_as_bucket_view=config.gradient_as_bucket_view
+        )
+        model.tunelab_no_sync = name == "ddp-no-sync"
     else:
         from tunelab.parallel import wrap
 
@@ -108,11 +120,12 @@ def _iteration(model, opt, case, x) -> tuple[float, float]:
     """One iteration of the loop: (forward through the loss, backward) seconds; the optimizer step untimed."""
     from tunelab.plan.trace.measure import model_logits, training_loss
 
-    t0 = time.perf_counter()
-    loss = training_loss(model_logits(model, x, case.method, str(case.precision)), x, case.method)
-    t1 = time.perf_counter()
-    loss.backward()
-    t2 = time.perf_counter()
+    with model.no_sync() if getattr(model, "tunelab_no_sync", False) else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        loss = training_loss(model_logits(model, x, case.method, str(case.precision)), x, case.method)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
     opt.step()
     opt.zero_grad()
     return t1 - t0, t2 - t1
@@ -222,7 +235,7 @@ def markdown(result: dict) -> str:
         return f"{stat['median']:.0f} ({stat['min']:.0f} to {stat['max']:.0f})"
 
     lines = [
-        "# An FSDP wrapper's host work, in ops of the plain loop (CPU)",
+        "# A wrapper's host work (FSDP, DDP), in ops of the plain loop (CPU)",
         "",
         f"{result['what']}. CPU {result['cpu']}, Python {result['python']}, torch {result['torch']}, litgpt "
         f"{result['litgpt']}; {result['settings']['reps']} reps of {result['settings']['iters']} timed iterations "
@@ -264,7 +277,7 @@ def main(argv=None) -> int:
             ap.error(f"--cases: {item!r}; each wrapper:world, wrapper one of {', '.join(CASES)}, world 1-64")
         cases.append((name, int(world)))
     result = {
-        "what": "An FSDP wrapper's host work per unit, in ops of the plain loop (scripts/bench_wrapper_host.py)",
+        "what": "A wrapper's host work per unit (FSDP, DDP), in ops of the plain loop (scripts/bench_wrapper_host.py)",
         **measured_on(args, BLOCKS),
         "cases": {},
     }

@@ -1085,7 +1085,7 @@ def test_an_fsdp_wrapper_costs_the_host_its_measured_ops_per_unit():
     """FSDP1 and FSDP2 add host work to every micro batch (their hooks, views, unshards and launches), measured on a
     CPU in ops of the plain loop (scripts/bench_wrapper_host.py): a micro batch of litgpt's loop takes that many
     more ops at the loop's time per op, once (recompute does not run the wrapper again), the backward's share
-    inside the backward window; the fast path takes them at its own time per op; one device and DDP add none."""
+    inside the backward window; the fast path takes them at its own time per op; one device adds none."""
     import dataclasses
 
     from tunelab import hardware
@@ -1121,14 +1121,44 @@ def test_an_fsdp_wrapper_costs_the_host_its_measured_ops_per_unit():
     deeper = fsdp1.changed(config=dataclasses.replace(fsdp1.config, n_layer=2 * fsdp1.config.n_layer))
     more = sum(strategies.of(deeper).wrapper_host_ops(deeper)) - sum(strategies.of(fsdp1).wrapper_host_ops(fsdp1))
     assert more == pytest.approx(fsdp1.config.n_layer * sum(strategies.of(fsdp1).host_ops_per_unit))
-    for case in (lora, lora.changed(strategy="ddp", devices=4)):
-        assert strategies.of(case).wrapper_host_ops(case) == (0.0, 0.0)
+    assert strategies.of(lora).wrapper_host_ops(lora) == (0.0, 0.0)
     fast = fsdp2.changed(fabric=False, fused_optimizer=True)
     ddp_fast = dataclasses.replace(fast, strategy="ddp")
     forward, backward = strategies.of(fast).wrapper_host_ops(fast)
-    wrapped, plain = fast_step(fast, gpu, 437.0), fast_step(ddp_fast, gpu, 437.0)
-    assert wrapped.host["forward"] - plain.host["forward"] == pytest.approx(forward * kernels.HOST_S_PER_OP)
-    assert wrapped.host["backward"] - plain.host["backward"] == pytest.approx(backward * kernels.HOST_S_PER_OP)
+    ddp_forward, ddp_backward = strategies.of(ddp_fast).wrapper_host_ops(ddp_fast)
+    wrapped, other = fast_step(fast, gpu, 437.0), fast_step(ddp_fast, gpu, 437.0)
+    diff = wrapped.host["forward"] - other.host["forward"]
+    assert diff == pytest.approx((forward - ddp_forward) * kernels.HOST_S_PER_OP)
+    diff = wrapped.host["backward"] - other.host["backward"]
+    assert diff == pytest.approx((backward - ddp_backward) * kernels.HOST_S_PER_OP)
+
+
+def test_ddps_reducer_costs_the_host_its_measured_ops_and_accumulation_spares_most_of_it():
+    """DDP's reducer per block and beside, for a micro batch that all-reduces and one under no_sync(), is the archived
+    CPU measurement's median (evidence ``cpu-ddp-host``, none below 0); a micro batch of an optimizer step of ``a``
+    takes the mean: one all-reducing, ``a - 1`` accumulating."""
+    from tunelab import hardware
+    from tunelab.plan.model import strategies
+    from tunelab.plan.model.strategies.ddp import DDP
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    result = json.loads((ROOT / evidence.path("cpu-ddp-host", "results", ROOT)).read_text())
+    cases = {c["wrapper"]: c["summary"] for c in result["cases"].values()}
+    for kind, wrapper in (("sync", "ddp"), ("no_sync", "ddp-no-sync")):
+        for what, constant in (("per_unit", DDP.host_ops_per_unit), ("fixed", DDP.host_ops_fixed)):
+            for phase, value in zip(("forward", "backward"), constant[kind]):
+                assert value == max(0, round(cases[wrapper][f"{phase}_ops_{what}"]["median"])), (kind, what, phase)
+    full = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=hardware.lookup("H100-SXM")).input
+    n = full.config.n_layer
+    one = full.changed(strategy="ddp", devices=4, accumulation=1)
+    sync = tuple(n * u + f for u, f in zip(DDP.host_ops_per_unit["sync"], DDP.host_ops_fixed["sync"]))
+    quiet = tuple(n * u + f for u, f in zip(DDP.host_ops_per_unit["no_sync"], DDP.host_ops_fixed["no_sync"]))
+    assert strategies.of(one).wrapper_host_ops(one) == pytest.approx(sync) and sum(sync) > 2 * sum(quiet)
+    four = one.changed(accumulation=4)
+    assert strategies.of(four).wrapper_host_ops(four) == pytest.approx([(s + 3 * q) / 4 for s, q in zip(sync, quiet)])
+    terms = runtime.terms(four, {"train": {"global_batch_size": 64}, "eval": {"interval": None}}, 1000, 0, 437.0)
+    assert terms.kernels.wrapper_ops == pytest.approx(strategies.of(four).wrapper_host_ops(four))
 
 
 def test_the_fsdp_wrappers_host_work_is_the_archived_cpu_measurements_median():

@@ -1256,7 +1256,7 @@ def _md_weak(lab: list) -> list[str]:
         "state are timed 13-30% long (the H200's 32-true grid, `kernels.md`), and the lab's fp32 rows ran faster "
         "than planned (s3); small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
-        "DDP's wrapper work on the host, FSDP's wrapper kernels on the GPU (only their communication), the gather before a sharded checkpoint "
+        "DDP's all-reduce launches beyond one bucket on the host, FSDP's wrapper kernels on the GPU (only their communication), the gather before a sharded checkpoint "
         "save; the host of a machine other than the median (a factor of nearly 3 over nine machines, the lab's among them, and the probes the "
         "records carry do not predict it: the second-machine section) and a board's clock under its power cap "
         "(`sm_clock_steady_mhz` in the records, not in the plan).",

@@ -46,5 +46,27 @@ class DDP(Strategy):
         notes.append("DDP: gradient buckets hold a second copy of the gradients")
         return Division(extra=st.grads)
 
+    host_ops_per_unit = {"sync": (1.0, 5.0), "no_sync": (0.0, 1.0)}
+    """DDP's reducer per block, (forward, backward) in ops of the plain loop, for a micro batch that all-reduces
+    (``sync``) and one inside ``no_sync()`` that accumulates: measured on a CPU (evidence ``cpu-ddp-host``,
+    scripts/bench_wrapper_host.py, cases ``ddp`` and ``ddp-no-sync`` on one gloo rank), each the median over the
+    reps, rounded, none below 0."""
+    host_ops_fixed = {"sync": (39.0, 16.0), "no_sync": (7.0, 0.0)}
+    """The same beside the blocks (DDP's forward pre-hook, the reducer's preparation and its all-reduce launch)."""
+
+    def wrapper_host_ops(self, case: PlanInput) -> tuple[float, float]:
+        """DDP's reducer (its hooks, the bucket copies, the all-reduce's launch) per micro batch, the mean over the
+        optimizer step's micro batches: the last all-reduces, the others accumulate under ``no_sync()``. The tiny
+        model the constants were measured on fills one bucket: a model of hundreds of buckets launches as many
+        all-reduces, not counted here."""
+        acc = max(1, case.accumulation)
+        blocks = case.config.n_layer
+
+        def ops(kind: str) -> tuple:
+            return tuple(blocks * u + f for u, f in zip(self.host_ops_per_unit[kind], self.host_ops_fixed[kind]))
+
+        sync, quiet = ops("sync"), ops("no_sync")
+        return tuple((s + (acc - 1) * q) / acc for s, q in zip(sync, quiet))
+
     def volumes(self, c, case: PlanInput, z: Sizes, params) -> None:
         all_reduce(c, z, ddp_bucket_count(case) if params is None else z.units)
