@@ -26,7 +26,6 @@ Usage: python scripts/bench_eval_host.py [--reps 5] [--iters 30] [--warmup 5] [-
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -50,22 +49,14 @@ SEQ = 64
 
 def _model(method: str, n_layer: int):
     """(model, optimizer, case): litgpt's model of ``method`` at ``n_layer`` blocks on this CPU, random weights."""
-    import torch
     from litgpt import Config
 
     from tunelab.plan.model.case import PlanInput
-    from tunelab.plan.trace.simulate import case_model, make_optimizer
+    from tunelab.plan.trace.simulate import make_optimizer
 
     config = Config(**dict(TINY_CONFIG, n_layer=n_layer))
     case = PlanInput.of(config=config, method=method, precision=PRECISION, seq_len=SEQ)
-    with torch.device("meta"):
-        model = case_model(case)
-    model = model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.max_seq_length = SEQ
-    model.reset_parameters()  # the RoPE cache, which ``to_empty`` left unset
+    model = host_bench.cpu_model(case, SEQ)
     return model, make_optimizer("AdamW", [p for p in model.parameters() if p.requires_grad]), case
 
 
@@ -238,9 +229,7 @@ def main(argv=None) -> int:
             print(f"  {m}: validation / training {st['validation_ratio']['median']:.2f}, decode / training "
                   f"{st['decode_ratio']['median']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
         host_bench.write(args, result, markdown)
-    if not args.json_out:
-        print(json.dumps(result, indent=1))
-    return 0
+    return host_bench.finish(args, result)
 
 
 if __name__ == "__main__":

@@ -78,19 +78,12 @@ def _model(wrapper: str | None, name: str, world: int, n_layer: int, checkpointe
 
     from tunelab.plan.model.case import PlanInput
     from tunelab.plan.trace import ranks
-    from tunelab.plan.trace.simulate import case_model, checkpoint_blocks, make_optimizer
+    from tunelab.plan.trace.simulate import checkpoint_blocks, make_optimizer
     from tunelab.strategies import load_strategy
 
     method, precision, _ = CASES[name]
     case = PlanInput.of(config=_config(n_layer), method=method, precision=precision, seq_len=64, devices=world)
-    with torch.device("meta"):
-        model = case_model(case)
-    model = model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.max_seq_length = 64
-    model.reset_parameters()  # the RoPE cache, which ``to_empty`` left unset
+    model = host_bench.cpu_model(case, 64)
     if wrapper is None:
         if checkpointed and name.startswith("litgpt"):
             checkpoint_blocks(model)
@@ -309,9 +302,7 @@ def main(argv=None) -> int:
             flush=True,
         )
         host_bench.write(args, result, markdown)
-    if not args.json_out:
-        print(json.dumps(result, indent=1))
-    return 0
+    return host_bench.finish(args, result)
 
 
 if __name__ == "__main__":

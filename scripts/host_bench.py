@@ -55,3 +55,30 @@ def write(args: argparse.Namespace, result: dict, markdown) -> None:
     if args.json_out:
         write_json_atomic(args.json_out, result)
         write_text_atomic(args.json_out.with_suffix(".md"), markdown(result))
+
+
+def finish(args: argparse.Namespace, result: dict) -> int:
+    """The end of a bench's main: ``result`` on standard output where no --json-out took it; exit status 0."""
+    import json
+
+    if not args.json_out:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+def cpu_model(case, seq_len: int):
+    """litgpt's model of the planned ``case`` on this CPU: random weights (normal, std 0.02), ``seq_len`` positions,
+    and its RoPE cache computed (``to_empty`` leaves it unset, and a model would compute on garbage)."""
+    import torch
+
+    from tunelab.plan.trace.simulate import case_model
+
+    with torch.device("meta"):
+        model = case_model(case)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.max_seq_length = seq_len
+    model.reset_parameters()
+    return model

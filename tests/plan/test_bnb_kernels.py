@@ -112,9 +112,8 @@ def test_qlora_lines_hold_out_of_sample():
 
 def test_qlora_plans_by_cause_on_the_lab_row():
     """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): -20%, the kernel model's widest miss on the lab's
-    rows, inside its band (it was -15% with a flat 2.5 bytes a dequantization and no PagedAdamW; -1% while its
-    generated tokens were launched at our H100 machine's training op's host time; bitsandbytes' single-token path,
-    ``gemv_4bit``, and its Python are not modelled), with dequantization and the host's launches as causes."""
+    rows, inside its band (bitsandbytes' single-token path, ``gemv_4bit``, and its Python are not modelled), with
+    dequantization and the host's launches as causes."""
     from tunelab.plan.model import runtime
     from tunelab.report.runtime_accuracy import a100_rows
 

@@ -144,6 +144,7 @@ def test_the_kernel_report_holds_its_stated_errors():
     assert widest <= runtime.KERNEL_MODEL_ERROR < widest + 1e-3
     assert all(abs(r["error"]) <= runtime.KERNEL_MODEL_ERROR for r in a100 if not r["host_bound"])
     assert widest > max(abs(r["error"]) for r in a100 if not r["host_bound"])  # one of ours is the widest
+    assert f"recomputed {widest:.2%})" in (ROOT / "reports/planner-accuracy/runtime.md").read_text()
 
 
 def test_the_host_time_a_row_implies_gives_back_its_measured_step():
@@ -916,8 +917,8 @@ def test_the_runtime_report_says_which_timed_runs_lie_in_the_plans_band():
             ("b", {"measured_s": 3.0, "band_low_s": 0.5, "band_high_s": 2.0, "in_band": False}),
         ]
     }
-    lines = runtime_accuracy._md_band(timed)
-    assert "1 of 2 timed runs lie inside it" in "\n".join(lines)
+    lines = runtime_accuracy._md_band(timed, 0.1234)
+    assert "1 of 2 timed runs lie inside it" in "\n".join(lines) and "recomputed 12.34%)" in "\n".join(lines)
     assert "| set | 1 of 2 | b: 3.000 (0.500-2.000) |" in lines
     text = (ROOT / "reports/planner-accuracy/runtime.md").read_text()
     inside, total = map(int, re.search(r"(\d+) of (\d+) timed runs lie inside it", text).groups())

@@ -640,7 +640,7 @@ def write_report(path: Path, root: Path) -> None:
     }
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_band(timed),
+        *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench))),
         *_md_hosts(host_by_machine(items, bench, steps, lab_hosts(lab)), steps),
         *(line for key, rows in steps.items() for line in _md_steps(evidence.entry(key, root), rows, items)),
         *(_md_part3(part3) if part3 else []),
@@ -655,9 +655,9 @@ def write_report(path: Path, root: Path) -> None:
     write_text_atomic(path, "\n".join(lines))
 
 
-def _md_band(timed: dict) -> list[str]:
+def _md_band(timed: dict, widest: float) -> list[str]:
     """Whether each timed run lies in the band the plan prints around it (``timed``: {set: [(run, row), ...]}, each
-    row with its measured seconds and :func:`_band`'s figures)."""
+    row with its measured seconds and :func:`_band`'s figures; ``widest``: :func:`kernel_model_error` recomputed)."""
     e, (a, b) = runtime.KERNEL_MODEL_ERROR, (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     runs = [run for rows in timed.values() for run in rows]
     inside = sum(r["in_band"] for _, r in runs)
@@ -666,7 +666,8 @@ def _md_band(timed: dict) -> list[str]:
         "## The plan's band against every timed run",
         "",
         f"The band `tunelab plan` prints around litgpt's loop: the kernel model's widest miss where the GPU bounds a run "
-        f"we calibrate on (ours busy {HOST_BOUND_UTIL:.0f}% or more, the lab's A100 rows its kernels bound; {e:.1%}) "
+        f"we calibrate on (ours busy {HOST_BOUND_UTIL:.0f}% or more, the lab's A100 rows its kernels bound; {e:.1%}, "
+        f"recomputed {widest:.2%}) "
         f"either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
         f"its stated error for its bound. {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
         "times hold start-up and validation: an upper bound of the step, not held to the band.)",

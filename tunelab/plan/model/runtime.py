@@ -46,7 +46,7 @@ dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside
 launch-bound wherever its kernels take less. A property of the host CPU and software, not of the GPU, and a machine
 to be rented is not known: the median machine of every host-bound litgpt run we hold (each machine's median, ours
 and the lab's published; ``tunelab plan-accuracy`` recomputes it in ``reports/planner-accuracy/runtime.md``, a test
-holds this to it). Our H100 machine alone fits 60 us; :data:`LITGPT_HOST_S_PER_OP_RANGE` spans the machines."""
+holds this to it); :data:`LITGPT_HOST_S_PER_OP_RANGE` spans the machines."""
 LITGPT_HOST_S_PER_OP_RANGE = (31.3e-6, 76.3e-6)
 """The host seconds per op litgpt's loop took over every host-bound run we hold, rounded outward: our records (GPU
 busy under 60% of the steady window, seven reports, each its own lent machine) and the lab's published rows the
