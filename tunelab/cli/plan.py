@@ -117,7 +117,7 @@ def _time_arguments(s) -> None:
         type=number(float, 1, 10_000, what="microseconds"),
         metavar="US",
         help="microseconds per op litgpt's loop takes on your host's CPU, where you know it (a record's "
-        "implied figure); default: our H100 machine's, the time band spanning the hosts we measured",
+        "implied figure); default: the median machine we measured, the band spanning them all",
     )
 
 
