@@ -138,21 +138,16 @@ def _bench_step(it: dict):
     return kernels.step_time(*args, lora=settings.lora_of(case), tables=TRACED)
 
 
-def busy_steps(root: Path, bench: list[dict] | None = None) -> list[tuple]:
+def busy_steps(root: Path, bench: list[dict] | None = None, steps: dict | None = None) -> list[tuple]:
     """(step, accumulation, measured s) of every litgpt run we timed whose GPU was busy :data:`HOST_BOUND_UTIL` % of
     its steady window or more (its time is its kernels', its host's leaves no mark): the H100 Part 1 rows, each
-    ``steps`` entry's records and the benches' litgpt arms (``bench``: :func:`bench_items` when already read)."""
+    ``steps`` entry's rows and the benches' litgpt arms (``bench``: :func:`bench_items`, ``steps``: {key:
+    :func:`steps_rows`}, when already read)."""
     out = [(i["st"], i["accumulation"], i["measured_s"]) for i in h100_items(root) if i["gpu_util"] >= HOST_BOUND_UTIL]
-    for e in evidence.with_role("steps", root):
-        for _, rec, _ in archived_records(root / evidence.path(e.id, "records", root)):
-            gpu = hardware.identify(rec.device_name or "")
-            if (
-                rec.status == "ok"
-                and rec.step_time_mean_s
-                and gpu
-                and (rec.gpu_util_steady_mean or 0) >= HOST_BOUND_UTIL
-            ):
-                out.append((_record_step(rec, gpu), rec.accumulation or 1, rec.step_time_mean_s))
+    if steps is None:
+        steps = {e.id: steps_rows(root, e.id) for e in evidence.with_role("steps", root)}
+    for rows in steps.values():
+        out += [(r["st"], r["accumulation"], r["measured_s"]) for r in rows if (r["gpu_util"] or 0) >= HOST_BOUND_UTIL]
     for it in bench if bench is not None else bench_items(root):
         if it["arm"] == "litgpt" and (it["gpu_util"] or 0) >= HOST_BOUND_UTIL:
             out.append((_bench_step(it), it["accumulation"], it["measured_s"]))
@@ -164,7 +159,7 @@ def steps_rows(root: Path, key: str) -> list[dict]:
     optimizer step (steady window) and that step by third of the window (:func:`window_thirds`)
     against the kernel model on its GPU's table row at :data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP` (the
     median machine's), the host time per op the row implies, the probes, the SM clock and the
-    GPU's busy share. A QLoRA row is timed with litgpt's PagedAdamW."""
+    GPU's busy share (``st``: the model's step). A QLoRA row is timed with litgpt's PagedAdamW."""
     rows = []
     for name, rec, _ in archived_records(path := root / evidence.path(key, "records", root)):
         gpu = hardware.identify(rec.device_name or "")
@@ -177,6 +172,7 @@ def steps_rows(root: Path, key: str) -> list[dict]:
         rows.append(
             {
                 "id": rec.row_id or name.split("/")[-2],
+                "st": st,
                 "gpu": gpu.name,
                 "recipe": rec.recipe,
                 "precision": rec.precision,
@@ -457,17 +453,13 @@ def part3_rows(root: Path) -> list[dict]:
         micro, it = int(r["micro_batch_size"]), float(r["iter_time_ms"]) / 1e3
         tokens = float(r["tok_s_padded"]) * it / micro
         st = kernels.step_time(c, "full", "bf16-mixed", micro, tokens, "H100-SXM", tables=TRACED)
-        g, ops, h = st.gpu_by_phase, st.host_ops_by_phase, runtime.LITGPT_HOST_S_PER_OP
-        f = 2 if r["activation_checkpointing"] == "True" else 1
-        gpu = f * g["forward"] + g["backward"]
-        host = h * (f * ops["forward"] + ops["backward"] + wrapper)
-        pred = max(gpu, host) + max(g["optimizer"], h * ops["optimizer"])
+        g, ops, f = st.gpu_by_phase, st.host_ops_by_phase, 2 if r["activation_checkpointing"] == "True" else 1
+        gpu, host_ops = f * g["forward"] + g["backward"], f * ops["forward"] + ops["backward"] + wrapper
 
-        def at(h, g=g, ops=ops, f=f):
-            return max(f * g["forward"] + g["backward"], h * (f * ops["forward"] + ops["backward"] + wrapper)) + max(
-                g["optimizer"], h * ops["optimizer"]
-            )
+        def at(h, gpu=gpu, host_ops=host_ops, g=g, ops=ops):
+            return max(gpu, h * host_ops) + max(g["optimizer"], h * ops["optimizer"])
 
+        pred = at(runtime.LITGPT_HOST_S_PER_OP)
         rows.append(
             {
                 "setting": r["setting"],
@@ -476,7 +468,7 @@ def part3_rows(root: Path) -> list[dict]:
                 "measured_s": it,
                 "predicted_s": pred,
                 "error": pred / it - 1,
-                "bound": "GPU" if gpu >= host else "host",
+                "bound": "GPU" if gpu >= runtime.LITGPT_HOST_S_PER_OP * host_ops else "host",
                 "gpu_util": float(r["gpu_util_mean"]),
                 "retries": int(r["num_alloc_retries"] or 0),
                 **_band(pred, at, it),
@@ -534,12 +526,12 @@ def a100_items() -> list[tuple]:
     return items
 
 
-def a100_rows(items: list | None = None) -> list[dict]:
+def a100_rows(items: list | None = None, hosts: dict | None = None) -> list[dict]:
     """The lab's A100 rows: the kernel model's run by cause against litgpt's Training Time, and the fitted curve;
-    ``host_bound``: the model says the row waited on its host (:func:`lab_hosts`); ``items``: :func:`a100_items` when
-    already planned."""
+    ``host_bound``: the model says the row waited on its host (:func:`lab_hosts`); ``items``: :func:`a100_items` and
+    ``hosts``: :func:`lab_hosts` when already computed."""
     items = items or a100_items()
-    hosts = lab_hosts(items)
+    hosts = lab_hosts(items) if hosts is None else hosts
     rows = []
     for r, t, peak, bw, secs in items:
         row = {"id": r.id, "recipe": r.recipe.key, "note": r.note, "lab_s": secs, "curve_s": t.seconds(peak, bw)}
@@ -626,7 +618,8 @@ def write_report(path: Path, root: Path) -> None:
     items, bench = h100_items(root), bench_items(root)
     steps = {e.id: steps_rows(root, e.id) for e in evidence.with_role("steps", root)}
     lab = a100_items()  # the lab's rows planned once, for their table and the diagnostic
-    h100, a100 = h100_rows(root, items), a100_rows(lab)
+    hosts = lab_hosts(lab)
+    h100, a100 = h100_rows(root, items), a100_rows(lab, hosts)
     rows = [{"set": "h100", **r} for r in h100] + [{"set": "a100-lab", **r} for r in a100]
     write_csv(path.with_name("runtime-kernel.csv"), rows, list(dict.fromkeys(k for r in rows for k in r)))
     part3 = part3_rows(root) if (root / evidence.path(PART3_ROWS, "rows")).is_file() else []
@@ -640,8 +633,8 @@ def write_report(path: Path, root: Path) -> None:
     }
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench))),
-        *_md_hosts(host_by_machine(items, bench, steps, lab_hosts(lab)), steps),
+        *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench, steps))),
+        *_md_hosts(host_by_machine(items, bench, steps, hosts), steps),
         *(line for key, rows in steps.items() for line in _md_steps(evidence.entry(key, root), rows, items)),
         *(_md_part3(part3) if part3 else []),
         *_md_bench(bench, benches),
