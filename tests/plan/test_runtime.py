@@ -1030,12 +1030,16 @@ def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_pa
     text = (ROOT / "configs" / "published" / "litgpt-config-hub.yaml").read_text()
     head, rows = text.split("rows:\n")
     keep = [ln for ln in rows.splitlines() if "tiny-llama/lora.yaml" in ln or "gemma-2b/full.yaml" in ln]
+    below = [ln for ln in rows.splitlines() if "llama-3.2-1B/full.yaml" in ln]  # 8.7 GB: under its AdamW states
     windowed = [ln for ln in rows.splitlines() if "mistral-7b/lora.yaml" in ln]  # litgpt masks it row by row now
-    (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep + windowed) + "\n")
+    (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep + windowed + below) + "\n")
     planned = runtime_accuracy.config_hub_rows(tmp_path)
+    (small,) = [r for r in planned if r["config"] == "llama-3.2-1B/full.yaml"]
+    assert small["not_the_yaml"] and small["peak_gb"] < small["states_gb"] < small["planned_gb"]
+    planned = [r for r in planned if r is not small] + [small]
     mistral = [r for r in planned if r["sliding_window"]]
     assert len(mistral) == 2 and mistral[0]["planned_s"] == mistral[1]["planned_s"]  # one YAML, two machines
-    tiny, gemma = sorted((r for r in planned if not r["sliding_window"]), key=lambda r: r["devices"])
+    tiny, gemma = sorted((r for r in planned if not r["sliding_window"] and r is not small), key=lambda r: r["devices"])
     assert (tiny["devices"], tiny["strategy"], gemma["devices"], gemma["strategy"]) == (1, "single", 4, "fsdp")
     for r in (tiny, gemma):
         assert r["same_yaml"] and r["error"] == pytest.approx(r["planned_s"] / (r["minutes"] * 60) - 1)
@@ -1044,6 +1048,8 @@ def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_pa
     assert gemma["planned_gb"] == pytest.approx(gemma["peak_gb"], rel=0.02)
     md = "\n".join(runtime_accuracy._md_config_hub(planned))
     assert "2 of 2 timed runs lie inside the plan's band; 1 of 1 on several GPUs" in md  # Mistral v0.1 not counted
+    assert "(not the YAML) |" in md and "llama-3.2-1B/full.yaml (8.70 GB against" in md  # nor the 1B's full run
+    assert re.search(r"by method: full [-+]0% to [-+]0% \(1 row\); lora", md)  # gemma's FSDP peak, the 1B's left out
     assert md.count("(sliding window) |") == 2 and "row by row" in md
     for bad in (("config: tiny-llama/lora.yaml", "config: ../../../recipes/tiny-llama-1.1b/lora.yaml"),
                 ("machine: 1xA10G", "machine: A10G"), ("minutes: 8.09", "minutes: fast"), ("1xA10G", "1xZ9"),

@@ -1043,11 +1043,17 @@ CONFIG_HUB = "litgpt-config-hub"
 """The published table of litgpt's config_hub runs (``configs/published/``), its YAMLs in the folder of that name."""
 
 
+STATES = ("weights", "lora_weights", "gradients", "optimizer_states")
+"""The plan's terms a run holds from its first optimizer step to its end whatever its data: a published peak below
+their sum cannot be the YAML as written."""
+
+
 def config_hub_rows(root: Path = ROOT) -> list[dict]:
     """litgpt's published runs of its config_hub YAMLs (``configs/published/litgpt-config-hub.yaml``: a check set,
     not fitted), each YAML planned as it is on the table's GPU: the plan's time and band against the table's runtime,
-    its peak per device against the table's, its verdict against the table's OOM. A row whose epochs or micro batch
-    differ from its YAML's ran an older YAML (``same_yaml`` False)."""
+    its peak per device against the table's (``memory_error``; ``states_gb``: the plan's :data:`STATES`), its verdict
+    against the table's OOM. A row whose epochs or micro batch differ from its YAML's ran an older YAML (``same_yaml``
+    False); one whose published peak lies below the YAML's own :data:`STATES` did not run it (``not_the_yaml``)."""
     keys = ("config", "machine", "epochs", "micro_batch_size", "minutes", "peak_gb")
     head, table = evidence.published(CONFIG_HUB, ("source", "note"), keys, root)
     folder = (root / evidence.PUBLISHED / CONFIG_HUB).resolve()
@@ -1091,6 +1097,9 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "error": projection.seconds / published_s - 1 if published_s else None,
                 "inside": lo <= published_s <= hi if published_s else None,
                 "planned_gb": planned.plan.peak_allocated_bytes / GB,
+                "memory_error": planned.plan.peak_allocated_bytes / GB / r["peak_gb"] - 1 if r["peak_gb"] else None,
+                "states_gb": (states := sum(planned.plan.breakdown_bytes.get(k, 0) for k in STATES) / GB),
+                "not_the_yaml": bool(r["peak_gb"]) and r["peak_gb"] < states,
                 "fits": planned.plan.fits,
             }
         )
@@ -1098,9 +1107,30 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
 
 
 def _counted(row: dict) -> bool:
-    """Whether a config_hub row holds the plan to its band: timed, its YAML as it ran, no sliding window (the
-    table's litgpt masked differently: the data file's note)."""
-    return row["minutes"] is not None and row["same_yaml"] and not row["sliding_window"]
+    """Whether a config_hub row holds the plan to its band: timed, its YAML as it ran (its epochs, micro batch and
+    states), no sliding window (the table's litgpt masked differently: the data file's note)."""
+    return row["minutes"] is not None and row["same_yaml"] and not row["not_the_yaml"] and not row["sliding_window"]
+
+
+def _md_config_hub_memory(rows: list[dict]) -> str:
+    """The config_hub peaks summed up by method: the rows as their YAML's states allow, the rest named."""
+    peaks = [r for r in rows if r["peak_gb"] and r["same_yaml"]]
+    below = [r for r in peaks if r["not_the_yaml"]]
+    parts = []
+    for method in ("full", "lora", "qlora"):
+        errors = [r["memory_error"] for r in peaks if r not in below and r["config"].endswith(f"/{method}.yaml")]
+        if errors:
+            parts.append(
+                f"{method} {min(errors):+.0%} to {max(errors):+.0%} ({len(errors)} row{'s' * (len(errors) > 1)})"
+            )
+    text = f"Peaks planned against published, by method: {'; '.join(parts)}."
+    if below:
+        names = ", ".join(f"{r['config']} ({r['peak_gb']:.2f} GB against {r['states_gb']:.2f})" for r in below)
+        text += (
+            f" Not compared (time nor memory): {names}, published below the weights, gradients and optimizer states "
+            "their YAML holds (the plan's terms that no data changes): those runs were not the YAML as written."
+        )
+    return text
 
 
 def _md_config_hub(rows: list[dict]) -> list[str]:
@@ -1120,9 +1150,11 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         f"{sum(1 for r in several if r['inside'])} of {len(several)} on several GPUs. Rows whose epochs or micro "
         "batch differ from the YAML ran an older one: shown, not counted. " + (rows[0]["note"] if rows else ""),
         "",
+        _md_config_hub_memory(rows),
+        "",
         "| config | machine | devices | strategy | published min | planned min (band) | error | inside | "
-        "published GB | planned GB | fits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "published GB | planned GB | memory error | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["band"]
@@ -1130,12 +1162,13 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
             inside = "OOM published"
         else:
             inside = "yes" if r["inside"] else "no"
-            inside += "" if _counted(r) else (" (older YAML)" if not r["same_yaml"] else " (sliding window)")
+            why = "older YAML" if not r["same_yaml"] else "not the YAML" if r["not_the_yaml"] else "sliding window"
+            inside += "" if _counted(r) else f" ({why})"
         lines.append(
             f"| {r['config']} | {r['machine']} | {r['devices']} | {r['strategy']} | "
             f"{fmt(r['minutes'], '.2f', 'OOM')} | {r['planned_s'] / 60:.1f} ({lo / 60:.1f}-{hi / 60:.1f}) | "
             f"{fmt(r['error'], '+.0%', '')} | {inside} | {fmt(r['peak_gb'], '.2f', 'OOM')} | "
-            f"{r['planned_gb']:.2f} | {'yes' if r['fits'] else 'no'} |"
+            f"{r['planned_gb']:.2f} | {fmt(r['memory_error'], '+.0%', '')} | {'yes' if r['fits'] else 'no'} |"
         )
     return lines
 
