@@ -76,6 +76,10 @@ class RankStats:
     fused_kernels: str | None = None
     """The strategy's ``liger`` switch as it ran: Liger's kernels in use ("liger: fused linear cross-entropy, ...")
     or why it was off ("liger off: ..."). None: not asked for."""
+    fused_loss_reads: int | None = None
+    """Values the fused loss read back from the GPU per micro batch, each a synchronisation (0: tunelab's, which takes
+    the count of targets from the host). None: no fused loss ran, or a record from before the loop said (Liger's
+    own wrapper then ran it: 2)."""
     report_training_time_s: float | None = None
     """tunelab's loop, rank 0: its Training Time as litgpt's performance report counts it (the whole fit loop, in-loop
     validation included), written here rather than read back from what it prints. None: litgpt's own script."""
@@ -341,6 +345,8 @@ class RunRecord:
     covers every variant; ``tunelab bench`` refuses a measured run with any)."""
     fused_kernels: str | None = None
     """Rank 0's ``liger`` switch as it ran: the Liger kernels in use, or why they were off (None: not asked for)."""
+    fused_loss_reads: int | None = None
+    """Values the fused loss read back from the GPU per micro batch (:attr:`RankStats.fused_loss_reads`)."""
     paused_s: float | None = None
     """Max over ranks of the time spent on validation, sample generation and checkpoints inside the loop (excluded
     from the iteration and step times)."""

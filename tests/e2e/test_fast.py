@@ -102,7 +102,7 @@ INTERPRETED = {"full-liger-masked"}
 SLOW_CASES = {"full-sgd", "full-liger-masked", "full-adamw-masked"}
 """Run with -m slow (about 1.5 min each on 2 cores; CI keeps lora-bf16, the loop's path with the most parts: LoRA,
 bf16, AdamW): full AdamW on unequal lengths with the prompt masked takes the same loop with its padding; SGD's step is torch's own; Liger's loss and gradients are
-checked against litgpt's at unit level (tests/run/test_fused.py) and in the loop on a GPU (the runbook's bench)."""
+checked against litgpt's at unit level (tests/e2e/test_fused.py) and in the loop on a GPU (the runbook's bench)."""
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in CASES])
@@ -146,9 +146,10 @@ def test_fast_path_gives_litgpts_loss_and_learning_rate(case, tiny_ckpt, tmp_pat
     assert rec.strategy_settings == load_strategy(str(strategy)).settings() and ref.strategy_settings is None
     assert rec.compile_s > 0 and rec.graphs_compiled_in_loop == 0
     if case in INTERPRETED:  # fast.yaml's liger: loss, the logits never materialised
-        assert rec.fused_kernels == "liger: fused linear cross-entropy"
+        assert rec.fused_kernels == "liger: fused linear cross-entropy" and rec.fused_loss_reads == 0
     else:  # said, never silent
         assert rec.fused_kernels.startswith("liger loss -> off: Liger's Triton kernels need a CUDA GPU")
+        assert rec.fused_loss_reads is None
     reference, fast = iterations(tmp_path / "litgpt", False), iterations(tmp_path / "fast", True)
     assert len(reference) == len(fast) == 12
     ref_losses = [loss for loss, _ in reference]

@@ -80,11 +80,16 @@ def test_liger_chunks_follow_liger_rule():
 
 def test_the_fast_path_is_timed_kernel_by_kernel_and_each_switch_counts():
     """The fast path's iteration against litgpt's at the same shape is faster; turning a switch off makes it slower
-    (compiled blocks: more launches; the fused optimizer: the for-each kernels), and Liger's wait splits the
-    iteration (its loss waits for the GPU)."""
+    (compiled blocks: more launches; the fused optimizer: the for-each kernels); the fused loss reads nothing back,
+    where Liger's own wrapper (a run that recorded its reads, or none) splits the iteration with two reads and two
+    more ops (its loss waits for the GPU)."""
     x = _fast_input()
     fs = fast_step.fast_step(x, H100, 256)
-    assert fs.waits_for_loss and fs.kernels["loss"] > 0
+    assert not fs.waits_for_loss and fs.kernels["loss"] > 0
+    wrapper = fast_step.fast_step(x.changed(fused_loss_reads=fast_step.LIGER_WRAPPER_READS), H100, 256)
+    assert wrapper.waits_for_loss and wrapper.kernels["loss"] == fs.kernels["loss"] + 2
+    assert wrapper.host["loss"] - fs.host["loss"] == pytest.approx(2 * fast_step.kernels.HOST_S_PER_OP)
+    assert wrapper.iteration_s() >= fs.iteration_s()
     eager = fast_step.fast_step(x.changed(compiled=False), H100, 256)
     assert eager.kernels["forward"] > 2 * fs.kernels["forward"]  # compiled: about half the kernels or fewer
     assert eager.host["forward"] > 1.5 * fs.host["forward"] and eager.iteration_s() > fs.iteration_s()

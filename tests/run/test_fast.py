@@ -160,7 +160,8 @@ def test_the_loop_builds_litgpts_lora_model_with_the_recipes_adapters_and_dropou
 def test_grouping_keeps_a_short_micro_batch_and_filler_rows_count_as_padding_only():
     """A sample count that is no multiple of the micro batch: every sample in one micro batch of the epoch, the short
     one kept (plain and length-grouped); a short micro batch filled up to the static row count: the filler rows are
-    litgpt's padding (pad id, ignored labels), counted as padded tokens, never as real ones."""
+    litgpt's padding (pad id, ignored labels), counted as padded tokens, never as real ones nor as the loss's
+    targets."""
     import math
 
     import torch
@@ -184,6 +185,7 @@ def test_grouping_keeps_a_short_micro_batch_and_filler_rows_count_as_padding_onl
     batch = batching.collate(batching.Tokenized(samples), [0, 1], fn, rows=4, multiple=8, cap=64)
     assert tuple(batch["input_ids"].shape) == (4, 16) and batch["padded"] == 64
     assert batch["real"] == 14 and batch["raw"] == 10  # the two samples' tokens only
+    assert batch["counted"] == 4 + 8  # the loss's targets, read on the host: each sample's labels after the first
     assert (batch["labels"][2:] == -100).all() and (batch["input_ids"][2:] == 0).all()
 
 

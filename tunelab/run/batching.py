@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tunelab.data.grouping import bucket, plan_epoch  # noqa: F401  (the loop's batches; the planner reads the same)
+from tunelab.gpt import IGNORE_INDEX
 
 
 def litgpt_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
@@ -104,7 +105,8 @@ def collate(
     cap: int = 0,
 ) -> dict:
     """One micro batch: litgpt's ``collate_fn`` over the samples, plus ``padded``, ``real`` and ``raw`` token counts as
-    ints (padded = rows x padded length, as computed; real = prompt template + text; raw = text).
+    ints (padded = rows x padded length, as computed; real = prompt template + text; raw = text) and the loss's
+    ``counted`` targets (:func:`counted_targets`).
 
     Static shapes for compiled code (``rows`` and ``multiple``): the length padded on to :func:`bucket`'s multiple,
     and a short last micro batch filled up to ``rows`` with rows of padding. Padding is litgpt's own (input id
@@ -126,7 +128,14 @@ def collate(
     batch["padded"] = int(batch["input_ids"].numel())
     batch["real"] = sum(int(s["token_counts"]["raw_plus_prompt_template"]) for s in items)
     batch["raw"] = sum(int(s["token_counts"]["raw"]) for s in items)
+    batch["counted"] = counted_targets(batch["labels"])
     return batch
+
+
+def counted_targets(labels) -> int:
+    """The targets litgpt's loss counts in a batch's labels (shifted by one position, not ``IGNORE_INDEX``): read
+    from the host copy, before the batch goes to the GPU, so that the fused loss needs no read back."""
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())
 
 
 class Prefetcher:

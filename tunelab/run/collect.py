@@ -163,6 +163,7 @@ def _rank_figures(rec: RunRecord) -> None:
     rec.recompile_limit_hits = agg("recompile_limit_hits", max)
     rec.paused_s = agg("paused_s", max)
     rec.fused_kernels = next((r.fused_kernels for r in rec.ranks if r.fused_kernels), None)
+    rec.fused_loss_reads = agg("fused_loss_reads", max)
 
 
 def _litgpt_figures(rec: RunRecord, stdout: str, out_dir: Path) -> int:

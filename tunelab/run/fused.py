@@ -5,9 +5,10 @@ batch's logits never exist (the logits in the compute dtype, the softmax in fp32
 outputs); the loop calls the model's trunk (:func:`tunelab.gpt.hidden_states`) and hands the last norm's output to
 it. ``liger: all`` also swaps in Liger's RMSNorm (casting mode "gemma": litgpt's fp32 norm) and SwiGLU; not with
 ``compile: blocks``, whose inductor kernels fuse them already. Triton's kernels need a CUDA GPU: on a CPU the
-switch is off (said in the record), except under ``TRITON_INTERPRET=1``, which the tests use. Liger's loss reads
-its count of targets to the host once per micro batch (an ``.item()`` inside liger-kernel): the one synchronisation
-per iteration the fast loop keeps on a GPU.
+switch is off (said in the record), except under ``TRITON_INTERPRET=1``, which the tests use. The loss runs Liger's
+kernels through :func:`tunelab.gpt.fused_head_loss`, which takes the count of targets from the batch's host copy:
+Liger's own wrapper reads it back from the GPU once per micro batch, which would drain the queue the loop keeps
+ahead of the GPU.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import types
 
 import torch
 
-from tunelab.gpt import head_operands, hidden_states
+from tunelab.gpt import IGNORE_INDEX, fused_head_loss, head_operands, hidden_states
 
+READS_PER_MICRO_BATCH = 0
+"""Values :func:`loss` reads back from the GPU per micro batch (the record's ``fused_loss_reads``): none."""
 MODES = ("loss", "all")
 """The strategy key ``liger``'s values: the fused loss alone, or the loss with RMSNorm and SwiGLU."""
-IGNORE_INDEX = -100
-"""litgpt's ignore index for masked targets (``chunked_cross_entropy``'s default)."""
 
 
 def unavailable(device: torch.device) -> str | None:
@@ -75,17 +76,79 @@ def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.proj(liger_swiglu(self.fc_1(x), self.fc_2(x)))
 
 
-def loss(gpt, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """litgpt's training loss, fused: the mean cross-entropy of the shifted targets (ignore index -100) over the
-    head's logits, with final-logit softcapping where the config has it, the logits never materialised."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
+def loss(gpt, input_ids: torch.Tensor, targets: torch.Tensor, counted: int) -> torch.Tensor:
+    """litgpt's training loss, fused: the mean cross-entropy of the shifted targets (ignore index -100; ``counted``
+    of them are not, read from the batch's host copy) over the head's logits, with final-logit softcapping where the
+    config has it, the logits never materialised and nothing read back to the host (:func:`tunelab.gpt.
+    fused_head_loss` with Liger's kernels)."""
     h, weight, bias = head_operands(gpt, hidden_states(gpt, input_ids)[:, :-1, :])
-    return liger_fused_linear_cross_entropy(
-        h.reshape(-1, h.size(-1)),
-        weight,
-        targets[:, 1:].reshape(-1),
-        bias,
-        ignore_index=IGNORE_INDEX,
-        softcap=gpt.config.final_logit_softcapping,
-    )
+    x = h.reshape(-1, h.size(-1))
+    softcap = gpt.config.final_logit_softcapping
+    return fused_head_loss(x, weight, targets[:, 1:].reshape(-1), counted, bias, softcap, LigerKernels)
+
+
+class LigerKernels:
+    """Liger's Triton kernels as :func:`tunelab.gpt.fused_head_loss` runs them, with the arguments Liger's fused
+    linear cross-entropy (0.8.5) gives them: its cross-entropy kernel (mean over ``counted``, the logits' gradient
+    written over them) and its in-place scaling by the upstream gradient, read on the device."""
+
+    @staticmethod
+    def cross_entropy(logits, target, loss_rows, counted: int, softcap) -> None:
+        import triton
+        from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
+        from liger_kernel.ops.fused_linear_cross_entropy import MAX_FUSED_SIZE
+
+        rows, vocab = logits.shape
+        liger_cross_entropy_kernel[(rows,)](
+            X_ptr=logits,
+            X_stride=logits.stride(-2),
+            Y_ptr=target,
+            Y_stride=target.stride(-1),
+            weight_ptr=None,
+            loss_ptr=loss_rows,
+            z_loss_ptr=None,
+            loss_stride=loss_rows.stride(-1),
+            token_accuracy_ptr=None,
+            token_accuracy_stride=0,
+            predicted_tokens_ptr=None,
+            predicted_tokens_stride=0,
+            n_cols=vocab,
+            n_non_ignore=counted,
+            sum_non_ignore_weight=counted,
+            weight_sum=0.0,
+            ignore_index=IGNORE_INDEX,
+            lse_square_scale=0.0,
+            label_smoothing=0.0,
+            reduction="mean",
+            softcap=softcap,
+            RETURN_Z_LOSS=False,
+            RETURN_TOKEN_ACCURACY=False,
+            RETURN_PREDICTED_TOKENS=False,
+            BLOCK_SIZE=min(MAX_FUSED_SIZE, triton.next_power_of_2(vocab)),
+            HAS_WEIGHT=False,
+            HAS_SOFTCAPPING=softcap is not None,
+            HAS_GRADIENTS=True,
+            num_warps=_warps(),
+        )
+
+    @staticmethod
+    def scale(grad, grad_output) -> None:
+        import triton
+        from liger_kernel.ops.fused_linear_cross_entropy import MAX_FUSED_SIZE
+        from liger_kernel.ops.utils import element_mul_kernel
+
+        rows, cols = grad.shape if grad.dim() == 2 else (grad.shape[0], 1)
+        element_mul_kernel[(rows,)](
+            grad,
+            grad.stride(0) if grad.dim() == 2 else grad.stride(-1),
+            grad_output,
+            cols,
+            BLOCK_SIZE=min(MAX_FUSED_SIZE, triton.next_power_of_2(cols)),
+            X_col_stride=grad.stride(-1) if grad.dim() == 2 else 1,
+            num_warps=_warps(),
+        )
+
+
+def _warps() -> int:
+    """The warps Liger's fused linear cross-entropy launches its kernels with (16 on ROCm)."""
+    return 16 if torch.version.hip is not None else 32

@@ -112,7 +112,7 @@ class _Data:
     each sample every epoch), each rank its share of litgpt's order. With ``pretokenize`` (or ``length_grouping``):
     every sample tokenised once by the same code, micro batches planned per epoch (litgpt's order, or grouped by
     length), collated in this process; with ``prefetch`` the next batch is on the GPU before it is needed. Every
-    batch carries its ``padded``, ``real`` and ``raw`` token counts as ints."""
+    batch carries its ``padded``, ``real`` and ``raw`` token counts and the loss's ``counted`` targets as ints."""
 
     def __init__(self, args: dict, tokenizer, micro: int, rank: int, world: int, strategy: StrategyConfig, device):
         import importlib
@@ -224,6 +224,7 @@ def _with_counts(batch: dict) -> dict:
     batch["padded"] = int(batch["input_ids"].numel())
     batch["real"] = int(batch["token_counts"]["raw_plus_prompt_template"].sum())
     batch["raw"] = int(batch["token_counts"]["raw"].sum())
+    batch["counted"] = batching.counted_targets(batch["labels"])
     return batch
 
 
@@ -310,6 +311,7 @@ def _setup_model(
     model.max_seq_length = max_seq_length
     if strategy.liger:
         rank_stats.note_fused_kernels("liger: " + ", ".join(fused.apply(model, strategy.liger)))
+        rank_stats.note_fused_loss_reads(fused.READS_PER_MICRO_BATCH)
     if strategy.compile == "blocks":  # regional: each block compiled in place, its graphs shared by all of them
         import torch._dynamo.config as dynamo_config
 
@@ -379,14 +381,17 @@ def _bnb_optimizer(name: str, recipe_optimizer, params):
     return cls(params, **{k: v for k, v in init.items() if k in accepted})
 
 
-def litgpt_loss(model, input_ids, targets, method: str, strategy: StrategyConfig):
+def litgpt_loss(model, input_ids, targets, method: str, strategy: StrategyConfig, counted: int | None = None):
     """litgpt's loss: chunked cross-entropy on shifted targets (LoRA: the head in 128-token chunks), on float32
     logits: Fabric's precision plugins hand a model's outputs back in float32 under every precision litgpt runs
-    (bf16-true and bf16-mixed included), so the loss is computed in float32 there too."""
+    (bf16-true and bf16-mixed included), so the loss is computed in float32 there too. ``counted``: the shifted
+    targets that are not ignored, from the batch's host copy (the fused loss's mean, read without a synchronisation)."""
     from litgpt.utils import chunked_cross_entropy
 
     if strategy.liger:  # the head and the loss fused (one device): the logits are never materialised
-        return fused.loss(model, input_ids, targets)
+        if counted is None:
+            raise ValueError("the fused loss takes the batch's count of targets from the host (counted)")
+        return fused.loss(model, input_ids, targets, counted)
     if method == "full" or not strategy.kind.chunks_head(strategy):  # ZeRO-3 runs the head whole (same loss)
         logits = model(input_ids).float()
         logits = logits[..., :-1, :]
@@ -406,11 +411,13 @@ def _forward_backward(
     autocast,
     accumulation: int,
     is_accumulating: bool,
+    counted: int | None = None,
 ):
-    """One micro batch's forward and backward; gradients are synchronised only on the last micro batch of a step."""
+    """One micro batch's forward and backward; gradients are synchronised only on the last micro batch of a step
+    (``counted``: :func:`litgpt_loss`'s)."""
     with strategy.kind.accumulating(model, is_accumulating):
         with autocast:
-            loss = litgpt_loss(model, input_ids, targets, method, strategy)
+            loss = litgpt_loss(model, input_ids, targets, method, strategy, counted)
         if engine is not None:
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
         else:
@@ -490,8 +497,8 @@ def _compile_shapes(model, shapes, device, method, strategy, autocast, engine) -
     for rows, length in shapes:
         ids = torch.zeros((rows, length), dtype=torch.long, device=device)
         labels = torch.full((rows, length), -100, dtype=torch.long, device=device)
-        labels[:, 1] = 0  # one counted target, so the backward runs through every block
-        _forward_backward(model, None, ids, labels, method, strategy, autocast, 1, is_accumulating=True)
+        labels[:, 1] = 0  # one counted target a row, so the backward runs through every block
+        _forward_backward(model, None, ids, labels, method, strategy, autocast, 1, True, counted=rows)
     for p in model.parameters():
         p.grad = None
     torch.set_rng_state(cpu_rng)
@@ -710,6 +717,7 @@ class _Loop:
                 self.autocast,
                 self.accumulation,
                 is_accumulating,
+                batch["counted"],
             )
             self.losses.add(loss)
             step_count += _optimizer_step(self.engine, self.optimizer, self.scheduler, is_accumulating)

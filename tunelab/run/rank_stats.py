@@ -85,6 +85,11 @@ def note_fused_kernels(text: str) -> None:
     _STATE["fused_kernels"] = "; ".join(x for x in (_STATE.get("fused_kernels"), text) if x)
 
 
+def note_fused_loss_reads(count: int) -> None:
+    """Values the fused loss reads back from the GPU per micro batch (each a synchronisation)."""
+    _STATE["fused_loss_reads"] = count
+
+
 def note_report(**figures) -> None:
     """Figures tunelab's loop reports as litgpt's scripts print them (``report_training_time_s``, ``report_tok_s``,
     ``report_memory_gb``, ``report_val_loss``, ``trainable_params``, ``frozen_params``): the rank file carries them,
@@ -204,6 +209,7 @@ def write() -> None:
         "paused_s": _STATE.get("paused_s"),
         "trained_until": _STATE.get("trained_until"),
         "fused_kernels": _STATE.get("fused_kernels"),
+        "fused_loss_reads": _STATE.get("fused_loss_reads"),
         **{k: _STATE.get(k) for k in REPORTED},
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }

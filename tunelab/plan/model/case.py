@@ -74,6 +74,10 @@ class LoopFeatures:
     """tunelab's loop with Liger's fused linear cross-entropy (a strategy's ``liger``): the head's logits are never
     materialised; the fused loss keeps the gradients of its input and of the head weight from forward to backward
     (:func:`liger_loss_bytes`)."""
+    fused_loss_reads: int = 0
+    """Values the fused loss reads back from the GPU per micro batch, each draining the queue the host keeps ahead
+    of it: 0 in tunelab's loop (the count of targets comes from the host); a run recorded with Liger's own wrapper
+    read 2 (:data:`tunelab.plan.model.fast_step.LIGER_WRAPPER_READS`)."""
     loss_read_interval: int = 1
     """Iterations between reads of the loss to the host (a strategy's ``log_interval``; litgpt reads it every
     iteration): between reads the host queues kernels ahead of the GPU (:mod:`tunelab.plan.model.fast_step`)."""

@@ -42,12 +42,16 @@ FAST_START_EXTRA_S = (26.1, 74.8)
 the final save: wall time less the printed Training Time), with inductor's cache warm and cold: the medians over
 our benches' reports (evidence ``bench`` entries; ``reports/planner-accuracy/runtime.md`` recomputes them)."""
 LIGER_OPS_PER_CHUNK = 5
-"""Ops Liger's fused linear cross-entropy dispatches per chunk (liger_kernel/ops/fused_linear_cross_entropy.py: the
-logits matmul, the cross-entropy Triton kernel, the loss slice's copy, the input-gradient matmul, the weight
+"""Ops the fused head and loss dispatches per chunk (:func:`tunelab.gpt.fused_head_loss`, as Liger's own wrapper:
+the logits matmul, Liger's cross-entropy kernel, the input-gradient matmul and its copy into place, the weight
 gradient's addmm)."""
-LIGER_OPS_FIXED = 8
-"""Ops Liger dispatches once per call (zeroed gradient buffers and loss vector, the target mask and its count, the
-loss's sum and scale)."""
+LIGER_OPS_FIXED = 6
+"""Ops the fused head and loss dispatches once per call (three zeroed buffers, the loss's sum, backward's in-place
+scalings of the two gradients)."""
+LIGER_WRAPPER_READS = 2
+"""Values Liger's own wrapper reads back per micro batch (the count of targets, and whether the upstream gradient
+is 1); each read costs one more op (the mask and count before it are counted with it): the runs recorded before
+the record said (``fused_loss_reads`` None) ran it."""
 
 
 @dataclass
@@ -62,7 +66,8 @@ class FastStep:
     kernels: dict = field(default_factory=dict)
     """{phase: kernels launched}."""
     waits_for_loss: bool = False
-    """Whether the loss reads a value to the host (Liger's target count): the GPU drains before it."""
+    """Whether the loss reads a value back to the host (Liger's own wrapper: its count of targets): the GPU drains
+    before it."""
 
     def gpu_s(self, phase: str) -> float:
         return sum(self.gpu.get(phase, {}).values())
@@ -165,7 +170,7 @@ def fast_step(case, gpu, tokens: float, compiled_host_s: float = COMPILED_HOST_S
     whole_tokens = max(1, math.ceil(tokens))
     chunks = kernels.loss_chunks("lora", micro, whole_tokens) if method == "lora" else 1
     liger = bool(case.loop.fused_loss)
-    out = FastStep(waits_for_loss=liger)
+    out = FastStep(waits_for_loss=liger and case.loop.fused_loss_reads > 0)
 
     def eager(n_layer: int):
         tp = tables_of(case).template(
@@ -277,5 +282,6 @@ def _liger_loss(out: FastStep, case, gpu, rows: int) -> None:
         "elementwise",
         max(ce / (kernels.memory_rate(gpu) * COMPILED_MEMORY_EFFICIENCY), n * kernels.MIN_KERNEL_S),
     )
-    out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + LIGER_OPS_FIXED) * kernels.HOST_S_PER_OP
-    out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + LIGER_OPS_FIXED  # its matmuls are the head's, above
+    fixed = LIGER_OPS_FIXED + case.loop.fused_loss_reads
+    out.host["loss"] = (n * LIGER_OPS_PER_CHUNK + fixed) * kernels.HOST_S_PER_OP
+    out.kernels["loss"] = n * (LIGER_OPS_PER_CHUNK - 3) + fixed  # its matmuls are the head's, above

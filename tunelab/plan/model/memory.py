@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tunelab import hardware
+from tunelab.gpt import fused_loss_chunk_rows
 from tunelab.models import count_params, lora_param_count, lora_tensor_numels
 from tunelab.plan.model import activations, strategies
 from tunelab.plan.model.case import (
@@ -319,12 +320,12 @@ def _logits_and_loss(case: PlanInput, head: float, s_logits: int, n_tok: int) ->
 
 
 def liger_loss_bytes(case: PlanInput) -> float:
-    """Bytes Liger's fused linear cross-entropy holds at its peak, the last chunk of its forward (beside the final
-    norm's saved tensors), as its code allocates (``tunelab.plan.trace.simulate._liger_loss_standin``): the final norm's
+    """Bytes the fused head and loss (Liger's kernels) hold at its peak, the last chunk of its forward (beside the final
+    norm's saved tensors), as the loop's code allocates (:func:`tunelab.gpt.fused_head_loss`): the final norm's
     output ``h`` (positions x hidden, the residual stream's dtype), the loss's input (a copy of ``h`` without the
     last position; with a LoRA head, ``[h, adapter]`` made by concatenation, hidden + r columns), the gradient of
     that input, the gradient of the head weight when it trains (full fine-tuning; a LoRA head: the concatenated
-    ``[W, B]`` too), one chunk's logits (:func:`liger_chunk_rows` x vocabulary, the compute dtype) and its product
+    ``[W, B]`` too), one chunk's logits (:func:`tunelab.gpt.fused_loss_chunk_rows` x vocabulary, the compute dtype) and its product
     with the weight; under bf16-mixed, autocast's 16-bit copy of the transposed head weight that chunk's first
     matmul made (a view is never cached; the second matmul's copy of a trainable leaf weight is, and is counted
     with the autocast cache). The micro batch's logits (fp32 for the loss, and their gradient) never exist."""
@@ -339,7 +340,7 @@ def liger_loss_bytes(case: PlanInput) -> float:
     )
     lora_head = case.lora and "head" in set(case.lora_targets)
     width = c.n_embd + (case.lora_r if lora_head else 0)
-    chunk = liger_chunk_rows(positions, v, width)
+    chunk = fused_loss_chunk_rows(positions, v, width)
     total = s_h * c.n_embd * n + 2 * s_h * width * positions  # h, the input copy, its gradient
     if lora_head:
         total += 2 * s_w * v * width  # [W, B] and its gradient
@@ -376,15 +377,6 @@ def _divide(case: PlanInput, st: ModelStates, notes: list) -> PerDevice:
         gathered=d.gathered,
     )
     return strategy.offloaded(case, st, dev, notes)
-
-
-def liger_chunk_rows(positions: int, vocab: int, hidden: int) -> int:
-    """Rows (positions) per chunk of Liger's fused linear cross-entropy (0.8.5, ``chunk_mem_const`` 1): the
-    positions split into ``ceil(vocab / hidden)`` parts, rounded up to a power of two, at most all of them, so one
-    chunk's logits (rows x vocabulary) are about the size of the input (positions x hidden)."""
-    parts = -(-vocab // hidden)
-    rows = 1 << max(0, (-(-positions // parts) - 1).bit_length())
-    return min(rows, positions)
 
 
 def lora_loss_backward_temporaries(case: PlanInput, s_act: float) -> float:

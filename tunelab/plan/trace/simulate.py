@@ -11,16 +11,15 @@ torch's ``MemTracker`` counts every storage by kind and phase. :func:`for_plan` 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import warnings
 from dataclasses import dataclass, field, replace
 
 from tunelab.errors import InputError
-from tunelab.gpt import head_operands, hidden_states
+from tunelab.gpt import fused_head_loss, head_operands, hidden_states
 from tunelab.plan.model import strategies
 from tunelab.plan.model.allocator import replay
-from tunelab.plan.model.memory import PAGED_MIN_NUMEL, liger_chunk_rows
+from tunelab.plan.model.memory import PAGED_MIN_NUMEL
 from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
 from tunelab.plan.trace.measure import DTYPES, build_model, cuda_dropout, default_dtype, model_logits, training_loss
 
@@ -250,57 +249,21 @@ def setup_step(case, optimizer: str):
     return model, opt, kept
 
 
-@functools.cache
-def _liger_loss_standin():
-    """Liger-Kernel's fused linear cross-entropy (``liger_fused_linear_cross_entropy``, 0.8.5, reduction "mean")
-    as its Python code allocates, for fake tensors: its Triton cross-entropy kernel cannot run here and writes only
-    in place (each chunk's loss into a preallocated row, the chunk's logits gradient over the logits). Forward:
-    ``grad_input`` (positions x hidden, the input's dtype), ``grad_weight`` (the head weight's shape and dtype, when
-    it trains) and the loss rows are allocated; the positions run in chunks (:func:`tunelab.plan.model.memory.
-    liger_chunk_rows`), each chunk's logits (chunk x vocabulary, the compute dtype) made by a matmul, turned into
-    their gradient in place, multiplied into ``grad_input``'s rows and accumulated into ``grad_weight``; only the two
-    gradients are saved. Backward scales them in place and hands them back."""
-    import torch
-
-    class FusedLinearCrossEntropy(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, weight):
-            rows, hidden = x.shape
-            chunk = liger_chunk_rows(rows, weight.shape[0], hidden)
-            grad_input = torch.zeros_like(x)
-            grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
-            loss_rows = torch.zeros(rows, dtype=torch.float32, device=x.device)
-            for start in range(0, rows, chunk):
-                x_chunk = x[start : start + chunk]
-                logits = x_chunk @ weight.t()  # the kernel turns it into its gradient in place
-                grad_input[start : start + chunk] = logits @ weight
-                if grad_weight is not None:
-                    grad_weight.addmm_(logits.t(), x_chunk)
-                del logits
-            ctx.save_for_backward(grad_input.detach(), grad_weight)
-            return loss_rows.sum()
-
-        @staticmethod
-        def backward(ctx, grad_output):
-            grad_input, grad_weight = ctx.saved_tensors
-            return grad_input, grad_weight
-
-    return FusedLinearCrossEntropy
-
-
 def _fused_training_loss(model, idx):
-    """tunelab's loop with ``liger``: the model's trunk (:func:`tunelab.gpt.hidden_states`), then the fused
-    loss over the shifted positions against the head weight (a LoRA head's adapter appended as extra columns)."""
+    """tunelab's loop with ``liger``: the model's trunk (:func:`tunelab.gpt.hidden_states`), then the fused head
+    and loss over the shifted positions (a LoRA head's adapter appended as extra columns), as the loop runs it
+    (:func:`tunelab.gpt.fused_head_loss`) without its Triton kernels, which cannot run on fake tensors and write only
+    in place (each chunk's losses into a preallocated row, the chunk's logits gradient over the logits)."""
 
-    h, weight, _ = head_operands(model, hidden_states(model, idx)[:, :-1, :])
-    return _liger_loss_standin().apply(h.reshape(-1, h.size(-1)), weight)
+    h, weight, bias = head_operands(model, hidden_states(model, idx)[:, :-1, :])
+    return fused_head_loss(h.reshape(-1, h.size(-1)), weight, idx[:, 1:].reshape(-1), 1, bias)
 
 
 def _one_step(case, optimizer: str):
     """({phase: {kind: bytes}}, {phase: module}) of two simulated optimizer steps of ``case`` as built. The loop's
     ``fabric``: litgpt's script (its loop holds the logits through backward and the optimizer step); else tunelab's
     loop (the loss computed in a function: nothing holds the logits once it returns, before backward), with
-    ``fused_loss`` Liger's fused head and loss (:func:`_liger_loss_standin`)."""
+    ``fused_loss`` the fused head and loss (:func:`_fused_training_loss`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
