@@ -184,10 +184,17 @@ def summarise(results: dict[str, list[float]]) -> dict:
 
 def settings(a, recipe, device: str) -> dict:
     return {
-        "pairs_max": a.pairs, "target": a.target, "deadline_s": a.deadline, "steps": a.steps, "micro": a.micro,
-        "precision": a.precision, "model": a.model, "recipe": recipe.key, "device": device,
+        "pairs_max": a.pairs,
+        "target": a.target,
+        "deadline_s": a.deadline,
+        "steps": a.steps,
+        "micro": a.micro,
+        "precision": a.precision,
+        "model": a.model,
+        "recipe": recipe.key,
+        "device": device,
         "tok_s_is": "litgpt's printed Tok/sec: padded tokens over its Training Time, first iterations included",
-    }  # fmt: skip
+    }
 
 
 def device_name() -> str:

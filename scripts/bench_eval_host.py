@@ -170,10 +170,13 @@ def summary(reps: list[dict], method: str) -> dict:
     """Medians and ranges over the reps of :func:`derived`."""
     each = [derived(r, method) for r in reps]
     return {
-        key: {"median": statistics.median(e[key] for e in each), "min": min(e[key] for e in each),
-              "max": max(e[key] for e in each)}
+        key: {
+            "median": statistics.median(e[key] for e in each),
+            "min": min(e[key] for e in each),
+            "max": max(e[key] for e in each),
+        }
         for key in each[0]
-    }  # fmt: skip
+    }
 
 
 def markdown(result: dict) -> str:
@@ -200,8 +203,12 @@ def markdown(result: dict) -> str:
             f"{cell(st['decode_us_per_op'], 1)} | {cell(st['validation_ratio'], 2)} | {cell(st['decode_ratio'], 2)} |"
         )
     ops = result["reps"][0]
-    lines += ["", "Ops per phase (the kernel trace's count): " + "; ".join(
-        f"{label}: " + ", ".join(f"{p} {n}" for p, n in v["ops"].items()) for label, v in ops.items()), ""]  # fmt: skip
+    lines += [
+        "",
+        "Ops per phase (the kernel trace's count): "
+        + "; ".join(f"{label}: " + ", ".join(f"{p} {n}" for p, n in v["ops"].items()) for label, v in ops.items()),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -226,8 +233,12 @@ def main(argv=None) -> int:
         result["reps"].append(one_rep(args.iters, args.warmup))
         result["methods"] = {m: summary(result["reps"], m) for m in METHODS}
         for m, st in result["methods"].items():
-            print(f"  {m}: validation / training {st['validation_ratio']['median']:.2f}, decode / training "
-                  f"{st['decode_ratio']['median']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {m}: validation / training {st['validation_ratio']['median']:.2f}, decode / training "
+                f"{st['decode_ratio']['median']:.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
         host_bench.write(args, result, markdown)
     return host_bench.finish(args, result)
 

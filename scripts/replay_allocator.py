@@ -124,15 +124,22 @@ def replay_row(tar: tarfile.TarFile, row: str) -> dict:
     x = stored.todays_plan(rec, None, None).input  # the runs replayed ran litgpt's own loop
     seq_lens = [int(padded) // x.micro_batch_size for _t, padded, _real in rank["iters"]]
     val_lens, val_source = validation_lengths(tar, names, row, x.micro_batch_size)
-    print(f"{row}: {x.config.name} {x.method} {x.precision}, micro {x.micro_batch_size}, {len(seq_lens)} micro "
-          f"batches, validation batches {val_lens or 'unknown'} ({val_source}) ...", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"{row}: {x.config.name} {x.method} {x.precision}, micro {x.micro_batch_size}, {len(seq_lens)} micro "
+        f"batches, validation batches {val_lens or 'unknown'} ({val_source}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     peaks = replay_run(x, seq_lens, validation_seqs=val_lens or None)
     measured = rank.get("phase_peak_allocated") or {}
     return {
-        "row": row, "device": rec.device_name, "seq_lens": seq_lens, "peak_reserved": rec.peak_reserved_bytes,
+        "row": row,
+        "device": rec.device_name,
+        "seq_lens": seq_lens,
+        "peak_reserved": rec.peak_reserved_bytes,
         "validation": (val_lens, val_source),
         "phases": {p: (measured.get(p), peaks[p]) for p in ("loaded", "first_step", "end") if p in peaks},
-    }  # fmt: skip
+    }
 
 
 def render(results: list[dict], archive: str) -> str:

@@ -117,9 +117,12 @@ def quantize_on_cpu(model) -> None:
         if isinstance(m, bnb.nn.Linear4bit) and m.weight.dtype != torch.uint8:
             w = m.weight
             q, state = bnb.functional.quantize_4bit(
-                w.data.to(torch.half), blocksize=w.blocksize, compress_statistics=w.compress_statistics,
-                quant_type=w.quant_type, quant_storage=w.quant_storage,
-            )  # fmt: skip
+                w.data.to(torch.half),
+                blocksize=w.blocksize,
+                compress_statistics=w.compress_statistics,
+                quant_type=w.quant_type,
+                quant_storage=w.quant_storage,
+            )
             m.weight = _replace_param(w, q, state)
             m.weight.bnb_quantized = True
 

@@ -31,9 +31,16 @@ def test_the_plan_counts_the_fused_loss_as_the_simulated_step_holds():
     ):
         c = Config.from_name(name)
         x = memory.PlanInput.of(
-            config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
-            fabric=False, fused_loss=True, tables=TRACED
-        )  # fmt: skip
+            config=c,
+            method=method,
+            precision=precision,
+            micro_batch_size=4,
+            seq_len=512,
+            accumulation=accumulation,
+            fabric=False,
+            fused_loss=True,
+            tables=TRACED,
+        )
         sim = simulate(x)
         planned = memory.predict(x).peak_allocated_bytes
         assert planned == pytest.approx(sim.peak_bytes, rel=0.01), (name, method, precision, sim.peak_phase)

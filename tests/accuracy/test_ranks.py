@@ -46,9 +46,12 @@ def test_the_plan_is_within_3_percent_of_rank_0s_simulated_peak(model, strategy,
     recipe, checkpoint = model
     overrides = ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"]
     planned = plan_recipe(
-        resolve(f"{recipe}/{method}"), overrides + (["--checkpoint_dir", checkpoint] if checkpoint else []),
-        gpu=None, devices=world, strategy=strategy,
-    )  # fmt: skip
+        resolve(f"{recipe}/{method}"),
+        overrides + (["--checkpoint_dir", checkpoint] if checkpoint else []),
+        gpu=None,
+        devices=world,
+        strategy=strategy,
+    )
     x = planned.input
     assert not x.activation_checkpointing
     sim = ranks.simulate_ranks(x, load_strategy(strategy))
@@ -109,9 +112,21 @@ def test_lora_under_fsdp1_is_planned_within_5_percent_of_rank_0(world, accumulat
     from tunelab.settings import LORA_TARGETS
 
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=4)
-    x = memory.PlanInput.of(config=c, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=256, lora_r=8,
-                         lora_targets=LORA_TARGETS, fabric=False, strategy="fsdp", fsdp_root_kept=True, devices=world,
-                         accumulation=accumulation, tables=TRACED)  # fmt: skip
+    x = memory.PlanInput.of(
+        config=c,
+        method="lora",
+        precision="bf16-true",
+        micro_batch_size=2,
+        seq_len=256,
+        lora_r=8,
+        lora_targets=LORA_TARGETS,
+        fabric=False,
+        strategy="fsdp",
+        fsdp_root_kept=True,
+        devices=world,
+        accumulation=accumulation,
+        tables=TRACED,
+    )
     sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     assert memory.predict(x).peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.05)
 
@@ -123,9 +138,12 @@ def test_full_fine_tuning_under_fsdp1_peaks_in_backward_as_planned():
     (fsdp1.fsdp1_backward_gradients); the plan names that peak and is within 1% of the simulation (without the
     term it planned the forward's end, -2.6%; OpenLLaMA 3B -4.5%: reports/planner-strategies/)."""
     planned = plan_recipe(
-        resolve("tiny-llama-1.1b/full"), ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
-        gpu=None, devices=8, strategy="fsdp",
-    )  # fmt: skip
+        resolve("tiny-llama-1.1b/full"),
+        ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
+        gpu=None,
+        devices=8,
+        strategy="fsdp",
+    )
     x, plan = planned.input, planned.plan
     sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     assert sim.peak_phase == "backward" and plan.breakdown_bytes["fsdp1_backward_gradients"] > 0
@@ -159,9 +177,12 @@ def test_fsdp_offload_is_planned_on_the_device_within_1_percent(method, world):
     states beside the step, or, for LoRA, beside a host gradient made again after a step (zeros and their pinned
     copy at once: -34% without that moment)."""
     planned = plan_recipe(
-        resolve(f"tiny-llama-1.1b/{method}"), ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
-        gpu=None, devices=world, strategy="fsdp-offload",
-    )  # fmt: skip
+        resolve(f"tiny-llama-1.1b/{method}"),
+        ["--train.micro_batch_size", "2", "--train.max_seq_length", "512"],
+        gpu=None,
+        devices=world,
+        strategy="fsdp-offload",
+    )
     x = planned.input
     sim = ranks.for_plan(x, load_strategy("fsdp-offload"))
     assert planned.plan.peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.01)
@@ -182,9 +203,20 @@ def test_fsdp1_gives_a_lora_models_frozen_weights_gradients():
     from tunelab.settings import LORA_TARGETS
 
     config, world = small_llama(), 2
-    x = memory.PlanInput.of(config=config, method="lora", precision="bf16-true", micro_batch_size=2, seq_len=64,
-                         accumulation=2, devices=world, strategy="fsdp", fsdp_root_kept=True, lora_r=8,
-                         lora_targets=LORA_TARGETS, tables=TRACED)  # fmt: skip
+    x = memory.PlanInput.of(
+        config=config,
+        method="lora",
+        precision="bf16-true",
+        micro_batch_size=2,
+        seq_len=64,
+        accumulation=2,
+        devices=world,
+        strategy="fsdp",
+        fsdp_root_kept=True,
+        lora_r=8,
+        lora_targets=LORA_TARGETS,
+        tables=TRACED,
+    )
     sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     planned = fsdp1.flat_parameter_grads(x, memory.model_states(x, []))
     traced = max(snap.get("Gradient", 0) for snap in sim.phases.values())
@@ -198,9 +230,21 @@ def test_fsdp1_lora_reduce_scatters_the_whole_flat_gradients():
     (within 3%), not the adapters' gradients alone (before: 21% under on OpenLLaMA 3B)."""
 
     config, world, targets = small_llama(), 4, ("query", "value", "head")
-    x = PlanInput.of(config=config, method="lora", lora_r=8, lora_targets=targets, precision="bf16-true",
-                  micro_batch_size=2, seq_len=64, accumulation=2, devices=world, strategy="fsdp",
-                  sharding="FULL_SHARD", fsdp_root_kept=True, tables=TRACED)  # fmt: skip
+    x = PlanInput.of(
+        config=config,
+        method="lora",
+        lora_r=8,
+        lora_targets=targets,
+        precision="bf16-true",
+        micro_batch_size=2,
+        seq_len=64,
+        accumulation=2,
+        devices=world,
+        strategy="fsdp",
+        sharding="FULL_SHARD",
+        fsdp_root_kept=True,
+        tables=TRACED,
+    )
     sim = ranks.simulate_ranks(x, load_strategy("fsdp"))
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.03)
@@ -212,8 +256,9 @@ def _variant(name: str, method: str, accumulation: int, config=None, seq: int = 
     FSDP1 strategy file, at the recipe's LoRA settings, bf16-true, micro 2 x ``seq``, tunelab's loop."""
     config, world = config or small_llama(), 4
     x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), [], gpu=None, devices=world, strategy=name).input
-    x = x.changed(config=config, micro_batch_size=2, seq_len=seq, precision="bf16-true", accumulation=accumulation,
-                  fabric=False)  # fmt: skip
+    x = x.changed(
+        config=config, micro_batch_size=2, seq_len=seq, precision="bf16-true", accumulation=accumulation, fabric=False
+    )
     sim = ranks.simulate_ranks(x, load_strategy(name))
     return sim, x
 
@@ -230,8 +275,10 @@ def test_fsdp1_shard_grad_op_keeps_units_gathered_and_gathers_once_per_step(accu
     sim, x = _variant("fsdp-shard-grad-op", "full", accumulation)
     total, _ = count_params(x.config)
     assert sim.phases["forward"]["Parameter"] == pytest.approx(total * 2 * (1 + 1 / 4), rel=0.01)
-    gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
-               ("forward", "backward")}  # fmt: skip
+    gathers = {
+        p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p)
+        for p in ("forward", "backward")
+    }
     assert gathers == {"forward": x.config.n_layer + 1, "backward": 0}
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.01)

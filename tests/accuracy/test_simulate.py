@@ -21,7 +21,7 @@ from tunelab.plan.trace.tables import TRACED
         ("lora", "bf16-true", 1),
         ("lora", "bf16-mixed", 1),
         ("qlora", "bf16-true", 1),
-    ],  # fmt: skip
+    ],
 )
 def test_the_plan_is_within_1_percent_of_the_simulated_step(configs, name, method, precision, accumulation):
     _plan_against_simulation(configs[name], method, precision, accumulation, rel=0.01)
@@ -41,9 +41,17 @@ def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fab
     """The analytic plan's peak against the simulated step (``fabric``: litgpt's loop; False: tunelab's)."""
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     x = memory.PlanInput.of(
-        config=c, method=method, precision=precision, micro_batch_size=4, seq_len=512, accumulation=accumulation,
-        quantize="bnb.nf4" if method == "qlora" else None, optimizer=optimizer, fabric=fabric,tables=TRACED
-    )  # fmt: skip
+        config=c,
+        method=method,
+        precision=precision,
+        micro_batch_size=4,
+        seq_len=512,
+        accumulation=accumulation,
+        quantize="bnb.nf4" if method == "qlora" else None,
+        optimizer=optimizer,
+        fabric=fabric,
+        tables=TRACED,
+    )
     plan = memory.predict(x)
     planned = plan.peak_allocated_bytes
     sim = simulate(x)

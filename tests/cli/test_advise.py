@@ -35,8 +35,9 @@ def test_the_written_choice_validates(tmp_path):
     assert tunelab_here("validate", several / "lora.yaml")[0] == 0
     # --json with --write: stdout is the JSON alone (no row repeated for a GPU asked twice), the choice written
     as_json = tmp_path / "as-json"
-    code, stdout, err = tunelab_here("advise", "tiny-llama-1.1b/lora", "--gpus", "L4,L4", "--max-devices", "1",
-                                     "--json", "--write", as_json)  # fmt: skip
+    code, stdout, err = tunelab_here(
+        "advise", "tiny-llama-1.1b/lora", "--gpus", "L4,L4", "--max-devices", "1", "--json", "--write", as_json
+    )
     assert code == 0, err
     rows = json.loads(stdout)
     assert rows and len({json.dumps(r, sort_keys=True) for r in rows}) == len(rows)

@@ -85,8 +85,20 @@ def test_plan_strategies_stopped_midway_keeps_the_rows_it_finished(tmp_path, mon
     monkeypatch.setattr(sc, "check", check)
     earlier = sc.Row("Phi-2", "lora", "bf16-true", "ddp", 8, 1, 2e9, 2e9, "backward", 0.0, 0.0, 1.0, 0, 0)
     sc.write([earlier], tmp_path)
-    argv = ["plan-strategies", "--out", str(tmp_path), "--strategies", "fsdp2", "--worlds", "2,4",
-            "--families", "TinyLlama 1.1B", "--methods", "full", "--keep"]  # fmt: skip
+    argv = [
+        "plan-strategies",
+        "--out",
+        str(tmp_path),
+        "--strategies",
+        "fsdp2",
+        "--worlds",
+        "2,4",
+        "--families",
+        "TinyLlama 1.1B",
+        "--methods",
+        "full",
+        "--keep",
+    ]
     assert cli.main(argv) == 130
     rows = sc.read(tmp_path / "strategies.csv")
     assert [(r.family, r.strategy, r.world) for r in rows] == [("TinyLlama 1.1B", "fsdp2", 2), ("Phi-2", "ddp", 8)]
@@ -110,8 +122,21 @@ def test_plan_strategies_refuses_a_deepspeed_table_that_is_not_its_own_before_si
         target.symlink_to(outside)
     else:
         target.write_text("family,world\nGemma 2B,2\n")
-    code, text = _run(["plan-strategies", "--strategies", "ddp", "--worlds", "8", "--families", "TinyLlama 1.1B",
-                       "--methods", "full", "--out", out])  # fmt: skip
+    code, text = _run(
+        [
+            "plan-strategies",
+            "--strategies",
+            "ddp",
+            "--worlds",
+            "8",
+            "--families",
+            "TinyLlama 1.1B",
+            "--methods",
+            "full",
+            "--out",
+            out,
+        ]
+    )
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert code != 0 and "Traceback" not in text, text[-1000:]
     assert len(lines) == 1 and "deepspeed.csv" in lines[0] and "fix:" in lines[0], lines

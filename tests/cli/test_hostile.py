@@ -279,8 +279,9 @@ def _strategy_fields() -> list[str]:
         st.integers(min_value=-(10**6), max_value=10**6),
     ),
 )
-def test_a_strategy_file_with_any_value_under_any_key_is_planned_or_one_line(untouched, tmp_path_factory, base, key,
-                                                                              value):  # fmt: skip
+def test_a_strategy_file_with_any_value_under_any_key_is_planned_or_one_line(
+    untouched, tmp_path_factory, base, key, value
+):
     """Every key of a strategy file, any value: the file is planned (the value is one the key takes) or refused in
     one line naming the key, never an internal error; always refused: a list or a mapping under a key whose type
     is neither (every key but mixed_precision and extra), a value outside a key's choices, an integer key's value that is not a
@@ -330,13 +331,21 @@ ANY_YAML = st.one_of(
     st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.text(max_size=4)), max_size=2),
 )
 """Any value a YAML file can hold under a key: scalars of every type, non-finite numbers, lists and mappings."""
-SWEEP_PLACES = [("file", k) for k in ("name", "description", "lab_hardware", "gpu", "timeout_s", "defaults", "rows",
-                                      "grid")] + [("row", k) for k in ("id", "recipe", "set", "lab", "note", "strategy",
-                                                                       "gpu")] + [
-    ("set", "train.micro_batch_size"), ("set", "precision"), ("set", "zz.unknown"),
-    ("lab", "status"), ("lab", "memory_gb"), ("lab", "time_s"),
-    ("grid", "axes"), ("grid", "id"), ("axis", "train.micro_batch_size"),
-]  # fmt: skip
+SWEEP_PLACES = (
+    [("file", k) for k in ("name", "description", "lab_hardware", "gpu", "timeout_s", "defaults", "rows", "grid")]
+    + [("row", k) for k in ("id", "recipe", "set", "lab", "note", "strategy", "gpu")]
+    + [
+        ("set", "train.micro_batch_size"),
+        ("set", "precision"),
+        ("set", "zz.unknown"),
+        ("lab", "status"),
+        ("lab", "memory_gb"),
+        ("lab", "time_s"),
+        ("grid", "axes"),
+        ("grid", "id"),
+        ("axis", "train.micro_batch_size"),
+    ]
+)
 """Where a generated value goes in a sweep file: a top-level key, a row's key, a row's override, a row's lab
 figure, a grid entry's key, an axis's values."""
 
@@ -344,8 +353,7 @@ figure, a grid entry's key, an axis's values."""
 @pytest.mark.parametrize("place", SWEEP_PLACES, ids=lambda p: ".".join(p))
 @settings(SETTINGS, max_examples=10)
 @given(value=ANY_YAML)
-def test_a_sweep_file_with_any_value_anywhere_is_read_or_refused_in_one_line(untouched, tmp_path_factory, place,
-                                                                             value):  # fmt: skip
+def test_a_sweep_file_with_any_value_anywhere_is_read_or_refused_in_one_line(untouched, tmp_path_factory, place, value):
     """A sweep file a user edits, any value under any key (of the file, a row, its overrides, its lab figures, a
     grid and its axes): `tunelab sweep` reads it or refuses it naming the file, never an internal error, and starts
     no run (`--only` names no row, so a file that reads is refused after it, before anything is made)."""
@@ -408,8 +416,9 @@ def _record_fields() -> list[str]:
 @example(key="tok_s_padded", value=10**40)  # a whole number too large for C: as a float, plotted
 @example(key="peak_tflops_per_device", value=None)  # a peak basis without its figure
 @example(key="schema_version", value=None)  # a record the schema refuses
-def test_a_record_with_any_value_under_any_field_is_reported_or_skipped_by_name(untouched, tmp_path_factory, key,
-                                                                                value):  # fmt: skip
+def test_a_record_with_any_value_under_any_field_is_reported_or_skipped_by_name(
+    untouched, tmp_path_factory, key, value
+):
     """`tunelab report` over a directory whose one record has a generated value under any field: the report is
     written (the value is one the field takes) or the record is passed over with a line naming it and the field,
     never an internal error."""
@@ -485,6 +494,18 @@ def test_a_folder_option_given_empty_is_refused(untouched, case, value):
 
 def test_the_suite_tried_what_it_says():
     """Runs last in this file (pytest keeps file order): every generated test ran its cases."""
-    assert set(TRIED) >= {"integer options", "recipe overrides", "quantities", "names", "strategy keys", "link table",
-                          "price file", "sweep keys", "record fields", "empty lists", "empty folders", "precision"}, TRIED  # fmt: skip
+    assert set(TRIED) >= {
+        "integer options",
+        "recipe overrides",
+        "quantities",
+        "names",
+        "strategy keys",
+        "link table",
+        "price file",
+        "sweep keys",
+        "record fields",
+        "empty lists",
+        "empty folders",
+        "precision",
+    }, TRIED
     print(f"hostile suite: {sum(TRIED.values())} generated cases: {TRIED}")

@@ -92,9 +92,19 @@ def test_plan_simulate_prints_the_step_by_kernel():
 
     x = plan_recipe(resolve("tiny-llama-1.1b/lora"), [], gpu=hardware.lookup("H100-SXM")).input
     assert x.lora_r != LITGPT_LORA_R  # the recipe's rank, which the step is traced with (not litgpt's default)
-    assert st == kernels.to_json(kernels.step_time(x.config, x.method, str(x.precision), x.micro_batch_size,
-                                                   x.seq_len, "H100-SXM", optimizer_of(x),
-                                                   (x.lora_r, tuple(x.lora_targets)), tables=TRACED))  # fmt: skip
+    assert st == kernels.to_json(
+        kernels.step_time(
+            x.config,
+            x.method,
+            str(x.precision),
+            x.micro_batch_size,
+            x.seq_len,
+            "H100-SXM",
+            optimizer_of(x),
+            (x.lora_r, tuple(x.lora_targets)),
+            tables=TRACED,
+        )
+    )
     x = memory.PlanInput.of(
         config=Config.from_name("tiny-llama-1.1b"), fabric=False, tables=TRACED
     )  # a strategies file's loop
@@ -125,8 +135,18 @@ def test_the_fast_paths_padding_is_planned_from_its_own_batches_and_matches_the_
                 assert planned[arm] == pytest.approx(measured, rel=0.02), (arm, planned[arm], measured)
 
     def tokens(*strategy):
-        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--json",
-                                      "--train.micro_batch_size", "8", "--train.global_batch_size", "32", *strategy)  # fmt: skip
+        code, out, err = tunelab_here(
+            "plan",
+            "tiny-llama-1.1b/full",
+            "--gpu",
+            "H100-SXM",
+            "--json",
+            "--train.micro_batch_size",
+            "8",
+            "--train.global_batch_size",
+            "32",
+            *strategy,
+        )
         assert code == 0, err
         return json.loads(out)["projection"]
 

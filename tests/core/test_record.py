@@ -39,7 +39,7 @@ def full_record() -> RunRecord:
             fits=True,
             seconds=1.5,
             seconds_by_cause={"matmul": 1.0, "host launches": 0.5},
-        ),  # fmt: skip
+        ),
     )
 
 

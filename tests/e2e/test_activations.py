@@ -89,9 +89,13 @@ def test_planner_matches_autograd_for_each_code_path(name, method, precision):
 @pytest.mark.parametrize("method", ["full", "lora"])
 @pytest.mark.parametrize(
     "name,precision",
-    [(n, p) for n in FAMILIES for p in ("bf16-true", "bf16-mixed") if (n in CI_FAMILIES, p) != (True, "bf16-true")
-     and not (p == "bf16-mixed" and n in CI_MIXED)],
-)  # fmt: skip
+    [
+        (n, p)
+        for n in FAMILIES
+        for p in ("bf16-true", "bf16-mixed")
+        if (n in CI_FAMILIES, p) != (True, "bf16-true") and not (p == "bf16-mixed" and n in CI_MIXED)
+    ],
+)
 def test_planner_matches_autograd_for_every_family(name, method, precision):
     _check(name, method, precision=precision)
 
@@ -111,8 +115,12 @@ def test_planner_matches_autograd_for_other_lora_targets(name):
     )
     p = subprocess.run(
         [sys.executable, "-c", code, name, json.dumps(TARGET_SETS)],
-        cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     for targets, r in zip(TARGET_SETS, json.loads(p.stdout.strip().splitlines()[-1])):
         assert abs(r["error_block"]) <= 0.002, (targets, r)

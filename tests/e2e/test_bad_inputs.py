@@ -188,10 +188,17 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
 
 
 THROUGH_LITGPT = {
-    "run QLoRA without a GPU", "build-model device", "validate devices 0", "optimizer os.system",
-    "optimizer this.AdamW", "devices -1 in a row", "single strategy on 2, run", "tokenizer of random bytes",
-    "tokenizer_config not JSON", "model_config keys",
-}  # fmt: skip
+    "run QLoRA without a GPU",
+    "build-model device",
+    "validate devices 0",
+    "optimizer os.system",
+    "optimizer this.AdamW",
+    "devices -1 in a row",
+    "single strategy on 2, run",
+    "tokenizer of random bytes",
+    "tokenizer_config not JSON",
+    "model_config keys",
+}
 """The cases refused after litgpt is imported (its parser, a tokenizer, a model: 6 to 8 s of CPU each, most of this
 sweep's time): -m slow. CI runs the others (under a second each) and litgpt's parser over bad values in-process
 (tests/cli/test_hostile.py)."""
@@ -213,12 +220,23 @@ def test_every_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, half):
 def test_a_missing_recipe_or_sweep_is_refused_before_torch_is_imported():
     """A name that resolves to nothing is refused in well under a second: no command imports torch or litgpt (2.6 and
     6 s of CPU) before it has checked its own arguments (``python -X importtime`` lists every module imported)."""
-    for args in (["run", "nope"], ["sweep", "nope.yaml"], ["plan", "nope"], ["validate", "nope"],
-                 ["tune-batch", "nope"], ["bench", "nope"], ["report", "nope"]):  # fmt: skip
+    for args in (
+        ["run", "nope"],
+        ["sweep", "nope.yaml"],
+        ["plan", "nope"],
+        ["validate", "nope"],
+        ["tune-batch", "nope"],
+        ["bench", "nope"],
+        ["report", "nope"],
+    ):
         proc = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "tunelab", *args],
-            cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=cpu_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode != 0 and "nope" in proc.stdout + proc.stderr, (args, proc.stderr[-300:])
         imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
         assert "tunelab.cli" in imported, args  # the listing is read: it names the modules imported

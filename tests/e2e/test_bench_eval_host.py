@@ -33,8 +33,11 @@ def test_each_phases_share_is_its_time_per_op_growth_over_the_training_steps():
     assert got["validation_ratio"] == pytest.approx(0.75) and got["decode_ratio"] == pytest.approx(0.5)
     slower = {"full-2": _model(0.030, 0.010, 0.008, 100), "full-8": _model(0.090, 0.025, 0.028, 300)}
     summary = bench.summary([rep, slower, rep], "full")
-    assert summary["decode_ratio"] == {"median": pytest.approx(0.5), "min": pytest.approx(0.5),
-                                       "max": pytest.approx(1.0)}  # fmt: skip
+    assert summary["decode_ratio"] == {
+        "median": pytest.approx(0.5),
+        "min": pytest.approx(0.5),
+        "max": pytest.approx(1.0),
+    }
 
 
 def test_a_short_run_writes_its_reps_and_table_and_bad_input_is_one_line(tmp_path):

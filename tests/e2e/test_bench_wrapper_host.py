@@ -25,8 +25,12 @@ def test_op_equivalents_are_the_wrappers_extra_seconds_over_the_plain_loops_seco
     """Plain: 10 ms at 2 blocks and 40 ms at 8 for 100 and 400 ops (0.1 ms an op); wrapped: 14 ms and 50 ms. The
     wrapper adds (36 - 30) / 6 = 1 ms a block (10 ops) and 14 - 10 - 2 x 1 = 2 ms beside (20 ops); the backward,
     twice every time and count, takes twice the seconds at the same time per op: 20 and 40 ops."""
-    rep = {"plain-2": _phase(0.010, 100), "plain-8": _phase(0.040, 400), "wrapped-2": _phase(0.014, 90),
-           "wrapped-8": _phase(0.050, 360)}  # fmt: skip
+    rep = {
+        "plain-2": _phase(0.010, 100),
+        "plain-8": _phase(0.040, 400),
+        "wrapped-2": _phase(0.014, 90),
+        "wrapped-8": _phase(0.050, 360),
+    }
     got = bench.derived(rep)
     for phase, scale in (("forward", 1), ("backward", 2)):
         assert got[phase]["ops_per_unit"] == pytest.approx(10 * scale)
@@ -43,8 +47,12 @@ def test_op_equivalents_are_the_wrappers_extra_seconds_over_the_plain_loops_seco
 def test_a_short_run_writes_its_reps_and_table_and_bad_cases_are_one_line(tmp_path):
     out = tmp_path / "wrapper.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_wrapper_host.py"), "--reps", "1", "--iters", "2"]
-    proc = subprocess.run([*cmd, "--warmup", "0", "--cases", "litgpt-fsdp1:1", "--json-out", str(out)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [*cmd, "--warmup", "0", "--cases", "litgpt-fsdp1:1", "--json-out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     (case,) = result["cases"].values()

@@ -32,12 +32,22 @@ CASES = [
     {"stage": 2, "bucket": 1e6, **DEEP},
     {"stage": 2, "bucket": 1e6, **SMALL, "micro": 1, "tokens": 16},
     {"stage": 3, "bucket": 2e8, **SMALL},
-    {"stage": 3, "bucket": 1e6, **DEEP, "track": False,
-     "zero": {**SCALED, "stage3_max_live_parameters": 2e6, "stage3_max_reuse_distance": 1e6}},
-    {"stage": 3, "bucket": 1e6, **DEEP, "track": False,
-     "zero": {**SCALED, "stage3_max_live_parameters": 2e6, "stage3_max_reuse_distance": 2e7}},
+    {
+        "stage": 3,
+        "bucket": 1e6,
+        **DEEP,
+        "track": False,
+        "zero": {**SCALED, "stage3_max_live_parameters": 2e6, "stage3_max_reuse_distance": 1e6},
+    },
+    {
+        "stage": 3,
+        "bucket": 1e6,
+        **DEEP,
+        "track": False,
+        "zero": {**SCALED, "stage3_max_live_parameters": 2e6, "stage3_max_reuse_distance": 2e7},
+    },
     {"stage": 2, "bucket": 2e8 / 256, "family": "gemma-2b"},
-]  # fmt: skip
+]
 
 
 SLOW = pytest.mark.slow
@@ -52,8 +62,18 @@ def measured(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("deepspeed") / "measured.json"
     env = {**os.environ, "TUNELAB_DS_CASES": json.dumps(CASES), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(_free_port()), "-m", "tunelab.run.deepspeed_probe", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "tunelab.run.deepspeed_probe",
+        str(out),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -63,9 +83,18 @@ def _plan(case, **zero) -> memory.PlanInput:
     from tunelab.run.deepspeed_probe import config_of
 
     return memory.PlanInput.of(
-        config=config_of(case), micro_batch_size=case.get("micro", 2), seq_len=case.get("tokens", 128), strategy="deepspeed", zero_stage=case["stage"], devices=2,
-        fabric=False, reduce_bucket_size=int(case["bucket"]), allgather_bucket_size=int(case["bucket"]), **zero,tables=TRACED
-    )  # fmt: skip
+        config=config_of(case),
+        micro_batch_size=case.get("micro", 2),
+        seq_len=case.get("tokens", 128),
+        strategy="deepspeed",
+        zero_stage=case["stage"],
+        devices=2,
+        fabric=False,
+        reduce_bucket_size=int(case["bucket"]),
+        allgather_bucket_size=int(case["bucket"]),
+        **zero,
+        tables=TRACED,
+    )
 
 
 @SLOW
@@ -102,8 +131,14 @@ def test_zero3_keeps_what_its_limits_say_gathered_into_the_backward(measured, i)
     weight matrix (the limits are crossed a tensor at a time)."""
     case = CASES[i]
     config = case.get("zero", {})  # the DeepSpeed config keys of the case (not the strategy module `zero`)
-    x = _plan(case, **{k: int(config[f"stage3_{k[6:]}"]) for k in ("zero3_max_live_parameters",
-                       "zero3_max_reuse_distance", "zero3_param_persistence_threshold") if f"stage3_{k[6:]}" in config})  # fmt: skip
+    x = _plan(
+        case,
+        **{
+            k: int(config[f"stage3_{k[6:]}"])
+            for k in ("zero3_max_live_parameters", "zero3_max_reuse_distance", "zero3_param_persistence_threshold")
+            if f"stage3_{k[6:]}" in config
+        },
+    )
     kept = zero.zero3_kept(x)
     largest = case["vocab"] * case["embd"]
     assert abs(measured[i]["gathered_at_head"] - kept) <= largest, (kept, measured[i]["gathered_at_head"])
@@ -115,8 +150,17 @@ def test_plan_simulate_prints_deepspeeds_own_sizes():
     1e9 parameters gathered at the forward's end under the default limits, the norms whole on every device)."""
     from tests.conftest import tunelab_cli
 
-    proc = tunelab_cli("plan", "open-llama-7b/full", "--devices", "8", "--strategy", "deepspeed-zero3", "--simulate",
-                       "--json", timeout=300)  # fmt: skip
+    proc = tunelab_cli(
+        "plan",
+        "open-llama-7b/full",
+        "--devices",
+        "8",
+        "--strategy",
+        "deepspeed-zero3",
+        "--simulate",
+        "--json",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     terms = {t["what"]: t["bytes"] for t in out["simulated"]["terms"]}
@@ -172,8 +216,17 @@ def test_plan_strategies_runs_deepspeed_for_real_per_family(tmp_path):
 
     refused = tunelab_cli("plan-strategies", "--deepspeed", "--worlds", "16", "--out", str(tmp_path), timeout=120)
     assert refused.returncode != 0 and "2 to 8" in refused.stderr and not (tmp_path / dc.CSV_NAME).exists()
-    proc = tunelab_cli("plan-strategies", "--deepspeed", "--families", "TinyLlama 1.1B", "--worlds", "2",
-                       "--out", str(tmp_path), timeout=600)  # fmt: skip
+    proc = tunelab_cli(
+        "plan-strategies",
+        "--deepspeed",
+        "--families",
+        "TinyLlama 1.1B",
+        "--worlds",
+        "2",
+        "--out",
+        str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     zero2, zero3 = dc.read(tmp_path / dc.CSV_NAME)
     assert (zero2.family, zero2.model, zero2.world, zero2.stage, zero3.stage) == (

@@ -298,13 +298,33 @@ def test_a_signalled_bench_leaves_no_process_behind(tmp_path, signame):
     import psutil
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tunelab", "bench", "tiny-llama-1.1b/lora", "--model", "tiny", "--pairs", "1",
-         "--train.max_steps", "12", "--eval.final_validation", "false", "--data.num_workers", "0",
-         "--out", str(tmp_path / "o"),
-         "--report-dir", str(tmp_path / "r")],
-        cwd=ROOT, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"),  # never a full pipe
+        [
+            sys.executable,
+            "-m",
+            "tunelab",
+            "bench",
+            "tiny-llama-1.1b/lora",
+            "--model",
+            "tiny",
+            "--pairs",
+            "1",
+            "--train.max_steps",
+            "12",
+            "--eval.final_validation",
+            "false",
+            "--data.num_workers",
+            "0",
+            "--out",
+            str(tmp_path / "o"),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "err").open("w"),  # never a full pipe
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal (see test_faults)
-    )  # fmt: skip
+    )
 
     def command(p) -> str:
         try:
@@ -359,8 +379,23 @@ def test_a_rank_whose_torchrun_died_during_its_imports_exits_at_once(tmp_path):
     assert "torchrun, which started it, is gone; exiting" in dead_err.read_text() and not dead.exists()
     live = tmp_path / "live.alive"
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "--no-python",
-         sys.executable, "-c", probe, str(live)],
-        cwd=ROOT, env=cpu_env(), check=True, timeout=300, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            "--no-python",
+            sys.executable,
+            "-c",
+            probe,
+            str(live),
+        ],
+        cwd=ROOT,
+        env=cpu_env(),
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert live.read_text() == "alive"

@@ -286,10 +286,21 @@ def cases(f: dict) -> list[tuple[str, list, str]]:
 
 
 THROUGH_LITGPT = {
-    "sweep lock symlink", "tune-batch lock symlink", "run log symlink", "run litgpt dir symlink", "data file FIFO",
-    "data file device", "data file an object", "data dir without val", "data file .txt", "data file broken JSON",
-    "data JSONL bad line", "block_size 0", "global batch over the data", "run global batch over the data",
-}  # fmt: skip
+    "sweep lock symlink",
+    "tune-batch lock symlink",
+    "run log symlink",
+    "run litgpt dir symlink",
+    "data file FIFO",
+    "data file device",
+    "data file an object",
+    "data dir without val",
+    "data file .txt",
+    "data file broken JSON",
+    "data JSONL bad line",
+    "block_size 0",
+    "global batch over the data",
+    "run global batch over the data",
+}
 """The cases refused after litgpt is imported (its parser or data module, a model: 6 to 8 s of CPU each, most of this
 sweep's time): -m slow. CI runs the others (under a second each); the writer's refusal of links, devices and FIFOs
 is also tried in-process (tests/cli/test_edges.py)."""
@@ -414,9 +425,19 @@ def test_a_search_stopped_by_the_data_says_why_and_what_it_found(tmp_path):
     (tmp_path / "small.json").write_text(json.dumps(records))
     out = tmp_path / "probes"
     proc = tunelab(
-        "tune-batch", R, "--model", "tiny", "--start", "8", "--steps", "2", "--out", out,
-        "--data.json_path", tmp_path / "small.json",
-    )  # fmt: skip
+        "tune-batch",
+        R,
+        "--model",
+        "tiny",
+        "--start",
+        "8",
+        "--steps",
+        "2",
+        "--out",
+        out,
+        "--data.json_path",
+        tmp_path / "small.json",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "global_batch_size: 16 is more than the 10 training samples" in last

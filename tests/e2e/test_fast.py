@@ -287,12 +287,34 @@ def test_fast_lora_runs_every_shape_compiled(tiny_ckpt, tmp_path):
     data_file = unequal_dataset(tmp_path / "unequal.json")
     strategy = fast_variant(tmp_path, pad_to_multiple=8)  # many shapes in a few steps
     rec = run_cli(
-        ["run", "tiny-llama-1.1b/lora", "--strategy", str(strategy), "--devices", "1", "--precision", "32-true",
-         "--train.micro_batch_size", "2", "--train.global_batch_size", "4", "--train.max_steps", "4",
-         "--train.lr_warmup_steps", "1", "--data.json_path", str(data_file), "--data.num_workers", "0",
-         "--eval.final_validation", "false", "--checkpoint_dir", str(tiny_ckpt)],
+        [
+            "run",
+            "tiny-llama-1.1b/lora",
+            "--strategy",
+            str(strategy),
+            "--devices",
+            "1",
+            "--precision",
+            "32-true",
+            "--train.micro_batch_size",
+            "2",
+            "--train.global_batch_size",
+            "4",
+            "--train.max_steps",
+            "4",
+            "--train.lr_warmup_steps",
+            "1",
+            "--data.json_path",
+            str(data_file),
+            "--data.num_workers",
+            "0",
+            "--eval.final_validation",
+            "false",
+            "--checkpoint_dir",
+            str(tiny_ckpt),
+        ],
         tmp_path / "run",
-    )  # fmt: skip
+    )
     stderr = (tmp_path / "run" / "stderr.log").read_text()
     assert rec.status == "ok", (rec.error, stderr[-3000:])
     assert "requires_grad mismatch" not in stderr and "hit config.recompile_limit" not in stderr

@@ -71,8 +71,11 @@ def test_ok_run_record(tmp_path):
     # the plan made before launch, for the settings it launched (the tiny model; no GPU: memory only)
     from tunelab.plan.recipe import plan_recipe
 
-    planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), ["--train.max_steps", "4", "--checkpoint_dir",
-                                                             rec.resolved_args["checkpoint_dir"]], gpu=None)  # fmt: skip
+    planned = plan_recipe(
+        resolve("tiny-llama-1.1b/lora"),
+        ["--train.max_steps", "4", "--checkpoint_dir", rec.resolved_args["checkpoint_dir"]],
+        gpu=None,
+    )
     assert rec.plan is not None and rec.plan_error is None and rec.plan.gpu is None and rec.plan.seconds is None
     assert rec.plan.peak_allocated_bytes == planned.plan.peak_allocated_bytes > 0
     assert sum(rec.plan.breakdown_bytes.values()) == rec.plan.peak_allocated_bytes

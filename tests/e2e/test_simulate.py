@@ -32,20 +32,36 @@ def test_the_replay_script_refuses_bad_archives_and_outputs_in_one_line_before_r
     cases = [
         ([not_tar, "r"], "not a tar archive"),
         ([archive({"r/record.json": "{not json"}), "r"], "r/record.json: not JSON"),
-        ([archive({"r/record.json": rec % "tiny-llama-1.1b/lora"}), "other"], "not in the archive; fix: a row id it holds (r)"),
-        ([archive({"r/record.json": rec % "tiny-llama-1.1b/lora", "r/stats/rank0.json": '{"iters": [["a", "b", "c"]]}'}), "r"],
-         "iters are not [time, padded, real] numbers"),
-        ([archive({"r/record.json": rec % "tiny-llama-1.1b/lora", "r/stats/rank0.json": '{"iters": []}'}), "r"],
-         "no iterations"),
-        ([archive({"r/record.json": rec % "no/such", "r/stats/rank0.json": '{"iters": [[1, 2, 3]]}'}), "r"],
-         "no/such"),
+        (
+            [archive({"r/record.json": rec % "tiny-llama-1.1b/lora"}), "other"],
+            "not in the archive; fix: a row id it holds (r)",
+        ),
+        (
+            [
+                archive(
+                    {
+                        "r/record.json": rec % "tiny-llama-1.1b/lora",
+                        "r/stats/rank0.json": '{"iters": [["a", "b", "c"]]}',
+                    }
+                ),
+                "r",
+            ],
+            "iters are not [time, padded, real] numbers",
+        ),
+        (
+            [archive({"r/record.json": rec % "tiny-llama-1.1b/lora", "r/stats/rank0.json": '{"iters": []}'}), "r"],
+            "no iterations",
+        ),
+        ([archive({"r/record.json": rec % "no/such", "r/stats/rank0.json": '{"iters": [[1, 2, 3]]}'}), "r"], "no/such"),
         ([not_tar, "r", "--out", tmp_path / "missing" / "t.md"], "--out"),
-    ]  # fmt: skip
+    ]
     for argv, fragment in cases:
         proc = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "replay_allocator.py"), *map(str, argv)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = (proc.stdout + proc.stderr).strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], (argv, lines)
         assert "Traceback" not in proc.stderr

@@ -28,8 +28,9 @@ def test_collector_overhead_stops_at_its_deadline_and_keeps_what_it_measured(tmp
     """One real pair (plain litgpt, then tunelab run, tiny model), then no second: the deadline leaves less time
     than the first pair took. The JSON says why it stopped and holds the pair's ratio; no interval from one pair."""
     out = tmp_path / "overhead.json"
-    proc = _overhead("--pairs", "3", "--steps", "2", "--micro", "2", "--deadline", "1", "--json-out", str(out),
-                     tmp_path=tmp_path)  # fmt: skip
+    proc = _overhead(
+        "--pairs", "3", "--steps", "2", "--micro", "2", "--deadline", "1", "--json-out", str(out), tmp_path=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     got = json.loads(out.read_text())
     assert len(got["ratios"]) == 1 and got["stopped"].startswith("deadline:")

@@ -82,18 +82,29 @@ def test_tinyllama_full_on_one_h100_agrees_with_the_study():
     H100: the best micro batch without checkpointing 41 (43,010 tok/s; 42 and 44 retried allocations, 47 fit
     with 26 retries). With the recipe's global batch freed and the default headroom the advice lands within 3."""
     cands = advise.candidates(
-        {"full": resolve("tiny-llama-1.1b/full")}, [hardware.lookup("H100-SXM")], tokens=5e7, max_devices=1,
-        global_batch="free", precision=["bf16-mixed"], strategies=["fsdp"],
-    )  # fmt: skip
+        {"full": resolve("tiny-llama-1.1b/full")},
+        [hardware.lookup("H100-SXM")],
+        tokens=5e7,
+        max_devices=1,
+        global_batch="free",
+        precision=["bf16-mixed"],
+        strategies=["fsdp"],
+    )
     ranked = advise.rank(cands)
     no_ckpt = min((c for c in ranked if not c.activation_checkpointing), key=lambda c: c.hours)
     assert abs(no_ckpt.micro_batch_size - 41) <= 3, no_ckpt
     assert no_ckpt.accumulation == 1 and no_ckpt.global_batch_size == no_ckpt.micro_batch_size
     # No headroom: the planner's largest fit, which the study probed as 47.
     edge = advise.candidates(
-        {"full": resolve("tiny-llama-1.1b/full")}, [hardware.lookup("H100-SXM")], tokens=5e7, max_devices=1,
-        global_batch="free", precision=["bf16-mixed"], strategies=["fsdp"], headroom=0.0,
-    )  # fmt: skip
+        {"full": resolve("tiny-llama-1.1b/full")},
+        [hardware.lookup("H100-SXM")],
+        tokens=5e7,
+        max_devices=1,
+        global_batch="free",
+        precision=["bf16-mixed"],
+        strategies=["fsdp"],
+        headroom=0.0,
+    )
     assert max(c.micro_batch_size for c in edge if not c.activation_checkpointing) == 47
     # Known limit, said in docs/planner.md: the study measured checkpointing 11% slower at its best (38,260 vs
     # 43,010 tok/s); the runtime estimate puts the two within its own error, so the table marks them a tie (~).
@@ -130,8 +141,13 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
     small = tmp_path / "small.json"
     small.write_text(json.dumps(_records(12)))
     few = advise.workload_from_data(str(small), resolve("tiny-llama-1.1b/lora"))
-    got = advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, [hardware.lookup("L4")], workload=few,
-                            max_devices=1, global_batch="free")  # fmt: skip
+    got = advise.candidates(
+        {"lora": resolve("tiny-llama-1.1b/lora")},
+        [hardware.lookup("L4")],
+        workload=few,
+        max_devices=1,
+        global_batch="free",
+    )
     assert got and max(c.global_batch_size for c in got) <= few.samples == 6
 
 
@@ -151,18 +167,23 @@ def test_an_unknown_link_names_the_table_it_came_from(link_table):
 
 def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
     cands = advise.candidates(
-        {"full": resolve("open-llama-7b/full")}, [hardware.lookup("A100-80GB")], tokens=1e7, max_devices=8,
-        nodes=2, internode="efa-400g",
-    )  # fmt: skip
+        {"full": resolve("open-llama-7b/full")},
+        [hardware.lookup("A100-80GB")],
+        tokens=1e7,
+        max_devices=8,
+        nodes=2,
+        internode="efa-400g",
+    )
     assert {c.nodes for c in cands} == {2}
     pairs = [
         (f, h)
         for f in cands
         for h in cands
-        if f.strategy == "fsdp" and h.strategy == "fsdp-hybrid"
+        if f.strategy == "fsdp"
+        and h.strategy == "fsdp-hybrid"
         and (f.devices, f.micro_batch_size, f.activation_checkpointing, f.precision)
         == (h.devices, h.micro_batch_size, h.activation_checkpointing, h.precision)
-    ]  # fmt: skip
+    ]
     assert pairs and all(h.comm_s_per_step < f.comm_s_per_step for f, h in pairs)
     assert not any("offload" in c.strategy for c in cands)  # offload only when asked: its CPU step is not modelled
     # one device per node: HYBRID_SHARD would shard over a group of one and average nothing across nodes
@@ -174,9 +195,12 @@ def test_a_one_device_strategy_is_never_proposed_on_several_devices():
     """fast.yaml (name: single) would start ranks that never average a gradient: advise tries it on one device only;
     LoRA under a strategy file is planned as tunelab's loop runs it, without activation checkpointing unless asked."""
     got = advise.candidates(
-        {"lora": resolve("tiny-llama-1.1b/lora")}, [hardware.lookup("H100-SXM")], tokens=1e6, max_devices=2,
+        {"lora": resolve("tiny-llama-1.1b/lora")},
+        [hardware.lookup("H100-SXM")],
+        tokens=1e6,
+        max_devices=2,
         strategies=["fast", "ddp"],
-    )  # fmt: skip
+    )
     assert {c.world for c in got if c.strategy == "fast"} == {1}
     ddp = [c for c in got if c.strategy == "ddp" and c.world == 2]
     assert ddp and not any(c.activation_checkpointing for c in ddp)
@@ -195,9 +219,12 @@ def test_the_fast_path_is_timed_at_the_padding_its_own_batches_have():
     assert work.per_sample(8, fast, 512) == grouped_padded_per_sample(lengths, 8, 64, 64, 512)
     assert work.per_sample(8) == padded_per_sample(lengths, 8) > 1.5 * work.per_sample(8, fast, 512)
     got = advise.candidates(
-        {"full": resolve("tiny-llama-1.1b/full")}, [hardware.lookup("H100-SXM")], tokens=1e6, max_devices=1,
+        {"full": resolve("tiny-llama-1.1b/full")},
+        [hardware.lookup("H100-SXM")],
+        tokens=1e6,
+        max_devices=1,
         strategies=["fast", "single"],
-    )  # fmt: skip
+    )
     key = lambda c: (c.micro_batch_size, c.precision)  # noqa: E731
     single = {key(c): c for c in got if c.strategy == "single"}
     pairs = [(c, single[key(c)]) for c in got if c.strategy == "fast" and key(c) in single]
@@ -226,8 +253,15 @@ def test_each_precision_is_timed_at_its_own_peak_as_plan_times_it(monkeypatch):
     a100 = hardware.lookup("A100-80GB")
     for prec in ("32-true", "bf16-true"):
         seen.clear()
-        advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, [a100], tokens=1e6, max_devices=2,
-                          precision=[prec], strategies=["deepspeed-zero3-offload"], price_table={})  # fmt: skip
+        advise.candidates(
+            {"lora": resolve("tiny-llama-1.1b/lora")},
+            [a100],
+            tokens=1e6,
+            max_devices=2,
+            precision=[prec],
+            strategies=["deepspeed-zero3-offload"],
+            price_table={},
+        )
         assert seen and {p for _, p in seen} == {a100.training_peak(prec)}, (prec, set(seen))
     assert a100.training_peak("32-true") == 156e12 and a100.training_peak("bf16-true") == 312e12
 
@@ -249,17 +283,29 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
     cands = []
     for model, methods in recipes.items():
         cands += advise.candidates(
-            {m: resolve(f"{model}/{m}") for m in methods}, gpus, tokens=2e6, max_devices=4,
-            precision=["bf16-true", "16-mixed"], price_table={},
-        )  # fmt: skip
+            {m: resolve(f"{model}/{m}") for m in methods},
+            gpus,
+            tokens=2e6,
+            max_devices=4,
+            precision=["bf16-true", "16-mixed"],
+            price_table={},
+        )
     rng = random.Random(20261125)
     sample = rng.sample(cands, 24)
     assert len({(c.strategy, c.precision, c.method) for c in sample}) >= 8  # the sample spans the axes
     for c in sample:
         recipe = resolve(c.recipe)
         gpu = hardware.lookup(c.gpu)
-        overrides = ["--precision", c.precision, "--train.micro_batch_size", str(c.micro_batch_size),
-                     "--train.global_batch_size", str(c.global_batch_size), "--devices", str(c.devices)]  # fmt: skip
+        overrides = [
+            "--precision",
+            c.precision,
+            "--train.micro_batch_size",
+            str(c.micro_batch_size),
+            "--train.global_batch_size",
+            str(c.global_batch_size),
+            "--devices",
+            str(c.devices),
+        ]
         strategy = None if c.strategy == "single" else c.strategy
         x = plan_recipe(
             recipe, overrides, gpu=gpu, strategy=strategy, activation_checkpointing=c.activation_checkpointing

@@ -30,8 +30,17 @@ def _step(model: str, method: str, micro: int):
     from litgpt import Config
 
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
-    return kernels.step_time(Config.from_name(model), method, "bf16-true", micro, SEQ, "H200", optimizer,
-                             profiles.lora_profiled(method), tables=TRACED)  # the adapters the grid's lines ran  # fmt: skip
+    return kernels.step_time(
+        Config.from_name(model),
+        method,
+        "bf16-true",
+        micro,
+        SEQ,
+        "H200",
+        optimizer,
+        profiles.lora_profiled(method),
+        tables=TRACED,
+    )  # the adapters the grid's lines ran
 
 
 def test_constants_are_the_fit_to_the_stated_lines():

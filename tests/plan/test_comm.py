@@ -213,7 +213,7 @@ def test_each_call_costs_nccls_ring_latency(cfg, link_table):
     nvlink = comm.lookup("nvlink4", "gpu")
     assert nvlink.latency_us == 3.4 and comm.lookup("pcie4", "gpu").latency_us == 5.7
     ddp = comm.per_step(_x(cfg, strategy="ddp", devices=8), nvlink)
-    (kind, calls, steps, across), = ddp.calls  # fmt: skip
+    ((kind, calls, steps, across),) = ddp.calls
     assert (kind, steps, across) == ("all-reduce", 14, 0) and calls == ddp_bucket_count(_x(cfg, strategy="ddp"))
     assert ddp.latency_s == pytest.approx(calls * (8.4 + 14 * 3.4) * 1e-6)
     assert ddp.seconds == pytest.approx(ddp.bytes_gpu / nvlink.bytes_per_s + ddp.latency_s)

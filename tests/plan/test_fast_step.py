@@ -117,9 +117,14 @@ def test_plan_times_the_fast_path_by_its_own_step_and_its_causes_sum_to_the_esti
     assert "host-bound" in proj.seconds_source
     assert proj.seconds_band[1] == pytest.approx(proj.seconds * (1 + fast_step.FAST_MODEL_ERROR["host"]))
     big, _ = project_recipe(
-        plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true", "--train.micro_batch_size", "64",
-                                                      "--train.global_batch_size", "64"], gpu=H100, strategy="fast"),
-        H100)  # fmt: skip
+        plan_recipe(
+            resolve("tiny-llama-1.1b/full"),
+            ["--precision", "bf16-true", "--train.micro_batch_size", "64", "--train.global_batch_size", "64"],
+            gpu=H100,
+            strategy="fast",
+        ),
+        H100,
+    )
     assert "GPU-bound" in big.seconds_source
     assert big.seconds_band[0] == pytest.approx(big.seconds * (1 - fast_step.FAST_MODEL_ERROR["GPU"]))
 
@@ -143,7 +148,9 @@ def test_the_bench_report_holds_its_stated_errors():
     rows = runtime_accuracy.bench_rows(items)
     eager = [r for r in rows if r["eager"]]
     assert {(r["report"], r["arm"]) for r in eager} == {
-        ("2026-11-26-bench-tiny-llama-1.1b-lora-h200", "fast"), ("2026-11-26-bench-open-llama-7b-lora-h200", "fast")}  # fmt: skip
+        ("2026-11-26-bench-tiny-llama-1.1b-lora-h200", "fast"),
+        ("2026-11-26-bench-open-llama-7b-lora-h200", "fast"),
+    }
     fast = [r for r in rows if r["arm"] == "fast" and not r["eager"]]
     h100 = [r for r in fast if r["gpu"] == "H100-SXM"]
     probes = [r for r in h100 if r["accumulation"] == 1]

@@ -81,8 +81,16 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
     c = Config.from_name("tiny-llama-1.1b")
 
     def plan(precision, strategy, fabric=True):  # FSDP1, as Lightning's FSDPStrategy runs it
-        x = memory.PlanInput.of(config=c, precision=precision, strategy=strategy, micro_batch_size=8, seq_len=512,
-                             fabric=fabric, fsdp_root_kept=strategy == "fsdp", tables=TRACED)  # fmt: skip
+        x = memory.PlanInput.of(
+            config=c,
+            precision=precision,
+            strategy=strategy,
+            micro_batch_size=8,
+            seq_len=512,
+            fabric=fabric,
+            fsdp_root_kept=strategy == "fsdp",
+            tables=TRACED,
+        )
         return memory.predict(x).breakdown_bytes
 
     single, fsdp, true = plan("bf16-mixed", "single"), plan("bf16-mixed", "fsdp"), plan("bf16-true", "fsdp")
@@ -344,9 +352,12 @@ def test_a_records_strategy_settings_are_checked_as_a_strategy_file_is(tmp_path)
     from tunelab.strategies import StrategyError, load_strategy
 
     rec = RunRecord(
-        recipe="tiny-llama-1.1b/full", status="ok", peak_allocated_bytes=10**9, strategy_file="fast",
+        recipe="tiny-llama-1.1b/full",
+        status="ok",
+        peak_allocated_bytes=10**9,
+        strategy_file="fast",
         strategy_settings={**load_strategy("fast").settings(), "bogus": 1},
-    )  # fmt: skip
+    )
     folder = tmp_path / evidence.with_role("memory")[0].folder
     folder.mkdir()
     data = json.dumps(rec.to_dict()).encode()
@@ -369,8 +380,10 @@ def test_planning_a_run_never_costs_the_run(monkeypatch):
     plan, error = stored.for_run(s, None, "NVIDIA H100 80GB HBM3", "tunelab test")
     assert error is None and plan.gpu == "H100-SXM" and plan.seconds > 0 and plan.fits
     assert sum(plan.seconds_by_cause.values()) == pytest.approx(plan.seconds)
-    for raised, words in ((ValueError("train.micro_batch_size: 0 must be"), "ValueError: train.micro_batch_size: 0 must be"),
-                          (RuntimeError("boom"), "planner fault, not the run's: RuntimeError: boom")):  # fmt: skip
+    for raised, words in (
+        (ValueError("train.micro_batch_size: 0 must be"), "ValueError: train.micro_batch_size: 0 must be"),
+        (RuntimeError("boom"), "planner fault, not the run's: RuntimeError: boom"),
+    ):
         monkeypatch.setattr(recipe_mod, "plan_settings", lambda *a, raised=raised, **k: (_ for _ in ()).throw(raised))
         assert stored.for_run(s, None, None, "tunelab test") == (None, words)
 
@@ -384,12 +397,29 @@ def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_
     from tunelab.plan.model.strategies import fsdp2
 
     def plan(fabric):
-        x = memory.PlanInput.of(config=Config.from_name("tiny-llama-1.1b"), method="lora", precision="bf16-true",
-                             micro_batch_size=2, seq_len=512, devices=4, strategy="fsdp", fabric=fabric, tables=TRACED)  # fmt: skip
+        x = memory.PlanInput.of(
+            config=Config.from_name("tiny-llama-1.1b"),
+            method="lora",
+            precision="bf16-true",
+            micro_batch_size=2,
+            seq_len=512,
+            devices=4,
+            strategy="fsdp",
+            fabric=fabric,
+            tables=TRACED,
+        )
         return memory.predict(x).breakdown_bytes
 
     tunelab, litgpt = plan(False), plan(True)
     assert tunelab["logits_and_loss"] == 0 and tunelab["sharding_buffers"] >= fsdp2.root_regathered(
-        memory.PlanInput(config=Config.from_name("tiny-llama-1.1b"), method="lora", micro_batch_size=2, seq_len=512,
-                         devices=4, strategy="fsdp", tables=TRACED))  # fmt: skip
+        memory.PlanInput(
+            config=Config.from_name("tiny-llama-1.1b"),
+            method="lora",
+            micro_batch_size=2,
+            seq_len=512,
+            devices=4,
+            strategy="fsdp",
+            tables=TRACED,
+        )
+    )
     assert litgpt["logits_and_loss"] > 0 and litgpt["sharding_buffers"] == tunelab["sharding_buffers"]

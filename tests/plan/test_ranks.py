@@ -19,10 +19,21 @@ def small_llama(n_layer: int = 3):
     from litgpt import Config
 
     return Config(
-        name="small-llama", block_size=256, vocab_size=1000, padded_vocab_size=1024, n_layer=n_layer, n_head=4,
-        n_embd=256, n_query_groups=4, rotary_percentage=1.0, parallel_residual=False, bias=False,
-        norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=688,
-    )  # fmt: skip
+        name="small-llama",
+        block_size=256,
+        vocab_size=1000,
+        padded_vocab_size=1024,
+        n_layer=n_layer,
+        n_head=4,
+        n_embd=256,
+        n_query_groups=4,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=688,
+    )
 
 
 def case(config, method: str, world: int, precision: str = "bf16-true", **fields) -> PlanInput:
@@ -46,8 +57,18 @@ def test_fsdp2_rank_holds_its_shard_and_gathers_what_comm_py_says():
     assert {c.kind for c in sim.collectives} == {"all-gather", "reduce-scatter"}
     assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == config.n_layer + 1  # once per unit
 
-    x = PlanInput.of(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64,
-                  accumulation=2, devices=world, strategy="fsdp", sharding="FULL_SHARD", tables=TRACED)  # fmt: skip
+    x = PlanInput.of(
+        config=config,
+        method="full",
+        precision="bf16-true",
+        micro_batch_size=2,
+        seq_len=64,
+        accumulation=2,
+        devices=world,
+        strategy="fsdp",
+        sharding="FULL_SHARD",
+        tables=TRACED,
+    )
     link = comm.lookup("nvlink4", "gpu")
     planned = comm.per_step(x, link, param_bytes=2)
     assert sim.bytes_moved() == pytest.approx(planned.bytes_gpu, rel=0.01)
@@ -75,8 +96,16 @@ def test_ddp_buckets_are_ddps_own_assignment_of_the_trainable_gradients():
     assert sim.bytes_moved("all-reduce") == pytest.approx(2 * (1 / 2) * total * 2)
     assert all(snap["Buckets"] == total * 2 for snap in sim.phases.values())
 
-    x = PlanInput(config=config, method="full", precision="bf16-true", micro_batch_size=2, seq_len=64, devices=2,
-                  strategy="ddp", tables=TRACED)  # fmt: skip
+    x = PlanInput(
+        config=config,
+        method="full",
+        precision="bf16-true",
+        micro_batch_size=2,
+        seq_len=64,
+        devices=2,
+        strategy="ddp",
+        tables=TRACED,
+    )
     planned = comm.per_step(x, comm.lookup("nvlink4", "gpu"))
     assert planned.calls == [("all-reduce", sum(c.calls for c in sim.collectives), 2, 0)]  # one call per bucket
 
@@ -96,16 +125,21 @@ def test_litgpts_own_choice_is_wrapped_as_litgpts_scripts_wrap_it_and_keeps_its_
     from litgpt.model import Block
 
     assert ranks.litgpt_fsdp_keywords() == {
-        "auto_wrap_policy": {Block}, "activation_checkpointing_policy": {Block}, "state_dict_type": "full",
-        "limit_all_gathers": True, "cpu_offload": False,
-    }  # fmt: skip
+        "auto_wrap_policy": {Block},
+        "activation_checkpointing_policy": {Block},
+        "state_dict_type": "full",
+        "limit_all_gathers": True,
+        "cpu_offload": False,
+    }
     config, world = small_llama(), 4
     sim = ranks.simulate_ranks(case(config, method, world, precision, accumulation=2), None)
     assert sim.strategy == "litgpt" and sim.activation_checkpointing
     assert "Lightning's FSDPStrategy" in sim.notes[0] if method == "full" else "parallelize_fn" in sim.notes[0]
     units = config.n_layer + 1
-    gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
-               ("forward", "backward")}  # fmt: skip
+    gathers = {
+        p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p)
+        for p in ("forward", "backward")
+    }
     assert gathers == {"forward": 2 * units, "backward": 2 * (units - 1)}  # the root: forward only
     overrides = ["--precision", precision, "--train.global_batch_size", "128"]  # a batch litgpt's scripts can feed
     x = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), overrides, gpu=None, devices=world).input
@@ -127,8 +161,10 @@ def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
     sim = ranks.simulate_ranks(case(config, "full", world, accumulation=2), load_strategy(name))
     one = ranks.simulate_ranks(case(config, "full", world), load_strategy(name))
     units = 1 if name == "fsdp-no-wrap" else config.n_layer + 1
-    gathers = {p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p) for p in
-               ("forward", "backward")}  # fmt: skip
+    gathers = {
+        p: sum(c.calls for c in sim.collectives if c.kind == "all-gather" and c.phase == p)
+        for p in ("forward", "backward")
+    }
     assert gathers == {"forward": 2 * units, "backward": 2 * (units - 1)}  # the root: forward only
     assert sum(c.calls for c in sim.collectives if c.kind == "reduce-scatter") == units
     x = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=None, devices=world, strategy=name).input

@@ -266,16 +266,25 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     def estimate(recipe: str, *overrides: str) -> tuple[dict, float, float]:
         planned = plan_recipe(resolve(recipe), list(overrides), gpu=gpu)
         terms = runtime_terms(planned.settings, planned.input, None)
-        fast, slow = (sum(terms.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values())
-                      for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)  # fmt: skip
+        fast, slow = (
+            sum(terms.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values())
+            for h in runtime.LITGPT_HOST_S_PER_OP_RANGE
+        )
         return _point_estimate(terms, gpu, gpu.training_peak(planned.input.precision)), fast, slow
 
     lora, fast, slow = estimate("tiny-llama-1.1b/lora")
     assert lora["seconds_band"] == pytest.approx((fast, slow))  # both beyond the model's band
     assert fast < lora["seconds"] * (1 - e) < lora["seconds"] * (1 + e) < slow
     assert "widened to the host's 31-76 us an op" in lora["seconds_source"]
-    full, fast, slow = estimate("tiny-llama-1.1b/full", "--precision", "bf16-true", "--train.micro_batch_size", "64",
-                                "--train.global_batch_size", "64")  # fmt: skip
+    full, fast, slow = estimate(
+        "tiny-llama-1.1b/full",
+        "--precision",
+        "bf16-true",
+        "--train.micro_batch_size",
+        "64",
+        "--train.global_batch_size",
+        "64",
+    )
     assert full["seconds_band"] == pytest.approx((full["seconds"] * (1 - e), full["seconds"] * (1 + e)))
     assert full["seconds"] * (1 - e) < fast and slow < full["seconds"] * (1 + e)
     assert "widened" not in full["seconds_source"]
@@ -316,10 +325,13 @@ def test_the_kernel_trace_counts_the_models_matmul_flops():
     c = Config.from_name("tiny-llama-1.1b")
     for method, rel in (("full", 1e-3), ("lora", 1e-2)):
         per_block = [
-            sum(k.flops for k in kernel_trace.trace_step(dataclasses.replace(c, n_layer=n), method, "bf16-true", 2, 128)
-                if k.category == "matmul" and k.phase in kernels.TRAINING_PHASES)
+            sum(
+                k.flops
+                for k in kernel_trace.trace_step(dataclasses.replace(c, n_layer=n), method, "bf16-true", 2, 128)
+                if k.category == "matmul" and k.phase in kernels.TRAINING_PHASES
+            )
             for n in (1, 2)
-        ]  # fmt: skip
+        ]
         traced = per_block[1] + (c.n_layer - 2) * (per_block[1] - per_block[0])
         lora = lora_param_count(c, LITGPT_LORA_R, LORA_TARGETS) if method == "lora" else 0
         f = flops_per_token(c, 128, method, lora)
@@ -381,8 +393,9 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
     base = plan_recipe(recipes.load(ROOT / "configs/published/litgpt-config-hub/llama-3.2-1B/full.yaml"), [], gpu=gpu)
     projected, timed = {}, {}
     for vocab in (32000, 128000):
-        planned = dataclasses.replace(base, input=base.input.changed(
-            config=dataclasses.replace(base.input.config, vocab_size=vocab)))  # fmt: skip
+        planned = dataclasses.replace(
+            base, input=base.input.changed(config=dataclasses.replace(base.input.config, vocab_size=vocab))
+        )
         projected[vocab] = project_recipe(planned, gpu)  # (projection, how its tokens were counted)
         timed[vocab] = runtime_terms(planned.settings, planned.input, None).kernels.tokens  # the step's per sample
     micro = base.input.micro_batch_size
@@ -492,8 +505,15 @@ def test_a_grid_line_with_litgpts_generation_timed_is_held_to_the_decode_model(t
     plain, timed = profiles.grid_rows(tmp_path, profiles.GRID_H200, "H200")
     assert "decode, per token" not in plain["pairs"]
     predicted, measured, error = timed["pairs"]["decode, per token"]
-    st = kernels.step_time(Config.from_name(first["model"]), first["method"], first["dtype"], first["micro"],
-                           first["seq"], "H200", tables=TRACED)  # fmt: skip
+    st = kernels.step_time(
+        Config.from_name(first["model"]),
+        first["method"],
+        first["dtype"],
+        first["micro"],
+        first["seq"],
+        "H200",
+        tables=TRACED,
+    )
     assert predicted == st.phase_s("decode") > 0 and measured == 0.02 and error == pytest.approx(predicted / 0.02 - 1)
 
 
@@ -691,12 +711,15 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
     gpu = hardware.lookup("H100-SXM")
     full = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=gpu).input
     ddp = dataclasses.replace(full, strategy="ddp", devices=4)
-    cases = {"ddp": (ddp, 1), "no-shard": (ddp.changed(strategy="fsdp", sharding="NO_SHARD"), 1),
-             "full-shard": (ddp.changed(strategy="fsdp", sharding="FULL_SHARD"), 4),
-             "grad-op": (ddp.changed(strategy="fsdp", sharding="SHARD_GRAD_OP"), 4),
-             "hybrid": (ddp.changed(strategy="fsdp", sharding="HYBRID_SHARD", devices=2, num_nodes=2), 2),
-             "zero1": (ddp.changed(strategy="deepspeed", zero_stage=1), 4),
-             "zero0": (ddp.changed(strategy="deepspeed", zero_stage=0), 1)}  # fmt: skip
+    cases = {
+        "ddp": (ddp, 1),
+        "no-shard": (ddp.changed(strategy="fsdp", sharding="NO_SHARD"), 1),
+        "full-shard": (ddp.changed(strategy="fsdp", sharding="FULL_SHARD"), 4),
+        "grad-op": (ddp.changed(strategy="fsdp", sharding="SHARD_GRAD_OP"), 4),
+        "hybrid": (ddp.changed(strategy="fsdp", sharding="HYBRID_SHARD", devices=2, num_nodes=2), 2),
+        "zero1": (ddp.changed(strategy="deepspeed", zero_stage=1), 4),
+        "zero0": (ddp.changed(strategy="deepspeed", zero_stage=0), 1),
+    }
     args = {"train": {"global_batch_size": 32, "epochs": 1}, "eval": {"interval": None}}
     base = runtime.terms(ddp, args, 1000, 0, 437.0).by_cause(gpu)
     assert base["optimizer"] > 0
@@ -723,8 +746,10 @@ def test_save_gbs_sets_the_rate_checkpoint_saves_are_timed_at(capsys):
     from tunelab.cli import main
 
     def plan(*extra):
-        assert main(["plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--train.save_interval", "2", "--json",
-                     *extra]) == 0  # fmt: skip
+        assert (
+            main(["plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--train.save_interval", "2", "--json", *extra])
+            == 0
+        )
         return json.loads(capsys.readouterr().out)["projection"]
 
     default, slow = plan(), plan("--save-gbs", "0.35")
@@ -973,8 +998,12 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
 
     (tmp_path / "configs" / "published").mkdir(parents=True)
     text = (ROOT / "configs" / "published" / "litgpt-generate.yaml").read_text()
-    bad_rows = (("model: falcon-7b", "model: nope"), ("seconds: 9.76", "seconds: fast"), ("gpu: A100-40GB", "gpu: Z9"),
-                ("seconds: 9.76", "seconds: .inf"))  # fmt: skip
+    bad_rows = (
+        ("model: falcon-7b", "model: nope"),
+        ("seconds: 9.76", "seconds: fast"),
+        ("gpu: A100-40GB", "gpu: Z9"),
+        ("seconds: 9.76", "seconds: .inf"),
+    )
     for bad in bad_rows:
         (tmp_path / "configs" / "published" / "litgpt-generate.yaml").write_text(text.replace(*bad, 1))
         with pytest.raises(InputError, match=r"configs/published/litgpt-generate.yaml: rows\[0\].*fix:"):
@@ -1051,9 +1080,13 @@ def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_pa
     assert "(not the YAML) |" in md and "llama-3.2-1B/full.yaml (8.70 GB against" in md  # nor the 1B's full run
     assert re.search(r"by method: full [-+]0% to [-+]0% \(1 row\); lora", md)  # gemma's FSDP peak, the 1B's left out
     assert md.count("(sliding window) |") == 2 and "row by row" in md
-    for bad in (("config: tiny-llama/lora.yaml", "config: ../../../recipes/tiny-llama-1.1b/lora.yaml"),
-                ("machine: 1xA10G", "machine: A10G"), ("minutes: 8.09", "minutes: fast"), ("1xA10G", "1xZ9"),
-                ("peak_gb: 13.5", "peak_gb: true")):  # fmt: skip
+    for bad in (
+        ("config: tiny-llama/lora.yaml", "config: ../../../recipes/tiny-llama-1.1b/lora.yaml"),
+        ("machine: 1xA10G", "machine: A10G"),
+        ("minutes: 8.09", "minutes: fast"),
+        ("1xA10G", "1xZ9"),
+        ("peak_gb: 13.5", "peak_gb: true"),
+    ):
         (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep).replace(*bad) + "\n")
         with pytest.raises(InputError, match=r"configs/published/litgpt-config-hub.yaml: rows\[\d\].*fix:"):
             runtime_accuracy.config_hub_rows(tmp_path)

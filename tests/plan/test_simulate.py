@@ -30,8 +30,9 @@ def test_the_simulation_counts_what_the_step_holds(configs):
     assert step["Parameter"] == pytest.approx(2 * total, rel=1e-3)
     assert step["Gradient"] == pytest.approx(2 * total, rel=1e-3)
     assert step["Optstate"] == pytest.approx(3 * 2 * total, rel=1e-3)  # two moments + foreach's temporary
-    assert step["Activation"] == pytest.approx(memory.logits_held_at_step(
-        memory.PlanInput(config=c, micro_batch_size=2, seq_len=256, tables=TRACED)), rel=0.01)  # fmt: skip
+    assert step["Activation"] == pytest.approx(
+        memory.logits_held_at_step(memory.PlanInput(config=c, micro_batch_size=2, seq_len=256, tables=TRACED)), rel=0.01
+    )
     assert sim.phases["forward"]["Optstate"] == pytest.approx(2 * 2 * total, rel=1e-3)
 
 

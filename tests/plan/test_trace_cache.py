@@ -73,9 +73,21 @@ def test_a_compiled_blocks_kernels_come_back_from_the_cache_as_traced(tmp_path, 
     from litgpt import Config
 
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
-    c = Config(n_layer=1, n_embd=64, n_head=4, n_query_groups=2, vocab_size=64, padded_vocab_size=64, block_size=256,
-               mlp_class_name="LLaMAMLP", intermediate_size=128, norm_class_name="RMSNorm", bias=False,
-               rotary_percentage=1.0, parallel_residual=False)  # fmt: skip
+    c = Config(
+        n_layer=1,
+        n_embd=64,
+        n_head=4,
+        n_query_groups=2,
+        vocab_size=64,
+        padded_vocab_size=64,
+        block_size=256,
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=128,
+        norm_class_name="RMSNorm",
+        bias=False,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+    )
     compiled._block_kernels.cache_clear()
     traced = compiled.block_kernels(c, "full", "bf16-true")
     compiled._block_kernels.cache_clear()

@@ -61,8 +61,10 @@ def test_the_tables_read_what_the_manifest_lists(tmp_path):
         ("b", "grid QLoRA", "2027-01-02, QLoRA")
     ]
     assert evidence.path("b", "records", tmp_path) == "reports/f2/records.tgz"
-    manifest.write_text(manifest.read_text() + "  fitted: [[m, full, 8]]\nc:\n  folder: f3\n  device: H200\n"
-                        "  date: 2027-01-03\n  software: torch\n  fitted: [[n, lora, 4]]\n")  # fmt: skip
+    manifest.write_text(
+        manifest.read_text() + "  fitted: [[m, full, 8]]\nc:\n  folder: f3\n  device: H200\n"
+        "  date: 2027-01-03\n  software: torch\n  fitted: [[n, lora, 4]]\n"
+    )
     evidence.entries.cache_clear()
     assert evidence.fitted_shapes("H200", tmp_path) == {("n", "lora", 4)}
     assert evidence.fitted_shapes("H100-SXM", tmp_path) == {("m", "full", 8)}

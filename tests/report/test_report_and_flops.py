@@ -120,17 +120,31 @@ def test_the_environment_says_the_host_and_the_clock_where_records_have_them():
     old = environment([RunRecord(**base)])
     assert not any(line.startswith(("- host", "- SM clock")) for line in old)
     recs = [
-        RunRecord(**base, host_cpu="Some CPU", host_op_us=2.5, sm_clock_steady_mhz=1590.0, sm_clock_max_mhz=1980.0,
-                  clock_capped_steady_share=0.9),
-        RunRecord(**base, host_cpu="Some CPU", host_op_us=3.0, sm_clock_steady_mhz=1980.0, sm_clock_max_mhz=1980.0,
-                  clock_capped_steady_share=0.0, device_op_us=10.1),
-    ]  # fmt: skip
+        RunRecord(
+            **base,
+            host_cpu="Some CPU",
+            host_op_us=2.5,
+            sm_clock_steady_mhz=1590.0,
+            sm_clock_max_mhz=1980.0,
+            clock_capped_steady_share=0.9,
+        ),
+        RunRecord(
+            **base,
+            host_cpu="Some CPU",
+            host_op_us=3.0,
+            sm_clock_steady_mhz=1980.0,
+            sm_clock_max_mhz=1980.0,
+            clock_capped_steady_share=0.0,
+            device_op_us=10.1,
+        ),
+    ]
     lines = environment(recs)
     assert "- host: Some CPU; eager dispatch 2.50-3.00 us per op" in "\n".join(lines)
     assert "on GPU 0 with its launch 10.10-10.10 us" in "\n".join(lines)
     assert "on GPU 0" not in "\n".join(environment(recs[:1]))  # a record from before the probe, or no CUDA
-    assert any(line.startswith("- SM clock, steady window: 1,590-1,980 MHz (max 1,980)") and "0%-90%" in line
-               for line in lines), lines  # fmt: skip
+    assert any(
+        line.startswith("- SM clock, steady window: 1,590-1,980 MHz (max 1,980)") and "0%-90%" in line for line in lines
+    ), lines
 
 
 def test_the_report_prints_the_plan_its_record_stored_and_says_when_it_plans_again():
@@ -144,8 +158,15 @@ def test_the_report_prints_the_plan_its_record_stored_and_says_when_it_plans_aga
     from tunelab.report.sweep import markdown, planner_columns, row_of
 
     def rec(plan=None, recipe="tiny-llama-1.1b/lora"):
-        return RunRecord(row_id="r", recipe=recipe, device_type="cuda", device_name="NVIDIA H100 80GB HBM3",
-                         status="ok", peak_allocated_bytes=5_000_000_000, plan=plan)  # fmt: skip
+        return RunRecord(
+            row_id="r",
+            recipe=recipe,
+            device_type="cuda",
+            device_name="NVIDIA H100 80GB HBM3",
+            status="ok",
+            peak_allocated_bytes=5_000_000_000,
+            plan=plan,
+        )
 
     kept = StoredPlan(planner="tunelab 0.1.0, git abc", gpu="H100-SXM", peak_allocated_bytes=4_000_000_000, fits=True)
     cols = planner_columns(rec(kept))
@@ -170,11 +191,29 @@ def test_a_cpu_report_leaves_out_what_the_device_cannot_measure_and_names_a_refu
     from tunelab.record import RunRecord
     from tunelab.report.sweep import environment, markdown, row_of
 
-    ok = RunRecord(row_id="s1", recipe="tiny-llama-1.1b/full", device_type="cpu", device_name="Some CPU",
-                   status="ok", precision="32-true", micro_batch_size=8, global_batch_size=32, peak_rss_bytes=5e8,
-                   tok_s_padded=40_000.0, tok_s_real=25_000.0, step_time_s=0.3, model_source="tiny")  # fmt: skip
-    refused = RunRecord(row_id="s13", recipe="open-llama-7b/qlora", device_type="cpu", device_name="Some CPU",
-                        status="refused", overrides=["--train.micro_batch_size", "2"])  # fmt: skip
+    ok = RunRecord(
+        row_id="s1",
+        recipe="tiny-llama-1.1b/full",
+        device_type="cpu",
+        device_name="Some CPU",
+        status="ok",
+        precision="32-true",
+        micro_batch_size=8,
+        global_batch_size=32,
+        peak_rss_bytes=5e8,
+        tok_s_padded=40_000.0,
+        tok_s_real=25_000.0,
+        step_time_s=0.3,
+        model_source="tiny",
+    )
+    refused = RunRecord(
+        row_id="s13",
+        recipe="open-llama-7b/qlora",
+        device_type="cpu",
+        device_name="Some CPU",
+        status="refused",
+        overrides=["--train.micro_batch_size", "2"],
+    )
     records = [ok, refused]
     text = markdown({"name": "lab-part1"}, records, [row_of(r, {}, "") for r in records])
     table = [ln for ln in text.splitlines() if ln.startswith("| ")]
