@@ -186,6 +186,7 @@ def test_grouping_keeps_a_short_micro_batch_and_filler_rows_count_as_padding_onl
     assert tuple(batch["input_ids"].shape) == (4, 16) and batch["padded"] == 64
     assert batch["real"] == 14 and batch["raw"] == 10  # the two samples' tokens only
     assert batch["counted"] == 4 + 8  # the loss's targets, read on the host: each sample's labels after the first
+    assert batch["counted"] == batching.counted_targets(batch["labels"])  # summed per sample, as in the batch
     assert (batch["labels"][2:] == -100).all() and (batch["input_ids"][2:] == 0).all()
 
 

@@ -10,7 +10,7 @@ while the current one trains."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,6 +65,12 @@ class Tokenized:
 
     samples: list[dict]
     """litgpt's items: ``input_ids`` and ``labels`` tensors (truncated, prompt masked) and ``token_counts``."""
+    counted: list[int] = field(init=False)
+    """Each sample's targets the loss counts (:func:`counted_targets`), read once here: collating sums them, so the
+    loop reads no tensor for them."""
+
+    def __post_init__(self) -> None:
+        self.counted = [counted_targets(s["labels"]) for s in self.samples]
 
     @classmethod
     def of(cls, dataset) -> Tokenized:
@@ -106,7 +112,7 @@ def collate(
 ) -> dict:
     """One micro batch: litgpt's ``collate_fn`` over the samples, plus ``padded``, ``real`` and ``raw`` token counts as
     ints (padded = rows x padded length, as computed; real = prompt template + text; raw = text) and the loss's
-    ``counted`` targets (:func:`counted_targets`).
+    ``counted`` targets (:attr:`Tokenized.counted`: litgpt's dataset truncates a sample, not the collate).
 
     Static shapes for compiled code (``rows`` and ``multiple``): the length padded on to :func:`bucket`'s multiple,
     and a short last micro batch filled up to ``rows`` with rows of padding. Padding is litgpt's own (input id
@@ -128,7 +134,7 @@ def collate(
     batch["padded"] = int(batch["input_ids"].numel())
     batch["real"] = sum(int(s["token_counts"]["raw_plus_prompt_template"]) for s in items)
     batch["raw"] = sum(int(s["token_counts"]["raw"]) for s in items)
-    batch["counted"] = counted_targets(batch["labels"])
+    batch["counted"] = sum(tokenized.counted[i] for i in indices)  # filler rows hold none
     return batch
 
 
