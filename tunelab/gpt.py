@@ -116,13 +116,14 @@ def _fused_function():
 
 def _accumulate(into, a, b) -> None:
     """``into += a @ b`` without a weight-sized temporary: in place where the dtypes agree; an fp32 accumulator of
-    16-bit products (autocast) by ``addmm``'s ``out_dtype`` on a CUDA GPU, as Liger does, else through the product."""
+    16-bit products (autocast) by ``addmm``'s ``out_dtype`` on an Ampere or newer GPU, as Liger does, else through
+    the product."""
     import torch
 
     b = b.to(a.dtype)
     if into.dtype == a.dtype:
         into.addmm_(a, b)
-    elif into.device.type == "cuda":
+    elif into.device.type == "cuda" and torch.cuda.get_device_capability(into.device)[0] >= 8:
         torch.addmm(into, a, b, out_dtype=into.dtype, out=into)
     else:
         into += a @ b

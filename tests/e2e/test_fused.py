@@ -67,13 +67,16 @@ def one(case):
     targets[0, :7] = -100  # a masked prompt
     targets[2, 20:] = -100  # padding
     other = copy.deepcopy(model)
-    logits = model(idx).float()
-    reference = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+    mixed = torch.autocast(device, dtype=torch.bfloat16, enabled=case.get("mixed", False))  # bf16-mixed's
+    with mixed:
+        logits = model(idx).float()
+        reference = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
     (reference / 2).backward()  # the loop divides by the accumulation steps
     used = fused.apply(other, case.get("mode", "loss"))
     counted = int((targets[..., 1:] != -100).sum())
     with Reads() as reads:  # what the fused loss reads back from the device, forward and backward
-        loss = fused.loss(other, idx, targets, counted)
+        with mixed:
+            loss = fused.loss(other, idx, targets, counted)
         (loss / 2).backward()
     worst = 0.0
     for (name, p), q in zip(model.named_parameters(), other.parameters()):
@@ -108,6 +111,7 @@ CASES = {
     "lora-head-fp32": ({"dtype": "float32", "lora": "head"}, 1e-6, 1e-5),
     "lora-fp32": ({"dtype": "float32", "lora": "blocks"}, 1e-6, 1e-5),
     "lora-head-bf16": ({"dtype": "bfloat16", "lora": "head"}, 1e-4, 0.03),
+    "full-bf16-mixed": ({"dtype": "float32", "lora": None, "mixed": True}, 1e-5, 0.03),
 }
 
 
@@ -124,7 +128,8 @@ def test_the_fused_loss_is_litgpts_loss_and_gradients(name, compared):
     """Liger's fused linear cross-entropy (Triton's interpreter) against litgpt's forward and chunked
     cross-entropy on a masked, padded batch: the same loss and the same gradient for every parameter (fp32:
     to rounding; bf16: within a few bf16 ulps of the largest gradient, the logits' gradient being rounded to bf16
-    by both before the head's matmul), including scaled embeddings, a head with a bias (Phi-2's) and a LoRA head (its adapter appended as extra
+    by both before the head's matmul; bf16-mixed, autocast over fp32 weights, alike), including scaled embeddings, a head
+    with a bias (Phi-2's) and a LoRA head (its adapter appended as extra
     columns of the head); and no value read back from the device on the way (Liger's own wrapper reads two per
     micro batch). Final-logit softcapping passes a float to the kernel: compared on a GPU."""
     _, loss_rel, grad_rel = CASES[name]
