@@ -6,9 +6,9 @@ outputs); the loop calls the model's trunk (:func:`tunelab.gpt.hidden_states`) a
 it. ``liger: all`` also swaps in Liger's RMSNorm (casting mode "gemma": litgpt's fp32 norm) and SwiGLU; not with
 ``compile: blocks``, whose inductor kernels fuse them already. Triton's kernels need a CUDA GPU: on a CPU the
 switch is off (said in the record), except under ``TRITON_INTERPRET=1``, which the tests use. The loss runs Liger's
-kernels through :func:`tunelab.gpt.fused_head_loss`, which takes the count of targets from the batch's host copy:
-Liger's own wrapper reads it back from the GPU once per micro batch, which would drain the queue the loop keeps
-ahead of the GPU.
+kernels (pinned: their arguments are the pinned version's) through :func:`tunelab.gpt.fused_head_loss`, which takes
+the count of targets from the host (read once per sample at tokenisation): Liger's own wrapper reads it back from the
+GPU in every micro batch, which drains the queue the loop keeps ahead of the GPU.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def loss(gpt, input_ids: torch.Tensor, targets: torch.Tensor, counted: int) -> torch.Tensor:
     """litgpt's training loss, fused: the mean cross-entropy of the shifted targets (ignore index -100; ``counted``
-    of them are not, read from the batch's host copy) over the head's logits, with final-logit softcapping where the
+    of them are not, a count from the host) over the head's logits, with final-logit softcapping where the
     config has it, the logits never materialised and nothing read back to the host (:func:`tunelab.gpt.
     fused_head_loss` with Liger's kernels)."""
     h, weight, bias = head_operands(gpt, hidden_states(gpt, input_ids)[:, :-1, :])
