@@ -4,6 +4,7 @@ by kernel under --simulate, and the fast path's padding as its loop forms its ba
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -182,6 +183,11 @@ def test_plan_simulate_prints_beside_the_plan():
     js = json.loads(out)
     assert js["simulated"]["peak_phase"] in ("forward", "backward", "optimizer step")
     assert js["simulated"]["peak_bytes"] == pytest.approx(js["peak_memory_gb"] * 1e9, rel=0.03)
+    # compiled blocks are not simulated: the step is compared with the same step planned eagerly, which it matches
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--strategy", "fast", "--simulate", "--json")
+    js = json.loads(out)
+    (eager,) = [float(m) for n in js["simulated"]["notes"] for m in re.findall(r"planned eagerly, ([\d.]+) GB", n)]
+    assert eager * 1e9 == pytest.approx(js["simulated"]["peak_bytes"], rel=0.03) and eager > js["peak_memory_gb"]
 
 
 def test_the_plan_answers_first_in_at_most_15_lines_with_no_third_party_warning(tmp_path, monkeypatch):

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, replace
 
 from tunelab.errors import InputError
 from tunelab.gpt import fused_head_loss, head_operands, hidden_states
-from tunelab.plan.model import strategies
+from tunelab.plan.model import memory, strategies
 from tunelab.plan.model.allocator import replay
 from tunelab.plan.model.memory import PAGED_MIN_NUMEL
 from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
 from tunelab.plan.trace.measure import DTYPES, build_model, cuda_dropout, default_dtype, model_logits, training_loss
+from tunelab.units import GB
 
 PHASES = ("forward", "backward", "optimizer step")
 KINDS = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
@@ -431,7 +432,13 @@ def _notes(case, optimizer: str) -> list[str]:
     if method == "qlora":
         notes.append("NF4 weights and their dequantization as bitsandbytes' code does it")
     if case.loop.fused_loss:
-        notes.append("Liger's fused linear cross-entropy as its Python code allocates (its Triton kernel: in place)")
+        notes.append("the fused head and loss as the loop's code allocates (Liger's Triton kernels: in place)")
+    if case.loop.compiled:
+        eager = memory.predict(case.changed(compiled=False)).peak_allocated_bytes
+        notes.append(
+            f"blocks run eagerly here (compilation is not simulated): compare with the same step planned eagerly, "
+            f"{eager / GB:.2f} GB; compiled blocks keep what torch's partitioner saves"
+        )
     if "Paged" in optimizer:
         notes.append(
             "paged optimizer: the states of tensors from 1e5 elements live outside torch's allocator (left out); "
