@@ -1092,6 +1092,7 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "gpu": gpu.name,
                 "devices": st.world_size,
                 "strategy": planned.input.strategy,
+                "method": planned.input.method,
                 "same_yaml": (st.epochs, st.micro_batch_size) == (r["epochs"], r["micro_batch_size"]),
                 "sliding_window": sliding_window_layers(planned.input.config) > 0,
                 "note": str(head["note"]),
@@ -1121,7 +1122,7 @@ def _md_config_hub_memory(rows: list[dict]) -> str:
     below = [r for r in peaks if r["not_the_yaml"]]
     parts = []
     for method in ("full", "lora", "qlora"):
-        errors = [r["memory_error"] for r in peaks if r not in below and r["config"].endswith(f"/{method}.yaml")]
+        errors = [r["memory_error"] for r in peaks if not r["not_the_yaml"] and r["method"] == method]
         if errors:
             parts.append(
                 f"{method} {min(errors):+.0%} to {max(errors):+.0%} ({len(errors)} row{'s' * (len(errors) > 1)})"

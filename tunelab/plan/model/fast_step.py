@@ -14,6 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from tunelab.gpt import fused_loss_chunk_rows
 from tunelab.plan.model import kernels, strategies
 from tunelab.plan.model.memory import dtype_bytes, optimizer_shards
 from tunelab.plan.model.tables import TRACE_TOKENS, compiled_supported, optimizer_of, tables_of
@@ -91,11 +92,8 @@ class FastStep:
 
 
 def liger_chunks(tokens: int, n_embd: int, vocab: int) -> int:
-    """The chunks Liger's fused linear cross-entropy splits ``tokens`` rows into (its rule: chunk rows = the power of
-    two at or above tokens / ceil(vocab / n_embd), at most tokens)."""
-    inc = math.ceil(vocab / n_embd)
-    size = min(1 << max(0, math.ceil(tokens / inc) - 1).bit_length(), tokens)
-    return math.ceil(tokens / max(size, 1))
+    """The chunks the fused head and loss splits ``tokens`` rows into (:func:`tunelab.gpt.fused_loss_chunk_rows`)."""
+    return math.ceil(tokens / max(fused_loss_chunk_rows(tokens, vocab, n_embd), 1))
 
 
 def _add(into: dict, phase: str, category: str, seconds: float) -> None:

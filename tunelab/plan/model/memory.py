@@ -320,13 +320,13 @@ def _logits_and_loss(case: PlanInput, head: float, s_logits: int, n_tok: int) ->
 
 
 def liger_loss_bytes(case: PlanInput) -> float:
-    """Bytes the fused head and loss (Liger's kernels) hold at its peak, the last chunk of its forward (beside the final
-    norm's saved tensors), as the loop's code allocates (:func:`tunelab.gpt.fused_head_loss`): the final norm's
+    """Bytes the fused head and loss (Liger's kernels) hold at their peak, the last chunk of its forward (beside the
+    final norm's saved tensors), as the loop's code allocates (:func:`tunelab.gpt.fused_head_loss`): the final norm's
     output ``h`` (positions x hidden, the residual stream's dtype), the loss's input (a copy of ``h`` without the
     last position; with a LoRA head, ``[h, adapter]`` made by concatenation, hidden + r columns), the gradient of
     that input, the gradient of the head weight when it trains (full fine-tuning; a LoRA head: the concatenated
-    ``[W, B]`` too), one chunk's logits (:func:`tunelab.gpt.fused_loss_chunk_rows` x vocabulary, the compute dtype) and its product
-    with the weight; under bf16-mixed, autocast's 16-bit copy of the transposed head weight that chunk's first
+    ``[W, B]`` too), one chunk's logits (:func:`tunelab.gpt.fused_loss_chunk_rows` x vocabulary, the compute
+    dtype) and its product with the weight; under bf16-mixed, autocast's 16-bit copy of the transposed head weight that chunk's first
     matmul made (a view is never cached; the second matmul's copy of a trainable leaf weight is, and is counted
     with the autocast cache). The micro batch's logits (fp32 for the loss, and their gradient) never exist."""
     c = case.config
