@@ -191,19 +191,21 @@ def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
     assert 1 not in hybrid and hybrid and 1 in {c.devices for c in cands if c.strategy == "fsdp"}
 
 
-def test_a_one_device_strategy_is_never_proposed_on_several_devices():
+def test_which_strategies_advise_tries_on_several_devices_and_with_checkpointing():
     """fast.yaml (name: single) would start ranks that never average a gradient: advise tries it on one device only;
-    LoRA under a strategy file is planned as tunelab's loop runs it, without activation checkpointing unless asked."""
+    LoRA under a strategy file is planned as tunelab's loop runs it, without activation checkpointing unless asked;
+    under a sharded strategy advise tries checkpointing on as well."""
     got = advise.candidates(
         {"lora": resolve("tiny-llama-1.1b/lora")},
         [hardware.lookup("H100-SXM")],
         tokens=1e6,
         max_devices=2,
-        strategies=["fast", "ddp"],
+        strategies=["fast", "ddp", "fsdp2"],
     )
     assert {c.world for c in got if c.strategy == "fast"} == {1}
     ddp = [c for c in got if c.strategy == "ddp" and c.world == 2]
     assert ddp and not any(c.activation_checkpointing for c in ddp)
+    assert {c.activation_checkpointing for c in got if c.strategy == "fsdp2" and c.world == 2} == {False, True}
 
 
 def test_the_fast_path_is_timed_at_the_padding_its_own_batches_have():

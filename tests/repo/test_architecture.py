@@ -293,15 +293,19 @@ registries: the planner's (``tunelab.plan.model.strategies``) and the run's (``t
 
 
 def name_tests(path: Path) -> int:
-    """Comparisons in ``path`` with a strategy's name on one side (``x == "fsdp"``, ``name in ("ddp", "fsdp")``)."""
+    """Comparisons in ``path`` with a strategy's name on one side (``x == "fsdp"``, ``name in ("ddp", "fsdp")``) or
+    as a prefix or suffix (``name.startswith("fsdp")``)."""
+
+    def names_a_strategy(side) -> bool:
+        items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+        return any(isinstance(c, ast.Constant) and c.value in STRATEGY_NAMES for c in items)
+
     count = 0
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Compare):
-            for side in (node.left, *node.comparators):
-                items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-                if any(isinstance(c, ast.Constant) and c.value in STRATEGY_NAMES for c in items):
-                    count += 1
-                    break
+            count += any(names_a_strategy(side) for side in (node.left, *node.comparators))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            count += node.func.attr in ("startswith", "endswith") and any(map(names_a_strategy, node.args))
     return count
 
 

@@ -327,7 +327,8 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
             if world > 1 and (config is None or not config.averages_gradients(world, per_node=d)):
                 continue  # fast.yaml on several devices, HYBRID_SHARD with one per node: the ranks never synchronise
             fields = strategy_fields(config, world)
-            for ac in (False, True) if strategy_name.startswith("fsdp") else (False,):  # where a file sets it
+            tries = planned_strategies.of(base_case.changed(**fields)).advised_with_checkpointing
+            for ac in (False, True) if tries else (False,):  # where a file sets it
                 # as tunelab's loop runs it: checkpointing only where asked
                 checkpointing = ac or fields.get("activation_checkpointing", False)
                 strategy_case = base_case.changed(

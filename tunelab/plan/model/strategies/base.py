@@ -89,6 +89,9 @@ class Strategy:
     """Whether the model states are divided among devices (the one-device simulation refuses it)."""
     sharded = False
     """Whether each rank holds only its shard of the states (tunelab's loop then saves the model alone)."""
+    advised_with_checkpointing = False
+    """Whether ``tunelab advise`` tries its files with activation checkpointing on as well as off (where the
+    memory it frees buys a larger micro batch: the sharded strategies)."""
 
     def fields(self, config, world: int) -> dict:
         """:class:`PlanInput` fields for a strategy file of this strategy (``config``: its ``StrategyConfig``)."""

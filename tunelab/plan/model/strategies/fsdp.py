@@ -32,7 +32,7 @@ class FSDP(Strategy):
     batches under ``no_sync()``, ``cpu_offload`` and the collectives per unit."""
 
     name = "fsdp"
-    divides = sharded = True
+    divides = sharded = advised_with_checkpointing = True
     host_ops_per_unit: tuple[float, float] = (0.0, 0.0)
     """(forward, backward) host work per block unit and micro batch, in ops of the plain loop (measured: the
     subclass names where)."""
