@@ -423,3 +423,19 @@ def test_fsdp2_adds_the_logits_to_the_regathered_root_only_where_the_loop_holds_
         )
     )
     assert litgpt["logits_and_loss"] > 0 and litgpt["sharding_buffers"] == tunelab["sharding_buffers"]
+
+
+def test_a_finished_run_is_planned_with_its_own_loops_reads_of_the_fused_loss():
+    """The fast path's loss read its count back twice a micro batch until it was recorded (``fused_loss_reads``
+    None: Liger's own wrapper); today's plan of a finished run times that loop, and a recorded figure as it is."""
+    from tunelab.plan import stored
+    from tunelab.plan.model import fast_step
+    from tunelab.record import RunRecord
+
+    def reads(strategy_file, recorded):
+        rec = RunRecord(recipe="tiny-llama-1.1b/lora", strategy_file=strategy_file, fused_loss_reads=recorded)
+        return stored.todays_plan(rec, None).input.loop.fused_loss_reads
+
+    assert reads("fast", None) == fast_step.LIGER_WRAPPER_READS == 2
+    assert reads("fast", 0) == 0 and reads("fast", 3) == 3
+    assert reads(None, None) == 0  # litgpt's own loss: nothing fused

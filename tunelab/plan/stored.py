@@ -10,11 +10,13 @@ overrides and says so (``TODAYS``): the only re-planning from a record's overrid
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tunelab import hardware
 from tunelab.errors import InputError
 from tunelab.plan import recipe as recipe_mod
+from tunelab.plan.model import fast_step
 from tunelab.plan.projection import project_recipe
 from tunelab.recipes import resolve
 from tunelab.record import RunRecord, StoredPlan
@@ -70,10 +72,15 @@ def todays_plan(rec: RunRecord, gpu: hardware.GPU | None, strategy=...):
     """Today's planner on a finished run's recipe and overrides (a :class:`tunelab.plan.recipe.PlannedRecipe`), for
     ``gpu`` (None: no verdict), under ``strategy`` (a loaded StrategyConfig or a file; default: the record's own
     file): what the planner-accuracy reports check against measurements, and what :func:`of_record` falls back to.
-    Raises what the planner raises for a recipe it refuses (:data:`REFUSED`)."""
+    Its loop reads the fused loss back as the run's did (``fused_loss_reads``; a record without the field ran
+    Liger's own wrapper). Raises what the planner raises for a recipe it refuses (:data:`REFUSED`)."""
 
     chosen = rec.strategy_file if strategy is ... else strategy
-    return recipe_mod.plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu, strategy=chosen)
+    planned = recipe_mod.plan_recipe(resolve(rec.recipe), list(rec.overrides), gpu=gpu, strategy=chosen)
+    if not planned.input.loop.fused_loss:
+        return planned
+    reads = fast_step.LIGER_WRAPPER_READS if rec.fused_loss_reads is None else rec.fused_loss_reads
+    return dataclasses.replace(planned, input=planned.input.changed(fused_loss_reads=reads))
 
 
 def of_record(rec: RunRecord, gpu: hardware.GPU) -> tuple[StoredPlan | None, str]:

@@ -334,9 +334,6 @@ def bench_items(root: Path) -> list[dict]:
             if not steady or gpu is None:
                 continue
             case = stored.todays_plan(rec, None, strategy).input
-            if case.loop.fused_loss:  # as the loop that ran it read back (Liger's own wrapper before it was recorded)
-                reads = rec.fused_loss_reads
-                case = case.changed(fused_loss_reads=fast_step.LIGER_WRAPPER_READS if reads is None else reads)
             parts = name.split("/")
             items.append(
                 {
