@@ -35,6 +35,8 @@ def test_an_option_that_does_not_apply_or_a_limit_the_search_does_not_reach_is_s
     assert code == 2 and "tiny-llama-1.1b/full is a full recipe" in err
     code, _, err = tunelab_here("advise", "tiny-llama-1.1b", "--max-devices", "64")
     assert code == 2 and "between 1 and 16" in err
+    code, _, err = tunelab_here("advise", "tiny-llama-1.1b", "--tokens", "0")  # the bound it states excludes 0
+    assert code == 2 and "give a token count above 0 and at most 1e+15" in err
 
 
 def test_devices_the_batch_or_the_data_cannot_feed_are_refused():

@@ -50,7 +50,9 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
             or (low is not None and (value <= low if low_open else value < low))
             or (high is not None and value > high)
         ):
-            bound = (f"> {low}" if low_open else f">= {low}") if high is None else f"between {low:g} and {high:g}"
+            bound = f"above {low:g}" if low_open else f"of at least {low:g}"
+            if high is not None:
+                bound = f"above {low:g} and at most {high:g}" if low_open else f"between {low:g} and {high:g}"
             raise argparse.ArgumentTypeError(f"{text!r}: give {what} {bound}")
         return value
 
