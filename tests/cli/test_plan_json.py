@@ -281,3 +281,30 @@ def test_the_plan_and_advise_say_where_the_host_and_the_link_came_from():
     code, out, err = tunelab_here("advise", "open-llama-7b", "--gpus", "A100-80GB", "--tokens", "5e7")
     assert code == 0, err
     assert f"the machines we measured took {low}-{high}" in out and "links (between the GPUs" in out
+
+
+def test_a_precision_the_gpu_has_no_peak_for_is_planned_for_memory_and_says_why_it_is_not_timed():
+    """bfloat16 on a T4 (torch emulates it): the memory plan and verdict stand; the time is one line naming the
+    GPU table and the fix, never 'inf h' nor a time by cause timed at another dtype's peak; --json stays strict JSON
+    (no Infinity) and says the same; the fix it names plans a time."""
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in plan --json"))
+
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[1].startswith("FITS on T4") and "inf" not in out and "by cause" not in out, lines
+    said = [ln for ln in lines if "not estimated" in ln]
+    assert len(said) == 1 and "gpus.yaml" in said[0] and "no bf16 peak" in said[0] and "--precision 16-mixed" in said[0]
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4", "--verbose")
+    assert code == 0 and "verdict: FITS on T4" in out and "inf" not in out and "time by cause" not in out
+    assert said[0].split(": ", 1)[1] in out
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4", "--json")
+    projection = strict(out)["projection"]
+    assert projection["seconds_high"] is None and projection["energy_j_high"] is None
+    assert projection["seconds"] is None and not projection["seconds_by_cause"]
+    assert projection["seconds_source"] == said[0].split(": ", 1)[1]
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4", "--precision", "16-mixed", "--json")
+    projection = strict(out)["projection"]
+    assert code == 0 and projection["seconds"] > 0 and projection["energy_j_high"] > 0

@@ -40,14 +40,16 @@ class Projection:
     mfu_source: str
     """Where the MFU range comes from (a default range, or the calibration record)."""
     peak_flops_per_device: float
-    seconds_low: float
-    seconds_high: float
+    seconds_low: float | None
+    """The MFU range's times (fast end first); None, with the energies, where the GPU has no peak for the
+    precision's compute type (``seconds_source`` says why)."""
+    seconds_high: float | None
     power_w: float
     power_source: str
-    energy_j_low: float
-    energy_j_high: float
-    energy_j_per_million_tokens_low: float
-    energy_j_per_million_tokens_high: float
+    energy_j_low: float | None
+    energy_j_high: float | None
+    energy_j_per_million_tokens_low: float | None
+    energy_j_per_million_tokens_high: float | None
     seconds: float | None = None
     """Point estimate of litgpt's "Training Time" for the run: the kernel-level model's causes summed
     (``seconds_by_cause``) where it applies, else tunelab.plan.model.runtime's fitted curve (compute + memory-bound work +
@@ -150,12 +152,16 @@ def project(
     lo, hi, source, power, power_source = _mfu_and_power(case, gpu, calibrate_dir, mfu_range, strategy)
     world = case.world
     total_flops = fpt.total * tokens
-    rate = lambda m: m * peak * world  # noqa: E731
-    t_low = total_flops / rate(hi) if peak and hi else float("inf")
-    t_high = total_flops / rate(lo) if peak and lo else float("inf")
-    if work is not None and work.comm is not None and math.isfinite(t_high):
-        t_low, t_high = t_low + work.comm_beside(t_low), t_high + work.comm_beside(t_high)
-    e_low, e_high = power * world * t_low, power * world * t_high
+    if peak:
+        t_low, t_high = total_flops / (hi * peak * world), total_flops / (lo * peak * world)
+        if work is not None and work.comm is not None:
+            t_low, t_high = t_low + work.comm_beside(t_low), t_high + work.comm_beside(t_high)
+        e_low, e_high = power * world * t_low, power * world * t_high
+        estimate = {**_point_estimate(work, gpu, peak), **_by_cause(work, gpu, peak)}
+    else:  # a precision the GPU has no peak for: no time, no energy, one line why
+        t_low = t_high = e_low = e_high = None
+        why = _not_timed(case, gpu)
+        estimate = {"seconds_source": why, "seconds_by_cause_source": why}
     return Projection(
         tokens=tokens,
         flops_per_token=fpt.total,
@@ -170,12 +176,21 @@ def project(
         power_source=power_source,
         energy_j_low=e_low,
         energy_j_high=e_high,
-        energy_j_per_million_tokens_low=e_low / tokens * 1e6 if tokens else 0.0,
-        energy_j_per_million_tokens_high=e_high / tokens * 1e6 if tokens else 0.0,
-        **_point_estimate(work, gpu, peak),
+        energy_j_per_million_tokens_low=None if e_low is None else e_low / tokens * 1e6 if tokens else 0.0,
+        energy_j_per_million_tokens_high=None if e_high is None else e_high / tokens * 1e6 if tokens else 0.0,
+        **estimate,
         **_comm_fields(work),
-        **_by_cause(work, gpu, peak),
     )
+
+
+def _not_timed(case: PlanInput, gpu: hardware.GPU) -> str:
+    """Why a precision ``gpu`` has no peak for (bfloat16 on a T4 or a V100) is not timed, and what to plan instead
+    (the memory plan and the communication's volume stand)."""
+    kind = hardware.precision_compute_dtype(case.precision, "high", gpu)
+    why = f"not estimated: configs/hardware/gpus.yaml gives the {gpu.name} no {kind} peak"
+    if kind == "bf16":
+        why += " (it computes no bfloat16: torch emulates it, far slower); fix: --precision 16-mixed or 16-true"
+    return why
 
 
 def _mfu_and_power(case: PlanInput, gpu: hardware.GPU, calibrate_dir, mfu_range, strategy) -> tuple:
@@ -443,7 +458,7 @@ def project_recipe(
         work.save_bytes_per_s = save_gbs * GB
     _host_and_links(work, case, gpu, host_us_per_op, interconnect, internode)
     out = project(case, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
-    if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
+    if out.seconds_low is not None and isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
         stock = case.changed(fabric=True, **switches)
         stock_per_sample = padded_tokens_per_sample(known, case.micro_batch_size, None, cap)

@@ -86,6 +86,8 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
 
 def _answer_time(p: Projection, price, world: int) -> list[str]:
     """The time, its causes, energy and price lines of :func:`render_answer`."""
+    if p.seconds_low is None:  # a precision the GPU has no peak for: the one line that says so
+        return [f"time and energy: {p.seconds_source}"]
     if p.seconds:
         band = f"{_duration(p.seconds_band[0])} to {_duration(p.seconds_band[1])}"
         time_line = f"time: {_duration(p.seconds)} (band {band}) for {p.tokens / 1e6:.2f} M tokens"
@@ -187,6 +189,8 @@ def _verdict_lines(plan: memory.Plan, gpu: hardware.GPU | None) -> list[str]:
 def _time_lines(p: Projection, tokens_note: str) -> list[str]:
     """The tokens, FLOPs, the MFU range's times, the point estimate, energy, the time by cause, checkpoints and
     communication."""
+    if p.seconds_low is None:
+        return [f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); time and energy {p.seconds_source}"]
     lines = [
         f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / BILLION:.2f} GFLOPs/token "
         f"[{p.flops_formula}]",
