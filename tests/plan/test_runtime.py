@@ -942,15 +942,15 @@ def test_the_runtime_report_says_which_timed_runs_lie_in_the_plans_band():
             ("b", {"measured_s": 3.0, "band_low_s": 0.5, "band_high_s": 2.0, "in_band": False}),
         ]
     }
-    lines = runtime_accuracy._md_band(timed, 0.1234)
+    lines = runtime_accuracy._md_band(timed, 0.1234, 1.5)
     assert "1 of 2 timed runs lie inside it" in "\n".join(lines) and "recomputed 12.34%)" in "\n".join(lines)
+    assert "(recomputed 1.500x" in "\n".join(lines)
     assert "| set | 1 of 2 | b: 3.000 (0.500-2.000) |" in lines
     text = (ROOT / "reports/planner-accuracy/runtime.md").read_text()
     inside, total = map(int, re.search(r"(\d+) of (\d+) timed runs lie inside it", text).groups())
-    assert 70 <= total and inside == total - 1  # every timed run we hold, the one outside named:
+    assert 70 <= total and inside == total  # every timed run we hold (Part 3's micro 47: planned at the edge)
     outside = re.findall(r"^\| ([^|]+) \| (\d+) of (\d+) \|", text, re.M)
-    assert [s for s, a, b in outside if a != b] == ["our H100 Part 3 curve"]  # its allocator retries (micro 47)
-    assert "fsdp micro 47" in text and "fsdp micro 8:" not in text
+    assert outside and all(a == b for s, a, b in outside)
 
 
 def test_the_fast_path_says_from_which_step_it_pays_and_its_start_up_is_the_benches():
@@ -1266,3 +1266,35 @@ def test_evaluation_is_launched_at_its_measured_share_of_a_training_ops_host_tim
             launches = st.host_ops_by_phase[phase] * h * runtime.eval_host_share(phase, method)
             assert launches > st.gpu_by_phase[phase], (method, phase)  # a small model's evaluation waits on its host
             assert causes[cause] == pytest.approx(count * launches), (method, phase)
+
+
+def test_a_plan_at_the_edge_of_memory_widens_its_bands_high_end_by_the_measured_retry_stretch():
+    """At the edge of memory the caching allocator may retry (free its cache, synchronise, cudaMalloc again): the
+    constant is the largest slowdown per sample measured beside a setting's largest retry-free micro batch (the FSDP
+    study's batch 8, ours up to 1.26x), and a plan at the edge (Part 3's micro 47, not 44) stretches its band's high
+    end by it, the low end and the point estimate unchanged; Part 3's micro 47 (26 retries) then lies inside."""
+    from tunelab import hardware
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+    from tunelab.report.runtime_accuracy import part3_rows, retry_stretch
+
+    stretch = retry_stretch(ROOT)
+    assert stretch <= runtime.EDGE_STRETCH < stretch + 1e-3
+    gpu, recipe = hardware.lookup("H100-SXM"), resolve("tiny-llama-1.1b/full")
+
+    def planned(micro):
+        overrides = ["--precision", "bf16-mixed", "--devices", "1"]
+        overrides += ["--train.micro_batch_size", str(micro), "--train.global_batch_size", str(micro)]
+        plan = plan_recipe(recipe, overrides, gpu=gpu, strategy="fsdp")
+        return plan.plan.edge, project_recipe(plan, gpu)[0]
+
+    (inside, below), (edge, at) = planned(44), planned(47)
+    assert not inside and edge
+    assert below.seconds_band[1] / below.seconds < 1.3 and "at the edge" not in below.seconds_source
+    widened = at.seconds * (1 + runtime.KERNEL_MODEL_ERROR) * runtime.EDGE_STRETCH
+    assert at.seconds_band[1] == pytest.approx(widened, rel=0.02) and at.seconds_band[0] < at.seconds
+    assert "at the edge of memory" in at.seconds_source
+    rows = {(r["setting"], r["micro"]): r for r in part3_rows(ROOT)}
+    assert rows["fsdp", 47]["edge"] and rows["fsdp", 47]["in_band"] and rows["fsdp", 47]["retries"] > 20
+    assert not rows["fsdp", 44]["edge"] and rows["fsdp", 44]["band_high_s"] < rows["fsdp", 47]["band_high_s"] / 1.5

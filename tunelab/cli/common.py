@@ -37,8 +37,7 @@ def model_choice(args) -> str:
 
 
 def number(kind, low=None, high=None, low_open=False, what="a number"):
-    """An argparse type: ``kind`` (int or float) within [low, high] (low excluded when ``low_open``), checked where
-    it is parsed, so that 0, negative or NaN values never reach a run."""
+    """An argparse type: ``kind`` within [low, high] (low excluded if ``low_open``), so no bad value reaches a run."""
 
     def parse(text: str):
         try:
@@ -50,9 +49,8 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
             or (low is not None and (value <= low if low_open else value < low))
             or (high is not None and value > high)
         ):
-            bound = f"above {low:g}" if low_open else f"of at least {low:g}"
-            if high is not None:
-                bound = f"above {low:g} and at most {high:g}" if low_open else f"between {low:g} and {high:g}"
+            bound = f"above {low:g}" if low_open else f"of at least {low:g}" if high is None else f"between {low:g}"
+            bound += "" if high is None else f" and at most {high:g}" if low_open else f" and {high:g}"
             raise argparse.ArgumentTypeError(f"{text!r}: give {what} {bound}")
         return value
 

@@ -465,4 +465,13 @@ def project_recipe(
         out = dataclasses.replace(out, **_pays_from(work, runtime_terms(settings, stock, stock_per_sample, real), gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
-    return out, note
+    return _at_the_edge(out) if planned.plan.edge and out.seconds_band else out, note
+
+
+def _at_the_edge(out: Projection) -> Projection:
+    """A projection whose plan is at the edge of memory: its band's high end stretched for the allocator's retries
+    (:func:`tunelab.plan.model.runtime.edge_band`), and its source saying so."""
+    edge = f"; at the edge of memory the allocator's retries may stretch each step up to {runtime.EDGE_STRETCH}x"
+    return dataclasses.replace(
+        out, seconds_band=runtime.edge_band(out.seconds_band), seconds_source=out.seconds_source + edge
+    )

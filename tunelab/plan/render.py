@@ -76,7 +76,7 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
     )
     if projection is not None:
         price = advise.prices().get(plan.gpu) if plan.gpu else None
-        lines += _answer_time(projection, price, planned.input.world)
+        lines += _answer_time(projection, price, planned.input.world, plan.edge)
     elif plan.gpu is None:
         lines.append("time, energy and a verdict: name a GPU (--gpu H100-SXM, ...)")
     more = len(plan.notes)
@@ -84,13 +84,16 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
     return "\n".join(lines)
 
 
-def _answer_time(p: Projection, price, world: int) -> list[str]:
-    """The time, its causes, energy and price lines of :func:`render_answer`."""
+def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[str]:
+    """The time, its causes, energy and price lines of :func:`render_answer` (``edge``: the plan is at the edge of
+    memory, its band's high end stretched for the allocator's retries)."""
     if p.seconds_low is None:  # a precision the GPU has no peak for: the one line that says so
         return [f"time and energy: {p.seconds_source}"]
     if p.seconds:
         band = f"{_duration(p.seconds_band[0])} to {_duration(p.seconds_band[1])}"
         time_line = f"time: {_duration(p.seconds)} (band {band}) for {p.tokens / 1e6:.2f} M tokens"
+        if edge:
+            time_line += f" (at the edge: retries may stretch each step up to {runtime.EDGE_STRETCH}x)"
     else:
         time_line = (
             f"time: {_duration(p.seconds_low)} to {_duration(p.seconds_high)} (MFU {p.mfu_low:.0%}-{p.mfu_high:.0%})"

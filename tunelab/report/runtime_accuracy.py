@@ -23,7 +23,7 @@ from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
 from tunelab.models import sliding_window_layers
 from tunelab.paths import ROOT
 from tunelab.plan import stored
-from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, runtime, strategies
+from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, memory, runtime, strategies
 from tunelab.plan.model.case import PlanInput
 from tunelab.plan.projection import project_recipe
 from tunelab.plan.recipe import plan_recipe, runtime_terms
@@ -40,6 +40,7 @@ from tunelab.report.accuracy import (
 )
 from tunelab.run.collect import parse_litgpt_report
 from tunelab.sweep_file import lab_rows
+from tunelab.tune import study
 from tunelab.units import GB, fmt
 
 H100_ROWS = "h100-part1"
@@ -47,6 +48,8 @@ H100_ROWS = "h100-part1"
 PART3_ROWS = "h100-part3"
 """Our H100 Part 3 study (its table): TinyLlama full fine-tuning, bf16-mixed, FSDP on one device, micro batch 8 to
 244, without and with activation checkpointing; one micro batch per optimizer step."""
+PART3_STUDY = "configs/sweeps/lab-part3.yaml"
+"""The FSDP study's file: its published tables (``lab``) beside our Part 3 probes."""
 
 
 def h100_items(root: Path) -> list[dict]:
@@ -225,10 +228,11 @@ def _natural(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
-def _band(point: float, seconds_at, measured: float) -> dict:
-    """The plan's band around a litgpt time (:func:`tunelab.plan.model.runtime.litgpt_band`) and whether
-    ``measured`` lies in it."""
+def _band(point: float, seconds_at, measured: float, edge: bool = False) -> dict:
+    """The plan's band around a litgpt time (:func:`tunelab.plan.model.runtime.litgpt_band`; stretched where the plan
+    is at the edge of memory: :func:`tunelab.plan.model.runtime.edge_band`) and whether ``measured`` lies in it."""
     low, high = runtime.litgpt_band(point, seconds_at)
+    low, high = runtime.edge_band((low, high)) if edge else (low, high)
     return {"band_low_s": low, "band_high_s": high, "in_band": low <= measured <= high}
 
 
@@ -460,6 +464,7 @@ def part3_rows(root: Path) -> list[dict]:
             return max(gpu, h * host_ops) + max(g["optimizer"], h * ops["optimizer"])
 
         pred = at(runtime.LITGPT_HOST_S_PER_OP)
+        edge = _part3_plan(micro, f == 2).edge
         rows.append(
             {
                 "setting": r["setting"],
@@ -471,10 +476,46 @@ def part3_rows(root: Path) -> list[dict]:
                 "bound": "GPU" if gpu >= runtime.LITGPT_HOST_S_PER_OP * host_ops else "host",
                 "gpu_util": float(r["gpu_util_mean"]),
                 "retries": int(r["num_alloc_retries"] or 0),
-                **_band(pred, at, it),
+                "edge": edge,
+                **_band(pred, at, it, edge),
             }
         )
     return rows
+
+
+def _part3_plan(micro: int, checkpointing: bool):
+    """The memory plan of a Part 3 probe on the study's GPU row (``configs/sweeps/lab-part3.yaml``: TinyLlama full
+    under FSDP on one H100, bf16-mixed, one micro batch a step)."""
+    gpu = hardware.lookup("H100-SXM")
+    overrides = ["--precision", "bf16-mixed", "--devices", "1"]
+    recipe = recipes.resolve("tiny-llama-1.1b/full")
+    case = plan_recipe(recipe, overrides, gpu=gpu, strategy="fsdp", activation_checkpointing=checkpointing).input
+    return memory.verdict(memory.predict(case.changed(micro_batch_size=micro, accumulation=1)), gpu)
+
+
+def retry_stretch(root: Path) -> float:
+    """:data:`tunelab.plan.model.runtime.EDGE_STRETCH` recomputed: the largest time per sample of a micro batch the
+    caching allocator retried in over that of the same setting's largest micro batch below it without retries, in
+    the FSDP study's published tables (``configs/sweeps/lab-part3.yaml``, rows noted 'cudaMalloc retries') and our
+    Part 3 rows (``num_alloc_retries``)."""
+    settings_rows = [
+        [(int(r["micro"]), float(r["iter_ms"]), "retries" in str(r.get("note", ""))) for r in rows if r.get("iter_ms")]
+        for rows in study.load(root / PART3_STUDY).lab.values()
+    ]
+    ours: dict[str, list] = {}
+    table = root / evidence.path(PART3_ROWS, "rows")
+    for r in csv.DictReader(io.StringIO(files.read_text(table, 1 << 20, "results table") if table.is_file() else "")):
+        if r.get("status") == "ok" and r.get("iter_time_ms"):
+            row = (int(r["micro_batch_size"]), float(r["iter_time_ms"]), int(r["num_alloc_retries"] or 0) > 0)
+            ours.setdefault(r["setting"], []).append(row)
+    stretches = []
+    for rows in [*settings_rows, *ours.values()]:
+        for micro, ms, retried in rows:
+            clean = [(m, t) for m, t, r in rows if m < micro and not r]
+            if retried and clean:
+                m, t = max(clean)
+                stretches.append((ms / micro) / (t / m))
+    return max(stretches)
 
 
 def part2_rows() -> list[dict]:
@@ -633,7 +674,7 @@ def write_report(path: Path, root: Path) -> None:
     }
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench, steps))),
+        *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench, steps)), retry_stretch(root)),
         *_md_hosts(host_by_machine(items, bench, steps, hosts), steps),
         *(line for key, rows in steps.items() for line in _md_steps(evidence.entry(key, root), rows, items)),
         *(_md_part3(part3) if part3 else []),
@@ -648,9 +689,10 @@ def write_report(path: Path, root: Path) -> None:
     write_text_atomic(path, "\n".join(lines))
 
 
-def _md_band(timed: dict, widest: float) -> list[str]:
+def _md_band(timed: dict, widest: float, stretch: float) -> list[str]:
     """Whether each timed run lies in the band the plan prints around it (``timed``: {set: [(run, row), ...]}, each
-    row with its measured seconds and :func:`_band`'s figures; ``widest``: :func:`kernel_model_error` recomputed)."""
+    row with its measured seconds and :func:`_band`'s figures; ``widest``: :func:`kernel_model_error` recomputed;
+    ``stretch``: :func:`retry_stretch` recomputed)."""
     e, (a, b) = runtime.KERNEL_MODEL_ERROR, (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     runs = [run for rows in timed.values() for run in rows]
     inside = sum(r["in_band"] for _, r in runs)
@@ -662,7 +704,9 @@ def _md_band(timed: dict, widest: float) -> list[str]:
         f"we calibrate on (ours busy {HOST_BOUND_UTIL:.0f}% or more, the lab's A100 rows its kernels bound; {e:.1%}, "
         f"recomputed {widest:.2%}) "
         f"either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
-        f"its stated error for its bound. {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
+        f"its stated error for its bound; where the plan is at the edge of memory, its high end stretched "
+        f"{runtime.EDGE_STRETCH}x for the allocator's retries (recomputed {stretch:.3f}x: the FSDP study's tables and "
+        f"our Part 3 rows). {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
         "times hold start-up and validation: an upper bound of the step, not held to the band.)",
         "",
         "| timed runs | inside | outside: measured s (band s) |",
@@ -1283,7 +1327,8 @@ def _md_weak(lab: list) -> list[str]:
         "2,408 backward ops at micro 4 as 0.5.13 by the same trace); generation is an upper bound; fp32's elementwise kernels and the for-each AdamW over fp32 "
         "state are timed 13-30% long (the H200's 32-true grid, `kernels.md`), and the lab's fp32 rows ran faster "
         "than planned (s3); small micro batches on a noisy host (Part 3, micro 8-23) "
-        "run slower than either bound; allocator retries (Part 3, micro 47) are not modelled. Not modelled yet: "
+        "run slower than either bound; allocator retries are not timed (a plan at the edge of memory widens its "
+        "band's high end instead: Part 3, micro 47). Not modelled yet: "
         "DDP's all-reduce launches beyond one bucket on the host, FSDP's wrapper kernels on the GPU (only their communication), the gather before a sharded checkpoint "
         "save; the host of a machine other than the median (a factor of nearly 3 over nine machines, the lab's among them, and the probes the "
         "records carry do not predict it: the second-machine section) and a board's clock under its power cap "

@@ -83,6 +83,20 @@ def litgpt_band(point: float, seconds_at) -> tuple[float, float]:
     return min(point * (1 - KERNEL_MODEL_ERROR), fast), max(point * (1 + KERNEL_MODEL_ERROR), slow)
 
 
+EDGE_STRETCH = 1.961
+"""How much longer a step may take when its plan is at the edge of memory (:data:`memory.EDGE_FRACTION`), where the
+caching allocator frees its cache and retries (each retry synchronising the device): the largest slowdown per
+sample measured against the same setting's largest micro batch without retries, in the FSDP study's published
+tables (``configs/sweeps/lab-part3.yaml``: its batch 8, 1.961x) and our H100 Part 3 rows (evidence ``h100-part3``:
+up to 1.26x, micro 47), rounded up (``tunelab plan-accuracy`` recomputes it; a test holds this to it)."""
+
+
+def edge_band(band: tuple[float, float]) -> tuple[float, float]:
+    """The band of a plan at the edge of memory: its high end stretched by :data:`EDGE_STRETCH` (retries may
+    come or not: the low end stays)."""
+    return band[0], band[1] * EDGE_STRETCH
+
+
 LAB_EVAL = {"eval.interval": 25, "eval.max_iters": 100, "eval.max_new_tokens": 100, "eval.initial_validation": False}
 """The lab's eval settings (its YAMLs): what its "Training Time" figures contain."""
 
