@@ -176,3 +176,15 @@ def test_fsdp1_rank_is_simulated_and_its_gathers_are_what_comm_py_says(name):
     assert {k: n for k, n, _, _ in planned.calls} == traced  # the calls comm.py charges NCCL's latency for
     total, _ = count_params(config)
     assert sim.peak_bytes - one.peak_bytes == pytest.approx(total * 2, rel=0.1)  # the unsharded gradients
+
+
+def test_the_plans_activation_checkpointing_is_what_the_rank_simulation_runs(capsys):
+    """`plan --strategy fsdp --activation-checkpointing --simulate`: the file does not checkpoint, the plan asks it;
+    rank 0's simulation runs the plan's choice (it simulated without and printed a -74% gap at TinyLlama micro 64)."""
+    config, world = small_llama(), 2
+    fields = {"strategy": "fsdp", "fsdp_root_kept": True, "precision": "bf16-mixed", "tables": TRACED}
+    asked, plain = (case(config, "full", world, activation_checkpointing=ac, **fields) for ac in (True, False))
+    checkpointed, not_checkpointed = ranks.simulation(asked, "fsdp"), ranks.simulation(plain, "fsdp")
+    assert checkpointed.activation_checkpointing and not not_checkpointed.activation_checkpointing
+    acts = [sim.phases["forward"]["Activation"] for sim in (checkpointed, not_checkpointed)]
+    assert acts[0] < acts[1]

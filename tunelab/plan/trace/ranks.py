@@ -615,6 +615,8 @@ def simulation(case, strategy_name: str):
     if case.world == 1:
         return simulate_for_plan(case)
     strategy = load_strategy(strategy_name) if strategy_name != "litgpt" else None
+    if strategy is not None and case.activation_checkpointing and not strategy.activation_checkpointing:
+        strategy = replace(strategy, activation_checkpointing=True)  # the plan's --activation-checkpointing
     if strategy is not None and strategy.kind.engine and strategy.zero_stage >= 2:
         return zero_sizes(case, memory.model_states(case, []))
     return for_plan(case, strategy)
