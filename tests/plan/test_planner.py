@@ -105,8 +105,8 @@ def test_mixed_precision_under_fsdp_computes_with_16_bit_weights():
 
 
 def test_our_gpu_records_are_planned_from_their_own_recipes():
-    """Every measured run of the committed H100 and H200 archives, planned as `tunelab plan` would from its recipe
-    and overrides: the OpenLLaMA 7B QLoRA rows (outside the sample of the one measured QLoRA term) and the bf16-mixed
+    """Every measured run of the committed H100 and H200 archives, planned as `tunelab plan` would from its recipe,
+    overrides and strategy file: the OpenLLaMA 7B QLoRA rows (outside the sample of the one measured QLoRA term) and the bf16-mixed
     row (activations derived per tensor dtype) within 3%; every row within 10% (the CUDA-side remainder of LoRA and
     bf16-true full fine-tuning is under 0.9 GB). The H200 LoRA benches (TinyLlama and OpenLLaMA 7B, micro 8, both
     arms, two sessions) within 1%: the first session's fast runs planned uncompiled because torch.compile's
@@ -115,7 +115,16 @@ def test_our_gpu_records_are_planned_from_their_own_recipes():
     for flash attention is a view that holds the fused q/k/v output whole; counted by its view's size the plan was
     -5.5%)."""
     rows = own_rows()
-    assert len(rows) == 54 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    assert len(rows) == 74 and {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    # Part 3: tunelab's FSDP loop on one H100, bf16-mixed, micro 8-244 (its strategy files read from the archive):
+    # under 7% without checkpointing; with it the loss's moment holds the blocks' inputs, not a recomputed block
+    # (counted there, the plan was +10% to +13% from micro 64 on)
+    part3 = [r for r in rows if r["report"] == "2026-11-23-lab-part3-h100"]
+    checkpointed = [r for r in part3 if r["row"].startswith("ac-on")]
+    assert len(part3) == 20 and len(checkpointed) == 11, [r["row"] for r in part3]
+    assert all(-0.07 <= r["rel_error"] <= 0 for r in part3), [(r["row"], r["rel_error"]) for r in part3]
+    assert all(abs(r["rel_error"]) <= 0.05 for r in checkpointed), [(r["row"], r["rel_error"]) for r in checkpointed]
+    rows = [r for r in rows if r not in part3]
     # the lab's OpenLLaMA 3B and 7B rows on an H200 (s6, s7, s11, s12; 17-70 GB): each within 1%
     openllama = [r for r in rows if r["report"] == "2026-11-27-lab-part1-openllama-h200"]
     assert {r["row"] for r in openllama} == {"s6", "s7", "s11", "s12"}

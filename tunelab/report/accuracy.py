@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tunelab import hardware, settings
+from tunelab import hardware, settings, yaml_input
 from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_bytes, write_csv, write_text_atomic
@@ -229,12 +229,31 @@ def archived_records(archive: Path):
                     f"{archive}: {member.name}: {str(e).splitlines()[0][:200]}; fix: restore the "
                     f"archive (git checkout -- {archive})"
                 ) from None
-            strategy = (
-                strategy_from_mapping(rec.strategy_settings, f"{archive}: {member.name}: strategy_settings")
-                if rec.strategy_settings
-                else rec.strategy_file
-            )
+            where, settings_kept = f"{archive}: {member.name}: strategy_settings", rec.strategy_settings
+            if not settings_kept and rec.strategy_file and "/" in rec.strategy_file:
+                where, settings_kept = _strategy_file_kept(tar, member.name, rec.strategy_file, archive)
+            strategy = strategy_from_mapping(settings_kept, where) if settings_kept else rec.strategy_file
             yield member.name, rec, strategy
+
+
+STRATEGY_FILE_MAX_BYTES = 64 * 1024
+"""The largest strategy file read from an archive (a written one is about 1 KB)."""
+
+
+def _strategy_file_kept(tar, member: str, path: str, archive: Path) -> tuple[str, dict | None]:
+    """(where, its keys) of a strategy file written beside a study's runs (a tune study's setting, which a record
+    older than ``strategy_settings`` names by its path under ``runs/``) when the archive holds it: the file's name in
+    the folder above the run's; (where, None) when it does not, or not as a regular file of at most
+    :data:`STRATEGY_FILE_MAX_BYTES`."""
+    name = f"{member.rsplit('/', 2)[0]}/{path.rsplit('/', 1)[-1]}"
+    where = f"{archive}: {name}"
+    try:
+        kept = tar.getmember(name)
+    except KeyError:
+        return where, None
+    if not kept.isfile() or kept.size > STRATEGY_FILE_MAX_BYTES:
+        return where, None
+    return where, yaml_input.loads(tar.extractfile(kept).read().decode("utf-8", "replace"), where)
 
 
 def beside(archive: Path, member: str, name: str, limit: int) -> bytes | None:
@@ -282,13 +301,14 @@ def own_rows(reports: Path | None = None) -> list[dict]:
             plan, case = planned.plan, planned.input
             measured = rec.peak_allocated_bytes / GB
             predicted = plan.peak_allocated_bytes / GB
+            written = "/" in (rec.strategy_file or "")  # a study's setting: its file, named by the setting
             rows.append(
                 {
                     "report": entry.folder,
-                    "row": rec.row_id,
+                    "row": f"{member.split('/')[-3]}/{rec.row_id}" if written else rec.row_id,
                     "device": rec.device_name,
                     "recipe": rec.recipe
-                    + (f" --strategy {rec.strategy_file}" if rec.strategy_file else "")
+                    + (f" --strategy {rec.strategy_file.rsplit('/', 1)[-1]}" if rec.strategy_file else "")
                     + (" (blocks eager past torch.compile's recompile limit: planned uncompiled)" if eager else ""),
                     "method": case.method,
                     "precision": str(case.precision),

@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tunelab.plan.model.case import Division, ModelStates, PerDevice, PlanInput, block_params, parameter_bytes
+from tunelab.plan.model.case import (
+    Division,
+    ModelStates,
+    PerDevice,
+    PlanInput,
+    block_params,
+    logits_held_at_step,
+    parameter_bytes,
+)
 
 
 class BackwardMoment(NamedTuple):
@@ -169,9 +177,14 @@ class Strategy:
         self, case: PlanInput, st: ModelStates, dev: PerDevice, acts: float, logits: float, inputs: float
     ) -> ForwardMoment:
         """The activations, logits, buffers, autocast's copies and note at the peak outside the step and the
-        backward (``inputs``: what activation checkpointing keeps)."""
+        backward: the loss, beside every activation (under checkpointing the blocks' ``inputs`` alone: a block is
+        recomputed only in backward), or, under checkpointing, a block recomputed in backward (``acts``: the inputs
+        and one block's own) beside the logits the loop holds (:func:`logits_held_at_step`)."""
         logits, in_flight = self.at_the_loss(case, st, dev, logits)
-        return ForwardMoment(acts, logits, in_flight, st.autocast_cache, None)
+        checkpointed = case.activation_checkpointing
+        loss = ForwardMoment(inputs if checkpointed else acts, logits, in_flight, st.autocast_cache, None)
+        recompute = ForwardMoment(acts, logits_held_at_step(case), in_flight, st.autocast_cache, None)
+        return max((loss, recompute), key=lambda m: m.total) if checkpointed else loss
 
     def backward_moment(
         self, case: PlanInput, st: ModelStates, dev: PerDevice, base: float, acts: float, inputs: float

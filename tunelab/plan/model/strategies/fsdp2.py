@@ -85,6 +85,7 @@ def _fsdp2_moment(
     late = 0.0 if case.activation_checkpointing else cache  # checkpointed: only the head's copies, made at the loss
     moments = [
         ForwardMoment(0.0, held, fsdp2_forward_start(case) + grads, 0.0, start_note),
+        # the loss: under checkpointing one block beside the inputs, as rank 0's simulation holds it (unlike FSDP1's)
         ForwardMoment(acts, logits, grads + (root if case.options.fsdp2_root_kept else 0.0), cache, None),
         ForwardMoment(inputs, held, dev.in_flight, late, None),
         ForwardMoment(
