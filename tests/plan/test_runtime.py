@@ -1298,3 +1298,50 @@ def test_a_plan_at_the_edge_of_memory_widens_its_bands_high_end_by_the_measured_
     rows = {(r["setting"], r["micro"]): r for r in part3_rows(ROOT)}
     assert rows["fsdp", 47]["edge"] and rows["fsdp", 47]["in_band"] and rows["fsdp", 47]["retries"] > 20
     assert not rows["fsdp", 44]["edge"] and rows["fsdp", 44]["band_high_s"] < rows["fsdp", 47]["band_high_s"] / 1.5
+
+
+@pytest.mark.parametrize("kept", ["file", "absent", "link", "too large", "not a mapping"])
+def test_a_study_records_strategy_file_is_read_from_its_archive_or_left_as_a_name(tmp_path, kept):
+    """A tune study writes each setting's strategy file beside its runs, and its older records name it by a path
+    under runs/: the archive's copy (a regular file of at most 64 KiB, in the folder above the run's) is read as the
+    strategy; a copy that is absent, a link or too large leaves the name (never followed); one that is not a mapping
+    of strategy keys is one line naming the archive member."""
+    import io
+    import json
+    import tarfile
+
+    from tunelab.report.accuracy import archived_records
+    from tunelab.strategies import StrategyConfig, StrategyError
+
+    path = "runs/gpu/study/m/setting/strategy-setting.yaml"
+    record = json.dumps({"row_id": "mbs8", "status": "ok", "strategy_file": path}).encode()
+    strategy = b"name: fsdp\nactivation_checkpointing: true\n"
+    archive = tmp_path / "records.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+
+        def add(name, data=b"", **fields):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            for key, value in fields.items():
+                setattr(info, key, value)
+            tar.addfile(info, io.BytesIO(data))
+
+        add("study/m/setting/mbs8/record.json", record)
+        member = "study/m/setting/strategy-setting.yaml"
+        if kept == "file":
+            add(member, strategy)
+        elif kept == "link":
+            add(member, type=tarfile.SYMTYPE, linkname="/etc/passwd")
+        elif kept == "too large":
+            add(member, strategy + b"#" * (64 * 1024))
+        elif kept == "not a mapping":
+            add(member, b"- fsdp\n")
+    if kept == "not a mapping":
+        with pytest.raises(StrategyError, match="strategy-setting.yaml"):
+            list(archived_records(archive))
+        return
+    [(_, rec, found)] = list(archived_records(archive))
+    if kept == "file":
+        assert isinstance(found, StrategyConfig) and found.name == "fsdp" and found.activation_checkpointing
+    else:
+        assert found == path and rec.row_id == "mbs8"
