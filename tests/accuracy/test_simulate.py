@@ -37,20 +37,30 @@ def test_tunelabs_loop_is_planned_within_1_percent(configs, method, accumulation
     _plan_against_simulation(configs["Llama-3.2-1B"], method, "bf16-true", accumulation, rel=0.01, fabric=False)
 
 
-def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fabric=True):
+@pytest.mark.parametrize("method,precision", [("full", "bf16-true"), ("full", "bf16-mixed"), ("lora", "bf16-mixed")])
+def test_activation_checkpointing_is_planned_within_1_percent_where_the_loss_peaks(configs, method, precision):
+    """Checkpointed blocks at micro 64 x 512, where the loss's moment is the forward's peak: there the blocks keep
+    their inputs alone (a block is recomputed only in backward, beside the logits the loop holds) and autocast keeps
+    no block weight's copy, only lm_head's (the plan was +15% and +6% for full fine-tuning when it counted both)."""
+    c = configs["tiny-llama-1.1b"]
+    _plan_against_simulation(c, method, precision, rel=0.01, micro=64, activation_checkpointing=True)
+
+
+def _plan_against_simulation(c, method, precision, accumulation=1, rel=0.01, fabric=True, micro=4, **fields):
     """The analytic plan's peak against the simulated step (``fabric``: litgpt's loop; False: tunelab's)."""
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     x = memory.PlanInput.of(
         config=c,
         method=method,
         precision=precision,
-        micro_batch_size=4,
+        micro_batch_size=micro,
         seq_len=512,
         accumulation=accumulation,
         quantize="bnb.nf4" if method == "qlora" else None,
         optimizer=optimizer,
         fabric=fabric,
         tables=TRACED,
+        **fields,
     )
     plan = memory.predict(x)
     planned = plan.peak_allocated_bytes

@@ -210,7 +210,7 @@ def autocast_weight_copies(case: PlanInput) -> float:
     has used them. Autocast casts each matmul's fp32 weight to 16 bits; it caches the copy of a weight that requires
     grad (one per forward) but casts a frozen one at every call, and the graph keeps each copy for the input's
     gradient. So full fine-tuning keeps one copy of every linear weight (lm_head included, the embedding not: it is
-    a lookup), and LoRA one copy of each frozen block weight, one of lm_head per 128-token chunk litgpt's loop
+    a lookup; under activation checkpointing lm_head's alone), and LoRA one copy of each frozen block weight, one of lm_head per 128-token chunk litgpt's loop
     calls it for, and one of the adapters. Seen in the simulated step (tunelab/plan/trace/simulate.py): the difference
     between bf16-mixed and bf16-true LoRA is 2 x the block weights + one lm_head copy per chunk, to 0.2%. With a
     fused loss (Liger's) LoRA's head weight (frozen, or ``[W, B]`` made by concatenation: no leaf) is cast again
@@ -219,12 +219,12 @@ def autocast_weight_copies(case: PlanInput) -> float:
     c = case.config
     total, emb = count_params(c)
     head = c.padded_vocab_size * c.n_embd
-    if not case.lora:
-        return 2 * (total - emb)
-    # LoRA under activation checkpointing: a block's forward keeps nothing (its recompute casts one block again in
-    # backward), so only the head's copies stay (per-rank simulation, litgpt's LoRA at bf16-mixed on several
-    # devices). Full fine-tuning's copies sit in autocast's cache until the forward ends, checkpointed or not.
     checkpointed = case.activation_checkpointing
+    # under activation checkpointing a block's forward keeps no copy (its recompute casts the block again in
+    # backward): only the head's copies stay (the simulated step: full fine-tuning at bf16-mixed; the per-rank
+    # simulation: litgpt's LoRA at bf16-mixed on several devices)
+    if not case.lora:
+        return 2 * head if checkpointed else 2 * (total - emb)
     blocks = 0 if checkpointed else total - emb - head + lora_param_count(c, case.lora_r, case.lora_targets)
     chunks = 0 if case.loop.fused_loss else math.ceil(case.seq_len / LM_HEAD_CHUNK)
     return 2 * blocks + 2 * head * chunks
