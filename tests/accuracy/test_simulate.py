@@ -118,3 +118,29 @@ def test_a_replayed_run_is_the_simulated_step_plus_the_allocators_blocks(configs
     assert same.requested == pytest.approx(simulate(lora).peak_bytes, abs=64)
     varied = replay_run(lora, [64, 32, 128, 16])["end"]
     assert varied.requested <= varied.allocated <= varied.reserved
+
+
+def test_a_checkpointed_blocks_backward_is_planned_beside_the_gradients_already_made():
+    """A wide MLP and a small vocabulary (n_embd 512, MLP 4096, vocabulary 1024, micro 8 x 512, four blocks built
+    whole): the peak is a recomputed block's backward, beside the gradients backward has made. Planned with them,
+    full fine-tuning is 9% under the simulated step (it was 20% under without them); what is left is the running
+    block's activation gradients, not planned yet."""
+    import dataclasses
+
+    from tests.plan.test_ranks import small_llama
+
+    c = dataclasses.replace(
+        small_llama(4), block_size=512, n_embd=512, n_head=8, n_query_groups=8, intermediate_size=4096
+    )
+    x = memory.PlanInput.of(
+        config=c,
+        method="full",
+        precision="bf16-true",
+        micro_batch_size=8,
+        seq_len=512,
+        activation_checkpointing=True,
+        tables=TRACED,
+    )
+    sim = simulate(x, layers=c.n_layer - 1)  # 3 and 4 blocks: the model at its own depth
+    assert sim.peak_phase == "backward"
+    assert -0.10 <= memory.predict(x).peak_allocated_bytes / sim.peak_bytes - 1 <= 0

@@ -183,7 +183,9 @@ class Strategy:
         logits, in_flight = self.at_the_loss(case, st, dev, logits)
         checkpointed = case.activation_checkpointing
         loss = ForwardMoment(inputs if checkpointed else acts, logits, in_flight, st.autocast_cache, None)
-        recompute = ForwardMoment(acts, logits_held_at_step(case), in_flight, st.autocast_cache, None)
+        # beside the gradients backward has made so far, unless sharded (FSDP's backward moments hold its own)
+        made = 0.0 if self.sharded else dev.grads - self.accumulated_gradients(case, st, dev)
+        recompute = ForwardMoment(acts, logits_held_at_step(case), in_flight + made, st.autocast_cache, None)
         return max((loss, recompute), key=lambda m: m.total) if checkpointed else loss
 
     def backward_moment(
