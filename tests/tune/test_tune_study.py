@@ -93,6 +93,8 @@ def test_the_shipped_study_file_loads_and_names_real_recipes_strategies_and_gpus
         (lambda s: s["studies"][0].update(id="../escape"), "id '../escape' is repeated or not a plain name"),
         (lambda s: s["studies"][0].update(memory_limit_gb=1e400), "memory_limit_gb: inf must be a finite number"),
         (lambda s: s.update(lab={"fsdp": [{"memory_mb": 9028}]}), "lab: fsdp[0]: micro: got the NoneType"),
+        (lambda s: s.update(lab={"fsdp": [{"micro": 8, "iter_ms": "fast"}]}), "lab: fsdp[0]: iter_ms: got the str"),
+        (lambda s: s.update(lab={"fsdp": [{"micro": 8, "iter_ms": 0}]}), "lab: fsdp[0]: iter_ms: 0 is not a time"),
     ],
 )
 def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, expected):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import re
 import statistics
@@ -486,11 +487,16 @@ def part3_rows(root: Path) -> list[dict]:
 def _part3_plan(micro: int, checkpointing: bool):
     """The memory plan of a Part 3 probe on the study's GPU row (``configs/sweeps/lab-part3.yaml``: TinyLlama full
     under FSDP on one H100, bf16-mixed, one micro batch a step)."""
-    gpu = hardware.lookup("H100-SXM")
+    case = _part3_case(checkpointing).changed(micro_batch_size=micro, accumulation=1)
+    return memory.verdict(memory.predict(case), hardware.lookup("H100-SXM"))
+
+
+@functools.cache
+def _part3_case(checkpointing: bool) -> PlanInput:
+    """The Part 3 study's case, planned once per setting (its probes change the micro batch alone)."""
     overrides = ["--precision", "bf16-mixed", "--devices", "1"]
-    recipe = recipes.resolve("tiny-llama-1.1b/full")
-    case = plan_recipe(recipe, overrides, gpu=gpu, strategy="fsdp", activation_checkpointing=checkpointing).input
-    return memory.verdict(memory.predict(case.changed(micro_batch_size=micro, accumulation=1)), gpu)
+    recipe, gpu = recipes.resolve("tiny-llama-1.1b/full"), hardware.lookup("H100-SXM")
+    return plan_recipe(recipe, overrides, gpu=gpu, strategy="fsdp", activation_checkpointing=checkpointing).input
 
 
 def retry_stretch(root: Path) -> float:

@@ -10,6 +10,7 @@ backward prefetch, the micro batches to search and to add as table rows). Every 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -253,6 +254,10 @@ def _lab(lab, where: str) -> dict:
             _expect(row, dict, where, f"lab: {key}[{k}]", "write `{micro: N, ...}`")
             _unknown(row, LAB_ROW_KEYS, where, f"lab: {key}[{k}]")
             _positive_int(row.get("micro"), where, f"lab: {key}[{k}]: micro")  # the row's key in the report
+            if row.get("iter_ms") is not None:  # the retry stretch divides by it (runtime.EDGE_STRETCH)
+                ms = _expect(row["iter_ms"], (int, float), where, f"lab: {key}[{k}]: iter_ms", "give milliseconds")
+                if not (math.isfinite(ms) and ms > 0):
+                    raise StudyError(f"{where}: lab: {key}[{k}]: iter_ms: {ms} is not a time; fix: milliseconds > 0")
     return lab
 
 

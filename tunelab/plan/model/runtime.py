@@ -87,8 +87,8 @@ EDGE_STRETCH = 1.961
 """How much longer a step may take when its plan is at the edge of memory (:data:`memory.EDGE_FRACTION`), where the
 caching allocator frees its cache and retries (each retry synchronising the device): the largest slowdown per
 sample measured against the same setting's largest micro batch without retries, in the FSDP study's published
-tables (``configs/sweeps/lab-part3.yaml``: its batch 8, 1.961x) and our H100 Part 3 rows (evidence ``h100-part3``:
-up to 1.26x, micro 47), rounded up (``tunelab plan-accuracy`` recomputes it; a test holds this to it)."""
+tables (``configs/sweeps/lab-part3.yaml``) and our H100 Part 3 rows (evidence ``h100-part3``), rounded up
+(``tunelab plan-accuracy`` recomputes it in runtime.md; a test holds this to it)."""
 
 
 def edge_band(band: tuple[float, float]) -> tuple[float, float]:
