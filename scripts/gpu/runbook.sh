@@ -143,6 +143,19 @@ from tunelab.run.gpu_monitor import cpu_name, device_op_us, host_op_us
 launch = device_op_us()
 print(f"host: {cpu_name()}; eager dispatch {host_op_us():.2f} us per op"
       + (f", {launch:.2f} us with its launch on GPU 0" if launch else "") + " (what a host-bound step follows)")
+if launch:  # `plan --host auto`'s figure, to set beside the host time per op this machine's litgpt runs imply
+    import dataclasses, json, os
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.trace.host_probe import measure_here
+    from tunelab.recipes import resolve
+    probes = {}
+    for key in ("tiny-llama-1.1b/full", "tiny-llama-1.1b/lora", "open-llama-7b/lora"):
+        for precision in ("32-true", "bf16-true"):
+            probe = measure_here(plan_recipe(resolve(key), [f"--precision={precision}"], gpu=None).input)
+            probes[f"{key} {precision}"] = dataclasses.asdict(probe)
+            print(f"--host auto, {key} {precision}: {probe.source()}")
+    with open(os.path.join(os.environ.get("OUT", "."), "host-probe.json"), "w") as f:
+        json.dump({"cpu": cpu_name(), "probes": probes}, f, indent=1)
 PY
   if [ "$REHEARSAL" = 1 ]; then
     echo "rehearsal: pytest -m gpu needs a CUDA GPU; collecting only"

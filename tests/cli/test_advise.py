@@ -42,3 +42,40 @@ def test_the_written_choice_validates(tmp_path):
     rows = json.loads(stdout)
     assert rows and len({json.dumps(r, sort_keys=True) for r in rows}) == len(rows)
     assert (as_json / "lora.yaml").is_file() and "launch: tunelab run" in err
+
+
+def test_a_known_host_times_every_configuration_and_the_header_says_where_it_came_from(monkeypatch):
+    """`--host-us-per-op` (`--host`): litgpt's host-bound one-device LoRA runs take the figure given (a slower host,
+    a longer run), the DDP candidates too (their micro batches are timed at the same loop's host cost); the header
+    names where it came from; `--host auto` uses the figure measured here, and without CUDA refuses in one line."""
+    import torch
+
+    from tunelab.plan.trace import host_probe
+
+    def advised(*extra):
+        argv = ("advise", "tiny-llama-1.1b/lora", "--gpus", "H100-SXM", "--max-devices", "2", "--top", "40")
+        code, out, err = tunelab_here(*argv, *extra)
+        assert code == 0, err
+        return out
+
+    def hours(argv: tuple) -> dict:
+        code, out, err = tunelab_here(
+            "advise", "tiny-llama-1.1b/lora", "--gpus", "H100-SXM", "--max-devices", "2", "--json", *argv
+        )
+        assert code == 0, err
+        return {(c["strategy"], c["precision"], c["micro_batch_size"]): c["hours"] for c in json.loads(out)}
+
+    fast, median, slow = hours(("--host", "30")), hours(()), hours(("--host-us-per-op", "120"))
+    assert fast.keys() == median.keys() == slow.keys()
+    for strategy in ("single", "ddp"):
+        key = next(k for k in median if k[0] == strategy and k[2] == 1)  # micro 1: launch-bound
+        assert fast[key] < median[key] < slow[key], (key, fast[key], median[key], slow[key])
+    assert "host: litgpt's loop at 30 us an op, as given (--host-us-per-op)" in advised("--host", "30")
+    assert "the median machine's" in advised()
+    if not torch.cuda.is_available():
+        code, out, err = tunelab_here("advise", "tiny-llama-1.1b/lora", "--gpus", "H100-SXM", "--host", "auto")
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "no CUDA device here" in err, err
+    probe = host_probe.HostProbe(30.0, 29.0, 31.5, 4000.0, 5, "cuda")
+    monkeypatch.setattr(host_probe, "measure_here", lambda case: probe)
+    assert f"host: litgpt's loop at 30 us an op, {probe.how()}" in advised("--host", "auto")
+    assert hours(("--host", "auto")) == fast

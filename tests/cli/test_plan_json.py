@@ -226,7 +226,7 @@ def test_the_plan_answers_first_in_at_most_15_lines_with_no_third_party_warning(
 def test_a_known_host_sets_litgpts_launch_time_and_narrows_the_band():
     """`--host-us-per-op`: where the launching host's figure is known, a launch-bound plan (OpenLLaMA 3B LoRA on an
     H100) follows it (half the figure: the host's launches halve) and its band is the kernel model's error alone, not
-    the spread of the hosts we measured; tunelab's loop and a plan without --gpu refuse it in one line."""
+    the spread of the hosts we measured; the fast path and a plan without --gpu refuse it in one line."""
     from tunelab.plan.model import runtime
 
     def projection(*extra):
@@ -255,6 +255,32 @@ def test_a_known_host_sets_litgpts_launch_time_and_narrows_the_band():
     ):
         code, out, err = tunelab_here("plan", *argv, "--host-us-per-op", "30")
         assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
+    # tunelab's loop without a speed switch launches as litgpt's does: it takes the figure
+    ddp = ("plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--devices", "2", "--strategy", "ddp", "--json")
+    given, median = (json.loads(tunelab_here(*ddp, *extra)[1])["projection"] for extra in (["--host", "120"], []))
+    assert given["host_source"] == "120 us an op, as given (--host-us-per-op)" and given["seconds"] > median["seconds"]
+
+
+def test_host_auto_plans_with_the_figure_measured_here_and_says_so(monkeypatch):
+    """`--host auto` (`--host` for short): the plan takes the host figure measured on this machine as it takes a
+    given one, its answer and JSON saying it was measured here; without CUDA it refuses in one line before timing."""
+    import torch
+
+    from tunelab.plan.trace import host_probe
+
+    code, given, err = tunelab_here("plan", "open-llama-3b/lora", "--gpu", "H100-SXM", "--json", "--host", "30")
+    assert code == 0, err
+    if not torch.cuda.is_available():
+        code, out, err = tunelab_here("plan", "open-llama-3b/lora", "--gpu", "H100-SXM", "--host", "auto")
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "no CUDA device here" in err, err
+    probe = host_probe.HostProbe(30.0, 29.0, 31.5, 4000.0, 5, "cuda")
+    monkeypatch.setattr(host_probe, "measure_here", lambda case: probe)
+    code, out, err = tunelab_here("plan", "open-llama-3b/lora", "--gpu", "H100-SXM", "--json", "--host", "auto")
+    assert code == 0, err
+    measured, given = json.loads(out)["projection"], json.loads(given)["projection"]
+    assert measured["seconds"] == given["seconds"] and measured["seconds_band"] == given["seconds_band"]
+    assert measured["host_source"] == probe.source() and "--host auto" in measured["seconds_source"]
+    assert given["host_source"] == "30 us an op, as given (--host-us-per-op)"
 
 
 def test_the_plan_and_advise_say_where_the_host_and_the_link_came_from():

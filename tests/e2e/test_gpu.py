@@ -123,3 +123,15 @@ def test_memory_history_replays_to_the_allocators_own_peak(tiny_ckpt, tmp_path, 
     for p in phases.values():
         assert sum(n for _, n in p["alive_by_caller"]) <= p["peak_bytes"]  # the top callers, at most all of it
     assert any("litgpt/" in who for who, _ in phases["training"]["alive_by_caller"])
+
+
+def test_host_auto_measures_litgpts_step_per_op_on_the_gpu():
+    """`plan --host auto` on a GPU machine: litgpt's step at a toy width on CUDA, a figure of the order the
+    host-bound runs we hold imply (tens of microseconds an op), every step's within a factor of two of the median."""
+    need_cuda()
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.trace.host_probe import measure_here
+
+    probe = measure_here(plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=None).input)
+    assert probe.device == "cuda" and 3 < probe.us_per_op < 500, probe
+    assert probe.low_us > probe.us_per_op / 2 and probe.high_us < 2 * probe.us_per_op, probe

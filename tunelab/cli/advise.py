@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunelab.cli.common import count, folder, given_path, listed, number
+from tunelab.cli.common import count, fail, folder, given_path, host_figure, listed, number
 
 
 def add_parser(sub) -> None:
@@ -89,6 +89,9 @@ def _limits_and_output(s) -> None:
     s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's)")
     s.add_argument("--nodes", type=number(int, 1, 1024, what="a node count"), default=1, help="nodes (default 1)")
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (needed with --nodes above 1)")
+    what = "microseconds per op litgpt's loop takes on your host's CPU, where you know it; auto: measured here, on "
+    what += "the GPU machine the run will use; default: the median machine we measured"
+    s.add_argument("--host-us-per-op", "--host", type=host_figure, metavar="US|auto", help=what)
     s.add_argument("--top", type=count, default=3, help="configurations shown per GPU (default 3)")
     s.add_argument("--json", action="store_true", help="every fitting configuration, ranked, as JSON")
     s.add_argument("--write", type=folder, metavar="DIR", help="write the fastest (or --by cost: cheapest) as a recipe")
@@ -102,6 +105,8 @@ def handle(args, extra) -> int:
 
     from tunelab.plan import advise
     from tunelab.plan.model import memory
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.trace.host_probe import measure_here
 
     lists = [listed(getattr(args, o), f"--{o}") for o in ("gpus", "precision", "strategies")]
     recipes, gpus, precision, strategies = advise.asked(args, *lists)
@@ -113,6 +118,13 @@ def handle(args, extra) -> int:
         else advise.workload_from_tokens(args.tokens or 5e7, args.epochs)
     )
     table = advise.prices(args.prices or advise.PRICE_TABLE)
+    host = (args.host_us_per_op, "as given (--host-us-per-op)") if args.host_us_per_op else None
+    if args.host_us_per_op == "auto":
+        try:
+            probe = measure_here(plan_recipe(first, [], gpu=None).input)
+        except ValueError as e:
+            return fail(str(e))
+        host = (probe.us_per_op, probe.how())
     cands = advise.candidates(
         recipes,
         gpus,
@@ -126,13 +138,14 @@ def handle(args, extra) -> int:
         strategies=strategies,
         global_batch=args.global_batch,
         headroom=headroom,
+        host_us_per_op=host[0] if host else None,
     )
     limits = {"deadline_h": args.deadline, "budget": args.budget, "tight_ok": headroom == 0}
     ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:
         print(json.dumps([{**c.__dict__, "world": c.world} for c in ranked], indent=1))
     else:
-        print(advise.render(cands, ranked, gpus, table, args.top, work, limits))
+        print(advise.render(cands, ranked, gpus, table, args.top, work, limits, host))
     if args.write and ranked:
         chosen = ranked[0]
         by_key = {r.key: r for r in recipes.values()}

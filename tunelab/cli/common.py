@@ -81,6 +81,11 @@ count = number(int, 1, 10**9, what="an integer")
 """A count (micro batch, steps, pairs, records): 1 to 1e9."""
 
 
+def host_figure(text: str):
+    """An argparse type: ``--host-us-per-op``'s ``auto`` (measured here) or microseconds an op, 1 to 10,000."""
+    return "auto" if text == "auto" else number(float, 1, 10_000, what="microseconds or auto")(text)
+
+
 def listed(text: str | None, option: str) -> list[str] | None:
     """A comma-separated ``option`` as a list (None when not given); InputError (one line) when it is given but
     names nothing (``--gpus ''``: an unset shell variable), which no command takes as "all" or "none"."""
@@ -115,12 +120,8 @@ def run_options(s):
         "lab's token counts; litgpt's final save and LoRA merge skipped)",
     )
     s.add_argument("--timeout", type=positive_seconds, metavar="S", help="kill a run after S seconds (status killed)")
-    s.add_argument(
-        "--memory-limit-gb",
-        type=positive_gb,
-        metavar="GB",
-        help="address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory",
-    )
+    what = "address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory"
+    s.add_argument("--memory-limit-gb", type=positive_gb, metavar="GB", help=what)
 
 
 def strategy_options(s):
@@ -137,11 +138,8 @@ def strategy_options(s):
         "--node-rank", type=number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)"
     )
     s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
-    s.add_argument(
-        "--master-port",
-        type=number(int, 1, 65535, what="a port"),
-        help="port on node 0 (default: a free one; give one for >1 node)",
-    )
+    port = number(int, 1, 65535, what="a port")
+    s.add_argument("--master-port", type=port, help="port on node 0 (default: a free one; give one for >1 node)")
 
 
 class Parser(argparse.ArgumentParser):

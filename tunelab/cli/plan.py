@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tunelab.cli.common import count, fail, given_path, number
+from tunelab.cli.common import count, fail, given_path, host_figure, number
 from tunelab.plan.projection import DEFAULT_MFU_RANGE
 
 
@@ -33,24 +33,14 @@ def add_parser(sub) -> None:
     _case_arguments(s.add_argument_group("the run planned"))
     _time_arguments(s.add_argument_group("its time, energy and links"))
     checks = s.add_argument_group("checks beside the plan (seconds each, on this CPU)")
-    checks.add_argument(
-        "--measure",
-        action="store_true",
-        help="count what autograd keeps in one real forward of litgpt's model (full width, 2 blocks) beside the plan",
-    )
-    checks.add_argument(
-        "--simulate",
-        action="store_true",
-        help="run litgpt's step on fake tensors under MemTracker: each phase's peak beside the plan; on several "
-        "devices rank 0 under a fake process group, wrapped as the run wraps it (docs/planner.md)",
-    )
+    what = "count what autograd keeps in one real forward of litgpt's model (full width, 2 blocks) beside the plan"
+    checks.add_argument("--measure", action="store_true", help=what)
+    what = "run litgpt's step on fake tensors under MemTracker: each phase's peak beside the plan; on several "
+    what += "devices rank 0 under a fake process group, wrapped as the run wraps it (docs/planner.md)"
+    checks.add_argument("--simulate", action="store_true", help=what)
     s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
-    s.add_argument(
-        "--verbose",
-        action="store_true",
-        help="the whole plan: the breakdown term by term, every note, where each figure comes from (default: the "
-        "answer in about ten lines)",
-    )
+    what = "the whole plan: the breakdown term by term, every note, where each figure comes from (default: the "
+    s.add_argument("--verbose", action="store_true", help=what + "answer in about ten lines)")
     s.set_defaults(func=handle, passthrough=True)
 
 
@@ -69,11 +59,8 @@ def _case_arguments(s) -> None:
         "recipe's own choice (one device; FSDP per block on several)",
     )
     s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
-    s.add_argument(
-        "--dataset",
-        type=given_path,
-        help="an Alpaca JSON: use its longest sample as the sequence length (needs the checkpoint's tokenizer)",
-    )
+    what = "an Alpaca JSON: use its longest sample as the sequence length (needs the checkpoint's tokenizer)"
+    s.add_argument("--dataset", type=given_path, help=what)
 
 
 def _time_arguments(s) -> None:
@@ -114,10 +101,12 @@ def _time_arguments(s) -> None:
     s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
     s.add_argument(
         "--host-us-per-op",
-        type=number(float, 1, 10_000, what="microseconds"),
-        metavar="US",
-        help="microseconds per op litgpt's loop takes on your host's CPU, where you know it (a record's "
-        "implied figure); default: the median machine we measured, the band spanning them all",
+        "--host",
+        type=host_figure,
+        metavar="US|auto",
+        help="microseconds per op litgpt's loop takes on your host's CPU, where you know it (a record's implied "
+        "figure); auto: measured here, on the GPU machine the run will use (seconds: litgpt's step of this model at "
+        "a toy width); default: the median machine we measured, the band spanning them all",
     )
 
 
@@ -127,6 +116,7 @@ def handle(args, extra) -> int:
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe
     from tunelab.plan.render import added, output
+    from tunelab.plan.trace.host_probe import measure_here
     from tunelab.recipes import RecipeError, resolve
 
     lo, hi = args.mfu_range
@@ -152,6 +142,9 @@ def handle(args, extra) -> int:
         try:
             asked = {k: getattr(args, k) for k in ("tokens", "tokens_per_sample", "interconnect", "internode")}
             asked |= {"save_gbs": args.save_gbs, "host_us_per_op": args.host_us_per_op, "mfu_range": (lo, hi)}
+            if args.host_us_per_op == "auto":
+                probe = measure_here(planned.input)
+                asked |= {"host_us_per_op": probe.us_per_op, "host_from": probe.source()}
             projection, tokens_note = project_recipe(planned, gpu, calibrate_dir=args.calibrate, **asked)
         except ValueError as e:
             return fail(str(e))

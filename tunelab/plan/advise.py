@@ -231,13 +231,15 @@ def candidates(
     strategies: list[str] | None = None,
     global_batch: str = "keep",
     headroom: float = memory.ALLOCATOR_HEADROOM,
+    host_us_per_op: float | None = None,
 ) -> list[Candidate]:
     """Every configuration of ``recipes`` ({method: recipe}) on each GPU, planned (fitting or not).
 
     ``global_batch``: 'keep' the recipe's (micro batches of :data:`MICRO_BATCHES` that divide it) or 'free'
     (no accumulation: global = micro x devices; micro batches up to the planner's largest within ``headroom``).
     ``strategies``: strategy files to try (default: one device alone, :data:`STRATEGIES` on several; 'single'
-    names one device without a strategy file)."""
+    names one device without a strategy file). ``host_us_per_op``: microseconds an op of litgpt's loop on the
+    launching host where known (else the median machine we measured)."""
     price_table = price_table or {}
     ask = _Ask(
         work=workload or workload_from_tokens(tokens if tokens is not None else 5e7),
@@ -247,6 +249,7 @@ def candidates(
         global_batch=global_batch,
         headroom=headroom,
         load=functools.cache(strategy_file),  # each strategy file read once, not per GPU and precision
+        host_s_per_op=host_us_per_op * 1e-6 if host_us_per_op else None,
     )
     out = []
     for gpu in gpus:
@@ -283,6 +286,8 @@ class _Ask:
     """The planner's memory headroom for the largest micro batch."""
     load: Callable
     """Reads a strategy file (cached)."""
+    host_s_per_op: float | None = None
+    """The launching host's seconds per op of litgpt's loop where known (None: the median machine we measured)."""
 
 
 def strategy_file(name: str) -> StrategyConfig | None:
@@ -340,7 +345,8 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
                     if mb * acc * world > work.samples:  # a global batch past the data: no step
                         continue  # (tunelab validate refuses it too)
                     case = dataclasses.replace(strategy_case, micro_batch_size=mb, accumulation=acc)
-                    out.append(_planned(case, gpu, links, work, strategy_name, recipe, price, ask.headroom, config))
+                    args = (case, gpu, links, work, strategy_name, recipe, price, ask.headroom, config)
+                    out.append(_planned(*args, host_s_per_op=ask.host_s_per_op))
     return out
 
 
@@ -362,7 +368,9 @@ def _micro_batches(case, gpu, gbs: int, world: int, global_batch: str, headroom:
     return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
 
 
-def _planned(case, gpu, links, work: Workload, strategy_name, recipe, price, headroom, config=None) -> Candidate:
+def _planned(
+    case, gpu, links, work: Workload, strategy_name, recipe, price, headroom, config=None, host_s_per_op=None
+) -> Candidate:
     plan = memory.verdict(memory.predict(case), gpu)
     gbs = case.micro_batch_size * case.accumulation * case.world
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
@@ -373,6 +381,7 @@ def _planned(case, gpu, links, work: Workload, strategy_name, recipe, price, hea
         0,
         work.per_sample(case.micro_batch_size, config, case.seq_len, case.config.vocab_size),
     )
+    terms.host_s_per_op = host_s_per_op
     if case.world > 1:
         terms.comm = comm.per_step(case, *links)
     seconds = terms.seconds_on(gpu, gpu.training_peak(case.precision) or 0.0)
@@ -455,15 +464,15 @@ configurations on one machine, ``reports/planner-accuracy/runtime.md``); a measu
 ``tunelab bench``) decides them."""
 
 
-def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: dict | None = None) -> str:
+def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: dict | None = None, host=None) -> str:
     """The answer as text: per GPU its best ``top`` configurations and why the rest lost, then the fastest and
-    the cheapest overall."""
+    the cheapest overall; ``host``: (microseconds an op, where they came from) where the host is known."""
     limits = limits or {}
     head = (
         "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | hours | "
         "comm s/step | kWh | USD |"
     )
-    lines = _header(work, cands, ranked)
+    lines = _header(work, cands, ranked, host)
     ranked_on: dict[str, list[Candidate]] = {}
     planned_on: dict[str, list[Candidate]] = {}
     for group, among in ((ranked_on, ranked), (planned_on, cands)):  # one pass each, in rank order
@@ -510,17 +519,21 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
     return "\n".join(lines)
 
 
-def _header(work: Workload, cands: list, ranked: list) -> list[str]:
+def _header(work: Workload, cands: list, ranked: list, host=None) -> list[str]:
     """:func:`render`'s first lines: the workload, the counts and what the columns hold; where the host's time per
-    op and the links come from."""
+    op (``host``: given or measured, else the machines we measured) and the links come from."""
     low, high = runtime.LITGPT_HOST_S_PER_OP_RANGE
+    known = f"host: litgpt's loop at {host[0]:.3g} us an op, {host[1]}" if host else ""
     return [
         f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
         f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
         f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
-        f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, the median machine's (the machines "
-        f"we measured took {low * 1e6:.0f}-{high * 1e6:.0f}: a faster CPU shortens host-bound runs); links: each "
-        "GPU's own between its GPUs unless --interconnect, --internode between nodes",
+        (
+            known
+            or f"host: litgpt's loop at {runtime.LITGPT_HOST_S_PER_OP * 1e6:.0f} us an op, the median machine's (the "
+            f"machines we measured took {low * 1e6:.0f}-{high * 1e6:.0f}: a faster CPU shortens host-bound runs)"
+        )
+        + "; links: each GPU's own between its GPUs unless --interconnect, --internode between nodes",
         "",
     ]
 

@@ -335,10 +335,11 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     elif isinstance(work.kernels, runtime.KernelWork) and work.host_s_per_op:
         e = runtime.KERNEL_MODEL_ERROR
         source = (
-            f"the time by cause below, litgpt's loop at {work.host_s_per_op * 1e6:g} us an op on the host "
-            f"(--host-us-per-op; band: the kernel model's widest miss {e:.0%} where the GPU bounds a run we hold)"
+            f"the time by cause below, litgpt's loop at {work.host_s_per_op * 1e6:.3g} us an op on the host "
+            f"({'--host auto' if work.host_from else '--host-us-per-op'}; band: the kernel model's widest miss {e:.0%} "
+            "where the GPU bounds a run we hold)"
         )
-        host = f"{work.host_s_per_op * 1e6:g} us an op, as given (--host-us-per-op)"
+        host = work.host_from or f"{work.host_s_per_op * 1e6:g} us an op, as given (--host-us-per-op)"
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
         band = runtime.litgpt_band(secs, lambda h: sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values()))
@@ -367,14 +368,15 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 
 
-def _host_and_links(work, case, gpu: hardware.GPU, host_us_per_op, interconnect, internode) -> None:
-    """Into ``work``: the host's time per op where it is known, and on several devices the communication over the
-    links named (else the GPU's own)."""
+def _host_and_links(work, case, gpu: hardware.GPU, host: tuple, interconnect, internode) -> None:
+    """Into ``work``: the host's time per op where it is known (``host``: microseconds an op and where they came
+    from, None where given), and on several devices the communication over the links named (else the GPU's own)."""
+    host_us_per_op, work.host_from = host
     if host_us_per_op:
-        if not case.loop.fabric:
+        if case.loop.fast:
             raise ValueError(
-                "--host-us-per-op: the host figure of litgpt's own loop; tunelab's loop (a strategies file) has its "
-                "own launch model; fix: leave --host-us-per-op out"
+                "--host-us-per-op: the host figure of litgpt's loop; the fast path (a strategy file's speed switches) "
+                "has its own launch model; fix: leave --host-us-per-op out"
             )
         work.host_s_per_op = host_us_per_op * 1e-6
     if case.world > 1:
@@ -422,6 +424,7 @@ def project_recipe(
     internode: str | None = None,
     save_gbs: float | None = None,
     host_us_per_op: float | None = None,
+    host_from: str | None = None,
 ) -> tuple[Projection, str]:
     """The projection of a planned recipe's training run on ``gpu`` and how its token count was had: ``tokens``
     if given, else the run's epochs (or max_steps) at ``tokens_per_sample`` padded tokens per sample (default:
@@ -430,8 +433,9 @@ def project_recipe(
     the communication term (tunelab.plan.model.comm) is added, over ``interconnect`` (default: the GPU's own link) and
     between nodes over ``internode`` (needed for several nodes). Checkpoint saves are written at ``save_gbs`` GB/s
     (1e9 bytes) where given, else at :data:`tunelab.plan.model.runtime.CHECKPOINT_WRITE_BYTES_PER_S`; litgpt's loop
-    launches at ``host_us_per_op`` microseconds an op where the host is known (ValueError for tunelab's loop, whose
-    host constants are its own), else at the fitted constant with the measured hosts' spread as its band."""
+    launches at ``host_us_per_op`` microseconds an op where the host is known (``host_from``: where a figure measured
+    here came from; ValueError for the fast path, whose host constants are its own), else at the fitted constant with
+    the measured hosts' spread as its band."""
     settings, case, strategy = planned.settings, planned.input, planned.strategy_config
     cap, vocab = settings.max_seq_length or 512, case.config.vocab_size
     lengths = None if tokens_per_sample else data_lengths(settings)
@@ -456,7 +460,7 @@ def project_recipe(
     work = runtime_terms(settings, case, per_sample, real)
     if save_gbs:
         work.save_bytes_per_s = save_gbs * GB
-    _host_and_links(work, case, gpu, host_us_per_op, interconnect, internode)
+    _host_and_links(work, case, gpu, (host_us_per_op, host_from), interconnect, internode)
     out = project(case, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
     if out.seconds_low is not None and isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}

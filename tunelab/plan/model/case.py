@@ -86,6 +86,14 @@ class LoopFeatures:
     torch's partitioner saves (:mod:`tunelab.plan.trace.compiled`, traced), not eager autograd's; planned as eager (an
     upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
 
+    @property
+    def fast(self) -> bool:
+        """tunelab's loop with a speed switch on (compiled blocks, a fused loss or optimizer, the loss read less often
+        than every iteration): its step is timed by :mod:`tunelab.plan.model.fast_step`, with its own launch model;
+        without one tunelab's loop launches as litgpt's does."""
+        switched = self.compiled or self.fused_loss or self.fused_optimizer or self.loss_read_interval > 1
+        return not self.fabric and switched
+
 
 _GROUP_OF = {
     **{f.name: "options" for f in dataclass_fields(StrategyOptions)},

@@ -179,9 +179,6 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         optimizer = optimizer_of(case)
     except InputError:
         return f"the optimizer {case.optimizer} is not in the kernel model"
-    fast = not case.loop.fabric and (
-        case.loop.compiled or case.loop.fused_loss or case.loop.fused_optimizer or case.loop.loss_read_interval > 1
-    )
     return KernelWork(
         case.config,
         case.method,
@@ -194,7 +191,7 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         optimizer_shards(case),
         case.tables,
         strategies.of(case).wrapper_host_ops(case),
-        case if fast and case.method != "qlora" else None,
+        case if case.loop.fast and case.method != "qlora" else None,
     )
 
 
@@ -247,6 +244,9 @@ class Terms:
     host_s_per_op: float | None = None
     """Seconds per dispatched op of litgpt's loop on the launching host when the user knows it (``tunelab plan
     --host-us-per-op``); None: :data:`LITGPT_HOST_S_PER_OP`, the median machine we measured."""
+    host_from: str | None = None
+    """Where :attr:`host_s_per_op` came from when it was measured here (``--host auto``), as the plan says it; None:
+    given by the user."""
 
     def by_cause(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> dict:
         """The run's seconds on ``gpu`` by cause (:data:`CAUSES`; they sum to the run), from the kernel model:
