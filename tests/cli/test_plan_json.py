@@ -261,6 +261,29 @@ def test_a_known_host_sets_litgpts_launch_time_and_narrows_the_band():
     assert given["host_source"] == "120 us an op, as given (--host-us-per-op)" and given["seconds"] > median["seconds"]
 
 
+def test_a_token_budget_times_that_many_tokens():
+    """`--tokens N`: the point estimate and its causes are for N padded tokens, not the recipe's own run (the kernel
+    model timed the recipe's 12 steps whatever N was: "11 s for 1000 M tokens" beside an MFU range of hours); ten
+    times the tokens, ten times the training kernels; fewer tokens than one optimizer step refused in one line."""
+
+    def projection(*tokens: str) -> dict:
+        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--json", *tokens)
+        assert code == 0, err
+        return json.loads(out)["projection"]
+
+    recipes, small, large = projection(), projection("--tokens", "1e6"), projection("--tokens", "1e7")
+    for cause in ("matmul", "elementwise", "host launches"):
+        assert large["seconds_by_cause"][cause] == pytest.approx(10 * small["seconds_by_cause"][cause], rel=0.01)
+        per_token = recipes["seconds_by_cause"][cause] / recipes["tokens"]  # the recipe's 12 steps
+        assert small["seconds_by_cause"][cause] == pytest.approx(per_token * 1e6, rel=0.01)
+    assert large["seconds_low"] == pytest.approx(10 * small["seconds_low"])
+    capped = projection("--tokens", "1e6", "--train.epochs", "3", "--train.max_steps", "5")  # the budget decides
+    assert capped["seconds"] == pytest.approx(small["seconds"])
+    assert 9 < large["seconds"] / small["seconds"] < 11.5  # the validations at the recipe's interval come along
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--tokens", "100")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "fewer than one optimizer step" in err, err
+
+
 def test_host_auto_plans_with_the_figure_measured_here_and_says_so(monkeypatch):
     """`--host auto` (`--host` for short): the plan takes the host figure measured on this machine as it takes a
     given one, its answer and JSON saying it was measured here; without CUDA it refuses in one line before timing."""

@@ -68,7 +68,8 @@ def _time_arguments(s) -> None:
     s.add_argument(
         "--tokens",
         type=number(float, 0, 1e18, low_open=True, what="a token count"),
-        help="token budget to project (default: the recipe's training run)",
+        help="padded tokens to train, in place of the recipe's epochs and max_steps (its validation and save "
+        "intervals kept; default: the recipe's training run)",
     )
     s.add_argument(
         "--tokens-per-sample",

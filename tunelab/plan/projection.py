@@ -447,6 +447,7 @@ def project_recipe(
         else None  # litgpt's padding of the default lengths, said so by epoch_tokens
     )
     real = None if tokens_per_sample else statistics.fmean(known)
+    asked_tokens = tokens
     if tokens:
         note = f"--tokens {tokens:,.0f}"
     else:
@@ -457,7 +458,7 @@ def project_recipe(
                 f"batches, padded to multiples of {strategy.pad_to_multiple}, over "
                 + ("the data's lengths)" if lengths else "the default Alpaca-like length distribution)")
             )
-    work = runtime_terms(settings, case, per_sample, real)
+    work = runtime_terms(settings, case, per_sample, real, tokens=asked_tokens)
     if save_gbs:
         work.save_bytes_per_s = save_gbs * GB
     _host_and_links(work, case, gpu, (host_us_per_op, host_from), interconnect, internode)
@@ -466,7 +467,8 @@ def project_recipe(
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
         stock = case.changed(fabric=True, **switches)
         stock_per_sample = padded_tokens_per_sample(known, case.micro_batch_size, None, cap)
-        out = dataclasses.replace(out, **_pays_from(work, runtime_terms(settings, stock, stock_per_sample, real), gpu))
+        stock_work = runtime_terms(settings, stock, stock_per_sample, real, tokens=asked_tokens)
+        out = dataclasses.replace(out, **_pays_from(work, stock_work, gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
     return _at_the_edge(out) if planned.plan.edge and out.seconds_band else out, note

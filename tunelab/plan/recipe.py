@@ -11,6 +11,7 @@ from pathlib import Path
 from tunelab import hardware
 from tunelab.data import records as dataset_records
 from tunelab.data.lengths import default_padded_per_sample, longest_sample_tokens, sample_lengths, tokens_scale
+from tunelab.errors import InputError
 from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.plan.model import memory, runtime, strategies
@@ -298,14 +299,29 @@ def data_lengths(settings: Settings) -> list[int] | None:
 
 
 def runtime_terms(
-    settings: Settings, case: PlanInput, tokens_per_sample: float | None, real_per_sample: float | None = None
+    settings: Settings,
+    case: PlanInput,
+    tokens_per_sample: float | None,
+    real_per_sample: float | None = None,
+    tokens: float | None = None,
 ):
     """The recipe's run as tunelab.plan.model.runtime.Terms: its data's size and split (or the lab's 2,000 samples),
     epochs or max_steps, eval settings, padded tokens per sample (default: :func:`default_padded_per_sample` at
-    the run's micro batch) and, where known, real (unpadded) tokens per sample."""
+    the run's micro batch) and, where known, real (unpadded) tokens per sample. ``tokens`` (``plan --tokens``): the
+    run is that many padded tokens instead, in one pass (the recipe's epochs and max_steps set aside), validated and
+    saved at the recipe's intervals; InputError where they make no optimizer step."""
     train, val, _ = train_samples(settings)
     cap, vocab = settings.max_seq_length, case.config.vocab_size
     per_sample = tokens_per_sample or default_padded_per_sample(case.micro_batch_size, cap, vocab)
-    t = runtime.terms(case, settings.args, train, val, per_sample)
+    args = settings.args
+    if tokens:
+        train, step = round(tokens / per_sample), case.micro_batch_size * case.accumulation * case.world
+        if train < step:
+            raise InputError(
+                f"--tokens {tokens:,.0f}: fewer than one optimizer step ({step} samples of {per_sample:.0f} padded "
+                f"tokens); fix: --tokens {step * per_sample:.0f} or more"
+            )
+        args = {**args, "train": {**args["train"], "epochs": 1, "max_steps": None}}
+    t = runtime.terms(case, args, train, val, per_sample)
     t.detail["real_tokens_per_sample"] = real_per_sample
     return t

@@ -536,11 +536,11 @@ def part2_rows() -> list[dict]:
             continue
         gpu = hardware.lookup(r.gpu)
         planned = plan_recipe(r.recipe, r.overrides(), gpu=gpu, strategy=r.strategy)
-        x, train = planned.input, planned.settings.args["train"]
-        t = runtime_terms(planned.settings, x, None)
+        case, train = planned.input, planned.settings.args["train"]
+        t = runtime_terms(planned.settings, case, None)
         if not isinstance(t.kernels, runtime.KernelWork):
             continue
-        t.comm = comm.per_step(x, link) if x.world > 1 else None
+        t.comm = comm.per_step(case, link) if case.world > 1 else None
         t.detail.update(eval_iterations=0, evaluations=0)
         causes = t.by_cause(gpu)
         steps = t.detail["optimizer_steps"]
@@ -550,8 +550,8 @@ def part2_rows() -> list[dict]:
             {
                 "id": r.id,
                 "strategy": r.strategy,
-                "devices": x.world,
-                "micro": x.micro_batch_size,
+                "devices": case.world,
+                "micro": case.micro_batch_size,
                 "lab_step_s": lab,
                 "predicted_s": pred,
                 "error": pred / lab - 1,
