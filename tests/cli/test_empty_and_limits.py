@@ -37,6 +37,12 @@ def test_an_option_that_does_not_apply_or_a_limit_the_search_does_not_reach_is_s
     assert code == 2 and "between 1 and 16" in err
     code, _, err = tunelab_here("advise", "tiny-llama-1.1b", "--tokens", "0")  # the bound it states excludes 0
     assert code == 2 and "give a token count above 0 and at most 1e+15" in err
+    # QLoRA alone where nothing would be planned for it (it was "nothing fits" over empty reasons)
+    code, _, err = tunelab_here("advise", "tiny-llama-1.1b/qlora", "--precision", "bf16-mixed,16-mixed")
+    assert code == 2 and len(err.splitlines()) == 1 and "QLoRA trains under a true precision" in err, err
+    for qlora in (["tiny-llama-1.1b/qlora"], ["tiny-llama-1.1b", "--method", "qlora"]):
+        code, _, err = tunelab_here("advise", *qlora, "--nodes", "2", "--internode", "ib-ndr-8x")
+        assert code == 2 and len(err.splitlines()) == 1 and "--nodes 2: QLoRA trains on one device" in err, err
 
 
 def test_devices_the_batch_or_the_data_cannot_feed_are_refused():

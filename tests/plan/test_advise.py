@@ -124,6 +124,21 @@ def test_precision_global_batch_and_headroom_axes(planned):
     assert {c.precision for c in planned if c.method == "qlora"} == {"bf16-true"}
 
 
+def test_qlora_on_a_gpu_without_bfloat16_is_tried_at_16_true():
+    """litgpt refuses QLoRA under mixed precision, and a GPU without bfloat16 was tried at 16-mixed alone: QLoRA was
+    never planned there ("0 configurations planned", "nothing fits", empty reasons). It is tried at 16-true, the
+    others at 16-mixed as before; a GPU with nothing planned says so, without empty reason lines."""
+    t4 = hardware.lookup("T4")
+    assert advise.precisions(t4, method="qlora") == ["16-true"] and advise.precisions(t4) == ["16-mixed"]
+    assert advise.precisions(hardware.lookup("H100-SXM"), method="qlora") == ["bf16-true", "bf16-mixed"]
+    recipes = {m: resolve(f"tiny-llama-1.1b/{m}") for m in ("lora", "qlora")}
+    cands = advise.candidates(recipes, [t4], tokens=5e6, max_devices=1)
+    assert {(c.method, c.precision) for c in cands} == {("lora", "16-mixed"), ("qlora", "16-true")}
+    work = advise.workload_from_tokens(5e6)
+    text = advise.render([], [], [t4], {}, 3, work)
+    assert "no configuration asked applies" in text and "- by method" not in text and "nothing fits" not in text
+
+
 def test_a_data_file_sets_samples_and_padding(tmp_path):
     data = tmp_path / "d.json"
     data.write_text(json.dumps(_records(90)))

@@ -207,12 +207,13 @@ class Candidate:
         return self.devices * self.nodes
 
 
-def precisions(gpu: hardware.GPU, asked: list[str] | None = None) -> list[str]:
+def precisions(gpu: hardware.GPU, asked: list[str] | None = None, method: str = "full") -> list[str]:
     """The precisions tried on ``gpu``: by default bf16-true and bf16-mixed where it computes bfloat16, 16-mixed
-    where not (16-true trains without a loss scaler; 32-true is slower everywhere); ``asked`` replaces them, less
-    the bfloat16 ones on a GPU without bfloat16."""
+    where not (16-true trains without a loss scaler; 32-true is slower everywhere), but QLoRA, which litgpt refuses
+    under mixed precision, 16-true there; ``asked`` replaces them, less the bfloat16 ones on a GPU without
+    bfloat16."""
     if asked is None:
-        return ["bf16-true", "bf16-mixed"] if gpu.bf16 else ["16-mixed"]
+        return ["bf16-true", "bf16-mixed"] if gpu.bf16 else ["16-true" if method == "qlora" else "16-mixed"]
     return [p for p in asked if gpu.bf16 or not p.startswith("bf16")]
 
 
@@ -261,7 +262,7 @@ def candidates(
             comm.lookup("host-pcie4", "host"),
         )
         for method, recipe in recipes.items():
-            for prec in precisions(gpu, precision):
+            for prec in precisions(gpu, precision, method):
                 if method == "qlora" and "mixed" in prec:  # litgpt refuses quantization under mixed precision
                     continue
                 out += _configurations(ask, recipe, method, prec, gpu, links, price_table.get(gpu.name))
@@ -502,7 +503,7 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
                 )
             lines.append("")
         else:
-            lines += ["nothing fits within the limits given", ""]
+            lines += ["nothing fits within the limits given" if planned else "no configuration asked applies", ""]
         lines += [f"why the others lost on {gpu.name}:", *_why_lost(planned, mine, gpu, limits), ""]
     if any("offload" in c.strategy for c in ranked):
         lines += [
@@ -567,7 +568,8 @@ def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: di
                 )
             else:
                 parts.append(f"{name}: {', '.join(sorted(reasons - {'does not fit'}))}")
-        out.append(f"- by {label}: " + "; ".join(parts))
+        if parts:
+            out.append(f"- by {label}: " + "; ".join(parts))
     return out
 
 
@@ -666,6 +668,14 @@ def asked(args, names: list, precision: list | None, strategies: list | None) ->
         raise InputError(f"--gpus: {e}") from None
     if precision and (bad := sorted(set(precision) - set(PRECISIONS))):
         raise InputError(f"--precision: {', '.join(bad)} unknown; fix: one of {', '.join(PRECISIONS)}")
+    if {r.method for r in found.values()} == {"qlora"}:  # what candidates() skips for QLoRA, said before planning
+        if precision and all("mixed" in p for p in precision):
+            raise InputError(
+                f"--precision {args.precision}: QLoRA trains under a true precision (litgpt refuses quantization "
+                "under mixed precision); fix: bf16-true, or 16-true on a GPU without bfloat16"
+            )
+        if args.nodes > 1:
+            raise InputError(f"--nodes {args.nodes}: QLoRA trains on one device; fix: --nodes 1, or --method lora")
     for gpu in gpus:
         if precision and not precisions(gpu, precision):
             raise InputError(
