@@ -284,6 +284,25 @@ def test_a_token_budget_times_that_many_tokens():
     assert code == 2 and len(err.strip().splitlines()) == 1 and "fewer than one optimizer step" in err, err
 
 
+def test_energy_is_the_power_over_the_time_the_plan_prints():
+    """Energy is power x devices x the point estimate's band, as the price and advise take the time: it was the MFU
+    range's times, 8-18x short of the printed time for a host-bound run (TinyLlama LoRA, 1e9 tokens: "42.3 h" beside
+    "1.6-3.6 kWh"); at the edge of memory its high end stretches with the band's."""
+    for argv in (
+        ["tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--tokens", "1e9"],
+        ["open-llama-7b/full", "--gpu", "H100-SXM", "--devices", "4", "--strategy", "ddp"],  # at the edge
+    ):
+        code, out, err = tunelab_here("plan", *argv, "--json")
+        assert code == 0, err
+        plan = json.loads(out)
+        p, devices = plan["projection"], plan["devices"]
+        low, high = p["seconds_band"]
+        assert p["energy_j_low"] == pytest.approx(p["power_w"] * devices * low)
+        assert p["energy_j_high"] == pytest.approx(p["power_w"] * devices * high)
+        assert p["energy_j_per_million_tokens_high"] == pytest.approx(p["energy_j_high"] / p["tokens"] * 1e6)
+    assert "at the edge" in p["seconds_source"]
+
+
 def test_host_auto_plans_with_the_figure_measured_here_and_says_so(monkeypatch):
     """`--host auto` (`--host` for short): the plan takes the host figure measured on this machine as it takes a
     given one, its answer and JSON saying it was measured here; without CUDA it refuses in one line before timing."""

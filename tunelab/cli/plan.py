@@ -25,8 +25,9 @@ def add_parser(sub) -> None:
         "and with --gpu a projection: seconds (the point estimate), seconds_by_cause (matmul, attention, "
         "elementwise, dequantization, optimizer, host launches, validation, generation, checkpoint saves, "
         "communication; they sum to seconds), mfu_predicted_padded/real, seconds_after_loop, bytes_after_loop, "
-        "save_bytes_per_s, the MFU range's seconds_low/high and energy_j_low/high, comm_bytes_per_step and "
-        "comm_seconds_per_step on several devices (per forward without gradients: comm_bytes/seconds_per_forward); host_source and link_source (where the host's time per op and the "
+        "save_bytes_per_s, the MFU range's seconds_low/high, energy_j_low/high (power x devices x the band), "
+        "comm_bytes_per_step and comm_seconds_per_step on several devices (per forward without gradients: "
+        "comm_bytes/seconds_per_forward); host_source and link_source (where the host's time per op and the "
         "links come from); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps (against stock "
         "litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )

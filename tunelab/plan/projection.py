@@ -47,6 +47,8 @@ class Projection:
     power_w: float
     power_source: str
     energy_j_low: float | None
+    """The power (board power, an upper bound, or a calibration record's measured power) x devices x the time: the
+    point estimate's band where there is one (as the price and ``advise`` take it), else the MFU range's times."""
     energy_j_high: float | None
     energy_j_per_million_tokens_low: float | None
     energy_j_per_million_tokens_high: float | None
@@ -156,8 +158,9 @@ def project(
         t_low, t_high = total_flops / (hi * peak * world), total_flops / (lo * peak * world)
         if work is not None and work.comm is not None:
             t_low, t_high = t_low + work.comm_beside(t_low), t_high + work.comm_beside(t_high)
-        e_low, e_high = power * world * t_low, power * world * t_high
         estimate = {**_point_estimate(work, gpu, peak), **_by_cause(work, gpu, peak)}
+        low, high = estimate.get("seconds_band") or (t_low, t_high)  # the point estimate's band where there is one
+        e_low, e_high = power * world * low, power * world * high
     else:  # a precision the GPU has no peak for: no time, no energy, one line why
         t_low = t_high = e_low = e_high = None
         why = _not_timed(case, gpu)
@@ -478,6 +481,11 @@ def _at_the_edge(out: Projection) -> Projection:
     """A projection whose plan is at the edge of memory: its band's high end stretched for the allocator's retries
     (:func:`tunelab.plan.model.runtime.edge_band`), and its source saying so."""
     edge = f"; at the edge of memory the allocator's retries may stretch each step up to {runtime.EDGE_STRETCH}x"
-    return dataclasses.replace(
-        out, seconds_band=runtime.edge_band(out.seconds_band), seconds_source=out.seconds_source + edge
-    )
+    band = runtime.edge_band(out.seconds_band)
+    longer = band[1] / out.seconds_band[1]
+    energies = {
+        k: getattr(out, k) * longer
+        for k in ("energy_j_high", "energy_j_per_million_tokens_high")
+        if getattr(out, k) is not None
+    }
+    return dataclasses.replace(out, seconds_band=band, seconds_source=out.seconds_source + edge, **energies)
