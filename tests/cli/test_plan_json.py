@@ -303,6 +303,24 @@ def test_energy_is_the_power_over_the_time_the_plan_prints():
     assert "at the edge" in p["seconds_source"]
 
 
+def test_a_calibrated_energy_says_its_power_was_measured(tmp_path):
+    """--calibrate takes a record's measured power: the answer's energy says so (it said "board power, an upper
+    bound" over 248 W measured), and --verbose writes a small energy in Wh, not "0.000-0.000 kWh"."""
+    import tarfile
+
+    with tarfile.open(ROOT / "reports" / "2026-11-23-lab-part1-h100" / "records.tgz") as tgz:
+        tgz.extractall(tmp_path, filter="data")
+    argv = ("plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--precision", "bf16-true", "--calibrate", tmp_path)
+    code, out, err = tunelab_here(*argv)
+    assert code == 0, err
+    energy = next(ln for ln in out.splitlines() if ln.startswith("energy: "))
+    assert "(the power measured in a record)" in energy and "board power" not in energy
+    code, out, err = tunelab_here(*argv, "--verbose")
+    verbose = next(ln for ln in out.splitlines() if ln.startswith("  energy: "))
+    assert " Wh to " in verbose and "0.000" not in verbose and "power: measured mean" in verbose, verbose
+    assert "(board power, an upper bound)" in tunelab_here(*argv[:6])[1]
+
+
 def test_host_auto_plans_with_the_figure_measured_here_and_says_so(monkeypatch):
     """`--host auto` (`--host` for short): the plan takes the host figure measured on this machine as it takes a
     given one, its answer and JSON saying it was measured here; without CUDA it refuses in one line before timing."""

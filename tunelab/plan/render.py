@@ -112,7 +112,8 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
     where = [w for w in (p.host_source and f"host: {p.host_source}", p.link_source and f"link: {p.link_source}") if w]
     if where:
         lines.append("  " + "; ".join(where))
-    energy = f"energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)} (board power, an upper bound)"
+    power = "board power, an upper bound" if "board power" in p.power_source else "the power measured in a record"
+    energy = f"energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)} ({power})"
     if price is not None and p.seconds:
         hours = p.seconds / 3600 * world
         energy += f"; price: {price.usd_per_hour * hours:,.2f} USD at {price.usd_per_hour:g} USD/h per GPU"
@@ -205,7 +206,7 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
             if p.seconds
             else f"  {p.seconds_source}"
         ),
-        f"  energy: {p.energy_j_low / 3.6e6:.3f}-{p.energy_j_high / 3.6e6:.3f} kWh, "
+        f"  energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)}, "
         f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
         f"per million tokens; power: {p.power_source}",
     ]
