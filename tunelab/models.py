@@ -13,8 +13,6 @@ from tunelab import yaml_input
 from tunelab.errors import InputError
 from tunelab.settings import LORA_TARGETS
 
-_PLAIN = dict(n_expert=0, norm_qk=False, post_attention_norm=False, post_mlp_norm=False, mlp_class_name=None)
-
 
 def count_params(config) -> tuple[int, int]:
     """(all parameters, token-embedding parameters) of a litgpt Config.

@@ -106,12 +106,8 @@ GRID_BY_OP = ("h200-grid", "by_op")
 3B full at 8, TinyLlama full at 16; a later call that session, another H200 machine): what :data:`STRIDED_EFFICIENCY`,
 :data:`CONV_EFFICIENCY` and :data:`CONV_BACKWARD_EFFICIENCY` were read from, and with :data:`MEMORY_EFFICIENCY` and
 :data:`SM_BYTES_PER_CYCLE` fitted on."""
-GRID_H200_AGAIN = ("h200-grid-again", "grid")
-"""TinyLlama at micro 1, 4, 8 (LoRA), 16 and OpenLLaMA 3B at 4 on a third H200 machine, the day its litgpt Part 1
-rows were timed (``h200-part1``); each line with its host clock per phase and the probes
-taken before it (``host``): out of sample."""
 GRID_FP32 = ("h200-grid-again", "grid 32-true")
-"""TinyLlama full at 32-true (fp32 weights, TF32 matmuls) at micro 8 and 32 on the same machine, a later call: the
+"""TinyLlama full at 32-true (fp32 weights, TF32 matmuls) at micro 8 and 32 on a third H200 machine: the
 micro-8 line holds :data:`TF32_MATMUL_SHARE` and :data:`FP32_ATTENTION_EFFICIENCY`, the micro-32 line checks them."""
 GRID_QLORA = ("h200-grid-qlora", "grid QLoRA")
 """QLoRA beside LoRA on one H200 machine (TinyLlama at micro 1, 4, 16, OpenLLaMA 7B at 4; OpenLLaMA 7B QLoRA at 8

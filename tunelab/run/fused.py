@@ -22,8 +22,6 @@ from tunelab.gpt import IGNORE_INDEX, fused_head_loss, head_operands, hidden_sta
 
 READS_PER_MICRO_BATCH = 0
 """Values :func:`loss` reads back from the GPU per micro batch (the record's ``fused_loss_reads``): none."""
-MODES = ("loss", "all")
-"""The strategy key ``liger``'s values: the fused loss alone, or the loss with RMSNorm and SwiGLU."""
 
 
 def unavailable(device: torch.device) -> str | None:
