@@ -48,6 +48,19 @@ def count_params(config) -> tuple[int, int]:
     return c.n_layer * layer + norm + emb + head, emb
 
 
+def inactive_expert_params(config) -> int:
+    """Parameters of the routed experts a token does not reach: in each mixture-of-experts layer all but
+    ``n_expert_per_token`` of its ``n_expert`` experts (litgpt's ``LLaMAMoE``: gated MLPs of ``moe_intermediate_size``;
+    its shared experts, router and ``first_k_dense_replace`` dense layers reach every token); 0 for a dense model."""
+    c = config
+    if not getattr(c, "n_expert", 0):
+        return 0
+    inner = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
+    per_expert = 3 * c.n_embd * inner + (2 * inner + c.n_embd if c.bias else 0)
+    layers = c.n_layer - (getattr(c, "first_k_dense_replace", None) or 0)
+    return layers * (c.n_expert - c.n_expert_per_token) * per_expert
+
+
 def _config_key(config) -> str:
     import json
 

@@ -241,3 +241,52 @@ def test_the_bench_says_from_which_step_the_fast_path_pays_end_to_end():
     assert cost["saved_per_step_s"] == 2.0 and cost["break_even_steps"] == (5.0, 35.0)
     assert "ahead from about 5 to 35 optimizer steps" in whole_cost_line(cost)[1]
     assert whole_cost(fast, [run(30.0, 5.0)]) is None and whole_cost([], litgpt) is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},  # Mixtral's layout: experts as wide as intermediate_size
+        {"moe_intermediate_size": 48, "n_shared_expert": 1, "first_k_dense_replace": 1},  # own width, shared, dense
+        {"bias": True, "n_expert_per_token": 3},
+    ],
+)
+def test_an_moe_token_counts_the_experts_it_reaches(changes):
+    """A mixture of experts' FLOPs per token count its active parameters: every parameter of litgpt's model built on
+    the meta device but the embedding and, in each MoE layer, the routed experts beyond ``n_expert_per_token`` (the
+    whole model's 6N counted Mixtral's eight experts for the two a token reaches: 3.6x its active parameters)."""
+    import dataclasses
+
+    import torch
+    from litgpt import Config
+    from litgpt.model import GPT
+
+    from tunelab.models import count_params, inactive_expert_params
+    from tunelab.plan.model.flops import flops_per_token
+
+    base = Config.from_name("Mixtral-8x7B-v0.1")
+    config = dataclasses.replace(
+        base,
+        n_layer=3,
+        n_embd=64,
+        head_size=16,
+        n_head=4,
+        n_query_groups=2,
+        intermediate_size=96,
+        padded_vocab_size=128,
+        vocab_size=128,
+        **changes,
+    )
+    with torch.device("meta"):
+        model = GPT(config)
+    skipped = 0
+    for block in model.transformer.h:
+        experts = getattr(block.mlp, "experts", None)
+        if experts is not None:
+            skipped += (len(experts) - config.n_expert_per_token) * sum(p.numel() for p in experts[0].parameters())
+    assert skipped and inactive_expert_params(config) == skipped
+    total, emb = count_params(config)
+    assert flops_per_token(config, 32).matmul_params == total - emb - skipped
+    assert inactive_expert_params(Config.from_name("tiny-llama-1.1b")) == 0
+    mixtral = flops_per_token(base, 512)
+    assert 12.5e9 < mixtral.matmul_params < 13e9 and "in experts a token skips excluded" in mixtral.formula

@@ -1,7 +1,8 @@
 """Training FLOPs per token, by formula, for full fine-tuning and LoRA/QLoRA (shared by the collector and planner).
 
-N is the number of parameters that take part in matrix products: every parameter but the token embedding
-(a lookup). Per token, a matmul with a weight of n parameters costs 2n FLOPs forward, 2n for the input gradient
+N is the number of parameters that take part in a token's matrix products: every parameter but the token
+embedding (a lookup) and, in a mixture of experts, the routed experts the token does not reach (the active
+parameters, as MoE MFU is counted). Per token, a matmul with a weight of n parameters costs 2n FLOPs forward, 2n for the input gradient
 and 2n for the weight gradient:
 
 * full:        6 N                         + attention
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunelab.models import count_params
+from tunelab.models import count_params, inactive_expert_params
 
 
 @dataclass
@@ -38,15 +39,17 @@ def flops_per_token(config, seq_len: float, method: str = "full", lora_params: i
     """Training FLOPs per token of ``config`` at sequence length ``seq_len`` (see the module docstring);
     ``method`` full or lora (``lora_params``: the adapters' trainable parameters)."""
     total, emb = count_params(config)
-    n = total - emb
+    skipped = inactive_expert_params(config)
+    n = total - emb - skipped
+    skips = f"{skipped:,} in experts a token skips" if skipped else ""
     attention = 12.0 * config.n_layer * config.n_head * config.head_size * seq_len
     if method == "full":
         value = 6.0 * n + attention
-        formula = f"6N + attention; N={n:,} (embedding excluded), attention 12*L*H*Q*T with T={seq_len:.0f}"
+        formula = f"6N + attention; N={n:,} (embedding{skips and ' and ' + skips} excluded), attention 12*L*H*Q*T with T={seq_len:.0f}"
     else:
         value = 4.0 * n + 6.0 * lora_params + attention
         formula = (
-            f"4N_base + 6N_lora + attention; N_base={n:,}, N_lora={lora_params:,}, "
+            f"4N_base + 6N_lora + attention; N_base={n:,}{skips and f' ({skips} excluded)'}, N_lora={lora_params:,}, "
             f"attention 12*L*H*Q*T with T={seq_len:.0f}"
         )
     return FlopsPerToken(total=value, matmul_params=n, lora_params=lora_params, attention=attention, formula=formula)
