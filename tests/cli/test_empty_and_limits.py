@@ -53,6 +53,11 @@ def test_devices_the_batch_or_the_data_cannot_feed_are_refused():
     # tunelab's loop takes one micro batch on each device when they outnumber the global batch's: planned
     code, _, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", "8", "--strategy", "ddp")
     assert code == 0, err
+    # QLoRA on several devices, which validate and run refuse, was planned (litgpt's FSDP or a strategy file)
+    for strategy in ([], ["--strategy", "fsdp"], ["--strategy", "ddp"]):
+        code, _, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--devices", "2", *strategy)
+        assert code == 2 and len(err.splitlines()) == 1 and "quantize: bnb.nf4 on 2 devices" in err, err
+    assert tunelab_here("plan", "tiny-llama-1.1b/qlora", "--devices", "1", "--strategy", "ddp")[0] == 0
 
 
 def test_advise_write_replaces_what_an_earlier_answer_left(tmp_path):

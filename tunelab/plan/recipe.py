@@ -195,6 +195,12 @@ def plan_settings(
             settings.world_size, strategy_named or strategy_config.name, per_node=settings.devices
         )
     check_feeds(settings, litgpt=strategy_config is None)
+    if settings.args.get("quantize") and settings.world_size > 1:  # as validate and run refuse it, before planning
+        raise ValueError(
+            f"quantize: {settings.args['quantize']} on {settings.world_size} devices: litgpt's quantized training "
+            "(QLoRA, through Lightning's BitsandbytesPrecision) runs on one device; fix: --devices 1, or a LoRA "
+            "recipe (LoRA shards over GPUs)"
+        )
     fields = strategy_fields(strategy_config, settings.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True

@@ -564,8 +564,6 @@ def for_plan(case, strategy) -> RankSimulation:
             f"{', '.join(SIMULATED)}, litgpt's own choice; DeepSpeed ZeRO-2/3 by its sizes); fix: --strategy "
             "litgpt, fsdp, fsdp2, ddp or deepspeed-zero2/3, or plan without --simulate"
         )
-    if case.method == "qlora":
-        raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
     if case.num_nodes > 1:
         raise InputError("--simulate: one node only (the per-rank simulation has no node boundary); fix: --num_nodes 1")
     print(
