@@ -6,7 +6,9 @@
 #   bash scripts/gpu/runbook.sh STAGE [STAGE ...]        e.g.  bash scripts/gpu/runbook.sh env tiny
 #
 # stages, with the time each took on one H100 (2026-11-23; a machine's start, 1-2 min, not included):
-#   env           versions, GPU memory, toolchain (one line per problem), then pytest -m gpu     5 min
+#   env           versions, GPU memory, toolchain (one line per problem), `plan --host auto`'s figure for
+#                 TinyLlama full/LoRA and OpenLLaMA 7B LoRA (to set beside this machine's implied host time per op),
+#                 then pytest -m gpu                                                                 5 min
 #   tiny          lab Part 1 TinyLlama rows s1-s5, s10 (random weights, benchmark data)            6 min
 #                 (6.7 min on an H200, 2026-11-27, s1 included: it fits 141 GB)
 #                 + the collector's overhead (plain litgpt vs tunelab run, 3 pairs)              + 3.5 min
@@ -143,19 +145,14 @@ from tunelab.run.gpu_monitor import cpu_name, device_op_us, host_op_us
 launch = device_op_us()
 print(f"host: {cpu_name()}; eager dispatch {host_op_us():.2f} us per op"
       + (f", {launch:.2f} us with its launch on GPU 0" if launch else "") + " (what a host-bound step follows)")
-if launch:  # `plan --host auto`'s figure, to set beside the host time per op this machine's litgpt runs imply
-    import dataclasses, json, os
+if launch:  # `plan --host auto`'s figure (in runbook.log), beside the host time per op this machine's runs imply
     from tunelab.plan.recipe import plan_recipe
     from tunelab.plan.trace.host_probe import measure_here
     from tunelab.recipes import resolve
-    probes = {}
     for key in ("tiny-llama-1.1b/full", "tiny-llama-1.1b/lora", "open-llama-7b/lora"):
         for precision in ("32-true", "bf16-true"):
             probe = measure_here(plan_recipe(resolve(key), [f"--precision={precision}"], gpu=None).input)
-            probes[f"{key} {precision}"] = dataclasses.asdict(probe)
             print(f"--host auto, {key} {precision}: {probe.source()}")
-    with open(os.path.join(os.environ.get("OUT", "."), "host-probe.json"), "w") as f:
-        json.dump({"cpu": cpu_name(), "probes": probes}, f, indent=1)
 PY
   if [ "$REHEARSAL" = 1 ]; then
     echo "rehearsal: pytest -m gpu needs a CUDA GPU; collecting only"
