@@ -138,6 +138,7 @@ FLOAT_OPTIONS = [
     (["plan", R], ["--mfu-range", "0.3"]),
     (["plan", R], ["--host-us-per-op"]),
     (["advise", M], ["--tokens"]),
+    (["advise", M], ["--host-us-per-op"]),
     (["bench", R], ["--timeout"]),
     (["bench", R], ["--deadline"]),
     (["run", R], ["--timeout"]),

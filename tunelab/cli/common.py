@@ -83,7 +83,12 @@ count = number(int, 1, 10**9, what="an integer")
 
 def host_figure(text: str):
     """An argparse type: ``--host-us-per-op``'s ``auto`` (measured here) or microseconds an op, 1 to 10,000."""
-    return "auto" if text == "auto" else number(float, 1, 10_000, what="microseconds or auto")(text)
+    if text == "auto":
+        return text
+    try:
+        return number(float, 1, 10_000, what="microseconds")(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; or give auto (measured here)") from None
 
 
 def listed(text: str | None, option: str) -> list[str] | None:
@@ -112,13 +117,9 @@ def run_options(s):
         "is present; tiny: the embedded tiny model; random: the recipe's real architecture with "
         "random weights; checkpoint: the recipe's checkpoint or fail",
     )
-    s.add_argument(
-        "--weights",
-        choices=["random"],
-        help="same as --model random: a benchmark without downloads (the real architecture with "
-        "random weights, built in a child process; the benchmark tokenizer and dataset with the "
-        "lab's token counts; litgpt's final save and LoRA merge skipped)",
-    )
+    what = "same as --model random: a benchmark without downloads (the real architecture with random weights, built in "
+    what += "a child process; the benchmark tokenizer and dataset with the lab's token counts; litgpt's final save and "
+    s.add_argument("--weights", choices=["random"], help=what + "LoRA merge skipped)")
     s.add_argument("--timeout", type=positive_seconds, metavar="S", help="kill a run after S seconds (status killed)")
     what = "address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory"
     s.add_argument("--memory-limit-gb", type=positive_gb, metavar="GB", help=what)

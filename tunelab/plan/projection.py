@@ -371,10 +371,9 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 
 
-def _host_and_links(work, case, gpu: hardware.GPU, host: tuple, interconnect, internode) -> None:
-    """Into ``work``: the host's time per op where it is known (``host``: microseconds an op and where they came
-    from, None where given), and on several devices the communication over the links named (else the GPU's own)."""
-    host_us_per_op, work.host_from = host
+def _host_and_links(work, case, gpu: hardware.GPU, host_us_per_op, interconnect, internode) -> None:
+    """Into ``work``: the host's time per op where it is known, and on several devices the communication over the
+    links named (else the GPU's own)."""
     if host_us_per_op:
         if case.loop.fast:
             raise ValueError(
@@ -450,27 +449,27 @@ def project_recipe(
         else None  # litgpt's padding of the default lengths, said so by epoch_tokens
     )
     real = None if tokens_per_sample else statistics.fmean(known)
-    asked_tokens = tokens
     if tokens:
-        note = f"--tokens {tokens:,.0f}"
+        run_tokens, note = tokens, f"--tokens {tokens:,.0f}"
     else:
-        tokens, note = epoch_tokens(settings, per_sample, vocab)
+        run_tokens, note = epoch_tokens(settings, per_sample, vocab)
         if regrouped:
             note += (
                 f" (the fast path's micro batches: length-grouped in windows of {strategy.length_grouping} micro "
                 f"batches, padded to multiples of {strategy.pad_to_multiple}, over "
                 + ("the data's lengths)" if lengths else "the default Alpaca-like length distribution)")
             )
-    work = runtime_terms(settings, case, per_sample, real, tokens=asked_tokens)
+    work = runtime_terms(settings, case, per_sample, real, tokens=tokens)
     if save_gbs:
         work.save_bytes_per_s = save_gbs * GB
-    _host_and_links(work, case, gpu, (host_us_per_op, host_from), interconnect, internode)
-    out = project(case, gpu, tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
+    work.host_from = host_from
+    _host_and_links(work, case, gpu, host_us_per_op, interconnect, internode)
+    out = project(case, gpu, run_tokens, calibrate_dir, mfu_range, work=work, strategy=planned.strategy)
     if out.seconds_low is not None and isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
         switches = {"compiled": False, "fused_loss": False, "fused_optimizer": False, "loss_read_interval": 1}
         stock = case.changed(fabric=True, **switches)
         stock_per_sample = padded_tokens_per_sample(known, case.micro_batch_size, None, cap)
-        stock_work = runtime_terms(settings, stock, stock_per_sample, real, tokens=asked_tokens)
+        stock_work = runtime_terms(settings, stock, stock_per_sample, real, tokens=tokens)
         out = dataclasses.replace(out, **_pays_from(work, stock_work, gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))

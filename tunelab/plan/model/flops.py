@@ -2,8 +2,8 @@
 
 N is the number of parameters that take part in a token's matrix products: every parameter but the token
 embedding (a lookup) and, in a mixture of experts, the routed experts the token does not reach (the active
-parameters, as MoE MFU is counted). Per token, a matmul with a weight of n parameters costs 2n FLOPs forward, 2n for the input gradient
-and 2n for the weight gradient:
+parameters, as MoE MFU is counted). Per token, a matmul with a weight of n parameters costs 2n FLOPs forward, 2n
+for the input gradient and 2n for the weight gradient:
 
 * full:        6 N                         + attention
 * LoRA/QLoRA:  4 N_base + 6 N_lora         + attention   (the frozen base needs forward and input gradients only;
@@ -45,12 +45,15 @@ def flops_per_token(config, seq_len: float, method: str = "full", lora_params: i
     attention = 12.0 * config.n_layer * config.n_head * config.head_size * seq_len
     if method == "full":
         value = 6.0 * n + attention
-        formula = f"6N + attention; N={n:,} (embedding{skips and ' and ' + skips} excluded), attention 12*L*H*Q*T with T={seq_len:.0f}"
+        formula = (
+            f"6N + attention; N={n:,} (embedding{skips and ' and ' + skips} excluded), "
+            f"attention 12*L*H*Q*T with T={seq_len:.0f}"
+        )
     else:
         value = 4.0 * n + 6.0 * lora_params + attention
         formula = (
-            f"4N_base + 6N_lora + attention; N_base={n:,}{skips and f' ({skips} excluded)'}, N_lora={lora_params:,}, "
-            f"attention 12*L*H*Q*T with T={seq_len:.0f}"
+            f"4N_base + 6N_lora + attention; N_base={n:,}{skips and f' ({skips} excluded)'}, "
+            f"N_lora={lora_params:,}, attention 12*L*H*Q*T with T={seq_len:.0f}"
         )
     return FlopsPerToken(total=value, matmul_params=n, lora_params=lora_params, attention=attention, formula=formula)
 

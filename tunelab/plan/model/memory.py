@@ -210,12 +210,12 @@ def autocast_weight_copies(case: PlanInput) -> float:
     has used them. Autocast casts each matmul's fp32 weight to 16 bits; it caches the copy of a weight that requires
     grad (one per forward) but casts a frozen one at every call, and the graph keeps each copy for the input's
     gradient. So full fine-tuning keeps one copy of every linear weight (lm_head included, the embedding not: it is
-    a lookup; under activation checkpointing lm_head's alone), and LoRA one copy of each frozen block weight, one of lm_head per 128-token chunk litgpt's loop
-    calls it for, and one of the adapters. Seen in the simulated step (tunelab/plan/trace/simulate.py): the difference
-    between bf16-mixed and bf16-true LoRA is 2 x the block weights + one lm_head copy per chunk, to 0.2%. With a
-    fused loss (Liger's) LoRA's head weight (frozen, or ``[W, B]`` made by concatenation: no leaf) is cast again
-    for every chunk and not kept (:func:`liger_loss_bytes` counts the one alive); full fine-tuning's trainable head
-    weight is cached as before."""
+    a lookup; under activation checkpointing lm_head's alone), and LoRA one copy of each frozen block weight, one of
+    lm_head per 128-token chunk litgpt's loop calls it for, and one of the adapters. Seen in the simulated step
+    (tunelab/plan/trace/simulate.py): the difference between bf16-mixed and bf16-true LoRA is 2 x the block weights
+    + one lm_head copy per chunk, to 0.2%. With a fused loss (Liger's) LoRA's head weight (frozen, or ``[W, B]``
+    made by concatenation: no leaf) is cast again for every chunk and not kept (:func:`liger_loss_bytes` counts the
+    one alive); full fine-tuning's trainable head weight is cached as before."""
     c = case.config
     total, emb = count_params(c)
     head = c.padded_vocab_size * c.n_embd
