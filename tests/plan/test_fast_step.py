@@ -129,6 +129,19 @@ def test_plan_times_the_fast_path_by_its_own_step_and_its_causes_sum_to_the_esti
     assert big.seconds_band[0] == pytest.approx(big.seconds * (1 - fast_step.FAST_MODEL_ERROR["GPU"]))
 
 
+def test_the_fast_plans_note_states_the_band_it_prints(monkeypatch):
+    """The note a fast-path plan carries quotes the band the plan applies (FAST_MODEL_ERROR), not figures of its own
+    that can go stale (it once quoted "-1% to -7% at micro 58-97" beside a band of 16%)."""
+    from tunelab.plan import recipe as plan_recipe_module
+
+    planned = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=H100, strategy="fast")
+    (note,) = [n for n in planned.plan.notes if n.startswith("tunelab's fast path")]
+    assert "GPU-bound 16%, host-bound 38% either side" in note
+    monkeypatch.setattr(plan_recipe_module, "FAST_MODEL_ERROR", {"GPU": 0.05, "host": 0.2})
+    planned = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=H100, strategy="fast")
+    assert "GPU-bound 5%, host-bound 20% either side" in " ".join(planned.plan.notes)
+
+
 def test_the_bench_report_holds_its_stated_errors():
     """runtime.md's bench section, on the mean step of each run's steady window: the host constant is the refit on
     TinyLlama full's micro-8 fast runs; the probes, GPU-bound and out of sample, within 15% (each window to the loop's

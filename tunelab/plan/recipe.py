@@ -15,6 +15,7 @@ from tunelab.errors import InputError
 from tunelab.models import load_config
 from tunelab.paths import project_path
 from tunelab.plan.model import memory, runtime, strategies
+from tunelab.plan.model.fast_step import FAST_MODEL_ERROR
 from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
@@ -212,20 +213,25 @@ def plan_settings(
         x.attention_math = True
     plan = memory.predict(x)
     if strategy_config is not None and strategy_config.fast:
-        plan.notes.append(
-            f"tunelab's fast path ({', '.join(strategy_config.fast)}): its time is tunelab's loop with these switches, "
-            "kernel by kernel (tunelab/plan/model/fast_step.py; against our H100 bench of TinyLlama full: -14% to +12% "
-            "at micro 8, where the host bounds it, -1% to -7% at micro 58-97, where the GPU does; LoRA not yet "
-            "measured compiled throughout; "
-            "reports/planner-accuracy/runtime.md); --calibrate with its run records (tunelab bench) uses their "
-            "measured MFU for the MFU range"
-        )
+        plan.notes.append(fast_note(strategy_config.fast))
     if gpu is not None:
         memory.verdict(plan, gpu)
         plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
     label = strategy_config.describe() if strategy_config is not None else "litgpt"
     return PlannedRecipe(
         settings=settings, input=x, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
+    )
+
+
+def fast_note(switches) -> str:
+    """The note a fast-path plan carries: how its time is had and the band around it (its widest miss over our
+    benches by what bounds the run, :data:`~tunelab.plan.model.fast_step.FAST_MODEL_ERROR`)."""
+    band = ", ".join(f"{bound}-bound {e:.0%}" for bound, e in FAST_MODEL_ERROR.items())
+    return (
+        f"tunelab's fast path ({', '.join(switches)}): its time is tunelab's loop with these switches, kernel by "
+        f"kernel (tunelab/plan/model/fast_step.py), banded by its widest miss over our benches' compiled runs "
+        f"({band} either side: reports/planner-accuracy/runtime.md); --calibrate with its run records (tunelab "
+        "bench) uses their measured MFU for the MFU range"
     )
 
 
