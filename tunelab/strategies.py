@@ -280,6 +280,12 @@ class StrategyConfig:
         """The strategy in words, as records and reports name it."""
         return self.kind.describe(self)
 
+    def label(self) -> str:
+        """The strategy in a few words, for a plan's first line: its description without the speed switches, which
+        ``, fast path`` stands for."""
+        text = self.describe().removesuffix(f" ({', '.join(self.fast)})")
+        return text + (", fast path" if self.fast else "")
+
     def check_world(self, world: int, source: str = "", per_node: int | None = None) -> None:
         """Refuse a world on which the ranks would never average a gradient (:meth:`Kind.world_problem`: several
         devices under a one-device strategy, HYBRID_SHARD with one device per node). One check for plan, advise,

@@ -394,3 +394,26 @@ def test_a_precision_the_gpu_has_no_peak_for_is_planned_for_memory_and_says_why_
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4", "--precision", "16-mixed", "--json")
     projection = strict(out)["projection"]
     assert code == 0 and projection["seconds"] > 0 and projection["energy_j_high"] > 0
+
+
+def test_a_plan_names_the_strategy_file_it_planned():
+    """Two strategy files of one kind plan differently (FSDP2 against FSDP1's sharding variants, ZeRO-2 against
+    ZeRO-3): the plan's first line and its JSON name which was planned, not only its kind."""
+    seen = {}
+    for name, words in (
+        ("fsdp2", "FSDP2 fully_shard (reshard_after_forward=True)"),
+        ("fsdp-shard-grad-op", "FSDP SHARD_GRAD_OP, wrap block"),
+        ("deepspeed-zero3", "DeepSpeed ZeRO-3"),
+        ("deepspeed-zero2", "DeepSpeed ZeRO-2"),
+    ):
+        argv = ("plan", "open-llama-7b/lora", "--gpu", "H100-SXM", "--devices", "4", "--strategy", name)
+        code, out, err = tunelab_here(*argv)
+        assert code == 0, err
+        assert out.splitlines()[0].startswith(f"open_llama_7b lora (4 device(s), {words}, bf16-true"), out
+        code, out, err = tunelab_here(*argv, "--json")
+        assert code == 0, err
+        seen[name] = json.loads(out)["strategy_described"]
+        assert seen[name].startswith(words)
+    assert len(set(seen.values())) == len(seen)
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--strategy", "fast")
+    assert "(1 device(s), single, fast path, 32-true" in out.splitlines()[0]

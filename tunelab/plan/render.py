@@ -18,7 +18,7 @@ def render(
 ) -> str:
     """The plan as text: the breakdown summing to the peak, the verdict for ``gpu``, the notes, time and energy."""
     plan = planned.plan
-    lines = _memory_lines(plan, planned.seq_source) + _verdict_lines(plan, gpu)
+    lines = _memory_lines(plan, planned.seq_source, _strategy(planned)) + _verdict_lines(plan, gpu)
     lines += [f"note: {note}" for note in plan.notes]
     if projection:
         lines += _time_lines(projection, tokens_note)
@@ -34,6 +34,7 @@ def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bo
     if as_json:
         out = planned.plan.to_json()
         out["seq_len_source"] = planned.seq_source
+        out["strategy_described"] = planned.strategy
         if projection:
             out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
         if measured:
@@ -58,7 +59,7 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
     device by its largest terms, the time with its band and its causes, energy, the price where the price table
     knows the GPU, and how many notes ``--verbose`` shows (with the breakdown and where each figure comes from)."""
     plan = planned.plan
-    where = f"{plan.devices} device(s), {plan.strategy}, {plan.precision}, micro batch {plan.micro_batch_size}"
+    where = f"{plan.devices} device(s), {_strategy(planned)}, {plan.precision}, micro batch {plan.micro_batch_size}"
     head = f"{plan.model} {plan.method} ({where}, sequence {plan.seq_len})"
     lines = [head]
     if plan.gpu:
@@ -148,11 +149,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _memory_lines(plan: memory.Plan, seq_source: str) -> list[str]:
+def _strategy(planned: PlannedRecipe) -> str:
+    """The strategy planned, in a few words: the file's (FSDP1's sharding, FSDP2, the ZeRO stage), else litgpt's own."""
+    return planned.plan.strategy if planned.strategy_config is None else planned.strategy_config.label()
+
+
+def _memory_lines(plan: memory.Plan, seq_source: str, strategy: str) -> list[str]:
     """What is planned, and the peak per device by term (GB = 1e9 bytes), reserved, the CUDA context, host RAM."""
     lines = [
         f"plan: {plan.model} {plan.method} on {plan.gpu or '(no GPU named: --gpu for a verdict)'} "
-        f"({plan.devices} device(s), {plan.strategy}), {plan.precision}, micro batch {plan.micro_batch_size}, "
+        f"({plan.devices} device(s), {strategy}), {plan.precision}, micro batch {plan.micro_batch_size}, "
         f"sequence {plan.seq_len} ({seq_source})",
         f"model: {plan.params / BILLION:.2f} B parameters, {plan.trainable_params / 1e6:,.1f} M trainable",
         "predicted peak allocated per device, GB (1e9 bytes):",
