@@ -329,7 +329,8 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
         ).input
         links = (comm.lookup(gpu.link or "pcie4", "gpu"), None, comm.lookup("host-pcie4", "host"))
         config = None if strategy is None else load_strategy(strategy)
-        again = advise._planned(x, gpu, links, work, c.strategy, recipe, None, 0.0, config)
+        ask = advise._Ask(work, [c.devices], 1, None, "keep", 0.0, load_strategy)
+        again = advise._planned(ask, advise._OnGPU(gpu, links, None), x, c.strategy, recipe, config)
         assert again.peak_gb == pytest.approx(c.peak_gb, rel=1e-9), c
         assert again.hours == pytest.approx(c.hours, rel=1e-9), c
         assert (again.micro_batch_size, again.accumulation) == (c.micro_batch_size, c.accumulation), c

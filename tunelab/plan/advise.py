@@ -265,7 +265,7 @@ def candidates(
             for prec in precisions(gpu, precision, method):
                 if method == "qlora" and "mixed" in prec:  # litgpt refuses quantization under mixed precision
                     continue
-                out += _configurations(ask, recipe, method, prec, gpu, links, price_table.get(gpu.name))
+                out += _configurations(ask, _OnGPU(gpu, links, price_table.get(gpu.name)), recipe, method, prec)
     return _dedupe(out)
 
 
@@ -291,6 +291,17 @@ class _Ask:
     """The launching host's seconds per op of litgpt's loop where known (None: the median machine we measured)."""
 
 
+@dataclass(frozen=True)
+class _OnGPU:
+    """One GPU row of the search with what comes with it: its links and its price."""
+
+    gpu: hardware.GPU
+    links: tuple
+    """(between the GPUs, between nodes or None, to the host)."""
+    price: Price | None
+    """Its price per GPU hour (None: the price table lacks it)."""
+
+
 def strategy_file(name: str) -> StrategyConfig | None:
     """The strategy file ``name`` names, loaded; None for ``single``, advise's word for one device without a file
     (litgpt's own command)."""
@@ -308,9 +319,10 @@ def _tried(ask: _Ask, method: str, world: int) -> list[str]:
     )
 
 
-def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, links, price) -> list[Candidate]:
+def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: str) -> list[Candidate]:
     """Every device count, strategy, activation checkpointing and micro batch of one recipe at one precision on
-    ``gpu``, planned."""
+    one GPU row, planned."""
+    gpu = on.gpu
     base = plan_settings(from_args(recipe, {**resolve_args(recipe, []), "precision": prec}), gpu=gpu)
     settings, base_case, work = base.settings, base.input, ask.work
     if ask.global_batch == "keep" and settings.global_batch_size > work.samples:  # not one optimizer step
@@ -346,8 +358,7 @@ def _configurations(ask: _Ask, recipe: Recipe, method: str, prec: str, gpu, link
                     if mb * acc * world > work.samples:  # a global batch past the data: no step
                         continue  # (tunelab validate refuses it too)
                     case = dataclasses.replace(strategy_case, micro_batch_size=mb, accumulation=acc)
-                    args = (case, gpu, links, work, strategy_name, recipe, price, ask.headroom, config)
-                    out.append(_planned(*args, host_s_per_op=ask.host_s_per_op))
+                    out.append(_planned(ask, on, case, strategy_name, recipe, config))
     return out
 
 
@@ -369,9 +380,10 @@ def _micro_batches(case, gpu, gbs: int, world: int, global_batch: str, headroom:
     return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
 
 
-def _planned(
-    case, gpu, links, work: Workload, strategy_name, recipe, price, headroom, config=None, host_s_per_op=None
-) -> Candidate:
+def _planned(ask: _Ask, on: _OnGPU, case, strategy_name: str, recipe: Recipe, config=None) -> Candidate:
+    """One configuration planned: its peak and verdict, its time by cause (communication over ``on``'s links),
+    energy and price."""
+    gpu, links, work = on.gpu, on.links, ask.work
     plan = memory.verdict(memory.predict(case), gpu)
     gbs = case.micro_batch_size * case.accumulation * case.world
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
@@ -382,7 +394,7 @@ def _planned(
         0,
         work.per_sample(case.micro_batch_size, config, case.seq_len, case.config.vocab_size),
     )
-    terms.host_s_per_op = host_s_per_op
+    terms.host_s_per_op = ask.host_s_per_op
     if case.world > 1:
         terms.comm = comm.per_step(case, *links)
     seconds = terms.seconds_on(gpu, gpu.training_peak(case.precision) or 0.0)
@@ -400,11 +412,11 @@ def _planned(
         peak_gb=plan.peak_allocated_bytes / GB,
         fits=bool(plan.fits),
         edge=plan.edge,
-        tight=bool(plan.fits) and memory.tight(plan, gpu, headroom),
+        tight=bool(plan.fits) and memory.tight(plan, gpu, ask.headroom),
         hours=hours,
         comm_s_per_step=terms.comm.seconds if terms.comm is not None else 0.0,
         energy_kwh=gpu.tdp_w * case.world * seconds / 3.6e6,
-        cost_usd=None if price is None else price.usd_per_hour * case.world * hours,
+        cost_usd=None if on.price is None else on.price.usd_per_hour * case.world * hours,
         recipe=recipe.key,
         global_batch_size=gbs,
         links=" + ".join(link.name for link in links[:2] if link is not None) if case.world > 1 else "",
