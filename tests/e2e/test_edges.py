@@ -130,7 +130,16 @@ def world(tmp_path_factory, tiny_ckpt):
     shutil.copytree(tmp / "calib", tmp / "calib-good")
     (tmp / "calib-good" / "r9").mkdir()
     (tmp / "calib-good" / "r9" / "record.json").write_text(
-        json.dumps(_record(model_name="tiny-llama-1.1b", method="lora", precision="bf16-true", mfu=0.3))
+        json.dumps(
+            _record(
+                model_name="tiny-llama-1.1b",
+                method="lora",
+                precision="bf16-true",
+                mfu=0.3,
+                device_type="cuda",
+                device_name="NVIDIA H100 80GB HBM3",
+            )
+        )
     )
     f["calib-good"] = tmp / "calib-good"
     # model_config.yaml and checkpoint directories

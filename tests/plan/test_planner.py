@@ -252,6 +252,47 @@ def test_calibration_uses_nearest_measured_run(tmp_path):
     assert proj.seconds_low == pytest.approx(proj.flops_per_token * 1e6 / (0.41 * 989.4e12))
 
 
+def test_calibration_takes_only_a_run_of_this_model_method_precision_and_gpu(tmp_path):
+    """Another model's MFU or another GPU's power says nothing of this run: a TinyLlama record on an H200 once set
+    the MFU and energy of an OpenLLaMA 13B plan on an A10G. Such records are passed over, counted by why, and the
+    answer says what --calibrate gave; a matching record is taken whatever its micro batch."""
+    from tunelab import record
+    from tunelab.plan.render import render_answer
+
+    def save(name, model, device, mfu=0.3, precision="bf16-true"):
+        rec = record.RunRecord(
+            row_id=name,
+            status="ok",
+            model_name=model,
+            method="lora",
+            precision=precision,
+            micro_batch_size=8,
+            mfu=mfu,
+            power_mean_w=250.0,
+            device_count=1,
+            device_name=device,
+        )
+        record.save(rec, tmp_path / name / "record.json")
+
+    save("tiny", "tiny-llama-1.1b", "NVIDIA A10G")
+    save("h200", "open_llama_7b", "NVIDIA H200")
+    save("fp32", "open_llama_7b", "NVIDIA A10G", precision="32-true")
+    a10g = hardware.lookup("A10G")
+    planned = plan_recipe(resolve("open-llama-7b/lora"), [], gpu=a10g)
+    proj = projection.project(planned.input, a10g, 1e6, tmp_path)
+    assert (proj.mfu_low, proj.mfu_high, proj.power_w, proj.power_measured) == (0.25, 0.55, 300.0, False)
+    assert "2 record(s) passed over: another model, method or precision" in proj.calibration
+    assert "1 record(s) passed over: measured on another GPU than A10G" in proj.calibration
+    assert "--calibrate: no usable record under" in render_answer(planned, proj)
+    save("mine", "open_llama_7b", "NVIDIA A10G", mfu=0.41)
+    proj = projection.project(planned.input, a10g, 1e6, tmp_path)
+    assert (proj.mfu_low, proj.power_w, proj.power_measured) == (0.41, 250.0, True)
+    answer = render_answer(planned, proj)
+    assert "--calibrate: run /mine" in answer and "measured MFU 41.0%" in answer and "250 W per GPU" in answer
+    assert "(the power measured in a record)" in answer
+    assert projection.project(planned.input, a10g, 1e6).calibration is None
+
+
 def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp_path, monkeypatch):
     """The search itself (records stand in for probes here; the tests above and the H100 run in
     reports/ probe for real): micro 47 fits with retries, 42-44 retry, 48 runs out: doubling, bisection to the

@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
         "save_bytes_per_s, the MFU range's seconds_low/high, energy_j_low/high (power x devices x the band), "
         "comm_bytes_per_step and comm_seconds_per_step on several devices (per forward without gradients: "
         "comm_bytes/seconds_per_forward); host_source and link_source (where the host's time per op and the "
-        "links come from); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps (against stock "
+        "links come from); calibration (what --calibrate's records gave); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps (against stock "
         "litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )
     _case_arguments(s.add_argument_group("the run planned"))
@@ -91,7 +91,8 @@ def _time_arguments(s) -> None:
     s.add_argument(
         "--calibrate",
         type=given_path,
-        help="a directory of run records: use the measured MFU (and power) of the nearest measured configuration",
+        help="a directory of run records: the measured MFU and power of the run of this model, method, precision "
+        "and GPU nearest to this configuration (the same strategy, then the nearest micro batch; others passed over)",
     )
     s.add_argument(
         "--save-gbs",

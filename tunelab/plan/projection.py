@@ -46,6 +46,12 @@ class Projection:
     seconds_high: float | None
     power_w: float
     power_source: str
+    power_measured: bool
+    """Whether ``power_w`` was measured (a calibration record's mean power), not the board's power (an upper
+    bound)."""
+    calibration: str | None
+    """What ``--calibrate``'s records gave, in one line: the run whose MFU and power were taken, or why none was
+    (None: not asked)."""
     energy_j_low: float | None
     """The power (board power, an upper bound, or a calibration record's measured power) x devices x the time: the
     point estimate's band where there is one (as the price and ``advise`` take it), else the MFU range's times."""
@@ -109,10 +115,13 @@ class Projection:
     distribution's; not with --tokens-per-sample)."""
 
 
-def calibration(records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None):
-    """The measured run nearest to this configuration (same model, method and precision first, then the same
-    strategy when given, then the nearest micro batch). Records that cannot be read, or whose MFU is not in
-    (0, 1], are passed over and counted (the types and ranges are checked by :func:`tunelab.record.load`):
+def calibration(
+    records_dir: Path, model: str, method: str, precision: str, micro: int, strategy: str | None = None, gpu=None
+):
+    """The measured run of this model, method and precision on this GPU (``gpu``: its table row; None: any) nearest
+    to this configuration: the same strategy first when given, then the nearest micro batch. Another model's or
+    GPU's MFU and power say nothing of this run's: such records, those that cannot be read, and those whose MFU is
+    not in (0, 1] are passed over and counted (types and ranges are checked by :func:`tunelab.record.load`):
     ((record, path) or None, {why passed over: count})."""
     best, best_key = None, None
     passed: Counter = Counter()
@@ -125,10 +134,14 @@ def calibration(records_dir: Path, model: str, method: str, precision: str, micr
         if rec.status != "ok" or rec.mfu is None or not 0 < rec.mfu <= 1:
             passed["not ok" if rec.status != "ok" else "no MFU in (0, 1]"] += 1
             continue
+        if (rec.model_name, rec.method, rec.precision) != (model, method, precision):
+            passed[f"another model, method or precision than {model} {method} {precision}"] += 1
+            continue
+        measured_on = hardware.identify(rec.device_name or "")
+        if gpu is not None and (measured_on is None or measured_on.name != gpu.name):
+            passed[f"measured on another GPU than {gpu.name}"] += 1
+            continue
         key = (
-            rec.model_name != model,
-            rec.method != method,
-            rec.precision != precision,
             strategy is not None and (rec.strategy or "litgpt") != strategy,
             abs(math.log2(max(rec.micro_batch_size or 1, 1)) - math.log2(max(micro, 1))),
         )
@@ -151,7 +164,8 @@ def project(
     n_lora = lora_param_count(case.config, case.lora_r, case.lora_targets) if case.lora else 0
     fpt = flops_per_token(case.config, case.seq_len, "full" if case.method == "full" else "lora", n_lora)
     peak = gpu.training_peak(case.precision) or 0.0
-    lo, hi, source, power, power_source = _mfu_and_power(case, gpu, calibrate_dir, mfu_range, strategy)
+    measured = _mfu_and_power(case, gpu, calibrate_dir, mfu_range, strategy)
+    lo, hi, power = measured["mfu_low"], measured["mfu_high"], measured["power_w"]
     world = case.world
     total_flops = fpt.total * tokens
     if peak:
@@ -169,14 +183,10 @@ def project(
         tokens=tokens,
         flops_per_token=fpt.total,
         flops_formula=fpt.formula,
-        mfu_low=lo,
-        mfu_high=hi,
-        mfu_source=source,
         peak_flops_per_device=peak,
         seconds_low=t_low,
         seconds_high=t_high,
-        power_w=power,
-        power_source=power_source,
+        **measured,
         energy_j_low=e_low,
         energy_j_high=e_high,
         energy_j_per_million_tokens_low=None if e_low is None else e_low / tokens * 1e6 if tokens else 0.0,
@@ -196,30 +206,44 @@ def _not_timed(case: PlanInput, gpu: hardware.GPU) -> str:
     return why
 
 
-def _mfu_and_power(case: PlanInput, gpu: hardware.GPU, calibrate_dir, mfu_range, strategy) -> tuple:
-    """(MFU low, MFU high, their source, power per GPU, its source): the range asked and the board's power, or a
-    calibration record's measured MFU and power where one matches."""
+def _mfu_and_power(case: PlanInput, gpu: hardware.GPU, calibrate_dir, mfu_range, strategy) -> dict:
+    """The projection's MFU range, power and calibration fields: the range asked and the board's power, or a
+    calibration record's measured MFU and power where one matches (:func:`calibration`)."""
     lo, hi, source = mfu_range[0], mfu_range[1], f"default range {mfu_range[0]:.0%}-{mfu_range[1]:.0%}"
     power, power_source = float(gpu.tdp_w), f"{gpu.name} board power {gpu.tdp_w} W (upper bound, not measured)"
+    measured, calibrated = False, None
     if calibrate_dir:
         found, passed = calibration(
-            calibrate_dir, case.config.name, case.method, case.precision, case.micro_batch_size, strategy
+            calibrate_dir, case.config.name, case.method, case.precision, case.micro_batch_size, strategy, gpu
         )
         skipped = "; ".join(f"{n} record(s) passed over: {why}" for why, n in passed.items())
         if not found:
-            source += f" (no usable record under {calibrate_dir}{': ' + skipped if skipped else ''})"
-        if found:
+            calibrated = f"no usable record under {calibrate_dir}{': ' + skipped if skipped else ''}"
+            source += f" ({calibrated})"
+        else:
             rec, path = found
             lo = hi = rec.mfu
+            calibrated = f"run {rec.sweep or ''}/{rec.row_id} ({path})"
             source = (
                 f"measured MFU {rec.mfu:.1%} of run {rec.sweep or ''}/{rec.row_id} ({rec.model_name} "
                 f"{rec.method} {rec.precision} micro {rec.micro_batch_size} on {rec.device_name}; {path})"
                 + (f" ({skipped})" if skipped else "")
             )
             if rec.power_mean_w and rec.power_mean_w > 0:
-                power = rec.power_mean_w / max(rec.device_count, 1)
+                power, measured = rec.power_mean_w / max(rec.device_count, 1), True
                 power_source = f"measured mean {power:.0f} W per GPU in that run"
-    return lo, hi, source, power, power_source
+            calibrated += f": measured MFU {rec.mfu:.1%} (the MFU range --verbose shows), " + (
+                f"{power:.0f} W per GPU (the energy)" if measured else "no power measured (the energy is the board's)"
+            )
+    return {
+        "mfu_low": lo,
+        "mfu_high": hi,
+        "mfu_source": source,
+        "power_w": power,
+        "power_source": power_source,
+        "power_measured": measured,
+        "calibration": calibrated,
+    }
 
 
 def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:

@@ -113,7 +113,9 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
     where = [w for w in (p.host_source and f"host: {p.host_source}", p.link_source and f"link: {p.link_source}") if w]
     if where:
         lines.append("  " + "; ".join(where))
-    power = "board power, an upper bound" if "board power" in p.power_source else "the power measured in a record"
+    if p.calibration is not None:
+        lines.append(f"  --calibrate: {p.calibration}")
+    power = "the power measured in a record" if p.power_measured else "board power, an upper bound"
     energy = f"energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)} ({power})"
     if price is not None and p.seconds:
         hours = p.seconds / 3600 * world
