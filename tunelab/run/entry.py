@@ -10,6 +10,7 @@ litgpt's saves and merge (``TUNELAB_SKIP_SAVE=1``). docs/records.md."""
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import sys
@@ -38,6 +39,79 @@ def _install_iterator_probe() -> None:
         return batch
 
     utils.CycleIterator.__next__ = __next__
+
+
+FINETUNE_MODULES = (
+    "litgpt.finetune.full",
+    "litgpt.finetune.lora",
+    "litgpt.finetune.adapter",
+    "litgpt.finetune.adapter_v2",
+)
+"""litgpt's finetune scripts, whose ``fit`` the pause probes watch."""
+PAUSING = (
+    "validate",
+    "generate_example",
+    "save_lora_checkpoint",
+    "save_adapter_checkpoint",
+    "save_adapter_v2_checkpoint",
+)
+"""What litgpt's ``fit`` does between micro batches besides training (a step's checkpoint: these, or
+``Fabric.save`` for full fine-tuning)."""
+
+
+def _install_pause_probes() -> None:
+    """Time validation, the generated sample and step checkpoints inside litgpt's ``fit``, once iterations have
+    begun, as pauses of the iteration they interrupt (:func:`tunelab.run.rank_stats.note_pause`): the steady window
+    then holds training alone, as tunelab's loop records it. Each pause begins and ends synchronised with the device
+    (the training work queued before it stays the iteration's). What runs outside ``fit`` (the final validation and
+    save) or before the first batch (the initial validation) is no pause of the loop."""
+    import lightning.fabric
+    import torch
+
+    state = {"fit": False, "inside": False}
+
+    def synchronise() -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def pausing(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not state["fit"] or state["inside"] or not rank_stats.iterations_begun():
+                return fn(*args, **kwargs)
+            state["inside"] = True  # one pause, whatever it calls of the others
+            synchronise()
+            t0 = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                synchronise()
+                rank_stats.note_pause(time.monotonic() - t0)
+                state["inside"] = False
+
+        return wrapper
+
+    def fitting(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            state["fit"] = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["fit"] = False
+
+        return wrapper
+
+    lightning.fabric.Fabric.save = pausing(lightning.fabric.Fabric.save)
+    for module in FINETUNE_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in (n for n in PAUSING if hasattr(mod, n)):
+            setattr(mod, name, pausing(getattr(mod, name)))
+        if hasattr(mod, "fit"):
+            mod.fit = fitting(mod.fit)
 
 
 SKIP_SAVE_ENV = "TUNELAB_SKIP_SAVE"
@@ -83,6 +157,7 @@ def main() -> None:
     install_atomic_writes()  # every file litgpt leaves: a temporary name, fsynced, renamed; never through a link
     if os.environ.get(SKIP_SAVE_ENV) == "1":
         _skip_saves()
+    _install_pause_probes()  # after _skip_saves: a skipped step save is a pause too, of no length
     from litgpt.__main__ import main as litgpt_main
 
     try:

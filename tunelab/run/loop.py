@@ -637,24 +637,24 @@ class _Loop:
     def after_step(self, iter_num: int, step_count: int, is_accumulating: bool) -> None:
         """At an optimizer step, as litgpt: validation + sample every ``eval.interval`` steps, a checkpoint every
         ``train.save_interval`` steps; their time is noted as a pause of this iteration."""
-        if is_accumulating:
+        save_interval = self.train.get("save_interval")
+        validating = step_count % self.eval_args.interval == 0
+        saving = bool(save_interval) and step_count % save_interval == 0
+        if is_accumulating or not (validating or saving):
             return
+        _synchronize(self.device)  # the training work queued before the pause stays this iteration's
         t0 = time.monotonic()
-        paused = False
-        if step_count % self.eval_args.interval == 0:
+        if validating:
             val = self.validate(self.eval_args.max_iters)
             self.generate()
             if self.rank == 0:
                 print(f"iter {iter_num}: val loss {val:.4f}", flush=True)
             self.log.row({"iter": iter_num, "step": iter_num, "val_loss": val, "val_ppl": math.exp(val)})
-            self.val_loss, paused = f"{val:.3f}", True
-        save_interval = self.train.get("save_interval")
-        if save_interval and step_count % save_interval == 0:
+            self.val_loss = f"{val:.3f}"
+        if saving:
             self.save(self.out_dir / f"step-{step_count:06d}", True, iter_num, step_count)
-            paused = True
-        if paused:
-            _synchronize(self.device)
-            rank_stats.note_pause(time.monotonic() - t0)
+        _synchronize(self.device)
+        rank_stats.note_pause(time.monotonic() - t0)
 
     def report(self, epoch: int, iter_num: int, step_count: int, iter_t0: float, is_accumulating: bool) -> None:
         """litgpt's iteration line and metrics.csv row (the loss read from the device: a synchronisation)."""

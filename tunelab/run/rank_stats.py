@@ -110,6 +110,11 @@ def mark_trained(t_monotonic: float) -> None:
     _STATE["trained_until"] = t_monotonic
 
 
+def iterations_begun() -> bool:
+    """Whether a micro-batch iteration has been recorded (a pause before the first is none of the loop's)."""
+    return bool(_ITERS)
+
+
 def paused_seconds() -> float:
     """The time noted as pauses so far."""
     return _STATE.get("paused_s", 0.0)
