@@ -569,12 +569,16 @@ def load(path: Path) -> RunRecord:
     return RunRecord.from_dict(read_json(path, what="run record"))
 
 
-def steady_steps(log: list, accumulation: int, n_iters: int, end: float | None = None) -> tuple[list, int, list]:
+def steady_steps(
+    log: list, accumulation: int, n_iters: int, end: float | None = None, drop: frozenset = frozenset()
+) -> tuple[list, int, list]:
     """(the start of each counted iteration and of what follows the last, warm-up steps dropped, the steady
     optimizer steps) of one rank's iteration log (:func:`read_rank_file`): each step a list of its iterations'
     (seconds, padded tokens, real tokens), as :func:`steady_state` times them. An iteration ends where the next
     starts; the last one ends at ``end`` (:attr:`RankStats.trained_until`, a synchronised point) when the rank
-    recorded one, else it is not counted (its end is unknown: the host may still have work queued)."""
+    recorded one, else it is not counted (its end is unknown: the host may still have work queued). The optimizer
+    steps numbered in ``drop`` (from 1) are left out: their time holds a pause the log did not note
+    (:func:`interrupted_steps`)."""
     iters = [it for it in log[:n_iters] if it[1] >= 0]
     starts = [it[0] for it in iters] + ([end] if end is not None and iters and end >= iters[-1][0] else [])
     durations = [
@@ -583,25 +587,38 @@ def steady_steps(log: list, accumulation: int, n_iters: int, end: float | None =
     ]
     n_steps_full = len(durations) // accumulation
     warm = max(1, n_steps_full // 10) if n_steps_full >= 3 else 0
-    return starts, warm, [durations[s * accumulation : (s + 1) * accumulation] for s in range(warm, n_steps_full)]
+    steps = range(warm, n_steps_full)
+    return starts, warm, [durations[s * accumulation : (s + 1) * accumulation] for s in steps if s + 1 not in drop]
 
 
-def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int, ends: list | None = None) -> dict:
+def interrupted_steps(args: dict, steps: int) -> frozenset:
+    """The optimizer steps (numbered from 1) after which litgpt's loop validated, with a generated sample, or saved
+    a checkpoint, by a run's resolved ``eval.interval`` and ``train.save_interval``: in a rank file that noted no
+    pauses (litgpt's loop before the collector timed them), such a step's time holds that work, not training."""
+    every = [(args.get("eval") or {}).get("interval"), (args.get("train") or {}).get("save_interval")]
+    every = [n for n in every if isinstance(n, int) and n > 0]
+    return frozenset(s for s in range(1, steps + 1) if any(s % n == 0 for n in every))
+
+
+def steady_state(
+    ranks_iters: list[list], accumulation: int, n_iters: int, ends: list | None = None, drop: frozenset = frozenset()
+) -> dict:
     """Median step/iteration times, rank 0's mean step, and steady-state token rates from each rank's iteration log.
 
     Iteration k lasts from its batch fetch to the next one, less the time paused inside it (validation, sample
     generation, a checkpoint save in tunelab's loop); the last iteration ends at the rank's synchronised end of
     training (``ends``, one per rank, None where it recorded none: then it is dropped); the first 10% of optimizer
-    steps (at least 1 when there are 3 or more) are dropped as warm-up.
+    steps (at least 1 when there are 3 or more) are dropped as warm-up, and the steps numbered in ``drop``
+    (:func:`steady_steps`).
     """
     out: dict = {}
     per_rank = []
     ends = ends if ends and len(ends) == len(ranks_iters) else [None] * len(ranks_iters)
     for log, end in zip(ranks_iters, ends):
-        starts, warm, steps = steady_steps(log, accumulation, n_iters, end)
+        starts, warm, steps = steady_steps(log, accumulation, n_iters, end, drop)
         if not steps:
             continue
-        n_steps_full = warm + len(steps)
+        n_steps_full = (len(starts) - 1) // accumulation
         per_rank.append(
             {
                 "warm": warm,
@@ -613,6 +630,7 @@ def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int, ends:
                 "iterations": len(steps) * accumulation,
                 "t0": starts[warm * accumulation],
                 "t1": starts[n_steps_full * accumulation],  # the end of the last counted iteration
+                "end": n_steps_full,
             }
         )
     if not per_rank:
@@ -628,6 +646,6 @@ def steady_state(ranks_iters: list[list], accumulation: int, n_iters: int, ends:
     out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
     # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
     out["window"] = (r0["t0"], r0["t1"])
-    out["window_iterations"] = (r0["warm"] * accumulation, (r0["warm"] + len(r0["step_times"])) * accumulation)
+    out["window_iterations"] = (r0["warm"] * accumulation, r0["end"] * accumulation)
     out["window_tokens_real"] = sum(r["real"] for r in per_rank)
     return out

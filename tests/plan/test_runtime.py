@@ -142,8 +142,18 @@ def test_the_kernel_report_holds_its_stated_errors():
     assert len(busy) >= 10
     widest = runtime_accuracy.kernel_model_error(rows, busy)  # the band holds every run the kernels bound
     assert widest <= runtime.KERNEL_MODEL_ERROR < widest + 1e-3
-    assert all(abs(r["error"]) <= runtime.KERNEL_MODEL_ERROR for r in a100 if not r["host_bound"])
-    assert widest > max(abs(r["error"]) for r in a100 if not r["host_bound"])  # one of ours is the widest
+    e = runtime.KERNEL_MODEL_ERROR
+    for r in (r for r in a100 if not r["host_bound"]):  # measured within the estimate x (1 -/+ e)
+        assert r["kernel_s"] * (1 - e) <= r["lab_s"] <= r["kernel_s"] * (1 + e), r
+    h = runtime.LITGPT_HOST_S_PER_OP
+    assert all(
+        runtime_accuracy.step_seconds(st, acc, h) * (1 - e) <= m <= runtime_accuracy.step_seconds(st, acc, h) * (1 + e)
+        for st, acc, m in busy
+    )
+    # the widest is the lab's s13 (7B QLoRA): 20.1% short of its time, which is 25.2% over the estimate
+    s13 = next(r for r in a100 if r["id"] == "s13")
+    over = s13["lab_s"] / s13["kernel_s"] - 1
+    assert widest == pytest.approx(over) and over > -s13["error"] > 0.19
     assert f"recomputed {widest:.2%})" in (ROOT / "reports/planner-accuracy/runtime.md").read_text()
 
 
@@ -164,6 +174,39 @@ def test_the_host_time_a_row_implies_gives_back_its_measured_step():
     assert implied_host(st, 4, 0.10) is None  # 4 x 0.03 + 0.005 = 0.125 s of kernels already
     assert implied_host(st, 1, 10.0) is None  # over 1 ms an op: not a host
     assert implied_host(st, 1, 0.2) == pytest.approx((0.2 - 0.0) / 3300, rel=1e-3)  # every phase host-bound
+
+
+def test_an_archived_litgpt_step_that_validated_is_left_out_of_its_window():
+    """The H200's s2 ran litgpt's loop before the collector timed its pauses: its validation and sample after step
+    100 (6.05 s by litgpt's own line) sit in that step's time, and the record's mean step over the window (0.213 s)
+    holds them. The report leaves that step out, by the run's eval.interval: 0.159 s, steady through the window,
+    the kernel model's 0.161 s within 2%; a run whose rank file noted its pauses keeps every step."""
+    from tunelab.record import RunRecord, interrupted_steps, steady_steps
+    from tunelab.report import runtime_accuracy
+
+    s2 = next(r for r in runtime_accuracy.steps_rows(ROOT, "h200-part1") if r["id"] == "s2")
+    assert s2["measured_s"] == pytest.approx(0.159, abs=0.002) and abs(s2["error"]) < 0.02
+    assert max(t for t, _ in s2["thirds"]) / min(t for t, _ in s2["thirds"]) < 1.02
+    args = {"eval": {"interval": 100}, "train": {"save_interval": 40}}
+    assert interrupted_steps(args, 125) == {40, 80, 100, 120}
+    assert interrupted_steps({"eval": {"interval": None}}, 5) == frozenset()
+    log = [[float(i), 8, 8, 0.0] for i in range(10)]
+    log[4][0] += 0.0  # iteration 4 (step 5 at accumulation 1) took 5 s: a validation nobody noted
+    log = [[t + (5.0 if i >= 5 else 0.0), p, r, z] for i, (t, p, r, z) in enumerate(log)]
+    steps = steady_steps(log, 1, 10, drop=frozenset({5}))[2]
+    assert [d for ((d, _, _),) in steps] == [1.0] * 7  # warm-up step 1 and step 5 out; the last, without end, too
+    rec = RunRecord(strategy="litgpt", resolved_args=args, optimizer_steps=10)
+    assert runtime_accuracy.unnoted_pauses(rec, log) == frozenset()  # no step 40 or 100 among 10
+    assert runtime_accuracy.unnoted_pauses(
+        RunRecord(strategy="litgpt", resolved_args={"eval": {"interval": 5}}, optimizer_steps=10), log
+    ) == {5, 10}
+    noted = [[*it[:3], 0.5 if i == 4 else 0.0] for i, it in enumerate(log)]
+    assert (
+        runtime_accuracy.unnoted_pauses(
+            RunRecord(strategy="litgpt", resolved_args={"eval": {"interval": 5}}, optimizer_steps=10), noted
+        )
+        == frozenset()
+    )
 
 
 def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
@@ -212,7 +255,7 @@ def test_the_openllama_rows_on_an_h200_out_of_sample():
     assert set(rows) == {"s6", "s7", "s11", "s12"} and {r["gpu"] for r in rows.values()} == {"H200"}
     s6 = rows["s6"]  # its GPU busy 94%: planned at its kernels, their model's miss inside its band
     assert not s6["host_bound"] and s6["predicted_s"] == pytest.approx(s6["kernels_s"], rel=0.01)
-    assert abs(s6["error"]) <= runtime.KERNEL_MODEL_ERROR
+    assert s6["measured_s"] <= s6["predicted_s"] * (1 + runtime.KERNEL_MODEL_ERROR)
     low, high = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     bound = {i: r for i, r in rows.items() if r["host_bound"]}
     assert set(bound) == {"s7", "s11", "s12"}
