@@ -60,13 +60,21 @@ def h100_items(root: Path) -> list[dict]:
     from litgpt import Config
 
     text = files.read_text(root / evidence.path(H100_ROWS, "rows"), 1 << 20, "results table")
-    ran = {rec.row_id: lora_ran(rec) for _, rec, _ in archived_records(root / evidence.path(H100_ROWS, "records"))}
+    archive = root / evidence.path(H100_ROWS, "records")
+    ran, steady = {}, {}
+    for name, rec, _ in archived_records(archive):
+        ran[rec.row_id], steady[rec.row_id] = lora_ran(rec), _steady(archive, name, rec)
     items = []
     for r in csv.DictReader(io.StringIO(text)):
-        if not r.get("step_time_s") or r.get("method") == "qlora" or r.get("status") != "ok" or r["row_id"] not in ran:
+        if (
+            not r.get("step_time_s")
+            or r.get("method") == "qlora"
+            or r.get("status") != "ok"
+            or not steady.get(r["row_id"])
+        ):
             continue
-        step, gbs = float(r["step_time_s"]), int(r["global_batch_size"])
-        tokens = float(r["tok_s_padded"]) * step / gbs  # padded tokens per sample in the steady window
+        step = float(r["step_time_s"])
+        tokens = steady[r["row_id"]][1]  # padded tokens per sample over the steady window, from its iteration log
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
         st = kernels.step_time(
             Config.from_name(r["model_name"]),
