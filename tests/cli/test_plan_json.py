@@ -417,3 +417,6 @@ def test_a_plan_names_the_strategy_file_it_planned():
     assert len(set(seen.values())) == len(seen)
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "H100-SXM", "--strategy", "fast")
     assert "(1 device(s), single, fast path, 32-true" in out.splitlines()[0]
+    for method, kind in (("lora", "FSDP2"), ("full", "FSDP1")):  # litgpt's own choice on several devices
+        code, out, _ = tunelab_here("plan", f"open-llama-7b/{method}", "--gpu", "H100-SXM", "--devices", "4")
+        assert f"(4 device(s), litgpt's {kind}, blocks checkpointed, bf16-true" in out.splitlines()[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tunelab import hardware
 from tunelab.plan import advise
-from tunelab.plan.model import kernels, memory, runtime
+from tunelab.plan.model import kernels, memory, runtime, strategies
 from tunelab.plan.model.fast_step import FAST_START_EXTRA_S
 from tunelab.plan.model.strategies import zero
 from tunelab.plan.projection import Projection
@@ -152,8 +152,14 @@ def _duration(seconds: float) -> str:
 
 
 def _strategy(planned: PlannedRecipe) -> str:
-    """The strategy planned, in a few words: the file's (FSDP1's sharding, FSDP2, the ZeRO stage), else litgpt's own."""
-    return planned.plan.strategy if planned.strategy_config is None else planned.strategy_config.label()
+    """The strategy planned, in a few words: the file's (FSDP1's sharding, FSDP2, the ZeRO stage), else litgpt's own
+    on several devices (FSDP1 for full fine-tuning, FSDP2 for LoRA, each block checkpointed)."""
+    if planned.strategy_config is not None:
+        return planned.strategy_config.label()
+    case = planned.input
+    if case.world == 1:
+        return planned.plan.strategy
+    return f"litgpt's {strategies.of(case).label}" + (", blocks checkpointed" if case.activation_checkpointing else "")
 
 
 def _memory_lines(plan: memory.Plan, seq_source: str, strategy: str) -> list[str]:

@@ -93,6 +93,8 @@ class Strategy:
     """Its name in :attr:`PlanInput.strategy` (FSDP1 and FSDP2 share ``fsdp``; the registry tells them apart)."""
     files: tuple[str, ...] = ()
     """The strategy files' ``name`` values it plans (``configs/strategies/*.yaml``)."""
+    label = "one device"
+    """Its name for a reader (a plan's first line names litgpt's own choice by it)."""
     divides = False
     """Whether the model states are divided among devices (the one-device simulation refuses it)."""
     sharded = False

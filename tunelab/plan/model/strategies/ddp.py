@@ -35,7 +35,7 @@ def all_reduce(c, z: Sizes, calls: float) -> None:
 class DDP(Strategy):
     """torch's DistributedDataParallel (``name: ddp``)."""
 
-    name, files, divides = "ddp", ("ddp",), True
+    name, files, divides, label = "ddp", ("ddp",), True, "DDP"
 
     def fields(self, config, world: int) -> dict:
         if world == 1:  # one rank: nothing to synchronise

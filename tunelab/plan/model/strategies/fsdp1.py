@@ -167,7 +167,7 @@ def fsdp1_no_shard_root_gradients(case: PlanInput, st: ModelStates) -> float:
 class FSDP1(FSDP):
     """FSDP1 (``name: fsdp``; litgpt's full fine-tuning on several devices, Lightning's FSDPStrategy)."""
 
-    files = ("fsdp",)
+    files, label = ("fsdp",), "FSDP1"
     host_ops_per_unit = (33.0, 47.0)
     """Measured on a CPU in ops of the plain loop (evidence ``cpu-wrapper-host``, scripts/bench_wrapper_host.py):
     the median over its FSDP1 cases (litgpt's on 1, 2 and 4 ranks, the ``fsdp`` file on 4)."""

@@ -98,7 +98,7 @@ def _fsdp2_moment(
 class FSDP2(FSDP):
     """FSDP2 (``name: fsdp2``, and litgpt's LoRA on several devices, whose root is kept: ``fsdp2_root_kept``)."""
 
-    files = ("fsdp2",)
+    files, label = ("fsdp2",), "FSDP2"
     host_ops_per_unit = (39.0, 52.0)
     """Measured on a CPU in ops of the plain loop (evidence ``cpu-wrapper-host``, scripts/bench_wrapper_host.py):
     the median over its FSDP2 cases (the ``fsdp2`` file and litgpt's LoRA sharding, on 4 ranks)."""

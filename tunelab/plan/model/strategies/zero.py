@@ -95,7 +95,7 @@ class ZeRO(Strategy):
     """DeepSpeed ZeRO (``name: deepspeed``): stage 1 shards the optimizer's states, 2 the gradients too, 3 the weights
     too; fp32 master weights and fp32 Adam states whatever the training precision; offload to host RAM."""
 
-    name, files = "deepspeed", ("deepspeed",)
+    name, files, label = "deepspeed", ("deepspeed",), "DeepSpeed ZeRO"
     divides = sharded = True
 
     def fields(self, config, world: int) -> dict:
