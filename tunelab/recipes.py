@@ -133,6 +133,12 @@ def load(path: Path) -> Recipe:
         raise RecipeError(
             f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}"
         )
+    if "name" in config and "checkpoint_dir" not in config:  # litgpt takes no `name`; a strategy file has one
+        raise RecipeError(
+            f"{display_path(path)}: a strategy file (name: {str(config['name'])[:40]}), not a recipe; fix: give a "
+            f"recipe (a key such as tiny-llama-1.1b/lora, or a litgpt YAML) and this file as --strategy "
+            f"{display_path(path)}"
+        )
     recipe = Recipe(path=path, config=config)
     named, content = path.stem.split("-")[0], method_of(config, "")
     if named in COMMANDS and not _name_agrees(named, content):

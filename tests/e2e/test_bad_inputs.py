@@ -65,6 +65,8 @@ def _files(tmp: Path) -> dict[str, Path]:
             (p / "tokenizer_config.json").write_bytes(content)
         f[name] = p
     write("a-file", "not a directory\n")
+    write("strategy-as-recipe.yaml", "name: deepspeed\nzero_stage: 3\n")
+    write("lora.yaml", "precision: bf16-true\nlora_r: 8\n")  # no checkpoint_dir
     write("old-report/strategies.csv", "family,method\nTinyLlama 1.1B,full\n")
     return f
 
@@ -84,6 +86,9 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
             "--node-rank",
         ),
         ("plan devices 0", ["plan", R, "--devices", "0"], "--devices"),
+        ("plan a strategy file", ["plan", f["strategy-as-recipe.yaml"]], "a strategy file (name: deepspeed)"),
+        ("run a strategy file", ["run", f["strategy-as-recipe.yaml"]], "as --strategy"),
+        ("plan without checkpoint_dir", ["plan", f["lora.yaml"], "--gpu", "L4"], "lora.yaml: checkpoint_dir: not set"),
         ("mfu range 0 0", ["plan", R, "--mfu-range", "0", "0"], "--mfu-range"),
         ("mfu range reversed", ["plan", R, "--mfu-range", "0.5", "0.2"], "--mfu-range"),
         ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),

@@ -190,6 +190,11 @@ def plan_settings(
     the planner's typed front door, which :func:`plan_recipe` (a recipe and override strings) and the runner (the
     Settings it launches) both enter. ``strategy_named``: how the user named the strategy, for its messages."""
     check_ranges(settings)
+    if not settings.checkpoint_dir:
+        raise ValueError(
+            f"{settings.recipe or 'the recipe'}: checkpoint_dir: not set, and the plan needs the model; fix: add checkpoint_dir to the recipe or give "
+            "--checkpoint_dir checkpoints/<org>/<name> (as `litgpt download` writes it)"
+        )
     strategy_config = strategy
     if strategy_config is not None:
         strategy_config.check_world(
