@@ -99,7 +99,7 @@ DEFINITIONS = """\
 | retries | `num_alloc_retries` summed over ranks: cudaMalloc failures that forced a cache flush (steps slow down) |
 | NVML GB | peak used memory NVML saw per GPU (all processes, CUDA context included), GB = 1e9 bytes |
 | RSS GB | peak resident host memory of a rank (`ru_maxrss`), max over ranks, GB = 1e9 bytes: the memory figure on CPU |
-| step s | median optimizer-step time over the steady state: warm-up steps (first 10%, at least 1 when >= 3 steps) and the last iteration excluded |
+| step s | median optimizer-step time over the steady state: warm-up steps (first 10%, at least 1 when >= 3 steps) and the last iteration excluded, and the time paused inside the loop (validation, samples, step saves) |
 | tok/s padded | steady-state tokens/s fed to the model, padding included, summed over ranks (the lab's tok/s counts these) |
 | tok/s real | the same without padding tokens (prompt template + text) |
 | padding % | share of fed tokens that were padding, whole run |
