@@ -2,10 +2,11 @@
 exit.
 
 The training loop stays litgpt's: this module only observes. It wraps ``litgpt.utils.CycleIterator.__next__`` to
-note, per micro batch, its start time and its padded and real token counts, and at exit (normal, exception or
-``sys.exit``) writes ``rank<N>.json`` into ``$TUNELAB_STATS_DIR``: the allocator's peaks and retries, the peak at
-each phase, the matmul precision, the exception if any, and the iteration log. Random-weight benchmark runs can skip
-litgpt's saves and merge (``TUNELAB_SKIP_SAVE=1``). docs/records.md."""
+note, per micro batch, its start time and its padded and real token counts, and litgpt's validation, samples and
+step saves inside ``fit`` to note them as pauses; at exit (normal, exception or ``sys.exit``) it writes
+``rank<N>.json`` into ``$TUNELAB_STATS_DIR``: the allocator's peaks and retries, the peak at each phase, the matmul
+precision, the exception if any, and the iteration log. Random-weight benchmark runs can skip litgpt's saves and merge
+(``TUNELAB_SKIP_SAVE=1``). docs/records.md."""
 
 from __future__ import annotations
 
