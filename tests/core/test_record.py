@@ -144,6 +144,28 @@ def test_steady_state_leaves_the_pauses_out():
     assert steady["tok_s_real"] == 80 * 5 / 5.0  # 5 counted iterations of 1 s each (the first is warm-up)
 
 
+def test_the_collector_leaves_out_a_litgpt_validation_its_probes_missed():
+    """Should the pause probes miss litgpt's validation (a litgpt whose functions they no longer find), the steps
+    its eval.interval names are left out of the steady window rather than counted as training; a rank file that
+    noted its pauses keeps every step, each less its pause."""
+    from tunelab.record import RunRecord
+    from tunelab.run.collect import _speed
+
+    starts = [float(t) for t in (0, 1, 2, 8, 9, 10, 16, 17, 18)]  # after steps 3 and 6 a validation: 5 s each
+    log = [[t, 100, 80, 0.0] for t in starts]
+    args = {"eval": {"interval": 3}, "train": {"save_interval": None}}
+    rec = RunRecord(strategy="litgpt", resolved_args=args, accumulation=1, optimizer_steps=9, device_count=1)
+    _speed(rec, [log], 9)
+    assert rec.step_time_mean_s == 1.0 and rec.tok_s_real == 80.0  # steps 3 and 6 (iterations 2 and 5) left out
+    noted = [[t, 100, 80, 5.0 if i in (2, 5) else 0.0] for i, (t, *_) in enumerate(log)]
+    rec = RunRecord(strategy="litgpt", resolved_args=args, accumulation=1, optimizer_steps=9, device_count=1)
+    _speed(rec, [noted], 9)
+    assert rec.step_time_mean_s == 1.0 and rec.warmup_steps_excluded == 1
+    rec = RunRecord(strategy="fast.yaml", resolved_args=args, accumulation=1, optimizer_steps=9, device_count=1)
+    _speed(rec, [log], 9)  # tunelab's loop notes its own pauses: nothing to infer
+    assert rec.step_time_mean_s == pytest.approx((1 + 6 + 1 + 1 + 6 + 1 + 1) / 7)
+
+
 def test_mean_step_holds_the_wait_the_median_hides():
     """A loop that reads the loss every 6 steps queues ahead of the GPU: most steps look short (0.1 s, the host's
     launches) and the step holding the read waits for the backlog (0.8 s). Over the 12 counted steps the mean is

@@ -181,7 +181,7 @@ def test_an_archived_litgpt_step_that_validated_is_left_out_of_its_window():
     100 (6.05 s by litgpt's own line) sit in that step's time, and the record's mean step over the window (0.213 s)
     holds them. The report leaves that step out, by the run's eval.interval: 0.159 s, steady through the window,
     the kernel model's 0.161 s within 2%; a run whose rank file noted its pauses keeps every step."""
-    from tunelab.record import RunRecord, interrupted_steps, steady_steps
+    from tunelab.record import RunRecord, interrupted_steps, steady_steps, unnoted_pauses
     from tunelab.report import runtime_accuracy
 
     s2 = next(r for r in runtime_accuracy.steps_rows(ROOT, "h200-part1") if r["id"] == "s2")
@@ -200,15 +200,13 @@ def test_an_archived_litgpt_step_that_validated_is_left_out_of_its_window():
     steps = steady_steps(log, 1, 10, drop=frozenset({5}))[2]
     assert [d for ((d, _, _),) in steps] == [1.0] * 7  # warm-up step 1 and step 5 out; the last, without end, too
     rec = RunRecord(strategy="litgpt", resolved_args=args, optimizer_steps=10)
-    assert runtime_accuracy.unnoted_pauses(rec, log) == frozenset()  # no step 40 or 100 among 10
-    assert runtime_accuracy.unnoted_pauses(
+    assert unnoted_pauses(rec, log) == frozenset()  # no step 40 or 100 among 10
+    assert unnoted_pauses(
         RunRecord(strategy="litgpt", resolved_args={"eval": {"interval": 5}}, optimizer_steps=10), log
     ) == {5, 10}
     noted = [[*it[:3], 0.5 if i == 4 else 0.0] for i, it in enumerate(log)]
     assert (
-        runtime_accuracy.unnoted_pauses(
-            RunRecord(strategy="litgpt", resolved_args={"eval": {"interval": 5}}, optimizer_steps=10), noted
-        )
+        unnoted_pauses(RunRecord(strategy="litgpt", resolved_args={"eval": {"interval": 5}}, optimizer_steps=10), noted)
         == frozenset()
     )
 

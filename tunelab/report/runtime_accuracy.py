@@ -29,7 +29,7 @@ from tunelab.plan.model.case import PlanInput
 from tunelab.plan.projection import project_recipe
 from tunelab.plan.recipe import plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
-from tunelab.record import interrupted_steps, read_rank_file, steady_state, steady_steps
+from tunelab.record import read_rank_file, steady_state, steady_steps, unnoted_pauses
 from tunelab.report import bench, evidence, profiles
 from tunelab.report.accuracy import (
     LAB_PART2_LINK,
@@ -317,16 +317,6 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     if not out.get("step_time_mean_s"):
         return None
     return out["step_time_mean_s"], out["padded_per_iteration"] / rec.micro_batch_size
-
-
-def unnoted_pauses(rec, iters: list) -> frozenset:
-    """The optimizer steps of a run of litgpt's own loop that held a validation or a save its rank file did not
-    note as a pause (records made before the collector timed litgpt's pauses; ``iters``: its rank-0 log as
-    :func:`tunelab.record.read_rank_file` reads it): left out of its steady window, their time being that work's
-    (a validation of 6 s once made an H200 row's mean step 0.213 s against 0.158 s of training)."""
-    if rec.strategy != "litgpt" or not iters or any(it[3] for it in iters):
-        return frozenset()
-    return interrupted_steps(rec.resolved_args or {}, rec.optimizer_steps or 0)
 
 
 def synchronised_end(archive: Path, member: str, rec, stats, iters: list) -> float | None:

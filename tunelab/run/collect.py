@@ -19,7 +19,7 @@ from tunelab import hardware
 from tunelab.files import RECORD_MAX_BYTES, FileRefused, read_json, read_text
 from tunelab.models import load_config, lora_param_count
 from tunelab.plan.model.flops import flops_per_token, mfu
-from tunelab.record import RankStats, RunRecord, driver_calls_in, read_rank_file, steady_state
+from tunelab.record import RankStats, RunRecord, driver_calls_in, read_rank_file, steady_state, unnoted_pauses
 from tunelab.run.gpu_monitor import GPUMonitor
 from tunelab.settings import Settings
 
@@ -193,7 +193,8 @@ def _speed(rec: RunRecord, ranks_iters: list[list], n_iters: int) -> dict:
     """Step 4: token counts and the steady-state figures (warm-up excluded); returns the steady-state summary."""
     rec.tokens_padded = sum(it[1] for its in ranks_iters for it in its[:n_iters] if it[1] >= 0) or None
     rec.tokens_real = sum(it[2] for its in ranks_iters for it in its[:n_iters] if it[2] >= 0) or None
-    steady = steady_state(ranks_iters, rec.accumulation or 1, n_iters, [r.trained_until for r in rec.ranks])
+    drop = unnoted_pauses(rec, ranks_iters[0] if ranks_iters else [])
+    steady = steady_state(ranks_iters, rec.accumulation or 1, n_iters, [r.trained_until for r in rec.ranks], drop)
     for key in (
         "warmup_steps_excluded",
         "step_time_s",
