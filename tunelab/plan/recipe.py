@@ -213,18 +213,18 @@ def plan_settings(
     seq, seq_source = None, "the recipe's train.max_seq_length"
     if dataset is not None:
         seq, seq_source = _dataset_seq_len(settings, dataset)
-    x = plan_input(settings, load_config(settings.checkpoint_dir), seq_len=seq, **fields)
-    if gpu is not None and str(x.precision).startswith("bf16") and not gpu.bf16:
-        x.attention_math = True
-    plan = memory.predict(x)
+    case = plan_input(settings, load_config(settings.checkpoint_dir), seq_len=seq, **fields)
+    if gpu is not None and str(case.precision).startswith("bf16") and not gpu.bf16:
+        case.attention_math = True
+    plan = memory.predict(case)
     if strategy_config is not None and strategy_config.fast:
         plan.notes.append(fast_note(strategy_config.fast))
     if gpu is not None:
         memory.verdict(plan, gpu)
-        plan.max_micro_batch_size = memory.max_micro_batch(x, gpu)
+        plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
     label = strategy_config.describe() if strategy_config is not None else "litgpt"
     return PlannedRecipe(
-        settings=settings, input=x, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
+        settings=settings, input=case, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
     )
 
 
