@@ -67,6 +67,7 @@ def _files(tmp: Path) -> dict[str, Path]:
     write("a-file", "not a directory\n")
     write("strategy-as-recipe.yaml", "name: deepspeed\nzero_stage: 3\n")
     write("lora.yaml", "precision: bf16-true\nlora_r: 8\n")  # no checkpoint_dir
+    write("adapter.yaml", "checkpoint_dir: checkpoints/TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T\n")
     write("old-report/strategies.csv", "family,method\nTinyLlama 1.1B,full\n")
     return f
 
@@ -89,6 +90,8 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("plan a strategy file", ["plan", f["strategy-as-recipe.yaml"]], "a strategy file (name: deepspeed)"),
         ("run a strategy file", ["run", f["strategy-as-recipe.yaml"]], "as --strategy"),
         ("plan without checkpoint_dir", ["plan", f["lora.yaml"], "--gpu", "L4"], "lora.yaml: checkpoint_dir: not set"),
+        ("plan an adapter", ["plan", f["adapter.yaml"], "--gpu", "L4"], "method adapter (litgpt finetune_adapter)"),
+        ("advise an adapter", ["advise", f["adapter.yaml"], "--gpus", "L4"], "not litgpt's adapters"),
         ("mfu range 0 0", ["plan", R, "--mfu-range", "0", "0"], "--mfu-range"),
         ("mfu range reversed", ["plan", R, "--mfu-range", "0.5", "0.2"], "--mfu-range"),
         ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),

@@ -406,3 +406,17 @@ def test_default_lengths_follow_the_models_tokenizer_and_the_recipes_cap():
     assert llama3 < 0.9 * llama2  # Llama 3's tokenizer takes fewer tokens a sample
     # the cap bounds the lengths themselves, so a longer one keeps longer samples
     assert work.per_sample(8, None, 2048) > work.per_sample(8, None, 512)
+
+
+def test_a_recipe_file_is_advised_by_what_it_holds_not_its_name(tmp_path):
+    """A QLoRA YAML not named qlora.yaml is QLoRA all the same: one device (litgpt quantizes there only) at a -true
+    precision (it refuses quantization under mixed precision); its name once made advise rank it on 8 GPUs under
+    ZeRO-3 and at bf16-mixed."""
+    import shutil
+
+    mine = tmp_path / "my-run.yaml"
+    shutil.copy(resolve("tiny-llama-1.1b/qlora").path, mine)
+    recipes = advise._recipes_of(str(mine), "any")
+    assert list(recipes) == ["qlora"]
+    cands = advise.candidates(recipes, [hardware.lookup("L4")], tokens=2e6, max_devices=8, price_table={})
+    assert cands and {c.world for c in cands} == {1} and {c.precision for c in cands} == {"bf16-true"}

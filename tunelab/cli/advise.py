@@ -125,21 +125,13 @@ def handle(args, extra) -> int:
         except ValueError as e:
             return fail(str(e))
         host = (probe.us_per_op, probe.how())
-    cands = advise.candidates(
-        recipes,
-        gpus,
-        workload=work,
-        max_devices=args.max_devices,
-        nodes=args.nodes,
-        interconnect=args.interconnect,
-        internode=args.internode,
-        price_table=table,
-        precision=precision,
-        strategies=strategies,
-        global_batch=args.global_batch,
-        headroom=headroom,
-        host_us_per_op=host[0] if host else None,
-    )
+    asked = {"max_devices": args.max_devices, "nodes": args.nodes, "interconnect": args.interconnect}
+    asked |= {"internode": args.internode, "price_table": table, "precision": precision, "strategies": strategies}
+    asked |= {"global_batch": args.global_batch, "headroom": headroom, "host_us_per_op": host[0] if host else None}
+    try:  # what the planner refuses of a recipe (a method it does not model, a count out of range): one line
+        cands = advise.candidates(recipes, gpus, workload=work, **asked)
+    except ValueError as e:
+        return fail(str(e))
     limits = {"deadline_h": args.deadline, "budget": args.budget, "tight_ok": headroom == 0}
     ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:

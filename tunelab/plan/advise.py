@@ -657,7 +657,7 @@ def _recipes_of(model: str, method: str) -> dict:
         methods = ["full", "lora", "qlora"] if method == "any" else [method]
         return {m: recipes.resolve(f"{model}/{m}") for m in methods if (folder / f"{m}.yaml").is_file()}
     recipe = recipes.resolve(model)
-    return {recipe.path.stem: recipe}
+    return {recipe.method: recipe}  # from its contents, whatever the file is called
 
 
 def asked(args, names: list, precision: list | None, strategies: list | None) -> tuple:

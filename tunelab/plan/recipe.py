@@ -44,6 +44,10 @@ class PlannedRecipe:
     """The strategy file as loaded (None: litgpt's own strategy): its batching switches change the padding."""
 
 
+PLANNED_METHODS = ("full", "lora", "qlora")
+"""The fine-tuning methods the planner models (litgpt's adapter and adapter_v2 are not)."""
+
+
 def check_ranges(settings: Settings) -> None:
     """ValueError naming the key when a count the plan divides or multiplies by is not a positive integer, the
     precision is not a full Lightning name, or one micro batch exceeds the global batch (several devices' micro
@@ -190,6 +194,12 @@ def plan_settings(
     the planner's typed front door, which :func:`plan_recipe` (a recipe and override strings) and the runner (the
     Settings it launches) both enter. ``strategy_named``: how the user named the strategy, for its messages."""
     check_ranges(settings)
+    if settings.method not in PLANNED_METHODS:
+        raise ValueError(
+            f"{settings.recipe or 'the recipe'}: method {settings.method} (litgpt {settings.command}): the planner "
+            f"models {', '.join(PLANNED_METHODS)} fine-tuning, not litgpt's adapters; fix: plan the model's LoRA "
+            "recipe as the nearest it models, or run this one and read its record"
+        )
     if not settings.checkpoint_dir:
         raise ValueError(
             f"{settings.recipe or 'the recipe'}: checkpoint_dir: not set, and the plan needs the model; fix: add checkpoint_dir to the recipe or give "
