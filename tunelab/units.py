@@ -25,6 +25,23 @@ def figure(x: float) -> str:
     return f"{x:,.2f}" if x >= 1 or x == 0 else f"{x:.3g}"
 
 
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 0.26 s, 42 s, 12.5 min, 3.2 h."""
+    if seconds < 1:
+        return f"{seconds:.2g} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def energy(joules: float) -> str:
+    """Joules as Wh or kWh."""
+    wh = joules / 3600
+    return f"{wh:.3g} Wh" if wh < 1000 else f"{wh / 1000:.3g} kWh"
+
+
 def gb(nbytes, spec: str = ".2f", missing: str = "") -> str:
     """``nbytes`` in GB (1e9 bytes) formatted by ``spec``; ``missing`` when it is None."""
     return fmt(nbytes, spec, missing, 1 / GB)

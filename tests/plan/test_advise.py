@@ -420,3 +420,21 @@ def test_a_recipe_file_is_advised_by_what_it_holds_not_its_name(tmp_path):
     assert list(recipes) == ["qlora"]
     cands = advise.candidates(recipes, [hardware.lookup("L4")], tokens=2e6, max_devices=8, price_table={})
     assert cands and {c.world for c in cands} == {1} and {c.precision for c in cands} == {"bf16-true"}
+
+
+def test_advise_writes_times_and_energies_a_person_reads():
+    """A short run's time and energy in seconds and Wh (advise printed "7.25e-05" hours and "0.000406" kWh for the
+    project's 200-sample dataset), a long one's in minutes or hours and kWh, in the table and in its verdict lines."""
+    from tunelab.units import duration, energy
+
+    assert [duration(s) for s in (0.261, 42.4, 750.0, 12_000.0)] == ["0.26 s", "42 s", "12.5 min", "3.3 h"]
+    assert [energy(j) for j in (1461.6, 3.6e6 * 2.14)] == ["0.406 Wh", "2.14 kWh"]
+    gpus = [hardware.lookup("H100-SXM")]
+    work = advise.workload_from_tokens(2e5)
+    cands = advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, gpus, workload=work, price_table={})
+    text = advise.render(cands, advise.rank(cands), gpus, {}, 3, work)
+    assert "e-0" not in text and "| time |" in text and "| energy |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| lora |")]
+    assert rows and all(" Wh | " in row and (" s ~ |" in row or " s |" in row) for row in rows), rows
+    fastest = next(line for line in text.splitlines() if line.startswith("fastest: "))
+    assert fastest.endswith(" s") or fastest.endswith(" min"), fastest

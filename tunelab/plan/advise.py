@@ -29,7 +29,7 @@ from tunelab.plan.recipe import plan_settings, strategy_fields
 from tunelab.recipes import Recipe, display_path
 from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
-from tunelab.units import GB, figure
+from tunelab.units import GB, duration, energy, figure
 from tunelab.validate import PRECISIONS
 
 PRICE_TABLE = CONFIGS_DIR / "hardware" / "prices.yaml"
@@ -482,8 +482,8 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
     the cheapest overall; ``host``: (microseconds an op, where they came from) where the host is known."""
     limits = limits or {}
     head = (
-        "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | hours | "
-        "comm s/step | kWh | USD |"
+        "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | time | "
+        "comm s/step | energy | USD |"
     )
     lines = _header(work, cands, ranked, host)
     ranked_on: dict[str, list[Candidate]] = {}
@@ -510,8 +510,9 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
                 lines.append(
                     f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
                     f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
-                    f"{' (edge)' if c.edge else ''} | {figure(c.hours)}{' ~' if c.hours <= best * (1 + TIE) else ''} | "
-                    f"{c.comm_s_per_step:.3f} | {figure(c.energy_kwh)} | {'' if c.cost_usd is None else figure(c.cost_usd)} |"
+                    f"{' (edge)' if c.edge else ''} | {duration(c.hours * 3600)}{' ~' if c.hours <= best * (1 + TIE) else ''} "
+                    f"| {c.comm_s_per_step:.3f} | {energy(c.energy_kwh * 3.6e6)} | "
+                    f"{'' if c.cost_usd is None else figure(c.cost_usd)} |"
                 )
             lines.append("")
         else:
@@ -539,7 +540,7 @@ def _header(work: Workload, cands: list, ranked: list, host=None) -> list[str]:
     known = f"host: litgpt's loop at {host[0]:.3g} us an op, {host[1]}" if host else ""
     return [
         f"advise: {work.how}; {len(cands)} configurations planned, {len(ranked)} fit and qualify "
-        f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; hours: predicted wall time; "
+        f"(peak GB: predicted peak allocated per device, GB = 1e9 bytes; time: predicted wall time; "
         f"~ within {TIE:.0%} of the GPU's best, the runtime estimate's error: a tie)",
         (
             known
@@ -565,7 +566,7 @@ def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: di
             ok = [c for c in group if c in ranked]
             if ok:
                 h = min(c.hours for c in ok)
-                parts.append(f"{name} {figure(h)} h" + ("" if h == best else f" ({h / best:.2f}x)"))
+                parts.append(f"{name} {duration(h * 3600)}" + ("" if h == best else f" ({h / best:.2f}x)"))
                 continue
             reasons = {
                 why_not(c, limits.get("deadline_h"), limits.get("budget"), limits.get("tight_ok")) for c in group
@@ -590,7 +591,7 @@ def _words(c: Candidate) -> str:
     return (
         f"{c.world}x {c.gpu}, {c.method} ({c.recipe}), {c.precision}, {c.strategy}, micro {c.micro_batch_size} x "
         f"{c.accumulation}{', activation checkpointing' if c.activation_checkpointing else ''}: "
-        f"{figure(c.hours)} h{cost}"
+        f"{duration(c.hours * 3600)}{cost}"
     )
 
 

@@ -10,7 +10,7 @@ from tunelab.plan.model.strategies import zero
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
 from tunelab.plan.trace import measure, ranks
-from tunelab.units import BILLION, GB, gb
+from tunelab.units import BILLION, GB, duration, energy, gb
 
 
 def render(
@@ -91,13 +91,13 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
     if p.seconds_low is None:  # a precision the GPU has no peak for: the one line that says so
         return [f"time and energy: {p.seconds_source}"]
     if p.seconds:
-        band = f"{_duration(p.seconds_band[0])} to {_duration(p.seconds_band[1])}"
-        time_line = f"time: {_duration(p.seconds)} (band {band}) for {p.tokens / 1e6:.2f} M tokens"
+        band = f"{duration(p.seconds_band[0])} to {duration(p.seconds_band[1])}"
+        time_line = f"time: {duration(p.seconds)} (band {band}) for {p.tokens / 1e6:.2f} M tokens"
         if edge:
             time_line += f" (at the edge: retries may stretch each step up to {runtime.EDGE_STRETCH}x)"
     else:
         time_line = (
-            f"time: {_duration(p.seconds_low)} to {_duration(p.seconds_high)} (MFU {p.mfu_low:.0%}-{p.mfu_high:.0%})"
+            f"time: {duration(p.seconds_low)} to {duration(p.seconds_high)} (MFU {p.mfu_low:.0%}-{p.mfu_high:.0%})"
         )
     if p.mfu_predicted_padded is not None:
         time_line += f"; predicted MFU {p.mfu_predicted_padded:.1%} on padded tokens"
@@ -116,11 +116,11 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
     if p.calibration is not None:
         lines.append(f"  --calibrate: {p.calibration}")
     power = "the power measured in a record" if p.power_measured else "board power, an upper bound"
-    energy = f"energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)} ({power})"
+    line = f"energy: {energy(p.energy_j_low)} to {energy(p.energy_j_high)} ({power})"
     if price is not None and p.seconds:
         hours = p.seconds / 3600 * world
-        energy += f"; price: {price.usd_per_hour * hours:,.2f} USD at {price.usd_per_hour:g} USD/h per GPU"
-    lines.append(energy)
+        line += f"; price: {price.usd_per_hour * hours:,.2f} USD at {price.usd_per_hour:g} USD/h per GPU"
+    lines.append(line)
     return lines
 
 
@@ -134,21 +134,6 @@ def _fast_pays(p: Projection) -> str:
     return (
         f"{start}, saves {p.fast_saved_per_step_s:.2f} s a step: ahead from {n_warm:.0f}-{n_cold:.0f} optimizer steps"
     )
-
-
-def _energy(joules: float) -> str:
-    """Joules as Wh or kWh."""
-    wh = joules / 3600
-    return f"{wh:.3g} Wh" if wh < 1000 else f"{wh / 1000:.3g} kWh"
-
-
-def _duration(seconds: float) -> str:
-    """Seconds as a person reads them: 42 s, 12.5 min, 3.2 h."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _strategy(planned: PlannedRecipe) -> str:
@@ -220,7 +205,7 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
             if p.seconds
             else f"  {p.seconds_source}"
         ),
-        f"  energy: {_energy(p.energy_j_low)} to {_energy(p.energy_j_high)}, "
+        f"  energy: {energy(p.energy_j_low)} to {energy(p.energy_j_high)}, "
         f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
         f"per million tokens; power: {p.power_source}",
     ]
