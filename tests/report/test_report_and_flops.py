@@ -290,3 +290,20 @@ def test_an_moe_token_counts_the_experts_it_reaches(changes):
     assert inactive_expert_params(Config.from_name("tiny-llama-1.1b")) == 0
     mixtral = flops_per_token(base, 512)
     assert 12.5e9 < mixtral.matmul_params < 13e9 and "in experts a token skips excluded" in mixtral.formula
+
+
+def test_report_on_one_runs_folder_says_which_folder_to_give(tmp_path):
+    """`tunelab run --out DIR` leaves DIR/record.json; `tunelab report DIR` reads */record.json under it and found
+    none: it says so and names the folder above, where the run's record is one of */record.json."""
+    from tunelab import record
+    from tunelab.report.sweep import write_report
+
+    record.save(record.RunRecord(status="ok", row_id="one"), tmp_path / "run" / "record.json")
+    with pytest.raises(FileNotFoundError, match=f"fix: tunelab report {tmp_path} "):
+        write_report(tmp_path / "run", out_dir=tmp_path / "rep")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as refused:
+        write_report(empty, out_dir=tmp_path / "rep")
+    assert "fix:" not in str(refused.value)
+    assert write_report(tmp_path, out_dir=tmp_path / "rep") == tmp_path / "rep"
