@@ -26,20 +26,31 @@ def figure(x: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Seconds as a person reads them: 0.26 s, 42 s, 12.5 min, 3.2 h."""
+    """Seconds as a person reads them: 0.26 s, 42 s, 12.5 min, 3.2 h, 2,380 days."""
     if seconds < 1:
         return f"{seconds:.2g} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 72 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.0f} days"
 
 
 def energy(joules: float) -> str:
-    """Joules as Wh or kWh."""
+    """Joules as Wh, kWh or MWh."""
     wh = joules / 3600
-    return f"{wh:.3g} Wh" if wh < 1000 else f"{wh / 1000:.3g} kWh"
+    for unit, scale in (("Wh", 1.0), ("kWh", 1e3)):
+        if wh < 1000 * scale:
+            return f"{wh / scale:.3g} {unit}"
+    mwh = wh / 1e6
+    return f"{mwh:.3g} MWh" if mwh < 1000 else f"{mwh:,.0f} MWh"
+
+
+def tokens(count: float) -> str:
+    """A token count as M or B tokens."""
+    return f"{count / 1e6:.2f} M tokens" if count < 1e9 else f"{count / 1e9:,.2f} B tokens"
 
 
 def gb(nbytes, spec: str = ".2f", missing: str = "") -> str:

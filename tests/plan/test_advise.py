@@ -425,10 +425,16 @@ def test_a_recipe_file_is_advised_by_what_it_holds_not_its_name(tmp_path):
 def test_advise_writes_times_and_energies_a_person_reads():
     """A short run's time and energy in seconds and Wh (advise printed "7.25e-05" hours and "0.000406" kWh for the
     project's 200-sample dataset), a long one's in minutes or hours and kWh, in the table and in its verdict lines."""
-    from tunelab.units import duration, energy
+    from tunelab.units import duration, energy, tokens
 
     assert [duration(s) for s in (0.261, 42.4, 750.0, 12_000.0)] == ["0.26 s", "42 s", "12.5 min", "3.3 h"]
-    assert [energy(j) for j in (1461.6, 3.6e6 * 2.14)] == ["0.406 Wh", "2.14 kWh"]
+    assert duration(2.056e8) == "2,380 days" and tokens(8e4) == "0.08 M tokens" and tokens(1e12) == "1,000.00 B tokens"
+    assert [energy(j) for j in (1461.6, 3.6e6 * 2.14, 3.6e9 * 24.3, 3.6e9 * 243_000)] == [
+        "0.406 Wh",
+        "2.14 kWh",
+        "24.3 MWh",
+        "243,000 MWh",
+    ]
     gpus = [hardware.lookup("H100-SXM")]
     work = advise.workload_from_tokens(2e5)
     cands = advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, gpus, workload=work, price_table={})

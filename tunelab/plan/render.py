@@ -10,7 +10,7 @@ from tunelab.plan.model.strategies import zero
 from tunelab.plan.projection import Projection
 from tunelab.plan.recipe import PlannedRecipe
 from tunelab.plan.trace import measure, ranks
-from tunelab.units import BILLION, GB, duration, energy, gb
+from tunelab.units import BILLION, GB, duration, energy, gb, tokens
 
 
 def render(
@@ -92,7 +92,7 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
         return [f"time and energy: {p.seconds_source}"]
     if p.seconds:
         band = f"{duration(p.seconds_band[0])} to {duration(p.seconds_band[1])}"
-        time_line = f"time: {duration(p.seconds)} (band {band}) for {p.tokens / 1e6:.2f} M tokens"
+        time_line = f"time: {duration(p.seconds)} (band {band}) for {tokens(p.tokens)}"
         if edge:
             time_line += f" (at the edge: retries may stretch each step up to {runtime.EDGE_STRETCH}x)"
     else:
