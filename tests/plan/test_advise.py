@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tunelab import hardware
+from tunelab import hardware, units
 from tunelab.plan import advise
 from tunelab.recipes import resolve
 
@@ -444,3 +444,25 @@ def test_advise_writes_times_and_energies_a_person_reads():
     assert rows and all(" Wh | " in row and (" s ~ |" in row or " s |" in row) for row in rows), rows
     fastest = next(line for line in text.splitlines() if line.startswith("fastest: "))
     assert fastest.endswith(" s") or fastest.endswith(" min"), fastest
+
+
+def test_a_missed_deadline_or_budget_says_by_how_much():
+    """Nothing meets a deadline of a second or a budget of a cent: each group's line gives its fastest time and its
+    cheapest cost among what fits, the figures a user needs to relax the limit (it said "deadline" alone)."""
+    gpus = [hardware.lookup("A10G")]
+    work = advise.workload_from_tokens(2e6)
+    cands = advise.candidates(
+        {"lora": resolve("tiny-llama-1.1b/lora")}, gpus, workload=work, price_table=advise.prices()
+    )
+    for limits, word in (
+        ({"deadline_h": 1 / 3600}, "deadline (its fastest "),
+        ({"budget": 0.001}, "budget (its cheapest "),
+    ):
+        ranked = advise.rank(cands, **limits)
+        assert not ranked
+        text = advise.render(cands, ranked, gpus, advise.prices(), 3, work, limits)
+        method_line = next(line for line in text.splitlines() if line.startswith("- by method: "))
+        fastest = min(c.hours for c in cands if c.fits and not c.tight)
+        cheapest = min(c.cost_usd for c in cands if c.fits and not c.tight)
+        figure = units.duration(fastest * 3600) if "deadline" in word else f"{units.figure(cheapest)} USD"
+        assert f"lora bf16-true: {word}{figure})" in method_line, method_line

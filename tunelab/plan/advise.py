@@ -580,10 +580,24 @@ def _why_lost(planned: list[Candidate], ranked: list[Candidate], gpu, limits: di
                     f"{name}: tight (at least {need:.1f} GB of {gpu.memory_bytes / GB:.1f}, within the headroom)"
                 )
             else:
-                parts.append(f"{name}: {', '.join(sorted(reasons - {'does not fit'}))}")
+                parts.append(
+                    f"{name}: {', '.join(_missed(r, group, limits) for r in sorted(reasons - {'does not fit'}))}"
+                )
         if parts:
             out.append(f"- by {label}: " + "; ".join(parts))
     return out
+
+
+def _missed(reason: str, group: list[Candidate], limits: dict) -> str:
+    """A reason of :func:`why_not` with the group's nearest miss: its fastest time past a deadline, its cheapest
+    cost past a budget (among the configurations that fit)."""
+    fit = [c for c in group if why_not(c, tight_ok=limits.get("tight_ok")) is None]
+    if reason == "deadline" and fit:
+        return f"deadline (its fastest {duration(min(c.hours for c in fit) * 3600)})"
+    priced = [c.cost_usd for c in fit if c.cost_usd is not None]
+    if reason == "budget" and priced:
+        return f"budget (its cheapest {figure(min(priced))} USD)"
+    return reason
 
 
 def _words(c: Candidate) -> str:
