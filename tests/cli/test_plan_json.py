@@ -420,3 +420,18 @@ def test_a_plan_names_the_strategy_file_it_planned():
     for method, kind in (("lora", "FSDP2"), ("full", "FSDP1")):  # litgpt's own choice on several devices
         code, out, _ = tunelab_here("plan", f"open-llama-7b/{method}", "--gpu", "H100-SXM", "--devices", "4")
         assert f"(4 device(s), litgpt's {kind}, blocks checkpointed, bf16-true" in out.splitlines()[0]
+
+
+def test_an_offloaded_run_is_timed_as_a_lower_bound_and_says_so():
+    """An offloaded optimizer step runs on the CPU, which nothing times yet: the plan's time (the fitted curve's)
+    leaves it out, so it says the time is a lower bound, in its answer and its JSON; a plan without offload says
+    nothing of it."""
+    argv = ("plan", "open-llama-13b/full", "--gpu", "A100-40GB", "--devices", "4")
+    for strategy in ("deepspeed-zero3-offload", "fsdp-offload"):
+        code, out, err = tunelab_here(*argv, "--strategy", strategy)
+        assert code == 0, err
+        assert "(a lower bound: the optimizer step on the CPU (offload) is not timed)" in out.splitlines()[3], out
+        code, out, err = tunelab_here(*argv, "--strategy", strategy, "--json")
+        assert json.loads(out)["projection"]["lower_bound"] == "the optimizer step on the CPU (offload) is not timed"
+    code, out, err = tunelab_here(*argv, "--strategy", "deepspeed-zero3", "--json")
+    assert code == 0 and json.loads(out)["projection"]["lower_bound"] == ""

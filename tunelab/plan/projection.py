@@ -16,13 +16,15 @@ from tunelab import record as record_mod
 from tunelab.data.lengths import default_lengths, padded_tokens_per_sample
 from tunelab.models import lora_param_count, sliding_window_layers
 from tunelab.plan.model import comm as comm_mod
-from tunelab.plan.model import runtime
+from tunelab.plan.model import runtime, strategies
 from tunelab.plan.model.fast_step import COMPILED_HOST_S_PER_KERNEL, FAST_MODEL_ERROR, FAST_START_EXTRA_S, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import PlanInput
 from tunelab.plan.recipe import PlannedRecipe, data_lengths, epoch_tokens, runtime_terms
 from tunelab.units import GB
 
+OFFLOADED = "the optimizer step on the CPU (offload) is not timed"
+"""Why an offloaded run's time is a lower bound."""
 DEFAULT_MFU_RANGE = (0.25, 0.55)
 """The MFU range a projection assumes without a measurement."""
 
@@ -107,6 +109,9 @@ class Projection:
     save_bytes_per_s: float | None = None
     """The write rate the checkpoint saves are timed at (bytes per second: ``--save-gbs``, else
     :data:`tunelab.plan.model.runtime.CHECKPOINT_WRITE_BYTES_PER_S`)."""
+    lower_bound: str = ""
+    """Why the time is a lower bound where it is one (an optimizer step on the CPU, which nothing times yet); empty
+    otherwise."""
     mfu_predicted_padded: float | None = None
     """The run's training FLOPs on padded tokens over its predicted seconds (validation and generation included)
     x devices x the peak: the MFU the kernel model predicts."""
@@ -497,6 +502,8 @@ def project_recipe(
         out = dataclasses.replace(out, **_pays_from(work, stock_work, gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
+    if out.seconds is not None and strategies.of(case).off_device(case):
+        out = dataclasses.replace(out, lower_bound=OFFLOADED)
     return _at_the_edge(out) if planned.plan.edge and out.seconds_band else out, note
 
 

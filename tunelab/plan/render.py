@@ -95,6 +95,8 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
         time_line = f"time: {duration(p.seconds)} (band {band}) for {tokens(p.tokens)}"
         if edge:
             time_line += f" (at the edge: retries may stretch each step up to {runtime.EDGE_STRETCH}x)"
+        if p.lower_bound:
+            time_line += f" (a lower bound: {p.lower_bound})"
     else:
         time_line = (
             f"time: {duration(p.seconds_low)} to {duration(p.seconds_high)} (MFU {p.mfu_low:.0%}-{p.mfu_high:.0%})"
@@ -202,6 +204,7 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
         (
             f"  point estimate of the training time: {p.seconds:,.0f} s ({p.seconds_band[0]:,.0f}-"
             f"{p.seconds_band[1]:,.0f} s; {p.seconds_source})"
+            + (f"; a lower bound: {p.lower_bound}" if p.lower_bound else "")
             if p.seconds
             else f"  {p.seconds_source}"
         ),
