@@ -432,6 +432,10 @@ def test_an_offloaded_run_is_timed_as_a_lower_bound_and_says_so():
         assert code == 0, err
         assert "(a lower bound: the optimizer step on the CPU (offload) is not timed)" in out.splitlines()[3], out
         code, out, err = tunelab_here(*argv, "--strategy", strategy, "--json")
-        assert json.loads(out)["projection"]["lower_bound"] == "the optimizer step on the CPU (offload) is not timed"
+        proj = json.loads(out)["projection"]
+        assert proj["lower_bound"] == "the optimizer step on the CPU (offload) is not timed"
+        # the fitted curve's band: its leave-one-out extremes over the lab's rows, measured over estimated
+        low, high = runtime.LOO_BAND
+        assert proj["seconds_band"] == pytest.approx([proj["seconds"] * (1 + low), proj["seconds"] * (1 + high)])
     code, out, err = tunelab_here(*argv, "--strategy", "deepspeed-zero3", "--json")
     assert code == 0 and json.loads(out)["projection"]["lower_bound"] == ""

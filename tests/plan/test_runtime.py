@@ -31,6 +31,9 @@ def test_constants_are_the_fit_to_the_lab_and_the_stated_leave_one_out_errors_ho
     loo = [abs(r["loo_error"]) for r in rows]
     assert sum(loo) / len(loo) == pytest.approx(runtime.LOO_MEAN_ABS_ERROR, abs=5e-4)
     assert max((r["loo_error"] for r in rows), key=abs) == pytest.approx(runtime.LOO_WORST_ERROR, abs=5e-4)
+    over = [r["lab_s"] / r["loo_estimate_s"] - 1 for r in rows]  # the band holds every row left out
+    low, high = runtime.LOO_BAND
+    assert low <= min(over) < low + 1e-3 and high - 1e-3 < max(over) <= high
 
 
 def test_terms_count_the_lab_loop(items):

@@ -391,11 +391,15 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         host = f"{a:.0f}-{b:.0f} us an op, as on the machines we measured; {side} (yours: --host-us-per-op)"
         return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
     else:
-        e, host = runtime.LOO_MEAN_ABS_ERROR, ""
+        low, high = runtime.LOO_BAND
         source = (
-            f"tunelab.plan.model.runtime fitted on the lab's A100 times (leave-one-out error mean {e:.0%}, worst "
-            f"{runtime.LOO_WORST_ERROR:+.0%}); {gpu.name}: {peak / 1e12:.0f} TFLOP/s, {gpu.bandwidth_gbs:.0f} GB/s"
+            f"tunelab.plan.model.runtime fitted on the lab's A100 times (leave-one-out error mean "
+            f"{runtime.LOO_MEAN_ABS_ERROR:.0%}, worst {runtime.LOO_WORST_ERROR:+.0%}; band: their time {low:+.0%} to "
+            f"{high:+.0%} of the estimate, left out one by one); {gpu.name}: {peak / 1e12:.0f} TFLOP/s, "
+            f"{gpu.bandwidth_gbs:.0f} GB/s"
         )
+        band = (secs * (1 + low), secs * (1 + high))
+        return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": ""}
     band = (secs * (1 - e), secs * (1 + e))
     return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 

@@ -40,6 +40,10 @@ LOO_MEAN_ABS_ERROR = 0.114
 """Mean absolute leave-one-out error of the estimate over the lab's rows (tunelab plan-accuracy recomputes it)."""
 LOO_WORST_ERROR = -0.383
 """The worst leave-one-out error (s13, the one QLoRA row: without it the memory-bound constant is poorly held)."""
+LOO_BAND = (-0.211, 0.622)
+"""The fitted curve's band, as measured over estimated less 1 at its extremes over the lab's rows left out one by one
+(s13's -38% is +62% measured over estimated), rounded outwards: the estimate x (1 + each) holds every such row
+(tunelab plan-accuracy recomputes them; a test holds these to them)."""
 LITGPT_HOST_S_PER_OP = 51.9e-6
 """Host seconds per dispatched op in litgpt's finetune loop (Python module code, Fabric's wrappers, the
 dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside it on the same CPU): the loop is
