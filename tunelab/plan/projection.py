@@ -178,6 +178,8 @@ def project(
         if work is not None and work.comm is not None:
             t_low, t_high = t_low + work.comm_beside(t_low), t_high + work.comm_beside(t_high)
         estimate = {**_point_estimate(work, gpu, peak), **_by_cause(work, gpu, peak)}
+        if estimate.get("seconds") is not None and strategies.of(case).off_device(case):
+            estimate["lower_bound"] = OFFLOADED
         low, high = estimate.get("seconds_band") or (t_low, t_high)  # the point estimate's band where there is one
         e_low, e_high = power * world * low, power * world * high
     else:  # a precision the GPU has no peak for: no time, no energy, one line why
@@ -506,8 +508,6 @@ def project_recipe(
         out = dataclasses.replace(out, **_pays_from(work, stock_work, gpu))
     if work.comm is not None:
         out = dataclasses.replace(out, link_source=_link_source(work.comm, gpu, interconnect))
-    if out.seconds is not None and strategies.of(case).off_device(case):
-        out = dataclasses.replace(out, lower_bound=OFFLOADED)
     return _at_the_edge(out) if planned.plan.edge and out.seconds_band else out, note
 
 
