@@ -604,8 +604,7 @@ def unnoted_pauses(rec, iters: list) -> frozenset:
     """The optimizer steps of a run of litgpt's own loop that held a validation or a save its rank file did not
     note as a pause (records made before the collector timed litgpt's pauses, or a litgpt whose functions the
     probes no longer find; ``iters``: its rank-0 log as :func:`read_rank_file` reads it): left out of its steady
-    window, their time being that work's (a validation of 6 s once made an H200 row's mean step 0.213 s against
-    0.158 s of training)."""
+    window, their time being that work's, not training's."""
     if rec.strategy != "litgpt" or not iters or any(it[3] for it in iters):
         return frozenset()
     return interrupted_steps(rec.resolved_args or {}, rec.optimizer_steps or 0)
