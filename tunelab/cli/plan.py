@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
         "save_bytes_per_s, the MFU range's seconds_low/high, energy_j_low/high (power x devices x the band), "
         "comm_bytes_per_step and comm_seconds_per_step on several devices (per forward without gradients: "
         "comm_bytes/seconds_per_forward); host_source and link_source (where the host's time per op and the "
-        "links come from); calibration (what --calibrate's records gave), power_measured, lower_bound (why the time is one: offload); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps (against stock "
-        "litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
+        "links come from); calibration (what --calibrate's records gave), power_measured, lower_bound (why the "
+        "time is one: offload); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps "
+        "(against stock litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )
     _case_arguments(s.add_argument_group("the run planned"))
     _time_arguments(s.add_argument_group("its time, energy and links"))

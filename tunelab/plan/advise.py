@@ -510,7 +510,8 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
                 lines.append(
                     f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
                     f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
-                    f"{' (edge)' if c.edge else ''} | {duration(c.hours * 3600)}{' ~' if c.hours <= best * (1 + TIE) else ''} "
+                    f"{' (edge)' if c.edge else ''} | {duration(c.hours * 3600)}"
+                    f"{' ~' if c.hours <= best * (1 + TIE) else ''} "
                     f"| {c.comm_s_per_step:.3f} | {energy(c.energy_kwh * 3.6e6)} | "
                     f"{'' if c.cost_usd is None else figure(c.cost_usd)} |"
                 )

@@ -202,8 +202,8 @@ def plan_settings(
         )
     if not settings.checkpoint_dir:
         raise ValueError(
-            f"{settings.recipe or 'the recipe'}: checkpoint_dir: not set, and the plan needs the model; fix: add checkpoint_dir to the recipe or give "
-            "--checkpoint_dir checkpoints/<org>/<name> (as `litgpt download` writes it)"
+            f"{settings.recipe or 'the recipe'}: checkpoint_dir: not set, and the plan needs the model; fix: add "
+            "checkpoint_dir to the recipe or give --checkpoint_dir checkpoints/<org>/<name> (as `litgpt download` writes it)"
         )
     strategy_config = strategy
     if strategy_config is not None:

@@ -212,13 +212,10 @@ def steps_rows(root: Path, key: str) -> list[dict]:
 def window_thirds(archive: Path, member: str, rec, st) -> list[tuple]:
     """(mean optimizer step s, host us per op it implies or None) over each third of a run's steady window, from
     its rank-0 iteration log in the archive (none without one): whether the step held still through the window."""
-    import json
-
-    raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
-    if raw is None:
+    _, log = _rank0(archive, member)
+    if not log:
         return []
     acc = rec.accumulation or 1
-    _, log = read_rank_file(json.loads(raw))
     drop = unnoted_pauses(rec, log)
     steps = [sum(d for d, _, _ in step) for step in steady_steps(log, acc, rec.iters or len(log), None, drop)[2]]
     if len(steps) < 3:
@@ -296,6 +293,16 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
     return rows
 
 
+@functools.cache
+def _rank0(archive: Path, member: str) -> tuple:
+    """(RankStats, iteration log) of an archived run's rank-0 file (:func:`tunelab.record.read_rank_file`), read once
+    per report; (None, []) without one."""
+    import json
+
+    raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
+    return read_rank_file(json.loads(raw)) if raw is not None else (None, [])
+
+
 def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     """(mean optimizer step s, padded tokens per sample) over a run's steady window: the record's, else recomputed
     from its rank-0 iteration log in the archive (records made before the collector kept the mean). A run of
@@ -303,14 +310,11 @@ def _steady(archive: Path, member: str, rec) -> tuple[float, float] | None:
     ended its window on a host timestamp with work still queued: its window is recomputed to the end
     the loop's printed training time gives (taken after the loop's last synchronising loss read), which counts that
     work (:func:`synchronised_end`)."""
-    import json
-
-    raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
-    stats, iters = read_rank_file(json.loads(raw)) if raw is not None else (None, [])
+    stats, iters = _rank0(archive, member)
     end, drop = synchronised_end(archive, member, rec, stats, iters), unnoted_pauses(rec, iters)
     if rec.step_time_mean_s and rec.padded_per_sample and end is None and not drop:
         return rec.step_time_mean_s, rec.padded_per_sample
-    if raw is None:
+    if stats is None:
         return None
     ends = [stats.trained_until if stats.trained_until is not None else end]
     out = steady_state([iters], rec.accumulation or 1, rec.iters or len(iters), ends, drop)
@@ -1303,7 +1307,8 @@ def _md_a100(a100: list[dict]) -> list[str]:
         f"bound (every sample taken to its 100 new tokens). Kernel model: mean absolute error {mean:.1%} over "
         f"{len(modelled)} rows; where its kernels bound the row ({len(bound)} rows; not "
         f"{', '.join(r['id'] for r in modelled if r['host_bound'])}, the host's), its widest miss "
-        f"{abs(widest['error']):.1%} ({widest['id']}; its time {widest['lab_s'] / widest['kernel_s'] - 1:+.1%} against the "
+        f"{abs(widest['error']):.1%} ({widest['id']}; its time "
+        f"{widest['lab_s'] / widest['kernel_s'] - 1:+.1%} against the "
         "estimate); with our runs the GPU kept busy, the band `plan` prints either side, measured over estimated "
         f"(`runtime.KERNEL_MODEL_ERROR`, {runtime.KERNEL_MODEL_ERROR:.3f}).",
         "",

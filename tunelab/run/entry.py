@@ -60,6 +60,17 @@ PAUSING = (
 ``Fabric.save`` for full fine-tuning)."""
 
 
+def _finetune_modules() -> list:
+    """litgpt's finetune scripts this litgpt has (:data:`FINETUNE_MODULES`), imported."""
+    out = []
+    for module in FINETUNE_MODULES:
+        try:
+            out.append(importlib.import_module(module))
+        except ImportError:
+            continue
+    return out
+
+
 def _install_pause_probes() -> None:
     """Time validation, the generated sample and step checkpoints inside litgpt's ``fit``, once iterations have
     begun, as pauses of the iteration they interrupt (:func:`tunelab.run.rank_stats.note_pause`): the steady window
@@ -104,11 +115,7 @@ def _install_pause_probes() -> None:
         return wrapper
 
     lightning.fabric.Fabric.save = pausing(lightning.fabric.Fabric.save)
-    for module in FINETUNE_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
+    for mod in _finetune_modules():
         for name in (n for n in PAUSING if hasattr(mod, n)):
             setattr(mod, name, pausing(getattr(mod, name)))
         if hasattr(mod, "fit"):
@@ -128,11 +135,7 @@ def _skip_saves() -> None:
         print(f"tunelab: checkpoint save skipped ({SKIP_SAVE_ENV}=1): {path}", flush=True)
 
     lightning.fabric.Fabric.save = no_save
-    for module in ("litgpt.finetune.lora", "litgpt.finetune.adapter", "litgpt.finetune.adapter_v2"):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
+    for mod in _finetune_modules():
         if hasattr(mod, "merge_lora"):
             mod.merge_lora = lambda *a, **k: print("tunelab: LoRA merge skipped", flush=True)
 
