@@ -596,7 +596,7 @@ def interrupted_steps(args: dict, steps: int) -> frozenset:
     a checkpoint, by a run's resolved ``eval.interval`` and ``train.save_interval``: in a rank file that noted no
     pauses (litgpt's loop before the collector timed them), such a step's time holds that work, not training."""
     every = [(args.get("eval") or {}).get("interval"), (args.get("train") or {}).get("save_interval")]
-    every = [n for n in every if isinstance(n, int) and n > 0]
+    every = [n for n in every if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     return frozenset(s for s in range(1, steps + 1) if any(s % n == 0 for n in every))
 
 

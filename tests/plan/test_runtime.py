@@ -197,6 +197,8 @@ def test_an_archived_litgpt_step_that_validated_is_left_out_of_its_window():
     args = {"eval": {"interval": 100}, "train": {"save_interval": 40}}
     assert interrupted_steps(args, 125) == {40, 80, 100, 120}
     assert interrupted_steps({"eval": {"interval": None}}, 5) == frozenset()
+    for bad in (True, 0, -3, 2.5, "3", float("nan")):  # a record's keys as read: only a positive integer counts
+        assert interrupted_steps({"eval": {"interval": bad}, "train": {"save_interval": bad}}, 5) == frozenset()
     log = [[float(i), 8, 8, 0.0] for i in range(10)]
     log[4][0] += 0.0  # iteration 4 (step 5 at accumulation 1) took 5 s: a validation nobody noted
     log = [[t + (5.0 if i >= 5 else 0.0), p, r, z] for i, (t, p, r, z) in enumerate(log)]
