@@ -153,10 +153,10 @@ def test_the_kernel_report_holds_its_stated_errors():
         runtime_accuracy.step_seconds(st, acc, h) * (1 - e) <= m <= runtime_accuracy.step_seconds(st, acc, h) * (1 + e)
         for st, acc, m in busy
     )
-    # the widest is the lab's s13 (7B QLoRA): 20.1% short of its time, which is 25.2% over the estimate
+    # the widest is the lab's s13 (7B QLoRA): 17.8% short of its time, which is 21.7% over the estimate
     s13 = next(r for r in a100 if r["id"] == "s13")
     over = s13["lab_s"] / s13["kernel_s"] - 1
-    assert widest == pytest.approx(over) and over > -s13["error"] > 0.19
+    assert widest == pytest.approx(over) and over > -s13["error"] > 0.17
     assert f"recomputed {widest:.2%})" in (ROOT / "reports/planner-accuracy/runtime.md").read_text()
 
 
@@ -183,12 +183,12 @@ def test_an_archived_litgpt_step_that_validated_is_left_out_of_its_window():
     """The H200's s2 ran litgpt's loop before the collector timed its pauses: its validation and sample after step
     100 (6.05 s by litgpt's own line) sit in that step's time, and the record's mean step over the window (0.213 s)
     holds them. The report leaves that step out, by the run's eval.interval: 0.159 s, steady through the window,
-    the kernel model's 0.161 s within 2%; a run whose rank file noted its pauses keeps every step."""
+    the kernel model's 0.168 s within 6%; a run whose rank file noted its pauses keeps every step."""
     from tunelab.record import RunRecord, interrupted_steps, steady_steps, unnoted_pauses
     from tunelab.report import runtime_accuracy
 
     s2 = next(r for r in runtime_accuracy.steps_rows(ROOT, "h200-part1") if r["id"] == "s2")
-    assert s2["measured_s"] == pytest.approx(0.159, abs=0.002) and abs(s2["error"]) < 0.02
+    assert s2["measured_s"] == pytest.approx(0.159, abs=0.002) and abs(s2["error"]) < 0.06
     assert max(t for t, _ in s2["thirds"]) / min(t for t, _ in s2["thirds"]) < 1.02
     # the H100's s2 as well: its padded tokens per sample from its iteration log (436, the data of s3-s5), not its
     # tok/s over the window (which held the validation) x its median step (338 once)
@@ -245,8 +245,8 @@ def test_the_second_machine_rows_hold_the_host_constant_out_of_sample():
     md = "\n".join(runtime_accuracy._md_steps(evidence.entry("h200-part1"), list(rows.values()), h100))
     md += "\n".join(runtime_accuracy._md_hosts(machines, {"h200-part1": list(rows.values())}))
     assert (
-        "| 0.637 | GPU-bound | 0.603 (GPU), 0.593 (GPU), 0.604 (GPU) | not timed |" in md
-        and "| (55.8) |" in md
+        "| 0.645 | GPU-bound | 0.603 (GPU), 0.593 (GPU), 0.604 (GPU) | not timed |" in md
+        and "| 0.589 | GPU-bound | 0.581 (GPU), 0.582 (GPU), 0.584 (GPU) |" in md
         and "H200 2026-11-27-lab-part1-h200: 54-57;" in md
     )
 
@@ -511,11 +511,12 @@ def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):
 
 
 def _holds_the_h200_bounds(rows: list) -> tuple:
-    """kernels.md's stated bounds for the H200 grid's ``rows``: the GPU-bound steps within 13%, full fine-tuning's
+    """kernels.md's stated bounds for the H200 grid's ``rows``: the GPU-bound steps within 14% (Phi-2 LoRA at micro 8,
+    its GPU 82% busy, the widest: neither its kernels nor its launches alone bound it), full fine-tuning's
     optimizer phase within 10%, a launch-bound line's step (LoRA at micro 1 and 2) its host's own clock within 5%;
     returns (GPU-bound errors by line, full lines' optimizer errors, the launch-bound lines) for their counts."""
     gpu_bound = {(r["model"], r["method"], r["micro"]): r["pairs"]["step"][2] for r in rows if r["bound"] == "GPU"}
-    assert all(abs(e) <= 0.13 for e in gpu_bound.values()), gpu_bound
+    assert all(abs(e) <= 0.14 for e in gpu_bound.values()), gpu_bound
     full = [r["pairs"]["optimizer (phase)"][2] for r in rows if r["method"] == "full"]
     assert all(abs(e) <= 0.10 for e in full), full
     small = [r for r in rows if r["method"] == "lora" and r["micro"] <= 2]  # kernels busy a third of the step
@@ -538,7 +539,7 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid_for_the_lab_models(tmp_
     (tmp_path / evidence.path(*profiles.GRID_H200)).write_text("\n".join(lines) + "\n")
     rows = profiles.grid_rows(tmp_path, profiles.GRID_H200, "H200")
     gpu_bound, full, small = _holds_the_h200_bounds(rows)
-    assert len(rows) == 15 and (len(gpu_bound), len(full), len(small)) == (4, 5, 4)
+    assert len(rows) == 15 and (len(gpu_bound), len(full), len(small)) == (5, 5, 4)
     assert ("open_llama_7b", "lora", 8) in gpu_bound
 
 
@@ -580,15 +581,15 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid():
     rows = profiles.grid_rows(ROOT, profiles.GRID_H200, "H200")
     assert len(rows) == 27 and len({r["model"] for r in rows}) == 6
     gpu_bound, full, small = _holds_the_h200_bounds(rows)
-    assert (len(gpu_bound), len(full), len(small)) == (8, 11, 7)
+    assert (len(gpu_bound), len(full), len(small)) == (10, 11, 7)
     assert ("open_llama_7b", "lora", 8) in gpu_bound and ("phi-2", "full", 8) in gpu_bound
 
 
 def test_fp32_matmuls_and_attention_have_their_own_shares_checked_out_of_sample(monkeypatch):
     """kernels.md's 32-true grid (TinyLlama full on an H200): TF32_MATMUL_SHARE and FP32_ATTENTION_EFFICIENCY hold
-    the micro-8 line's matmul and attention within 2%; the micro-32 line, out of sample, within 5% (step, matmul)
-    and 10% (attention). Timed as before (an fp32 matmul at the bf16 share, fp32 attention as flash at the TF32
-    peak) both steps were 14% or more short. fp32 attention's peak is a third of TF32's where the GPU has TF32
+    the micro-8 line's matmul and attention within 2%; the micro-32 line, out of sample, within 5% (matmul), 7%
+    (step: fp32's elementwise kernels are timed long) and 10% (attention). Timed as before (an fp32 matmul at the bf16 share, fp32 attention as flash at the TF32
+    peak) both steps were 10% or more short. fp32 attention's peak is a third of TF32's where the GPU has TF32
     (3xTF32), the plain FP32 peak where it has none."""
     from tunelab import hardware
     from tunelab.plan.model import kernels
@@ -599,14 +600,14 @@ def test_fp32_matmuls_and_attention_have_their_own_shares_checked_out_of_sample(
     rows = lines()
     assert set(rows) == {8, 32}
     assert abs(rows[8]["matmul"][2]) <= 0.02 and abs(rows[8]["attention"][2]) <= 0.02
-    assert abs(rows[32]["step"][2]) <= 0.05 and abs(rows[32]["matmul"][2]) <= 0.05
+    assert abs(rows[32]["step"][2]) <= 0.07 and abs(rows[32]["matmul"][2]) <= 0.05
     assert abs(rows[32]["attention"][2]) <= 0.10
     assert kernels.fp32_attention_peak(hardware.lookup("H200").peak_tflops) == pytest.approx(494.7 / 3)
     assert kernels.fp32_attention_peak(hardware.lookup("V100-32GB").peak_tflops) == 15.7
     monkeypatch.setattr(kernels, "TF32_MATMUL_SHARE", 1.0)
     monkeypatch.setattr(kernels, "FP32_ATTENTION_EFFICIENCY", kernels.ATTENTION_EFFICIENCY * 3)  # flash at TF32
     before = lines()
-    assert all(before[m]["step"][2] <= -0.14 for m in (8, 32)), before
+    assert all(before[m]["step"][2] <= -0.10 for m in (8, 32)), before
 
 
 def test_memory_rate_is_the_hbm_or_the_sms_ceiling():
@@ -1395,3 +1396,23 @@ def test_a_study_records_strategy_file_is_read_from_its_archive_or_left_as_a_nam
         assert isinstance(found, StrategyConfig) and found.name == "fsdp" and found.activation_checkpointing
     else:
         assert found == path and rec.row_id == "mbs8"
+
+
+def test_the_gap_after_each_kernel_is_the_grids_median_and_follows_each_training_op():
+    """kernels.KERNEL_GAP_S is the median idle time per counted op over the grid lines whose kernels fill 85% of
+    their forward, loss and backward (kernels.md recomputes it); the model adds it after every forward and backward
+    op, not to the optimizer step (its efficiency was fitted on its phase's wall time), as the cause 'kernel gaps'."""
+    from litgpt import Config
+
+    gaps = profiles.kernel_gaps(ROOT)
+    assert len(gaps) >= 20 and all(1.5e-6 <= g <= 5e-6 for *_, g in gaps)
+    assert kernels.KERNEL_GAP_S == pytest.approx(profiles.fit_kernel_gap(ROOT), abs=0.005e-6)
+    st = kernels.step_time(Config.from_name("tiny-llama-1.1b"), "full", "bf16-true", 8, 437, "H100-SXM", tables=TRACED)
+    split, ops = st.gpu_by_phase_category, st.ops_by_phase
+    for phase in ("forward", "backward"):
+        assert ops[phase] > 0 and split[f"{phase}/gaps"] == pytest.approx(ops[phase] * kernels.KERNEL_GAP_S)
+    assert not split.get("optimizer/gaps") and not split.get("validation/gaps")
+    assert st.gpu_by_category["gaps"] == pytest.approx(split["forward/gaps"] + split["backward/gaps"])
+    assert st.gpu_s == pytest.approx(sum(st.gpu_by_category.values()))
+    md = (ROOT / "reports/planner-accuracy/kernels.md").read_text()
+    assert f"`kernels.KERNEL_GAP_S`: {kernels.KERNEL_GAP_S * 1e6:.2f}" in md

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
         "peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, seq_len_source, notes, "
         "strategy (its kind) and strategy_described (the file's words: FSDP's sharding, the ZeRO stage), "
         "and with --gpu a projection: seconds (the point estimate), seconds_by_cause (matmul, attention, "
-        "elementwise, dequantization, optimizer, host launches, validation, generation, checkpoint saves, "
+        "elementwise, dequantization, optimizer, kernel gaps, host launches, validation, generation, checkpoint saves, "
         "communication; they sum to seconds), mfu_predicted_padded/real, seconds_after_loop, bytes_after_loop, "
         "save_bytes_per_s, the MFU range's seconds_low/high, energy_j_low/high (power x devices x the band), "
         "comm_bytes_per_step and comm_seconds_per_step on several devices (per forward without gradients: "

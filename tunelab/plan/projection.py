@@ -85,7 +85,7 @@ class Projection:
     """The links, their achieved bandwidth and the volume formula; the seconds above include the exposed part."""
     seconds_by_cause: dict | None = None
     """The run's seconds by cause from the kernel-level model (tunelab.plan.model.runtime.Terms.by_cause: matmul,
-    attention, elementwise, optimizer, host launches, validation, generation, communication; they sum to
+    attention, elementwise, optimizer, kernel gaps, host launches, validation, generation, communication; they sum to
     ``seconds``), None where it does not apply (``seconds_by_cause_source`` says why; ``seconds`` is then the
     fitted curve's)."""
     seconds_by_cause_source: str = ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 
 from tunelab import files
 from tunelab.plan.model import bnb_kernels, kernels
@@ -145,7 +146,8 @@ def grid_rows(root, grid: tuple = GRID, gpu: str = "H100-SXM") -> list[dict]:
     has the host's own clock per phase, the model's host time (every op at :data:`HOST_S_PER_OP`) against that
     clock summed over the step. The optimizer is compared with its phase, not with the profiler's kernel time: in
     every line that is twice the phase's wall time (on one stream the kernels cannot outlast the interval that holds
-    them, so the profiler counts them twice)."""
+    them, so the profiler counts them twice). ``fill``: the share of the forward, loss and backward phases' wall time
+    the profiler's kernels fill; ``gap_per_op``: the rest over the ops the model counts in them."""
     from litgpt import Config
 
     rows = []
@@ -181,15 +183,42 @@ def grid_rows(root, grid: tuple = GRID, gpu: str = "H100-SXM") -> list[dict]:
             pairs["host (own clock)"] = (st.host_s, sum(m["host_phases"].values()))
         if isinstance(m.get("decode"), dict) and m["decode"].get("s"):  # litgpt's generate, per token
             pairs["decode, per token"] = (st.phase_s("decode"), m["decode"]["s"])
+        wall = ph["forward"] + ph["loss"] + ph["backward"]
+        busy = sum(v for c, v in k.items() if c != "optimizer")
         rows.append(
             {
                 "model": m["model"],
                 "micro": m["micro"],
                 "method": m["method"],
+                "dtype": m["dtype"],
                 "ops": st.ops,
                 "launches": sum(m["launches"].values()),
+                "fill": busy / wall,
+                "gap_per_op": (wall - busy) / (st.ops_by_phase["forward"] + st.ops_by_phase["backward"]),
                 "bound": "host" if st.host_s > st.gpu_s else "GPU",
                 "pairs": {w: (p, v, p / v - 1 if v else None) for w, (p, v) in pairs.items()},
             }
         )
     return rows
+
+
+GAP_FILL = 0.85
+"""A grid line holds :data:`tunelab.plan.model.kernels.KERNEL_GAP_S` when its kernels fill this share of its forward,
+loss and backward phases or more: the host kept the GPU's queue full, so what is left between kernels is the GPU's."""
+
+
+def kernel_gaps(root) -> list[tuple]:
+    """(grid, line, seconds idle per op) of every grid line (:func:`tunelab.report.evidence.grids`) whose kernels
+    fill :data:`GAP_FILL` of its forward, loss and backward phases (:func:`grid_rows`' ``gap_per_op``)."""
+    out = []
+    for e, what, _ in evidence.grids():
+        if (root / evidence.path(e.id, what)).is_file():
+            for r in grid_rows(root, (e.id, what), e.device):
+                if r["fill"] >= GAP_FILL:
+                    out.append((e.id, f"{r['model']} {r['method']} {r['dtype']} micro {r['micro']}", r["gap_per_op"]))
+    return out
+
+
+def fit_kernel_gap(root) -> float:
+    """:data:`tunelab.plan.model.kernels.KERNEL_GAP_S` recomputed: the median of :func:`kernel_gaps`."""
+    return statistics.median(g for *_, g in kernel_gaps(root))

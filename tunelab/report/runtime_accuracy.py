@@ -622,8 +622,8 @@ def kernel_model_error(rows: list[dict], busy: list[tuple]) -> float:
 
 
 def lab_hosts(items: list | None = None) -> dict:
-    """{row: host us per op} of the lab's A100 rows the kernel model says waited on their host (its kernels alone
-    under :data:`HOST_BOUND_UTIL` of the lab's time): the host time per op that makes the modelled run (validation and
+    """{row: host us per op} of the lab's A100 rows the kernel model says waited on their host (its kernels alone,
+    without the gaps between them, under :data:`HOST_BOUND_UTIL` of the lab's time): the host time per op that makes the modelled run (validation and
     samples included) equal the lab's Training Time, by bisection on the host's scale; ``items``: :func:`a100_items`
     when already planned. The lab's machine is one of the hosts the plan's band spans."""
     out = {}
@@ -636,8 +636,9 @@ def lab_hosts(items: list | None = None) -> dict:
         def run_s(scale: float, t=t, gpu=gpu, step=step) -> float:
             return sum(t.by_cause(gpu, scale, step=step).values())
 
-        if run_s(1e-4) / secs >= HOST_BOUND_UTIL / 100:
-            continue  # busy with its kernels by the model: its time says nothing of its host
+        busy = t.by_cause(gpu, 1e-4, step=step)
+        if (sum(busy.values()) - busy["kernel gaps"]) / secs >= HOST_BOUND_UTIL / 100:
+            continue  # busy with its kernels by the model (gaps idle, as NVML counts): its time says nothing of its host
         if (scale := solve(run_s, secs, 1e-4, 4.0)) is not None:
             out[r.id] = scale * runtime.LITGPT_HOST_S_PER_OP * 1e6
     return out
@@ -1409,6 +1410,26 @@ def _grid_lines(root, grid: tuple, gpu: str, day: str) -> list[str]:
     return lines
 
 
+def _md_gaps(gaps: list[tuple]) -> list[str]:
+    """The fit of :data:`tunelab.plan.model.kernels.KERNEL_GAP_S` (``gaps``: :func:`tunelab.report.profiles.kernel_gaps`)."""
+    if not gaps:
+        return []
+    us = sorted(g * 1e6 for *_, g in gaps)
+    return [
+        "## The GPU's gap after each kernel (fitted on the grids below)",
+        "",
+        f"On the {len(gaps)} grid lines whose kernels fill {profiles.GAP_FILL:.0%} or more of their forward, loss "
+        "and backward phases (the host kept the GPU's queue full), the phases' wall time (CUDA events) exceeds the "
+        f"profiler's kernel time by {us[0]:.2f}-{us[-1]:.2f} us per op the model counts there: the GPU's own "
+        "time between two queued kernels. Their median, "
+        f"{statistics.median(us):.2f} us (`kernels.KERNEL_GAP_S`: {kernels.KERNEL_GAP_S * 1e6:.2f}), follows each op "
+        "of a training forward and backward (the cause 'kernel gaps'); these lines hold it in sample. The lines: "
+        + "; ".join(f"`{grid}` {line} {g * 1e6:.2f}" for grid, line, g in gaps)
+        + ".",
+        "",
+    ]
+
+
 def write_kernels_md(path, root) -> None:
     """``kernels.md``: :func:`tunelab.report.profiles.profile_rows` as a table, with what was fitted and what was not, then
     :func:`tunelab.report.profiles.grid_rows` (out of sample) for each grid of :func:`tunelab.report.evidence.grids`."""
@@ -1446,6 +1467,7 @@ def write_kernels_md(path, root) -> None:
         + ". Known misses: the optimizer's kernels as the profiler counts them (twice the phase by CUDA events), and "
         "the full step's forward and backward phases (the host's share of a phase is not one figure per op).",
         "",
+        *_md_gaps(profiles.kernel_gaps(root)),
         *[line for e, what, day in evidence.grids() for line in _grid_lines(root, (e.id, what), e.device, day)],
     ]
     write_text_atomic(path, "\n".join(lines))

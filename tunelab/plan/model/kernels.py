@@ -5,9 +5,9 @@ ATen op of the forward and loss, backward, optimizer step, a validation batch an
 FLOPs, bytes and output tiles as polynomials in micro batch and tokens. Each kernel's time: matmuls at the dense
 peak x :data:`MATMUL_EFFICIENCY` x their waves' SM share (fp32 as TF32), attention at its share of the peak, every
 other kernel by its bytes over the memory rate (the HBM's or the SMs', the lower) at its category's share, at least
-:data:`MIN_KERNEL_S`. The host launches each op at litgpt's time per op; a phase takes its kernels or its launches,
-whichever is longer (:func:`step_time`). Constants and their fits: docs/planner.md, "Time"; checked in
-``reports/planner-accuracy/kernels.md``."""
+:data:`MIN_KERNEL_S`, each training one followed by the GPU's gap (:data:`KERNEL_GAP_S`). The host launches each
+op at litgpt's time per op; a phase takes its kernels or its launches, whichever is longer (:func:`step_time`).
+Constants and their fits: docs/planner.md, "Time"; checked in ``reports/planner-accuracy/kernels.md``."""
 
 from __future__ import annotations
 
@@ -76,6 +76,15 @@ Fitted with :data:`MEMORY_EFFICIENCY`; checked out of sample by the H200's optim
 another efficiency), which the HBM's figure alone put 15-20% short."""
 MIN_KERNEL_S = 3e-6
 """The shortest a kernel takes on the GPU (launch latency and a tail): seconds."""
+KERNEL_GAP_S = 2.79e-6
+"""Seconds the GPU stands idle after each kernel of an eager forward or backward even with the next one queued (its
+front end taking the next launch), per op the template counts: the phases' wall time less the profiler's kernel time
+over those ops, the median over the profile grids' lines whose kernels fill 85% of their forward and backward or more
+(:func:`tunelab.report.profiles.fit_kernel_gap`). Added where it was measured, the training forward and backward
+(:data:`GAP_PHASES`): not to the optimizer step, whose efficiency was fitted on its phase's wall time
+(:data:`FOREACH_EFFICIENCY`), nor to validation and decode, which litgpt's loop launches slower than its GPU runs."""
+GAP_PHASES = ("forward", "backward")
+"""The phases :data:`KERNEL_GAP_S` is added to."""
 HOST_S_PER_OP = 35e-6
 """Host time per dispatched op in eager PyTorch (Python module code, the dispatcher, autograd's bookkeeping, the
 launch); fitted on the H100 profile's two steps (full 97.6 ms, GPU-bound; LoRA 160.7 ms, host-bound: its kernels
@@ -333,7 +342,18 @@ def template_seconds(
         by_phase[p] = by_phase.get(p, 0.0) + more * n * MIN_KERNEL_S
         by_phase[f"{p}/loss"] = by_phase.get(f"{p}/loss", 0.0) + more * n * MIN_KERNEL_S
         by_cat["loss"] = by_cat.get("loss", 0.0) + more * n * MIN_KERNEL_S
+    _add_gaps(ops_by_phase, by_cat, by_phase)
     return sum(ops_by_phase.get(p, 0.0) for p in TRAINING_PHASES), by_cat, by_phase, ops_by_phase
+
+
+def _add_gaps(ops_by_phase: dict, by_cat: dict, by_phase: dict) -> None:
+    """Into a step's GPU seconds: :data:`KERNEL_GAP_S` after each op of the :data:`GAP_PHASES` (category ``gaps``,
+    ``ops_by_phase``: the ops each phase launches)."""
+    for p in GAP_PHASES:
+        gaps = ops_by_phase.get(p, 0.0) * KERNEL_GAP_S
+        by_phase[p] = by_phase.get(p, 0.0) + gaps
+        by_phase[f"{p}/gaps"] = by_phase.get(f"{p}/gaps", 0.0) + gaps
+        by_cat["gaps"] = by_cat.get("gaps", 0.0) + gaps
 
 
 def fp32_attention_peak(peaks: dict) -> float:
@@ -421,8 +441,8 @@ def with_blocks(config, layers: list):
 
 def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops) -> int:
     """Add what the trace does not see of bitsandbytes (:mod:`tunelab.plan.model.bnb_kernels`) to a step's dicts: QLoRA's
-    dequantization kernels (category ``dequantization``) and its Python per 4-bit matmul; a paged AdamW's kernel and
-    Python per tensor. Returns the training phases' kernels added."""
+    dequantization kernels (category ``dequantization``, each with its gap) and its Python per 4-bit matmul; a paged
+    AdamW's kernel and Python per tensor. Returns the training phases' kernels added."""
 
     work = bnb_kernels.qlora_work(config, tokens, memory_rate(gpu), MIN_KERNEL_S) if method == "qlora" else {}
     if optimizer.startswith("Paged"):
@@ -440,6 +460,7 @@ def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both
         if phase in TRAINING_PHASES:
             by_cat[cat] = by_cat.get(cat, 0.0) + sec
             added += n
+        _add_gaps({phase: n}, by_cat, both)
     return added
 
 
