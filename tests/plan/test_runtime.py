@@ -1416,3 +1416,6 @@ def test_the_gap_after_each_kernel_is_the_grids_median_and_follows_each_training
     assert st.gpu_s == pytest.approx(sum(st.gpu_by_category.values()))
     md = (ROOT / "reports/planner-accuracy/kernels.md").read_text()
     assert f"`kernels.KERNEL_GAP_S`: {kernels.KERNEL_GAP_S * 1e6:.2f}" in md
+    rows = {(r["method"], r["what"]): r["predicted_s"] for r in profiles.profile_rows(ROOT)}
+    kinds = ("matmul", "attention", "elementwise, loss, copies", "optimizer")  # the profiler's kernels hold no gaps
+    assert rows["full", "kernels: all (GPU busy)"] == pytest.approx(sum(rows["full", f"kernels: {k}"] for k in kinds))
