@@ -124,14 +124,16 @@ ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 RANK_FILE_LOG = ("iters", "pauses")
 """Keys of ``rank<N>.json`` beside the RankStats fields that stay in the rank file: ``iters``, one
 [monotonic start time, padded tokens, real tokens] per micro-batch iteration, from which the runner computes the
-steady-state figures (step time, tok/s, the NVML window), and ``pauses``, one [iteration index, seconds] per
-validation or save inside the loop (subtracted from that iteration's time). Too long for the record; the rank files
-stay in the run directory."""
+steady-state figures (step time, tok/s, the NVML window), and ``pauses``, one [iteration index, seconds, monotonic
+start] per validation or save inside the loop (subtracted from that iteration's time, and left out of the NVML
+window; files made before the start was kept hold [iteration index, seconds]). Too long for the record; the rank
+files stay in the run directory."""
 
 
 def read_rank_file(data: dict) -> tuple[RankStats, list]:
     """(RankStats, iteration log) from a rank file's JSON; ValueError naming any key the schema does not know. The
-    log holds one [start, padded tokens, real tokens, seconds paused inside the iteration] per iteration."""
+    log holds one [start, padded tokens, real tokens, seconds paused inside the iteration, [(pause start, end), ...]
+    of the pauses whose start the file kept] per iteration."""
     if not isinstance(data, dict):
         raise ValueError(f"a rank file is a JSON object, got {type(data).__name__}")
     stats = checked_fields(RankStats, {k: v for k, v in data.items() if k not in RANK_FILE_LOG}, "rank file")
@@ -144,21 +146,21 @@ def read_rank_file(data: dict) -> tuple[RankStats, list]:
     pauses = data.get("pauses") or []
     if not isinstance(pauses, list) or not all(
         isinstance(p, list)
-        and len(p) == 2
+        and len(p) in (2, 3)
         and type(p[0]) is int
-        and type(p[1]) in (int, float)
-        and math.isfinite(p[1])
+        and all(type(x) in (int, float) and math.isfinite(x) for x in p[1:])
         and p[1] >= 0
         for p in pauses
     ):
-        raise ValueError("rank file: pauses is not a list of [iteration index, seconds]")
+        raise ValueError("rank file: pauses is not a list of [iteration index, seconds, start]")
     driver = stats.get("driver_allocs") or []
     if not all(isinstance(e, list) and len(e) == 3 and all(type(x) is int and x >= 0 for x in e) for e in driver):
         raise ValueError("rank file: driver_allocs is not a list of [iteration, cudaMalloc calls, cudaFree calls]")
-    log = [[*it, 0.0] for it in iters]  # [start, padded, real, seconds paused inside it]
-    for index, seconds in pauses:  # a pause belongs to the iteration it interrupted
+    log = [[*it, 0.0, []] for it in iters]  # [start, padded, real, seconds paused inside it, pause intervals]
+    for index, seconds, *start in pauses:  # a pause belongs to the iteration it interrupted
         if 0 <= index < len(log):
             log[index][3] += seconds
+            log[index][4] += [(start[0], start[0] + seconds)] if start else []
     return RankStats(**stats), log
 
 
@@ -654,8 +656,11 @@ def steady_state(
     out["iterations_s"] = sum(r["iterations"] / r["time"] for r in per_rank if r["time"] > 0)
     out["tok_s_padded"] = sum(r["padded"] / r["time"] for r in per_rank if r["time"] > 0)
     out["tok_s_real"] = sum(r["real"] / r["time"] for r in per_rank if r["time"] > 0)
-    # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock
+    # the window NVML figures are averaged over: rank 0's counted steps, on the shared monotonic clock, less its pauses
     out["window"] = (r0["t0"], r0["t1"])
+    out["pauses"] = [
+        (a, b) for it in ranks_iters[0] for a, b in (it[4] if len(it) > 4 else ()) if b > r0["t0"] and a < r0["t1"]
+    ]
     out["window_iterations"] = (r0["warm"] * accumulation, r0["end"] * accumulation)
     out["window_tokens_real"] = sum(r["real"] for r in per_rank)
     return out

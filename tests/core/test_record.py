@@ -119,12 +119,13 @@ def test_rank_files_are_read_through_the_schema():
             "peak_allocated_bytes": 5,
             "cuda_error": None,
             "iters": [[1.0, 16, 12], [2.0, 16, 10]],
-            "pauses": [[0, 0.25], [0, 0.5]],
+            "pauses": [[0, 0.25], [0, 0.5, 1.25], [1, 0.1, 2.5]],
         }
     )
     assert stats.rank == 1 and stats.peak_allocated_bytes == 5
-    assert iters == [[1.0, 16, 12, 0.75], [2.0, 16, 10, 0.0]]  # [start, padded, real, paused inside]
-    for bad in ([[0]], [[0, -1.0]], [["0", 1.0]], [[0, float("nan")]]):
+    # [start, padded, real, paused inside, the pauses whose start was kept] (a file of before: without the start)
+    assert iters == [[1.0, 16, 12, 0.75, [(1.25, 1.75)]], [2.0, 16, 10, 0.1, [(2.5, 2.6)]]]
+    for bad in ([[0]], [[0, -1.0]], [["0", 1.0]], [[0, float("nan")]], [[0, 1.0, float("inf")]], [[0, 1.0, 2, 3]]):
         with pytest.raises(ValueError, match="pauses"):
             read_rank_file({"rank": 0, "pauses": bad})
     with pytest.raises(ValueError, match="unknown keys \\['surprise'\\]"):
@@ -278,3 +279,31 @@ def test_a_compiled_run_recorded_before_limit_hits_were_counted_is_run_again(tmp
     path.write_text(json.dumps(data))
     done, why = resume_state(path, "tiny-llama-1.1b/lora", [])
     assert not done and "recompile-limit hits" in why
+
+
+def test_the_steady_windows_nvml_figures_leave_the_pauses_out():
+    """A validation inside the steady window (GPU idle, 100 W, against 95% and 400 W training): the window's
+    utilisation, power and energy are training's; the pause's samples and time are left out. Before, a window of 8 s
+    holding a 2 s validation read 73% busy and 325 W."""
+    from tunelab.record import RunRecord, steady_state
+    from tunelab.run.collect import _gpu_figures
+    from tunelab.run.gpu_monitor import GPUMonitor
+
+    starts = [0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 8.0, 9.0]  # iteration 2: 1 s of training, then a 2 s validation
+    log = [[t, 100, 80, 2.0 if i == 2 else 0.0, [(3.0, 5.0)] if i == 2 else []] for i, t in enumerate(starts)]
+    steady = steady_state([log], 1, len(log))
+    assert steady["window"] == (1.0, 9.0) and steady["pauses"] == [(3.0, 5.0)]
+    m = GPUMonitor()
+    training = lambda t: not 3.0 <= t <= 5.0  # noqa: E731
+    times = [k / 10 for k in range(101)]  # 10 samples a second; the energy counter integrates the power (mJ)
+    watts = [400.0 if training(t) else 100.0 for t in times]
+    energy = [sum(w * 100.0 for w in watts[:k]) for k in range(len(times))]
+    m._samples = [[(t, 95 if training(t) else 0, w, 0, e, None, None) for t, w, e in zip(times, watts, energy)]]
+    win = m.window(*steady["window"], skip=steady["pauses"])[0]
+    assert win.util_mean == 95 and win.power_mean_w == 400.0
+    assert win.energy_j == pytest.approx(400.0 * 6.0)  # 8 s of window less the 2 s pause, at the training rate
+    both = m.window(*steady["window"])[0]
+    assert both.util_mean < 80 and both.power_mean_w < 350
+    rec = RunRecord(sweep="t", row_id="r", recipe="x")
+    _gpu_figures(rec, m.window(0.0, 10.0), steady, m)  # the collector's step: the record's steady figures
+    assert rec.gpu_util_steady_mean == 95 and rec.power_steady_w == 400.0

@@ -377,6 +377,8 @@ def test_fast_lora_saves_validates_and_merges_like_litgpt(tiny_ckpt, tmp_path):
     vals = [r for r in read_metrics(out) if r.get("val_loss")]
     assert [int(r["iter"]) for r in vals] == [4, 8, 8]  # at steps 2 and 4, then the final validation
     assert rec.paused_s > 0 and rec.graphs_compiled_in_loop == 0
+    rank0 = json.loads((tmp_path / "run" / "stats" / "rank0.json").read_text())  # each pause with its start
+    assert rank0["pauses"] and all(len(p) == 3 and p[2] >= rank0["iters"][p[0]][0] for p in rank0["pauses"])
     stdout = (tmp_path / "run" / "stdout.log").read_text()
     assert stdout.count("### Response:") >= 2 and "Saved merged weights" in stdout  # the samples; the merge
     merged = torch.load(out / "final" / "lit_model.pth", weights_only=True)

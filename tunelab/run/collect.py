@@ -260,8 +260,8 @@ def _gpu_summary(figs: list) -> tuple:
 
 
 def _gpu_figures(rec: RunRecord, gpus: list, steady: dict, monitor: GPUMonitor | None) -> None:
-    """Step 6: NVML utilisation, power and energy over the whole run and over the steady-state window (and there the
-    SM clock and how often power or heat held it down)."""
+    """Step 6: NVML utilisation, power and energy over the whole run and over the steady-state window less its pauses
+    (and there the SM clock and how often power or heat held it down)."""
     if not gpus:
         return
     rec.gpu_util_mean, rec.gpu_util_std, rec.power_mean_w, rec.energy_j = _gpu_summary(gpus)
@@ -269,7 +269,7 @@ def _gpu_figures(rec: RunRecord, gpus: list, steady: dict, monitor: GPUMonitor |
         rec.energy_j_per_1k_tokens = rec.energy_j / rec.tokens_real * 1000
     window = steady.get("window")
     if window and monitor is not None:  # the steady-state window: the steps tok/s is measured over
-        figs = monitor.window(*window)
+        figs = monitor.window(*window, skip=steady.get("pauses", ()))
         rec.gpu_util_steady_mean, rec.gpu_util_steady_std, rec.power_steady_w, rec.energy_steady_j = _gpu_summary(figs)
         clocks = [f.sm_clock_mhz for f in figs if f.sm_clock_mhz is not None]
         capped = [f.clock_capped_share for f in figs if f.clock_capped_share is not None]

@@ -183,20 +183,28 @@ class GPUMonitor:
             )
         return out
 
-    def window(self, t0: float, t1: float) -> list[WindowFigures]:
-        """Figures per GPU over [t0, t1] (monotonic seconds), from the samples taken inside it."""
+    def window(self, t0: float, t1: float, skip=()) -> list[WindowFigures]:
+        """Figures per GPU over [t0, t1] (monotonic seconds) less each (start, end) of ``skip`` (the loop's pauses:
+        validation, generation, saves), from the samples taken there; energy over that time alone, at the counter's
+        rate between samples no pause separates (else the mean power)."""
+
+        def paused(a: float, b: float) -> bool:  # a pause lies within [a, b]
+            return any(a <= end and start <= b for start, end in skip)
+
+        span = (t1 - t0) - sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in skip)
         out = []
         for samples in self._samples:
-            inside = [s for s in samples if t0 <= s[0] <= t1]
+            inside = [s for s in samples if t0 <= s[0] <= t1 and not paused(s[0], s[0])]
             util = [s[1] for s in inside]
             power = [s[2] for s in inside]
             energy = None
             counted = [s for s in inside if s[4] is not None]
-            if len(counted) >= 2 and counted[-1][0] > counted[0][0]:
-                rate_w = (counted[-1][4] - counted[0][4]) / 1000.0 / (counted[-1][0] - counted[0][0])
-                energy = rate_w * (t1 - t0)
+            pairs = [(a, b) for a, b in zip(counted, counted[1:]) if b[0] > a[0] and not paused(a[0], b[0])]
+            if pairs:
+                rate_w = sum(b[4] - a[4] for a, b in pairs) / 1000.0 / sum(b[0] - a[0] for a, b in pairs)
+                energy = rate_w * span
             elif power:
-                energy = statistics.fmean(power) * (t1 - t0)
+                energy = statistics.fmean(power) * span
             clocks = [s[5] for s in inside if s[5] is not None]
             reasons = [s[6] for s in inside if s[6] is not None]
             capped = sum(1 for r in reasons if any(r & bit for bit in CAPPED_REASONS))

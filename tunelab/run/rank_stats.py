@@ -22,7 +22,7 @@ import sys
 from tunelab.files import write_json_atomic
 
 _ITERS: list[tuple[float, int, int]] = []
-_PAUSES: list[tuple[int, float]] = []
+_PAUSES: list[tuple] = []
 _DRIVER: list[list[int]] = []
 _STATE: dict = {"exception": None}
 _PHASES: dict = {}
@@ -97,10 +97,11 @@ def note_report(**figures) -> None:
     _STATE.update(figures)
 
 
-def note_pause(seconds: float) -> None:
-    """``seconds`` of the current iteration went to validation, generation or a save (left out of its time)."""
+def note_pause(seconds: float, start: float | None = None) -> None:
+    """``seconds`` of the current iteration, from ``start`` (monotonic) where given, went to validation, generation
+    or a save (left out of its time, and of the NVML figures of the steady window)."""
     if _ITERS:
-        _PAUSES.append((len(_ITERS) - 1, seconds))
+        _PAUSES.append((len(_ITERS) - 1, seconds) if start is None else (len(_ITERS) - 1, seconds, start))
     _STATE["paused_s"] = _STATE.get("paused_s", 0.0) + seconds
 
 
