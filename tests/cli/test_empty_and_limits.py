@@ -94,3 +94,17 @@ def test_a_bench_whose_deadline_leaves_no_run_says_so_and_writes_no_report(tmp_p
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("deadline reached")]
     assert code == 2 and len(lines) == 1 and "--deadline 0.5: no run could start" in lines[0], (out, err)
     assert not (tmp_path / "report").exists() and not list((tmp_path / "runs").glob("*/record.json"))
+
+
+def test_qlora_at_mixed_precision_is_refused_and_a_t4_hint_does_not_suggest_it():
+    """litgpt refuses quantization under mixed precision (validate said so; plan planned it: 16-mixed QLoRA of
+    OpenLLaMA 7B on a T4, 38 GB with an autocast weight cache no run ever holds), and the T4's bfloat16 hint named
+    16-mixed to a QLoRA recipe."""
+    for precision in ("16-mixed", "bf16-mixed"):
+        code, _, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--precision", precision)
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert f"precision: {precision} with quantize bnb.nf4: litgpt refuses" in err and "fix:" in err, err
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--gpu", "T4")
+    assert code == 0 and "fix: --precision 16-true" in out and "16-mixed" not in out, (out, err)
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4")
+    assert code == 0 and "fix: --precision 16-mixed or 16-true" in out

@@ -208,8 +208,9 @@ def _not_timed(case: PlanInput, gpu: hardware.GPU) -> str:
     (the memory plan and the communication's volume stand)."""
     kind = hardware.precision_compute_dtype(case.precision, "high", gpu)
     why = f"not estimated: configs/hardware/gpus.yaml gives the {gpu.name} no {kind} peak"
-    if kind == "bf16":
-        why += " (it computes no bfloat16: torch emulates it, far slower); fix: --precision 16-mixed or 16-true"
+    if kind == "bf16":  # litgpt trains a quantized model at no mixed precision
+        fix = "16-true" if case.quantize else "16-mixed or 16-true"
+        why += f" (it computes no bfloat16: torch emulates it, far slower); fix: --precision {fix}"
     return why
 
 

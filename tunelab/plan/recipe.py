@@ -217,6 +217,11 @@ def plan_settings(
             "(QLoRA, through Lightning's BitsandbytesPrecision) runs on one device; fix: --devices 1, or a LoRA "
             "recipe (LoRA shards over GPUs)"
         )
+    if settings.args.get("quantize") and "mixed" in str(settings.precision):  # litgpt's lora.py refuses it
+        raise ValueError(
+            f"precision: {settings.precision} with quantize {settings.args['quantize']}: litgpt refuses quantization "
+            "under mixed precision; fix: --precision bf16-true (16-true on a GPU without bfloat16)"
+        )
     fields = strategy_fields(strategy_config, settings.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
