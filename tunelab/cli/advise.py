@@ -13,8 +13,8 @@ def add_parser(sub) -> None:
         description="Plan MODEL (a recipes/ folder such as open-llama-7b, or a recipe key) on each --gpus row with "
         "every method (full, LoRA, QLoRA), precision, micro batch, activation checkpointing and strategy (one "
         "device; DDP, FSDP, DeepSpeed ZeRO-2/3 on 2, 4, 8, 16 devices per node): keep what the planner says fits "
-        "with --headroom to spare, rank by predicted wall time for the data (compute, memory-bound work, "
-        "overhead and the communication compute does not hide), with energy (board power, an upper bound) and "
+        "with --headroom to spare, rank by predicted wall time for the data (plan's time by cause: kernels, "
+        "host launches, validation, the communication compute does not hide), with energy (board power, an upper bound) and "
         "cost (devices x hours x the price of configs/hardware/prices.yaml). Communication: bytes per optimizer "
         "step by strategy (DDP all-reduces gradients, 2x their bytes; FSDP/ZeRO-3 gather parameters twice and "
         "reduce-scatter gradients, about 3x; ZeRO-2 about 2x; offload crosses PCIe) over the slowest link they "
@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     s.add_argument(
         "--precision",
         metavar="LIST",
-        help="precisions to try (default: bf16-true,bf16-mixed where the GPU has bfloat16, else 16-mixed)",
+        help="precisions to try (default: bf16-true,bf16-mixed where the GPU has bfloat16, else 16-mixed; QLoRA at "
+        "the true one alone)",
     )
     s.add_argument(
         "--strategies",

@@ -188,7 +188,8 @@ class Candidate:
     tight: bool
     """Fits, but leaves less than the headroom free: allocator retries likely (not ranked unless --headroom 0)."""
     hours: float
-    """Predicted wall time of the training run (compute, memory-bound work, overhead, exposed communication)."""
+    """Predicted wall time of the training run (the plan's point estimate: its time by cause where the kernel model
+    applies, else the fitted curve)."""
     comm_s_per_step: float
     energy_kwh: float
     """Board power x devices x time: an upper bound."""
