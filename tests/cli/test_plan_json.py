@@ -282,6 +282,8 @@ def test_a_token_budget_times_that_many_tokens():
     assert 9 < large["seconds"] / small["seconds"] < 11.5  # the validations at the recipe's interval come along
     code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--tokens", "100")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "fewer than one optimizer step" in err, err
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "H100-SXM", "--tokens", "0.5")
+    assert code == 2 and "--tokens 0.5: fewer" in err, err  # the figure given, not rounded to 0
 
 
 def test_energy_is_the_power_over_the_time_the_plan_prints():

@@ -350,7 +350,7 @@ def runtime_terms(
         train, step = round(tokens / per_sample), case.micro_batch_size * case.accumulation * case.world
         if train < step:
             raise InputError(
-                f"--tokens {tokens:,.0f}: fewer than one optimizer step ({step} samples of {per_sample:.0f} padded "
+                f"--tokens {tokens:,.6g}: fewer than one optimizer step ({step} samples of {per_sample:.0f} padded "
                 f"tokens); fix: --tokens {step * per_sample:.0f} or more"
             )
         args = {**args, "train": {**args["train"], "epochs": 1, "max_steps": None}}
