@@ -46,6 +46,14 @@ def keep_compile_cache() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
 
 
+def display_path(path: Path) -> str:
+    """A path relative to the repository root when it lies inside it (what a user types from there)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def project_path(path) -> Path:
     """A path as the litgpt child reads it: relative paths (in recipes and overrides) from ROOT, its working
     directory."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tunelab import settings, yaml_input
 from tunelab.errors import InputError
-from tunelab.paths import RECIPES_DIR, ROOT
+from tunelab.paths import RECIPES_DIR, display_path
 
 COMMANDS = {
     "full": "finetune_full",
@@ -112,14 +112,6 @@ class Recipe:
         parts = Path(ckpt).parts
         repo = "/".join(parts[1:]) if parts and parts[0] == "checkpoints" else str(ckpt)
         return f"litgpt download {repo}"
-
-
-def display_path(path: Path) -> str:
-    """A path relative to the repository root when it lies inside it (what a user types from there)."""
-    try:
-        return str(Path(path).resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
 
 
 def load(path: Path) -> Recipe:

@@ -18,7 +18,7 @@ import yaml
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
 from tunelab.litgpt_source import command_defaults, data_defaults
-from tunelab.paths import project_path
+from tunelab.paths import display_path, project_path
 
 LORA_TARGETS = ("query", "key", "value", "projection", "mlp", "head")
 """litgpt's ``lora_<target>`` switches: the one list of LoRA target names (the planner, the activation model, the
@@ -171,14 +171,16 @@ def resolve(recipe, overrides: list[str] | None = None) -> Settings:
 def resolve_args(recipe, overrides: list[str]) -> dict:
     """litgpt's arguments for ``recipe`` + ``overrides``: litgpt's defaults, the recipe's keys, the overrides
     (``--train.micro_batch_size 8``, ``--key=value``, ``--data Alpaca``); values are read as YAML, as litgpt's
-    parser reads them. InputError for an override without a value."""
-    out = copy.deepcopy(litgpt_defaults(recipe.command))
+    parser reads them. InputError for an override without a value or one litgpt's command has no argument for."""
+    defaults = litgpt_defaults(recipe.command)
+    out = copy.deepcopy(defaults)
     _merge(out, copy.deepcopy(recipe.config))
     it = iter(overrides)
     for arg in it:
         if not arg.startswith("--"):
             raise InputError(f"override {arg!r} is not --dotted.key VALUE")
         key, sep, value = arg[2:].partition("=")
+        _known(key, defaults, recipe)
         if not sep:
             value = next(it, None)
             if value is None:
@@ -199,6 +201,18 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
             "init_args": {**data_defaults(out["data"]["class_path"]), **(out["data"].get("init_args") or {})},
         }
     return out
+
+
+def _known(key: str, defaults: dict, recipe) -> None:
+    """InputError unless litgpt's command has an argument ``key`` (dotted): a top-level one, or a field of one of its
+    argument groups (``train``, ``eval``, ``log``); ``data`` and ``optimizer`` take their class's own fields."""
+    top, _, field = key.partition(".")
+    group = defaults.get(top)
+    if top not in defaults or (field and isinstance(group, dict) and field.split(".")[0] not in group):
+        raise InputError(
+            f"{display_path(recipe.path)}: --{key}: litgpt {recipe.command} has no such argument; fix: remove it or correct its "
+            f"spelling (see: litgpt {recipe.command} --help)"
+        )
 
 
 DATA_MODULE_SIZES = {

@@ -24,8 +24,8 @@ from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
 from tunelab.files import FileRefused, read_bytes
 from tunelab.models import load_config
-from tunelab.paths import project_path
-from tunelab.recipes import Recipe, display_path
+from tunelab.paths import display_path, project_path
+from tunelab.recipes import Recipe
 from tunelab.settings import accumulation, data_size, world_size
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")

@@ -108,3 +108,19 @@ def test_qlora_at_mixed_precision_is_refused_and_a_t4_hint_does_not_suggest_it()
     assert code == 0 and "fix: --precision 16-true" in out and "16-mixed" not in out, (out, err)
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4")
     assert code == 0 and "fix: --precision 16-mixed or 16-true" in out
+
+
+def test_an_override_litgpt_has_no_argument_for_is_refused_by_plan():
+    """plan read overrides with its own fast resolver, which set any key: a misspelt `--train.micro_batchsize 8`
+    planned the recipe's micro batch 16 without a word, `--nodes 2` was kept as a key nobody reads. Now one line,
+    as validate says it; the keys of data and optimizer classes, which depend on the class, still pass."""
+    for bad in (["--train.micro_batchsize", "8"], ["--nodes", "2"], ["--trian.epochs=2"]):
+        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", *bad)
+        key = bad[0].split("=")[0]
+        assert code == 2 and len(err.splitlines()) == 1 and not out, (out, err)
+        assert f"recipes/tiny-llama-1.1b/full.yaml: {key}: litgpt finetune_full has no such argument" in err, err
+    ok = ["--train.micro_batch_size", "8", "--optimizer.lr", "1e-4", "--data.num_workers", "0", "--eval.interval", "3"]
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", *ok)
+    assert code == 0 and "micro batch 8" in out, err
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--lora_r", "4", "--quantize", "bnb.nf4")
+    assert code == 0, err

@@ -22,11 +22,11 @@ from tunelab.data import records as dataset_records
 from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE, default_lengths, padded_tokens_per_sample, sample_lengths
 from tunelab.errors import InputError
 from tunelab.files import unwritable_dir, write_text_atomic
-from tunelab.paths import CONFIGS_DIR
+from tunelab.paths import CONFIGS_DIR, display_path
 from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.model import strategies as planned_strategies
 from tunelab.plan.recipe import plan_settings, strategy_fields
-from tunelab.recipes import Recipe, display_path
+from tunelab.recipes import Recipe
 from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.units import GB, duration, energy, figure

@@ -283,7 +283,10 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
         except (InputError, ValueError) as e:
             raise StudyError(f"{where}: {e}") from None
         extra = study_overrides(s)
-        world = settings.resolve(resolve(s.recipe), extra).world_size
+        try:
+            world = settings.resolve(resolve(s.recipe), extra).world_size
+        except InputError as e:  # a key of its `set` litgpt has no argument for
+            raise StudyError(f"{where}: set: {e}") from None
         problems = probe_problems(resolve(s.recipe), extra, world, s.steps, strategy=True)
         if problems:
             raise StudyError(f"{where}: set: {'; '.join(problems)}")
