@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from tunelab import yaml_input
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
 from tunelab.litgpt_source import command_defaults, data_defaults
@@ -180,11 +181,14 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if not arg.startswith("--"):
             raise InputError(f"override {arg!r} is not --dotted.key VALUE")
         key, sep, value = arg[2:].partition("=")
-        _known(key, defaults, recipe)
         if not sep:
             value = next(it, None)
             if value is None:
                 raise InputError(f"override --{key} has no value; fix: give one, e.g. --{key} 8")
+        if key == "config":  # litgpt's own: a YAML file whose keys apply where it stands among the overrides
+            _merge(out, _config_file(value, defaults, recipe))
+            continue
+        _known(key, defaults, recipe)
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError:
@@ -203,16 +207,29 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
     return out
 
 
-def _known(key: str, defaults: dict, recipe) -> None:
+def _known(key: str, defaults: dict, recipe, where: str | None = None) -> None:
     """InputError unless litgpt's command has an argument ``key`` (dotted): a top-level one, or a field of one of its
-    argument groups (``train``, ``eval``, ``log``); ``data`` and ``optimizer`` take their class's own fields."""
+    argument groups (``train``, ``eval``, ``log``); ``data`` and ``optimizer`` take their class's own fields.
+    ``where``: the --config file that set it (else an override on the command line)."""
     top, _, field = key.partition(".")
     group = defaults.get(top)
     if top not in defaults or (field and isinstance(group, dict) and field.split(".")[0] not in group):
         raise InputError(
-            f"{display_path(recipe.path)}: --{key}: litgpt {recipe.command} has no such argument; fix: remove it or correct its "
-            f"spelling (see: litgpt {recipe.command} --help)"
+            f"{where or display_path(recipe.path)}: {'' if where else '--'}{key}: litgpt {recipe.command} has no "
+            f"such argument; fix: remove it or correct its spelling (see: litgpt {recipe.command} --help)"
         )
+
+
+def _config_file(path: str, defaults: dict, recipe) -> dict:
+    """A ``--config FILE`` override's mapping (a bounded, regular YAML file, relative paths from the project as the
+    run's litgpt reads them), each key one litgpt's command has."""
+    config = yaml_input.load_mapping(project_path(path), "--config", path)
+    for key, value in config.items():
+        group = defaults.get(key)
+        subkeys = [f"{key}.{sub}" for sub in value] if isinstance(value, dict) and isinstance(group, dict) else [key]
+        for sub in subkeys:
+            _known(str(sub), defaults, recipe, where=path)
+    return config
 
 
 DATA_MODULE_SIZES = {

@@ -3,6 +3,8 @@ replaces the previous one (the reliability round's empty, out-of-range and stale
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import tunelab_here
@@ -124,3 +126,21 @@ def test_an_override_litgpt_has_no_argument_for_is_refused_by_plan():
     assert code == 0 and "micro batch 8" in out, err
     code, _, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--lora_r", "4", "--quantize", "bnb.nf4")
     assert code == 0, err
+
+
+def test_a_config_file_among_the_overrides_is_read_as_litgpt_reads_it(tmp_path):
+    """`--config FILE` (litgpt's own, the way to set a whole optimizer) was set as a key nobody read: plan ignored a
+    paged 8-bit AdamW and planned AdamW's states. Now its keys apply where it stands, each checked as an override."""
+    paged = tmp_path / "paged.yaml"
+    paged.write_text("optimizer:\n  class_path: bitsandbytes.optim.PagedAdamW8bit\n  init_args:\n    lr: 0.01\n")
+    plain = tunelab_here("plan", "tiny-llama-1.1b/full", "--json")
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--config", str(paged), "--json")
+    assert plain[0] == 0 and code == 0, err
+    states = [json.loads(o)["breakdown_bytes"]["optimizer_states"] for o in (plain[1], out)]
+    assert states[1] < states[0] / 10, states  # paged: only its small tensors on the device
+    later = tunelab_here("plan", "tiny-llama-1.1b/full", f"--config={paged}", "--optimizer", "AdamW", "--json")[1]
+    assert json.loads(later)["breakdown_bytes"]["optimizer_states"] == states[0]  # a later override wins
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  micro_batchsize: 3\n")
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--config", str(bad))
+    assert code == 2 and f"{bad}: train.micro_batchsize: litgpt finetune_full has no such argument" in err, err
