@@ -7,7 +7,9 @@ import json
 
 import pytest
 
+from tests.conftest import ROOT
 from tunelab import hardware, units
+from tunelab.data import lengths
 from tunelab.plan import advise
 from tunelab.recipes import resolve
 
@@ -139,11 +141,33 @@ def test_qlora_on_a_gpu_without_bfloat16_is_tried_at_16_true():
     assert "no configuration asked applies" in text and "- by method" not in text and "nothing fits" not in text
 
 
+def lengths_text(r: dict) -> str:
+    """A record as litgpt's alpaca prompt style writes it, with its answer."""
+    from litgpt.prompts import PromptStyle
+
+    return PromptStyle.from_name("alpaca").apply(r["instruction"], input=r.get("input", "")) + r["output"]
+
+
 def test_a_data_file_sets_samples_and_padding(tmp_path):
     data = tmp_path / "d.json"
     data.write_text(json.dumps(_records(90)))
     work = advise.workload_from_data(str(data), resolve("tiny-llama-1.1b/lora"), epochs=2)
-    assert work.samples == 45 and work.epochs == 2 and "4 characters per token" in work.how
+    assert work.samples == 45 and work.epochs == 2 and "3.17 characters per token (LLaMA 2's" in work.how
+    # without the tokenizer, the published characters per token of the model's (one figure with the default
+    # lengths; a flat 4 before): a Llama 3 tokenizer packs more into a token
+    records = _records(90)
+    llama2 = lengths.sample_lengths(records, tmp_path, cap=512, vocab_size=32000)
+    llama3 = lengths.sample_lengths(records, tmp_path, cap=512, vocab_size=128000)
+    text = sum(len(lengths_text(r)) for r in records[:5])
+    assert sum(llama2[0][:5]) == pytest.approx(text / 3.17 + 5, abs=5) and "3.94 characters" in llama3[2]
+    assert sum(llama3[0]) < sum(llama2[0]) * 0.85
+    recipe = tmp_path / "llama3.yaml"  # advise counts a Llama 3 model's data at its tokenizer's figure
+    recipe.write_text(
+        (ROOT / "recipes/tiny-llama-1.1b/lora.yaml")
+        .read_text()
+        .replace("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "meta-llama/Meta-Llama-3-8B")
+    )
+    assert "3.94 characters per token" in advise.workload_from_data(str(data), resolve(str(recipe))).how
     padded = [work.per_sample(m) for m in (1, 2, 4, 8, 16)]
     assert padded[0] == pytest.approx(sum(work.lengths) / len(work.lengths))  # micro 1 pads nothing
     assert padded == sorted(padded) and padded[-1] > padded[0] * 1.2  # longer batches pad more

@@ -459,24 +459,24 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
     table = tmp_path / "tokenizers.yaml"
     table.write_text("reference: {chars_per_token: .nan}\ntokenizers: {}\n")
     monkeypatch.setattr(lengths, "TOKENIZERS", table)
-    lengths.tokens_scale.cache_clear()
+    lengths._tokenizer_table.cache_clear()
     try:
         with pytest.raises(InputError, match=r"configs/published/tokenizers.yaml: chars_per_token.*fix:"):
             lengths.tokens_scale(128000)
         table.write_text(
             "reference: {chars_per_token: 3}\ntokenizers: {x: {vocab_sizes: '128000', chars_per_token: 4}}\n"
         )
-        lengths.tokens_scale.cache_clear()
+        lengths._tokenizer_table.cache_clear()
         with pytest.raises(InputError, match=r"tokenizers.yaml: vocab_sizes must be a list of whole numbers.*fix:"):
             lengths.tokens_scale(128000)
         link = tmp_path / "link.yaml"
         link.symlink_to(ROOT / "configs" / "published" / "tokenizers.yaml")  # the table itself, through a link
         monkeypatch.setattr(lengths, "TOKENIZERS", link)
-        lengths.tokens_scale.cache_clear()
+        lengths._tokenizer_table.cache_clear()
         with pytest.raises(InputError, match=r"tokenizers.yaml: is a symbolic link.*fix:"):
             lengths.tokens_scale(128000)
     finally:
-        lengths.tokens_scale.cache_clear()
+        lengths._tokenizer_table.cache_clear()
 
 
 def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):

@@ -35,11 +35,6 @@ def longest_sample_tokens(json_path: Path, checkpoint_dir: Path, prompt_style: s
     return sample_lengths(records, checkpoint_dir, prompt_style)[1]
 
 
-CHARS_PER_TOKEN = 4.0
-"""Characters per token where the model's tokenizer is not here: about 4 for English prose under LLaMA-style
-tokenizers (an estimate; give the checkpoint to count exactly)."""
-
-
 def has_tokenizer(checkpoint_dir: Path) -> bool:
     """Whether the checkpoint directory holds a tokenizer litgpt can load."""
     return (Path(checkpoint_dir) / "tokenizer.json").is_file() or (Path(checkpoint_dir) / "tokenizer.model").is_file()
@@ -67,11 +62,17 @@ def load_tokenizer(checkpoint_dir: Path):
 
 
 def sample_lengths(
-    records: list[dict], checkpoint_dir: Path, prompt_style: str = "alpaca", cap: int | None = None, seed: int = 42
+    records: list[dict],
+    checkpoint_dir: Path,
+    prompt_style: str = "alpaca",
+    cap: int | None = None,
+    seed: int = 42,
+    vocab_size: int | None = None,
 ) -> tuple[list[int], int, str]:
     """(token lengths of a seeded sample of at most :data:`TOKENIZED_MAX` records, the longest sample's length
     (among the :data:`TOKENIZED_MAX` longest by characters), how they were counted), each with the prompt template
-    and EOS, capped at ``cap``: with the checkpoint's tokenizer, else characters / :data:`CHARS_PER_TOKEN`."""
+    and EOS, capped at ``cap``: with the checkpoint's tokenizer, else characters over the published characters per
+    token of the tokenizer of a model of ``vocab_size`` (:func:`chars_per_token`)."""
     from litgpt.prompts import PromptStyle
 
     style = PromptStyle.from_name(prompt_style)
@@ -82,10 +83,11 @@ def sample_lengths(
         def count(text):
             return len(tok.encode(text, eos=True))
     else:
-        how = f"estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer in {checkpoint_dir})"
+        chars, whose = chars_per_token(vocab_size)
+        how = f"estimated at {chars:g} characters per token ({whose}; no tokenizer in {checkpoint_dir})"
 
         def count(text):
-            return math.ceil(len(text) / CHARS_PER_TOKEN) + 1
+            return math.ceil(len(text) / chars) + 1
 
     def text(r):
         return style.apply(r["instruction"], input=r.get("input", "")) + r["output"]
@@ -147,10 +149,9 @@ TOKENIZERS = CONFIGS_DIR / "published" / "tokenizers.yaml"
 
 
 @functools.cache
-def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
-    """(a sample's tokens under the tokenizer of a model with ``vocab_size`` over the default distribution's, the
-    words that say so) from :data:`TOKENIZERS`; (1.0, "") for a tokenizer it does not list. A table that does not
-    read: one line naming it."""
+def _tokenizer_table() -> tuple:
+    """(reference characters per token, its name, {tokenizer: (vocab sizes, characters per token)}) from
+    :data:`TOKENIZERS`. A table that does not read: one line naming it."""
     where = "configs/published/tokenizers.yaml"
     raw = yaml_input.loads(read_text(TOKENIZERS, yaml_input.MAX_BYTES, "tokenizer table", where, links=False), where)
     if not isinstance(raw, dict):
@@ -165,13 +166,33 @@ def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
         raise InputError(f"{where}: chars_per_token must be a number above 0; {fix}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for sizes, _ in rows.values() for v in sizes):
         raise InputError(f"{where}: vocab_sizes must be a list of whole numbers; {fix}")
-    for name, (sizes, chars) in rows.items():
-        if vocab_size in sizes:
-            return ref / chars, (
-                f"counted with {raw['reference'].get('name', 'the reference')} tokenizer, scaled to {name} "
-                f"{chars:g} characters per token against {ref:g} ({where})"
-            )
-    return 1.0, ""
+    return ref, str(raw["reference"].get("name", "the reference")), rows
+
+
+def _listed(vocab_size: int | None) -> tuple | None:
+    """(name, characters per token) of the listed tokenizer of a model of ``vocab_size``, None if not listed."""
+    return next(((n, c) for n, (sizes, c) in _tokenizer_table()[2].items() if vocab_size in sizes), None)
+
+
+def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
+    """(a sample's tokens under the tokenizer of a model with ``vocab_size`` over the default distribution's, the
+    words that say so) from :data:`TOKENIZERS`; (1.0, "") for a tokenizer it does not list."""
+    ref, ref_name, _ = _tokenizer_table()
+    if (listed := _listed(vocab_size)) is None:
+        return 1.0, ""
+    name, chars = listed
+    return ref / chars, (
+        f"counted with {ref_name} tokenizer, scaled to {name} {chars:g} characters per token against {ref:g} "
+        "(configs/published/tokenizers.yaml)"
+    )
+
+
+def chars_per_token(vocab_size: int | None) -> tuple[float, str]:
+    """(characters per token of English text, whose) for the tokenizer of a model of ``vocab_size``, as
+    :data:`TOKENIZERS` publishes it: a listed tokenizer's, else the reference's (LLaMA 2's)."""
+    ref, ref_name, _ = _tokenizer_table()
+    name, chars = _listed(vocab_size) or (ref_name, ref)
+    return chars, f"{name}, as published: configs/published/tokenizers.yaml"
 
 
 DEFAULT_LENGTH_DRAWS = 20_000

@@ -22,6 +22,7 @@ from tunelab.data import records as dataset_records
 from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE, default_lengths, padded_tokens_per_sample, sample_lengths
 from tunelab.errors import InputError
 from tunelab.files import unwritable_dir, write_text_atomic
+from tunelab.models import load_config
 from tunelab.paths import CONFIGS_DIR, display_path
 from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.model import strategies as planned_strategies
@@ -141,8 +142,9 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
             records = records[: max(1, int(len(records) * (1 - (settings.val_split_fraction or 0))))]
         if not records:
             raise InputError(f"--data {data}: no records")
+        vocab = load_config(settings.checkpoint_dir).vocab_size  # a tokenizer not here: the published figure
         lengths, longest, how = sample_lengths(
-            records, Path(settings.checkpoint_dir), "alpaca", settings.max_seq_length
+            records, Path(settings.checkpoint_dir), "alpaca", settings.max_seq_length, vocab_size=vocab
         )
         return Workload(
             samples=len(records),
