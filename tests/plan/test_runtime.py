@@ -588,9 +588,9 @@ def test_the_kernel_model_out_of_sample_on_the_h200_grid():
 def test_fp32_matmuls_and_attention_have_their_own_shares_checked_out_of_sample(monkeypatch):
     """kernels.md's 32-true grid (TinyLlama full on an H200): TF32_MATMUL_SHARE and FP32_ATTENTION_EFFICIENCY hold
     the micro-8 line's matmul and attention within 2%; the micro-32 line, out of sample, within 5% (matmul), 7%
-    (step: fp32's elementwise kernels are timed long) and 10% (attention). Timed as before (an fp32 matmul at the bf16 share, fp32 attention as flash at the TF32
-    peak) both steps were 10% or more short. fp32 attention's peak is a third of TF32's where the GPU has TF32
-    (3xTF32), the plain FP32 peak where it has none."""
+    (step: fp32's elementwise kernels are timed long) and 10% (attention). Timed as before (an fp32 matmul at the
+    bf16 share, fp32 attention as flash at the TF32 peak) both steps were 10% or more short. fp32 attention's peak
+    is a third of TF32's where the GPU has TF32 (3xTF32), the plain FP32 peak where it has none."""
     from tunelab import hardware
     from tunelab.plan.model import kernels
 
