@@ -10,18 +10,19 @@ def add_parser(sub) -> None:
     s = sub.add_parser(
         "advise",
         help="rank every configuration of a model by predicted time and cost, before renting",
-        description="Plan MODEL (a recipes/ folder such as open-llama-7b, or a recipe key) on each --gpus row with "
-        "every method (full, LoRA, QLoRA), precision, micro batch, activation checkpointing and strategy (one "
-        "device; DDP, FSDP, DeepSpeed ZeRO-2/3 on 2, 4, 8, 16 devices per node): keep what the planner says fits "
-        "with --headroom to spare, rank by predicted wall time for the data (plan's time by cause: kernels, "
+        description="Plan MODEL (a recipes/ folder such as open-llama-7b, or a recipe key) on each --gpus row "
+        "with every method (full, LoRA, QLoRA), precision, micro batch, activation checkpointing and strategy "
+        "(one device; DDP, FSDP, DeepSpeed ZeRO-2/3 on 2, 4, 8, 16 devices per node): keep what the planner says "
+        "fits with --headroom to spare, rank by predicted wall time for the data (plan's time by cause: kernels, "
         "host launches, validation, the communication compute does not hide), with energy (board power, an upper "
         "bound) and cost (devices x hours x the price of configs/hardware/prices.yaml). Communication: bytes per "
         "optimizer step by strategy (DDP all-reduces gradients, 2x their bytes; FSDP/ZeRO-3 gather parameters "
-        "twice and reduce-scatter gradients, about 3x; ZeRO-2 about 2x; offload crosses PCIe) over the slowest link they "
-        "cross (configs/hardware/links.yaml: NVLink, PCIe, InfiniBand, Ethernet, each with its source), less what "
-        "the backward pass hides. The recipe's global batch is kept unless --global-batch free (which changes the "
-        "training maths: no accumulation, global = micro x devices). Plans, not measurements: docs/planner.md "
-        "says how accurate each term is; configurations within that error are marked ~ (a tie to measure).",
+        "twice and reduce-scatter gradients, about 3x; ZeRO-2 about 2x; offload crosses PCIe) over the slowest "
+        "link they cross (configs/hardware/links.yaml: NVLink, PCIe, InfiniBand, Ethernet, each with its source), "
+        "less what the backward pass hides. The recipe's global batch is kept unless --global-batch free (which "
+        "changes the training maths: no accumulation, global = micro x devices). Plans, not measurements: "
+        "docs/planner.md says how accurate each term is; configurations within that error are marked ~ (a tie to "
+        "measure).",
     )
     s.add_argument("model", help="a folder of recipes/ (open-llama-7b) or a recipe key (open-llama-7b/lora)")
     s.add_argument("--gpus", default="A10G,A100-80GB,H100-SXM", help="GPU table rows, comma-separated")
