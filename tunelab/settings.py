@@ -173,8 +173,8 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
     """litgpt's arguments for ``recipe`` + ``overrides``: litgpt's defaults, the recipe's keys, the overrides
     (``--train.micro_batch_size 8``, ``--key=value``, ``--data Alpaca``); values are read as YAML, as litgpt's
     parser reads them. InputError for an override without a value or one litgpt's command has no argument for."""
-    defaults = litgpt_defaults(recipe.command)
-    out = copy.deepcopy(defaults)
+    defaults = command_defaults(recipe.command)  # read only: the arguments the command takes
+    out = litgpt_defaults(recipe.command)
     _merge(out, copy.deepcopy(recipe.config))
     it = iter(overrides)
     for arg in it:

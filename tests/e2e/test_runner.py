@@ -111,6 +111,7 @@ def test_litgpt_validation_samples_and_saves_inside_the_loop_are_pauses_not_step
     assert rec.paused_s == pytest.approx(sum(seconds for _, seconds, _ in stats["pauses"]))
     starts = [it[0] for it in stats["iters"]]  # each pause starts inside the iteration it interrupted
     assert all(starts[i] <= start <= starts[i + 1] for i, _, start in stats["pauses"] if i + 1 < len(starts))
+    assert all(start + s <= starts[i + 1] for i, s, start in stats["pauses"] if i + 1 < len(starts))  # ends before
 
 
 @pytest.mark.slow  # 30 s on 2 cores; CI keeps a timed-out and a SIGKILLed run (below)

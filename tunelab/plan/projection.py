@@ -367,6 +367,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         host = (
             f"tunelab's loop, {COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us per compiled kernel (fitted on our H100 bench)"
         )
+        band = (secs * (1 - e), secs * (1 + e))
     elif isinstance(work.kernels, runtime.KernelWork) and work.host_s_per_op:
         e = runtime.KERNEL_MODEL_ERROR
         source = (
@@ -375,6 +376,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             "where the GPU bounds a run we hold)"
         )
         host = work.host_from or f"{work.host_s_per_op * 1e6:g} us an op, as given (--host-us-per-op)"
+        band = (secs * (1 - e), secs * (1 + e))
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
         band = runtime.litgpt_band(secs, lambda h: sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values()))
@@ -392,7 +394,6 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         )
         side = "a faster CPU nears the band's low end" if wider else "the GPU bounds this run"
         host = f"{a:.0f}-{b:.0f} us an op, as on the machines we measured; {side} (yours: --host-us-per-op)"
-        return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
     else:
         low, high = runtime.LOO_BAND
         source = (
@@ -401,9 +402,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             f"{high:+.0%} of the estimate, left out one by one); {gpu.name}: {peak / 1e12:.0f} TFLOP/s, "
             f"{gpu.bandwidth_gbs:.0f} GB/s"
         )
-        band = (secs * (1 + low), secs * (1 + high))
-        return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": ""}
-    band = (secs * (1 - e), secs * (1 + e))
+        band, host = (secs * (1 + low), secs * (1 + high)), ""
     return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
 
 

@@ -211,16 +211,25 @@ GAP_FILL = 0.85
 loss and backward phases or more: the host kept the GPU's queue full, so what is left between kernels is the GPU's."""
 
 
-def kernel_gaps(root) -> list[tuple]:
-    """(grid, line, seconds idle per op) of every grid line (:func:`tunelab.report.evidence.grids`) whose kernels
-    fill :data:`GAP_FILL` of its forward, loss and backward phases (:func:`grid_rows`' ``gap_per_op``)."""
-    out = []
-    for e, what, _ in evidence.grids():
-        if (root / evidence.path(e.id, what)).is_file():
-            for r in grid_rows(root, (e.id, what), e.device):
-                if r["fill"] >= GAP_FILL:
-                    out.append((e.id, f"{r['model']} {r['method']} {r['dtype']} micro {r['micro']}", r["gap_per_op"]))
-    return out
+def every_grid(root) -> list[tuple]:
+    """(evidence entry, what, day, :func:`grid_rows`) of each grid of :func:`tunelab.report.evidence.grids` that
+    ``root`` holds: every grid planned once, for the report's tables and the gap's fit."""
+    return [
+        (e, what, day, grid_rows(root, (e.id, what), e.device))
+        for e, what, day in evidence.grids()
+        if (root / evidence.path(e.id, what)).is_file()
+    ]
+
+
+def kernel_gaps(root, grids: list | None = None) -> list[tuple]:
+    """(grid, line, seconds idle per op) of every grid line whose kernels fill :data:`GAP_FILL` of its forward, loss
+    and backward phases (:func:`grid_rows`' ``gap_per_op``; ``grids``: :func:`every_grid` when already planned)."""
+    return [
+        (e.id, f"{r['model']} {r['method']} {r['dtype']} micro {r['micro']}", r["gap_per_op"])
+        for e, _, _, rows in (every_grid(root) if grids is None else grids)
+        for r in rows
+        if r["fill"] >= GAP_FILL
+    ]
 
 
 def fit_kernel_gap(root) -> float:

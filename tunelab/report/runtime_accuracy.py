@@ -1365,11 +1365,12 @@ def _kernel_cell(p: float, v: float, e: float | None) -> str:
     return f"{p * 1e3:.1f} / {v * 1e3:.1f} ({e:+.0%})" if e is not None else f"{p * 1e3:.1f} / {v * 1e3:.1f}"
 
 
-def _grid_lines(root, grid: tuple, gpu: str, day: str) -> list[str]:
+def _grid_lines(root, grid: tuple, gpu: str, day: str, rows: list | None = None) -> list[str]:
+    """One grid's section of kernels.md (``rows``: its :func:`tunelab.report.profiles.grid_rows` when planned)."""
     where = evidence.path(*grid)
     if not (root / where).is_file():
         return []
-    rows = profiles.grid_rows(root, grid, gpu)
+    rows = profiles.grid_rows(root, grid, gpu) if rows is None else rows
     whats = list(dict.fromkeys(w for r in rows for w in r["pairs"]))  # every row's, in order
     fitted = evidence.fitted_shapes(gpu)
     dtypes = ", ".join(sorted({m["dtype"] for m in profiles.read_grid(root / where)}))
@@ -1434,7 +1435,7 @@ def write_kernels_md(path, root) -> None:
     """``kernels.md``: :func:`tunelab.report.profiles.profile_rows` as a table, with what was fitted and what was not, then
     :func:`tunelab.report.profiles.grid_rows` (out of sample) for each grid of :func:`tunelab.report.evidence.grids`."""
 
-    rows = profiles.profile_rows(root)
+    rows, grids = profiles.profile_rows(root), profiles.every_grid(root)
     lines = [
         "# The kernel-level step model against our H100 profile and the H100 and H200 grids",
         "",
@@ -1467,8 +1468,8 @@ def write_kernels_md(path, root) -> None:
         + ". Known misses: the optimizer's kernels as the profiler counts them (twice the phase by CUDA events), and "
         "the full step's forward and backward phases (the host's share of a phase is not one figure per op).",
         "",
-        *_md_gaps(profiles.kernel_gaps(root)),
-        *[line for e, what, day in evidence.grids() for line in _grid_lines(root, (e.id, what), e.device, day)],
+        *_md_gaps(profiles.kernel_gaps(root, grids)),
+        *[line for e, what, day, rows in grids for line in _grid_lines(root, (e.id, what), e.device, day, rows)],
     ]
     write_text_atomic(path, "\n".join(lines))
 

@@ -98,7 +98,7 @@ def _install_pause_probes() -> None:
                 return fn(*args, **kwargs)
             finally:
                 synchronise()
-                rank_stats.note_pause(time.monotonic() - t0, t0)
+                rank_stats.note_pause(t0, time.monotonic())
                 state["inside"] = False
 
         return wrapper

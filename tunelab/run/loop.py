@@ -654,7 +654,7 @@ class _Loop:
         if saving:
             self.save(self.out_dir / f"step-{step_count:06d}", True, iter_num, step_count)
         _synchronize(self.device)
-        rank_stats.note_pause(time.monotonic() - t0, t0)
+        rank_stats.note_pause(t0, time.monotonic())
 
     def report(self, epoch: int, iter_num: int, step_count: int, iter_t0: float, is_accumulating: bool) -> None:
         """litgpt's iteration line and metrics.csv row (the loss read from the device: a synchronisation)."""

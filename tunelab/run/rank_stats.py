@@ -97,12 +97,12 @@ def note_report(**figures) -> None:
     _STATE.update(figures)
 
 
-def note_pause(seconds: float, start: float | None = None) -> None:
-    """``seconds`` of the current iteration, from ``start`` (monotonic) where given, went to validation, generation
-    or a save (left out of its time, and of the NVML figures of the steady window)."""
+def note_pause(start: float, end: float) -> None:
+    """The current iteration paused from ``start`` to ``end`` (monotonic seconds) for validation, generation or a
+    save: left out of its time, and of the NVML figures of the steady window."""
     if _ITERS:
-        _PAUSES.append((len(_ITERS) - 1, seconds) if start is None else (len(_ITERS) - 1, seconds, start))
-    _STATE["paused_s"] = _STATE.get("paused_s", 0.0) + seconds
+        _PAUSES.append((len(_ITERS) - 1, end - start, start))
+    _STATE["paused_s"] = _STATE.get("paused_s", 0.0) + end - start
 
 
 def mark_trained(t_monotonic: float) -> None:
