@@ -188,13 +188,13 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if key == "config":  # litgpt's own: a YAML file whose keys apply where it stands among the overrides
             _merge(out, _config_file(value, defaults, recipe))
             continue
-        _known(key, defaults, recipe)
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError:
             parsed = value
         if key == "checkpoint_dir" or key == "out_dir":
             parsed = value  # paths stay text
+        _known(key, defaults, recipe, value=parsed)
         if key == "data" and isinstance(parsed, str):  # `--data Alpaca`: switch the class, as jsonargparse does
             out["data"] = _switch_data_class(out.get("data"), parsed)
         else:
@@ -207,16 +207,26 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
     return out
 
 
-def _known(key: str, defaults: dict, recipe, where: str | None = None) -> None:
+_UNSET = object()
+
+
+def _known(key: str, defaults: dict, recipe, where: str | None = None, value=_UNSET) -> None:
     """InputError unless litgpt's command has an argument ``key`` (dotted): a top-level one, or a field of one of its
-    argument groups (``train``, ``eval``, ``log``); ``data`` and ``optimizer`` take their class's own fields.
-    ``where``: the --config file that set it (else an override on the command line)."""
+    argument groups (``train``, ``eval``, ``log``), a group given whole as a mapping (``value``, where known);
+    ``data`` and ``optimizer`` take their class's own fields. ``where``: the --config file that set it (else an
+    override on the command line)."""
     top, _, field = key.partition(".")
     group = defaults.get(top)
+    shown = f"{where or display_path(recipe.path)}: {'' if where else '--'}{key}"
     if top not in defaults or (field and isinstance(group, dict) and field.split(".")[0] not in group):
         raise InputError(
-            f"{where or display_path(recipe.path)}: {'' if where else '--'}{key}: litgpt {recipe.command} has no "
-            f"such argument; fix: remove it or correct its spelling (see: litgpt {recipe.command} --help)"
+            f"{shown}: litgpt {recipe.command} has no such argument; fix: remove it or correct its spelling (see: "
+            f"litgpt {recipe.command} --help)"
+        )
+    if not field and isinstance(group, dict) and value is not _UNSET and not isinstance(value, dict):
+        raise InputError(
+            f"{shown}: a group of fields ({', '.join(sorted(group))}), got {str(value)[:40]!r}; fix: give a field, "
+            f"e.g. --{top}.{next(iter(sorted(group)))} VALUE"
         )
 
 
@@ -225,10 +235,10 @@ def _config_file(path: str, defaults: dict, recipe) -> dict:
     run's litgpt reads them), each key one litgpt's command has."""
     config = yaml_input.load_mapping(project_path(path), "--config", path)
     for key, value in config.items():
-        group = defaults.get(key)
-        subkeys = [f"{key}.{sub}" for sub in value] if isinstance(value, dict) and isinstance(group, dict) else [key]
-        for sub in subkeys:
-            _known(str(sub), defaults, recipe, where=path)
+        _known(str(key), defaults, recipe, where=path, value=value)
+        if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+            for sub in value:
+                _known(f"{key}.{sub}", defaults, recipe, where=path)
     return config
 
 

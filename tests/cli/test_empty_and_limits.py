@@ -144,3 +144,10 @@ def test_a_config_file_among_the_overrides_is_read_as_litgpt_reads_it(tmp_path):
     bad.write_text("train:\n  micro_batchsize: 3\n")
     code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--config", str(bad))
     assert code == 2 and f"{bad}: train.micro_batchsize: litgpt finetune_full has no such argument" in err, err
+    # a group given as something else than a mapping was an internal AttributeError ("unexpected")
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("train: [1, 2]\n")
+    for args in (["--train", "[1, 2]"], ["--eval", "5"], ["--config", str(listed)]):
+        code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", *args)
+        assert code == 2 and len(err.splitlines()) == 1 and "a group of fields" in err and "fix:" in err, err
+        assert "unexpected" not in err
