@@ -319,8 +319,8 @@ class StrategyConfig:
             raise StrategyError(
                 f"quantize={args['quantize']} under {self.name}: litgpt quantizes through Lightning's "
                 "BitsandbytesPrecision, which it allows on one device only, and sharding 4-bit weights (FSDP-QLoRA) "
-                "needs bitsandbytes quant_storage wiring that litgpt lacks; QLoRA runs on one device with "
-                "`litgpt finetune_lora` (tunelab run without --strategy)"
+                "needs bitsandbytes quant_storage wiring that litgpt lacks; fix: no strategy file (QLoRA runs on one "
+                "device with `litgpt finetune_lora`), or a LoRA recipe under this strategy"
             )
         if why := self.kind.problem(self):
             raise StrategyError(why)
@@ -328,8 +328,9 @@ class StrategyConfig:
             self._check_liger()
         if args.get("precision") in ("16-mixed",):
             raise StrategyError(
-                "16-mixed needs a gradient scaler, which this loop (like litgpt's) does not use; "
-                "use bf16-mixed or bf16-true"
+                "precision: 16-mixed needs a gradient scaler, which litgpt's Fabric keeps and tunelab's loop (every "
+                "strategy file) does not; fix: bf16-mixed or bf16-true where the GPU computes bfloat16, else "
+                "32-true, or one device without a strategy file (litgpt's own loop)"
             )
 
     def _check_liger(self) -> None:

@@ -59,7 +59,9 @@ def test_devices_the_batch_or_the_data_cannot_feed_are_refused():
     for strategy in ([], ["--strategy", "fsdp"], ["--strategy", "ddp"]):
         code, _, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--devices", "2", *strategy)
         assert code == 2 and len(err.splitlines()) == 1 and "quantize: bnb.nf4 on 2 devices" in err, err
-    assert tunelab_here("plan", "tiny-llama-1.1b/qlora", "--devices", "1", "--strategy", "ddp")[0] == 0
+    # on one device too: tunelab's loop, which runs every strategy file, refuses QLoRA (as `run --strategy` does)
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--devices", "1", "--strategy", "ddp")
+    assert code == 2 and "quantize=bnb.nf4 under ddp" in err, err
 
 
 def test_advise_write_replaces_what_an_earlier_answer_left(tmp_path):
@@ -110,6 +112,27 @@ def test_qlora_at_mixed_precision_is_refused_and_a_t4_hint_does_not_suggest_it()
     assert code == 0 and "fix: --precision 16-true" in out and "16-mixed" not in out, (out, err)
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "T4")
     assert code == 0 and "fix: --precision 16-mixed or 16-true" in out
+
+
+def test_plan_refuses_under_a_strategy_file_what_run_refuses():
+    """`run --strategy` refuses QLoRA under any strategy file and 16-mixed in tunelab's loop (no gradient scaler);
+    plan planned both (`plan tiny-llama-1.1b/qlora --strategy fast`: 7.24 GB, "FITS", a fast path that never runs).
+    Now one line each, the strategy named, as run says it; without a strategy file both still plan."""
+    for recipe, extra, said in (
+        ("tiny-llama-1.1b/qlora", ["--strategy", "fast"], "quantize=bnb.nf4 under single"),
+        ("tiny-llama-1.1b/qlora", ["--strategy", "ddp"], "quantize=bnb.nf4 under ddp"),
+        ("tiny-llama-1.1b/lora", ["--strategy", "ddp", "--devices", 2, "--precision", "16-mixed"], "gradient scaler"),
+    ):
+        code, out, err = tunelab_here("plan", recipe, "--gpu", "T4", *extra)
+        assert code == 2 and not out and len(err.splitlines()) == 1, (out, err)
+        assert f"--strategy {extra[1]}: " in err and said in err and "fix:" in err, err
+    for recipe, extra in (("tiny-llama-1.1b/qlora", []), ("tiny-llama-1.1b/lora", ["--precision", "16-mixed"])):
+        code, out, err = tunelab_here("plan", recipe, "--gpu", "T4", *extra)
+        assert code == 0 and "FITS" in out, (out, err)
+    # advise leaves them out and says so: on stderr beside --json, whose stdout stays one JSON list
+    code, out, err = tunelab_here("advise", "tiny-llama-1.1b/lora", "--gpus", "T4", "--max-devices", 2, "--json")
+    assert code == 0 and {c["world"] for c in json.loads(out)} == {1}, err
+    assert err.startswith("not planned: ddp at 16-mixed, ") and "gradient scaler" in err, err
 
 
 def test_an_override_litgpt_has_no_argument_for_is_refused_by_plan():

@@ -141,6 +141,23 @@ def test_qlora_on_a_gpu_without_bfloat16_is_tried_at_16_true():
     assert "no configuration asked applies" in text and "- by method" not in text and "nothing fits" not in text
 
 
+def test_strategy_files_tunelab_s_loop_refuses_are_not_advised_and_the_answer_says_so():
+    """On a GPU without bfloat16 several devices were advised at 16-mixed under strategy files (2x T4 LoRA: ddp
+    first, its launch line `tunelab run ... --strategy`), which tunelab's loop refuses (no gradient scaler). They
+    are not planned now, and the answer names them with the loop's reason; 32-true on several T4s still plans."""
+    t4 = hardware.lookup("T4")
+    recipes = {"lora": resolve("tiny-llama-1.1b/lora")}
+    refused: dict = {}
+    cands = advise.candidates(recipes, [t4], tokens=5e6, max_devices=2, refused=refused)
+    assert cands and {(c.world, c.strategy) for c in cands} == {(1, "single")}
+    assert list(refused.values()) == [{f"{s} at 16-mixed" for s in advise.STRATEGIES}]
+    text = advise.render(cands, advise.rank(cands), [t4], {}, 3, advise.workload_from_tokens(5e6), refused=refused)
+    lines = [ln for ln in text.splitlines() if ln.startswith("not planned: ")]
+    assert len(lines) == 1 and "ddp at 16-mixed" in lines[0] and "gradient scaler" in lines[0], text
+    wide = advise.candidates(recipes, [t4], tokens=5e6, max_devices=2, precision=["32-true"], refused=refused)
+    assert {c.strategy for c in wide if c.world == 2} == set(advise.STRATEGIES)
+
+
 def lengths_text(r: dict) -> str:
     """A record as litgpt's alpaca prompt style writes it, with its answer."""
     from litgpt.prompts import PromptStyle

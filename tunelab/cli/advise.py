@@ -130,6 +130,7 @@ def handle(args, extra) -> int:
     asked = {"max_devices": args.max_devices, "nodes": args.nodes, "interconnect": args.interconnect}
     asked |= {"internode": args.internode, "price_table": table, "precision": precision, "strategies": strategies}
     asked |= {"global_batch": args.global_batch, "headroom": headroom, "host_us_per_op": host[0] if host else None}
+    asked["refused"] = refused = {}
     try:  # what the planner refuses of a recipe (a method it does not model, a count out of range): one line
         cands = advise.candidates(recipes, gpus, workload=work, **asked)
     except ValueError as e:
@@ -138,8 +139,9 @@ def handle(args, extra) -> int:
     ranked = advise.rank(cands, by=args.by, **limits)
     if args.json:
         print(json.dumps([{**c.__dict__, "world": c.world} for c in ranked], indent=1))
+        print(*advise.refusals(refused), sep="\n", end="", file=sys.stderr)  # stdout stays one JSON
     else:
-        print(advise.render(cands, ranked, gpus, table, args.top, work, limits, host))
+        print(advise.render(cands, ranked, gpus, table, args.top, work, limits, host, refused))
     if args.write and ranked:
         chosen = ranked[0]
         by_key = {r.key: r for r in recipes.values()}

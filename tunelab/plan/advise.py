@@ -236,8 +236,10 @@ def candidates(
     global_batch: str = "keep",
     headroom: float = memory.ALLOCATOR_HEADROOM,
     host_us_per_op: float | None = None,
+    refused: dict[str, set] | None = None,
 ) -> list[Candidate]:
-    """Every configuration of ``recipes`` ({method: recipe}) on each GPU, planned (fitting or not).
+    """Every configuration of ``recipes`` ({method: recipe}) on each GPU, planned (fitting or not); ``refused``, where
+    given, receives the strategy files (at a precision) that tunelab's loop refuses, by reason (not planned).
 
     ``global_batch``: 'keep' the recipe's (micro batches of :data:`MICRO_BATCHES` that divide it) or 'free'
     (no accumulation: global = micro x devices; micro batches up to the planner's largest within ``headroom``).
@@ -254,6 +256,7 @@ def candidates(
         headroom=headroom,
         load=functools.cache(strategy_file),  # each strategy file read once, not per GPU and precision
         host_s_per_op=host_us_per_op * 1e-6 if host_us_per_op else None,
+        refused=refused if refused is not None else {},
     )
     out = []
     for gpu in gpus:
@@ -292,6 +295,8 @@ class _Ask:
     """Reads a strategy file (cached)."""
     host_s_per_op: float | None = None
     """The launching host's seconds per op of litgpt's loop where known (None: the median machine we measured)."""
+    refused: dict[str, set] = dataclasses.field(default_factory=dict)
+    """Strategy files tunelab's loop refuses, by reason: the strategies and precisions not planned."""
 
 
 @dataclass(frozen=True)
@@ -347,6 +352,9 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
             config = ask.load(strategy_name)
             if world > 1 and (config is None or not config.averages_gradients(world, per_node=d)):
                 continue  # fast.yaml on several devices, HYBRID_SHARD with one per node: the ranks never synchronise
+            if config is not None and (why := _refused(config, method, {**settings.args, "precision": prec})):
+                ask.refused.setdefault(why, set()).add(f"{strategy_name} at {prec}")
+                continue  # what `tunelab run --strategy` would refuse (16-mixed in tunelab's loop), said by render
             fields = strategy_fields(config, world)
             tries = planned_strategies.of(base_case.changed(**fields)).advised_with_checkpointing
             for ac in (False, True) if tries else (False,):  # where a file sets it
@@ -363,6 +371,16 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
                     case = dataclasses.replace(strategy_case, micro_batch_size=mb, accumulation=acc)
                     out.append(_planned(ask, on, case, strategy_name, recipe, config))
     return out
+
+
+def _refused(config: StrategyConfig, method: str, args: dict) -> str | None:
+    """Why tunelab's loop refuses ``config`` for a run of ``args`` on a GPU (its :meth:`StrategyConfig.check`),
+    else None."""
+    try:
+        config.check(method, {**args, "devices": 1, "num_nodes": 1}, device="cuda")  # the world is checked apart
+    except StrategyError as e:
+        return str(e)
+    return None
 
 
 def _link(name: str | None, gpu: hardware.GPU, scope: str) -> comm.Link:
@@ -480,15 +498,18 @@ configurations on one machine, ``reports/planner-accuracy/runtime.md``); a measu
 ``tunelab bench``) decides them."""
 
 
-def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: dict | None = None, host=None) -> str:
+def render(
+    cands, ranked, gpus, price_table, top: int, work: Workload, limits: dict | None = None, host=None, refused=None
+) -> str:
     """The answer as text: per GPU its best ``top`` configurations and why the rest lost, then the fastest and
-    the cheapest overall; ``host``: (microseconds an op, where they came from) where the host is known."""
+    the cheapest overall; ``host``: (microseconds an op, where they came from) where the host is known;
+    ``refused``: what :func:`candidates` did not plan, by reason (:func:`refusals`)."""
     limits = limits or {}
     head = (
         "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | time | "
         "comm s/step | energy | USD |"
     )
-    lines = _header(work, cands, ranked, host)
+    lines = _header(work, cands, ranked, host) + refusals(refused or {})
     ranked_on: dict[str, list[Candidate]] = {}
     planned_on: dict[str, list[Candidate]] = {}
     for group, among in ((ranked_on, ranked), (planned_on, cands)):  # one pass each, in rank order
@@ -535,6 +556,11 @@ def render(cands, ranked, gpus, price_table, top: int, work: Workload, limits: d
         if priced:
             lines.append(f"cheapest: {_words(min(priced, key=lambda c: (c.cost_usd, c.hours)))}")
     return "\n".join(lines)
+
+
+def refusals(refused: dict[str, set]) -> list[str]:
+    """One line per reason :func:`candidates` left strategy files unplanned (``refused``), naming them."""
+    return [f"not planned: {', '.join(sorted(names))}: {why}" for why, names in refused.items()] + [""] * bool(refused)
 
 
 def _header(work: Workload, cands: list, ranked: list, host=None) -> list[str]:

@@ -20,7 +20,7 @@ from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
 from tunelab.settings import Settings, data_size, resolve
-from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, load_strategy
+from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import PRECISIONS
 
 LAB_DATA_SAMPLES = 2000
@@ -206,22 +206,7 @@ def plan_settings(
             "checkpoint_dir to the recipe or give --checkpoint_dir checkpoints/<org>/<name> (as `litgpt download` writes it)"
         )
     strategy_config = strategy
-    if strategy_config is not None:
-        strategy_config.check_world(
-            settings.world_size, strategy_named or strategy_config.name, per_node=settings.devices
-        )
-    check_feeds(settings, litgpt=strategy_config is None)
-    if settings.args.get("quantize") and settings.world_size > 1:  # as validate and run refuse it, before planning
-        raise ValueError(
-            f"quantize: {settings.args['quantize']} on {settings.world_size} devices: litgpt's quantized training "
-            "(QLoRA, through Lightning's BitsandbytesPrecision) runs on one device; fix: --devices 1, or a LoRA "
-            "recipe (LoRA shards over GPUs)"
-        )
-    if settings.args.get("quantize") and "mixed" in str(settings.precision):  # litgpt's lora.py refuses it
-        raise ValueError(
-            f"precision: {settings.precision} with quantize {settings.args['quantize']}: litgpt refuses quantization "
-            "under mixed precision; fix: --precision bf16-true (16-true on a GPU without bfloat16)"
-        )
+    refuse_unrunnable(settings, strategy_config, strategy_named)
     fields = strategy_fields(strategy_config, settings.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
@@ -241,6 +226,32 @@ def plan_settings(
     return PlannedRecipe(
         settings=settings, input=case, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
     )
+
+
+def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strategy_named: str | None) -> None:
+    """Refuse, before planning, what litgpt or tunelab's loop would refuse to run: a world the strategy never
+    synchronises or the batch cannot feed, QLoRA on several devices or under mixed precision (as validate and run
+    say), and on a GPU what the strategy file's loop refuses (QLoRA, 16-mixed, Liger past a wrapper)."""
+    source = strategy_named or (strategy.name if strategy is not None else "")
+    if strategy is not None:
+        strategy.check_world(settings.world_size, source, per_node=settings.devices)
+    check_feeds(settings, litgpt=strategy is None)
+    if settings.args.get("quantize") and settings.world_size > 1:
+        raise ValueError(
+            f"quantize: {settings.args['quantize']} on {settings.world_size} devices: litgpt's quantized training "
+            "(QLoRA, through Lightning's BitsandbytesPrecision) runs on one device; fix: --devices 1, or a LoRA "
+            "recipe (LoRA shards over GPUs)"
+        )
+    if settings.args.get("quantize") and "mixed" in str(settings.precision):  # litgpt's lora.py refuses it
+        raise ValueError(
+            f"precision: {settings.precision} with quantize {settings.args['quantize']}: litgpt refuses quantization "
+            "under mixed precision; fix: --precision bf16-true (16-true on a GPU without bfloat16)"
+        )
+    if strategy is not None:
+        try:
+            strategy.check(settings.method, settings.args, device="cuda")
+        except StrategyError as e:
+            raise StrategyError(f"{source}: {e}") from None
 
 
 def fast_note(switches) -> str:
