@@ -406,10 +406,11 @@ def _precision_rules(c: _Context, a: dict, bad) -> None:
             bad("--gpu", str(e), "name a row of configs/hardware/gpus.yaml")
         else:
             if c.precision and c.precision.startswith("bf16") and not g.bf16:
+                quantized = bool(a.get("quantize"))  # litgpt refuses quantization under mixed precision
                 bad(
                     "precision",
                     f"{c.precision} on {g.name}, which has no bfloat16 (emulated: slow, or refused)",
-                    "use 16-mixed (or 16-true) on this GPU",
+                    "use 16-true on this GPU" if quantized else "use 16-mixed (or 16-true) on this GPU",
                 )
 
 

@@ -93,6 +93,13 @@ def test_bad_input_refused(ref, overrides, options, key, words):
     assert "\n" not in line and line.startswith(f"recipes/{ref}.yaml: {key}: ") and "; fix: " in line
 
 
+def test_a_gpu_without_bfloat16_is_answered_with_a_precision_the_method_runs_at():
+    """QLoRA's fix on a T4 named 16-mixed first, which litgpt refuses with quantization; LoRA keeps both."""
+    for method, fix in (("qlora", "use 16-true on this GPU"), ("lora", "use 16-mixed (or 16-true) on this GPU")):
+        result = check(resolve(f"tiny-llama-1.1b/{method}"), [], gpu="T4")
+        assert [p.fix for p in result.problems if p.key == "precision"] == [fix], [str(p) for p in result.problems]
+
+
 def test_warmup_longer_than_run_is_a_warning_only():
     result = check(resolve("tiny-llama-1.1b/lora"), ["--train.lr_warmup_steps", "50"])
     assert result.ok
