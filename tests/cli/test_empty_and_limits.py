@@ -174,3 +174,18 @@ def test_a_config_file_among_the_overrides_is_read_as_litgpt_reads_it(tmp_path):
         code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", *args)
         assert code == 2 and len(err.splitlines()) == 1 and "a group of fields" in err and "fix:" in err, err
         assert "unexpected" not in err
+
+
+def test_a_plan_where_not_one_sample_fits_says_what_would_shrink_it():
+    """'largest micro batch that fits: 0' was the whole answer where micro batch 1 does not fit (OpenLLaMA 13B QLoRA
+    on a T4); now what shrinks the peak, less what the plan already has or cannot take (QLoRA: one device)."""
+    code, out, err = tunelab_here("plan", "open-llama-13b/qlora", "--gpu", "T4", "--precision", "16-true")
+    said = "not even micro batch 1 fits: --activation-checkpointing (block inputs only), a GPU with more memory"
+    assert code == 0 and said in out.splitlines()[1] and "fits: 0" not in out, (out, err)
+    code, out, err = tunelab_here("plan", "open-llama-13b/full", "--gpu", "T4", "--activation-checkpointing")
+    said = "not even micro batch 1 fits: more devices under a sharding --strategy, a GPU with more memory"
+    assert code == 0 and said in out.splitlines()[1], (out, err)
+    code, out, _ = tunelab_here("plan", "open-llama-13b/qlora", "--gpu", "T4", "--precision", "16-true", "--verbose")
+    assert "not even micro batch 1 fits: --activation" in next(ln for ln in out.splitlines() if "verdict:" in ln)
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "T4", "--precision", "16-true")
+    assert "largest micro batch that fits: 5" in out.splitlines()[1], out

@@ -18,7 +18,7 @@ def render(
 ) -> str:
     """The plan as text: the breakdown summing to the peak, the verdict for ``gpu``, the notes, time and energy."""
     plan = planned.plan
-    lines = _memory_lines(plan, planned.seq_source, _strategy(planned)) + _verdict_lines(plan, gpu)
+    lines = _memory_lines(plan, planned.seq_source, _strategy(planned)) + _verdict_lines(planned, gpu)
     lines += [f"note: {note}" for note in plan.notes]
     if projection:
         lines += _time_lines(projection, tokens_note)
@@ -54,6 +54,17 @@ def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bo
     return "\n".join(parts)
 
 
+def largest_micro_batch(planned: PlannedRecipe) -> str:
+    """The verdict's last words: the largest micro batch that fits, or, where not even one sample does, what
+    shrinks the peak."""
+    if planned.plan.max_micro_batch_size:
+        return f"largest micro batch that fits: {planned.plan.max_micro_batch_size}"
+    case = planned.input
+    fixes = ["--activation-checkpointing (block inputs only)"] * (not case.activation_checkpointing)
+    fixes += ["more devices under a sharding --strategy"] * (not case.quantize)  # QLoRA trains on one device
+    return f"not even micro batch 1 fits: {', '.join([*fixes, 'a GPU with more memory'])}"
+
+
 def render_answer(planned: PlannedRecipe, projection: Projection | None = None) -> str:
     """The plan's answer in about ten lines: the verdict with its margin and the largest micro batch, the peak per
     device by its largest terms, the time with its band and its causes, energy, the price where the price table
@@ -67,7 +78,7 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
         word = "AT THE EDGE" if plan.edge else ("FITS" if plan.fits else "DOES NOT FIT")
         lines.append(
             f"{word} on {plan.gpu}: needs {need / GB:.2f} of {plan.gpu_memory_bytes / GB:.2f} GB, margin "
-            f"{plan.margin_bytes / GB:+.2f} GB; largest micro batch that fits: {plan.max_micro_batch_size}"
+            f"{plan.margin_bytes / GB:+.2f} GB; {largest_micro_batch(planned)}"
         )
     terms = sorted(((v, k) for k, v in plan.breakdown_bytes.items() if v), reverse=True)
     shown = ", ".join(f"{k.replace('_', ' ')} {v / GB:.2f}" for v, k in terms[:3])
@@ -168,8 +179,9 @@ def _memory_lines(plan: memory.Plan, seq_source: str, strategy: str) -> list[str
     return lines
 
 
-def _verdict_lines(plan: memory.Plan, gpu: hardware.GPU | None) -> list[str]:
+def _verdict_lines(planned: PlannedRecipe, gpu: hardware.GPU | None) -> list[str]:
     """The fit verdict on the named GPU (none without one)."""
+    plan = planned.plan
     if not plan.gpu:
         return []
     need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
@@ -184,7 +196,7 @@ def _verdict_lines(plan: memory.Plan, gpu: hardware.GPU | None) -> list[str]:
     lines = [
         f"verdict: {word} on {plan.gpu}: needs {need / GB:.2f} GB of "
         f"{plan.gpu_memory_bytes / GB:.2f} GB, margin {plan.margin_bytes / GB:+.2f} GB; "
-        f"largest micro batch that fits: {plan.max_micro_batch_size}"
+        f"{largest_micro_batch(planned)}"
     ]
     if gpu is not None:
         lines.append(f"  GPU memory: {gpu.cuda_total_gib:.2f} GiB usable by CUDA ({gpu.cuda_total_source})")
