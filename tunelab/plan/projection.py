@@ -347,6 +347,25 @@ def _comm_fields(work) -> dict:
     }
 
 
+def _fast_source(k: runtime.KernelWork, gpu: hardware.GPU) -> tuple[str, str, float]:
+    """(where a fast-path time comes from, where its host figure does, its band's fraction either side): what
+    bounds it and the band :func:`tunelab.plan.model.runtime.fast_band` gives that bound."""
+    bound = fast_step(k.fast, gpu, k.tokens).bound()
+    e, own = runtime.fast_band(bound), FAST_MODEL_ERROR[bound]
+    widest = (
+        f"the fast path's widest miss {own:.0%} over our benches' {bound}-bound runs"
+        if e == own
+        else f"the kernel model's widest miss {e:.0%}, wider than the fast path's over our benches' {bound}-bound "
+        f"runs ({own:.0%})"
+    )
+    source = (
+        f"the time by cause below, {bound}-bound (band: {widest}"
+        f"{'; a host-bound step follows the host CPU' if bound == 'host' else ''})"
+    )
+    host = f"tunelab's loop, {COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us per compiled kernel (fitted on our H100 bench)"
+    return source, host, e
+
+
 def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     if work is None or not gpu.bandwidth_gbs or not peak:
         return {
@@ -357,16 +376,7 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
     counts = f"{work.detail['optimizer_steps']} optimizer steps, {work.detail['evaluations']} in-loop validations"
     secs = work.seconds_on(gpu, peak)
     if isinstance(work.kernels, runtime.KernelWork) and work.kernels.fast is not None:
-        k = work.kernels
-        bound = fast_step(k.fast, gpu, k.tokens).bound()
-        e = FAST_MODEL_ERROR[bound]
-        source = (
-            f"the time by cause below, {bound}-bound (band: the fast path's widest miss {e:.0%} over our "
-            f"benches' {bound}-bound runs{'; a host-bound step follows the host CPU' if bound == 'host' else ''})"
-        )
-        host = (
-            f"tunelab's loop, {COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us per compiled kernel (fitted on our H100 bench)"
-        )
+        source, host, e = _fast_source(work.kernels, gpu)
         band = (secs * (1 - e), secs * (1 + e))
     elif isinstance(work.kernels, runtime.KernelWork) and work.host_s_per_op:
         e = runtime.KERNEL_MODEL_ERROR

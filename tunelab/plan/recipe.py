@@ -255,13 +255,14 @@ def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strat
 
 
 def fast_note(switches) -> str:
-    """The note a fast-path plan carries: how its time is had and the band around it (its widest miss over our
-    benches by what bounds the run, :data:`~tunelab.plan.model.fast_step.FAST_MODEL_ERROR`)."""
-    band = ", ".join(f"{bound}-bound {e:.0%}" for bound, e in FAST_MODEL_ERROR.items())
+    """The note a fast-path plan carries: how its time is had and the band around it, by what bounds the run
+    (:func:`~tunelab.plan.model.runtime.fast_band`)."""
+    band = ", ".join(f"{bound}-bound {runtime.fast_band(bound):.0%}" for bound in FAST_MODEL_ERROR)
     return (
         f"tunelab's fast path ({', '.join(switches)}): its time is tunelab's loop with these switches, kernel by "
-        f"kernel (tunelab/plan/model/fast_step.py), banded by its widest miss over our benches' compiled runs "
-        f"({band} either side: reports/planner-accuracy/runtime.md); --calibrate with its run records (tunelab "
+        f"kernel (tunelab/plan/model/fast_step.py), banded by its widest miss over our benches' compiled runs, "
+        f"the kernel model's where wider ({band} either side: reports/planner-accuracy/runtime.md); --calibrate "
+        "with its run records (tunelab "
         "bench) uses their measured MFU for the MFU range"
     )
 

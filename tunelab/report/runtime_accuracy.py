@@ -246,8 +246,8 @@ def _band(point: float, seconds_at, measured: float, edge: bool = False) -> dict
 
 def _fast_band(point: float, bound: str, measured: float) -> dict:
     """The plan's band around a fast-path time: its stated error for the bound either side
-    (:data:`tunelab.plan.model.fast_step.FAST_MODEL_ERROR`)."""
-    e = fast_step.FAST_MODEL_ERROR[bound]
+    (:func:`tunelab.plan.model.runtime.fast_band`)."""
+    e = runtime.fast_band(bound)
     low, high = point * (1 - e), point * (1 + e)
     return {"band_low_s": low, "band_high_s": high, "in_band": low <= measured <= high}
 
@@ -374,10 +374,13 @@ def bench_items(root: Path) -> list[dict]:
     return items
 
 
-def bench_step(item: dict, compiled_host_s: float | None = None, host_scale: float = 1.0) -> tuple[float, str]:
+def bench_step(
+    item: dict, compiled_host_s: float | None = None, host_scale: float = 1.0, memory_efficiency: float | None = None
+) -> tuple[float, str]:
     """(predicted seconds per optimizer step, what bounds it) of a bench run on its own GPU: the fast path by
-    :func:`tunelab.plan.model.fast_step.fast_step` (its micro batches and its optimizer step), litgpt's by the planner's
-    own :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out; its host's time per op
+    :func:`tunelab.plan.model.fast_step.fast_step` (its micro batches and its optimizer step; its two fitted
+    constants replaceable, for their refits), litgpt's by the planner's own
+    :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out; its host's time per op
     ``host_scale`` times the constant's)."""
 
     gpu, case, acc = item["gpu"], item["case"], item["accumulation"]
@@ -387,7 +390,8 @@ def bench_step(item: dict, compiled_host_s: float | None = None, host_scale: flo
         by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale)
         return sum(by.values()), "host" if by["host launches"] > 0 else "GPU"
     h = fast_step.COMPILED_HOST_S_PER_KERNEL if compiled_host_s is None else compiled_host_s
-    fs = fast_step.fast_step(case, gpu, item["tokens"], h)
+    m = fast_step.COMPILED_MEMORY_EFFICIENCY if memory_efficiency is None else memory_efficiency
+    fs = fast_step.fast_step(case, gpu, item["tokens"], h, m)
     return acc * fs.iteration_s() + fs.optimizer_s(), fs.bound()
 
 
@@ -403,6 +407,23 @@ def fit_compiled_host(items: list[dict]) -> float:
     fitted = [i for i in items if _fitted(i)]
     grid = [n * 1e-6 for n in range(5, 200)]
     return min(grid, key=lambda h: sum((bench_step(i, h)[0] / i["measured_s"] - 1) ** 2 for i in fitted))
+
+
+def _probe(item: dict) -> bool:
+    """The runs that hold the fast path's compiled memory efficiency: its one-micro-batch probes (tune-batch's, at
+    the largest micro batches), compiled throughout."""
+    return item["arm"] == "fast" and item["accumulation"] == 1 and not item["eager"]
+
+
+def fit_compiled_memory(items: list[dict]) -> float:
+    """The share of the memory rate the fast path's compiled and Liger kernels reach over the bytes the traced
+    graphs read and write once, minimising the squared relative error over its one-micro-batch probes (GPU-bound;
+    a grid of 0.01). The micro-8 runs are host-bound (no information on it); every other run stays out of sample."""
+    fitted = [i for i in items if _probe(i)]
+    grid = [n / 100 for n in range(20, 101)]
+    return min(
+        grid, key=lambda m: sum((bench_step(i, memory_efficiency=m)[0] / i["measured_s"] - 1) ** 2 for i in fitted)
+    )
 
 
 def fast_errors(rows: list[dict]) -> dict:
@@ -444,7 +465,11 @@ def bench_rows(items: list[dict]) -> list[dict]:
                 "bound": bound,
                 "gpu_util": item["gpu_util"],
                 "eager": item["eager"],
-                "sample": "in (host constant)" if _fitted(item) else "out",
+                "sample": "in (host constant)"
+                if _fitted(item)
+                else "in (memory efficiency)"
+                if _probe(item)
+                else "out",
                 **(
                     _band(pred, lambda h, i=item: bench_step(i, host_scale=h / runtime.LITGPT_HOST_S_PER_OP)[0], m)
                     if item["arm"] == "litgpt"
@@ -1030,7 +1055,7 @@ def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
     if not bench:
         return lines
 
-    refit = fit_compiled_host(items)
+    refit, refit_memory = fit_compiled_host(items), fit_compiled_memory(items)
     lines += [
         "",
         "## Our benches: the fast path and litgpt (seconds per optimizer step, steady window, mean)",
@@ -1040,8 +1065,10 @@ def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
         "step in about six wait for the GPU's backlog), at the window's padded tokens per sample. The fast path is "
         "timed by `tunelab/plan/model/fast_step.py` (compiled blocks from torch.compile's own graphs, Liger's chunks, "
         "the fused optimizer, launches queued ahead of the GPU); its host time per compiled kernel "
-        f"({fast_step.COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us; a refit gives {refit * 1e6:.0f} us) is fitted on "
-        "the runs marked 'in' below. Everything else is out of sample. The reports:",
+        f"({fast_step.COMPILED_HOST_S_PER_KERNEL * 1e6:.0f} us; a refit gives {refit * 1e6:.0f} us) and its "
+        f"compiled kernels' share of the memory rate ({fast_step.COMPILED_MEMORY_EFFICIENCY:.2f}; a refit gives "
+        f"{refit_memory:.2f}) are fitted on the runs marked 'in' below. Everything else is out of sample. The "
+        "reports:",
         "",
         *(
             f"- `{e.where}` ({e.device}{f', {e.machine} machine' if e.machine else ''}; {e.software}): {e.note}"
@@ -1062,9 +1089,11 @@ def _md_bench(items: list[dict], bench: list[dict]) -> list[str]:
     lines += [
         "",
         "Fast path as designed (compiled throughout), the widest miss (measured over planned) by what the model says "
-        "bounds the run (`fast_step.FAST_MODEL_ERROR`, rounded up: the band `plan` prints either side for each): "
+        "bounds the run (`fast_step.FAST_MODEL_ERROR`, rounded up): "
         + "; ".join(f"{b}-bound {e:.1%} over {n} runs" for b, (e, n) in fast_errors(bench).items())
-        + ".",
+        + ". The band `plan` prints either side (`runtime.fast_band`): "
+        + "; ".join(f"{b}-bound {runtime.fast_band(b):.1%}" for b in fast_step.FAST_MODEL_ERROR)
+        + " (where the GPU bounds it, never narrower than the kernel model's).",
     ]
     return lines
 

@@ -19,7 +19,7 @@ from tunelab.models import count_params, lora_param_count
 from tunelab.plan.model import kernels, strategies
 from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.comm import BACKWARD_SHARE
-from tunelab.plan.model.fast_step import fast_step
+from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import (
     four_bit_bytes_per_param,
@@ -77,6 +77,15 @@ busy 60% or more, at the planner's host constant; the lab's A100 Part 1 rows it 
 sample: a host-bound run is its host's, which :data:`LITGPT_HOST_S_PER_OP_RANGE` carries), rounded up: the band
 either side of its point estimate, a bound that holds every such run rather than a typical miss
 (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it, a test holds this to it)."""
+
+
+def fast_band(bound: str) -> float:
+    """The fraction either side of a fast-path time that the plan's band spans, by what bounds it: its widest miss
+    over our benches (:data:`~tunelab.plan.model.fast_step.FAST_MODEL_ERROR`), but where the GPU bounds it never
+    narrower than the kernel model's (:data:`KERNEL_MODEL_ERROR`): its matmuls and attention are that model's, and
+    its own GPU-bound runs (two models, two GPUs) also hold its fitted compiled memory efficiency."""
+    own = FAST_MODEL_ERROR[bound]
+    return max(own, KERNEL_MODEL_ERROR) if bound == "GPU" else own
 
 
 def litgpt_band(point: float, seconds_at) -> tuple[float, float]:
