@@ -189,3 +189,25 @@ def test_a_plan_where_not_one_sample_fits_says_what_would_shrink_it():
     assert "not even micro batch 1 fits: --activation" in next(ln for ln in out.splitlines() if "verdict:" in ln)
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "T4", "--precision", "16-true")
     assert "largest micro batch that fits: 5" in out.splitlines()[1], out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "tiny-llama-1.1b/lora", "--out"],
+        ["sweep", "configs/sweeps/lab-part1.yaml", "--report-dir"],
+        ["report", "runs", "--out"],
+        ["tune-batch", "tiny-llama-1.1b/lora", "--out"],
+        ["build-model", "tiny", "--out"],
+        ["plan-accuracy", "--out"],
+    ],
+)
+def test_an_output_folder_that_is_a_file_is_refused_before_anything_runs(args, tmp_path):
+    """`run --out` naming a file ended in "recfile.txt: File exists; fix: check the path and its permissions" (the
+    option unnamed); every output folder option now says what it got, in argparse's line, before anything runs."""
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine\n")
+    code, out, err = tunelab_here(*args, taken)
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and f"argument {args[-1]}: " in lines[0], lines
+    assert "exists and is not a folder" in lines[0] and taken.read_text() == "mine\n"

@@ -59,10 +59,14 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
 
 def _path(kind: str):
     def parse(text: str):
-        """An argparse type: a path, never blank (an unset shell variable would make it the current folder)."""
+        """An argparse type: a path, never blank (an unset shell variable would make it the current folder); a
+        folder to write into is not an existing file (a device, a FIFO, a regular file)."""
         if not text.strip():
             raise argparse.ArgumentTypeError(f"an empty path (it would mean the current folder); give a {kind}")
-        return Path(text)
+        path = Path(text)
+        if kind == "folder" and path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder; give a new or existing folder")
+        return path
 
     return parse
 
