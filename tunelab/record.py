@@ -298,7 +298,8 @@ class RunRecord:
     method: str = ""
     """full, lora or qlora."""
     precision: str | None = None
-    """Lightning precision string."""
+    """Lightning precision string: the recipe's, or where it sets none the one litgpt picks on the run's device
+    (``settings.training_precision``)."""
     quantize: str | None = None
     """bitsandbytes quantization (QLoRA) or None."""
     micro_batch_size: int | None = None

@@ -33,6 +33,21 @@ def world_size(devices: int, num_nodes: int = 1) -> int:
     return max(1, int(devices)) * max(1, int(num_nodes))
 
 
+def training_precision(precision: str | None, bf16: bool = True) -> str:
+    """The precision litgpt's fine-tuning trains at: ``precision`` where set, else what its scripts pick
+    (``litgpt.utils.get_default_supported_precision(training=True)``): bf16-mixed, or 16-mixed on a CUDA GPU
+    without bfloat16 (``bf16`` False)."""
+    return precision or ("bf16-mixed" if bf16 else "16-mixed")
+
+
+def val_split_problem(fraction) -> str | None:
+    """Why litgpt cannot hold ``fraction`` of the data out for validation (its data modules split with torch's
+    ``random_split``, which refuses a share outside 0-1; a share of 1 leaves nothing to train on), else None."""
+    if fraction is None or (not isinstance(fraction, bool) and isinstance(fraction, int | float) and 0 <= fraction < 1):
+        return None
+    return f"{fraction!r} is not a share of the data from 0 to below 1 (the rest trains)"
+
+
 def accumulation(global_batch_size: int, world: int, micro_batch_size: int) -> int:
     """Gradient-accumulation iterations per optimizer step, as litgpt computes it: ``(global // world) // micro``
     (floored, silently: ``tunelab validate`` refuses a global batch that does not divide), at least 1."""

@@ -26,7 +26,7 @@ from tunelab.files import FileRefused, read_bytes
 from tunelab.models import load_config
 from tunelab.paths import display_path, project_path
 from tunelab.recipes import Recipe
-from tunelab.settings import accumulation, data_size, world_size
+from tunelab.settings import accumulation, data_size, training_precision, val_split_problem, world_size
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
 """Precision strings accepted here: Lightning's full names (its short aliases hide what they mean)."""
@@ -473,7 +473,9 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         )
     n_samples = data_size(a)[0]  # a JSON file here, or a known litgpt data module
     c.steps = None
-    if n_samples and isinstance(c.gbs, int) and c.gbs > 0:
+    if why := val_split_problem((a.get("data") or {}).get("init_args", {}).get("val_split_fraction")):
+        bad("data.val_split_fraction", why, "set data.val_split_fraction from 0 to below 1 (0.05: 5% held out)")
+    elif n_samples and isinstance(c.gbs, int) and c.gbs > 0:
         val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
         per_epoch = int(n_samples * (1 - val)) // c.gbs
         c.steps = per_epoch * (epochs or 1)
@@ -583,10 +585,11 @@ def _quantization_rules(c: _Context, a: dict, bad) -> None:
                 f"{c.quantize} with devices x num_nodes = {c.world}: litgpt quantized training is single-device",
                 "set devices: 1 and num_nodes: 1, or drop quantize (LoRA shards over GPUs)",
             )
-        if c.precision is not None and not str(c.precision).endswith("-true"):
+        if not training_precision(c.precision).endswith("-true"):
+            given = c.precision or "not set (litgpt then picks bf16-mixed, 16-mixed without bfloat16)"
             bad(
                 "precision",
-                f"{c.precision} with quantize {c.quantize}: litgpt refuses quantization with mixed precision",
+                f"{given} with quantize {c.quantize}: litgpt refuses quantization with mixed precision",
                 "use bf16-true (or 16-true on GPUs without bf16)",
             )
         if "AdamW" not in _optimizer_name(a.get("optimizer")):

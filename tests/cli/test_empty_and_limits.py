@@ -211,3 +211,32 @@ def test_an_output_folder_that_is_a_file_is_refused_before_anything_runs(args, t
     lines = [ln for ln in (out + err).splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and f"argument {args[-1]}: " in lines[0], lines
     assert "exists and is not a folder" in lines[0] and taken.read_text() == "mine\n"
+
+
+def test_a_recipe_without_a_precision_is_planned_at_litgpts_pick():
+    """litgpt trains a recipe without a precision at bf16-mixed (16-mixed on a GPU without bfloat16); the plan took
+    bf16-true (an H100 LoRA plan 8.90 GB where the run holds 14.08), and planned a QLoRA that litgpt refuses (its
+    pick is mixed). A null max_seq_length is planned at the block size, said as such (it said "the recipe's")."""
+    for gpu, picked in (("H100-SXM", "bf16-mixed"), ("T4", "16-mixed")):
+        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--precision", "null", "--gpu", gpu, "--json")
+        assert code == 0 and json.loads(out)["precision"] == picked, err
+    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--precision", "null")
+    assert code == 2 and "precision: not set (litgpt then picks bf16-mixed" in err and "fix:" in err, err
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--train.max_seq_length", "null", "--json")
+    assert code == 0 and json.loads(out)["seq_len"] == 2048, err
+    assert "the model's block size: train.max_seq_length is not set" in json.loads(out)["seq_len_source"]
+
+
+@pytest.mark.parametrize("fraction", ["1.5", "1", "-0.25"])
+def test_a_validation_share_outside_0_to_1_is_refused_by_plan_and_validate(fraction):
+    """`data.val_split_fraction: 1.5` was planned over -200 training samples and passed validate (with a warning
+    about -13 optimizer steps); litgpt's data module dies in torch's random_split after the model is built."""
+    for command in ("plan", "validate"):
+        code, out, err = tunelab_here(
+            command, "tiny-llama-1.1b/lora", f"--data.init_args.val_split_fraction={fraction}"
+        )
+        said = [ln for ln in (out + err).splitlines() if "data.val_split_fraction" in ln]
+        assert code != 0 and len(said) == 1 and "is not a share of the data" in said[0] and "fix:" in said[0], (
+            out,
+            err,
+        )

@@ -29,6 +29,8 @@ BAD = [
     ("tiny-llama-1.1b/lora", ["--train.lr_warmup_steps", "null"], {}, "train.lr_warmup_steps", "divides by it"),
     ("open-llama-7b/qlora", ["--devices", "2", "--eval.interval", "1000"], {}, "quantize", "single-device"),
     ("open-llama-7b/qlora", ["--precision", "bf16-mixed"], {}, "precision", "mixed precision"),
+    # no precision: litgpt picks bf16-mixed (16-mixed without bfloat16), then refuses it with quantization
+    ("open-llama-7b/qlora", ["--precision", "null"], {}, "precision", "not set (litgpt then picks bf16-mixed"),
     ("open-llama-7b/qlora", ["--optimizer", "SGD"], {}, "optimizer", "PagedAdamW"),
     ("open-llama-7b/qlora", [], {"device": "cpu"}, "quantize", "need a CUDA GPU"),
     ("tiny-llama-1.1b/full", ["--quantize", "bnb.nf4"], {}, "quantize", "only for LoRA/adapter"),

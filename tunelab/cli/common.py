@@ -19,14 +19,6 @@ def fail(message: str) -> int:
     return 2
 
 
-def table(rows: list[dict], columns: list[str]) -> str:
-    """Rows as aligned text columns with a header and a rule."""
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns), "  ".join("-" * widths[c] for c in columns)]
-    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
-    return "\n".join(lines)
-
-
 def model_choice(args) -> str:
     """--model / --weights as one model source (auto, checkpoint, tiny, random); ValueError if they contradict."""
     if args.weights == "random":

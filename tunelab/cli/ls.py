@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from tunelab.cli.common import table
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """Rows as aligned text columns with a header and a rule."""
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns), "  ".join("-" * widths[c] for c in columns)]
+    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
 
 
 def add_parser(sub) -> None:

@@ -19,7 +19,7 @@ from tunelab.plan.model.fast_step import FAST_MODEL_ERROR
 from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
-from tunelab.settings import Settings, data_size, resolve
+from tunelab.settings import Settings, data_size, resolve, training_precision, val_split_problem
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import PRECISIONS
 
@@ -73,6 +73,8 @@ def check_ranges(settings: Settings) -> None:
             f"precision: {settings.precision!r} is not a full Lightning precision name; fix: use one of "
             f"{', '.join(PRECISIONS)}"
         )
+    if why := val_split_problem(settings.val_split_fraction):
+        raise ValueError(f"data.val_split_fraction: {why}; fix: set it from 0 to below 1 (0.05: 5% held out)")
     max_steps = (settings.args.get("train") or {}).get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
         raise ValueError(  # litgpt reads 0 and None as no limit
@@ -108,12 +110,13 @@ def strategy_fields(strategy: StrategyConfig | None, world: int) -> dict:
     return fields
 
 
-def plan_input(settings: Settings, config, *, seq_len: int | None = None, **fields) -> PlanInput:
+def plan_input(settings: Settings, config, *, seq_len: int | None = None, bf16: bool = True, **fields) -> PlanInput:
     """The planner's input from resolved Settings (world size, accumulation, optimizer and LoRA targets as
     Settings computed them) and a strategy's :func:`strategy_fields`. LoRA on several devices under litgpt's own
     choice checkpoints activations per block, as both of litgpt's paths do (LoRA: FSDP2 over ``checkpoint_wrapper``
     blocks; full fine-tuning: FSDP1, Lightning's ``FSDPStrategy`` with ``activation_checkpointing_policy={Block}``);
-    a strategy file says for itself."""
+    a strategy file says for itself. A precision the recipe leaves unset is litgpt's pick (``bf16``: whether the
+    GPU computes bfloat16)."""
     lora = {"lora_r": settings.lora_r, "lora_targets": settings.lora_targets} if settings.lora else {}
     fields.setdefault("strategy", "single")
     fields.setdefault("optimizer", settings.built_optimizer)
@@ -123,7 +126,7 @@ def plan_input(settings: Settings, config, *, seq_len: int | None = None, **fiel
         config=config,
         tables=TRACED,
         method=settings.method,
-        precision=settings.precision or "bf16-true",
+        precision=training_precision(settings.precision, bf16),
         quantize=settings.quantize,
         micro_batch_size=settings.micro_batch_size,
         seq_len=seq_len or min(settings.max_seq_length or config.block_size, config.block_size),
@@ -211,9 +214,12 @@ def plan_settings(
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
     seq, seq_source = None, "the recipe's train.max_seq_length"
+    if not settings.max_seq_length:  # litgpt then trains to the longest sample, which the model's block size bounds
+        seq_source = "the model's block size: train.max_seq_length is not set (--dataset: its longest sample)"
     if dataset is not None:
         seq, seq_source = _dataset_seq_len(settings, dataset)
-    case = plan_input(settings, load_config(settings.checkpoint_dir), seq_len=seq, **fields)
+    bf16 = gpu is None or gpu.bf16
+    case = plan_input(settings, load_config(settings.checkpoint_dir), seq_len=seq, bf16=bf16, **fields)
     if gpu is not None and str(case.precision).startswith("bf16") and not gpu.bf16:
         case.attention_math = True
     plan = memory.predict(case)
@@ -242,9 +248,10 @@ def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strat
             "(QLoRA, through Lightning's BitsandbytesPrecision) runs on one device; fix: --devices 1, or a LoRA "
             "recipe (LoRA shards over GPUs)"
         )
-    if settings.args.get("quantize") and "mixed" in str(settings.precision):  # litgpt's lora.py refuses it
+    if settings.args.get("quantize") and "mixed" in training_precision(settings.precision):  # litgpt refuses it
+        given = settings.precision or "not set (litgpt then picks bf16-mixed, 16-mixed without bfloat16)"
         raise ValueError(
-            f"precision: {settings.precision} with quantize {settings.args['quantize']}: litgpt refuses quantization "
+            f"precision: {given} with quantize {settings.args['quantize']}: litgpt refuses quantization "
             "under mixed precision; fix: --precision bf16-true (16-true on a GPU without bfloat16)"
         )
     if strategy is not None:

@@ -21,7 +21,7 @@ from tunelab.models import load_config, lora_param_count
 from tunelab.plan.model.flops import flops_per_token, mfu
 from tunelab.record import RankStats, RunRecord, driver_calls_in, read_rank_file, steady_state, unnoted_pauses
 from tunelab.run.gpu_monitor import GPUMonitor
-from tunelab.settings import Settings
+from tunelab.settings import Settings, training_precision
 
 OOM_MARKERS = (
     "OutOfMemoryError",
@@ -230,10 +230,12 @@ def _compute(rec: RunRecord, settings: Settings, ckpt: Path, n_iters: int) -> No
         n_lora = lora_param_count(config, int(settings.lora_r or 0), settings.lora_targets) if settings.lora else 0
         fpt = flops_per_token(config, seq, "lora" if settings.lora else "full", n_lora)
         rec.flops_per_token, rec.flops_formula = fpt.total, fpt.formula
+        gpu = hardware.identify(rec.device_name) if rec.device_type == "cuda" else None
+        if rec.precision is None and (gpu is not None or rec.device_type != "cuda"):  # litgpt's pick on this device
+            rec.precision = training_precision(None, gpu.bf16 if gpu else True)
         if rec.tok_s_real:
             real_per_dev = rec.tok_s_real / rec.device_count
             rec.achieved_tflops_per_device = fpt.total * real_per_dev / 1e12
-            gpu = hardware.identify(rec.device_name) if rec.device_type == "cuda" else None
             matmul = next((r.float32_matmul_precision for r in rec.ranks if r.float32_matmul_precision), None)
             peak = gpu.peak_flops(rec.precision or "32-true", matmul) if gpu else None
             if peak:

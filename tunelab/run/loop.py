@@ -26,7 +26,7 @@ import torch.distributed as dist
 from tunelab import checkpoints, files, parallel, settings
 from tunelab.recipes import resolve
 from tunelab.run import batching, fused, handoff, outputs, rank_stats
-from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, load_strategy
+from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.units import GB
 from tunelab.validate import parse
 
@@ -529,11 +529,17 @@ class _Loop:
 
     def __init__(self, args: dict, method: str, strategy: StrategyConfig):
         from litgpt.tokenizer import Tokenizer
+        from litgpt.utils import get_default_supported_precision
 
         self.rank, self.world, self.device = _setup_device()
         strategy = _fused_kernels(strategy, self.device, self.rank)
         self.args, self.method, self.strategy = args, method, strategy
-        self.precision = args.get("precision") or "bf16-true"
+        self.precision = args.get("precision") or get_default_supported_precision(training=True)  # as litgpt picks
+        if self.precision == "16-mixed":  # litgpt's pick on a GPU without bfloat16 (a set 16-mixed is refused before)
+            raise StrategyError(
+                "precision: not set, and litgpt's pick on this GPU (no bfloat16) is 16-mixed, which needs a gradient "
+                "scaler tunelab's loop does not have; fix: --precision 32-true, or no strategy file"
+            )
         self.train = args["train"]
         self.eval_args = _eval_args(args)
         self.out_dir = Path(args["out_dir"])
