@@ -189,6 +189,10 @@ def test_a_plan_where_not_one_sample_fits_says_what_would_shrink_it():
     assert "not even micro batch 1 fits: --activation" in next(ln for ln in out.splitlines() if "verdict:" in ln)
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--gpu", "T4", "--precision", "16-true")
     assert "largest micro batch that fits: 5" in out.splitlines()[1], out
+    # checkpointing only where the activations are what does not fit; a 32-bit run is told of bf16-true
+    code, out, _ = tunelab_here("plan", "open-llama-7b/full", "--gpu", "A100-80GB", "--precision", "32-true")
+    said = "fits: --precision bf16-true (half the bytes of weights and states), more devices under a sharding"
+    assert said in out.splitlines()[1], out
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,13 @@ def largest_micro_batch(planned: PlannedRecipe) -> str:
     shrinks the peak."""
     if planned.plan.max_micro_batch_size:
         return f"largest micro batch that fits: {planned.plan.max_micro_batch_size}"
-    case = planned.input
-    fixes = ["--activation-checkpointing (block inputs only)"] * (not case.activation_checkpointing)
+    case, plan = planned.input, planned.plan
+    need = plan.predicted_reserved_bytes + plan.cuda_context_bytes
+    kept = plan.breakdown_bytes.get("activations", 0)  # what checkpointing shrinks to the block inputs
+    fixes = ["--activation-checkpointing (block inputs only)"] * (
+        not case.activation_checkpointing and need - kept < plan.gpu_memory_bytes
+    )
+    fixes += ["--precision bf16-true (half the bytes of weights and states)"] * str(case.precision).startswith("32")
     fixes += ["more devices under a sharding --strategy"] * (not case.quantize)  # QLoRA trains on one device
     return f"not even micro batch 1 fits: {', '.join([*fixes, 'a GPU with more memory'])}"
 
