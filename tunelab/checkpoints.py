@@ -12,6 +12,9 @@ import contextlib
 import functools
 import json
 import pickle
+import re
+import shutil
+import sys
 import time
 import zipfile
 from dataclasses import asdict
@@ -21,6 +24,8 @@ from typing import TYPE_CHECKING
 from tunelab import files
 from tunelab.data import alpaca as data_mod
 from tunelab.data import benchmark
+from tunelab.errors import InputError
+from tunelab.models import count_params
 from tunelab.paths import DATASET, cache_dir
 
 if TYPE_CHECKING:  # torch is imported where a weight file is read or a model built: a refusal never waits for it
@@ -171,11 +176,50 @@ def build(
     out_dir = Path(out_dir) if out_dir is not None else default_dir(name)
     if is_complete(out_dir) and not force:
         return out_dir
+    weight_bytes = _room_for(name, config, out_dir, dtype)
+    if name not in EMBEDDED:  # minutes for a 7B on a CPU: say what is coming
+        print(
+            f"tunelab: building {name}: {weight_bytes / 1e9:.1f} GB of random weights into {out_dir}", file=sys.stderr
+        )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(out_dir):  # two sweeps (or test workers) needing the same model build it once
         if is_complete(out_dir) and not force:
             return out_dir
         return _build(name, config, out_dir, dataset=dataset, seed=seed, dtype=dtype, device=device)
+
+
+def _room_for(name: str, config, out_dir: Path, dtype) -> int:
+    """The bytes of ``name``'s weights as :func:`build` writes them (``dtype``: None for its default); InputError,
+    before anything is written, where the disk under ``out_dir`` or this machine's available memory (every weight
+    passes through it on the way to ``torch.save``) has not that much room, with 5% to spare."""
+    import torch
+
+    dtype = dtype or (torch.float32 if name in EMBEDDED else torch.bfloat16)
+    need = count_params(config)[0] * dtype.itemsize
+    where = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    free = shutil.disk_usage(where).free
+    if free < need * 1.05:
+        raise InputError(
+            f"{out_dir}: {name}'s weights take {need / 1e9:.1f} GB ({str(dtype).replace('torch.', '')}) and "
+            f"{free / 1e9:.1f} GB is free there; fix: --out on a disk with room"
+        )
+    available = _memory_available()
+    if available is not None and available < need * 1.05:
+        raise InputError(
+            f"{name}: its weights take {need / 1e9:.1f} GB of memory on their way to disk and {available / 1e9:.1f} "
+            "GB is available here; fix: build it on a machine with more memory"
+        )
+    return need
+
+
+def _memory_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (Linux), else None."""
+    try:
+        text = files.read_text(Path("/proc/meminfo"), 1 << 16)
+    except (OSError, files.FileRefused):
+        return None
+    found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) * 1024 if found else None
 
 
 @contextlib.contextmanager
@@ -211,7 +255,11 @@ def _build(name: str, config, out_dir: Path, *, dataset: Path, seed: int, dtype,
     t0 = time.perf_counter()
     model = construct(GPT, config, device, dtype)
     tmp = out_dir / "lit_model.pth.tmp"
-    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
+    try:
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # CPU tensors load anywhere
+    except BaseException:  # a full disk, an interrupt: no partial weight file left to hold the space
+        tmp.unlink(missing_ok=True)
+        raise
     save_config(config, out_dir)
     files.write_text_atomic(
         out_dir / "tunelab_build.json",

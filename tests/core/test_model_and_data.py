@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from pathlib import Path
 
+import pytest
 import torch
 
 from tunelab import checkpoints
@@ -72,3 +75,35 @@ def test_unknown_model_name_is_refused():
 
     with pytest.raises(ValueError, match="unknown model 'open_llama_8b'"):
         checkpoints.model_config("open_llama_8b")
+
+
+def test_a_build_without_room_is_refused_before_writing_and_a_failed_save_leaves_nothing(tmp_path, monkeypatch):
+    """`build-model open_llama_13b` wrote 26 GB of bf16 weights with no word and no check: on a full disk it left a
+    partial lit_model.pth.tmp holding the space, and on this 24 GB machine it is killed for memory while building.
+    Now the disk and the available memory are checked against the weights' bytes before anything is written (a
+    real architecture says what it writes), and a save that fails removes its partial file."""
+    from tunelab.errors import InputError
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: usage._replace(free=100_000))
+    with pytest.raises(InputError, match=r"weights take 0\.0 GB \(float32\) and 0\.0 GB is free there; fix: --out"):
+        checkpoints.build("tiny", tmp_path / "full")
+    assert not (tmp_path / "full").exists()
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: usage)
+    monkeypatch.setattr(checkpoints, "_memory_available", lambda: 1_000)
+    with pytest.raises(InputError, match=r"tiny: its weights take 0\.0 GB of memory .* fix: build it on a machine"):
+        checkpoints.build("tiny", tmp_path / "small")
+    monkeypatch.setattr(checkpoints, "_memory_available", lambda: None)  # unknown: not refused
+    # a real architecture's weights in bfloat16 by default: OpenLLaMA 7B's 6.74 B parameters are 13.5 GB
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: usage._replace(free=10**15))
+    seven = checkpoints._room_for("open_llama_7b", checkpoints.model_config("open_llama_7b"), tmp_path, None)
+    assert seven == pytest.approx(2 * 6.74e9, rel=0.01)
+
+    def full_disk(obj, path):
+        Path(path).write_bytes(b"partial")
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.build("tiny", tmp_path / "disk")
+    assert not list((tmp_path / "disk").glob("lit_model.pth*")) and not checkpoints.is_complete(tmp_path / "disk")
