@@ -135,6 +135,20 @@ def test_plan_refuses_under_a_strategy_file_what_run_refuses():
     assert err.startswith("not planned: ddp at 16-mixed, ") and "gradient scaler" in err, err
 
 
+def test_validate_checks_a_recipe_under_a_strategy_file_as_run_would():
+    """`validate --strategy` was read as a litgpt override ("strategy: litgpt finetune_lora has no such argument");
+    it now checks each recipe under the file as `run --strategy` does, one line each with the file and the strategy,
+    and an unknown strategy is one line before any recipe is read."""
+    code, out, _ = tunelab_here("validate", "tiny-llama-1.1b/qlora", "tiny-llama-1.1b/lora", "--strategy", "ddp")
+    lines = out.splitlines()
+    assert code == 1 and lines[0].startswith("recipes/tiny-llama-1.1b/qlora.yaml: --strategy ddp: quantize=bnb.nf4")
+    assert lines[1:] == ["ok  tiny-llama-1.1b/lora  (finetune_lora)", "1 of 2 recipes valid"], lines
+    code, out, _ = tunelab_here("validate", "tiny-llama-1.1b/lora", "--strategy", "fast", "--devices", 2)
+    assert code == 1 and "--strategy fast: name: single runs one device, not 2" in out and "fix:" in out, out
+    code, out, err = tunelab_here("validate", "tiny-llama-1.1b/lora", "--strategy", "nope")
+    assert code == 2 and not out and len(err.splitlines()) == 1 and "no strategy 'nope'" in err, (out, err)
+
+
 def test_an_override_litgpt_has_no_argument_for_is_refused_by_plan():
     """plan read overrides with its own fast resolver, which set any key: a misspelt `--train.micro_batchsize 8`
     planned the recipe's micro batch 16 without a word, `--nodes 2` was kept as a key nobody reads. Now one line,

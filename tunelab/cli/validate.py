@@ -21,14 +21,27 @@ def add_parser(sub) -> None:
     s.add_argument("recipes", nargs="*", help="recipe keys or YAML paths (default: every recipe)")
     s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (e.g. V100-32GB) to check hardware rules")
     s.add_argument("--device", choices=["cpu", "cuda"], help="the target device kind, for the CPU-only rules")
+    s.add_argument(
+        "--strategy",
+        metavar="NAME",
+        help="also check each recipe under a configs/strategies file, as `tunelab run --strategy` would (its device "
+        "count, QLoRA, 16-mixed, Liger's limits)",
+    )
     s.set_defaults(func=handle, passthrough=True)
 
 
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
+    from tunelab.cli.common import fail
+    from tunelab.paths import display_path
     from tunelab.recipes import RecipeError, discover, resolve
+    from tunelab.strategies import StrategyError, load_strategy
     from tunelab.validate import check
 
+    try:
+        strategy = load_strategy(args.strategy) if args.strategy is not None else None
+    except StrategyError as e:
+        return fail(f"--strategy {args.strategy}: {e}")
     refs = args.recipes or [str(r.path) for r in discover()]
     failed = 0
     for ref in refs:
@@ -41,6 +54,13 @@ def handle(args, extra) -> int:
         result = check(recipe, extra, gpu=args.gpu, device=args.device)
         for p in result.problems:
             print(p)
+        if result.ok and strategy is not None:
+            try:
+                strategy.check(recipe.method, result.resolved, args.device)
+            except StrategyError as e:  # what run refuses under the file, before anything is built
+                print(f"{display_path(recipe.path)}: --strategy {args.strategy}: {e}")
+                failed += 1
+                continue
         if result.ok:
             print(f"ok  {recipe.key}  ({recipe.command})")
         else:
