@@ -111,3 +111,20 @@ def test_settings_litgpt_refuses_are_refused_before_any_probe(tmp_path):
     with pytest.raises(tune_study.StudyError) as e:
         tune_study.check(tune_study.load(_write(tmp_path, study)), None)
     assert "study tiny-fsdp: set:" in str(e.value) and "trian.micro_batch_size" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda s: s.update(recipe="tiny-llama-1.1b/qlora"), "strategy fsdp: quantize=bnb.nf4 under fsdp"),
+        (lambda s: s["set"].update(precision="16-mixed"), "strategy fsdp: precision: 16-mixed needs a gradient"),
+    ],
+)
+def test_a_study_its_strategy_refuses_is_refused_before_anything_is_written(tmp_path, change, said):
+    """A QLoRA or 16-mixed study under a strategy file passed the check and ended at its first probe, naming a
+    strategy file the study had written (stout/q/.../strategy-ac-off-prefetch-none.yaml); now one line first."""
+    study = json.loads(json.dumps(STUDY))
+    change(study["studies"][0])
+    with pytest.raises(tune_study.StudyError) as e:
+        tune_study.check(tune_study.load(_write(tmp_path, study)), None)
+    assert "study tiny-fsdp: " + said in str(e.value) and "fix:" in str(e.value) and "\n" not in str(e.value)

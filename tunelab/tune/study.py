@@ -23,7 +23,7 @@ from tunelab.files import read_json, write_json_atomic
 from tunelab.paths import ROOT, SAFE_NAME
 from tunelab.recipes import resolve
 from tunelab.run.runner import RunOptions
-from tunelab.strategies import load_strategy
+from tunelab.strategies import StrategyError, load_strategy
 from tunelab.tune.batch import PREFETCH, Probes, planned_start, probe_problems, strategy_variant, tune, variant_name
 from tunelab.units import GB
 
@@ -284,9 +284,13 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
             raise StudyError(f"{where}: {e}") from None
         extra = study_overrides(s)
         try:
-            world = settings.resolve(resolve(s.recipe), extra).world_size
+            resolved = settings.resolve(resolve(s.recipe), extra)
+            strategy.check(resolved.method, resolved.args)  # what its probes' loop refuses (QLoRA, 16-mixed, ...)
+        except StrategyError as e:
+            raise StudyError(f"{where}: strategy {s.strategy}: {e}") from None
         except InputError as e:  # a key of its `set` litgpt has no argument for
             raise StudyError(f"{where}: set: {e}") from None
+        world = resolved.world_size
         problems = probe_problems(resolve(s.recipe), extra, world, s.steps, strategy=True)
         if problems:
             raise StudyError(f"{where}: set: {'; '.join(problems)}")
