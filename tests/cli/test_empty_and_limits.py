@@ -258,3 +258,11 @@ def test_a_validation_share_outside_0_to_1_is_refused_by_plan_and_validate(fract
             out,
             err,
         )
+
+
+def test_bench_refuses_what_its_fast_arm_would_refuse_before_either_arm_trains(tmp_path):
+    """`bench tiny-llama-1.1b/qlora` trained litgpt's arm first and then saw the fast arm refused (QLoRA under a
+    strategy file); now one line, nothing written."""
+    code, out, err = tunelab_here("bench", "tiny-llama-1.1b/qlora", "--out", tmp_path / "b")
+    assert code == 2 and not out and len(err.splitlines()) == 1, (out, err)
+    assert "--strategy fast: quantize=bnb.nf4 under single" in err and not (tmp_path / "b").exists()

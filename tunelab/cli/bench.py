@@ -56,16 +56,22 @@ def handle(args, extra) -> int:
     from tunelab.recipes import RecipeError, resolve
     from tunelab.report import bench as bench_report
     from tunelab.run.runner import RunOptions
-    from tunelab.strategies import load_strategy
+    from tunelab.settings import resolve as resolve_settings
+    from tunelab.strategies import StrategyError, load_strategy
     from tunelab.tune import bench
 
     try:
         recipe = resolve(args.recipe)
         model = model_choice(args)
         gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
-        load_strategy(args.strategy)
+        strategy = load_strategy(args.strategy)
+        args_resolved = resolve_settings(recipe, extra).args
     except (RecipeError, ValueError) as e:
         return fail(str(e))
+    try:
+        strategy.check(recipe.method, args_resolved)  # what the fast arm's run would refuse, before litgpt's trains
+    except StrategyError as e:
+        return fail(f"--strategy {args.strategy}: {e}")
     out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
     from tunelab.files import Busy, exclusive_lock
 
