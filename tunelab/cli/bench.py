@@ -49,29 +49,37 @@ def add_parser(sub) -> None:
     s.set_defaults(func=handle, passthrough=True)
 
 
-def handle(args, extra) -> int:
-    """Run the subcommand; the exit code."""
+def _asked(args, extra) -> tuple:
+    """(the recipe, the model source, the GPU row or None) asked for; ValueError (one line) for what the arms
+    would refuse, before either trains."""
     from tunelab import hardware
-    from tunelab.paths import output_root
-    from tunelab.recipes import RecipeError, resolve
-    from tunelab.report import bench as bench_report
-    from tunelab.run.runner import RunOptions
+    from tunelab.recipes import resolve
     from tunelab.settings import resolve as resolve_settings
     from tunelab.strategies import StrategyError, load_strategy
+
+    recipe = resolve(args.recipe)
+    model = model_choice(args)
+    gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
+    strategy = load_strategy(args.strategy)
+    try:
+        strategy.check(recipe.method, resolve_settings(recipe, extra).args)  # what the fast arm's run would refuse
+    except StrategyError as e:
+        raise ValueError(f"--strategy {args.strategy}: {e}") from None
+    return recipe, model, gpu
+
+
+def handle(args, extra) -> int:
+    """Run the subcommand; the exit code."""
+    from tunelab.paths import output_root
+    from tunelab.recipes import RecipeError
+    from tunelab.report import bench as bench_report
+    from tunelab.run.runner import RunOptions
     from tunelab.tune import bench
 
     try:
-        recipe = resolve(args.recipe)
-        model = model_choice(args)
-        gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
-        strategy = load_strategy(args.strategy)
-        args_resolved = resolve_settings(recipe, extra).args
+        recipe, model, gpu = _asked(args, extra)
     except (RecipeError, ValueError) as e:
         return fail(str(e))
-    try:
-        strategy.check(recipe.method, args_resolved)  # what the fast arm's run would refuse, before litgpt's trains
-    except StrategyError as e:
-        return fail(f"--strategy {args.strategy}: {e}")
     out = args.out or (output_root() / "runs" / "bench" / recipe.slug())
     from tunelab.files import Busy, exclusive_lock
 
