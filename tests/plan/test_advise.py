@@ -139,6 +139,7 @@ def test_qlora_on_a_gpu_without_bfloat16_is_tried_at_16_true():
     work = advise.workload_from_tokens(5e6)
     text = advise.render([], [], [t4], {}, 3, work)
     assert "no configuration asked applies" in text and "- by method" not in text and "nothing fits" not in text
+    assert "why the others lost" not in text  # no one lost: the header stood over nothing
 
 
 def test_strategy_files_tunelab_s_loop_refuses_are_not_advised_and_the_answer_says_so():

@@ -542,7 +542,8 @@ def render(
             lines.append("")
         else:
             lines += ["nothing fits within the limits given" if planned else "no configuration asked applies", ""]
-        lines += [f"why the others lost on {gpu.name}:", *_why_lost(planned, mine, gpu, limits), ""]
+        if planned:  # nothing planned: no one lost (the line above, and any 'not planned' line, say why)
+            lines += [f"why the others lost on {gpu.name}:", *_why_lost(planned, mine, gpu, limits), ""]
     if any("offload" in c.strategy for c in ranked):
         lines += [
             "offload: the time counts the host-link traffic, not the optimizer step on the CPU (no measurement to "
