@@ -266,3 +266,11 @@ def test_bench_refuses_what_its_fast_arm_would_refuse_before_either_arm_trains(t
     code, out, err = tunelab_here("bench", "tiny-llama-1.1b/qlora", "--out", tmp_path / "b")
     assert code == 2 and not out and len(err.splitlines()) == 1, (out, err)
     assert "--strategy fast: quantize=bnb.nf4 under single" in err and not (tmp_path / "b").exists()
+
+
+def test_a_sweep_archive_named_other_than_tgz_is_refused_before_any_row(tmp_path):
+    """`sweep --archive out.zip` wrote a gzipped tar under a .zip name; now refused before any row runs."""
+    argv = ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", tmp_path / "runs"]
+    code, out, err = tunelab_here(*argv, "--archive", tmp_path / "out.zip")
+    assert code == 2 and len(err.splitlines()) == 1 and "does not end in .tgz or .tar.gz" in err, (out, err)
+    assert not (tmp_path / "out.zip").exists() and not list(tmp_path.glob("runs/*/record.json"))

@@ -85,6 +85,8 @@ def handle(args, extra) -> int:
         return fail(f"--out {args.out}: is a file; fix: give a directory for the sweep's records")
     if args.archive is not None:  # found now, not after the first row has run
         why = unwritable(args.archive)
+        if not why and not str(args.archive).endswith((".tgz", ".tar.gz")):
+            why = "its name does not end in .tgz or .tar.gz, and what is written is a gzipped tar"
         if why:
             return fail(f"--archive {args.archive}: {why}; fix: give a .tgz path in a writable directory")
     try:
