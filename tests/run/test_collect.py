@@ -17,8 +17,8 @@ from tunelab.settings import resolve
 )
 def test_a_run_without_a_precision_is_recorded_and_measured_at_litgpts_pick(device, name, picked):
     """A recipe without a precision trains at what litgpt picks on the device (bf16-mixed, 16-mixed on a GPU
-    without bfloat16); the record said None and its MFU was taken against the GPU's float32 peak (15x the bf16
-    MFU on an H100). Now the record holds litgpt's pick and the MFU its peak."""
+    without bfloat16); the record said None and its MFU was taken against the GPU's float32 peak (on an H100 2x
+    the bf16 MFU under TF32, 15x without). Now the record holds litgpt's pick and the MFU its peak."""
     settings = resolve(recipe("tiny-llama-1.1b/lora"), ["--precision", "null"])
     assert settings.precision is None
     rec = RunRecord(
