@@ -274,3 +274,19 @@ def test_a_sweep_archive_named_other_than_tgz_is_refused_before_any_row(tmp_path
     code, out, err = tunelab_here(*argv, "--archive", tmp_path / "out.zip")
     assert code == 2 and len(err.splitlines()) == 1 and "does not end in .tgz or .tar.gz" in err, (out, err)
     assert not (tmp_path / "out.zip").exists() and not list(tmp_path.glob("runs/*/record.json"))
+
+
+def test_a_recipe_with_devices_auto_is_told_to_name_a_count_and_advised_at_the_counts_advise_tries(tmp_path):
+    """`devices: auto` (litgpt: every GPU it finds) read "'auto' must be a positive integer; fix: set --devices to 1
+    or more" in plan, and advise refused the recipe the same way although it tries its own device counts."""
+    import yaml
+
+    from tunelab.paths import RECIPES_DIR
+
+    config = yaml.safe_load((RECIPES_DIR / "tiny-llama-1.1b" / "lora.yaml").read_text())
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump({**config, "devices": "auto"}))
+    code, out, err = tunelab_here("plan", path)
+    assert code == 2 and not out and "devices: 'auto' takes every GPU litgpt finds" in err and "fix:" in err, err
+    code, out, err = tunelab_here("advise", path, "--gpus", "H100-SXM", "--max-devices", 2, "--json")
+    assert code == 0 and {c["world"] for c in json.loads(out)} == {1, 2}, err

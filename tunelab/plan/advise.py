@@ -331,7 +331,8 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
     """Every device count, strategy, activation checkpointing and micro batch of one recipe at one precision on
     one GPU row, planned."""
     gpu = on.gpu
-    base = plan_settings(from_args(recipe, {**resolve_args(recipe, []), "precision": prec}), gpu=gpu)
+    args = {**resolve_args(recipe, []), "precision": prec, "devices": 1, "num_nodes": 1}  # the counts: tried below
+    base = plan_settings(from_args(recipe, args), gpu=gpu)
     settings, base_case, work = base.settings, base.input, ask.work
     if ask.global_batch == "keep" and settings.global_batch_size > work.samples:  # not one optimizer step
         smallest = settings.global_batch_size * LAB_PADDED_TOKENS_PER_SAMPLE

@@ -66,6 +66,8 @@ def check_ranges(settings: Settings) -> None:
     ):
         if value is None and key not in ("train.micro_batch_size", "train.global_batch_size"):
             continue  # a default applies; the batch sizes have none (an empty value, `--train.micro_batch_size ''`)
+        if key == "devices" and value in ("auto", -1):  # litgpt's every visible GPU: a count the plan cannot know
+            raise ValueError(f"devices: {value!r} takes every GPU litgpt finds, unknown here; fix: --devices N")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer; fix: set --{key} to 1 or more")
     if settings.precision is not None and settings.precision not in PRECISIONS:
