@@ -290,3 +290,18 @@ def test_a_recipe_with_devices_auto_is_told_to_name_a_count_and_advised_at_the_c
     assert code == 2 and not out and "devices: 'auto' takes every GPU litgpt finds" in err and "fix:" in err, err
     code, out, err = tunelab_here("advise", path, "--gpus", "H100-SXM", "--max-devices", 2, "--json")
     assert code == 0 and {c["world"] for c in json.loads(out)} == {1, 2}, err
+
+
+def test_a_global_batch_litgpt_floors_is_said_in_the_plan():
+    """A global batch of 30 at micro 8 on one device: litgpt floors the accumulation to 3 (24 samples a step),
+    validate refuses it; plan planned it without a word."""
+    code, out, err = tunelab_here(
+        "plan", "tiny-llama-1.1b/full", "--train.global_batch_size", 30, "--train.micro_batch_size", 8, "--json"
+    )
+    notes = [n for n in json.loads(out)["notes"] if "floors the accumulation" in n]
+    assert code == 0 and notes == [
+        "train.global_batch_size 30 is not micro batch x devices x accumulation: litgpt floors the accumulation "
+        "to 3, 24 samples a step (validate refuses it)"
+    ], err
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--json")  # 16 = 16 x 1 x 1: nothing said
+    assert not [n for n in json.loads(out)["notes"] if "floors" in n]

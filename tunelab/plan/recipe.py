@@ -227,6 +227,11 @@ def plan_settings(
     plan = memory.predict(case)
     if strategy_config is not None and strategy_config.fast:
         plan.notes.append(fast_note(strategy_config.fast))
+    if (step := settings.accumulation * settings.micro_batch_size * settings.world_size) < settings.global_batch_size:
+        plan.notes.append(
+            f"train.global_batch_size {settings.global_batch_size} is not micro batch x devices x accumulation: "
+            f"litgpt floors the accumulation to {settings.accumulation}, {step} samples a step (validate refuses it)"
+        )
     if gpu is not None:
         memory.verdict(plan, gpu)
         plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
