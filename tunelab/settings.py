@@ -40,6 +40,32 @@ def training_precision(precision: str | None, bf16: bool = True) -> str:
     return precision or ("bf16-mixed" if bf16 else "16-mixed")
 
 
+def quantization_problems(quantize: str | None, world: int, precision: str | None) -> list[tuple[str, str, str]]:
+    """(key, what, fix) for each thing litgpt refuses of a quantized (QLoRA) run, as ``validate`` and ``plan`` say it:
+    several devices (Lightning's BitsandbytesPrecision is single-device), a mixed precision (a precision left unset
+    is litgpt's mixed pick). Empty without ``quantize``."""
+    out = []
+    if quantize and world > 1:
+        out.append(
+            (
+                "quantize",
+                f"{quantize} on {world} devices: litgpt's quantized training (QLoRA, through Lightning's "
+                "BitsandbytesPrecision) is single-device",
+                "--devices 1 and --num_nodes 1, or a LoRA recipe (LoRA shards over GPUs)",
+            )
+        )
+    if quantize and "mixed" in training_precision(precision):
+        given = precision or "not set (litgpt then picks bf16-mixed, 16-mixed without bfloat16)"
+        out.append(
+            (
+                "precision",
+                f"{given} with quantize {quantize}: litgpt refuses quantization under mixed precision",
+                "--precision bf16-true (16-true on a GPU without bfloat16)",
+            )
+        )
+    return out
+
+
 def val_split_problem(fraction) -> str | None:
     """Why litgpt cannot hold ``fraction`` of the data out for validation (its data modules split with torch's
     ``random_split``, which refuses a share outside 0-1; a share of 1 leaves nothing to train on), else None."""

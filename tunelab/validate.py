@@ -26,7 +26,7 @@ from tunelab.files import FileRefused, read_bytes
 from tunelab.models import load_config
 from tunelab.paths import display_path, project_path
 from tunelab.recipes import Recipe
-from tunelab.settings import accumulation, data_size, training_precision, val_split_problem, world_size
+from tunelab.settings import accumulation, data_size, quantization_problems, val_split_problem, world_size
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
 """Precision strings accepted here: Lightning's full names (its short aliases hide what they mean)."""
@@ -579,19 +579,8 @@ def _quantization_rules(c: _Context, a: dict, bad) -> None:
     if c.quantize:
         if c.command not in QUANTIZE_METHODS:
             bad("quantize", "quantize is only for LoRA/adapter methods", "remove quantize or use a lora recipe")
-        if c.world > 1:
-            bad(
-                "quantize",
-                f"{c.quantize} with devices x num_nodes = {c.world}: litgpt quantized training is single-device",
-                "set devices: 1 and num_nodes: 1, or drop quantize (LoRA shards over GPUs)",
-            )
-        if not training_precision(c.precision).endswith("-true"):
-            given = c.precision or "not set (litgpt then picks bf16-mixed, 16-mixed without bfloat16)"
-            bad(
-                "precision",
-                f"{given} with quantize {c.quantize}: litgpt refuses quantization with mixed precision",
-                "use bf16-true (or 16-true on GPUs without bf16)",
-            )
+        for key, what, fix in quantization_problems(c.quantize, c.world, c.precision):
+            bad(key, what, fix)
         if "AdamW" not in _optimizer_name(a.get("optimizer")):
             bad(
                 "optimizer",

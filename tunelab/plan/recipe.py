@@ -19,7 +19,7 @@ from tunelab.plan.model.fast_step import FAST_MODEL_ERROR
 from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
-from tunelab.settings import Settings, data_size, resolve, training_precision, val_split_problem
+from tunelab.settings import Settings, data_size, quantization_problems, resolve, training_precision, val_split_problem
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import PRECISIONS
 
@@ -249,18 +249,8 @@ def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strat
     if strategy is not None:
         strategy.check_world(settings.world_size, source, per_node=settings.devices)
     check_feeds(settings, litgpt=strategy is None)
-    if settings.args.get("quantize") and settings.world_size > 1:
-        raise ValueError(
-            f"quantize: {settings.args['quantize']} on {settings.world_size} devices: litgpt's quantized training "
-            "(QLoRA, through Lightning's BitsandbytesPrecision) runs on one device; fix: --devices 1, or a LoRA "
-            "recipe (LoRA shards over GPUs)"
-        )
-    if settings.args.get("quantize") and "mixed" in training_precision(settings.precision):  # litgpt refuses it
-        given = settings.precision or "not set (litgpt then picks bf16-mixed, 16-mixed without bfloat16)"
-        raise ValueError(
-            f"precision: {given} with quantize {settings.args['quantize']}: litgpt refuses quantization "
-            "under mixed precision; fix: --precision bf16-true (16-true on a GPU without bfloat16)"
-        )
+    for key, what, fix in quantization_problems(settings.args.get("quantize"), settings.world_size, settings.precision):
+        raise ValueError(f"{key}: {what}; fix: {fix}")  # as validate says it, before planning
     if strategy is not None:
         try:
             strategy.check(settings.method, settings.args, device="cuda")
