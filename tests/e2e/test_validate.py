@@ -30,6 +30,6 @@ def test_cli_exit_codes_and_one_line_per_problem():
     )
     assert bad.returncode == 1
     lines = bad.stdout.splitlines()
-    assert "recipes/open-llama-7b/qlora.yaml: quantize: bnb.nf4 with devices x num_nodes = 2" in bad.stdout
+    assert "recipes/open-llama-7b/qlora.yaml: quantize: bnb.nf4 on 2 devices: " in bad.stdout
     assert sum(ln.startswith("recipes/tiny-llama-1.1b/lora.yaml: train.lr_warmup_steps:") for ln in lines) == 1
     assert lines[-1] == "0 of 2 recipes valid"
