@@ -404,9 +404,13 @@ def fit_compiled_host(items: list[dict]) -> float:
     """The host seconds per compiled kernel minimising the squared relative error over the fast path's H100 bench
     runs at the bench's own micro batch (a grid of 1 us; the probes at large micro batches are GPU-bound and hold no
     information on it; the LoRA runs stay out of sample)."""
-    fitted = [i for i in items if _fitted(i)]
-    grid = [n * 1e-6 for n in range(5, 200)]
-    return min(grid, key=lambda h: sum((bench_step(i, h)[0] / i["measured_s"] - 1) ** 2 for i in fitted))
+    return _least_squares([i for i in items if _fitted(i)], [n * 1e-6 for n in range(5, 200)], "compiled_host_s")
+
+
+def _least_squares(fitted: list[dict], grid: list[float], constant: str) -> float:
+    """The value of the fast path's ``constant`` (a keyword of :func:`bench_step`) on ``grid`` minimising the
+    squared relative error of the predicted step over the ``fitted`` bench runs."""
+    return min(grid, key=lambda v: sum((bench_step(i, **{constant: v})[0] / i["measured_s"] - 1) ** 2 for i in fitted))
 
 
 def _probe(item: dict) -> bool:
@@ -419,11 +423,7 @@ def fit_compiled_memory(items: list[dict]) -> float:
     """The share of the memory rate the fast path's compiled and Liger kernels reach over the bytes the traced
     graphs read and write once, minimising the squared relative error over its one-micro-batch probes (GPU-bound;
     a grid of 0.01). The micro-8 runs are host-bound (no information on it); every other run stays out of sample."""
-    fitted = [i for i in items if _probe(i)]
-    grid = [n / 100 for n in range(20, 101)]
-    return min(
-        grid, key=lambda m: sum((bench_step(i, memory_efficiency=m)[0] / i["measured_s"] - 1) ** 2 for i in fitted)
-    )
+    return _least_squares([i for i in items if _probe(i)], [n / 100 for n in range(20, 101)], "memory_efficiency")
 
 
 def fast_errors(rows: list[dict]) -> dict:

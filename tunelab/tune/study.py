@@ -271,7 +271,7 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
     for s in chosen:
         where = f"{sf.path}: study {s.id}"
         try:
-            resolve(s.recipe)
+            recipe = resolve(s.recipe)
             strategy = load_strategy(s.strategy)
             if s.gpu:
                 hardware.lookup(s.gpu)
@@ -284,14 +284,14 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
             raise StudyError(f"{where}: {e}") from None
         extra = study_overrides(s)
         try:
-            resolved = settings.resolve(resolve(s.recipe), extra)
+            resolved = settings.resolve(recipe, extra)
             strategy.check(resolved.method, resolved.args)  # what its probes' loop refuses (QLoRA, 16-mixed, ...)
         except StrategyError as e:
             raise StudyError(f"{where}: strategy {s.strategy}: {e}") from None
         except InputError as e:  # a key of its `set` litgpt has no argument for
             raise StudyError(f"{where}: set: {e}") from None
         world = resolved.world_size
-        problems = probe_problems(resolve(s.recipe), extra, world, s.steps, strategy=True)
+        problems = probe_problems(recipe, extra, world, s.steps, strategy=True)
         if problems:
             raise StudyError(f"{where}: set: {'; '.join(problems)}")
         if any(st.backward_prefetch for st in s.settings) and not strategy.kind.prefetches:
