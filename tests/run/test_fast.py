@@ -255,3 +255,23 @@ def test_the_final_validation_runs_over_the_whole_validation_set(tmp_path):
     )
     loop._Loop.finish(run, 1.0, 3)
     assert asked == [5] and saved == ["final"]
+
+
+def test_the_loop_trains_at_litgpts_precision_where_the_recipe_sets_none(monkeypatch):
+    """A recipe without a precision: tunelab's loop trains at what litgpt picks on the device (bf16-mixed on a CPU
+    or a GPU with bfloat16; a GPU without it gets 16-mixed, which the loop refuses in one line), and a set
+    precision is kept as set."""
+    import torch
+
+    from tunelab.run import loop
+    from tunelab.strategies import StrategyError
+
+    assert loop.loop_precision({"precision": None}) == "bf16-mixed"  # this CPU
+    assert loop.loop_precision({"precision": "32-true"}) == "32-true"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert loop.loop_precision({}) == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    with pytest.raises(StrategyError, match="16-mixed.*fix: --precision 32-true"):
+        loop.loop_precision({"precision": None})
+    assert loop.loop_precision({"precision": "16-true"}) == "16-true"

@@ -523,23 +523,32 @@ def _eval_args(args: dict):
     return EvalArgs(**(args.get("eval") or {}))
 
 
+def loop_precision(args: dict) -> str:
+    """The recipe's precision, or where it sets none the one litgpt picks on this device (bf16-mixed, 16-mixed
+    without bfloat16); 16-mixed is refused: it needs a gradient scaler tunelab's loop does not have (a set 16-mixed
+    is refused before launch)."""
+    from litgpt.utils import get_default_supported_precision
+
+    precision = args.get("precision") or get_default_supported_precision(training=True)
+    if precision == "16-mixed":
+        raise StrategyError(
+            "precision: not set, and litgpt's pick on this GPU (no bfloat16) is 16-mixed, which needs a gradient "
+            "scaler tunelab's loop does not have; fix: --precision 32-true, or no strategy file"
+        )
+    return precision
+
+
 class _Loop:
     """One rank's training run (``fit``): the state litgpt's fit loop keeps, and the steps around the iterations
     (validation and its sample, checkpoints) that are timed apart from them."""
 
     def __init__(self, args: dict, method: str, strategy: StrategyConfig):
         from litgpt.tokenizer import Tokenizer
-        from litgpt.utils import get_default_supported_precision
 
         self.rank, self.world, self.device = _setup_device()
         strategy = _fused_kernels(strategy, self.device, self.rank)
         self.args, self.method, self.strategy = args, method, strategy
-        self.precision = args.get("precision") or get_default_supported_precision(training=True)  # as litgpt picks
-        if self.precision == "16-mixed":  # litgpt's pick on a GPU without bfloat16 (a set 16-mixed is refused before)
-            raise StrategyError(
-                "precision: not set, and litgpt's pick on this GPU (no bfloat16) is 16-mixed, which needs a gradient "
-                "scaler tunelab's loop does not have; fix: --precision 32-true, or no strategy file"
-            )
+        self.precision = loop_precision(args)
         self.train = args["train"]
         self.eval_args = _eval_args(args)
         self.out_dir = Path(args["out_dir"])
