@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 
 import yaml
@@ -72,6 +73,47 @@ def val_split_problem(fraction) -> str | None:
     if fraction is None or (not isinstance(fraction, bool) and isinstance(fraction, int | float) and 0 <= fraction < 1):
         return None
     return f"{fraction!r} is not a share of the data from 0 to below 1 (the rest trains)"
+
+
+def split_sizes(samples: int, fraction: float | None) -> tuple[int, int]:
+    """(training, validation) samples of torch's ``random_split`` into shares ``1 - fraction`` and ``fraction``, as
+    litgpt's data modules call it: each share floored, the samples left over dealt one by one from the first."""
+    sizes = [math.floor(samples * (1 - (fraction or 0))), math.floor(samples * (fraction or 0))]
+    for i in range(samples - sum(sizes)):
+        sizes[i % 2] += 1
+    return sizes[0], sizes[1]
+
+
+def training_problems(args: dict, lora: bool) -> list[tuple[str, str, str]]:
+    """(key, what, fix) for values litgpt takes and then trains nothing, or to a NaN loss, or refuses only once the
+    model is built: a sequence of one token, LoRA scaled by 0, a dropout that is no probability, a validation share
+    that holds out no sample (counted where one file is split; a folder brings its own val.json). One rule for
+    ``tunelab validate`` and ``tunelab plan``."""
+    out, train = [], args.get("train") or {}
+    seq = train.get("max_seq_length")
+    if isinstance(seq, int) and not isinstance(seq, bool) and seq < 2:
+        what = f"is {seq}: litgpt predicts each token from the ones before it, so a sample cut to {seq} token(s) has "
+        out.append(("train.max_seq_length", what + "nothing to predict (a loss of 0 or NaN)", "set it >= 2, or null"))
+    if lora and args.get("lora_alpha") == 0:
+        what = "is 0: litgpt scales the adapters by lora_alpha / lora_r: they add nothing and get no gradient"
+        out.append(("lora_alpha", what, "set lora_alpha > 0 (the recipes use 16)"))
+    dropout = args.get("lora_dropout")
+    if lora and isinstance(dropout, int | float) and not 0 <= dropout < 1:
+        what = f"is {dropout}: not a probability from 0 to below 1 (torch's Dropout refuses it once the model is built)"
+        out.append(("lora_dropout", what, "set lora_dropout from 0 to below 1 (the recipes use 0.05)"))
+    init = (args.get("data") or {}).get("init_args") or {} if isinstance(args.get("data"), dict) else {}
+    fraction, path = init.get("val_split_fraction"), init.get("json_path")
+    if (
+        isinstance(fraction, int | float)
+        and not val_split_problem(fraction)
+        and not (path and project_path(path).is_dir())
+    ):
+        samples = data_size(args)[0] if fraction else None
+        if fraction == 0 or (samples and split_sizes(samples, fraction)[1] == 0):
+            held = "0" if fraction == 0 else f"{fraction:g} of {samples:,} samples"
+            what = f"{held} holds out no validation sample: litgpt validates before training and at the end, over none"
+            out.append(("data.val_split_fraction", what + " (NaN)", "hold out at least one sample (0.05: 5%)"))
+    return out
 
 
 def accumulation(global_batch_size: int, world: int, micro_batch_size: int) -> int:

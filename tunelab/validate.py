@@ -9,6 +9,7 @@ a :class:`Problem`: one line naming the file, the key and the fix.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -26,7 +27,14 @@ from tunelab.files import FileRefused, read_bytes
 from tunelab.models import load_config
 from tunelab.paths import display_path, project_path
 from tunelab.recipes import Recipe
-from tunelab.settings import accumulation, data_size, quantization_problems, val_split_problem, world_size
+from tunelab.settings import (
+    accumulation,
+    data_size,
+    quantization_problems,
+    training_problems,
+    val_split_problem,
+    world_size,
+)
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "64-true")
 """Precision strings accepted here: Lightning's full names (its short aliases hide what they mean)."""
@@ -64,13 +72,13 @@ class Result:
 
     def blocking(self, under_strategy: bool = False, with_file: bool = True) -> list[str]:
         """The errors that stop a launch, one line each (empty: it may start). Under tunelab's own loop
-        (``under_strategy``) eval.interval is not one: that loop samples on rank 0 with the unwrapped model (no
-        collective) and skips the sample under sharding, so no rank waits on another. Without
-        ``with_file`` the lines start at the key (the caller names the file)."""
+        (``under_strategy``) eval.interval and logger_name are not: that loop keeps its own metrics log, samples on
+        rank 0 with the unwrapped model (no collective) and skips the sample under sharding, so no rank waits on
+        another. Without ``with_file`` the lines start at the key (the caller names the file)."""
         lines = [
             str(p) if with_file else f"{p.key}: {p.message}; fix: {p.fix}"
             for p in self.problems
-            if p.severity == "error" and not (under_strategy and p.key == "eval.interval")
+            if p.severity == "error" and not (under_strategy and p.key in LITGPT_LOOP_ONLY)
         ]
         return lines or (
             [] if self.resolved is not None else [f"{self.recipe.key}: litgpt could not resolve the settings"]
@@ -329,7 +337,7 @@ def semantic_problems(
 
     train, eval_ = a.get("train") or {}, a.get("eval") or {}
     precision, quantize = a.get("precision"), a.get("quantize")
-    devices_raw, nodes = a.get("devices", 1), int(a.get("num_nodes") or 1)
+    devices_raw, nodes = a.get("devices", 1), int(1 if a.get("num_nodes") is None else a["num_nodes"])
     try:
         devices = int(devices_raw)
     except (TypeError, ValueError):
@@ -510,6 +518,31 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
                 "lower train.lr_warmup_steps below train.max_steps",
                 "warning",
             )
+
+
+def _training_rules(c: _Context, a: dict, bad) -> None:
+    """Values litgpt takes and then trains nothing or NaN with (``settings.training_problems``, as plan refuses)."""
+    for key, what, fix in training_problems(a, c.command == "finetune_lora"):
+        bad(key, what, fix)
+
+
+LOGGER_PACKAGES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",)}
+"""The packages Lightning's logger behind each of litgpt's ``logger_name`` choices imports (either will do)."""
+LITGPT_LOOP_ONLY = ("eval.interval", "logger_name")
+"""Keys whose problems stop litgpt's own loop but not tunelab's (``--strategy``: it keeps its own metrics log)."""
+
+
+def _logger_rules(c: _Context, a: dict, bad) -> None:
+    """litgpt builds the logger after the model: a logger whose package is missing fails the run there. An error
+    where the run is launched (``device`` known), a warning for a recipe checked to run elsewhere."""
+    wanted = LOGGER_PACKAGES.get(str(a.get("logger_name")))
+    if wanted and not any(importlib.util.find_spec(name) for name in wanted):
+        bad(
+            "logger_name",
+            f"{a['logger_name']} needs the package {' or '.join(wanted)}, which is not installed here",
+            f"pip install {wanted[0]}, or --logger_name csv (the default)",
+            "error" if c.device else "warning",
+        )
 
 
 def _warmup_against_steps(c: _Context, warmup, max_steps, bad) -> None:
@@ -710,10 +743,12 @@ RULES = (
     _batch_rules,
     _interval_rules,
     _schedule_rules,
+    _training_rules,
     _model_rules,
     _quantization_rules,
     _lora_rules,
     _optimizer_rules,
     _data_rules,
+    _logger_rules,
 )
 """The rule groups, in the order their problems are printed."""

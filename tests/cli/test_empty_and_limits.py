@@ -260,6 +260,58 @@ def test_a_validation_share_outside_0_to_1_is_refused_by_plan_and_validate(fract
         )
 
 
+@pytest.mark.parametrize(
+    "override, key, said",
+    [
+        ("--train.max_seq_length=1", "train.max_seq_length", "nothing to predict"),
+        ("--lora_alpha=0", "lora_alpha", "add nothing and get no gradient"),
+        ("--lora_dropout=1.5", "lora_dropout", "not a probability"),
+        ("--data.init_args.val_split_fraction=0", "data.val_split_fraction", "0 holds out no validation sample"),
+        ("--data.init_args.val_split_fraction=0.002", "data.val_split_fraction", "0.002 of 400 samples holds out no"),
+    ],
+)
+def test_what_litgpt_would_train_to_nothing_or_nan_is_refused_by_plan_and_validate(override, key, said, tmp_path):
+    """Each ran to the end with a record marked ok (a loss of 0, a NaN validation loss, adapters that never move),
+    or failed in torch's Dropout after the model was built; now one line from plan, validate and run, before any
+    model is built. 0.2% of the tiny recipe's 400 samples is 0.8: torch's random_split gives validation none."""
+    for command in ("plan", "validate", "run"):
+        extra = ["--out", tmp_path / "r"] if command == "run" else []
+        code, out, err = tunelab_here(command, "tiny-llama-1.1b/lora", override, *extra)
+        lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+        assert code != 0 and len(lines) == 1 and f"{key}: " in lines[0] and said in lines[0], (command, lines)
+        assert "fix: " in lines[0]
+    assert not (tmp_path / "r").exists()
+    code, out, err = tunelab_here("validate", "tiny-llama-1.1b/lora", "--data.init_args.val_split_fraction=0.005")
+    assert code == 0, (out, err)  # 2 of 400 held out
+
+
+def test_num_nodes_0_is_refused_by_validate_as_by_plan():
+    """`num_nodes: 0` passed validate (``0 or 1``) and failed in Fabric at launch."""
+    for command in ("validate", "plan"):
+        code, out, err = tunelab_here(command, "tiny-llama-1.1b/lora", "--num_nodes=0")
+        assert code != 0 and "num_nodes: " in out + err and "fix: " in out + err, (command, out, err)
+
+
+def test_a_logger_whose_package_is_missing_stops_litgpts_run_not_tunelabs_loop(monkeypatch):
+    """litgpt builds the logger after the model: `--logger_name wandb` without wandb failed there. An error where
+    the run is launched, a warning for a recipe checked to run elsewhere; tunelab's loop keeps its own log."""
+    import importlib.util
+
+    from tunelab import validate
+    from tunelab.recipes import resolve
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    recipe = resolve("tiny-llama-1.1b/lora")
+    here = validate.check(recipe, ["--logger_name", "wandb"], device="cpu")
+    assert [p.key for p in here.problems if p.severity == "error"] == ["logger_name"]
+    assert len(here.blocking()) == 1 and "pip install wandb" in here.blocking()[0]
+    assert here.blocking(under_strategy=True) == []
+    elsewhere = validate.check(recipe, ["--logger_name", "wandb"])
+    assert elsewhere.ok and [p.severity for p in elsewhere.problems if p.key == "logger_name"] == ["warning"]
+    assert validate.check(recipe, ["--logger_name", "csv"], device="cpu").ok
+
+
 def test_bench_refuses_what_its_fast_arm_would_refuse_before_either_arm_trains(tmp_path):
     """`bench tiny-llama-1.1b/qlora` trained litgpt's arm first and then saw the fast arm refused (QLoRA under a
     strategy file); now one line, nothing written."""

@@ -112,3 +112,20 @@ def test_data_size_from_the_file_or_the_known_module():
         p.key == "train.lr_warmup_steps" and p.severity == "warning" and "62 optimizer steps" in p.message
         for p in result.problems
     )
+
+
+def test_split_sizes_are_torchs_random_split_as_litgpts_data_modules_call_it():
+    """The validation share's sample count (``settings.split_sizes``) equals torch's ``random_split`` into
+    ``[1 - f, f]`` (floored shares, the remainder dealt from the first), small shares and odd counts included."""
+    import warnings
+
+    from torch.utils.data import random_split
+
+    from tunelab.settings import split_sizes
+
+    for n in (1, 2, 3, 7, 400, 999, 1000, 52002):
+        for f in (0.0, 0.0001, 0.002, 0.003, 0.05, 0.1, 1 / 3, 0.5, 0.999):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns about an empty share
+                want = tuple(len(part) for part in random_split(range(n), [1 - f, f]))
+            assert split_sizes(n, f) == want, (n, f)

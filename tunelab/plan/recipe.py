@@ -19,7 +19,15 @@ from tunelab.plan.model.fast_step import FAST_MODEL_ERROR
 from tunelab.plan.model.memory import Plan, PlanInput
 from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
-from tunelab.settings import Settings, data_size, quantization_problems, resolve, training_precision, val_split_problem
+from tunelab.settings import (
+    Settings,
+    data_size,
+    quantization_problems,
+    resolve,
+    training_precision,
+    training_problems,
+    val_split_problem,
+)
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import PRECISIONS
 
@@ -77,6 +85,8 @@ def check_ranges(settings: Settings) -> None:
         )
     if why := val_split_problem(settings.val_split_fraction):
         raise ValueError(f"data.val_split_fraction: {why}; fix: set it from 0 to below 1 (0.05: 5% held out)")
+    if problems := training_problems(settings.args, settings.lora):
+        raise ValueError("{}: {}; fix: {}".format(*problems[0]))
     max_steps = (settings.args.get("train") or {}).get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
         raise ValueError(  # litgpt reads 0 and None as no limit
