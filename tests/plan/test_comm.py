@@ -274,3 +274,50 @@ def test_a_forward_without_gradients_gathers_what_the_training_step_resharded(cf
     ):
         assert comm.per_step(held, link).forward_bytes == comm.per_step(held, link).forward_s == 0
     assert comm.per_step(_x(cfg, strategy="single"), link).forward_s == 0
+
+
+def test_zero_stages_move_what_the_zero_paper_says_and_offload_crosses_the_host_link(cfg):
+    """ZeRO's own accounting (Rajbhandari et al. 2020, section 7): stages 1 and 2 move what DDP's all-reduce moves
+    (a reduce-scatter of the gradients and an all-gather of the parameters, 2(n-1)/n of them); stage 3 gathers the
+    parameters for the forward and again for the backward: 1.5x DDP, less what it keeps gathered from the forward
+    into the backward, and its gathers once per micro batch. ZeRO-Offload (Ren et al. 2021): the gradients go to
+    host memory and the updated 16-bit parameters come back, each device its shard of both; parameters offloaded too
+    are fetched for the forward and the backward of every micro batch."""
+    from tunelab.plan.model.strategies.zero import zero3_kept
+
+    link, host = comm.lookup("nvlink3", "gpu"), comm.lookup("host-pcie4", "host")
+    p_bytes = count_params(cfg)[0] * 2
+    ddp = comm.per_step(_x(cfg, strategy="ddp", devices=4), link).bytes_gpu
+    assert ddp == pytest.approx(2 * 3 / 4 * p_bytes)
+    for stage in (1, 2):
+        assert comm.per_step(_x(cfg, strategy="deepspeed", zero_stage=stage, devices=4), link).bytes_gpu == (
+            pytest.approx(ddp)
+        )
+    for acc in (1, 3):
+        x = _x(cfg, strategy="deepspeed", zero_stage=3, devices=4, accumulation=acc)
+        kept = zero3_kept(x) * 2
+        z3 = comm.per_step(x, link)
+        assert 0 < kept < p_bytes / 2  # DeepSpeed's default stage3_max_live_parameters: 1e9 elements
+        assert z3.bytes_gpu == pytest.approx(acc * 3 / 4 * (2 * p_bytes - kept) + 3 / 4 * p_bytes)
+        assert z3.unhidden == pytest.approx(3 / 4 * p_bytes / z3.bytes_gpu)  # its reduce-scatters
+    assert comm.per_step(_x(cfg, strategy="deepspeed", zero_stage=3, devices=4), link).bytes_gpu == pytest.approx(
+        1.5 * ddp - 3 / 4 * zero3_kept(_x(cfg, strategy="deepspeed", zero_stage=3, devices=4)) * 2
+    )
+    off = _x(cfg, strategy="deepspeed", zero_stage=3, devices=4, accumulation=2, offload_optimizer=True)
+    assert comm.per_step(off, link, None, host).bytes_host == pytest.approx(2 * p_bytes / 4)
+    both = _x(
+        cfg, strategy="deepspeed", zero_stage=3, devices=4, accumulation=2, offload_optimizer=True, offload_params=True
+    )
+    assert comm.per_step(both, link, None, host).bytes_host == pytest.approx(2 * p_bytes / 4 + 2 * 2 * p_bytes / 4)
+
+
+def test_a_flat_ring_across_nodes_gathers_for_a_forward_at_the_networks_speed(cfg):
+    """A validation batch under FSDP over two nodes gathers on the flat ring the step uses: its slowest hop, the
+    network, sets the time (HYBRID_SHARD gathers within the node, over NVLink)."""
+    nvlink, eth = comm.lookup("nvlink4", "gpu"), comm.lookup("ethernet-100g", "node")
+    flat = comm.per_step(_x(cfg, strategy="fsdp", devices=8, num_nodes=2, fsdp_root_kept=True), nvlink, eth)
+    latency = comm.calls_latency([("all-gather", cfg.n_layer, 15, 1)], nvlink, eth)
+    assert flat.forward_s == pytest.approx(flat.forward_bytes / eth.bytes_per_s + latency, rel=1e-3)
+    hybrid = _x(cfg, strategy="fsdp", sharding="HYBRID_SHARD", devices=8, num_nodes=2, fsdp_root_kept=True)
+    within = comm.per_step(hybrid, nvlink, eth)
+    assert within.forward_s < flat.forward_s / 5 and within.forward_bytes / nvlink.bytes_per_s < within.forward_s
