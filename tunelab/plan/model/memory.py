@@ -169,12 +169,25 @@ def model_states(case: PlanInput, notes: list) -> ModelStates:
     )
 
 
+EIGHT_BIT_BLOCK = 256
+"""Elements per block of bitsandbytes' 8-bit optimizer states: each block of each state keeps a float32 absmax."""
+EIGHT_BIT_MIN = 4096
+"""bitsandbytes' ``min_8bit_size``: a tensor under this many elements keeps float32 states."""
+
+
+def eight_bit_state_bytes(elements: float) -> float:
+    """Bytes of bitsandbytes' 8-bit Adam states over ``elements`` of tensors from :data:`EIGHT_BIT_MIN` elements:
+    two uint8 states and their two float32 absmax per :data:`EIGHT_BIT_BLOCK` (the two 256-entry quantile maps are
+    shared by every tensor: 2 KB, not counted)."""
+    return elements * (2 + 2 * 4 / EIGHT_BIT_BLOCK)
+
+
 def optimizer_state_bytes(opt: str, trainable: int, s_param: int, momentum: float = 0.0) -> float:
     """Bytes of an optimizer's states over ``trainable`` parameters, wherever they live: bitsandbytes' 8-bit
-    optimizers 2 (two 1-byte states), Adam/AdamW two states in the parameter dtype (``s_param`` bytes each), SGD one
-    with momentum and none without; any other optimizer is taken as Adam-like (two states)."""
+    optimizers :func:`eight_bit_state_bytes`, Adam/AdamW two states in the parameter dtype (``s_param`` bytes each),
+    SGD one with momentum and none without; any other optimizer is taken as Adam-like (two states)."""
     if "8bit" in opt:
-        return trainable * 2
+        return eight_bit_state_bytes(trainable)
     if opt == "SGD":
         return trainable * s_param if momentum else 0
     return trainable * 2 * s_param
@@ -193,15 +206,15 @@ PAGED_MIN_NUMEL = 100_000
 
 def paged_optimizer_device_states(case: PlanInput) -> float:
     """Bytes of a paged optimizer's states that are ordinary device memory: the states of trainable tensors under
-    :data:`PAGED_MIN_NUMEL` elements. PagedAdamW keeps two fp32 states (8 bytes per element); the 8-bit one keeps two
-    uint8 states (2 bytes) for tensors from 4096 elements (``min_8bit_size``), fp32 below. Under LoRA nearly every
+    :data:`PAGED_MIN_NUMEL` elements. PagedAdamW keeps two fp32 states (8 bytes per element); the 8-bit one
+    :func:`eight_bit_state_bytes` for tensors from :data:`EIGHT_BIT_MIN` elements, fp32 below. Under LoRA nearly every
     adapter tensor is small (r x width), so nearly all LoRA states stay on the device; full fine-tuning's small
     tensors are the norm weights and biases (not counted: kilobytes per block)."""
     if not case.lora:
         return 0
     small = [n for n in lora_tensor_numels(case.config, case.lora_r, case.lora_targets) if n < PAGED_MIN_NUMEL]
     if "8bit" in str(case.optimizer):
-        return sum(8 * n if n < 4096 else 2 * n for n in small)
+        return sum(8 * n if n < EIGHT_BIT_MIN else eight_bit_state_bytes(n) for n in small)
     return 8 * sum(small)
 
 
