@@ -230,8 +230,14 @@ def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
         max_devices=8,
         nodes=2,
         internode="efa-400g",
+        price_table=advise.prices(),
     )
     assert {c.nodes for c in cands} == {2}
+    a100, price = hardware.lookup("A100-80GB"), advise.prices()["A100-80GB"].usd_per_hour
+    for c in cands:  # every GPU of both nodes is rented, draws power and takes a micro batch
+        assert c.world == 2 * c.devices and c.cost_usd == pytest.approx(c.world * c.hours * price)
+        assert c.energy_kwh == pytest.approx(a100.tdp_w * c.world * c.hours / 1000)
+        assert c.global_batch_size == c.micro_batch_size * c.accumulation * c.world
     pairs = [
         (f, h)
         for f in cands
