@@ -75,6 +75,24 @@ def val_split_problem(fraction) -> str | None:
     return f"{fraction!r} is not a share of the data from 0 to below 1 (the rest trains)"
 
 
+JSON_FILE_VAL_SPLIT = 0.05
+"""The share litgpt's JSON module holds out of a single file when ``val_split_fraction`` is unset (its
+``__post_init__``, with a warning); a folder's train.json and val.json are read as they are."""
+
+
+def held_out_share(args: dict) -> float | None:
+    """The share of the data litgpt holds out for validation, as its data module takes ``val_split_fraction``: the
+    value set, :data:`JSON_FILE_VAL_SPLIT` for a single JSON file without one, None for a folder (its val.json)."""
+    data = args.get("data")
+    init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
+    fraction, path = init.get("val_split_fraction"), init.get("json_path")
+    if path is not None and project_path(path).is_dir():
+        return None
+    if fraction is None and path is not None and project_path(path).is_file():
+        return JSON_FILE_VAL_SPLIT
+    return fraction
+
+
 def split_sizes(samples: int, fraction: float | None) -> tuple[int, int]:
     """(training, validation) samples of torch's ``random_split`` into shares ``1 - fraction`` and ``fraction``, as
     litgpt's data modules call it: each share floored, the samples left over dealt one by one from the first."""
@@ -101,13 +119,15 @@ def training_problems(args: dict, lora: bool) -> list[tuple[str, str, str]]:
     if lora and isinstance(dropout, int | float) and not 0 <= dropout < 1:
         what = f"is {dropout}: not a probability from 0 to below 1 (torch's Dropout refuses it once the model is built)"
         out.append(("lora_dropout", what, "set lora_dropout from 0 to below 1 (the recipes use 0.05)"))
-    init = (args.get("data") or {}).get("init_args") or {} if isinstance(args.get("data"), dict) else {}
-    fraction, path = init.get("val_split_fraction"), init.get("json_path")
-    if (
-        isinstance(fraction, int | float)
-        and not val_split_problem(fraction)
-        and not (path and project_path(path).is_dir())
-    ):
+    data = args.get("data")
+    init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
+    if init.get("json_path") is not None and project_path(init["json_path"]).is_dir():
+        if init.get("val_split_fraction") is not None:
+            what = f"is {init['val_split_fraction']}, but data.json_path is a folder: litgpt reads its train.json and "
+            out.append(("data.val_split_fraction", what + "val.json and refuses a split", "set it to null"))
+        return out
+    fraction = held_out_share(args)
+    if isinstance(fraction, int | float) and not val_split_problem(fraction):
         samples = data_size(args)[0] if fraction else None
         if fraction == 0 or (samples and split_sizes(samples, fraction)[1] == 0):
             held = "0" if fraction == 0 else f"{fraction:g} of {samples:,} samples"
@@ -238,7 +258,7 @@ def settings_of(args: dict, *, method: str, command: str, recipe: str = "") -> S
         momentum=float(opt_init.get("momentum") or 0.0),
         data_class=data_class,
         data_path=None if data_init.get("json_path") is None else str(data_init["json_path"]),
-        val_split_fraction=data_init.get("val_split_fraction"),
+        val_split_fraction=held_out_share(args),
         args=args,
     )
 

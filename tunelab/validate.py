@@ -30,7 +30,9 @@ from tunelab.recipes import Recipe
 from tunelab.settings import (
     accumulation,
     data_size,
+    held_out_share,
     quantization_problems,
+    split_sizes,
     training_problems,
     val_split_problem,
     world_size,
@@ -484,22 +486,22 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
     if why := val_split_problem((a.get("data") or {}).get("init_args", {}).get("val_split_fraction")):
         bad("data.val_split_fraction", why, "set data.val_split_fraction from 0 to below 1 (0.05: 5% held out)")
     elif n_samples and isinstance(c.gbs, int) and c.gbs > 0:
-        val = (a.get("data") or {}).get("init_args", {}).get("val_split_fraction") or 0.0
-        per_epoch = int(n_samples * (1 - val)) // c.gbs
+        trained = split_sizes(n_samples, held_out_share(a))[0]
+        per_epoch = trained // c.gbs
         c.steps = per_epoch * (epochs or 1)
         if per_epoch == 0:
             bad(
                 "train.global_batch_size",
-                f"{c.gbs} is more than the {int(n_samples * (1 - val)):,} training samples: an epoch has no "
+                f"{c.gbs} is more than the {trained:,} training samples: an epoch has no "
                 "optimizer step (litgpt divides by the steps per epoch)",
-                f"lower train.global_batch_size to at most {int(n_samples * (1 - val)):,}, or give more data",
+                f"lower train.global_batch_size to at most {trained:,}, or give more data",
             )
         if max_steps and per_epoch and c.steps < max_steps:
             need = -(-max_steps // per_epoch)
             bad(
                 "train.max_steps",
                 f"{max_steps} steps asked, but {epochs or 1} epoch(s) of "
-                f"{int(n_samples * (1 - val)):,} training samples at global batch {c.gbs} give {c.steps}: the "
+                f"{trained:,} training samples at global batch {c.gbs} give {c.steps}: the "
                 "run stops there",
                 f"set train.epochs to {need} (or more data)",
                 "warning",

@@ -357,3 +357,54 @@ def test_a_global_batch_litgpt_floors_is_said_in_the_plan():
     ], err
     code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/full", "--json")  # 16 = 16 x 1 x 1: nothing said
     assert not [n for n in json.loads(out)["notes"] if "floors" in n]
+
+
+def _alpaca(path, n):
+    path.write_text(json.dumps([{"instruction": f"q{i}", "input": "", "output": "a b c"} for i in range(n)]))
+    return path
+
+
+def test_a_data_folder_with_a_validation_share_is_refused_before_launch(tmp_path):
+    """litgpt's JSON module reads a folder's train.json and val.json and refuses a val_split_fraction beside them:
+    the recipes set one (0.5), so `--data.json_path FOLDER` ended after launch in jsonargparse's "Does not validate
+    against any of the Union subtypes". Now one line from validate, plan and run; null passes."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _alpaca(folder / "train.json", 90), _alpaca(folder / "val.json", 10)
+    for command in ("validate", "plan", "run"):
+        extra = ["--out", tmp_path / "r"] if command == "run" else []
+        code, out, err = tunelab_here(command, "tiny-llama-1.1b/lora", "--data.json_path", folder, *extra)
+        lines = [ln for ln in (out + err).splitlines() if ln.strip() and ": warning: " not in ln]
+        assert code != 0 and len(lines) == 1 and "data.val_split_fraction: is 0.5, but" in lines[0], (command, lines)
+    assert not (tmp_path / "r").exists()
+    code, out, err = tunelab_here(
+        "validate", "tiny-llama-1.1b/lora", "--data.json_path", folder, "--data.val_split_fraction", "null"
+    )
+    assert code == 0, (out, err)
+
+
+def test_a_single_file_without_a_share_is_split_as_litgpt_splits_it(tmp_path):
+    """A JSON file and no val_split_fraction: litgpt holds out 5% (its JSON module's own default, with a warning), so
+    100 samples train 95: at global batch 16, 5 optimizer steps (the plan counted 6, all 100 training)."""
+    from litgpt.data import JSON
+
+    from tunelab.recipes import resolve as recipe
+    from tunelab.settings import resolve, split_sizes
+
+    data = _alpaca(tmp_path / "one.json", 100)
+    with pytest.warns(UserWarning, match="val_split_fraction=0.05"):
+        module = JSON(json_path=data, val_split_fraction=None)
+    module.connect(tokenizer=None, batch_size=1, max_seq_length=64)  # the split needs no tokens
+    module.setup()
+    settings = resolve(
+        recipe("tiny-llama-1.1b/lora"), ["--data.json_path", str(data), "--data.val_split_fraction", "null"]
+    )
+    assert (
+        split_sizes(100, settings.val_split_fraction)
+        == (len(module.train_dataset), len(module.test_dataset))
+        == (95, 5)
+    )
+    code, out, err = tunelab_here(
+        "validate", "tiny-llama-1.1b/lora", "--data.json_path", data, "--data.val_split_fraction", "null"
+    )
+    assert code == 0 and "the run's 5 optimizer steps" in out + err, (out, err)

@@ -28,7 +28,7 @@ from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.model import strategies as planned_strategies
 from tunelab.plan.recipe import plan_settings, strategy_fields
 from tunelab.recipes import Recipe
-from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args
+from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args, split_sizes
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.units import GB, duration, energy, figure
 from tunelab.validate import PRECISIONS
@@ -139,7 +139,7 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
         parts = dataset_records.split_files(path)
         records = dataset_records.read(parts[0])
         if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file
-            records = records[: max(1, int(len(records) * (1 - (settings.val_split_fraction or 0))))]
+            records = records[: max(1, split_sizes(len(records), settings.val_split_fraction)[0])]
         if not records:
             raise InputError(f"--data {data}: no records")
         vocab = load_config(settings.checkpoint_dir).vocab_size  # a tokenizer not here: the published figure

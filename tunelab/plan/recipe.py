@@ -24,6 +24,7 @@ from tunelab.settings import (
     data_size,
     quantization_problems,
     resolve,
+    split_sizes,
     training_precision,
     training_problems,
     val_split_problem,
@@ -310,8 +311,8 @@ def train_samples(settings: Settings) -> tuple[int, int, str]:
     n, src = data_size(settings.args)
     if n is None:
         n, src = LAB_DATA_SAMPLES, f"the lab's 2,000-sample Alpaca subset assumed: {src}"
-    train = int(n * (1 - (settings.val_split_fraction or 0)))
-    return train, n - train, src
+    train, held_out = split_sizes(n, settings.val_split_fraction)
+    return train, held_out, src
 
 
 def epoch_tokens(
