@@ -67,6 +67,13 @@ def command_defaults(command: str) -> dict:
 
 
 @cache
+def data_classes() -> frozenset[str]:
+    """The names ``litgpt.data`` exports (its data modules and their helpers), read from its ``__init__.py``."""
+    init = ast.parse(source("data/__init__.py").read_text(encoding="utf-8"))
+    return frozenset(alias.name for node in init.body if isinstance(node, ast.ImportFrom) for alias in node.names)
+
+
+@cache
 def data_defaults(class_path: str) -> dict:
     """The constructor arguments of a litgpt data module with their defaults (``litgpt.data.Alpaca2k`` ->
     {'val_split_fraction': 0.05, ...}), read from litgpt's source; {} for a class outside litgpt.data."""

@@ -19,7 +19,7 @@ import yaml
 from tunelab import yaml_input
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
-from tunelab.litgpt_source import command_defaults, data_defaults
+from tunelab.litgpt_source import command_defaults, data_classes, data_defaults
 from tunelab.paths import display_path, project_path
 
 LORA_TARGETS = ("query", "key", "value", "projection", "mlp", "head")
@@ -91,6 +91,16 @@ def held_out_share(args: dict) -> float | None:
     if fraction is None and path is not None and project_path(path).is_file():
         return JSON_FILE_VAL_SPLIT
     return fraction
+
+
+def data_class_problem(data_class: str | None) -> str | None:
+    """Why ``data_class`` (a class path) names no data module of litgpt's, for a path under ``litgpt.data``; None for
+    one litgpt has, or a class of the user's own (its size is then assumed, and said)."""
+    module, _, name = str(data_class).rpartition(".")
+    if module != "litgpt.data" or name in data_classes():
+        return None
+    known = sorted(n for n in data_classes() if n[0].isupper() and n not in ("DataModule", "SFTDataset"))
+    return f"data: {name!r} is not a litgpt data module; fix: one of {', '.join(known)}, or a class path of your own"
 
 
 def split_sizes(samples: int, fraction: float | None) -> tuple[int, int]:
@@ -352,7 +362,6 @@ DATA_MODULE_SIZES = {
     ),
     "litgpt.data.AlpacaGPT4": (52_002, "Alpaca's 52,002 instructions answered by GPT-4"),
     "litgpt.data.Alpaca2k": (2_000, "the 2,000-sample Alpaca subset (mhenrichsen/alpaca_2k_test), the lab's data"),
-    "litgpt.data.Dolly": (15_011, "databricks-dolly-15k's 15,011 records"),
     "litgpt.data.LIMA": (1_030, "LIMA's 1,030 training conversations"),
 }
 """Records of the litgpt data modules that download their data (before the validation split), for the warm-up

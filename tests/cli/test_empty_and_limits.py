@@ -408,3 +408,19 @@ def test_a_single_file_without_a_share_is_split_as_litgpt_splits_it(tmp_path):
         "validate", "tiny-llama-1.1b/lora", "--data.json_path", data, "--data.val_split_fraction", "null"
     )
     assert code == 0 and "the run's 5 optimizer steps" in out + err, (out, err)
+
+
+def test_a_data_module_litgpt_does_not_have_is_refused_by_plan_and_advise():
+    """`plan --data Alpac` planned the lab's 2,000 samples for a module litgpt's parser refuses, and advise planned
+    databricks-dolly-15k for `--data Dolly`, which the pinned litgpt no longer ships. Every data module of known size
+    is one litgpt exports; a class of the user's own still plans (its size assumed, and said)."""
+    from tunelab.litgpt_source import data_classes
+    from tunelab.settings import DATA_MODULE_SIZES
+
+    assert {name.rsplit(".", 1)[1] for name in DATA_MODULE_SIZES} <= data_classes()
+    for args in (["plan", "tiny-llama-1.1b/lora", "--data", "Alpac"], ["advise", "tiny-llama-1.1b", "--data", "Dolly"]):
+        code, out, err = tunelab_here(*args)
+        lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+        assert code != 0 and len(lines) == 1 and ("fix: one of" in lines[0] or "neither a file" in lines[0]), lines
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--data.class_path", "mypackage.MyData")
+    assert code == 0, (out, err)

@@ -78,7 +78,7 @@ def _workload(s) -> None:
         metavar="FILE|MODULE",
         help="the dataset: a .json/.jsonl file or folder litgpt "
         "reads (sample lengths from the tokenizer where the checkpoint has one, else 4 characters per "
-        "token; padding per micro batch), or a litgpt data module (Alpaca, Dolly, ...)",
+        "token; padding per micro batch), or a litgpt data module (Alpaca, LIMA, ...)",
     )
     s.add_argument("--epochs", type=number(int, 1, 10**4, what="an epoch count"), default=1)
 

@@ -159,7 +159,7 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
         raise InputError(f"--data {data}: neither a file here nor a data module of known size ({known})")
     n, what = DATA_MODULE_SIZES[name]
     held_out = resolve(recipe, ["--data", name]).val_split_fraction or 0  # what `--data NAME` keeps of the recipe
-    train = int(n * (1 - held_out))
+    train = split_sizes(n, held_out)[0]
     return Workload(
         samples=train,
         epochs=epochs,

@@ -21,6 +21,7 @@ from tunelab.plan.trace.tables import TRACED
 from tunelab.recipes import Recipe
 from tunelab.settings import (
     Settings,
+    data_class_problem,
     data_size,
     quantization_problems,
     resolve,
@@ -86,6 +87,8 @@ def check_ranges(settings: Settings) -> None:
         )
     if why := val_split_problem(settings.val_split_fraction):
         raise ValueError(f"data.val_split_fraction: {why}; fix: set it from 0 to below 1 (0.05: 5% held out)")
+    if why := data_class_problem(settings.data_class):
+        raise ValueError(why)
     if problems := training_problems(settings.args, settings.lora):
         raise ValueError("{}: {}; fix: {}".format(*problems[0]))
     max_steps = (settings.args.get("train") or {}).get("max_steps")
