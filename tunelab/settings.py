@@ -146,6 +146,14 @@ def training_problems(args: dict, lora: bool) -> list[tuple[str, str, str]]:
     return out
 
 
+def steps_per_epoch(samples: int, world: int, micro_batch_size: int, global_batch_size: int) -> int:
+    """litgpt's optimizer steps per epoch (``len(train_dataloader) // accumulation``): each rank's share of the
+    training samples (torch's DistributedSampler pads them to a multiple of the ranks) in micro batches, the last one
+    short, over the accumulation."""
+    batches = math.ceil(math.ceil(samples / max(1, world)) / max(1, micro_batch_size))
+    return batches // accumulation(global_batch_size, world, micro_batch_size)
+
+
 def accumulation(global_batch_size: int, world: int, micro_batch_size: int) -> int:
     """Gradient-accumulation iterations per optimizer step, as litgpt computes it: ``(global // world) // micro``
     (floored, silently: ``tunelab validate`` refuses a global batch that does not divide), at least 1."""

@@ -33,6 +33,7 @@ from tunelab.settings import (
     held_out_share,
     quantization_problems,
     split_sizes,
+    steps_per_epoch,
     training_problems,
     val_split_problem,
     world_size,
@@ -393,6 +394,8 @@ class _Context:
     mbs: int | None = None
     steps: int | None = None
     """The run's optimizer steps (set by the schedule rules when the data size or max_steps tells)."""
+    schedule: int | None = None
+    """The steps litgpt's schedule spans before max_steps, by its own count (``settings.steps_per_epoch``)."""
 
 
 def _precision_rules(c: _Context, a: dict, bad) -> None:
@@ -489,6 +492,8 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         trained = split_sizes(n_samples, held_out_share(a))[0]
         per_epoch = trained // c.gbs
         c.steps = per_epoch * (epochs or 1)
+        if isinstance(c.mbs, int) and 1 <= c.mbs and c.world * c.mbs <= c.gbs:  # litgpt's own count, short batches too
+            c.schedule = steps_per_epoch(trained, c.world, c.mbs, c.gbs) * (epochs or 1)
         if per_epoch == 0:
             bad(
                 "train.global_batch_size",
@@ -548,15 +553,17 @@ def _logger_rules(c: _Context, a: dict, bad) -> None:
 
 
 def _warmup_against_steps(c: _Context, warmup, max_steps, bad) -> None:
-    """Warm-up against the run's known optimizer steps (``c.steps``): equal to max_steps kills litgpt's cosine
-    schedule at the last step; longer than the run never reaches the peak learning rate."""
-    if isinstance(warmup, int) and warmup >= 1 and c.steps and warmup == max_steps == c.steps:
+    """Warm-up against the run's known optimizer steps (``c.steps``: min(epochs x steps per epoch, max_steps), the
+    span of litgpt's schedule): equal to them kills litgpt's cosine schedule at the last step; longer than the run
+    never reaches the peak learning rate."""
+    span = min(c.schedule, max_steps or c.schedule) if c.schedule else c.steps
+    if isinstance(warmup, int) and warmup >= 1 and span and warmup == span:
+        what = "train.max_steps" if warmup == max_steps else f"the {span} optimizer steps litgpt's schedule spans"
         bad(
             "train.lr_warmup_steps",
-            f"{warmup} warm-up steps = train.max_steps: litgpt's cosine schedule "
-            "divides by max_steps - lr_warmup_steps (CosineAnnealingLR T_max=0), so the run dies with "
-            "ZeroDivisionError at its last step",
-            "lower train.lr_warmup_steps below train.max_steps",
+            f"{warmup} warm-up steps = {what}: litgpt's cosine schedule divides by its steps - lr_warmup_steps "
+            "(CosineAnnealingLR T_max=0), so the run dies with ZeroDivisionError at its last step",
+            f"lower train.lr_warmup_steps below {span}",
         )
     elif isinstance(warmup, int) and warmup >= 1 and c.steps and warmup >= c.steps:
         bad(

@@ -133,6 +133,23 @@ def test_warmup_equal_to_max_steps_is_refused_because_litgpt_divides_by_zero_the
     assert "ZeroDivisionError" in str(r.problems[0])
     r = check(resolve("tiny-llama-1.1b/full"), ["--train.max_steps", "4", "--train.lr_warmup_steps", "3"])
     assert not [p for p in r.problems if p.severity == "error"]
+    # the schedule spans min(epochs x steps per epoch, max_steps): one step an epoch (micro = global = the 200
+    # training samples) under one warm-up step dies as well, max_steps or not; litgpt counts a short last batch, so
+    # 150 samples at micro 100 are two steps an epoch
+    whole = ["--train.micro_batch_size", "200", "--train.global_batch_size", "200", "--train.lr_warmup_steps", "1"]
+    r = check(resolve("tiny-llama-1.1b/full"), [*whole, "--train.max_steps", "3"])
+    assert [p.key for p in r.problems if p.severity == "error"] == ["train.lr_warmup_steps"], r.problems
+    assert "the 1 optimizer steps litgpt's schedule spans" in str(next(p for p in r.problems if p.severity == "error"))
+    assert check(resolve("tiny-llama-1.1b/full"), [*whole, "--train.epochs", "2"]).ok
+    short = [
+        "--data.val_split_fraction",
+        "0.625",
+        "--train.micro_batch_size",
+        "100",
+        "--train.global_batch_size",
+        "100",
+    ]
+    assert check(resolve("tiny-llama-1.1b/full"), [*short, "--train.lr_warmup_steps", "1"]).ok  # 150: two steps
 
 
 def test_a_config_override_that_is_no_regular_file_is_refused_before_litgpts_parser(tmp_path):

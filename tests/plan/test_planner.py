@@ -384,6 +384,33 @@ def test_tune_batch_search_finds_the_largest_batch_without_allocator_retries(tmp
     )
     assert calls[:2] == [30, 45] and res.largest_fitting == 45
 
+    # the data caps the search: a probe's micro batch on one device is at most the 200 training samples (400, half
+    # held out), and each probe spans enough epochs for its steps (one step an epoch at micro 200: litgpt's schedule
+    # of one step under one warm-up step divided by zero)
+    seen = []
+
+    def every_fits(recipe, overrides, run_dir, options):
+        seen.append(overrides)
+        return record_mod.RunRecord(status="ok", tok_s_padded=1.0, num_alloc_retries=0)
+
+    monkeypatch.setattr(tune_batch, "run", every_fits)
+    res = tune_batch.tune(
+        resolve("tiny-llama-1.1b/full"),
+        [],
+        tmp_path / "data-capped",
+        probes=tune_batch.Probes(max_micro=1024, steps=3, stream=open(os.devnull, "w")),
+        start=128,
+    )
+    micro = [int(o[o.index("--train.micro_batch_size") + 1]) for o in seen]
+    assert (
+        max(micro) == 200
+        and res.largest_fitting == 200
+        and res.capped.startswith("capped at 200: 200 training samples on 1 device(s)")
+    )
+    assert all(o[o.index("--train.epochs") + 1] == "3" for o in seen) and "search capped at 200" in tune_batch.render(
+        res
+    )
+
 
 def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     """tunelab/plan/trace/compiled.py: the trace is torch.compile's own partitioner on one block (full and LoRA), less than

@@ -26,6 +26,7 @@ from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.run.resume import resume_state, same_overrides, settings_changed, strategy_label, strategy_settings
 from tunelab.run.runner import RunOptions, run
+from tunelab.settings import data_size, resolve, split_sizes
 from tunelab.strategies import load_strategy
 from tunelab.units import GB, fmt, gb
 from tunelab.validate import check
@@ -48,13 +49,20 @@ class TuneResult:
     """The strategy and activation-checkpointing setting searched ('' for the recipe's own litgpt run)."""
     predicted_largest: int | None = None
     """The planner's largest fitting micro batch for the same setting on the named GPU (None without --gpu)."""
+    capped: str = ""
+    """Why the search stopped below its --max-micro ('' where it did not): a probe's global batch (micro x devices)
+    cannot exceed the training samples, or an epoch has no optimizer step."""
 
 
 def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) -> list[str]:
     """A probe: ``steps`` optimizer steps of one micro batch each, one warm-up step (litgpt's cosine schedule divides
-    by max_steps - lr_warmup_steps, so a recipe's warm-up equal to the probe's steps would crash it), no saving."""
+    by its steps - lr_warmup_steps, so a recipe's warm-up equal to the probe's steps would crash it), as many epochs
+    as steps (the schedule spans min(epochs x steps per epoch, max_steps): a micro batch near the data's size has
+    one step an epoch), no saving."""
     return [
         *overrides,
+        "--train.epochs",
+        str(steps),
         "--train.micro_batch_size",
         str(micro),
         "--train.global_batch_size",
@@ -74,6 +82,20 @@ def probe_problems(recipe: Recipe, overrides: list[str], world: int, steps: int,
     """What the validator refuses in a probe as it will run (under tunelab's multi-device loop, ``strategy``, the
     in-loop evaluation litgpt could hang on is not run, so eval.interval is not a problem there)."""
     return check(recipe, probe_overrides(overrides, 1, world, steps)).blocking(under_strategy=strategy)
+
+
+def data_cap(recipe: Recipe, overrides: list[str], world: int) -> tuple[int | None, str]:
+    """(the largest micro batch a probe on ``world`` devices can take: the training samples // world, or None where
+    the data's size is not known here; why)."""
+    settings = resolve(recipe, overrides)
+    samples = data_size(settings.args)[0]
+    if not samples:
+        return None, ""
+    trained = split_sizes(samples, settings.val_split_fraction)[0]
+    return (
+        trained // world,
+        f"{trained:,} training samples on {world} device(s), a probe's global batch micro x devices",
+    )
 
 
 def planned_start(
@@ -140,6 +162,11 @@ def tune(
         lock = exclusive_lock(out_dir / ".lock")
     except Busy as e:
         raise TuneError(f"{out_dir} is being searched by {e}; wait for it to finish, or use another --out") from None
+    cap, why = data_cap(recipe, overrides, prober.probes.world)
+    capped = f"capped at {cap}: {why}" if cap is not None and cap < prober.probes.max_micro else ""
+    if capped:
+        prober.probes = dataclasses.replace(prober.probes, max_micro=max(cap, 1))
+        print(f"micro batches {capped}", file=prober.probes.stream, flush=True)
     try:
         for m in sorted(set(prober.probes.also or ())):  # rows for the table (the curve's shape), real probes, first:
             if m <= prober.probes.max_micro:  # a search cut short by a time limit still leaves them, reused
@@ -152,6 +179,7 @@ def tune(
     finally:
         lock.close()
     res = _result(prober.results, out_dir, lo, start, start_reason, setting, predicted_largest)
+    res.capped = capped
     write_json_atomic(out_dir / "tune-batch.json", res.__dict__)
     return res
 
@@ -411,7 +439,7 @@ def render(res: TuneResult) -> str:
     predicted = "" if res.predicted_largest is None else f" (planner predicted {res.predicted_largest})"
     lines.append(
         f"largest micro batch that fits: {res.largest_fitting}{predicted}; best (* fastest without allocator "
-        f"retries): {res.best}"
+        f"retries): {res.best}" + (f"; search {res.capped}" if res.capped else "")
     )
     return "\n".join(lines)
 
