@@ -132,7 +132,7 @@ def training_problems(args: dict, lora: bool) -> list[tuple[str, str, str]]:
     data = args.get("data")
     init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
     if init.get("json_path") is not None and project_path(init["json_path"]).is_dir():
-        if init.get("val_split_fraction") is not None:
+        if init.get("val_split_fraction") is not None and data_size(args)[0] is not None:  # else its own problem
             what = f"is {init['val_split_fraction']}, but data.json_path is a folder: litgpt reads its train.json and "
             out.append(("data.val_split_fraction", what + "val.json and refuses a split", "set it to null"))
         return out

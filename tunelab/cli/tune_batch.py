@@ -22,7 +22,12 @@ def add_parser(sub) -> None:
     s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
     s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
     s.add_argument("--start", type=count, help="starting micro batch (default: the planner's guess, or 1)")
-    s.add_argument("--max-micro", type=count, default=1024, help="never probe above this micro batch")
+    s.add_argument(
+        "--max-micro",
+        type=count,
+        default=1024,
+        help="never probe above this micro batch (nor above the training samples per device, where the data is here)",
+    )
     s.add_argument(
         "--steps",
         type=number(int, 2, 10**6, what="a number of optimizer steps"),
