@@ -80,11 +80,16 @@ JSON_FILE_VAL_SPLIT = 0.05
 ``__post_init__``, with a warning); a folder's train.json and val.json are read as they are."""
 
 
+def data_init_args(args: dict) -> dict:
+    """The data module's ``init_args`` of resolved arguments ({} for a data class named alone, or none)."""
+    data = args.get("data")
+    return (data.get("init_args") or {}) if isinstance(data, dict) else {}
+
+
 def held_out_share(args: dict) -> float | None:
     """The share of the data litgpt holds out for validation, as its data module takes ``val_split_fraction``: the
     value set, :data:`JSON_FILE_VAL_SPLIT` for a single JSON file without one, None for a folder (its val.json)."""
-    data = args.get("data")
-    init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
+    init = data_init_args(args)
     fraction, path = init.get("val_split_fraction"), init.get("json_path")
     if path is not None and project_path(path).is_dir():
         return None
@@ -129,8 +134,7 @@ def training_problems(args: dict, lora: bool) -> list[tuple[str, str, str]]:
     if lora and isinstance(dropout, int | float) and not 0 <= dropout < 1:
         what = f"is {dropout}: not a probability from 0 to below 1 (torch's Dropout refuses it once the model is built)"
         out.append(("lora_dropout", what, "set lora_dropout from 0 to below 1 (the recipes use 0.05)"))
-    data = args.get("data")
-    init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
+    init = data_init_args(args)
     if init.get("json_path") is not None and project_path(init["json_path"]).is_dir():
         if init.get("val_split_fraction") is not None and data_size(args)[0] is not None:  # else its own problem
             what = f"is {init['val_split_fraction']}, but data.json_path is a folder: litgpt reads its train.json and "

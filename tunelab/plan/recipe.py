@@ -22,6 +22,7 @@ from tunelab.recipes import Recipe
 from tunelab.settings import (
     Settings,
     data_class_problem,
+    data_init_args,
     data_size,
     quantization_problems,
     resolve,
@@ -303,11 +304,6 @@ def check_feeds(settings: Settings, litgpt: bool) -> None:
         )
 
 
-def _data_init(settings: Settings) -> dict:
-    data = settings.args.get("data")
-    return (data.get("init_args") or {}) if isinstance(data, dict) else {}
-
-
 def train_samples(settings: Settings) -> tuple[int, int, str]:
     """(training samples, validation samples, where the figure comes from) of the run's data: the file here or a
     known litgpt data module, split by its val_split_fraction; else the lab's 2,000 samples, said so."""
@@ -347,7 +343,7 @@ def epoch_tokens(
 
 def data_lengths(settings: Settings) -> list[int] | None:
     """Token lengths of (a seeded sample of) the recipe's data, or None without its file and tokenizer here."""
-    data = _data_init(settings)
+    data = data_init_args(settings.args)
     path, ckpt = data.get("json_path"), Path(settings.checkpoint_dir)
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
         return None
