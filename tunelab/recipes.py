@@ -52,6 +52,11 @@ class Recipe:
         return f"{self.path.parent.name or 'recipe'}-{self.path.stem}".lstrip("-.") or "recipe"
 
     @property
+    def shipped(self) -> bool:
+        """Whether the file is one of recipes/ (the suite runs litgpt's parser on each of them)."""
+        return self.path.resolve().is_relative_to(RECIPES_DIR)
+
+    @property
     def model(self) -> str:
         return self.path.parent.name
 

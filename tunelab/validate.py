@@ -14,6 +14,7 @@ import inspect
 import os
 import re
 import sys
+import typing
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -186,6 +187,14 @@ def _config_override_problem(overrides: list[str]) -> str | None:
     return None
 
 
+def _choices(command: str, key: str) -> tuple:
+    """The values a ``Literal``-typed argument ``key`` of litgpt's ``command`` takes (empty: not such a one)."""
+    from litgpt.__main__ import PARSER_DATA
+
+    hint = typing.get_type_hints(PARSER_DATA[command]).get(key) if command in PARSER_DATA else None
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+
+
 def _parser_problem(recipe: Recipe, err: Exception) -> Problem:
     text = " ".join(str(err).split())
     file = display_path(recipe.path)
@@ -216,6 +225,8 @@ def _parser_problem(recipe: Recipe, err: Exception) -> Problem:
     if m:
         key, why = m.group(1), m.group(2)
         why = re.sub(r"\s*Subtypes:.*?Given value type: <class '\w+'>\s*", " ", why)
+        if choices := _choices(recipe.command, key):  # jsonargparse says "Cannot take a Union of no types."
+            why = f"it takes one of {', '.join(map(str, choices))}"
         return Problem(
             file,
             key,
@@ -237,20 +248,39 @@ def check(
     """
     overrides = list(overrides or [])
     result = Result(recipe=recipe, overrides=overrides)
-    file = display_path(recipe.path)
-    bad_config = _config_override_problem(overrides)
-    if bad_config:  # litgpt's parser would read a FIFO forever, or a file of any size
-        why, _, fix = bad_config.partition("; fix: ")
-        result.problems.append(Problem(file, "--config", why, fix or "give a regular YAML file"))
-        return result
-    try:
-        args = parse(recipe, overrides)
-    except Exception as err:  # jsonargparse.ArgumentError and friends: litgpt would refuse the command line
-        result.problems.append(_parser_problem(recipe, err))
+    args, refused = parsed(recipe, overrides)
+    if refused is not None:
+        result.problems.append(refused)
         return result
     result.resolved = args
-    result.problems.extend(semantic_problems(recipe.command, args, file, gpu=gpu, device=device))
+    result.problems.extend(semantic_problems(recipe.command, args, display_path(recipe.path), gpu=gpu, device=device))
     return result
+
+
+def plan_refusal(recipe: Recipe, overrides: list[str], data_class: str | None = None) -> str | None:
+    """The line litgpt's parser refuses a recipe to be planned with (None: accepted). A shipped recipe without
+    overrides is not parsed again (the suite parses each): the plan stays quick where no input of the user's is read.
+    A ``data_class`` of the user's own (not under ``litgpt.``) need not be installed where the plan is made: the
+    parser's refusal of the data is not the plan's (it assumes the data's size, and says so)."""
+    if recipe.shipped and not overrides:
+        return None
+    problem = parsed(recipe, overrides)[1]
+    if problem is None or (problem.key.startswith("data") and not str(data_class).startswith("litgpt.")):
+        return None
+    return str(problem)
+
+
+def parsed(recipe: Recipe, overrides: list[str]) -> tuple[dict | None, Problem | None]:
+    """litgpt's parser on a recipe plus ``overrides``: (the resolved arguments, None), or (None, the one problem it
+    refuses them with; a ``--config`` file it must not read is refused before it: it would block on a FIFO)."""
+    bad_config = _config_override_problem(overrides)
+    if bad_config:
+        why, _, fix = bad_config.partition("; fix: ")
+        return None, Problem(display_path(recipe.path), "--config", why, fix or "give a regular YAML file")
+    try:
+        return parse(recipe, overrides), None
+    except Exception as err:  # jsonargparse.ArgumentError and friends: litgpt would refuse the command line
+        return None, _parser_problem(recipe, err)
 
 
 def recheck(

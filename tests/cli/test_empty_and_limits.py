@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.conftest import tunelab_here
+from tunelab.paths import RECIPES_DIR
 
 
 @pytest.mark.parametrize(
@@ -292,6 +293,33 @@ def test_num_nodes_0_is_refused_by_validate_as_by_plan():
     for command in ("validate", "plan"):
         code, out, err = tunelab_here(command, "tiny-llama-1.1b/lora", "--num_nodes=0")
         assert code != 0 and "num_nodes: " in out + err and "fix: " in out + err, (command, out, err)
+
+
+@pytest.mark.parametrize(
+    "override, key, said",
+    [
+        (["--lora_dropout", "abc"], "lora_dropout", "Expected a <class 'float'>"),
+        (["--lora_alpha", "x"], "lora_alpha", "litgpt's parser refuses the value"),
+        (["--logger_name", "foo"], "logger_name", "it takes one of csv, tensorboard, wandb, mlflow, litlogger"),
+        (["--seed", "x"], "seed", "Expected a <class 'int'>"),
+    ],
+)
+def test_plan_refuses_what_litgpts_parser_refuses_as_validate_does(override, key, said, tmp_path):
+    """plan read the recipe with tunelab's own resolver and planned a non-numeric lora_dropout or an unknown logger
+    (validate and run refused them): one line now, from litgpt's own parser, in both. A recipe file outside
+    recipes/ is parsed too, without overrides."""
+    for command in ("plan", "validate"):
+        code, out, err = tunelab_here(command, "tiny-llama-1.1b/lora", *override)
+        lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+        assert code != 0 and len(lines) == 1, (command, lines)
+        assert f"{key}: " in lines[0] and said in lines[0] and "fix: " in lines[0], (command, lines)
+    mine = tmp_path / "lora.yaml"
+    shipped = RECIPES_DIR.joinpath("tiny-llama-1.1b/lora.yaml").read_text()
+    assert "\nlora_dropout: 0.05\n" in shipped
+    mine.write_text(shipped.replace("\nlora_dropout: 0.05\n", "\nlora_dropout: abc\n"))
+    code, out, err = tunelab_here("plan", str(mine))
+    assert code != 0 and "lora_dropout: litgpt's parser refuses the value" in out + err, (out, err)
+    assert tunelab_here("plan", "tiny-llama-1.1b/lora", "--lora_dropout", "0.1")[0] == 0
 
 
 def test_a_logger_whose_package_is_missing_stops_litgpts_run_not_tunelabs_loop(monkeypatch):

@@ -118,11 +118,13 @@ def _time_arguments(s) -> None:
 def handle(args, extra) -> int:
     """Run the subcommand; the exit code."""
     from tunelab import hardware
+    from tunelab.plan.model import comm
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe
     from tunelab.plan.render import added, output
     from tunelab.plan.trace.host_probe import measure_here
     from tunelab.recipes import RecipeError, resolve
+    from tunelab.validate import plan_refusal
 
     lo, hi = args.mfu_range
     if lo > hi:
@@ -131,15 +133,15 @@ def handle(args, extra) -> int:
         return fail(f"--calibrate {args.calibrate}: no run records (record.json) under it; fix: a sweep directory")
     if args.gpu is None and args.host_us_per_op:
         return fail("--host-us-per-op: it times the run, which needs --gpu; fix: add --gpu GPU or leave it out")
-    from tunelab.plan.model import comm
-
     try:
         for link, scope in ((args.interconnect, "gpu"), (args.internode, "node")):
             if link is not None:  # named: checked even where no time is projected (one line naming the option)
                 comm.lookup(link, scope, given=True)
         gpu = hardware.lookup(args.gpu) if args.gpu is not None else hardware.local_gpu()  # none: this machine's
         asked = {k: getattr(args, k) for k in ("devices", "strategy", "activation_checkpointing", "dataset")}
-        planned = plan_recipe(resolve(args.recipe), extra, gpu=gpu, **asked)
+        planned = plan_recipe(recipe := resolve(args.recipe), extra, gpu=gpu, **asked)
+        if refused := plan_refusal(recipe, extra, planned.settings.data_class):  # litgpt's parser's own refusal
+            return fail(refused)
     except (RecipeError, ValueError, KeyError) as e:
         return fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     projection, tokens_note = None, ""
