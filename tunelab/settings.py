@@ -150,12 +150,56 @@ def training_problems(args: dict, lora: bool) -> list[tuple[str, str, str]]:
     return out
 
 
-def steps_per_epoch(samples: int, world: int, micro_batch_size: int, global_batch_size: int) -> int:
-    """litgpt's optimizer steps per epoch (``len(train_dataloader) // accumulation``): each rank's share of the
-    training samples (torch's DistributedSampler pads them to a multiple of the ranks) in micro batches, the last one
-    short, over the accumulation."""
-    batches = math.ceil(math.ceil(samples / max(1, world)) / max(1, micro_batch_size))
-    return batches // accumulation(global_batch_size, world, micro_batch_size)
+@dataclass(frozen=True)
+class Schedule:
+    """litgpt's fit loop over a run's training samples, counted as it counts them (:func:`litgpt_schedule`)."""
+
+    steps_per_epoch: int
+    """``len(train_dataloader) // accumulation``: what litgpt sizes its learning-rate schedule by (0: it fails)."""
+    span: int
+    """The steps the learning-rate schedule spans: min(epochs x steps_per_epoch, max_steps)."""
+    micro_batches: int
+    """Micro batches each rank runs (a short last one each epoch; one past the last step runs without a step)."""
+    samples: int
+    """Samples trained, summed over the ranks (DistributedSampler's repeated samples included)."""
+    steps: int
+    """Optimizer steps: one every accumulation-th micro batch, counted on across epochs, cut at max_steps."""
+
+
+def litgpt_schedule(
+    samples: int, world: int, micro_batch_size: int, global_batch_size: int, epochs: int, max_steps: int | None
+) -> Schedule:
+    """litgpt's fit loop over ``samples`` training samples: each rank's DistributedSampler share (padded to a
+    multiple of the ranks) in micro batches, the last one short; ``epochs`` passes of them, the micro batches counted
+    on across epochs; an optimizer step at every accumulation-th; stopped at ``max_steps``."""
+    world, micro, epochs = max(1, world), max(1, micro_batch_size), max(1, epochs or 1)
+    share = math.ceil(samples / world)
+    per_epoch = math.ceil(share / micro)
+    acc = accumulation(global_batch_size, world, micro)
+    if per_epoch == 0:
+        return Schedule(0, 0, 0, 0, 0)
+    batches = per_epoch * epochs
+    steps = batches // acc
+    if max_steps and steps >= max_steps:
+        steps, batches = max_steps, max_steps * acc
+    full, part = divmod(batches, per_epoch)
+    span = min(epochs * (per_epoch // acc), max_steps or epochs * (per_epoch // acc))
+    return Schedule(per_epoch // acc, span, batches, world * (full * share + part * micro), steps)
+
+
+def empty_epoch(samples: int, world: int, micro_batch_size: int, global_batch_size: int) -> tuple[str, str] | None:
+    """(what, fix) where an epoch of ``samples`` training samples holds no optimizer step by litgpt's count (it sizes
+    its schedule by the steps per epoch, and fails), else None."""
+    world, micro = max(1, world), max(1, micro_batch_size)
+    if not samples or litgpt_schedule(samples, world, micro, global_batch_size, 1, None).steps_per_epoch:
+        return None
+    acc = accumulation(global_batch_size, world, micro)
+    most = math.ceil(math.ceil(samples / world) / micro) * micro * world
+    what = (
+        f"{global_batch_size:,} is {acc} micro batches of {micro} a step on {world} device(s), more than the "
+        f"{samples:,} training samples make: an epoch has no optimizer step (litgpt sizes its schedule by them)"
+    )
+    return what, f"lower train.global_batch_size to at most {most:,}, or give more data"
 
 
 def accumulation(global_batch_size: int, world: int, micro_batch_size: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -31,10 +32,11 @@ from tunelab.recipes import Recipe
 from tunelab.settings import (
     accumulation,
     data_size,
+    empty_epoch,
     held_out_share,
+    litgpt_schedule,
     quantization_problems,
     split_sizes,
-    steps_per_epoch,
     training_problems,
     val_split_problem,
     world_size,
@@ -425,7 +427,7 @@ class _Context:
     steps: int | None = None
     """The run's optimizer steps (set by the schedule rules when the data size or max_steps tells)."""
     schedule: int | None = None
-    """The steps litgpt's schedule spans before max_steps, by its own count (``settings.steps_per_epoch``)."""
+    """The steps litgpt's learning-rate schedule spans, by its own count (``settings.Schedule.span``)."""
 
 
 def _precision_rules(c: _Context, a: dict, bad) -> None:
@@ -520,23 +522,19 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         bad("data.val_split_fraction", why, "set data.val_split_fraction from 0 to below 1 (0.05: 5% held out)")
     elif n_samples and isinstance(c.gbs, int) and c.gbs > 0:
         trained = split_sizes(n_samples, held_out_share(a))[0]
-        per_epoch = trained // c.gbs
-        c.steps = per_epoch * (epochs or 1)
-        if isinstance(c.mbs, int) and 1 <= c.mbs and c.world * c.mbs <= c.gbs:  # litgpt's own count, short batches too
-            c.schedule = steps_per_epoch(trained, c.world, c.mbs, c.gbs) * (epochs or 1)
-        if per_epoch == 0:
-            bad(
-                "train.global_batch_size",
-                f"{c.gbs} is more than the {trained:,} training samples: an epoch has no "
-                "optimizer step (litgpt divides by the steps per epoch)",
-                f"lower train.global_batch_size to at most {trained:,}, or give more data",
-            )
-        if max_steps and per_epoch and c.steps < max_steps:
-            need = -(-max_steps // per_epoch)
+        if not (isinstance(c.mbs, int) and 1 <= c.mbs and c.world * c.mbs <= c.gbs):
+            c.steps = trained // c.gbs  # a micro batch litgpt refuses or floors (its own rule): steps of the batch
+            return
+        run = litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, None)  # uncapped: what the data gives
+        c.steps, c.schedule = run.steps, litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, max_steps).span
+        if empty := empty_epoch(trained, c.world, c.mbs, c.gbs):
+            bad("train.global_batch_size", *empty)
+        elif max_steps and run.steps < max_steps:
+            need = math.ceil(max_steps * accumulation(c.gbs, c.world, c.mbs) / (run.micro_batches // (epochs or 1)))
             bad(
                 "train.max_steps",
                 f"{max_steps} steps asked, but {epochs or 1} epoch(s) of "
-                f"{trained:,} training samples at global batch {c.gbs} give {c.steps}: the "
+                f"{trained:,} training samples at global batch {c.gbs} give {run.steps}: the "
                 "run stops there",
                 f"set train.epochs to {need} (or more data)",
                 "warning",
@@ -583,10 +581,10 @@ def _logger_rules(c: _Context, a: dict, bad) -> None:
 
 
 def _warmup_against_steps(c: _Context, warmup, max_steps, bad) -> None:
-    """Warm-up against the run's known optimizer steps (``c.steps``: min(epochs x steps per epoch, max_steps), the
-    span of litgpt's schedule): equal to them kills litgpt's cosine schedule at the last step; longer than the run
-    never reaches the peak learning rate."""
-    span = min(c.schedule, max_steps or c.schedule) if c.schedule else c.steps
+    """Warm-up against the span of litgpt's schedule (``c.schedule``: min(epochs x steps per epoch, max_steps)) and
+    the run's optimizer steps (``c.steps``): equal to the span kills litgpt's cosine schedule at the last step;
+    longer than the run never reaches the peak learning rate."""
+    span = c.schedule or c.steps
     if isinstance(warmup, int) and warmup >= 1 and span and warmup == span:
         what = "train.max_steps" if warmup == max_steps else f"the {span} optimizer steps litgpt's schedule spans"
         bad(

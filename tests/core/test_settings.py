@@ -106,10 +106,11 @@ def test_data_size_from_the_file_or_the_known_module():
     assert n == 400 and "data/alpaca_tunelab.json" in src
     n, src = settings.data_size(settings.resolve_args(resolve("tiny-llama-1.1b/full"), ["--data", "Alpaca2k"]))
     assert n == 2000 and "alpaca_2k" in src
-    # the lab's full YAMLs warm up for 100 steps of a 62-step epoch (Alpaca2k, val split 0.5, batch 16): warned
+    # the lab's full YAMLs warm up for 100 steps of a 63-step epoch (Alpaca2k, val split 0.5: 1,000 samples in micro
+    # batches of 16, the last one of 8, and a step each): warned
     result = check(resolve("tiny-llama-1.1b/full"), ["--data", "Alpaca2k", "--train.lr_warmup_steps", "100"])
     assert any(
-        p.key == "train.lr_warmup_steps" and p.severity == "warning" and "62 optimizer steps" in p.message
+        p.key == "train.lr_warmup_steps" and p.severity == "warning" and "63 optimizer steps" in p.message
         for p in result.problems
     )
 
@@ -129,3 +130,40 @@ def test_split_sizes_are_torchs_random_split_as_litgpts_data_modules_call_it():
                 warnings.simplefilter("ignore")  # torch warns about an empty share
                 want = tuple(len(part) for part in random_split(range(n), [1 - f, f]))
             assert split_sizes(n, f) == want, (n, f)
+
+
+def test_litgpt_schedule_counts_micro_batches_samples_and_steps_as_litgpts_loop():
+    """``settings.litgpt_schedule`` against torch's DistributedSampler and DataLoader (as Fabric sets them up: each
+    rank's padded share, the last micro batch short) under litgpt's CycleIterator and its fit loop's count: the
+    epoch checked after each fetch, a step every accumulation-th micro batch counted on across epochs, the loop
+    stopped at max_steps. A short last micro batch that completes an accumulation makes a step (200 samples on 4
+    devices at micro 4: 13 steps, not 200 // 16 = 12)."""
+    import itertools
+
+    from litgpt.utils import CycleIterator
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from tunelab.settings import accumulation, litgpt_schedule
+
+    cases = itertools.product((1, 7, 40, 150, 200, 1000), (1, 2, 4), (1, 3, 4, 16), (1, 2, 4), (1, 2, 3), (None, 5))
+    for n, world, micro, acc, epochs, max_steps in cases:
+        gbs = micro * acc * world
+        loaders = [
+            DataLoader(range(n), micro, sampler=DistributedSampler(range(n), world, r, shuffle=False))
+            for r in range(world)
+        ]
+        it, iters, trained, samples, steps = CycleIterator(loaders[0]), 0, 0, 0, 0
+        while steps < (max_steps or float("inf")):
+            iters += 1
+            batch = next(it)
+            if it.epoch >= epochs:
+                break
+            trained, samples = trained + 1, samples + len(batch)
+            steps += iters % accumulation(gbs, world, micro) == 0
+        got = litgpt_schedule(n, world, micro, gbs, epochs, max_steps)
+        case = (n, world, micro, gbs, epochs, max_steps)
+        assert (got.micro_batches, got.samples, got.steps) == (trained, world * samples, steps), case
+        spe = len(loaders[-1]) // accumulation(gbs, world, micro)
+        assert got.steps_per_epoch == spe and got.span == min(epochs * spe, max_steps or epochs * spe), case
+    run = litgpt_schedule(200, 4, 4, 16, 1, None)
+    assert run.steps == 13 and run.samples == 200 and run.micro_batches == 13

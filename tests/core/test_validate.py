@@ -150,6 +150,14 @@ def test_warmup_equal_to_max_steps_is_refused_because_litgpt_divides_by_zero_the
         "100",
     ]
     assert check(resolve("tiny-llama-1.1b/full"), [*short, "--train.lr_warmup_steps", "1"]).ok  # 150: two steps
+    # at global 200 those two micro batches make one step (the short one completes it): not refused as none; at
+    # global 300 (three micro batches a step) an epoch has none
+    one = [*short[:-1], "200", "--train.lr_warmup_steps", "1", "--train.epochs", "2"]
+    r = check(resolve("tiny-llama-1.1b/full"), one)
+    assert r.ok and not [p for p in r.problems if p.key == "train.global_batch_size"], r.problems
+    r = check(resolve("tiny-llama-1.1b/full"), [*short[:-1], "300"])
+    said = [str(p) for p in r.problems if p.severity == "error"]
+    assert len(said) == 1 and "an epoch has no optimizer step" in said[0] and "at most 200" in said[0], said
 
 
 def test_a_config_override_that_is_no_regular_file_is_refused_before_litgpts_parser(tmp_path):

@@ -84,17 +84,11 @@ def test_ok_run_record(tmp_path):
     assert '"status": "ok"' in p.stdout and f"record: {tmp_path / 'r' / 'record.json'}" in p.stdout
 
 
-def test_litgpt_validation_samples_and_saves_inside_the_loop_are_pauses_not_steps(tmp_path):
-    """litgpt's own loop, for real: the validation, the generated sample and each step checkpoint inside ``fit``
-    are noted as pauses of the iteration they interrupt, so the steady window holds training alone (a validation of
-    6 s inside the window once made an H200 row's mean step 0.213 s against 0.158 s of training). The final
-    validation and save, after ``fit``, and its sanity check before the first batch are no pauses of the loop."""
-    import json
-
+def _run_tiny_lora(out: Path, overrides: list[str]) -> record.RunRecord:
+    """`tunelab run tiny-llama-1.1b/lora` in a child process on the CPU (no workers, 2 validation batches): the
+    record of a run that succeeded."""
     p = subprocess.run(
-        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--out", str(tmp_path / "r"), *FAST[2:]]
-        + ["--train.max_steps", "6", "--train.global_batch_size", "4", "--eval.interval", "3"]
-        + ["--train.save_interval", "2"],
+        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--out", str(out), *FAST[2:], *overrides],
         cwd=ROOT,
         env=cpu_env(),
         capture_output=True,
@@ -102,7 +96,29 @@ def test_litgpt_validation_samples_and_saves_inside_the_loop_are_pauses_not_step
         timeout=300,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    rec = record.load(tmp_path / "r" / "record.json")
+    return record.load(out / "record.json")
+
+
+def test_litgpt_validation_samples_and_saves_inside_the_loop_are_pauses_not_steps(tmp_path):
+    """litgpt's own loop, for real: the validation, the generated sample and each step checkpoint inside ``fit``
+    are noted as pauses of the iteration they interrupt, so the steady window holds training alone (a validation of
+    6 s inside the window once made an H200 row's mean step 0.213 s against 0.158 s of training). The final
+    validation and save, after ``fit``, and its sanity check before the first batch are no pauses of the loop."""
+    import json
+
+    rec = _run_tiny_lora(
+        tmp_path / "r",
+        [
+            "--train.max_steps",
+            "6",
+            "--train.global_batch_size",
+            "4",
+            "--eval.interval",
+            "3",
+            "--train.save_interval",
+            "2",
+        ],
+    )
     assert rec.status == "ok" and rec.iters == 6 and rec.accumulation == 1
     stats = json.loads((tmp_path / "r" / "stats" / "rank0.json").read_text())
     # step k ends iteration k - 1: saves after steps 2, 4 and 6; validation and a sample after steps 3 and 6
@@ -112,6 +128,24 @@ def test_litgpt_validation_samples_and_saves_inside_the_loop_are_pauses_not_step
     starts = [it[0] for it in stats["iters"]]  # each pause starts inside the iteration it interrupted
     assert all(starts[i] <= start <= starts[i + 1] for i, _, start in stats["pauses"] if i + 1 < len(starts))
     assert all(start + s <= starts[i + 1] for i, s, start in stats["pauses"] if i + 1 < len(starts))  # ends before
+
+
+def test_a_whole_epoch_with_a_short_last_micro_batch_steps_as_planned_and_validated(tmp_path):
+    """A whole epoch of litgpt's own loop, for real, against the step count plan and validate make before it: 40
+    training samples at micro 3 are 14 micro batches (the last of 1), and at accumulation 2 they make 7 optimizer
+    steps: the short one completes a step (40 // 6 = 6 was the plan's count)."""
+    from tunelab.plan.recipe import plan_recipe, runtime_terms
+    from tunelab.validate import check
+
+    shape = ["--data.init_args.val_split_fraction", "0.9", "--train.micro_batch_size", "3"]
+    shape += ["--train.global_batch_size", "6", "--train.max_steps", "null"]
+    rec = _run_tiny_lora(tmp_path / "r", shape)
+    assert rec.status == "ok" and rec.iters == 14 and rec.accumulation == 2 and rec.optimizer_steps == 7
+    planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), shape, gpu=None)
+    terms = runtime_terms(planned.settings, planned.input, 400.0)
+    assert terms.detail["optimizer_steps"] == 7 and terms.detail["train_iterations"] == 14
+    said = [p.message for p in check(resolve("tiny-llama-1.1b/lora"), shape).problems]
+    assert any("the run's 7 optimizer steps" in m for m in said), said  # the recipe's 10 warm-up steps
 
 
 @pytest.mark.slow  # 30 s on 2 cores; CI keeps a timed-out and a SIGKILLed run (below)

@@ -733,14 +733,14 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     adapters = lora_param_count(lora.config, lora.lora_r, lora.lora_targets) * 2
     assert runtime.checkpoint_bytes(lora) == (adapters, adapters + 2 * total)
 
-    args = {"train": {"global_batch_size": 8, "epochs": 1, "save_interval": 10}, "eval": {"interval": None}}
-    t = runtime.terms(full, args, 1000, 0, 437.0)  # 125 optimizer steps: saves at 10, 20, ..., 120
+    args = {"train": {"global_batch_size": 16, "epochs": 1, "save_interval": 10}, "eval": {"interval": None}}
+    t = runtime.terms(full, args, 2000, 0, 437.0)  # 125 optimizer steps at micro 16: saves at 10, 20, ..., 120
     causes = t.by_cause(gpu)
     assert t.detail["saves"] == 12
     assert causes["checkpoint saves"] == pytest.approx(12 * 6 * total / runtime.CHECKPOINT_WRITE_BYTES_PER_S)
     assert t.save_seconds(after_loop=True) == pytest.approx(2 * total / runtime.CHECKPOINT_WRITE_BYTES_PER_S)
     args["train"]["save_interval"] = None
-    none = runtime.terms(full, args, 1000, 0, 437.0)
+    none = runtime.terms(full, args, 2000, 0, 437.0)
     assert none.by_cause(gpu)["checkpoint saves"] == 0
     assert sum(causes.values()) - sum(none.by_cause(gpu).values()) == pytest.approx(causes["checkpoint saves"])
     fast_fsdp = full.changed(fabric=False, strategy="fsdp", devices=4)  # tunelab's loop, sharded
@@ -1078,9 +1078,9 @@ def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers()
     gpu = hardware.lookup("A10G")
     full = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true"], gpu=gpu).input
     sharded = full.changed(strategy="fsdp", devices=4, fsdp_root_kept=True)
-    args = {"train": {"global_batch_size": 32, "epochs": 1}, "eval": {"interval": 5, "max_new_tokens": 50}}
+    args = {"train": {"global_batch_size": 64, "epochs": 1}, "eval": {"interval": 5, "max_new_tokens": 50}}
     for case in (sharded, sharded.changed(fabric=False, fused_optimizer=True)):
-        terms = runtime.terms(case, args, 1000, 100, 437.0)
+        terms = runtime.terms(case, args, 2000, 100, 437.0)  # 32 steps of 4 x micro 16: validated at 5, ..., 30
         d = terms.detail
         batches, tokens = d["eval_iterations"], d["evaluations"] * d["new_tokens"]
         assert d["evaluations"] == 6 and tokens == 300

@@ -448,21 +448,14 @@ class Terms:
         return steps * self.comm.exposed(backward_s, passes_s)
 
 
-def _schedule(train: dict, micro: int, train_samples: int) -> tuple[int, int]:
-    """(samples trained, optimizer steps) of litgpt's fit loop: its epochs over the training samples at the global
-    batch, cut at ``max_steps``; InputError where an epoch holds no optimizer step (litgpt divides by them)."""
+def _schedule(train: dict, micro: int, world: int, train_samples: int) -> settings.Schedule:
+    """litgpt's fit loop over the training samples (:func:`tunelab.settings.litgpt_schedule`); InputError where an
+    epoch holds no optimizer step (litgpt sizes its schedule by them, and fails)."""
     gbs = train.get("global_batch_size") or micro
-    samples = train_samples * (train.get("epochs") or 1)
-    steps = samples // gbs
-    if train_samples and train_samples < gbs:  # litgpt divides by the steps per epoch: a run with none fails
-        raise InputError(
-            f"train.global_batch_size {gbs:,} is more than the {train_samples:,} training samples: an epoch has no "
-            f"optimizer step to time; fix: lower train.global_batch_size to at most {train_samples:,}, or give more data"
-        )
-    if train.get("max_steps"):
-        steps = min(steps, train["max_steps"])
-        samples = min(samples, steps * gbs)
-    return samples, steps
+    if empty := settings.empty_epoch(train_samples, world, micro, gbs):
+        what, fix = empty
+        raise InputError(f"train.global_batch_size {what}; fix: {fix}")
+    return settings.litgpt_schedule(train_samples, world, micro, gbs, train.get("epochs") or 1, train.get("max_steps"))
 
 
 def _dequantized_bytes(
@@ -484,7 +477,8 @@ def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sam
     train, ev = args["train"], args.get("eval") or {}
     world = case.world
     micro = case.micro_batch_size
-    samples, steps = _schedule(train, micro, train_samples)
+    run = _schedule(train, micro, world, train_samples)
+    samples, steps = run.samples, run.steps
     lora = case.lora
     n_lora = lora_param_count(c, case.lora_r, case.lora_targets) if lora else 0
     fpt = flops_per_token(c, tokens_per_sample, "lora" if lora else "full", n_lora).total
@@ -505,7 +499,7 @@ def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sam
     quant = str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
     weight_bytes = (total - emb) * (four_bit_bytes_per_param(case.quantize) if quant else s_param) + emb * s_param
     gen_bytes = n_evals * (ev.get("max_new_tokens") or 0) * weight_bytes
-    train_iters = samples / micro
+    train_iters = run.micro_batches * world
     dequant = _dequantized_bytes(c, total, emb, tokens_per_sample, train_iters, eval_iters) if quant else 0.0
     memory = (opt_bytes + gen_bytes + dequant) / world
     save_bytes, final_save_bytes = checkpoint_bytes(case)
