@@ -1064,6 +1064,34 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
             runtime_accuracy.generate_rows(tmp_path)
 
 
+def test_each_rank_validates_its_own_share_of_the_validation_set():
+    """litgpt's validation runs on every rank at once over its DistributedSampler share: min(len(val_dataloader),
+    eval.max_iters) batches a validation, the initial one over the whole loader (else a 2-batch sanity check). On
+    several devices the plan divided one rank's count by the devices (4 GPUs: validation a quarter of its time)."""
+    import itertools
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from tunelab import hardware
+    from tunelab.plan.model.flops import flops_per_token
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    full = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=hardware.lookup("H100-SXM")).input
+    for world, val, micro, max_iters, initial in itertools.product((1, 2, 4), (37, 500), (1, 4), (5, 100), (0, 1)):
+        case = full.changed(strategy="ddp", devices=world, micro_batch_size=micro)
+        ev = {"interval": 2, "max_iters": max_iters, "initial_validation": bool(initial)}
+        train = {"global_batch_size": micro * world, "epochs": 1}
+        d = runtime.terms(case, {"train": train, "eval": ev}, 8 * micro * world, val, 100.0).detail
+        loader = DataLoader(range(val), micro, sampler=DistributedSampler(range(val), world, world - 1, shuffle=False))
+        first = len(loader) if initial else min(2, len(loader))
+        assert d["optimizer_steps"] == 8 and d["evaluations"] == 4, (world, val, micro)
+        want = first + 4 * min(len(loader), max_iters)
+        assert d["eval_iterations"] == want, (world, val, micro, max_iters, initial)
+        forward = flops_per_token(case.config, 100.0, "full").total / 3  # a token's forward
+        assert d["eval_flops"] / world == pytest.approx(want * micro * 100.0 * forward)  # each rank's validation work
+
+
 def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers():
     """Each validation batch and each generated token under FULL_SHARD gathers the parameters again
     (``Comm.forward_s``): over a slow link every such forward takes its gathers, what its compute does not hide

@@ -485,10 +485,12 @@ def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sam
     fpt_fwd = flops_per_token(c, tokens_per_sample, "full").total / 3
     interval = ev.get("interval") or 10**9
     n_evals = steps // interval
-    val_batches = min(ev.get("max_iters") or 100, math.ceil(val_samples / micro))
-    eval_iters = 2 + n_evals * val_batches  # the sanity check, then each in-loop validation
+    per_rank = math.ceil(math.ceil(val_samples / world) / micro)  # each rank's validation batches (its sampler share)
+    val_batches = min(ev.get("max_iters") or 100, per_rank)
+    first = per_rank if ev.get("initial_validation") else min(2, per_rank)  # the initial validation or sanity check
+    eval_iters = first + n_evals * val_batches  # each rank's, all ranks at once
     train_flops = samples * tokens_per_sample * fpt
-    eval_flops = eval_iters * micro * tokens_per_sample * fpt_fwd
+    eval_flops = eval_iters * world * micro * tokens_per_sample * fpt_fwd
     recompute_flops = samples * tokens_per_sample * fpt_fwd if case.activation_checkpointing else 0.0
     total, emb = count_params(c)
     s_param = parameter_bytes(case.precision)
@@ -507,12 +509,12 @@ def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sam
     return Terms(
         compute_flops=(train_flops + recompute_flops + eval_flops) / world,
         memory_bytes=memory,
-        iterations=(train_iters + eval_iters) / world,
+        iterations=train_iters / world + eval_iters,
         kernels=kernel_work(case, tokens_per_sample),
         detail={
             "world": world,
             "train_iterations": train_iters / world,
-            "eval_iterations": eval_iters / world,
+            "eval_iterations": eval_iters,
             "new_tokens": ev.get("max_new_tokens") or 0,
             "weight_bytes": weight_bytes,
             "optimizer_steps": steps,
