@@ -133,17 +133,21 @@ def test_litgpt_validation_samples_and_saves_inside_the_loop_are_pauses_not_step
 def test_a_whole_epoch_with_a_short_last_micro_batch_steps_as_planned_and_validated(tmp_path):
     """A whole epoch of litgpt's own loop, for real, against the step count plan and validate make before it: 40
     training samples at micro 3 are 14 micro batches (the last of 1), and at accumulation 2 they make 7 optimizer
-    steps: the short one completes a step (40 // 6 = 6 was the plan's count)."""
+    steps: the short one completes a step (40 // 6 = 6 was the plan's count). Validated at steps 3 and 6, each with
+    a sample, and LoRA's loop samples once more when the epoch ends it: 3 samples (the plan counted 2)."""
     from tunelab.plan.recipe import plan_recipe, runtime_terms
     from tunelab.validate import check
 
     shape = ["--data.init_args.val_split_fraction", "0.9", "--train.micro_batch_size", "3"]
-    shape += ["--train.global_batch_size", "6", "--train.max_steps", "null"]
+    shape += ["--train.global_batch_size", "6", "--train.max_steps", "null", "--eval.interval", "3"]
     rec = _run_tiny_lora(tmp_path / "r", shape)
     assert rec.status == "ok" and rec.iters == 14 and rec.accumulation == 2 and rec.optimizer_steps == 7
     planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), shape, gpu=None)
     terms = runtime_terms(planned.settings, planned.input, 400.0)
     assert terms.detail["optimizer_steps"] == 7 and terms.detail["train_iterations"] == 14
+    printed = (tmp_path / "r" / "stdout.log").read_text()
+    assert printed.count("### Instruction:") == 3 and printed.count("Number of epochs 1 reached") == 1
+    assert terms.detail["evaluations"] == 2 and terms.detail["samples_generated"] == 3
     said = [p.message for p in check(resolve("tiny-llama-1.1b/lora"), shape).problems]
     assert any("the run's 7 optimizer steps" in m for m in said), said  # the recipe's 10 warm-up steps
 

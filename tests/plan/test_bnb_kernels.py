@@ -120,7 +120,7 @@ def test_qlora_lines_hold_out_of_sample():
 
 
 def test_qlora_plans_by_cause_on_the_lab_row():
-    """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): -18%, the kernel model's widest miss on the lab's
+    """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): -15%, the kernel model's widest miss on the lab's
     rows, inside its band (bitsandbytes' single-token path, ``gemv_4bit``, and its Python are not modelled), with
     dequantization and the host's launches as causes."""
     from tunelab.plan.model import runtime
@@ -128,7 +128,7 @@ def test_qlora_plans_by_cause_on_the_lab_row():
 
     rows = [r for r in a100_rows() if r["kernel_s"] is not None and not r["host_bound"]]
     s13 = next(r for r in rows if r["id"] == "s13")
-    assert s13 == max(rows, key=lambda r: abs(r["error"])) and -0.19 <= s13["error"] <= -0.17
+    assert s13 == max(rows, key=lambda r: abs(r["error"])) and -0.16 <= s13["error"] <= -0.14
     assert s13["lab_s"] <= s13["kernel_s"] * (1 + runtime.KERNEL_MODEL_ERROR)  # the band holds it
     assert s13["dequantization"] > 0 and s13["host launches"] > 0
 

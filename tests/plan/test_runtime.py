@@ -153,10 +153,10 @@ def test_the_kernel_report_holds_its_stated_errors():
         runtime_accuracy.step_seconds(st, acc, h) * (1 - e) <= m <= runtime_accuracy.step_seconds(st, acc, h) * (1 + e)
         for st, acc, m in busy
     )
-    # the widest is the lab's s13 (7B QLoRA): 17.8% short of its time, which is 21.7% over the estimate
+    # the widest is the lab's s13 (7B QLoRA): 14.7% short of its time, which is 17.3% over the estimate
     s13 = next(r for r in a100 if r["id"] == "s13")
     over = s13["lab_s"] / s13["kernel_s"] - 1
-    assert widest == pytest.approx(over) and over > -s13["error"] > 0.17
+    assert widest == pytest.approx(over) and over > -s13["error"] > 0.14
     assert f"recomputed {widest:.2%})" in (ROOT / "reports/planner-accuracy/runtime.md").read_text()
 
 
@@ -325,7 +325,7 @@ def test_a_launch_bound_plan_carries_the_hosts_we_measured_in_its_band():
     lora, fast, slow = estimate("tiny-llama-1.1b/lora")
     assert lora["seconds_band"] == pytest.approx((fast, slow))  # both beyond the model's band
     assert fast < lora["seconds"] * (1 - e) < lora["seconds"] * (1 + e) < slow
-    assert "widened to the host's 31-76 us an op" in lora["seconds_source"]
+    assert "widened to the host's 30-76 us an op" in lora["seconds_source"]
     full, fast, slow = estimate(
         "tiny-llama-1.1b/full",
         "--precision",
@@ -1092,6 +1092,25 @@ def test_each_rank_validates_its_own_share_of_the_validation_set():
         assert d["eval_flops"] / world == pytest.approx(want * micro * 100.0 * forward)  # each rank's validation work
 
 
+def test_loras_loop_samples_once_more_when_its_epochs_end_it():
+    """litgpt's LoRA loop (finetune_lora, QLoRA too) generates a sample when the epochs end the loop, not when
+    max_steps does; its full loop never does (litgpt 0.5.13's ``fit``; a real run in tests/e2e/test_runner.py)."""
+    from tunelab import hardware
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    ev = {"interval": 10, "max_iters": 2, "max_new_tokens": 50}
+    for method, by_epochs, by_steps in (("lora", 5, 4), ("qlora", 5, 4), ("full", 4, 4)):
+        case = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), [], gpu=hardware.lookup("H100-SXM")).input
+        train = {"global_batch_size": case.micro_batch_size, "epochs": 1}
+        samples = 40 * case.micro_batch_size  # 40 steps: samples at 10, 20, 30 and 40
+        ended = runtime.terms(case, {"train": train, "eval": ev}, samples, 8, 100.0).detail
+        stopped = runtime.terms(case, {"train": {**train, "max_steps": 40}, "eval": ev}, samples, 8, 100.0).detail
+        assert (ended["evaluations"], ended["samples_generated"]) == (4, by_epochs), method
+        assert (stopped["evaluations"], stopped["samples_generated"]) == (4, by_steps), method
+        assert ended["generation_bytes"] == by_epochs * 50 * ended["weight_bytes"] / case.world, method
+
+
 def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers():
     """Each validation batch and each generated token under FULL_SHARD gathers the parameters again
     (``Comm.forward_s``): over a slow link every such forward takes its gathers, what its compute does not hide
@@ -1343,7 +1362,7 @@ def test_evaluation_is_launched_at_its_measured_share_of_a_training_ops_host_tim
         causes = terms.by_cause(gpu)
         for cause, phase, count in (
             ("validation", "validation", d["eval_iterations"]),
-            ("generation", "decode", d["evaluations"] * d["new_tokens"]),
+            ("generation", "decode", d["samples_generated"] * d["new_tokens"]),
         ):
             launches = st.host_ops_by_phase[phase] * h * runtime.eval_host_share(phase, method)
             assert launches > st.gpu_by_phase[phase], (method, phase)  # a small model's evaluation waits on its host

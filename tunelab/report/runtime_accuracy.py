@@ -386,7 +386,8 @@ def bench_step(
     gpu, case, acc = item["gpu"], item["case"], item["accumulation"]
     if case.loop.fabric:
         work = runtime.kernel_work(case, item["tokens"])
-        one = {"train_iterations": acc, "optimizer_steps": 1, "eval_iterations": 0, "evaluations": 0, "new_tokens": 0}
+        one = {"train_iterations": acc, "optimizer_steps": 1, "eval_iterations": 0, "samples_generated": 0}
+        one |= {"evaluations": 0, "new_tokens": 0}
         by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale)
         return sum(by.values()), "host" if by["host launches"] > 0 else "GPU"
     h = fast_step.COMPILED_HOST_S_PER_KERNEL if compiled_host_s is None else compiled_host_s
@@ -580,7 +581,7 @@ def part2_rows() -> list[dict]:
         if not isinstance(t.kernels, runtime.KernelWork):
             continue
         t.comm = comm.per_step(case, link) if case.world > 1 else None
-        t.detail.update(eval_iterations=0, evaluations=0)
+        t.detail.update(eval_iterations=0, evaluations=0, samples_generated=0)
         causes = t.by_cause(gpu)
         steps = t.detail["optimizer_steps"]
         lab = float(r.lab["time_s"]) / train["max_steps"]
@@ -647,10 +648,11 @@ def kernel_model_error(rows: list[dict], busy: list[tuple]) -> float:
 
 
 def lab_hosts(items: list | None = None) -> dict:
-    """{row: host us per op} of the lab's A100 rows the kernel model says waited on their host (its kernels alone,
-    without the gaps between them, under :data:`HOST_BOUND_UTIL` of the lab's time): the host time per op that makes the modelled run (validation and
-    samples included) equal the lab's Training Time, by bisection on the host's scale; ``items``: :func:`a100_items`
-    when already planned. The lab's machine is one of the hosts the plan's band spans."""
+    """{row: host us per op} of the lab's A100 rows the kernel model says waited on their host (the training loop's
+    kernels, without the gaps between them, under :data:`HOST_BOUND_UTIL` of its time at the planner's host: the share
+    NVML gives our runs over their training window): the host time per op that makes the modelled run (validation
+    and samples included) equal the lab's Training Time, by bisection on the host's scale; ``items``:
+    :func:`a100_items` when already planned. The lab's machine is one of the hosts the plan's band spans."""
     out = {}
     for r, t, *_, secs in items or a100_items():
         if not isinstance(t.kernels, runtime.KernelWork):
@@ -661,8 +663,9 @@ def lab_hosts(items: list | None = None) -> dict:
         def run_s(scale: float, t=t, gpu=gpu, step=step) -> float:
             return sum(t.by_cause(gpu, scale, step=step).values())
 
-        busy = t.by_cause(gpu, 1e-4, step=step)
-        if (sum(busy.values()) - busy["kernel gaps"]) / secs >= HOST_BOUND_UTIL / 100:
+        at = t.by_cause(gpu, step=step)
+        busy = sum(at[cause] for cause in runtime.CAUSES[: runtime.CAUSES.index("kernel gaps")])
+        if busy / (busy + at["kernel gaps"] + at["host launches"]) >= HOST_BOUND_UTIL / 100:
             continue  # busy with its kernels by the model (gaps idle, as NVML counts): its time says nothing of its host
         if (scale := solve(run_s, secs, 1e-4, 4.0)) is not None:
             out[r.id] = scale * runtime.LITGPT_HOST_S_PER_OP * 1e6
