@@ -310,8 +310,8 @@ def settings_of(args: dict, *, method: str, command: str, recipe: str = "") -> S
         checkpoint_dir=str(args.get("checkpoint_dir") or ""),
         precision=args.get("precision"),
         quantize=args.get("quantize"),
-        devices=int(devices) if str(devices).lstrip("-").isdigit() else 1,
-        num_nodes=int(args.get("num_nodes") or 1),
+        devices=int(devices) if str(devices).lstrip("-").isdigit() else 1,  # else refused by the range checks
+        num_nodes=int(nodes) if str(nodes := args.get("num_nodes") or 1).lstrip("-").isdigit() else 1,
         micro_batch_size=train.get("micro_batch_size"),
         global_batch_size=train.get("global_batch_size"),
         max_steps=train.get("max_steps"),

@@ -497,6 +497,14 @@ def _interval_rules(c: _Context, a: dict, bad) -> None:
                 f"is {value}; litgpt's loop takes the step count modulo it (0: ZeroDivisionError at the first step)",
                 f"set {key} >= 1" + (" (or null: no intermediate checkpoints)" if key == "train.save_interval" else ""),
             )
+    if c.eval_.get("max_iters") == 0:
+        bad(
+            "eval.max_iters",
+            "is 0: each validation inside the loop averages no batch (a NaN validation loss; the final validation "
+            "covers the whole set)",
+            "set eval.max_iters >= 1 (100: litgpt's default)",
+            "warning",
+        )
 
 
 def _schedule_rules(c: _Context, a: dict, bad) -> None:

@@ -114,7 +114,7 @@ def test_integer_options_refuse_what_is_not_a_count(untouched, case, value):
     refused("integer options", [*prefix, option, value], option.lstrip("-"))
 
 
-LITGPT_KEYS = ["--train.micro_batch_size", "--train.global_batch_size", "--train.max_steps", "--devices"]
+LITGPT_KEYS = ["--train.micro_batch_size", "--train.global_batch_size", "--train.max_steps", "--devices", "--num_nodes"]
 
 
 @SETTINGS

@@ -192,3 +192,33 @@ def test_the_parsers_caller_check_sees_the_frames_inspect_sees_and_still_refuses
     assert isinstance(jsonargparse._core.inspect, validate._FramesOnly)
     with pytest.raises(NotImplementedError):
         parser.parse_known_args(["finetune_lora"])
+
+
+def test_no_validation_batch_is_a_warning_as_litgpts_validate_averages_none():
+    """litgpt's own ``validate`` (called here) with eval.max_iters 0 averages no batch: a NaN loss at every
+    validation inside the loop (the final one covers the whole set): a warning, the run trains as asked."""
+    import math
+
+    from litgpt.args import EvalArgs
+    from litgpt.finetune.lora import validate as litgpt_validate
+
+    class Quiet:
+        def print(self, *args, **kwargs) -> None:
+            pass
+
+    class Model:
+        def eval(self) -> None:
+            pass
+
+        def train(self) -> None:
+            pass
+
+    assert math.isnan(float(litgpt_validate(Quiet(), Model(), [{"input_ids": None}] * 3, EvalArgs(max_iters=0))))
+    r = check(resolve("tiny-llama-1.1b/lora"), ["--eval.max_iters", "0"])
+    said = [p for p in r.problems if p.key == "eval.max_iters"]
+    assert r.ok and len(said) == 1 and said[0].severity == "warning" and "NaN" in said[0].message, r.problems
+    assert not [
+        p
+        for p in check(resolve("tiny-llama-1.1b/lora"), ["--eval.max_iters", "1"]).problems
+        if p.key == "eval.max_iters"
+    ]
