@@ -688,6 +688,10 @@ def test_the_tokens_stop_where_litgpt_stops_at_the_epochs_end_or_max_steps():
     cut, note = tokens("30")
     assert cut == 200 * 440.0 and "200 training samples" in note and "before max_steps 30" in note
     assert tokens("3") == (3 * 32 * 440.0, "max_steps 3 x global batch 32 x 440 padded tokens/sample")
+    # on 3 devices each rank's sampler pads its share to 67 (201 samples, one repeated), as the steps count it
+    on3 = ["--devices", "3", "--train.global_batch_size", "24", "--train.micro_batch_size", "8"]
+    settings = resolve_settings(resolve("tiny-llama-1.1b/full"), on3)
+    assert epoch_tokens(settings, 440.0)[0] == 201 * 440.0
 
 
 def test_a_grid_line_without_its_measurements_is_one_line(tmp_path):

@@ -24,6 +24,7 @@ from tunelab.settings import (
     data_class_problem,
     data_init_args,
     data_size,
+    litgpt_schedule,
     quantization_problems,
     resolve,
     split_sizes,
@@ -330,15 +331,13 @@ def epoch_tokens(
     )
     train, _, src = train_samples(settings)
     epochs = settings.epochs or 1
-    if settings.max_steps and settings.max_steps * settings.global_batch_size <= train * epochs:
-        samples = settings.max_steps * settings.global_batch_size
-        return (
-            samples * per_sample,
-            f"max_steps {settings.max_steps} x global batch {settings.global_batch_size} x {how}",
-        )
+    world, gbs = settings.world_size, settings.global_batch_size
+    run = litgpt_schedule(train, world, micro, gbs, epochs, settings.max_steps)  # as litgpt's loop counts them
+    if settings.max_steps and run.steps == settings.max_steps:
+        return run.samples * per_sample, f"max_steps {settings.max_steps} x global batch {gbs} x {how}"
     # litgpt's loop also stops at the end of its last epoch, whichever comes first
     ends = f", which end before max_steps {settings.max_steps}" if settings.max_steps else ""
-    return train * epochs * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}){ends} x {how}"
+    return run.samples * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}){ends} x {how}"
 
 
 def data_lengths(settings: Settings) -> list[int] | None:
