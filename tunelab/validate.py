@@ -428,6 +428,8 @@ class _Context:
     """The run's optimizer steps (set by the schedule rules when the data size or max_steps tells)."""
     schedule: int | None = None
     """The steps litgpt's learning-rate schedule spans, by its own count (``settings.Schedule.span``)."""
+    epoch_steps: int | None = None
+    """The optimizer steps the epochs give, before max_steps (None: the data's size or the micro batch unknown)."""
 
 
 def _precision_rules(c: _Context, a: dict, bad) -> None:
@@ -535,6 +537,7 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
             return
         run = litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, None)  # uncapped: what the data gives
         c.steps, c.schedule = run.steps, litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, max_steps).span
+        c.epoch_steps = run.steps
         if empty := empty_epoch(trained, c.world, c.mbs, c.gbs):
             bad("train.global_batch_size", *empty)
         elif max_steps and run.steps < max_steps:
@@ -571,8 +574,9 @@ def _training_rules(c: _Context, a: dict, bad) -> None:
 
 LOGGER_PACKAGES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",)}
 """The packages Lightning's logger behind each of litgpt's ``logger_name`` choices imports (either will do)."""
-LITGPT_LOOP_ONLY = ("eval.interval", "logger_name")
-"""Keys whose problems stop litgpt's own loop but not tunelab's (``--strategy``: it keeps its own metrics log)."""
+LITGPT_LOOP_ONLY = ("eval.interval", "logger_name", "train.max_steps")
+"""Keys whose problems stop litgpt's own loop but not tunelab's (``--strategy``: it keeps its own metrics log and
+skips the samples a sharded model cannot take on one rank)."""
 
 
 def _logger_rules(c: _Context, a: dict, bad) -> None:
@@ -697,6 +701,26 @@ def _lora_rules(c: _Context, a: dict, bad) -> None:
                 "devices: litgpt's LoRA eval generates a sample on rank 0 only and the other ranks hang",
                 f"set eval.interval above the run's optimizer steps (e.g. {(c.steps or 0) + 1 if c.steps else 10**6})",
             )
+        _lora_end_sample_rule(c, bad)
+
+
+def _lora_end_sample_rule(c: _Context, bad) -> None:
+    """litgpt's LoRA loop samples on rank 0 alone when its epochs end it (not max_steps): on several devices the
+    other ranks wait for it forever and the final checkpoint is never written (a 2-process CPU run hung there)."""
+    max_steps = c.train.get("max_steps")
+    if c.world < 2 or (max_steps and (c.epoch_steps is None or c.epoch_steps >= max_steps)):
+        return
+    if not (isinstance(c.mbs, int) and isinstance(c.gbs, int) and 1 <= c.mbs and c.world * c.mbs <= c.gbs):
+        return  # a batch litgpt refuses: the batch rules say so first
+    given = f"{max_steps}, more than the {c.epoch_steps} steps the epochs give" if max_steps else "not set"
+    bad(
+        "train.max_steps",
+        f"{given}: the run ends with its epochs, where litgpt's LoRA loop generates a sample on rank 0 alone and the "
+        f"other {c.world - 1} rank(s) wait for it forever (the final checkpoint is never written)",
+        f"set train.max_steps to {c.epoch_steps} (the epochs' steps): the loop then ends without that sample"
+        if c.epoch_steps
+        else "set train.max_steps to the run's optimizer steps: the loop then ends without that sample",
+    )
 
 
 def _optimizer_rules(c: _Context, a: dict, bad) -> None:

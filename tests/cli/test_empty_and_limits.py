@@ -150,6 +150,10 @@ def test_validate_checks_a_recipe_under_a_strategy_file_as_run_would():
     assert code == 1 and "--strategy fast: name: single runs one device, not 2" in out and "fix:" in out, out
     code, out, err = tunelab_here("validate", "tiny-llama-1.1b/lora", "--strategy", "nope")
     assert code == 2 and not out and len(err.splitlines()) == 1 and "no strategy 'nope'" in err, (out, err)
+    # what stops litgpt's own loop only (its LoRA sample on rank 0 alone) is said, and does not fail it, as in run
+    code, out, _ = tunelab_here("validate", "tiny-llama-1.1b/lora", "--strategy", "ddp", "--devices", 2)
+    assert code == 0 and "(litgpt's own loop; not under --strategy)" in out and "ok  tiny-llama-1.1b/lora" in out, out
+    assert tunelab_here("validate", "tiny-llama-1.1b/lora", "--devices", 2)[0] == 1
 
 
 def test_an_override_litgpt_has_no_argument_for_is_refused_by_plan():

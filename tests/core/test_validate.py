@@ -222,3 +222,23 @@ def test_no_validation_batch_is_a_warning_as_litgpts_validate_averages_none():
         for p in check(resolve("tiny-llama-1.1b/lora"), ["--eval.max_iters", "1"]).problems
         if p.key == "eval.max_iters"
     ]
+
+
+def test_loras_epoch_end_sample_on_several_devices_is_refused_unless_max_steps_ends_the_loop():
+    """litgpt's LoRA loop samples on rank 0 alone when its epochs end it; on several devices the other ranks wait
+    forever (a real 2-process run in tests/e2e/test_runner.py). max_steps at or under the epochs' steps ends the
+    loop first; full fine-tuning samples on every rank; one device has no one to wait."""
+    shape = ["--data.init_args.val_split_fraction", "0.9", "--train.micro_batch_size", "2"]
+    shape += ["--train.global_batch_size", "4", "--train.lr_warmup_steps", "2"]
+
+    def errors(recipe, *extra):
+        return [str(p) for p in check(resolve(recipe), [*shape, *extra]).problems if p.key == "train.max_steps"]
+
+    two = ["--devices", "2"]
+    said = errors("tiny-llama-1.1b/lora", *two, "--train.max_steps", "null")
+    assert len(said) == 1 and "rank 0 alone" in said[0] and "set train.max_steps to 10" in said[0], said
+    assert [e for e in errors("tiny-llama-1.1b/lora", *two, "--train.max_steps", "11") if "rank 0 alone" in e]
+    assert errors("tiny-llama-1.1b/lora", *two, "--train.max_steps", "10") == []
+    assert errors("tiny-llama-1.1b/lora", *two, "--train.max_steps", "4") == []
+    assert errors("tiny-llama-1.1b/lora", "--devices", "1", "--train.max_steps", "null") == []
+    assert errors("tiny-llama-1.1b/full", *two, "--train.max_steps", "null") == []

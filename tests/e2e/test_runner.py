@@ -152,6 +152,31 @@ def test_a_whole_epoch_with_a_short_last_micro_batch_steps_as_planned_and_valida
     assert any("the run's 7 optimizer steps" in m for m in said), said  # the recipe's 10 warm-up steps
 
 
+def test_litgpts_lora_loop_on_two_devices_ends_at_max_steps_not_at_its_sample(tmp_path):
+    """litgpt's LoRA loop samples on rank 0 alone when its epochs end it: on 2 processes the other rank waited for
+    it until the run was killed (300 s, 10 steps done, no checkpoint). ``run`` refuses that before launching, naming
+    the max_steps that ends the loop first; with it the same run ends (tunelab's loop under --strategy is not held
+    to it: it skips a sample a sharded model cannot take on one rank)."""
+    from tunelab.validate import check
+
+    shape = ["--devices", "2", "--data.init_args.val_split_fraction", "0.9", "--train.micro_batch_size", "2"]
+    shape += ["--train.global_batch_size", "4", "--train.lr_warmup_steps", "2", "--train.max_steps", "null"]
+    p = subprocess.run(
+        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--out", str(tmp_path / "no"), *shape],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    assert p.returncode != 0 and len(lines) == 1 and "train.max_steps: not set" in lines[0], lines
+    assert "fix: set train.max_steps to 10" in lines[0] and not (tmp_path / "no").exists()
+    assert check(resolve("tiny-llama-1.1b/lora"), shape).blocking(under_strategy=True) == []
+    rec = _run_tiny_lora(tmp_path / "r", [*shape, "--train.max_steps", "10"])
+    assert rec.status == "ok" and rec.optimizer_steps == 10 and rec.device_count == 2 and len(rec.ranks) == 2
+
+
 @pytest.mark.slow  # 30 s on 2 cores; CI keeps a timed-out and a SIGKILLed run (below)
 def test_real_oom_under_memory_limit(tmp_path):
     """A 70M-parameter model (random weights) with a 32-sample micro batch cannot allocate within the limit."""
