@@ -187,6 +187,40 @@ def litgpt_schedule(
     return Schedule(per_epoch // acc, span, batches, world * (full * share + part * micro), steps)
 
 
+def rank0_sample_problems(
+    world: int, train: dict, eval_: dict, steps: int | None, epoch_steps: int | None
+) -> list[tuple[str, str, str]]:
+    """(key, what, fix) for each sample litgpt's own LoRA loop would take on rank 0 alone on ``world`` devices while
+    the other ranks wait for it forever: one every ``eval.interval`` steps inside the run (``steps``: its optimizer
+    steps, None where unknown), and one when its epochs end it (``epoch_steps``: the steps they give, None where
+    unknown; max_steps at most that many ends the loop first). A 2-process run hung at the latter."""
+    if world < 2:
+        return []
+    out = []
+    interval, max_steps = eval_.get("interval"), train.get("max_steps")
+    if interval is not None and (steps is None or interval <= steps):
+        out.append(
+            (
+                "eval.interval",
+                f"{interval} falls inside the {steps if steps else 'unbounded'}-step run on {world} devices: litgpt's "
+                "LoRA eval generates a sample on rank 0 only and the other ranks hang",
+                f"set eval.interval above the run's optimizer steps (e.g. {(steps or 0) + 1 if steps else 10**6})",
+            )
+        )
+    if not max_steps or (epoch_steps is not None and epoch_steps < max_steps):
+        given = f"{max_steps}, more than the {epoch_steps} steps the epochs give" if max_steps else "not set"
+        count = f"{epoch_steps} (the epochs' steps)" if epoch_steps else "the run's optimizer steps"
+        out.append(
+            (
+                "train.max_steps",
+                f"{given}: the run ends with its epochs, where litgpt's LoRA loop generates a sample on rank 0 alone "
+                f"and the other {world - 1} rank(s) wait for it forever (the final checkpoint is never written)",
+                f"set train.max_steps to {count}: the loop then ends without that sample",
+            )
+        )
+    return out
+
+
 def empty_epoch(samples: int, world: int, micro_batch_size: int, global_batch_size: int) -> tuple[str, str] | None:
     """(what, fix) where an epoch of ``samples`` training samples holds no optimizer step by litgpt's count (it sizes
     its schedule by the steps per epoch, and fails), else None."""

@@ -36,6 +36,7 @@ from tunelab.settings import (
     held_out_share,
     litgpt_schedule,
     quantization_problems,
+    rank0_sample_problems,
     split_sizes,
     training_problems,
     val_split_problem,
@@ -693,34 +694,9 @@ def _lora_rules(c: _Context, a: dict, bad) -> None:
             )
         if (a.get("lora_r") or 0) < 1:
             bad("lora_r", f"is {a.get('lora_r')}", "set lora_r >= 1")
-        interval = c.eval_.get("interval")
-        if c.world > 1 and interval is not None and (c.steps is None or interval <= c.steps):
-            bad(
-                "eval.interval",
-                f"{interval} falls inside the {c.steps if c.steps else 'unbounded'}-step run on {c.world} "
-                "devices: litgpt's LoRA eval generates a sample on rank 0 only and the other ranks hang",
-                f"set eval.interval above the run's optimizer steps (e.g. {(c.steps or 0) + 1 if c.steps else 10**6})",
-            )
-        _lora_end_sample_rule(c, bad)
-
-
-def _lora_end_sample_rule(c: _Context, bad) -> None:
-    """litgpt's LoRA loop samples on rank 0 alone when its epochs end it (not max_steps): on several devices the
-    other ranks wait for it forever and the final checkpoint is never written (a 2-process CPU run hung there)."""
-    max_steps = c.train.get("max_steps")
-    if c.world < 2 or (max_steps and (c.epoch_steps is None or c.epoch_steps >= max_steps)):
-        return
-    if not (isinstance(c.mbs, int) and isinstance(c.gbs, int) and 1 <= c.mbs and c.world * c.mbs <= c.gbs):
-        return  # a batch litgpt refuses: the batch rules say so first
-    given = f"{max_steps}, more than the {c.epoch_steps} steps the epochs give" if max_steps else "not set"
-    bad(
-        "train.max_steps",
-        f"{given}: the run ends with its epochs, where litgpt's LoRA loop generates a sample on rank 0 alone and the "
-        f"other {c.world - 1} rank(s) wait for it forever (the final checkpoint is never written)",
-        f"set train.max_steps to {c.epoch_steps} (the epochs' steps): the loop then ends without that sample"
-        if c.epoch_steps
-        else "set train.max_steps to the run's optimizer steps: the loop then ends without that sample",
-    )
+        if isinstance(c.mbs, int) and isinstance(c.gbs, int) and 1 <= c.mbs and c.world * c.mbs <= c.gbs:
+            for key, what, fix in rank0_sample_problems(c.world, c.train, c.eval_, c.steps, c.epoch_steps):
+                bad(key, what, fix)  # (a batch litgpt refuses: the batch rules say so first)
 
 
 def _optimizer_rules(c: _Context, a: dict, bad) -> None:

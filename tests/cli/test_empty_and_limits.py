@@ -458,3 +458,18 @@ def test_a_data_module_litgpt_does_not_have_is_refused_by_plan_and_advise():
         assert code != 0 and len(lines) == 1 and ("fix: one of" in lines[0] or "neither a file" in lines[0]), lines
     code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--data.class_path", "mypackage.MyData")
     assert code == 0, (out, err)
+
+
+def test_plan_warns_in_its_short_answer_where_litgpts_own_loop_would_hang():
+    """LoRA in litgpt's own loop on several devices samples on rank 0 alone (in the loop, and when its epochs end
+    it): the plan says so in its ten lines, with the fix validate gives; not where max_steps ends the loop and
+    eval.interval is beyond it, nor under a strategy file (tunelab's loop), nor on one device."""
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", 2)
+    warned = [ln for ln in out.splitlines() if ln.startswith("warning: litgpt's loop would hang: ")]
+    assert code == 0 and len(warned) == 1 and "train.max_steps: not set" in warned[0], out
+    assert "fix: set train.max_steps to 12" in warned[0]
+    code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", 2, "--eval.interval", 5)
+    assert code == 0 and "eval.interval: 5 falls inside the 12-step run on 2 devices" in out, out
+    for quiet in (["--devices", 2, "--train.max_steps", 12], ["--devices", 2, "--strategy", "ddp"], ["--devices", 1]):
+        code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", *quiet)
+        assert code == 0 and "would hang" not in out, (quiet, out)

@@ -26,6 +26,7 @@ from tunelab.settings import (
     data_size,
     litgpt_schedule,
     quantization_problems,
+    rank0_sample_problems,
     resolve,
     split_sizes,
     training_precision,
@@ -35,6 +36,8 @@ from tunelab.settings import (
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import PRECISIONS
 
+HANGS = "litgpt's loop would hang: "
+"""How a plan's note starts where litgpt's own loop would never end (the short answer shows these in full)."""
 LAB_DATA_SAMPLES = 2000
 """Samples assumed when the run's data size is not known here: the lab's 2,000-sample Alpaca subset."""
 
@@ -243,6 +246,10 @@ def plan_settings(
     plan = memory.predict(case)
     if strategy_config is not None and strategy_config.fast:
         plan.notes.append(fast_note(strategy_config.fast))
+    if strategy_config is None and settings.command == "finetune_lora":  # litgpt's own loop on several devices
+        plan.notes += [
+            f"{HANGS}{key}: {what}; fix: {fix} (validate and run refuse it)" for key, what, fix in _hangs(settings)
+        ]
     if (step := settings.accumulation * settings.micro_batch_size * settings.world_size) < settings.global_batch_size:
         plan.notes.append(
             f"train.global_batch_size {settings.global_batch_size} is not micro batch x devices x accumulation: "
@@ -255,6 +262,17 @@ def plan_settings(
     return PlannedRecipe(
         settings=settings, input=case, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
     )
+
+
+def _hangs(settings: Settings) -> list[tuple[str, str, str]]:
+    """The samples litgpt's own LoRA loop would take on rank 0 alone while the other ranks wait (``settings``: a run
+    on several devices; its data counted as :func:`train_samples` counts it)."""
+    train, _, _ = train_samples(settings)
+    micro, gbs, epochs = settings.micro_batch_size, settings.global_batch_size, settings.epochs or 1
+    by_epochs = litgpt_schedule(train, settings.world_size, micro, gbs, epochs, None).steps
+    steps = min(by_epochs, settings.max_steps) if settings.max_steps else by_epochs
+    args = settings.args
+    return rank0_sample_problems(settings.world_size, args.get("train") or {}, args.get("eval") or {}, steps, by_epochs)
 
 
 def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strategy_named: str | None) -> None:

@@ -8,7 +8,7 @@ from tunelab.plan.model import kernels, memory, runtime, strategies
 from tunelab.plan.model.fast_step import FAST_START_EXTRA_S
 from tunelab.plan.model.strategies import zero
 from tunelab.plan.projection import Projection
-from tunelab.plan.recipe import PlannedRecipe
+from tunelab.plan.recipe import HANGS, PlannedRecipe
 from tunelab.plan.trace import measure, ranks
 from tunelab.units import BILLION, GB, duration, energy, gb, tokens
 
@@ -96,6 +96,7 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
         lines += _answer_time(projection, price, planned.input.world, plan.edge)
     elif plan.gpu is None:
         lines.append("time, energy and a verdict: name a GPU (--gpu H100-SXM, ...)")
+    lines += [f"warning: {note}" for note in plan.notes if note.startswith(HANGS)]
     more = len(plan.notes)
     lines.append(f"--verbose: the breakdown, where each figure comes from{f' and {more} note(s)' if more else ''}")
     return "\n".join(lines)
