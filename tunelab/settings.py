@@ -183,7 +183,8 @@ def litgpt_schedule(
     if max_steps and steps >= max_steps:
         steps, batches = max_steps, max_steps * acc
     full, part = divmod(batches, per_epoch)
-    span = min(epochs * (per_epoch // acc), max_steps or epochs * (per_epoch // acc))
+    by_epochs = epochs * (per_epoch // acc)  # what litgpt's learning-rate schedule is sized by
+    span = min(by_epochs, max_steps) if max_steps else by_epochs
     return Schedule(per_epoch // acc, span, batches, world * (full * share + part * micro), steps)
 
 
