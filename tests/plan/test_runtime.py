@@ -1115,10 +1115,39 @@ def test_loras_loop_samples_once_more_when_its_epochs_end_it():
         assert ended["generation_bytes"] == by_epochs * 50 * ended["weight_bytes"] / case.world, method
 
 
+def test_tunelabs_loop_takes_no_sample_of_a_model_each_rank_holds_a_shard_of():
+    """tunelab's loop skips the samples where each rank holds a shard of the weights (a forward is a collective):
+    the plan counts none there, as the loop decides it (``Kind.holds_shard``) for every strategy file; litgpt's
+    own FSDP loop (full fine-tuning) samples on every rank."""
+    from tunelab.plan.model import strategies as planned
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+    from tunelab.strategies import load_strategy
+
+    ev = {"interval": 10**6, "max_new_tokens": 50}
+    train = {"global_batch_size": 8, "epochs": 1}
+    for path in sorted((ROOT / "configs" / "strategies").glob("*.yaml")):
+        config = load_strategy(path.stem)
+        if not config.kind.divides:
+            continue
+        case = plan_recipe(resolve("tiny-llama-1.1b/lora"), [], gpu=None, devices=2, strategy=path.stem).input
+        holds = config.kind.holds_shard(config)
+        assert planned.of(case).holds_shard(case) == holds, path.stem
+        d = runtime.terms(case, {"train": train, "eval": ev}, 80, 8, 100.0).detail
+        assert d["samples_generated"] == (0 if holds else 1), path.stem  # LoRA's sample when its epochs end
+    wide = ["--train.global_batch_size", "32"]
+    full = plan_recipe(resolve("tiny-llama-1.1b/full"), wide, gpu=None, devices=2).input  # litgpt's own FSDP
+    d = runtime.terms(
+        full, {"train": {**train, "global_batch_size": 32}, "eval": {**ev, "interval": 5}}, 400, 8, 1.0
+    ).detail
+    assert (d["optimizer_steps"], d["samples_generated"]) == (13, 2)  # at steps 5 and 10, on every rank
+
+
 def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers():
     """Each validation batch and each generated token under FULL_SHARD gathers the parameters again
     (``Comm.forward_s``): over a slow link every such forward takes its gathers, what its compute does not hide
-    counted as communication; over a fast one the compute hides them. In litgpt's loop and in the fast path's."""
+    counted as communication; over a fast one the compute hides them. In litgpt's loop and in the fast path's (which
+    validates but takes no sample of a sharded model)."""
     import dataclasses
 
     from tunelab import hardware
@@ -1133,8 +1162,8 @@ def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers()
     for case in (sharded, sharded.changed(fabric=False, fused_optimizer=True)):
         terms = runtime.terms(case, args, 2000, 100, 437.0)  # 32 steps of 4 x micro 16: validated at 5, ..., 30
         d = terms.detail
-        batches, tokens = d["eval_iterations"], d["evaluations"] * d["new_tokens"]
-        assert d["evaluations"] == 6 and tokens == 300
+        batches, tokens = d["eval_iterations"], d["samples_generated"] * d["new_tokens"]
+        assert d["evaluations"] == 6 and tokens == (300 if case.loop.fabric else 0)
         for link, hidden in (("pcie4-no-p2p", False), ("nvlink4", True)):
             terms.comm = comm.per_step(case, comm.lookup(link, "gpu"))
             causes = terms.by_cause(gpu)
@@ -1142,13 +1171,14 @@ def test_validation_and_samples_under_a_sharded_strategy_wait_on_their_gathers()
             without = terms.by_cause(gpu)
             extra = causes["communication"] - without["communication"]
             gather = comm.per_step(case, comm.lookup(link, "gpu")).forward_s
-            batch, token = causes["validation"] / batches, causes["generation"] / tokens
+            batch = causes["validation"] / batches
+            token = causes["generation"] / tokens if tokens else 0.0
             if hidden:
-                assert extra == 0 and gather < token < batch, link
+                assert extra == 0 and gather < batch and (not tokens or gather < token < batch), link
             else:  # each forward takes its gathers or its compute, whichever is longer
-                assert token < gather, link
+                assert not tokens or token < gather, link
                 exposed = batches * max(0.0, gather - batch) + tokens * (gather - token)
-                assert extra == pytest.approx(exposed, rel=1e-9), link
+                assert extra == pytest.approx(exposed, rel=1e-9, abs=1e-12) and (extra > 0) == bool(tokens), link
 
 
 def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_path):

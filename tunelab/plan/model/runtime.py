@@ -476,13 +476,16 @@ def _validations(ev: dict, train: dict, steps: int, val_samples: int, case) -> t
     """(in-loop validations, batches each, each rank's validation batches in all, samples generated) of litgpt's fit
     loop: a validation and a sample every ``eval.interval`` steps; every rank validates its DistributedSampler share
     at once, ``eval.max_iters`` batches at most, the initial validation (``eval.initial_validation``) over all of it,
-    else a 2-batch sanity check; LoRA's loop samples once more when the epochs end it (not ``max_steps``)."""
+    else a 2-batch sanity check; LoRA's loop samples once more when the epochs end it (not ``max_steps``); tunelab's
+    loop takes no sample of a sharded model (its forward is a collective: rank 0 alone would wait)."""
     n_evals = steps // (ev.get("interval") or 10**9)
     per_rank = math.ceil(math.ceil(val_samples / case.world) / case.micro_batch_size)
     val_batches = min(ev.get("max_iters") or 100, per_rank)
     first = per_rank if ev.get("initial_validation") else min(2, per_rank)
     ended_by_epochs = not train.get("max_steps") or steps < train["max_steps"]
-    return n_evals, val_batches, first + n_evals * val_batches, n_evals + (1 if case.lora and ended_by_epochs else 0)
+    samples = n_evals + (1 if case.lora and ended_by_epochs else 0)
+    skipped = not case.loop.fabric and strategies.of(case).holds_shard(case)
+    return n_evals, val_batches, first + n_evals * val_batches, 0 if skipped else samples
 
 
 def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sample: float) -> Terms:

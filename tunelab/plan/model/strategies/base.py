@@ -204,6 +204,11 @@ class Strategy:
         """Bytes each rank writes per checkpoint when the strategy writes its own (DeepSpeed's); None: litgpt's."""
         return None
 
+    def holds_shard(self, case: PlanInput) -> bool:
+        """Whether each rank holds only its shard of the weights, so that a forward is a collective (tunelab's loop
+        then takes no sample on rank 0 alone: ``tunelab.strategies.Kind.holds_shard``)."""
+        return self.sharded
+
     # communication per optimizer step
     def root_kept(self, case: PlanInput) -> bool:
         """Whether the root unit stays gathered from the forward into the backward (gathered once per micro batch)."""

@@ -98,6 +98,9 @@ class ZeRO(Strategy):
     name, files, label = "deepspeed", ("deepspeed",), "DeepSpeed ZeRO"
     divides = sharded = True
 
+    def holds_shard(self, case: PlanInput) -> bool:
+        return case.options.zero_stage >= 3
+
     def fields(self, config, world: int) -> dict:
         return {
             "strategy": self.name,
