@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from tunelab import hardware
+from tunelab import hardware, yaml_input
 from tunelab.checkpoints import unsafe_files
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
-from tunelab.files import FileRefused, read_bytes
 from tunelab.models import load_config
 from tunelab.paths import display_path, project_path
 from tunelab.recipes import Recipe
@@ -170,13 +169,10 @@ def parse(recipe: Recipe, overrides: list[str]) -> dict:
     return resolved
 
 
-CONFIG_MAX_BYTES = 2**20
-"""The largest ``--config`` file given as an override that is handed to litgpt's parser."""
-
-
 def _config_override_problem(overrides: list[str]) -> str | None:
-    """Why a ``--config FILE`` among the overrides cannot be read (a FIFO, a device, a directory, over
-    :data:`CONFIG_MAX_BYTES`, missing), or None. Checked before litgpt's parser, which would block on a FIFO."""
+    """Why a ``--config FILE`` among the overrides cannot be read as the plan reads it (``yaml_input.load_mapping``:
+    a FIFO, a device, a directory, too large, missing, not YAML, not a mapping), or None. Checked before litgpt's
+    parser, which would block on a FIFO and echo a file that is not a mapping."""
 
     for i, arg in enumerate(overrides):
         path = arg.split("=", 1)[1] if arg.startswith("--config=") else None
@@ -184,8 +180,8 @@ def _config_override_problem(overrides: list[str]) -> str | None:
             path = overrides[i + 1]
         if path is not None:
             try:
-                read_bytes(path, CONFIG_MAX_BYTES, what="--config file")
-            except FileRefused as e:
+                yaml_input.load_mapping(path, "--config")
+            except InputError as e:
                 return str(e)
     return None
 

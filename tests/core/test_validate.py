@@ -162,15 +162,27 @@ def test_warmup_equal_to_max_steps_is_refused_because_litgpt_divides_by_zero_the
 
 def test_a_config_override_that_is_no_regular_file_is_refused_before_litgpts_parser(tmp_path):
     """The form validate recommends for a learning rate is a second ``--config FILE``: a FIFO there would block
-    litgpt's parser forever; it is one line naming --config instead (and a missing file too)."""
+    litgpt's parser forever; it is one line naming --config instead (and a missing file too). A link to a file that
+    is no YAML mapping (here one of passwd-like lines) was handed to the parser, whose line echoed the file: refused
+    first now, as the plan reads a --config, without its contents."""
     import os
 
     fifo = tmp_path / "opt.yaml"
     os.mkfifo(fifo)
-    for overrides in (["--config", str(fifo)], [f"--config={fifo}"], ["--config", str(tmp_path / "missing.yaml")]):
+    lines = tmp_path / "outside"
+    lines.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin\n")
+    (tmp_path / "link.yaml").symlink_to(lines)
+    missing = tmp_path / "missing.yaml"
+    for overrides in (
+        ["--config", str(fifo)],
+        [f"--config={fifo}"],
+        ["--config", str(missing)],
+        ["--config", str(tmp_path / "link.yaml")],
+    ):
         result = check(resolve("tiny-llama-1.1b/full"), overrides)
         assert not result.ok and [p.key for p in result.problems] == ["--config"], result.problems
         assert "\n" not in str(result.problems[0]) and "; fix: " in str(result.problems[0])
+        assert "root:x" not in str(result.problems[0])
 
 
 def test_the_parsers_caller_check_sees_the_frames_inspect_sees_and_still_refuses_parse_known_args():
