@@ -533,8 +533,8 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
             c.steps = trained // c.gbs  # a micro batch litgpt refuses or floors (its own rule): steps of the batch
             return
         run = litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, None)  # uncapped: what the data gives
-        c.steps, c.schedule = run.steps, litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, max_steps).span
-        c.epoch_steps = run.steps
+        c.steps = c.epoch_steps = run.steps
+        c.schedule = min(run.span, max_steps) if max_steps else run.span
         if empty := empty_epoch(trained, c.world, c.mbs, c.gbs):
             bad("train.global_batch_size", *empty)
         elif max_steps and run.steps < max_steps:

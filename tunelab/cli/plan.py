@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
         epilog="--json prints the same as one object: peak_memory_gb (predicted peak allocated per device, GB = "
         "1e9 bytes, as litgpt prints 'Memory Used'), fits, margin_gb, max_micro_batch_size, breakdown_gb (sums to "
         "peak_memory_gb), predicted_reserved_bytes, cuda_context_bytes, host_ram_gb, seq_len, seq_len_source, notes, "
-        "strategy (its kind) and strategy_described (the file's words: FSDP's sharding, the ZeRO stage), "
+        "warnings (where litgpt's own loop would hang), strategy (its kind), strategy_described (the file's words), "
         "and with --gpu a projection: seconds (the point estimate), seconds_by_cause (matmul, attention, "
         "elementwise, dequantization, optimizer, kernel gaps, host launches, validation, generation, checkpoint saves, "
         "communication; they sum to seconds), mfu_predicted_padded/real, seconds_after_loop, bytes_after_loop, "

@@ -5,7 +5,7 @@ planner's input built from them (:func:`plan_input`), the memory prediction and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunelab import hardware
@@ -36,8 +36,6 @@ from tunelab.settings import (
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
 from tunelab.validate import PRECISIONS
 
-HANGS = "litgpt's loop would hang: "
-"""How a plan's note starts where litgpt's own loop would never end (the short answer shows these in full)."""
 LAB_DATA_SAMPLES = 2000
 """Samples assumed when the run's data size is not known here: the lab's 2,000-sample Alpaca subset."""
 
@@ -57,6 +55,9 @@ class PlannedRecipe:
     """The strategy as a run record names it ('litgpt', or the strategy file's description)."""
     strategy_config: StrategyConfig | None = None
     """The strategy file as loaded (None: litgpt's own strategy): its batching switches change the padding."""
+    warnings: list[str] = field(default_factory=list)
+    """Where litgpt's own loop would never end (a sample on rank 0 alone): validate and run refuse the run; the
+    plan's answer says each in full."""
 
 
 PLANNED_METHODS = ("full", "lora", "qlora")
@@ -246,10 +247,7 @@ def plan_settings(
     plan = memory.predict(case)
     if strategy_config is not None and strategy_config.fast:
         plan.notes.append(fast_note(strategy_config.fast))
-    if strategy_config is None and settings.command == "finetune_lora":  # litgpt's own loop on several devices
-        plan.notes += [
-            f"{HANGS}{key}: {what}; fix: {fix} (validate and run refuse it)" for key, what, fix in _hangs(settings)
-        ]
+    hangs = _hangs(settings) if strategy_config is None and settings.command == "finetune_lora" else []
     if (step := settings.accumulation * settings.micro_batch_size * settings.world_size) < settings.global_batch_size:
         plan.notes.append(
             f"train.global_batch_size {settings.global_batch_size} is not micro batch x devices x accumulation: "
@@ -260,7 +258,13 @@ def plan_settings(
         plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
     label = strategy_config.describe() if strategy_config is not None else "litgpt"
     return PlannedRecipe(
-        settings=settings, input=case, plan=plan, seq_source=seq_source, strategy=label, strategy_config=strategy_config
+        settings=settings,
+        input=case,
+        plan=plan,
+        seq_source=seq_source,
+        strategy=label,
+        strategy_config=strategy_config,
+        warnings=[f"{key}: {what}; fix: {fix} (validate and run refuse it)" for key, what, fix in hangs],
     )
 
 

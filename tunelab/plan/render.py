@@ -8,7 +8,7 @@ from tunelab.plan.model import kernels, memory, runtime, strategies
 from tunelab.plan.model.fast_step import FAST_START_EXTRA_S
 from tunelab.plan.model.strategies import zero
 from tunelab.plan.projection import Projection
-from tunelab.plan.recipe import HANGS, PlannedRecipe
+from tunelab.plan.recipe import PlannedRecipe
 from tunelab.plan.trace import measure, ranks
 from tunelab.units import BILLION, GB, duration, energy, gb, tokens
 
@@ -20,6 +20,7 @@ def render(
     plan = planned.plan
     lines = _memory_lines(plan, planned.seq_source, _strategy(planned)) + _verdict_lines(planned, gpu)
     lines += [f"note: {note}" for note in plan.notes]
+    lines += [f"warning: litgpt's loop would hang: {w}" for w in planned.warnings]
     if projection:
         lines += _time_lines(projection, tokens_note)
     return "\n".join(lines)
@@ -35,6 +36,7 @@ def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bo
         out = planned.plan.to_json()
         out["seq_len_source"] = planned.seq_source
         out["strategy_described"] = planned.strategy
+        out["warnings"] = planned.warnings
         if projection:
             out["projection"] = {**projection.__dict__, "tokens_source": tokens_note}
         if measured:
@@ -96,7 +98,7 @@ def render_answer(planned: PlannedRecipe, projection: Projection | None = None) 
         lines += _answer_time(projection, price, planned.input.world, plan.edge)
     elif plan.gpu is None:
         lines.append("time, energy and a verdict: name a GPU (--gpu H100-SXM, ...)")
-    lines += [f"warning: {note}" for note in plan.notes if note.startswith(HANGS)]
+    lines += [f"warning: litgpt's loop would hang: {w}" for w in planned.warnings]
     more = len(plan.notes)
     lines.append(f"--verbose: the breakdown, where each figure comes from{f' and {more} note(s)' if more else ''}")
     return "\n".join(lines)
