@@ -169,11 +169,19 @@ def table() -> dict[str, GPU]:
 
 
 def lookup(name: str) -> GPU:
-    """The GPU for a table key (case-insensitive, '-' or ' ' alike); ValueError listing the known names."""
-    norm = name.lower().replace(" ", "-").replace("_", "-")
+    """The GPU for a table key: case, '-', '_' and spaces alike ('h200', 'RTX 4090', 'rtx4090'); ValueError naming
+    the keys that begin with what was given ('h100': H100-PCIe, H100-SXM), else every known name."""
+
+    def squeeze(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    given = squeeze(name)
     for key, gpu in table().items():
-        if key.lower() == norm:
+        if given and squeeze(key) == given:
             return gpu
+    near = [key for key in table() if given and squeeze(key).startswith(given)]
+    if near:
+        raise ValueError(f"GPU {name!r} is ambiguous: did you mean {' or '.join(near)}?")
     raise ValueError(f"unknown GPU {name!r}; known: {', '.join(table())}")
 
 

@@ -37,3 +37,23 @@ def test_the_a10g_is_not_an_a10():
     a10g = hardware.lookup("A10G")
     assert a10g.peak_tflops["bf16"] == 70 and a10g.peak_tflops["tf32"] == 35 and a10g.sms == 80
     assert a10g.peak_flops("bf16-true") == 70e12
+
+
+@pytest.mark.parametrize(
+    ("given", "key"), [("h200", "H200"), ("rtx4090", "RTX-4090"), ("RTX 4090", "RTX-4090"), ("a100_80gb", "A100-80GB")]
+)
+def test_a_gpu_is_found_whatever_its_case_and_separators(given, key):
+    assert hardware.lookup(given).name == key
+
+
+@pytest.mark.parametrize(("given", "named"), [("h100", "H100-PCIe or H100-SXM"), ("A100", "A100-40GB or A100-80GB")])
+def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named):
+    """'h100' is two boards with different links and memory rates: the plan must not choose one silently."""
+    with pytest.raises(ValueError, match=f"did you mean {named}"):
+        hardware.lookup(given)
+
+
+@pytest.mark.parametrize("given", ["", "-", "Z9000"])
+def test_an_unknown_gpu_lists_every_known_name(given):
+    with pytest.raises(ValueError, match="unknown GPU .*; known: V100-16GB, .*H200$"):
+        hardware.lookup(given)
