@@ -237,6 +237,19 @@ def empty_epoch(samples: int, world: int, micro_batch_size: int, global_batch_si
     return what, f"lower train.global_batch_size to at most {most:,}, or give more data"
 
 
+def unfed_devices(samples: int, world: int) -> tuple[str, str] | None:
+    """(what, fix) where the training samples are fewer than the devices: litgpt's DistributedSampler (and tunelab's
+    loop) would hand some devices nothing but other devices' samples again, a run of rented GPUs with no data of their
+    own; else None. Fewer samples than devices x micro batch is not refused: the micro batches are shorter."""
+    if not samples or world <= samples:
+        return None
+    return (
+        f"{world:,} devices, more than the {samples:,} training samples: some would train only on samples other "
+        "devices hold (the sampler repeats samples to give each device a share)",
+        f"at most {samples:,} devices, or more data",
+    )
+
+
 def accumulation(global_batch_size: int, world: int, micro_batch_size: int) -> int:
     """Gradient-accumulation iterations per optimizer step, as litgpt computes it: ``(global // world) // micro``
     (floored, silently: ``tunelab validate`` refuses a global batch that does not divide), at least 1."""

@@ -38,6 +38,7 @@ from tunelab.settings import (
     rank0_sample_problems,
     split_sizes,
     training_problems,
+    unfed_devices,
     val_split_problem,
     world_size,
 )
@@ -535,7 +536,9 @@ def _schedule_rules(c: _Context, a: dict, bad) -> None:
         run = litgpt_schedule(trained, c.world, c.mbs, c.gbs, epochs or 1, None)  # uncapped: what the data gives
         c.steps = c.epoch_steps = run.steps
         c.schedule = min(run.span, max_steps) if max_steps else run.span
-        if empty := empty_epoch(trained, c.world, c.mbs, c.gbs):
+        if unfed := unfed_devices(trained, c.world):
+            bad("devices", *unfed)
+        elif empty := empty_epoch(trained, c.world, c.mbs, c.gbs):
             bad("train.global_batch_size", *empty)
         elif max_steps and run.steps < max_steps:
             need = math.ceil(max_steps * accumulation(c.gbs, c.world, c.mbs) / (run.micro_batches // (epochs or 1)))

@@ -52,7 +52,13 @@ def test_an_option_that_does_not_apply_or_a_limit_the_search_does_not_reach_is_s
 
 def test_devices_the_batch_or_the_data_cannot_feed_are_refused():
     code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--devices", "100000", "--strategy", "fsdp")
-    assert code == 2 and "more than the 200 training samples" in err and "at most 12 devices" in err
+    assert code == 2 and "100,000 devices, more than the 200 training samples" in err and "at most 200 devices" in err
+    data = ["--data.val_split_fraction", "0.99", "--train.global_batch_size", "128"]
+    code, out, err = tunelab_here("validate", "tiny-llama-1.1b/full", "--devices", "8", *data)
+    assert code == 1 and "devices: 8 devices, more than the 4 training samples" in out + err, err
+    # fewer samples than devices x micro batch: shorter micro batches, as litgpt runs them (tests/e2e/test_runner.py)
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--data.val_split_fraction", "0.99", "--verbose")
+    assert code == 0 and "share of the 4 training samples is 4, under the micro batch 16" in out, err
     code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--devices", "4")  # litgpt's own FSDP asserts it
     assert code == 2 and "train.global_batch_size: 16 is smaller than" in err
     # tunelab's loop takes one micro batch on each device when they outnumber the global batch's: planned

@@ -167,3 +167,12 @@ def test_litgpt_schedule_counts_micro_batches_samples_and_steps_as_litgpts_loop(
         assert got.steps_per_epoch == spe and got.span == min(epochs * spe, max_steps or epochs * spe), case
     run = litgpt_schedule(200, 4, 4, 16, 1, None)
     assert run.steps == 13 and run.samples == 200 and run.micro_batches == 13
+
+
+def test_devices_are_unfed_only_when_they_outnumber_the_training_samples():
+    """As many devices as samples: one each (the sampler repeats none). One more: a device trains only on another's
+    sample. Fewer samples than devices x micro batch is no reason: the micro batches are shorter."""
+    assert settings.unfed_devices(4, 4) is None and settings.unfed_devices(0, 8) is None
+    assert settings.unfed_devices(4, 1) is None
+    what, fix = settings.unfed_devices(4, 5)
+    assert "5 devices, more than the 4 training samples" in what and fix.startswith("at most 4 devices")

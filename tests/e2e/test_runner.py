@@ -152,6 +152,25 @@ def test_a_whole_epoch_with_a_short_last_micro_batch_steps_as_planned_and_valida
     assert any("the run's 7 optimizer steps" in m for m in said), said  # the recipe's 10 warm-up steps
 
 
+def test_fewer_training_samples_than_the_micro_batch_run_as_litgpt_runs_them_and_are_planned(tmp_path):
+    """4 training samples at micro 16, 2 epochs: litgpt runs a micro batch of 4 and a step each epoch. plan refused it
+    ("16 samples a step, more than the 4 training samples; fix: at most 1 devices", on one device); it now plans
+    it as it runs, saying its micro batches are shorter than the recipe's, as validate passes it."""
+    from tunelab.plan.recipe import plan_recipe, runtime_terms
+    from tunelab.validate import check
+
+    shape = ["--data.init_args.val_split_fraction", "0.99", "--train.micro_batch_size", "16"]
+    shape += ["--train.global_batch_size", "16", "--train.max_steps", "null", "--train.epochs", "2"]
+    shape += ["--train.lr_warmup_steps", "1"]
+    rec = _run_tiny_lora(tmp_path / "r", shape)
+    assert rec.status == "ok" and rec.iters == 2 and rec.optimizer_steps == 2
+    planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), shape, gpu=None)
+    terms = runtime_terms(planned.settings, planned.input, 400.0)
+    assert terms.detail["optimizer_steps"] == 2 and terms.detail["train_iterations"] == 2
+    assert any("share of the 4 training samples is 4, under the micro batch 16" in n for n in planned.plan.notes)
+    assert check(resolve("tiny-llama-1.1b/lora"), shape).blocking() == []
+
+
 def test_litgpts_lora_loop_on_two_devices_ends_at_max_steps_not_at_its_sample(tmp_path):
     """litgpt's LoRA loop samples on rank 0 alone when its epochs end it: on 2 processes the other rank waited for
     it until the run was killed (300 s, 10 steps done, no checkpoint). ``run`` refuses that before launching, naming

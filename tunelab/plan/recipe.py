@@ -5,6 +5,7 @@ planner's input built from them (:func:`plan_input`), the memory prediction and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tunelab.settings import (
     split_sizes,
     training_precision,
     training_problems,
+    unfed_devices,
     val_split_problem,
 )
 from tunelab.strategies import BNB_OPTIMIZERS, StrategyConfig, StrategyError, load_strategy
@@ -248,11 +250,7 @@ def plan_settings(
     if strategy_config is not None and strategy_config.fast:
         plan.notes.append(fast_note(strategy_config.fast))
     hangs = _hangs(settings) if strategy_config is None and settings.command == "finetune_lora" else []
-    if (step := settings.accumulation * settings.micro_batch_size * settings.world_size) < settings.global_batch_size:
-        plan.notes.append(
-            f"train.global_batch_size {settings.global_batch_size} is not micro batch x devices x accumulation: "
-            f"litgpt floors the accumulation to {settings.accumulation}, {step} samples a step (validate refuses it)"
-        )
+    plan.notes += _batch_notes(settings)
     if gpu is not None:
         memory.verdict(plan, gpu)
         plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
@@ -277,6 +275,25 @@ def _hangs(settings: Settings) -> list[tuple[str, str, str]]:
     steps = min(by_epochs, settings.max_steps) if settings.max_steps else by_epochs
     args = settings.args
     return rank0_sample_problems(settings.world_size, args.get("train") or {}, args.get("eval") or {}, steps, by_epochs)
+
+
+def _batch_notes(settings: Settings) -> list[str]:
+    """Notes where the run's batches are not the recipe's: a global batch litgpt floors (not micro batch x devices x
+    accumulation), and devices that each hold fewer training samples than the micro batch (litgpt's sampler gives
+    each its share: every micro batch is that share; the plan, made at the micro batch, is an upper bound)."""
+    notes, micro = [], settings.micro_batch_size
+    if (step := settings.accumulation * micro * settings.world_size) < settings.global_batch_size:
+        notes.append(
+            f"train.global_batch_size {settings.global_batch_size} is not micro batch x devices x accumulation: "
+            f"litgpt floors the accumulation to {settings.accumulation}, {step} samples a step (validate refuses it)"
+        )
+    train, _, _ = train_samples(settings)
+    if train and (share := math.ceil(train / max(1, settings.world_size))) < micro:
+        notes.append(
+            f"each device's share of the {train:,} training samples is {share:,}, under the micro batch {micro}: "
+            f"every micro batch holds {share:,} samples; memory is planned at {micro}, an upper bound"
+        )
+    return notes
 
 
 def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strategy_named: str | None) -> None:
@@ -311,8 +328,8 @@ def fast_note(switches) -> str:
 
 def check_feeds(settings: Settings, litgpt: bool) -> None:
     """ValueError naming the key when the devices cannot all be fed: one micro batch on each of them needs more
-    samples than the global batch (litgpt's own scripts assert it) or than the whole training split (no optimizer
-    step would run)."""
+    samples than the global batch (litgpt's own scripts assert it), or the devices outnumber the training samples
+    (:func:`tunelab.settings.unfed_devices`, as validate says it)."""
     unit = settings.world_size * settings.micro_batch_size
     if litgpt and settings.world_size > 1 and unit > settings.global_batch_size:
         raise ValueError(
@@ -320,11 +337,9 @@ def check_feeds(settings: Settings, litgpt: bool) -> None:
             f"= {unit} (litgpt asserts); fix: fewer devices or train.global_batch_size {unit}"
         )
     train, _, src = train_samples(settings)
-    if unit > train:
-        raise ValueError(
-            f"devices: {settings.world_size} devices x micro batch {settings.micro_batch_size} = {unit} samples a step, more than "
-            f"the {train} training samples ({src}); fix: at most {max(train // settings.micro_batch_size, 1)} devices"
-        )
+    if unfed := unfed_devices(train, settings.world_size):
+        what, fix = unfed
+        raise ValueError(f"devices: {what} ({src}); fix: {fix}")
 
 
 def train_samples(settings: Settings) -> tuple[int, int, str]:
