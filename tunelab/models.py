@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -154,9 +155,10 @@ def load_config(checkpoint_dir):
         ) from None
 
 
-def lora_tensor_numels(config, r: int, targets=LORA_TARGETS) -> list[int]:
-    """Elements of each trainable tensor LoRA adds (litgpt.lora: the fused qkv has one lora_A of r per enabled q, k,
-    v and one lora_B over their outputs; every other adapted linear an A of r x in and a B of out x r)."""
+def lora_tensor_shapes(config, r: int, targets=LORA_TARGETS) -> list[tuple[int, int]]:
+    """(rows, columns) of each trainable tensor LoRA adds (litgpt.lora: the fused qkv has one lora_A of r rows per
+    enabled q, k, v and one lora_B over their outputs; every other adapted linear an A of r x in and a B of
+    out x r)."""
     targets = set(targets)
     d = config.n_embd
     q = config.n_head * config.head_size
@@ -164,25 +166,30 @@ def lora_tensor_numels(config, r: int, targets=LORA_TARGETS) -> list[int]:
     per_layer = []
     outs = [w for k, w in (("query", q), ("key", kv), ("value", kv)) if k in targets]
     if outs:
-        per_layer += [r * len(outs) * d, r * sum(outs)]
+        per_layer += [(r * len(outs), d), (sum(outs), r)]
     if "projection" in targets:
-        per_layer += [r * q, d * r]
+        per_layer += [(r, q), (d, r)]
     if "mlp" in targets:
         if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP"):
             linears = [(d, config.intermediate_size)] * 2 + [(config.intermediate_size, d)]
         else:
             linears = [(d, config.intermediate_size), (config.intermediate_size, d)]
         for n_in, n_out in linears:
-            per_layer += [r * n_in, n_out * r]
-    head = [r * d, config.padded_vocab_size * r] if "head" in targets else []
+            per_layer += [(r, n_in), (n_out, r)]
+    head = [(r, d), (config.padded_vocab_size, r)] if "head" in targets else []
     return per_layer * config.n_layer + head
+
+
+def lora_tensor_numels(config, r: int, targets=LORA_TARGETS) -> list[int]:
+    """Elements of each trainable tensor LoRA adds (:func:`lora_tensor_shapes`)."""
+    return [rows * cols for rows, cols in lora_tensor_shapes(config, r, targets)]
 
 
 _TENSORS: dict = {}
 
 
-def param_tensor_numels(config) -> list[int]:
-    """Elements of each parameter tensor of litgpt's model for ``config`` (LoRA's excluded: :func:`lora_tensor_numels`),
+def param_tensor_shapes(config) -> list[tuple[int, ...]]:
+    """Shape of each parameter tensor of litgpt's model for ``config`` (LoRA's excluded: :func:`lora_tensor_shapes`),
     in the model's order, from the model built on the meta device (no memory), once per config."""
     key = repr(config)
     if key not in _TENSORS:
@@ -190,8 +197,13 @@ def param_tensor_numels(config) -> list[int]:
         from litgpt.model import GPT
 
         with torch.device("meta"):
-            _TENSORS[key] = [p.numel() for p in GPT(config).parameters()]
+            _TENSORS[key] = [tuple(p.shape) for p in GPT(config).parameters()]
     return _TENSORS[key]
+
+
+def param_tensor_numels(config) -> list[int]:
+    """Elements of each parameter tensor of litgpt's model for ``config`` (:func:`param_tensor_shapes`)."""
+    return [math.prod(shape) for shape in param_tensor_shapes(config)]
 
 
 def lora_param_count(config, r: int, targets=LORA_TARGETS) -> int:

@@ -294,8 +294,8 @@ class Settings:
     """Which of litgpt's LoRA targets are on (``query``, ``mlp``, ...); empty for full fine-tuning."""
     optimizer: str
     """The optimizer class as the recipe names it (``AdamW`` or a dotted path)."""
-    momentum: float
-    """The optimizer's ``momentum`` init argument (0 when not given): SGD with momentum keeps one state."""
+    optimizer_init: tuple
+    """The optimizer's init arguments as (name, value) pairs (``momentum``, ``amsgrad``: states they add)."""
     data_class: str | None
     """The data module's class path (None: litgpt's default, Alpaca)."""
     data_path: str | None
@@ -369,7 +369,9 @@ def settings_of(args: dict, *, method: str, command: str, recipe: str = "") -> S
         lora_r=args.get("lora_r") if lora else None,
         lora_targets=tuple(t for t in LORA_TARGETS if lora and args.get(f"lora_{t}")),
         optimizer=str(opt.get("class_path") if isinstance(opt, dict) else opt),
-        momentum=float(opt_init.get("momentum") or 0.0),
+        optimizer_init=tuple(
+            sorted((str(k), v) for k, v in opt_init.items() if isinstance(v, (bool, int, float, str)))
+        ),
         data_class=data_class,
         data_path=None if data_init.get("json_path") is None else str(data_init["json_path"]),
         val_split_fraction=held_out_share(args),

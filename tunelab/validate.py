@@ -257,14 +257,27 @@ def check(
     return result
 
 
+PLANNED_OPTIMIZER_KEYS = ("optimizer", "optimizer.class_path")
+"""The optimizer problems plan refuses as validate does: a class litgpt cannot build, or none named (the plan would
+count another optimizer's states). An init argument litgpt drops (``--optimizer.lr``) leaves the recipe's optimizer,
+whose states the plan counts: validate and run refuse it."""
+
+
 def plan_refusal(recipe: Recipe, overrides: list[str], data_class: str | None = None) -> str | None:
-    """The line litgpt's parser refuses a recipe to be planned with (None: accepted). A shipped recipe without
+    """The line litgpt's parser refuses a recipe to be planned with, or its optimizer (:data:`PLANNED_OPTIMIZER_KEYS`);
+    None: accepted. A shipped recipe without
     overrides is not parsed again (the suite parses each): the plan stays quick where no input of the user's is read.
     A ``data_class`` of the user's own (not under ``litgpt.``) need not be installed where the plan is made: the
     parser's refusal of the data is not the plan's (it assumes the data's size, and says so)."""
     if recipe.shipped and not overrides:
         return None
-    problem = parsed(recipe, overrides)[1]
+    args, problem = parsed(recipe, overrides)
+    if problem is None:
+        found: list[Problem] = []
+        _optimizer_rules(
+            None, args, lambda key, what, fix: found.append(Problem(display_path(recipe.path), key, what, fix))
+        )
+        problem = next((p for p in found if p.key in PLANNED_OPTIMIZER_KEYS), None)
     if problem is None or (problem.key.startswith("data") and not str(data_class).startswith("litgpt.")):
         return None
     return str(problem)
@@ -333,6 +346,8 @@ def optimizer_problem(name: str) -> str | None:
 
     if not (isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer)):
         return f"{name!r} is not a torch.optim.Optimizer class"
+    if obj is torch.optim.Optimizer:
+        return f"{name!r} is the base class every optimizer derives from: it updates nothing"
     return None
 
 
@@ -698,7 +713,7 @@ def _lora_rules(c: _Context, a: dict, bad) -> None:
                 bad(key, what, fix)  # (a batch litgpt refuses: the batch rules say so first)
 
 
-def _optimizer_rules(c: _Context, a: dict, bad) -> None:
+def _optimizer_rules(c: _Context | None, a: dict, bad) -> None:
     """A torch.optim / bitsandbytes.optim class (nothing else is imported); no override that litgpt drops."""
     optimizer = a.get("optimizer")
     if isinstance(optimizer, dict):

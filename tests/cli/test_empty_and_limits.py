@@ -298,6 +298,14 @@ def test_what_litgpt_would_train_to_nothing_or_nan_is_refused_by_plan_and_valida
     assert code == 0, (out, err)  # 2 of 400 held out
 
 
+def test_plan_refuses_an_optimizer_litgpt_cannot_build_from_overrides():
+    """`--optimizer SGD --optimizer.momentum 0.9` on a recipe whose optimizer is class_path/init_args: litgpt's parser
+    leaves ``{momentum: 0.9}``, no class to build (validate says so); plan counted states for an optimizer 'None'."""
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--optimizer", "SGD", "--optimizer.momentum", "0.9")
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "optimizer.class_path: is missing" in lines[0], lines
+
+
 def test_num_nodes_0_is_refused_by_validate_as_by_plan():
     """`num_nodes: 0` passed validate (``0 or 1``) and failed in Fabric at launch."""
     for command in ("validate", "plan"):
@@ -312,6 +320,8 @@ def test_num_nodes_0_is_refused_by_validate_as_by_plan():
         (["--lora_alpha", "x"], "lora_alpha", "litgpt's parser refuses the value"),
         (["--logger_name", "foo"], "logger_name", "it takes one of csv, tensorboard, wandb, mlflow, litlogger"),
         (["--seed", "x"], "seed", "Expected a <class 'int'>"),
+        (["--optimizer", "Foo"], "optimizer", "'Foo' cannot be imported"),  # planned as two states of Adam's
+        (["--optimizer", "torch.optim.Optimizer"], "optimizer", "the base class"),
     ],
 )
 def test_plan_refuses_what_litgpts_parser_refuses_as_validate_does(override, key, said, tmp_path):

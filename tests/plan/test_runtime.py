@@ -729,7 +729,7 @@ def test_checkpoint_saves_are_timed_by_what_litgpt_writes():
     assert runtime.checkpoint_bytes(full) == (6 * total, 2 * total)  # bf16-true: weights + 2 moments; weights
     mixed = dataclasses.replace(full, precision="bf16-mixed")
     assert runtime.checkpoint_bytes(mixed) == (12 * total, 4 * total)
-    sgd = dataclasses.replace(full, optimizer="SGD", momentum=0.0)
+    sgd = dataclasses.replace(full, optimizer="SGD", optimizer_init=())
     assert runtime.checkpoint_bytes(sgd) == (2 * total, 2 * total)
     zero3 = full.changed(strategy="deepspeed", zero_stage=3, devices=4)
     assert runtime.checkpoint_bytes(zero3)[0] == pytest.approx(2 * total / 4 + 12 * total / 4)

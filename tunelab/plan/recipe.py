@@ -155,7 +155,7 @@ def plan_input(settings: Settings, config, *, seq_len: int | None = None, bf16: 
         micro_batch_size=settings.micro_batch_size,
         seq_len=seq_len or min(settings.max_seq_length or config.block_size, config.block_size),
         accumulation=settings.accumulation,
-        momentum=settings.momentum,
+        optimizer_init=settings.optimizer_init,
         devices=settings.devices,
         num_nodes=settings.num_nodes,
         **lora,

@@ -137,8 +137,9 @@ class PlanInput:
     """Micro batches per optimizer step per device."""
     optimizer: str = "AdamW"
     """Optimizer class name as built (AdamW, SGD, bnb AdamW8bit / PagedAdamW; QLoRA: PagedAdamW)."""
-    momentum: float = 0.0
-    """SGD momentum (an SGD with momentum keeps one state per parameter)."""
+    optimizer_init: tuple = ()
+    """The optimizer's init arguments as (name, value) pairs: those that add states (SGD's ``momentum``, Adam's
+    ``amsgrad``: :data:`tunelab.plan.model.optimizers.OPTION_STATES`) are counted."""
     lora_r: int = LITGPT_LORA_R
     """LoRA rank (litgpt's default 8)."""
     lora_targets: tuple = LORA_TARGETS
@@ -179,6 +180,11 @@ class PlanInput:
     @property
     def lora(self) -> bool:
         return self.method != "full"
+
+    @property
+    def momentum(self) -> float:
+        """The optimizer's ``momentum`` (0 when not given): SGD with momentum keeps one state, and traces another."""
+        return float(dict(self.optimizer_init).get("momentum") or 0.0)
 
 
 @dataclass

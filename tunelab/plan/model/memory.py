@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 from tunelab import hardware
 from tunelab.gpt import fused_loss_chunk_rows
-from tunelab.models import count_params, lora_param_count, lora_tensor_numels
-from tunelab.plan.model import activations, strategies
+from tunelab.models import count_params, lora_param_count, lora_tensor_numels, lora_tensor_shapes, param_tensor_shapes
+from tunelab.plan.model import activations, optimizers, strategies
 from tunelab.plan.model.case import (
     LM_HEAD_CHUNK,
     ModelStates,
@@ -112,9 +112,23 @@ def _optimizer_states(case: PlanInput, opt: str, trainable: int, s_param: int, n
             "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
         )
         return paged_optimizer_device_states(case), 0
-    if not opt.startswith("Adam") and opt != "SGD" and "8bit" not in opt:
-        notes.append(f"optimizer {opt}: assumed 2 states per parameter")
-    return optimizer_state_bytes(opt, trainable, s_param, case.momentum), 0
+    if not optimizers.known(case.optimizer) and "8bit" not in opt:
+        notes.append(f"optimizer {opt}: its states not known here, assumed 2 per parameter (as Adam's)")
+    elif optimizers.class_name(case.optimizer) in optimizers.FACTORED:
+        notes.append(f"optimizer {opt}: factored states (each matrix's row and column means)")
+    return optimizer_state_bytes(case, trainable, s_param), 0
+
+
+def _step_temporaries(case: PlanInput) -> float:
+    """Parameter-sized temporaries of the optimizer's step on top of weights, gradients and states: a torch.optim
+    class's for-each step (the default on CUDA; foreach AdamW: the square root of its second moment) as
+    :data:`tunelab.plan.model.optimizers.STEP_TEMPORARIES` counts it, none for the fused step; another Adam one."""
+    opt = optimizers.class_name(case.optimizer)
+    if case.loop.fused_optimizer and opt.startswith("Adam"):
+        return 0
+    if optimizers.known(case.optimizer):
+        return optimizers.step_temporaries(case.optimizer)
+    return 1 if opt.startswith("Adam") and "8bit" not in opt and "Paged" not in opt else 0
 
 
 def model_states(case: PlanInput, notes: list) -> ModelStates:
@@ -138,19 +152,7 @@ def model_states(case: PlanInput, notes: list) -> ModelStates:
     grads = trainable * s_param
     opt = case.optimizer.split(".")[-1]
     opt_bytes, master = _optimizer_states(case, opt, trainable, s_param, notes)
-    # torch's foreach AdamW (the default on CUDA) allocates one parameter-sized temporary (sqrt of exp_avg_sq)
-    # during the step, on top of weights, gradients and states
-    step_temp = (
-        trainable * s_param
-        if (
-            opt.startswith("Adam")
-            and "8bit" not in opt
-            and "Paged" not in opt
-            and strategy.foreach_temporary(case)
-            and not case.loop.fused_optimizer
-        )
-        else 0
-    )
+    step_temp = trainable * s_param * _step_temporaries(case) if strategy.foreach_temporary(case) else 0
     if case.loop.fused_optimizer and opt.startswith("Adam"):
         notes.append("fused AdamW: the update runs in place, no parameter-sized temporary")
     return ModelStates(
@@ -182,15 +184,25 @@ def eight_bit_state_bytes(elements: float) -> float:
     return elements * (2 + 2 * 4 / EIGHT_BIT_BLOCK)
 
 
-def optimizer_state_bytes(opt: str, trainable: int, s_param: int, momentum: float = 0.0) -> float:
-    """Bytes of an optimizer's states over ``trainable`` parameters, wherever they live: bitsandbytes' 8-bit
-    optimizers :func:`eight_bit_state_bytes`, Adam/AdamW two states in the parameter dtype (``s_param`` bytes each),
-    SGD one with momentum and none without; any other optimizer is taken as Adam-like (two states)."""
-    if "8bit" in opt:
+def optimizer_state_bytes(case: PlanInput, trainable: int, s_param: int) -> float:
+    """Bytes of the case's optimizer states over ``trainable`` parameters, wherever they live: bitsandbytes' 8-bit
+    optimizers :func:`eight_bit_state_bytes`; a torch.optim class its parameter-sized states in the parameter dtype
+    (``s_param`` bytes each; :mod:`tunelab.plan.model.optimizers`), a factored one (Adafactor) its row and column
+    means of each trainable tensor; any other optimizer is taken as Adam-like (two states)."""
+    if "8bit" in case.optimizer:
         return eight_bit_state_bytes(trainable)
-    if opt == "SGD":
-        return trainable * s_param if momentum else 0
-    return trainable * 2 * s_param
+    if not optimizers.known(case.optimizer):
+        return trainable * 2 * s_param
+    if optimizers.class_name(case.optimizer) in optimizers.FACTORED:
+        return optimizers.factored_elements(trainable_shapes(case)) * s_param
+    return trainable * optimizers.state_tensors(case.optimizer, dict(case.optimizer_init)) * s_param
+
+
+def trainable_shapes(case: PlanInput) -> list[tuple[int, ...]]:
+    """Shapes of the tensors the optimizer steps: LoRA's adapters, or every parameter of the model."""
+    if case.lora:
+        return lora_tensor_shapes(case.config, case.lora_r, case.lora_targets)
+    return param_tensor_shapes(case.config)
 
 
 def autocast_over_fp32_weights(case: PlanInput) -> bool:

@@ -143,7 +143,7 @@ def checkpoint_bytes(case) -> tuple[float, float]:
         return model, model
     if (each := strategy.checkpoint_bytes(case, st)) is not None:
         return each, each
-    states = optimizer_state_bytes(case.optimizer.split(".")[-1], st.trainable, st.s_param, case.momentum)
+    states = optimizer_state_bytes(case, st.trainable, st.s_param)
     return model + states, model
 
 

@@ -1,0 +1,119 @@
+"""The plan's optimizer states against torch's own optimizers: each class stepped once on the CPU, its states
+counted (what a plan of that optimizer holds on the device)."""
+
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from tunelab.plan.model import optimizers
+
+SHAPES = [(6, 5), (5,), (3, 4)]
+
+
+def _stepped_state_elements(name: str, init: dict) -> int:
+    """State elements (scalars left out) torch's ``name`` keeps over :data:`SHAPES` after one step."""
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in SHAPES]
+    opt = getattr(torch.optim, name)(params, lr=1e-3, **init)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return sum(t.numel() for state in opt.state.values() for t in state.values() if torch.is_tensor(t) and t.dim())
+
+
+CASES = [(name, {}) for name in optimizers.STATE_TENSORS] + [
+    ("Adam", {"amsgrad": True}),
+    ("AdamW", {"amsgrad": True}),
+    ("SGD", {"momentum": 0.9}),
+    ("RMSprop", {"momentum": 0.9}),
+    ("RMSprop", {"momentum": 0.9, "centered": True}),
+]
+
+
+@pytest.mark.parametrize(("name", "init"), CASES, ids=[f"{n}-{'-'.join(i) or 'plain'}" for n, i in CASES])
+def test_each_optimizers_state_count_is_torchs(name, init):
+    elements = sum(torch.Size(shape).numel() for shape in SHAPES)
+    assert optimizers.known(name) and optimizers.known(f"torch.optim.{name}")
+    assert _stepped_state_elements(name, init) == optimizers.state_tensors(name, init) * elements
+
+
+def test_a_factored_optimizer_keeps_row_and_column_means():
+    """torch's Adafactor: a 6 x 5 matrix keeps 6 + 5 elements, a vector of 5 keeps 5 (not 2 x 41 as Adam)."""
+    assert optimizers.known("Adafactor")
+    assert _stepped_state_elements("Adafactor", {}) == optimizers.factored_elements(SHAPES) == 6 + 5 + 5 + 3 + 4
+
+
+def test_a_class_outside_torch_optim_or_not_listed_is_not_known():
+    assert not optimizers.known("bitsandbytes.optim.AdamW8bit") and not optimizers.known("LBFGS")
+    assert not optimizers.known("mypackage.AdamW") and not optimizers.known("bitsandbytes.optim.AdamW")
+
+
+class _LiveElements(TorchDispatchMode):
+    """The most elements of new tensors alive at once while it is on (inputs' storages and scalars left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0] if torch.is_tensor(a)}
+        for t in tree_flatten(out)[0]:
+            key = t.untyped_storage().data_ptr() if torch.is_tensor(t) and t.dim() else None
+            if key is None or key in self.seen or key in inputs:
+                continue
+            self.seen.add(key)
+            self.live += t.numel()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(t.untyped_storage(), self._freed, t.numel(), key)
+        return out
+
+    def _freed(self, numel: int, key: int) -> None:
+        self.live -= numel
+        self.seen.discard(key)
+
+
+@pytest.mark.parametrize("name", sorted(optimizers.STEP_TEMPORARIES))
+def test_each_optimizers_step_temporaries_are_torchs_for_each_step(name):
+    """torch's for-each step (CUDA's default) of each class, its second step (the states exist) on the CPU: the most
+    parameter-sized temporaries alive at once. AdamW's one (the square root of its second moment) is the term the
+    plan's memory was measured with on GPUs; Adagrad's two would go uncounted under it."""
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in SHAPES]
+    opt = getattr(torch.optim, name)(params, lr=1e-3, foreach=True)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with _LiveElements() as live:
+            opt.step()
+    elements = sum(torch.Size(shape).numel() for shape in SHAPES)
+    assert optimizers.step_temporaries(name) - 0.1 <= live.peak / elements <= optimizers.step_temporaries(name) + 0.01
+
+
+def test_the_plan_counts_the_recipes_optimizer_states_and_step_temporaries():
+    """TinyLlama full at bf16-true: AdamW's two moments and one temporary, Adagrad's one sum and two temporaries,
+    Adafactor's row and column means (not Adam's two moments, which the plan assumed for any class it did not name)."""
+    from tunelab.models import param_tensor_shapes
+    from tunelab.plan.model import memory
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    def states(optimizer: str) -> tuple[memory.ModelStates, list[str]]:
+        overrides = ["--precision", "bf16-true", "--optimizer", optimizer]
+        notes: list[str] = []
+        return memory.model_states(
+            plan_recipe(resolve("tiny-llama-1.1b/full"), overrides, gpu=None).input, notes
+        ), notes
+
+    config = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=None).input.config
+
+    adam = states("AdamW")[0]
+    assert adam.optimizer == 2 * 2 * adam.trainable and adam.step_temp == 2 * adam.trainable
+    adagrad = states("Adagrad")[0]
+    assert adagrad.optimizer == 2 * adagrad.trainable and adagrad.step_temp == 2 * 2 * adagrad.trainable
+    adafactor, notes = states("torch.optim.Adafactor")
+    factored = optimizers.factored_elements(param_tensor_shapes(config))
+    assert adafactor.optimizer == 2 * factored and factored < adafactor.trainable / 100 and adafactor.step_temp > 0
+    assert any("Adafactor: factored states" in n for n in notes)

@@ -1,0 +1,83 @@
+"""The states torch's optimizers keep per trainable parameter: the plan's optimizer term for any ``torch.optim`` class
+litgpt can build (checked against torch's own optimizers in tests/plan/test_optimizers.py).
+
+bitsandbytes' optimizers (8-bit, paged) are counted where the memory model names them
+(:func:`tunelab.plan.model.memory.optimizer_state_bytes`)."""
+
+from __future__ import annotations
+
+import math
+
+STATE_TENSORS = {
+    "Adam": 2,
+    "AdamW": 2,
+    "Adamax": 2,
+    "NAdam": 2,
+    "RAdam": 2,
+    "Adadelta": 2,
+    "Rprop": 2,
+    "Adagrad": 1,
+    "ASGD": 1,
+    "RMSprop": 1,
+    "SGD": 0,
+}
+"""Parameter-sized state tensors each ``torch.optim`` class keeps per trainable tensor once it has stepped, in the
+parameter's dtype (scalars such as ``step`` left out), before :data:`OPTION_STATES`."""
+OPTION_STATES = {"Adam": ("amsgrad",), "AdamW": ("amsgrad",), "SGD": ("momentum",), "RMSprop": ("momentum", "centered")}
+"""Init arguments that each add one parameter-sized state when set: the maximum of the second moment (``amsgrad``),
+the momentum buffer (``momentum`` above 0), the mean gradient (``centered``)."""
+STEP_TEMPORARIES = {
+    "Adam": 1,
+    "AdamW": 1,
+    "Adamax": 1,
+    "NAdam": 1,
+    "RAdam": 1,
+    "ASGD": 1,
+    "RMSprop": 1,
+    "Adafactor": 1,
+    "Adagrad": 2,
+    "Adadelta": 2,
+    "Rprop": 2.3,
+    "SGD": 0,
+}
+"""Parameter-sized temporaries alive at once in each class's for-each step (torch's default on CUDA), as counted in
+elements over every trainable tensor (Rprop's boolean masks count as elements, and its count moves with the tensors'
+shapes: 2.2-2.3, the higher taken); the fused AdamW step has none."""
+FACTORED = ("Adafactor",)
+"""Classes whose second moment is factored: a matrix keeps its row and column means, a vector a state of its size."""
+
+
+def class_name(optimizer: str) -> str:
+    """The class of a recipe's optimizer name (``AdamW``, ``torch.optim.AdamW``)."""
+    return str(optimizer).rsplit(".", 1)[-1]
+
+
+def known(optimizer: str) -> bool:
+    """Whether the states of ``optimizer`` are counted here (a torch.optim class of :data:`STATE_TENSORS` or
+    :data:`FACTORED`)."""
+    module = str(optimizer).rpartition(".")[0]
+    name = class_name(optimizer)
+    return module in ("", "torch.optim") and (name in STATE_TENSORS or name in FACTORED)
+
+
+def state_tensors(optimizer: str, init: dict) -> int:
+    """Parameter-sized states per trainable tensor of a :func:`known` optimizer that is not :data:`FACTORED`."""
+    name = class_name(optimizer)
+    return STATE_TENSORS[name] + sum(1 for option in OPTION_STATES.get(name, ()) if init.get(option))
+
+
+def factored_elements(shapes: list[tuple[int, ...]]) -> int:
+    """State elements of a :data:`FACTORED` optimizer over tensors of ``shapes``: a tensor of two or more dimensions
+    keeps its mean over the last dimension and over the one before it; a vector one state of its size."""
+    total = 0
+    for shape in shapes:
+        if len(shape) < 2:
+            total += math.prod(shape)
+        else:
+            total += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+    return total
+
+
+def step_temporaries(optimizer: str) -> float:
+    """Parameter-sized temporaries of a :func:`known` optimizer's for-each step (:data:`STEP_TEMPORARIES`)."""
+    return STEP_TEMPORARIES[class_name(optimizer)]
