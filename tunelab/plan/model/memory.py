@@ -112,8 +112,10 @@ def _optimizer_states(case: PlanInput, opt: str, trainable: int, s_param: int, n
             "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
         )
         return paged_optimizer_device_states(case), 0
-    if not optimizers.known(case.optimizer) and "8bit" not in opt:
+    if not optimizers.known(case.optimizer) and not optimizers.bnb_states(case.optimizer) and "8bit" not in opt:
         notes.append(f"optimizer {opt}: its states not known here, assumed 2 per parameter (as Adam's)")
+    elif (bnb := optimizers.bnb_states(case.optimizer)) and not bnb[1]:
+        notes.append(f"optimizer {opt}: bitsandbytes keeps its {bnb[0]} state(s) in float32")
     elif optimizers.class_name(case.optimizer) in optimizers.FACTORED:
         notes.append(f"optimizer {opt}: factored states (each matrix's row and column means)")
     return optimizer_state_bytes(case, trainable, s_param), 0
@@ -177,11 +179,11 @@ EIGHT_BIT_MIN = 4096
 """bitsandbytes' ``min_8bit_size``: a tensor under this many elements keeps float32 states."""
 
 
-def eight_bit_state_bytes(elements: float) -> float:
-    """Bytes of bitsandbytes' 8-bit Adam states over ``elements`` of tensors from :data:`EIGHT_BIT_MIN` elements:
-    two uint8 states and their two float32 absmax per :data:`EIGHT_BIT_BLOCK` (the two 256-entry quantile maps are
-    shared by every tensor: 2 KB, not counted)."""
-    return elements * (2 + 2 * 4 / EIGHT_BIT_BLOCK)
+def eight_bit_state_bytes(elements: float, states: int = 2) -> float:
+    """Bytes of bitsandbytes' 8-bit states over ``elements`` of tensors from :data:`EIGHT_BIT_MIN` elements (Adam's
+    two, Lion's one): each a uint8 state and its float32 absmax per :data:`EIGHT_BIT_BLOCK` (the 256-entry quantile
+    maps are shared by every tensor: 1 KB each, not counted)."""
+    return elements * states * (1 + 4 / EIGHT_BIT_BLOCK)
 
 
 def optimizer_state_bytes(case: PlanInput, trainable: int, s_param: int) -> float:
@@ -189,6 +191,9 @@ def optimizer_state_bytes(case: PlanInput, trainable: int, s_param: int) -> floa
     optimizers :func:`eight_bit_state_bytes`; a torch.optim class its parameter-sized states in the parameter dtype
     (``s_param`` bytes each; :mod:`tunelab.plan.model.optimizers`), a factored one (Adafactor) its row and column
     means of each trainable tensor; any other optimizer is taken as Adam-like (two states)."""
+    if bnb := optimizers.bnb_states(case.optimizer):
+        states, eight_bit = bnb
+        return eight_bit_state_bytes(trainable, states) if eight_bit else trainable * states * 4
     if "8bit" in case.optimizer:
         return eight_bit_state_bytes(trainable)
     if not optimizers.known(case.optimizer):
@@ -218,16 +223,17 @@ PAGED_MIN_NUMEL = 100_000
 
 def paged_optimizer_device_states(case: PlanInput) -> float:
     """Bytes of a paged optimizer's states that are ordinary device memory: the states of trainable tensors under
-    :data:`PAGED_MIN_NUMEL` elements. PagedAdamW keeps two fp32 states (8 bytes per element); the 8-bit one
-    :func:`eight_bit_state_bytes` for tensors from :data:`EIGHT_BIT_MIN` elements, fp32 below. Under LoRA nearly every
-    adapter tensor is small (r x width), so nearly all LoRA states stay on the device; full fine-tuning's small
-    tensors are the norm weights and biases (not counted: kilobytes per block)."""
+    :data:`PAGED_MIN_NUMEL` elements. PagedAdamW keeps two fp32 states (8 bytes per element), PagedLion one; the
+    8-bit ones :func:`eight_bit_state_bytes` for tensors from :data:`EIGHT_BIT_MIN` elements, fp32 below. Under LoRA
+    nearly every adapter tensor is small (r x width), so nearly all LoRA states stay on the device; full
+    fine-tuning's small tensors are the norm weights and biases (not counted: kilobytes per block)."""
     if not case.lora:
         return 0
     small = [n for n in lora_tensor_numels(case.config, case.lora_r, case.lora_targets) if n < PAGED_MIN_NUMEL]
+    states = (optimizers.bnb_states(f"bitsandbytes.optim.{optimizers.class_name(case.optimizer)}") or (2, False))[0]
     if "8bit" in str(case.optimizer):
-        return sum(8 * n if n < EIGHT_BIT_MIN else eight_bit_state_bytes(n) for n in small)
-    return 8 * sum(small)
+        return sum(4 * states * n if n < EIGHT_BIT_MIN else eight_bit_state_bytes(n, states) for n in small)
+    return 4 * states * sum(small)
 
 
 def autocast_weight_copies(case: PlanInput) -> float:

@@ -47,6 +47,34 @@ FACTORED = ("Adafactor",)
 """Classes whose second moment is factored: a matrix keeps its row and column means, a vector a state of its size."""
 
 
+BNB_STATES = {
+    "Adam": 2,
+    "AdamW": 2,
+    "AdEMAMix": 3,
+    "LAMB": 2,
+    "Lion": 1,
+    "SGD": 1,
+    "RMSprop": 1,
+    "Adagrad": 1,
+    "LARS": 1,
+}
+"""Parameter-sized states each ``bitsandbytes.optim`` family keeps (AdEMAMix: two first moments and a second; SGD,
+RMSprop and LARS: their momentum, which bitsandbytes requires), whatever the parameter's dtype: float32 for the
+plain and ``32bit`` classes, one byte an element for ``8bit`` ones (with a float32 absmax per
+:data:`tunelab.plan.model.memory.EIGHT_BIT_BLOCK` elements). The ``Paged`` classes keep the same states outside
+torch's allocator (:func:`tunelab.plan.model.memory.paged_optimizer_device_states`)."""
+
+
+def bnb_states(optimizer: str) -> tuple[int, bool] | None:
+    """(states, 8-bit) of a bitsandbytes optimizer of :data:`BNB_STATES` (``bitsandbytes.optim.AdamW8bit``), else
+    None."""
+    module, _, name = str(optimizer).rpartition(".")
+    if module != "bitsandbytes.optim":
+        return None
+    family = name.removeprefix("Paged").removesuffix("8bit").removesuffix("32bit")
+    return (BNB_STATES[family], name.endswith("8bit")) if family in BNB_STATES else None
+
+
 def class_name(optimizer: str) -> str:
     """The class of a recipe's optimizer name (``AdamW``, ``torch.optim.AdamW``)."""
     return str(optimizer).rsplit(".", 1)[-1]
