@@ -45,6 +45,19 @@ def test_a_factored_optimizer_keeps_row_and_column_means():
     assert _stepped_state_elements("Adafactor", {}) == optimizers.factored_elements(SHAPES) == 6 + 5 + 5 + 3 + 4
 
 
+def test_the_classes_that_take_fused_are_those_whose_signature_has_it():
+    """The fast path asks for ``fused=True``; litgpt's helper drops it for a class without the argument, whose step
+    then runs for-each with its temporaries."""
+    import inspect
+
+    takes = {
+        n
+        for n in [*optimizers.STATE_TENSORS, *optimizers.FACTORED]
+        if "fused" in inspect.signature(getattr(torch.optim, n)).parameters
+    }
+    assert takes == set(optimizers.FUSED) == {n for n in takes if optimizers.takes_fused(n)}
+
+
 def test_a_class_outside_torch_optim_or_not_listed_is_not_known():
     assert not optimizers.known("bitsandbytes.optim.AdamW8bit") and not optimizers.known("LBFGS")
     assert not optimizers.known("mypackage.AdamW") and not optimizers.known("bitsandbytes.optim.AdamW")
@@ -117,6 +130,10 @@ def test_the_plan_counts_the_recipes_optimizer_states_and_step_temporaries():
     factored = optimizers.factored_elements(param_tensor_shapes(config))
     assert adafactor.optimizer == 2 * factored and factored < adafactor.trainable / 100 and adafactor.step_temp > 0
     assert any("Adafactor: factored states" in n for n in notes)
+    for name, temporaries in (("Adagrad", 0), ("RMSprop", 1)):  # fused where the class takes it, else for-each
+        case = plan_recipe(resolve("tiny-llama-1.1b/full"), ["--optimizer", name], gpu=None).input
+        fused = memory.model_states(case.changed(fused_optimizer=True), [])
+        assert fused.step_temp == temporaries * fused.trainable * fused.s_param, name
 
 
 BNB = [f"{family}{bits}" for family in optimizers.BNB_STATES for bits in ("", "32bit", "8bit")]

@@ -344,7 +344,7 @@ def _setup_optimizer(
     params = [p for p in model.parameters() if p.requires_grad]
     if strategy.optimizer:
         optimizer = _bnb_optimizer(strategy.optimizer, args["optimizer"], params)
-    elif strategy.fused_optimizer:  # kept only by classes that take it (torch's Adam, AdamW, SGD)
+    elif strategy.fused_optimizer:  # kept only by classes that take it (optimizers.FUSED: Adam, AdamW, Adagrad, SGD)
         # a copy: litgpt's helper adds ``fused`` to the init_args it is given, which the run's saved arguments
         # (hyperparameters.yaml) would then carry
         optimizer = instantiate_torch_optimizer(copy.deepcopy(args["optimizer"]), params, fused=True)

@@ -124,9 +124,9 @@ def _optimizer_states(case: PlanInput, opt: str, trainable: int, s_param: int, n
 def _step_temporaries(case: PlanInput) -> float:
     """Parameter-sized temporaries of the optimizer's step on top of weights, gradients and states: a torch.optim
     class's for-each step (the default on CUDA; foreach AdamW: the square root of its second moment) as
-    :data:`tunelab.plan.model.optimizers.STEP_TEMPORARIES` counts it, none for the fused step; another Adam one."""
+    :data:`tunelab.plan.model.optimizers.STEP_TEMPORARIES` counts it, none for a fused step; another Adam one."""
     opt = optimizers.class_name(case.optimizer)
-    if case.loop.fused_optimizer and opt.startswith("Adam"):
+    if case.loop.fused_optimizer and (optimizers.takes_fused(case.optimizer) or opt.startswith("Adam")):
         return 0
     if optimizers.known(case.optimizer):
         return optimizers.step_temporaries(case.optimizer)

@@ -43,6 +43,9 @@ STEP_TEMPORARIES = {
 """Parameter-sized temporaries alive at once in each class's for-each step (torch's default on CUDA), as counted in
 elements over every trainable tensor (Rprop's boolean masks count as elements, and its count moves with the tensors'
 shapes: 2.2-2.3, the higher taken); the fused AdamW step has none."""
+FUSED = ("Adam", "AdamW", "Adagrad", "SGD")
+"""Classes that take ``fused=True`` (one kernel over every tensor, no temporaries): tunelab's fast path asks for it,
+and litgpt's helper passes it only to a class whose signature has it."""
 FACTORED = ("Adafactor",)
 """Classes whose second moment is factored: a matrix keeps its row and column means, a vector a state of its size."""
 
@@ -109,3 +112,8 @@ def factored_elements(shapes: list[tuple[int, ...]]) -> int:
 def step_temporaries(optimizer: str) -> float:
     """Parameter-sized temporaries of a :func:`known` optimizer's for-each step (:data:`STEP_TEMPORARIES`)."""
     return STEP_TEMPORARIES[class_name(optimizer)]
+
+
+def takes_fused(optimizer: str) -> bool:
+    """Whether a :func:`known` optimizer's class takes ``fused=True`` (:data:`FUSED`)."""
+    return known(optimizer) and class_name(optimizer) in FUSED
