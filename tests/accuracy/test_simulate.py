@@ -4,9 +4,12 @@ the CLI, and QLoRA's terms against our H100 runs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from tunelab.plan.model import memory
+from tunelab.errors import InputError
+from tunelab.plan.model import memory, optimizers
 from tunelab.plan.trace.simulate import simulate
 from tunelab.plan.trace.tables import TRACED
 
@@ -166,3 +169,50 @@ def test_a_checkpointed_blocks_backward_is_planned_beside_the_gradients_already_
     sim = simulate(x, layers=c.n_layer - 1)  # 3 and 4 blocks: the model at its own depth
     assert sim.peak_phase == "backward"
     assert -0.10 <= memory.predict(x).peak_allocated_bytes / sim.peak_bytes - 1 <= 0
+
+
+TRACED_CLASSES = [
+    (name, init)
+    for name in sorted(optimizers.STATE_TENSORS)
+    if name not in optimizers.HOST_READS and name not in ("AdamW", "SGD")
+    for init in (
+        {},
+        *({option: 0.9 if option == "momentum" else True} for option in optimizers.OPTION_STATES.get(name, ())),
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "init"), TRACED_CLASSES, ids=[f"{n}-{'-'.join(i) or 'plain'}" for n, i in TRACED_CLASSES]
+)
+def test_every_traced_optimizer_class_is_planned_as_its_simulated_step(configs, name, init):
+    """Micro 1, where the optimizer step is the peak: its states and its for-each step's temporaries, as the plan
+    counts them (tunelab/plan/model/optimizers.py), against torch's own step of that class on fake tensors."""
+    x = memory.PlanInput.of(
+        config=configs["tiny-llama-1.1b"],
+        method="full",
+        precision="bf16-true",
+        micro_batch_size=1,
+        seq_len=512,
+        optimizer=name,
+        optimizer_init=tuple(init.items()),
+        tables=TRACED,
+    )
+    sim = simulate(x)
+    assert sim.peak_phase == "optimizer step"
+    assert memory.predict(x).peak_allocated_bytes == pytest.approx(sim.peak_bytes, rel=0.002)
+
+
+@pytest.mark.parametrize("name", optimizers.HOST_READS)
+def test_a_class_whose_step_reads_the_host_is_not_traced(configs, name):
+    """ASGD and Adafactor call ``.item()`` in their step: on fake tensors that is a data-dependent op, so the plan
+    leaves them to the fitted curve and refuses --simulate (this fails once torch's step no longer reads it)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    from tunelab.plan.trace.simulate import _one_step
+
+    x = memory.PlanInput.of(config=configs["tiny-llama-1.1b"], method="full", precision="bf16-true", tables=TRACED)
+    with pytest.raises(DataDependentOutputException):
+        _one_step(x.changed(config=dataclasses.replace(x.config, n_layer=1)), f"torch.optim.{name}")
+    with pytest.raises(InputError, match=f"optimizer {name} is not simulated"):
+        simulate(x.changed(optimizer=name))

@@ -15,7 +15,6 @@ STATE_TENSORS = {
     "NAdam": 2,
     "RAdam": 2,
     "Adadelta": 2,
-    "Rprop": 2,
     "Adagrad": 1,
     "ASGD": 1,
     "RMSprop": 1,
@@ -37,15 +36,17 @@ STEP_TEMPORARIES = {
     "Adafactor": 1,
     "Adagrad": 2,
     "Adadelta": 2,
-    "Rprop": 2.3,
     "SGD": 0,
 }
-"""Parameter-sized temporaries alive at once in each class's for-each step (torch's default on CUDA), as counted in
-elements over every trainable tensor (Rprop's boolean masks count as elements, and its count moves with the tensors'
-shapes: 2.2-2.3, the higher taken); the fused AdamW step has none."""
+"""Parameter-sized temporaries alive at once in each class's for-each step (torch's default on CUDA); a fused step
+has none. Rprop is in neither table: its step's boolean masks make its temporaries depend on the dtype, the shapes
+and the device (1.1 to 2.3 parameter sizes measured), and it is no fine-tuning optimizer."""
 FUSED = ("Adam", "AdamW", "Adagrad", "SGD")
 """Classes that take ``fused=True`` (one kernel over every tensor, no temporaries): tunelab's fast path asks for it,
 and litgpt's helper passes it only to a class whose signature has it."""
+HOST_READS = ("ASGD", "Adafactor")
+"""Classes whose step reads a tensor's value on the host (``.item()``): not traced on fake tensors, so neither
+simulated nor timed by kernel (their time by the fitted curve, their memory by :data:`STATE_TENSORS`)."""
 FACTORED = ("Adafactor",)
 """Classes whose second moment is factored: a matrix keeps its row and column means, a vector a state of its size."""
 
@@ -117,3 +118,12 @@ def step_temporaries(optimizer: str) -> float:
 def takes_fused(optimizer: str) -> bool:
     """Whether a :func:`known` optimizer's class takes ``fused=True`` (:data:`FUSED`)."""
     return known(optimizer) and class_name(optimizer) in FUSED
+
+
+def traced_name(optimizer: str, init: dict) -> str | None:
+    """The name a :func:`known` class other than AdamW and SGD is traced under (``torch.optim.RMSprop momentum``:
+    the class and the options that add states), or None where it is not traced (:data:`HOST_READS`)."""
+    name = class_name(optimizer)
+    if not known(optimizer) or name in HOST_READS:
+        return None
+    return " ".join([f"torch.optim.{name}", *(o for o in OPTION_STATES.get(name, ()) if init.get(o))])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from tunelab.errors import InputError
+from tunelab.plan.model import optimizers
 
 COMPILED_PRECISIONS = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}
 """Precisions whose compiled blocks are traced: the weights' dtype is the compute dtype. Mixed precision (autocast
@@ -19,9 +20,10 @@ TRACE_TOKENS = 64
 """Tokens of the shorter of a compiled block's two one-sample traces (the longer has twice as many; a multiple of
 64, as the fast path pads; any length gives the same bytes per token, tested)."""
 OPTIMIZERS = ("AdamW", "AdamW fused", "SGD", "SGD momentum", "PagedAdamW", "PagedAdamW32bit")
-"""Optimizers traced: torch's AdamW (``foreach=True``, CUDA's default; ``fused=True``), SGD (with momentum: one
-state), and bitsandbytes' paged AdamW (the states of tensors from 1e5 elements outside torch's allocator: left
-out; smaller tensors' fp32 states on the device)."""
+"""Optimizers traced by these names: torch's AdamW (``foreach=True``, CUDA's default; ``fused=True``), SGD (with
+momentum: one state), and bitsandbytes' paged AdamW (the states of tensors from 1e5 elements outside torch's
+allocator: left out; smaller tensors' fp32 states on the device); every other torch.optim class it can trace by
+:func:`tunelab.plan.model.optimizers.traced_name`."""
 
 
 class Tables(Protocol):
@@ -60,12 +62,16 @@ def compiled_supported(precision: str) -> bool:
 def optimizer_of(case) -> str:
     """The traced optimizer for a PlanInput (:data:`OPTIMIZERS`); InputError for one that is not traced."""
     name = str(case.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
-    if name in ("AdamW", "Adam"):
+    if name in ("AdamW", "Adam") and not dict(case.optimizer_init).get("amsgrad"):
         return "AdamW fused" if case.loop.fused_optimizer else "AdamW"
     if name == "SGD":
         return "SGD momentum" if case.momentum else "SGD"
     if name in ("PagedAdamW", "PagedAdamW32bit"):
         return name
+    fused = case.loop.fused_optimizer and optimizers.takes_fused(case.optimizer)  # only AdamW's fused step is traced
+    if not fused and (traced := optimizers.traced_name(case.optimizer, dict(case.optimizer_init))):
+        return traced
     raise InputError(
-        f"--simulate: optimizer {name} is not simulated ({', '.join(OPTIMIZERS)}); fix: plan without --simulate"
+        f"--simulate: optimizer {name}{' fused' if fused else ''} is not simulated ({', '.join(OPTIMIZERS)}, or a "
+        "torch.optim class whose step reads nothing on the host, for-each); fix: plan without --simulate"
     )
