@@ -171,6 +171,29 @@ def test_fewer_training_samples_than_the_micro_batch_run_as_litgpt_runs_them_and
     assert check(resolve("tiny-llama-1.1b/lora"), shape).blocking() == []
 
 
+def test_an_optimizers_states_are_planned_as_litgpt_saves_them(tmp_path):
+    """litgpt's full fine-tuning with Adagrad, for real: each step checkpoint holds the model and the optimizer's
+    state, the final one the model alone. Their difference is Adagrad's one state per parameter, as planned (the plan
+    assumed Adam's two for any optimizer it did not name: twice what litgpt saved)."""
+    shape = ["--optimizer", "Adagrad", "--train.max_steps", "2", "--train.save_interval", "1"]
+    shape += ["--train.lr_warmup_steps", "1", "--data.num_workers", "0", "--eval.max_iters", "2"]
+    p = subprocess.run(
+        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/full", "--out", str(tmp_path / "r"), *shape],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    planned = record.load(tmp_path / "r" / "record.json").plan.breakdown_bytes
+    saved = {
+        name: (tmp_path / "r" / "litgpt" / name / "lit_model.pth").stat().st_size for name in ("step-000001", "final")
+    }
+    assert planned["optimizer_states"] == planned["weights"]  # one fp32 state per parameter (32-true on the CPU)
+    assert saved["step-000001"] - saved["final"] == pytest.approx(planned["optimizer_states"], rel=0.02)
+
+
 def test_litgpts_lora_loop_on_two_devices_ends_at_max_steps_not_at_its_sample(tmp_path):
     """litgpt's LoRA loop samples on rank 0 alone when its epochs end it: on 2 processes the other rank waited for
     it until the run was killed (300 s, 10 steps done, no checkpoint). ``run`` refuses that before launching, naming
