@@ -161,3 +161,26 @@ def test_each_bitsandbytes_optimizers_state_bytes_are_its_own(name):
     states = {k: t for k, t in opt.state[param].items() if torch.is_tensor(t) and not k.startswith(("qmap", "unorm"))}
     case = type("Case", (), {"optimizer": f"bitsandbytes.optim.{name}"})()
     assert sum(t.numel() * t.element_size() for t in states.values()) == memory.optimizer_state_bytes(case, 8192, 2)
+
+
+def test_a_strategy_that_flattens_the_parameters_gives_a_factored_optimizer_a_full_state():
+    """FSDP1 steps each rank's slice of its flat parameters and ZeRO its fp32 partitions, 1-D both: Adafactor keeps a
+    vector's full state there (FSDP2's shards keep their shapes). ZeRO keeps the optimizer's own states in fp32
+    (Adagrad one, not Adam's two)."""
+    from tunelab.plan.model import memory
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    def states(optimizer: str, **fields) -> memory.ModelStates:
+        case = plan_recipe(
+            resolve("tiny-llama-1.1b/full"), ["--precision", "bf16-true", "--optimizer", optimizer], gpu=None
+        )
+        return memory.model_states(case.input.changed(devices=2, **fields) if fields else case.input, [])
+
+    one = states("torch.optim.Adafactor")
+    assert 0 < one.optimizer < one.trainable * 2 / 100  # factored
+    assert states("torch.optim.Adafactor", strategy="fsdp", fsdp_root_kept=True).optimizer == one.trainable * 2  # FSDP1
+    assert states("torch.optim.Adafactor", strategy="fsdp", fsdp_root_kept=False).optimizer == one.optimizer  # FSDP2
+    zero = states("Adagrad", strategy="deepspeed", zero_stage=2)
+    assert zero.optimizer == zero.trainable * 4 and zero.master == zero.trainable * 4
+    assert states("torch.optim.Adafactor", strategy="deepspeed", zero_stage=2).optimizer == zero.trainable * 4

@@ -190,17 +190,20 @@ def optimizer_state_bytes(case: PlanInput, trainable: int, s_param: int) -> floa
     """Bytes of the case's optimizer states over ``trainable`` parameters, wherever they live: bitsandbytes' 8-bit
     optimizers :func:`eight_bit_state_bytes`; a torch.optim class its parameter-sized states in the parameter dtype
     (``s_param`` bytes each; :mod:`tunelab.plan.model.optimizers`), a factored one (Adafactor) its row and column
-    means of each trainable tensor; any other optimizer is taken as Adam-like (two states)."""
+    means of each trainable tensor (one state where the strategy flattens them: ``Strategy.flat_shards``); any other
+    optimizer is taken as Adam-like (two states)."""
     if bnb := optimizers.bnb_states(case.optimizer):
         states, eight_bit = bnb
         return eight_bit_state_bytes(trainable, states) if eight_bit else trainable * states * 4
     if "8bit" in case.optimizer:
         return eight_bit_state_bytes(trainable)
-    if not optimizers.known(case.optimizer):
-        return trainable * 2 * s_param
-    if optimizers.class_name(case.optimizer) in optimizers.FACTORED:
-        return optimizers.factored_elements(trainable_shapes(case)) * s_param
-    return trainable * optimizers.state_tensors(case.optimizer, dict(case.optimizer_init)) * s_param
+    shaped = optimizers.class_name(case.optimizer) in optimizers.FACTORED and not strategies.of(case).flat_shards(case)
+    shapes = trainable_shapes(case) if shaped else None
+    return (
+        trainable
+        * optimizers.states_per_parameter(case.optimizer, dict(case.optimizer_init), trainable, shapes)
+        * s_param
+    )
 
 
 def trainable_shapes(case: PlanInput) -> list[tuple[int, ...]]:

@@ -127,3 +127,16 @@ def traced_name(optimizer: str, init: dict) -> str | None:
     if not known(optimizer) or name in HOST_READS:
         return None
     return " ".join([f"torch.optim.{name}", *(o for o in OPTION_STATES.get(name, ()) if init.get(o))])
+
+
+def states_per_parameter(optimizer: str, init: dict, trainable: int, shapes: list | None = None) -> float:
+    """Parameter-sized states per trainable parameter: bitsandbytes' (:data:`BNB_STATES`), a :func:`known` class's
+    (:func:`state_tensors`; a factored one's row and column means over the trainable tensors' ``shapes``, or one state
+    where it steps flattened 1-D shards: ``shapes`` None), else Adam's two."""
+    if bnb := bnb_states(optimizer):
+        return bnb[0]
+    if not known(optimizer):
+        return 2
+    if class_name(optimizer) in FACTORED:
+        return factored_elements(shapes) / trainable if shapes is not None and trainable else 1
+    return state_tensors(optimizer, init)

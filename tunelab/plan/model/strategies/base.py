@@ -125,6 +125,11 @@ class Strategy:
         optimizer's."""
         return None
 
+    def flat_shards(self, case: PlanInput) -> bool:
+        """Whether the optimizer steps flattened 1-D shards (FSDP1's flat parameters, ZeRO's fp32 partitions), not
+        the parameters' shapes: a factored optimizer (Adafactor) then keeps a full state."""
+        return False
+
     def foreach_temporary(self, case: PlanInput) -> bool:
         """Whether the optimizer's step is torch's own (foreach AdamW: one parameter-sized temporary)."""
         return True

@@ -174,6 +174,9 @@ class FSDP1(FSDP):
     host_ops_fixed = (56.0, 31.0)
     """The same cases' median beside the blocks."""
 
+    def flat_shards(self, case: PlanInput) -> bool:
+        return True  # the optimizer steps each rank's 1-D slice of the flat parameters
+
     def fields(self, config, world: int) -> dict:
         return {
             "strategy": self.name,

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from tunelab.models import lora_tensor_numels, param_tensor_numels
+from tunelab.plan.model import optimizers
 from tunelab.plan.model.case import Division, ModelStates, PerDevice, PlanInput, parameter_bytes
 from tunelab.plan.model.strategies.base import Sizes, Strategy
 from tunelab.plan.model.strategies.ddp import all_reduce
@@ -120,8 +121,14 @@ class ZeRO(Strategy):
         return False  # ``bf16.enabled``: the forward sees 16-bit weights
 
     def optimizer_states(self, case: PlanInput, trainable: int, s_param: int, notes: list) -> tuple:
+        """The optimizer's states over DeepSpeed's fp32 partitions (flat: a factored optimizer keeps a full state),
+        and fp32 master weights under 16-bit weights."""
         notes.append("DeepSpeed keeps fp32 master weights and fp32 optimizer states")
-        return trainable * 8, (trainable * 4 if s_param < 4 else 0)  # fp32 Adam moments; fp32 master weights
+        states = optimizers.states_per_parameter(case.optimizer, dict(case.optimizer_init), trainable)
+        return trainable * 4 * states, (trainable * 4 if s_param < 4 else 0)
+
+    def flat_shards(self, case: PlanInput) -> bool:
+        return True
 
     def foreach_temporary(self, case: PlanInput) -> bool:
         return False
