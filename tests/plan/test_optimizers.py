@@ -184,3 +184,13 @@ def test_a_strategy_that_flattens_the_parameters_gives_a_factored_optimizer_a_fu
     zero = states("Adagrad", strategy="deepspeed", zero_stage=2)
     assert zero.optimizer == zero.trainable * 4 and zero.master == zero.trainable * 4
     assert states("torch.optim.Adafactor", strategy="deepspeed", zero_stage=2).optimizer == zero.trainable * 4
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [(0.9, True), (0, False), ("0.9", True), ("0.0", False), ("false", False), (True, True), (None, False)],
+)
+def test_an_option_read_from_text_is_on_as_torch_would_take_it(value, on):
+    """A YAML or command line may give ``momentum: "0.0"`` or ``amsgrad: "false"``: no state is added for them."""
+    assert optimizers.is_set(value) is on
+    assert optimizers.state_tensors("SGD", {"momentum": value}) == int(on)

@@ -183,8 +183,12 @@ class PlanInput:
 
     @property
     def momentum(self) -> float:
-        """The optimizer's ``momentum`` (0 when not given): SGD with momentum keeps one state, and traces another."""
-        return float(dict(self.optimizer_init).get("momentum") or 0.0)
+        """The optimizer's ``momentum`` (0 when not given): SGD with momentum keeps one state (traced as such)."""
+        value = dict(self.optimizer_init).get("momentum")
+        try:
+            return float(value or 0.0)
+        except (TypeError, ValueError):
+            return 0.0
 
 
 @dataclass

@@ -1,8 +1,7 @@
-"""The states torch's optimizers keep per trainable parameter: the plan's optimizer term for any ``torch.optim`` class
-litgpt can build (checked against torch's own optimizers in tests/plan/test_optimizers.py).
-
-bitsandbytes' optimizers (8-bit, paged) are counted where the memory model names them
-(:func:`tunelab.plan.model.memory.optimizer_state_bytes`)."""
+"""What an optimizer keeps per trainable parameter, by class: the states of each ``torch.optim`` class litgpt can
+build and of bitsandbytes' families, the temporaries of a for-each step, which classes take ``fused`` and which the
+tracer cannot follow. Each table is checked against the library's own optimizers in tests/plan/test_optimizers.py;
+the memory model turns them into bytes (:func:`tunelab.plan.model.memory.optimizer_state_bytes`)."""
 
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ FUSED = ("Adam", "AdamW", "Adagrad", "SGD")
 and litgpt's helper passes it only to a class whose signature has it."""
 HOST_READS = ("ASGD", "Adafactor")
 """Classes whose step reads a tensor's value on the host (``.item()``): not traced on fake tensors, so neither
-simulated nor timed by kernel (their time by the fitted curve, their memory by :data:`STATE_TENSORS`)."""
+simulated nor timed by kernel (their time by the fitted curve; their memory is counted as the tables here say)."""
 FACTORED = ("Adafactor",)
 """Classes whose second moment is factored: a matrix keeps its row and column means, a vector a state of its size."""
 
@@ -95,7 +94,21 @@ def known(optimizer: str) -> bool:
 def state_tensors(optimizer: str, init: dict) -> int:
     """Parameter-sized states per trainable tensor of a :func:`known` optimizer that is not :data:`FACTORED`."""
     name = class_name(optimizer)
-    return STATE_TENSORS[name] + sum(1 for option in OPTION_STATES.get(name, ()) if init.get(option))
+    return STATE_TENSORS[name] + sum(1 for option in OPTION_STATES.get(name, ()) if is_set(init.get(option)))
+
+
+def is_set(value) -> bool:
+    """Whether an init argument turns its option on: a number other than 0, true, or text that reads as either
+    (``"0.9"``, ``"true"``; ``"0.0"`` and ``"false"`` are off)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("true", "yes", "on"):
+            return True
+        try:
+            return float(text) != 0
+        except ValueError:
+            return False
+    return bool(value)
 
 
 def factored_elements(shapes: list[tuple[int, ...]]) -> int:
@@ -126,7 +139,7 @@ def traced_name(optimizer: str, init: dict) -> str | None:
     name = class_name(optimizer)
     if not known(optimizer) or name in HOST_READS:
         return None
-    return " ".join([f"torch.optim.{name}", *(o for o in OPTION_STATES.get(name, ()) if init.get(o))])
+    return " ".join([f"torch.optim.{name}", *(o for o in OPTION_STATES.get(name, ()) if is_set(init.get(o)))])
 
 
 def states_per_parameter(optimizer: str, init: dict, trainable: int, shapes: list | None = None) -> float:
