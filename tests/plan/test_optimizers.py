@@ -194,3 +194,19 @@ def test_an_option_read_from_text_is_on_as_torch_would_take_it(value, on):
     """A YAML or command line may give ``momentum: "0.0"`` or ``amsgrad: "false"``: no state is added for them."""
     assert optimizers.is_set(value) is on
     assert optimizers.state_tensors("SGD", {"momentum": value}) == int(on)
+
+
+def test_adams_amsgrad_step_is_traced_with_its_host_reads_of_the_step_counters(configs):
+    """Adam with amsgrad is traced as its own step (a third state read and written each step) and keeps AdamW's
+    host work per trainable tensor (its for-each step reads each step counter on the host, as AdamW's does)."""
+    from tunelab.plan.model import kernels
+    from tunelab.plan.trace.tables import TRACED
+
+    config = configs["tiny-llama-1.1b"]
+    plain, ams = (
+        kernels.step_time(config, "full", "bf16-true", 1, 128, "H100-SXM", name, tables=TRACED)
+        for name in ("AdamW", "torch.optim.Adam amsgrad")
+    )
+    extra = {t.ops_by_phase["optimizer"] - t.host_ops("optimizer") for t in (plain, ams)}
+    assert len(extra) == 1 and extra.pop() < -100  # the same host reads beside each one's kernels
+    assert ams.gpu_by_phase["optimizer"] > plain.gpu_by_phase["optimizer"]  # its third state read and written

@@ -412,7 +412,8 @@ def step_time(
     ops += sum(times * (later[kind][0] - n_a) for kind, times in grown.items() if kind != second_kind)
     kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
     host_ops = dict(kernel_ops)
-    if optimizer == "AdamW":  # torch's for-each step reads each tensor's step counter on the host (no kernel)
+    if optimizer == "AdamW" or optimizer.startswith(("torch.optim.Adam ", "torch.optim.AdamW ")):  # amsgrad too:
+        # torch's for-each Adam step reads each tensor's step counter on the host (no kernel)
         extra = trainable_tensors(config, method, lora) * ADAM_FOREACH_HOST_OPS_PER_TENSOR
         host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(extra)
     ops += _add_bitsandbytes(config, method, seq_len, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
