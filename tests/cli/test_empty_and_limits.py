@@ -56,6 +56,11 @@ def test_devices_the_batch_or_the_data_cannot_feed_are_refused():
     data = ["--data.val_split_fraction", "0.99", "--train.global_batch_size", "128"]
     code, out, err = tunelab_here("validate", "tiny-llama-1.1b/full", "--devices", "8", *data)
     assert code == 1 and "devices: 8 devices, more than the 4 training samples" in out + err, err
+    # an epoch without an optimizer step: refused with or without --gpu (the memory plan alone planned it), as validate
+    empty = ["--data.val_split_fraction", "0.97", "--train.global_batch_size", "256", "--train.micro_batch_size", "4"]
+    for gpu in ([], ["--gpu", "H100-SXM"]):
+        code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--devices", "4", *empty, *gpu)
+        assert code == 2 and "an epoch has no optimizer step" in err and not out, (gpu, out, err)
     # fewer samples than devices x micro batch: shorter micro batches, as litgpt runs them (tests/e2e/test_runner.py)
     code, out, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--data.val_split_fraction", "0.99", "--verbose")
     assert code == 0 and "share of the 4 training samples is 4, under the micro batch 16" in out, err

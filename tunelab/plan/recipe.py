@@ -25,6 +25,7 @@ from tunelab.settings import (
     data_class_problem,
     data_init_args,
     data_size,
+    empty_epoch,
     litgpt_schedule,
     quantization_problems,
     rank0_sample_problems,
@@ -328,8 +329,9 @@ def fast_note(switches) -> str:
 
 def check_feeds(settings: Settings, litgpt: bool) -> None:
     """ValueError naming the key when the devices cannot all be fed: one micro batch on each of them needs more
-    samples than the global batch (litgpt's own scripts assert it), or the devices outnumber the training samples
-    (:func:`tunelab.settings.unfed_devices`, as validate says it)."""
+    samples than the global batch (litgpt's own scripts assert it), the devices outnumber the training samples
+    (:func:`tunelab.settings.unfed_devices`), or an epoch holds no optimizer step (:func:`tunelab.settings.empty_epoch`),
+    as validate says each."""
     unit = settings.world_size * settings.micro_batch_size
     if litgpt and settings.world_size > 1 and unit > settings.global_batch_size:
         raise ValueError(
@@ -340,6 +342,9 @@ def check_feeds(settings: Settings, litgpt: bool) -> None:
     if unfed := unfed_devices(train, settings.world_size):
         what, fix = unfed
         raise ValueError(f"devices: {what} ({src}); fix: {fix}")
+    if empty := empty_epoch(train, settings.world_size, settings.micro_batch_size, settings.global_batch_size):
+        what, fix = empty  # as the time model and validate refuse it: with or without --gpu
+        raise ValueError(f"train.global_batch_size: {what}; fix: {fix}")
 
 
 def train_samples(settings: Settings) -> tuple[int, int, str]:
