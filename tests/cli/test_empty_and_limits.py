@@ -67,8 +67,10 @@ def test_devices_the_batch_or_the_data_cannot_feed_are_refused():
     code, _, err = tunelab_here("plan", "tiny-llama-1.1b/full", "--devices", "4")  # litgpt's own FSDP asserts it
     assert code == 2 and "train.global_batch_size: 16 is smaller than" in err
     # tunelab's loop takes one micro batch on each device when they outnumber the global batch's: planned
-    code, _, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", "8", "--strategy", "ddp")
-    assert code == 0, err
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", "8", "--strategy", "ddp", "--verbose")
+    assert code == 0 and "16 is less than a micro batch on each device (8 x 4): tunelab's loop steps every 32" in out, (
+        err
+    )
     # QLoRA on several devices, which validate and run refuse, was planned (litgpt's FSDP or a strategy file)
     for strategy in ([], ["--strategy", "fsdp"], ["--strategy", "ddp"]):
         code, _, err = tunelab_here("plan", "tiny-llama-1.1b/qlora", "--devices", "2", *strategy)

@@ -280,13 +280,19 @@ def _hangs(settings: Settings) -> list[tuple[str, str, str]]:
 
 def _batch_notes(settings: Settings) -> list[str]:
     """Notes where the run's batches are not the recipe's: a global batch litgpt floors (not micro batch x devices x
-    accumulation), and devices that each hold fewer training samples than the micro batch (litgpt's sampler gives
+    accumulation) or one under a micro batch on each device, and devices that each hold fewer training samples than
+    the micro batch (litgpt's sampler gives
     each its share: every micro batch is that share; the plan, made at the micro batch, is an upper bound)."""
     notes, micro = [], settings.micro_batch_size
     if (step := settings.accumulation * micro * settings.world_size) < settings.global_batch_size:
         notes.append(
             f"train.global_batch_size {settings.global_batch_size} is not micro batch x devices x accumulation: "
             f"litgpt floors the accumulation to {settings.accumulation}, {step} samples a step (validate refuses it)"
+        )
+    elif step > settings.global_batch_size:  # planned under a strategy file (litgpt's own scripts assert it)
+        notes.append(
+            f"train.global_batch_size {settings.global_batch_size} is less than a micro batch on each device "
+            f"({settings.world_size} x {micro}): tunelab's loop steps every {step} samples (validate and run refuse it)"
         )
     train, _, _ = train_samples(settings)
     if train and (share := math.ceil(train / max(1, settings.world_size))) < micro:
