@@ -84,17 +84,22 @@ def test_ok_run_record(tmp_path):
     assert '"status": "ok"' in p.stdout and f"record: {tmp_path / 'r' / 'record.json'}" in p.stdout
 
 
-def _run_tiny_lora(out: Path, overrides: list[str]) -> record.RunRecord:
-    """`tunelab run tiny-llama-1.1b/lora` in a child process on the CPU (no workers, 2 validation batches): the
-    record of a run that succeeded."""
-    p = subprocess.run(
-        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--out", str(out), *FAST[2:], *overrides],
+def _tunelab_run(recipe: str, out: Path, overrides: list[str]) -> subprocess.CompletedProcess:
+    """`tunelab run RECIPE --out OUT OVERRIDES` in a child process on the CPU."""
+    return subprocess.run(
+        [sys.executable, "-m", "tunelab", "run", recipe, "--out", str(out), *overrides],
         cwd=ROOT,
         env=cpu_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def _run_tiny_lora(out: Path, overrides: list[str]) -> record.RunRecord:
+    """`tunelab run tiny-llama-1.1b/lora` in a child process on the CPU (no workers, 2 validation batches): the
+    record of a run that succeeded."""
+    p = _tunelab_run("tiny-llama-1.1b/lora", out, [*FAST[2:], *overrides])
     assert p.returncode == 0, p.stderr[-3000:]
     return record.load(out / "record.json")
 
@@ -177,14 +182,7 @@ def test_an_optimizers_states_are_planned_as_litgpt_saves_them(tmp_path):
     assumed Adam's two for any optimizer it did not name: twice what litgpt saved)."""
     shape = ["--optimizer", "Adagrad", "--train.max_steps", "2", "--train.save_interval", "1"]
     shape += ["--train.lr_warmup_steps", "1", "--data.num_workers", "0", "--eval.max_iters", "2"]
-    p = subprocess.run(
-        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/full", "--out", str(tmp_path / "r"), *shape],
-        cwd=ROOT,
-        env=cpu_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = _tunelab_run("tiny-llama-1.1b/full", tmp_path / "r", shape)
     assert p.returncode == 0, p.stderr[-3000:]
     planned = record.load(tmp_path / "r" / "record.json").plan.breakdown_bytes
     saved = {
@@ -203,14 +201,7 @@ def test_litgpts_lora_loop_on_two_devices_ends_at_max_steps_not_at_its_sample(tm
 
     shape = ["--devices", "2", "--data.init_args.val_split_fraction", "0.9", "--train.micro_batch_size", "2"]
     shape += ["--train.global_batch_size", "4", "--train.lr_warmup_steps", "2", "--train.max_steps", "null"]
-    p = subprocess.run(
-        [sys.executable, "-m", "tunelab", "run", "tiny-llama-1.1b/lora", "--out", str(tmp_path / "no"), *shape],
-        cwd=ROOT,
-        env=cpu_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = _tunelab_run("tiny-llama-1.1b/lora", tmp_path / "no", shape)
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
     assert p.returncode != 0 and len(lines) == 1 and "train.max_steps: not set" in lines[0], lines
     assert "fix: set train.max_steps to 10" in lines[0] and not (tmp_path / "no").exists()
