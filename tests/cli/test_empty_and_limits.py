@@ -496,3 +496,35 @@ def test_plan_warns_in_its_short_answer_where_litgpts_own_loop_would_hang():
     for quiet in (["--devices", 2, "--train.max_steps", 12], ["--devices", 2, "--strategy", "ddp"], ["--devices", 1]):
         code, out, _ = tunelab_here("plan", "tiny-llama-1.1b/lora", *quiet)
         assert code == 0 and "would hang" not in out, (quiet, out)
+
+
+def _batch_overrides(rng) -> list[str]:
+    """A random run shape: devices, micro and global batch, held-out share, epochs, max_steps (strategy or none)."""
+    devices, micro = rng.choice([1, 2, 4, 8, 16, 32]), rng.choice([1, 2, 4, 16, 64])
+    fitting = devices * micro * rng.choice([1, 2, 4])  # half the shapes: a global batch litgpt accepts
+    shape = {
+        "--devices": devices,
+        "--train.micro_batch_size": micro,
+        "--train.global_batch_size": rng.choice([fitting, rng.choice([1, 4, 16, 64, 256, 1024])]),
+        "--data.val_split_fraction": rng.choice([0.01, 0.5, 0.9, 0.97, 0.99, 0.995]),
+        "--train.epochs": rng.choice([1, 2, 3]),
+        "--train.max_steps": rng.choice(["null", 1, 5, 50]),
+        "--train.lr_warmup_steps": 1,
+    }
+    strategy = rng.choice([[], ["--strategy", "ddp"], ["--strategy", "fsdp"], ["--strategy", "deepspeed-zero2"]])
+    return [str(a) for kv in shape.items() for a in kv] + strategy
+
+
+def test_plan_never_refuses_a_run_validate_passes():
+    """plan refused 4 training samples at micro 16 on one device ("fix: at most 1 devices") that litgpt runs and
+    validate passed. Over 40 random shapes (about 20 s): whatever plan refuses, validate refuses too (the converse is
+    by design: plan plans what it can count and notes or warns what validate refuses)."""
+    import random
+
+    rng = random.Random(41)
+    for _ in range(40):
+        recipe, overrides = rng.choice(["tiny-llama-1.1b/full", "tiny-llama-1.1b/lora"]), _batch_overrides(rng)
+        planned = tunelab_here("plan", recipe, *overrides)
+        if planned[0] != 0:
+            validated = tunelab_here("validate", recipe, *overrides)
+            assert validated[0] != 0, (recipe, overrides, planned[2])
