@@ -210,3 +210,44 @@ def test_adams_amsgrad_step_is_traced_with_its_host_reads_of_the_step_counters(c
     extra = {t.ops_by_phase["optimizer"] - t.host_ops("optimizer") for t in (plain, ams)}
     assert len(extra) == 1 and extra.pop() < -100  # the same host reads beside each one's kernels
     assert ams.gpu_by_phase["optimizer"] > plain.gpu_by_phase["optimizer"]  # its third state read and written
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value on the host (``aten._local_scalar_dense``: ``.item()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", sorted(optimizers.STEP_COUNTER_READS))
+def test_each_classes_step_counter_reads_are_torchs(name):
+    """torch's for-each step without ``capturable`` reads each tensor's step counter on the host as many times as the
+    table says (AdamW twice: the two bias corrections; NAdam and RAdam five times; RMSprop never)."""
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in SHAPES]
+    opt = getattr(torch.optim, name)(params, lr=1e-3, foreach=True, **({"momentum": 0.9} if name == "SGD" else {}))
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with _ScalarReads() as counted:
+            opt.step()
+    assert counted.reads == optimizers.STEP_COUNTER_READS[name] * len(SHAPES)
+
+
+def test_the_kernel_model_scales_adamws_host_work_by_the_step_counter_reads(configs):
+    """NAdam reads each step counter five times where AdamW reads it twice: 2.5x AdamW's host work per tensor beside
+    its kernels; RMSprop none."""
+    from tunelab.plan.model import kernels
+    from tunelab.plan.trace.tables import TRACED
+
+    def beside(name: str) -> int:
+        t = kernels.step_time(configs["tiny-llama-1.1b"], "full", "bf16-true", 1, 128, "H100-SXM", name, tables=TRACED)
+        return t.host_ops("optimizer") - t.ops_by_phase["optimizer"]
+
+    adamw = beside("AdamW")
+    assert adamw > 100 and beside("torch.optim.NAdam") == pytest.approx(2.5 * adamw, abs=1)
+    assert beside("torch.optim.RMSprop") == 0

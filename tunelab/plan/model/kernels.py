@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tunelab import hardware
 from tunelab.models import lora_tensor_numels, param_tensor_numels
-from tunelab.plan.model import bnb_kernels
+from tunelab.plan.model import bnb_kernels, optimizers
 from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, lora_of
 from tunelab.units import GB
@@ -94,7 +94,9 @@ ADAM_FOREACH_HOST_OPS_PER_TENSOR = 0.74
 (:data:`HOST_S_PER_OP` each): without ``capturable`` it reads every tensor's step counter on the host twice
 (``_get_value(step)`` for both bias corrections, torch/optim/adam.py) and builds the per-tensor step sizes in Python.
 Fitted on the H100 profile's and grid's launch-bound LoRA optimizer phases (TinyLlama: 222 tensors, 5.1-6.9 ms;
-OpenLLaMA 3B: 262, 6.0-7.1 ms; the median); the fused step (one kernel over the list) has none."""
+OpenLLaMA 3B: 262, 6.0-7.1 ms; the median); the fused step (one kernel over the list) has none. Another class's
+for-each step: this in proportion to its reads of the step counters
+(:data:`tunelab.plan.model.optimizers.STEP_COUNTER_READS`, counted on the CPU)."""
 TILE = 128
 """Output tile edge of a tensor-core matmul kernel (cuBLAS's common 128 x 128 / 128 x 256 tiles)."""
 DEFAULT_SMS = 108
@@ -412,10 +414,11 @@ def step_time(
     ops += sum(times * (later[kind][0] - n_a) for kind, times in grown.items() if kind != second_kind)
     kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
     host_ops = dict(kernel_ops)
-    if optimizer == "AdamW" or optimizer.startswith(("torch.optim.Adam ", "torch.optim.AdamW ")):  # amsgrad too:
-        # torch's for-each Adam step reads each tensor's step counter on the host (no kernel)
-        extra = trainable_tensors(config, method, lora) * ADAM_FOREACH_HOST_OPS_PER_TENSOR
-        host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(extra)
+    if reads := optimizers.host_reads_per_tensor(optimizer):  # a for-each step reads step counters (no kernel)
+        per_tensor = ADAM_FOREACH_HOST_OPS_PER_TENSOR * reads / optimizers.STEP_COUNTER_READS["AdamW"]
+        host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(
+            trainable_tensors(config, method, lora) * per_tensor
+        )
     ops += _add_bitsandbytes(config, method, seq_len, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
     host_s = sum(host_ops.get(p, 0) for p in TRAINING_PHASES) * HOST_S_PER_OP
     by_phase = {k: v for k, v in both.items() if "/" not in k}

@@ -40,6 +40,20 @@ STEP_TEMPORARIES = {
 """Parameter-sized temporaries alive at once in each class's for-each step (torch's default on CUDA); a fused step
 has none. Rprop is in neither table: its step's boolean masks make its temporaries depend on the dtype, the shapes
 and the device (1.1 to 2.3 parameter sizes measured), and it is no fine-tuning optimizer."""
+STEP_COUNTER_READS = {
+    "Adam": 2,
+    "AdamW": 2,
+    "Adamax": 1,
+    "Adagrad": 1,
+    "NAdam": 5,
+    "RAdam": 5,
+    "Adadelta": 0,
+    "RMSprop": 0,
+    "SGD": 0,
+}
+"""Reads of each trainable tensor's step counter on the host (``.item()``) in a class's for-each step without
+``capturable`` (torch's default): the Python work per tensor that the kernel model scales AdamW's fitted host work by
+(:data:`tunelab.plan.model.kernels.ADAM_FOREACH_HOST_OPS_PER_TENSOR`, for its 2)."""
 FUSED = ("Adam", "AdamW", "Adagrad", "SGD")
 """Classes that take ``fused=True`` (one kernel over every tensor, no temporaries): tunelab's fast path asks for it,
 and litgpt's helper passes it only to a class whose signature has it."""
@@ -153,3 +167,13 @@ def states_per_parameter(optimizer: str, init: dict, trainable: int, shapes: lis
     if class_name(optimizer) in FACTORED:
         return factored_elements(shapes) / trainable if shapes is not None and trainable else 1
     return state_tensors(optimizer, init)
+
+
+def host_reads_per_tensor(traced: str) -> int:
+    """:data:`STEP_COUNTER_READS` of a traced optimizer name (``AdamW``, ``torch.optim.NAdam``; 0: a fused step,
+    SGD, bitsandbytes' paged AdamW, whose Python work per tensor the model counts apart)."""
+    if traced == "AdamW":
+        return STEP_COUNTER_READS["AdamW"]
+    if not traced.startswith("torch.optim."):
+        return 0
+    return STEP_COUNTER_READS.get(traced.removeprefix("torch.optim.").split()[0], 0)
