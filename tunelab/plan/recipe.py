@@ -281,8 +281,8 @@ def _hangs(settings: Settings) -> list[tuple[str, str, str]]:
 def _batch_notes(settings: Settings) -> list[str]:
     """Notes where the run's batches are not the recipe's: a global batch litgpt floors (not micro batch x devices x
     accumulation) or one under a micro batch on each device, and devices that each hold fewer training samples than
-    the micro batch (litgpt's sampler gives
-    each its share: every micro batch is that share; the plan, made at the micro batch, is an upper bound)."""
+    the micro batch (litgpt's sampler gives each its share: every micro batch is that share; the plan, made at the
+    micro batch, is an upper bound)."""
     notes, micro = [], settings.micro_batch_size
     if (step := settings.accumulation * micro * settings.world_size) < settings.global_batch_size:
         notes.append(

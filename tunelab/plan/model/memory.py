@@ -112,11 +112,12 @@ def _optimizer_states(case: PlanInput, opt: str, trainable: int, s_param: int, n
             "allocator (not in 'allocated'); smaller tensors' states are ordinary device memory"
         )
         return paged_optimizer_device_states(case), 0
-    if not optimizers.known(case.optimizer) and not optimizers.bnb_states(case.optimizer) and "8bit" not in opt:
+    bnb = optimizers.bnb_states(case.optimizer)
+    if not optimizers.known(case.optimizer) and not bnb and "8bit" not in opt:
         notes.append(f"optimizer {opt}: its states not known here, assumed 2 per parameter (as Adam's)")
-    elif (bnb := optimizers.bnb_states(case.optimizer)) and not bnb[1]:
+    elif bnb and not bnb[1]:
         notes.append(f"optimizer {opt}: bitsandbytes keeps its {bnb[0]} state(s) in float32")
-    elif optimizers.class_name(case.optimizer) in optimizers.FACTORED:
+    elif opt in optimizers.FACTORED:
         notes.append(f"optimizer {opt}: factored states (each matrix's row and column means)")
     return optimizer_state_bytes(case, trainable, s_param), 0
 
@@ -152,7 +153,7 @@ def model_states(case: PlanInput, notes: list) -> ModelStates:
         weights = total * s_param  # the base model (LoRA adapters are counted apart)
     lora_weights = trainable * s_param if case.lora else 0
     grads = trainable * s_param
-    opt = case.optimizer.split(".")[-1]
+    opt = optimizers.class_name(case.optimizer)
     opt_bytes, master = _optimizer_states(case, opt, trainable, s_param, notes)
     step_temp = trainable * s_param * _step_temporaries(case) if strategy.foreach_temporary(case) else 0
     if case.loop.fused_optimizer and opt.startswith("Adam"):
@@ -233,7 +234,7 @@ def paged_optimizer_device_states(case: PlanInput) -> float:
     if not case.lora:
         return 0
     small = [n for n in lora_tensor_numels(case.config, case.lora_r, case.lora_targets) if n < PAGED_MIN_NUMEL]
-    states = (optimizers.bnb_states(f"bitsandbytes.optim.{optimizers.class_name(case.optimizer)}") or (2, False))[0]
+    states = (optimizers.bnb_class_states(optimizers.class_name(case.optimizer)) or (2, False))[0]
     if "8bit" in str(case.optimizer):
         return sum(4 * states * n if n < EIGHT_BIT_MIN else eight_bit_state_bytes(n, states) for n in small)
     return 4 * states * sum(small)

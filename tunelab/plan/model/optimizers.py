@@ -86,8 +86,11 @@ def bnb_states(optimizer: str) -> tuple[int, bool] | None:
     """(states, 8-bit) of a bitsandbytes optimizer of :data:`BNB_STATES` (``bitsandbytes.optim.AdamW8bit``), else
     None."""
     module, _, name = str(optimizer).rpartition(".")
-    if module != "bitsandbytes.optim":
-        return None
+    return bnb_class_states(name) if module == "bitsandbytes.optim" else None
+
+
+def bnb_class_states(name: str) -> tuple[int, bool] | None:
+    """(states, 8-bit) of a bitsandbytes class by its name (``PagedAdamW8bit``: its family's, 8-bit), else None."""
     family = name.removeprefix("Paged").removesuffix("8bit").removesuffix("32bit")
     return (BNB_STATES[family], name.endswith("8bit")) if family in BNB_STATES else None
 
@@ -147,13 +150,26 @@ def takes_fused(optimizer: str) -> bool:
     return known(optimizer) and class_name(optimizer) in FUSED
 
 
+TRACED_PREFIX = "torch.optim."
+"""How a traced name of a :func:`known` class begins (:func:`traced_name`; read back by :func:`traced_class`)."""
+
+
 def traced_name(optimizer: str, init: dict) -> str | None:
     """The name a :func:`known` class other than AdamW and SGD is traced under (``torch.optim.RMSprop momentum``:
     the class and the options that add states), or None where it is not traced (:data:`HOST_READS`)."""
     name = class_name(optimizer)
     if not known(optimizer) or name in HOST_READS:
         return None
-    return " ".join([f"torch.optim.{name}", *(o for o in OPTION_STATES.get(name, ()) if is_set(init.get(o)))])
+    return " ".join([f"{TRACED_PREFIX}{name}", *(o for o in OPTION_STATES.get(name, ()) if is_set(init.get(o)))])
+
+
+def traced_class(traced: str) -> tuple[str, dict] | None:
+    """(class name, init arguments that turn its options on) of a :func:`traced_name`, else None: what the tracer
+    builds (momentum 0.9, flags true)."""
+    if not traced.startswith(TRACED_PREFIX):
+        return None
+    name, *options = traced.removeprefix(TRACED_PREFIX).split()
+    return name, {option: 0.9 if option == "momentum" else True for option in options}
 
 
 def states_per_parameter(optimizer: str, init: dict, trainable: int, shapes: list | None = None) -> float:
@@ -174,6 +190,5 @@ def host_reads_per_tensor(traced: str) -> int:
     SGD, bitsandbytes' paged AdamW, whose Python work per tensor the model counts apart)."""
     if traced == "AdamW":
         return STEP_COUNTER_READS["AdamW"]
-    if not traced.startswith("torch.optim."):
-        return 0
-    return STEP_COUNTER_READS.get(traced.removeprefix("torch.optim.").split()[0], 0)
+    built = traced_class(traced)
+    return STEP_COUNTER_READS.get(built[0], 0) if built else 0

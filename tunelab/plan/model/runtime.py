@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tunelab import settings
 from tunelab.errors import InputError
 from tunelab.models import count_params, lora_param_count
-from tunelab.plan.model import kernels, strategies
+from tunelab.plan.model import kernels, optimizers, strategies
 from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.comm import BACKWARD_SHARE
 from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
@@ -507,7 +507,7 @@ def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sam
     total, emb = count_params(c)
     s_param = parameter_bytes(case.precision)
     trainable = n_lora if lora else total
-    opt = case.optimizer.split(".")[-1]
+    opt = optimizers.class_name(case.optimizer)
     per_param = 7 if opt.startswith("Adam") else (5 if case.momentum else 3)
     opt_bytes = steps * trainable * per_param * s_param
     quant = str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))

@@ -61,7 +61,7 @@ def compiled_supported(precision: str) -> bool:
 
 def optimizer_of(case) -> str:
     """The traced optimizer for a PlanInput (:data:`OPTIMIZERS`); InputError for one that is not traced."""
-    name = str(case.optimizer).rsplit(".", 1)[-1]  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
+    name = optimizers.class_name(case.optimizer)  # torch.optim.AdamW, bitsandbytes.optim.PagedAdamW
     if name in ("AdamW", "Adam") and not optimizers.is_set(dict(case.optimizer_init).get("amsgrad")):
         return "AdamW fused" if case.loop.fused_optimizer else "AdamW"
     if name == "SGD":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from tunelab.errors import InputError
 from tunelab.gpt import fused_head_loss, head_operands, hidden_states
-from tunelab.plan.model import memory, strategies
+from tunelab.plan.model import memory, optimizers, strategies
 from tunelab.plan.model.allocator import replay
 from tunelab.plan.model.memory import PAGED_MIN_NUMEL
 from tunelab.plan.model.tables import OPTIMIZERS, optimizer_of
@@ -359,9 +359,8 @@ def make_optimizer(name: str, params):
         return torch.optim.SGD(params, lr=1e-4, momentum=0.9 if "momentum" in name else 0.0, foreach=True)
     if name.startswith("Paged"):
         return _paged_adamw(params)
-    if name.startswith("torch.optim."):  # a class and the options that add states (tables.optimizer_of)
-        cls, *options = name.removeprefix("torch.optim.").split()
-        init = {o: 0.9 if o == "momentum" else True for o in options}
+    if built := optimizers.traced_class(name):  # a class and the options that add states (tables.optimizer_of)
+        cls, init = built
         return getattr(torch.optim, cls)(params, lr=1e-4, foreach=True, **init)
     return torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
@@ -409,7 +408,7 @@ def _check(case, optimizer: str) -> None:
         raise ValueError(f"precision {case.precision!r}: simulated are {', '.join(DTYPES)}")
     if case.method not in ("full", "lora", "qlora"):
         raise ValueError(f"method {case.method!r}: full, lora or qlora")
-    if optimizer not in OPTIMIZERS and not optimizer.startswith("torch.optim."):
+    if optimizer not in OPTIMIZERS and optimizers.traced_class(optimizer) is None:
         raise ValueError(f"optimizer {optimizer!r}: simulated are {', '.join(OPTIMIZERS)}")
 
 
