@@ -714,7 +714,8 @@ def _lora_rules(c: _Context, a: dict, bad) -> None:
 
 
 def _optimizer_rules(c: _Context | None, a: dict, bad) -> None:
-    """A torch.optim / bitsandbytes.optim class (nothing else is imported); no override that litgpt drops."""
+    """A torch.optim / bitsandbytes.optim class (nothing else is imported); no override that litgpt drops; finite init
+    arguments."""
     optimizer = a.get("optimizer")
     if isinstance(optimizer, dict):
         dropped = sorted(set(optimizer) - {"class_path", "init_args"})
@@ -732,6 +733,15 @@ def _optimizer_rules(c: _Context | None, a: dict, bad) -> None:
                 "optimizer.class_path",
                 "is missing (a second --config that gives only init_args replaces the whole optimizer mapping)",
                 "give class_path beside init_args, e.g. class_path: torch.optim.AdamW",
+            )
+    init = optimizer.get("init_args") if isinstance(optimizer, dict) else None
+    for key, value in (init if isinstance(init, dict) else {}).items():
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            bad(
+                f"optimizer.init_args.{key}",
+                f"is {value}: not finite (the first optimizer step would turn the weights to NaN or inf)",
+                f"set a finite {key}",
             )
     name = _optimizer_name(optimizer)
     if name:

@@ -254,3 +254,19 @@ def test_loras_epoch_end_sample_on_several_devices_is_refused_unless_max_steps_e
     assert errors("tiny-llama-1.1b/lora", *two, "--train.max_steps", "4") == []
     assert errors("tiny-llama-1.1b/lora", "--devices", "1", "--train.max_steps", "null") == []
     assert errors("tiny-llama-1.1b/full", *two, "--train.max_steps", "null") == []
+
+
+@pytest.mark.parametrize(
+    ("init", "key"),
+    [("momentum: .nan", "momentum"), ("lr: .inf", "lr"), ("betas: [0.9, -.inf]", "betas")],
+)
+def test_an_optimizer_argument_that_is_not_finite_is_refused(tmp_path, init, key):
+    """torch's SGD takes momentum NaN (its check is ``momentum < 0``) and any optimizer an infinite learning rate:
+    the first step turns every weight to NaN or inf, which validate passed (and the plan counted the momentum's state
+    for it)."""
+    config = tmp_path / "opt.yaml"
+    lr = "" if key == "lr" else "    lr: 0.1\n"
+    config.write_text(f"optimizer:\n  class_path: torch.optim.SGD\n  init_args:\n{lr}    {init}\n")
+    result = check(resolve("tiny-llama-1.1b/full"), ["--config", str(config)])
+    said = [str(p) for p in result.problems if p.severity == "error"]
+    assert not result.ok and len(said) == 1 and f"optimizer.init_args.{key}: is " in said[0] and "fix: " in said[0]
