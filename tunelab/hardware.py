@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
@@ -214,9 +215,10 @@ def local_gpu() -> GPU | None:
 
 
 def identify(device_name: str) -> GPU | None:
-    """The GPU for a device name as CUDA/NVML report it ('NVIDIA H100 80GB HBM3'), or None if not in the table."""
-    low = " " + device_name.lower()
+    """The GPU for a device name as CUDA/NVML report it ('NVIDIA H100 80GB HBM3'), or None if not in the table. A
+    match stands as whole words: 'l4' is not 'NVIDIA L40S', 'a100' not 'NVIDIA RTX A1000', 'h200' not 'GH200'."""
+    low = " " + device_name.lower() + " "
     for gpu in table().values():
-        if any(m in low for m in gpu.match):
+        if any(re.search(rf"(?<![a-z0-9]){re.escape(m.strip())}(?![a-z0-9])", low) for m in gpu.match):
             return gpu
     return None

@@ -57,3 +57,24 @@ def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named
 def test_an_unknown_gpu_lists_every_known_name(given):
     with pytest.raises(ValueError, match="unknown GPU .*; known: V100-16GB, .*H200$"):
         hardware.lookup(given)
+
+
+@pytest.mark.parametrize(
+    ("device", "row"),
+    [
+        ("NVIDIA L40S", None),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40", None),
+        ("NVIDIA RTX A1000", None),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("Tesla T4", "T4"),
+    ],
+)
+def test_a_device_name_matches_a_row_by_whole_words_only(device, row):
+    """A record's MFU divides by the row its device name matches: an L40S read as an L4 (362 against 121 TFLOP/s
+    of bf16) would triple its MFU, an RTX A1000 read as an A100 would divide it by ten. A board without a row gets
+    none (no MFU, never a guess)."""
+    found = hardware.identify(device)
+    assert (found.name if found else None) == row
