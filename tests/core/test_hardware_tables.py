@@ -9,8 +9,10 @@ FP32_LANES_PER_SM = {
     "T4": 64,  # Turing whitepaper: 64 FP32 cores per SM
     "A100": 64,  # GA100 (A100 whitepaper): 64 FP32 cores per SM
     "A10G": 128,  # GA10x: 128 FP32 lanes per SM (GA102 whitepaper)
+    "L40S": 128,  # Ada whitepaper: 128 FP32 lanes per SM
     "L4": 128,  # Ada whitepaper
     "RTX-4090": 128,
+    "RTX-A6000": 128,  # GA10x
     "H100": 128,  # Hopper whitepaper: 128 FP32 cores per SM
     "H200": 128,
 }
@@ -62,9 +64,10 @@ def test_an_unknown_gpu_lists_every_known_name(given):
 @pytest.mark.parametrize(
     ("device", "row"),
     [
-        ("NVIDIA L40S", None),
+        ("NVIDIA L40S", "L40S"),
         ("NVIDIA L4", "L4"),
         ("NVIDIA L40", None),
+        ("NVIDIA RTX A6000", "RTX-A6000"),
         ("NVIDIA RTX A1000", None),
         ("NVIDIA GH200 480GB", None),
         ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
