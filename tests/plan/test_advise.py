@@ -514,3 +514,22 @@ def test_a_missed_deadline_or_budget_says_by_how_much():
         cheapest = min(c.cost_usd for c in cands if c.fits and not c.tight)
         figure = units.duration(fastest * 3600) if "deadline" in word else f"{units.figure(cheapest)} USD"
         assert f"lora bf16-true: {word}{figure})" in method_line, method_line
+
+
+def test_a_tie_is_marked_only_where_two_configurations_are_within_the_estimates_error():
+    """'~' says a measurement must decide between rows; the best alone, with nothing within the margin, is no tie
+    (advise marked every GPU's best row '~', ties or not)."""
+    gpus = [hardware.lookup("H100-SXM")]
+    work = advise.workload_from_tokens(2e6)
+    cands = advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, gpus, workload=work, price_table={})
+    ranked = advise.rank(cands)
+    best = ranked[0].hours
+    for top in (1, 3, len(ranked)):
+        text = advise.render(cands, ranked, gpus, {}, top, work)
+        rows = [line for line in text.splitlines() if line.startswith("| lora |")]
+        marked = [row for row in rows if " ~ |" in row]
+        near = [c for c in ranked if c.hours <= best * (1 + advise.TIE)]
+        assert len(marked) == (min(len(near), top) if len(near) > 1 else 0), (top, marked)
+    alone = [c for c in ranked if c is ranked[0] or c.hours > best * (1 + advise.TIE)]
+    text = advise.render(alone, alone, gpus, {}, len(alone), work)
+    assert " ~ |" not in text

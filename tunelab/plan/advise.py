@@ -528,6 +528,8 @@ def render(
         ]
         if mine:
             best = min(c.hours for c in mine)
+            tied = {id(c) for c in mine if c.hours <= best * (1 + TIE)}
+            tied = tied if len(tied) > 1 else set()  # the best alone ties with nothing
             if links := next((c.links for c in mine if c.links), ""):
                 lines += [f"links (between the GPUs + between nodes): {links}", ""]
             lines += [head, "|" + "---|" * 11]
@@ -536,7 +538,7 @@ def render(
                     f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
                     f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
                     f"{' (edge)' if c.edge else ''} | {duration(c.hours * 3600)}"
-                    f"{' ~' if c.hours <= best * (1 + TIE) else ''} "
+                    f"{' ~' if id(c) in tied else ''} "
                     f"| {c.comm_s_per_step:.3f} | {energy(c.energy_kwh * 3.6e6)} | "
                     f"{'' if c.cost_usd is None else figure(c.cost_usd)} |"
                 )
