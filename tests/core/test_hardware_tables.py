@@ -72,6 +72,8 @@ def test_an_unknown_gpu_lists_every_known_name(given):
         ("NVIDIA GH200 480GB", None),
         ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
         ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("NVIDIA H100 NVL", None),
         ("Tesla T4", "T4"),
     ],
 )
