@@ -506,10 +506,6 @@ def render(
     the cheapest overall; ``host``: (microseconds an op, where they came from) where the host is known;
     ``refused``: what :func:`candidates` did not plan, by reason (:func:`refusals`)."""
     limits = limits or {}
-    head = (
-        "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | time | "
-        "comm s/step | energy | USD |"
-    )
     lines = _header(work, cands, ranked, host) + refusals(refused or {})
     ranked_on: dict[str, list[Candidate]] = {}
     planned_on: dict[str, list[Candidate]] = {}
@@ -527,22 +523,7 @@ def render(
             "",
         ]
         if mine:
-            best = min(c.hours for c in mine)
-            tied = {id(c) for c in mine if c.hours <= best * (1 + TIE)}
-            tied = tied if len(tied) > 1 else set()  # the best alone ties with nothing
-            if links := next((c.links for c in mine if c.links), ""):
-                lines += [f"links (between the GPUs + between nodes): {links}", ""]
-            lines += [head, "|" + "---|" * 11]
-            for c in mine[:top]:
-                lines.append(
-                    f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
-                    f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
-                    f"{' (edge)' if c.edge else ''} | {duration(c.hours * 3600)}"
-                    f"{' ~' if id(c) in tied else ''} "
-                    f"| {c.comm_s_per_step:.3f} | {energy(c.energy_kwh * 3.6e6)} | "
-                    f"{'' if c.cost_usd is None else figure(c.cost_usd)} |"
-                )
-            lines.append("")
+            lines += _table(mine, top)
         else:
             lines += ["nothing fits within the limits given" if planned else "no configuration asked applies", ""]
         if planned:  # nothing planned: no one lost (the line above, and any 'not planned' line, say why)
@@ -560,6 +541,31 @@ def render(
         if priced:
             lines.append(f"cheapest: {_words(min(priced, key=lambda c: (c.cost_usd, c.hours)))}")
     return "\n".join(lines)
+
+
+def _table(mine: list[Candidate], top: int) -> list[str]:
+    """One GPU's best ``top`` configurations as a table, '~' on each within the estimate's error of the best where
+    two or more are (the best alone ties with nothing)."""
+    best = min(c.hours for c in mine)
+    tied = {id(c) for c in mine if c.hours <= best * (1 + TIE)}
+    tied = tied if len(tied) > 1 else set()
+    lines = []
+    if links := next((c.links for c in mine if c.links), ""):
+        lines += [f"links (between the GPUs + between nodes): {links}", ""]
+    lines += [
+        "| method | precision | strategy | devices | micro x accumulation | act. ckpt | peak GB | time | "
+        "comm s/step | energy | USD |",
+        "|" + "---|" * 11,
+    ]
+    for c in mine[:top]:
+        lines.append(
+            f"| {c.method} | {c.precision} | {c.strategy} | {c.world} | {c.micro_batch_size} x "
+            f"{c.accumulation} | {'on' if c.activation_checkpointing else 'off'} | {c.peak_gb:.1f}"
+            f"{' (edge)' if c.edge else ''} | {duration(c.hours * 3600)}{' ~' if id(c) in tied else ''} "
+            f"| {c.comm_s_per_step:.3f} | {energy(c.energy_kwh * 3.6e6)} | "
+            f"{'' if c.cost_usd is None else figure(c.cost_usd)} |"
+        )
+    return [*lines, ""]
 
 
 def refusals(refused: dict[str, set]) -> list[str]:
