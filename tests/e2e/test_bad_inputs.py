@@ -118,7 +118,8 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
             ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", f["a-file"]],
             "a-file",
         ),
-        ("report of nothing", ["report", tmp / "no-such-sweep"], "no-such-sweep"),
+        ("report of nothing", ["report", tmp / "no-such-sweep"], "no-such-sweep: no such sweep directory; fix:"),
+        ("report of a file", ["report", f["a-file"]], "a-file: is not a directory; fix:"),
         (
             "archive under a file",
             ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--archive", f["a-file"] / "x.tgz"],

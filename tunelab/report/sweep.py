@@ -208,7 +208,8 @@ def load_sweep_dir(sweep_dir: Path) -> tuple[dict, list[record_mod.RunRecord]]:
     sweep_dir = Path(sweep_dir)
     meta_path = sweep_dir / "sweep.json"
     if not sweep_dir.is_dir():
-        raise FileNotFoundError(f"{sweep_dir}: no such sweep directory")
+        what = "is not a directory" if sweep_dir.exists() else "no such sweep directory"
+        raise FileNotFoundError(f"{sweep_dir}: {what}; fix: give the folder `tunelab sweep` or `tune-study` wrote")
     try:
         meta = read_json(meta_path, what="sweep index") if meta_path.exists() else {"name": sweep_dir.name, "rows": []}
         if not isinstance(meta, dict) or not isinstance(meta.get("rows", []), list):
