@@ -113,7 +113,8 @@ GRID_BY_OP = ("h200-grid", "by_op")
 :data:`SM_BYTES_PER_CYCLE` fitted on."""
 GRID_FP32 = ("h200-grid-again", "grid 32-true")
 """TinyLlama full at 32-true (fp32 weights, TF32 matmuls) at micro 8 and 32 on a third H200 machine: the
-micro-8 line holds :data:`TF32_MATMUL_SHARE` and :data:`FP32_ATTENTION_EFFICIENCY`, the micro-32 line checks them."""
+micro-8 line holds :data:`TF32_MATMUL_SHARE`, :data:`FP32_ATTENTION_EFFICIENCY` and
+:data:`FOREACH_FP32_EFFICIENCY`, the micro-32 line checks the first two."""
 GRID_QLORA = ("h200-grid-qlora", "grid QLoRA")
 """QLoRA beside LoRA on one H200 machine (TinyLlama at micro 1, 4, 16, OpenLLaMA 7B at 4; OpenLLaMA 7B QLoRA at 8
 too): litgpt's bnb.nf4 as its script builds it (``profile_steps.py --methods lora,qlora``), PagedAdamW and the
@@ -230,6 +231,15 @@ def kernel_gaps(root, grids: list | None = None) -> list[tuple]:
         for r in rows
         if r["fill"] >= GAP_FILL
     ]
+
+
+def fit_foreach_fp32(root) -> float:
+    """:data:`tunelab.plan.model.kernels.FOREACH_FP32_EFFICIENCY` recomputed: the efficiency that makes the model's
+    optimizer phase equal the measured one on :data:`GRID_FP32`'s fitted line (micro 8), one step from the constant
+    (the phase is its fp32 kernels' bytes over the rate; exact where the constant already holds)."""
+    line = next(r for r in grid_rows(root, GRID_FP32, "H200") if r["micro"] == 8)
+    planned, measured, _ = line["pairs"]["optimizer (phase)"]
+    return kernels.FOREACH_FP32_EFFICIENCY * planned / measured
 
 
 def fit_kernel_gap(root) -> float:

@@ -54,8 +54,13 @@ moves about 90% of the HBM's peak on the H100 and H200 machines we borrow). Fitt
 full fine-tuning steps: the H100 profile, the H100 grid's five, two H200 lines (bounded at 0.9: the fit alone
 wanted 1.0)."""
 FOREACH_EFFICIENCY = 0.56
-"""Fraction of :func:`memory_rate` torch's for-each optimizer kernels reach (many tensors per launch, bf16 math in
-fp32); fitted on the H100 profile's optimizer phase (TinyLlama full, AdamW for-each, 16.4 ms)."""
+"""Fraction of :func:`memory_rate` torch's for-each optimizer kernels reach over 16-bit state (many tensors per
+launch, each element widened to fp32 for the math and narrowed back); fitted on the H100 profile's optimizer phase
+(TinyLlama full, bf16-true, AdamW for-each, 16.4 ms)."""
+FOREACH_FP32_EFFICIENCY = 0.73
+"""The same over fp32 state (32-true, and mixed precision's fp32 weights): no conversions, twice the bytes an element,
+a larger share of the rate. Fitted on the optimizer phase of evidence ``h200-grid-again``'s 32-true line at micro 8
+(:func:`tunelab.report.profiles.fit_foreach_fp32`); at the 16-bit figure that phase was planned 30% long."""
 STRIDED_EFFICIENCY = 0.44
 """Fraction of :func:`memory_rate` an elementwise kernel reaches when an operand is a strided view (RoPE on a
 transposed head, its halves, their cat, copies and slice gradients): torch's unvectorized TensorIterator path.
@@ -292,7 +297,12 @@ def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int):
     access = np.array(tp.access or [""] * len(cat))
     share = np.select(
         [cat == "optimizer", access == "strided", access == "conv", access == "conv_backward"],
-        [FOREACH_EFFICIENCY, STRIDED_EFFICIENCY, CONV_EFFICIENCY, CONV_BACKWARD_EFFICIENCY],
+        [
+            np.where(fp32, FOREACH_FP32_EFFICIENCY, FOREACH_EFFICIENCY),
+            STRIDED_EFFICIENCY,
+            CONV_EFFICIENCY,
+            CONV_BACKWARD_EFFICIENCY,
+        ],
         MEMORY_EFFICIENCY,
     )
     bandwidth = memory_rate(gpu) * share
