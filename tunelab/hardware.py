@@ -53,6 +53,9 @@ class GPU:
     """The datasheet or whitepaper the dense peaks come from."""
     bandwidth_source: str = ""
     """The datasheet the memory bandwidth comes from."""
+    timed_by: str = ""
+    """The timed runs on this GPU that the plan's time is checked against, and where they are kept; empty where
+    there are none (:func:`time_checked` then says the time on it is an extrapolation)."""
 
     @property
     def memory_bytes(self) -> int:
@@ -152,7 +155,15 @@ def _check_row(name, row) -> None:
     match = row.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
         raise InputError(f"{where}: match: a list of lower-case device-name substrings")
-    for key in ("cuda_total_source", "sms_source", "link", "clock_source", "peak_source", "bandwidth_source"):
+    for key in (
+        "cuda_total_source",
+        "sms_source",
+        "link",
+        "clock_source",
+        "peak_source",
+        "bandwidth_source",
+        "timed_by",
+    ):
         if row.get(key) is not None and not isinstance(row[key], str):
             raise InputError(f"{where}: {key}: {row[key]!r} is not text")
 
@@ -167,6 +178,14 @@ def table() -> dict[str, GPU]:
     for name, row in raw.items():
         _check_row(name, row)
     return {str(name): GPU(name=str(name), match=tuple(row.pop("match", ())), **row) for name, row in raw.items()}
+
+
+def time_checked(gpu: GPU) -> str:
+    """What checks a plan's time on ``gpu``: its row's timed runs, or that none do (the rows that have some named)."""
+    if gpu.timed_by:
+        return f"against {gpu.timed_by}"
+    checked = ", ".join(g.name for g in table().values() if g.timed_by)
+    return f"no timed run on {gpu.name} checks it: an extrapolation from runs on {checked}"
 
 
 def lookup(name: str) -> GPU:

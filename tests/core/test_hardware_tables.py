@@ -2,7 +2,9 @@
 
 import pytest
 
-from tunelab import hardware
+from tests.conftest import ROOT
+from tunelab import hardware, yaml_input
+from tunelab.report import accuracy, evidence
 
 FP32_LANES_PER_SM = {
     "V100": 64,  # Volta whitepaper: 64 FP32 cores per SM
@@ -83,3 +85,22 @@ def test_a_device_name_matches_a_row_by_whole_words_only(device, row):
     none (no MFU, never a guess)."""
     found = hardware.identify(device)
     assert (found.name if found else None) == row
+
+
+def test_a_row_names_the_timed_runs_that_check_its_time_and_only_rows_that_have_some_do():
+    """The plan says its time on a GPU is checked against the row's timed runs, or is an extrapolation: the rows that
+    name some are exactly the GPUs that our measurements (reports/evidence.yaml), the lab's timed rows and the
+    published check sets (configs/published/) ran on."""
+    timed = {e.device for e in evidence.entries().values() if e.device != "cpu"}
+    timed |= {r.gpu for sweep in ("lab-part1", "lab-part2") for r in accuracy.lab_rows(sweep) if r.lab.get("time_s")}
+    published = ROOT / "configs" / "published"
+    hub = yaml_input.load_mapping(published / "litgpt-config-hub.yaml", "the config_hub table")["rows"]
+    timed |= {row["machine"].split("x", 1)[1] for row in hub if row.get("minutes")}
+    timed |= {yaml_input.load_mapping(published / "fsdp-multinode.yaml", "the multi-node table")["gpu"]}
+    generate = yaml_input.load_mapping(published / "litgpt-generate.yaml", "the generation table")["rows"]
+    timed |= {row["gpu"] for row in generate if row.get("seconds")}
+    assert timed <= set(hardware.table()), timed - set(hardware.table())
+    assert {g.name for g in hardware.table().values() if g.timed_by} == timed
+    unchecked = hardware.time_checked(hardware.lookup("L40S"))
+    assert unchecked.startswith("no timed run on L40S checks it") and all(g in unchecked for g in sorted(timed))
+    assert hardware.time_checked(hardware.lookup("H200")).startswith("against our runs")

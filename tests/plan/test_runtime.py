@@ -1526,3 +1526,27 @@ def test_the_gap_after_each_kernel_is_the_grids_median_and_follows_each_training
     rows = {(r["method"], r["what"]): r["predicted_s"] for r in profiles.profile_rows(ROOT)}
     kinds = ("matmul", "attention", "elementwise, loss, copies", "optimizer")  # the profiler's kernels hold no gaps
     assert rows["full", "kernels: all (GPU busy)"] == pytest.approx(sum(rows["full", f"kernels: {k}"] for k in kinds))
+
+
+def test_a_plans_time_says_whether_a_timed_run_on_its_gpu_checks_it():
+    """The answer's 'checked:' line: the row's timed runs on an H200, an extrapolation on an L40S (no run of ours, the
+    lab's or a published one was on one), in the summary and in the --verbose breakdown alike."""
+    from tunelab import hardware
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.plan.render import output
+    from tunelab.recipes import resolve
+
+    said = {}
+    for name in ("H200", "L40S"):
+        gpu = hardware.lookup(name)
+        planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), [], gpu=gpu)
+        projection, note = project_recipe(planned, gpu)
+        said[name] = projection.checked
+        for verbose in (False, True):
+            extras = {"measured": None, "simulated": None, "by_kernel": None}
+            text = output(planned, gpu, projection, note, extras, as_json=False, verbose=verbose)
+            assert f"  checked: {projection.checked}" in text
+    assert said["H200"] == f"against {hardware.lookup('H200').timed_by}"
+    assert said["L40S"].startswith("no timed run on L40S checks it: an extrapolation from runs on ")
+    assert all(g in said["L40S"] for g in ("A10G", "A100-80GB", "H100-SXM", "H200"))

@@ -521,6 +521,8 @@ def render(
             if price
             else f"## {gpu.name} (no price: cost not computed)",
             "",
+            f"times checked: {hardware.time_checked(gpu)}",
+            "",
         ]
         if mine:
             lines += _table(mine, top)

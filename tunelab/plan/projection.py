@@ -95,6 +95,9 @@ class Projection:
     link_source: str = ""
     """The links several devices' traffic crosses and where they come from (``--interconnect``, ``--internode``, or
     the GPU's own); empty on one device."""
+    checked: str = ""
+    """What the time is checked against on this GPU: its row's timed runs, or that none are
+    (:func:`tunelab.hardware.time_checked`); empty where there is no time."""
     fast_saved_per_step_s: float | None = None
     """tunelab's fast path: seconds each optimizer step takes less than stock litgpt's at the recipe's settings
     (litgpt's padding against the fast path's), the kernel model's both; None for litgpt's own loop."""
@@ -413,7 +416,13 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
             f"{gpu.bandwidth_gbs:.0f} GB/s"
         )
         band, host = (secs * (1 + low), secs * (1 + high)), ""
-    return {"seconds": secs, "seconds_band": band, "seconds_source": f"{source}; {counts}", "host_source": host}
+    return {
+        "seconds": secs,
+        "seconds_band": band,
+        "seconds_source": f"{source}; {counts}",
+        "host_source": host,
+        "checked": hardware.time_checked(gpu),
+    }
 
 
 def _host_and_links(work, case, gpu: hardware.GPU, host_us_per_op, interconnect, internode) -> None:

@@ -134,6 +134,8 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
     where = [w for w in (p.host_source and f"host: {p.host_source}", p.link_source and f"link: {p.link_source}") if w]
     if where:
         lines.append("  " + "; ".join(where))
+    if p.checked:
+        lines.append(f"  checked: {p.checked}")
     if p.calibration is not None:
         lines.append(f"  --calibrate: {p.calibration}")
     power = "the power measured in a record" if p.power_measured else "board power, an upper bound"
@@ -232,6 +234,8 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
         f"{p.energy_j_per_million_tokens_low / 1e3:,.1f}-{p.energy_j_per_million_tokens_high / 1e3:,.1f} kJ "
         f"per million tokens; power: {p.power_source}",
     ]
+    if p.checked:
+        lines.append(f"  checked: {p.checked}")
     if p.seconds_by_cause:
         lines += _by_cause_lines(p)
     elif p.seconds_by_cause_source:
