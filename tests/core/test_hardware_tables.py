@@ -17,6 +17,7 @@ FP32_LANES_PER_SM = {
     "RTX-A6000": 128,  # GA10x
     "H100": 128,  # Hopper whitepaper: 128 FP32 cores per SM
     "H200": 128,
+    "B200": 128,  # Blackwell: 128 FP32 lanes per SM, as Hopper
 }
 
 
@@ -59,7 +60,7 @@ def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named
 
 @pytest.mark.parametrize("given", ["", "-", "Z9000"])
 def test_an_unknown_gpu_lists_every_known_name(given):
-    with pytest.raises(ValueError, match="unknown GPU .*; known: V100-16GB, .*H200$"):
+    with pytest.raises(ValueError, match="unknown GPU .*; known: V100-16GB, .*H200, B200$"):
         hardware.lookup(given)
 
 
@@ -72,6 +73,8 @@ def test_an_unknown_gpu_lists_every_known_name(given):
         ("NVIDIA RTX A6000", "RTX-A6000"),
         ("NVIDIA RTX A1000", None),
         ("NVIDIA GH200 480GB", None),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA GB200", None),
         ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
         ("NVIDIA H100 PCIe", "H100-PCIe"),
         ("NVIDIA H100 80GB HBM3", "H100-SXM"),
