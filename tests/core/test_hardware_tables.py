@@ -51,7 +51,7 @@ def test_a_gpu_is_found_whatever_its_case_and_separators(given, key):
     assert hardware.lookup(given).name == key
 
 
-@pytest.mark.parametrize(("given", "named"), [("h100", "H100-PCIe or H100-SXM"), ("A100", "A100-40GB or A100-80GB")])
+@pytest.mark.parametrize(("given", "named"), [("h100", "H100-PCIe or H100-NVL or H100-SXM"), ("A100", "A100-40GB or A100-80GB")])
 def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named):
     """'h100' is two boards with different links and memory rates: the plan must not choose one silently."""
     with pytest.raises(ValueError, match=f"did you mean {named}"):
@@ -78,7 +78,7 @@ def test_an_unknown_gpu_lists_every_known_name(given):
         ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
         ("NVIDIA H100 PCIe", "H100-PCIe"),
         ("NVIDIA H100 80GB HBM3", "H100-SXM"),
-        ("NVIDIA H100 NVL", None),
+        ("NVIDIA H100 NVL", "H100-NVL"),
         ("Tesla T4", "T4"),
     ],
 )
