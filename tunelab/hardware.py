@@ -33,7 +33,7 @@ class GPU:
     peak_tflops: dict
     """Dense peak TFLOP/s by precision key (fp32, tf32, fp16, bf16); None where there is no fast path."""
     match: tuple = ()
-    """Lower-case substrings of device names that identify this board."""
+    """Lower-case words of device names that identify this board (matched as whole words)."""
     bandwidth_gbs: float | None = None
     """Peak memory bandwidth, GB/s (datasheet): the runtime estimate's memory-bound terms divide by it."""
     link: str | None = None
@@ -111,6 +111,10 @@ _NUMBERS = {"memory_gib": 1e4, "cuda_total_gib": 1e4, "tdp_w": 1e5, "bandwidth_g
 """Numeric keys of a row and their largest sensible value (each must be a finite number above 0)."""
 
 
+TEXT_KEYS = ("cuda_total_source", "sms_source", "link", "clock_source", "peak_source", "bandwidth_source", "timed_by")
+"""Keys of a row that hold text (a source, a link's name, the timed runs)."""
+
+
 def _positive(value, high: float) -> bool:
     return type(value) in (int, float) and 0 < value < high  # NaN and inf fail both comparisons or the bound
 
@@ -154,16 +158,8 @@ def _check_row(name, row) -> None:
         )
     match = row.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
-        raise InputError(f"{where}: match: a list of lower-case device-name substrings")
-    for key in (
-        "cuda_total_source",
-        "sms_source",
-        "link",
-        "clock_source",
-        "peak_source",
-        "bandwidth_source",
-        "timed_by",
-    ):
+        raise InputError(f"{where}: match: a list of lower-case words of device names")
+    for key in TEXT_KEYS:
         if row.get(key) is not None and not isinstance(row[key], str):
             raise InputError(f"{where}: {key}: {row[key]!r} is not text")
 
@@ -190,7 +186,7 @@ def time_checked(gpu: GPU) -> str:
 
 def lookup(name: str) -> GPU:
     """The GPU for a table key: case, '-', '_' and spaces alike ('h200', 'RTX 4090', 'rtx4090'); ValueError naming
-    the keys that begin with what was given ('h100': H100-PCIe, H100-SXM), else every known name."""
+    the keys that begin with what was given ('h100': H100-PCIe, H100-NVL, H100-SXM), else every known name."""
 
     def squeeze(text: str) -> str:
         return "".join(ch for ch in text.lower() if ch.isalnum())
@@ -236,8 +232,8 @@ def local_gpu() -> GPU | None:
 def identify(device_name: str) -> GPU | None:
     """The GPU for a device name as CUDA/NVML report it ('NVIDIA H100 80GB HBM3'), or None if not in the table. A
     match stands as whole words: 'l4' is not 'NVIDIA L40S', 'a100' not 'NVIDIA RTX A1000', 'h200' not 'GH200'."""
-    low = " " + device_name.lower() + " "
+    low = device_name.lower()
     for gpu in table().values():
-        if any(re.search(rf"(?<![a-z0-9]){re.escape(m.strip())}(?![a-z0-9])", low) for m in gpu.match):
+        if any(re.search(rf"(?<![a-z0-9]){re.escape(m)}(?![a-z0-9])", low) for m in gpu.match):
             return gpu
     return None

@@ -51,9 +51,11 @@ def test_a_gpu_is_found_whatever_its_case_and_separators(given, key):
     assert hardware.lookup(given).name == key
 
 
-@pytest.mark.parametrize(("given", "named"), [("h100", "H100-PCIe or H100-NVL or H100-SXM"), ("A100", "A100-40GB or A100-80GB")])
+@pytest.mark.parametrize(
+    ("given", "named"), [("h100", "H100-PCIe or H100-NVL or H100-SXM"), ("A100", "A100-40GB or A100-80GB")]
+)
 def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named):
-    """'h100' is two boards with different links and memory rates: the plan must not choose one silently."""
+    """'h100' is three boards with different links and memory rates: the plan must not choose one silently."""
     with pytest.raises(ValueError, match=f"did you mean {named}"):
         hardware.lookup(given)
 
