@@ -104,6 +104,13 @@ for-each step: this in proportion to its reads of the step counters
 (:data:`tunelab.plan.model.optimizers.STEP_COUNTER_READS`, counted on the CPU)."""
 TILE = 128
 """Output tile edge of a tensor-core matmul kernel (cuBLAS's common 128 x 128 / 128 x 256 tiles)."""
+SPLIT_K_DEPTH = 16384
+"""Reduction depth (elements of k) each part of a split-K matmul keeps at least: where a matmul's output tiles fill
+fewer SMs than the GPU has, cuBLAS splits its reduction over more of them; at this depth only a vocabulary-deep
+reduction splits (the gradient into a 128-token chunk through LoRA's frozen head: 16 tiles over 128k-256k of k).
+Chosen on the profile grids (evidence ``h100-grid``, ``h200-grid``, ``h200-grid-again``, ``h200-grid-qlora``): 1024
+also split the micro-1 lines' model-width matmuls, which then ran 10-20 points faster than measured; from 16384 only
+the vocabulary's split, and Gemma 2B LoRA's matmuls at micro 1 went from +44% to +7%."""
 DEFAULT_SMS = 108
 """Streaming multiprocessors assumed for a GPU table row without a sourced ``sms`` (an A100's)."""
 
@@ -269,6 +276,18 @@ class Template:
             )
         return nbytes, flops, tiles
 
+    def splits_at(self, micro: int, tokens: int):
+        """How many parts each kernel's reduction may split into at ``micro`` x ``tokens`` (:data:`SPLIT_K_DEPTH`
+        of k each; 1 for every kernel but a matmul's)."""
+        import numpy as np
+
+        splits = np.ones(len(self.phase))
+        if len(self.mm):
+            mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
+            _, _, n, k = np.moveaxis(self.mm_dims @ mono, 1, 0)
+            splits[self.mm] = np.where(n == 0, 1.0, np.maximum(np.floor(k / SPLIT_K_DEPTH), 1.0))
+        return splits
+
     def counts_at(self, micro: int, tokens: int):
         """How many kernels each row stands for at ``micro`` x ``tokens`` (:attr:`count`)."""
         import numpy as np
@@ -279,9 +298,10 @@ class Template:
         return self.count @ mono
 
 
-def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int):
+def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int, splits=None):
     """Each of ``tp``'s kernels' GPU seconds on ``gpu`` (arrays: its bytes, FLOPs and matmul tiles at one shape):
-    matmuls and attention by FLOPs at their efficiency (matmuls over their waves), the rest by bytes over its kind's
+    matmuls and attention by FLOPs at their efficiency (matmuls over their waves, a matmul whose tiles leave SMs idle
+    split over its reduction up to ``splits`` parts: :meth:`Template.splits_at`), the rest by bytes over its kind's
     share of :func:`memory_rate`, each at least :data:`MIN_KERNEL_S` (the module docstring)."""
     import numpy as np
 
@@ -306,6 +326,8 @@ def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int):
         MEMORY_EFFICIENCY,
     )
     bandwidth = memory_rate(gpu) * share
+    if splits is not None:  # split-K: as many parts as fill the SMs the tiles leave idle, at most ``splits``
+        tiles = tiles * np.where(tiles < sms, np.clip(np.floor(sms / np.maximum(tiles, 1)), 1, splits), 1)
     waves = np.ceil(np.maximum(tiles, 1) / sms) * sms
     eff = np.where(cat == "matmul", matmul_eff * np.where(tiles > 0, tiles / waves, 1.0), attention_eff)
     compute = np.where(np.isin(cat, ("matmul", "attention")) & (flops > 0), flops / (peak * eff), 0.0)
@@ -322,7 +344,7 @@ def template_seconds(
     import numpy as np
 
     nbytes, flops, tiles = tp.kernels_at(micro, tokens)
-    counts = tp.counts_at(micro, tokens)
+    counts, splits = tp.counts_at(micro, tokens), tp.splits_at(micro, tokens)
     if drop_logits:
         keep = ~np.array(tp.logits, dtype=bool)
         tp = dataclasses.replace(
@@ -333,8 +355,8 @@ def template_seconds(
             chunk_ops=dict.fromkeys(tp.chunk_ops, 0.0),
             access=[a for a, k in zip(tp.access, keep) if k],
         )
-        nbytes, flops, tiles, counts = nbytes[keep], flops[keep], tiles[keep], counts[keep]
-    t = kernel_times(tp, nbytes, flops, tiles, gpu, sms) * counts
+        nbytes, flops, tiles, counts, splits = nbytes[keep], flops[keep], tiles[keep], counts[keep], splits[keep]
+    t = kernel_times(tp, nbytes, flops, tiles, gpu, sms, splits) * counts
     cat = np.array(tp.category)
     phases = np.array(tp.phase)
     training = np.isin(phases, TRAINING_PHASES)
