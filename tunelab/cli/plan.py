@@ -28,9 +28,9 @@ def add_parser(sub) -> None:
         "communication; they sum to seconds), mfu_predicted_padded/real, seconds_after_loop, bytes_after_loop, "
         "save_bytes_per_s, the MFU range's seconds_low/high, energy_j_low/high (power x devices x the band), "
         "comm_bytes_per_step and comm_seconds_per_step on several devices (per forward without gradients: "
-        "comm_bytes/seconds_per_forward); host_source and link_source (where the host's time per op and the "
-        "links come from); calibration (what --calibrate's records gave), power_measured, lower_bound (why the "
-        "time is one: offload); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps "
+        "comm_bytes/seconds_per_forward); host_source, link_source and checked (where the host's time per op "
+        "and the links come from; the GPU's timed runs or their absence); calibration, power_measured, lower_bound "
+        "(why the time is one: offload); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps "
         "(against stock litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )
     _case_arguments(s.add_argument_group("the run planned"))
