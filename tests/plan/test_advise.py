@@ -533,3 +533,15 @@ def test_a_tie_is_marked_only_where_two_configurations_are_within_the_estimates_
     alone = [c for c in ranked if c is ranked[0] or c.hours > best * (1 + advise.TIE)]
     text = advise.render(alone, alone, gpus, {}, len(alone), work)
     assert " ~ |" not in text
+
+
+def test_each_gpu_section_says_what_checks_its_times():
+    """Under each GPU's heading: its row's timed runs (the H100), or that its times are an extrapolation (the L40S,
+    where no run of ours, the lab's or a published one was timed)."""
+    gpus = [hardware.lookup("H100-SXM"), hardware.lookup("L40S")]
+    work = advise.workload_from_tokens(2e5)
+    cands = advise.candidates({"lora": resolve("tiny-llama-1.1b/lora")}, gpus, workload=work, price_table={})
+    lines = advise.render(cands, advise.rank(cands), gpus, {}, 2, work).splitlines()
+    checked = [line for line in lines if line.startswith("times checked: ")]
+    assert checked == [f"times checked: {hardware.time_checked(g)}" for g in gpus]
+    assert checked[0].startswith("times checked: against our runs") and "no timed run on L40S" in checked[1]
