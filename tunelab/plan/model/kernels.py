@@ -263,30 +263,24 @@ class Template:
 
     def kernels_at(self, micro: int, tokens: int):
         """(bytes, FLOPs, tiles) arrays of the kernels at ``micro`` x ``tokens``."""
+        return self.shape_at(micro, tokens)[:3]
+
+    def shape_at(self, micro: int, tokens: int):
+        """(bytes, FLOPs, tiles, splits) arrays of the kernels at ``micro`` x ``tokens``: :meth:`kernels_at` and how
+        many parts each kernel's reduction may split into (:data:`SPLIT_K_DEPTH` of k each; 1 but for a matmul)."""
         import numpy as np
 
         mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
         nbytes, flops = self.bytes @ mono, self.flops @ mono
-        tiles = np.zeros(len(nbytes))
+        tiles, splits = np.zeros(len(nbytes)), np.ones(len(nbytes))
         if len(self.mm):
-            batch, m, n, _ = np.moveaxis(self.mm_dims @ mono, 1, 0)
+            batch, m, n, k = np.moveaxis(self.mm_dims @ mono, 1, 0)
             conv = n == 0
             tiles[self.mm] = np.where(
                 conv, np.ceil(m / TILE**2), batch * np.ceil(m / TILE) * np.ceil(np.maximum(n, 1) / TILE)
             )
-        return nbytes, flops, tiles
-
-    def splits_at(self, micro: int, tokens: int):
-        """How many parts each kernel's reduction may split into at ``micro`` x ``tokens`` (:data:`SPLIT_K_DEPTH`
-        of k each; 1 for every kernel but a matmul's)."""
-        import numpy as np
-
-        splits = np.ones(len(self.phase))
-        if len(self.mm):
-            mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
-            _, _, n, k = np.moveaxis(self.mm_dims @ mono, 1, 0)
-            splits[self.mm] = np.where(n == 0, 1.0, np.maximum(np.floor(k / SPLIT_K_DEPTH), 1.0))
-        return splits
+            splits[self.mm] = np.where(conv, 1.0, np.maximum(np.floor(k / SPLIT_K_DEPTH), 1.0))
+        return nbytes, flops, tiles, splits
 
     def counts_at(self, micro: int, tokens: int):
         """How many kernels each row stands for at ``micro`` x ``tokens`` (:attr:`count`)."""
@@ -301,7 +295,7 @@ class Template:
 def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int, splits=None):
     """Each of ``tp``'s kernels' GPU seconds on ``gpu`` (arrays: its bytes, FLOPs and matmul tiles at one shape):
     matmuls and attention by FLOPs at their efficiency (matmuls over their waves, a matmul whose tiles leave SMs idle
-    split over its reduction up to ``splits`` parts: :meth:`Template.splits_at`), the rest by bytes over its kind's
+    split over its reduction up to ``splits`` parts: :meth:`Template.shape_at`), the rest by bytes over its kind's
     share of :func:`memory_rate`, each at least :data:`MIN_KERNEL_S` (the module docstring)."""
     import numpy as np
 
@@ -343,8 +337,8 @@ def template_seconds(
     (:attr:`Template.logits`; Liger's fused loss replaces them)."""
     import numpy as np
 
-    nbytes, flops, tiles = tp.kernels_at(micro, tokens)
-    counts, splits = tp.counts_at(micro, tokens), tp.splits_at(micro, tokens)
+    nbytes, flops, tiles, splits = tp.shape_at(micro, tokens)
+    counts = tp.counts_at(micro, tokens)
     if drop_logits:
         keep = ~np.array(tp.logits, dtype=bool)
         tp = dataclasses.replace(
