@@ -1574,3 +1574,37 @@ def test_a_vocabulary_deep_matmul_splits_its_reduction_over_the_idle_sms(monkeyp
     assert statistics.mean(abs(p[2]) for p in split.values()) < statistics.mean(abs(p[2]) for p in whole.values())
     tiny = [k for k in split if k[1] == "tiny-llama-1.1b"]
     assert tiny and all(split[k][0] == pytest.approx(whole[k][0]) for k in tiny)
+
+
+def test_the_fitted_curves_optimizer_traffic_follows_the_states_the_memory_plan_counts():
+    """Each optimizer step reads the weights, gradients and states and writes the weights and states back: 3 + 2 x
+    states parameter-sized accesses (AdamW 7, SGD with momentum 5, without 3, Adagrad 5), whatever the class's name;
+    momentum given as text counts as the memory plan counts it."""
+    import dataclasses
+
+    from tunelab import hardware
+    from tunelab.plan.model.case import parameter_bytes
+    from tunelab.plan.model.tables import optimizer_of
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import resolve
+
+    case = plan_recipe(resolve("tiny-llama-1.1b/full"), [], gpu=hardware.lookup("H100-SXM")).input
+    args = {"train": {"global_batch_size": 16, "epochs": 1}, "eval": {"interval": None}}
+    plain = runtime.terms(dataclasses.replace(case, optimizer="SGD", optimizer_init=()), args, 500, 0, 437.0)
+    unit = plain.detail["optimizer_bytes"] / 3  # SGD without momentum: weights and gradients read, weights written
+    assert unit == pytest.approx(plain.detail["optimizer_steps"] * 1_100_048_384 * parameter_bytes(case.precision))
+    expected = {
+        ("AdamW", ()): 7,
+        ("SGD", (("momentum", 0.9),)): 5,
+        ("SGD", (("momentum", "true"),)): 5,
+        ("SGD", (("momentum", "0"),)): 3,
+        ("torch.optim.Adagrad", ()): 5,
+        ("Adam", (("amsgrad", True),)): 9,
+    }
+    for (optimizer, init), accesses in expected.items():
+        t = runtime.terms(dataclasses.replace(case, optimizer=optimizer, optimizer_init=init), args, 500, 0, 437.0)
+        assert t.detail["optimizer_bytes"] == pytest.approx(accesses * unit), (optimizer, init)
+    # the kernel model traces the same step: momentum as text is on wherever the states count it on
+    sgd = dataclasses.replace(case, optimizer="SGD", optimizer_init=(("momentum", "true"),))
+    assert optimizer_of(sgd) == "SGD momentum"
+    assert optimizer_of(dataclasses.replace(sgd, optimizer_init=(("momentum", "0.0"),))) == "SGD"

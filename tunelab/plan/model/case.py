@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 
 from tunelab.models import count_params
+from tunelab.plan.model import optimizers
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, world_size
 
 
@@ -182,13 +183,10 @@ class PlanInput:
         return self.method != "full"
 
     @property
-    def momentum(self) -> float:
-        """The optimizer's ``momentum`` (0 when not given): SGD with momentum keeps one state (traced as such)."""
-        value = dict(self.optimizer_init).get("momentum")
-        try:
-            return float(value or 0.0)
-        except (TypeError, ValueError):
-            return 0.0
+    def momentum(self) -> bool:
+        """Whether the optimizer's ``momentum`` is on (:func:`tunelab.plan.model.optimizers.is_set`, as its states
+        are counted): SGD with momentum keeps one state (traced as such)."""
+        return optimizers.is_set(dict(self.optimizer_init).get("momentum"))
 
 
 @dataclass
