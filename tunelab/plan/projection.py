@@ -66,7 +66,7 @@ class Projection:
     per-iteration overhead, constants fitted on the lab's A100 times); None without the GPU's bandwidth."""
     seconds_band: tuple | None = None
     """seconds x (1 -/+ the estimate's error: the kernel model's widest miss where the GPU bounds a run we hold (ours,
-    the lab's A100 rows), widened to the hosts we measured where the host bounds the run; the fitted curve's
+    the lab's A100 rows), widened to the hosts we measured, the kernels at that miss there too; the fitted curve's
     leave-one-out mean absolute error on the lab's rows)."""
     seconds_source: str = ""
     comm_bytes_per_step: dict | None = None
@@ -392,14 +392,17 @@ def _point_estimate(work, gpu: hardware.GPU, peak: float) -> dict:
         band = (secs * (1 - e), secs * (1 + e))
     elif isinstance(work.kernels, runtime.KernelWork):
         e = runtime.KERNEL_MODEL_ERROR
-        band = runtime.litgpt_band(secs, lambda h: sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP).values()))
+        band = runtime.litgpt_band(
+            secs, lambda h, s: sum(work.by_cause(gpu, h / runtime.LITGPT_HOST_S_PER_OP, s).values())
+        )
         a, b = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
-        wider = band != (secs * (1 - e), secs * (1 + e))
+        wider = band[0] < secs * (1 - e) * (1 - 1e-6) or band[1] > secs * (1 + e) * (1 + 1e-6)  # not rounding alone
         source = (
             f"the time by cause below (band: its widest miss {e:.0%} where the GPU bounds a run we hold, ours and the "
             "lab's"
             + (
-                f"; widened to the host's {a:.0f}-{b:.0f} us an op that litgpt's loop took on the machines we measured"
+                f"; widened to the host's {a:.0f}-{b:.0f} us an op that litgpt's loop took on the machines we measured, "
+                "the kernels at that miss there too"
                 if wider
                 else ""
             )

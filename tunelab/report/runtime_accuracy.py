@@ -203,7 +203,7 @@ def steps_rows(root: Path, key: str) -> list[dict]:
                 "sm_clock_mhz": rec.sm_clock_steady_mhz,
                 "gpu_util": rec.gpu_util_steady_mean,
                 "thirds": window_thirds(path, name, rec, st),
-                **_band(pred, lambda h, st=st, acc=acc: step_seconds(st, acc, h), measured),
+                **_band(pred, lambda h, s, st=st, acc=acc: step_seconds(st, acc, h, s), measured),
             }
         )
     return sorted(rows, key=lambda r: _natural(r["id"]))
@@ -252,11 +252,12 @@ def _fast_band(point: float, bound: str, measured: float) -> dict:
     return {"band_low_s": low, "band_high_s": high, "in_band": low <= measured <= high}
 
 
-def step_seconds(st, acc: int, host_s_per_op: float) -> float:
-    """An optimizer step of ``acc`` micro batches in litgpt's loop: each phase its kernels or its launches."""
+def step_seconds(st, acc: int, host_s_per_op: float, gpu_scale: float = 1.0) -> float:
+    """An optimizer step of ``acc`` micro batches in litgpt's loop: each phase its kernels (``gpu_scale`` times
+    as long) or its launches."""
     g, ops = st.gpu_by_phase, st.host_ops_by_phase
-    it = max(g["forward"] + g["backward"], host_s_per_op * (ops["forward"] + ops["backward"]))
-    return acc * it + max(g["optimizer"], host_s_per_op * ops["optimizer"])
+    it = max(gpu_scale * (g["forward"] + g["backward"]), host_s_per_op * (ops["forward"] + ops["backward"]))
+    return acc * it + max(gpu_scale * g["optimizer"], host_s_per_op * ops["optimizer"])
 
 
 def fit_host(items: list[dict]) -> float:
@@ -287,7 +288,9 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
                 "loo_error": pred_loo / it["measured_s"] - 1,
                 "gpu_s_per_micro": st.gpu_by_phase["forward"] + st.gpu_by_phase["backward"],
                 "ops_per_micro": st.ops_by_phase["forward"] + st.ops_by_phase["backward"],
-                **_band(pred, lambda h, st=st, acc=it["accumulation"]: step_seconds(st, acc, h), it["measured_s"]),
+                **_band(
+                    pred, lambda h, s, st=st, acc=it["accumulation"]: step_seconds(st, acc, h, s), it["measured_s"]
+                ),
             }
         )
     return rows
@@ -375,20 +378,24 @@ def bench_items(root: Path) -> list[dict]:
 
 
 def bench_step(
-    item: dict, compiled_host_s: float | None = None, host_scale: float = 1.0, memory_efficiency: float | None = None
+    item: dict,
+    compiled_host_s: float | None = None,
+    host_scale: float = 1.0,
+    memory_efficiency: float | None = None,
+    gpu_scale: float = 1.0,
 ) -> tuple[float, str]:
     """(predicted seconds per optimizer step, what bounds it) of a bench run on its own GPU: the fast path by
     :func:`tunelab.plan.model.fast_step.fast_step` (its micro batches and its optimizer step; its two fitted
     constants replaceable, for their refits), litgpt's by the planner's own
     :meth:`tunelab.plan.model.runtime.Terms.by_cause` over one step (validation left out; its host's time per op
-    ``host_scale`` times the constant's)."""
+    ``host_scale`` times the constant's, its kernels ``gpu_scale`` times the model's)."""
 
     gpu, case, acc = item["gpu"], item["case"], item["accumulation"]
     if case.loop.fabric:
         work = runtime.kernel_work(case, item["tokens"])
         one = {"train_iterations": acc, "optimizer_steps": 1, "eval_iterations": 0, "samples_generated": 0}
         one |= {"evaluations": 0, "new_tokens": 0}
-        by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale)
+        by = runtime.Terms(0.0, 0.0, acc, one, None, work).by_cause(gpu, host_scale, gpu_scale)
         return sum(by.values()), "host" if by["host launches"] > 0 else "GPU"
     h = fast_step.COMPILED_HOST_S_PER_KERNEL if compiled_host_s is None else compiled_host_s
     m = fast_step.COMPILED_MEMORY_EFFICIENCY if memory_efficiency is None else memory_efficiency
@@ -472,7 +479,11 @@ def bench_rows(items: list[dict]) -> list[dict]:
                 if _probe(item)
                 else "out",
                 **(
-                    _band(pred, lambda h, i=item: bench_step(i, host_scale=h / runtime.LITGPT_HOST_S_PER_OP)[0], m)
+                    _band(
+                        pred,
+                        lambda h, s, i=item: bench_step(i, host_scale=h / runtime.LITGPT_HOST_S_PER_OP, gpu_scale=s)[0],
+                        m,
+                    )
                     if item["arm"] == "litgpt"
                     else _fast_band(pred, bound, m)
                 ),
@@ -501,8 +512,8 @@ def part3_rows(root: Path) -> list[dict]:
         g, ops, f = st.gpu_by_phase, st.host_ops_by_phase, 2 if r["activation_checkpointing"] == "True" else 1
         gpu, host_ops = f * g["forward"] + g["backward"], f * ops["forward"] + ops["backward"] + wrapper
 
-        def at(h, gpu=gpu, host_ops=host_ops, g=g, ops=ops):
-            return max(gpu, h * host_ops) + max(g["optimizer"], h * ops["optimizer"])
+        def at(h, s=1.0, gpu=gpu, host_ops=host_ops, g=g, ops=ops):
+            return max(s * gpu, h * host_ops) + max(s * g["optimizer"], h * ops["optimizer"])
 
         pred = at(runtime.LITGPT_HOST_S_PER_OP)
         edge = _part3_plan(micro, f == 2).edge
@@ -629,7 +640,7 @@ def a100_rows(items: list | None = None, hosts: dict | None = None) -> list[dict
             pred = sum(causes.values())
             row.update(kernel_s=pred, error=pred / secs - 1, **causes)
             h0 = runtime.LITGPT_HOST_S_PER_OP
-            row.update(_band(pred, lambda h, t=t, gpu=gpu, h0=h0: sum(t.by_cause(gpu, h / h0).values()), secs))
+            row.update(_band(pred, lambda h, s, t=t, gpu=gpu, h0=h0: sum(t.by_cause(gpu, h / h0, s).values()), secs))
         else:
             row.update(kernel_s=None, error=None, not_modelled=t.kernels)
         rows.append(row)
@@ -753,7 +764,8 @@ def _md_band(timed: dict, widest: float, stretch: float) -> list[str]:
         f"The band `tunelab plan` prints around litgpt's loop: the kernel model's widest miss where the GPU bounds a run "
         f"we calibrate on (ours busy {HOST_BOUND_UTIL:.0f}% or more, the lab's A100 rows its kernels bound; {e:.1%}, "
         f"recomputed {widest:.2%}) "
-        f"either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op); around the fast path: "
+        f"either side of its estimate, widened to the hosts we measured ({a:.0f}-{b:.0f} us an op) with the kernels at that "
+        "miss there too (a run the fastest host leaves bound by its GPU keeps the GPU's miss); around the fast path: "
         f"its stated error for its bound; where the plan is at the edge of memory, its high end stretched "
         f"{runtime.EDGE_STRETCH}x for the allocator's retries (recomputed {stretch:.3f}x: the FSDP study's tables and "
         f"our Part 3 rows). {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "

@@ -91,9 +91,13 @@ def fast_band(bound: str) -> float:
 def litgpt_band(point: float, seconds_at) -> tuple[float, float]:
     """The plan's band around a time of litgpt's loop (``point``, at :data:`LITGPT_HOST_S_PER_OP`):
     :data:`KERNEL_MODEL_ERROR` either side, widened to the time at either end of :data:`LITGPT_HOST_S_PER_OP_RANGE`
-    (``seconds_at(h)``: the same time with the host at ``h`` seconds an op)."""
-    fast, slow = (seconds_at(h) for h in LITGPT_HOST_S_PER_OP_RANGE)
-    return min(point * (1 - KERNEL_MODEL_ERROR), fast), max(point * (1 + KERNEL_MODEL_ERROR), slow)
+    with the GPU's kernels at that error too (``seconds_at(h, gpu_scale)``: the same time with the host at ``h``
+    seconds an op and the kernels ``gpu_scale`` times as long): the two are apart, so a run the fastest host leaves
+    bound by its GPU keeps the kernel model's miss at that end, and a run the slowest host bounds keeps it wherever
+    the GPU still bounds a phase."""
+    fast, slow = LITGPT_HOST_S_PER_OP_RANGE
+    low = min(point * (1 - KERNEL_MODEL_ERROR), seconds_at(fast, 1 - KERNEL_MODEL_ERROR))
+    return low, max(point * (1 + KERNEL_MODEL_ERROR), seconds_at(slow, 1 + KERNEL_MODEL_ERROR))
 
 
 EDGE_STRETCH = 1.961
