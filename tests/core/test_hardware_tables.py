@@ -52,7 +52,8 @@ def test_a_gpu_is_found_whatever_its_case_and_separators(given, key):
 
 
 @pytest.mark.parametrize(
-    ("given", "named"), [("h100", "H100-PCIe or H100-NVL or H100-SXM"), ("A100", "A100-40GB or A100-80GB")]
+    ("given", "named"),
+    [("h100", "H100-PCIe or H100-NVL or H100-SXM"), ("A100", "A100-40GB or A100-80GB-PCIe or A100-80GB\\?")],
 )
 def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named):
     """'h100' is three boards with different links and memory rates: the plan must not choose one silently."""
@@ -78,6 +79,8 @@ def test_an_unknown_gpu_lists_every_known_name(given):
         ("NVIDIA B200", "B200"),
         ("NVIDIA GB200", None),
         ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100 80GB PCIe", "A100-80GB-PCIe"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
         ("NVIDIA H100 PCIe", "H100-PCIe"),
         ("NVIDIA H100 80GB HBM3", "H100-SXM"),
         ("NVIDIA H100 NVL", "H100-NVL"),
