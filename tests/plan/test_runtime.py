@@ -1628,3 +1628,26 @@ def test_the_fitted_curves_optimizer_traffic_follows_the_states_the_memory_plan_
     sgd = dataclasses.replace(case, optimizer="SGD", optimizer_init=(("momentum", "true"),))
     assert optimizer_of(sgd) == "SGD momentum"
     assert optimizer_of(dataclasses.replace(sgd, optimizer_init=(("momentum", "0.0"),))) == "SGD"
+
+
+def test_the_band_plot_draws_each_runs_band_over_its_measured_time():
+    """band.png: one bar per timed run from its band's low end to its high end over the measured time (inside where it
+    crosses 1), red where the run lies outside, a dot at the point estimate where there is one."""
+    import matplotlib.colors as mcolors
+    import matplotlib.pyplot as plt
+
+    inside = {"measured_s": 2.0, "predicted_s": 2.2, "band_low_s": 1.8, "band_high_s": 2.6, "in_band": True}
+    outside = {"measured_s": 1.0, "predicted_s": 1.5, "band_low_s": 1.2, "band_high_s": 1.8, "in_band": False}
+    no_point = {"measured_s": 4.0, "band_low_s": 3.0, "band_high_s": 5.0, "in_band": True}
+    fig = runtime_accuracy.band_figure({"ours": [("a", inside), ("b", outside)], "theirs": [("c", no_point)]})
+    ax = fig.axes[0]
+    bars = [(c, seg) for c in ax.collections for seg in c.get_segments()]
+    assert [y for _, seg in bars for y in seg[:, 1]] == pytest.approx([0.9, 1.3, 1.2, 1.8, 0.75, 1.25])
+    assert [mcolors.to_hex(c.get_colors()[0]) for c, _ in bars] == [
+        mcolors.to_hex(c) for c in ("tab:blue", "tab:red", "tab:blue")
+    ]
+    assert [seg[0, 0] for _, seg in bars][2] > 2  # a gap between sets
+    dots = [line.get_ydata()[0] for line in ax.lines if line.get_marker() == "."]
+    assert dots == pytest.approx([1.1, 1.5])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ours (2)", "theirs (1)"]
+    plt.close(fig)

@@ -20,7 +20,7 @@ from pathlib import Path
 from tunelab import files, hardware, recipes, settings
 from tunelab.data.lengths import default_padded_per_sample
 from tunelab.errors import InputError
-from tunelab.files import RECORD_MAX_BYTES, write_csv, write_text_atomic
+from tunelab.files import RECORD_MAX_BYTES, save_figure, write_csv, write_text_atomic
 from tunelab.models import sliding_window_layers
 from tunelab.paths import ROOT
 from tunelab.plan import stored
@@ -731,8 +731,12 @@ def write_report(path: Path, root: Path) -> None:
         **{evidence.entry(key, root).folder: [(r["id"], r) for r in rows] for key, rows in steps.items()},
         "our H100 Part 3 curve": [(f"{r['setting']} micro {r['micro']}", r) for r in part3],
         "our benches": [(f"{r['report']} {r['run']}", r) for r in benches],
-        "the lab's A100 Part 1 times": [(r["id"], {**r, "measured_s": r["lab_s"]}) for r in a100 if r["kernel_s"]],
+        "the lab's A100 Part 1 times": [
+            (r["id"], {**r, "measured_s": r["lab_s"], "predicted_s": r["kernel_s"]}) for r in a100 if r["kernel_s"]
+        ],
     }
+    hub = config_hub_rows(root)
+    save_figure(band_figure({**timed, "litgpt's config_hub (check set)": _hub_runs(hub)}), path.with_name("band.png"))
     lines = [
         *_md_h100(h100, fit_host(items)),
         *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench, steps)), retry_stretch(root)),
@@ -742,12 +746,65 @@ def write_report(path: Path, root: Path) -> None:
         *_md_bench(bench, benches),
         *_md_whole_cost(bench_costs(root)),
         *_md_generate(generate_rows(root)),
-        *_md_config_hub(config_hub_rows(root)),
+        *_md_config_hub(hub),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab),
     ]
     write_text_atomic(path, "\n".join(lines))
+
+
+def _hub_runs(rows: list[dict]) -> list[tuple[str, dict]]:
+    """The config_hub check set's counted runs (:func:`_counted`, as runtime.md counts them) in :func:`_band`'s
+    shape."""
+    return [
+        (
+            f"{r['config']} {r['machine']}",
+            {
+                "measured_s": r["minutes"] * 60,
+                "predicted_s": r["planned_s"],
+                "band_low_s": r["band"][0],
+                "band_high_s": r["band"][1],
+                "in_band": r["inside"],
+            },
+        )
+        for r in rows
+        if _counted(r)
+    ]
+
+
+def band_figure(timed: dict):
+    """band.png: every timed run's band over its measured time (a bar; blue inside, red outside) and the point
+    estimate over it (a dot), set by set (``timed``: {set: [(run, row), ...]}, rows as :func:`_band` makes them): a
+    run lies inside where its bar crosses the line at 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    x, ticks = 0, []
+    for name, rows in timed.items():
+        start = x
+        for _, r in rows:
+            m = r["measured_s"]
+            ax.vlines(x, r["band_low_s"] / m, r["band_high_s"] / m, colors="tab:blue" if r["in_band"] else "tab:red")
+            if r.get("predicted_s"):
+                ax.plot(x, r["predicted_s"] / m, "k.", markersize=3)
+            x += 1
+        ticks.append(((start + x - 1) / 2, f"{name} ({len(rows)})"))
+        x += 3
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_yticks(
+        [0.4, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5], ["0.4", "0.5", "0.67", "0.8", "1", "1.25", "1.5", "2", "2.5"]
+    )
+    ax.minorticks_off()
+    ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7, rotation=20, ha="right")
+    ax.set_ylabel("planned / measured time (log)")
+    ax.set_title("The plan's band around each timed run (bar: band, dot: point estimate; inside where a bar crosses 1)")
+    fig.tight_layout()
+    return fig
 
 
 def _md_band(timed: dict, widest: float, stretch: float) -> list[str]:
@@ -769,7 +826,8 @@ def _md_band(timed: dict, widest: float, stretch: float) -> list[str]:
         f"its stated error for its bound; where the plan is at the edge of memory, its high end stretched "
         f"{runtime.EDGE_STRETCH}x for the allocator's retries (recomputed {stretch:.3f}x: the FSDP study's tables and "
         f"our Part 3 rows). {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
-        "times hold start-up and validation: an upper bound of the step, not held to the band.)",
+        "times hold start-up and validation: an upper bound of the step, not held to the band.) Each run's band over "
+        "its measured time, litgpt's config_hub check set beside them: `band.png`.",
         "",
         "| timed runs | inside | outside: measured s (band s) |",
         "|---|---|---|",
