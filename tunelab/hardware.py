@@ -184,9 +184,15 @@ def time_checked(gpu: GPU) -> str:
     return f"no timed run on {gpu.name} checks it: an extrapolation from runs on {checked}"
 
 
+DEVICE_NAME_PREFIXES = ("nvidia ", "tesla ")
+"""How the names CUDA and NVML report begin ('NVIDIA A100 80GB PCIe', 'Tesla T4'): :func:`lookup` reads such a name
+as :func:`identify` does."""
+
+
 def lookup(name: str) -> GPU:
-    """The GPU for a table key: case, '-', '_' and spaces alike ('h200', 'RTX 4090', 'rtx4090'); ValueError naming
-    the keys that begin with what was given ('h100': H100-PCIe, H100-NVL, H100-SXM), else every known name."""
+    """The GPU for a table key: case, '-', '_' and spaces alike ('h200', 'RTX 4090', 'rtx4090'), or for a device name
+    as nvidia-smi prints it ('NVIDIA A100 80GB PCIe': :func:`identify`); ValueError naming the keys that begin with
+    what was given ('h100': H100-PCIe, H100-NVL, H100-SXM), else every known name."""
 
     def squeeze(text: str) -> str:
         return "".join(ch for ch in text.lower() if ch.isalnum())
@@ -195,6 +201,8 @@ def lookup(name: str) -> GPU:
     for key, gpu in table().items():
         if given and squeeze(key) == given:
             return gpu
+    if str(name).strip().lower().startswith(DEVICE_NAME_PREFIXES) and (gpu := identify(str(name))):
+        return gpu
     near = [key for key in table() if given and squeeze(key).startswith(given)]
     if near:
         raise ValueError(f"GPU {name!r} is ambiguous: did you mean {' or '.join(near)}?")

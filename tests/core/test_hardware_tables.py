@@ -61,6 +61,27 @@ def test_a_prefix_of_several_gpus_names_them_instead_of_picking_one(given, named
         hardware.lookup(given)
 
 
+@pytest.mark.parametrize(
+    ("given", "key"),
+    [
+        ("NVIDIA A100 80GB PCIe", "A100-80GB-PCIe"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+    ],
+)
+def test_a_device_name_as_nvidia_smi_prints_it_is_its_row(given, key):
+    """`--gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader)"`: the board's own name finds its row as a record's
+    does (whole words), and only a name in that form: 'A100 PCIe' is no key and no device name, so it is refused, not
+    read as the A100 80GB SXM row its 'a100' would match."""
+    assert hardware.lookup(given).name == key
+    with pytest.raises(ValueError, match="unknown GPU 'A100 PCIe'"):
+        hardware.lookup("A100 PCIe")
+    with pytest.raises(ValueError, match="unknown GPU 'NVIDIA L40'"):
+        hardware.lookup("NVIDIA L40")  # a board without a row stays unknown
+
+
 @pytest.mark.parametrize("given", ["", "-", "Z9000"])
 def test_an_unknown_gpu_lists_every_known_name(given):
     with pytest.raises(ValueError, match="unknown GPU .*; known: V100-16GB, .*H200, B200$"):

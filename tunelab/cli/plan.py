@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
 def _case_arguments(s) -> None:
     """The recipe, the GPU, the devices and the strategy: what is planned."""
     s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
-    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml, any case: A100-80GB, h100-sxm, l4, ...")
+    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (A100-80GB, h100-sxm, l4) or nvidia-smi's name")
     s.add_argument("--devices", type=count, help="GPUs per node (default: the recipe's devices)")
     s.add_argument(
         "--strategy",
