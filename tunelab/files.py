@@ -194,8 +194,14 @@ def write_atomic(path: Path, write) -> Path:
 
 
 def save_figure(fig, path: Path, dpi: int = 110) -> Path:
-    """A matplotlib figure as PNG, atomically (a kill or a full disk leaves the previous plot whole)."""
-    return _replace_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=dpi))
+    """A matplotlib figure as PNG, atomically (a kill or a full disk leaves the previous plot whole), then closed
+    (pyplot holds every figure it made until it is), written or not."""
+    import matplotlib.pyplot as plt
+
+    try:
+        return _replace_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=dpi))
+    finally:
+        plt.close(fig)
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

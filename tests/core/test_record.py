@@ -75,6 +75,27 @@ def test_atomic_write_keeps_old_file_when_serialisation_fails(tmp_path):
     assert json.loads(path.read_text()) == {"a": 1}
 
 
+def test_a_saved_figure_is_closed_whether_it_was_written_or_not(tmp_path):
+    """Every report plot goes through files.save_figure: it writes the PNG atomically and closes the figure, so a
+    report that draws many (plan-accuracy, a sweep's) holds none open; a write refused (a folder where the file
+    goes) closes it too and leaves the folder as it was."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tunelab.files import FileRefused, save_figure
+
+    fig, _ = plt.subplots()
+    assert save_figure(fig, tmp_path / "a.png").read_bytes().startswith(b"\x89PNG")
+    assert fig.number not in plt.get_fignums()
+    (tmp_path / "b.png").mkdir()
+    fig, _ = plt.subplots()
+    with pytest.raises(FileRefused, match="is a directory"):
+        save_figure(fig, tmp_path / "b.png")
+    assert fig.number not in plt.get_fignums() and (tmp_path / "b.png").is_dir()
+
+
 @pytest.mark.parametrize(
     "plan,words",
     [

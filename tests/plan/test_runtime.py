@@ -64,7 +64,7 @@ def test_a_template_is_the_traced_step_at_any_shape():
             chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
             lora = profiles.lora_profiled(method)  # the recipes' adapters, whose templates the planner keeps
             tp = kernel_trace.template(c, method, "bf16-true", "AdamW", chunks, micro == 1, lora)
-            nbytes, flops, tiles = tp.kernels_at(micro, tokens)
+            nbytes, flops, tiles, _ = tp.shape_at(micro, tokens)
             ops = kernel_trace.record_step(c, method, "bf16-true", micro, tokens, lora=lora)
             direct = [kernel_trace.measure(o) for o in ops]
             more = (kernels.loss_chunks(method, micro, tokens) - 1) * sum(tp.chunk_ops.values()) * (method != "lora")
@@ -679,7 +679,7 @@ def test_attention_counts_the_head_size_its_kernel_computes():
 
     c = dataclasses.replace(Config.from_name("open_llama_3b"), n_layer=1)  # head size 100
     tp = kernel_trace.template(c, "full", "bf16-true", "AdamW", 1, False)
-    _, flops, _ = tp.kernels_at(3, 50)
+    _, flops, _, _ = tp.shape_at(3, 50)
     direct = [kernel_trace.measure(o) for o in kernel_trace.record_step(c, "full", "bf16-true", 3, 50)]
     att = np.array([k == "attention" for k in tp.category])
     assert flops[att].sum() == pytest.approx(sum(k.flops for k in direct if k.category == "attention"), rel=1e-9)

@@ -334,9 +334,7 @@ def plot(phases: list[Phase], base: Path, out_dir: Path) -> Path | None:
     ax.set_title("Loss: litgpt vs tunelab's fast path (first pair)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = save_figure(fig, out_dir / "loss.png")
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / "loss.png")
 
 
 def default_report_dir(recipe: Recipe, phases: list[Phase]) -> Path:

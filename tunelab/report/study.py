@@ -365,10 +365,7 @@ def plot(results: list[SettingResult], out_dir: Path) -> Path | None:
             ax.set_xlabel("micro batch per device")
             ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out_dir / "tune.png"
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / "tune.png")
 
 
 def default_report_dir(sf: StudyFile, results: list[SettingResult]) -> Path:

@@ -627,13 +627,9 @@ _STATUS_COLORS = {"ok": "tab:blue", "oom": "tab:red", "error": "tab:gray", "kill
 
 
 def _saved(fig, path: Path) -> Path:
-    """``fig`` laid out, written to ``path`` and closed."""
-    import matplotlib.pyplot as plt
-
+    """``fig`` laid out, written to ``path`` and closed (:func:`tunelab.files.save_figure`)."""
     fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _memory_plot(records, rows: list[dict], out_dir: Path, style: _PlotStyle) -> Path:

@@ -183,7 +183,7 @@ class PlanInput:
         return self.method != "full"
 
     @property
-    def momentum(self) -> bool:
+    def has_momentum(self) -> bool:
         """Whether the optimizer's ``momentum`` is on (:func:`tunelab.plan.model.optimizers.is_set`, as its states
         are counted): SGD with momentum keeps one state (traced as such)."""
         return optimizers.is_set(dict(self.optimizer_init).get("momentum"))

@@ -236,7 +236,7 @@ def template_shapes(head_chunks: int, single: bool = False) -> tuple:
 @dataclass
 class Template:
     """A step's kernels as polynomials in the micro batch B and the tokens T (one block count): evaluated for any
-    shape without tracing again (:meth:`kernels_at`). Made by :func:`template`."""
+    shape without tracing again (:meth:`shape_at`). Made by :func:`template`."""
 
     phase: list
     category: list
@@ -261,13 +261,9 @@ class Template:
     that litgpt repeats once per token in a Python loop (the sliding-window mask, filled row by row), the tokens
     (:func:`_aligned`). None: one each."""
 
-    def kernels_at(self, micro: int, tokens: int):
-        """(bytes, FLOPs, tiles) arrays of the kernels at ``micro`` x ``tokens``."""
-        return self.shape_at(micro, tokens)[:3]
-
     def shape_at(self, micro: int, tokens: int):
-        """(bytes, FLOPs, tiles, splits) arrays of the kernels at ``micro`` x ``tokens``: :meth:`kernels_at` and how
-        many parts each kernel's reduction may split into (:data:`SPLIT_K_DEPTH` of k each; 1 but for a matmul)."""
+        """(bytes, FLOPs, tiles, splits) arrays of the kernels at ``micro`` x ``tokens``: splits is how many parts
+        each kernel's reduction may split into (:data:`SPLIT_K_DEPTH` of k each; 1 but for a matmul)."""
         import numpy as np
 
         mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])

@@ -65,7 +65,7 @@ def optimizer_of(case) -> str:
     if name in ("AdamW", "Adam") and not optimizers.is_set(dict(case.optimizer_init).get("amsgrad")):
         return "AdamW fused" if case.loop.fused_optimizer else "AdamW"
     if name == "SGD":
-        return "SGD momentum" if case.momentum else "SGD"
+        return "SGD momentum" if case.has_momentum else "SGD"
     if name in ("PagedAdamW", "PagedAdamW32bit"):
         return name
     fused = case.loop.fused_optimizer and optimizers.takes_fused(case.optimizer)  # only AdamW's fused step is traced
