@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import host_bench  # noqa: E402
-from host_bench import add_rep_args, check_rep_args, measured_on  # noqa: E402
+from host_bench import add_rep_args, cell, check_rep_args, measured_on  # noqa: E402
 
 from tunelab.checkpoints import TINY_CONFIG  # noqa: E402
 
@@ -168,22 +168,11 @@ def derived(rep: dict, method: str) -> dict:
 
 def summary(reps: list[dict], method: str) -> dict:
     """Medians and ranges over the reps of :func:`derived`."""
-    each = [derived(r, method) for r in reps]
-    return {
-        key: {
-            "median": statistics.median(e[key] for e in each),
-            "min": min(e[key] for e in each),
-            "max": max(e[key] for e in each),
-        }
-        for key in each[0]
-    }
+    return host_bench.spreads([derived(r, method) for r in reps])
 
 
 def markdown(result: dict) -> str:
     """The ratios by method as a table: median (range) over reps."""
-
-    def cell(stat: dict, digits: int) -> str:
-        return f"{stat['median']:.{digits}f} ({stat['min']:.{digits}f} to {stat['max']:.{digits}f})"
 
     s = result["settings"]
     lines = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 from pathlib import Path
 
 from tunelab.errors import InputError
@@ -32,6 +33,23 @@ def check_rep_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_target(args.json_out.with_suffix(".md"), "--json-out's table")
         except InputError as e:
             ap.error(str(e))
+
+
+def spreads(each: list[dict]) -> dict:
+    """{key: {"median", "min", "max"}} over the reps' dicts ``each`` (one flat dict of numbers a rep)."""
+    return {
+        key: {
+            "median": statistics.median(e[key] for e in each),
+            "min": min(e[key] for e in each),
+            "max": max(e[key] for e in each),
+        }
+        for key in each[0]
+    }
+
+
+def cell(stat: dict, digits: int) -> str:
+    """A table cell of one :func:`spreads` entry: median (range)."""
+    return f"{stat['median']:.{digits}f} ({stat['min']:.{digits}f} to {stat['max']:.{digits}f})"
 
 
 def measured_on(args: argparse.Namespace, blocks: tuple) -> dict:
