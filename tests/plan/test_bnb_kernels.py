@@ -120,17 +120,44 @@ def test_qlora_lines_hold_out_of_sample():
 
 
 def test_qlora_plans_by_cause_on_the_lab_row():
-    """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): -15%, the kernel model's widest miss on the lab's
-    rows, inside its band (bitsandbytes' single-token path, ``gemv_4bit``, and its Python are not modelled), with
-    dequantization and the host's launches as causes."""
+    """The lab's s13 (OpenLLaMA 7B QLoRA on an A100, out of sample): within 10% and inside its band, no longer the
+    kernel model's widest miss on the lab's rows (it was -15% while a generated token's 4-bit matmuls cost the host
+    nothing), with dequantization, the host's launches and generation as causes; its generated tokens take longer
+    than LoRA's twin (s12), all else of their decode alike."""
     from tunelab.plan.model import runtime
     from tunelab.report.runtime_accuracy import a100_rows
 
-    rows = [r for r in a100_rows() if r["kernel_s"] is not None and not r["host_bound"]]
-    s13 = next(r for r in rows if r["id"] == "s13")
-    assert s13 == max(rows, key=lambda r: abs(r["error"])) and -0.16 <= s13["error"] <= -0.14
+    rows = {r["id"]: r for r in a100_rows() if r["kernel_s"] is not None and not r["host_bound"]}
+    s13 = rows["s13"]
+    assert abs(s13["error"]) <= 0.10 and s13 != max(rows.values(), key=lambda r: abs(r["error"]))
     assert s13["lab_s"] <= s13["kernel_s"] * (1 + runtime.KERNEL_MODEL_ERROR)  # the band holds it
     assert s13["dequantization"] > 0 and s13["host launches"] > 0
+    assert s13["generation"] > 1.5 * rows["s12"]["generation"]
+
+
+def test_a_generated_tokens_4bit_matmuls_cost_the_host_their_measured_python():
+    """A generated token (one row) runs bitsandbytes' ``gemv_4bit``: no dequantization kernel, but its Python per
+    4-bit matmul, at the archived CPU measurement's share of the forward's (evidence ``cpu-bnb-host``, the medians
+    over its reps), counted among the decode phase's ops, which the plan charges at the decode share of a training
+    op; a validation batch likewise. The decoded token's GPU time stays the traced 16-bit matmul's."""
+    import json
+
+    from litgpt import Config
+
+    result = json.loads((ROOT / evidence.path("cpu-bnb-host", "results", ROOT)).read_text())
+    assert len(result["reps"]) >= 5
+    for phase, share in bnb_kernels.EVAL_PYTHON_SHARE.items():
+        assert share == round(result["summary"][f"{phase}_ratio"]["median"], 3) and 0.5 < share < 1
+    q, lo = _step("open_llama_7b", "qlora", 4), _step("open_llama_7b", "lora", 4)
+    matmuls = 32 * 5 + 1
+    for phase in ("decode", "validation"):
+        python = bnb_kernels.FORWARD_HOST_OPS_PER_MATMUL * bnb_kernels.EVAL_PYTHON_SHARE[phase]
+        added = q.host_ops_by_phase[phase] - lo.host_ops_by_phase[phase]
+        kernels_added = q.ops_by_phase.get(phase, 0) - lo.ops_by_phase.get(phase, 0)
+        assert added - kernels_added == round(matmuls * python / kernels.eval_host_share(phase, "qlora")), phase
+    share = {phase: kernels.eval_host_share(phase, "qlora") for phase in bnb_kernels.EVAL_PYTHON_SHARE}
+    work = bnb_kernels.qlora_work(Config.from_name("open_llama_7b"), SEQ, 4.8e12, kernels.MIN_KERNEL_S, share)
+    assert work["decode"][:2] == (0, 0) and work["validation"][1] == matmuls  # gemv_4bit: the matmul's own kernel
 
 
 def test_litgpt_loop_carries_the_constants_out_of_sample():

@@ -153,10 +153,12 @@ def test_the_kernel_report_holds_its_stated_errors():
         runtime_accuracy.step_seconds(st, acc, h) * (1 - e) <= m <= runtime_accuracy.step_seconds(st, acc, h) * (1 + e)
         for st, acc, m in busy
     )
-    # the widest is the lab's s13 (7B QLoRA): 14.7% short of its time, which is 17.3% over the estimate
-    s13 = next(r for r in a100 if r["id"] == "s13")
-    over = s13["lab_s"] / s13["kernel_s"] - 1
-    assert widest == pytest.approx(over) and over > -s13["error"] > 0.14
+    # the widest is our OpenLLaMA 7B LoRA bench on the H200 (litgpt's arm, GPU busy 82%): 17.2% over the estimate;
+    # on the lab's rows s5 (bf16-mixed), 15.2% over (s13, 7B QLoRA, was 17.3% before its decode's 4-bit Python)
+    ours = [m / runtime_accuracy.step_seconds(st, acc, h) - 1 for st, acc, m in busy]
+    lab = {r["id"]: r["lab_s"] / r["kernel_s"] - 1 for r in a100 if not r["host_bound"]}
+    assert widest == pytest.approx(max(ours)) and max(ours) > max(map(abs, lab.values()))
+    assert max(lab, key=lambda k: abs(lab[k])) == "s5" and abs(lab["s13"]) < 0.10
     assert f"recomputed {widest:.2%})" in (ROOT / "reports/planner-accuracy/runtime.md").read_text()
 
 
@@ -1089,7 +1091,7 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
     for r in rows:
         per_token = r["seconds"] / r["new_tokens"] * 1e3
         assert r["published_ms"] == pytest.approx(per_token)
-        host_ms = r["ops"] * runtime.LITGPT_HOST_S_PER_OP * runtime.EVAL_HOST_SHARE["decode"]["full"] * 1e3
+        host_ms = r["ops"] * runtime.LITGPT_HOST_S_PER_OP * kernels.EVAL_HOST_SHARE["decode"]["full"] * 1e3
         assert r["planned_ms"] == pytest.approx(max(r["kernels_ms"], host_ms))
         assert r["implied_host_us"] == pytest.approx(per_token * 1e3 / r["ops"])
     md = "\n".join(runtime_accuracy._md_generate(rows))
@@ -1426,9 +1428,9 @@ def test_evaluation_is_launched_at_its_measured_share_of_a_training_ops_host_tim
     assert set(result["methods"]) == {"full", "lora"} and len(result["reps"]) >= 5
     for phase in ("validation", "decode"):
         for method, stats in result["methods"].items():
-            assert runtime.EVAL_HOST_SHARE[phase][method] == round(stats[f"{phase}_ratio"]["median"], 3)
-            assert runtime.eval_host_share(phase, method) < 1
-    assert runtime.eval_host_share("decode", "qlora") == runtime.EVAL_HOST_SHARE["decode"]["lora"]
+            assert kernels.EVAL_HOST_SHARE[phase][method] == round(stats[f"{phase}_ratio"]["median"], 3)
+            assert kernels.eval_host_share(phase, method) < 1
+    assert kernels.eval_host_share("decode", "qlora") == kernels.EVAL_HOST_SHARE["decode"]["lora"]
     gpu = hardware.lookup("A10G")
     for method in ("full", "lora"):
         case = plan_recipe(resolve(f"tiny-llama-1.1b/{method}"), [], gpu=gpu).input.changed(micro_batch_size=1)
@@ -1441,7 +1443,7 @@ def test_evaluation_is_launched_at_its_measured_share_of_a_training_ops_host_tim
             ("validation", "validation", d["eval_iterations"]),
             ("generation", "decode", d["samples_generated"] * d["new_tokens"]),
         ):
-            launches = st.host_ops_by_phase[phase] * h * runtime.eval_host_share(phase, method)
+            launches = st.host_ops_by_phase[phase] * h * kernels.eval_host_share(phase, method)
             assert launches > st.gpu_by_phase[phase], (method, phase)  # a small model's evaluation waits on its host
             assert causes[cause] == pytest.approx(count * launches), (method, phase)
 

@@ -1175,7 +1175,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
     """litgpt's published generation speeds (``configs/published/litgpt-generate.yaml``: a check set, not fitted)
     against the plan's decoded token on the same GPU row: its kernels, its host's ops at litgpt's loop constant
     (:data:`tunelab.plan.model.runtime.LITGPT_HOST_S_PER_OP`) times the decoded token's share of it
-    (:data:`tunelab.plan.model.runtime.EVAL_HOST_SHARE`), the longer of the two as the plan counts generation,
+    (:data:`tunelab.plan.model.kernels.EVAL_HOST_SHARE`), the longer of the two as the plan counts generation,
     and the most host time per op the published time allows (all of it, where it exceeds the kernels)."""
     from litgpt import Config
 
@@ -1192,7 +1192,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
         st = kernels.step_time(config, "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
         gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
         published = r["seconds"] / r["new_tokens"]
-        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP * runtime.eval_host_share("decode", "full"))
+        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP * kernels.eval_host_share("decode", "full"))
         rows.append(
             {
                 **r,
@@ -1344,7 +1344,7 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
 
 def _md_generate(rows: list[dict]) -> list[str]:
     """The plan's decoded token against litgpt's published generation speeds (:func:`generate_rows`)."""
-    loop, share = runtime.LITGPT_HOST_S_PER_OP * 1e6, runtime.eval_host_share("decode", "full")
+    loop, share = runtime.LITGPT_HOST_S_PER_OP * 1e6, kernels.eval_host_share("decode", "full")
     lines = [
         "",
         "## The decoded token against litgpt's published generation speeds (a check set, not fitted)",

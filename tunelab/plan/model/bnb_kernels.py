@@ -4,8 +4,9 @@ Under ``--quantize bnb.nf4`` every linear holds NF4 weights; bitsandbytes 0.50.2
 weight with one ``kDequantizeBlockwise`` kernel in the forward and one in the backward (to float16, then the compute
 dtype), ``PagedAdamW`` runs one kernel per trainable tensor, and each of these costs the host its Python. This
 module adds those kernels and the host's ops to the traced LoRA step; the rates are fitted on one H200 grid and
-checked out of sample there (``reports/planner-accuracy/kernels.md``). Not modelled: the fused kernel for small row
-counts, litgpt's StableEmbedding's own kernels."""
+checked out of sample there (``reports/planner-accuracy/kernels.md``). A generated token (one row) takes bitsandbytes'
+fused ``gemv_4bit`` instead: its Python is counted, its kernel is timed as the traced 16-bit matmul it replaces (not
+modelled: its own rate). Not modelled either: litgpt's StableEmbedding's own kernels."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ launch-bound, is out of sample (it implies 10.0: the host's clock varies from pr
 BACKWARD_HOST_OPS_PER_MATMUL = 2.0
 """The same for the backward pass (the autograd function's backward, ``dequantize_4bit``'s Python, beyond the
 traced cast): fitted with :data:`FORWARD_HOST_OPS_PER_MATMUL` (99.6 ms against 91.1); micro 1 implies none."""
+EVAL_PYTHON_SHARE = {"validation": 0.841, "decode": 0.791}
+"""bitsandbytes' Python per 4-bit matmul in a validation batch (no gradients) and in a generated token (one row,
+inference mode: ``gemv_4bit`` in place of the dequantization, no autograd function) as a share of the training
+forward's (:data:`FORWARD_HOST_OPS_PER_MATMUL`). Measured on a CPU with bitsandbytes' kernels stubbed, so that only
+Python and dispatch are timed (evidence ``cpu-bnb-host``, scripts/bench_bnb_host.py: the median over reps); a test
+recomputes them from the archive."""
 PAGED_ADAMW_BYTES_PER_ELEMENT = 22
 """Bytes ``kOptimizer32bit2State`` moves per element of a 16-bit parameter: the parameter read and written, its
 gradient read, two fp32 states read and written."""
@@ -56,27 +63,33 @@ def linears_per_block(config) -> int:
 
 
 def quantized(config, tokens: float) -> dict:
-    """{phase: (weights dequantized, dequantization kernels)} of one micro batch (forward, backward) and one
-    validation batch: every block's linears once, the head once per 128-token chunk in training, once whole in
-    validation."""
+    """{phase: (weights dequantized, 4-bit matmuls)} of one micro batch (forward, backward), one validation batch
+    and one generated token: every block's linears once, the head once per 128-token chunk in training, once whole
+    in validation and decode; a generated token's matmuls are ``gemv_4bit`` kernels, none dequantized."""
     total, emb = count_params(config)
     head = config.padded_vocab_size * config.n_embd
     body, matmuls = total - emb - head, config.n_layer * linears_per_block(config)
     chunks = math.ceil(tokens / 128)
     train = (body + head * chunks, matmuls + chunks)
-    return {"forward": train, "backward": train, "validation": (body + head, matmuls + 1)}
+    return {"forward": train, "backward": train, "validation": (body + head, matmuls + 1), "decode": (0, matmuls + 1)}
 
 
-def qlora_work(config, tokens: float, memory_rate: float, min_kernel_s: float) -> dict:
+def qlora_work(config, tokens: float, memory_rate: float, min_kernel_s: float, eval_host_share: dict) -> dict:
     """{phase: (GPU seconds, kernels, host ops beyond the kernels)} bitsandbytes adds to a QLoRA micro batch
     (:func:`quantized`) on a GPU whose eager kernels move ``memory_rate`` bytes/s
-    (:func:`tunelab.plan.model.kernels.memory_rate`), each at least ``min_kernel_s``."""
+    (:func:`tunelab.plan.model.kernels.memory_rate`), each at least ``min_kernel_s``; a generated token adds only
+    the Python of its 4-bit matmuls. A validation batch's and a generated token's host ops are counted in their
+    phase's ops, which the plan charges at ``eval_host_share`` (by phase) of a training op: their Python
+    (:data:`EVAL_PYTHON_SHARE` of the forward's) is divided by it."""
     rate = memory_rate * DEQUANT_EFFICIENCY
     host = {"forward": FORWARD_HOST_OPS_PER_MATMUL, "backward": BACKWARD_HOST_OPS_PER_MATMUL}
+    for phase, share in EVAL_PYTHON_SHARE.items():
+        host[phase] = FORWARD_HOST_OPS_PER_MATMUL * share / eval_host_share[phase]
     out = {}
     for phase, (weights, n) in quantized(config, tokens).items():
-        seconds = max(weights * DEQUANT_BYTES_PER_WEIGHT / rate, n * min_kernel_s)
-        out[phase] = (seconds, n, n * host.get(phase, FORWARD_HOST_OPS_PER_MATMUL))
+        kernels = n if weights else 0
+        seconds = max(weights * DEQUANT_BYTES_PER_WEIGHT / rate, kernels * min_kernel_s)
+        out[phase] = (seconds, kernels, n * host[phase])
     return out
 
 

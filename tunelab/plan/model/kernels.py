@@ -115,6 +115,19 @@ DEFAULT_SMS = 108
 """Streaming multiprocessors assumed for a GPU table row without a sourced ``sms`` (an A100's)."""
 
 
+EVAL_HOST_SHARE = {"validation": {"full": 0.765, "lora": 0.805}, "decode": {"full": 0.617, "lora": 0.489}}
+"""The host's time per op of litgpt's validation batch (eval mode, no gradients) and of its decoded token (inference
+mode, a KV cache, one ``.item()`` a token) as a share of its training step's, by method (QLoRA as LoRA): without
+autograd's bookkeeping an op costs the host less. Measured on a CPU (evidence ``cpu-eval-host``,
+scripts/bench_eval_host.py: the median over reps of each phase's time per op on the tiny model, growth from 2 to 8
+blocks) and applied to the loop's constant on any host; a test recomputes them from the archive."""
+
+
+def eval_host_share(phase: str, method: str) -> float:
+    """:data:`EVAL_HOST_SHARE` of ``phase`` ("validation" or "decode") for ``method``."""
+    return EVAL_HOST_SHARE[phase]["full" if method == "full" else "lora"]
+
+
 @dataclass
 class StepTime:
     """A step's time by cause on one GPU (seconds; ``gpu_by_category`` sums to ``gpu_s``)."""
@@ -470,7 +483,10 @@ def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both
     dequantization kernels (category ``dequantization``, each with its gap) and its Python per 4-bit matmul; a paged
     AdamW's kernel and Python per tensor. Returns the training phases' kernels added."""
 
-    work = bnb_kernels.qlora_work(config, tokens, memory_rate(gpu), MIN_KERNEL_S) if method == "qlora" else {}
+    work = {}
+    if method == "qlora":
+        share = {phase: eval_host_share(phase, method) for phase in bnb_kernels.EVAL_PYTHON_SHARE}
+        work = bnb_kernels.qlora_work(config, tokens, memory_rate(gpu), MIN_KERNEL_S, share)
     if optimizer.startswith("Paged"):
         r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
         numels = param_tensor_numels(config) if method == "full" else lora_tensor_numels(config, r, targets)

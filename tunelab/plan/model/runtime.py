@@ -57,19 +57,6 @@ busy under 60% of the steady window, seven reports, each its own lent machine) a
 kernel model says waited on their host (the lab's A100 machine, the fastest). ``tunelab plan-accuracy`` recomputes
 it in ``reports/planner-accuracy/runtime.md`` and a test holds this to it. A property of the machine no GPU table or
 probe before launch tells; ``plan`` widens a launch-bound estimate's band to it."""
-EVAL_HOST_SHARE = {"validation": {"full": 0.765, "lora": 0.805}, "decode": {"full": 0.617, "lora": 0.489}}
-"""The host's time per op of litgpt's validation batch (eval mode, no gradients) and of its decoded token (inference
-mode, a KV cache, one ``.item()`` a token) as a share of its training step's, by method (QLoRA as LoRA): without
-autograd's bookkeeping an op costs the host less. Measured on a CPU (evidence ``cpu-eval-host``,
-scripts/bench_eval_host.py: the median over reps of each phase's time per op on the tiny model, growth from 2 to 8
-blocks) and applied to the loop's constant on any host; a test recomputes them from the archive."""
-
-
-def eval_host_share(phase: str, method: str) -> float:
-    """:data:`EVAL_HOST_SHARE` of ``phase`` ("validation" or "decode") for ``method``."""
-    return EVAL_HOST_SHARE[phase]["full" if method == "full" else "lora"]
-
-
 KERNEL_MODEL_ERROR = 0.173
 """The widest miss of the kernel-level model (:meth:`Terms.by_cause`), as measured over predicted (a band of the
 estimate x (1 -/+ it) holds the run), where the GPU bounds a run we calibrate on (our timed litgpt runs whose GPU was
@@ -274,13 +261,14 @@ class Terms:
           :data:`LITGPT_HOST_S_PER_OP`), whichever is longer; the kernels by category, the GPU's gaps between them
           as "kernel gaps" (:data:`tunelab.plan.model.kernels.KERNEL_GAP_S`), the host's excess as "host launches";
         * validation: each batch litgpt's ``validate`` forward (eval mode, no gradients, the loss unchunked), its
-          kernels or its launches (at :data:`EVAL_HOST_SHARE` of a training op's host time);
+          kernels or its launches (at :data:`~tunelab.plan.model.kernels.EVAL_HOST_SHARE` of a training op's host
+          time);
         * generation: after each in-loop validation, and in LoRA's loop when the epochs end it (not max_steps),
           ``max_new_tokens`` decode steps of one token over a KV cache (a sample stopped early by its end token is
           not modelled: an upper bound), kernels or launches (likewise);
         * QLoRA: bitsandbytes' dequantization kernels in each forward, backward and validation batch as
-          "dequantization", its Python per 4-bit matmul and per optimizer tensor with the launches
-          (:mod:`tunelab.plan.model.bnb_kernels`);
+          "dequantization", its Python per 4-bit matmul (a generated token's too) and per optimizer tensor with
+          the launches (:mod:`tunelab.plan.model.bnb_kernels`);
         * checkpoint saves: every ``train.save_interval`` optimizer steps (:meth:`save_seconds`);
         * communication: what compute does not hide (:mod:`tunelab.plan.model.comm`).
 
@@ -316,11 +304,14 @@ class Terms:
 
     def _evaluations(self, out: dict, g: dict, ops: dict, h: float) -> float:
         """Into ``out``: the validation batches and generated tokens, each its kernels (``g``) or its launches
-        (``ops`` at ``h`` seconds a training op times the phase's :data:`EVAL_HOST_SHARE`); returns the seconds
-        their gathers add (:meth:`gather_seconds`)."""
+        (``ops`` at ``h`` seconds a training op times the phase's
+        :data:`~tunelab.plan.model.kernels.EVAL_HOST_SHARE`); returns the seconds their gathers add
+        (:meth:`gather_seconds`)."""
         d, method = self.detail, self.kernels.method
-        batch = max(g.get("validation", 0.0), h * eval_host_share("validation", method) * ops.get("validation", 0))
-        decode = max(g.get("decode", 0.0), h * eval_host_share("decode", method) * ops.get("decode", 0))
+        batch = max(
+            g.get("validation", 0.0), h * kernels.eval_host_share("validation", method) * ops.get("validation", 0)
+        )
+        decode = max(g.get("decode", 0.0), h * kernels.eval_host_share("decode", method) * ops.get("decode", 0))
         out["validation"] = d["eval_iterations"] * batch
         out["generation"] = d["samples_generated"] * d["new_tokens"] * decode
         return self.gather_seconds(batch, decode)
