@@ -1086,16 +1086,29 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
     planned token is the longer of its kernels and its host's ops at litgpt's loop constant times the decoded
     token's measured share of it, as the plan counts generation; the host time per op a published time allows is
     that time over the ops."""
+    from litgpt import Config
+
+    from tunelab.plan.model import bnb_kernels
+
     rows = runtime_accuracy.generate_rows()
-    assert len(rows) >= 3 and all("Lightning-AI/litgpt" in r["source"] and " at " in r["source"] for r in rows)
+    assert len(rows) >= 5 and all("Lightning-AI/litgpt" in r["source"] and " at " in r["source"] for r in rows)
     for r in rows:
         per_token = r["seconds"] / r["new_tokens"] * 1e3
         assert r["published_ms"] == pytest.approx(per_token)
         host_ms = r["ops"] * runtime.LITGPT_HOST_S_PER_OP * kernels.EVAL_HOST_SHARE["decode"]["full"] * 1e3
         assert r["planned_ms"] == pytest.approx(max(r["kernels_ms"], host_ms))
         assert r["implied_host_us"] == pytest.approx(per_token * 1e3 / r["ops"])
+    # an NF4 row: the same token's ops and kernels, plus bitsandbytes' Python per 4-bit matmul (falcon-7b: 32 blocks
+    # of 4 linears and the head) at its measured share of the forward's, in ops at the decoded token's share
+    at = [r for r in rows if "49c7e079" in r["source"] and r["precision"] == "bf16-true"]
+    plain, nf4 = (next(r for r in at if r["quantize"] == q) for q in (None, "bnb.nf4"))
+    matmuls = 32 * bnb_kernels.linears_per_block(Config.from_name("falcon-7b")) + 1
+    python = bnb_kernels.FORWARD_HOST_OPS_PER_MATMUL * bnb_kernels.EVAL_PYTHON_SHARE["decode"]
+    assert matmuls == 129 and nf4["kernels_ms"] == pytest.approx(plain["kernels_ms"])
+    assert nf4["ops"] - plain["ops"] == round(matmuls * python / kernels.EVAL_HOST_SHARE["decode"]["full"])
     md = "\n".join(runtime_accuracy._md_generate(rows))
-    assert "| A100-40GB | falcon-7b | bf16-true | 256 | 21.0 |" in md
+    assert "| A100-40GB | falcon-7b | bf16-true |  | 256 | 21.0 |" in md
+    assert "| A100-40GB | falcon-7b | bf16-true | bnb.nf4 | 256 | 26.6 |" in md
     # a row naming an unknown model or GPU, or a time that is not a number: one line naming the file and the row
     from tunelab.errors import InputError
 
@@ -1106,6 +1119,7 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
         ("seconds: 9.76", "seconds: fast"),
         ("gpu: A100-40GB", "gpu: Z9"),
         ("seconds: 9.76", "seconds: .inf"),
+        ("quantize: null", "quantize: gptq.int4"),
     )
     for bad in bad_rows:
         (tmp_path / "configs" / "published" / "litgpt-generate.yaml").write_text(text.replace(*bad, 1))

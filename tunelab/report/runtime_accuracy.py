@@ -1179,20 +1179,25 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
     and the most host time per op the published time allows (all of it, where it exceeds the kernels)."""
     from litgpt import Config
 
-    keys = ("source", "gpu", "model", "precision", "new_tokens", "seconds")
+    keys = ("source", "gpu", "model", "precision", "quantize", "new_tokens", "seconds")
     _, table = evidence.published("litgpt-generate", (), keys, root)
+    share = {phase: kernels.eval_host_share(phase, "full") for phase in bnb_kernels.EVAL_PYTHON_SHARE}
     rows = []
     for n, r in enumerate(table):
         try:
-            config, _ = Config.from_name(str(r["model"])), hardware.lookup(str(r["gpu"]))
+            config, gpu = Config.from_name(str(r["model"])), hardware.lookup(str(r["gpu"]))
             if not all(evidence.positive(r[k]) for k in keys[-2:]):
                 raise ValueError("new_tokens and seconds must be numbers above 0")
+            if r["quantize"] not in (None, "bnb.nf4"):
+                raise ValueError(f"quantize: {r['quantize']!r} is not null or bnb.nf4")
         except ValueError as e:
             raise InputError(f"{evidence.PUBLISHED}/litgpt-generate.yaml: rows[{n}]: {e}; fix: correct it") from None
         st = kernels.step_time(config, "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
         gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
+        if r["quantize"]:  # bitsandbytes' Python per 4-bit matmul, as the plan counts a QLoRA run's decoded token
+            ops += round(bnb_kernels.qlora_work(config, 64, kernels.memory_rate(gpu), 0.0, share)["decode"][2])
         published = r["seconds"] / r["new_tokens"]
-        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP * kernels.eval_host_share("decode", "full"))
+        planned = max(gpu_s, ops * runtime.LITGPT_HOST_S_PER_OP * share["decode"])
         rows.append(
             {
                 **r,
@@ -1353,17 +1358,20 @@ def _md_generate(rows: list[dict]) -> list[str]:
         "new tokens). Planned: the longer of the decoded token's kernels and its host's ops, as the plan counts each "
         f"generated sample's token: litgpt's training loop constant ({loop:.0f} us an op) times a decoded token's "
         f"share of it ({share:.3f}: without autograd an op costs the host less; measured on a CPU, evidence "
-        f"`cpu-eval-host`), {loop * share:.0f} us an op. 'host us/op, at most': the published time over the ops "
+        f"`cpu-eval-host`), {loop * share:.0f} us an op; under NF4, bitsandbytes' Python per 4-bit matmul added as "
+        "ops, as the plan counts a QLoRA run's token (bitsandbytes 0.50.2's, measured on a CPU and fitted on a GPU; "
+        "these rows ran 0.40-0.41). 'host us/op, at most': the published time over the ops "
         "(equal where the host bounds the token). The runbook's grid times litgpt's `generate` per token (`decode`) "
         "on a lent GPU, which would check the share on a GPU's host.",
         "",
-        "| source | GPU | model | precision | new tokens | published ms/token | kernels ms | ops | planned ms | "
-        "error | host us/op, at most |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| source | GPU | model | precision | quantize | new tokens | published ms/token | kernels ms | ops | "
+        "planned ms | error | host us/op, at most |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['source']} | {r['gpu']} | {r['model']} | {r['precision']} | {r['new_tokens']} | "
+            f"| {r['source']} | {r['gpu']} | {r['model']} | {r['precision']} | {r['quantize'] or ''} | "
+            f"{r['new_tokens']} | "
             f"{r['published_ms']:.1f} | {r['kernels_ms']:.1f} | {r['ops']:,} | {r['planned_ms']:.1f} | "
             f"{r['error']:+.0%} | {fmt(r['implied_host_us'], '.1f', 'GPU-bound')} |"
         )
