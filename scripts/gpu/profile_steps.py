@@ -375,8 +375,11 @@ def profile_method(
         gpu = hardware.identify(torch.cuda.get_device_name(0))
         peak = gpu.training_peak(precision) if gpu else None
     tokens = micro * seq
-    # QLoRA decodes through bitsandbytes' 4-bit inference kernel (gemv), not its training path: not timed here
-    decode = decode_times(model, batch[0, : max(1, seq // 2)], device) if method != "qlora" else None
+    # QLoRA decodes through bitsandbytes' 4-bit inference call (gemv_4bit), whose Python the plan adds per matmul; on
+    # a CPU bitsandbytes packs the weight for its own kernel instead, which the tiny model's widths do not divide
+    decode = None
+    if method != "qlora" or device.type == "cuda":
+        decode = decode_times(model, batch[0, : max(1, seq // 2)], device)
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()

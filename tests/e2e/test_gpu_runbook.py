@@ -281,7 +281,7 @@ def test_grid_stage_rehearsed_and_resumed(tmp_path):
     assert all(r["host"]["host_op_us"] > 0 and r["host"]["module_op_us"] > 0 for r in lines)
     assert all(r["host"]["litgpt_step_op_us"] > 0 for r in lines)  # litgpt's own step on this CPU, per op
     assert lines[0]["cpu_ops"]["aten::mm"][0] > 0  # the profiled step's host-side ops: calls, self microseconds
-    # litgpt's generate per decoded token (seconds, ops dispatched); QLoRA's 4-bit inference kernel is not timed
+    # litgpt's generate per decoded token (seconds, ops dispatched); QLoRA's (bitsandbytes' gemv_4bit) on a GPU only
     assert all(r["decode"]["s"] > 0 and r["decode"]["ops"] > 0 for r in lines if r["method"] != "qlora")
     assert "decode" not in lines[-1]
     qlora = lines[-1]  # litgpt's bnb.nf4: every linear layer's 4-bit weight dequantized in forward and backward
