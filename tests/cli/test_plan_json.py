@@ -104,8 +104,10 @@ def test_plan_simulate_prints_the_step_by_kernel():
             optimizer_of(x),
             (x.lora_r, tuple(x.lora_targets)),
             tables=TRACED,
+            accumulation=x.accumulation,  # the later micro batches of a step add their gradients into the first's
         )
     )
+    assert x.accumulation > 1
     x = memory.PlanInput.of(
         config=Config.from_name("tiny-llama-1.1b"), fabric=False, tables=TRACED
     )  # a strategies file's loop

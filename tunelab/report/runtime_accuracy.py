@@ -85,6 +85,7 @@ def h100_items(root: Path) -> list[dict]:
             "H100-SXM",
             lora=ran[r["row_id"]],
             tables=TRACED,
+            accumulation=acc,
         )
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append(
@@ -140,14 +141,14 @@ def _record_step(rec, gpu):
     optimizer = bnb_kernels.litgpt_optimizer(rec.method)
     config = Config.from_name(rec.model_name)
     args = (rec.method, rec.precision, rec.micro_batch_size, rec.padded_per_sample, gpu.name, optimizer)
-    return kernels.step_time(config, *args, lora_ran(rec), tables=TRACED)
+    return kernels.step_time(config, *args, lora_ran(rec), tables=TRACED, accumulation=rec.accumulation or 1)
 
 
 def _bench_step(it: dict):
     """The kernel model's step of a bench item's litgpt run (:func:`bench_items`)."""
     case = it["case"]
     args = (case.config, it["method"], case.precision, it["micro"], it["tokens"], it["gpu"].name)
-    return kernels.step_time(*args, lora=settings.lora_of(case), tables=TRACED)
+    return kernels.step_time(*args, lora=settings.lora_of(case), tables=TRACED, accumulation=it["accumulation"])
 
 
 def busy_steps(root: Path, bench: list[dict] | None = None, steps: dict | None = None) -> list[tuple]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from tunelab import hardware
 from tunelab.models import lora_tensor_numels, param_tensor_numels
 from tunelab.plan.model import bnb_kernels, optimizers
+from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, lora_of
 from tunelab.units import GB
@@ -411,10 +412,12 @@ def step_time(
     lora: tuple = (),
     *,
     tables: Tables,
+    accumulation: float = 1.0,
 ) -> StepTime:
     """A step's time by cause on ``gpu_name``: the templates of one and two blocks at ``micro`` x ``seq_len``
     (padded tokens per sample; a mean may be fractional; ``tables``: where they come from), extrapolated by block.
-    ``lora``: (rank, targets)."""
+    ``lora``: (rank, targets). ``accumulation``: micro batches per optimizer step (a mean may be fractional); the
+    micro batch is their mean, the later ones adding their gradients into the first's (:func:`_add_accumulation`)."""
 
     gpu = hardware.lookup(gpu_name)
     sms = gpu.sms or DEFAULT_SMS
@@ -449,12 +452,8 @@ def step_time(
     ops += sum(times * (later[kind][0] - n_a) for kind, times in grown.items() if kind != second_kind)
     kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
     host_ops = dict(kernel_ops)
-    if reads := optimizers.host_reads_per_tensor(optimizer):  # a for-each step reads step counters (no kernel)
-        per_tensor = ADAM_FOREACH_HOST_OPS_PER_TENSOR * reads / optimizers.STEP_COUNTER_READS["AdamW"]
-        host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(
-            trainable_tensors(config, method, lora) * per_tensor
-        )
-    ops += _add_bitsandbytes(config, method, seq_len, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
+    run = (method, precision, seq_len, optimizer, lora, accumulation)
+    ops += _add_untraced(config, run, gpu, (by_cat, both, kernel_ops, host_ops))
     host_s = sum(host_ops.get(p, 0) for p in TRAINING_PHASES) * HOST_S_PER_OP
     by_phase = {k: v for k, v in both.items() if "/" not in k}
     split = {k: v for k, v in both.items() if "/" in k}
@@ -504,6 +503,48 @@ def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both
             added += n
         _add_gaps({phase: n}, by_cat, both)
     return added
+
+
+def _add_untraced(config, run: tuple, gpu, step: tuple) -> int:
+    """Add to a step's dicts (``step``: seconds by category, by phase; kernels and host ops by phase) what the trace
+    of one micro batch, the first of its step, does not record (``run``: method, precision, padded tokens per
+    sample, optimizer, LoRA, micro batches per step): a for-each optimizer's reads of its step counters (host work,
+    no kernel), bitsandbytes' work (:func:`_add_bitsandbytes`), the later micro batches' gradient accumulation
+    (:func:`_add_accumulation`). Returns the kernels added."""
+    method, precision, tokens, optimizer, lora, accumulation = run
+    by_cat, both, kernel_ops, host_ops = step
+    if reads := optimizers.host_reads_per_tensor(optimizer):  # a for-each step reads step counters (no kernel)
+        per_tensor = ADAM_FOREACH_HOST_OPS_PER_TENSOR * reads / optimizers.STEP_COUNTER_READS["AdamW"]
+        host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(
+            trainable_tensors(config, method, lora) * per_tensor
+        )
+    added = _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
+    r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+    numels = param_tensor_numels(config) if method == "full" else lora_tensor_numels(config, r, targets)
+    share = 1 - 1 / max(1.0, accumulation)
+    return added + _add_accumulation(numels, parameter_bytes(precision), share, gpu, step)
+
+
+def _add_accumulation(numels: list, grad_bytes: int, share: float, gpu, step: tuple) -> int:
+    """Add gradient accumulation to a micro batch's backward (the step's dicts): a micro batch after its step's first
+    adds each trainable tensor's new gradient into its ``.grad`` (autograd's AccumulateGrad, ``grad += new``: two
+    tensors of ``numels`` elements of ``grad_bytes`` read, one written; one kernel and one op a tensor), the first
+    takes its gradients as they are (what the trace records). ``share``: the micro batches that add, of the step's;
+    the work is their mean over the step's micro batches (``step``: as :func:`_add_untraced` takes it). Returns the
+    kernels added (rounded)."""
+    if share <= 0:
+        return 0
+    by_cat, both, kernel_ops, host_ops = step
+    rate = memory_rate(gpu) * MEMORY_EFFICIENCY
+    seconds = share * sum(max(3 * n * grad_bytes / rate, MIN_KERNEL_S) for n in numels)
+    kernels = round(share * len(numels))
+    for key in ("backward", "backward/elementwise"):
+        both[key] = both.get(key, 0.0) + seconds
+    by_cat["elementwise"] = by_cat.get("elementwise", 0.0) + seconds
+    kernel_ops["backward"] = kernel_ops.get("backward", 0) + kernels
+    host_ops["backward"] = host_ops.get("backward", 0) + kernels
+    _add_gaps({"backward": kernels}, by_cat, both)
+    return kernels
 
 
 def board_scaled(st, gpu_scale: float):
@@ -567,7 +608,7 @@ def for_plan(case, gpu) -> StepTime | str:
         optimizer_of(case),
         lora,
     )
-    return step_time(*args, tables=tables_of(case))
+    return step_time(*args, tables=tables_of(case), accumulation=case.accumulation)
 
 
 def to_json(st) -> dict:

@@ -44,20 +44,20 @@ LOO_BAND = (-0.204, 0.458)
 """The fitted curve's band, as measured over estimated less 1 at its extremes over the lab's rows left out one by one
 (s13's -31% is +46% measured over estimated), rounded outwards: the estimate x (1 + each) holds every such row
 (tunelab plan-accuracy recomputes them; a test holds these to them)."""
-LITGPT_HOST_S_PER_OP = 51.9e-6
+LITGPT_HOST_S_PER_OP = 50.2e-6
 """Host seconds per dispatched op in litgpt's finetune loop (Python module code, Fabric's wrappers, the
 dispatcher, autograd's bookkeeping, the launch; its data loader's workers beside it on the same CPU): the loop is
 launch-bound wherever its kernels take less. A property of the host CPU and software, not of the GPU, and a machine
 to be rented is not known: the median machine of every host-bound litgpt run we hold (each machine's median, ours
 and the lab's published; ``tunelab plan-accuracy`` recomputes it in ``reports/planner-accuracy/runtime.md``, a test
 holds this to it); :data:`LITGPT_HOST_S_PER_OP_RANGE` spans the machines."""
-LITGPT_HOST_S_PER_OP_RANGE = (29.7e-6, 76.3e-6)
+LITGPT_HOST_S_PER_OP_RANGE = (28.9e-6, 73.4e-6)
 """The host seconds per op litgpt's loop took over every host-bound run we hold, rounded outward: our records (GPU
 busy under 60% of the steady window, seven reports, each its own lent machine) and the lab's published rows the
 kernel model says waited on their host (the lab's A100 machine, the fastest). ``tunelab plan-accuracy`` recomputes
 it in ``reports/planner-accuracy/runtime.md`` and a test holds this to it. A property of the machine no GPU table or
 probe before launch tells; ``plan`` widens a launch-bound estimate's band to it."""
-KERNEL_MODEL_ERROR = 0.173
+KERNEL_MODEL_ERROR = 0.168
 """The widest miss of the kernel-level model (:meth:`Terms.by_cause`), as measured over predicted (a band of the
 estimate x (1 -/+ it) holds the run), where the GPU bounds a run we calibrate on (our timed litgpt runs whose GPU was
 busy 60% or more, at the planner's host constant; the lab's A100 Part 1 rows it does not call host-bound, out of
@@ -317,12 +317,14 @@ class Terms:
         return self.gather_seconds(batch, decode)
 
     def step_time(self, gpu):
-        """One micro batch's step of litgpt's loop on ``gpu`` by the kernel model (:func:`kernels.step_time`), before
-        any board scale or optimizer sharding."""
+        """The mean micro batch of litgpt's loop on ``gpu`` by the kernel model (:func:`kernels.step_time`: the run's
+        micro batches per optimizer step), before any board scale or optimizer sharding."""
 
-        k = self.kernels
+        k, d = self.kernels, self.detail
         args = (k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
-        return kernels.step_time(*args, tables=k.tables)
+        steps = d.get("optimizer_steps")
+        accumulation = d["train_iterations"] / steps if steps else 1.0
+        return kernels.step_time(*args, tables=k.tables, accumulation=accumulation)
 
     def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> MicroBatch:
         """litgpt's micro batch on ``gpu`` from the kernel model (:meth:`by_cause`'s factors and ``step``)."""
