@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from tunelab.gpt import fused_loss_chunk_rows
 from tunelab.plan.model import kernels, strategies
+from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.memory import dtype_bytes, optimizer_shards
 from tunelab.plan.model.tables import TRACE_TOKENS, compiled_supported, optimizer_of, tables_of
 
@@ -26,14 +27,14 @@ recompute in the backward, falls into it too), fitted on the fast path's GPU-bou
 58-97 on an H100, evidence ``h100-bench-tiny-full``: :func:`tunelab.report.runtime_accuracy.fit_compiled_memory`)
 and checked out of sample on OpenLLaMA 7B LoRA's compiled fast run on an H200, which NVML saw 97% busy
 (``reports/planner-accuracy/runtime.md``; a test holds this to the refit)."""
-COMPILED_HOST_S_PER_KERNEL = 75e-6
+COMPILED_HOST_S_PER_KERNEL = 68e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
 each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
 Fitted on our H100 bench of the fast path (TinyLlama full, bf16-true, micro 8, three runs; the mean optimizer step
 over the steady window, 0.185-0.240 s, does not follow its padded tokens there: host-bound, against about 0.1 s of
-kernels); one configuration, one host: the weakest constant of the model. (69 us when fitted on the median
-iteration, which leaves out the step that waits for the GPU at each loss read.)"""
-FAST_MODEL_ERROR = {"GPU": 0.017, "host": 0.380}
+kernels; the later micro batches' gradient accumulation is eager work beside it); one configuration, one host:
+the weakest constant of the model."""
+FAST_MODEL_ERROR = {"GPU": 0.026, "host": 0.365}
 """The widest miss of :func:`fast_step` over our benches' fast-path runs that ran compiled throughout, by what the
 model says bounds the run (:meth:`FastStep.bound`), rounded up. GPU-bound: TinyLlama full's probes at micro 58-97 on
 an H100 (4 runs, each window to the loop's synchronised end; :data:`COMPILED_MEMORY_EFFICIENCY` is fitted on them)
@@ -208,6 +209,11 @@ def fast_step(
         _eager_blocks(out, one, two, c.n_layer, case.activation_checkpointing)
     for phase, ops in zip(("forward", "backward"), strategies.of(case).wrapper_host_ops(case)):
         out.host[phase] += ops * kernels.HOST_S_PER_OP  # the strategy's wrapper: hooks and views, no kernels
+    numels, share = kernels.trainable_numels(c, method, lora), 1 - 1 / max(1, case.accumulation)
+    seconds, added = kernels.accumulation_work(numels, parameter_bytes(case.precision), share, gpu)
+    _add(out.gpu, "backward", "elementwise", seconds)  # the later micro batches' gradients added: eager, not compiled
+    out.kernels["backward"] = out.kernels.get("backward", 0) + added
+    out.host["backward"] = out.host.get("backward", 0.0) + added * kernels.HOST_S_PER_OP
     if liger:
         _liger_loss(out, case, gpu, micro * whole_tokens, memory_efficiency)
     for phase in ("forward", "loss", "backward"):  # the GPU's idle after each kernel (kernels.KERNEL_GAP_S)

@@ -519,10 +519,28 @@ def _add_untraced(config, run: tuple, gpu, step: tuple) -> int:
             trainable_tensors(config, method, lora) * per_tensor
         )
     added = _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
-    r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
-    numels = param_tensor_numels(config) if method == "full" else lora_tensor_numels(config, r, targets)
     share = 1 - 1 / max(1.0, accumulation)
+    numels = trainable_numels(config, method, lora)
     return added + _add_accumulation(numels, parameter_bytes(precision), share, gpu, step)
+
+
+def accumulation_work(numels: list, grad_bytes: int, share: float, gpu) -> tuple[float, int]:
+    """(GPU seconds, kernels) of the mean micro batch's gradient accumulation when ``share`` of a step's micro
+    batches add each trainable tensor's gradient (``numels`` elements of ``grad_bytes``) into ``.grad``: per tensor
+    both read and one written at the eager memory rate, at least :data:`MIN_KERNEL_S`."""
+    if share <= 0:
+        return 0.0, 0
+    rate = memory_rate(gpu) * MEMORY_EFFICIENCY
+    return share * sum(max(3 * n * grad_bytes / rate, MIN_KERNEL_S) for n in numels), round(share * len(numels))
+
+
+def trainable_numels(config, method: str, lora: tuple = ()) -> list:
+    """Elements of each trainable tensor: every parameter (full fine-tuning) or LoRA's A and B of each adapted layer
+    (``lora``: (rank, targets), litgpt's defaults when empty)."""
+    if method == "full":
+        return param_tensor_numels(config)
+    r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
+    return lora_tensor_numels(config, r, targets)
 
 
 def _add_accumulation(numels: list, grad_bytes: int, share: float, gpu, step: tuple) -> int:
@@ -532,12 +550,10 @@ def _add_accumulation(numels: list, grad_bytes: int, share: float, gpu, step: tu
     takes its gradients as they are (what the trace records). ``share``: the micro batches that add, of the step's;
     the work is their mean over the step's micro batches (``step``: as :func:`_add_untraced` takes it). Returns the
     kernels added (rounded)."""
-    if share <= 0:
+    seconds, kernels = accumulation_work(numels, grad_bytes, share, gpu)
+    if not kernels:
         return 0
     by_cat, both, kernel_ops, host_ops = step
-    rate = memory_rate(gpu) * MEMORY_EFFICIENCY
-    seconds = share * sum(max(3 * n * grad_bytes / rate, MIN_KERNEL_S) for n in numels)
-    kernels = round(share * len(numels))
     for key in ("backward", "backward/elementwise"):
         both[key] = both.get(key, 0.0) + seconds
     by_cat["elementwise"] = by_cat.get("elementwise", 0.0) + seconds
@@ -583,13 +599,8 @@ def sharded_optimizer(st, shards: int):
 
 
 def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
-    """Trainable parameter tensors of litgpt's model for ``config``: every tensor (full fine-tuning) or LoRA's A and
-    B of each adapted layer (``lora``: (rank, targets), litgpt's defaults when empty)."""
-
-    if method == "full":
-        return len(param_tensor_numels(config))
-    r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
-    return len(lora_tensor_numels(config, r, targets))
+    """Trainable parameter tensors of litgpt's model for ``config`` (:func:`trainable_numels`)."""
+    return len(trainable_numels(config, method, lora))
 
 
 def for_plan(case, gpu) -> StepTime | str:
