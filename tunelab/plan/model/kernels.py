@@ -487,8 +487,7 @@ def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both
         share = {phase: eval_host_share(phase, method) for phase in bnb_kernels.EVAL_PYTHON_SHARE}
         work = bnb_kernels.qlora_work(config, tokens, memory_rate(gpu), MIN_KERNEL_S, share)
     if optimizer.startswith("Paged"):
-        r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
-        numels = param_tensor_numels(config) if method == "full" else lora_tensor_numels(config, r, targets)
+        numels = trainable_numels(config, method, lora)
         sec, n, host = bnb_kernels.paged_adamw(numels, memory_rate(gpu) * MEMORY_EFFICIENCY, MIN_KERNEL_S)
         work["optimizer"] = (sec, n, host)
     added = 0
