@@ -152,19 +152,14 @@ def main(argv=None) -> int:
         "reps": [],
         "summary": {},
     }
-    for i in range(args.reps):
-        print(f"[{i + 1}/{args.reps}] rep ...", file=sys.stderr, flush=True)
-        result["reps"].append(one_rep(args.iters, args.warmup))
-        result["summary"] = summary(result["reps"])
-        st = result["summary"]
-        print(
+
+    def progress(st: dict) -> str:
+        return (
             f"  validation / forward {st['validation_ratio']['median']:.2f}, decode / forward "
-            f"{st['decode_ratio']['median']:.2f}",
-            file=sys.stderr,
-            flush=True,
+            f"{st['decode_ratio']['median']:.2f}"
         )
-        host_bench.write(args, result, markdown)
-    return host_bench.finish(args, result)
+
+    return host_bench.run_reps(args, result, one_rep, summary, "summary", progress, markdown)
 
 
 if __name__ == "__main__":

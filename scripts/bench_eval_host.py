@@ -217,19 +217,18 @@ def main(argv=None) -> int:
         "reps": [],
         "methods": {},
     }
-    for i in range(args.reps):
-        print(f"[{i + 1}/{args.reps}] rep ...", file=sys.stderr, flush=True)
-        result["reps"].append(one_rep(args.iters, args.warmup))
-        result["methods"] = {m: summary(result["reps"], m) for m in METHODS}
-        for m, st in result["methods"].items():
-            print(
-                f"  {m}: validation / training {st['validation_ratio']['median']:.2f}, decode / training "
-                f"{st['decode_ratio']['median']:.2f}",
-                file=sys.stderr,
-                flush=True,
-            )
-        host_bench.write(args, result, markdown)
-    return host_bench.finish(args, result)
+
+    def progress(methods: dict) -> str:
+        return "\n".join(
+            f"  {m}: validation / training {st['validation_ratio']['median']:.2f}, decode / training "
+            f"{st['decode_ratio']['median']:.2f}"
+            for m, st in methods.items()
+        )
+
+    def summarise(reps: list) -> dict:
+        return {m: summary(reps, m) for m in METHODS}
+
+    return host_bench.run_reps(args, result, one_rep, summarise, "methods", progress, markdown)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,21 @@ def write(args: argparse.Namespace, result: dict, markdown) -> None:
         write_text_atomic(args.json_out.with_suffix(".md"), markdown(result))
 
 
+def run_reps(args: argparse.Namespace, result: dict, one_rep, summarise, key: str, progress, markdown) -> int:
+    """--reps reps of ``one_rep(iters, warmup)`` into ``result["reps"]``; after each, ``result[key]`` is
+    ``summarise(reps)``, a progress line (``progress(result[key])``) goes to standard error and the files are
+    written again (a run cut short keeps its finished reps); then :func:`finish`."""
+    import sys
+
+    for i in range(args.reps):
+        print(f"[{i + 1}/{args.reps}] rep ...", file=sys.stderr, flush=True)
+        result["reps"].append(one_rep(args.iters, args.warmup))
+        result[key] = summarise(result["reps"])
+        print(progress(result[key]), file=sys.stderr, flush=True)
+        write(args, result, markdown)
+    return finish(args, result)
+
+
 def finish(args: argparse.Namespace, result: dict) -> int:
     """The end of a bench's main: ``result`` on standard output where no --json-out took it; exit status 0."""
     import json
