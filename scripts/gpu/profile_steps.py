@@ -378,8 +378,13 @@ def profile_method(
     # QLoRA decodes through bitsandbytes' 4-bit inference call (gemv_4bit), whose Python the plan adds per matmul; on
     # a CPU bitsandbytes packs the weight for its own kernel instead, which the tiny model's widths do not divide
     decode = None
-    if method != "qlora" or device.type == "cuda":
+    if method != "qlora":
         decode = decode_times(model, batch[0, : max(1, seq // 2)], device)
+    elif device.type == "cuda":  # not yet run on a GPU here: a failure is recorded in the line, the step kept
+        try:
+            decode = decode_times(model, batch[0, : max(1, seq // 2)], device)
+        except Exception as e:  # noqa: BLE001 - any failure of this new path is the measurement's result
+            decode = {"error": f"{type(e).__name__}: {e}"[:300]}
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
