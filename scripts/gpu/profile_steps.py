@@ -256,6 +256,21 @@ def cpu_ops(prof) -> dict:
     return {k: [n, round(t, 1), round(g, 1)] for k, n, t, g in rows[:200]}
 
 
+def line_decode(model, prompt: torch.Tensor, device: torch.device, method: str) -> dict | None:
+    """A grid line's decoded token (:func:`decode_times`). QLoRA decodes through bitsandbytes' 4-bit inference call
+    (``gemv_4bit``), whose Python the plan adds per matmul: timed on a GPU only (on a CPU bitsandbytes packs the
+    weight for its own kernel, which the tiny model's widths do not divide), and, not yet run on a GPU, a failure
+    there is the line's record of it ({"error": ...}) rather than the end of the grid."""
+    if method != "qlora":
+        return decode_times(model, prompt, device)
+    if device.type != "cuda":
+        return None
+    try:
+        return decode_times(model, prompt, device)
+    except Exception as e:  # noqa: BLE001 - whatever fails, the line says what
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
 DECODE_NEW = (8, 24)
 """New tokens of the two generations :func:`decode_times` times: their difference over the 16 tokens between them is
 one decoded token, the prompt's prefill cancelled."""
@@ -375,16 +390,7 @@ def profile_method(
         gpu = hardware.identify(torch.cuda.get_device_name(0))
         peak = gpu.training_peak(precision) if gpu else None
     tokens = micro * seq
-    # QLoRA decodes through bitsandbytes' 4-bit inference call (gemv_4bit), whose Python the plan adds per matmul; on
-    # a CPU bitsandbytes packs the weight for its own kernel instead, which the tiny model's widths do not divide
-    decode = None
-    if method != "qlora":
-        decode = decode_times(model, batch[0, : max(1, seq // 2)], device)
-    elif device.type == "cuda":  # not yet run on a GPU here: a failure is recorded in the line, the step kept
-        try:
-            decode = decode_times(model, batch[0, : max(1, seq // 2)], device)
-        except Exception as e:  # noqa: BLE001 - any failure of this new path is the measurement's result
-            decode = {"error": f"{type(e).__name__}: {e}"[:300]}
+    decode = line_decode(model, batch[0, : max(1, seq // 2)], device, method)
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -356,3 +356,28 @@ def test_wrapper_host_stage_rehearsed(tmp_path):
     (case,) = json.loads((out / "wrapper-host.json").read_text())["cases"].values()
     assert case["wrapper"] == "litgpt-fsdp1" and len(case["reps"]) == 1
     assert set(json.loads((out / "eval-host.json").read_text())["methods"]) == {"full", "lora"}
+
+
+def test_a_qlora_lines_decode_is_timed_on_a_gpu_only_and_a_failure_there_is_recorded(monkeypatch):
+    """profile_steps.line_decode: full and LoRA lines decode wherever they run; a QLoRA line's decoded token (through
+    bitsandbytes' gemv_4bit) only on a GPU, and an error there becomes the line's record, not the grid's end."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("profile_steps", GPU_DIR / "profile_steps.py")
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    calls = []
+    monkeypatch.setattr(steps, "decode_times", lambda *a: calls.append(a) or {"s": 0.01, "ops": 5})
+    cpu, gpu = types.SimpleNamespace(type="cpu"), types.SimpleNamespace(type="cuda")
+    assert steps.line_decode("model", "prompt", cpu, "lora") == {"s": 0.01, "ops": 5}
+    assert steps.line_decode("model", "prompt", cpu, "qlora") is None and len(calls) == 1
+    assert steps.line_decode("model", "prompt", gpu, "qlora") == {"s": 0.01, "ops": 5} and len(calls) == 2
+
+    def fails(*a):
+        raise RuntimeError("gemv_4bit: no kernel")
+
+    monkeypatch.setattr(steps, "decode_times", fails)
+    assert steps.line_decode("model", "prompt", gpu, "qlora") == {"error": "RuntimeError: gemv_4bit: no kernel"}
+    with pytest.raises(RuntimeError):  # the lines that always decoded still stop on a failure
+        steps.line_decode("model", "prompt", gpu, "lora")
