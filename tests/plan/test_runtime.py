@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections import Counter
 
 import pytest
 
@@ -372,6 +373,38 @@ def test_activation_checkpointing_recomputes_the_forward():
     h100 = hardware.lookup("H100-SXM")  # the kernel model: every forward kernel runs again in the backward
     grown = {k: on.by_cause(h100)[k] / off.by_cause(h100)[k] - 1 for k in ("matmul", "attention", "elementwise")}
     assert 0.25 < grown["matmul"] < 0.42 and all(0.2 < g < 0.5 for g in grown.values()), grown
+
+
+def test_autograd_adds_one_kernel_a_trainable_tensor_to_a_later_micro_batchs_backward():
+    """The mechanism, as torch runs it (the tiny model on this CPU, the trace's own count of kernels): the second
+    micro batch's backward dispatches exactly one kernel per trainable tensor more than the first's (AccumulateGrad's
+    ``add_``), full fine-tuning and LoRA; the kernel model counts the same tensors."""
+    import torch
+    from litgpt import Config
+
+    from tunelab.checkpoints import TINY_CONFIG
+    from tunelab.plan.model.case import PlanInput
+    from tunelab.plan.trace.simulate import case_model
+
+    torch.manual_seed(0)
+    config = Config(**TINY_CONFIG)
+    x = torch.randint(0, config.vocab_size, (2, 16))
+    for method in ("full", "lora"):
+        case = PlanInput.of(config=config, method=method, precision="32-true", seq_len=16)
+        model = case_model(case)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        counts = []
+        for _ in range(2):
+            ops: list = []
+            loss = model(x).float().mean()
+            with kernel_trace.recorder(ops, {"phase": "backward"}):
+                loss.backward()
+            counts.append(Counter(o.op for o in ops))
+        added = counts[1] - counts[0]
+        assert counts[0] - counts[1] == Counter()  # nothing the first does that the second does not
+        assert sum(added.values()) == len(trainable) and set(added) == {"add_"}, (method, added)
+        lora = (case.lora_r, tuple(case.lora_targets)) if method == "lora" else ()
+        assert len(kernels.trainable_numels(config, method, lora)) == len(trainable), method
 
 
 def test_the_later_micro_batches_of_a_step_add_their_gradients_into_the_firsts():
