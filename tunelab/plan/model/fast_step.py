@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from tunelab.gpt import fused_loss_chunk_rows
 from tunelab.plan.model import kernels, strategies
 from tunelab.plan.model.case import parameter_bytes
-from tunelab.plan.model.memory import dtype_bytes, optimizer_shards
+from tunelab.plan.model.memory import dtype_bytes, optimizer_shards, trainable_shapes
 from tunelab.plan.model.tables import TRACE_TOKENS, compiled_supported, optimizer_of, tables_of
 
 COMPILED_MEMORY_EFFICIENCY = 0.41
@@ -209,8 +209,8 @@ def fast_step(
         _eager_blocks(out, one, two, c.n_layer, case.activation_checkpointing)
     for phase, ops in zip(("forward", "backward"), strategies.of(case).wrapper_host_ops(case)):
         out.host[phase] += ops * kernels.HOST_S_PER_OP  # the strategy's wrapper: hooks and views, no kernels
-    numels, share = kernels.trainable_numels(c, method, lora), 1 - 1 / max(1, case.accumulation)
-    seconds, added = kernels.accumulation_work(numels, parameter_bytes(case.precision), share, gpu)
+    numels = [math.prod(shape) for shape in trainable_shapes(case)]
+    seconds, added = kernels.accumulation_work(numels, parameter_bytes(case.precision), case.accumulation, gpu)
     _add(out.gpu, "backward", "elementwise", seconds)  # the later micro batches' gradients added: eager, not compiled
     out.kernels["backward"] = out.kernels.get("backward", 0) + added
     out.host["backward"] = out.host.get("backward", 0.0) + added * kernels.HOST_S_PER_OP

@@ -518,15 +518,16 @@ def _add_untraced(config, run: tuple, gpu, step: tuple) -> int:
             trainable_tensors(config, method, lora) * per_tensor
         )
     added = _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
-    share = 1 - 1 / max(1.0, accumulation)
     numels = trainable_numels(config, method, lora)
-    return added + _add_accumulation(numels, parameter_bytes(precision), share, gpu, step)
+    return added + _add_accumulation(accumulation_work(numels, parameter_bytes(precision), accumulation, gpu), step)
 
 
-def accumulation_work(numels: list, grad_bytes: int, share: float, gpu) -> tuple[float, int]:
-    """(GPU seconds, kernels) of the mean micro batch's gradient accumulation when ``share`` of a step's micro
-    batches add each trainable tensor's gradient (``numels`` elements of ``grad_bytes``) into ``.grad``: per tensor
-    both read and one written at the eager memory rate, at least :data:`MIN_KERNEL_S`."""
+def accumulation_work(numels: list, grad_bytes: int, accumulation: float, gpu) -> tuple[float, int]:
+    """(GPU seconds, kernels) of the mean micro batch's gradient accumulation at ``accumulation`` micro batches per
+    optimizer step: each after the first adds every trainable tensor's gradient (``numels`` elements of
+    ``grad_bytes``) into ``.grad``, both read and one written at the eager memory rate, at least
+    :data:`MIN_KERNEL_S` a tensor; the first takes its gradients as they are."""
+    share = 1 - 1 / max(1.0, accumulation)
     if share <= 0:
         return 0.0, 0
     rate = memory_rate(gpu) * MEMORY_EFFICIENCY
@@ -542,14 +543,11 @@ def trainable_numels(config, method: str, lora: tuple = ()) -> list:
     return lora_tensor_numels(config, r, targets)
 
 
-def _add_accumulation(numels: list, grad_bytes: int, share: float, gpu, step: tuple) -> int:
-    """Add gradient accumulation to a micro batch's backward (the step's dicts): a micro batch after its step's first
-    adds each trainable tensor's new gradient into its ``.grad`` (autograd's AccumulateGrad, ``grad += new``: two
-    tensors of ``numels`` elements of ``grad_bytes`` read, one written; one kernel and one op a tensor), the first
-    takes its gradients as they are (what the trace records). ``share``: the micro batches that add, of the step's;
-    the work is their mean over the step's micro batches (``step``: as :func:`_add_untraced` takes it). Returns the
-    kernels added (rounded)."""
-    seconds, kernels = accumulation_work(numels, grad_bytes, share, gpu)
+def _add_accumulation(work: tuple, step: tuple) -> int:
+    """Add gradient accumulation (``work``: :func:`accumulation_work`) to a micro batch's backward (``step``: as
+    :func:`_add_untraced` takes it): autograd's AccumulateGrad, ``grad += new``, one kernel and one op a tensor in
+    each micro batch after the step's first (the trace records a first). Returns the kernels added."""
+    seconds, kernels = work
     if not kernels:
         return 0
     by_cat, both, kernel_ops, host_ops = step
