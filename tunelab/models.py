@@ -206,6 +206,12 @@ def param_tensor_numels(config) -> list[int]:
     return [math.prod(shape) for shape in param_tensor_shapes(config)]
 
 
+def trainable_shapes(config, lora: tuple | None) -> list[tuple[int, ...]]:
+    """Shapes of the tensors the optimizer steps: LoRA's adapters (``lora``: (rank, targets)) or, where ``lora`` is
+    None (full fine-tuning), every parameter of the model."""
+    return param_tensor_shapes(config) if lora is None else lora_tensor_shapes(config, *lora)
+
+
 def lora_param_count(config, r: int, targets=LORA_TARGETS) -> int:
     """Trainable parameters LoRA adds for rank ``r`` on ``targets`` (names of litgpt's ``lora_*`` switches that are
     on: tunelab.settings.LORA_TARGETS)."""

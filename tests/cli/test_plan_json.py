@@ -95,16 +95,18 @@ def test_plan_simulate_prints_the_step_by_kernel():
     assert x.lora_r != LITGPT_LORA_R  # the recipe's rank, which the step is traced with (not litgpt's default)
     assert st == kernels.to_json(
         kernels.step_time(
-            x.config,
-            x.method,
-            str(x.precision),
-            x.micro_batch_size,
-            x.seq_len,
+            kernels.Step(
+                x.config,
+                x.method,
+                str(x.precision),
+                x.micro_batch_size,
+                x.seq_len,
+                optimizer_of(x),
+                (x.lora_r, tuple(x.lora_targets)),
+                accumulation=x.accumulation,
+            ),
             "H100-SXM",
-            optimizer_of(x),
-            (x.lora_r, tuple(x.lora_targets)),
             tables=TRACED,
-            accumulation=x.accumulation,  # the later micro batches of a step add their gradients into the first's
         )
     )
     assert x.accumulation > 1

@@ -31,14 +31,10 @@ def _step(model: str, method: str, micro: int):
 
     optimizer = "PagedAdamW" if method == "qlora" else "AdamW"
     return kernels.step_time(
-        Config.from_name(model),
-        method,
-        "bf16-true",
-        micro,
-        SEQ,
+        kernels.Step(
+            Config.from_name(model), method, "bf16-true", micro, SEQ, optimizer, profiles.lora_profiled(method)
+        ),
         "H200",
-        optimizer,
-        profiles.lora_profiled(method),
         tables=TRACED,
     )  # the adapters the grid's lines ran
 

@@ -59,8 +59,12 @@ def test_a_compiled_block_does_the_eager_blocks_matmuls_in_fewer_kernels_and_byt
     assert flops == pytest.approx(6 * per_block * 4 * 256, rel=1e-6)
     assert [k[0][0] for k in block["forward"]].count("attention") == 1
     assert [k[0][0] for k in block["backward"]].count("attention") == 1
-    eager = kernels.step_time(dataclasses.replace(c, n_layer=2), "full", "bf16-true", 4, 256, "H100-SXM", tables=TRACED)
-    one = kernels.step_time(dataclasses.replace(c, n_layer=1), "full", "bf16-true", 4, 256, "H100-SXM", tables=TRACED)
+    eager = kernels.step_time(
+        kernels.Step(dataclasses.replace(c, n_layer=2), "full", "bf16-true", 4, 256), "H100-SXM", tables=TRACED
+    )
+    one = kernels.step_time(
+        kernels.Step(dataclasses.replace(c, n_layer=1), "full", "bf16-true", 4, 256), "H100-SXM", tables=TRACED
+    )
     eager_ops = sum(eager.ops_by_phase[p] - one.ops_by_phase[p] for p in ("forward", "backward"))
     eager_elementwise = sum(
         eager.gpu_by_phase_category.get(f"{p}/elementwise", 0) - one.gpu_by_phase_category.get(f"{p}/elementwise", 0)

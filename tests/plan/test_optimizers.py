@@ -204,7 +204,7 @@ def test_adams_amsgrad_step_is_traced_with_its_host_reads_of_the_step_counters(c
 
     config = configs["tiny-llama-1.1b"]
     plain, ams = (
-        kernels.step_time(config, "full", "bf16-true", 1, 128, "H100-SXM", name, tables=TRACED)
+        kernels.step_time(kernels.Step(config, "full", "bf16-true", 1, 128, name), "H100-SXM", tables=TRACED)
         for name in ("AdamW", "torch.optim.Adam amsgrad")
     )
     extra = {t.ops_by_phase["optimizer"] - t.host_ops("optimizer") for t in (plain, ams)}
@@ -245,7 +245,9 @@ def test_the_kernel_model_scales_adamws_host_work_by_the_step_counter_reads(conf
     from tunelab.plan.trace.tables import TRACED
 
     def beside(name: str) -> int:
-        t = kernels.step_time(configs["tiny-llama-1.1b"], "full", "bf16-true", 1, 128, "H100-SXM", name, tables=TRACED)
+        t = kernels.step_time(
+            kernels.Step(configs["tiny-llama-1.1b"], "full", "bf16-true", 1, 128, name), "H100-SXM", tables=TRACED
+        )
         return t.host_ops("optimizer") - t.ops_by_phase["optimizer"]
 
     adamw = beside("AdamW")

@@ -4,6 +4,7 @@ steps as the lab ran them, and `tunelab plan --json` carries it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -84,7 +85,7 @@ def test_a_template_is_the_traced_step_at_any_shape():
             assert flops.sum() == pytest.approx(sum(k.flops for k in direct), rel=1e-12)
             assert tiles.sum() == sum(k.tiles for k in direct)
             st = kernels.step_time(
-                c, method, "bf16-true", micro, tokens, "H100-SXM", lora=lora, tables=TRACED
+                kernels.Step(c, method, "bf16-true", micro, tokens, lora=lora), "H100-SXM", tables=TRACED
             )  # two, extrapolated
             assert st.ops == sum(k.phase in kernels.TRAINING_PHASES for k in direct)
 
@@ -404,7 +405,9 @@ def test_autograd_adds_one_kernel_a_trainable_tensor_to_a_later_micro_batchs_bac
         assert counts[0] - counts[1] == Counter()  # nothing the first does that the second does not
         assert sum(added.values()) == len(trainable) and set(added) == {"add_"}, (method, added)
         lora = (case.lora_r, tuple(case.lora_targets)) if method == "lora" else ()
-        assert len(kernels.trainable_numels(config, method, lora)) == len(trainable), method
+        assert len(kernels.Step(config, method, "bf16-true", 1, 1, lora=lora).trainable_numels()) == len(trainable), (
+            method
+        )
 
 
 def test_the_later_micro_batches_of_a_step_add_their_gradients_into_the_firsts():
@@ -430,7 +433,9 @@ def test_the_later_micro_batches_of_a_step_add_their_gradients_into_the_firsts()
         ("lora", "bf16-true", (8, ("query", "value")), lora_tensor_numels(config, 8, ("query", "value"))),
     ):
         one, four = (
-            kernels.step_time(config, method, precision, 4, 256, "H100-SXM", lora=lora, tables=TRACED, accumulation=a)
+            kernels.step_time(
+                kernels.Step(config, method, precision, 4, 256, lora=lora, accumulation=a), "H100-SXM", tables=TRACED
+            )
             for a in (1, 4)
         )
         kernels_added = round(0.75 * len(numels))
@@ -449,9 +454,8 @@ def test_the_later_micro_batches_of_a_step_add_their_gradients_into_the_firsts()
     terms = runtime_terms(planned.settings, planned.input, None)
     per_step = terms.detail["train_iterations"] / terms.detail["optimizer_steps"]
     k = terms.kernels
-    args = (k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
-    mean = kernels.step_time(*args, tables=k.tables, accumulation=per_step)
-    first = kernels.step_time(*args, tables=k.tables)
+    mean = kernels.step_time(dataclasses.replace(k.step, accumulation=per_step), gpu.name, tables=k.tables)
+    first = kernels.step_time(k.step, gpu.name, tables=k.tables)
     assert per_step > 1 and terms.step_time(gpu) == mean and mean.gpu_s > first.gpu_s
 
 
@@ -493,9 +497,9 @@ def test_the_kernel_model_puts_lora_on_the_host_and_full_on_the_gpu():
     from tunelab.plan.model import kernels
 
     c = Config.from_name("tiny-llama-1.1b")
-    full = kernels.step_time(c, "full", "bf16-true", 8, 437, "H100-SXM", tables=TRACED)
+    full = kernels.step_time(kernels.Step(c, "full", "bf16-true", 8, 437), "H100-SXM", tables=TRACED)
     lora = kernels.step_time(
-        c, "lora", "bf16-true", 8, 437, "H100-SXM", lora=profiles.PROFILED_LORA, tables=TRACED
+        kernels.Step(c, "lora", "bf16-true", 8, 437, lora=profiles.PROFILED_LORA), "H100-SXM", tables=TRACED
     )  # as measured
     assert lora.host_s > lora.gpu_s and full.gpu_s > 0.8 * full.host_s
     assert lora.step_s > full.step_s
@@ -543,7 +547,7 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
             base, input=base.input.changed(config=dataclasses.replace(base.input.config, vocab_size=vocab))
         )
         projected[vocab] = project_recipe(planned, gpu)  # (projection, how its tokens were counted)
-        timed[vocab] = runtime_terms(planned.settings, planned.input, None).kernels.tokens  # the step's per sample
+        timed[vocab] = runtime_terms(planned.settings, planned.input, None).kernels.step.tokens  # the step's per sample
     micro = base.input.micro_batch_size
     assert projected[128000][0].tokens / projected[32000][0].tokens == pytest.approx(
         lengths.default_padded_per_sample(micro, 512, 128000) / lengths.default_padded_per_sample(micro, 512)
@@ -653,11 +657,7 @@ def test_a_grid_line_with_litgpts_generation_timed_is_held_to_the_decode_model(t
     assert "decode, per token" not in plain["pairs"]
     predicted, measured, error = timed["pairs"]["decode, per token"]
     st = kernels.step_time(
-        Config.from_name(first["model"]),
-        first["method"],
-        first["dtype"],
-        first["micro"],
-        first["seq"],
+        kernels.Step(Config.from_name(first["model"]), first["method"], first["dtype"], first["micro"], first["seq"]),
         "H200",
         tables=TRACED,
     )
@@ -720,7 +720,9 @@ def test_the_foreach_step_over_fp32_state_has_its_own_share_of_the_memory_rate(m
 
     def bf16_optimizer() -> float:
         config = Config.from_name("tiny-llama-1.1b")
-        return kernels.step_time(config, "full", "bf16-true", 8, 437, "H200", tables=TRACED).phase_s("optimizer")
+        return kernels.step_time(kernels.Step(config, "full", "bf16-true", 8, 437), "H200", tables=TRACED).phase_s(
+            "optimizer"
+        )
 
     before = bf16_optimizer()
     monkeypatch.setattr(kernels, "FOREACH_FP32_EFFICIENCY", kernels.FOREACH_EFFICIENCY)
@@ -903,7 +905,7 @@ def test_a_sharded_optimizer_step_runs_each_ranks_share_of_the_kernels():
         assert causes["optimizer"] == pytest.approx(base["optimizer"] / shards), name
         for cause in ("matmul", "attention", "elementwise"):
             assert causes[cause] == pytest.approx(base[cause]), (name, cause)
-    st = kernels.step_time(full.config, "full", "bf16-true", 8, 437.0, gpu.name, tables=TRACED)
+    st = kernels.step_time(kernels.Step(full.config, "full", "bf16-true", 8, 437.0), gpu.name, tables=TRACED)
     tiny = kernels.sharded_optimizer(st, 10**9)  # every kernel at its floor, the launches unchanged
     assert tiny.gpu_by_phase["optimizer"] == pytest.approx(st.ops_by_phase["optimizer"] * MIN_KERNEL_S)
     assert tiny.host_ops_by_phase == st.host_ops_by_phase and tiny.gpu_s < st.gpu_s
@@ -983,10 +985,10 @@ def test_measured_lora_steps_are_predicted_at_the_rank_and_targets_they_ran(monk
     asked = []
     real = kernels.step_time
 
-    def recorded(config, method, *args, **kw):
-        if method != "full":
-            asked.append(kw.get("lora", args[5] if len(args) > 5 else ()))
-        return real(config, method, *args, **kw)
+    def recorded(step, *args, **kw):
+        if step.method != "full":
+            asked.append(step.lora)
+        return real(step, *args, **kw)
 
     monkeypatch.setattr(kernels, "step_time", recorded)
     assert profiles.PROFILED_LORA == (32, LORA_TARGETS) != (LITGPT_LORA_R, LORA_TARGETS)
@@ -1065,16 +1067,12 @@ def test_sliding_window_attention_is_traced_and_its_mask_loop_counted():
             assert any(o.phase == phase for o in ops)
     gemma = dataclasses.replace(Config.from_name("gemma-2-2b"), n_layer=4, **small)
     assert kernels.block_kinds(gemma) == [(1, 0), (0, 0), (1, 0), (0, 0)]
-    st = kernels.step_time(gemma, "lora", "bf16-true", 2, 40, "H100-SXM", tables=TRACED)
+    st = kernels.step_time(kernels.Step(gemma, "lora", "bf16-true", 2, 40), "H100-SXM", tables=TRACED)
     direct = kernel_trace.record_step(gemma, "lora", "bf16-true", 2, 40)
     assert st.ops == sum(o.phase in kernels.TRAINING_PHASES for o in direct)
     # the global layers dispatch no mask loop: every layer counted as the second (global) one would be fewer
     uniform = kernels.step_time(
-        dataclasses.replace(gemma, sliding_window_indices=[0, 0, 0, 0]),
-        "lora",
-        "bf16-true",
-        2,
-        40,
+        kernels.Step(dataclasses.replace(gemma, sliding_window_indices=[0, 0, 0, 0]), "lora", "bf16-true", 2, 40),
         "H100-SXM",
         tables=TRACED,
     )
@@ -1385,7 +1383,10 @@ def test_a_sliding_window_models_mask_is_counted_op_by_op_and_said():
     from tunelab.recipes import load
 
     v1, v2 = Config.from_name("Mistral-7B-v0.1"), Config.from_name("Mistral-7B-Instruct-v0.2")
-    extra = [kernels.step_time(c, "lora", "bf16-true", 1, 200, "A10G", tables=TRACED).ops_by_phase for c in (v1, v2)]
+    extra = [
+        kernels.step_time(kernels.Step(c, "lora", "bf16-true", 1, 200), "A10G", tables=TRACED).ops_by_phase
+        for c in (v1, v2)
+    ]
     per_layer = (extra[0]["forward"] - extra[1]["forward"]) / v1.n_layer
     assert 200 <= per_layer <= 210 and extra[0]["backward"] == extra[1]["backward"]
     gpu, hub = hardware.lookup("A10G"), ROOT / "configs" / "published" / "litgpt-config-hub"
@@ -1631,7 +1632,9 @@ def test_the_gap_after_each_kernel_is_the_grids_median_and_follows_each_training
     gaps = profiles.kernel_gaps(ROOT)
     assert len(gaps) >= 20 and all(1.5e-6 <= g <= 5e-6 for *_, g in gaps)
     assert kernels.KERNEL_GAP_S == pytest.approx(profiles.fit_kernel_gap(ROOT), abs=0.005e-6)
-    st = kernels.step_time(Config.from_name("tiny-llama-1.1b"), "full", "bf16-true", 8, 437, "H100-SXM", tables=TRACED)
+    st = kernels.step_time(
+        kernels.Step(Config.from_name("tiny-llama-1.1b"), "full", "bf16-true", 8, 437), "H100-SXM", tables=TRACED
+    )
     split, ops = st.gpu_by_phase_category, st.ops_by_phase
     for phase in ("forward", "backward"):
         assert ops[phase] > 0 and split[f"{phase}/gaps"] == pytest.approx(ops[phase] * kernels.KERNEL_GAP_S)

@@ -274,7 +274,7 @@ def _by_cause(work, gpu: hardware.GPU, peak: float) -> dict:
     return {
         **after,
         "mfu_predicted_padded": mfu,
-        "mfu_predicted_real": mfu * real / work.kernels.tokens if mfu is not None and real else None,
+        "mfu_predicted_real": mfu * real / work.kernels.step.tokens if mfu is not None and real else None,
         "seconds_by_cause": causes,
         "seconds_by_cause_source": (
             f"kernel-level model (tunelab/plan/model/kernels.py, runtime.Terms.by_cause) on {gpu.name}: constants "
@@ -292,7 +292,7 @@ HOST_BOUND_SHARE = 0.25
 """The share of a plan's time spent waiting on the host's launches above which ``plan`` says the run is host-bound."""
 
 
-def _host_bound_note(host_s: float, seconds: float, step: runtime.KernelWork) -> str:
+def _host_bound_note(host_s: float, seconds: float, work: runtime.KernelWork) -> str:
     """A sentence for a plan whose time is mostly the host launching kernels (:data:`HOST_BOUND_SHARE`): that share
     follows the machine's CPU, not its GPU, and what shortens it (QLoRA: bitsandbytes' own Python is much of it, and
     the fast path's model does not take QLoRA; sliding-window layers: litgpt's mask, built row by row; a sharding
@@ -302,15 +302,15 @@ def _host_bound_note(host_s: float, seconds: float, step: runtime.KernelWork) ->
     shorten = (
         "a larger micro batch shortens it (much of it is bitsandbytes' Python: per 4-bit matmul and PagedAdamW's "
         "step tensor by tensor, tunelab/plan/model/bnb_kernels.py)"
-        if step.method == "qlora"
+        if work.step.method == "qlora"
         else "a larger micro batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
     )
-    if windowed := sliding_window_layers(step.config):
+    if windowed := sliding_window_layers(work.step.config):
         shorten += (
             f"; litgpt builds each sliding-window layer's mask row by row in Python in training and validation: "
-            f"about {step.tokens:.0f} more ops in each of its {windowed} such layers per forward, counted here"
+            f"about {work.step.tokens:.0f} more ops in each of its {windowed} such layers per forward, counted here"
         )
-    if wrapper := sum(step.wrapper_ops):
+    if wrapper := sum(work.wrapper_ops):
         shorten += (
             f"; the sharding wrapper's own work (hooks, views, unshards) is about {wrapper:,.0f} ops a micro batch, "
             "measured on a CPU against the plain loop (scripts/bench_wrapper_host.py), counted here"
@@ -353,7 +353,7 @@ def _comm_fields(work) -> dict:
 def _fast_source(k: runtime.KernelWork, gpu: hardware.GPU) -> tuple[str, str, float]:
     """(where a fast-path time comes from, where its host figure does, its band's fraction either side): what
     bounds it and the band :func:`tunelab.plan.model.runtime.fast_band` gives that bound."""
-    bound = fast_step(k.fast, gpu, k.tokens).bound()
+    bound = fast_step(k.fast, gpu, k.step.tokens).bound()
     e, own = runtime.fast_band(bound), FAST_MODEL_ERROR[bound]
     widest = (
         f"the fast path's widest miss {own:.0%} over our benches' {bound}-bound runs"

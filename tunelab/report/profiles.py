@@ -61,9 +61,8 @@ def profile_rows(root) -> list[dict]:
     measured = read_profile(root / evidence.path(*PROFILE))
     rows = []
     for method in ("full", "lora"):
-        st = kernels.step_time(
-            Config.from_name(name), method, precision, micro, tokens, gpu, lora=lora_profiled(method), tables=TRACED
-        )
+        step = kernels.Step(Config.from_name(name), method, precision, micro, tokens, lora=lora_profiled(method))
+        st = kernels.step_time(step, gpu, tables=TRACED)
         m, cat = measured[method], st.gpu_by_category
         pairs = [
             ("step (max of GPU and host)", st.step_s, m["step"]),
@@ -158,17 +157,8 @@ def grid_rows(root, grid: tuple = GRID, gpu: str = "H100-SXM") -> list[dict]:
     rows = []
     for m in read_grid(root / evidence.path(*grid)):
         optimizer = bnb_kernels.litgpt_optimizer(m["method"])
-        st = kernels.step_time(
-            Config.from_name(m["model"]),
-            m["method"],
-            m["dtype"],
-            m["micro"],
-            m["seq"],
-            gpu,
-            optimizer,
-            lora_profiled(m["method"]),
-            tables=TRACED,
-        )
+        args = (m["method"], m["dtype"], m["micro"], m["seq"], optimizer, lora_profiled(m["method"]))
+        st = kernels.step_time(kernels.Step(Config.from_name(m["model"]), *args), gpu, tables=TRACED)
         k, ph, cat = m["kernels"], m["phases"], st.gpu_by_category
         pairs = {
             "step": (st.step_s, m["step_s"]),

@@ -76,17 +76,8 @@ def h100_items(root: Path) -> list[dict]:
         step = float(r["step_time_s"])
         tokens = steady[r["row_id"]][1]  # padded tokens per sample over the steady window, from its iteration log
         micro, acc = int(r["micro_batch_size"]), int(r["accumulation"])
-        st = kernels.step_time(
-            Config.from_name(r["model_name"]),
-            r["method"],
-            r["precision"],
-            micro,
-            tokens,
-            "H100-SXM",
-            lora=ran[r["row_id"]],
-            tables=TRACED,
-            accumulation=acc,
-        )
+        args = (Config.from_name(r["model_name"]), r["method"], r["precision"], micro, tokens)
+        st = kernels.step_time(kernels.Step(*args, lora=ran[r["row_id"]], accumulation=acc), "H100-SXM", tables=TRACED)
         util = float(r["gpu_util_steady_mean"]) if r.get("gpu_util_steady_mean") else None
         items.append(
             {
@@ -140,15 +131,16 @@ def _record_step(rec, gpu):
 
     optimizer = bnb_kernels.litgpt_optimizer(rec.method)
     config = Config.from_name(rec.model_name)
-    args = (rec.method, rec.precision, rec.micro_batch_size, rec.padded_per_sample, gpu.name, optimizer)
-    return kernels.step_time(config, *args, lora_ran(rec), tables=TRACED, accumulation=rec.accumulation or 1)
+    args = (rec.method, rec.precision, rec.micro_batch_size, rec.padded_per_sample, optimizer, lora_ran(rec))
+    return kernels.step_time(kernels.Step(config, *args, rec.accumulation or 1), gpu.name, tables=TRACED)
 
 
 def _bench_step(it: dict):
     """The kernel model's step of a bench item's litgpt run (:func:`bench_items`)."""
     case = it["case"]
-    args = (case.config, it["method"], case.precision, it["micro"], it["tokens"], it["gpu"].name)
-    return kernels.step_time(*args, lora=settings.lora_of(case), tables=TRACED, accumulation=it["accumulation"])
+    args = (case.config, it["method"], case.precision, it["micro"], it["tokens"])
+    step = kernels.Step(*args, lora=settings.lora_of(case), accumulation=it["accumulation"])
+    return kernels.step_time(step, it["gpu"].name, tables=TRACED)
 
 
 def busy_steps(root: Path, bench: list[dict] | None = None, steps: dict | None = None) -> list[tuple]:
@@ -509,7 +501,7 @@ def part3_rows(root: Path) -> list[dict]:
             continue
         micro, it = int(r["micro_batch_size"]), float(r["iter_time_ms"]) / 1e3
         tokens = float(r["tok_s_padded"]) * it / micro
-        st = kernels.step_time(c, "full", "bf16-mixed", micro, tokens, "H100-SXM", tables=TRACED)
+        st = kernels.step_time(kernels.Step(c, "full", "bf16-mixed", micro, tokens), "H100-SXM", tables=TRACED)
         g, ops, f = st.gpu_by_phase, st.host_ops_by_phase, 2 if r["activation_checkpointing"] == "True" else 1
         gpu, host_ops = f * g["forward"] + g["backward"], f * ops["forward"] + ops["backward"] + wrapper
 
@@ -621,7 +613,8 @@ def a100_items() -> list[tuple]:
     items = lab_runtime_items()
     for _, t, *_ in items:
         if isinstance(t.kernels, runtime.KernelWork):
-            t.kernels = dataclasses.replace(t.kernels, tokens=default_padded_per_sample(t.kernels.micro))
+            step = dataclasses.replace(t.kernels.step, tokens=default_padded_per_sample(t.kernels.step.micro))
+            t.kernels = dataclasses.replace(t.kernels, step=step)
     return items
 
 
@@ -1193,7 +1186,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
                 raise ValueError(f"quantize: {r['quantize']!r} is not null or bnb.nf4")
         except ValueError as e:
             raise InputError(f"{evidence.PUBLISHED}/litgpt-generate.yaml: rows[{n}]: {e}; fix: correct it") from None
-        st = kernels.step_time(config, "full", r["precision"], 1, 64, r["gpu"], tables=TRACED)
+        st = kernels.step_time(kernels.Step(config, "full", r["precision"], 1, 64), r["gpu"], tables=TRACED)
         gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
         if r["quantize"]:  # bitsandbytes' Python per 4-bit matmul, as the plan counts a QLoRA run's decoded token
             ops += round(bnb_kernels.qlora_work(config, 64, kernels.memory_rate(gpu), 0.0, share)["decode"][2])

@@ -261,17 +261,8 @@ def _eager_blocks(out: FastStep, one: tuple, two: tuple, n_layer: int, recompute
 def _optimizer_step(out: FastStep, case, gpu, tokens: float, optimizer: str, method: str, lora: tuple) -> None:
     """The optimizer step in ``out`` as traced (torch's fused AdamW is its own op there: ``optimizer_of``'s "AdamW
     fused"), over this rank's share of the parameters where the strategy shards the optimizer's states."""
-    st = kernels.step_time(
-        case.config,
-        method,
-        str(case.precision),
-        case.micro_batch_size,
-        tokens,
-        gpu.name,
-        optimizer,
-        lora,
-        tables=tables_of(case),
-    )
+    step = kernels.Step(case.config, method, str(case.precision), case.micro_batch_size, tokens, optimizer, lora)
+    st = kernels.step_time(step, gpu.name, tables=tables_of(case))
     st = kernels.sharded_optimizer(st, optimizer_shards(case))
     _add(out.gpu, "optimizer", "optimizer", st.gpu_by_phase.get("optimizer", 0.0))
     out.host["optimizer"] = st.host_ops("optimizer") * kernels.HOST_S_PER_OP

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from tunelab import hardware
-from tunelab.models import lora_tensor_numels, param_tensor_numels
+from tunelab.models import trainable_shapes
 from tunelab.plan.model import bnb_kernels, optimizers
 from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
@@ -401,24 +401,63 @@ def fp32_attention_peak(peaks: dict) -> float:
     return peaks["tf32"] / 3 if peaks.get("tf32") else peaks["fp32"]
 
 
-def step_time(
-    config,
-    method: str,
-    precision: str,
-    micro: int,
-    seq_len: float,
-    gpu_name: str,
-    optimizer: str = "AdamW",
-    lora: tuple = (),
-    *,
-    tables: Tables,
-    accumulation: float = 1.0,
-) -> StepTime:
-    """A step's time by cause on ``gpu_name``: the templates of one and two blocks at ``micro`` x ``seq_len``
-    (padded tokens per sample; a mean may be fractional; ``tables``: where they come from), extrapolated by block.
-    ``lora``: (rank, targets). ``accumulation``: micro batches per optimizer step (a mean may be fractional); the
-    micro batch is their mean, the later ones adding their gradients into the first's (:func:`_add_accumulation`)."""
+@dataclass(frozen=True)
+class Step:
+    """One micro batch of litgpt's training step and its share of the optimizer step, as :func:`step_time` times it."""
 
+    config: object
+    """litgpt's model config."""
+    method: str
+    """full, lora or qlora (LoRA's step on 4-bit weights: :mod:`tunelab.plan.model.bnb_kernels`)."""
+    precision: str
+    """Lightning's precision name (32-true, bf16-true, bf16-mixed, ...)."""
+    micro: int
+    """Samples per micro batch."""
+    tokens: float
+    """Padded tokens per sample (a mean over micro batches may be fractional)."""
+    optimizer: str = "AdamW"
+    """The optimizer's class name as litgpt's YAML gives it."""
+    lora: tuple = ()
+    """(rank, targets) of the adapters; litgpt's defaults when empty."""
+    accumulation: float = 1.0
+    """Micro batches per optimizer step (a mean may be fractional): the micro batch timed is their mean, the later
+    ones adding their gradients into the first's (:func:`_add_accumulation`)."""
+
+    def trainable_numels(self) -> list:
+        """Elements of each tensor the optimizer steps: every parameter (full fine-tuning) or LoRA's A and B."""
+        lora = (self.lora or (LITGPT_LORA_R, LORA_TARGETS)) if self.method in LORA_LIKE else None
+        return [math.prod(shape) for shape in trainable_shapes(self.config, lora)]
+
+
+@dataclass
+class _Tally:
+    """A step's sums as :func:`step_time` gathers them: GPU seconds by category and by phase (``both``: phases and
+    "phase/category" keys), kernels and host ops by phase."""
+
+    by_cat: dict
+    both: dict
+    kernel_ops: dict
+    host_ops: dict
+
+    def add(self, phase: str, category: str, seconds: float, kernels: int, host_ops: float) -> None:
+        """``kernels`` more kernels of ``category`` in ``phase`` (``seconds`` on the GPU, each with its gap) and
+        ``host_ops`` dispatched ops; a training phase's seconds also count in its category."""
+        for key in (phase, f"{phase}/{category}"):
+            self.both[key] = self.both.get(key, 0.0) + seconds
+        self.kernel_ops[phase] = self.kernel_ops.get(phase, 0) + kernels
+        self.host_ops[phase] = self.host_ops.get(phase, 0) + host_ops
+        if phase in TRAINING_PHASES:
+            self.by_cat[category] = self.by_cat.get(category, 0.0) + seconds
+        _add_gaps({phase: kernels}, self.by_cat, self.both)
+
+
+def step_time(step: Step, gpu_name: str, *, tables: Tables) -> StepTime:
+    """``step``'s time by cause on ``gpu_name``: the templates of one and two blocks at its micro batch x padded
+    tokens (``tables``: where they come from), extrapolated by block, with what the trace does not record
+    (:func:`_add_untraced`)."""
+
+    config, method, precision, micro, seq_len = step.config, step.method, step.precision, step.micro, step.tokens
+    optimizer, lora = step.optimizer, step.lora
     gpu = hardware.lookup(gpu_name)
     sms = gpu.sms or DEFAULT_SMS
     chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method in LORA_LIKE else 1
@@ -452,8 +491,7 @@ def step_time(
     ops += sum(times * (later[kind][0] - n_a) for kind, times in grown.items() if kind != second_kind)
     kernel_ops = {k: round(v) for k, v in ops_by_phase.items()}
     host_ops = dict(kernel_ops)
-    run = (method, precision, seq_len, optimizer, lora, accumulation)
-    ops += _add_untraced(config, run, gpu, (by_cat, both, kernel_ops, host_ops))
+    ops += _add_untraced(step, gpu, _Tally(by_cat, both, kernel_ops, host_ops))
     host_s = sum(host_ops.get(p, 0) for p in TRAINING_PHASES) * HOST_S_PER_OP
     by_phase = {k: v for k, v in both.items() if "/" not in k}
     split = {k: v for k, v in both.items() if "/" in k}
@@ -477,49 +515,34 @@ def with_blocks(config, layers: list):
     return dataclasses.replace(config, n_layer=len(layers), **lists)
 
 
-def _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops) -> int:
-    """Add what the trace does not see of bitsandbytes (:mod:`tunelab.plan.model.bnb_kernels`) to a step's dicts: QLoRA's
-    dequantization kernels (category ``dequantization``, each with its gap) and its Python per 4-bit matmul; a paged
-    AdamW's kernel and Python per tensor. Returns the training phases' kernels added."""
+def _add_bitsandbytes(step: Step, gpu, tally: _Tally) -> int:
+    """Add what the trace does not see of bitsandbytes (:mod:`tunelab.plan.model.bnb_kernels`) to a step's sums:
+    QLoRA's dequantization kernels (category ``dequantization``, each with its gap) and its Python per 4-bit matmul;
+    a paged AdamW's kernel and Python per tensor. Returns the training phases' kernels added."""
 
     work = {}
-    if method == "qlora":
-        share = {phase: eval_host_share(phase, method) for phase in bnb_kernels.EVAL_PYTHON_SHARE}
-        work = bnb_kernels.qlora_work(config, tokens, memory_rate(gpu), MIN_KERNEL_S, share)
-    if optimizer.startswith("Paged"):
-        numels = trainable_numels(config, method, lora)
-        sec, n, host = bnb_kernels.paged_adamw(numels, memory_rate(gpu) * MEMORY_EFFICIENCY, MIN_KERNEL_S)
-        work["optimizer"] = (sec, n, host)
-    added = 0
+    if step.method == "qlora":
+        share = {phase: eval_host_share(phase, step.method) for phase in bnb_kernels.EVAL_PYTHON_SHARE}
+        work = bnb_kernels.qlora_work(step.config, step.tokens, memory_rate(gpu), MIN_KERNEL_S, share)
+    if step.optimizer.startswith("Paged"):
+        rate = memory_rate(gpu) * MEMORY_EFFICIENCY
+        work["optimizer"] = bnb_kernels.paged_adamw(step.trainable_numels(), rate, MIN_KERNEL_S)
     for phase, (sec, n, host) in work.items():
-        cat = "optimizer" if phase == "optimizer" else "dequantization"
-        both[phase] = both.get(phase, 0.0) + sec
-        both[f"{phase}/{cat}"] = both.get(f"{phase}/{cat}", 0.0) + sec
-        kernel_ops[phase] = kernel_ops.get(phase, 0) + n
-        host_ops[phase] = host_ops.get(phase, 0) + n + round(host)
-        if phase in TRAINING_PHASES:
-            by_cat[cat] = by_cat.get(cat, 0.0) + sec
-            added += n
-        _add_gaps({phase: n}, by_cat, both)
-    return added
+        tally.add(phase, "optimizer" if phase == "optimizer" else "dequantization", sec, n, n + round(host))
+    return sum(n for phase, (_, n, _) in work.items() if phase in TRAINING_PHASES)
 
 
-def _add_untraced(config, run: tuple, gpu, step: tuple) -> int:
-    """Add to a step's dicts (``step``: seconds by category, by phase; kernels and host ops by phase) what the trace
-    of one micro batch, the first of its step, does not record (``run``: method, precision, padded tokens per
-    sample, optimizer, LoRA, micro batches per step): a for-each optimizer's reads of its step counters (host work,
-    no kernel), bitsandbytes' work (:func:`_add_bitsandbytes`), the later micro batches' gradient accumulation
-    (:func:`_add_accumulation`). Returns the kernels added."""
-    method, precision, tokens, optimizer, lora, accumulation = run
-    by_cat, both, kernel_ops, host_ops = step
-    if reads := optimizers.host_reads_per_tensor(optimizer):  # a for-each step reads step counters (no kernel)
+def _add_untraced(step: Step, gpu, tally: _Tally) -> int:
+    """Add to a step's sums what the trace of one micro batch, the first of its step, does not record: a for-each
+    optimizer's reads of its step counters (host work, no kernel), bitsandbytes' work (:func:`_add_bitsandbytes`),
+    the later micro batches' gradient accumulation (:func:`_add_accumulation`). Returns the kernels added."""
+    numels = step.trainable_numels()
+    if reads := optimizers.host_reads_per_tensor(step.optimizer):  # a for-each step reads step counters (no kernel)
         per_tensor = ADAM_FOREACH_HOST_OPS_PER_TENSOR * reads / optimizers.STEP_COUNTER_READS["AdamW"]
-        host_ops["optimizer"] = host_ops.get("optimizer", 0) + round(
-            trainable_tensors(config, method, lora) * per_tensor
-        )
-    added = _add_bitsandbytes(config, method, tokens, gpu, optimizer, lora, by_cat, both, kernel_ops, host_ops)
-    numels = trainable_numels(config, method, lora)
-    return added + _add_accumulation(accumulation_work(numels, parameter_bytes(precision), accumulation, gpu), step)
+        tally.host_ops["optimizer"] = tally.host_ops.get("optimizer", 0) + round(len(numels) * per_tensor)
+    added = _add_bitsandbytes(step, gpu, tally)
+    work = accumulation_work(numels, parameter_bytes(step.precision), step.accumulation, gpu)
+    return added + _add_accumulation(work, tally)
 
 
 def accumulation_work(numels: list, grad_bytes: int, accumulation: float, gpu) -> tuple[float, int]:
@@ -534,29 +557,13 @@ def accumulation_work(numels: list, grad_bytes: int, accumulation: float, gpu) -
     return share * sum(max(3 * n * grad_bytes / rate, MIN_KERNEL_S) for n in numels), round(share * len(numels))
 
 
-def trainable_numels(config, method: str, lora: tuple = ()) -> list:
-    """Elements of each trainable tensor: every parameter (full fine-tuning) or LoRA's A and B of each adapted layer
-    (``lora``: (rank, targets), litgpt's defaults when empty)."""
-    if method == "full":
-        return param_tensor_numels(config)
-    r, targets = lora or (LITGPT_LORA_R, LORA_TARGETS)
-    return lora_tensor_numels(config, r, targets)
-
-
-def _add_accumulation(work: tuple, step: tuple) -> int:
-    """Add gradient accumulation (``work``: :func:`accumulation_work`) to a micro batch's backward (``step``: as
-    :func:`_add_untraced` takes it): autograd's AccumulateGrad, ``grad += new``, one kernel and one op a tensor in
-    each micro batch after the step's first (the trace records a first). Returns the kernels added."""
+def _add_accumulation(work: tuple, tally: _Tally) -> int:
+    """Add gradient accumulation (``work``: :func:`accumulation_work`) to a micro batch's backward: autograd's
+    AccumulateGrad, ``grad += new``, one kernel and one op a tensor in each micro batch after the step's first (the
+    trace records a first). Returns the kernels added."""
     seconds, kernels = work
-    if not kernels:
-        return 0
-    by_cat, both, kernel_ops, host_ops = step
-    for key in ("backward", "backward/elementwise"):
-        both[key] = both.get(key, 0.0) + seconds
-    by_cat["elementwise"] = by_cat.get("elementwise", 0.0) + seconds
-    kernel_ops["backward"] = kernel_ops.get("backward", 0) + kernels
-    host_ops["backward"] = host_ops.get("backward", 0) + kernels
-    _add_gaps({"backward": kernels}, by_cat, both)
+    if kernels:
+        tally.add("backward", "elementwise", seconds, kernels, kernels)
     return kernels
 
 
@@ -595,28 +602,22 @@ def sharded_optimizer(st, shards: int):
     )
 
 
-def trainable_tensors(config, method: str, lora: tuple = ()) -> int:
-    """Trainable parameter tensors of litgpt's model for ``config`` (:func:`trainable_numels`)."""
-    return len(trainable_numels(config, method, lora))
-
-
 def for_plan(case, gpu) -> StepTime | str:
     """The step by kernel of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) on ``gpu``, or why it
     is not modelled (a sentence): litgpt's own script on one device, full fine-tuning, LoRA or QLoRA."""
     if case.world > 1 or not case.loop.fabric:
         return "not modelled yet for several devices or tunelab's loop (a strategies file)"
-    lora = lora_of(case)
-    args = (
+    step = Step(
         case.config,
         case.method,
         str(case.precision),
         case.micro_batch_size,
         case.seq_len,
-        gpu.name,
         optimizer_of(case),
-        lora,
+        lora_of(case),
+        case.accumulation,
     )
-    return step_time(*args, tables=tables_of(case), accumulation=case.accumulation)
+    return step_time(step, gpu.name, tables=tables_of(case))
 
 
 def to_json(st) -> dict:

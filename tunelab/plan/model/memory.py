@@ -14,9 +14,9 @@ import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
-from tunelab import hardware
+from tunelab import hardware, models
 from tunelab.gpt import fused_loss_chunk_rows
-from tunelab.models import count_params, lora_param_count, lora_tensor_numels, lora_tensor_shapes, param_tensor_shapes
+from tunelab.models import count_params, lora_param_count, lora_tensor_numels
 from tunelab.plan.model import activations, optimizers, strategies
 from tunelab.plan.model.case import (
     LM_HEAD_CHUNK,
@@ -209,9 +209,7 @@ def optimizer_state_bytes(case: PlanInput, trainable: int, s_param: int) -> floa
 
 def trainable_shapes(case: PlanInput) -> list[tuple[int, ...]]:
     """Shapes of the tensors the optimizer steps: LoRA's adapters, or every parameter of the model."""
-    if case.lora:
-        return lora_tensor_shapes(case.config, case.lora_r, case.lora_targets)
-    return param_tensor_shapes(case.config)
+    return models.trainable_shapes(case.config, (case.lora_r, case.lora_targets) if case.lora else None)
 
 
 def autocast_over_fp32_weights(case: PlanInput) -> bool:

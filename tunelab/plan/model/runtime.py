@@ -10,6 +10,7 @@ to the hosts we measured). Where the kernel model does not apply, the fitted cur
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -142,18 +143,10 @@ def checkpoint_bytes(case) -> tuple[float, float]:
 class KernelWork:
     """What the kernel model (:mod:`tunelab.plan.model.kernels`) times: one device's training step."""
 
-    config: object
-    method: str
-    """full, lora or qlora (LoRA's step on 4-bit weights: :mod:`tunelab.plan.model.bnb_kernels`)."""
-    precision: str
-    micro: int
-    tokens: float
-    """Padded tokens per sample (a mean over micro batches)."""
-    optimizer: str
+    step: kernels.Step
+    """The micro batch and its optimizer step (accumulation: :meth:`Terms.step_time` sets the run's own)."""
     recompute: bool
     """Activation checkpointing: each block's forward runs again in the backward pass."""
-    lora: tuple = ()
-    """(rank, targets) of the adapters."""
     optimizer_shards: int = 1
     """Devices the optimizer's states are sharded over (:func:`tunelab.plan.model.memory.optimizer_shards`): each rank's
     optimizer step runs its kernels over 1/this of the parameters (its launches stay: torch's optimizer is handed
@@ -183,15 +176,18 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         optimizer = optimizer_of(case)
     except InputError:
         return f"the optimizer {case.optimizer} is not in the kernel model"
-    return KernelWork(
+    step = kernels.Step(
         case.config,
         case.method,
         str(case.precision),
         case.micro_batch_size,
         float(tokens_per_sample),
         optimizer,
-        bool(case.activation_checkpointing),
         settings.lora_of(case),
+    )
+    return KernelWork(
+        step,
+        bool(case.activation_checkpointing),
         optimizer_shards(case),
         case.tables,
         strategies.of(case).wrapper_host_ops(case),
@@ -307,7 +303,7 @@ class Terms:
         (``ops`` at ``h`` seconds a training op times the phase's
         :data:`~tunelab.plan.model.kernels.EVAL_HOST_SHARE`); returns the seconds their gathers add
         (:meth:`gather_seconds`)."""
-        d, method = self.detail, self.kernels.method
+        d, method = self.detail, self.kernels.step.method
         batch = max(
             g.get("validation", 0.0), h * kernels.eval_host_share("validation", method) * ops.get("validation", 0)
         )
@@ -321,10 +317,9 @@ class Terms:
         micro batches per optimizer step), before any board scale or optimizer sharding."""
 
         k, d = self.kernels, self.detail
-        args = (k.config, k.method, k.precision, k.micro, k.tokens, gpu.name, k.optimizer, k.lora)
         steps = d.get("optimizer_steps")
         accumulation = d["train_iterations"] / steps if steps else 1.0
-        return kernels.step_time(*args, tables=k.tables, accumulation=accumulation)
+        return kernels.step_time(dataclasses.replace(k.step, accumulation=accumulation), gpu.name, tables=k.tables)
 
     def _micro_batch(self, gpu, host_scale: float = 1.0, gpu_scale: float = 1.0, step=None) -> MicroBatch:
         """litgpt's micro batch on ``gpu`` from the kernel model (:meth:`by_cause`'s factors and ``step``)."""
@@ -360,7 +355,7 @@ class Terms:
         likewise; validation and generation as in litgpt's step (tunelab's loop runs them eagerly)."""
 
         k, d = self.kernels, self.detail
-        fs = fast_step(k.fast, gpu, k.tokens)
+        fs = fast_step(k.fast, gpu, k.step.tokens)
         train, steps, ev = d["train_iterations"], d["optimizer_steps"], d["eval_iterations"]
         out = dict.fromkeys(CAUSES, 0.0)
         for phase, cats in fs.gpu.items():
