@@ -19,7 +19,7 @@ from tunelab import hardware
 from tunelab.models import trainable_shapes
 from tunelab.plan.model import bnb_kernels, optimizers
 from tunelab.plan.model.case import parameter_bytes
-from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
+from tunelab.plan.model.tables import Tables, TemplateKey, optimizer_of, tables_of
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, lora_of
 from tunelab.units import GB
 
@@ -464,7 +464,9 @@ def step_time(step: Step, gpu_name: str, *, tables: Tables) -> StepTime:
     kinds = block_kinds(config)
 
     def seconds(layers: list) -> tuple:
-        tp = tables.template(with_blocks(config, layers), method, precision, optimizer, chunks, micro == 1, lora)
+        tp = tables.template(
+            TemplateKey(with_blocks(config, layers), method, precision, optimizer, lora, chunks, micro == 1)
+        )
         return template_seconds(tp, micro, seq_len, gpu, sms, method)
 
     # the first block alone, then each kind of block after it: a block of that kind adds what the second adds

@@ -30,6 +30,7 @@ from tunelab.plan.model.kernels import (
     matmul_flops_tiles,
     template_shapes,
 )
+from tunelab.plan.model.tables import TemplateKey
 from tunelab.plan.trace.measure import cuda_dropout, forward_context, model_logits, training_loss
 from tunelab.plan.trace.simulate import setup_step
 from tunelab.plan.trace.trace_cache import cached_json
@@ -335,20 +336,14 @@ def _ops_template(ops1: list, ops2: list, head_chunks: int, single: bool) -> tup
     return rows_b, rows_f, mm, mm_dims
 
 
-def template(
-    config,
-    method: str,
-    precision: str,
-    optimizer: str = "AdamW",
-    head_chunks: int = 1,
-    single: bool = False,
-    lora: tuple = (),
-) -> Template:
-    """The step of ``config`` as built (its ``n_layer``) as a :class:`Template`: traced at the two
-    :func:`template_shapes` (LoRA: for a head in ``head_chunks`` chunks, whose chunks, strided views, take other
-    kernels than one whole head), and for full fine-tuning at :data:`CHUNK_SHAPE` for the ops of a loss chunk."""
+def template(key: TemplateKey) -> Template:
+    """The step of ``key.config`` as built (its ``n_layer``) as a :class:`Template`: traced at the two
+    :func:`template_shapes` (LoRA: for a head in ``key.head_chunks`` chunks), and for full fine-tuning at
+    :data:`CHUNK_SHAPE` for the ops of a loss chunk."""
     import numpy as np
 
+    config, method, precision, optimizer, lora = key.config, key.method, key.precision, key.optimizer, key.lora
+    head_chunks, single = key.head_chunks, key.single
     (b1, t1), (b2, t2) = template_shapes(head_chunks, single)
     ops1 = record_step(config, method, precision, b1, t1, optimizer, lora)
     ops2 = record_step(config, method, precision, b2, t2, optimizer, lora)
@@ -408,38 +403,30 @@ _TRACED: list = []
 """Templates traced in this process (the first one says where they are kept)."""
 
 
-def cached_template(
-    config, method: str, precision: str, optimizer: str, head_chunks: int, single: bool, lora: tuple = ()
-) -> Template:
-    """:func:`template` (``single``: traced at one sample per micro batch, whose step skips some copies), kept in
-    the process and under the cache directory (``kernel-templates/``, JSON: nothing there is executed); a cached
-    file for another torch, litgpt or template version, or one that does not read, is made again
-    (:func:`tunelab.plan.trace.trace_cache.cached_json`). Precisions traced as another (:data:`TRACED_AS`) share its
-    template."""
+def cached_template(key: TemplateKey) -> Template:
+    """:func:`template`, kept in the process and under the cache directory (``kernel-templates/``, JSON: nothing
+    there is executed); a cached file for another torch, litgpt or template version, or one that does not read, is
+    made again (:func:`tunelab.plan.trace.trace_cache.cached_json`). Precisions traced as another
+    (:data:`TRACED_AS`) share its template."""
     import json
 
-    precision = TRACED_AS.get(str(precision), str(precision))  # one template for precisions traced alike
-    key = [
-        TEMPLATE_VERSION,
-        _config_key(config),
-        method,
-        precision,
-        optimizer,
-        head_chunks,
-        single,
-        [lora[0], sorted(lora[1])] if lora else [],
-    ]
-    memo = json.dumps(key)
+    precision = TRACED_AS.get(str(key.precision), str(key.precision))  # one template for precisions traced alike
+    key = dataclasses.replace(key, precision=precision)
+    lora = [key.lora[0], sorted(key.lora[1])] if key.lora else []
+    cache_key = [TEMPLATE_VERSION, _config_key(key.config), key.method, precision, key.optimizer]
+    cache_key += [key.head_chunks, key.single, lora]
+    memo = json.dumps(cache_key)
     if memo in _TEMPLATES:
         return _TEMPLATES[memo]
 
-    args = (config, method, precision, optimizer, head_chunks, single, lora)
-    raw = cached_json("kernel-templates", key, lambda: _traced_json(*args), "kernel template", valid=_template_whole)
+    raw = cached_json(
+        "kernel-templates", cache_key, lambda: _traced_json(key), "kernel template", valid=_template_whole
+    )
     _TEMPLATES[memo] = _from_json(raw)
     return _TEMPLATES[memo]
 
 
-def _traced_json(config, method, precision, optimizer, head_chunks, single, lora) -> dict:
+def _traced_json(key: TemplateKey) -> dict:
     """:func:`template` traced, with a line of progress per template, as the JSON the cache keeps."""
     import numpy as np
 
@@ -451,13 +438,14 @@ def _traced_json(config, method, precision, optimizer, head_chunks, single, lora
             flush=True,
         )
     t0 = time.monotonic()
-    tp = template(config, method, precision, optimizer, head_chunks, single, lora)
+    tp = template(key)
     _TRACED.append(1)
+    config = key.config
     blocks = f"{config.n_layer} block{'s' if config.n_layer != 1 else ''}"
     if getattr(config, "sliding_window_size", None):  # which blocks attend in a window (Gemma 2: alternating)
         blocks += ": " + ", ".join("local" if kind[0] else "global" for kind in block_kinds(config))
     print(
-        f"tunelab:   traced {config.name} {method} {precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
+        f"tunelab:   traced {config.name} {key.method} {key.precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
         file=sys.stderr,
         flush=True,
     )
