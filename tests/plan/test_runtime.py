@@ -14,7 +14,6 @@ import pytest
 
 from tests.conftest import ROOT
 from tunelab.plan.model import kernels, runtime
-from tunelab.plan.model.tables import TemplateKey
 from tunelab.plan.trace import kernel_trace
 from tunelab.plan.trace.tables import TRACED
 from tunelab.report import evidence, profiles, runtime_accuracy
@@ -66,9 +65,7 @@ def test_a_template_is_the_traced_step_at_any_shape():
         for micro, tokens in ((1, 200), (3, 50), (5, 300)):
             chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
             lora = profiles.lora_profiled(method)  # the recipes' adapters, whose templates the planner keeps
-            tp = kernel_trace.template(
-                TemplateKey(c, method, "bf16-true", lora=lora, head_chunks=chunks, single=micro == 1)
-            )
+            tp = kernel_trace.template(kernels.Step(c, method, "bf16-true", micro, tokens, lora=lora))
             nbytes, flops, tiles, _ = tp.shape_at(micro, tokens)
             ops = kernel_trace.record_step(c, method, "bf16-true", micro, tokens, lora=lora)
             direct = [kernel_trace.measure(o) for o in ops]
@@ -104,25 +101,25 @@ def test_templates_are_cached_as_json_and_made_again_when_broken(tmp_path, monke
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
     monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
     c = dataclasses.replace(Config.from_name("tiny-llama-1.1b"), n_layer=1)
-    first = kernel_trace.cached_template(TemplateKey(c, "full", "bf16-true"))
+    first = kernel_trace.cached_template(kernels.Step(c, "full", "bf16-true", 2, 64))
     (path,) = (tmp_path / "kernel-templates").iterdir()
     assert json.loads(path.read_text())["value"]["phase"] == first.phase
     traced = []
     real = kernel_trace.record_step
     monkeypatch.setattr(kernel_trace, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
     monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
-    again = kernel_trace.cached_template(TemplateKey(c, "full", "bf16-true"))
+    again = kernel_trace.cached_template(kernels.Step(c, "full", "bf16-true", 2, 64))
     assert not traced and (again.bytes == first.bytes).all()
     for broken in ("{not json", json.dumps({**json.loads(path.read_text()), "key": "another"})):
         path.write_text(broken)
         monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
-        remade = kernel_trace.cached_template(TemplateKey(c, "full", "bf16-true"))
+        remade = kernel_trace.cached_template(kernels.Step(c, "full", "bf16-true", 2, 64))
         assert traced and (remade.bytes == first.bytes).all()
         traced.clear()
-    mixed = kernel_trace.cached_template(TemplateKey(c, "full", "bf16-mixed"))
+    mixed = kernel_trace.cached_template(kernels.Step(c, "full", "bf16-mixed", 2, 64))
     traced.clear()
     monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})  # float16 under autocast is traced as bfloat16: the same file
-    assert (kernel_trace.cached_template(TemplateKey(c, "full", "16-mixed")).bytes == mixed.bytes).all()
+    assert (kernel_trace.cached_template(kernels.Step(c, "full", "16-mixed", 2, 64)).bytes == mixed.bytes).all()
     assert not traced and len(list((tmp_path / "kernel-templates").iterdir())) == 2
 
 
@@ -766,7 +763,7 @@ def test_attention_counts_the_head_size_its_kernel_computes():
     from litgpt import Config
 
     c = dataclasses.replace(Config.from_name("open_llama_3b"), n_layer=1)  # head size 100
-    tp = kernel_trace.template(TemplateKey(c, "full", "bf16-true"))
+    tp = kernel_trace.template(kernels.Step(c, "full", "bf16-true", 2, 64))
     _, flops, _, _ = tp.shape_at(3, 50)
     direct = [kernel_trace.measure(o) for o in kernel_trace.record_step(c, "full", "bf16-true", 3, 50)]
     att = np.array([k == "attention" for k in tp.category])
@@ -1059,8 +1056,7 @@ def test_sliding_window_attention_is_traced_and_its_mask_loop_counted():
     )
     mistral = dataclasses.replace(Config.from_name("Mistral-7B-v0.1"), n_layer=1, **small)
     for method, micro, tokens in (("full", 3, 50), ("lora", 1, 200)):
-        chunks = kernels.loss_chunks("lora", micro, tokens) if method == "lora" else 1
-        tp = kernel_trace.template(TemplateKey(mistral, method, "bf16-true", head_chunks=chunks, single=micro == 1))
+        tp = kernel_trace.template(kernels.Step(mistral, method, "bf16-true", micro, tokens))
         ops = kernel_trace.record_step(mistral, method, "bf16-true", micro, tokens)
         more = (kernels.loss_chunks(method, micro, tokens) - 1) * sum(tp.chunk_ops.values()) * (method != "lora")
         assert tp.counts_at(micro, tokens).sum() + more == len(ops), method

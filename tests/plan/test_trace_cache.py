@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from tunelab.plan.model.tables import TemplateKey
+from tunelab.plan.model import kernels
 from tunelab.plan.trace import compiled, kernel_trace
 from tunelab.plan.trace.trace_cache import cached_json, tuples
 
@@ -125,7 +125,7 @@ def test_an_edited_or_poisoned_entry_is_traced_again(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
     c = dataclasses.replace(Config.from_name("pythia-14m"), n_layer=1)
-    first = kernel_trace.cached_template(TemplateKey(c, "full", "bf16-true"))
+    first = kernel_trace.cached_template(kernels.Step(c, "full", "bf16-true", 2, 64))
     (path,) = (tmp_path / "kernel-templates").iterdir()
     raw = json.loads(path.read_text())
     poisoned = {**raw["value"], "bytes": raw["value"]["bytes"][:-1]}  # one kernel's row dropped
@@ -135,5 +135,5 @@ def test_an_edited_or_poisoned_entry_is_traced_again(tmp_path, monkeypatch):
     real = kernel_trace.record_step
     monkeypatch.setattr(kernel_trace, "record_step", lambda *a, **k: traced.append(a) or real(*a, **k))
     monkeypatch.setattr(kernel_trace, "_TEMPLATES", {})
-    again = kernel_trace.cached_template(TemplateKey(c, "full", "bf16-true"))
+    again = kernel_trace.cached_template(kernels.Step(c, "full", "bf16-true", 2, 64))
     assert traced and (again.bytes == first.bytes).all()

@@ -18,7 +18,7 @@ from tunelab.gpt import fused_loss_chunk_rows
 from tunelab.plan.model import kernels, strategies
 from tunelab.plan.model.case import parameter_bytes
 from tunelab.plan.model.memory import dtype_bytes, optimizer_shards, trainable_shapes
-from tunelab.plan.model.tables import TRACE_TOKENS, TemplateKey, compiled_supported, optimizer_of, tables_of
+from tunelab.plan.model.tables import TRACE_TOKENS, compiled_supported, optimizer_of, tables_of
 
 COMPILED_MEMORY_EFFICIENCY = 0.41
 """Fraction of :func:`tunelab.plan.model.kernels.memory_rate` a compiled (Triton) or Liger kernel reaches over the bytes
@@ -186,14 +186,12 @@ def fast_step(
     lora = (case.lora_r, tuple(case.lora_targets)) if case.lora else ()
     optimizer = optimizer_of(case)
     whole_tokens = max(1, math.ceil(tokens))
-    chunks = kernels.loss_chunks("lora", micro, whole_tokens) if method == "lora" else 1
     liger = bool(case.loop.fused_loss)
     out = FastStep(waits_for_loss=liger and case.loop.fused_loss_reads > 0)
 
     def eager(n_layer: int):
         config = dataclasses.replace(c, n_layer=n_layer)
-        key = TemplateKey(config, method, str(case.precision), optimizer, lora, chunks, micro == 1)
-        tp = tables_of(case).template(key)
+        tp = tables_of(case).template(kernels.Step(config, method, str(case.precision), micro, tokens, optimizer, lora))
         return kernels.template_seconds(tp, micro, tokens, gpu, sms, method, drop_logits=liger)[2:]
 
     one, two = eager(1), eager(2)

@@ -19,7 +19,7 @@ from tunelab import hardware
 from tunelab.models import trainable_shapes
 from tunelab.plan.model import bnb_kernels, optimizers
 from tunelab.plan.model.case import parameter_bytes
-from tunelab.plan.model.tables import Tables, TemplateKey, optimizer_of, tables_of
+from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, lora_of
 from tunelab.units import GB
 
@@ -423,6 +423,10 @@ class Step:
     """Micro batches per optimizer step (a mean may be fractional): the micro batch timed is their mean, the later
     ones adding their gradients into the first's (:func:`_add_accumulation`)."""
 
+    def head_chunks(self) -> int:
+        """The chunks LoRA's head runs in at this micro batch (:func:`loss_chunks`); 1 for full fine-tuning."""
+        return loss_chunks("lora", self.micro, math.ceil(self.tokens)) if self.method in LORA_LIKE else 1
+
     def trainable_numels(self) -> list:
         """Elements of each tensor the optimizer steps: every parameter (full fine-tuning) or LoRA's A and B."""
         lora = (self.lora or (LITGPT_LORA_R, LORA_TARGETS)) if self.method in LORA_LIKE else None
@@ -456,18 +460,13 @@ def step_time(step: Step, gpu_name: str, *, tables: Tables) -> StepTime:
     tokens (``tables``: where they come from), extrapolated by block, with what the trace does not record
     (:func:`_add_untraced`)."""
 
-    config, method, precision, micro, seq_len = step.config, step.method, step.precision, step.micro, step.tokens
-    optimizer, lora = step.optimizer, step.lora
     gpu = hardware.lookup(gpu_name)
     sms = gpu.sms or DEFAULT_SMS
-    chunks = loss_chunks("lora", micro, math.ceil(seq_len)) if method in LORA_LIKE else 1
-    kinds = block_kinds(config)
+    kinds = block_kinds(step.config)
 
     def seconds(layers: list) -> tuple:
-        tp = tables.template(
-            TemplateKey(with_blocks(config, layers), method, precision, optimizer, lora, chunks, micro == 1)
-        )
-        return template_seconds(tp, micro, seq_len, gpu, sms, method)
+        tp = tables.template(dataclasses.replace(step, config=with_blocks(step.config, layers)))
+        return template_seconds(tp, step.micro, step.tokens, gpu, sms, step.method)
 
     # the first block alone, then each kind of block after it: a block of that kind adds what the second adds
     first = seconds(kinds[:1])

@@ -7,7 +7,6 @@ may pass its own (fixed tables, no torch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from tunelab.errors import InputError
@@ -27,31 +26,13 @@ allocator: left out; smaller tensors' fp32 states on the device); every other to
 :func:`tunelab.plan.model.optimizers.traced_name`."""
 
 
-@dataclass(frozen=True)
-class TemplateKey:
-    """What a step's kernel template is traced for (:meth:`Tables.template`)."""
-
-    config: object
-    """litgpt's model config as built: its blocks."""
-    method: str
-    """full, lora or qlora (traced as LoRA: :mod:`tunelab.plan.model.bnb_kernels` adds the rest)."""
-    precision: str
-    """Lightning's precision name."""
-    optimizer: str = "AdamW"
-    """The traced optimizer (:data:`OPTIMIZERS`)."""
-    lora: tuple = ()
-    """(rank, targets) of the adapters; litgpt's defaults when empty."""
-    head_chunks: int = 1
-    """LoRA's head in that many chunks (its chunks, strided views, take other kernels than one whole head)."""
-    single: bool = False
-    """One sample per micro batch (its step skips some copies)."""
-
-
 class Tables(Protocol):
     """What the model reads from traces of litgpt's model (each answer cached by the tracer)."""
 
-    def template(self, key: TemplateKey):
-        """The step's kernels as a :class:`tunelab.plan.model.kernels.Template`."""
+    def template(self, step):
+        """The kernels of ``step`` (a :class:`tunelab.plan.model.kernels.Step`, its config as built: its blocks) as
+        a :class:`tunelab.plan.model.kernels.Template` in its micro batch and tokens (LoRA: for its head's chunks;
+        one sample per micro batch: for that)."""
 
     def compiled_saved_bytes(
         self, config, kind: str, precision: str, lora_r: int, targets: tuple, input_grad: bool = True

@@ -21,6 +21,7 @@ from tunelab.plan.model.kernels import (
     MONOMIALS,
     TRACED_AS,
     TRAINING_PHASES,
+    Step,
     Template,
     attention_flops,
     attention_head,
@@ -30,7 +31,6 @@ from tunelab.plan.model.kernels import (
     matmul_flops_tiles,
     template_shapes,
 )
-from tunelab.plan.model.tables import TemplateKey
 from tunelab.plan.trace.measure import cuda_dropout, forward_context, model_logits, training_loss
 from tunelab.plan.trace.simulate import setup_step
 from tunelab.plan.trace.trace_cache import cached_json
@@ -336,14 +336,14 @@ def _ops_template(ops1: list, ops2: list, head_chunks: int, single: bool) -> tup
     return rows_b, rows_f, mm, mm_dims
 
 
-def template(key: TemplateKey) -> Template:
-    """The step of ``key.config`` as built (its ``n_layer``) as a :class:`Template`: traced at the two
-    :func:`template_shapes` (LoRA: for a head in ``key.head_chunks`` chunks), and for full fine-tuning at
-    :data:`CHUNK_SHAPE` for the ops of a loss chunk."""
+def template(step: Step) -> Template:
+    """The kernels of ``step`` (its config as built: its ``n_layer``) as a :class:`Template`: traced at the two
+    :func:`template_shapes` (LoRA: for its head's chunks, :meth:`Step.head_chunks`; one sample per micro batch:
+    for that), and for full fine-tuning at :data:`CHUNK_SHAPE` for the ops of a loss chunk."""
     import numpy as np
 
-    config, method, precision, optimizer, lora = key.config, key.method, key.precision, key.optimizer, key.lora
-    head_chunks, single = key.head_chunks, key.single
+    config, method, precision, optimizer, lora = step.config, step.method, step.precision, step.optimizer, step.lora
+    head_chunks, single = step.head_chunks(), step.micro == 1
     (b1, t1), (b2, t2) = template_shapes(head_chunks, single)
     ops1 = record_step(config, method, precision, b1, t1, optimizer, lora)
     ops2 = record_step(config, method, precision, b2, t2, optimizer, lora)
@@ -403,30 +403,30 @@ _TRACED: list = []
 """Templates traced in this process (the first one says where they are kept)."""
 
 
-def cached_template(key: TemplateKey) -> Template:
+def cached_template(step: Step) -> Template:
     """:func:`template`, kept in the process and under the cache directory (``kernel-templates/``, JSON: nothing
     there is executed); a cached file for another torch, litgpt or template version, or one that does not read, is
     made again (:func:`tunelab.plan.trace.trace_cache.cached_json`). Precisions traced as another
     (:data:`TRACED_AS`) share its template."""
     import json
 
-    precision = TRACED_AS.get(str(key.precision), str(key.precision))  # one template for precisions traced alike
-    key = dataclasses.replace(key, precision=precision)
-    lora = [key.lora[0], sorted(key.lora[1])] if key.lora else []
-    cache_key = [TEMPLATE_VERSION, _config_key(key.config), key.method, precision, key.optimizer]
-    cache_key += [key.head_chunks, key.single, lora]
+    precision = TRACED_AS.get(str(step.precision), str(step.precision))  # one template for precisions traced alike
+    step = dataclasses.replace(step, precision=precision)
+    lora = [step.lora[0], sorted(step.lora[1])] if step.lora else []
+    cache_key = [TEMPLATE_VERSION, _config_key(step.config), step.method, precision, step.optimizer]
+    cache_key += [step.head_chunks(), step.micro == 1, lora]
     memo = json.dumps(cache_key)
     if memo in _TEMPLATES:
         return _TEMPLATES[memo]
 
     raw = cached_json(
-        "kernel-templates", cache_key, lambda: _traced_json(key), "kernel template", valid=_template_whole
+        "kernel-templates", cache_key, lambda: _traced_json(step), "kernel template", valid=_template_whole
     )
     _TEMPLATES[memo] = _from_json(raw)
     return _TEMPLATES[memo]
 
 
-def _traced_json(key: TemplateKey) -> dict:
+def _traced_json(step: Step) -> dict:
     """:func:`template` traced, with a line of progress per template, as the JSON the cache keeps."""
     import numpy as np
 
@@ -438,14 +438,14 @@ def _traced_json(key: TemplateKey) -> dict:
             flush=True,
         )
     t0 = time.monotonic()
-    tp = template(key)
+    tp = template(step)
     _TRACED.append(1)
-    config = key.config
+    config = step.config
     blocks = f"{config.n_layer} block{'s' if config.n_layer != 1 else ''}"
     if getattr(config, "sliding_window_size", None):  # which blocks attend in a window (Gemma 2: alternating)
         blocks += ": " + ", ".join("local" if kind[0] else "global" for kind in block_kinds(config))
     print(
-        f"tunelab:   traced {config.name} {key.method} {key.precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
+        f"tunelab:   traced {config.name} {step.method} {step.precision} ({blocks}) in {time.monotonic() - t0:.1f} s",
         file=sys.stderr,
         flush=True,
     )

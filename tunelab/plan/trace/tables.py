@@ -9,9 +9,9 @@ from tunelab.plan.trace import compiled, kernel_trace, ranks
 class TracedTables:
     """:class:`tunelab.plan.model.tables.Tables` from traces of litgpt's model on fake tensors."""
 
-    def template(self, key):
+    def template(self, step):
         """:func:`tunelab.plan.trace.kernel_trace.cached_template`."""
-        return kernel_trace.cached_template(key)
+        return kernel_trace.cached_template(step)
 
     def compiled_saved_bytes(self, config, kind, precision, lora_r, targets, input_grad=True):
         """:func:`tunelab.plan.trace.compiled.saved_bytes_per_token`."""
