@@ -3,6 +3,7 @@ no measurement named in code by its date or folder."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -200,3 +201,35 @@ def test_the_published_multinode_table_is_data_read_in_one_checked_place(tmp_pat
     os.symlink(tmp_path / "outside.yaml", where)
     with pytest.raises(InputError):
         accuracy.multinode_study(tmp_path)
+
+
+FITTED = re.compile(r"\b([Ff]itted (on|with|by)|[Mm]easured (on|by|in)|[Cc]hosen on)\b|\(fitted\b")
+"""What a docstring of the model's constants says when the constant comes from a measurement."""
+
+
+def _documented_constants(path) -> list[tuple[str, str]]:
+    """(name, docstring) of each module-level constant of ``path`` with a docstring under it."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    out = []
+    for node, doc in zip(body, body[1:]):
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        text = doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else None
+        if isinstance(target, ast.Name) and isinstance(text, str):
+            out.append((target.id, text))
+    return out
+
+
+def test_every_fitted_constant_of_the_model_names_its_evidence():
+    """A constant of the plan's model fitted or measured names where: an entry of the evidence manifest (``id``)
+    or a published table under configs/; a figure cited from elsewhere says it is not ours ("not measured by
+    us"). The reports recompute each fit; the docstring says which archive to look in."""
+    ids = set(evidence.entries(ROOT))
+    missing = []
+    for path in sorted((ROOT / "tunelab" / "plan" / "model").rglob("*.py")):
+        for name, text in _documented_constants(path):
+            if not FITTED.search(text) or "not measured by us" in text.lower():
+                continue
+            tables = [p for p in re.findall(r"configs/[\w/.-]+\.yaml", text) if (ROOT / p).is_file()]
+            if not (ids & set(re.findall(r"``([a-z0-9-]+)``", text)) or tables):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, missing

@@ -21,19 +21,19 @@ DEQUANT_BYTES_PER_WEIGHT = 0.5 + 4 / NF4_BLOCK + 2
 weight written."""
 DEQUANT_EFFICIENCY = 0.58
 """Fraction of :func:`tunelab.plan.model.kernels.memory_rate` ``kDequantizeBlockwise`` reaches over
-:data:`DEQUANT_BYTES_PER_WEIGHT`. Fitted on OpenLLaMA 7B's forward dequantizations at micro 4 on the H200 (164 kernels,
-7.82 ms for 7.0e9 weights: 0.585); out of sample its float16 ones in backward (7.82 ms), TinyLlama's (1.57 ms for
-1.23e9 weights: 0.51, the model 11% short)."""
+:data:`DEQUANT_BYTES_PER_WEIGHT`. Fitted on OpenLLaMA 7B's forward dequantizations at micro 4 (evidence
+``h200-grid-qlora``); out of sample its float16 ones in backward and TinyLlama's."""
 FORWARD_HOST_OPS_PER_MATMUL = 6.7
 """The host's work per 4-bit matmul in the forward pass beyond the ops the trace records and the dequantization's
 launch (bitsandbytes' Python: ``Linear4bit.forward``, ``matmul_4bit``, the autograd function, the custom op's
 dispatch to its CUDA kernel through ctypes), in dispatched ops (:data:`tunelab.plan.model.kernels.HOST_S_PER_OP` each).
-Fitted on TinyLlama's QLoRA line at micro 4 (launch-bound: its forward's host clock 86.6 ms against 48.9 for its LoRA
-twin on the same machine), each op at the twin's host time per op (34.1 us); TinyLlama at micro 1, also
-launch-bound, is out of sample (it implies 10.0: the host's clock varies from process to process by as much)."""
+Fitted on TinyLlama's QLoRA line at micro 4 (evidence ``h200-grid-qlora``; launch-bound: its forward's host clock
+against its LoRA twin's on the same machine), each op at the twin's host time per op; TinyLlama at micro 1, also
+launch-bound, is out of sample (the host's clock varies from process to process by as much as the two differ)."""
 BACKWARD_HOST_OPS_PER_MATMUL = 2.0
 """The same for the backward pass (the autograd function's backward, ``dequantize_4bit``'s Python, beyond the
-traced cast): fitted with :data:`FORWARD_HOST_OPS_PER_MATMUL` (99.6 ms against 91.1); micro 1 implies none."""
+traced cast): fitted with :data:`FORWARD_HOST_OPS_PER_MATMUL` on the same line's backward (evidence
+``h200-grid-qlora``); micro 1 implies none."""
 EVAL_PYTHON_SHARE = {"validation": 0.841, "decode": 0.791}
 """bitsandbytes' Python per 4-bit matmul in a validation batch (no gradients) and in a generated token (one row,
 inference mode: ``gemv_4bit`` in place of the dequantization, no autograd function) as a share of the training
@@ -46,8 +46,8 @@ gradient read, two fp32 states read and written."""
 PAGED_ADAMW_HOST_OPS_PER_TENSOR = 1.7
 """The host's work per trainable tensor of bitsandbytes' ``PagedAdamW`` step beyond its kernel's launch (its Python
 loop: state lookup, prefetch check, the update's custom op through ctypes), in dispatched ops. Fitted on TinyLlama's
-QLoRA optimizer phase at micro 4 (222 tensors, 20.6 ms on the host above); out of sample TinyLlama at micro 1 and 16
-(2.0, 1.3) and OpenLLaMA 7B's 322 tensors at micro 4 (2.0): the optimizer phase is launch-bound in all of them."""
+QLoRA optimizer phase at micro 4 (evidence ``h200-grid-qlora``); out of sample TinyLlama at micro 1 and 16 and
+OpenLLaMA 7B at micro 4: the optimizer phase is launch-bound in all of them."""
 
 
 def litgpt_optimizer(method: str) -> str:

@@ -30,18 +30,19 @@ and checked out of sample on OpenLLaMA 7B LoRA's compiled fast run on an H200, w
 COMPILED_HOST_S_PER_KERNEL = 68e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching
 each Triton or cuBLAS kernel, the compiled autograd function around the graph and its guards, amortised per kernel).
-Fitted on our H100 bench of the fast path (TinyLlama full, bf16-true, micro 8, three runs; the mean optimizer step
-over the steady window, 0.185-0.240 s, does not follow its padded tokens there: host-bound, against about 0.1 s of
-kernels; the later micro batches' gradient accumulation is eager work beside it); one configuration, one host:
-the weakest constant of the model."""
+Fitted on our H100 bench of the fast path (evidence ``h100-bench-tiny-full``: TinyLlama full, bf16-true, micro 8,
+three runs, host-bound: the mean optimizer step over the steady window does not follow its padded tokens there; the
+later micro batches' gradient accumulation is eager work beside it); one configuration, one host: the weakest
+constant of the model."""
 FAST_MODEL_ERROR = {"GPU": 0.026, "host": 0.365}
 """The widest miss of :func:`fast_step` over our benches' fast-path runs that ran compiled throughout, by what the
-model says bounds the run (:meth:`FastStep.bound`), rounded up. GPU-bound: TinyLlama full's probes at micro 58-97 on
-an H100 (4 runs, each window to the loop's synchronised end; :data:`COMPILED_MEMORY_EFFICIENCY` is fitted on them)
-and OpenLLaMA 7B LoRA at micro 8 on an H200 (1, out of sample); the plan's band there is never narrower than the
-kernel model's (:func:`tunelab.plan.model.runtime.fast_band`). Host-bound: TinyLlama full at micro 8 on an H100 (3)
-and TinyLlama LoRA (2) on an H200 machine whose host ran TinyLlama's launches far faster than the H100 machine's: a
-host-bound step follows the host CPU, which no GPU table describes. ``tunelab plan-accuracy`` recomputes both
+model says bounds the run (:meth:`FastStep.bound`), rounded up. GPU-bound: TinyLlama full's largest-micro-batch
+probes (evidence ``h100-bench-tiny-full``, each window to the loop's synchronised end;
+:data:`COMPILED_MEMORY_EFFICIENCY` is fitted on them) and OpenLLaMA 7B LoRA at micro 8 (``h200-bench-7b-lora-compiled``,
+out of sample); the plan's band there is never narrower than the kernel model's
+(:func:`tunelab.plan.model.runtime.fast_band`). Host-bound: TinyLlama full at micro 8 (``h100-bench-tiny-full``) and
+TinyLlama LoRA (``h200-bench-tiny-lora-compiled``) on an H200 machine whose host ran TinyLlama's launches far faster
+than the H100 machine's: a host-bound step follows the host CPU, which no GPU table describes. ``tunelab plan-accuracy`` recomputes both
 (``reports/planner-accuracy/runtime.md``); a test holds this to it."""
 FAST_START_EXTRA_S = (26.1, 74.8)
 """Seconds the fast path's run takes to start beyond litgpt's (loading, tokenising once, compiling every shape ahead,

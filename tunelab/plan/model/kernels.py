@@ -33,75 +33,70 @@ LORA_LIKE = ("lora", "qlora")
 
 MATMUL_EFFICIENCY = 0.85
 """Fraction of the dense peak a large, well-shaped matmul reaches (cuBLAS on H100/A100 reaches 70-90%); fitted on
-the H100 profile's matmul time (TinyLlama full, 29.1 ms)."""
+the matmul kernels of the H100 profile (evidence ``h100-part1``)."""
 ATTENTION_EFFICIENCY = 0.19
-"""Fraction of the dense peak the flash kernels reach at fine-tuning lengths (437 tokens, head size 64: short rows,
-few tiles); fitted on the H100 profile's attention time (3.0 ms)."""
+"""Fraction of the dense peak the flash kernels reach at fine-tuning lengths (hundreds of tokens, head size 64:
+short rows, few tiles); fitted on the attention kernels of the H100 profile (evidence ``h100-part1``)."""
 TF32_MATMUL_SHARE = 0.81
 """An fp32 matmul's efficiency against the TF32 peak, as a share of :data:`MATMUL_EFFICIENCY` (a bf16 matmul's
 against the bf16 peak): cuBLAS's TF32 kernels reach less of their peak than its bf16 ones (their operands are twice
-as wide: twice the bytes per FLOP to feed the tensor cores; a reading, not measured apart). Fitted on the H200 grid's fp32 line at micro 8
-(TinyLlama full, 32-true: 72.2 ms of matmul kernels against 58.3 planned at the bf16 share); its micro-32 line is
-out of sample (``reports/planner-accuracy/kernels.md``)."""
+as wide: twice the bytes per FLOP to feed the tensor cores; a reading, not measured apart). Fitted on the 32-true
+grid's line at micro 8 (evidence ``h200-grid-again``); its micro-32 line is out of sample."""
 FP32_ATTENTION_EFFICIENCY = 0.15
 """Fraction of :func:`fp32_attention_peak` that fp32 attention reaches (the same causal FLOPs as flash): torch's
-flash kernels take only 16-bit inputs, so fp32 SDPA runs the memory-efficient (CUTLASS) kernel. Fitted on the H200
-grid's fp32 line at micro 8 (19.7 ms of attention kernels; timed as flash at the TF32 peak it was 5.1 ms); its
-micro-32 line is out of sample."""
+flash kernels take only 16-bit inputs, so fp32 SDPA runs the memory-efficient (CUTLASS) kernel. Fitted on the
+32-true grid's line at micro 8 (evidence ``h200-grid-again``); its micro-32 line is out of sample."""
 MEMORY_EFFICIENCY = 0.9
 """Fraction of :func:`memory_rate` a contiguous eager elementwise kernel reaches (a large device-to-device copy
-moves about 90% of the HBM's peak on the H100 and H200 machines we borrow). Fitted with
-:data:`STRIDED_EFFICIENCY` and :data:`SM_BYTES_PER_CYCLE` on the elementwise, loss and copy kernels of eight
-full fine-tuning steps: the H100 profile, the H100 grid's five, two H200 lines (bounded at 0.9: the fit alone
-wanted 1.0)."""
+moves about 90% of the HBM's peak on the H100 and H200 machines we borrow). Fitted with :data:`STRIDED_EFFICIENCY`
+and :data:`SM_BYTES_PER_CYCLE` on the elementwise, loss and copy kernels of full fine-tuning steps (evidence
+``h100-part1``'s profile, ``h100-grid``, ``h200-grid``'s lines by op), bounded at 0.9 (the fit alone wanted 1.0)."""
 FOREACH_EFFICIENCY = 0.56
 """Fraction of :func:`memory_rate` torch's for-each optimizer kernels reach over 16-bit state (many tensors per
-launch, each element widened to fp32 for the math and narrowed back); fitted on the H100 profile's optimizer phase
-(TinyLlama full, bf16-true, AdamW for-each, 16.4 ms)."""
+launch, each element widened to fp32 for the math and narrowed back); fitted on the optimizer phase of the H100
+profile's full fine-tuning (evidence ``h100-part1``)."""
 FOREACH_FP32_EFFICIENCY = 0.73
 """The same over fp32 state (32-true, and mixed precision's fp32 weights): no conversions, twice the bytes an element,
 a larger share of the rate. Fitted on the optimizer phase of evidence ``h200-grid-again``'s 32-true line at micro 8
-(:func:`tunelab.report.profiles.fit_foreach_fp32`); at the 16-bit figure that phase was planned 30% long."""
+(:func:`tunelab.report.profiles.fit_foreach_fp32`)."""
 STRIDED_EFFICIENCY = 0.44
 """Fraction of :func:`memory_rate` an elementwise kernel reaches when an operand is a strided view (RoPE on a
 transposed head, its halves, their cat, copies and slice gradients): torch's unvectorized TensorIterator path.
-Fitted with :data:`MEMORY_EFFICIENCY` (above); the H200 profile of OpenLLaMA 3B and 7B by op shows these ops
-(cat, clone, neg, slice_backward) 2 to 3x slower than their bytes at the contiguous rate."""
+Fitted with :data:`MEMORY_EFFICIENCY` (above), on the ops evidence ``h200-grid`` times one by one."""
 CONV_EFFICIENCY = 0.13
 """Fraction of :func:`memory_rate` cuDNN's grouped 1-D convolution (litgpt's LoRA on the fused qkv: the r-wide
 groups into the q, k, v widths) reaches over the bytes it reads and writes, forward, layout conversions to NHWC
-and back included: measured on the H200 (OpenLLaMA 7B LoRA, micro 8 x 437: 172 us a call for an 86 MB output)."""
+and back included: measured on OpenLLaMA 7B LoRA's line by op (evidence ``h200-grid``)."""
 CONV_BACKWARD_EFFICIENCY = 0.034
 """The same for its backward (data and weight gradients: an implicit GEMM over the tokens with an r-wide reduction,
-the layouts converted again): 648 us a call on that line, 27x its bytes at the contiguous rate."""
+the layouts converted again), on the same line."""
 SM_BYTES_PER_CYCLE = 15.0
 """Bytes an SM moves to and from memory per clock cycle in an eager kernel (the loads it keeps in flight over the
 memory's latency): with the SM count and the boost clock, a ceiling on the rate that can sit below the HBM's
-(:func:`memory_rate`): 3.9 TB/s for 132 SMs at 1980 MHz, under the H200's 4.8 TB/s HBM and over the H100's 3.35.
-Fitted with :data:`MEMORY_EFFICIENCY`; checked out of sample by the H200's optimizer phases (for-each kernels,
-another efficiency), which the HBM's figure alone put 15-20% short."""
+(:func:`memory_rate`; on an H200 it does, on an H100 it does not). Fitted with :data:`MEMORY_EFFICIENCY` (evidence
+``h100-grid``, ``h200-grid``); checked out of sample by the H200's optimizer phases."""
 MIN_KERNEL_S = 3e-6
 """The shortest a kernel takes on the GPU (launch latency and a tail): seconds."""
 KERNEL_GAP_S = 2.79e-6
 """Seconds the GPU stands idle after each kernel of an eager forward or backward even with the next one queued (its
 front end taking the next launch), per op the template counts: the phases' wall time less the profiler's kernel time
 over those ops, the median over the profile grids' lines whose kernels fill 85% of their forward and backward or more
-(:func:`tunelab.report.profiles.fit_kernel_gap`). Added where it was measured, the training forward and backward
+(evidence ``h100-grid``, ``h200-grid``, ``h200-grid-again``, ``h200-grid-qlora``;
+:func:`tunelab.report.profiles.fit_kernel_gap`). Added where it was measured, the training forward and backward
 (:data:`GAP_PHASES`): not to the optimizer step, whose efficiency was fitted on its phase's wall time
 (:data:`FOREACH_EFFICIENCY`), nor to validation and decode, which litgpt's loop launches slower than its GPU runs."""
 GAP_PHASES = ("forward", "backward")
 """The phases :data:`KERNEL_GAP_S` is added to."""
 HOST_S_PER_OP = 35e-6
 """Host time per dispatched op in eager PyTorch (Python module code, the dispatcher, autograd's bookkeeping, the
-launch); fitted on the H100 profile's two steps (full 97.6 ms, GPU-bound; LoRA 160.7 ms, host-bound: its kernels
-keep the GPU busy 89 ms)."""
+launch); fitted on the H100 profile's two steps, full (GPU-bound) and LoRA (host-bound) (evidence ``h100-part1``)."""
 ADAM_FOREACH_HOST_OPS_PER_TENSOR = 0.74
 """Host work per trainable tensor of torch's for-each Adam/AdamW step beyond its for-each ops, in dispatched ops
 (:data:`HOST_S_PER_OP` each): without ``capturable`` it reads every tensor's step counter on the host twice
 (``_get_value(step)`` for both bias corrections, torch/optim/adam.py) and builds the per-tensor step sizes in Python.
-Fitted on the H100 profile's and grid's launch-bound LoRA optimizer phases (TinyLlama: 222 tensors, 5.1-6.9 ms;
-OpenLLaMA 3B: 262, 6.0-7.1 ms; the median); the fused step (one kernel over the list) has none. Another class's
-for-each step: this in proportion to its reads of the step counters
+Fitted on the launch-bound LoRA optimizer phases of the H100 profile and grid (evidence ``h100-part1``,
+``h100-grid``; TinyLlama and OpenLLaMA 3B, the median); the fused step (one kernel over the list) has none. Another
+class's for-each step: this in proportion to its reads of the step counters
 (:data:`tunelab.plan.model.optimizers.STEP_COUNTER_READS`, counted on the CPU)."""
 TILE = 128
 """Output tile edge of a tensor-core matmul kernel (cuBLAS's common 128 x 128 / 128 x 256 tiles)."""

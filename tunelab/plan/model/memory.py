@@ -37,15 +37,15 @@ ALLOCATOR_SLACK = 1.05
 """Reserved / allocated at the peak: the caching allocator keeps some blocks it cannot reuse (5-15% typically)."""
 EDGE_FRACTION = 0.02
 """A verdict whose margin is within 2% of the GPU's memory is 'at the edge': the caching allocator's fragmentation
-decides it, and the planner cannot (measured on an H100: reserved / allocated 1.05-1.40 at the peak of runs that
-fit; s1 ran out of memory with 7.84 GiB reserved but unallocated)."""
+decides it, and the planner cannot (measured on an H100, evidence ``h100-part1``: reserved over allocated at the
+peak of runs that fit ranged far above :data:`ALLOCATOR_SLACK`, and s1 ran out of memory with GiBs reserved but
+unallocated)."""
 ALLOCATOR_HEADROOM = 0.10
 """Fraction of the GPU's memory a configuration chosen for speed leaves above its predicted peak allocated. Past
 it the caching allocator retries (frees its cache, calls cudaMalloc again) and throughput drops although the run
-fits: measured on the H100 (evidence ``h100-part3``, ``reports/evidence.yaml``), retries began at 75.2 GB allocated of 85.0 GB (FSDP,
-micro 42 of the 47 that fit: 88%) and at 78.5 GB (with activation checkpointing, micro 244: 92%); micro 47 ran at
-82% of the best throughput with 26 retries. ``tunelab advise`` ranks only configurations within it
-(``--headroom``)."""
+fits: measured on the H100's micro-batch curve (evidence ``h100-part3``), where retries began at 88-92% of the
+GPU's memory allocated and the largest micro batch that fit lost a fifth of the best throughput to them.
+``tunelab advise`` ranks only configurations within it (``--headroom``)."""
 SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 """FSDP sharding strategies."""
 

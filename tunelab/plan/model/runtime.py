@@ -32,18 +32,21 @@ from tunelab.plan.model.tables import optimizer_of
 from tunelab.units import GB
 
 ETA = 0.6127
-"""Fraction of the dense peak FLOP/s the matmul work reaches (fitted: see the module docstring)."""
+"""Fraction of the dense peak FLOP/s the matmul work reaches (fitted on the lab's Part 1 times,
+configs/sweeps/lab-part1.yaml: see the module docstring)."""
 MU = 0.2671
-"""Fraction of the peak memory bandwidth the memory-bound work reaches (fitted)."""
+"""Fraction of the peak memory bandwidth the memory-bound work reaches (fitted with :data:`ETA` on the same rows,
+configs/sweeps/lab-part1.yaml)."""
 OVERHEAD_S = 0.0715
-"""Seconds of host work per micro-batch iteration (fitted)."""
+"""Seconds of host work per micro-batch iteration (fitted with :data:`ETA` on the same rows,
+configs/sweeps/lab-part1.yaml)."""
 LOO_MEAN_ABS_ERROR = 0.107
 """Mean absolute leave-one-out error of the estimate over the lab's rows (tunelab plan-accuracy recomputes it)."""
 LOO_WORST_ERROR = -0.314
 """The worst leave-one-out error (s13, the one QLoRA row: without it the memory-bound constant is poorly held)."""
 LOO_BAND = (-0.204, 0.458)
-"""The fitted curve's band, as measured over estimated less 1 at its extremes over the lab's rows left out one by one
-(s13's -31% is +46% measured over estimated), rounded outwards: the estimate x (1 + each) holds every such row
+"""The fitted curve's band, as measured over estimated less 1 at its extremes over the lab's rows
+(configs/sweeps/lab-part1.yaml) left out one by one, rounded outwards: the estimate x (1 + each) holds every such row
 (tunelab plan-accuracy recomputes them; a test holds these to them)."""
 LITGPT_HOST_S_PER_OP = 50.2e-6
 """Host seconds per dispatched op in litgpt's finetune loop (Python module code, Fabric's wrappers, the
@@ -61,8 +64,8 @@ probe before launch tells; ``plan`` widens a launch-bound estimate's band to it.
 KERNEL_MODEL_ERROR = 0.168
 """The widest miss of the kernel-level model (:meth:`Terms.by_cause`), as measured over predicted (a band of the
 estimate x (1 -/+ it) holds the run), where the GPU bounds a run we calibrate on (our timed litgpt runs whose GPU was
-busy 60% or more, at the planner's host constant; the lab's A100 Part 1 rows it does not call host-bound, out of
-sample: a host-bound run is its host's, which :data:`LITGPT_HOST_S_PER_OP_RANGE` carries), rounded up: the band
+busy 60% or more, at the planner's host constant; the lab's A100 Part 1 rows, configs/sweeps/lab-part1.yaml, it
+does not call host-bound, out of sample: a host-bound run is its host's, which :data:`LITGPT_HOST_S_PER_OP_RANGE` carries), rounded up: the band
 either side of its point estimate, a bound that holds every such run rather than a typical miss
 (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it, a test holds this to it)."""
 
