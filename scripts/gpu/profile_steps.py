@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Where the time of a training step goes: TinyLlama (random weights, litgpt's own model classes), full fine-tuning,
 LoRA and QLoRA (litgpt's --quantize bnb.nf4: Lightning's bitsandbytes plugin, PagedAdamW, the StableEmbedding
-swap), bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them), the lab's micro batch, the
+swap), bf16-true (or 32-true: fp32 weights, matmuls as TF32 as litgpt sets them; or bf16-mixed: fp32 weights and
+optimizer, the forward under bf16 autocast, as Lightning's MixedPrecision runs it), the lab's micro batch, the
 benchmark workload's padded length.
 
 For each method: warm-up steps, then N timed steps with CUDA events around each phase (forward, loss, backward,
@@ -143,9 +144,10 @@ def qlora_optimizer(model):
     return optimizer
 
 
-def step_fn(model, optimizer, input_ids, targets, timers=None, forward_context=None):
+def step_fn(model, optimizer, input_ids, targets, timers=None, forward_context=None, fp32_outputs=False):
     """One training step as litgpt's scripts take it; ``forward_context`` (a context manager factory) wraps the
-    forward as Fabric's precision plugin does (QLoRA: the default dtype set to the compute dtype)."""
+    forward as Fabric's precision plugin does (QLoRA: the default dtype set to the compute dtype; bf16-mixed: bf16
+    autocast); ``fp32_outputs``: the logits converted to fp32 after it, as that plugin's ``convert_output`` does."""
     import contextlib
 
     from litgpt.utils import chunked_cross_entropy
@@ -160,6 +162,8 @@ def step_fn(model, optimizer, input_ids, targets, timers=None, forward_context=N
     mark("start")
     with (forward_context or contextlib.nullcontext)():
         logits = model(input_ids, lm_head_chunk_size=128)
+    if fp32_outputs:
+        logits = [t.float() for t in logits]
     mark("forward")
     logits[-1] = logits[-1][..., :-1, :]
     loss = chunked_cross_entropy(logits, targets[..., 1:])
@@ -334,6 +338,9 @@ def profile_method(
     model = build(method, model_name, device, torch.bfloat16 if half else torch.float32)
     model.max_seq_length = seq
     step = step_fn
+    if precision == "bf16-mixed":  # fp32 weights; Lightning's MixedPrecision: the forward under autocast
+        autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
+        step = functools.partial(step_fn, forward_context=autocast, fp32_outputs=True)
     if method == "qlora":
         optimizer = qlora_optimizer(model)
         plugin = qlora_plugin(torch.bfloat16 if half else torch.float32)
@@ -390,7 +397,8 @@ def profile_method(
         gpu = hardware.identify(torch.cuda.get_device_name(0))
         peak = gpu.training_peak(precision) if gpu else None
     tokens = micro * seq
-    decode = line_decode(model, batch[0, : max(1, seq // 2)], device, method)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):  # as in training
+        decode = line_decode(model, batch[0, : max(1, seq // 2)], device, method)
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -479,9 +487,10 @@ def main() -> int:
     )
     ap.add_argument(
         "--precision",
-        choices=("bf16-true", "32-true"),
+        choices=("bf16-true", "32-true", "bf16-mixed"),
         default="bf16-true",
-        help="bf16-true (default), or 32-true: fp32 weights and optimizer state, matmuls as TF32 (litgpt's 'high')",
+        help="bf16-true (default), or 32-true: fp32 weights and optimizer state, matmuls as TF32 (litgpt's 'high'), "
+        "or bf16-mixed: fp32 weights and optimizer state, the forward under bf16 autocast (Lightning's MixedPrecision)",
     )
     ap.add_argument("--out", type=Path)
     ap.add_argument(

@@ -15,7 +15,8 @@
 #   profile       torch.profiler summary of TinyLlama full and LoRA steps                          0.5 min
 #   grid          the same profile over GRID ("model:micro ...", default TinyLlama at micro 1, 4, 16 and
 #                 OpenLLaMA 3B at 1, 4; a row "model:micro:lora" runs one method, "model:micro:lora,qlora" two
-#                 (qlora: litgpt's bnb.nf4), "model:micro:full:32-true" at fp32 with TF32 matmuls), full and LoRA
+#                 (qlora: litgpt's bnb.nf4), "model:micro:full:32-true" at fp32 with TF32 matmuls,
+#                 "model:micro:full:bf16-mixed" under autocast over fp32 weights), full and LoRA
 #                 by default, with the host's clock per phase and its speed per op
 #                 -> profile-grid.jsonl: the time model's out-of-sample rows (tunelab/plan/model/kernels.py;
 #                 reports/planner-accuracy/kernels.md); about 25 s a row on an H200 (2026-11-27)      2.5 min
@@ -261,7 +262,7 @@ stage_grid() {  # one JSON line per (model, micro, method); a row already in gpu
   [ "$REHEARSAL" = 1 ] && { grid=${GRID:-"tiny:1 tiny:2"}; steps=2; }
   [ -f "$RESULTS/profile-grid.jsonl" ] && cp "$RESULTS/profile-grid.jsonl" "$OUT/profile-grid.jsonl"
   for row in $grid; do  # model:micro, model:micro:methods (comma-separated full, lora, qlora; full,lora the
-    local model micro methods precision todo="" m  # default), model:micro:methods:precision (bf16-true or 32-true)
+    local model micro methods precision todo="" m  # default), model:micro:methods:precision (bf16-true, 32-true, ...)
     IFS=: read -r model micro methods precision <<< "$row"; methods=${methods:-full,lora}; precision=${precision:-bf16-true}
     for m in ${methods//,/ }; do  # the methods of this row not measured yet
       grep -q "\"model\": \"$model\", \"method\": \"$m\", \"micro\": $micro,.*\"dtype\": \"$precision\"" \

@@ -381,3 +381,42 @@ def test_a_qlora_lines_decode_is_timed_on_a_gpu_only_and_a_failure_there_is_reco
     assert steps.line_decode("model", "prompt", gpu, "qlora") == {"error": "RuntimeError: gemv_4bit: no kernel"}
     with pytest.raises(RuntimeError):  # the lines that always decoded still stop on a failure
         steps.line_decode("model", "prompt", gpu, "lora")
+
+
+def test_a_bf16_mixed_line_runs_its_forward_under_autocast_over_fp32_weights():
+    """profile_steps at bf16-mixed: the weights and the optimizer stay fp32 and the forward runs under bf16 autocast,
+    as Lightning's MixedPrecision runs litgpt's step (its casts are the kernels the line measures); its logits reach
+    the loss as fp32, as that plugin converts them; a 32-true line has no such casts."""
+    import importlib.util
+
+    import litgpt.utils
+    import torch
+
+    spec = importlib.util.spec_from_file_location("profile_steps", GPU_DIR / "profile_steps.py")
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    seen = {}
+    real = steps.build
+
+    def build(*args):
+        seen["model"] = real(*args)
+        return seen["model"]
+
+    loss_dtypes = []
+    real_loss = litgpt.utils.chunked_cross_entropy
+
+    def loss(logits, *args, **kw):
+        loss_dtypes.append({t.dtype for t in logits})
+        return real_loss(logits, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(steps, "build", build)
+        mp.setattr(litgpt.utils, "chunked_cross_entropy", loss)
+        lines = {
+            p: steps.profile_method("full", "tiny", 2, 64, 1, torch.device("cpu"), p) for p in ("32-true", "bf16-mixed")
+        }
+        assert {p.dtype for p in seen["model"].parameters()} == {torch.float32}  # the mixed line's weights
+    casts = {p: line["cpu_ops"].get("aten::_to_copy", [0])[0] for p, line in lines.items()}
+    assert casts["bf16-mixed"] > casts["32-true"] + 10, casts  # autocast's casts of weights and activations
+    assert lines["bf16-mixed"]["step_s"] > 0 and lines["bf16-mixed"]["decode"]["s"] > 0
+    assert loss_dtypes and all(d == {torch.float32} for d in loss_dtypes)  # converted after the autocast forward
