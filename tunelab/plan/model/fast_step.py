@@ -38,12 +38,12 @@ FAST_MODEL_ERROR = {"GPU": 0.026, "host": 0.365}
 """The widest miss of :func:`fast_step` over our benches' fast-path runs that ran compiled throughout, by what the
 model says bounds the run (:meth:`FastStep.bound`), rounded up. GPU-bound: TinyLlama full's largest-micro-batch
 probes (evidence ``h100-bench-tiny-full``, each window to the loop's synchronised end;
-:data:`COMPILED_MEMORY_EFFICIENCY` is fitted on them) and OpenLLaMA 7B LoRA at micro 8 (``h200-bench-7b-lora-compiled``,
-out of sample); the plan's band there is never narrower than the kernel model's
+:data:`COMPILED_MEMORY_EFFICIENCY` is fitted on them) and OpenLLaMA 7B LoRA at micro 8
+(``h200-bench-7b-lora-compiled``, out of sample); the plan's band there is never narrower than the kernel model's
 (:func:`tunelab.plan.model.runtime.fast_band`). Host-bound: TinyLlama full at micro 8 (``h100-bench-tiny-full``) and
 TinyLlama LoRA (``h200-bench-tiny-lora-compiled``) on an H200 machine whose host ran TinyLlama's launches far faster
-than the H100 machine's: a host-bound step follows the host CPU, which no GPU table describes. ``tunelab plan-accuracy`` recomputes both
-(``reports/planner-accuracy/runtime.md``); a test holds this to it."""
+than the H100 machine's: a host-bound step follows the host CPU, which no GPU table describes. ``tunelab
+plan-accuracy`` recomputes both (``reports/planner-accuracy/runtime.md``); a test holds this to it."""
 FAST_START_EXTRA_S = (26.1, 74.8)
 """Seconds the fast path's run takes to start beyond litgpt's (loading, tokenising once, compiling every shape ahead,
 the final save: wall time less the printed Training Time), with inductor's cache warm and cold: the medians over

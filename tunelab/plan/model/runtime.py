@@ -63,11 +63,12 @@ it in ``reports/planner-accuracy/runtime.md`` and a test holds this to it. A pro
 probe before launch tells; ``plan`` widens a launch-bound estimate's band to it."""
 KERNEL_MODEL_ERROR = 0.168
 """The widest miss of the kernel-level model (:meth:`Terms.by_cause`), as measured over predicted (a band of the
-estimate x (1 -/+ it) holds the run), where the GPU bounds a run we calibrate on (our timed litgpt runs whose GPU was
-busy 60% or more, at the planner's host constant; the lab's A100 Part 1 rows, configs/sweeps/lab-part1.yaml, it
-does not call host-bound, out of sample: a host-bound run is its host's, which :data:`LITGPT_HOST_S_PER_OP_RANGE` carries), rounded up: the band
-either side of its point estimate, a bound that holds every such run rather than a typical miss
-(``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it, a test holds this to it)."""
+estimate x (1 -/+ it) holds the run), where the GPU bounds a run we calibrate on (our timed litgpt runs whose GPU
+was busy 60% or more, at the planner's host constant; the lab's A100 Part 1 rows, configs/sweeps/lab-part1.yaml, it
+does not call host-bound, out of sample: a host-bound run is its host's, which :data:`LITGPT_HOST_S_PER_OP_RANGE`
+carries), rounded up: the band either side of its point estimate, a bound that holds every such run rather than a
+typical miss (``reports/planner-accuracy/runtime.md``; ``tunelab plan-accuracy`` recomputes it, a test holds this to
+it)."""
 
 
 def fast_band(bound: str) -> float:
