@@ -1750,3 +1750,18 @@ def test_the_band_plot_draws_each_runs_band_over_its_measured_time():
     assert dots == pytest.approx([1.1, 1.5])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ours (2)", "theirs (1)"]
     plt.close(fig)
+
+
+def test_the_lab_rows_that_train_alike_are_solved_for_the_labs_machine():
+    """runtime_accuracy.shared_training_pairs: the lab's s2 and s3 (fp32, micro 8: the same training kernels by the
+    model) are the one pair; its two factors, applied to each row's modelled training and its validations and
+    samples, give back both rows' published times (runtime.md's diagnostic)."""
+    items = runtime_accuracy.a100_items()
+    rows = {r["id"]: r for r in runtime_accuracy.a100_rows(items)}
+    pairs = runtime_accuracy.shared_training_pairs(items, list(rows.values()))
+    assert [(a, b) for a, b, *_ in pairs] == [("s2", "s3")]
+    for a, b, train, evals in pairs:
+        for i in (a, b):
+            ev = rows[i]["validation"] + rows[i]["generation"]
+            assert train * (rows[i]["kernel_s"] - ev) + evals * ev == pytest.approx(rows[i]["lab_s"], rel=1e-9)
+        assert train < 1 < evals  # the lab's fp32 training ran faster than planned, its evaluations slower

@@ -677,6 +677,35 @@ def lab_hosts(items: list | None = None) -> dict:
     return out
 
 
+def shared_training_pairs(items: list, rows: list[dict]) -> list[tuple]:
+    """Pairs of the lab's A100 rows that train alike (recipe, precision, micro batch and padded tokens: the same
+    training kernels by the model) and differ in their validations and samples, each solved for the lab's machine:
+    (first id, second id, its training time over the model's, its validations' and samples' over the model's).
+    ``items``: :func:`a100_items`; ``rows``: :func:`a100_rows` of them. A diagnostic: two rows, two factors."""
+    by_id = {r["id"]: r for r in rows if r["kernel_s"] is not None}
+    groups: dict = {}
+    for r, t, *_ in items:
+        if r.id in by_id:
+            k = t.kernels.step
+            groups.setdefault((r.recipe.key, k.precision, k.micro, round(k.tokens, 3)), []).append(r.id)
+    out = []
+    for ids in groups.values():
+        for a, b in zip(ids, ids[1:]):
+            (ta, ea, sa), (tb, eb, sb) = (
+                (by_id[i]["kernel_s"] - _evaluation_s(by_id[i]), _evaluation_s(by_id[i]), by_id[i]["lab_s"])
+                for i in (a, b)
+            )
+            det = ta * eb - tb * ea
+            if abs(det) > 1e-9 * abs(ta * eb):
+                out.append((a, b, (sa * eb - sb * ea) / det, (ta * sb - tb * sa) / det))
+    return out
+
+
+def _evaluation_s(row: dict) -> float:
+    """A lab row's modelled seconds of validation and generated samples."""
+    return row["validation"] + row["generation"]
+
+
 HOST_SCALES = tuple(round(0.3 + 0.05 * i, 2) for i in range(19))
 """The lab machine's host time per op relative to ours that :func:`lab_machine` tries (0.30 to 1.20)."""
 GPU_SCALES = tuple(round(0.9 + 0.025 * i, 3) for i in range(17))
@@ -743,7 +772,7 @@ def write_report(path: Path, root: Path) -> None:
         *_md_config_hub(hub),
         *_md_part2(),
         *_md_a100(a100),
-        *_md_weak(lab),
+        *_md_weak(lab, a100),
     ]
     write_text_atomic(path, "\n".join(lines))
 
@@ -1435,10 +1464,16 @@ def _md_a100(a100: list[dict]) -> list[str]:
     return lines
 
 
-def _md_weak(lab: list) -> list[str]:
-    """Where the model is known to be weak, and what it does not model yet; ``lab``: :func:`a100_items`."""
+def _md_weak(lab: list, a100: list[dict]) -> list[str]:
+    """Where the model is known to be weak, and what it does not model yet; ``lab``: :func:`a100_items`, ``a100``:
+    :func:`a100_rows` of them."""
     m = lab_machine(lab)
     worst = max(m["loo"], key=lambda i: abs(m["loo"][i]))
+    pairs = "; ".join(
+        f"{a} and {b} train alike and differ in their validations and samples: solved together, the lab's machine ran "
+        f"their training {train:.2f}x the model's time and their validations and samples {evals:.2f}x"
+        for a, b, train, evals in shared_training_pairs(lab, a100)
+    )
     return [
         "",
         "Diagnostic (not used by the planner): the lab's machine as two factors against the model, fitted on these "
@@ -1447,7 +1482,13 @@ def _md_weak(lab: list) -> list[str]:
         f"row: mean absolute error {m['mae']:.1%}, worst {worst} {m['loo'][worst]:+.1%}. s10 (TinyLlama LoRA) "
         "holds the host factor almost alone: left out, the fit cannot see the host. Two machine factors are not "
         "identified by eleven rows; the records now carry the host's op time and the board's steady SM clock, "
-        "to measure them instead.",
+        "to measure them instead."
+        + (
+            f" Rows that train alike: {pairs}. No one factor of the board explains both; the fp32 constants were "
+            "fitted on an H200, whose TF32 tensor cores and fp32 attention kernel are not an A100's."
+            if pairs
+            else ""
+        ),
         "",
         "Known weak: the host constant is the median machine's: the lab's A100 machine ran TinyLlama's LoRA "
         "loop about twice as fast per op as our H100 machine (s10: our H100 machine took 64.6 s for the same row without validations, "
