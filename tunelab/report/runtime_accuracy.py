@@ -1491,11 +1491,10 @@ def _md_weak(lab: list, a100: list[dict]) -> list[str]:
         ),
         "",
         "Known weak: the host constant is the median machine's: the lab's A100 machine ran TinyLlama's LoRA "
-        "loop about twice as fast per op as our H100 machine (s10: our H100 machine took 64.6 s for the same row without validations, "
-        "the lab 45.2 s with two; not a count of ops: litgpt 0.5.7, the lab's, dispatches the same 1,634 forward and "
-        "2,408 backward ops at micro 4 as 0.5.13 by the same trace); generation is an upper bound; fp32's elementwise "
-        "kernels are timed 13-22% long (the H200's 32-true grid, `kernels.md`), and the lab's fp32 row s3 ran faster "
-        "than planned, its s2 slower; small micro batches on a noisy host (Part 3, micro 8-23) "
+        "loop at its own host's time per op (s10, its host-bound row: the host section above compares it; not a count "
+        "of ops: litgpt 0.5.7, the lab's, dispatches the same ops at micro 4 as 0.5.13 by the same trace); "
+        "generation is an upper bound; fp32's elementwise kernels are timed long (the H200's 32-true grid, "
+        "`kernels.md`), and the lab's fp32 row s3 ran faster than planned, its s2 slower; small micro batches on a noisy host (Part 3, micro 8-23) "
         "run slower than either bound; allocator retries are not timed (a plan at the edge of memory widens its "
         "band's high end instead: Part 3, micro 47). Not modelled yet: "
         "DDP's all-reduce launches beyond one bucket on the host, FSDP's wrapper kernels on the GPU (only their communication), the gather before a sharded checkpoint "
