@@ -60,6 +60,11 @@ class RankStats:
     compile_s: float | None = None
     """Wall time of compiling every shape the run will train on, before the first iteration (tunelab's loop with
     ``compile: blocks`` and ``pad_to_multiple``): a forward and backward per shape, their gradients discarded."""
+    compile_cache_hits: int | None = None
+    """Graphs of that compilation (a forward and a backward each) read back from inductor's FX graph cache, kept
+    across runs under tunelab's cache folder (torch's ``fxgraph_cache_hit`` counter)."""
+    compile_cache_misses: int | None = None
+    """Graphs of that compilation inductor compiled anew (``fxgraph_cache_miss``): all of them on a cold cache."""
     graphs_compiled_in_loop: int | None = None
     """Graphs torch.compile built after the first training iteration (dynamo's ``unique_graphs`` counter):
     recompilations that fell inside the training loop. A measured window with any is refused by ``tunelab bench``."""
@@ -340,6 +345,10 @@ class RunRecord:
     compile_s: float | None = None
     """Max over ranks of the time spent compiling every training shape before the first iteration (tunelab's loop
     with compiled blocks and static shapes); apart from the steady-state figures."""
+    compile_cache_hits: int | None = None
+    """Max over ranks of the graphs that compilation read from inductor's cache (``RankStats.compile_cache_hits``)."""
+    compile_cache_misses: int | None = None
+    """Max over ranks of the graphs it compiled anew: 0 with a warm cache."""
     graphs_compiled_in_loop: int | None = None
     """Max over ranks of the graphs torch.compile built after the first iteration: recompilations inside the loop
     (0 with static shapes compiled ahead; ``tunelab bench`` refuses a measured run with any)."""

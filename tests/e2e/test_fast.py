@@ -411,10 +411,15 @@ def test_a_second_run_compiles_from_the_cache_kept_with_tunelabs(tiny_ckpt, tmp_
     warm = run_cli(argv, tmp_path / "warm")
     assert cold.status == warm.status == "ok", (cold.error, warm.error)
     assert kept, "inductor's cache is not under tunelab's cache folder"
-    # the second run wrote nothing new into the cache (its kernels were there) and compiled in a fraction of the time
-    # (a tenth on 2 idle cores: the graphs themselves read back, which the files alone do not show)
+    # the first run compiled every graph anew, the second read every one back (inductor's own counters, in the
+    # record) and wrote nothing new into the cache; its compile time, a tenth of the first's on 2 idle cores, is
+    # recorded, not asserted (a busy CPU stretches either)
+    assert cold.compile_cache_misses > 0 == cold.compile_cache_hits, (
+        cold.compile_cache_hits,
+        cold.compile_cache_misses,
+    )
+    assert warm.compile_cache_hits == cold.compile_cache_misses and warm.compile_cache_misses == 0
     assert {p for p in cache.rglob("*") if p.is_file()} == kept
-    assert warm.compile_s < cold.compile_s / 2, (cold.compile_s, warm.compile_s)
     # the steady window ends where the loop synchronised after its last iteration, not at a host timestamp
     stats = json.loads((tmp_path / "warm" / "stats" / "rank0.json").read_text())
     assert stats["trained_until"] >= stats["iters"][-1][0] and warm.ranks[0].trained_until == stats["trained_until"]

@@ -159,6 +159,8 @@ def _rank_figures(rec: RunRecord) -> None:
     rec.peak_rss_bytes = agg("peak_rss_bytes", max)
     rec.first_iteration_s = agg("first_iteration_s", max)
     rec.compile_s = agg("compile_s", max)
+    rec.compile_cache_hits = agg("compile_cache_hits", max)
+    rec.compile_cache_misses = agg("compile_cache_misses", max)
     rec.graphs_compiled_in_loop = agg("graphs_compiled_in_loop", max)
     rec.recompile_limit_hits = agg("recompile_limit_hits", max)
     rec.paused_s = agg("paused_s", max)

@@ -486,12 +486,20 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _cache_counts() -> tuple[int, int]:
+    """(hits, misses) of inductor's FX graph cache in this process so far: compiled graphs, a forward and a backward
+    each, read back from the cache or compiled anew (torch's own counters)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"]), int(counters["inductor"]["fxgraph_cache_miss"])
+
+
 def _compile_shapes(model, shapes, device, method, strategy, autocast, engine) -> None:
     """Compile every training shape before the first iteration: a forward and backward of a batch of padding per
     (rows, length), gradients discarded, random state restored (dropout's draws stay litgpt's)."""
     if not shapes or strategy.compile != "blocks" or engine is not None:
         return
-    t0 = time.monotonic()
+    t0, cache0 = time.monotonic(), _cache_counts()
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     for rows, length in shapes:
@@ -505,13 +513,14 @@ def _compile_shapes(model, shapes, device, method, strategy, autocast, engine) -
     if cuda_rng is not None:
         torch.cuda.set_rng_state(cuda_rng, device)
     _synchronize(device)
-    rank_stats.note_compile(time.monotonic() - t0)
+    hits, misses = (after - before for after, before in zip(_cache_counts(), cache0))
+    rank_stats.note_compile(time.monotonic() - t0, hits, misses)
     if rank_stats.global_rank() == 0:
         import torch._dynamo.config as dynamo_config
 
         print(
             f"shapes compiled: {len(shapes)} in {time.monotonic() - t0:.1f} s, {_graphs_compiled()} graphs "
-            f"(recompile limit {dynamo_config.recompile_limit})",
+            f"(recompile limit {dynamo_config.recompile_limit}); inductor's cache: {hits} read, {misses} compiled",
             flush=True,
         )
 

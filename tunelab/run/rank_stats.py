@@ -53,9 +53,10 @@ def note_first_iteration(seconds: float) -> None:
     _STATE["first_iteration_s"] = seconds
 
 
-def note_compile(seconds: float) -> None:
-    """Time spent compiling the training shapes ahead of the first iteration."""
-    _STATE["compile_s"] = seconds
+def note_compile(seconds: float, cache_hits: int, cache_misses: int) -> None:
+    """Time spent compiling the training shapes ahead of the first iteration, and the graphs that took read from
+    inductor's cache and compiled anew."""
+    _STATE.update(compile_s=seconds, compile_cache_hits=cache_hits, compile_cache_misses=cache_misses)
 
 
 def note_graphs_compiled_in_loop(count: int) -> None:
@@ -210,6 +211,8 @@ def write() -> None:
         "exception": _STATE["exception"],
         "first_iteration_s": _STATE.get("first_iteration_s"),
         "compile_s": _STATE.get("compile_s"),
+        "compile_cache_hits": _STATE.get("compile_cache_hits"),
+        "compile_cache_misses": _STATE.get("compile_cache_misses"),
         "graphs_compiled_in_loop": _STATE.get("graphs_compiled_in_loop"),
         "recompile_limit_hits": _STATE.get("recompile_limit_hits"),
         "paused_s": _STATE.get("paused_s"),
