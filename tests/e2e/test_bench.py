@@ -45,6 +45,8 @@ def test_bench_runs_both_arms_and_reports_the_ratio(tmp_path):
         and float(fast["first_iteration_s"]) > 0
     )
     assert float(fast["padding_pct"]) < float(litgpt["padding_pct"])  # length grouping
+    # the fast arm's compiled graphs, read from inductor's cache or compiled anew; litgpt's arm compiles none
+    assert int(fast["compile_cache_hits"]) + int(fast["compile_cache_misses"]) > 0 and not litgpt["compile_cache_hits"]
     assert (tmp_path / "report" / "loss.png").stat().st_size > 0
     again = bench(argv)  # the records answer the same command: nothing runs again
     assert "Speed-up" in again

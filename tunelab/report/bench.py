@@ -33,6 +33,8 @@ COLUMNS = [
     "peak_rss_gb",
     "first_iteration_s",
     "compile_s",
+    "compile_cache_hits",
+    "compile_cache_misses",
     "wall_s",
     "graphs_compiled_in_loop",
     "recompile_limit_hits",
@@ -46,13 +48,14 @@ COLUMNS = [
     "device_name",
     "record",
 ]
-"""bench.csv: one row per run (GB = 1e9 bytes; tok/s in the steady state, warm-up excluded, summed over ranks;
-MFU on real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time; compile_s: the
-fast arm's compilation of every training shape before it; wall_s: the run end to end, start to final checkpoint
-(model load, compilation, training, validations, saves); graphs_compiled_in_loop: recompilations inside the
-loop; recompile_limit_hits: graph variants torch.compile gave up on (those blocks ran eagerly); a run with either
-is refused: left out of the ratios; paused_s: validation and checkpoints inside the loop,
-left out of the steady state)."""
+"""bench.csv: one row per run (GB = 1e9 bytes; tok/s in the steady state, warm-up excluded, summed over ranks; MFU on
+real tokens, and on padded tokens; first_iteration_s: the first iteration's wall time; compile_s: the fast arm's
+compilation of every training shape before it, compile_cache_hits / compile_cache_misses: its graphs inductor's
+cache gave back / compiled anew (a warm or a cold start); wall_s: the run end to end, start to final checkpoint
+(model load, compilation, training, validations, saves); graphs_compiled_in_loop: recompilations inside the loop;
+recompile_limit_hits: graph variants torch.compile gave up on (those blocks ran eagerly); a run with either is
+refused: left out of the ratios; paused_s: validation and checkpoints inside the loop, left out of the steady
+state)."""
 
 
 def _median(values: list) -> float | None:
@@ -96,6 +99,8 @@ def rows(phases: list[Phase], base: Path) -> list[dict]:
                         "peak_rss_gb": to_gb(r.peak_rss_bytes),
                         "first_iteration_s": r.first_iteration_s,
                         "compile_s": r.compile_s,
+                        "compile_cache_hits": r.compile_cache_hits,
+                        "compile_cache_misses": r.compile_cache_misses,
                         "wall_s": r.wall_s,
                         "graphs_compiled_in_loop": r.graphs_compiled_in_loop,
                         "recompile_limit_hits": r.recompile_limit_hits,
