@@ -1765,3 +1765,51 @@ def test_the_lab_rows_that_train_alike_are_solved_for_the_labs_machine():
             ev = rows[i]["validation"] + rows[i]["generation"]
             assert train * (rows[i]["kernel_s"] - ev) + evals * ev == pytest.approx(rows[i]["lab_s"], rel=1e-9)
         assert train < 1 < evals  # the lab's fp32 training ran faster than planned, its evaluations slower
+
+
+def test_litgpt_resource_tables_are_planned_as_they_ran(tmp_path, monkeypatch):
+    """runtime.md's resource-table check set (tunelab.report.resource_tables): each row, planned from the YAML beside
+    the table set to its model, quantization, micro batch and GPUs, has the table's trainable parameters (the LoRA
+    the runs had: r 8 on the query and value); its time is per 1,000 iterations of each GPU (at half as many
+    iterations, half the time); a row the table cannot mean is one line naming it."""
+    import shutil
+
+    from tunelab.errors import InputError
+    from tunelab.report import resource_tables
+
+    published = tmp_path / "configs" / "published"
+    shutil.copytree(ROOT / "configs" / "published" / "litgpt-resource-tables", published / "litgpt-resource-tables")
+    head, rows = (ROOT / "configs" / "published" / "litgpt-resource-tables.yaml").read_text().split("rows:\n")
+    keep = [ln for ln in rows.splitlines() if "phi-1_5" in ln and "micro_batch_size: 1," in ln]
+    (published / "litgpt-resource-tables.yaml").write_text(head + "rows:\n" + "\n".join(keep) + "\n")
+    planned = resource_tables.rows(tmp_path)
+    assert [(r["quantize"], r["gpus"], r["strategy"]) for r in planned] == [
+        (None, 1, "single"),
+        ("bnb.nf4", 1, "single"),
+        (None, 2, "fsdp"),
+    ]
+    assert all(r["planned_trainable"] == r["trainable"] == 1572864 for r in planned)
+    for r in planned:
+        assert r["error"] == pytest.approx(r["planned_min"] / r["minutes"] - 1)
+        assert r["inside"] == (r["band"][0] <= r["minutes"] <= r["band"][1])
+        assert r["memory_error"] == pytest.approx(r["planned_gb"] / r["peak_gb"] - 1)
+    monkeypatch.setattr(resource_tables, "ITERATIONS", 500)
+    half = resource_tables.rows(tmp_path)
+    for a, b in zip(planned, half):
+        assert b["planned_min"] == pytest.approx(a["planned_min"] / 2, rel=0.05), (a["gpus"], a["quantize"])
+    md = "\n".join(resource_tables.markdown(planned, tmp_path))
+    assert f"{sum(r['inside'] for r in planned)} of 3 timed rows lie inside" in md and md.count("| phi-1_5 |") == 3
+    for bad in (
+        ("quantize: bnb.nf4,", "quantize: bnb.nf4-dq,"),
+        ("micro_batch_size: 1, gpus: 2", "micro_batch_size: 3, gpus: 2"),
+        (
+            "model: phi-1_5, quantize: null, micro_batch_size: 1, gpus: 1",
+            "model: phi-9, quantize: null, micro_batch_size: 1, gpus: 1",
+        ),
+        ("minutes: 1.62", "minutes: fast"),
+    ):
+        text = "\n".join(keep).replace(*bad)
+        assert text != "\n".join(keep), bad
+        (published / "litgpt-resource-tables.yaml").write_text(head + "rows:\n" + text + "\n")
+        with pytest.raises(InputError, match=r"configs/published/litgpt-resource-tables.yaml: rows\[\d\]"):
+            resource_tables.rows(tmp_path)

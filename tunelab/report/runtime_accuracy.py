@@ -30,7 +30,7 @@ from tunelab.plan.projection import project_recipe
 from tunelab.plan.recipe import plan_recipe, runtime_terms
 from tunelab.plan.trace.tables import TRACED
 from tunelab.record import read_rank_file, steady_state, steady_steps, unnoted_pauses
-from tunelab.report import bench, evidence, profiles
+from tunelab.report import bench, evidence, profiles, resource_tables
 from tunelab.report.accuracy import (
     LAB_PART2_LINK,
     archived_records,
@@ -758,8 +758,19 @@ def write_report(path: Path, root: Path) -> None:
             (r["id"], {**r, "measured_s": r["lab_s"], "predicted_s": r["kernel_s"]}) for r in a100 if r["kernel_s"]
         ],
     }
-    hub = config_hub_rows(root)
-    save_figure(band_figure({**timed, "litgpt's config_hub (check set)": _hub_runs(hub)}), path.with_name("band.png"))
+    hub, resources = config_hub_rows(root), resource_tables.rows(root)
+    checks = {
+        "litgpt's config_hub (check set)": _hub_runs(hub),
+        "litgpt's resource tables (check set)": [
+            (
+                f"{r['model']} {r['quantize'] or ''} x{r['gpus']} micro {r['micro_batch_size']}",
+                resource_tables.as_run(r),
+            )
+            for r in resources
+            if r["minutes"]
+        ],
+    }
+    save_figure(band_figure({**timed, **checks}), path.with_name("band.png"))
     lines = [
         *_md_h100(h100, fit_host(items)),
         *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench, steps)), retry_stretch(root)),
@@ -770,6 +781,7 @@ def write_report(path: Path, root: Path) -> None:
         *_md_whole_cost(bench_costs(root)),
         *_md_generate(generate_rows(root)),
         *_md_config_hub(hub),
+        *resource_tables.markdown(resources, root),
         *_md_part2(),
         *_md_a100(a100),
         *_md_weak(lab, a100),
