@@ -4,7 +4,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tunelab import hardware, yaml_input
-from tunelab.report import accuracy, evidence
+from tunelab.report import accuracy, evidence, resource_tables
 
 FP32_LANES_PER_SM = {
     "V100": 64,  # Volta whitepaper: 64 FP32 cores per SM
@@ -128,6 +128,8 @@ def test_a_row_names_the_timed_runs_that_check_its_time_and_only_rows_that_have_
     timed |= {yaml_input.load_mapping(published / "fsdp-multinode.yaml", "the multi-node table")["gpu"]}
     generate = yaml_input.load_mapping(published / "litgpt-generate.yaml", "the generation table")["rows"]
     timed |= {row["gpu"] for row in generate if row.get("seconds")}
+    resources = yaml_input.load_mapping(published / "litgpt-resource-tables.yaml", "the resource tables")["rows"]
+    timed |= {resource_tables.GPU for row in resources if row.get("minutes")}  # the table's one GPU
     assert timed <= set(hardware.table()), timed - set(hardware.table())
     assert {g.name for g in hardware.table().values() if g.timed_by} == timed
     unchecked = hardware.time_checked(hardware.lookup("L40S"))
