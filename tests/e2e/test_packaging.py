@@ -68,6 +68,9 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     assert acc.returncode == 0, acc.stderr
     assert (work / "reports" / "planner-accuracy" / "accuracy.md").is_file()  # outputs go where the user is
     assert not list(site.glob("tunelab/_files/reports"))
+    shipped = site / "tunelab" / "_files" / "configs" / "published"  # each check set with the YAMLs its rows plan
+    assert (shipped / "litgpt-resource-tables" / "lora.yaml").is_file()
+    assert (shipped / "litgpt-config-hub" / "tiny-llama" / "lora.yaml").is_file()
 
 
 def test_importing_the_plan_model_loads_no_torch_nor_litgpt():
