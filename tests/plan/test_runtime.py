@@ -1813,3 +1813,10 @@ def test_litgpt_resource_tables_are_planned_as_they_ran(tmp_path, monkeypatch):
         (published / "litgpt-resource-tables.yaml").write_text(head + "rows:\n" + text + "\n")
         with pytest.raises(InputError, match=r"configs/published/litgpt-resource-tables.yaml: rows\[\d\]"):
             resource_tables.rows(tmp_path)
+    # the YAML the rows are set on, a link leading outside its folder: refused, not read
+    (published / "litgpt-resource-tables.yaml").write_text(head + "rows:\n" + "\n".join(keep) + "\n")
+    base = published / "litgpt-resource-tables" / "lora.yaml"
+    base.unlink()
+    base.symlink_to(ROOT / "recipes" / "tiny-llama-1.1b" / "lora.yaml")
+    with pytest.raises(InputError, match=r"litgpt-resource-tables/lora.yaml: leads outside .*fix:"):
+        resource_tables.rows(tmp_path)

@@ -59,7 +59,13 @@ def rows(root: Path = ROOT) -> list[dict]:
     ``error`` and ``inside`` against the table's minutes; ``planned_gb`` (peak allocated per device, GB) and
     ``memory_error`` against its peak; ``fits`` (the plan's verdict) against its OOM; ``planned_trainable``."""
     _, table = evidence.published(TABLE, ("source", "note"), KEYS, root)
-    base = recipes.load(root / evidence.PUBLISHED / TABLE / "lora.yaml")
+    folder = (root / evidence.PUBLISHED / TABLE).resolve()
+    if not (folder / "lora.yaml").resolve().is_relative_to(folder):  # never read through a link leading outside
+        raise InputError(
+            f"{evidence.PUBLISHED}/{TABLE}/lora.yaml: leads outside {evidence.PUBLISHED}/{TABLE}/; fix: restore it "
+            f"(git checkout -- {evidence.PUBLISHED}/{TABLE}/lora.yaml)"
+        )
+    base = recipes.load(folder / "lora.yaml")
     gpu = hardware.lookup(GPU)
     out = []
     for n, row in enumerate(table):
@@ -68,7 +74,7 @@ def rows(root: Path = ROOT) -> list[dict]:
             extra, iterations = _overrides(row)
             planned = plan_recipe(base, extra, gpu=gpu)
         except ValueError as e:  # a model litgpt does not know, a value the planner's checks refuse
-            raise InputError(f"{evidence.PUBLISHED}/{TABLE}.yaml: rows[{n}]: {e}") from None
+            raise InputError(f"{evidence.PUBLISHED}/{TABLE}.yaml: rows[{n}] (set on {TABLE}/lora.yaml): {e}") from None
         projection = project_recipe(planned, gpu)[0]
         per = ITERATIONS / iterations / 60  # seconds of the planned run to minutes per 1,000 iterations
         lo, hi = projection.seconds_band

@@ -511,10 +511,11 @@ def with_blocks(config, layers: list):
     return dataclasses.replace(config, n_layer=len(layers), **lists)
 
 
-def _add_bitsandbytes(step: Step, gpu, tally: _Tally) -> int:
+def _add_bitsandbytes(step: Step, gpu, tally: _Tally, numels: list) -> int:
     """Add what the trace does not see of bitsandbytes (:mod:`tunelab.plan.model.bnb_kernels`) to a step's sums:
     QLoRA's dequantization kernels (category ``dequantization``, each with its gap) and its Python per 4-bit matmul;
-    a paged AdamW's kernel and Python per tensor. Returns the training phases' kernels added."""
+    a paged AdamW's kernel and Python per tensor (``numels``: :meth:`Step.trainable_numels`). Returns the training
+    phases' kernels added."""
 
     work = {}
     if step.method == "qlora":
@@ -522,7 +523,7 @@ def _add_bitsandbytes(step: Step, gpu, tally: _Tally) -> int:
         work = bnb_kernels.qlora_work(step.config, step.tokens, memory_rate(gpu), MIN_KERNEL_S, share)
     if step.optimizer.startswith("Paged"):
         rate = memory_rate(gpu) * MEMORY_EFFICIENCY
-        work["optimizer"] = bnb_kernels.paged_adamw(step.trainable_numels(), rate, MIN_KERNEL_S)
+        work["optimizer"] = bnb_kernels.paged_adamw(numels, rate, MIN_KERNEL_S)
     for phase, (sec, n, host) in work.items():
         tally.add(phase, "optimizer" if phase == "optimizer" else "dequantization", sec, n, n + round(host))
     return sum(n for phase, (_, n, _) in work.items() if phase in TRAINING_PHASES)
@@ -536,7 +537,7 @@ def _add_untraced(step: Step, gpu, tally: _Tally) -> int:
     if reads := optimizers.host_reads_per_tensor(step.optimizer):  # a for-each step reads step counters (no kernel)
         per_tensor = ADAM_FOREACH_HOST_OPS_PER_TENSOR * reads / optimizers.STEP_COUNTER_READS["AdamW"]
         tally.host_ops["optimizer"] = tally.host_ops.get("optimizer", 0) + round(len(numels) * per_tensor)
-    added = _add_bitsandbytes(step, gpu, tally)
+    added = _add_bitsandbytes(step, gpu, tally, numels)
     work = accumulation_work(numels, parameter_bytes(step.precision), step.accumulation, gpu)
     return added + _add_accumulation(work, tally)
 
