@@ -128,7 +128,8 @@ def load(path: Path) -> Recipe:
         raise RecipeError(str(e)) from None
     if not isinstance(config, dict):
         raise RecipeError(
-            f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}"
+            f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}; "
+            "fix: give a recipe (a key such as tiny-llama-1.1b/lora, or a litgpt YAML; `tunelab ls` lists them)"
         )
     if "name" in config and "checkpoint_dir" not in config:  # litgpt takes no `name`; a strategy file has one
         raise RecipeError(

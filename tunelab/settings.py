@@ -14,8 +14,6 @@ import json
 import math
 from dataclasses import dataclass, field
 
-import yaml
-
 from tunelab import yaml_input
 from tunelab.data import records as dataset_records
 from tunelab.errors import InputError
@@ -407,9 +405,9 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if key == "config":  # litgpt's own: a YAML file whose keys apply where it stands among the overrides
             _merge(out, _config_file(value, defaults, recipe))
             continue
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
+        try:  # plain data, as a file's: no alias, no deep nesting (a value that is not YAML stays text)
+            parsed = yaml_input.loads(value, f"--{key}")
+        except InputError:
             parsed = value
         if key == "checkpoint_dir" or key == "out_dir":
             parsed = value  # paths stay text

@@ -273,7 +273,8 @@ def _figure(v) -> bool:
 
 
 def _check_names(name: str, rows: list[Row], where: str) -> None:
-    """Names become directories: plain names only, no duplicate row ids."""
+    """Names become directories: plain names only, no duplicate row ids (nor two that differ only in case: one
+    folder on the case-insensitive disks of macOS and Windows)."""
     for text, what in [(name, "name"), *((r.id, "row id") for r in rows)]:
         if not SAFE_NAME.fullmatch(text):
             shown = text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
@@ -281,10 +282,10 @@ def _check_names(name: str, rows: list[Row], where: str) -> None:
                 f"{where}: {what}: {shown!r} is not a plain name (it becomes a directory: up to 100 "
                 "letters, digits, '.', '_', '-', starting with a letter or digit); fix: rename it"
             )
-    ids = [r.id for r in rows]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
+    folded = [r.id.casefold() for r in rows]
+    dup = sorted({r.id for r in rows if folded.count(r.id.casefold()) > 1})
     if dup:
-        raise SweepError(f"{where}: duplicate row id(s) {dup}")
+        raise SweepError(f"{where}: duplicate row id(s) {dup} (case aside: one folder each); fix: rename all but one")
 
 
 def parse_set(pairs: list[str]) -> dict:

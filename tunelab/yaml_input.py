@@ -18,10 +18,17 @@ from tunelab.errors import InputError
 MAX_BYTES = 4 * 2**20
 """Largest YAML file read (4 MiB: every tunelab file is a few KiB; litgpt's own configs are under 10 KiB)."""
 
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists read (tunelab's files and litgpt's configs nest five levels at most); a
+deeper file would exhaust PyYAML's recursion before any check could name the line."""
+
 
 class _PlainLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases (the only way a small YAML file becomes a large object) and a key given twice
-    in one mapping (PyYAML keeps the last without a word: a table row or a setting silently replaced)."""
+    """SafeLoader that refuses aliases (the only way a small YAML file becomes a large object), a key given twice
+    in one mapping (PyYAML keeps the last without a word: a table row or a setting silently replaced) and nesting
+    deeper than :data:`MAX_DEPTH`."""
+
+    depth = 0
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -43,7 +50,16 @@ class _PlainLoader(yaml.SafeLoader):
                 f"{self.name}:{event.start_mark.line + 1}: YAML alias *{event.anchor} is not accepted "
                 "(aliases can expand a small file into gigabytes); fix: write the value out in full"
             )
-        return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            raise InputError(
+                f"{self.name}:{self.peek_event().start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
+                "fix: flatten it (tunelab's files nest a few levels)"
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def _code(ch) -> str:

@@ -22,3 +22,27 @@ def test_alias_bomb_is_refused_before_it_grows():
     with pytest.raises(InputError, match=r"x.yaml:2: YAML alias \*a0 is not accepted"):
         yaml_input.loads(bomb, "x.yaml")
     assert time.process_time() - t0 < 1.0
+
+
+def test_nesting_past_the_depth_cap_is_refused_with_its_line():
+    """Python's recursion limit would end the parse in a RecursionError: the loader refuses past MAX_DEPTH, naming
+    the line; a file at the cap still reads."""
+    from tunelab import yaml_input
+    from tunelab.errors import InputError
+
+    at_cap = "[" * yaml_input.MAX_DEPTH + "]" * yaml_input.MAX_DEPTH
+    assert yaml_input.loads(f"a: 1\nb: {at_cap[1:-1]}\n", "x.yaml")["a"] == 1
+    with pytest.raises(InputError, match=r"x.yaml:3: nested more than 64 levels deep; fix:"):
+        yaml_input.loads("a: 1\nb:\n  c: " + "[" * 5000 + "]" * 5000 + "\n", "x.yaml")
+
+
+def test_an_error_line_keeps_its_start_and_its_fix(capsys):
+    """A value of thousands of characters echoed back in a refusal is elided in the middle, the fix kept."""
+    from tunelab.cli.common import MESSAGE_MAX, fail
+
+    assert fail("k: " + "x" * 10_000 + "; fix: shorten it") == 2
+    err = capsys.readouterr().err
+    assert len(err) < MESSAGE_MAX + 100 and err.startswith("tunelab: error: k: xxx")
+    assert err.rstrip().endswith("; fix: shorten it") and "[... 8,020 characters ...]" in err
+    fail("short; fix: none")
+    assert capsys.readouterr().err == "tunelab: error: short; fix: none\n"

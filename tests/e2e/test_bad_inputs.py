@@ -46,6 +46,10 @@ def _files(tmp: Path) -> dict[str, Path]:
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 30)
     )
     write("bomb.yaml", bomb + f"rows:\n{row}")
+    write("deep.yaml", f"name: x\nextra: {'[' * 3000}{']' * 3000}\nrows:\n{row}")  # past Python's recursion limit
+    write("deep-recipe.yaml", "checkpoint_dir: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
+    write("case-ids.yaml", f"name: x\nrows:\n{row}  - id: A\n    recipe: tiny-llama-1.1b/lora\n")
+    write("text.yaml", "just words\n")
     write("strategies/broken.yaml", "name: fsdp\nsharding_strategy: [FULL_SHARD\n")
     write("strategies/wrong-type.yaml", "name: deepspeed\nzero_stage: three\n")
     write("strategy-broken.yaml", f"name: x\nrows:\n{row}    strategy: {tmp}/strategies/broken.yaml\n")
@@ -171,6 +175,15 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ),
         ("python tag", ["sweep", f["tag.yaml"]], "tag"),
         ("alias bomb", ["sweep", f["bomb.yaml"]], "alias"),
+        ("3,000 levels deep, sweep", ["sweep", f["deep.yaml"]], "deep.yaml:2: nested more than 64 levels deep; fix:"),
+        ("3,000 levels deep, recipe", ["plan", f["deep-recipe.yaml"]], "nested more than 64 levels deep; fix:"),
+        (
+            "3,000 levels deep, override",
+            ["plan", R, "--train.micro_batch_size", "[" * 3000 + "]" * 3000],
+            "characters ...] ]]]]",  # the 6,000-character value echoed with its middle elided, its fix kept
+        ),
+        ("ids that differ in case", ["sweep", f["case-ids.yaml"]], "duplicate row id(s) ['A', 'a']"),
+        ("recipe of plain text", ["plan", f["text.yaml"]], "got str; fix: give a recipe"),
         ("strategy YAML broken", ["sweep", f["strategy-broken.yaml"]], "broken.yaml:2"),
         ("strategy wrong type", ["sweep", f["strategy-type.yaml"]], "zero_stage"),
         ("row id escapes", ["sweep", f["escape.yaml"]], "not a plain name"),

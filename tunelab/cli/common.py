@@ -12,9 +12,17 @@ from pathlib import Path
 from tunelab.errors import InputError
 from tunelab.units import GB
 
+MESSAGE_MAX = 2_000
+"""Longest error message printed whole: a longer one (a value of thousands of characters echoed back) keeps its
+start and its end (the fix), the middle elided."""
+
 
 def fail(message: str) -> int:
-    """Print ``tunelab: error: <message>`` on stderr; the exit code of bad input (2)."""
+    """Print ``tunelab: error: <message>`` on stderr (at most :data:`MESSAGE_MAX` characters); the exit code of bad
+    input (2)."""
+    if len(message) > MESSAGE_MAX:
+        half = MESSAGE_MAX // 2
+        message = f"{message[:half]} [... {len(message) - 2 * half:,} characters ...] {message[-half:]}"
     print(f"tunelab: error: {message}", file=sys.stderr)
     return 2
 

@@ -753,7 +753,11 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, not_run_reason: s
     meta, records = load_sweep_dir(sweep_dir)
     if not records:
         one = Path(sweep_dir) / "record.json"  # `tunelab run --out DIR` writes DIR/record.json: one run's folder
-        fix = f"; fix: tunelab report {Path(sweep_dir).parent} (the folder above it)" if one.is_file() else ""
+        fix = (
+            f"; fix: tunelab report {Path(sweep_dir).parent} (the folder above it)"
+            if one.is_file()
+            else "; fix: give the folder `tunelab sweep` or `tune-study` wrote"
+        )
         raise FileNotFoundError(f"no run records (*/record.json) under {sweep_dir}{fix}")
     for rec in records:  # said where the user sees it, not only in a table row
         if (rec.error or "").startswith(UNREADABLE):
