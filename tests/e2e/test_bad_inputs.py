@@ -50,6 +50,8 @@ def _files(tmp: Path) -> dict[str, Path]:
     write("deep-recipe.yaml", "checkpoint_dir: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
     write("case-ids.yaml", f"name: x\nrows:\n{row}  - id: A\n    recipe: tiny-llama-1.1b/lora\n")
     write("text.yaml", "just words\n")
+    write("meta-broken/sweep.json", "{bad")  # an output folder whose sweep index is not one tunelab wrote
+    write("meta-list/sweep.json", "[1]")
     write("strategies/broken.yaml", "name: fsdp\nsharding_strategy: [FULL_SHARD\n")
     write("strategies/wrong-type.yaml", "name: deepspeed\nzero_stage: three\n")
     write("strategy-broken.yaml", f"name: x\nrows:\n{row}    strategy: {tmp}/strategies/broken.yaml\n")
@@ -184,6 +186,14 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ),
         ("ids that differ in case", ["sweep", f["case-ids.yaml"]], "duplicate row id(s) ['A', 'a']"),
         ("recipe of plain text", ["plan", f["text.yaml"]], "got str; fix: give a recipe"),
+        *(
+            (
+                f"resume over a {kind} sweep.json",
+                ["sweep", "lab-part1", "--only", "s2", "--model", "tiny", "--out", f[f"meta-{kind}/sweep.json"].parent],
+                "sweep.json: not a sweep index this command wrote",
+            )
+            for kind in ("broken", "list")
+        ),
         ("strategy YAML broken", ["sweep", f["strategy-broken.yaml"]], "broken.yaml:2"),
         ("strategy wrong type", ["sweep", f["strategy-type.yaml"]], "zero_stage"),
         ("row id escapes", ["sweep", f["escape.yaml"]], "not a plain name"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import io
-import json
 import os
 import shutil
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 from tunelab import checkpoints
 from tunelab import record as record_mod
 from tunelab.errors import Interrupted
-from tunelab.files import Busy, check_target, exclusive_lock, set_aside, write_json_atomic
+from tunelab.files import Busy, FileRefused, check_target, exclusive_lock, read_json, set_aside, write_json_atomic
 from tunelab.paths import ROOT, output_root
 from tunelab.progress import ProgressLine
 from tunelab.run.resume import DEADLINE_PREFIX, DISK_FULL_PREFIX, resume_state
@@ -210,8 +209,16 @@ def _write_meta(sweep: Sweep, base: Path, o: SweepOptions) -> None:
         "lab_hardware": sweep.lab_hardware,
         "rows": rows,
     }
-    if meta_path.is_file() and not o.rerun:
-        old = json.loads(meta_path.read_text())
+    if meta_path.exists() and not o.rerun:
+        try:
+            old = read_json(meta_path, what="sweep index")
+        except FileRefused as e:
+            old = str(e).split("; fix:")[0]  # its own fix is not this one
+        if not isinstance(old, dict):
+            raise SweepError(
+                f"{meta_path}: not a sweep index this command wrote ({str(old)[:200]}); fix: --rerun (rewrites it "
+                "and runs every row again) or another --out"
+            )
         if old.get("model") != o.model:
             raise SweepError(
                 f"{base} holds runs made with --model {old.get('model')}, not {o.model}: resume with the "
