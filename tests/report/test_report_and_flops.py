@@ -305,5 +305,5 @@ def test_report_on_one_runs_folder_says_which_folder_to_give(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError) as refused:
         write_report(empty, out_dir=tmp_path / "rep")
-    assert "fix:" not in str(refused.value)
+    assert str(refused.value).endswith("fix: give the folder `tunelab sweep` or `tune-study` wrote")  # no folder above
     assert write_report(tmp_path, out_dir=tmp_path / "rep") == tmp_path / "rep"
