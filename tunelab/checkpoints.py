@@ -9,6 +9,7 @@ litgpt's config at full size with random weights and the benchmark tokenizer, fo
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import pickle
@@ -227,7 +228,6 @@ def _memory_available() -> int | None:
 def _build_lock(out_dir: Path):
     """An exclusive flock on a file inside ``out_dir`` (nothing is left beside it; never through a link; released
     by the kernel if the holder dies)."""
-    import fcntl
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with files.open_output(out_dir / ".tunelab-build.lock", "a") as f:

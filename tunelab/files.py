@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import fcntl
 import io
 import json
 import os
@@ -265,7 +266,6 @@ def exclusive_lock(path: Path):
     """An open file holding an exclusive flock on ``path`` (close it to release; the kernel releases it when the
     holder dies, even by SIGKILL). :class:`Busy` naming the holder's pid when another process holds it;
     :class:`FileRefused` when ``path`` is a link, FIFO or device (it is never followed or truncated)."""
-    import fcntl
 
     f = os.fdopen(_open_regular(path, os.O_RDWR, "lock file"), "r+")
     try:

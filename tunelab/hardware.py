@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from tunelab import yaml_input
@@ -228,7 +228,6 @@ def local_gpu() -> GPU | None:
         total = torch.cuda.mem_get_info(0)[1]
     except Exception:  # noqa: BLE001 - no usable device
         return None
-    from dataclasses import replace
 
     return replace(
         gpu,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -63,8 +64,6 @@ def inactive_expert_params(config) -> int:
 
 
 def _config_key(config) -> str:
-    import json
-
     return json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
 
 

@@ -11,6 +11,7 @@ block. DeepSpeed wraps the model with its optimizer (``tunelab.run.loop``).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import torch
@@ -66,7 +67,6 @@ def hybrid_mesh(device: torch.device, world: int):
     within a node, replicas across nodes. Without it FSDP1 takes the devices its device handle counts as the node: a
     CPU counts one (and a GPU machine all its GPUs, however many ranks run), so each rank shards over a group of
     one, FSDP1 switches that to NO_SHARD and no gradient is ever averaged across ranks."""
-    import os
 
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -80,7 +81,6 @@ def report_dir(name: str, rec=None) -> Path:
     with a device, or None for no suffix): ``cpu-tiny`` on a CPU, else the GPU's first word after 'NVIDIA'
     (``h100``), through :func:`slug` as is ``name`` (a record read from disk may carry anything there). The one
     spelling for sweeps, studies and benches."""
-    from datetime import datetime, timezone
 
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     suffix = ""

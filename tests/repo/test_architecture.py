@@ -248,6 +248,9 @@ def test_the_tests_mirror_the_package_in_their_layers():
 
 HEAVY = ("torch", "litgpt", "lightning", "deepspeed", "bitsandbytes", "liger_kernel", "numpy", "matplotlib", "pynvml")
 """Third-party packages slow to import (seconds) or absent on some machines: imported where they are used."""
+LAZY_THIRD_PARTY = HEAVY + ("jsonargparse", "tokenizers", "torchmetrics", "triton")
+"""What a function may import besides a heavy tunelab module: :data:`HEAVY`, and the packages that come with
+litgpt or torch (its parser, its tokenizers, torch's metrics and kernel compiler), imported only where used."""
 
 
 def heavy_at_import(module: str, mods: dict, seen: set | None = None) -> bool:
@@ -268,20 +271,29 @@ def heavy_at_import(module: str, mods: dict, seen: set | None = None) -> bool:
 
 def test_a_function_imports_only_what_is_heavy_to_import():
     """Outside the CLI's lazy loading, a tunelab module imported inside a function is one whose import loads torch,
-    litgpt or another heavy package; everything else is imported at the top, where the graph shows it."""
+    litgpt or another heavy package, and a package one of :data:`LAZY_THIRD_PARTY`; everything else (the standard
+    library included) is imported at the top, where the graph shows it."""
     mods = modules()
     found = []
     for name, path in mods.items():
         if stage(name) == "cli":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        top = {id(node) for node in tree.body}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and id(node) not in top and (node.module or "").startswith("tunelab"):
+        functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in {id(n): n for f in functions for n in ast.walk(f)}.values():
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tunelab"):
                 targets = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
                 if not any(heavy_at_import(t, mods) for t in targets or [node.module]):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):  # the standard library, or another package
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if not _lazy(n)]
     assert not found, found
+
+
+def _lazy(name: str) -> bool:
+    """Whether a module a function imports may be imported there (:data:`LAZY_THIRD_PARTY`)."""
+    return name.split(".")[0] in LAZY_THIRD_PARTY
 
 
 STRATEGY_NAMES = {"single", "ddp", "fsdp", "fsdp1", "fsdp2", "deepspeed"}

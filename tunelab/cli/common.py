@@ -1,6 +1,5 @@
 """What the subcommands share: the one-line error, number types checked where they are parsed, the options of
-the commands that run training, and the argparse subclass that never abbreviates an option.
-"""
+the commands that run training, and the argparse subclass that never abbreviates an option."""
 
 from __future__ import annotations
 
@@ -13,13 +12,11 @@ from tunelab.errors import InputError
 from tunelab.units import GB
 
 MESSAGE_MAX = 2_000
-"""Longest error message printed whole: a longer one (a value of thousands of characters echoed back) keeps its
-start and its end (the fix), the middle elided."""
+"""Longest error message printed whole; a longer one keeps its start and its end (the fix), the middle elided."""
 
 
 def fail(message: str) -> int:
-    """Print ``tunelab: error: <message>`` on stderr (at most :data:`MESSAGE_MAX` characters); the exit code of bad
-    input (2)."""
+    """Print ``tunelab: error: <message>`` (:data:`MESSAGE_MAX`) on stderr; the exit code of bad input (2)."""
     if len(message) > MESSAGE_MAX:
         half = MESSAGE_MAX // 2
         message = f"{message[:half]} [... {len(message) - 2 * half:,} characters ...] {message[-half:]}"

@@ -16,6 +16,9 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from tunelab import hardware, recipes, yaml_input
 from tunelab.data import records as dataset_records
@@ -131,7 +134,6 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     """``--data FILE`` (a dataset as litgpt reads it: .json, .jsonl, or a directory of train and val files) or
     ``--data MODULE`` (a litgpt data module that downloads its data: its known size, the lab's tokens per
     sample)."""
-    from pathlib import Path
 
     settings = resolve(recipe, [])
     path = Path(data)
@@ -656,9 +658,6 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
     precision, micro batch, global batch and, for ``data`` a dataset file, its ``json_path``), ``strategy.yaml``
     where a strategy was chosen (the strategy file with activation checkpointing as chosen), and ``launch.txt``;
     returns the launch commands."""
-    from pathlib import Path
-
-    import yaml
 
     out_dir = Path(out_dir)
     config = dict(recipe.config)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tunelab import hardware
 from tunelab.plan import advise
 from tunelab.plan.model import kernels, memory, runtime, strategies
@@ -29,7 +31,6 @@ def render(
 def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bool, verbose: bool) -> str:
     """What ``tunelab plan`` prints: one JSON object, the whole plan (``verbose``) or its answer, then what
     ``--measure`` and ``--simulate`` added (``extras``: measured, simulated, by_kernel; None where not asked)."""
-    import json
 
     measured, simulated, by_kernel = extras["measured"], extras["simulated"], extras["by_kernel"]
     if as_json:

@@ -4,6 +4,7 @@ each arm's medians with their range and the pair-by-pair speed-up with its inter
 
 from __future__ import annotations
 
+import csv
 import statistics
 from pathlib import Path
 
@@ -283,8 +284,6 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
     and read at the end), else litgpt's metrics.csv."""
     fast = sorted((run_dir / "litgpt").glob("logs/csv/version_*/iterations.csv"))
     if fast:
-        import csv
-
         with open(fast[-1], newline="") as f:
             return [(int(r["iter"]), float(r["logged_loss"])) for r in csv.DictReader(f)]
     return [(int(r["iter"]), float(r["loss"])) for r in read_metrics(run_dir / "litgpt") if r.get("loss")]

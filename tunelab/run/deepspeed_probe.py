@@ -8,10 +8,12 @@ width, MLP width, vocabulary, heads; ZeRO-3 settings). Read by ``tunelab plan-st
 (:mod:`tunelab.report.strategy_checks`) and tests/e2e/test_deepspeed_memory.py."""
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
 import sys
+import tempfile
 
 import torch
 
@@ -23,7 +25,6 @@ def scaled(name: str, scale: int):
     """litgpt's config ``name`` with its width, MLP width and vocabulary / ``scale`` and its heads / 4 (each at least
     one; the head size follows), every block kept: the family's shape (attention groups, norms, MLP, biases,
     partial rotary) at a size DeepSpeed runs on a CPU."""
-    import dataclasses
 
     from litgpt.model import Config
 
@@ -132,7 +133,6 @@ STEPS_MARK = "tunelab-steps"
 def profiled_peak(prof) -> tuple[int, int]:
     """(peak, at the end) of the bytes alive that were allocated while ``prof`` ran, over its training steps
     (:data:`STEPS_MARK`), from the allocations and frees its memory events report (:func:`alive_bytes`)."""
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")

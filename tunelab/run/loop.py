@@ -10,10 +10,13 @@ litgpt's observed runs do. The differences the speed switches make: docs/strateg
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import copy
 import csv
 import dataclasses
+import importlib
+import inspect
 import math
 import os
 import sys
@@ -115,8 +118,6 @@ class _Data:
     batch carries its ``padded``, ``real`` and ``raw`` token counts and the loss's ``counted`` targets as ints."""
 
     def __init__(self, args: dict, tokenizer, micro: int, rank: int, world: int, strategy: StrategyConfig, device):
-        import importlib
-
         from torch.utils.data import DataLoader
 
         spec = args["data"]
@@ -371,7 +372,6 @@ def _setup_optimizer(
 
 def _bnb_optimizer(name: str, recipe_optimizer, params):
     """bitsandbytes' ``name`` optimizer with the recipe optimizer's learning rate, betas, eps and weight decay."""
-    import inspect
 
     import bitsandbytes as bnb
 
@@ -855,7 +855,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --handoff FILE, or --recipe and --strategy")
     rank_stats.die_with_parent()
     sys.excepthook = rank_stats.excepthook
-    import atexit
 
     atexit.register(rank_stats.write)
     rank_stats.install_step_hook()

@@ -9,6 +9,7 @@ checkpoint's config and tokenizer files and the run's hyperparameters. Written a
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -171,7 +172,6 @@ def install_atomic_writes() -> None:
     """Every file litgpt's finetune scripts leave is written atomically and never through a link: its helpers
     (config and tokenizer files, hyperparameters, prompt style) replaced in its modules by the staged ones above,
     Lightning's checkpoint writer and FSDP's full-state save, and ``merge_lora``'s ``torch.save``."""
-    import importlib
 
     from lightning.fabric.plugins.io import torch_io
     from lightning.fabric.strategies import fsdp

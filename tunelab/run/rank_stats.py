@@ -14,6 +14,7 @@ multi-device loop). The file's schema is :class:`tunelab.record.RankStats` plus 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import resource
 import signal
@@ -67,7 +68,6 @@ def note_graphs_compiled_in_loop(count: int) -> None:
 def count_recompile_limit_hits() -> None:
     """Count torch.compile's recompile-limit hits in this process (dynamo logs each as a warning, then runs the frame
     eagerly for that graph variant): a handler on its logger, installed once."""
-    import logging
 
     class _Hits(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:

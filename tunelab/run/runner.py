@@ -21,6 +21,7 @@ import resource
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -266,7 +267,6 @@ def blocker_kind(path: Path) -> str:
 def _not_plain(folder: Path) -> Path | None:
     """The first entry under ``folder`` (itself included) that is neither a folder nor a regular file: a link, a
     FIFO, a device, a socket; None when there is none. Links are never followed; the walk is bounded."""
-    import stat
 
     if not os.path.lexists(folder):
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import warnings
 from functools import lru_cache
 
@@ -173,8 +174,6 @@ REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "var_mean", "var", "prod"
 
 
 def _name(node) -> str:
-    import operator
-
     if node.target is operator.getitem:
         return "getitem"
     text = str(node.target)

@@ -9,6 +9,8 @@ simulation and put back on exit (:func:`fake_accelerator`)."""
 from __future__ import annotations
 
 import contextlib
+import weakref
+from unittest import mock
 
 ACCELERATOR = "meta"
 """The device type the simulation takes for the accelerator."""
@@ -89,7 +91,6 @@ class _DeviceModule:
 def _pinning_mode():
     """A dispatch mode in which pinning a fake host tensor copies it on the host (as pinning does) and the copy is
     pinned."""
-    import weakref
 
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -145,7 +146,6 @@ def _attention(real):
 @contextlib.contextmanager
 def fake_accelerator():
     """Enter inside a ``FakeTensorMode``: yields the accelerator's ``torch.device`` (see the module docstring)."""
-    from unittest import mock
 
     import torch
     import torch._functorch.config as functorch_config

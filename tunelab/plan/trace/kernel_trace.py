@@ -6,6 +6,7 @@ directory (:func:`cached_template`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -391,8 +392,6 @@ TEMPLATE_VERSION = 7
 
 
 def _config_key(config) -> str:
-    import json
-
     return json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
 
 
@@ -408,7 +407,6 @@ def cached_template(step: Step) -> Template:
     there is executed); a cached file for another torch, litgpt or template version, or one that does not read, is
     made again (:func:`tunelab.plan.trace.trace_cache.cached_json`). Precisions traced as another
     (:data:`TRACED_AS`) share its template."""
-    import json
 
     precision = TRACED_AS.get(str(step.precision), str(step.precision))  # one template for precisions traced alike
     step = dataclasses.replace(step, precision=precision)

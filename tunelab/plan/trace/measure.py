@@ -66,7 +66,6 @@ def model_logits(model, idx, method: str, precision: str, fabric: bool = True):
 def forward_context(precision: str, fabric: bool = True):
     """The context litgpt's forward runs in: autocast under bf16-mixed; under Fabric's other 16-bit plugins the
     default dtype is the weights' meanwhile (``forward_context``)."""
-    import contextlib
 
     import torch
 

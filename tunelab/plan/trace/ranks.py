@@ -11,7 +11,10 @@ a ZeRO-2/3 file gets its buffers by their sizes (:func:`tunelab.plan.model.strat
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
+import sys
 import time
 import warnings
 from collections import Counter
@@ -222,7 +225,6 @@ def _fsdp1_step(case, strategy, optimizer: str):
     """As :func:`_fsdp2_step`, under FSDP1 (:func:`tunelab.parallel.wrap` with a ``name: fsdp`` file, or Lightning's
     FSDPStrategy as litgpt's full fine-tuning makes it when ``strategy`` is None: :func:`lightning_fsdp`) and torch's
     MemTracker; the micro batches before the last run under ``no_sync()``."""
-    import contextlib
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -264,8 +266,6 @@ def litgpt_fsdp_keywords() -> dict:
     ``FSDPStrategy`` on several devices, read from its source (parsed, not run): litgpt 0.5 passes
     ``auto_wrap_policy={Block}, activation_checkpointing_policy={Block}, state_dict_type="full",
     limit_all_gathers=True, cpu_offload=False``."""
-    import ast
-    import inspect
 
     import litgpt.finetune.full as full
 
@@ -391,7 +391,6 @@ def _fsdp2_step(case, strategy, optimizer: str):
     of its world under FSDP2 (:func:`tunelab.parallel.wrap` in tunelab's loop, or litgpt's LoRA sharding in
     litgpt's loop when ``strategy`` is None: :func:`litgpt_parallelize`), gradient sync only on the last micro
     batch (:func:`_two_steps`)."""
-    import contextlib
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -556,7 +555,6 @@ def simulate_ranks(case, strategy) -> RankSimulation:
 def for_plan(case, strategy) -> RankSimulation:
     """Rank 0's simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) under a loaded
     strategy file; InputError for what is not simulated per rank."""
-    import sys
 
     if strategy is not None and strategy.name not in SIMULATED:
         raise InputError(

@@ -11,6 +11,7 @@ torch's ``MemTracker`` counts every storage by kind and phase. :func:`for_plan` 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -488,7 +489,6 @@ def simulate(case, layers: int = 1) -> Simulation:
 def for_plan(case) -> Simulation:
     """The simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`): one device, no
     sharding (InputError otherwise: sharding is not simulated)."""
-    import sys
 
     if case.world > 1 or strategies.of(case).divides:
         raise InputError(
