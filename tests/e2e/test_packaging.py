@@ -71,6 +71,7 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     shipped = site / "tunelab" / "_files" / "configs" / "published"  # each check set with the YAMLs its rows plan
     assert (shipped / "litgpt-resource-tables" / "lora.yaml").is_file()
     assert (shipped / "litgpt-config-hub" / "tiny-llama" / "lora.yaml").is_file()
+    assert (shipped.parent / "measured" / "alpaca-lengths.yaml").is_file()  # the lengths every plan's tokens scale by
 
 
 def test_importing_the_plan_model_loads_no_torch_nor_litgpt():

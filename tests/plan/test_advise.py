@@ -170,14 +170,14 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
     data = tmp_path / "d.json"
     data.write_text(json.dumps(_records(90)))
     work = advise.workload_from_data(str(data), resolve("tiny-llama-1.1b/lora"), epochs=2)
-    assert work.samples == 45 and work.epochs == 2 and "3.17 characters per token (LLaMA 2's" in work.how
-    # without the tokenizer, the published characters per token of the model's (one figure with the default
-    # lengths; a flat 4 before): a Llama 3 tokenizer packs more into a token
+    assert work.samples == 45 and work.epochs == 2 and "4.085 characters per token (LLaMA 2's" in work.how
+    # without the tokenizer, the characters per token of the model's family on Alpaca's records, as measured (one
+    # figure with the default lengths' scale): a Llama 3 tokenizer packs more into a token
     records = _records(90)
     llama2 = lengths.sample_lengths(records, tmp_path, cap=512, vocab_size=32000)
     llama3 = lengths.sample_lengths(records, tmp_path, cap=512, vocab_size=128000)
     text = sum(len(lengths_text(r)) for r in records[:5])
-    assert sum(llama2[0][:5]) == pytest.approx(text / 3.17 + 5, abs=5) and "3.94 characters" in llama3[2]
+    assert sum(llama2[0][:5]) == pytest.approx(text / 4.085 + 5, abs=5) and "5.095 characters" in llama3[2]
     assert sum(llama3[0]) < sum(llama2[0]) * 0.85
     recipe = tmp_path / "llama3.yaml"  # advise counts a Llama 3 model's data at its tokenizer's figure
     recipe.write_text(
@@ -185,7 +185,7 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
         .read_text()
         .replace("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "meta-llama/Meta-Llama-3-8B")
     )
-    assert "3.94 characters per token" in advise.workload_from_data(str(data), resolve(str(recipe))).how
+    assert "5.095 characters per token" in advise.workload_from_data(str(data), resolve(str(recipe))).how
     padded = [work.per_sample(m) for m in (1, 2, 4, 8, 16)]
     assert padded[0] == pytest.approx(sum(work.lengths) / len(work.lengths))  # micro 1 pads nothing
     assert padded == sorted(padded) and padded[-1] > padded[0] * 1.2  # longer batches pad more
@@ -193,6 +193,7 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
     # `--data Alpaca` on this recipe keeps its val_split_fraction 0.5 (jsonargparse keeps init_args the new class
     # accepts), so half of Alpaca's 52,002 records train, and the answer says so.
     assert alpaca.samples == 26_001 and "val_split_fraction 0.5 held out" in alpaca.how
+    assert "Alpaca's records in LLaMA 2's tokens, measured" in alpaca.how and len(alpaca.lengths) == 2000
     # a small data file: no configuration's global batch is larger than its training samples (validate refuses
     # those), even with --global-batch free, whose micro batches would otherwise reach the planner's largest
     small = tmp_path / "small.json"

@@ -521,11 +521,14 @@ def test_padding_grows_with_the_micro_batch_from_the_default_distribution():
 
 
 def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens(tmp_path, monkeypatch):
-    """The default distribution was counted with LLaMA 2's tokenizer; under Llama 3's (vocab 128000), which Meta
-    publishes at 3.94 characters per token of English against LLaMA 2's 3.17, every sample takes 3.17/3.94 of the
-    tokens (configs/published/tokenizers.yaml); a tokenizer the table does not list keeps the counts. The plan says
-    so where it counts its tokens. A table that does not read is one line."""
+    """The default distribution was counted with LLaMA 2's tokenizer; under Llama 3's (vocab 128000) every sample
+    takes its family's tokens over LLaMA 2's on Alpaca's records (configs/measured/alpaca-lengths.yaml), which is
+    what Meta publishes for English text (3.17 against 3.94 characters per token, configs/published/tokenizers.yaml):
+    within 1%. A tokenizer the table does not measure keeps the counts. The plan says so where it counts its tokens.
+    A table that does not read is one line."""
     import dataclasses
+
+    import yaml
 
     from tunelab import hardware, recipes
     from tunelab.data import lengths
@@ -533,9 +536,14 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
     from tunelab.plan.projection import project_recipe
     from tunelab.plan.recipe import plan_recipe, runtime_terms
 
+    table = yaml.safe_load((ROOT / "configs/measured/alpaca-lengths.yaml").read_text())["families"]
     scale, words = lengths.tokens_scale(128000)
-    assert scale == pytest.approx(3.17 / 3.94) and "3.94 characters per token against 3.17" in words
+    assert scale == pytest.approx(sum(table["llama-3"]["lengths"]) / sum(table["llama-2"]["lengths"]))
+    published = yaml.safe_load((ROOT / "configs/published/tokenizers.yaml").read_text())
+    chars = published["reference"]["chars_per_token"] / published["tokenizers"]["Llama 3's"]["chars_per_token"]
+    assert scale == pytest.approx(chars, rel=0.01) and "scaled to Llama 3's: 0.805x" in words
     assert lengths.tokens_scale(32000) == lengths.tokens_scale(256000) == (1.0, "")
+    assert lengths.tokens_scale(50254)[0] == pytest.approx(0.868, abs=0.001)  # GPT-NeoX-20B's: Pythia, StableLM
     plain, llama3 = lengths.default_lengths(512), lengths.default_lengths(512, 128000)
     unclipped = [(a, b) for a, b in zip(plain, llama3) if a < 512]
     assert all(b == max(1, round(a * scale)) for a, b in unclipped[:1000])
@@ -556,27 +564,61 @@ def test_a_model_whose_tokenizer_packs_more_characters_gets_fewer_default_tokens
         lengths.default_padded_per_sample(micro, 512, 128000) / lengths.default_padded_per_sample(micro, 512)
     )
     assert "scaled to Llama 3's" in projected[128000][1] and "scaled" not in projected[32000][1]
-    table = tmp_path / "tokenizers.yaml"
-    table.write_text("reference: {chars_per_token: .nan}\ntokenizers: {}\n")
-    monkeypatch.setattr(lengths, "TOKENIZERS", table)
-    lengths._tokenizer_table.cache_clear()
-    try:
-        with pytest.raises(InputError, match=r"configs/published/tokenizers.yaml: chars_per_token.*fix:"):
-            lengths.tokens_scale(128000)
-        table.write_text(
-            "reference: {chars_per_token: 3}\ntokenizers: {x: {vocab_sizes: '128000', chars_per_token: 4}}\n"
-        )
-        lengths._tokenizer_table.cache_clear()
-        with pytest.raises(InputError, match=r"tokenizers.yaml: vocab_sizes must be a list of whole numbers.*fix:"):
-            lengths.tokens_scale(128000)
-        link = tmp_path / "link.yaml"
-        link.symlink_to(ROOT / "configs" / "published" / "tokenizers.yaml")  # the table itself, through a link
-        monkeypatch.setattr(lengths, "TOKENIZERS", link)
-        lengths._tokenizer_table.cache_clear()
-        with pytest.raises(InputError, match=r"tokenizers.yaml: is a symbolic link.*fix:"):
-            lengths.tokens_scale(128000)
-    finally:
-        lengths._tokenizer_table.cache_clear()
+    bad = tmp_path / "alpaca-lengths.yaml"
+    monkeypatch.setattr(lengths, "MEASURED", bad)
+    family = "{name: x, vocab_sizes: [1], characters_per_token: %s, lengths: %s}"
+    for chars, counts, what in (
+        (".nan", "[1]", "characters_per_token must be a number above 0"),
+        ("4", "'12'", "the reference must be a family, sizes and lengths whole numbers above 0"),
+        ("4", "[0]", "the reference must be a family, sizes and lengths whole numbers above 0"),
+    ):
+        bad.write_text(f"reference: a\ndata_modules: []\nfamilies: {{a: {family % (chars, counts)}}}\n")
+        lengths._measured.cache_clear()
+        with pytest.raises(InputError, match=rf"configs/measured/alpaca-lengths.yaml: {what}.*fix:"):
+            lengths.tokens_scale(1)
+    bad.unlink()
+    bad.symlink_to(ROOT / "configs" / "measured" / "alpaca-lengths.yaml")  # the table itself, through a link
+    lengths._measured.cache_clear()
+    with pytest.raises(InputError, match=r"alpaca-lengths.yaml: is a symbolic link.*fix:"):
+        lengths.tokens_scale(128000)
+    monkeypatch.undo()
+    lengths._measured.cache_clear()
+
+
+def test_litgpt_alpaca_is_planned_at_its_measured_lengths():
+    """litgpt's Alpaca data module (its records measured per tokenizer family) pads as its measured records do at
+    the micro batch, in the model's family's tokens, capped at the sequence length; the plan says whose lengths.
+    Alpaca2k (not measured) keeps the default distribution, and advise's ``--data Alpaca`` pads from the same
+    lengths. The table holds the archive's counts (reports/, evidence alpaca-tokens)."""
+    import csv
+
+    from tunelab import hardware, recipes
+    from tunelab.data import lengths
+    from tunelab.plan.advise import workload_from_data
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+
+    gpu, yaml_path = hardware.lookup("A100-40GB"), ROOT / "configs/published/litgpt-resource-tables/lora.yaml"
+    recipe = recipes.load(yaml_path)
+    archive = ROOT / "reports/2026-11-30-alpaca-tokens-cpu/lengths.csv"
+    rows = list(csv.DictReader(archive.open()))
+    for model, family, cap in (("Llama-2-7b-hf", "llama-2", 1304), ("stablelm-base-alpha-3b", "gpt-neox", 200)):
+        org = "meta-llama" if family == "llama-2" else "stabilityai"
+        extra = ["--checkpoint_dir", f"checkpoints/{org}/{model}", "--train.max_seq_length", str(cap)]
+        planned = plan_recipe(recipe, [*extra, "--train.max_steps", "4"], gpu=gpu)
+        projection, how = project_recipe(planned, gpu)
+        measured = [min(cap, int(r[family])) for r in rows]
+        vocab = planned.input.config.vocab_size
+        assert lengths.module_lengths("litgpt.data.Alpaca", vocab, cap)[0] == tuple(measured)
+        per_sample = lengths.padded_per_sample(measured, 4)
+        assert projection.tokens == pytest.approx(4 * 128 * per_sample)
+        assert f"{per_sample:.0f} padded tokens/sample (Alpaca's records in" in how and "measured" in how
+    assert max(measured) == 200 and per_sample < lengths.default_padded_per_sample(4, 200, vocab)
+    other = plan_recipe(recipe, [*extra, "--data", "Alpaca2k", "--train.max_steps", "4"], gpu=gpu)
+    assert "the default Alpaca-like length distribution" in project_recipe(other, gpu)[1]
+    assert lengths.module_lengths("litgpt.data.Alpaca2k", vocab, 512) is None
+    work = workload_from_data("Alpaca", recipes.load(ROOT / "recipes/tiny-llama-1.1b/lora.yaml"))
+    assert work.lengths == tuple(min(512, int(r["llama-2"])) for r in rows) and "measured" in work.how
 
 
 def test_the_kernel_model_out_of_sample_on_the_h100_grid(tmp_path):

@@ -77,9 +77,9 @@ def _time_arguments(s) -> None:
     s.add_argument(
         "--tokens-per-sample",
         type=number(float, 2, 1e7, what="a token count per sample (a sample of one token predicts nothing)"),
-        help="padded tokens per sample (default: from the data and tokenizer when both are here, else a default "
-        "Alpaca-like length distribution padded at the micro batch: 437 at micro 8, as the lab measured; scaled "
-        "to the model's tokenizer where configs/published/tokenizers.yaml lists it)",
+        help="padded tokens per sample (default: from the data and tokenizer when both are here; litgpt's Alpaca from "
+        "its records, measured per tokenizer family (configs/measured/alpaca-lengths.yaml); else the lab's length "
+        "distribution padded at the micro batch, 437 at micro 8, scaled to the model's tokenizer family)",
     )
     s.add_argument(
         "--mfu-range",

@@ -144,55 +144,80 @@ def _padded(lengths: tuple, micro: int, grouping: tuple | None, cap: int) -> flo
     return padded_per_sample(list(lengths), micro)
 
 
-TOKENIZERS = CONFIGS_DIR / "published" / "tokenizers.yaml"
-"""Published characters per token of English text by tokenizer, against the default distribution's."""
+MEASURED = CONFIGS_DIR / "measured" / "alpaca-lengths.yaml"
+"""Token lengths of litgpt's Alpaca data (its file's first 2,000 records) per tokenizer family, measured
+(``scripts/measure_alpaca_tokens.py``; evidence ``alpaca-tokens``)."""
 
 
 @functools.cache
-def _tokenizer_table() -> tuple:
-    """(reference characters per token, its name, {tokenizer: (vocab sizes, characters per token)}) from
-    :data:`TOKENIZERS`. A table that does not read: one line naming it."""
-    where = "configs/published/tokenizers.yaml"
-    raw = yaml_input.loads(read_text(TOKENIZERS, yaml_input.MAX_BYTES, "tokenizer table", where, links=False), where)
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: a mapping of reference and tokenizers; fix: restore it (git checkout -- {where})")
+def _measured() -> tuple:
+    """(reference family, {family: (name, vocab sizes, lengths, characters per token)}, the data modules the lengths
+    are of) from
+    :data:`MEASURED`. A table that does not read: one line naming it."""
+    where = "configs/measured/alpaca-lengths.yaml"
+    raw = yaml_input.loads(read_text(MEASURED, yaml_input.MAX_BYTES, "length table", where, links=False), where)
     fix = f"fix: restore it (git checkout -- {where})"
     try:
-        ref = float(raw["reference"]["chars_per_token"])
-        rows = {str(k): (list(v["vocab_sizes"]), float(v["chars_per_token"])) for k, v in raw["tokenizers"].items()}
+        families = {
+            str(k): (str(v["name"]), tuple(v["vocab_sizes"]), tuple(v["lengths"]), float(v["characters_per_token"]))
+            for k, v in raw["families"].items()
+        }
+        reference, modules = str(raw["reference"]), tuple(str(m) for m in raw["data_modules"])
+        counts = [n for _, sizes, lengths, _ in families.values() for n in (*sizes, *lengths)]
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise InputError(f"{where}: needs reference and tokenizers, each with chars_per_token; {fix}") from None
-    if not all(math.isfinite(c) and c > 0 for c in (ref, *(c for _, c in rows.values()))):
-        raise InputError(f"{where}: chars_per_token must be a number above 0; {fix}")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for sizes, _ in rows.values() for v in sizes):
-        raise InputError(f"{where}: vocab_sizes must be a list of whole numbers; {fix}")
-    return ref, str(raw["reference"].get("name", "the reference")), rows
+        raise InputError(
+            f"{where}: needs reference, data_modules and families (name, vocab_sizes, characters_per_token, "
+            f"lengths); {fix}"
+        ) from None
+    chars = [c for *_, c in families.values()]
+    if reference not in families or not all(type(n) is int and n > 0 for n in counts):
+        raise InputError(f"{where}: the reference must be a family, sizes and lengths whole numbers above 0; {fix}")
+    if not all(math.isfinite(c) and c > 0 for c in chars):
+        raise InputError(f"{where}: characters_per_token must be a number above 0; {fix}")
+    return reference, families, modules
 
 
-def _listed(vocab_size: int | None) -> tuple | None:
-    """(name, characters per token) of the listed tokenizer of a model of ``vocab_size``, None if not listed."""
-    return next(((n, c) for n, (sizes, c) in _tokenizer_table()[2].items() if vocab_size in sizes), None)
+def _family(vocab_size: int | None) -> str | None:
+    """The measured family of the tokenizer of a model of ``vocab_size`` (:data:`MEASURED`), None if not measured."""
+    return next((f for f, (_, sizes, *_) in _measured()[1].items() if vocab_size in sizes), None)
+
+
+def module_lengths(data_class: str | None, vocab_size: int | None, cap: int | None) -> tuple[tuple, str] | None:
+    """(token lengths, the words that say whose) of a litgpt data module whose records were measured
+    (:data:`MEASURED`: litgpt's Alpaca), under the tokenizer of a model of ``vocab_size`` (the reference family's for
+    one not measured), capped at ``cap``; None for any other data."""
+    reference, families, modules = _measured()
+    if data_class not in modules:
+        return None
+    family = _family(vocab_size) or reference
+    name, _, lengths, _ = families[family]
+    words = (
+        f"{data_class.rsplit('.', 1)[-1]}'s records in {name} tokens, measured (configs/measured/alpaca-lengths.yaml)"
+    )
+    return tuple(min(cap or 10**9, n) for n in lengths), words
 
 
 def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
     """(a sample's tokens under the tokenizer of a model with ``vocab_size`` over the default distribution's, the
-    words that say so) from :data:`TOKENIZERS`; (1.0, "") for a tokenizer it does not list."""
-    ref, ref_name, _ = _tokenizer_table()
-    if (listed := _listed(vocab_size)) is None:
+    words that say so): its family's tokens over LLaMA 2's on Alpaca's records, measured (:data:`MEASURED`); (1.0,
+    "") for LLaMA 2's family and a tokenizer not measured."""
+    reference, families, _ = _measured()
+    if (family := _family(vocab_size)) in (None, reference):
         return 1.0, ""
-    name, chars = listed
-    return ref / chars, (
-        f"counted with {ref_name} tokenizer, scaled to {name} {chars:g} characters per token against {ref:g} "
-        "(configs/published/tokenizers.yaml)"
+    (name, _, lengths, _), (ref_name, _, ref_lengths, _) = families[family], families[reference]
+    scale = sum(lengths) / sum(ref_lengths)
+    return scale, (
+        f"counted with {ref_name} tokenizer, scaled to {name}: {scale:.3f}x the tokens on Alpaca's records "
+        "(measured: configs/measured/alpaca-lengths.yaml)"
     )
 
 
 def chars_per_token(vocab_size: int | None) -> tuple[float, str]:
-    """(characters per token of English text, whose) for the tokenizer of a model of ``vocab_size``, as
-    :data:`TOKENIZERS` publishes it: a listed tokenizer's, else the reference's (LLaMA 2's)."""
-    ref, ref_name, _ = _tokenizer_table()
-    name, chars = _listed(vocab_size) or (ref_name, ref)
-    return chars, f"{name}, as published: configs/published/tokenizers.yaml"
+    """(characters per token of Alpaca-format text, whose) for the tokenizer of a model of ``vocab_size``: its
+    family's on Alpaca's records, measured (:data:`MEASURED`), else LLaMA 2's."""
+    reference, families, _ = _measured()
+    name, *_, chars = families[_family(vocab_size) or reference]
+    return chars, f"{name} on Alpaca's records, measured: configs/measured/alpaca-lengths.yaml"
 
 
 DEFAULT_LENGTH_DRAWS = 20_000

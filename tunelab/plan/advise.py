@@ -22,7 +22,13 @@ import yaml
 
 from tunelab import hardware, recipes, yaml_input
 from tunelab.data import records as dataset_records
-from tunelab.data.lengths import LAB_PADDED_TOKENS_PER_SAMPLE, default_lengths, padded_tokens_per_sample, sample_lengths
+from tunelab.data.lengths import (
+    LAB_PADDED_TOKENS_PER_SAMPLE,
+    default_lengths,
+    module_lengths,
+    padded_tokens_per_sample,
+    sample_lengths,
+)
 from tunelab.errors import InputError
 from tunelab.files import unwritable_dir, write_text_atomic
 from tunelab.models import load_config
@@ -162,12 +168,15 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     n, what = DATA_MODULE_SIZES[name]
     held_out = resolve(recipe, ["--data", name]).val_split_fraction or 0  # what `--data NAME` keeps of the recipe
     train = split_sizes(n, held_out)[0]
+    how = f"{train:,} training samples ({what}; val_split_fraction {held_out:g} held out) x {epochs} epoch(s) x "
+    measured = module_lengths(name, load_config(settings.checkpoint_dir).vocab_size, settings.max_seq_length)
+    if measured:  # its records' lengths were measured: padding per micro batch from them
+        return Workload(samples=train, epochs=epochs, lengths=measured[0], how=how + measured[1])
     return Workload(
         samples=train,
         epochs=epochs,
-        how=f"{train:,} training samples ({what}; val_split_fraction {held_out:g} held out) x {epochs} epoch(s) x "
-        f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure at micro 8; padding per micro batch "
-        "from the default length distribution)",
+        how=how + f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure at micro 8; padding per "
+        "micro batch from the default length distribution)",
     )
 
 

@@ -497,7 +497,7 @@ def project_recipe(
     the measured hosts' spread as its band."""
     settings, case, strategy = planned.settings, planned.input, planned.strategy_config
     cap, vocab = settings.max_seq_length or 512, case.config.vocab_size
-    lengths = None if tokens_per_sample else data_lengths(settings)
+    lengths, source = (None if tokens_per_sample else data_lengths(settings, vocab)) or (None, "")
     known = list(lengths or default_lengths(cap, vocab))  # the data's, else the default distribution's
     regrouped = not tokens_per_sample and strategy is not None and strategy.regroups  # the fast path's own batches
     per_sample = tokens_per_sample or (
@@ -509,12 +509,12 @@ def project_recipe(
     if tokens:
         run_tokens, note = tokens, f"--tokens {tokens:,.0f}"
     else:
-        run_tokens, note = epoch_tokens(settings, per_sample, vocab)
+        run_tokens, note = epoch_tokens(settings, per_sample, vocab, "" if source == "the data's lengths" else source)
         if regrouped:
             note += (
                 f" (the fast path's micro batches: length-grouped in windows of {strategy.length_grouping} micro "
                 f"batches, padded to multiples of {strategy.pad_to_multiple}, over "
-                + ("the data's lengths)" if lengths else "the default Alpaca-like length distribution)")
+                + (f"{source})" if lengths else "the default Alpaca-like length distribution)")
             )
     work = runtime_terms(settings, case, per_sample, real, tokens=tokens)
     if save_gbs:

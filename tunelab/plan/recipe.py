@@ -11,7 +11,13 @@ from pathlib import Path
 
 from tunelab import hardware
 from tunelab.data import records as dataset_records
-from tunelab.data.lengths import default_padded_per_sample, longest_sample_tokens, sample_lengths, tokens_scale
+from tunelab.data.lengths import (
+    default_padded_per_sample,
+    longest_sample_tokens,
+    module_lengths,
+    sample_lengths,
+    tokens_scale,
+)
 from tunelab.errors import InputError
 from tunelab.models import load_config
 from tunelab.paths import project_path
@@ -364,15 +370,16 @@ def train_samples(settings: Settings) -> tuple[int, int, str]:
 
 
 def epoch_tokens(
-    settings: Settings, tokens_per_sample: float | None, vocab_size: int | None = None
+    settings: Settings, tokens_per_sample: float | None, vocab_size: int | None = None, source: str = ""
 ) -> tuple[float, str]:
     """Padded tokens of the recipe's training run (epochs over its data, or max_steps), and how they were counted
-    (``vocab_size``: the model's, whose tokenizer the default length distribution is scaled to)."""
+    (``vocab_size``: the model's, whose tokenizer the default length distribution is scaled to; ``source``: whose
+    lengths ``tokens_per_sample`` was padded from, in words, where it says more than the figure)."""
     micro, cap = settings.micro_batch_size or 1, settings.max_seq_length
     per_sample = tokens_per_sample or default_padded_per_sample(micro, cap, vocab_size)
     scaled = tokens_scale(vocab_size)[1]
     how = f"{per_sample:.0f} padded tokens/sample" + (
-        ""
+        (f" ({source}, padded at micro {settings.micro_batch_size})" if source else "")
         if tokens_per_sample
         else f" (the default Alpaca-like length distribution{f', {scaled},' if scaled else ''} padded at micro "
         f"{settings.micro_batch_size}; --tokens-per-sample to change)"
@@ -388,19 +395,24 @@ def epoch_tokens(
     return run.samples * per_sample, f"{epochs} epoch(s) of {train} training samples ({src}){ends} x {how}"
 
 
-def data_lengths(settings: Settings) -> list[int] | None:
-    """Token lengths of (a seeded sample of) the recipe's data, or None without its file and tokenizer here."""
+def data_lengths(settings: Settings, vocab_size: int | None = None) -> tuple[list[int], str] | None:
+    """(token lengths of (a seeded sample of) the recipe's data, whose): its file tokenised with the model's
+    tokenizer where both are here, else a litgpt data module's measured records under the tokenizer of a model of
+    ``vocab_size`` (:func:`tunelab.data.lengths.module_lengths`); None for data known neither way."""
     data = data_init_args(settings.args)
     path, ckpt = data.get("json_path"), Path(settings.checkpoint_dir)
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
-        return None
-    return sample_lengths(
+        data_class = settings.args["data"].get("class_path") if isinstance(settings.args.get("data"), dict) else None
+        found = module_lengths(data_class, vocab_size, settings.max_seq_length)
+        return (list(found[0]), found[1]) if found else None
+    lengths = sample_lengths(
         dataset_records.read(project_path(path)),
         ckpt,
         data.get("prompt_style", "alpaca"),
         settings.max_seq_length,
         data.get("seed", 42),
     )[0]
+    return lengths, "the data's lengths"
 
 
 def runtime_terms(
