@@ -25,7 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from tunelab.files import write_csv, write_text_atomic
+from tunelab.errors import InputError
+from tunelab.files import read_json, write_csv, write_text_atomic
 
 FAMILIES = {
     # name: (vocabulary file, its test vectors, BOS added by litgpt, litgpt vocab sizes, who, the models using it)
@@ -132,8 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from litgpt.prompts import Alpaca
 
-    records = json.loads(a.records.read_text(encoding="utf-8"))[: a.first]
-    texts = [Alpaca().apply(r["instruction"], input=r["input"]) + r["output"] for r in records]
+    try:
+        records = read_json(a.records, 64 << 20, "Alpaca JSON file")[: a.first]
+        texts = [Alpaca().apply(r["instruction"], input=r["input"]) + r["output"] for r in records]
+        needed = {f"ggml-vocab-{n}.gguf" for n, *_ in FAMILIES.values()}
+        needed |= {f"ggml-vocab-{v}.gguf.{x}" for _, v, *_ in FAMILIES.values() for x in ("inp", "out")}
+        if missing := sorted(f for f in needed if not (a.vocab / f).is_file()):
+            raise InputError(f"{a.vocab}: no {', '.join(missing)}; fix: give llama.cpp's models/ folder")
+    except (InputError, TypeError, KeyError) as e:  # not a list of records with instruction, input and output
+        print(
+            f"measure_alpaca_tokens: {e if isinstance(e, InputError) else f'{a.records}: not Alpaca records; fix: a list of instruction, input, output records'}"
+        )
+        return 2
     counts, checks = {}, []
     for family, (name, vectors, bos, *_) in FAMILIES.items():
         encode = encoder(a.vocab, name)
