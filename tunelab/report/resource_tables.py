@@ -129,7 +129,9 @@ def markdown(table_rows: list[dict], root: Path = ROOT) -> list[str]:
         "",
         f"{head['source']}: LoRA (r 8 on the query and value) and QLoRA on one A100-SXM4-40GB, LoRA under FSDP on "
         f"several; each row planned from `{evidence.PUBLISHED}/{TABLE}/lora.yaml` set to the row "
-        f"(`tunelab.report.resource_tables`). {head['note']} {inside} of {len(timed)} timed rows lie inside the "
+        f"(`tunelab.report.resource_tables`), its samples Alpaca's records as measured in the model's tokenizer "
+        f"family (`configs/measured/alpaca-lengths.yaml`). {head['note']} {inside} of {len(timed)} timed rows lie "
+        "inside the "
         f"plan's band; on several GPUs {sum(r['inside'] for r in several)} of {len(several)}, errors "
         + (f"{min(r['error'] for r in several):+.0%} to {max(r['error'] for r in several):+.0%}." if several else "-.")
         + " Peaks: GB (1e9 bytes) allocated per device, as lit-gpt printed them; on one GPU the plan's "
