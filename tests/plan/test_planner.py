@@ -434,7 +434,7 @@ def test_a_compiled_block_keeps_what_the_partitioner_saves_linear_in_tokens():
     lora_config = LoRAConfig.from_name("tiny-llama-1.1b", lora_r=8, lora_query=True)  # a plan's LoRA Config: its own
     assert compiled.saved_bytes_per_token(lora_config, "lora", "bf16-true", 32, LORA_TARGETS) == lora  # r/targets win
     for method, per_token in (("full", full), ("lora", lora)):
-        eager = activations.saved_bytes(c, method, 2, 1, 512, LORA_TARGETS).per_layer / 512
+        eager = activations.saved_bytes(activations.Forward(c, method, 2, 1, 512, LORA_TARGETS)).per_layer / 512
         assert 0.5 * eager < per_token < eager, (method, per_token, eager)
     x = memory.PlanInput.of(
         config=c, precision="bf16-true", micro_batch_size=8, seq_len=512, compiled=True, tables=TRACED

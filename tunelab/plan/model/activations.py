@@ -35,42 +35,53 @@ class SavedBytes:
         return self.first_layer + self.per_layer * (n_layer - 1) + self.head
 
 
-def saved_bytes(
-    c,
-    method: str,
-    s: int,
-    micro: int,
-    seq: int,
-    targets=LORA_TARGETS,
-    lora_r: int = LITGPT_LORA_R,
-    device: str = "cuda",
-    mixed: bool = False,
-    logits_bytes: int = 4,
-    attention_output_view: bool = False,
-    flash_pad: bool = False,
-    frozen_weights_grad: bool = False,
-) -> SavedBytes:
-    """Bytes autograd keeps for ``micro`` sequences of ``seq`` tokens (see the module docstring); ``targets``: the
-    names of the LoRA targets that are on; ``mixed``: autocast with fp32 weights (``s`` is then the 16-bit compute
-    dtype's bytes); ``logits_bytes``: the bytes per element of the logits the loss sees (default 4: Lightning
-    Fabric, which runs litgpt's scripts, converts the model's outputs to fp32 under every precision);
-    ``attention_output_view``: attention runs CUDA's memory-efficient kernel (fp32), whose output is laid out so
-    that the projection's input is a view of it, not a copy (flash, cuDNN and torch's CPU kernel: a copy);
-    ``flash_pad``: CUDA's flash kernel with a head size that is not a multiple of 8 (OpenLLaMA 3B's 100): torch's
-    SDPA pads q, k and v to new tensors first, and the kernel keeps those and its padded output instead;
-    ``frozen_weights_grad``: LoRA under FSDP1 (``use_orig_params``), whose frozen weights are, during the forward,
-    views of a flat parameter that needs a gradient: every matmul keeps its input for its weight's gradient as in
-    full fine-tuning, beside the adapters' own (the root unit's weights too when the head is a target)."""
-    k = _Kept(c, method, s, micro * seq, set(targets), lora_r, device, mixed, frozen_weights_grad)
-    per, first = (
-        k.block(False, attention_output_view, flash_pad, seq),
-        k.block(True, attention_output_view, flash_pad, seq),
-    )
+@dataclass(frozen=True)
+class Forward:
+    """One training forward as :func:`saved_bytes` counts it: the model, what trains, the shape, and how its kernels
+    lay out what they keep."""
+
+    config: object
+    """litgpt's ``Config``."""
+    method: str
+    """``full`` or ``lora``."""
+    dtype_bytes: int
+    """Bytes per element of the compute dtype (the 16-bit one under mixed precision)."""
+    micro: int
+    """Sequences per micro batch."""
+    seq: int
+    """Tokens per sequence."""
+    lora_targets: tuple = LORA_TARGETS
+    """The names of the LoRA targets that are on."""
+    lora_r: int = LITGPT_LORA_R
+    """LoRA's rank."""
+    mixed: bool = False
+    """Autocast over fp32 weights."""
+    logits_bytes: int = 4
+    """Bytes per element of the logits the loss sees (Lightning Fabric, which runs litgpt's scripts, converts the
+    model's outputs to fp32 under every precision)."""
+    attention_output_view: bool = False
+    """Attention runs CUDA's memory-efficient kernel (fp32), whose output is laid out so that the projection's input
+    is a view of it, not a copy (flash, cuDNN and torch's CPU kernel: a copy)."""
+    flash_pad: bool = False
+    """CUDA's flash kernel with a head size that is not a multiple of 8 (OpenLLaMA 3B's 100): torch's SDPA pads q, k
+    and v to new tensors first, and the kernel keeps those and its padded output instead."""
+    frozen_weights_grad: bool = False
+    """LoRA under FSDP1 (``use_orig_params``), whose frozen weights are, during the forward, views of a flat parameter
+    that needs a gradient: every matmul keeps its input for its weight's gradient as in full fine-tuning, beside the
+    adapters' own (the root unit's weights too when the head is a target)."""
+    device: str = "cuda"
+    """Where it runs (CUDA's dropout mask is one byte an element; elsewhere the dtype's)."""
+
+
+def saved_bytes(forward: Forward) -> SavedBytes:
+    """Bytes autograd keeps for ``forward.micro`` sequences of ``forward.seq`` tokens (see the module docstring)."""
+    c, s, k = forward.config, forward.dtype_bytes, _Kept(forward)
+    per, first = k.block(False), k.block(True)
     head_norm = k.norm(k.wt_root) + (k.lora_in(c.n_embd) if k.lora("head") else 0)
     head = head_norm + (s * c.n_embd * k.n if k.wt_root else 0)
-    positions = micro * (seq - 1)
+    positions = forward.micro * (forward.seq - 1)
     # log-softmax per chunk in the logits' dtype (fp32 under Fabric), int64 targets
-    head += logits_bytes * c.padded_vocab_size * positions + 8 * positions
+    head += forward.logits_bytes * c.padded_vocab_size * positions + 8 * positions
     if c.final_logit_softcapping is not None:
         head += s * c.padded_vocab_size * positions  # tanh of the logits
     if c.attention_logit_softcapping is not None:
@@ -81,20 +92,21 @@ def saved_bytes(
 
 
 class _Kept:
-    """The terms :func:`saved_bytes` adds up for one configuration, ``n`` tokens: each sublayer's kept tensors."""
+    """The terms :func:`saved_bytes` adds up for one forward, ``n`` tokens: each sublayer's kept tensors."""
 
-    def __init__(self, c, method, s, n, on, lora_r, device, mixed, frozen_weights_grad) -> None:
-        self.c, self.s, self.n, self.on, self.lora_r, self.mixed = c, s, n, on, lora_r, mixed
-        self.full = method == "full"
-        self.wt = self.full or frozen_weights_grad  # the blocks' own weights take a gradient
-        self.wt_root = self.full or (frozen_weights_grad and "head" in on)  # the embedding, final norm and head do
-        self.cuda = device == "cuda"
-        self.mask_b = 1 if self.cuda else s
+    def __init__(self, f: Forward) -> None:
+        self.f, self.c, self.s, self.mixed = f, f.config, f.dtype_bytes, f.mixed
+        self.n, self.on = f.micro * f.seq, set(f.lora_targets)
+        self.full = f.method == "full"
+        self.wt = self.full or f.frozen_weights_grad  # the blocks' own weights take a gradient
+        self.wt_root = self.full or (f.frozen_weights_grad and "head" in self.on)  # the embedding, final norm, head do
+        self.cuda = f.device == "cuda"
+        self.mask_b = 1 if self.cuda else self.s
         self.notes: list[str] = []
-        self.gated = c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
+        self.gated = self.c.mlp_class_name in ("LLaMAMLP", "GemmaMLP")  # fc_1 and fc_2 both read the norm's output
         self.mlp_inputs = 2 if self.gated else 1  # linears reading the MLP's normalised input
         # a norm's weight is cast to fp32 (a new tensor) unless it already is (mixed); Gemma's 1 + w is always new
-        self.norm_weight_copy = 4 * c.n_embd if (not mixed or "Gemma" in c.name) else 0
+        self.norm_weight_copy = 4 * self.c.n_embd if (not self.mixed or "Gemma" in self.c.name) else 0
 
     def lora(self, k: str) -> bool:
         return not self.full and k in self.on
@@ -122,14 +134,14 @@ class _Kept:
     def lora_in(self, width: int, outs: int = 1, input_needs_grad: bool = True) -> float:
         """dropout mask (only when its input needs a gradient) + dropout output + lora_A output(s)"""
         s, n = self.s, self.n
-        return ((self.mask_b if input_needs_grad else 0) + s) * width * n + s * self.lora_r * outs * n
+        return ((self.mask_b if input_needs_grad else 0) + s) * width * n + s * self.f.lora_r * outs * n
 
-    def block(self, first: bool, attention_output_view: bool, flash_pad: bool, seq: int) -> float:
+    def block(self, first: bool) -> float:
         """One block: its first norm, the attention, the second norm and the MLP."""
         c, wt = self.c, self.wt
         grad_in = self.wt_root or not first  # LoRA's first block: its input (a frozen embedding's output) needs none
         b = self.norm(wt, input_needs_grad=grad_in)
-        attn, attn_out_grad = self.attention(grad_in, attention_output_view, flash_pad, seq)
+        attn, attn_out_grad = self.attention(grad_in)
         b += attn
         if c.post_attention_norm:
             b += self.norm(wt, input_needs_grad=attn_out_grad, residual=False)
@@ -141,9 +153,10 @@ class _Kept:
                 b += self.linear_inputs(self.mlp_inputs)  # norm_2's output: fc_1 / fc_2 input
         return b + self.mlp(mlp_in_grad)
 
-    def attention(self, grad_in: bool, attention_output_view: bool, flash_pad: bool, seq: int) -> tuple:
+    def attention(self, grad_in: bool) -> tuple:
         """(bytes, whether its output needs a gradient) of the attention sublayer after its norm."""
         c, s, n, d, lora = self.c, self.s, self.n, self.c.n_embd, self.lora
+        seq, flash_pad, attention_output_view = self.f.seq, self.f.flash_pad, self.f.attention_output_view
         hs, nh, ng = c.head_size, c.n_head, c.n_query_groups
         qw, b = nh * hs, 0
         qkv_targets = sum(bool(lora(k)) for k in ("query", "key", "value"))

@@ -273,13 +273,13 @@ def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
     # what autograd keeps, derived from the Config (tunelab/plan/model/activations.py; measured per family on CPU)
     kind = "lora" if case.lora else "full"
     efficient = s_act == 4 and not case.attention_math  # fp32 attention: CUDA's memory-efficient kernel, not flash
-    saved = activations.saved_bytes(
+    forward = activations.Forward(
         c,
         kind,
         s_act,
         case.micro_batch_size,
         case.seq_len,
-        case.lora_targets,
+        tuple(case.lora_targets),
         case.lora_r,
         mixed=mixed,
         logits_bytes=s_logits,
@@ -287,6 +287,7 @@ def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
         flash_pad=not (efficient or case.attention_math) and c.head_size % 8 != 0,
         frozen_weights_grad=strategies.of(case).frozen_weights_grad(case),
     )
+    saved = activations.saved_bytes(forward)
     notes.extend(saved.notes)
     traced = (
         case.loop.compiled

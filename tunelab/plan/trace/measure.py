@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from tunelab.errors import InputError
-from tunelab.plan.model.activations import saved_bytes
+from tunelab.plan.model.activations import Forward, saved_bytes
 from tunelab.plan.model.memory import dtype_bytes
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS
 
@@ -354,15 +354,9 @@ def compare(
     measurement."""
     s = dtype_bytes(precision)
     m = measure(config, method, precision, micro_batch_size, seq_len, layers=2, lora_r=lora_r, targets=targets)
+    kind = "full" if method == "full" else "lora"
     p = saved_bytes(
-        config,
-        "full" if method == "full" else "lora",
-        s,
-        micro_batch_size,
-        seq_len,
-        targets,
-        lora_r,
-        mixed=precision == "bf16-mixed",
+        Forward(config, kind, s, micro_batch_size, seq_len, tuple(targets), lora_r, precision == "bf16-mixed")
     )
     total_m = m.per_layer_bytes[0] + m.per_layer_bytes[1] * (config.n_layer - 1) + m.head_bytes
     total_p = p.total(config.n_layer)
