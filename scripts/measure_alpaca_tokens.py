@@ -14,7 +14,8 @@ project's packages (``pip install gguf sentencepiece protobuf``); nothing is dow
 
 Writes ``lengths.csv`` (one row per record: its index, characters, and tokens per family), ``vectors.csv`` (test
 vectors reproduced per family) into ``--out``, and the planner's table (``--table``: the lengths per family, the
-vocabulary sizes of litgpt's configs that use each) that ``tunelab/data/lengths.py`` reads.
+vocabulary sizes of litgpt's configs that use each, and the whole file's longest example where litgpt publishes it)
+that ``tunelab/data/lengths.py`` reads.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ FAMILIES = {
 }
 """The families measured: the vocabulary file, whose test vectors check it (MPT ships GPT-NeoX-20B's tokenizer
 with vectors), whether litgpt prefixes BOS, and the ``vocab_size`` of litgpt's configs that tokenize with it."""
+LONGEST = {"llama-2": 1304, "gpt-neox": 1034, "gpt-2": 1044, "falcon": 1079}
+"""The longest training example of the whole file in each family's tokens, as litgpt publishes them (Llama 2,
+StableLM Alpha, phi-1.5, Falcon; :data:`LONGEST_SOURCE`): what a run without ``max_seq_length`` pads its longest
+micro batch to. Written into the table beside the measured lengths (the 2,000 records counted do not hold it)."""
+LONGEST_SOURCE = (
+    "Lightning-AI/litgpt tutorials/resource-tables.md at 4839345a: 'the number of tokens in the longest training "
+    "example' of Alpaca, per model"
+)
+
 
 LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 """Llama 3's pre-tokenizer split (its tokenizer.json); Qwen2's splits digits one by one instead of in threes."""
@@ -179,11 +189,14 @@ def _table(counts: dict, per_token: dict, n: int) -> str:
         "evidence: alpaca-tokens",
         "data_modules: [litgpt.data.Alpaca]",
         "reference: llama-2",
+        f"longest_source: {json.dumps(LONGEST_SOURCE)}",
         "families:",
     ]
     for family, (_, _, _, sizes, who, models) in FAMILIES.items():
         lines += [f"  {family}:  # {models}", f"    name: {json.dumps(who)}", f"    vocab_sizes: {sizes}"]
         lines.append(f"    characters_per_token: {per_token[family]:.3f}")
+        if family in LONGEST:  # published for the whole file; not every family
+            lines.append(f"    longest: {LONGEST[family]}")
         lines.append(f"    lengths: [{', '.join(map(str, counts[family]))}]")
     return "\n".join(lines) + "\n"
 

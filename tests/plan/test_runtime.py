@@ -619,6 +619,14 @@ def test_litgpt_alpaca_is_planned_at_its_measured_lengths():
     other = plan_recipe(recipe, [*extra, "--data", "Alpaca2k", "--train.max_steps", "4"], gpu=gpu)
     assert "the default Alpaca-like length distribution" in project_recipe(other, gpu)[1]
     assert lengths.module_lengths("litgpt.data.Alpaca2k", vocab, 512) is None
+    # without max_seq_length litgpt pads to the longest example: the whole file's, as litgpt publishes it per model
+    # (LLaMA 2's 1304), where published; else the block size bounds it (Llama 3's is not published)
+    unset = plan_recipe(recipe, ["--train.max_steps", "4"], gpu=gpu)
+    assert unset.input.seq_len == 1304 and "longest training example in LLaMA 2's tokens" in unset.seq_source
+    llama3 = plan_recipe(recipe, ["--checkpoint_dir", "checkpoints/meta-llama/Meta-Llama-3-8B"], gpu=gpu)
+    assert llama3.input.seq_len == llama3.input.config.block_size and "block size" in llama3.seq_source
+    other = plan_recipe(recipe, ["--data", "Alpaca2k"], gpu=gpu)
+    assert other.input.seq_len == other.input.config.block_size
     work = workload_from_data("Alpaca", recipes.load(ROOT / "recipes/tiny-llama-1.1b/lora.yaml"))
     assert work.lengths == tuple(min(512, int(r["llama-2"])) for r in rows) and "measured" in work.how
 

@@ -152,7 +152,7 @@ MEASURED = CONFIGS_DIR / "measured" / "alpaca-lengths.yaml"
 @functools.cache
 def _measured() -> tuple:
     """(reference family, {family: (name, vocab sizes, lengths, characters per token)}, the data modules the lengths
-    are of) from
+    are of, ({family: the whole file's longest example}, whose figure that is)) from
     :data:`MEASURED`. A table that does not read: one line naming it."""
     where = "configs/measured/alpaca-lengths.yaml"
     raw = yaml_input.loads(read_text(MEASURED, yaml_input.MAX_BYTES, "length table", where, links=False), where)
@@ -162,8 +162,9 @@ def _measured() -> tuple:
             str(k): (str(v["name"]), tuple(v["vocab_sizes"]), tuple(v["lengths"]), float(v["characters_per_token"]))
             for k, v in raw["families"].items()
         }
+        longest = {str(k): v["longest"] for k, v in raw["families"].items() if "longest" in v}
         reference, modules = str(raw["reference"]), tuple(str(m) for m in raw["data_modules"])
-        counts = [n for _, sizes, lengths, _ in families.values() for n in (*sizes, *lengths)]
+        counts = [n for _, sizes, lengths, _ in families.values() for n in (*sizes, *lengths)] + list(longest.values())
     except (KeyError, TypeError, ValueError, AttributeError):
         raise InputError(
             f"{where}: needs reference, data_modules and families (name, vocab_sizes, characters_per_token, "
@@ -174,7 +175,7 @@ def _measured() -> tuple:
         raise InputError(f"{where}: the reference must be a family, sizes and lengths whole numbers above 0; {fix}")
     if not all(math.isfinite(c) and c > 0 for c in chars):
         raise InputError(f"{where}: characters_per_token must be a number above 0; {fix}")
-    return reference, families, modules
+    return reference, families, modules, (longest, str(raw.get("longest_source", "")))
 
 
 def _family(vocab_size: int | None) -> str | None:
@@ -186,7 +187,7 @@ def module_lengths(data_class: str | None, vocab_size: int | None, cap: int | No
     """(token lengths, the words that say whose) of a litgpt data module whose records were measured
     (:data:`MEASURED`: litgpt's Alpaca), under the tokenizer of a model of ``vocab_size`` (the reference family's for
     one not measured), capped at ``cap``; None for any other data."""
-    reference, families, modules = _measured()
+    reference, families, modules, _ = _measured()
     if data_class not in modules:
         return None
     family = _family(vocab_size) or reference
@@ -197,11 +198,23 @@ def module_lengths(data_class: str | None, vocab_size: int | None, cap: int | No
     return tuple(min(cap or 10**9, n) for n in lengths), words
 
 
+def module_longest(data_class: str | None, vocab_size: int | None) -> tuple[int, str] | None:
+    """(the whole file's longest training example in tokens, whose figure) of a measured litgpt data module
+    (:data:`MEASURED`) under the tokenizer of a model of ``vocab_size``, where published for its family; None
+    otherwise."""
+    _, families, modules, (longest, source) = _measured()
+    family = _family(vocab_size)
+    if data_class not in modules or family not in longest:
+        return None
+    name = families[family][0]
+    return longest[family], f"{data_class.rsplit('.', 1)[-1]}'s longest training example in {name} tokens ({source})"
+
+
 def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
     """(a sample's tokens under the tokenizer of a model with ``vocab_size`` over the default distribution's, the
     words that say so): its family's tokens over LLaMA 2's on Alpaca's records, measured (:data:`MEASURED`); (1.0,
     "") for LLaMA 2's family and a tokenizer not measured."""
-    reference, families, _ = _measured()
+    reference, families, *_ = _measured()
     if (family := _family(vocab_size)) in (None, reference):
         return 1.0, ""
     (name, _, lengths, _), (ref_name, _, ref_lengths, _) = families[family], families[reference]
@@ -215,7 +228,7 @@ def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
 def chars_per_token(vocab_size: int | None) -> tuple[float, str]:
     """(characters per token of Alpaca-format text, whose) for the tokenizer of a model of ``vocab_size``: its
     family's on Alpaca's records, measured (:data:`MEASURED`), else LLaMA 2's."""
-    reference, families, _ = _measured()
+    reference, families, *_ = _measured()
     name, *_, chars = families[_family(vocab_size) or reference]
     return chars, f"{name} on Alpaca's records, measured: configs/measured/alpaca-lengths.yaml"
 

@@ -15,6 +15,7 @@ from tunelab.data.lengths import (
     default_padded_per_sample,
     longest_sample_tokens,
     module_lengths,
+    module_longest,
     sample_lengths,
     tokens_scale,
 )
@@ -180,6 +181,21 @@ def _dataset_seq_len(settings: Settings, dataset: Path) -> tuple[int, str]:
     return (min(longest, cap) if cap else longest), f"the dataset's longest sample ({longest} tokens){capped}"
 
 
+def _seq_len(settings: Settings, config, dataset: Path | None) -> tuple[int | None, str]:
+    """(the sequence memory is planned at, None for the recipe's max_seq_length or the block size; whose): without
+    a max_seq_length litgpt pads its longest micro batch to the longest example (``--dataset``'s, or a measured data
+    module's where published), else to what the model's block size bounds."""
+    if dataset is not None:
+        return _dataset_seq_len(settings, dataset)
+    if settings.max_seq_length:
+        return None, "the recipe's train.max_seq_length"
+    data = settings.args.get("data")
+    known = module_longest(data.get("class_path") if isinstance(data, dict) else None, config.vocab_size)
+    if known:
+        return min(known[0], config.block_size), f"{known[1]}: train.max_seq_length is not set"
+    return None, "the model's block size: train.max_seq_length is not set (--dataset: its longest sample)"
+
+
 def plan_recipe(
     recipe: Recipe,
     overrides: list[str],
@@ -244,13 +260,10 @@ def plan_settings(
     fields = strategy_fields(strategy_config, settings.world_size)
     if activation_checkpointing:
         fields["activation_checkpointing"] = True
-    seq, seq_source = None, "the recipe's train.max_seq_length"
-    if not settings.max_seq_length:  # litgpt then trains to the longest sample, which the model's block size bounds
-        seq_source = "the model's block size: train.max_seq_length is not set (--dataset: its longest sample)"
-    if dataset is not None:
-        seq, seq_source = _dataset_seq_len(settings, dataset)
+    config = load_config(settings.checkpoint_dir)
+    seq, seq_source = _seq_len(settings, config, dataset)
     bf16 = gpu is None or gpu.bf16
-    case = plan_input(settings, load_config(settings.checkpoint_dir), seq_len=seq, bf16=bf16, **fields)
+    case = plan_input(settings, config, seq_len=seq, bf16=bf16, **fields)
     if gpu is not None and str(case.precision).startswith("bf16") and not gpu.bf16:
         case.attention_math = True
     plan = memory.predict(case)
