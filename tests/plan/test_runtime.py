@@ -614,8 +614,8 @@ def test_litgpt_alpaca_is_planned_at_its_measured_lengths():
         assert projection.tokens == pytest.approx(4 * 128 * per_sample)
         assert f"{per_sample:.0f} padded tokens/sample (Alpaca's records in" in how and "measured" in how
     assert max(measured) == 200 and per_sample < lengths.default_padded_per_sample(4, 200, vocab)
-    for family, (_, _, counted, _) in lengths._measured()[1].items():  # every family's counts are the archive's
-        assert counted == tuple(int(r[family]) for r in rows), family
+    for family, counted in lengths._measured().families.items():  # every family's counts are the archive's
+        assert counted.lengths == tuple(int(r[family]) for r in rows), family
     other = plan_recipe(recipe, [*extra, "--data", "Alpaca2k", "--train.max_steps", "4"], gpu=gpu)
     assert "the default Alpaca-like length distribution" in project_recipe(other, gpu)[1]
     assert lengths.module_lengths("litgpt.data.Alpaca2k", vocab, 512) is None

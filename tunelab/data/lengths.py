@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunelab import yaml_input
@@ -147,90 +148,121 @@ def _padded(lengths: tuple, micro: int, grouping: tuple | None, cap: int) -> flo
 MEASURED = CONFIGS_DIR / "measured" / "alpaca-lengths.yaml"
 """Token lengths of litgpt's Alpaca data (its file's first 2,000 records) per tokenizer family, measured
 (``scripts/measure_alpaca_tokens.py``; evidence ``alpaca-tokens``)."""
+MEASURED_SHOWN = "configs/measured/alpaca-lengths.yaml"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One tokenizer family's counts of the measured records (:data:`MEASURED`)."""
+
+    name: str
+    """Whose tokenizer, in words (``LLaMA 2's``)."""
+    vocab_sizes: tuple
+    """The ``vocab_size`` of litgpt's configs that tokenize with it."""
+    lengths: tuple
+    """Each record's tokens, with BOS and EOS as litgpt adds them."""
+    characters_per_token: float
+    """The records' characters over their text's tokens (BOS and EOS aside)."""
+    longest: int | None = None
+    """The whole file's longest training example in its tokens, where published (None: not)."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """:data:`MEASURED`: the families, which is the default distribution's, and which data modules they count."""
+
+    reference: str
+    """The family the default length distribution was counted with (LLaMA 2's)."""
+    families: dict
+    """{family: :class:`Family`}."""
+    data_modules: tuple
+    """The litgpt data modules whose records these are."""
+    longest_source: str
+    """Whose the families' ``longest`` figures are."""
+
+    def family(self, vocab_size: int | None) -> str | None:
+        """The family of the tokenizer of a model of ``vocab_size``, None if not measured."""
+        return next((k for k, f in self.families.items() if vocab_size in f.vocab_sizes), None)
 
 
 @functools.cache
-def _measured() -> tuple:
-    """(reference family, {family: (name, vocab sizes, lengths, characters per token)}, the data modules the lengths
-    are of, ({family: the whole file's longest example}, whose figure that is)) from
-    :data:`MEASURED`. A table that does not read: one line naming it."""
+def _measured() -> Measured:
+    """:data:`MEASURED` read and checked; a table that does not read: one line naming it."""
     where = "configs/measured/alpaca-lengths.yaml"
     raw = yaml_input.loads(read_text(MEASURED, yaml_input.MAX_BYTES, "length table", where, links=False), where)
     fix = f"fix: restore it (git checkout -- {where})"
     try:
         families = {
-            str(k): (str(v["name"]), tuple(v["vocab_sizes"]), tuple(v["lengths"]), float(v["characters_per_token"]))
+            str(k): Family(
+                str(v["name"]),
+                tuple(v["vocab_sizes"]),
+                tuple(v["lengths"]),
+                float(v["characters_per_token"]),
+                v.get("longest"),
+            )
             for k, v in raw["families"].items()
         }
-        longest = {str(k): v["longest"] for k, v in raw["families"].items() if "longest" in v}
-        reference, modules = str(raw["reference"]), tuple(str(m) for m in raw["data_modules"])
-        counts = [n for _, sizes, lengths, _ in families.values() for n in (*sizes, *lengths)] + list(longest.values())
+        table = Measured(
+            str(raw["reference"]), families, tuple(map(str, raw["data_modules"])), raw.get("longest_source")
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         raise InputError(
             f"{where}: needs reference, data_modules and families (name, vocab_sizes, characters_per_token, "
             f"lengths); {fix}"
         ) from None
-    chars = [c for *_, c in families.values()]
-    if reference not in families or not all(type(n) is int and n > 0 for n in counts):
+    counts = [n for f in families.values() for n in (*f.vocab_sizes, *f.lengths, f.longest or 1)]
+    if table.reference not in families or not all(type(n) is int and n > 0 for n in counts):
         raise InputError(f"{where}: the reference must be a family, sizes and lengths whole numbers above 0; {fix}")
-    if not all(math.isfinite(c) and c > 0 for c in chars):
+    if not all(math.isfinite(f.characters_per_token) and f.characters_per_token > 0 for f in families.values()):
         raise InputError(f"{where}: characters_per_token must be a number above 0; {fix}")
-    return reference, families, modules, (longest, str(raw.get("longest_source", "")))
-
-
-def _family(vocab_size: int | None) -> str | None:
-    """The measured family of the tokenizer of a model of ``vocab_size`` (:data:`MEASURED`), None if not measured."""
-    return next((f for f, (_, sizes, *_) in _measured()[1].items() if vocab_size in sizes), None)
+    return table
 
 
 def module_lengths(data_class: str | None, vocab_size: int | None, cap: int | None) -> tuple[tuple, str] | None:
     """(token lengths, the words that say whose) of a litgpt data module whose records were measured
     (:data:`MEASURED`: litgpt's Alpaca), under the tokenizer of a model of ``vocab_size`` (the reference family's for
     one not measured), capped at ``cap``; None for any other data."""
-    reference, families, modules, _ = _measured()
-    if data_class not in modules:
+    table = _measured()
+    if data_class not in table.data_modules:
         return None
-    family = _family(vocab_size) or reference
-    name, _, lengths, _ = families[family]
-    words = (
-        f"{data_class.rsplit('.', 1)[-1]}'s records in {name} tokens, measured (configs/measured/alpaca-lengths.yaml)"
-    )
-    return tuple(min(cap or 10**9, n) for n in lengths), words
+    family = table.families[table.family(vocab_size) or table.reference]
+    words = f"{data_class.rsplit('.', 1)[-1]}'s records in {family.name} tokens, measured ({MEASURED_SHOWN})"
+    return tuple(min(cap or 10**9, n) for n in family.lengths), words
 
 
 def module_longest(data_class: str | None, vocab_size: int | None) -> tuple[int, str] | None:
     """(the whole file's longest training example in tokens, whose figure) of a measured litgpt data module
     (:data:`MEASURED`) under the tokenizer of a model of ``vocab_size``, where published for its family; None
     otherwise."""
-    _, families, modules, (longest, source) = _measured()
-    family = _family(vocab_size)
-    if data_class not in modules or family not in longest:
+    table = _measured()
+    family = table.families.get(table.family(vocab_size) or "")
+    if data_class not in table.data_modules or family is None or family.longest is None:
         return None
-    name = families[family][0]
-    return longest[family], f"{data_class.rsplit('.', 1)[-1]}'s longest training example in {name} tokens ({source})"
+    module = data_class.rsplit(".", 1)[-1]
+    return family.longest, f"{module}'s longest training example in {family.name} tokens ({table.longest_source})"
 
 
 def tokens_scale(vocab_size: int | None) -> tuple[float, str]:
     """(a sample's tokens under the tokenizer of a model with ``vocab_size`` over the default distribution's, the
     words that say so): its family's tokens over LLaMA 2's on Alpaca's records, measured (:data:`MEASURED`); (1.0,
     "") for LLaMA 2's family and a tokenizer not measured."""
-    reference, families, *_ = _measured()
-    if (family := _family(vocab_size)) in (None, reference):
+    table = _measured()
+    if (key := table.family(vocab_size)) in (None, table.reference):
         return 1.0, ""
-    (name, _, lengths, _), (ref_name, _, ref_lengths, _) = families[family], families[reference]
-    scale = sum(lengths) / sum(ref_lengths)
+    family, reference = table.families[key], table.families[table.reference]
+    scale = sum(family.lengths) / sum(reference.lengths)
     return scale, (
-        f"counted with {ref_name} tokenizer, scaled to {name}: {scale:.3f}x the tokens on Alpaca's records "
-        "(measured: configs/measured/alpaca-lengths.yaml)"
+        f"counted with {reference.name} tokenizer, scaled to {family.name}: {scale:.3f}x the tokens on Alpaca's "
+        f"records (measured: {MEASURED_SHOWN})"
     )
 
 
 def chars_per_token(vocab_size: int | None) -> tuple[float, str]:
     """(characters per token of Alpaca-format text, whose) for the tokenizer of a model of ``vocab_size``: its
     family's on Alpaca's records, measured (:data:`MEASURED`), else LLaMA 2's."""
-    reference, families, *_ = _measured()
-    name, *_, chars = families[_family(vocab_size) or reference]
-    return chars, f"{name} on Alpaca's records, measured: configs/measured/alpaca-lengths.yaml"
+    table = _measured()
+    family = table.families[table.family(vocab_size) or table.reference]
+    return family.characters_per_token, f"{family.name} on Alpaca's records, measured: {MEASURED_SHOWN}"
 
 
 DEFAULT_LENGTH_DRAWS = 20_000
