@@ -228,7 +228,6 @@ def _memory_available() -> int | None:
 def _build_lock(out_dir: Path):
     """An exclusive flock on a file inside ``out_dir`` (nothing is left beside it; never through a link; released
     by the kernel if the holder dies)."""
-
     out_dir.mkdir(parents=True, exist_ok=True)
     with files.open_output(out_dir / ".tunelab-build.lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)

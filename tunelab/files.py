@@ -266,7 +266,6 @@ def exclusive_lock(path: Path):
     """An open file holding an exclusive flock on ``path`` (close it to release; the kernel releases it when the
     holder dies, even by SIGKILL). :class:`Busy` naming the holder's pid when another process holds it;
     :class:`FileRefused` when ``path`` is a link, FIFO or device (it is never followed or truncated)."""
-
     f = os.fdopen(_open_regular(path, os.O_RDWR, "lock file"), "r+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

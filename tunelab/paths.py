@@ -81,7 +81,6 @@ def report_dir(name: str, rec=None) -> Path:
     with a device, or None for no suffix): ``cpu-tiny`` on a CPU, else the GPU's first word after 'NVIDIA'
     (``h100``), through :func:`slug` as is ``name`` (a record read from disk may carry anything there). The one
     spelling for sweeps, studies and benches."""
-
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     suffix = ""
     if rec is not None and rec.device_name:

@@ -268,7 +268,6 @@ class StrategyConfig:
     def settings(self) -> dict:
         """Every key as loaded, the description left out, as JSON keeps it: what a record stores, so that a record
         made under other settings (a key its :meth:`describe` does not show) is never taken for this strategy's."""
-
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "description"}))
 
     @property

@@ -138,9 +138,8 @@ def workload_from_tokens(tokens: float, epochs: int = 1) -> Workload:
 
 def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     """``--data FILE`` (a dataset as litgpt reads it: .json, .jsonl, or a directory of train and val files) or
-    ``--data MODULE`` (a litgpt data module that downloads its data: its known size, the lab's tokens per
-    sample)."""
-
+    ``--data MODULE`` (a litgpt data module that downloads its data: its known size, and its records' measured
+    lengths where measured, else the lab's tokens per sample)."""
     settings = resolve(recipe, [])
     path = Path(data)
     if path.exists():
@@ -667,7 +666,6 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
     precision, micro batch, global batch and, for ``data`` a dataset file, its ``json_path``), ``strategy.yaml``
     where a strategy was chosen (the strategy file with activation checkpointing as chosen), and ``launch.txt``;
     returns the launch commands."""
-
     out_dir = Path(out_dir)
     config = dict(recipe.config)
     config["precision"] = c.precision

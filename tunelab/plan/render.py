@@ -31,7 +31,6 @@ def render(
 def output(planned, gpu, projection, tokens_note: str, extras: dict, as_json: bool, verbose: bool) -> str:
     """What ``tunelab plan`` prints: one JSON object, the whole plan (``verbose``) or its answer, then what
     ``--measure`` and ``--simulate`` added (``extras``: measured, simulated, by_kernel; None where not asked)."""
-
     measured, simulated, by_kernel = extras["measured"], extras["simulated"], extras["by_kernel"]
     if as_json:
         out = planned.plan.to_json()

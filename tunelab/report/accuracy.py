@@ -198,7 +198,6 @@ def open_archive(archive: Path):
     """A report's ``records.tgz`` opened in memory, or None when there is none: read bounded and never through a
     link (:func:`tunelab.files.read_bytes`); a FIFO, a device, a link or what is not a tar archive is refused in one
     line (FileRefused)."""
-
     if not archive.exists() and not archive.is_symlink():
         return None
     data = read_bytes(archive, ARCHIVE_MAX_BYTES, "records archive", links=False)
@@ -214,7 +213,6 @@ def archived_records(archive: Path):
     """(member name, RunRecord, strategy) for each run record in a report's ``records.tgz`` (none when there is no
     archive), read in memory: only ``*/record.json`` members that are regular files of at most RECORD_MAX_BYTES. The
     strategy is the file as the record kept it (checked as a file is), else the name it loads by."""
-
     tar = open_archive(archive)
     if tar is None:
         return

@@ -225,7 +225,6 @@ def window_thirds(archive: Path, member: str, rec, st) -> list[tuple]:
 
 def _natural(name: str) -> tuple:
     """A row id's sort key with its numbers compared as numbers (s2 before s10)."""
-
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
@@ -293,7 +292,6 @@ def h100_rows(root: Path, items: list | None = None) -> list[dict]:
 def _rank0(archive: Path, member: str) -> tuple:
     """(RankStats, iteration log) of an archived run's rank-0 file (:func:`tunelab.record.read_rank_file`), read once
     per report; (None, []) without one."""
-
     raw = beside(archive, member, "stats/rank0.json", RECORD_MAX_BYTES)
     return read_rank_file(json.loads(raw)) if raw is not None else (None, [])
 

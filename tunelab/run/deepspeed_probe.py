@@ -133,7 +133,6 @@ STEPS_MARK = "tunelab-steps"
 def profiled_peak(prof) -> tuple[int, int]:
     """(peak, at the end) of the bytes alive that were allocated while ``prof`` ran, over its training steps
     (:data:`STEPS_MARK`), from the allocations and frees its memory events report (:func:`alive_bytes`)."""
-
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)

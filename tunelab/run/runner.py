@@ -267,7 +267,6 @@ def blocker_kind(path: Path) -> str:
 def _not_plain(folder: Path) -> Path | None:
     """The first entry under ``folder`` (itself included) that is neither a folder nor a regular file: a link, a
     FIFO, a device, a socket; None when there is none. Links are never followed; the walk is bounded."""
-
     if not os.path.lexists(folder):
         return None
     seen = 0

@@ -407,7 +407,6 @@ def cached_template(step: Step) -> Template:
     there is executed); a cached file for another torch, litgpt or template version, or one that does not read, is
     made again (:func:`tunelab.plan.trace.trace_cache.cached_json`). Precisions traced as another
     (:data:`TRACED_AS`) share its template."""
-
     precision = TRACED_AS.get(str(step.precision), str(step.precision))  # one template for precisions traced alike
     step = dataclasses.replace(step, precision=precision)
     lora = [step.lora[0], sorted(step.lora[1])] if step.lora else []

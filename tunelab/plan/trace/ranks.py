@@ -555,7 +555,6 @@ def simulate_ranks(case, strategy) -> RankSimulation:
 def for_plan(case, strategy) -> RankSimulation:
     """Rank 0's simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`) under a loaded
     strategy file; InputError for what is not simulated per rank."""
-
     if strategy is not None and strategy.name not in SIMULATED:
         raise InputError(
             f"--simulate on {case.world} devices: {strategy.name} is not simulated per rank (simulated: "

@@ -489,7 +489,6 @@ def simulate(case, layers: int = 1) -> Simulation:
 def for_plan(case) -> Simulation:
     """The simulated step of a planned configuration (:class:`tunelab.plan.model.memory.PlanInput`): one device, no
     sharding (InputError otherwise: sharding is not simulated)."""
-
     if case.world > 1 or strategies.of(case).divides:
         raise InputError(
             f"--simulate: {case.strategy} on {case.world} device(s) is not simulated (sharding and its buffers are not); "
