@@ -26,8 +26,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from tunelab.cli.common import number
 from tunelab.errors import InputError
 from tunelab.files import read_json, write_csv, write_text_atomic
+from tunelab.report import evidence, resource_tables
 
 FAMILIES = {
     # name: (vocabulary file, its test vectors, BOS added by litgpt, litgpt vocab sizes, who, the models using it)
@@ -40,14 +42,23 @@ FAMILIES = {
 }
 """The families measured: the vocabulary file, whose test vectors check it (MPT ships GPT-NeoX-20B's tokenizer
 with vectors), whether litgpt prefixes BOS, and the ``vocab_size`` of litgpt's configs that tokenize with it."""
-LONGEST = {"llama-2": 1304, "gpt-neox": 1034, "gpt-2": 1044, "falcon": 1079}
-"""The longest training example of the whole file in each family's tokens, as litgpt publishes them (Llama 2,
-StableLM Alpha, phi-1.5, Falcon; :data:`LONGEST_SOURCE`): what a run without ``max_seq_length`` pads its longest
-micro batch to. Written into the table beside the measured lengths (the 2,000 records counted do not hold it)."""
-LONGEST_SOURCE = (
-    "Lightning-AI/litgpt tutorials/resource-tables.md at 4839345a: 'the number of tokens in the longest training "
-    "example' of Alpaca, per model"
-)
+
+
+def published_longest() -> tuple[dict, str]:
+    """({family: the whole file's longest training example in its tokens}, whose figures): litgpt's resource tables
+    give it per model (``longest`` in configs/published/litgpt-resource-tables.yaml); a model's family is the one
+    whose vocabulary sizes hold its config's. What a run without ``max_seq_length`` pads its longest micro batch to;
+    the 2,000 records counted here do not hold it."""
+    from litgpt import Config
+
+    head, rows = evidence.published(resource_tables.TABLE, ("source", "note"), resource_tables.KEYS)
+    longest = {}
+    for row in rows:
+        vocab = Config.from_name(row["model"]).vocab_size
+        family = next((f for f, spec in FAMILIES.items() if vocab in spec[3]), None)
+        if family is not None and longest.setdefault(family, row["longest"]) != row["longest"]:
+            raise InputError(f"{resource_tables.TABLE}: two longest examples for {family}; fix: correct the table")
+    return longest, f"{head['source']}: 'the number of tokens in the longest training example' of Alpaca, per model"
 
 
 LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -131,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--records", type=Path, required=True, help="an Alpaca JSON file (a list of records)")
     p.add_argument("--vocab", type=Path, required=True, help="llama.cpp's models/ folder (ggml-vocab-*.gguf)")
-    p.add_argument("--first", type=int, default=2000, help="records counted, from the start (default 2000)")
+    count = number(int, 1, 10**6, what="a number of records")
+    p.add_argument("--first", type=count, default=2000, help="records counted, from the start (default 2000)")
     p.add_argument("--out", type=Path, required=True, help="the archive folder: lengths.csv, vectors.csv")
     p.add_argument("--table", type=Path, required=True, help="the planner's table to write (YAML)")
     a = p.parse_args(argv)
@@ -141,34 +153,52 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"measure_alpaca_tokens: {e.name} is missing; fix: pip install gguf sentencepiece protobuf")
         return 2
+    try:
+        texts = _texts(a)
+        counts, checks = {}, []
+        for family, (name, vectors, bos, *_) in FAMILIES.items():
+            encode = encoder(a.vocab, name)
+            checks.append(
+                {"family": family, "vocabulary": name, "vectors": vectors, **_checked(a.vocab, encode, vectors)}
+            )
+            counts[family] = [len(encode(t)) + 1 + bos for t in texts]  # EOS always; BOS where litgpt adds it
+            print(f"{family}: mean {statistics.mean(counts[family]):.1f} tokens, {checks[-1]['passed']} vectors passed")
+        _write(a, texts, counts, checks)
+    except InputError as e:
+        print(f"measure_alpaca_tokens: {e}")
+        return 2
+    return 0
+
+
+def _texts(a) -> list[str]:
+    """The records to count, as litgpt's alpaca prompt and their response; InputError for records that are not
+    Alpaca's, a vocabulary folder that lacks a file, or an output folder that is something else."""
     from litgpt.prompts import Alpaca
 
+    if a.out.exists() and not a.out.is_dir():
+        raise InputError(f"--out {a.out}: exists and is not a folder; fix: give a new or existing folder")
+    needed = {f"ggml-vocab-{n}.gguf" for n, *_ in FAMILIES.values()}
+    needed |= {f"ggml-vocab-{v}.gguf.{x}" for _, v, *_ in FAMILIES.values() for x in ("inp", "out")}
+    if missing := sorted(f for f in needed if not (a.vocab / f).is_file()):
+        raise InputError(f"--vocab {a.vocab}: no {', '.join(missing)}; fix: give llama.cpp's models/ folder")
+    records = read_json(a.records, 64 << 20, "Alpaca JSON file")
     try:
-        records = read_json(a.records, 64 << 20, "Alpaca JSON file")[: a.first]
-        texts = [Alpaca().apply(r["instruction"], input=r["input"]) + r["output"] for r in records]
-        needed = {f"ggml-vocab-{n}.gguf" for n, *_ in FAMILIES.values()}
-        needed |= {f"ggml-vocab-{v}.gguf.{x}" for _, v, *_ in FAMILIES.values() for x in ("inp", "out")}
-        if missing := sorted(f for f in needed if not (a.vocab / f).is_file()):
-            raise InputError(f"{a.vocab}: no {', '.join(missing)}; fix: give llama.cpp's models/ folder")
-    except (InputError, TypeError, KeyError) as e:  # not a list of records with instruction, input and output
-        print(
-            f"measure_alpaca_tokens: {e if isinstance(e, InputError) else f'{a.records}: not Alpaca records; fix: a list of instruction, input, output records'}"
-        )
-        return 2
-    counts, checks = {}, []
-    for family, (name, vectors, bos, *_) in FAMILIES.items():
-        encode = encoder(a.vocab, name)
-        checks.append({"family": family, "vocabulary": name, "vectors": vectors, **_checked(a.vocab, encode, vectors)})
-        counts[family] = [len(encode(t)) + 1 + bos for t in texts]  # EOS always; BOS where litgpt adds it
-        print(f"{family}: mean {statistics.mean(counts[family]):.1f} tokens, {checks[-1]['passed']} vectors passed")
+        return [Alpaca().apply(r["instruction"], input=r["input"]) + r["output"] for r in records[: a.first]]
+    except (TypeError, KeyError):
+        raise InputError(
+            f"{a.records}: not Alpaca records; fix: a list of instruction, input, output records"
+        ) from None
+
+
+def _write(a, texts: list[str], counts: dict, checks: list) -> None:
+    """lengths.csv and vectors.csv into ``--out``, the planner's table to ``--table`` (never through a link)."""
     a.out.mkdir(parents=True, exist_ok=True)
     rows = [{"record": i, "characters": len(t), **{f: counts[f][i] for f in FAMILIES}} for i, t in enumerate(texts)]
     write_csv(a.out / "lengths.csv", rows)
     write_csv(a.out / "vectors.csv", checks)
     text_tokens = {f: sum(counts[f]) - len(texts) * (1 + FAMILIES[f][2]) for f in FAMILIES}  # less BOS and EOS
     per_token = {f: sum(map(len, texts)) / text_tokens[f] for f in FAMILIES}
-    write_text_atomic(a.table, _table(counts, per_token, len(texts)))
-    return 0
+    write_text_atomic(a.table, _table(counts, per_token, published_longest(), len(texts)))
 
 
 def _checked(vocab: Path, encode, vectors: str) -> dict:
@@ -176,7 +206,7 @@ def _checked(vocab: Path, encode, vectors: str) -> dict:
     return {"passed": passed, "total": total}
 
 
-def _table(counts: dict, per_token: dict, n: int) -> str:
+def _table(counts: dict, per_token: dict, longest: tuple[dict, str], n: int) -> str:
     """The planner's table: a header, then each family's vocabulary sizes, characters per token of the records'
     text (BOS and EOS aside) and lengths (one flow list each)."""
     lines = [
@@ -189,14 +219,14 @@ def _table(counts: dict, per_token: dict, n: int) -> str:
         "evidence: alpaca-tokens",
         "data_modules: [litgpt.data.Alpaca]",
         "reference: llama-2",
-        f"longest_source: {json.dumps(LONGEST_SOURCE)}",
+        f"longest_source: {json.dumps(longest[1])}",
         "families:",
     ]
     for family, (_, _, _, sizes, who, models) in FAMILIES.items():
         lines += [f"  {family}:  # {models}", f"    name: {json.dumps(who)}", f"    vocab_sizes: {sizes}"]
         lines.append(f"    characters_per_token: {per_token[family]:.3f}")
-        if family in LONGEST:  # published for the whole file; not every family
-            lines.append(f"    longest: {LONGEST[family]}")
+        if family in longest[0]:  # published for the whole file; not every family
+            lines.append(f"    longest: {longest[0][family]}")
         lines.append(f"    lengths: [{', '.join(map(str, counts[family]))}]")
     return "\n".join(lines) + "\n"
 

@@ -189,8 +189,7 @@ def _seq_len(settings: Settings, config, dataset: Path | None) -> tuple[int | No
         return _dataset_seq_len(settings, dataset)
     if settings.max_seq_length:
         return None, "the recipe's train.max_seq_length"
-    data = settings.args.get("data")
-    known = module_longest(data.get("class_path") if isinstance(data, dict) else None, config.vocab_size)
+    known = module_longest(settings.data_class, config.vocab_size)
     if known:
         return min(known[0], config.block_size), f"{known[1]}: train.max_seq_length is not set"
     return None, "the model's block size: train.max_seq_length is not set (--dataset: its longest sample)"
@@ -415,8 +414,7 @@ def data_lengths(settings: Settings, vocab_size: int | None = None) -> tuple[lis
     data = data_init_args(settings.args)
     path, ckpt = data.get("json_path"), Path(settings.checkpoint_dir)
     if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
-        data_class = settings.args["data"].get("class_path") if isinstance(settings.args.get("data"), dict) else None
-        found = module_lengths(data_class, vocab_size, settings.max_seq_length)
+        found = module_lengths(settings.data_class, vocab_size, settings.max_seq_length)
         return (list(found[0]), found[1]) if found else None
     lengths = sample_lengths(
         dataset_records.read(project_path(path)),
