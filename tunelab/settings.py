@@ -332,8 +332,13 @@ def lora_of(run) -> tuple:
 
 
 def from_args(recipe, args: dict) -> Settings:
-    """Settings of a recipe from its resolved litgpt arguments (either resolver's)."""
-    return settings_of(args, method=recipe.method, command=recipe.command, recipe=recipe.key)
+    """Settings of a recipe from its resolved litgpt arguments (either resolver's). The method is the resolved run's:
+    a LoRA recipe given ``--quantize`` is QLoRA (litgpt's ``finetune_lora`` either way), a QLoRA one given
+    ``--quantize null`` LoRA."""
+    method = recipe.method
+    if recipe.command == "finetune_lora":
+        method = "qlora" if args.get("quantize") else "lora"
+    return settings_of(args, method=method, command=recipe.command, recipe=recipe.key)
 
 
 def settings_of(args: dict, *, method: str, command: str, recipe: str = "") -> Settings:

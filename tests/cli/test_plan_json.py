@@ -445,3 +445,25 @@ def test_an_offloaded_run_is_timed_as_a_lower_bound_and_says_so():
         assert proj["seconds_band"] == pytest.approx([proj["seconds"] * (1 + low), proj["seconds"] * (1 + high)])
     code, out, err = tunelab_here(*argv, "--strategy", "deepspeed-zero3", "--json")
     assert code == 0 and json.loads(out)["projection"]["lower_bound"] == ""
+
+
+def test_a_lora_recipe_given_quantize_is_planned_as_qlora():
+    """litgpt's ``finetune_lora`` with ``--quantize bnb.nf4`` is QLoRA (the LoRA recipe says so): its plan is the
+    QLoRA recipe's, bitsandbytes' dequantization and host work timed, not LoRA's step with 4-bit weights; and
+    ``--quantize null`` on the QLoRA recipe plans LoRA."""
+    from tunelab import settings
+    from tunelab.recipes import resolve
+
+    def plan(recipe, *overrides):
+        code, out, err = tunelab_here("plan", recipe, "--gpu", "H100-SXM", "--json", *overrides)
+        assert code == 0, err
+        return json.loads(out)
+
+    quantized, qlora = plan("tiny-llama-1.1b/lora", "--quantize", "bnb.nf4"), plan("tiny-llama-1.1b/qlora")
+    assert quantized["projection"]["seconds_by_cause"] == qlora["projection"]["seconds_by_cause"]
+    assert quantized["projection"]["seconds_by_cause"]["dequantization"] > 0
+    assert (quantized["method"], quantized["breakdown_bytes"]) == ("qlora", qlora["breakdown_bytes"])
+    unquantized = plan("tiny-llama-1.1b/qlora", "--quantize", "null")["projection"]["seconds_by_cause"]
+    assert unquantized == plan("tiny-llama-1.1b/lora")["projection"]["seconds_by_cause"]
+    assert settings.resolve(resolve("tiny-llama-1.1b/lora"), ["--quantize", "bnb.nf4"]).method == "qlora"
+    assert settings.resolve(resolve("tiny-llama-1.1b/qlora"), ["--quantize", "null"]).method == "lora"
