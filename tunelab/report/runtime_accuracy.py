@@ -145,19 +145,38 @@ def _bench_step(it: dict):
 
 
 def busy_steps(root: Path, bench: list[dict] | None = None, steps: dict | None = None) -> list[tuple]:
-    """(step, accumulation, measured s) of every litgpt run we timed whose GPU was busy :data:`HOST_BOUND_UTIL` % of
-    its steady window or more (its time is its kernels', its host's leaves no mark): the H100 Part 1 rows, each
+    """(step, accumulation, measured s, run) of every litgpt run we timed whose GPU was busy :data:`HOST_BOUND_UTIL` %
+    of its steady window or more (its time is its kernels', its host's leaves no mark): the H100 Part 1 rows, each
     ``steps`` entry's rows and the benches' litgpt arms (``bench``: :func:`bench_items`, ``steps``: {key:
-    :func:`steps_rows`}, when already read)."""
-    out = [(i["st"], i["accumulation"], i["measured_s"]) for i in h100_items(root) if i["gpu_util"] >= HOST_BOUND_UTIL]
+    :func:`steps_rows`}, when already read); ``run`` names it as runtime.md does."""
+    out = [
+        (i["st"], i["accumulation"], i["measured_s"], f"our H100 {i['id']}")
+        for i in h100_items(root)
+        if i["gpu_util"] >= HOST_BOUND_UTIL
+    ]
     if steps is None:
         steps = {e.id: steps_rows(root, e.id) for e in evidence.with_role("steps", root)}
-    for rows in steps.values():
-        out += [(r["st"], r["accumulation"], r["measured_s"]) for r in rows if (r["gpu_util"] or 0) >= HOST_BOUND_UTIL]
+    for key, rows in steps.items():
+        out += [
+            (r["st"], r["accumulation"], r["measured_s"], f"{evidence.entry(key, root).folder} {r['id']}")
+            for r in rows
+            if (r["gpu_util"] or 0) >= HOST_BOUND_UTIL
+        ]
     for it in bench if bench is not None else bench_items(root):
         if it["arm"] == "litgpt" and (it["gpu_util"] or 0) >= HOST_BOUND_UTIL:
-            out.append((_bench_step(it), it["accumulation"], it["measured_s"]))
+            out.append((_bench_step(it), it["accumulation"], it["measured_s"], f"{it['report']} {it['run']}"))
     return out
+
+
+def gpu_bound_errors(rows: list[dict], busy: list[tuple]) -> list[tuple[str, float]]:
+    """(run, measured over estimated - 1) of every run :func:`kernel_model_error` takes its miss over: the lab's A100
+    rows the kernels bound (``rows``: :func:`a100_rows`) and our busy runs (``busy``: :func:`busy_steps`) at the
+    planner's host constant."""
+    h = runtime.LITGPT_HOST_S_PER_OP
+    lab = [r for r in rows if r["kernel_s"] is not None and not r["host_bound"]]
+    return [(f"the lab's {r['id']}", r["lab_s"] / r["kernel_s"] - 1) for r in lab] + [
+        (run, m / step_seconds(st, acc, h) - 1) for st, acc, m, run in busy
+    ]
 
 
 def steps_rows(root: Path, key: str) -> list[dict]:
@@ -644,9 +663,7 @@ def kernel_model_error(rows: list[dict], busy: list[tuple]) -> float:
     the GPU bounds a run we calibrate on: the lab's A100 rows (:func:`a100_rows`) it times and does not call
     host-bound, and our runs whose GPU was busy :data:`HOST_BOUND_UTIL` % or more (``busy``: :func:`busy_steps`),
     these at the planner's host constant."""
-    h = runtime.LITGPT_HOST_S_PER_OP
-    lab = [abs(1 / (1 + r["error"]) - 1) for r in rows if r["kernel_s"] is not None and not r["host_bound"]]
-    return max(lab + [abs(m / step_seconds(st, acc, h) - 1) for st, acc, m in busy])
+    return max(abs(error) for _, error in gpu_bound_errors(rows, busy))
 
 
 def lab_hosts(items: list | None = None) -> dict:
@@ -770,7 +787,7 @@ def write_report(path: Path, root: Path) -> None:
     save_figure(band_figure({**timed, **checks}), path.with_name("band.png"))
     lines = [
         *_md_h100(h100, fit_host(items)),
-        *_md_band(timed, kernel_model_error(a100, busy_steps(root, bench, steps)), retry_stretch(root)),
+        *_md_band(timed, gpu_bound_errors(a100, busy_steps(root, bench, steps)), retry_stretch(root)),
         *_md_hosts(host_by_machine(items, bench, steps, hosts), steps),
         *(line for key, rows in steps.items() for line in _md_steps(evidence.entry(key, root), rows, items)),
         *(_md_part3(part3) if part3 else []),
@@ -839,13 +856,15 @@ def band_figure(timed: dict):
     return fig
 
 
-def _md_band(timed: dict, widest: float, stretch: float) -> list[str]:
+def _md_band(timed: dict, bound: list[tuple[str, float]], stretch: float) -> list[str]:
     """Whether each timed run lies in the band the plan prints around it (``timed``: {set: [(run, row), ...]}, each
-    row with its measured seconds and :func:`_band`'s figures; ``widest``: :func:`kernel_model_error` recomputed;
-    ``stretch``: :func:`retry_stretch` recomputed)."""
+    row with its measured seconds and :func:`_band`'s figures; ``bound``: :func:`gpu_bound_errors`, the runs the
+    band's miss is taken over; ``stretch``: :func:`retry_stretch` recomputed)."""
     e, (a, b) = runtime.KERNEL_MODEL_ERROR, (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
     runs = [run for rows in timed.values() for run in rows]
     inside = sum(r["in_band"] for _, r in runs)
+    widest = max(abs(error) for _, error in bound)
+    beyond = [f"{run} {error:+.1%}" for run, error in bound if abs(error) > 0.10]
     lines = [
         "",
         "## The plan's band against every timed run",
@@ -857,7 +876,10 @@ def _md_band(timed: dict, widest: float, stretch: float) -> list[str]:
         "miss there too (a run the fastest host leaves bound by its GPU keeps the GPU's miss); around the fast path: "
         f"its stated error for its bound; where the plan is at the edge of memory, its high end stretched "
         f"{runtime.EDGE_STRETCH}x for the allocator's retries (recomputed {stretch:.3f}x: the FSDP study's tables and "
-        f"our Part 3 rows). {inside} of {len(runs)} timed runs lie inside it. (The lab's Part 2 "
+        f"our Part 3 rows). {inside} of {len(runs)} timed runs lie inside it. Of the {len(bound)} runs the GPU "
+        f"bounds (those the miss is taken over), {len(bound) - len(beyond)} are within 10% of the estimate"
+        + (f"; beyond it, measured over estimated: {'; '.join(beyond)}" if beyond else "")
+        + ". (The lab's Part 2 "
         "times hold start-up and validation: an upper bound of the step, not held to the band.) Each run's band over "
         "its measured time, litgpt's config_hub check set beside them: `band.png`.",
         "",
