@@ -503,10 +503,10 @@ def why_not(c: Candidate, deadline_h=None, budget=None, tight_ok=False) -> str |
 
 
 TIE = runtime.LOO_MEAN_ABS_ERROR
-"""Configurations within this fraction of the best time are marked a tie (11%, the fitted curve's mean
-leave-one-out error on the lab's rows, kept as the margin: the kernel model that now ranks errs 3-10% between
-configurations on one machine, ``reports/planner-accuracy/runtime.md``); a measurement (``tunelab tune-batch``,
-``tunelab bench``) decides them."""
+"""Configurations within this fraction of the best time are marked a tie (the fitted curve's mean leave-one-out
+error on the lab's rows, kept as the margin: the kernel model that ranks errs less between configurations on one
+machine, ``reports/planner-accuracy/runtime.md``); a measurement (``tunelab tune-batch``, ``tunelab bench``) decides
+them."""
 
 
 def render(

@@ -25,7 +25,7 @@ COMPILED_MEMORY_EFFICIENCY = 0.41
 the traced graphs say it reads and writes once: an effective figure (what inductor's kernels read again, or
 recompute in the backward, falls into it too), fitted on the fast path's GPU-bound probes (TinyLlama full at micro
 58-97 on an H100, evidence ``h100-bench-tiny-full``: :func:`tunelab.report.runtime_accuracy.fit_compiled_memory`)
-and checked out of sample on OpenLLaMA 7B LoRA's compiled fast run on an H200, which NVML saw 97% busy
+and checked out of sample on OpenLLaMA 7B LoRA's compiled fast run on an H200, GPU-bound
 (``reports/planner-accuracy/runtime.md``; a test holds this to the refit)."""
 COMPILED_HOST_S_PER_KERNEL = 68e-6
 """Host seconds per kernel of a compiled block's forward or backward (inductor's generated Python wrapper launching

@@ -104,9 +104,9 @@ SPLIT_K_DEPTH = 16384
 """Reduction depth (elements of k) each part of a split-K matmul keeps at least: where a matmul's output tiles fill
 fewer SMs than the GPU has, cuBLAS splits its reduction over more of them; at this depth only a vocabulary-deep
 reduction splits (the gradient into a 128-token chunk through LoRA's frozen head: 16 tiles over 128k-256k of k).
-Chosen on the profile grids (evidence ``h100-grid``, ``h200-grid``, ``h200-grid-again``, ``h200-grid-qlora``): 1024
-also split the micro-1 lines' model-width matmuls, which then ran 10-20 points faster than measured; from 16384 only
-the vocabulary's split, and Gemma 2B LoRA's matmuls at micro 1 went from +44% to +7%."""
+Chosen on the profile grids (evidence ``h100-grid``, ``h200-grid``, ``h200-grid-again``, ``h200-grid-qlora``): a
+shallower depth also splits the micro-1 lines' model-width matmuls, which then run faster than measured
+(``reports/planner-accuracy/kernels.md``)."""
 DEFAULT_SMS = 108
 """Streaming multiprocessors assumed for a GPU table row without a sourced ``sms`` (an A100's)."""
 

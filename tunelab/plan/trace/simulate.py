@@ -123,9 +123,8 @@ def tracker_phase(tracker) -> str:
 
 def update_peak(tracker, peak_state) -> None:
     """torch's ``MemTracker._update_peak_stats`` without its walk over every tracked module on every op, which
-    keeps a peak per module that nothing here reads. The walk costs ops x modules: on FSDP1 under the per-rank
-    simulation (TinyLlama LoRA, 8 ranks, hybrid shard) 85% of a 376 s run, 107 million weak-dictionary reads
-    for 248 thousand ops. The whole step's peak (``_peak_mem``) is kept as torch keeps it; the phase peaks are
+    keeps a peak per module that nothing here reads. The walk costs ops x modules, most of a per-rank
+    simulation's time under FSDP1. The whole step's peak (``_peak_mem``) is kept as torch keeps it; the phase peaks are
     :func:`keep_phase_peak`'s."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 

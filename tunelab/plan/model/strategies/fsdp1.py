@@ -48,10 +48,9 @@ def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     two chunks' logits gradients in the compute dtype and one block gathered, the last, prefetched), then held in
     each block's backward (two blocks gathered) beside the block's flat gradient (frozen weights included) and its
     original parameters' gradients, as in full fine-tuning; the larger of the two, as bytes beyond the two gathered
-    blocks the forward counts (OpenLLaMA 3B on 8 devices: 251.7 + 227.3 + 204.8 MB in a block's backward; Gemma 2B:
-    3 x 1,048.6 + 2 x 131.1 MB at the head). At the head, one block of the two the forward counts is apart under
-    FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP keeps every unit gathered into the backward and NO_SHARD gathers
-    none, so nothing is apart there (Phi-2 LoRA on 2 and 8 devices: -1.0% and -1.9% while a block was taken off).
+    blocks the forward counts (``reports/planner-strategies/`` checks it against the per-rank simulation). At the
+    head, one block of the two the forward counts is apart under FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP
+    keeps every unit gathered into the backward and NO_SHARD gathers none, so nothing is apart there.
     FSDP1's ``cpu_offload`` changes none of it (:func:`tunelab.plan.model.strategies.fsdp.fsdp1_offloaded`). 0
     elsewhere (one unit and the other strategies are not derived here)."""
     c = case.config
