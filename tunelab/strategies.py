@@ -300,7 +300,7 @@ class StrategyConfig:
             return False
         return True
 
-    def check(self, method: str, args: dict, device: str | None = None) -> None:
+    def check(self, args: dict, device: str | None = None) -> None:
         """Refuse, with the reason, what this stack cannot run (``device``: 'cpu' or 'cuda' when known)."""
         devices = args.get("devices")
         self.check_world(world_of(args), per_node=devices if isinstance(devices, int) else None)

@@ -45,7 +45,7 @@ def test_refusals(tiny_ckpt, tmp_path):
     from tunelab.strategies import StrategyError, load_strategy
 
     with pytest.raises(StrategyError, match="QLoRA runs on one device"):
-        load_strategy("fsdp2").check("qlora", {"quantize": "bnb.nf4"})
+        load_strategy("fsdp2").check({"quantize": "bnb.nf4"})
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: fsdp\nsharding: FULL\n")
     with pytest.raises(RunError, match=r"unknown key\(s\) \['sharding'\]"):
@@ -88,6 +88,6 @@ def test_hybrid_shard_shards_within_the_node_torchrun_launched(monkeypatch):
         hybrid_mesh(torch.device("cpu"), 4)
     hybrid = load_strategy("fsdp-hybrid")
     with pytest.raises(StrategyError, match="HYBRID_SHARD with 1 device per node"):
-        hybrid.check("full", {"devices": 1, "num_nodes": 2})
-    hybrid.check("full", {"devices": 2, "num_nodes": 2})  # two per node: sharded within each
-    load_strategy("ddp").check("full", {"devices": 1, "num_nodes": 2})
+        hybrid.check({"devices": 1, "num_nodes": 2})
+    hybrid.check({"devices": 2, "num_nodes": 2})  # two per node: sharded within each
+    load_strategy("ddp").check({"devices": 1, "num_nodes": 2})

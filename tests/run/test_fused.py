@@ -17,12 +17,12 @@ def test_the_switch_is_refused_where_it_cannot_run(tmp_path):
     """One line each, before any model is built: a wrapped model (the fused loss bypasses the wrapper's forward),
     Liger's norms inside compiled blocks, and a value that is not a mode."""
     with pytest.raises(StrategyError, match="liger: loss under ddp.*name: single"):
-        _strategy(tmp_path, "name: ddp\nliger: loss\n").check("full", {})
+        _strategy(tmp_path, "name: ddp\nliger: loss\n").check({})
     with pytest.raises(StrategyError, match="liger: all with compile: blocks"):
-        _strategy(tmp_path, "name: single\ncompile: blocks\nliger: all\n").check("full", {})
+        _strategy(tmp_path, "name: single\ncompile: blocks\nliger: all\n").check({})
     with pytest.raises(StrategyError, match=r"liger: 'fused' is not one of \('loss', 'all', None\)"):
         _strategy(tmp_path, "name: single\nliger: fused\n")
-    _strategy(tmp_path, "name: single\ncompile: blocks\nliger: loss\n").check("lora", {"lora_head": True})
+    _strategy(tmp_path, "name: single\ncompile: blocks\nliger: loss\n").check({"lora_head": True})
 
 
 def _strategy(tmp_path, text: str):

@@ -62,7 +62,7 @@ def _asked(args, extra) -> tuple:
     gpu = hardware.lookup(args.gpu) if args.gpu is not None else None
     strategy = load_strategy(args.strategy)
     try:
-        strategy.check(recipe.method, resolve_settings(recipe, extra).args)  # what the fast arm's run would refuse
+        strategy.check(resolve_settings(recipe, extra).args)  # what the fast arm's run would refuse
     except StrategyError as e:
         raise ValueError(f"--strategy {args.strategy}: {e}") from None
     return recipe, model, gpu

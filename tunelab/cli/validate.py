@@ -57,7 +57,7 @@ def handle(args, extra) -> int:
         ok = not result.blocking(under_strategy=strategy is not None)
         if ok and strategy is not None:
             try:
-                strategy.check(recipe.method, result.resolved, args.device)
+                strategy.check(result.resolved, args.device)
             except StrategyError as e:  # what run refuses under the file, before anything is built
                 print(f"{display_path(recipe.path)}: --strategy {args.strategy}: {e}")
                 failed += 1

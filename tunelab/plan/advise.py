@@ -363,7 +363,7 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
             config = ask.load(strategy_name)
             if world > 1 and (config is None or not config.averages_gradients(world, per_node=d)):
                 continue  # fast.yaml on several devices, HYBRID_SHARD with one per node: the ranks never synchronise
-            if config is not None and (why := _refused(config, method, {**settings.args, "precision": prec})):
+            if config is not None and (why := _refused(config, {**settings.args, "precision": prec})):
                 ask.refused.setdefault(why, set()).add(f"{strategy_name} at {prec}")
                 continue  # what `tunelab run --strategy` would refuse (16-mixed in tunelab's loop), said by render
             fields = strategy_fields(config, world)
@@ -384,11 +384,11 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
     return out
 
 
-def _refused(config: StrategyConfig, method: str, args: dict) -> str | None:
+def _refused(config: StrategyConfig, args: dict) -> str | None:
     """Why tunelab's loop refuses ``config`` for a run of ``args`` on a GPU (its :meth:`StrategyConfig.check`),
     else None."""
     try:
-        config.check(method, {**args, "devices": 1, "num_nodes": 1}, device="cuda")  # the world is checked apart
+        config.check({**args, "devices": 1, "num_nodes": 1}, device="cuda")  # the world is checked apart
     except StrategyError as e:
         return str(e)
     return None

@@ -333,7 +333,7 @@ def refuse_unrunnable(settings: Settings, strategy: StrategyConfig | None, strat
         raise ValueError(f"{key}: {what}; fix: {fix}")  # as validate says it, before planning
     if strategy is not None:
         try:
-            strategy.check(settings.method, settings.args, device="cuda")
+            strategy.check(settings.args, device="cuda")
         except StrategyError as e:
             raise StrategyError(f"{source}: {e}") from None
 

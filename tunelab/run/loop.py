@@ -864,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = resolve(ns.recipe)
         args = parse(recipe, overrides)  # litgpt's own parser resolves the recipe and overrides
         method, strategy = ("full" if recipe.method == "full" else "lora"), load_strategy(ns.strategy)
-    strategy.check(method, args, "cuda" if torch.cuda.is_available() else "cpu")
+    strategy.check(args, "cuda" if torch.cuda.is_available() else "cpu")
     # as litgpt's CLI does (litgpt/__main__.py): float32 matmuls may use TF32 tensor cores. The same recipe then
     # computes the same way under `litgpt finetune_*` and under a --strategy run, and MFU divides by the same peak.
     torch.set_float32_matmul_precision("high")

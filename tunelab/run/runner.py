@@ -347,7 +347,7 @@ def prepare(
         raise RunError(f"{recipe.key}: {missing}")
     if strategy:
         try:
-            config.check(recipe.method, result.resolved, device)
+            config.check(result.resolved, device)
         except StrategyError as e:
             raise RunError(f"{recipe.key}: --strategy {strategy}: {e}") from None
     return Prepared(

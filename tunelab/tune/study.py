@@ -285,7 +285,7 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
         extra = study_overrides(s)
         try:
             resolved = settings.resolve(recipe, extra)
-            strategy.check(resolved.method, resolved.args)  # what its probes' loop refuses (QLoRA, 16-mixed, ...)
+            strategy.check(resolved.args)  # what its probes' loop refuses (QLoRA, 16-mixed, ...)
         except StrategyError as e:
             raise StudyError(f"{where}: strategy {s.strategy}: {e}") from None
         except InputError as e:  # a key of its `set` litgpt has no argument for
