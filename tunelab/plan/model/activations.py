@@ -65,10 +65,11 @@ class Forward:
     flash_pad: bool = False
     """CUDA's flash kernel with a head size that is not a multiple of 8 (OpenLLaMA 3B's 100): torch's SDPA pads q, k
     and v to new tensors first, and the kernel keeps those and its padded output instead."""
-    frozen_weights_grad: bool = False
+    frozen_weights_grad: str = ""
     """LoRA under FSDP1 (``use_orig_params``), whose frozen weights are, during the forward, views of a flat parameter
     that needs a gradient: every matmul keeps its input for its weight's gradient as in full fine-tuning, beside the
-    adapters' own (the root unit's weights too when the head is a target)."""
+    adapters' own; "blocks" (every block's weights) or "all" (the root unit's too)
+    (:meth:`tunelab.plan.model.strategies.base.Strategy.frozen_weights_grad`)."""
     device: str = "cuda"
     """Where it runs (CUDA's dropout mask is one byte an element; elsewhere the dtype's)."""
 
@@ -98,8 +99,8 @@ class _Kept:
         self.f, self.c, self.s, self.mixed = f, f.config, f.dtype_bytes, f.mixed
         self.n, self.on = f.micro * f.seq, set(f.lora_targets)
         self.full = f.method == "full"
-        self.wt = self.full or f.frozen_weights_grad  # the blocks' own weights take a gradient
-        self.wt_root = self.full or (f.frozen_weights_grad and "head" in self.on)  # the embedding, final norm, head do
+        self.wt = self.full or bool(f.frozen_weights_grad)  # the blocks' own weights take a gradient
+        self.wt_root = self.full or f.frozen_weights_grad == "all"  # the embedding, final norm, head do
         self.cuda = f.device == "cuda"
         self.mask_b = 1 if self.cuda else self.s
         self.notes: list[str] = []

@@ -134,9 +134,10 @@ class Strategy:
         """Whether the optimizer's step is torch's own (foreach AdamW: one parameter-sized temporary)."""
         return True
 
-    def frozen_weights_grad(self, case: PlanInput) -> bool:
-        """Whether frozen weights get gradients and stay differentiable in the forward (FSDP1's LoRA)."""
-        return False
+    def frozen_weights_grad(self, case: PlanInput) -> str:
+        """Which frozen weights get gradients and stay differentiable in the forward (FSDP1's LoRA): "blocks" (every
+        block's), "all" (the root unit's too: embedding, final norm, head), or "" (none)."""
+        return ""
 
     # the division
     def gradients(self, case: PlanInput, st: ModelStates, notes: list) -> float:

@@ -24,10 +24,18 @@ def flat_parameter_frozen_grad_elements(case: PlanInput, total: int) -> int:
     parameter (one per block, and the root unit) with any trainable weight gets a gradient for all of its weights,
     frozen ones included (torch's FSDP documents it for ``use_orig_params=True``, which Lightning's FSDPStrategy and
     tunelab's loop set; traced by the per-rank simulation); the root unit (embedding, final norm, head) only when
-    one of its weights is trained. The memory side (:func:`flat_parameter_grads`) and the communication side
+    one of its weights is trained or it is the whole model (:func:`frozen_units`). The memory side (:func:`flat_parameter_grads`) and the communication side
     (``tunelab.plan.model.comm``: these gradients are reduce-scattered whole) both count them here."""
-    root = root_unit_params(case.config)
-    return total - root + (root if "head" in set(case.lora_targets) else 0)
+    return total - (0 if frozen_units(case) == "all" else root_unit_params(case.config))
+
+
+def frozen_units(case: PlanInput) -> str:
+    """Which units' frozen weights FSDP1 gives a gradient under LoRA (:meth:`FSDP1.frozen_weights_grad`): "blocks",
+    "all" where the root unit holds an adapter (the head a target) or is the whole model (no auto-wrap: one flat
+    parameter), "" without LoRA."""
+    if not case.lora:
+        return ""
+    return "all" if case.options.fsdp_wrap == "none" or "head" in set(case.lora_targets) else "blocks"
 
 
 def flat_parameter_grads(case: PlanInput, st: ModelStates) -> float:
@@ -190,12 +198,13 @@ class FSDP1(FSDP):
     def gathered_scale(self, case: PlanInput) -> float:
         return fsdp1_unsharded_scale(case)
 
-    def frozen_weights_grad(self, case: PlanInput) -> bool:
+    def frozen_weights_grad(self, case: PlanInput) -> str:
         """LoRA under FSDP1 (NO_SHARD too: it keeps flat parameters, all-reduced whole): flat parameters mixing
         frozen and trainable weights, which FSDP1 gives a whole gradient (:func:`flat_parameter_grads`) and whose
         frozen weights are differentiable views during the forward (their matmuls keep their inputs:
-        ``activations.saved_bytes``)."""
-        return case.lora
+        ``activations.saved_bytes``; the backward computes their gradients: ``kernels.Step.frozen_grads``):
+        :func:`frozen_units`."""
+        return frozen_units(case)
 
     def gradients(self, case: PlanInput, st: ModelStates, notes: list) -> float:
         if not case.lora:
