@@ -1883,3 +1883,76 @@ def test_litgpt_resource_tables_are_planned_as_they_ran(tmp_path, monkeypatch):
     base.symlink_to(ROOT / "recipes" / "tiny-llama-1.1b" / "lora.yaml")
     with pytest.raises(InputError, match=r"litgpt-resource-tables/lora.yaml: leads outside .*fix:"):
         resource_tables.rows(tmp_path)
+
+
+def test_fsdp1_lora_computes_its_frozen_weights_gradients():
+    """LoRA under FSDP1 (``use_orig_params``): each flat parameter holding an adapter gives every weight in it a
+    gradient, so each block's backward computes its frozen weights' gradients as full fine-tuning's does (half of
+    full fine-tuning's backward matmul FLOPs a block more than LoRA's), the head's too when it is a target; the plan
+    times it for FSDP1 and not for FSDP2 or DDP, and later micro batches add whole flat gradients."""
+    from litgpt import Config
+
+    from tunelab import hardware
+    from tunelab.models import param_tensor_numels
+    from tunelab.plan.recipe import plan_recipe, runtime_terms
+    from tunelab.recipes import resolve
+
+    config, tokens = Config.from_name("tiny-llama-1.1b"), 2 * 64
+
+    def backward_flops(method, lora=(), frozen_grads=""):
+        """(the head's and embedding's, one block's) backward matmul FLOPs from one and two traced blocks."""
+        one, two = (
+            sum(
+                kernel_trace.measure(o).flops
+                for o in kernel_trace.record_step(
+                    dataclasses.replace(config, n_layer=n),
+                    method,
+                    "bf16-true",
+                    2,
+                    64,
+                    lora=lora,
+                    evaluate=False,
+                    frozen_grads=frozen_grads,
+                )
+                if o.phase == "backward" and o.category == "matmul"
+            )
+            for n in (1, 2)
+        )
+        return one - (two - one), two - one
+
+    full, by_targets = backward_flops("full"), {}
+    for targets, units in ((("query", "value"), "blocks"), (("query", "value", "head"), "all")):
+        lora, frozen = backward_flops("lora", (8, targets)), backward_flops("lora", (8, targets), units)
+        assert frozen[1] - lora[1] == pytest.approx(full[1] / 2, rel=1e-3)  # every block linear's weight gradient
+        by_targets["head" in targets] = frozen[0] - lora[0]
+    head_weight_gradient = 2 * config.padded_vocab_size * config.n_embd * tokens
+    assert by_targets[True] - by_targets[False] == pytest.approx(head_weight_gradient, rel=1e-3)
+    gpu = hardware.lookup("A100-80GB")
+    work = {}
+    for strategy in ("fsdp", "fsdp2", "ddp"):
+        planned = plan_recipe(resolve("tiny-llama-1.1b/lora"), [], gpu=gpu, devices=2, strategy=strategy)
+        work[strategy] = runtime_terms(planned.settings, planned.input, None).kernels
+    assert [k.step.frozen_grads for k in work.values()] == ["all", "", ""]  # the recipe adapts the head
+    for strategy, units in (("fsdp", "blocks"), ("fsdp-no-wrap", "all")):  # one unit: the root's weights in it
+        planned = plan_recipe(
+            resolve("tiny-llama-1.1b/lora"), ["--lora_head", "false"], gpu=gpu, devices=2, strategy=strategy
+        )
+        assert runtime_terms(planned.settings, planned.input, None).kernels.step.frozen_grads == units
+    matmul = {
+        s: kernels.step_time(k.step, gpu.name, tables=k.tables).gpu_by_category["matmul"] for s, k in work.items()
+    }
+    assert matmul["fsdp"] > 1.2 * matmul["fsdp2"] and matmul["fsdp2"] == pytest.approx(matmul["ddp"])
+    whole = kernels.Step(config, "lora", "bf16-true", 2, 64, lora=(8, ("query", "value", "head")), frozen_grads="all")
+    numels = whole.gradient_numels()
+    assert len(numels) == config.n_layer + 1  # a flat parameter a block, and the root unit's
+    assert sum(numels) == pytest.approx(
+        sum(param_tensor_numels(config)) + sum(whole.trainable_numels()), abs=len(numels)
+    )
+    fsdp1 = work["fsdp"]
+    one, four = (
+        kernels.step_time(dataclasses.replace(fsdp1.step, accumulation=a), gpu.name, tables=fsdp1.tables)
+        for a in (1, 4)
+    )
+    rate = kernels.memory_rate(gpu) * kernels.MEMORY_EFFICIENCY
+    adds = 0.75 * sum(max(3 * n * 2 / rate, kernels.MIN_KERNEL_S) for n in fsdp1.step.gradient_numels())
+    assert four.gpu_by_category["elementwise"] - one.gpu_by_category["elementwise"] == pytest.approx(adds)

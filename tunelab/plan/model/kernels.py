@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tunelab import hardware
 from tunelab.models import trainable_shapes
 from tunelab.plan.model import bnb_kernels, optimizers
-from tunelab.plan.model.case import parameter_bytes
+from tunelab.plan.model.case import block_params, parameter_bytes, root_unit_params
 from tunelab.plan.model.tables import Tables, optimizer_of, tables_of
 from tunelab.settings import LITGPT_LORA_R, LORA_TARGETS, lora_of
 from tunelab.units import GB
@@ -417,6 +417,11 @@ class Step:
     accumulation: float = 1.0
     """Micro batches per optimizer step (a mean may be fractional): the micro batch timed is their mean, the later
     ones adding their gradients into the first's (:func:`_add_accumulation`)."""
+    frozen_grads: str = ""
+    """LoRA under FSDP1 (``use_orig_params``): each flat parameter holding a trainable weight gives all of its weights
+    a gradient, so the backward computes the frozen weights' gradients too, as full fine-tuning does, while the
+    optimizer steps LoRA's tensors alone: "blocks" (every block's), "all" (the root unit's too) or ""
+    (:meth:`tunelab.plan.model.strategies.base.Strategy.frozen_weights_grad`)."""
 
     def head_chunks(self) -> int:
         """The chunks LoRA's head runs in at this micro batch (:func:`loss_chunks`); 1 for full fine-tuning."""
@@ -426,6 +431,17 @@ class Step:
         """Elements of each tensor the optimizer steps: every parameter (full fine-tuning) or LoRA's A and B."""
         lora = (self.lora or (LITGPT_LORA_R, LORA_TARGETS)) if self.method in LORA_LIKE else None
         return [math.prod(shape) for shape in trainable_shapes(self.config, lora)]
+
+    def gradient_numels(self) -> list:
+        """Elements of each gradient a micro batch adds into the step's: the optimizer's tensors, or under
+        :attr:`frozen_grads` each flat parameter whole (one a block, and the root unit's under "all"), LoRA's tensors
+        shared among them."""
+        if not self.frozen_grads:
+            return self.trainable_numels()
+        c = self.config
+        units = [block_params(c)] * c.n_layer + ([root_unit_params(c)] if self.frozen_grads == "all" else [])
+        adapters = sum(self.trainable_numels()) / len(units)
+        return [round(n + adapters) for n in units]
 
 
 @dataclass
@@ -538,13 +554,13 @@ def _add_untraced(step: Step, gpu, tally: _Tally) -> int:
         per_tensor = ADAM_FOREACH_HOST_OPS_PER_TENSOR * reads / optimizers.STEP_COUNTER_READS["AdamW"]
         tally.host_ops["optimizer"] = tally.host_ops.get("optimizer", 0) + round(len(numels) * per_tensor)
     added = _add_bitsandbytes(step, gpu, tally, numels)
-    work = accumulation_work(numels, parameter_bytes(step.precision), step.accumulation, gpu)
+    work = accumulation_work(step.gradient_numels(), parameter_bytes(step.precision), step.accumulation, gpu)
     return added + _add_accumulation(work, tally)
 
 
 def accumulation_work(numels: list, grad_bytes: int, accumulation: float, gpu) -> tuple[float, int]:
     """(GPU seconds, kernels) of the mean micro batch's gradient accumulation at ``accumulation`` micro batches per
-    optimizer step: each after the first adds every trainable tensor's gradient (``numels`` elements of
+    optimizer step: each after the first adds every gradient (``numels`` elements of
     ``grad_bytes``) into ``.grad``, both read and one written at the eager memory rate, at least
     :data:`MIN_KERNEL_S` a tensor; the first takes its gradients as they are."""
     share = 1 - 1 / max(1.0, accumulation)

@@ -188,6 +188,7 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         float(tokens_per_sample),
         optimizer,
         settings.lora_of(case),
+        frozen_grads=strategies.of(case).frozen_weights_grad(case),
     )
     return KernelWork(
         step,

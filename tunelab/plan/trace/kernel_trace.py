@@ -170,11 +170,13 @@ def record_step(
     optimizer: str = "AdamW",
     lora: tuple = (),
     evaluate: bool = True,
+    frozen_grads: str = "",
 ) -> list:
     """Every :class:`Op` of one training step of ``config`` as built, as litgpt's finetune script runs it (forward,
     loss, backward, optimizer step and zero_grad), with the optimizer's states already made: a first step on zero
     gradients makes them, unrecorded; then (``evaluate``) a validation batch and a decoded token
-    (:func:`_record_eval`). ``lora``: (rank, targets), litgpt's defaults when empty."""
+    (:func:`_record_eval`). ``lora``: (rank, targets), litgpt's defaults when empty; ``frozen_grads``: the frozen
+    weights FSDP1 gives a gradient under LoRA take one (:attr:`tunelab.plan.model.kernels.Step.frozen_grads`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -188,6 +190,8 @@ def record_step(
         case = PlanInput(config, method, precision, seq_len=seq_len, lora_r=lora_r, lora_targets=tuple(targets))
         model, opt, _ = setup_step(case, optimizer)
         trainable = [p for p in model.parameters() if p.requires_grad]
+        for p in _flat_parameter_weights(model, frozen_grads == "all") if frozen_grads else ():
+            p.requires_grad_(True)  # a gradient computed, never stepped: the optimizer holds ``trainable`` alone
         for p in trainable:
             p.grad = torch.zeros_like(p)
         opt.step()
@@ -205,6 +209,13 @@ def record_step(
             if evaluate:
                 _record_eval(model, x, precision, state)
     return ops
+
+
+def _flat_parameter_weights(model, root: bool) -> list:
+    """The weights FSDP1 gives a gradient under LoRA: every block's, and (``root``) the root unit's (embedding, final
+    norm, head)."""
+    blocks = {id(p) for p in model.transformer.h.parameters()}
+    return [*model.transformer.h.parameters(), *(p for p in model.parameters() if root and id(p) not in blocks)]
 
 
 def _record_eval(model, x, precision: str, state: dict) -> None:
@@ -346,8 +357,8 @@ def template(step: Step) -> Template:
     config, method, precision, optimizer, lora = step.config, step.method, step.precision, step.optimizer, step.lora
     head_chunks, single = step.head_chunks(), step.micro == 1
     (b1, t1), (b2, t2) = template_shapes(head_chunks, single)
-    ops1 = record_step(config, method, precision, b1, t1, optimizer, lora)
-    ops2 = record_step(config, method, precision, b2, t2, optimizer, lora)
+    ops1 = record_step(config, method, precision, b1, t1, optimizer, lora, frozen_grads=step.frozen_grads)
+    ops2 = record_step(config, method, precision, b2, t2, optimizer, lora, frozen_grads=step.frozen_grads)
     ops1, ops2, counts = _aligned(ops1, ops2, head_chunks, single)
     rows_b, rows_f, mm, mm_dims = _ops_template(ops1, ops2, head_chunks, single)
     count = np.array([_vec(c) for c in counts], dtype=float).reshape(len(ops1), len(MONOMIALS))
@@ -411,7 +422,9 @@ def cached_template(step: Step) -> Template:
     step = dataclasses.replace(step, precision=precision)
     lora = [step.lora[0], sorted(step.lora[1])] if step.lora else []
     cache_key = [TEMPLATE_VERSION, _config_key(step.config), step.method, precision, step.optimizer]
-    cache_key += [step.head_chunks(), step.micro == 1, lora]
+    cache_key += [step.head_chunks(), step.micro == 1, lora] + (
+        [f"frozen-grads-{step.frozen_grads}"] if step.frozen_grads else []
+    )
     memo = json.dumps(cache_key)
     if memo in _TEMPLATES:
         return _TEMPLATES[memo]
