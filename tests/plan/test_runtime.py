@@ -1837,7 +1837,11 @@ def test_litgpt_resource_tables_are_planned_as_they_ran(tmp_path, monkeypatch):
     iterations, half the time); a row the table cannot mean is one line naming it."""
     import shutil
 
+    from litgpt import Config
+
     from tunelab.errors import InputError
+    from tunelab.models import count_params
+    from tunelab.plan.model.case import root_unit_params
     from tunelab.report import resource_tables
 
     published = tmp_path / "configs" / "published"
@@ -1862,6 +1866,14 @@ def test_litgpt_resource_tables_are_planned_as_they_ran(tmp_path, monkeypatch):
         assert b["planned_min"] == pytest.approx(a["planned_min"] / 2, rel=0.05), (a["gpus"], a["quantize"])
     md = "\n".join(resource_tables.markdown(planned, tmp_path))
     assert f"{sum(r['inside'] for r in planned)} of 3 timed rows lie inside" in md and md.count("| phi-1_5 |") == 3
+    # several GPUs as lit-gpt sharded LoRA then (FSDP1): each block's frozen weights take a whole gradient, kept
+    # unsharded over the accumulated micro batches; litgpt 0.5.13's FSDP2 holds the adapters' alone
+    monkeypatch.setattr(resource_tables, "AS_RAN", {"fsdp_root_kept": False, "fsdp2_root_kept": True})
+    fsdp2 = resource_tables.rows(tmp_path)
+    config = Config.from_name("phi-1_5")
+    block_grads_gb = (count_params(config)[0] - root_unit_params(config)) * 2 / 1e9  # bf16
+    assert planned[2]["planned_gb"] - fsdp2[2]["planned_gb"] == pytest.approx(block_grads_gb, rel=0.25)
+    assert [a["planned_gb"] for a in planned[:2]] == [b["planned_gb"] for b in fsdp2[:2]]  # one GPU: no sharding
     for bad in (
         ("quantize: bnb.nf4,", "quantize: bnb.nf4-dq,"),
         ("micro_batch_size: 1, gpus: 2", "micro_batch_size: 3, gpus: 2"),
