@@ -190,8 +190,9 @@ def record_step(
         case = PlanInput(config, method, precision, seq_len=seq_len, lora_r=lora_r, lora_targets=tuple(targets))
         model, opt, _ = setup_step(case, optimizer)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        for p in _flat_parameter_weights(model, frozen_grads == "all") if frozen_grads else ():
-            p.requires_grad_(True)  # a gradient computed, never stepped: the optimizer holds ``trainable`` alone
+        if frozen_grads:  # gradients computed, never stepped: the optimizer holds ``trainable`` alone
+            for p in _flat_parameter_weights(model, root=frozen_grads == "all"):
+                p.requires_grad_(True)
         for p in trainable:
             p.grad = torch.zeros_like(p)
         opt.step()

@@ -212,7 +212,8 @@ class FSDP1(FSDP):
         notes.append(
             "FSDP1 with LoRA: each block's flat parameter holds frozen and trainable weights, and FSDP1 "
             "(use_orig_params) gives the whole flat parameter a gradient, as much as full fine-tuning's; its frozen "
-            "weights are differentiable in the forward, so their matmuls keep their inputs too"
+            "weights are differentiable in the forward, so their matmuls keep their inputs too, and the backward "
+            "computes their gradients (time); FSDP2 (configs/strategies/fsdp2.yaml) does neither"
         )
         return flat_parameter_grads(case, st)
 
