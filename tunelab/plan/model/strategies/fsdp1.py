@@ -24,8 +24,9 @@ def flat_parameter_frozen_grad_elements(case: PlanInput, total: int) -> int:
     parameter (one per block, and the root unit) with any trainable weight gets a gradient for all of its weights,
     frozen ones included (torch's FSDP documents it for ``use_orig_params=True``, which Lightning's FSDPStrategy and
     tunelab's loop set; traced by the per-rank simulation); the root unit (embedding, final norm, head) only when
-    one of its weights is trained or it is the whole model (:func:`frozen_units`). The memory side (:func:`flat_parameter_grads`) and the communication side
-    (``tunelab.plan.model.comm``: these gradients are reduce-scattered whole) both count them here."""
+    one of its weights is trained or it is the whole model (:func:`frozen_units`). The memory side
+    (:func:`flat_parameter_grads`) and the communication side (``tunelab.plan.model.comm``: these gradients are
+    reduce-scattered whole) both count them here."""
     return total - (0 if frozen_units(case) == "all" else root_unit_params(case.config))
 
 
