@@ -131,6 +131,11 @@ def load(path: Path) -> Recipe:
             f"{display_path(path)}: a recipe is a YAML mapping of litgpt arguments, got {type(config).__name__}; "
             "fix: give a recipe (a key such as tiny-llama-1.1b/lora, or a litgpt YAML; `tunelab ls` lists them)"
         )
+    if "name" in config and ("rows" in config or "grid" in config):  # a sweep file: rows or a grid of runs
+        raise RecipeError(
+            f"{display_path(path)}: a sweep file (name: {str(config['name'])[:40]}), not a recipe; fix: run it with "
+            f"`tunelab sweep {display_path(path)}`, or give a recipe (a key such as tiny-llama-1.1b/lora)"
+        )
     if "name" in config and "checkpoint_dir" not in config:  # litgpt takes no `name`; a strategy file has one
         raise RecipeError(
             f"{display_path(path)}: a strategy file (name: {str(config['name'])[:40]}), not a recipe; fix: give a "

@@ -95,6 +95,8 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("plan devices 0", ["plan", R, "--devices", "0"], "--devices"),
         ("plan a strategy file", ["plan", f["strategy-as-recipe.yaml"]], "a strategy file (name: deepspeed)"),
         ("run a strategy file", ["run", f["strategy-as-recipe.yaml"]], "as --strategy"),
+        ("plan a sweep file", ["plan", "configs/sweeps/qlora-time.yaml"], "tunelab sweep configs/sweeps/qlora-time"),
+        ("validate a sweep file", ["validate", "configs/sweeps/lab-part1.yaml"], "a sweep file (name: lab-part1)"),
         ("plan without checkpoint_dir", ["plan", f["lora.yaml"], "--gpu", "L4"], "lora.yaml: checkpoint_dir: not set"),
         ("plan an adapter", ["plan", f["adapter.yaml"], "--gpu", "L4"], "method adapter (litgpt finetune_adapter)"),
         ("advise an adapter", ["advise", f["adapter.yaml"], "--gpus", "L4"], "not litgpt's adapters"),
