@@ -24,6 +24,9 @@
 #                 ~50 s each (7B checkpoint built once, ~1 min)                                   ~11 min: 2 calls
 #   qlora-time    TinyLlama QLoRA and LoRA in litgpt's loop, micro 4 x 4, 16 steps (configs/sweeps/qlora-time.yaml):
 #                 the step time QLoRA adds where the host bounds it                         2.2 min on an H200
+#   fsdp1-lora    LoRA under FSDP1 beside FSDP2 on one GPU, tunelab's loop (configs/sweeps/fsdp1-lora.yaml: TinyLlama
+#                 and OpenLLaMA 7B, micro 4 x 4, 16 steps): the frozen weights' gradients FSDP1 computes, in the step
+#                 time and the peak (planned before any GPU ran it: the sweep file's header)    (not yet timed) est. 6 min
 #   mid           lab Part 1 OpenLLaMA 3B and 7B rows: s6, s11, s7, s12, s13; on an H200 (2026-11-27): s6, s7,
 #                 s11 and most of s12 in 9.4 min (both checkpoints built), s12 again 2.9 min, s13 not run
 #                 (s13 was 183 s on the lab's A100)                                                  ~14 min: 2 calls
@@ -210,6 +213,7 @@ stage_bench() {  # tunelab bench per recipe of BENCH; every run a record under $
 }
 stage_qlora-memory() { sweep qlora-memory; }
 stage_qlora-time() { sweep qlora-time; }
+stage_fsdp1-lora() { sweep fsdp1-lora; }
 stage_families() {  # the rehearsal (tiny model, CPU) runs one row per method; QLoRA's is refused there: no CUDA
   if [ "$REHEARSAL" = 1 ]; then sweep families-gpu gemma-2b-lora-mb2 llama-3.2-1b-full-mb2 mistral-7b-qlora-mb2
   else sweep families-gpu; fi
@@ -286,7 +290,7 @@ stage_profile() {
 status=0
 for stage in "$@"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, mid, alloc, big, profile, grid, part3, bench, families, history, overhead, wrapper-host)"; exit 2
+    echo "runbook: unknown stage '$stage' (env, tiny, qlora-memory, qlora-time, fsdp1-lora, mid, alloc, big, profile, grid, part3, bench, families, history, overhead, wrapper-host)"; exit 2
   fi
   if [ "$(left)" -le 30 ]; then
     echo "runbook: stage $stage not started: $(left) s of the budget left; run it in the next call"; continue

@@ -241,6 +241,27 @@ def test_second_round_stages_rehearsed(tmp_path):
 
 
 @pytest.mark.slow  # about a minute on 2 cores
+def test_fsdp1_lora_stage_rehearsed(tmp_path):
+    """Stage fsdp1-lora with the tiny model: each row a record of its own, run under its strategy file (FSDP1's
+    ``fsdp`` and ``fsdp2``), in one archive with its report."""
+    out, runs, results = tmp_path / "out", tmp_path / "runs", tmp_path / "results"
+    proc = _runbook(out, runs, results, 600, "fsdp1-lora", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {f.name for f in _returned_files(out)} == {"fsdp1-lora.tgz", "runbook.log"}
+    with tarfile.open(out / "fsdp1-lora.tgz") as tar:
+        names = tar.getnames()
+        records = {n.split("/")[1]: json.loads(tar.extractfile(n).read()) for n in names if n.endswith("/record.json")}
+    assert {k: (r["status"], r["strategy_file"], r["method"]) for k, r in records.items()} == {
+        "tiny-lora-fsdp1": ("ok", "fsdp", "lora"),
+        "tiny-lora-fsdp2": ("ok", "fsdp2", "lora"),
+        "7b-lora-fsdp1": ("ok", "fsdp", "lora"),
+        "7b-lora-fsdp2": ("ok", "fsdp2", "lora"),
+    }
+    assert records["7b-lora-fsdp1"]["micro_batch_size"] == 8 and records["tiny-lora-fsdp1"]["micro_batch_size"] == 4
+    assert any(n.endswith("report/results.md") for n in names)
+
+
+@pytest.mark.slow  # about a minute on 2 cores
 def test_alloc_stage_rehearsed(tmp_path):
     """Stage alloc with the tiny model (ALLOC_ROWS=s10): the row twice, under torch's allocator as shipped and under
     expandable segments, each its own archive whose record says which; a row already in lab-part1's records is run
