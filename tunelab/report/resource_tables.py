@@ -109,8 +109,7 @@ def _as_ran(planned, gpu):
     """``planned`` (a row on several GPUs) under the sharding its run had (:data:`AS_RAN`): memory, verdict and the
     case its time is planned from."""
     case = planned.input.changed(**AS_RAN)
-    plan = memory.predict(case)
-    memory.verdict(plan, gpu)
+    plan = memory.verdict(memory.predict(case), gpu)
     plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
     return dataclasses.replace(planned, input=case, plan=plan)
 
