@@ -11,10 +11,10 @@ import sys
 import time
 
 
-def fmt_time(s: float) -> str:
+def fmt_time(seconds: float) -> str:
     """Seconds as H:MM:SS."""
-    s = int(max(0, s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    whole = int(max(0, seconds))
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
 class ProgressLine:

@@ -7,7 +7,7 @@ from tunelab.cli.common import count, fail, folder, given_path, host_figure, lis
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "advise",
         help="rank every configuration of a model by predicted time and cost, before renting",
         description="Plan MODEL (a recipes/ folder such as open-llama-7b, or a recipe key) on each --gpus row "
@@ -24,49 +24,49 @@ def add_parser(sub) -> None:
         "docs/planner.md says how accurate each term is; configurations within that error are marked ~ (a tie to "
         "measure).",
     )
-    s.add_argument("model", help="a folder of recipes/ (open-llama-7b) or a recipe key (open-llama-7b/lora)")
-    s.add_argument("--gpus", default="A10G,A100-80GB,H100-SXM", help="GPU table rows, comma-separated")
-    s.add_argument("--method", choices=["full", "lora", "qlora", "any"], default="any")
-    s.add_argument(
+    parser.add_argument("model", help="a folder of recipes/ (open-llama-7b) or a recipe key (open-llama-7b/lora)")
+    parser.add_argument("--gpus", default="A10G,A100-80GB,H100-SXM", help="GPU table rows, comma-separated")
+    parser.add_argument("--method", choices=["full", "lora", "qlora", "any"], default="any")
+    parser.add_argument(
         "--precision",
         metavar="LIST",
         help="precisions to try (default: bf16-true,bf16-mixed where the GPU has bfloat16, else 16-mixed; QLoRA at "
         "the true one alone)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--strategies",
         metavar="LIST",
         help="strategy files to try, comma-separated (default: single "
         "on one device; ddp, fsdp, deepspeed-zero2, deepspeed-zero3 on several, fsdp-hybrid too on several nodes; "
         "offload files only when named: their CPU optimizer step is not in the time)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--max-devices",
         type=number(int, 1, 16, what="a device count"),
         default=8,
         help="devices per node at most (default 8; up to 16): the search tries 1, 2, 4, 8 and 16",
     )
-    _workload(s)
-    s.add_argument(
+    _workload(parser)
+    parser.add_argument(
         "--global-batch",
         choices=["keep", "free"],
         default="keep",
         help="keep the recipe's global batch (default), or free: no accumulation, micro batches up to "
         "the planner's largest",
     )
-    s.add_argument(
+    parser.add_argument(
         "--headroom",
         type=number(float, 0, 0.5, what="a fraction"),
         help="memory left free for the allocator (default 0.10: past 88-92%% of an H100 the measured "
         "steps retried allocations); 0 ranks tight configurations too",
     )
-    _limits_and_output(s)
-    s.set_defaults(func=handle)
+    _limits_and_output(parser)
+    parser.set_defaults(func=handle)
 
 
-def _workload(s) -> None:
+def _workload(parser) -> None:
     """The options that say what is trained: the tokens or the dataset, and the epochs."""
-    work = s.add_mutually_exclusive_group()
+    work = parser.add_mutually_exclusive_group()
     work.add_argument(
         "--tokens",
         type=number(float, 0, 1e15, low_open=True, what="a token count"),
@@ -80,24 +80,26 @@ def _workload(s) -> None:
         "reads (sample lengths from the tokenizer where the checkpoint has one, else 4 characters per "
         "token; padding per micro batch), or a litgpt data module (Alpaca, LIMA, ...)",
     )
-    s.add_argument("--epochs", type=number(int, 1, 10**4, what="an epoch count"), default=1)
+    parser.add_argument("--epochs", type=number(int, 1, 10**4, what="an epoch count"), default=1)
 
 
-def _limits_and_output(s) -> None:
+def _limits_and_output(parser) -> None:
     """The options that bound the search (deadline, budget, prices, links, nodes) and shape what it prints."""
-    s.add_argument("--deadline", type=number(float, 0, 1e5, low_open=True, what="hours"), help="hours at most")
-    s.add_argument("--budget", type=number(float, 0, 1e9, low_open=True, what="dollars"), help="USD at most")
-    s.add_argument("--prices", type=given_path, help="a price file like configs/hardware/prices.yaml")
-    s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's)")
-    s.add_argument("--nodes", type=number(int, 1, 1024, what="a node count"), default=1, help="nodes (default 1)")
-    s.add_argument("--internode", metavar="LINK", help="the network between nodes (needed with --nodes above 1)")
+    parser.add_argument("--deadline", type=number(float, 0, 1e5, low_open=True, what="hours"), help="hours at most")
+    parser.add_argument("--budget", type=number(float, 0, 1e9, low_open=True, what="dollars"), help="USD at most")
+    parser.add_argument("--prices", type=given_path, help="a price file like configs/hardware/prices.yaml")
+    parser.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's)")
+    parser.add_argument("--nodes", type=number(int, 1, 1024, what="a node count"), default=1, help="nodes (default 1)")
+    parser.add_argument("--internode", metavar="LINK", help="the network between nodes (needed with --nodes above 1)")
     what = "microseconds per op litgpt's loop takes on your host's CPU, where you know it; auto: measured here, on "
     what += "the GPU machine the run will use; default: the median machine we measured"
-    s.add_argument("--host-us-per-op", "--host", type=host_figure, metavar="US|auto", help=what)
-    s.add_argument("--top", type=count, default=3, help="configurations shown per GPU (default 3)")
-    s.add_argument("--json", action="store_true", help="every fitting configuration, ranked, as JSON")
-    s.add_argument("--write", type=folder, metavar="DIR", help="write the fastest (or --by cost: cheapest) as a recipe")
-    s.add_argument("--by", choices=["time", "cost"], default="time", help="what --write picks by (default time)")
+    parser.add_argument("--host-us-per-op", "--host", type=host_figure, metavar="US|auto", help=what)
+    parser.add_argument("--top", type=count, default=3, help="configurations shown per GPU (default 3)")
+    parser.add_argument("--json", action="store_true", help="every fitting configuration, ranked, as JSON")
+    parser.add_argument(
+        "--write", type=folder, metavar="DIR", help="write the fastest (or --by cost: cheapest) as a recipe"
+    )
+    parser.add_argument("--by", choices=["time", "cost"], default="time", help="what --write picks by (default time)")
 
 
 def handle(args, extra) -> int:

@@ -15,7 +15,7 @@ before its first iteration, so no probe is timed on its compilation."""
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "bench",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="litgpt against tunelab's fast path on one device: tok/s, MFU, memory, loss, the speed-up with spread",
@@ -28,25 +28,25 @@ def add_parser(sub) -> None:
         epilog="examples:\n  tunelab bench tiny-llama-1.1b/full --pairs 1 --train.max_steps 8   # CPU: the tiny "
         "model\n  tunelab bench tiny-llama-1.1b/full --weights random --pairs 3 --best-micro --gpu H100-SXM   # a GPU",
     )
-    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
-    s.add_argument("--strategy", default="fast", help="the fast arm's strategy file or name (default: fast)")
-    s.add_argument("--pairs", type=count, default=3, help="alternating pairs per phase (default 3)")
-    s.add_argument("--best-micro", action="store_true", help="also run each arm at its own best micro batch")
-    s.add_argument("--gpu", help="GPU table row for tune-batch's starting guess (with --best-micro)")
-    s.add_argument("--max-micro", type=count, default=256, help="with --best-micro: never probe above this")
-    s.add_argument(
+    parser.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
+    parser.add_argument("--strategy", default="fast", help="the fast arm's strategy file or name (default: fast)")
+    parser.add_argument("--pairs", type=count, default=3, help="alternating pairs per phase (default 3)")
+    parser.add_argument("--best-micro", action="store_true", help="also run each arm at its own best micro batch")
+    parser.add_argument("--gpu", help="GPU table row for tune-batch's starting guess (with --best-micro)")
+    parser.add_argument("--max-micro", type=count, default=256, help="with --best-micro: never probe above this")
+    parser.add_argument(
         "--deadline",
         type=positive_seconds,
         metavar="S",
         help="start no run after S seconds and kill one still running then (it runs again when the same command "
         "runs again): for machines that give a command a fixed time",
     )
-    s.add_argument("--out", type=folder, help="run directory (default: runs/bench/<recipe>)")
-    s.add_argument(
+    parser.add_argument("--out", type=folder, help="run directory (default: runs/bench/<recipe>)")
+    parser.add_argument(
         "--report-dir", type=folder, help="report directory (default: reports/<date>-bench-<recipe>-<device>)"
     )
-    run_options(s)
-    s.set_defaults(func=handle, passthrough=True)
+    run_options(parser)
+    parser.set_defaults(func=handle, passthrough=True)
 
 
 def _asked(args, extra) -> tuple:

@@ -7,29 +7,29 @@ from tunelab.cli.common import fail, folder
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "build-model",
         help="write a litgpt checkpoint directory offline: 'tiny' or a real architecture, random weights",
         description="Build a checkpoint directory that `litgpt finetune_*` accepts as it is (lit_model.pth, "
         "model_config.yaml, a tokenizer trained here with `tokenizers`, tokenizer_config.json, "
         "generation_config.json). Prints its path.",
     )
-    s.add_argument(
+    parser.add_argument(
         "name",
         help="'tiny' (2-layer TinyLlama layout, ~0.1M parameters), 'tiny-deep' (24 narrow blocks, "
         "4.5M parameters: activations dominate, for activation-checkpointing demonstrations) "
         "or a litgpt config name such as "
         "open_llama_7b or tiny-llama-1.1b (random weights)",
     )
-    s.add_argument("--out", type=folder, help="directory to write (default: .tunelab/checkpoints/<name>)")
-    s.add_argument(
+    parser.add_argument("--out", type=folder, help="directory to write (default: .tunelab/checkpoints/<name>)")
+    parser.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
         help="weight dtype (default: float32 for tiny, bfloat16 for real architectures)",
     )
-    s.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for 7B+)")
-    s.add_argument("--force", action="store_true", help="rebuild even if the directory is complete")
-    s.set_defaults(func=handle)
+    parser.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for 7B+)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the directory is complete")
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -108,9 +108,9 @@ def memory_limit(args) -> int | None:
     return int(args.memory_limit_gb * GB) if args.memory_limit_gb else None
 
 
-def run_options(s):
+def run_options(parser):
     """--model, --weights, --timeout, --memory-limit-gb: the options of every command that runs training."""
-    s.add_argument(
+    parser.add_argument(
         "--model",
         choices=["auto", "checkpoint", "tiny", "random"],
         default="auto",
@@ -120,28 +120,28 @@ def run_options(s):
     )
     what = "same as --model random: a benchmark without downloads (the real architecture with random weights, built in "
     what += "a child process; the benchmark tokenizer and dataset with the lab's token counts; litgpt's final save and "
-    s.add_argument("--weights", choices=["random"], help=what + "LoRA merge skipped)")
-    s.add_argument("--timeout", type=positive_seconds, metavar="S", help="kill a run after S seconds (status killed)")
+    parser.add_argument("--weights", choices=["random"], help=what + "LoRA merge skipped)")
+    what = "kill a run after S seconds (status killed)"
+    parser.add_argument("--timeout", type=positive_seconds, metavar="S", help=what)
     what = "address-space limit for each run (RLIMIT_AS, GB = 1e9 B): a CPU stand-in for GPU memory"
-    s.add_argument("--memory-limit-gb", type=positive_gb, metavar="GB", help=what)
+    parser.add_argument("--memory-limit-gb", type=positive_gb, metavar="GB", help=what)
 
 
-def strategy_options(s):
+def strategy_options(parser):
     """--strategy and the multi-node rendezvous options of `run`."""
-    s.add_argument(
+    parser.add_argument(
         "--strategy",
-        help="a configs/strategies file or name (ddp, fsdp, fsdp-shard-grad-op, fsdp2, "
-        "deepspeed-zero3-offload, ...): run under torchrun with tunelab's "
-        "multi-device loop instead of litgpt's built-in strategy; --devices N sets "
+        help="a configs/strategies file or name (ddp, fsdp, fsdp-shard-grad-op, fsdp2, deepspeed-zero3-offload, ...): "
+        "run under torchrun with tunelab's multi-device loop instead of litgpt's built-in strategy; --devices N sets "
         "processes per node",
     )
-    s.add_argument("--nnodes", type=count, default=1, help="nodes (with --strategy); run the same command on each")
-    s.add_argument(
+    parser.add_argument("--nnodes", type=count, default=1, help="nodes (with --strategy); run the same command on each")
+    parser.add_argument(
         "--node-rank", type=number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)"
     )
-    s.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
     port = number(int, 1, 65535, what="a port")
-    s.add_argument("--master-port", type=port, help="port on node 0 (default: a free one; give one for >1 node)")
+    parser.add_argument("--master-port", type=port, help="port on node 0 (default: a free one; give one for >1 node)")
 
 
 class Parser(argparse.ArgumentParser):

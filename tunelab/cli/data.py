@@ -10,23 +10,23 @@ from tunelab.files import unwritable
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
-    s.add_argument("action", choices=["generate"])
-    s.add_argument(
+    parser = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
+    parser.add_argument("action", choices=["generate"])
+    parser.add_argument(
         "--n",
         type=number(int, 1, 1_000_000, what="a number of records"),
         default=400,
         help="number of records (default 400, the shipped file; at most 1,000,000)",
     )
-    s.add_argument("--seed", type=int, default=42)
-    s.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
-    s.add_argument(
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
+    parser.add_argument(
         "--benchmark",
         action="store_true",
         help="instead: the 2,000-record benchmark set that random-weight runs read (the lab's ~437 padded "
         "tokens per sample at micro 8 under the benchmark tokenizer; default .tunelab/data/)",
     )
-    s.set_defaults(func=handle)
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -15,9 +15,9 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser("ls", help="list the recipes (model, method, precision, batch, devices) from the files")
-    s.add_argument("--json", action="store_true", help="print the rows as JSON")
-    s.set_defaults(func=handle)
+    parser = sub.add_parser("ls", help="list the recipes (model, method, precision, batch, devices) from the files")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

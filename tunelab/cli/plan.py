@@ -11,7 +11,7 @@ from tunelab.plan.projection import DEFAULT_MFU_RANGE
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "plan",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="predict peak memory, fit, largest micro batch, runtime and energy before launch",
@@ -33,26 +33,26 @@ def add_parser(sub) -> None:
         "(why the time is one: offload); under tunelab's fast path fast_saved_per_step_s and fast_break_even_steps "
         "(against stock litgpt; warm and cold compile cache). How each is computed: docs/planner.md.",
     )
-    _case_arguments(s.add_argument_group("the run planned"))
-    _time_arguments(s.add_argument_group("its time, energy and links"))
-    checks = s.add_argument_group("checks beside the plan (seconds each, on this CPU)")
+    _case_arguments(parser.add_argument_group("the run planned"))
+    _time_arguments(parser.add_argument_group("its time, energy and links"))
+    checks = parser.add_argument_group("checks beside the plan (seconds each, on this CPU)")
     what = "count what autograd keeps in one real forward of litgpt's model (full width, 2 blocks) beside the plan"
     checks.add_argument("--measure", action="store_true", help=what)
     what = "run litgpt's step on fake tensors under MemTracker: each phase's peak beside the plan; on several "
     what += "devices rank 0 under a fake process group, wrapped as the run wraps it (docs/planner.md)"
     checks.add_argument("--simulate", action="store_true", help=what)
-    s.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (fields listed below)")
     what = "the whole plan: the breakdown term by term, every note, where each figure comes from (default: the "
-    s.add_argument("--verbose", action="store_true", help=what + "answer in about ten lines)")
-    s.set_defaults(func=handle, passthrough=True)
+    parser.add_argument("--verbose", action="store_true", help=what + "answer in about ten lines)")
+    parser.set_defaults(func=handle, passthrough=True)
 
 
-def _case_arguments(s) -> None:
+def _case_arguments(group) -> None:
     """The recipe, the GPU, the devices and the strategy: what is planned."""
-    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
-    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (A100-80GB, h100-sxm, l4) or nvidia-smi's name")
-    s.add_argument("--devices", type=count, help="GPUs per node (default: the recipe's devices)")
-    s.add_argument(
+    group.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    group.add_argument("--gpu", help="a configs/hardware/gpus.yaml row (A100-80GB, h100-sxm) or nvidia-smi's name")
+    group.add_argument("--devices", type=count, help="GPUs per node (default: the recipe's devices)")
+    group.add_argument(
         "--strategy",
         default="litgpt",
         metavar="NAME",
@@ -61,27 +61,27 @@ def _case_arguments(s) -> None:
         "deepspeed-zero3-offload, ...), the same files `run --strategy` runs; default litgpt: the "
         "recipe's own choice (one device; FSDP per block on several)",
     )
-    s.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
+    group.add_argument("--activation-checkpointing", action="store_true", help="keep only block inputs, recompute")
     what = "an Alpaca JSON: use its longest sample as the sequence length (needs the checkpoint's tokenizer)"
-    s.add_argument("--dataset", type=given_path, help=what)
+    group.add_argument("--dataset", type=given_path, help=what)
 
 
-def _time_arguments(s) -> None:
+def _time_arguments(group) -> None:
     """The run's size, the MFU range, the disk, the links and the host: what its time and energy depend on."""
-    s.add_argument(
+    group.add_argument(
         "--tokens",
         type=number(float, 0, 1e18, low_open=True, what="a token count"),
         help="padded tokens to train, in place of the recipe's epochs and max_steps (its validation and save "
         "intervals kept; default: the recipe's training run)",
     )
-    s.add_argument(
+    group.add_argument(
         "--tokens-per-sample",
         type=number(float, 2, 1e7, what="a token count per sample (a sample of one token predicts nothing)"),
         help="padded tokens per sample (default: from the data and tokenizer when both are here; litgpt's Alpaca from "
         "its records, measured per tokenizer family (configs/measured/alpaca-lengths.yaml); else the lab's length "
         "distribution padded at the micro batch, 437 at micro 8, scaled to the model's tokenizer family)",
     )
-    s.add_argument(
+    group.add_argument(
         "--mfu-range",
         type=number(float, 0, 1, low_open=True, what="an MFU fraction"),
         nargs=2,
@@ -89,22 +89,22 @@ def _time_arguments(s) -> None:
         metavar=("LOW", "HIGH"),
         help="MFU range for the runtime projection when not calibrated (default 0.25 0.55)",
     )
-    s.add_argument(
+    group.add_argument(
         "--calibrate",
         type=given_path,
         help="a directory of run records: the measured MFU and power of the run of this model, method, precision "
         "and GPU nearest to this configuration (the same strategy, then the nearest micro batch; others passed over)",
     )
-    s.add_argument(
+    group.add_argument(
         "--save-gbs",
         type=number(float, 0, 1e4, low_open=True, what="GB/s"),
         metavar="GBS",
         help="GB/s (1e9 bytes) your disk takes checkpoint saves at (default 0.7: torch.save on a fast "
         "local NVMe; a network volume is slower)",
     )
-    s.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
-    s.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
-    s.add_argument(
+    group.add_argument("--interconnect", metavar="LINK", help="the link between a node's GPUs (default: the GPU's own)")
+    group.add_argument("--internode", metavar="LINK", help="the network between nodes (with --num_nodes above 1)")
+    group.add_argument(
         "--host-us-per-op",
         "--host",
         type=host_figure,

@@ -7,7 +7,7 @@ from tunelab.cli.common import folder
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "plan-accuracy",
         help="the planner against every lab measurement -> reports/planner-accuracy/",
         description="The plan beside every measurement it can be held to, each row with its error: memory "
@@ -17,8 +17,8 @@ def add_parser(sub) -> None:
         "constants (kernels.md); the CSVs beside them hold every row. CPU only, under a minute here; the tests "
         "check the committed reports against a fresh run.",
     )
-    s.add_argument("--out", type=folder, help="output directory (default: reports/planner-accuracy)")
-    s.set_defaults(func=handle)
+    parser.add_argument("--out", type=folder, help="output directory (default: reports/planner-accuracy)")
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -7,7 +7,7 @@ from tunelab.cli.common import count, fail, folder, listed
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "plan-families",
         help="the planner's activation term against autograd's saved tensors, per model family -> "
         "reports/planner-families/",
@@ -16,16 +16,16 @@ def add_parser(sub) -> None:
         "forward of litgpt's model (full width, 2 blocks) on this CPU, the bytes autograd keeps per "
         "block and for the head and loss, beside tunelab's derivation from the Config (about 11 minutes).",
     )
-    s.add_argument("--families", help="comma-separated litgpt config names (default: the 14 families)")
-    s.add_argument("--seq-len", type=count, help="tokens per sequence (default 128; with --simulate 512)")
-    s.add_argument("--out", type=folder, help="output directory (default: reports/planner-families)")
-    s.add_argument(
+    parser.add_argument("--families", help="comma-separated litgpt config names (default: the 14 families)")
+    parser.add_argument("--seq-len", type=count, help="tokens per sequence (default 128; with --simulate 512)")
+    parser.add_argument("--out", type=folder, help="output directory (default: reports/planner-families)")
+    parser.add_argument(
         "--simulate",
         action="store_true",
         help="instead: the analytic plan's peak against the simulated step (fake tensors under torch's MemTracker; "
         "full bf16-true/mixed, LoRA bf16-true/mixed, QLoRA), micro 4 x --seq-len 512 -> simulated.md/.csv",
     )
-    s.set_defaults(func=handle)
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

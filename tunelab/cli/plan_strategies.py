@@ -13,7 +13,7 @@ from tunelab.paths import output_root
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "plan-strategies",
         help="the plan on several devices against rank 0's simulated step -> reports/planner-strategies/",
         description="For each strategy simulated per rank (litgpt's own choice, fsdp2, fsdp, ddp; FSDP1's "
@@ -23,32 +23,32 @@ def add_parser(sub) -> None:
         "sharded as the run shards them), and the collectives it traced (bytes and calls) beside comm.py's "
         "(on 2 cores: the default four about 25 minutes, every strategy about an hour; 1-37 s a row).",
     )
-    s.add_argument("--out", type=folder, help="output directory (default: reports/planner-strategies)")
-    s.add_argument(
+    parser.add_argument("--out", type=folder, help="output directory (default: reports/planner-strategies)")
+    parser.add_argument(
         "--strategies",
         help="comma-separated strategies (default litgpt,fsdp2,fsdp,ddp; litgpt: no strategy file, litgpt's own "
         "choice as its scripts wrap the model; FSDP1's variants fsdp-shard-grad-op, fsdp-hybrid, fsdp-no-shard, "
         "fsdp-no-wrap by name: about 7 minutes each over the 30 rows)",
     )
-    s.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
-    s.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
-    s.add_argument("--methods", help="comma-separated subset of full,lora (default both)")
-    s.add_argument(
+    parser.add_argument("--worlds", help="comma-separated device counts (default 2,4,8)")
+    parser.add_argument("--families", help="comma-separated subset of the families' names, e.g. 'TinyLlama 1.1B,Phi-2'")
+    parser.add_argument("--methods", help="comma-separated subset of full,lora (default both)")
+    parser.add_argument(
         "--precisions",
         help="comma-separated precisions to check each row at, of 32-true,bf16-true,bf16-mixed (default: each "
         "recipe's own)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--keep", action="store_true", help="keep the rows of the report in --out that this call does not rerun"
     )
-    s.add_argument(
+    parser.add_argument(
         "--deepspeed",
         action="store_true",
         help="instead of the simulations: run DeepSpeed's own ZeRO-2 and ZeRO-3 for real on this CPU (gloo ranks, 2 "
         "and 4) at each family's shape / 16 against the plan (--families, --worlds: default 2,4) -> deepspeed.csv "
         "and strategies.md's DeepSpeed section (about 23 minutes on 2 cores; needs deepspeed)",
     )
-    s.set_defaults(func=handle)
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -9,18 +9,18 @@ from tunelab.cli.common import fail, folder
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "report", help="write results.csv, results.md and plots from a sweep's or tuning study's records"
     )
-    s.add_argument("sweep_dir", help="the directory a sweep or tune-study wrote (runs/<name>)")
-    s.add_argument("--out", type=folder, help="report directory (default: reports/<date>-<sweep>[-<device>])")
-    s.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
-    s.add_argument(
+    parser.add_argument("sweep_dir", help="the directory a sweep or tune-study wrote (runs/<name>)")
+    parser.add_argument("--out", type=folder, help="report directory (default: reports/<date>-<sweep>[-<device>])")
+    parser.add_argument("--not-run-reason", help="why the rows without a record were not run (shown in the report)")
+    parser.add_argument(
         "--study",
         help="the tuning-study file the directory's probes came from (tune-study writes it "
         "into tune-study.json; give it for a directory without one)",
     )
-    s.set_defaults(func=handle)
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

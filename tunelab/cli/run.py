@@ -12,7 +12,7 @@ from tunelab.cli.common import fail, folder, memory_limit, model_choice, run_opt
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run one recipe through litgpt as a child process and write its run record",
@@ -21,12 +21,12 @@ def add_parser(sub) -> None:
         "MFU, GPU power and loss into record.json under --out.",
         epilog="Any other --dotted.key VALUE is a litgpt-style override, e.g. --train.max_steps 10.",
     )
-    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/lora, or a YAML path")
-    s.add_argument("--out", type=folder, help="run directory (default: runs/single/<recipe>-<time>)")
-    s.add_argument("--id", default="run", help="row id stored in the record")
-    run_options(s)
-    strategy_options(s)
-    s.set_defaults(func=handle, passthrough=True)
+    parser.add_argument("recipe", help="a key such as tiny-llama-1.1b/lora, or a YAML path")
+    parser.add_argument("--out", type=folder, help="run directory (default: runs/single/<recipe>-<time>)")
+    parser.add_argument("--id", default="run", help="row id stored in the record")
+    run_options(parser)
+    strategy_options(parser)
+    parser.set_defaults(func=handle, passthrough=True)
 
 
 SUMMARY = (

@@ -9,9 +9,9 @@ from tunelab.cli.common import fail
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser("show", help="print one recipe with its download and launch commands")
-    s.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
-    s.set_defaults(func=handle)
+    parser = sub.add_parser("show", help="print one recipe with its download and launch commands")
+    parser.add_argument("recipe", help="a key such as open-llama-7b/lora, or a YAML path")
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -20,7 +20,7 @@ from tunelab.files import unwritable
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "sweep",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run every row of a sweep YAML (resumable), then write the report",
@@ -29,13 +29,15 @@ def add_parser(sub) -> None:
         "recorded in the sweep directory are skipped (resume) unless --rerun. Writes "
         "reports/<date>-<sweep>[-<device>]/ at the end.",
     )
-    s.add_argument("sweep", help="a sweep YAML path, or a name under configs/sweeps/ (lab-part1)")
-    s.add_argument("--out", type=folder, help="sweep directory for the records (default: runs/<sweep name>)")
-    s.add_argument("--rerun", action="store_true", help="run rows again even if they have a record")
-    s.add_argument("--only", help="comma-separated row ids to run (others untouched)")
-    s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    s.add_argument("--report-dir", type=folder, help="report directory (default: reports/<date>-<sweep>[-<device>])")
-    s.add_argument(
+    parser.add_argument("sweep", help="a sweep YAML path, or a name under configs/sweeps/ (lab-part1)")
+    parser.add_argument("--out", type=folder, help="sweep directory for the records (default: runs/<sweep name>)")
+    parser.add_argument("--rerun", action="store_true", help="run rows again even if they have a record")
+    parser.add_argument("--only", help="comma-separated row ids to run (others untouched)")
+    parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    parser.add_argument(
+        "--report-dir", type=folder, help="report directory (default: reports/<date>-<sweep>[-<device>])"
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -43,30 +45,30 @@ def add_parser(sub) -> None:
         help="a litgpt override for every row (dotted key, YAML value), e.g. --set train.max_steps=5; "
         "repeatable; recorded in each row's overrides",
     )
-    s.add_argument(
+    parser.add_argument(
         "--deadline",
         type=positive_seconds,
         metavar="S",
         help="start no row after S seconds, and kill a row still running then (it runs again on resume): "
         "for machines that give a command a fixed time",
     )
-    s.add_argument(
+    parser.add_argument(
         "--report-each-row", action="store_true", help="rewrite the report after every row, not only at the end"
     )
-    s.add_argument(
+    parser.add_argument(
         "--archive",
         type=given_path,
         metavar="FILE.tgz",
         help="after every row, write the records and logs (no weights) to this .tar.gz, paths under the working "
         "directory made relative (a lent machine's archive names no path of it)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--prune-checkpoints",
         action="store_true",
         help="with --weights random: delete a random-weight checkpoint once no later row needs it (disk)",
     )
-    run_options(s)
-    s.set_defaults(func=handle)
+    run_options(parser)
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -9,7 +9,7 @@ from tunelab.cli.common import count, fail, folder, memory_limit, micro_list, mo
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "tune-batch",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="find the largest and the fastest micro batch with short real probes",
@@ -19,50 +19,50 @@ def add_parser(sub) -> None:
         "--memory-limit-gb so that 'fits' means something.",
         epilog="Any other --dotted.key VALUE is a litgpt-style override.",
     )
-    s.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
-    s.add_argument("--gpu", help="GPU table row for the planner's starting guess")
-    s.add_argument("--start", type=count, help="starting micro batch (default: the planner's guess, or 1)")
-    s.add_argument(
+    parser.add_argument("recipe", help="a key such as tiny-llama-1.1b/full, or a YAML path")
+    parser.add_argument("--gpu", help="GPU table row for the planner's starting guess")
+    parser.add_argument("--start", type=count, help="starting micro batch (default: the planner's guess, or 1)")
+    parser.add_argument(
         "--max-micro",
         type=count,
         default=1024,
         help="never probe above this micro batch (nor above the training samples per device, where the data is here)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--steps",
         type=number(int, 2, 10**6, what="a number of optimizer steps"),
         default=3,
         help="optimizer steps per probe, 2 to 1e6 (default 3; the first is warm-up)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--strategy",
         metavar="NAME",
         help="probe under a configs/strategies file (ddp, fsdp, fsdp2, "
         "deepspeed-zero3, ...) with tunelab's multi-device loop",
     )
-    s.add_argument("--devices", type=count, help="devices per node for the probes (default: the recipe's)")
-    s.add_argument(
+    parser.add_argument("--devices", type=count, help="devices per node for the probes (default: the recipe's)")
+    parser.add_argument(
         "--activation-checkpointing",
         choices=["on", "off", "both"],
         help="with --strategy: search with activation checkpointing on, off, or each (two tables)",
     )
-    s.add_argument(
+    parser.add_argument(
         "--backward-prefetch",
         choices=["none", "pre", "post"],
         help="with an FSDP --strategy: prefetch the next unit's parameters during backward before (pre) "
         "or after (post) the current unit's gradients, or not at all (none); default: the file's",
     )
-    s.add_argument(
+    parser.add_argument(
         "--also",
         type=micro_list,
         default=[],
         metavar="N,N,...",
         help="also probe these micro batches (rows for the table: how tok/s grows with the batch)",
     )
-    s.add_argument("--out", type=folder, help="probe directory (default: runs/tune-batch/<recipe>)")
-    s.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run_options(s)
-    s.set_defaults(func=handle, passthrough=True)
+    parser.add_argument("--out", type=folder, help="probe directory (default: runs/tune-batch/<recipe>)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run_options(parser)
+    parser.set_defaults(func=handle, passthrough=True)
 
 
 def _needs_strategy(args) -> str | None:

@@ -11,7 +11,7 @@ from tunelab.errors import InputError
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "tune-study",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run a tuning study (configs/sweeps/lab-part3.yaml): tune-batch per strategy setting, then its report",
@@ -26,20 +26,20 @@ def add_parser(sub) -> None:
         epilog="examples:\n  tunelab tune-study lab-part3 --only cpu-example     # CPU: tiny-deep, 2 processes, "
         "3 GB cap each\n  tunelab tune-study lab-part3 --only tiny-llama-1.1b-full --weights random   # one GPU",
     )
-    s.add_argument("study_file", help="a study YAML, or a name under configs/sweeps/ (lab-part3)")
-    s.add_argument("--only", help="comma-separated study ids (default: every study in the file)")
-    s.add_argument("--out", type=folder, help="probe directory (default: runs/<name>)")
-    s.add_argument("--report-dir", type=folder, help="report directory (default: reports/<date>-<name>-<device>)")
-    s.add_argument("--no-report", action="store_true", help="only probe; write no report")
-    s.add_argument("--max-micro", type=count, help="cap every setting's micro batch (a quick rehearsal)")
-    s.add_argument(
+    parser.add_argument("study_file", help="a study YAML, or a name under configs/sweeps/ (lab-part3)")
+    parser.add_argument("--only", help="comma-separated study ids (default: every study in the file)")
+    parser.add_argument("--out", type=folder, help="probe directory (default: runs/<name>)")
+    parser.add_argument("--report-dir", type=folder, help="report directory (default: reports/<date>-<name>-<device>)")
+    parser.add_argument("--no-report", action="store_true", help="only probe; write no report")
+    parser.add_argument("--max-micro", type=count, help="cap every setting's micro batch (a quick rehearsal)")
+    parser.add_argument(
         "--deadline",
         type=positive_seconds,
         metavar="S",
         help="start no setting after S seconds (a running probe finishes or hits --timeout)",
     )
-    run_options(s)
-    s.set_defaults(func=handle)
+    run_options(parser)
+    parser.set_defaults(func=handle)
 
 
 def handle(args, extra) -> int:

@@ -7,7 +7,7 @@ import argparse
 
 def add_parser(sub) -> None:
     """The subcommand's parser."""
-    s = sub.add_parser(
+    parser = sub.add_parser(
         "validate",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="check recipes with litgpt's own parser plus the rules litgpt leaves unchecked",
@@ -18,16 +18,16 @@ def add_parser(sub) -> None:
         " One line per problem: file: key: what; fix: how. Exit 1 if any recipe fails.",
         epilog="Any other --dotted.key VALUE is a litgpt-style override applied to every recipe checked.",
     )
-    s.add_argument("recipes", nargs="*", help="recipe keys or YAML paths (default: every recipe)")
-    s.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (e.g. V100-32GB) to check hardware rules")
-    s.add_argument("--device", choices=["cpu", "cuda"], help="the target device kind, for the CPU-only rules")
-    s.add_argument(
+    parser.add_argument("recipes", nargs="*", help="recipe keys or YAML paths (default: every recipe)")
+    parser.add_argument("--gpu", help="a row of configs/hardware/gpus.yaml (e.g. V100-32GB) to check hardware rules")
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="the target device kind, for the CPU-only rules")
+    parser.add_argument(
         "--strategy",
         metavar="NAME",
         help="also check each recipe under a configs/strategies file, as `tunelab run --strategy` would (its device "
         "count, QLoRA, 16-mixed, Liger's limits)",
     )
-    s.set_defaults(func=handle, passthrough=True)
+    parser.set_defaults(func=handle, passthrough=True)
 
 
 def handle(args, extra) -> int:
