@@ -55,6 +55,16 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
+def child_path(path: Path) -> str:
+    """A file the parent was given (relative to the current directory) as the litgpt child, whose working directory is
+    ROOT, finds the same file: relative to ROOT where it lies inside it (what the run's command shows), else
+    absolute."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(Path(path).absolute())
+
+
 def project_path(path) -> Path:
     """A path as the litgpt child reads it: relative paths (in recipes and overrides) from ROOT, its working
     directory."""

@@ -36,7 +36,7 @@ from tunelab.data import benchmark
 from tunelab.data import modules as data_modules
 from tunelab.errors import InputError, Interrupted
 from tunelab.files import Busy, exclusive_lock, kind, open_output, read_tail
-from tunelab.paths import DATASET, ROOT, output_root
+from tunelab.paths import DATASET, ROOT, child_path, output_root
 from tunelab.plan import stored
 from tunelab.recipes import Recipe
 from tunelab.record import ALLOC_CONF_ENV, RunRecord, save
@@ -371,7 +371,8 @@ def launch_command(
     tunelab.run.entry, or torchrun running tunelab's multi-device loop under a strategy file."""
     s = prep.settings
     if prep.strategy_config is None:
-        return ["-m", "tunelab.run.entry", *litgpt_args(prep.recipe, prep.full_overrides)], s.world_size
+        args = litgpt_args(prep.recipe, prep.full_overrides, child_path(prep.recipe.path))  # the child runs in ROOT
+        return ["-m", "tunelab.run.entry", *args], s.world_size
     port = master_port or _free_port()
     launch = [
         "-m",
