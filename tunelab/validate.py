@@ -149,14 +149,16 @@ def split_checkpoint_override(overrides: list[str]) -> tuple[list[str], str | No
     return rest, ckpt
 
 
-def litgpt_args(recipe: Recipe, overrides: list[str]) -> list[str]:
-    """The litgpt command line (after ``litgpt``) for a recipe plus litgpt-style overrides.
+def litgpt_args(recipe: Recipe, overrides: list[str], config: str | None = None) -> list[str]:
+    """The litgpt command line (after ``litgpt``) for a recipe plus litgpt-style overrides; ``config``: the recipe's
+    path as the process that reads it finds it (default: as given, from the current directory).
 
     ``checkpoint_dir`` is positional in litgpt's parser: ``--checkpoint_dir X`` is moved to the end, after
     ``--config``, where a positional overrides the file's value.
     """
     rest, ckpt = split_checkpoint_override(overrides)
-    return [recipe.command, "--config", str(recipe.path), *rest, *([ckpt] if ckpt is not None else [])]
+    config = str(recipe.path) if config is None else config
+    return [recipe.command, "--config", config, *rest, *([ckpt] if ckpt is not None else [])]
 
 
 def parse(recipe: Recipe, overrides: list[str]) -> dict:
@@ -351,6 +353,30 @@ def optimizer_problem(name: str) -> str | None:
     return None
 
 
+PROBE_SKIPS = ("fused", "foreach", "capturable", "differentiable")
+"""init_args that choose a device's implementation, left out of :func:`optimizer_refuses`' probe on the CPU."""
+
+
+def optimizer_refuses(name: str, init_args: dict) -> str | None:
+    """What the optimizer class ``name`` (one :func:`optimizer_problem` allows) says of ``init_args`` when built as
+    litgpt builds it, on one CPU parameter: an unknown key, a negative lr or eps, betas outside [0, 1), ... (None when
+    it takes them). Its own check, before any model is built; the device's implementation keys are left out."""
+    import torch
+
+    module, _, cls = name.rpartition(".")
+    optimizer = getattr(importlib.import_module(module or "torch.optim"), cls)
+    takes = inspect.signature(optimizer).parameters
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+    if not open_ended and (unknown := sorted(set(init_args) - set(takes))):
+        return f"{name} takes no {unknown[0]!r} (it takes {', '.join(k for k in takes if k != 'params')})"
+    kwargs = {k: v for k, v in init_args.items() if k not in PROBE_SKIPS}
+    try:
+        optimizer([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+    except (TypeError, ValueError, RuntimeError) as e:
+        return f"{name} refuses them: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"
+    return None
+
+
 def _irregular_files(ckpt: Path) -> list[str]:
     """Entries of a checkpoint directory that are no regular file or directory (a FIFO or a device: litgpt's read
     of it would block or never end); the first 10,000 entries are looked at."""
@@ -366,6 +392,12 @@ def _unsafe_weight_files(ckpt: Path) -> list[str]:
         return []  # nothing to check: no torch import for a plan of a model that is not downloaded
 
     return unsafe_files(ckpt)
+
+
+def _finite(value) -> bool:
+    """Whether an optimizer argument (a number or a list of them, as betas) holds no NaN or infinity."""
+    numbers = value if isinstance(value, (list, tuple)) else [value]
+    return not any(isinstance(v, float) and not math.isfinite(v) for v in numbers)
 
 
 def _optimizer_name(optimizer) -> str:
@@ -735,14 +767,13 @@ def _optimizer_rules(c: _Context | None, a: dict, bad) -> None:
                 "give class_path beside init_args, e.g. class_path: torch.optim.AdamW",
             )
     init = optimizer.get("init_args") if isinstance(optimizer, dict) else None
-    for key, value in (init if isinstance(init, dict) else {}).items():
-        numbers = value if isinstance(value, (list, tuple)) else [value]
-        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
-            bad(
-                f"optimizer.init_args.{key}",
-                f"is {value}: not finite (the first optimizer step would turn the weights to NaN or inf)",
-                f"set a finite {key}",
-            )
+    infinite = [key for key, value in (init if isinstance(init, dict) else {}).items() if not _finite(value)]
+    for key in infinite:
+        bad(
+            f"optimizer.init_args.{key}",
+            f"is {init[key]}: not finite (the first optimizer step would turn the weights to NaN or inf)",
+            f"set a finite {key}",
+        )
     name = _optimizer_name(optimizer)
     if name:
         why = optimizer_problem(name)
@@ -753,6 +784,8 @@ def _optimizer_rules(c: _Context | None, a: dict, bad) -> None:
                 "use a torch.optim class such as AdamW or SGD (or torch.optim.AdamW, "
                 f"bitsandbytes.optim.AdamW8bit); allowed packages: {', '.join(OPTIMIZER_MODULES)}",
             )
+        elif isinstance(init, dict) and not infinite and (refused := optimizer_refuses(name, init)):
+            bad("optimizer.init_args", refused, "give the values and keys the class takes (see its documentation)")
 
 
 def _data_rules(c: _Context, a: dict, bad) -> None:

@@ -270,3 +270,31 @@ def test_an_optimizer_argument_that_is_not_finite_is_refused(tmp_path, init, key
     result = check(resolve("tiny-llama-1.1b/full"), ["--config", str(config)])
     said = [str(p) for p in result.problems if p.severity == "error"]
     assert not result.ok and len(said) == 1 and f"optimizer.init_args.{key}: is " in said[0] and "fix: " in said[0]
+
+
+@pytest.mark.parametrize(
+    ("class_path", "init", "words"),
+    [
+        ("torch.optim.AdamW", "lr: -0.001", "refuses them: Invalid learning rate: -0.001"),
+        ("torch.optim.AdamW", "lr: 0.001\n    betas: [0.9, 1.5]", "Invalid beta parameter at index 1: 1.5"),
+        ("torch.optim.AdamW", "lr: 0.001\n    eps: -1.0", "Invalid epsilon value: -1.0"),
+        ("torch.optim.SGD", "lr: 0.1\n    betas: [0.9, 0.95]", "torch.optim.SGD takes no 'betas' (it takes lr, "),
+        ("bitsandbytes.optim.PagedAdamW", "lr: -1", "bitsandbytes.optim.PagedAdamW refuses them: Invalid learning"),
+        ("torch.optim.AdamW", "lr: 0.001\n    fused: true\n    weight_decay: 0.1", None),
+        ("bitsandbytes.optim.AdamW8bit", "lr: 0.001\n    betas: [0.9, 0.95]", None),
+    ],
+)
+def test_what_the_optimizer_class_refuses_is_refused_before_the_model_is_built(tmp_path, class_path, init, words):
+    """torch's and bitsandbytes' optimizers check their arguments when built, which litgpt does after the model: a
+    negative learning rate or eps, betas outside [0, 1), a key the class does not take, each ended a run that had
+    loaded its model, where validate had said ok. The class is built here on one CPU parameter (its own check);
+    what it takes passes (``fused`` chooses the device's implementation and stays out of the probe)."""
+    config = tmp_path / "opt.yaml"
+    config.write_text(f"optimizer:\n  class_path: {class_path}\n  init_args:\n    {init}\n")
+    result = check(resolve("tiny-llama-1.1b/full"), ["--config", str(config)])
+    said = [str(p) for p in result.problems if p.severity == "error"]
+    if words is None:
+        assert result.ok, said
+        return
+    assert not result.ok and len(said) == 1 and "optimizer.init_args: " in said[0] and words in said[0], said
+    assert "fix: " in said[0] and "unexpected" not in said[0]
