@@ -358,21 +358,23 @@ def load_strategy(path: str | Path) -> StrategyConfig:
     StrategyError naming the file and key."""
     known = ", ".join(sorted(x.stem for x in (CONFIGS_DIR / "strategies").glob("*.yaml")))
     if not str(path).strip():  # Path("") is the working directory
-        raise StrategyError(f"no strategy named (an empty name): give a YAML path or one of: {known}")
+        raise StrategyError(f"no strategy named (an empty name); fix: give a YAML path or one of: {known}")
     p = Path(path)
     try:
         here = p.exists()
     except OSError as e:  # a name too long for the file system, ...
-        raise StrategyError(f"strategy {str(path)[:80]!r}: {e.strerror}; give a YAML path or one of: {known}") from None
+        raise StrategyError(
+            f"strategy {str(path)[:80]!r}: {e.strerror}; fix: give a YAML path or one of: {known}"
+        ) from None
     named = CONFIGS_DIR / "strategies" / f"{path}.yaml"
     if not here and SAFE_NAME.fullmatch(str(path)) and named.is_file():  # a name: only a plain one, never a path
         p, here = named, True
     if not here:  # what is there but is no regular file (a FIFO, a directory) is refused by the reader
-        raise StrategyError(f"no strategy {str(path)[:80]!r}: give a YAML path or one of: {known}")
+        raise StrategyError(f"no strategy {str(path)[:80]!r}; fix: give a YAML path or one of: {known}")
     try:
         raw = yaml_input.load_mapping(p, "a strategy")
     except InputError as e:
-        raise StrategyError(f"strategy {str(path)!r}: {e}") from None
+        raise StrategyError(f"strategy: {e}") from None  # e names the file
     return strategy_from_mapping(raw, p)
 
 
@@ -380,13 +382,15 @@ def strategy_from_mapping(raw: dict, p) -> StrategyConfig:
     """A strategy from its keys (a file's, or a record's ``strategy_settings``), type- and range-checked;
     StrategyError naming ``p`` (where they came from) and the key."""
     if not isinstance(raw, dict):
-        raise StrategyError(f"{p}: not a mapping of strategy keys")
+        raise StrategyError(
+            f"{p}: not a mapping of strategy keys; fix: give name: and the keys configs/strategies/ use"
+        )
     allowed = {f.name for f in fields(StrategyConfig)}
     bad = set(raw) - allowed
     if bad:
-        raise StrategyError(f"{p}: unknown key(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+        raise StrategyError(f"{p}: unknown key(s) {sorted(bad)}; fix: remove them or use one of {sorted(allowed)}")
     if raw.get("name") not in NAMES:
-        raise StrategyError(f"{p}: name: must be one of {NAMES}, got {raw.get('name')!r}")
+        raise StrategyError(f"{p}: name: {str(raw.get('name'))[:40]!r} is not a strategy; fix: one of {NAMES}")
     for f in fields(StrategyConfig):
         if f.name in raw and not _type_ok(raw[f.name], f.type):
             raise StrategyError(
@@ -395,15 +399,15 @@ def strategy_from_mapping(raw: dict, p) -> StrategyConfig:
             )
     for key, allowed_values in CHOICES.items():
         if key in raw and raw[key] not in allowed_values:
-            raise StrategyError(f"{p}: {key}: {raw[key]!r} is not one of {allowed_values}")
+            raise StrategyError(f"{p}: {key}: {str(raw[key])[:40]!r} is not a choice; fix: one of {allowed_values}")
     for key, high in RANGES.items():
         if raw.get(key) is not None and not 1 <= raw[key] <= high:
-            raise StrategyError(f"{p}: {key}: {raw[key]} must be between 1 and {high:,}")
+            raise StrategyError(f"{p}: {key}: {raw[key]} is out of range; fix: a value from 1 to {high:,}")
     for key, value in (raw.get("mixed_precision") or {}).items():
         if key not in MIXED_PRECISION_KEYS or value not in MIXED_PRECISION_DTYPES:
             raise StrategyError(
-                f"{p}: mixed_precision: {key}: {value!r}: keys are {MIXED_PRECISION_KEYS}, values one of "
-                f"{MIXED_PRECISION_DTYPES}"
+                f"{p}: mixed_precision: {str(key)[:40]}: {str(value)[:40]!r} is not a setting; fix: keys "
+                f"{MIXED_PRECISION_KEYS}, values one of {MIXED_PRECISION_DTYPES}"
             )
     return StrategyConfig(**raw)
 

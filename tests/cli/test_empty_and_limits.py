@@ -528,3 +528,25 @@ def test_plan_never_refuses_a_run_validate_passes():
         if planned[0] != 0:
             validated = tunelab_here("validate", recipe, *overrides)
             assert validated[0] != 0, (recipe, overrides, planned[2])
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("- name: fsdp\n", "a strategy is a YAML mapping of keys to values, got a list; fix: "),
+        ("name: fsdp\nshard: all\n", "unknown key(s) ['shard']; fix: remove them or use one of ["),
+        ("name: ../../evil\n", "name: '../../evil' is not a strategy; fix: one of ('single', "),
+        ("name: fsdp\nsharding_strategy: EVERYTHING\n", "sharding_strategy: 'EVERYTHING' is not a choice; fix: one of"),
+        ("name: ddp\nbucket_cap_mb: 0\n", "bucket_cap_mb: 0 is out of range; fix: a value from 1 to 100,000"),
+        ("name: fsdp\nmixed_precision: {param_dtype: int8}\n", "mixed_precision: param_dtype: 'int8' is not a"),
+        ("", "fix: "),
+    ],
+)
+def test_a_bad_strategy_file_is_one_line_naming_the_file_the_key_and_the_fix(tmp_path, text, words):
+    """Each refusal of a strategy file names the file and the key, what is wrong and a fix, in one line on stderr
+    before anything is planned (some said what was wrong and left the fix out)."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", 2, "--strategy", str(path))
+    assert code == 2 and not out and len(err.splitlines()) == 1, (out, err)
+    assert "mine.yaml" in err and words in err and "; fix: " in err, err

@@ -20,7 +20,7 @@ def test_the_switch_is_refused_where_it_cannot_run(tmp_path):
         _strategy(tmp_path, "name: ddp\nliger: loss\n").check({})
     with pytest.raises(StrategyError, match="liger: all with compile: blocks"):
         _strategy(tmp_path, "name: single\ncompile: blocks\nliger: all\n").check({})
-    with pytest.raises(StrategyError, match=r"liger: 'fused' is not one of \('loss', 'all', None\)"):
+    with pytest.raises(StrategyError, match=r"liger: 'fused' is not a choice; fix: one of \('loss', 'all', None\)"):
         _strategy(tmp_path, "name: single\nliger: fused\n")
     _strategy(tmp_path, "name: single\ncompile: blocks\nliger: loss\n").check({"lora_head": True})
 
