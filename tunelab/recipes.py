@@ -188,4 +188,4 @@ def resolve(ref: str) -> Recipe:
         if c.is_file() or (c is candidates[0] and c.exists() and not c.is_dir()):  # a FIFO, a device: the reader
             return load(c)  # refuses it by name
     known = ", ".join(r.key for r in discover())
-    raise RecipeError(f"no recipe {ref!r}: give a YAML path or one of: {known}")
+    raise RecipeError(f"no recipe {ref!r}; fix: give a YAML path or one of: {known}")

@@ -137,7 +137,9 @@ def _header(raw: dict, where: str) -> dict:
     if "studies" in raw and "rows" not in raw:
         raise SweepError(f"{where}: a tuning study (studies:), not a sweep; fix: tunelab tune-study {where}")
     if unknown:
-        raise SweepError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SWEEP_KEYS)}")
+        raise SweepError(
+            f"{where}: unknown key(s) {sorted(unknown)}; fix: remove them or use one of {sorted(SWEEP_KEYS)}"
+        )
     if "name" not in raw:
         raise SweepError(f"{where}: name: missing; fix: add `name: <sweep-name>`")
     _expect(raw["name"], str, where, "name", "give the sweep a plain name such as lab-part1")
@@ -163,16 +165,20 @@ def _row_base(spec: dict, kind_keys: set, label: str, where: str, default_gpu) -
     """What a row and a grid entry share: recipe, lab figures, note, strategy (loaded once), GPU row."""
     bad = set(spec) - kind_keys
     if bad:
-        raise SweepError(f"{where}: {label}: unknown key(s) {sorted(bad)}; allowed: {sorted(kind_keys)}")
+        raise SweepError(
+            f"{where}: {label}: unknown key(s) {sorted(bad)}; fix: remove them or use one of {sorted(kind_keys)}"
+        )
     if "recipe" not in spec:
-        raise SweepError(f"{where}: {label}: recipe: missing")
+        raise SweepError(f"{where}: {label}: recipe: missing; fix: add `recipe: <key>`, e.g. tiny-llama-1.1b/lora")
     _expect(spec["recipe"], str, where, f"{label}: recipe", "give a recipe key such as tiny-llama-1.1b/lora")
     _expect(spec.get("set") or {}, dict, where, f"{label}: set", "write `set: {key: value}`")
     _expect(spec.get("note", ""), str, where, f"{label}: note", "write it as text")
     lab = _expect(spec.get("lab") or {}, dict, where, f"{label}: lab", "write `lab: {key: value}`")
     bad = set(lab) - LAB_KEYS
     if bad:
-        raise SweepError(f"{where}: {label}: lab: unknown key(s) {sorted(bad)}; allowed: {sorted(LAB_KEYS)}")
+        raise SweepError(
+            f"{where}: {label}: lab: unknown key(s) {sorted(bad)}; fix: remove them or use one of {sorted(LAB_KEYS)}"
+        )
     check_lab(lab, where, f"{label}: lab")
     try:
         recipe = resolve(spec["recipe"])
@@ -224,7 +230,7 @@ def _grid_rows(specs: list, defaults: dict, where: str, default_gpu) -> list[Row
         base = _row_base(spec, GRID_KEYS, label, where, default_gpu)
         axes = _expect(spec.get("axes") or {}, dict, where, f"{label}: axes", "write `axes: {key: [v1, v2]}`")
         if not axes:
-            raise SweepError(f"{where}: {label}: axes: missing or empty")
+            raise SweepError(f"{where}: {label}: axes: missing or empty; fix: give `axes: {{key: [value, ...]}}`")
         for k, values in axes.items():
             if not isinstance(values, list) or not values:
                 raise SweepError(
@@ -294,7 +300,7 @@ def parse_set(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise SweepError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set train.max_steps=5")
+            raise SweepError(f"--set {pair!r}: not KEY=VALUE; fix: e.g. --set train.max_steps=5")
         try:
             extra[key.strip().lstrip("-")] = yaml_input.loads(value, f"--set {key.strip()}") if value.strip() else None
         except InputError as e:
@@ -319,7 +325,7 @@ def load(path: Path | str, extra: list[str] | None = None) -> Sweep:
         grid_specs, head["defaults"], where, raw.get("gpu")
     )
     if not rows:
-        raise SweepError(f"{where}: rows: no rows (give `rows` or `grid`)")
+        raise SweepError(f"{where}: rows: no rows; fix: give `rows` (a list of runs) or `grid` (recipes x axes)")
     if len(rows) > MAX_ROWS:
         raise SweepError(f"{where}: {len(rows):,} rows, more than a sweep runs ({MAX_ROWS:,}); fix: split it")
     _check_names(str(head["name"]), rows, where)

@@ -111,7 +111,9 @@ def _expect(value, kind, where: str, key: str, fix: str):
 def _unknown(spec: dict, allowed: set, where: str, label: str) -> None:
     bad = set(spec) - allowed
     if bad:
-        raise StudyError(f"{where}: {label}: unknown key(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+        raise StudyError(
+            f"{where}: {label}: unknown key(s) {sorted(bad)}; fix: remove them or use one of {sorted(allowed)}"
+        )
 
 
 def _positive_int(value, where: str, key: str) -> int:
@@ -162,7 +164,7 @@ def _study(spec, label: str, seen: set, where: str) -> Study:
     _unknown(spec, STUDY_KEYS, where, label)
     for key in ("id", "recipe", "strategy", "settings"):
         if key not in spec:
-            raise StudyError(f"{where}: {label}: {key}: missing")
+            raise StudyError(f"{where}: {label}: {key}: missing; fix: add it (see configs/sweeps/lab-part3.yaml)")
     sid = _expect(spec["id"], str, where, f"{label}: id", "give a plain id")
     if not SAFE_NAME.fullmatch(sid) or sid in seen:
         raise StudyError(f"{where}: {label}: id {sid!r} is repeated or not a plain name; fix: a unique plain id")
@@ -176,10 +178,12 @@ def _study(spec, label: str, seen: set, where: str) -> Study:
     if limit is not None and not (
         0 < _expect(limit, (int, float), where, f"{label}: memory_limit_gb", "GB > 0") < 1e6
     ):  # .inf and 1e400 (inf) too: an address-space cap is a finite number of bytes
-        raise StudyError(f"{where}: {label}: memory_limit_gb: {limit} must be a finite number of GB above 0")
+        raise StudyError(
+            f"{where}: {label}: memory_limit_gb: {limit} is not a size; fix: a finite number of GB above 0"
+        )
     steps = _positive_int(spec.get("steps", 3), where, f"{label}: steps")
     if steps < 2:
-        raise StudyError(f"{where}: {label}: steps: give 2 or more (the first is warm-up)")
+        raise StudyError(f"{where}: {label}: steps: too few; fix: give 2 or more (the first is warm-up)")
     return Study(
         id=sid,
         recipe=_expect(spec["recipe"], str, where, f"{label}: recipe", "a recipe key"),
@@ -208,7 +212,7 @@ def _setting(st, slabel: str, earlier: list[Setting], where: str) -> Setting:
     _expect(st, dict, where, slabel, "write `- {id: ..., activation_checkpointing: ...}`")
     _unknown(st, SETTING_KEYS, where, slabel)
     if "id" not in st:
-        raise StudyError(f"{where}: {slabel}: id: missing")
+        raise StudyError(f"{where}: {slabel}: id: missing; fix: add `id: <name>` (letters, digits, . _ -)")
     prefetch = st.get("backward_prefetch")
     if prefetch is not None and prefetch not in PREFETCH:
         raise StudyError(
