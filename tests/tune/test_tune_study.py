@@ -91,7 +91,10 @@ def test_the_shipped_study_file_loads_and_names_real_recipes_strategies_and_gpus
         (lambda s: s.update(rows=[]), "unknown key(s) ['rows']"),
         (lambda s: s["studies"][0].update(gpu=5), "gpu: got the int '5'"),
         (lambda s: s["studies"][0].update(id="../escape"), "id '../escape' is repeated or not a plain name"),
-        (lambda s: s["studies"][0].update(memory_limit_gb=1e400), "memory_limit_gb: inf is not a size; fix: a finite number"),
+        (
+            lambda s: s["studies"][0].update(memory_limit_gb=1e400),
+            "memory_limit_gb: inf is not a size; fix: a finite number",
+        ),
         (lambda s: s.update(lab={"fsdp": [{"memory_mb": 9028}]}), "lab: fsdp[0]: micro: got the NoneType"),
         (lambda s: s.update(lab={"fsdp": [{"micro": 8, "iter_ms": "fast"}]}), "lab: fsdp[0]: iter_ms: got the str"),
         (lambda s: s.update(lab={"fsdp": [{"micro": 8, "iter_ms": 0}]}), "lab: fsdp[0]: iter_ms: 0 is not a time"),
