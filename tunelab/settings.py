@@ -401,7 +401,7 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
     it = iter(overrides)
     for arg in it:
         if not arg.startswith("--"):
-            raise InputError(f"override {arg!r} is not --dotted.key VALUE")
+            raise InputError(f"override {arg!r} is not an option; fix: --dotted.key VALUE, e.g. --train.max_steps 5")
         key, sep, value = arg[2:].partition("=")
         if not sep:
             value = next(it, None)

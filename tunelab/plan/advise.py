@@ -148,7 +148,7 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
         if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file
             records = records[: max(1, split_sizes(len(records), settings.val_split_fraction)[0])]
         if not records:
-            raise InputError(f"--data {data}: no records")
+            raise InputError(f"--data {data}: no training records; fix: give a dataset with records")
         vocab = load_config(settings.checkpoint_dir).vocab_size  # a tokenizer not here: the published figure
         lengths, longest, how = sample_lengths(
             records, Path(settings.checkpoint_dir), "alpaca", settings.max_seq_length, vocab_size=vocab
@@ -163,7 +163,9 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     name = data if "." in data else f"litgpt.data.{data}"
     if name not in DATA_MODULE_SIZES:
         known = ", ".join(k.rsplit(".", 1)[1] for k in DATA_MODULE_SIZES)
-        raise InputError(f"--data {data}: neither a file here nor a data module of known size ({known})")
+        raise InputError(
+            f"--data {data}: neither a file here nor a data module of known size; fix: a file or one of {known}"
+        )
     n, what = DATA_MODULE_SIZES[name]
     held_out = resolve(recipe, ["--data", name]).val_split_fraction or 0  # what `--data NAME` keeps of the recipe
     train = split_sizes(n, held_out)[0]

@@ -101,7 +101,7 @@ def lookup(name: str, scope: str, given: bool = False) -> Link:
         return links[name]
     known = ", ".join(k for k, v in links.items() if v.scope == scope)
     option = f"{OPTIONS.get(scope, 'link')} {name}: " if given else ""
-    raise InputError(f"{option}unknown {scope} link {name!r}; known: {known} (configs/hardware/links.yaml)")
+    raise InputError(f"{option}unknown {scope} link {name!r}; fix: one of {known} (configs/hardware/links.yaml)")
 
 
 @dataclass
@@ -202,7 +202,7 @@ def per_step(
     seconds = c.bytes_gpu / gpu_link.bytes_per_s
     if c.bytes_node:
         if node_link is None:
-            raise InputError("a run on several nodes needs the network between them: give --internode LINK")
+            raise InputError("a run on several nodes needs the network between them; fix: give --internode LINK")
         c.links["node"] = node_link.name
         # a flat ring crosses each node's network once: the node's NICs carry one device's volume (NCCL spreads
         # its channels over them); HYBRID_SHARD runs g rings across the nodes, one per local rank, sharing them
