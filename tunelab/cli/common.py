@@ -40,7 +40,7 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; fix: give {what}") from None
         if (
             not math.isfinite(value)
             or (low is not None and (value <= low if low_open else value < low))
@@ -48,7 +48,7 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
         ):
             bound = f"above {low:g}" if low_open else f"of at least {low:g}" if high is None else f"between {low:g}"
             bound += "" if high is None else f" and at most {high:g}" if low_open else f" and {high:g}"
-            raise argparse.ArgumentTypeError(f"{text!r}: give {what} {bound}")
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; fix: give {what} {bound}")
         return value
 
     return parse
@@ -59,10 +59,10 @@ def _path(kind: str):
         """An argparse type: a path, never blank (an unset shell variable would make it the current folder); a
         folder to write into is not an existing file (a device, a FIFO, a regular file)."""
         if not text.strip():
-            raise argparse.ArgumentTypeError(f"an empty path (it would mean the current folder); give a {kind}")
+            raise argparse.ArgumentTypeError(f"an empty path (it would mean the current folder); fix: give a {kind}")
         path = Path(text)
         if kind == "folder" and path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder; give a new or existing folder")
+            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder; fix: give a new or existing folder")
         return path
 
     return parse
@@ -89,7 +89,7 @@ def host_figure(text: str):
     try:
         return number(float, 1, 10_000, what="microseconds")(text)
     except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e}; or give auto (measured here)") from None
+        raise argparse.ArgumentTypeError(f"{e}, or auto (measured here)") from None
 
 
 def listed(text: str | None, option: str) -> list[str] | None:
