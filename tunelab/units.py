@@ -48,9 +48,9 @@ def energy(joules: float) -> str:
     return f"{mwh:.3g} MWh" if mwh < 1000 else f"{mwh:,.0f} MWh"
 
 
-def tokens(count: float) -> str:
-    """A token count as M or B tokens."""
-    return f"{count / 1e6:.2f} M tokens" if count < 1e9 else f"{count / 1e9:,.2f} B tokens"
+def tokens(count: float, what: str = "tokens") -> str:
+    """A token count as M or B ``what`` (e.g. "padded tokens")."""
+    return f"{count / 1e6:.2f} M {what}" if count < 1e9 else f"{count / 1e9:,.2f} B {what}"
 
 
 def gb(nbytes, spec: str = ".2f", missing: str = "") -> str:

@@ -111,7 +111,7 @@ def _answer_time(p: Projection, price, world: int, edge: bool = False) -> list[s
         return [f"time and energy: {p.seconds_source}"]
     if p.seconds:
         band = f"{duration(p.seconds_band[0])} to {duration(p.seconds_band[1])}"
-        time_line = f"time: {duration(p.seconds)} (band {band}) for {tokens(p.tokens)}"
+        time_line = f"time: {duration(p.seconds)} (band {band}) for {tokens(p.tokens, 'padded tokens')}"
         if edge:
             time_line += f" (at the edge: retries may stretch each step up to {runtime.EDGE_STRETCH}x)"
         if p.lower_bound:
@@ -217,9 +217,9 @@ def _time_lines(p: Projection, tokens_note: str) -> list[str]:
     """The tokens, FLOPs, the MFU range's times, the point estimate, energy, the time by cause, checkpoints and
     communication."""
     if p.seconds_low is None:
-        return [f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); time and energy {p.seconds_source}"]
+        return [f"time: {p.tokens / 1e6:.2f} M padded tokens ({tokens_note}); time and energy {p.seconds_source}"]
     lines = [
-        f"time: {p.tokens / 1e6:.2f} M tokens ({tokens_note}); {p.flops_per_token / BILLION:.2f} GFLOPs/token "
+        f"time: {p.tokens / 1e6:.2f} M padded tokens ({tokens_note}); {p.flops_per_token / BILLION:.2f} GFLOPs/token "
         f"[{p.flops_formula}]",
         f"  at MFU {p.mfu_low:.0%}-{p.mfu_high:.0%} ({p.mfu_source}): "
         f"{p.seconds_low:,.0f} s to {p.seconds_high:,.0f} s",
