@@ -218,7 +218,7 @@ def test_the_plan_answers_first_in_at_most_15_lines_with_no_third_party_warning(
             lines = out.strip().splitlines()
             assert len(lines) <= 15 and lines[1].startswith("FITS on H100-SXM: needs"), lines
             assert "largest micro batch that fits" in lines[1] and "peak allocated per device" in lines[2]
-            assert any(ln.startswith("time: ") and "band" in ln for ln in lines)
+            assert any(ln.startswith("time: ") and "band" in ln and " M padded tokens;" in ln for ln in lines), lines
             assert any(ln.startswith("energy: ") and "USD" in ln for ln in lines)
     finally:
         logging.getLogger().removeHandler(handler)
