@@ -131,7 +131,7 @@ def workload_from_tokens(tokens: float, epochs: int = 1) -> Workload:
     return Workload(
         samples=max(1, int(tokens / LAB_PADDED_TOKENS_PER_SAMPLE)),
         epochs=epochs,
-        how=f"{tokens:,.0f} tokens x {epochs} epoch(s) as samples of {LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens "
+        how=f"{tokens:,.0f} padded tokens x {epochs} epoch(s) as samples of {LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens "
         "(the lab's Alpaca figure at micro 8; padding per micro batch from the default length distribution)",
     )
 
