@@ -372,8 +372,9 @@ def optimizer_refuses(name: str, init_args: dict) -> str | None:
     kwargs = {k: v for k, v in init_args.items() if k not in PROBE_SKIPS}
     try:
         optimizer([torch.nn.Parameter(torch.zeros(1))], **kwargs)
-    except (TypeError, ValueError, RuntimeError) as e:
-        return f"{name} refuses them: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"
+    except Exception as e:  # noqa: BLE001 - the class's own refusal of these values, whatever its type
+        said = str(e).splitlines()[0][:160] if str(e) else ""
+        return f"{name} refuses them: " + (said if isinstance(e, ValueError) else f"{type(e).__name__}: {said}")
     return None
 
 

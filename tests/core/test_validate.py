@@ -278,6 +278,7 @@ def test_an_optimizer_argument_that_is_not_finite_is_refused(tmp_path, init, key
         ("torch.optim.AdamW", "lr: -0.001", "refuses them: Invalid learning rate: -0.001"),
         ("torch.optim.AdamW", "lr: 0.001\n    betas: [0.9, 1.5]", "Invalid beta parameter at index 1: 1.5"),
         ("torch.optim.AdamW", "lr: 0.001\n    eps: -1.0", "Invalid epsilon value: -1.0"),
+        ("torch.optim.AdamW", "lr: 0.001\n    betas: [0.9]", "refuses them: IndexError: list index out of range"),
         ("torch.optim.SGD", "lr: 0.1\n    betas: [0.9, 0.95]", "torch.optim.SGD takes no 'betas' (it takes lr, "),
         ("bitsandbytes.optim.PagedAdamW", "lr: -1", "bitsandbytes.optim.PagedAdamW refuses them: Invalid learning"),
         ("torch.optim.AdamW", "lr: 0.001\n    fused: true\n    weight_decay: 0.1", None),
