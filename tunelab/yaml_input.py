@@ -25,7 +25,8 @@ deeper file would exhaust PyYAML's recursion before any check could name the lin
 
 class _PlainLoader(yaml.SafeLoader):
     """SafeLoader that refuses aliases (the only way a small YAML file becomes a large object), a key given twice
-    in one mapping (PyYAML keeps the last without a word: a table row or a setting silently replaced) and nesting
+    in one mapping (PyYAML keeps the last without a word: a table row or a setting silently replaced), a key that is
+    not text (a number, a boolean such as ``on``, null: the checks that list and sort keys assume names) and nesting
     deeper than :data:`MAX_DEPTH`."""
 
     depth = 0
@@ -34,13 +35,17 @@ class _PlainLoader(yaml.SafeLoader):
         seen: dict = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) or key is None:
-                if key in seen:
-                    raise InputError(
-                        f"{self.name}:{key_node.start_mark.line + 1}: key {key!r} is given twice in one mapping "
-                        f"(first at line {seen[key]}); fix: keep one"
-                    )
-                seen[key] = key_node.start_mark.line + 1
+            if not isinstance(key, str):  # every tunelab and litgpt key is a name; `on:`, `1:` or `null:` is not
+                raise InputError(
+                    f"{self.name}:{key_node.start_mark.line + 1}: key {str(key_node.value)[:40]!r} is read as "
+                    f'{type(key).__name__}, not a name; fix: quote it ("{str(key_node.value)[:40]}":) or rename it'
+                )
+            if key in seen:
+                raise InputError(
+                    f"{self.name}:{key_node.start_mark.line + 1}: key {key!r} is given twice in one mapping "
+                    f"(first at line {seen[key]}); fix: keep one"
+                )
+            seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 
     def compose_node(self, parent, index):

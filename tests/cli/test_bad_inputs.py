@@ -46,3 +46,25 @@ def test_an_error_line_keeps_its_start_and_its_fix(capsys):
     assert err.rstrip().endswith("; fix: shorten it") and "[... 8,020 characters ...]" in err
     fail("short; fix: none")
     assert capsys.readouterr().err == "tunelab: error: short; fix: none\n"
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "text"),
+    [
+        ("strategy", ["plan", "tiny-llama-1.1b/lora", "--devices", 2, "--strategy"], "name: fsdp\n1: x\nfoo: y\n"),
+        ("sweep", ["sweep"], "name: s\n1: x\nfoo: y\nrows: []\n"),
+        ("recipe", ["plan"], "on: 1\n"),
+    ],
+)
+def test_a_key_yaml_reads_as_a_number_or_a_boolean_is_one_line_naming_its_line(tmp_path, where, args, text):
+    """``1:`` or ``on:`` is a number or a boolean to YAML, never a key tunelab or litgpt has: a strategy or sweep file
+    holding one beside a name ended in "TypeError: '<' not supported between 'str' and 'int'" (unexpected) where the
+    unknown keys were sorted; every file tunelab reads now refuses it at its line."""
+    from tests.conftest import tunelab_here
+
+    path = tmp_path / f"{where}.yaml"
+    path.write_text(text)
+    code, out, err = tunelab_here(*args, str(path))
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if row.split(":")[0] in ("1", "on"))
+    assert code == 2 and len(err.splitlines()) == 1 and f"{where}.yaml:{line}: key " in err, (out, err)
+    assert "not a name; fix: quote it" in err and "unexpected" not in err, err
