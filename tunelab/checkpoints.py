@@ -121,7 +121,7 @@ def model_config(name: str):
         return Config.from_name(name)
     except ValueError:
         raise ValueError(
-            f"unknown model {name!r}: use 'tiny', 'tiny-deep' or a litgpt config name such as 'open_llama_7b' "
+            f"unknown model {name!r}; fix: 'tiny', 'tiny-deep' or a litgpt config name such as 'open_llama_7b' "
             "(list them with: python -c 'from litgpt.config import name_to_config; "
             "print(sorted(name_to_config))')"
         ) from None
