@@ -174,7 +174,10 @@ def plan_input(settings: Settings, config, *, seq_len: int | None = None, bf16: 
 def _dataset_seq_len(settings: Settings, dataset: Path) -> tuple[int, str]:
     ckpt = Path(settings.checkpoint_dir)
     if not (ckpt / "tokenizer.json").is_file() and not (ckpt / "tokenizer.model").is_file():
-        raise ValueError(f"--dataset needs the model's tokenizer, and {ckpt} has none (download the checkpoint)")
+        raise ValueError(
+            f"--dataset needs the model's tokenizer, and {ckpt} has none; fix: download the checkpoint (`tunelab show "
+            "RECIPE` prints the command), or leave --dataset out"
+        )
     longest = longest_sample_tokens(dataset, ckpt)
     cap = settings.max_seq_length
     capped = " capped at max_seq_length" if cap and longest > cap else ""
