@@ -135,13 +135,19 @@ def _check_row(name, row) -> None:
         if (key in required or row.get(key) is not None) and not _positive(row.get(key), high):
             raise InputError(f"{where}: {key}: {row.get(key)!r} is not a positive number; fix: the datasheet's figure")
     if type(row["bf16"]) is not bool:
-        raise InputError(f"{where}: bf16: {row['bf16']!r} is not true or false")
+        raise InputError(
+            f"{where}: bf16: {row['bf16']!r} is not true or false; fix: true where the GPU computes bfloat16"
+        )
     peaks = row["peak_tflops"]
     if not isinstance(peaks, dict) or set(peaks) - set(PEAK_KEYS):
-        raise InputError(f"{where}: peak_tflops: a mapping of {', '.join(PEAK_KEYS)} to dense TFLOP/s (or null)")
+        raise InputError(
+            f"{where}: peak_tflops: not a table of peaks; fix: map {', '.join(PEAK_KEYS)} to dense TFLOP/s or null"
+        )
     for key, value in peaks.items():
         if value is not None and not _positive(value, 1e6):
-            raise InputError(f"{where}: peak_tflops: {key}: {value!r} is not a positive number of TFLOP/s, or null")
+            raise InputError(
+                f"{where}: peak_tflops: {key}: {value!r} is not a peak; fix: positive dense TFLOP/s, or null"
+            )
     needed = ["fp32", "fp16"] + (["bf16"] if row["bf16"] else [])  # what every GPU runs; bf16 where it says so
     missing = [k for k in needed if peaks.get(k) is None]
     if missing:
@@ -158,10 +164,10 @@ def _check_row(name, row) -> None:
         )
     match = row.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
-        raise InputError(f"{where}: match: a list of lower-case words of device names")
+        raise InputError(f"{where}: match: not a list of words; fix: lower-case words of nvidia-smi's device name")
     for key in TEXT_KEYS:
         if row.get(key) is not None and not isinstance(row[key], str):
-            raise InputError(f"{where}: {key}: {row[key]!r} is not text")
+            raise InputError(f"{where}: {key}: {str(row[key])[:40]!r} is not text; fix: quote it")
 
 
 @lru_cache(maxsize=1)

@@ -219,7 +219,7 @@ def test_an_unknown_link_names_the_table_it_came_from(link_table):
     with pytest.raises(InputError, match="gpus.yaml: gpus: A100-80GB: link: .*warp-drive"):
         advise.candidates({"lora": resolve("open-llama-7b/lora")}, [odd], tokens=1e6, max_devices=2)
     link_table("links:\n  pcie4: {scope: gpu, gbs: -3, efficiency: 0.8, latency_us: 5.7, source: x}\n")
-    with pytest.raises(InputError, match="links.yaml: links: pcie4: gbs must be"):
+    with pytest.raises(InputError, match="links.yaml: links: pcie4: gbs or efficiency out of range; fix: "):
         comm.lookup("pcie4", "gpu")
 
 

@@ -87,7 +87,7 @@ def test_gpu_table_covers_the_named_gpus():
         (
             '    bandwidth_source: "NVIDIA A100 datasheet (2021): 40GB HBM2 1555 GB/s"\n',
             "    bandwidth_source: 12\n",
-            "bandwidth_source: 12 is not text",
+            "bandwidth_source: '12' is not text; fix: quote it",
         ),
     ],
 )

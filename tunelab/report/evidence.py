@@ -79,20 +79,26 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
     out = {}
     for key, value in raw.items():
         if not isinstance(value, dict) or set(value) - known or {"folder", "device", "date", "software"} - set(value):
-            raise InputError(f"{MANIFEST}: {key}: needs folder, device, date and software, and only {sorted(known)}")
+            raise InputError(
+                f"{MANIFEST}: {key}: not an entry; fix: give folder, device, date and software, keys of {sorted(known)}"
+            )
         folder = str(value["folder"])
         if "/" in folder or folder.startswith("."):
-            raise InputError(f"{MANIFEST}: {key}: folder {folder!r} must be one folder name under reports/")
+            raise InputError(
+                f"{MANIFEST}: {key}: folder {folder[:60]!r} is not a name; fix: one folder name under reports/"
+            )
         if not isinstance(value.get("holds") or {}, dict):
             raise InputError(
-                f"{MANIFEST}: {key}: holds: a mapping of what to a file name, e.g. {{records: records.tgz}}"
+                f"{MANIFEST}: {key}: holds: not a mapping; fix: map what to a file name, e.g. {{records: records.tgz}}"
             )
         holds = {str(k): str(v) for k, v in (value.get("holds") or {}).items()}
         if any("/" in v or v.startswith(".") for v in holds.values()):
-            raise InputError(f"{MANIFEST}: {key}: holds names files of its own folder only")
+            raise InputError(f"{MANIFEST}: {key}: holds a path; fix: name files of the entry's own folder only")
         roles = value.get("roles") or []
         if not isinstance(roles, list) or set(map(str, roles)) - set(ROLES):
-            raise InputError(f"{MANIFEST}: {key}: roles: {roles!r}; each one of {', '.join(ROLES)}")
+            raise InputError(
+                f"{MANIFEST}: {key}: roles: {str(roles)[:60]} is not a list of roles; fix: each one of {', '.join(ROLES)}"
+            )
         notes = value.get("notes") or {}
         if not isinstance(notes, dict) or set(map(str, notes)) - set(holds):
             raise InputError(f"{MANIFEST}: {key}: notes: a mapping of what it holds to words; fix: name a holds key")

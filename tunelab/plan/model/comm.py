@@ -76,15 +76,18 @@ def table() -> dict[str, Link]:
         )
         if not isinstance(row, dict) or set(row) != keys:
             raise InputError(
-                f"{where}: give exactly scope, gbs, efficiency, source and (gpu and node links) latency_us"
+                f"{where}: not a link row; fix: give exactly scope, gbs, efficiency, source and (gpu and node links) "
+                "latency_us"
             )
         gbs, eff, lat = row["gbs"], row["efficiency"], row.get("latency_us", 0.0)
         if row["scope"] not in ("gpu", "node", "host"):
-            raise InputError(f"{where}: scope: {row['scope']!r} is not gpu, node or host")
+            raise InputError(f"{where}: scope: {str(row['scope'])[:40]!r} is not a scope; fix: gpu, node or host")
         if type(gbs) not in (int, float) or not (0 < gbs < 1e5) or type(eff) not in (int, float) or not 0 < eff <= 1:
-            raise InputError(f"{where}: gbs must be a positive number of GB/s and efficiency within (0, 1]")
+            raise InputError(
+                f"{where}: gbs or efficiency out of range; fix: gbs a positive GB/s, efficiency within (0, 1]"
+            )
         if type(lat) not in (int, float) or not 0 <= lat < 1e4:
-            raise InputError(f"{where}: latency_us must be a number of microseconds, 0 or more")
+            raise InputError(f"{where}: latency_us out of range; fix: a number of microseconds, 0 or more")
         out[name] = Link(name, row["scope"], float(gbs), float(eff), str(row["source"]), float(lat))
     return out
 
