@@ -379,7 +379,8 @@ def write_report(base: Path, sf: StudyFile, out_dir: Path | None = None) -> Path
     results = collect(sf, base)
     if not results:
         raise FileNotFoundError(
-            f"no probe records (<study>/<setting>/mbs<N>/record.json) under {base} for the studies of {sf.path}"
+            f"no probe records (<study>/<setting>/mbs<N>/record.json) under {base} for the studies of {sf.path}; "
+            "fix: give the folder `tunelab tune-study` wrote for this file"
         )
     out_dir = Path(out_dir) if out_dir else default_report_dir(sf, results)
     rows = []

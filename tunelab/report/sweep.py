@@ -187,7 +187,7 @@ def _readable_rows(meta: dict, path: Path) -> list[dict]:
         lab = row.get("lab") or {}
         try:
             if not isinstance(lab, dict):
-                raise SweepError("lab is not a mapping")
+                raise SweepError("lab is not a mapping; fix: write `lab: {key: value}`")
             check_lab(lab, str(path), f"row {row['id']}: lab")
         except SweepError as e:
             notes.append(str(e))

@@ -132,7 +132,10 @@ def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None
         try:
             name = Config.from_name(ckpt.name).name
         except ValueError:
-            raise RunError(f"{recipe.key}: cannot tell the architecture of {ckpt} for --weights random") from None
+            raise RunError(
+                f"{recipe.key}: cannot tell the architecture of {ckpt} for --weights random; fix: a checkpoint_dir "
+                "named by a litgpt config (checkpoints/<org>/<name>)"
+            ) from None
         # built in a child process, on the GPU when there is one (a 13B model takes minutes on a CPU): the memory
         # it took is the child's and goes with it, so this process holds no CUDA memory while the run trains
         return "random", build_in_child(name, device="cuda" if cuda_available() else "cpu")
@@ -144,7 +147,7 @@ def choose_model(recipe: Recipe, model: str = "auto", checkpoint_dir: str | None
         )
     if not have_real:
         raise RunError(
-            f"{recipe.key}: no checkpoint at {ckpt}; download it ({recipe.download_command()}), or use "
+            f"{recipe.key}: no checkpoint at {ckpt}; fix: download it ({recipe.download_command()}), or use "
             "--model tiny (embedded tiny model) or --weights random (real architecture, random weights)"
         )
     return "checkpoint", None

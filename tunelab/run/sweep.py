@@ -96,7 +96,7 @@ def _lock(base: Path):
     try:
         return exclusive_lock(base / ".lock")
     except Busy as e:
-        raise SweepError(f"{base} is being swept by {e}; wait for it to finish, or use another --out") from None
+        raise SweepError(f"{base} is being swept by {e}; fix: wait for it to finish, or use another --out") from None
 
 
 @dataclass
@@ -131,7 +131,7 @@ def run_sweep(sweep: Sweep, out: Path | None = None, options: SweepOptions | Non
     o = options or SweepOptions()
     missing = sorted(set(o.only or ()) - {r.id for r in sweep.rows})
     if missing:  # before the sweep directory is made: a refused command leaves nothing behind
-        raise SweepError(f"--only: no row(s) {missing} in {sweep.path}")
+        raise SweepError(f"--only: no row(s) {missing} in {sweep.path}; fix: ids of its rows")
     base = sweep_dir_for(sweep, out)
     base.mkdir(parents=True, exist_ok=True)
     lock = _lock(base)  # one sweep per directory at a time; released on return, raise, or the process's death
@@ -221,7 +221,7 @@ def _write_meta(sweep: Sweep, base: Path, o: SweepOptions) -> None:
             )
         if old.get("model") != o.model:
             raise SweepError(
-                f"{base} holds runs made with --model {old.get('model')}, not {o.model}: resume with the "
+                f"{base} holds runs made with --model {old.get('model')}, not {o.model}; fix: resume with the "
                 "same choice, or use --rerun or another --out"
             )
     write_json_atomic(meta_path, meta)

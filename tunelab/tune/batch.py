@@ -161,7 +161,9 @@ def tune(
     try:
         lock = exclusive_lock(out_dir / ".lock")
     except Busy as e:
-        raise TuneError(f"{out_dir} is being searched by {e}; wait for it to finish, or use another --out") from None
+        raise TuneError(
+            f"{out_dir} is being searched by {e}; fix: wait for it to finish, or use another --out"
+        ) from None
     cap, why = data_cap(recipe, overrides, prober.probes.world)
     capped = f"capped at {cap}: {why}" if cap is not None and cap < prober.probes.max_micro else ""
     if capped:

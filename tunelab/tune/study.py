@@ -299,7 +299,10 @@ def check(sf: StudyFile, only: list[str] | None) -> list[Study]:
         if problems:
             raise StudyError(f"{where}: set: {'; '.join(problems)}")
         if any(st.backward_prefetch for st in s.settings) and not strategy.kind.prefetches:
-            raise StudyError(f"{where}: backward_prefetch needs an FSDP strategy, and {s.strategy} is {strategy.name}")
+            raise StudyError(
+                f"{where}: backward_prefetch needs an FSDP strategy, and {s.strategy} is {strategy.name}; fix: an "
+                "FSDP strategy, or leave backward_prefetch out"
+            )
     return chosen
 
 

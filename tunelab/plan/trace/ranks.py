@@ -499,7 +499,7 @@ def _check_simulated(strategy, world: int, method: str) -> None:
             "fix: plan it without --simulate"
         )
     if not 2 <= world <= 1024:
-        raise InputError(f"--simulate: {world} devices; the per-rank simulation takes 2 to 1024")
+        raise InputError(f"--simulate: {world} devices is out of its range; fix: 2 to 1024 devices (--devices)")
     if method == "qlora":
         raise InputError("--simulate: QLoRA on several devices is not simulated; fix: plan it without --simulate")
 
