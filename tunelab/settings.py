@@ -391,6 +391,13 @@ def resolve(recipe, overrides: list[str] | None = None) -> Settings:
 # The fast resolver
 
 
+def _get(tree: dict, keys: list[str]):
+    """The value at a dotted key's path in nested mappings, or None."""
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
 def resolve_args(recipe, overrides: list[str]) -> dict:
     """litgpt's arguments for ``recipe`` + ``overrides``: litgpt's defaults, the recipe's keys, the overrides
     (``--train.micro_batch_size 8``, ``--key=value``, ``--data Alpaca``); values are read as YAML, as litgpt's
@@ -406,7 +413,9 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if not sep:
             value = next(it, None)
             if value is None:
-                raise InputError(f"override --{key} has no value; fix: give one, e.g. --{key} 8")
+                now = _get(out, key.split("."))
+                example = f"{now} (its value now)" if isinstance(now, (str, int, float)) else "VALUE"
+                raise InputError(f"override --{key} has no value; fix: give one, e.g. --{key} {example}")
         if key == "config":  # litgpt's own: a YAML file whose keys apply where it stands among the overrides
             _merge(out, _config_file(value, defaults, recipe))
             continue

@@ -176,3 +176,17 @@ def test_devices_are_unfed_only_when_they_outnumber_the_training_samples():
     assert settings.unfed_devices(4, 1) is None
     what, fix = settings.unfed_devices(4, 5)
     assert "5 devices, more than the 4 training samples" in what and fix.startswith("at most 4 devices")
+
+
+def test_an_override_without_a_value_is_shown_with_the_value_it_has_now():
+    """``--precision`` at the end of a command line: the fix gave ``--precision 8`` as its example, a value no
+    precision takes; it now shows the key's resolved value (or VALUE where it is a group)."""
+    from tunelab.errors import InputError
+
+    recipe = resolve("tiny-llama-1.1b/lora")
+    for key, example in (("precision", "bf16-true"), ("train.micro_batch_size", "4"), ("optimizer", "VALUE")):
+        with pytest.raises(InputError) as refused:
+            settings.resolve_args(recipe, [f"--{key}"])
+        assert str(refused.value).endswith(f"has no value; fix: give one, e.g. --{key} {example}") or str(
+            refused.value
+        ).endswith(f"e.g. --{key} {example} (its value now)"), refused.value
