@@ -426,8 +426,11 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if key == "checkpoint_dir" or key == "out_dir":
             parsed = value  # paths stay text
         _known(key, defaults, recipe, value=parsed)
+        group = _get(out, key.split("."))
         if key == "data" and isinstance(parsed, str):  # `--data Alpaca`: switch the class, as jsonargparse does
             out["data"] = _switch_data_class(out.get("data"), parsed)
+        elif isinstance(parsed, dict) and isinstance(group, dict) and "class_path" not in {**group, **parsed}:
+            _merge(group, parsed)  # `--train '{epochs: 2}'`: into the group's values, as jsonargparse does
         else:
             _set(out, key.split("."), parsed)
     if isinstance(out.get("data"), dict) and out["data"].get("class_path"):

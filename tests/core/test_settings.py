@@ -40,6 +40,9 @@ VARIANTS = [
         "--train.epochs",
         "3",
     ],
+    # a whole group given as a mapping: into the group's values, as jsonargparse does (tunelab replaced the group,
+    # and planned `--train '{micro_batch_size: 2}'` without the recipe's global batch: refused as None)
+    ["--train", "{micro_batch_size: 2, epochs: 2}", "--eval", "{interval: 7}"],
 ]
 
 
