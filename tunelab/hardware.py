@@ -212,7 +212,7 @@ def lookup(name: str) -> GPU:
     near = [key for key in table() if given and squeeze(key).startswith(given)]
     if near:
         raise ValueError(f"GPU {name!r} is ambiguous: did you mean {' or '.join(near)}?")
-    raise ValueError(f"unknown GPU {name!r}; known: {', '.join(table())}")
+    raise ValueError(f"unknown GPU {name!r}; fix: a row of configs/hardware/gpus.yaml: {', '.join(table())}")
 
 
 def local_gpu() -> GPU | None:

@@ -84,7 +84,9 @@ def test_a_device_name_as_nvidia_smi_prints_it_is_its_row(given, key):
 
 @pytest.mark.parametrize("given", ["", "-", "Z9000"])
 def test_an_unknown_gpu_lists_every_known_name(given):
-    with pytest.raises(ValueError, match="unknown GPU .*; known: V100-16GB, .*H200, B200$"):
+    with pytest.raises(
+        ValueError, match="unknown GPU .*; fix: a row of configs/hardware/gpus.yaml: V100-16GB, .*H200, B200$"
+    ):
         hardware.lookup(given)
 
 
