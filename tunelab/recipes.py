@@ -72,15 +72,8 @@ class Recipe:
         return COMMANDS[self.method]
 
     def get(self, dotted: str, default=None):
-        """A value by dotted key (``train.micro_batch_size``), reading ``init_args`` of class_path blocks too."""
-        node = self.config
-        for part in dotted.split("."):
-            if isinstance(node, dict) and "init_args" in node and part not in node:
-                node = node["init_args"]
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        """A value of the file by dotted key (:func:`tunelab.settings.dotted`)."""
+        return settings.dotted(self.config, dotted, default)
 
     def summary(self) -> dict:
         """The row ``tunelab ls`` prints (litgpt's defaults applied: see tunelab.settings)."""

@@ -391,11 +391,17 @@ def resolve(recipe, overrides: list[str] | None = None) -> Settings:
 # The fast resolver
 
 
-def _get(tree: dict, keys: list[str]):
-    """The value at a dotted key's path in nested mappings, or None."""
-    for key in keys:
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
+def dotted(tree: dict, key: str, default=None):
+    """The value at a dotted key (``train.micro_batch_size``) in litgpt's nested arguments, reading the ``init_args``
+    of class_path blocks too (``data.val_split_fraction``); ``default`` where there is none."""
+    node = tree
+    for part in key.split("."):
+        if isinstance(node, dict) and "init_args" in node and part not in node:
+            node = node["init_args"]
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 def resolve_args(recipe, overrides: list[str]) -> dict:
@@ -413,7 +419,7 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if not sep:
             value = next(it, None)
             if value is None:
-                now = _get(out, key.split("."))
+                now = dotted(out, key)
                 example = f"{now} (its value now)" if isinstance(now, (str, int, float)) else "VALUE"
                 raise InputError(f"override --{key} has no value; fix: give one, e.g. --{key} {example}")
         if key == "config":  # litgpt's own: a YAML file whose keys apply where it stands among the overrides
@@ -426,7 +432,7 @@ def resolve_args(recipe, overrides: list[str]) -> dict:
         if key == "checkpoint_dir" or key == "out_dir":
             parsed = value  # paths stay text
         _known(key, defaults, recipe, value=parsed)
-        group = _get(out, key.split("."))
+        group = dotted(out, key)
         if key == "data" and isinstance(parsed, str):  # `--data Alpaca`: switch the class, as jsonargparse does
             out["data"] = _switch_data_class(out.get("data"), parsed)
         elif isinstance(parsed, dict) and isinstance(group, dict) and "class_path" not in {**group, **parsed}:
