@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from tunelab import yaml_input
 from tunelab.errors import InputError
-from tunelab.paths import CONFIGS_DIR
+from tunelab.paths import CONFIGS_DIR, display_path
 from tunelab.units import GIB
 
 GPU_TABLE = CONFIGS_DIR / "hardware" / "gpus.yaml"
@@ -212,7 +212,7 @@ def lookup(name: str) -> GPU:
     near = [key for key in table() if given and squeeze(key).startswith(given)]
     if near:
         raise ValueError(f"GPU {name!r} is ambiguous: did you mean {' or '.join(near)}?")
-    raise ValueError(f"unknown GPU {name!r}; fix: a row of configs/hardware/gpus.yaml: {', '.join(table())}")
+    raise ValueError(f"unknown GPU {name!r}; fix: a row of {display_path(GPU_TABLE)}: {', '.join(table())}")
 
 
 def local_gpu() -> GPU | None:

@@ -334,12 +334,11 @@ outside these packages is refused without importing it (importing runs the modul
 
 def optimizer_problem(name: str) -> str | None:
     """Why ``name`` is not an optimizer class litgpt can build, or None. Imports only allowed packages."""
-    module, _, cls = name.rpartition(".")
-    module = module or "torch.optim"
+    module = name.rpartition(".")[0] or "torch.optim"
     if not any(module == m or module.startswith(m + ".") for m in OPTIMIZER_MODULES):
         return f"{name!r} is not in an optimizer package (tunelab imports nothing else)"
     try:
-        obj = getattr(importlib.import_module(module), cls)
+        obj = _optimizer_class(name)
     except (ImportError, AttributeError):
         return f"{name!r} cannot be imported"
     except Exception as e:  # noqa: BLE001 - e.g. bitsandbytes without its native library
@@ -353,6 +352,13 @@ def optimizer_problem(name: str) -> str | None:
     return None
 
 
+def _optimizer_class(name: str):
+    """The class an optimizer name names, as litgpt imports it (a bare name from torch.optim); call it only for a name
+    :func:`optimizer_problem` checks or has allowed (importing runs the module's code)."""
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module or "torch.optim"), cls)
+
+
 PROBE_SKIPS = ("fused", "foreach", "capturable", "differentiable")
 """init_args that choose a device's implementation, left out of :func:`optimizer_refuses`' probe on the CPU."""
 
@@ -363,8 +369,7 @@ def optimizer_refuses(name: str, init_args: dict) -> str | None:
     it takes them). Its own check, before any model is built; the device's implementation keys are left out."""
     import torch
 
-    module, _, cls = name.rpartition(".")
-    optimizer = getattr(importlib.import_module(module or "torch.optim"), cls)
+    optimizer = _optimizer_class(name)
     takes = inspect.signature(optimizer).parameters
     open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
     if not open_ended and (unknown := sorted(set(init_args) - set(takes))):
