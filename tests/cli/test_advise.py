@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
-from tests.conftest import tunelab_here
+from tests.conftest import ROOT, tunelab_here
 from tests.plan.test_advise import _records
 
 
@@ -81,3 +82,50 @@ def test_a_known_host_times_every_configuration_and_the_header_says_where_it_cam
     monkeypatch.setattr(host_probe, "measure_here", lambda case: probe)
     assert f"host: litgpt's loop at 30 us an op, {probe.how()}" in advised("--host", "auto")
     assert hours(("--host", "auto")) == fast
+
+
+def test_overrides_rank_any_model_litgpt_knows_as_plan_plans_it(tmp_path):
+    """Litgpt-style overrides apply to every recipe advised on: `--checkpoint_dir` ranks another model (the answer
+    names it), each configuration's peak is `tunelab plan`'s for the same overrides, and the written recipe carries
+    them; an override of what advise tries itself, one that changes the method, or one litgpt refuses is one line."""
+    pythia = ("--checkpoint_dir", "checkpoints/EleutherAI/pythia-160m", "--train.max_seq_length", "256")
+    argv = ("advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--max-devices", "1", "--tokens", "1e6")
+    code, out, err = tunelab_here(*argv, *pythia, "--json")
+    assert code == 0, err
+    ranked = json.loads(out)
+    code, plain, err = tunelab_here(*argv, "--json")
+    assert code == 0, err
+    assert {c["peak_gb"] for c in ranked}.isdisjoint(c["peak_gb"] for c in json.loads(plain))  # another model
+    for c in ranked[:3]:
+        code, planned, err = tunelab_here(
+            "plan",
+            "tiny-llama-1.1b/lora",
+            *pythia,
+            "--gpu",
+            "L4",
+            "--json",
+            "--precision",
+            c["precision"],
+            "--train.micro_batch_size",
+            c["micro_batch_size"],
+            "--train.global_batch_size",
+            c["global_batch_size"],
+        )
+        assert code == 0, err
+        assert json.loads(planned)["peak_memory_gb"] == pytest.approx(c["peak_gb"], abs=0.01), c
+    code, out, err = tunelab_here(*argv, *pythia, "--write", tmp_path / "choice")
+    assert code == 0, err
+    assert out.startswith("model: pythia-160m (the settings of tiny-llama-1.1b/lora, with --checkpoint_dir")
+    written = yaml.safe_load((tmp_path / "choice" / "lora.yaml").read_text())
+    assert written["checkpoint_dir"] == pythia[1] and written["train"]["max_seq_length"] == 256
+    recipe = yaml.safe_load((ROOT / "recipes" / "tiny-llama-1.1b" / "lora.yaml").read_text())
+    assert written["lora_r"] == recipe["lora_r"] and written["data"] == recipe["data"]  # untouched: the recipe's
+    for extra, words in (
+        (("--devices", "2"), "--devices 2: advise tries every devices itself; fix:"),
+        (("--train.micro_batch_size", "2"), "advise tries every micro_batch_size itself; fix:"),
+        (("--quantize", "bnb.nf4"), "makes tiny-llama-1.1b/lora a qlora recipe; fix:"),
+        (("--lora_rank", "4"), "lora_rank"),
+        (("--checkpoint_dir", "checkpoints/foo/bar"), "'bar' is not a model litgpt knows"),
+    ):
+        code, out, err = tunelab_here(*argv, *extra)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, (extra, err)

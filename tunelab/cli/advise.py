@@ -22,7 +22,10 @@ def add_parser(sub) -> None:
         "less what the backward pass hides. The recipe's global batch is kept unless --global-batch free (which "
         "changes the training maths: no accumulation, global = micro x devices). Plans, not measurements: "
         "docs/planner.md says how accurate each term is; configurations within that error are marked ~ (a tie to "
-        "measure).",
+        "measure). Any other --dotted.key VALUE is a litgpt-style override applied to every recipe: "
+        "--checkpoint_dir checkpoints/Qwen/Qwen2.5-7B ranks any model litgpt knows with the folder's settings; "
+        "--train.max_seq_length 1024, --lora_r 16, ... (not what advise tries itself: precision, devices, nodes, "
+        "the micro batch).",
     )
     parser.add_argument("model", help="a folder of recipes/ (open-llama-7b) or a recipe key (open-llama-7b/lora)")
     parser.add_argument("--gpus", default="A10G,A100-80GB,H100-SXM", help="GPU table rows, comma-separated")
@@ -61,7 +64,7 @@ def add_parser(sub) -> None:
         "steps retried allocations); 0 ranks tight configurations too",
     )
     _limits_and_output(parser)
-    parser.set_defaults(func=handle)
+    parser.set_defaults(func=handle, passthrough=True)
 
 
 def _workload(parser) -> None:
@@ -113,7 +116,8 @@ def handle(args, extra) -> int:
     from tunelab.plan.trace.host_probe import measure_here
 
     lists = [listed(getattr(args, o), f"--{o}") for o in ("gpus", "precision", "strategies")]
-    recipes, gpus, precision, strategies = advise.asked(args, *lists)
+    recipes, gpus, precision, strategies = advise.asked(args, *lists, overrides=extra)
+    model = advise.model_line(recipes, extra) if extra else ""
     headroom = memory.ALLOCATOR_HEADROOM if args.headroom is None else args.headroom
     first = next(iter(recipes.values()))
     work = (
@@ -143,7 +147,8 @@ def handle(args, extra) -> int:
         print(json.dumps([{**c.__dict__, "world": c.world} for c in ranked], indent=1))
         print(*advise.refusals(refused), sep="\n", end="", file=sys.stderr)  # stdout stays one JSON
     else:
-        print(advise.render(cands, ranked, gpus, table, args.top, work, limits, host, refused))
+        answer = advise.render(cands, ranked, gpus, table, args.top, work, limits, host, refused)
+        print(f"{model}\n{answer}" if model else answer)
     if args.write and ranked:
         chosen = ranked[0]
         by_key = {r.key: r for r in recipes.values()}

@@ -10,6 +10,7 @@ as ties a measurement must decide. ``--write DIR`` leaves the chosen recipe and 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import functools
@@ -37,7 +38,7 @@ from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.model import strategies as planned_strategies
 from tunelab.plan.recipe import plan_settings, strategy_fields
 from tunelab.recipes import Recipe
-from tunelab.settings import DATA_MODULE_SIZES, from_args, resolve, resolve_args, split_sizes
+from tunelab.settings import DATA_MODULE_SIZES, dotted, from_args, resolve, resolve_args, split_sizes
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.units import GB, duration, energy, figure
 from tunelab.validate import PRECISIONS
@@ -725,13 +726,58 @@ def _recipes_of(model: str, method: str) -> dict:
     return {recipe.method: recipe}  # from its contents, whatever the file is called
 
 
-def asked(args, names: list, precision: list | None, strategies: list | None) -> tuple:
+SEARCHED = {
+    "precision": "--precision",
+    "devices": "--max-devices",
+    "num_nodes": "--nodes",
+    "train.micro_batch_size": "--global-batch free",
+}
+"""What advise tries itself, with the option that steers it: an override may not set these."""
+
+
+def with_overrides(found: dict[str, Recipe], overrides: list[str]) -> dict[str, Recipe]:
+    """``found`` ({method: recipe}) with litgpt-style ``overrides`` applied to each recipe: every top-level group
+    they change, as litgpt resolves it (``--checkpoint_dir``: any model litgpt knows; ``--train.max_seq_length``,
+    ``--lora_r``, ...). InputError (one line) for an override litgpt's command refuses, one that sets what advise
+    tries itself (:data:`SEARCHED`), or one that makes the recipe another method."""
+    if not overrides:
+        return found
+    out = {}
+    for method, recipe in found.items():
+        given, plain = resolve_args(recipe, overrides), resolve_args(recipe, [])
+        for key, option in SEARCHED.items():
+            if dotted(given, key) != dotted(plain, key):
+                raise InputError(
+                    f"--{key} {dotted(given, key)}: advise tries every {key.rsplit('.', 1)[-1]} itself; fix: leave "
+                    f"it out (steer the search with {option}), or `tunelab plan` the one configuration"
+                )
+        config = copy.deepcopy(recipe.config)
+        config.update({group: given[group] for group in given if given[group] != plain[group]})
+        derived = Recipe(recipe.path, config)
+        if derived.method != method:
+            raise InputError(
+                f"{' '.join(overrides)}: makes {recipe.key} a {derived.method} recipe; fix: leave it out and "
+                f"advise --method {derived.method} on the model's folder"
+            )
+        out[method] = derived
+    return out
+
+
+def model_line(found: dict[str, Recipe], overrides: list[str]) -> str:
+    """What a ranking with ``overrides`` is of: the model they name and the recipes whose settings it keeps."""
+    name = load_config(resolve(next(iter(found.values())), []).checkpoint_dir).name
+    keys = ", ".join(r.key for r in found.values())
+    return f"model: {name} (the settings of {keys}, with {' '.join(overrides)})"
+
+
+def asked(args, names: list, precision: list | None, strategies: list | None, overrides: list[str] = ()) -> tuple:
     """(recipes, GPUs, precisions, strategies) ``tunelab advise``'s options name (``args``: its parsed options;
-    ``names``, ``precision``, ``strategies``: its lists, split); InputError (one line) for one that names
-    nothing, does not apply, or is not known, before anything is planned."""
+    ``names``, ``precision``, ``strategies``: its lists, split; ``overrides``: litgpt-style, applied to every
+    recipe, :func:`with_overrides`); InputError (one line) for one that names nothing, does not apply, or is not
+    known, before anything is planned."""
     if args.data is not None and not args.data.strip():
         raise InputError("--data '': names nothing (an unset shell variable?); fix: a dataset or a data module")
-    found = _recipes_of(args.model, args.method)
+    found = with_overrides(_recipes_of(args.model, args.method), list(overrides))
     if not found:
         raise InputError(f"{args.model}: no {args.method} recipe there; fix: --method any")
     if args.method != "any" and (other := [r for r in found.values() if r.method != args.method]):
