@@ -550,3 +550,15 @@ def test_a_bad_strategy_file_is_one_line_naming_the_file_the_key_and_the_fix(tmp
     code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--devices", 2, "--strategy", str(path))
     assert code == 2 and not out and len(err.splitlines()) == 1, (out, err)
     assert "mine.yaml" in err and words in err and "; fix: " in err, err
+
+
+@pytest.mark.parametrize("command", ["plan-accuracy", "plan-families", "bench", "build-model", "report"])
+def test_an_output_folder_that_is_a_dangling_link_is_refused_in_one_line(command, tmp_path, monkeypatch):
+    """A folder option given a link to nothing: one line naming it, nothing made through the link."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").symlink_to(tmp_path / "gone" / "away")
+    first = {"bench": ["tiny-llama-1.1b/full"], "build-model": ["tiny"], "report": [str(tmp_path)]}
+    code, out, err = tunelab_here(command, *first.get(command, []), "--out", "out")
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "'out' is a link to nothing; fix:" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -57,12 +57,13 @@ def number(kind, low=None, high=None, low_open=False, what="a number"):
 def _path(kind: str):
     def parse(text: str):
         """An argparse type: a path, never blank (an unset shell variable would make it the current folder); a
-        folder to write into is not an existing file (a device, a FIFO, a regular file)."""
+        folder to write into is not an existing file (a device, a FIFO, a regular file) nor a link to nothing."""
         if not text.strip():
             raise argparse.ArgumentTypeError(f"an empty path (it would mean the current folder); fix: give a {kind}")
         path = Path(text)
-        if kind == "folder" and path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder; fix: give a new or existing folder")
+        if kind == "folder" and (path.exists() or path.is_symlink()) and not path.is_dir():
+            what = "exists and is not a folder" if path.exists() else "is a link to nothing"
+            raise argparse.ArgumentTypeError(f"{text!r} {what}; fix: give a new or existing folder")
         return path
 
     return parse
@@ -136,9 +137,8 @@ def strategy_options(parser):
         "processes per node",
     )
     parser.add_argument("--nnodes", type=count, default=1, help="nodes (with --strategy); run the same command on each")
-    parser.add_argument(
-        "--node-rank", type=number(int, 0, what="an integer"), default=0, help="this node's rank (0 writes the record)"
-    )
+    rank = number(int, 0, what="an integer")
+    parser.add_argument("--node-rank", type=rank, default=0, help="this node's rank (0 writes the record)")
     parser.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (torchrun rendezvous)")
     port = number(int, 1, 65535, what="a port")
     parser.add_argument("--master-port", type=port, help="port on node 0 (default: a free one; give one for >1 node)")
