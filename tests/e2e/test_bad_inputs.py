@@ -120,6 +120,7 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("tune-batch start -4", ["tune-batch", R, "--start", "-4"], "--start"),
         ("build-model device", ["build-model", "tiny", "--device", "nope"], "--device"),
         ("data n -1", ["data", "generate", "--n", "-1"], "--n"),
+        ("data seed -1", ["data", "generate", "--seed", "-1"], "--seed: '-1' is out of range; fix: give a seed"),
         ("data out under a file", ["data", "generate", "--out", f["a-file"] / "x.json"], "--out"),
         (
             "sweep out is a file",

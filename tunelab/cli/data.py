@@ -11,20 +11,22 @@ from tunelab.files import unwritable
 def add_parser(sub) -> None:
     """The subcommand's parser."""
     parser = sub.add_parser("data", help="regenerate the project's Alpaca-format dataset (data/alpaca_tunelab.json)")
-    parser.add_argument("action", choices=["generate"])
+    parser.add_argument("action", choices=["generate"], help="generate: write the file (the one action)")
     parser.add_argument(
         "--n",
         type=number(int, 1, 1_000_000, what="a number of records"),
         default=400,
         help="number of records (default 400, the shipped file; at most 1,000,000)",
     )
-    parser.add_argument("--seed", type=int, default=42)
+    what = "the random seed (default 42, the shipped file's): the same seed and --n write the same file"
+    parser.add_argument("--seed", type=number(int, 0, 10**9, what="a seed"), default=42, help=what)
     parser.add_argument("--out", help="output path (default: data/alpaca_tunelab.json)")
     parser.add_argument(
         "--benchmark",
         action="store_true",
         help="instead: the 2,000-record benchmark set that random-weight runs read (the lab's ~437 padded "
-        "tokens per sample at micro 8 under the benchmark tokenizer; default .tunelab/data/)",
+        "tokens per sample at micro 8 under the benchmark tokenizer; default .tunelab/data/; fixed: --n and --seed do "
+        "not apply)",
     )
     parser.set_defaults(func=handle)
 
