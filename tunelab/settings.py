@@ -391,6 +391,13 @@ def resolve(recipe, overrides: list[str] | None = None) -> Settings:
 # The fast resolver
 
 
+def overridden(recipe, overrides: list[str], keys) -> dict:
+    """{dotted key: the value given} for each of ``keys`` whose value ``overrides`` change from the recipe's, both
+    resolved as litgpt resolves them (:func:`resolve_args`: a group given whole or a ``--config`` file included)."""
+    given, plain = resolve_args(recipe, overrides), resolve_args(recipe, [])
+    return {key: dotted(given, key) for key in keys if dotted(given, key) != dotted(plain, key)}
+
+
 def dotted(tree: dict, key: str, default=None):
     """The value at a dotted key (``train.micro_batch_size``) in litgpt's nested arguments, reading the ``init_args``
     of class_path blocks too (``data.val_split_fraction``); ``default`` where there is none."""

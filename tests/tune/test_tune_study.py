@@ -131,3 +131,28 @@ def test_a_study_its_strategy_refuses_is_refused_before_anything_is_written(tmp_
     with pytest.raises(tune_study.StudyError) as e:
         tune_study.check(tune_study.load(_write(tmp_path, study)), None)
     assert "study tiny-fsdp: " + said in str(e.value) and "fix:" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["--train.micro_batch_size", "0"], "--train.micro_batch_size 0"),
+        (["--train", "{max_steps: 3}"], "--train.max_steps 3"),
+        (["--eval.final_validation", "false"], "--eval.final_validation False"),
+    ],
+)
+def test_an_override_of_what_each_probe_sets_is_refused_not_replaced_unseen(overrides, key):
+    """tune-batch and tune-study: a probe sets its own micro batch, steps and saving; an override of one of them
+    (dotted or a group given whole) is refused, naming it, before any probe; one equal to the recipe's is not."""
+    from tunelab.recipes import resolve
+    from tunelab.tune.batch import probe_problems
+
+    recipe = resolve("tiny-llama-1.1b/full")
+    problems = probe_problems(recipe, overrides, 1, 4, False)
+    assert len(problems) == 1 and problems[0].startswith(f"{key}: each probe sets it"), problems
+    assert (
+        probe_problems(
+            recipe, ["--train.micro_batch_size", str(recipe.config["train"]["micro_batch_size"])], 1, 4, False
+        )
+        == []
+    )

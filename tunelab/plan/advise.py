@@ -38,7 +38,7 @@ from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.model import strategies as planned_strategies
 from tunelab.plan.recipe import plan_settings, strategy_fields
 from tunelab.recipes import Recipe
-from tunelab.settings import DATA_MODULE_SIZES, dotted, from_args, resolve, resolve_args, split_sizes
+from tunelab.settings import DATA_MODULE_SIZES, from_args, overridden, resolve, resolve_args, split_sizes
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
 from tunelab.units import GB, duration, energy, figure
 from tunelab.validate import PRECISIONS
@@ -744,13 +744,12 @@ def with_overrides(found: dict[str, Recipe], overrides: list[str]) -> dict[str, 
         return found
     out = {}
     for method, recipe in found.items():
+        for key, value in overridden(recipe, overrides, SEARCHED).items():
+            raise InputError(
+                f"--{key} {value}: advise tries every {key.rsplit('.', 1)[-1]} itself; fix: leave it out (steer "
+                f"the search with {SEARCHED[key]}), or `tunelab plan` the one configuration"
+            )
         given, plain = resolve_args(recipe, overrides), resolve_args(recipe, [])
-        for key, option in SEARCHED.items():
-            if dotted(given, key) != dotted(plain, key):
-                raise InputError(
-                    f"--{key} {dotted(given, key)}: advise tries every {key.rsplit('.', 1)[-1]} itself; fix: leave "
-                    f"it out (steer the search with {option}), or `tunelab plan` the one configuration"
-                )
         config = copy.deepcopy(recipe.config)
         config.update({group: given[group] for group in given if given[group] != plain[group]})
         derived = Recipe(recipe.path, config)

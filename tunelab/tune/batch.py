@@ -26,7 +26,7 @@ from tunelab.progress import ProgressLine
 from tunelab.recipes import Recipe
 from tunelab.run.resume import resume_state, same_overrides, settings_changed, strategy_label, strategy_settings
 from tunelab.run.runner import RunOptions, run
-from tunelab.settings import data_size, resolve, split_sizes
+from tunelab.settings import data_size, overridden, resolve, split_sizes
 from tunelab.strategies import load_strategy
 from tunelab.units import GB, fmt, gb
 from tunelab.validate import check
@@ -78,10 +78,28 @@ def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) ->
     ]
 
 
+PROBE_SETS = (
+    "train.epochs",
+    "train.micro_batch_size",
+    "train.global_batch_size",
+    "train.max_steps",
+    "train.lr_warmup_steps",
+    "eval.final_validation",
+    "train.save_interval",
+)
+"""What each probe sets itself (:func:`probe_overrides`): an override of one of them would be replaced unseen."""
+
+
 def probe_problems(recipe: Recipe, overrides: list[str], world: int, steps: int, strategy: bool) -> list[str]:
-    """What the validator refuses in a probe as it will run (under tunelab's multi-device loop, ``strategy``, the
-    in-loop evaluation litgpt could hang on is not run, so eval.interval is not a problem there)."""
-    return check(recipe, probe_overrides(overrides, 1, world, steps)).blocking(under_strategy=strategy)
+    """An override of what each probe sets (:data:`PROBE_SETS`), then what the validator refuses in a probe as it
+    will run (under tunelab's multi-device loop, ``strategy``, the in-loop evaluation litgpt could hang on is not
+    run, so eval.interval is not a problem there)."""
+    replaced = [
+        f"--{key} {value}: each probe sets it (one micro batch an optimizer step, its --steps steps, no saving); fix: "
+        "leave it out (the search tries the micro batches from --start to --max-micro)"
+        for key, value in overridden(recipe, overrides, PROBE_SETS).items()
+    ]
+    return replaced or check(recipe, probe_overrides(overrides, 1, world, steps)).blocking(under_strategy=strategy)
 
 
 def data_cap(recipe: Recipe, overrides: list[str], world: int) -> tuple[int | None, str]:
