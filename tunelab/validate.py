@@ -374,6 +374,9 @@ def optimizer_refuses(name: str, init_args: dict) -> str | None:
     open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
     if not open_ended and (unknown := sorted(set(init_args) - set(takes))):
         return f"{name} takes no {unknown[0]!r} (it takes {', '.join(k for k in takes if k != 'params')})"
+    default, given = getattr(takes.get("betas"), "default", None), init_args.get("betas")
+    if isinstance(default, tuple) and isinstance(given, (list, tuple)) and len(given) != len(default):
+        return f"{name} takes {len(default)} betas (its default: {list(default)}), got {list(given)}"  # a step fails
     kwargs = {k: v for k, v in init_args.items() if k not in PROBE_SKIPS}
     try:
         optimizer([torch.nn.Parameter(torch.zeros(1))], **kwargs)

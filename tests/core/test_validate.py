@@ -278,7 +278,10 @@ def test_an_optimizer_argument_that_is_not_finite_is_refused(tmp_path, init, key
         ("torch.optim.AdamW", "lr: -0.001", "refuses them: Invalid learning rate: -0.001"),
         ("torch.optim.AdamW", "lr: 0.001\n    betas: [0.9, 1.5]", "Invalid beta parameter at index 1: 1.5"),
         ("torch.optim.AdamW", "lr: 0.001\n    eps: -1.0", "Invalid epsilon value: -1.0"),
-        ("torch.optim.AdamW", "lr: 0.001\n    betas: [0.9]", "refuses them: IndexError: list index out of range"),
+        ("torch.optim.AdamW", "lr: 0.001\n    betas: [0.9]", "takes 2 betas (its default: [0.9, 0.999]), got [0.9]"),
+        ("bitsandbytes.optim.AdamW", "lr: 0.001\n    betas: [0.9]", "AdamW takes 2 betas"),  # builds; its step fails
+        ("bitsandbytes.optim.AdEMAMix", "lr: 0.001\n    betas: [0.9, 0.99]", "AdEMAMix takes 3 betas"),
+        ("torch.optim.AdamW", "lr: 0.001\n    betas: 5", "refuses them: TypeError: 'int' object is not subscr"),
         ("torch.optim.SGD", "lr: 0.1\n    betas: [0.9, 0.95]", "torch.optim.SGD takes no 'betas' (it takes lr, "),
         ("bitsandbytes.optim.PagedAdamW", "lr: -1", "bitsandbytes.optim.PagedAdamW refuses them: Invalid learning"),
         ("torch.optim.AdamW", "lr: 0.001\n    fused: true\n    weight_decay: 0.1", None),
@@ -289,7 +292,8 @@ def test_what_the_optimizer_class_refuses_is_refused_before_the_model_is_built(t
     """torch's and bitsandbytes' optimizers check their arguments when built, which litgpt does after the model: a
     negative learning rate or eps, betas outside [0, 1), a key the class does not take, each ended a run that had
     loaded its model, where validate had said ok. The class is built here on one CPU parameter (its own check);
-    what it takes passes (``fused`` chooses the device's implementation and stays out of the probe)."""
+    what it takes passes (``fused`` chooses the device's implementation and stays out of the probe). Betas of
+    another length than the class's default: bitsandbytes builds with them and fails at its first step."""
     config = tmp_path / "opt.yaml"
     config.write_text(f"optimizer:\n  class_path: {class_path}\n  init_args:\n    {init}\n")
     result = check(resolve("tiny-llama-1.1b/full"), ["--config", str(config)])
