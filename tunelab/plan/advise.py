@@ -744,7 +744,8 @@ def with_overrides(found: dict[str, Recipe], overrides: list[str]) -> dict[str, 
         return found
     out = {}
     for method, recipe in found.items():
-        for key, value in overridden(recipe, overrides, SEARCHED).items():
+        if clash := overridden(recipe, overrides, SEARCHED):
+            key, value = next(iter(clash.items()))
             raise InputError(
                 f"--{key} {value}: advise tries every {key.rsplit('.', 1)[-1]} itself; fix: leave it out (steer "
                 f"the search with {SEARCHED[key]}), or `tunelab plan` the one configuration"

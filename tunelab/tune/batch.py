@@ -78,15 +78,7 @@ def probe_overrides(overrides: list[str], micro: int, world: int, steps: int) ->
     ]
 
 
-PROBE_SETS = (
-    "train.epochs",
-    "train.micro_batch_size",
-    "train.global_batch_size",
-    "train.max_steps",
-    "train.lr_warmup_steps",
-    "eval.final_validation",
-    "train.save_interval",
-)
+PROBE_SETS = tuple(key.removeprefix("--") for key in probe_overrides([], 1, 1, 1)[::2])
 """What each probe sets itself (:func:`probe_overrides`): an override of one of them would be replaced unseen."""
 
 
