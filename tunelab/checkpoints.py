@@ -28,7 +28,7 @@ from tunelab.data import benchmark
 from tunelab.errors import InputError
 from tunelab.models import count_params
 from tunelab.paths import DATASET, cache_dir
-from tunelab.units import gb
+from tunelab.units import size
 
 if TYPE_CHECKING:  # torch is imported where a weight file is read or a model built: a refusal never waits for it
     import torch
@@ -180,9 +180,7 @@ def build(
         return out_dir
     weight_bytes = _room_for(name, config, out_dir, dtype)
     if name not in EMBEDDED:  # minutes for a 7B on a CPU: say what is coming
-        print(
-            f"tunelab: building {name}: {gb(weight_bytes, '.1f')} GB of random weights into {out_dir}", file=sys.stderr
-        )
+        print(f"tunelab: building {name}: {size(weight_bytes)} of random weights into {out_dir}", file=sys.stderr)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(out_dir):  # two sweeps (or test workers) needing the same model build it once
         if is_complete(out_dir) and not force:
@@ -202,14 +200,14 @@ def _room_for(name: str, config, out_dir: Path, dtype) -> int:
     free = shutil.disk_usage(where).free
     if free < need * 1.05:
         raise InputError(
-            f"{out_dir}: {name}'s weights take {gb(need, '.1f')} GB ({str(dtype).replace('torch.', '')}) and "
-            f"{gb(free, '.1f')} GB is free there; fix: --out on a disk with room"
+            f"{out_dir}: {name}'s weights take {size(need)} ({str(dtype).replace('torch.', '')}) and "
+            f"{size(free)} is free there; fix: --out on a disk with room"
         )
     available = _memory_available()
     if available is not None and available < need * 1.05:
         raise InputError(
-            f"{name}: its weights take {gb(need, '.1f')} GB of memory on their way to disk and {gb(available, '.1f')} "
-            "GB is available here; fix: build it on a machine with more memory"
+            f"{name}: its weights take {size(need)} of memory on their way to disk and {size(available)} is "
+            "available here; fix: build it on a machine with more memory"
         )
     return need
 

@@ -53,6 +53,15 @@ def tokens(count: float, what: str = "tokens") -> str:
     return f"{count / 1e6:.2f} M {what}" if count < 1e9 else f"{count / 1e9:,.2f} B {what}"
 
 
+def size(nbytes: float) -> str:
+    """Bytes as a person reads them, in steps of 1e3 (GB = 1e9 bytes): 0 B, 512 B, 3.4 MB, 13.5 GB, 1.2 TB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(nbytes) < 999.5:
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1e3
+    return f"{nbytes:,.3g} TB" if abs(nbytes) < 999.5 else f"{nbytes:,.0f} TB"
+
+
 def gb(nbytes, spec: str = ".2f", missing: str = "") -> str:
     """``nbytes`` in GB (1e9 bytes) formatted by ``spec``; ``missing`` when it is None."""
     return fmt(nbytes, spec, missing, 1 / GB)

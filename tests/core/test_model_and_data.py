@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunelab import checkpoints
+from tunelab import checkpoints, units
 from tunelab.data import alpaca as data
 from tunelab.paths import DATASET
 
@@ -86,18 +86,23 @@ def test_a_build_without_room_is_refused_before_writing_and_a_failed_save_leaves
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: usage._replace(free=100_000))
-    with pytest.raises(InputError, match=r"weights take 0\.0 GB \(float32\) and 0\.0 GB is free there; fix: --out"):
+    tiny = checkpoints.count_params(checkpoints.model_config("tiny"))[0] * 4  # float32
+    with pytest.raises(InputError, match=rf"weights take {units.size(tiny)} \(float32\) and 100 kB is free there; fix"):
         checkpoints.build("tiny", tmp_path / "full")
     assert not (tmp_path / "full").exists()
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: usage)
     monkeypatch.setattr(checkpoints, "_memory_available", lambda: 1_000)
-    with pytest.raises(InputError, match=r"tiny: its weights take 0\.0 GB of memory .* fix: build it on a machine"):
+    with pytest.raises(
+        InputError, match=rf"tiny: its weights take {units.size(tiny)} of memory .* and 1 kB is available"
+    ):
         checkpoints.build("tiny", tmp_path / "small")
     monkeypatch.setattr(checkpoints, "_memory_available", lambda: None)  # unknown: not refused
     # a real architecture's weights in bfloat16 by default: OpenLLaMA 7B's 6.74 B parameters are 13.5 GB
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: usage._replace(free=10**15))
     seven = checkpoints._room_for("open_llama_7b", checkpoints.model_config("open_llama_7b"), tmp_path, None)
     assert seven == pytest.approx(2 * 6.74e9, rel=0.01)
+    sizes = [units.size(n) for n in (0, 512, 999.4, 999.6, 3.4e6, 13.48e9, 1.2e12, 5e15)]
+    assert sizes == ["0 B", "512 B", "999 B", "1 kB", "3.4 MB", "13.5 GB", "1.2 TB", "5,000 TB"]
 
     def full_disk(obj, path):
         Path(path).write_bytes(b"partial")
