@@ -69,7 +69,7 @@ def test_bad_advise_options_are_one_line(tmp_path):
         (["--data", one], "fewer than tiny-llama-1.1b/lora's global batch"),
         (["--prices", fifo], "prices.fifo"),
         (["--write", a_file], "not a folder"),
-        (["--write", link], "not a folder"),
+        (["--write", link], "is a link to nothing"),
         (["--strategies", "ddp,warp"], "no strategy 'warp'"),
         (["--precision", "fp8"], "--precision: fp8"),
         (["--data", tmp_path / "missing.json"], "--data"),
