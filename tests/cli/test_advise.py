@@ -116,8 +116,11 @@ def test_overrides_rank_any_model_litgpt_knows_as_plan_plans_it(tmp_path):
     code, out, err = tunelab_here(*argv, *pythia, "--write", tmp_path / "choice")
     assert code == 0, err
     assert out.startswith("model: pythia-160m (the settings of tiny-llama-1.1b/lora, with --checkpoint_dir")
-    written = yaml.safe_load((tmp_path / "choice" / "lora.yaml").read_text())
+    text = (tmp_path / "choice" / "lora.yaml").read_text()
+    assert f"# from recipes/tiny-llama-1.1b/lora.yaml with {' '.join(pythia)}; predicted peak" in text
+    written = yaml.safe_load(text)
     assert written["checkpoint_dir"] == pythia[1] and written["train"]["max_seq_length"] == 256
+    assert written["out_dir"] == "out/finetune/pythia-160m/lora"  # not the folder's model's outputs
     recipe = yaml.safe_load((ROOT / "recipes" / "tiny-llama-1.1b" / "lora.yaml").read_text())
     assert written["lora_r"] == recipe["lora_r"] and written["data"] == recipe["data"]  # untouched: the recipe's
     for extra, words in (

@@ -152,6 +152,6 @@ def handle(args, extra) -> int:
     if args.write and ranked:
         chosen = ranked[0]
         by_key = {r.key: r for r in recipes.values()}
-        for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data):
+        for line in advise.write_choice(chosen, by_key[chosen.recipe], args.write, args.data, extra):
             print(f"launch: {line}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON
     return 0 if ranked else 1

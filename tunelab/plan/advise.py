@@ -664,11 +664,13 @@ def _words(c: Candidate) -> str:
     )
 
 
-def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None) -> list[str]:
+def write_choice(
+    c: Candidate, recipe: Recipe, out_dir, data: str | None = None, overrides: list[str] = ()
+) -> list[str]:
     """The chosen configuration as files a user launches: ``<method>.yaml`` (the recipe with its devices, nodes,
-    precision, micro batch, global batch and, for ``data`` a dataset file, its ``json_path``), ``strategy.yaml``
-    where a strategy was chosen (the strategy file with activation checkpointing as chosen), and ``launch.txt``;
-    returns the launch commands."""
+    precision, micro batch, global batch and, for ``data`` a dataset file, its ``json_path``; its header names the
+    ``overrides`` it carries), ``strategy.yaml`` where a strategy was chosen (the strategy file with activation
+    checkpointing as chosen), and ``launch.txt``; returns the launch commands."""
     out_dir = Path(out_dir)
     config = dict(recipe.config)
     config["precision"] = c.precision
@@ -685,7 +687,8 @@ def write_choice(c: Candidate, recipe: Recipe, out_dir, data: str | None = None)
     elif data:  # a litgpt data module: its class, as `--data NAME` switches it
         config["data"] = resolve_args(recipe, ["--data", data])["data"]
     head = (
-        f"# tunelab advise: {_words(c)}\n# from {display_path(recipe.path)}; predicted peak {c.peak_gb:.1f} GB per "
+        f"# tunelab advise: {_words(c)}\n# from {display_path(recipe.path)}"
+        f"{' with ' + ' '.join(overrides) if overrides else ''}; predicted peak {c.peak_gb:.1f} GB per "
         f"device (GB = 1e9 bytes), a plan, not a measurement\n"
     )
     recipe_path = write_text_atomic(
@@ -753,6 +756,8 @@ def with_overrides(found: dict[str, Recipe], overrides: list[str]) -> dict[str, 
         given, plain = resolve_args(recipe, overrides), resolve_args(recipe, [])
         config = copy.deepcopy(recipe.config)
         config.update({group: given[group] for group in given if given[group] != plain[group]})
+        if given["checkpoint_dir"] != plain["checkpoint_dir"] and given["out_dir"] == plain["out_dir"]:
+            config["out_dir"] = f"out/finetune/{Path(given['checkpoint_dir']).name}/{method}"  # not the folder's model
         derived = Recipe(recipe.path, config)
         if derived.method != method:
             raise InputError(
