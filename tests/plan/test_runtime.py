@@ -1239,6 +1239,18 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
         host_ms = r["ops"] * runtime.LITGPT_HOST_S_PER_OP * kernels.EVAL_HOST_SHARE["decode"]["full"] * 1e3
         assert r["planned_ms"] == pytest.approx(max(r["kernels_ms"], host_ms))
         assert r["implied_host_us"] == pytest.approx(per_token * 1e3 / r["ops"])
+        # the band as plan draws it around litgpt's loop: the fastest host we measured (and the kernels at the kernel
+        # model's miss) at its low end, the slowest at its high end; inside is the published time's, not the plan's
+        fast, slow = (h * kernels.EVAL_HOST_SHARE["decode"]["full"] * 1e3 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
+        miss = runtime.KERNEL_MODEL_ERROR
+        low = min(r["planned_ms"] * (1 - miss), max(r["kernels_ms"] * (1 - miss), r["ops"] * fast))
+        high = max(r["planned_ms"] * (1 + miss), max(r["kernels_ms"] * (1 + miss), r["ops"] * slow))
+        assert r["band_ms"] == pytest.approx((low, high))
+        assert r["inside"] == (low <= per_token <= high)
+    # Llama 2 7B in bf16 (20.4 us an op at most, above the fastest host's 17.8) inside, its NF4 row (16.9) below
+    llama = [r for r in rows if r["model"] == "Llama-2-7b-hf"]
+    assert [(r["quantize"], r["inside"]) for r in llama] == [(None, True), ("bnb.nf4", False)]
+    assert llama[1]["published_ms"] < llama[1]["band_ms"][0]
     # an NF4 row: the same token's ops and kernels, plus bitsandbytes' Python per 4-bit matmul (falcon-7b: 32 blocks
     # of 4 linears and the head) at its measured share of the forward's, in ops at the decoded token's share
     at = [r for r in rows if "49c7e079" in r["source"] and r["precision"] == "bf16-true"]
@@ -1250,6 +1262,9 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
     md = "\n".join(runtime_accuracy._md_generate(rows))
     assert "| A100-40GB | falcon-7b | bf16-true |  | 256 | 21.0 |" in md
     assert "| A100-40GB | falcon-7b | bf16-true | bnb.nf4 | 256 | 26.6 |" in md
+    inside = sum(r["inside"] for r in rows)
+    assert f"{inside} of {len(rows)} rows lie inside the band; {len(rows) - inside} are published faster" in md
+    assert "first `generate` call" in md and md.count("| yes |") == inside
     # a row naming an unknown model or GPU, or a time that is not a number: one line naming the file and the row
     from tunelab.errors import InputError
 
