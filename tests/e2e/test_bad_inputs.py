@@ -100,6 +100,7 @@ def cases(tmp: Path, f: dict[str, Path]) -> list[tuple[str, list, str]]:
         ("plan without checkpoint_dir", ["plan", f["lora.yaml"], "--gpu", "L4"], "lora.yaml: checkpoint_dir: not set"),
         ("plan an adapter", ["plan", f["adapter.yaml"], "--gpu", "L4"], "method adapter (litgpt finetune_adapter)"),
         ("advise an adapter", ["advise", f["adapter.yaml"], "--gpus", "L4"], "not litgpt's adapters"),
+        ("advise 64 nodes, no network", ["advise", R, "--gpus", "L4", "--nodes", "64"], "--nodes 64: a run on several"),
         ("mfu range 0 0", ["plan", R, "--mfu-range", "0", "0"], "--mfu-range"),
         ("mfu range reversed", ["plan", R, "--mfu-range", "0.5", "0.2"], "--mfu-range"),
         ("tokens -5", ["plan", R, "--tokens", "-5"], "--tokens"),

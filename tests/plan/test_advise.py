@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import ROOT
 from tunelab import hardware, units
 from tunelab.data import lengths
+from tunelab.errors import InputError
 from tunelab.plan import advise
 from tunelab.recipes import resolve
 
@@ -212,7 +213,6 @@ def test_a_data_file_sets_samples_and_padding(tmp_path):
 def test_an_unknown_link_names_the_table_it_came_from(link_table):
     import dataclasses
 
-    from tunelab.errors import InputError
     from tunelab.plan.model import comm
 
     odd = dataclasses.replace(hardware.lookup("A100-80GB"), link="warp-drive")
@@ -253,6 +253,27 @@ def test_several_nodes_try_hybrid_sharding_which_crosses_the_network_less():
     # one device per node: HYBRID_SHARD would shard over a group of one and average nothing across nodes
     hybrid = {c.devices for c in cands if c.strategy == "fsdp-hybrid"}
     assert 1 not in hybrid and hybrid and 1 in {c.devices for c in cands if c.strategy == "fsdp"}
+
+
+def test_what_advise_does_not_plan_is_said_and_several_nodes_need_their_network():
+    """Several nodes without --internode are refused before any plan, even where no configuration would reach the
+    network (64 nodes: the recipe's global batch of 16 divides among none of them, which once answered "no
+    configuration asked applies" with no reason); a device count the global batch does not divide among is named
+    with why, in numeric order."""
+    recipes, a10g = {"lora": resolve("tiny-llama-1.1b/lora")}, [hardware.lookup("A10G")]
+    with pytest.raises(InputError, match=r"^--nodes 64: a run on several nodes needs the network between them; fix: "):
+        advise.candidates(recipes, a10g, tokens=1e6, max_devices=1, nodes=64)
+    refused: dict = {}
+    cands = advise.candidates(recipes, a10g, tokens=1e6, max_devices=16, nodes=2, internode="efa-400g", refused=refused)
+    assert {c.world for c in cands} == {2, 4, 8, 16}  # 2 nodes x 16 devices: 32 ranks for 16 samples a step
+    (why,) = [w for w, names in refused.items() if names == {"32 devices (2 nodes x 16)"}]
+    assert "global batch of 16 samples does not divide among that many devices" in why and "--global-batch free" in why
+    free = advise.candidates(
+        recipes, a10g, tokens=1e6, max_devices=16, nodes=2, internode="efa-400g", global_batch="free", refused={}
+    )
+    assert 32 in {c.world for c in free}  # freed, the global batch is micro x devices: 32 ranks train
+    line = advise.refusals({"why": {"16 devices", "ddp at bf16-true", "8 devices", "128 devices"}})[0]
+    assert line == "not planned: ddp at bf16-true, 8 devices, 16 devices, 128 devices: why"
 
 
 def test_which_strategies_advise_tries_on_several_devices_and_with_checkpointing():

@@ -252,7 +252,8 @@ def candidates(
     refused: dict[str, set] | None = None,
 ) -> list[Candidate]:
     """Every configuration of ``recipes`` ({method: recipe}) on each GPU, planned (fitting or not); ``refused``, where
-    given, receives the strategy files (at a precision) that tunelab's loop refuses, by reason (not planned).
+    given, receives what was not planned, by reason: the strategy files (at a precision) that tunelab's loop refuses,
+    the device counts the recipe's global batch does not divide among. Several nodes need ``internode``.
 
     ``global_batch``: 'keep' the recipe's (micro batches of :data:`MICRO_BATCHES` that divide it) or 'free'
     (no accumulation: global = micro x devices; micro batches up to the planner's largest within ``headroom``).
@@ -260,6 +261,10 @@ def candidates(
     names one device without a strategy file). ``host_us_per_op``: microseconds an op of litgpt's loop on the
     launching host where known (else the median machine we measured)."""
     price_table = price_table or {}
+    if nodes > 1 and not internode:  # said before any plan, whatever the recipe's global batch
+        raise InputError(
+            f"--nodes {nodes}: a run on several nodes needs the network between them; fix: give --internode LINK"
+        )
     ask = _Ask(
         work=workload or workload_from_tokens(tokens if tokens is not None else 5e7),
         device_counts=[1] + [d for d in (2, 4, 8, 16) if d <= max_devices],
@@ -309,7 +314,8 @@ class _Ask:
     host_s_per_op: float | None = None
     """The launching host's seconds per op of litgpt's loop where known (None: the median machine we measured)."""
     refused: dict[str, set] = dataclasses.field(default_factory=dict)
-    """Strategy files tunelab's loop refuses, by reason: the strategies and precisions not planned."""
+    """What was not planned, by reason: strategy files tunelab's loop refuses (at a precision), device counts the
+    global batch does not divide among."""
 
 
 @dataclass(frozen=True)
@@ -361,6 +367,17 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
     for d in ask.device_counts:
         world = d * ask.nodes
         if method == "qlora" and world > 1:
+            continue
+        if ask.global_batch == "keep" and not any(
+            settings.global_batch_size % (mb * world) == 0 for mb in MICRO_BATCHES
+        ):
+            why = (
+                f"a global batch of {settings.global_batch_size} samples does not divide among that many devices "
+                "(micro batch x devices x accumulation); fix: fewer devices or nodes, or --global-batch free"
+            )
+            ask.refused.setdefault(why, set()).add(
+                f"{world} devices" + (f" ({ask.nodes} nodes x {d})" * (ask.nodes > 1))
+            )
             continue
         for strategy_name in _tried(ask, method, world):
             config = ask.load(strategy_name)
@@ -584,8 +601,14 @@ def _table(mine: list[Candidate], top: int) -> list[str]:
 
 
 def refusals(refused: dict[str, set]) -> list[str]:
-    """One line per reason :func:`candidates` left strategy files unplanned (``refused``), naming them."""
-    return [f"not planned: {', '.join(sorted(names))}: {why}" for why, names in refused.items()] + [""] * bool(refused)
+    """One line per reason :func:`candidates` left configurations unplanned (``refused``), naming them."""
+
+    def order(name: str) -> tuple:  # device counts by number ("8 devices" before "16 devices"), then by name
+        count = name.split(" ", 1)[0]
+        return (int(count) if count.isdigit() else 0, name)
+
+    lines = [f"not planned: {', '.join(sorted(names, key=order))}: {why}" for why, names in refused.items()]
+    return lines + [""] * bool(refused)
 
 
 def _header(work: Workload, cands: list, ranked: list, host=None) -> list[str]:
