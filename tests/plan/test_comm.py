@@ -248,6 +248,22 @@ def test_gpus_without_peer_to_peer_go_through_host_memory_at_its_measured_bandwi
     assert slow.seconds - latency == pytest.approx(fast.bytes_gpu / (shm.gbs * shm.efficiency * 1e9), rel=1e-6)
 
 
+def test_a_flat_ring_across_nodes_runs_at_its_slowest_hop_inside_a_node_too(cfg):
+    """Every hop of a ring carries the same volume: 2 nodes of 2 A10Gs (AWS g5's PCIe, no peer-to-peer, about 3 GB/s)
+    joined by 400 Gb/s EFA are no faster than 4 A10Gs in one node (they were 6x faster: the flat ring was timed at
+    the network's hop alone); where the network is the slow hop (NVLink inside, Ethernet between) it still bounds."""
+    g5, efa = comm.lookup("pcie4-aws-g5", "gpu"), comm.lookup("efa-400g", "node")
+    assert g5.bytes_per_s < efa.bytes_per_s
+    one_node = comm.per_step(_x(cfg, strategy="fsdp", devices=4), g5)
+    two_nodes = comm.per_step(_x(cfg, strategy="fsdp", devices=2, num_nodes=2), g5, efa)
+    assert two_nodes.bytes_node == pytest.approx(one_node.bytes_gpu)
+    assert two_nodes.seconds - two_nodes.latency_s == pytest.approx(two_nodes.bytes_node / g5.bytes_per_s)
+    assert two_nodes.forward_s >= one_node.forward_s * 0.99  # the validation's gathers cross the same hops
+    nvlink, eth = comm.lookup("nvlink4", "gpu"), comm.lookup("ethernet-100g", "node")
+    over_eth = comm.per_step(_x(cfg, strategy="fsdp", devices=2, num_nodes=2), nvlink, eth)
+    assert over_eth.seconds - over_eth.latency_s == pytest.approx(over_eth.bytes_node / eth.bytes_per_s)
+
+
 def test_a_forward_without_gradients_gathers_what_the_training_step_resharded(cfg):
     """A validation batch or a generated token under a sharded strategy gathers every unit again, but not what stays
     gathered between forwards: FSDP1's root unit (torch never reshards the root after its forward), everything under

@@ -197,7 +197,7 @@ def per_step(
     else:
         c.formula = "one device: none"
     c.links = {"gpu": gpu_link.name}
-    flat = z.m > 1 and not strategy.hierarchical(case)  # a flat ring crosses the network: it runs at that hop
+    flat = z.m > 1 and not strategy.hierarchical(case)  # a flat ring crosses the network: at its slowest hop
     if flat:
         c.bytes_node, c.bytes_gpu = c.bytes_gpu, 0.0
     if host_link is not None:
@@ -208,8 +208,11 @@ def per_step(
             raise InputError("a run on several nodes needs the network between them; fix: give --internode LINK")
         c.links["node"] = node_link.name
         # a flat ring crosses each node's network once: the node's NICs carry one device's volume (NCCL spreads
-        # its channels over them); HYBRID_SHARD runs g rings across the nodes, one per local rank, sharing them
-        seconds += c.bytes_node / (node_link.bytes_per_s / strategy.node_rings(case, z))
+        # its channels over them); HYBRID_SHARD runs g rings across the nodes, one per local rank, sharing them.
+        # Every hop of a ring carries the same volume: a flat ring also runs no faster than its hops inside a node
+        # (PCIe without peer-to-peer can be slower than the network)
+        rate = node_link.bytes_per_s / strategy.node_rings(case, z)
+        seconds += c.bytes_node / (min(rate, gpu_link.bytes_per_s) if flat else rate)
     if c.bytes_host:
         c.links["host"] = host_link.name
         c.host_s = c.bytes_host / host_link.bytes_per_s
@@ -218,8 +221,10 @@ def per_step(
     c.seconds = seconds + c.latency_s
     if z.n > 1:
         c.forward_bytes, calls = strategy.forward_gathers(case, z, params)
-        link = node_link if flat and node_link is not None else gpu_link  # as the step's: a flat ring's slowest hop
-        c.forward_s = c.forward_bytes / link.bytes_per_s + calls_latency(calls, gpu_link, node_link)
+        rate = gpu_link.bytes_per_s  # as the step's: a flat ring at its slowest hop
+        if flat and node_link is not None:
+            rate = min(rate, node_link.bytes_per_s)
+        c.forward_s = c.forward_bytes / rate + calls_latency(calls, gpu_link, node_link)
     if not c.pipelined:  # every call pipelines unless the strategy said otherwise (ZeRO-3: its gathers)
         c.pipelined = sum(k for _, k, _, _ in c.calls)
     if strategy.unhideable(case):
