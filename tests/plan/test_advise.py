@@ -407,6 +407,38 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
     assert any(c.accumulation > 1 for c in sample) and any(c.devices > 1 for c in sample)
 
 
+def test_advise_times_a_data_file_as_plan_times_the_recipe_on_it():
+    """`advise --data FILE` and `plan` of a recipe whose data is that file give one time for the same settings: the
+    same padded tokens per sample (the file's lengths, estimated from its characters where no tokenizer is here, at
+    each micro batch), and the same validation and generated samples at the recipe's ``eval`` settings."""
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+
+    recipe, gpu = resolve("tiny-llama-1.1b/lora"), hardware.lookup("A10G")
+    work = advise.workload_from_data(str(ROOT / "data/alpaca_tunelab.json"), recipe)
+    assert work.val_samples == 200 and "estimated at" in work.how  # the recipe's val_split_fraction 0.5 of 400
+    cands = advise.candidates({"lora": recipe}, [gpu], workload=work, max_devices=2, precision=["bf16-true"])
+    seen = {}
+    for c in cands:
+        seen.setdefault((c.strategy, c.micro_batch_size), c)
+    picked = [seen[k] for k in sorted(seen) if k[1] in (1, 8)]
+    assert {c.strategy for c in picked} >= {"single", "ddp", "fsdp", "deepspeed-zero3"}
+    for c in picked:
+        overrides = ["--precision", c.precision, "--train.micro_batch_size", str(c.micro_batch_size)]
+        strategy = None if c.strategy == "single" else c.strategy
+        planned = plan_recipe(
+            recipe,
+            [*overrides, "--devices", str(c.devices)],
+            gpu=gpu,
+            strategy=strategy,
+            activation_checkpointing=c.activation_checkpointing,
+        )
+        alone = project_recipe(planned, gpu)[0]
+        assert c.hours * 3600 == pytest.approx(alone.seconds, rel=1e-6), c
+        assert alone.seconds_by_cause["validation"] > 0  # tunelab's loop samples no sharded model:
+        assert (alone.seconds_by_cause["generation"] > 0) != (c.strategy in ("fsdp", "deepspeed-zero3")), c
+
+
 def test_plan_agrees_with_each_configuration_advise_ranks_across_precisions_and_device_counts():
     """Every precision and device count advise plans (one candidate of each precision x devices x strategy) is the
     peak `tunelab plan` gives for the same settings, the global batch included; a device count whose one micro

@@ -1637,7 +1637,7 @@ def test_a_plan_at_the_edge_of_memory_widens_its_bands_high_end_by_the_measured_
     gpu, recipe = hardware.lookup("H100-SXM"), resolve("tiny-llama-1.1b/full")
 
     def planned(micro):
-        overrides = ["--precision", "bf16-mixed", "--devices", "1"]
+        overrides = ["--precision", "bf16-mixed", "--devices", "1", "--data", "Alpaca"]  # Part 3's data
         overrides += ["--train.micro_batch_size", str(micro), "--train.global_batch_size", str(micro)]
         plan = plan_recipe(recipe, overrides, gpu=gpu, strategy="fsdp")
         return plan.plan.edge, project_recipe(plan, gpu)[0]

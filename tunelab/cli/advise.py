@@ -14,8 +14,8 @@ def add_parser(sub) -> None:
         "with every method (full, LoRA, QLoRA), precision, micro batch, activation checkpointing and strategy "
         "(one device; DDP, FSDP, DeepSpeed ZeRO-2/3 on 2, 4, 8, 16 devices per node): keep what the planner says "
         "fits with --headroom to spare, rank by predicted wall time for the data (plan's time by cause: kernels, "
-        "host launches, validation, the communication compute does not hide), with energy (board power, an upper "
-        "bound) and cost (devices x hours x the price of configs/hardware/prices.yaml). Communication: bytes per "
+        "host launches, validation and samples at the recipe's eval settings, unhidden communication), with energy "
+        "(board power, an upper bound) and cost (devices x hours x prices in configs/hardware/prices.yaml). Bytes per "
         "optimizer step by strategy (DDP all-reduces gradients, 2x their bytes; FSDP/ZeRO-3 gather parameters "
         "twice and reduce-scatter gradients, about 3x; ZeRO-2 about 2x; offload crosses PCIe) over the slowest "
         "link they cross (configs/hardware/links.yaml: NVLink, PCIe, InfiniBand, Ethernet, each with its source), "
@@ -80,8 +80,8 @@ def _workload(parser) -> None:
         "--data",
         metavar="FILE|MODULE",
         help="the dataset: a .json/.jsonl file or folder litgpt "
-        "reads (sample lengths from the tokenizer where the checkpoint has one, else 4 characters per "
-        "token; padding per micro batch), or a litgpt data module (Alpaca, LIMA, ...)",
+        "reads (lengths from the checkpoint's tokenizer, else from characters as tunelab plan counts them; "
+        "padding per micro batch; its held-out split validated), or a litgpt data module (Alpaca, LIMA, ...)",
     )
     parser.add_argument("--epochs", type=number(int, 1, 10**4, what="an epoch count"), default=1)
 

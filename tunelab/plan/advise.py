@@ -36,7 +36,7 @@ from tunelab.models import load_config
 from tunelab.paths import CONFIGS_DIR, display_path
 from tunelab.plan.model import comm, memory, runtime
 from tunelab.plan.model import strategies as planned_strategies
-from tunelab.plan.recipe import plan_settings, strategy_fields
+from tunelab.plan.recipe import plan_settings, strategy_fields, train_samples
 from tunelab.recipes import Recipe
 from tunelab.settings import DATA_MODULE_SIZES, from_args, overridden, resolve, resolve_args, split_sizes
 from tunelab.strategies import StrategyConfig, StrategyError, load_strategy
@@ -109,6 +109,9 @@ class Workload:
     """The longest sample in tokens (the sequence length memory is planned at), or None: the recipe's."""
     how: str = ""
     """Where the figures come from, in words."""
+    val_samples: int | None = None
+    """Samples litgpt validates on (the data's held-out split), at the recipe's ``eval`` settings; None (--tokens):
+    the recipe's own data's split, as ``tunelab plan --tokens`` counts it."""
 
     def per_sample(self, micro: int, strategy=None, cap: int = 512, vocab_size: int | None = None) -> float:
         """Padded tokens per sample at this micro batch (each micro batch padded to its longest sample): from the
@@ -147,19 +150,22 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
         parts = dataset_records.split_files(path)
         records = dataset_records.read(parts[0])
         if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file
-            records = records[: max(1, split_sizes(len(records), settings.val_split_fraction)[0])]
-        if not records:
+            kept, held_out = split_sizes(len(records), settings.val_split_fraction)  # a seeded random split:
+        else:  # its lengths are those of the whole file's, as tunelab plan counts them
+            kept, held_out = len(records), len(dataset_records.read(parts[1]))
+        if not records or kept < 1:
             raise InputError(f"--data {data}: no training records; fix: give a dataset with records")
         vocab = load_config(settings.checkpoint_dir).vocab_size  # a tokenizer not here: the published figure
         lengths, longest, how = sample_lengths(
             records, Path(settings.checkpoint_dir), "alpaca", settings.max_seq_length, vocab_size=vocab
         )
         return Workload(
-            samples=len(records),
+            samples=kept,
             epochs=epochs,
             lengths=tuple(lengths),
             longest=longest,
-            how=f"{len(records):,} training samples of {data} x {epochs} epoch(s), lengths {how}",
+            how=f"{kept:,} training samples of {data} x {epochs} epoch(s), lengths {how}",
+            val_samples=held_out,
         )
     name = data if "." in data else f"litgpt.data.{data}"
     if name not in DATA_MODULE_SIZES:
@@ -169,14 +175,15 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
         )
     n, what = DATA_MODULE_SIZES[name]
     held_out = resolve(recipe, ["--data", name]).val_split_fraction or 0  # what `--data NAME` keeps of the recipe
-    train = split_sizes(n, held_out)[0]
+    train, val = split_sizes(n, held_out)
     how = f"{train:,} training samples ({what}; val_split_fraction {held_out:g} held out) x {epochs} epoch(s) x "
     measured = module_lengths(name, load_config(settings.checkpoint_dir).vocab_size, settings.max_seq_length)
     if measured:  # its records' lengths were measured: padding per micro batch from them
-        return Workload(samples=train, epochs=epochs, lengths=measured[0], how=how + measured[1])
+        return Workload(samples=train, epochs=epochs, lengths=measured[0], how=how + measured[1], val_samples=val)
     return Workload(
         samples=train,
         epochs=epochs,
+        val_samples=val,
         how=how + f"{LAB_PADDED_TOKENS_PER_SAMPLE} padded tokens (the lab's Alpaca figure at micro 8; padding per "
         "micro batch from the default length distribution)",
     )
@@ -363,6 +370,7 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
         )
     if work.longest:
         base_case = dataclasses.replace(base_case, seq_len=work.longest)
+    evaluation = _evaluation(settings, work)
     out = []
     for d in ask.device_counts:
         world = d * ask.nodes
@@ -400,7 +408,7 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
                     if mb * acc * world > work.samples:  # a global batch past the data: no step
                         continue  # (tunelab validate refuses it too)
                     case = dataclasses.replace(strategy_case, micro_batch_size=mb, accumulation=acc)
-                    out.append(_planned(ask, on, case, strategy_name, recipe, config))
+                    out.append(_planned(ask, on, case, strategy_name, recipe, config, evaluation))
     return out
 
 
@@ -432,18 +440,29 @@ def _micro_batches(case, gpu, gbs: int, world: int, global_batch: str, headroom:
     return [(mb, 1) for mb in sorted({*(m for m in MICRO_BATCHES if m < top), top} - {0})] or [(1, 1)]
 
 
-def _planned(ask: _Ask, on: _OnGPU, case, strategy_name: str, recipe: Recipe, config=None) -> Candidate:
-    """One configuration planned: its peak and verdict, its time by cause (communication over ``on``'s links),
-    energy and price."""
+def _evaluation(settings, work: Workload) -> tuple[dict, int]:
+    """(the recipe's ``eval`` settings, the samples litgpt validates on): the workload's held-out split, else (--tokens)
+    the recipe's own data's, as ``tunelab plan`` counts them."""
+    val = work.val_samples if work.val_samples is not None else train_samples(settings)[1]
+    return settings.args.get("eval") or {}, val
+
+
+def _planned(
+    ask: _Ask, on: _OnGPU, case, strategy_name: str, recipe: Recipe, config=None, evaluation: tuple | None = None
+) -> Candidate:
+    """One configuration planned: its peak and verdict, its time by cause (communication over ``on``'s links;
+    validation and generated samples at the recipe's ``eval`` settings: ``evaluation`` from :func:`_evaluation`,
+    computed from ``recipe`` where not given), energy and price."""
     gpu, links, work = on.gpu, on.links, ask.work
     plan = memory.verdict(memory.predict(case), gpu)
     gbs = case.micro_batch_size * case.accumulation * case.world
-    args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": {"interval": None}}
+    eval_args, val_samples = evaluation or _evaluation(resolve(recipe, []), work)
+    args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": eval_args}
     terms = runtime.terms(
         case,
         args,
         work.samples,
-        0,
+        val_samples,
         work.per_sample(case.micro_batch_size, config, case.seq_len, case.config.vocab_size),
     )
     terms.host_s_per_op = ask.host_s_per_op

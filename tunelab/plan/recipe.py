@@ -411,22 +411,28 @@ def epoch_tokens(
 
 
 def data_lengths(settings: Settings, vocab_size: int | None = None) -> tuple[list[int], str] | None:
-    """(token lengths of (a seeded sample of) the recipe's data, whose): its file tokenised with the model's
-    tokenizer where both are here, else a litgpt data module's measured records under the tokenizer of a model of
-    ``vocab_size`` (:func:`tunelab.data.lengths.module_lengths`); None for data known neither way."""
+    """(token lengths of (a seeded sample of) the recipe's data, whose): its file's records, tokenised with the
+    model's tokenizer where it is here, else estimated from their characters under the tokenizer of a model of
+    ``vocab_size`` (as ``tunelab advise --data`` counts them: :func:`tunelab.data.lengths.sample_lengths`); else a
+    litgpt data module's measured records (:func:`tunelab.data.lengths.module_lengths`); None for data known
+    neither way."""
     data = data_init_args(settings.args)
     path, ckpt = data.get("json_path"), Path(settings.checkpoint_dir)
-    if not path or not project_path(path).is_file() or not (ckpt / "tokenizer.json").is_file():
+    if not path or not project_path(path).is_file():
         found = module_lengths(settings.data_class, vocab_size, settings.max_seq_length)
         return (list(found[0]), found[1]) if found else None
-    lengths = sample_lengths(
-        dataset_records.read(project_path(path)),
+    records = dataset_records.read(project_path(path))
+    if not records:
+        return None
+    lengths, _, how = sample_lengths(
+        records,
         ckpt,
         data.get("prompt_style", "alpaca"),
         settings.max_seq_length,
         data.get("seed", 42),
-    )[0]
-    return lengths, "the data's lengths"
+        vocab_size,
+    )
+    return lengths, "the data's lengths" if (ckpt / "tokenizer.json").is_file() else f"the data's lengths, {how}"
 
 
 def runtime_terms(
