@@ -381,6 +381,15 @@ def test_the_plan_and_advise_say_where_the_host_and_the_link_came_from():
     assert f"the machines we measured took {low}-{high}" in out and "links (between the GPUs" in out
 
 
+def test_the_plan_names_its_data_file_as_typed_from_the_repository_not_this_machines_path():
+    """The time line's sample count names the recipe's data file relative to the repository (what a user types),
+    never the absolute path of the machine that planned it."""
+    code, out, err = tunelab_here("plan", "tiny-llama-1.1b/lora", "--gpu", "A10G", "--verbose")
+    assert code == 0, err
+    assert "records of data/alpaca_tunelab.json)" in out
+    assert str(ROOT) not in out
+
+
 def test_a_precision_the_gpu_has_no_peak_for_is_planned_for_memory_and_says_why_it_is_not_timed():
     """bfloat16 on a T4 (torch emulates it): the memory plan and verdict stand; the time is one line naming the
     GPU table and the fix, never 'inf h' nor a time by cause timed at another dtype's peak; --json stays strict JSON

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tunelab import files
 from tunelab.errors import InputError
+from tunelab.paths import display_path
 
 COUNT_MAX_BYTES = 256 * 2**20
 """Largest dataset file that validation reads to count and check its records (256 MiB); a larger one is left to
@@ -92,9 +93,12 @@ def _count(names: tuple[str, ...], stamps: tuple) -> tuple[int | None, str]:
     for part in parts:
         size = part.stat().st_size
         if size > COUNT_MAX_BYTES:
-            return None, f"{part} has {size:,} bytes, more than is read to count records here ({COUNT_MAX_BYTES:,})"
+            return (
+                None,
+                f"{display_path(part)} has {size:,} bytes, more than is read to count records here ({COUNT_MAX_BYTES:,})",
+            )
         counts.append(len(read(part, COUNT_MAX_BYTES)))
-    return counts[0], f"{counts[0]:,} records of {parts[0]}"
+    return counts[0], f"{counts[0]:,} records of {display_path(parts[0])}"
 
 
 def _parse(text: str, path: Path, where: str):
