@@ -132,3 +132,22 @@ def test_overrides_rank_any_model_litgpt_knows_as_plan_plans_it(tmp_path):
     ):
         code, out, err = tunelab_here(*argv, *extra)
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, (extra, err)
+
+
+def test_too_little_data_for_one_step_is_answered_with_a_fix_that_runs(tmp_path):
+    """Fewer training samples than one optimizer step: one line whose fix the advisor then accepts; with --data it
+    never suggests --tokens (argparse refuses the two together), with --tokens it gives the count that makes a step."""
+    data = tmp_path / "three.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records(3)))
+    ask = ("advise", "tiny-llama-1.1b/lora", "--gpus", "L4", "--max-devices", "1")
+    code, out, err = tunelab_here(*ask, "--data", data)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "--tokens" not in err and "training records or more, after its held-out split" in err, err
+    fix = err.split("fix: ")[1]
+    assert "--global-batch free" in fix
+    assert tunelab_here(*ask, "--data", data, "--global-batch", "free")[0] == 0
+    code, _, err = tunelab_here(*ask, "--tokens", "100")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    tokens = err.split("fix: --tokens ")[1].split()[0]
+    code, out, err = tunelab_here(*ask, "--tokens", tokens)
+    assert code == 0, err

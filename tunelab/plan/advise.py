@@ -362,11 +362,16 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
     settings, base_case, work = base.settings, base.input, ask.work
     if ask.global_batch == "keep" and settings.global_batch_size > work.samples:  # not one optimizer step
         smallest = settings.global_batch_size * LAB_PADDED_TOKENS_PER_SAMPLE
+        more = (  # --tokens goes alone: with --data, the data is what grows
+            f"--tokens {smallest} or more (one step of {settings.global_batch_size} samples of "
+            f"{LAB_PADDED_TOKENS_PER_SAMPLE} tokens)"
+            if work.val_samples is None
+            else f"a dataset of {settings.global_batch_size} training records or more, after its held-out split"
+        )
         raise InputError(
             f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
-            f"{recipe.key}'s global batch of {settings.global_batch_size} (one optimizer step); fix: --tokens "
-            f"{smallest} or more (one step of {settings.global_batch_size} samples of {LAB_PADDED_TOKENS_PER_SAMPLE} "
-            "tokens), more data, or --global-batch free (global batch = micro batch x devices)"
+            f"{recipe.key}'s global batch of {settings.global_batch_size} (one optimizer step); fix: {more}, "
+            "or --global-batch free (global batch = micro batch x devices)"
         )
     if work.longest:
         base_case = dataclasses.replace(base_case, seq_len=work.longest)
