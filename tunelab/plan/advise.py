@@ -353,6 +353,24 @@ def _tried(ask: _Ask, method: str, world: int) -> list[str]:
     )
 
 
+def _one_step_at_least(work: Workload, key: str, batch: int) -> None:
+    """InputError unless an epoch of ``work`` holds one optimizer step of the recipe ``key``'s global ``batch``
+    (litgpt sizes its schedule in whole steps an epoch), with a fix the advisor accepts."""
+    if batch <= work.samples:
+        return
+    smallest = batch * LAB_PADDED_TOKENS_PER_SAMPLE
+    more = (  # --tokens goes alone: with --data, the data is what grows
+        f"--tokens {smallest} or more (one step of {batch} samples of {LAB_PADDED_TOKENS_PER_SAMPLE} tokens)"
+        if work.val_samples is None
+        else f"a dataset of {batch} training records or more, after its held-out split"
+    )
+    raise InputError(
+        f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
+        f"{key}'s global batch of {batch} (one optimizer step); fix: {more}, "
+        "or --global-batch free (global batch = micro batch x devices)"
+    )
+
+
 def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: str) -> list[Candidate]:
     """Every device count, strategy, activation checkpointing and micro batch of one recipe at one precision on
     one GPU row, planned."""
@@ -360,19 +378,8 @@ def _configurations(ask: _Ask, on: _OnGPU, recipe: Recipe, method: str, prec: st
     args = {**resolve_args(recipe, []), "precision": prec, "devices": 1, "num_nodes": 1}  # the counts: tried below
     base = plan_settings(from_args(recipe, args), gpu=gpu)
     settings, base_case, work = base.settings, base.input, ask.work
-    if ask.global_batch == "keep" and settings.global_batch_size > work.samples:  # not one optimizer step
-        smallest = settings.global_batch_size * LAB_PADDED_TOKENS_PER_SAMPLE
-        more = (  # --tokens goes alone: with --data, the data is what grows
-            f"--tokens {smallest} or more (one step of {settings.global_batch_size} samples of "
-            f"{LAB_PADDED_TOKENS_PER_SAMPLE} tokens)"
-            if work.val_samples is None
-            else f"a dataset of {settings.global_batch_size} training records or more, after its held-out split"
-        )
-        raise InputError(
-            f"{work.samples:,} training sample(s) per epoch (from {work.how.split(' x ')[0]}), fewer than "
-            f"{recipe.key}'s global batch of {settings.global_batch_size} (one optimizer step); fix: {more}, "
-            "or --global-batch free (global batch = micro batch x devices)"
-        )
+    if ask.global_batch == "keep":
+        _one_step_at_least(work, recipe.key, settings.global_batch_size)
     if work.longest:
         base_case = dataclasses.replace(base_case, seq_len=work.longest)
     evaluation = _evaluation(settings, work)
