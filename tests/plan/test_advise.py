@@ -394,13 +394,15 @@ def test_every_advised_configuration_is_what_plan_makes_of_the_same_settings():
             str(c.devices),
         ]
         strategy = None if c.strategy == "single" else c.strategy
-        x = plan_recipe(
+        planned = plan_recipe(
             recipe, overrides, gpu=gpu, strategy=strategy, activation_checkpointing=c.activation_checkpointing
-        ).input
+        )
+        x = planned.input
         links = (comm.lookup(gpu.link or "pcie4", "gpu"), None, comm.lookup("host-pcie4", "host"))
         config = None if strategy is None else load_strategy(strategy)
         ask = advise._Ask(work, [c.devices], 1, None, "keep", 0.0, load_strategy)
-        again = advise._planned(ask, advise._OnGPU(gpu, links, None), x, c.strategy, recipe, config)
+        evaluation = advise._evaluation(planned.settings, work)
+        again = advise._planned(ask, advise._OnGPU(gpu, links, None), x, c.strategy, recipe, config, evaluation)
         assert again.peak_gb == pytest.approx(c.peak_gb, rel=1e-9), c
         assert again.hours == pytest.approx(c.hours, rel=1e-9), c
         assert (again.micro_batch_size, again.accumulation) == (c.micro_batch_size, c.accumulation), c

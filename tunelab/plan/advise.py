@@ -149,11 +149,11 @@ def workload_from_data(data: str, recipe: Recipe, epochs: int = 1) -> Workload:
     if path.exists():
         parts = dataset_records.split_files(path)
         records = dataset_records.read(parts[0])
-        if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file
-            kept, held_out = split_sizes(len(records), settings.val_split_fraction)  # a seeded random split:
-        else:  # its lengths are those of the whole file's, as tunelab plan counts them
+        if len(parts) == 1:  # litgpt's JSON module holds out val_split_fraction of one file, a seeded random
+            kept, held_out = split_sizes(len(records), settings.val_split_fraction)  # split: lengths from all of it
+        else:
             kept, held_out = len(records), len(dataset_records.read(parts[1]))
-        if not records or kept < 1:
+        if kept < 1:
             raise InputError(f"--data {data}: no training records; fix: give a dataset with records")
         vocab = load_config(settings.checkpoint_dir).vocab_size  # a tokenizer not here: the published figure
         lengths, longest, how = sample_lengths(
@@ -459,16 +459,14 @@ def _evaluation(settings, work: Workload) -> tuple[dict, int]:
     return settings.args.get("eval") or {}, val
 
 
-def _planned(
-    ask: _Ask, on: _OnGPU, case, strategy_name: str, recipe: Recipe, config=None, evaluation: tuple | None = None
-) -> Candidate:
+def _planned(ask: _Ask, on: _OnGPU, case, strategy_name: str, recipe: Recipe, config, evaluation: tuple) -> Candidate:
     """One configuration planned: its peak and verdict, its time by cause (communication over ``on``'s links;
-    validation and generated samples at the recipe's ``eval`` settings: ``evaluation`` from :func:`_evaluation`,
-    computed from ``recipe`` where not given), energy and price."""
+    validation and generated samples at the recipe's ``eval`` settings: ``evaluation`` from :func:`_evaluation`),
+    energy and price."""
     gpu, links, work = on.gpu, on.links, ask.work
     plan = memory.verdict(memory.predict(case), gpu)
     gbs = case.micro_batch_size * case.accumulation * case.world
-    eval_args, val_samples = evaluation or _evaluation(resolve(recipe, []), work)
+    eval_args, val_samples = evaluation
     args = {"train": {"global_batch_size": gbs, "epochs": work.epochs}, "eval": eval_args}
     terms = runtime.terms(
         case,

@@ -421,11 +421,8 @@ def data_lengths(settings: Settings, vocab_size: int | None = None) -> tuple[lis
     if not path or not project_path(path).is_file():
         found = module_lengths(settings.data_class, vocab_size, settings.max_seq_length)
         return (list(found[0]), found[1]) if found else None
-    records = dataset_records.read(project_path(path))
-    if not records:
-        return None
     lengths, _, how = sample_lengths(
-        records,
+        dataset_records.read(project_path(path)),
         ckpt,
         data.get("prompt_style", "alpaca"),
         settings.max_seq_length,
