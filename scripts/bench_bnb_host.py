@@ -8,7 +8,8 @@ on a GPU's training forward. A validation batch runs the same calls without grad
 inference mode) takes ``gemv_4bit`` instead of the dequantization and no autograd function. This script measures
 how much of the forward's Python each of them keeps:
 
-  * one 64-wide layer, bf16: ``torch.nn.Linear`` and bitsandbytes' ``Linear4bit`` (NF4) holding the same weight;
+  * one 64-wide layer, bf16: ``torch.nn.Linear`` and bitsandbytes' ``Linear4bit`` holding the same weight in
+    Lightning's ``nf4`` mode (litgpt's ``--quantize bnb.nf4``: NF4 without double quantization);
     bitsandbytes' two CPU kernels (``dequantize_4bit``, ``gemv_4bit``) replaced by an empty output of their shape,
     so what is left is Python and dispatch (on a GPU the kernel is launched and not waited for);
   * three phases: the training forward (gradients on, 64 rows), the validation batch (no gradients, 64 rows), the
@@ -42,9 +43,43 @@ PHASES = ("forward", "validation", "decode")
 LAYERS = ("linear", "nf4")
 
 
+def _legacy() -> bool:
+    """Whether the bitsandbytes on the path is 0.40 or 0.41 (litgpt's pins of 2023), which calls its CUDA library
+    through ctypes from Python instead of registering torch custom ops; 0.42 (a state object, ctypes) is refused."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    found = Version(version("bitsandbytes"))
+    if Version("0.42") <= found < Version("0.43") or found < Version("0.40"):
+        sys.exit(f"bench_bnb_host.py: error: bitsandbytes {found} is not measured here; fix: 0.40, 0.41 or 0.43 on")
+    return found < Version("0.42")
+
+
+class _NoKernels:
+    """A stand-in for bitsandbytes' ctypes library before 0.43: every kernel a call that does nothing."""
+
+    def __getattr__(self, name: str):
+        return lambda *args: None
+
+
 def _stub_kernels() -> None:
-    """bitsandbytes' CPU ``dequantize_4bit`` and ``gemv_4bit`` replaced by an empty output of their shape."""
+    """bitsandbytes' CPU ``dequantize_4bit`` and ``gemv_4bit`` replaced by an empty output of their shape; before
+    0.43, its ctypes library by :class:`_NoKernels`, its CUDA device switch around each call (``pre_call``,
+    ``post_call``: not timed) by nothing, and its on-GPU check by the same check for CPU tensors."""
     import torch
+
+    if _legacy():
+        import bitsandbytes.functional as F
+
+        def is_on_gpu(tensors):  # bitsandbytes 0.41's check, its device type a CPU's
+            ids = {t.device.index for t in tensors if t is not None and not getattr(t, "is_paged", False)}
+            if any(t is not None and t.device.type != "cpu" for t in tensors) or len(ids) > 1:
+                raise TypeError("tensors on several devices")
+            return True
+
+        F.lib, F.pre_call, F.post_call, F.is_on_gpu = _NoKernels(), lambda device: device, lambda prev: None, is_on_gpu
+        return
 
     def dequantize(A, absmax, blocksize, quant_type, shape, dtype):
         return torch.empty(shape, dtype=dtype)
@@ -62,7 +97,14 @@ def _layers() -> dict:
     import torch
 
     linear = torch.nn.Linear(WIDTH, WIDTH, bias=False).to(torch.bfloat16)
-    nf4 = bnb.nn.Linear4bit(WIDTH, WIDTH, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+    kwargs = {"compress_statistics": False, "quant_type": "nf4"}  # Lightning's nf4 mode, litgpt's bnb.nf4
+    nf4 = bnb.nn.Linear4bit(WIDTH, WIDTH, bias=False, compute_dtype=torch.bfloat16, **kwargs)
+    if _legacy():  # quantized only on moving to CUDA: its packed weight and 0.41's state list, as quantize_4bit makes
+        packed = torch.zeros(WIDTH * WIDTH // 2, 1, dtype=torch.uint8)
+        absmax, code = torch.ones(WIDTH * WIDTH // 64), torch.zeros(16)
+        nf4.weight = bnb.nn.Params4bit(packed, requires_grad=False, **kwargs)
+        nf4.weight.quant_state = [absmax, torch.Size([WIDTH, WIDTH]), torch.bfloat16, 64, None, "nf4", code]
+        return {"linear": linear, "nf4": nf4}
     nf4.load_state_dict(linear.state_dict())
     return {"linear": linear, "nf4": nf4.to("cpu")}
 

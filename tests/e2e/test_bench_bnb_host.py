@@ -50,3 +50,32 @@ def test_a_short_run_writes_its_reps_and_table_and_bad_input_is_one_line(tmp_pat
     for bad, words in ((["--iters", "0"], "--iters"), (["--json-out", str(tmp_path / "out.txt")], "a .json file")):
         proc = subprocess.run([*cmd, *bad], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, bad
+
+
+def test_the_4bit_layer_is_the_one_litgpts_bnb_nf4_builds():
+    """litgpt's ``--quantize bnb.nf4`` is Lightning's ``nf4`` mode: NF4 without double quantization (``nf4-dq`` would
+    add a dequantization of the absmax, and its Python, to every call). The layer measured is quantized alike."""
+    import torch
+    from lightning.fabric.plugins.precision.bitsandbytes import BitsandbytesPrecision
+
+    lightning = BitsandbytesPrecision("nf4", dtype=torch.bfloat16)._linear_cls(8, 8, bias=False)
+    measured = bench._layers()["nf4"]
+    assert measured.weight.quant_state.nested is False and measured.weight.quant_state.quant_type == "nf4"
+    assert measured.weight.compress_statistics == lightning.weight.compress_statistics is False
+    assert measured.weight.quant_type == lightning.weight.quant_type == "nf4"
+
+
+def test_the_version_decides_the_stubs_and_an_unmeasured_one_is_one_line(monkeypatch, capsys):
+    """bitsandbytes 0.40-0.41 call their CUDA library through ctypes (stubbed by a library whose every kernel does
+    nothing); 0.43 on register torch custom ops; 0.42 (ctypes, a state object) and anything before 0.40 are refused."""
+    import importlib.metadata
+
+    for found, legacy in (("0.40.2", True), ("0.41.1", True), ("0.43.0", False), ("0.50.2", False)):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=found: v)
+        assert bench._legacy() is legacy, found
+    for found in ("0.42.0", "0.39.1"):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=found: v)
+        with pytest.raises(SystemExit) as e:
+            bench._legacy()
+        assert str(e.value).startswith("bench_bnb_host.py: error:") and found in str(e.value), found
+    assert bench._NoKernels().cgemm_4bit_inference_naive_bf16(1, 2, 3) is None
