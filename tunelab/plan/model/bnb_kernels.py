@@ -34,7 +34,7 @@ BACKWARD_HOST_OPS_PER_MATMUL = 2.0
 """The same for the backward pass (the autograd function's backward, ``dequantize_4bit``'s Python, beyond the
 traced cast): fitted with :data:`FORWARD_HOST_OPS_PER_MATMUL` on the same line's backward (evidence
 ``h200-grid-qlora``); micro 1 implies none."""
-EVAL_PYTHON_SHARE = {"validation": 0.841, "decode": 0.791}
+EVAL_PYTHON_SHARE = {"validation": 0.805, "decode": 0.772}
 """bitsandbytes' Python per 4-bit matmul in a validation batch (no gradients) and in a generated token (one row,
 inference mode: ``gemv_4bit`` in place of the dequantization, no autograd function) as a share of the training
 forward's (:data:`FORWARD_HOST_OPS_PER_MATMUL`). Measured on a CPU with bitsandbytes' kernels stubbed, so that only
