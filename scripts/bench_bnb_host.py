@@ -21,6 +21,9 @@ how much of the forward's Python each of them keeps:
 The JSON holds every rep and the medians with their spread; the table is written beside it as .md.
 
 Usage: python scripts/bench_bnb_host.py [--reps 7] [--iters 2000] [--warmup 200] [--json-out FILE]
+
+An older bitsandbytes (0.40 or 0.41, which litgpt's 2023 figures ran) is measured from a folder of its own:
+  pip install --target DIR bitsandbytes==0.41.1 scipy && PYTHONPATH=DIR python scripts/bench_bnb_host.py ...
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def _stub_kernels() -> None:
     import torch
 
     if _legacy():
+        sys.modules["triton"] = None  # 0.41's Triton kernels import triton.ops (gone in Triton 3): skipped, unused here
         import bitsandbytes.functional as F
 
         def is_on_gpu(tensors):  # bitsandbytes 0.41's check, its device type a CPU's
