@@ -1259,7 +1259,39 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
     python = bnb_kernels.FORWARD_HOST_OPS_PER_MATMUL * bnb_kernels.EVAL_PYTHON_SHARE["decode"]
     assert matmuls == 129 and nf4["kernels_ms"] == pytest.approx(plain["kernels_ms"])
     assert nf4["ops"] - plain["ops"] == round(matmuls * python / kernels.EVAL_HOST_SHARE["decode"]["full"])
+    # at the bitsandbytes the NF4 rows ran: its ops scaled by 0.41.1's Python over 0.50.2's (the archived CPU runs)
+    import json
+
+    from tunelab.report import evidence
+
+    extra = [
+        json.loads((ROOT / evidence.path("cpu-bnb-host", what)).read_text())["summary"]["decode_extra_us"]["median"]
+        for what in ("results_0.41", "results")
+    ]
+    ratio = extra[0] / extra[1]
+    assert 0.2 < ratio < 0.8 and nf4["bnb_then_over_now"] == pytest.approx(ratio)
+    then_ops = plain["ops"] + (nf4["ops"] - plain["ops"]) * ratio
+    assert nf4["implied_host_then_us"] == pytest.approx(nf4["published_ms"] * 1e3 / then_ops)
+    assert plain["implied_host_then_us"] is None and nf4["implied_host_then_us"] > nf4["implied_host_us"]
     md = "\n".join(runtime_accuracy._md_generate(rows))
+    assert f"0.41.1 adds {ratio:.2f}x the Python 0.50.2 adds" in md
+    # each NF4 row over its 16-bit twin (the same table at the same commit, the same model, bf16), both versions
+    pairs = [
+        (q["implied_host_us"] / t["implied_host_us"], q["implied_host_then_us"] / t["implied_host_us"])
+        for q in rows
+        for t in rows
+        if q["quantize"]
+        and not t["quantize"]
+        and t["precision"] == "bf16-true"
+        and q["model"] == t["model"]
+        and q["source"].split(",")[0] == t["source"].split(",")[0]
+        and q["implied_host_then_us"]
+    ]
+    now, then = sorted(p[0] for p in pairs), sorted(p[1] for p in pairs)
+    assert len(pairs) >= 4 and now[-1] < 1 < then[-1]
+    assert f"{len(pairs)} pairs), an NF4 row allows {now[0]:.2f}-{now[-1]:.2f}x the host time per op" in md
+    assert f"{then[0]:.2f}-{then[-1]:.2f}x at 0.41.1" in md
+    assert "\n".join(runtime_accuracy._md_generate(rows[::-1])).count(f"{now[0]:.2f}-{now[-1]:.2f}x") == 1
     assert "| A100-40GB | falcon-7b | bf16-true |  | 256 | 21.0 |" in md
     assert "| A100-40GB | falcon-7b | bf16-true | bnb.nf4 | 256 | 26.6 |" in md
     inside = sum(r["inside"] for r in rows)

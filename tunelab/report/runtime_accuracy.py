@@ -1243,7 +1243,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
     keys = ("source", "gpu", "model", "precision", "quantize", "new_tokens", "seconds")
     _, table = evidence.published("litgpt-generate", (), keys, root)
     share = {phase: kernels.eval_host_share(phase, "full") for phase in bnb_kernels.EVAL_PYTHON_SHARE}
-    rows = []
+    rows, then_over_now = [], None
     for n, r in enumerate(table):
         try:
             config, gpu = Config.from_name(str(r["model"])), hardware.lookup(str(r["gpu"]))
@@ -1255,8 +1255,12 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
             raise InputError(f"{evidence.PUBLISHED}/litgpt-generate.yaml: rows[{n}]: {e}; fix: correct it") from None
         st = kernels.step_time(kernels.Step(config, "full", r["precision"], 1, 64), r["gpu"], tables=TRACED)
         gpu_s, ops = st.gpu_by_phase.get("decode", 0.0), st.host_ops("decode")
-        if r["quantize"]:  # bitsandbytes' Python per 4-bit matmul, as the plan counts a QLoRA run's decoded token
-            ops += round(bnb_kernels.qlora_work(config, 64, kernels.memory_rate(gpu), 0.0, share)["decode"][2])
+        bnb_ops, ops_then = 0, None  # bitsandbytes' Python per 4-bit matmul, as the plan counts a QLoRA run's token
+        if r["quantize"]:
+            bnb_ops = round(bnb_kernels.qlora_work(config, 64, kernels.memory_rate(gpu), 0.0, share)["decode"][2])
+            then_over_now = then_over_now or bnb_decode_then_over_now(root)
+            ops_then = ops + bnb_ops * then_over_now  # at the bitsandbytes the rows ran
+        ops += bnb_ops
         published = r["seconds"] / r["new_tokens"]
         token_s = functools.partial(_token_seconds, gpu_s, ops * share["decode"])
         planned = token_s(runtime.LITGPT_HOST_S_PER_OP)
@@ -1272,9 +1276,27 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
                 "inside": low <= published <= high,
                 "error": planned / published - 1,
                 "implied_host_us": published / ops * 1e6 if ops and published > gpu_s else None,
+                "implied_host_then_us": published / ops_then * 1e6 if ops_then and published > gpu_s else None,
+                "bnb_then_over_now": then_over_now if r["quantize"] else None,
             }
         )
     return rows
+
+
+def bnb_decode_then_over_now(root: Path = ROOT) -> float:
+    """bitsandbytes 0.41.1's Python per decoded token's 4-bit matmul over 0.50.2's: the medians of the two runs of
+    ``scripts/bench_bnb_host.py`` on one CPU (evidence ``cpu-bnb-host``), kernels stubbed."""
+    extra = []
+    for what in ("results_0.41", "results"):
+        result = files.read_json(root / evidence.path("cpu-bnb-host", what, root), 1 << 20, "bitsandbytes host run")
+        try:
+            value = result["summary"]["decode_extra_us"]["median"]
+        except (KeyError, TypeError):
+            value = None
+        if not evidence.positive(value):
+            raise InputError(f"{evidence.path('cpu-bnb-host', what, root)}: no decode_extra_us median; fix: rerun it")
+        extra.append(value)
+    return extra[0] / extra[1]
 
 
 CONFIG_HUB = "litgpt-config-hub"
@@ -1431,18 +1453,49 @@ def _md_generate(rows: list[dict]) -> list[str]:
         "",
         *_md_generate_band(rows, share),
         "",
+        *_md_generate_then(rows),
+        "",
         "| source | GPU | model | precision | quantize | new tokens | published ms/token | kernels ms | ops | "
-        "planned ms (band) | error | inside | host us/op, at most |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "planned ms (band) | error | inside | host us/op, at most | the same, bitsandbytes 0.41.1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['source']} | {r['gpu']} | {r['model']} | {r['precision']} | {r['quantize'] or ''} | "
             f"{r['new_tokens']} | {r['published_ms']:.1f} | {r['kernels_ms']:.1f} | {r['ops']:,} | "
             f"{r['planned_ms']:.1f} ({r['band_ms'][0]:.1f}-{r['band_ms'][1]:.1f}) | {r['error']:+.0%} | "
-            f"{'yes' if r['inside'] else 'no'} | {fmt(r['implied_host_us'], '.1f', 'GPU-bound')} |"
+            f"{'yes' if r['inside'] else 'no'} | {fmt(r['implied_host_us'], '.1f', 'GPU-bound')} | "
+            f"{fmt(r['implied_host_then_us'], '.1f', '')} |"
         )
     return lines
+
+
+def _md_generate_then(rows: list[dict]) -> list[str]:
+    """The host time per op each NF4 row allows over its 16-bit twin's (the same table at the same commit, the same
+    model, bf16), at the bitsandbytes the plan models and at the one the rows ran."""
+    twins = {
+        (r["source"].split(",")[0], r["model"]): r
+        for r in rows
+        if not r["quantize"] and r["implied_host_us"] and r["precision"] == "bf16-true"
+    }
+    pairs = [
+        (r["implied_host_us"] / twin["implied_host_us"], r["implied_host_then_us"] / twin["implied_host_us"], r)
+        for r in rows
+        if r["implied_host_then_us"] and (twin := twins.get((r["source"].split(",")[0], r["model"])))
+    ]
+    if not pairs:
+        return []
+    now, then = sorted(p[0] for p in pairs), sorted(p[1] for p in pairs)
+    return [
+        "The bitsandbytes they ran: the NF4 rows ran 0.40-0.41, whose `gemv_4bit` is a ctypes call from Python, where "
+        "0.50.2 dispatches a torch custom op. On one CPU, kernels stubbed (evidence `cpu-bnb-host`), 0.41.1 adds "
+        f"{pairs[0][2]['bnb_then_over_now']:.2f}x the Python 0.50.2 adds to a decoded token's 4-bit matmul; the last column "
+        "scales bitsandbytes' ops so (the CPU's ratio taken to the GPU's host, which neither run measured). Over its "
+        f"16-bit twin's (the same table and commit, the same model; {len(pairs)} pairs), an NF4 row allows "
+        f"{now[0]:.2f}-{now[-1]:.2f}x the host time per op at 0.50.2 (median {statistics.median(now):.2f}), "
+        f"{then[0]:.2f}-{then[-1]:.2f}x at 0.41.1 (median {statistics.median(then):.2f}): at 0.50.2 each would have had a faster host "
+        "than its twin, at the version it ran about its twin's. The plan keeps 0.50.2, the version it runs with.",
+    ]
 
 
 def _md_generate_band(rows: list[dict], share: float) -> list[str]:
