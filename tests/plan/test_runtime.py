@@ -1480,6 +1480,38 @@ def test_litgpts_published_config_hub_runs_are_planned_as_their_yamls_say(tmp_pa
         runtime_accuracy.config_hub_rows(tmp_path)
 
 
+def test_a_config_hub_run_its_host_bounds_says_the_host_time_per_op_it_implies(tmp_path):
+    """A counted config_hub run the plan says waits on its host (kernels busy under 60% of the loop: Llama 3.2 1B's
+    LoRA at micro 1) is solved for the host time per op at which the plan takes the published time; one its GPU
+    bounds (TinyLlama's LoRA) says nothing of its host. Below the fastest host we measured, the row lies below the
+    band, and the report says why."""
+    import shutil
+
+    from tunelab import hardware
+    from tunelab.plan.projection import project_recipe
+    from tunelab.plan.recipe import plan_recipe
+    from tunelab.recipes import load
+
+    published = tmp_path / "configs" / "published"
+    shutil.copytree(ROOT / "configs" / "published" / "litgpt-config-hub", published / "litgpt-config-hub")
+    head, rows = (ROOT / "configs" / "published" / "litgpt-config-hub.yaml").read_text().split("rows:\n")
+    keep = [ln for ln in rows.splitlines() if "llama-3.2-1B/lora.yaml" in ln or "tiny-llama/lora.yaml" in ln]
+    (published / "litgpt-config-hub.yaml").write_text(head + "rows:\n" + "\n".join(keep) + "\n")
+    small, tiny = sorted(runtime_accuracy.config_hub_rows(tmp_path), key=lambda r: r["config"])
+    assert tiny["implied_host_us"] is None and tiny["inside"]
+    gpu = hardware.lookup("A10G")
+    planned = plan_recipe(load(published / "litgpt-config-hub" / "llama-3.2-1B" / "lora.yaml"), [], gpu=gpu)
+    host = small["implied_host_us"]
+    at = project_recipe(planned, gpu, host_us_per_op=host)[0].seconds
+    assert at == pytest.approx(small["minutes"] * 60, rel=1e-3)
+    fast = runtime.LITGPT_HOST_S_PER_OP_RANGE[0] * 1e6
+    assert host < fast and not small["inside"] and small["minutes"] * 60 < small["band"][0]
+    md = "\n".join(runtime_accuracy._md_config_hub([small, tiny]))
+    assert f"llama-3.2-1B/lora.yaml {host:.1f} (the last column)" in md
+    assert "llama-3.2-1B/lora.yaml lies below the band: its host is faster than any we measured" in md
+    assert md.count(f"| {host:.1f} |") == 1
+
+
 def test_a_sliding_window_models_mask_is_counted_op_by_op_and_said():
     """litgpt (0.5.13) builds each sliding-window layer's mask row by row in Python in every forward without a KV
     cache: the traced forward of Mistral v0.1 holds about one op per token per layer more than v0.2's (the same

@@ -109,12 +109,12 @@ waited on the host at least 40% of the window): only such a row's step says what
 GPU's gap is the kernel model's, not the host's)."""
 
 
-def solve(seconds_at, measured_s: float, lo: float, hi: float) -> float | None:
+def solve(seconds_at, measured_s: float, lo: float, hi: float, halvings: int = 50) -> float | None:
     """The ``x`` in [lo, hi] at which the increasing ``seconds_at(x)`` equals ``measured_s``, by bisection (the
-    interval halved 50 times); None where ``measured_s`` lies outside [seconds_at(lo), seconds_at(hi)]."""
+    interval halved ``halvings`` times); None where ``measured_s`` lies outside [seconds_at(lo), seconds_at(hi)]."""
     if seconds_at(lo) >= measured_s or seconds_at(hi) <= measured_s:
         return None
-    for _ in range(50):
+    for _ in range(halvings):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if seconds_at(mid) < measured_s else (lo, mid)
     return (lo + hi) / 2
@@ -1343,6 +1343,7 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
         st = planned.settings
         published_s = r["minutes"] * 60 if r["minutes"] is not None else None
         lo, hi = projection.seconds_band
+        host_us = _hub_host_us(planned, gpu, projection, published_s) if published_s else None
         rows.append(
             {
                 **r,
@@ -1362,15 +1363,50 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "states_gb": (states := sum(planned.plan.breakdown_bytes.get(k, 0) for k in STATES) / GB),
                 "not_the_yaml": bool(r["peak_gb"]) and r["peak_gb"] < states,
                 "fits": planned.plan.fits,
+                "implied_host_us": host_us,
             }
         )
     return rows
+
+
+def _hub_host_us(planned, gpu, projection, published_s: float) -> float | None:
+    """The host time per op (us) at which the plan's run takes the published time, for a run the plan says waits on
+    its host (its kernels busy under :data:`HOST_BOUND_UTIL` % of the training loop, as :func:`lab_hosts` asks);
+    None for one the GPU bounds, or that no host between 1 and 500 us an op explains."""
+    causes = projection.seconds_by_cause or {}
+    busy = sum(causes.get(c, 0.0) for c in runtime.CAUSES[: runtime.CAUSES.index("kernel gaps")])
+    idle = causes.get("kernel gaps", 0.0) + causes.get("host launches", 0.0)
+    if not busy or busy / (busy + idle) >= HOST_BOUND_UTIL / 100:
+        return None
+
+    def run_s(host_us: float) -> float:
+        return project_recipe(planned, gpu, host_us_per_op=host_us)[0].seconds
+
+    return solve(run_s, published_s, 1.0, 500.0, halvings=20)
 
 
 def _counted(row: dict) -> bool:
     """Whether a config_hub row holds the plan to its band: timed, its YAML as it ran (its epochs, micro batch and
     states), no sliding window (the table's litgpt masked differently: the data file's note)."""
     return row["minutes"] is not None and row["same_yaml"] and not row["not_the_yaml"] and not row["sliding_window"]
+
+
+def _md_config_hub_hosts(rows: list[dict]) -> list[str]:
+    """The host time per op the counted runs the plan calls host-bound imply, against the hosts the band spans."""
+    bound = [r for r in rows if _counted(r) and r["implied_host_us"]]
+    if not bound:
+        return []
+    fast, slow = (h * 1e6 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
+    names = ", ".join(f"{r['config']} {r['implied_host_us']:.1f}" for r in bound)
+    below = [r["config"] for r in bound if r["implied_host_us"] < fast and not r["inside"]]
+    return [
+        f"The runs the plan says wait on their host (kernels busy under {HOST_BOUND_UTIL:.0f}% of the loop) imply, "
+        f"in us of host time per op: {names} (the last column), against the {fast:.0f}-{slow:.0f} of the machines we "
+        "measured, the band's span"
+        + (f"; {', '.join(below)} lies below the band: its host is faster than any we measured." if below else ".")
+        + " A check, not fitted.",
+        "",
+    ]
 
 
 def _md_config_hub_memory(rows: list[dict]) -> str:
@@ -1411,11 +1447,12 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         f"{sum(1 for r in several if r['inside'])} of {len(several)} on several GPUs. Rows whose epochs or micro "
         "batch differ from the YAML ran an older one: shown, not counted. " + (rows[0]["note"] if rows else ""),
         "",
+        *_md_config_hub_hosts(rows),
         _md_config_hub_memory(rows),
         "",
         "| config | machine | devices | strategy | published min | planned min (band) | error | inside | "
-        "published GB | planned GB | memory error | fits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "host us/op implied | published GB | planned GB | memory error | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["band"]
@@ -1428,7 +1465,8 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {r['config']} | {r['machine']} | {r['devices']} | {r['strategy']} | "
             f"{fmt(r['minutes'], '.2f', 'OOM')} | {r['planned_s'] / 60:.1f} ({lo / 60:.1f}-{hi / 60:.1f}) | "
-            f"{fmt(r['error'], '+.0%', '')} | {inside} | {fmt(r['peak_gb'], '.2f', 'OOM')} | "
+            f"{fmt(r['error'], '+.0%', '')} | {inside} | {fmt(r['implied_host_us'], '.1f', '')} | "
+            f"{fmt(r['peak_gb'], '.2f', 'OOM')} | "
             f"{r['planned_gb']:.2f} | {fmt(r['memory_error'], '+.0%', '')} | {'yes' if r['fits'] else 'no'} |"
         )
     return lines
