@@ -1292,6 +1292,18 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
     assert f"{len(pairs)} pairs), an NF4 row allows {now[0]:.2f}-{now[-1]:.2f}x the host time per op" in md
     assert f"{then[0]:.2f}-{then[-1]:.2f}x at 0.41.1" in md
     assert "\n".join(runtime_accuracy._md_generate(rows[::-1])).count(f"{now[0]:.2f}-{now[-1]:.2f}x") == 1
+    # and each NF4 row held to the plan's band at those ops: the band as plan draws it, its ops the fewer
+    nf4_rows = [r for r in rows if r["quantize"]]
+    share, miss = kernels.EVAL_HOST_SHARE["decode"]["full"], runtime.KERNEL_MODEL_ERROR
+    for r in nf4_rows:
+        ops = r["published_ms"] * 1e3 / r["implied_host_then_us"]  # the row's ops at 0.41.1
+        point = max(r["kernels_ms"], ops * runtime.LITGPT_HOST_S_PER_OP * share * 1e3)
+        fast, slow = (h * share * 1e3 for h in runtime.LITGPT_HOST_S_PER_OP_RANGE)
+        low = min(point * (1 - miss), max(r["kernels_ms"] * (1 - miss), ops * fast))
+        high = max(point * (1 + miss), max(r["kernels_ms"] * (1 + miss), ops * slow))
+        assert r["inside_then"] == (low <= r["published_ms"] <= high), r["model"]
+    n_now, n_then = sum(r["inside"] for r in nf4_rows), sum(r["inside_then"] for r in nf4_rows)
+    assert n_then > n_now and f"{n_now} of the {len(nf4_rows)} NF4 rows at 0.50.2, {n_then} at 0.41.1's" in md
     assert "| A100-40GB | falcon-7b | bf16-true |  | 256 | 21.0 |" in md
     assert "| A100-40GB | falcon-7b | bf16-true | bnb.nf4 | 256 | 26.6 |" in md
     inside = sum(r["inside"] for r in rows)

@@ -1265,6 +1265,9 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
         token_s = functools.partial(_token_seconds, gpu_s, ops * share["decode"])
         planned = token_s(runtime.LITGPT_HOST_S_PER_OP)
         low, high = runtime.litgpt_band(planned, token_s)
+        if ops_then:  # the same band at the bitsandbytes the row ran
+            then_s = functools.partial(_token_seconds, gpu_s, ops_then * share["decode"])
+            then_band = runtime.litgpt_band(then_s(runtime.LITGPT_HOST_S_PER_OP), then_s)
         rows.append(
             {
                 **r,
@@ -1278,6 +1281,7 @@ def generate_rows(root: Path = ROOT) -> list[dict]:
                 "implied_host_us": published / ops * 1e6 if ops and published > gpu_s else None,
                 "implied_host_then_us": published / ops_then * 1e6 if ops_then and published > gpu_s else None,
                 "bnb_then_over_now": then_over_now if r["quantize"] else None,
+                "inside_then": then_band[0] <= published <= then_band[1] if ops_then else None,
             }
         )
     return rows
@@ -1524,6 +1528,7 @@ def _md_generate_then(rows: list[dict]) -> list[str]:
     if not pairs:
         return []
     now, then = sorted(p[0] for p in pairs), sorted(p[1] for p in pairs)
+    nf4 = [r for r in rows if r["inside_then"] is not None]
     return [
         "The bitsandbytes they ran: the NF4 rows ran 0.40-0.41, whose `gemv_4bit` is a ctypes call from Python, where "
         "0.50.2 dispatches a torch custom op. On one CPU, kernels stubbed (evidence `cpu-bnb-host`), 0.41.1 adds "
@@ -1531,8 +1536,10 @@ def _md_generate_then(rows: list[dict]) -> list[str]:
         "scales bitsandbytes' ops so (the CPU's ratio taken to the GPU's host, which neither run measured). Over its "
         f"16-bit twin's (the same table and commit, the same model; {len(pairs)} pairs), an NF4 row allows "
         f"{now[0]:.2f}-{now[-1]:.2f}x the host time per op at 0.50.2 (median {statistics.median(now):.2f}), "
-        f"{then[0]:.2f}-{then[-1]:.2f}x at 0.41.1 (median {statistics.median(then):.2f}): at 0.50.2 each would have had a faster host "
-        "than its twin, at the version it ran about its twin's. The plan keeps 0.50.2, the version it runs with.",
+        f"{then[0]:.2f}-{then[-1]:.2f}x at 0.41.1 (median {statistics.median(then):.2f}): at 0.50.2 each would have "
+        "had a faster host than its twin, at the version it ran about its twin's. In the plan's band: "
+        f"{sum(r['inside'] for r in nf4)} of the {len(nf4)} NF4 rows at 0.50.2, {sum(r['inside_then'] for r in nf4)} "
+        "at 0.41.1's Python. The plan keeps 0.50.2, the version it runs with.",
     ]
 
 
