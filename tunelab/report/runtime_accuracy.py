@@ -109,6 +109,14 @@ waited on the host at least 40% of the window): only such a row's step says what
 GPU's gap is the kernel model's, not the host's)."""
 
 
+def waits_on_host(causes: dict) -> bool:
+    """Whether a modelled run (its seconds by cause, :data:`tunelab.plan.model.runtime.CAUSES`) waits on its host:
+    its kernels busy under :data:`HOST_BOUND_UTIL` % of the loop, the gaps between them idle, as NVML counts."""
+    busy = sum(causes.get(cause, 0.0) for cause in runtime.CAUSES[: runtime.CAUSES.index("kernel gaps")])
+    idle = causes.get("kernel gaps", 0.0) + causes.get("host launches", 0.0)
+    return busy > 0 and busy / (busy + idle) < HOST_BOUND_UTIL / 100
+
+
 def solve(seconds_at, measured_s: float, lo: float, hi: float, halvings: int = 50) -> float | None:
     """The ``x`` in [lo, hi] at which the increasing ``seconds_at(x)`` equals ``measured_s``, by bisection (the
     interval halved ``halvings`` times); None where ``measured_s`` lies outside [seconds_at(lo), seconds_at(hi)]."""
@@ -682,9 +690,7 @@ def lab_hosts(items: list | None = None) -> dict:
         def run_s(scale: float, t=t, gpu=gpu, step=step) -> float:
             return sum(t.by_cause(gpu, scale, step=step).values())
 
-        at = t.by_cause(gpu, step=step)
-        busy = sum(at[cause] for cause in runtime.CAUSES[: runtime.CAUSES.index("kernel gaps")])
-        if busy / (busy + at["kernel gaps"] + at["host launches"]) >= HOST_BOUND_UTIL / 100:
+        if not waits_on_host(t.by_cause(gpu, step=step)):
             continue  # busy with its kernels by the model (gaps idle, as NVML counts): its time says nothing of its host
         if (scale := solve(run_s, secs, 1e-4, 4.0)) is not None:
             out[r.id] = scale * runtime.LITGPT_HOST_S_PER_OP * 1e6
@@ -1377,10 +1383,7 @@ def _hub_host_us(planned, gpu, projection, published_s: float) -> float | None:
     """The host time per op (us) at which the plan's run takes the published time, for a run the plan says waits on
     its host (its kernels busy under :data:`HOST_BOUND_UTIL` % of the training loop, as :func:`lab_hosts` asks);
     None for one the GPU bounds, or that no host between 1 and 500 us an op explains."""
-    causes = projection.seconds_by_cause or {}
-    busy = sum(causes.get(c, 0.0) for c in runtime.CAUSES[: runtime.CAUSES.index("kernel gaps")])
-    idle = causes.get("kernel gaps", 0.0) + causes.get("host launches", 0.0)
-    if not busy or busy / (busy + idle) >= HOST_BOUND_UTIL / 100:
+    if not waits_on_host(projection.seconds_by_cause or {}):
         return None
 
     def run_s(host_us: float) -> float:
@@ -1515,15 +1518,17 @@ def _md_generate(rows: list[dict]) -> list[str]:
 def _md_generate_then(rows: list[dict]) -> list[str]:
     """The host time per op each NF4 row allows over its 16-bit twin's (the same table at the same commit, the same
     model, bf16), at the bitsandbytes the plan models and at the one the rows ran."""
+
+    def table_model(r: dict) -> tuple:  # the published table at its commit (the source before its row), the model
+        return r["source"].split(",")[0], r["model"]
+
     twins = {
-        (r["source"].split(",")[0], r["model"]): r
-        for r in rows
-        if not r["quantize"] and r["implied_host_us"] and r["precision"] == "bf16-true"
+        table_model(r): r for r in rows if not r["quantize"] and r["implied_host_us"] and r["precision"] == "bf16-true"
     }
     pairs = [
         (r["implied_host_us"] / twin["implied_host_us"], r["implied_host_then_us"] / twin["implied_host_us"], r)
         for r in rows
-        if r["implied_host_then_us"] and (twin := twins.get((r["source"].split(",")[0], r["model"])))
+        if r["implied_host_then_us"] and (twin := twins.get(table_model(r)))
     ]
     if not pairs:
         return []
