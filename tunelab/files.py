@@ -128,12 +128,19 @@ def read_text(
         raise FileRefused(f"{shown}: not UTF-8 text, so not a {what}; fix: give the right file") from None
 
 
-def read_json(path: Path | str, limit: int = RECORD_MAX_BYTES, what: str = "JSON file", shown: str | None = None):
-    """A JSON file's data (:func:`read_text`); :class:`FileRefused` naming the line when it is not valid JSON.
+def read_json(
+    path: Path | str,
+    limit: int = RECORD_MAX_BYTES,
+    what: str = "JSON file",
+    shown: str | None = None,
+    links: bool = True,
+):
+    """A JSON file's data (:func:`read_text`, ``links`` as there); :class:`FileRefused` naming the line when it is not
+    valid JSON.
 
     ``NaN`` and ``Infinity`` parse (json.dumps writes them for a diverged loss); the callers check ranges."""
     shown = shown or str(path)
-    return parse_json(read_text(path, limit, what, shown), shown, f"give a complete {what}")
+    return parse_json(read_text(path, limit, what, shown, links), shown, f"give a complete {what}")
 
 
 def parse_json(text: str, shown: str, fix: str):

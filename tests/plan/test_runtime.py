@@ -1327,6 +1327,48 @@ def test_the_decoded_token_is_checked_against_litgpts_published_generation_speed
             runtime_accuracy.generate_rows(tmp_path)
 
 
+def test_a_bad_bitsandbytes_archive_is_one_line_naming_the_file(tmp_path):
+    """The two archived runs the decoded token's check scales by (evidence ``cpu-bnb-host``): a file that is not JSON,
+    holds no median, a median that is not a finite number above 0 (JSON parses Infinity), a FIFO or a link in its
+    place (an archive is never a link, even to a good file): one line naming the file and a fix."""
+    import json
+    import os
+    import shutil
+
+    from tunelab.errors import InputError
+    from tunelab.report import evidence
+
+    (tmp_path / "reports").mkdir()
+    shutil.copy(ROOT / evidence.MANIFEST, tmp_path / evidence.MANIFEST)
+    folder = evidence.entry("cpu-bnb-host").folder
+    shutil.copytree(ROOT / "reports" / folder, tmp_path / "reports" / folder)
+    evidence.entries.cache_clear()
+    try:
+        extra = [
+            json.loads((ROOT / evidence.path("cpu-bnb-host", w)).read_text())["summary"]["decode_extra_us"]["median"]
+            for w in ("results_0.41", "results")
+        ]
+        assert runtime_accuracy.bnb_decode_then_over_now(tmp_path) == pytest.approx(extra[0] / extra[1])
+        target = tmp_path / evidence.path("cpu-bnb-host", "results_0.41", tmp_path)
+        good = target.read_text()
+        median = '{"summary": {"decode_extra_us": {"median": %s}}}'
+        for text in ("{oops", "[1, 2]", median % "Infinity", median % "NaN", median % '"10"', median % "0"):
+            target.write_text(text)
+            with pytest.raises(InputError, match=r"results-0\.41\.json: .*fix: "):
+                runtime_accuracy.bnb_decode_then_over_now(tmp_path)
+        target.unlink()
+        os.mkfifo(target)
+        with pytest.raises(InputError, match=r"results-0\.41\.json: is a FIFO.*fix: "):
+            runtime_accuracy.bnb_decode_then_over_now(tmp_path)
+        target.unlink()
+        (tmp_path / "elsewhere.json").write_text(good)
+        target.symlink_to(tmp_path / "elsewhere.json")
+        with pytest.raises(InputError, match=r"results-0\.41\.json: .*link.*fix: "):
+            runtime_accuracy.bnb_decode_then_over_now(tmp_path)
+    finally:
+        evidence.entries.cache_clear()
+
+
 def test_each_rank_validates_its_own_share_of_the_validation_set():
     """litgpt's validation runs on every rank at once over its DistributedSampler share: min(len(val_dataloader),
     eval.max_iters) batches a validation, the initial one over the whole loader (else a 2-batch sanity check). On

@@ -233,3 +233,12 @@ def test_every_fitted_constant_of_the_model_names_its_evidence():
             if not (ids & set(re.findall(r"``([a-z0-9-]+)``", text)) or tables):
                 missing.append(f"{path.relative_to(ROOT)}: {name}")
     assert not missing, missing
+
+
+def test_a_positive_figure_is_a_finite_number_above_0():
+    """Counts, times and sizes read from the manifest, published tables and archived JSON (which parses NaN and
+    Infinity): a finite number above 0, never a bool; ``whole``: an int of 1 or more."""
+    assert evidence.positive(0.5) and evidence.positive(3) and evidence.positive(2, whole=True)
+    for bad in (0, -1, float("inf"), float("nan"), True, "3", None):
+        assert not evidence.positive(bad), bad
+    assert not evidence.positive(2.0, whole=True)

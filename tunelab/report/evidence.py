@@ -128,10 +128,11 @@ def entries(root: Path = ROOT) -> dict[str, Entry]:
 
 
 def positive(value, whole: bool = False) -> bool:
-    """Whether ``value`` is a number above 0 (``whole``: a whole number of 1 or more), never a bool: what a count, a
-    time or a size in a manifest entry or a published table must be."""
+    """Whether ``value`` is a finite number above 0 (``whole``: a whole number of 1 or more), never a bool: what a
+    count, a time or a size in a manifest entry, a published table or an archived result (JSON parses Infinity) must
+    be."""
     kinds = int if whole else int | float
-    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
+    return isinstance(value, kinds) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 class EvidenceMissing(InputError, KeyError):

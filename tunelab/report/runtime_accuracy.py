@@ -1298,13 +1298,17 @@ def bnb_decode_then_over_now(root: Path = ROOT) -> float:
     ``scripts/bench_bnb_host.py`` on one CPU (evidence ``cpu-bnb-host``), kernels stubbed."""
     extra = []
     for what in ("results_0.41", "results"):
-        result = files.read_json(root / evidence.path("cpu-bnb-host", what, root), 1 << 20, "bitsandbytes host run")
+        where = root / evidence.path("cpu-bnb-host", what, root)
+        result = files.read_json(where, 1 << 20, "bitsandbytes host run", links=False)  # an archive: never a link
         try:
             value = result["summary"]["decode_extra_us"]["median"]
         except (KeyError, TypeError):
             value = None
         if not evidence.positive(value):
-            raise InputError(f"{evidence.path('cpu-bnb-host', what, root)}: no decode_extra_us median; fix: rerun it")
+            raise InputError(
+                f"{evidence.path('cpu-bnb-host', what, root)}: summary.decode_extra_us.median is not a finite number "
+                "of us above 0; fix: rerun scripts/bench_bnb_host.py into it"
+            )
         extra.append(value)
     return extra[0] / extra[1]
 
