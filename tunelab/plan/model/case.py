@@ -86,6 +86,19 @@ class LoopFeatures:
     """Transformer blocks compiled (torch.compile, a strategy's ``compile: blocks``): what each block keeps is what
     torch's partitioner saves (:mod:`tunelab.plan.trace.compiled`, traced), not eager autograd's; planned as eager (an
     upper bound) under mixed precision, activation checkpointing, QLoRA and math attention."""
+    qlora_stable_embedding: bool = True
+    """litgpt's QLoRA swaps the embedding for bitsandbytes' trainable ``StableEmbedding`` after building the
+    optimizer (since litgpt #1770; :func:`tunelab.plan.model.memory.stable_embedding_states`); False: the embedding
+    stays frozen, as in litgpt's QLoRA before that change."""
+    bnb_keeps_matmul_inputs: bool = False
+    """bitsandbytes' 4-bit matmul keeps its input for backward whenever that input needs a gradient
+    (``ctx.tensors = (A, B)``: bitsandbytes before 0.43.2, changed by its #1270;
+    :func:`tunelab.plan.model.memory.bnb_matmul_inputs`); False: the versions since, which keep only the weight."""
+    longest_first: bool = False
+    """The loop runs the longest sample as its first micro batch (lit-gpt's finetune scripts of 2023:
+    ``get_batch(..., longest_seq_ix if iter_num == 1 else None)``), so the peak batch has no earlier micro batch's
+    graph alive beside it; False: litgpt's data loaders since, where a micro batch as long as the peak can follow
+    another while the loop still holds the last one's loss."""
 
     @property
     def fast(self) -> bool:

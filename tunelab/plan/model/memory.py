@@ -308,11 +308,13 @@ def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
         acts = saved.first_layer + saved.per_layer * (c.n_layer - 1)
     if case.loop.compiled and not traced:
         notes.append("compiled blocks: activations planned as eager here (an upper bound: inductor saves less)")
-    if bnb_quantized(case):  # QLoRA's trainable StableEmbedding: its norm keeps its input (and mean and rstd), and the
-        # first block's input carries a gradient, so it keeps what the others keep (stable_embedding_states)
+    if bnb_quantized(case) and case.loop.qlora_stable_embedding:  # QLoRA's trainable StableEmbedding: its norm
+        # keeps its input (and mean and rstd), and the first block's input carries a gradient, so it keeps what the
+        # others keep (stable_embedding_states)
         acts += (s_act * c.n_embd + 8) * n_tok + (
             0 if case.activation_checkpointing else saved.per_layer - saved.first_layer
         )
+    acts += bnb_inputs_at_peak(case)
     if case.loop.fused_loss:
         logits = saved.head_norm + liger_loss_bytes(case)
         notes.append("Liger's fused linear cross-entropy: the logits are never materialised (liger_loss_bytes)")
@@ -455,6 +457,41 @@ def bnb_quantized(case: PlanInput) -> bool:
     return str(case.quantize or "").startswith("bnb.")
 
 
+def bnb_matmul_inputs(case: PlanInput) -> float:
+    """Bytes the 4-bit layers' inputs hold from forward to backward where bitsandbytes keeps them
+    (:attr:`~tunelab.plan.model.case.LoopFeatures.bnb_keeps_matmul_inputs`: before 0.43.2, ``ctx.tensors = (A,
+    B)`` whenever A needs a gradient, an attribute no checkpoint's saved-tensor hook sees). Per token and block, in
+    the compute dtype: the attention's input (the first norm's output), the MLP's (the second norm's; one tensor
+    with the first under a shared norm), the projection's (the heads reshaped into a copy; a view of what the
+    attention saved under CUDA's fp32 kernel) and the MLP projection's (the activated intermediate); in the first
+    block the norms reading the block's input (the first; the second too under a parallel residual) give outputs
+    that need no gradient where the embedding is frozen; lm_head keeps the final norm's
+    output. None of these is what autograd keeps otherwise: LoRA's adapters keep their dropout's output. Being no
+    saved tensor, each stays as long as its graph: the loop holds the last micro batch's loss (litgpt's and tunelab's)
+    until the next loss is bound, through the optimizer step (:func:`bnb_inputs_at_peak`). One micro batch's."""
+    if not (bnb_quantized(case) and case.loop.bnb_keeps_matmul_inputs):
+        return 0
+    c = case.config
+    shared = c.parallel_residual and c.shared_attention_norm
+    efficient = dtype_bytes(case.precision) == 4 and not case.attention_math
+    block = c.n_embd * (1 if shared else 2) + (0 if efficient else c.n_head * c.head_size) + c.intermediate_size
+    from_input = 2 if c.parallel_residual and not shared else 1  # norms reading the block's own input
+    first = block - (0 if case.loop.qlora_stable_embedding else from_input * c.n_embd)
+    per_token = first + block * (c.n_layer - 1) + c.n_embd
+    return dtype_bytes(case.precision) * per_token * case.micro_batch_size * case.seq_len
+
+
+def bnb_inputs_at_peak(case: PlanInput) -> float:
+    """Bytes of kept 4-bit inputs (:func:`bnb_matmul_inputs`) at the plan's forward peak: two micro batches'. The
+    versions that keep them dequantize through fp16 in forward as in backward (two head-sized temporaries), so the
+    peak is lm_head's forward, where the last micro batch's graph is still alive (the loop holds its logits until
+    the model returns, its loss until the next is bound); one where the longest sample runs first
+    (:attr:`~tunelab.plan.model.case.LoopFeatures.longest_first`). The simulated step at that moment holds the last
+    logits where the plan's holds the chunks' gradients: the plan over it by a vocabulary's share, 0.1-1.1%
+    (:mod:`tunelab.plan.trace.simulate`)."""
+    return (1 if case.loop.longest_first else 2) * bnb_matmul_inputs(case)
+
+
 def stable_embedding_states(case: PlanInput) -> float:
     """Bytes of litgpt's QLoRA embedding swap (``finetune/lora.py`` main, 0.5.13; any bitsandbytes quantization):
     after the optimizer is built, ``model.transformer.wte`` is replaced by bitsandbytes' ``StableEmbedding`` (an
@@ -463,7 +500,7 @@ def stable_embedding_states(case: PlanInput) -> float:
     optimizer, so ``zero_grad`` never frees its vocabulary-sized gradient: two vocabulary x embedding tensors, plus
     the norm's weight, bias and their gradients. Its activations (the norm's input; the first block's input now
     carries a gradient) are in the activation term. Seen in the simulated step (tunelab/plan/trace/simulate.py)."""
-    if not bnb_quantized(case):
+    if not (bnb_quantized(case) and case.loop.qlora_stable_embedding):
         return 0
     c = case.config
     s = 4 if "mixed" in str(case.precision) or str(case.precision).startswith("32") else 2  # the weights' dtype
@@ -497,7 +534,7 @@ def predict(case: PlanInput) -> Plan:
     # litgpt's loop still holds the logits (full: one tensor; LoRA: the list of chunks) when it steps the optimizer:
     # a vocabulary-sized term the simulated step shows (tunelab/plan/trace/simulate.py), largest for 128k-256k vocabularies
     held = logits_held_at_step(case)
-    step_peak = dev.grads + dev.step_temp + held
+    step_peak = dev.grads + dev.step_temp + held + bnb_matmul_inputs(case)  # the last graph's kept inputs too
     backward, backward_peak, acts_at_backward, at_end, gathered = strategy.backward_moment(
         case, st, dev, base, acts, inputs
     )

@@ -157,20 +157,28 @@ class NoHook:
         pass
 
 
-def _matmul_4bit():
+def _matmul_4bit(keeps_input: bool = False):
     """bitsandbytes' ``MatMul4Bit`` (0.50) as memory sees it, with the weights Lightning quantizes: forward, the
     dequantize-then-``F.linear`` path (CUDA takes it for large inputs, always on an H100 past 1536 rows) dequantizes
     the NF4 weight to a temporary in the input's dtype; nothing but the packed weight is kept for backward
     (``ctx.tensors = (None, B)``); backward, ``dequantize_4bit(B, state)`` returns the dtype the weight was quantized
     from, fp16 (Lightning's ``_Linear4bit.quantize`` casts to half first), and ``.to(grad.dtype)`` copies it to the
-    compute dtype: two weight-sized temporaries at once under bf16."""
+    compute dtype: two weight-sized temporaries at once under bf16. ``keeps_input``: the versions before 0.43.2, whose
+    forward dequantizes as backward does and keeps the input where it needs a gradient (``ctx.tensors = (A, B)``,
+    listed in :data:`KEPT_BY_GRAPHS`)."""
     import torch
 
     class MatMul4Bit(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, packed, out_features, in_features):
-            w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantized
+            if keeps_input:  # before 0.43.2: dequantize_4bit's fp16, then .to(A.dtype): two temporaries, as backward
+                w = torch.empty(out_features, in_features, dtype=torch.float16, device=x.device).to(x.dtype)
+            else:
+                w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantized
             ctx.shape = (out_features, in_features)
+            if keeps_input and ctx.needs_input_grad[0]:
+                ctx.tensors = (x, packed)
+                KEPT_BY_GRAPHS[-1].append(ctx)
             return torch.nn.functional.linear(x, w)
 
         @staticmethod
@@ -181,12 +189,29 @@ def _matmul_4bit():
     return MatMul4Bit
 
 
-def _quantize(model) -> int:
+KEPT_BY_GRAPHS: list[list] = [[]]
+"""Per micro batch's graph, oldest first, the contexts of its 4-bit layers that keep their input (bitsandbytes
+before 0.43.2): see :func:`release_older_graphs`."""
+
+
+def release_older_graphs() -> None:
+    """Drop what the 4-bit layers of every graph but the newest keep, where litgpt's loop drops the older graph
+    (binding the next micro batch's loss replaces the last references to it), and open a list for the next graph. A
+    node's attribute lives as long as its graph, but under the tracker every graph lives on: torch's module tracker
+    hooks each module's outputs, a cycle through the kept input that no collection breaks."""
+    for older in KEPT_BY_GRAPHS[:-1]:
+        for ctx in older:
+            ctx.tensors = None
+    KEPT_BY_GRAPHS[:] = [KEPT_BY_GRAPHS[-1], []]
+
+
+def _quantize(model, keeps_input: bool = False) -> int:
     """Replace every Linear of the model (Lightning's BitsandbytesPrecision converts each ``torch.nn.Linear``,
-    lm_head's included; the embedding is no Linear) by NF4 storage; returns the count."""
+    lm_head's included; the embedding is no Linear) by NF4 storage; returns the count. ``keeps_input``: bitsandbytes
+    before 0.43.2 (:func:`_matmul_4bit`)."""
     import torch
 
-    fn = _matmul_4bit()
+    fn = _matmul_4bit(keeps_input)
 
     class FakeLinear4bit(torch.nn.Module):
         def __init__(self, linear: torch.nn.Linear):
@@ -241,12 +266,12 @@ def setup_step(case, optimizer: str):
 
     model = case_model(case)
     if case.method == "qlora":
-        _quantize(model)
+        _quantize(model, case.loop.bnb_keeps_matmul_inputs)
     if case.activation_checkpointing:
         checkpoint_blocks(model)
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     # litgpt's QLoRA swaps the embedding after building the optimizer; main() keeps the old one referenced
-    kept = [_stable_embedding(model)] if case.method == "qlora" else []
+    kept = [_stable_embedding(model)] if case.method == "qlora" and case.loop.qlora_stable_embedding else []
     return model, opt, kept
 
 
@@ -269,6 +294,7 @@ def _one_step(case, optimizer: str):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     method, precision, fabric = case.method, str(case.precision), case.loop.fabric
+    KEPT_BY_GRAPHS[:] = [[]]
     with FakeTensorMode():
         model, opt, kept = setup_step(case, optimizer)
         x = torch.zeros(case.micro_batch_size, case.seq_len, dtype=torch.long)
@@ -290,12 +316,14 @@ def _one_step(case, optimizer: str):
                         loss = training_loss(logits, x, method)
                         if not fabric:  # tunelab's loop: the logits were local to its loss function (run/loop.py
                             logits = None  # _loss), gone before backward; autograd keeps what the loss saved
+                    release_older_graphs()
                     tracker.in_backward = True
                     loss.backward()
                     tracker.in_backward = False
                 opt.step()  # litgpt's loop still holds `logits` here
                 opt.zero_grad()
                 del loss
+    KEPT_BY_GRAPHS[:] = [[]]
     return tracker.phase_peaks, tracker.phase_where
 
 
@@ -314,6 +342,7 @@ def replay_run(case, seq_lens: list[int], validation_seqs: list[int] | None = No
     events: list = []
     marks: dict[str, int] = {}
     longest = max(seq_lens)
+    KEPT_BY_GRAPHS[:] = [[]]
     method, precision, micro_batch_size = case.method, str(case.precision), case.micro_batch_size
     with FakeTensorMode():
         model, opt, kept = setup_step(
@@ -339,12 +368,14 @@ def replay_run(case, seq_lens: list[int], validation_seqs: list[int] | None = No
                 x = torch.zeros(micro_batch_size, t, dtype=torch.long)
                 logits = model_logits(model, x, method, precision)
                 loss = training_loss(logits, x, method)
+                release_older_graphs()
                 (loss / case.accumulation).backward()
                 if (i + 1) % case.accumulation == 0:
                     opt.step()
                     opt.zero_grad()
                     marks.setdefault("first_step", len(events))
         del logits, loss
+    KEPT_BY_GRAPHS[:] = [[]]
     end, so_far = replay(events, marks)
     return {"end": end, **so_far}
 
@@ -408,6 +439,11 @@ def _check(case, optimizer: str) -> None:
         raise ValueError(f"precision {case.precision!r}: simulated are {', '.join(DTYPES)}")
     if case.method not in ("full", "lora", "qlora"):
         raise ValueError(f"method {case.method!r}: full, lora or qlora")
+    if case.loop.bnb_keeps_matmul_inputs and case.activation_checkpointing:
+        raise ValueError(
+            "4-bit layers keeping their inputs under activation checkpointing: not simulated (the blocks recomputed in "
+            "backward would keep theirs to the step's end under the tracker)"
+        )
     if optimizer not in OPTIMIZERS and optimizers.traced_class(optimizer) is None:
         raise ValueError(f"optimizer {optimizer!r}: simulated are {', '.join(OPTIMIZERS)}")
 
