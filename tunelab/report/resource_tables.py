@@ -28,10 +28,18 @@ SAMPLES_PER_STEP = 128
 """The table's minibatch: samples per optimizer step over all GPUs."""
 KEYS = ("model", "quantize", "micro_batch_size", "gpus", "longest", "trainable", "minutes", "peak_gb")
 """The keys of each row."""
-AS_RAN = {"fsdp_root_kept": True, "fsdp2_root_kept": False}
-"""The table's runs on several GPUs, as lit-gpt's script of the time sharded LoRA: FSDP1 (Lightning's
-``FSDPStrategy``, ``use_orig_params``), a unit a block and its root kept, where litgpt 0.5.13 shards LoRA with FSDP2;
-its frozen weights then take gradients (:func:`tunelab.plan.model.strategies.fsdp1.frozen_units`)."""
+AS_RAN = {
+    "fsdp_root_kept": True,
+    "fsdp2_root_kept": False,
+    "bnb_keeps_matmul_inputs": True,
+    "qlora_stable_embedding": False,
+    "longest_first": True,
+}
+"""The table's runs as lit-gpt's script and bitsandbytes of the time ran them: on several GPUs FSDP1 (Lightning's
+``FSDPStrategy``, ``use_orig_params``), a unit a block and its root kept, where litgpt 0.5.13 shards LoRA with FSDP2
+(its frozen weights then take gradients: :func:`tunelab.plan.model.strategies.fsdp1.frozen_units`); QLoRA with
+bitsandbytes 0.41.1's 4-bit matmul keeping its inputs and the embedding frozen; the longest sample the first micro
+batch (:class:`tunelab.plan.model.case.LoopFeatures`)."""
 
 
 def _overrides(row: dict) -> tuple[list[str], int]:
@@ -81,8 +89,7 @@ def rows(root: Path = ROOT) -> list[dict]:
             planned = plan_recipe(base, extra, gpu=gpu)
         except ValueError as e:  # a model litgpt does not know, a value the planner's checks refuse
             raise InputError(f"{evidence.PUBLISHED}/{TABLE}.yaml: rows[{n}] (set on {TABLE}/lora.yaml): {e}") from None
-        if row["gpus"] > 1:
-            planned = _as_ran(planned, gpu)
+        planned = _as_ran(planned, gpu)
         projection = project_recipe(planned, gpu)[0]
         per = ITERATIONS / iterations / 60  # seconds of the planned run to minutes per 1,000 iterations
         lo, hi = projection.seconds_band
@@ -106,8 +113,7 @@ def rows(root: Path = ROOT) -> list[dict]:
 
 
 def _as_ran(planned, gpu):
-    """``planned`` (a row on several GPUs) under the sharding its run had (:data:`AS_RAN`): memory, verdict and the
-    case its time is planned from."""
+    """``planned`` (a row) as its run ran (:data:`AS_RAN`): memory, verdict and the case its time is planned from."""
     case = planned.input.changed(**AS_RAN)
     plan = memory.verdict(memory.predict(case), gpu)
     plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)

@@ -1317,6 +1317,11 @@ CONFIG_HUB = "litgpt-config-hub"
 """The published table of litgpt's config_hub runs (``configs/published/``), its YAMLs in the folder of that name."""
 
 
+CONFIG_HUB_AS_RAN = {"bnb_keeps_matmul_inputs": True, "qlora_stable_embedding": False}
+"""The table's QLoRA runs as they ran (:class:`tunelab.plan.model.case.LoopFeatures`): bitsandbytes 0.42.0, whose
+4-bit matmul kept each input for backward, and litgpt before its trainable StableEmbedding."""
+
+
 STATES = ("weights", "lora_weights", "gradients", "optimizer_states")
 """The plan's terms a run holds from its first optimizer step to its end whatever its data: a published peak below
 their sum cannot be the YAML as written."""
@@ -1372,15 +1377,26 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "band": (lo, hi),
                 "error": projection.seconds / published_s - 1 if published_s else None,
                 "inside": lo <= published_s <= hi if published_s else None,
-                "planned_gb": planned.plan.peak_allocated_bytes / GB,
-                "memory_error": planned.plan.peak_allocated_bytes / GB / r["peak_gb"] - 1 if r["peak_gb"] else None,
-                "states_gb": (states := sum(planned.plan.breakdown_bytes.get(k, 0) for k in STATES) / GB),
-                "not_the_yaml": bool(r["peak_gb"]) and r["peak_gb"] < states,
-                "fits": planned.plan.fits,
+                **_hub_memory(planned, r["peak_gb"]),
                 "implied_host_us": host_us,
             }
         )
     return rows
+
+
+def _hub_memory(planned, peak_gb: float | None) -> dict:
+    """A config_hub row's peak planned as it ran (:data:`CONFIG_HUB_AS_RAN`; ``versions_gb`` at the plan's own
+    versions) against the published ``peak_gb``, the plan's :data:`STATES` and its verdict."""
+    as_ran = memory.predict(planned.input.changed(**CONFIG_HUB_AS_RAN)).peak_allocated_bytes / GB
+    states = sum(planned.plan.breakdown_bytes.get(k, 0) for k in STATES) / GB
+    return {
+        "versions_gb": planned.plan.peak_allocated_bytes / GB,
+        "planned_gb": as_ran,
+        "memory_error": as_ran / peak_gb - 1 if peak_gb else None,
+        "states_gb": states,
+        "not_the_yaml": bool(peak_gb) and peak_gb < states,
+        "fits": planned.plan.fits,
+    }
 
 
 def _hub_host_us(planned, gpu, projection, published_s: float) -> float | None:
@@ -1426,12 +1442,19 @@ def _md_config_hub_memory(rows: list[dict]) -> str:
     below = [r for r in peaks if r["not_the_yaml"]]
     parts = []
     for method in ("full", "lora", "qlora"):
-        errors = [r["memory_error"] for r in peaks if not r["not_the_yaml"] and r["method"] == method]
-        if errors:
+        compared = [r for r in peaks if not r["not_the_yaml"] and r["method"] == method]
+        if compared:
+            errors = [r["memory_error"] for r in compared]
             parts.append(
-                f"{method} {min(errors):+.0%} to {max(errors):+.0%} ({len(errors)} row{'s' * (len(errors) > 1)})"
+                f"{method} {min(errors):+.1%} to {max(errors):+.1%} ({len(errors)} row{'s' * (len(errors) > 1)})"
             )
-    text = f"Peaks planned against published, by method: {'; '.join(parts)}."
+            if method == "qlora":
+                now = [r["versions_gb"] / r["peak_gb"] - 1 for r in compared]
+                parts[-1] += f"; at the plan's versions {min(now):+.0%} to {max(now):+.0%}"
+    text = (
+        "Peaks planned as they ran (QLoRA: bitsandbytes 0.42.0's 4-bit matmul keeping its inputs, no StableEmbedding: "
+        f"`CONFIG_HUB_AS_RAN`) against published, by method: {'; '.join(parts)}."
+    )
     if below:
         names = ", ".join(f"{r['config']} ({r['peak_gb']:.2f} GB against {r['states_gb']:.2f})" for r in below)
         text += (
@@ -1462,8 +1485,8 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
         _md_config_hub_memory(rows),
         "",
         "| config | machine | devices | strategy | published min | planned min (band) | error | inside | "
-        "host us/op implied | published GB | planned GB | memory error | fits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "host us/op implied | published GB | planned GB as ran | memory error | at the plan's versions | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["band"]
@@ -1478,7 +1501,8 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
             f"{fmt(r['minutes'], '.2f', 'OOM')} | {r['planned_s'] / 60:.1f} ({lo / 60:.1f}-{hi / 60:.1f}) | "
             f"{fmt(r['error'], '+.0%', '')} | {inside} | {fmt(r['implied_host_us'], '.1f', '')} | "
             f"{fmt(r['peak_gb'], '.2f', 'OOM')} | "
-            f"{r['planned_gb']:.2f} | {fmt(r['memory_error'], '+.0%', '')} | {'yes' if r['fits'] else 'no'} |"
+            f"{r['planned_gb']:.2f} | {fmt(r['memory_error'], '+.1%', '')} | {r['versions_gb']:.2f} | "
+            f"{'yes' if r['fits'] else 'no'} |"
         )
     return lines
 
