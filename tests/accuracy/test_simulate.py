@@ -131,6 +131,7 @@ def test_bitsandbytes_keeping_its_matmul_inputs_is_planned_as_simulated(name, mi
     kept = memory.bnb_matmul_inputs(case)
     first = case.changed(longest_first=True)  # no earlier graph beside the peak batch: one micro batch's inputs
     assert kept > 0.05 * memory.GB and memory.bnb_inputs_at_peak(first) == kept == memory.bnb_inputs_at_peak(case) / 2
+    assert memory.bnb_matmul_inputs(case.changed(quantize="bnb.int8")) == 0  # 8-bit layers are no MatMul4Bit
 
 
 @pytest.mark.parametrize(

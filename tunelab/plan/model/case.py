@@ -95,7 +95,7 @@ class LoopFeatures:
     (``ctx.tensors = (A, B)``: bitsandbytes before 0.43.2, changed by its #1270;
     :func:`tunelab.plan.model.memory.bnb_matmul_inputs`); False: the versions since, which keep only the weight."""
     longest_first: bool = False
-    """The loop runs the longest sample as its first micro batch (lit-gpt's finetune scripts of 2023:
+    """The loop runs the longest sample as its first micro batch (lit-gpt's finetune scripts before its data modules:
     ``get_batch(..., longest_seq_ix if iter_num == 1 else None)``), so the peak batch has no earlier micro batch's
     graph alive beside it; False: litgpt's data loaders since, where a micro batch as long as the peak can follow
     another while the loop still holds the last one's loss."""

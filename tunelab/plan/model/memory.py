@@ -142,7 +142,7 @@ def model_states(case: PlanInput, notes: list) -> ModelStates:
     s_param = strategy.param_bytes(case)
     trainable = lora_param_count(c, case.lora_r, case.lora_targets) if case.lora else total
     quantize = case.quantize or ""
-    if quantize.startswith(("bnb.nf4", "bnb.fp4")):
+    if bnb_4bit(case):
         linear = total - emb
         per = four_bit_bytes_per_param(quantize)
         weights = linear * per + emb * s_param
@@ -272,7 +272,7 @@ def _activations(case: PlanInput, notes: list) -> tuple[float, float]:
     n_tok = case.micro_batch_size * case.seq_len
     # what autograd keeps, derived from the Config (tunelab/plan/model/activations.py; measured per family on CPU)
     kind = "lora" if case.lora else "full"
-    efficient = s_act == 4 and not case.attention_math  # fp32 attention: CUDA's memory-efficient kernel, not flash
+    efficient = attention_output_is_a_view(case)
     forward = activations.Forward(
         c,
         kind,
@@ -438,7 +438,7 @@ def dequantized_weight_temporary(case: PlanInput) -> float:
     chunk's logits gradient is alive in the compute dtype (Fabric's fp32 conversion, undone by its backward); with
     final-logit softcapping (Gemma 2) the last chunk's saved tanh is freed too. Seen in the simulated step
     (tunelab/plan/trace/simulate.py)."""
-    if not str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
+    if not bnb_4bit(case):
         return 0
     c, s = case.config, dtype_bytes(case.precision)
     fp16_copy = 0 if str(case.precision).startswith("16") else 2  # under fp16 compute, .to() returns the fp16 copy
@@ -457,6 +457,17 @@ def bnb_quantized(case: PlanInput) -> bool:
     return str(case.quantize or "").startswith("bnb.")
 
 
+def attention_output_is_a_view(case: PlanInput) -> bool:
+    """fp32 attention runs CUDA's memory-efficient kernel (not flash), whose output the projection reads as a view
+    of what the kernel saved."""
+    return dtype_bytes(case.precision) == 4 and not case.attention_math
+
+
+def bnb_4bit(case: PlanInput) -> bool:
+    """The linears are bitsandbytes' 4-bit ones (``bnb.nf4``, ``bnb.fp4`` and their ``-dq``), run by ``MatMul4Bit``."""
+    return str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
+
+
 def bnb_matmul_inputs(case: PlanInput) -> float:
     """Bytes the 4-bit layers' inputs hold from forward to backward where bitsandbytes keeps them
     (:attr:`~tunelab.plan.model.case.LoopFeatures.bnb_keeps_matmul_inputs`: before 0.43.2, ``ctx.tensors = (A,
@@ -469,12 +480,12 @@ def bnb_matmul_inputs(case: PlanInput) -> float:
     output. None of these is what autograd keeps otherwise: LoRA's adapters keep their dropout's output. Being no
     saved tensor, each stays as long as its graph: the loop holds the last micro batch's loss (litgpt's and tunelab's)
     until the next loss is bound, through the optimizer step (:func:`bnb_inputs_at_peak`). One micro batch's."""
-    if not (bnb_quantized(case) and case.loop.bnb_keeps_matmul_inputs):
+    if not (bnb_4bit(case) and case.loop.bnb_keeps_matmul_inputs):
         return 0
     c = case.config
     shared = c.parallel_residual and c.shared_attention_norm
-    efficient = dtype_bytes(case.precision) == 4 and not case.attention_math
-    block = c.n_embd * (1 if shared else 2) + (0 if efficient else c.n_head * c.head_size) + c.intermediate_size
+    attention = 0 if attention_output_is_a_view(case) else c.n_head * c.head_size
+    block = c.n_embd * (1 if shared else 2) + attention + c.intermediate_size
     from_input = 2 if c.parallel_residual and not shared else 1  # norms reading the block's own input
     first = block - (0 if case.loop.qlora_stable_embedding else from_input * c.n_embd)
     per_token = first + block * (c.n_layer - 1) + c.n_embd

@@ -23,6 +23,7 @@ from tunelab.plan.model.comm import BACKWARD_SHARE
 from tunelab.plan.model.fast_step import FAST_MODEL_ERROR, fast_step
 from tunelab.plan.model.flops import flops_per_token
 from tunelab.plan.model.memory import (
+    bnb_4bit,
     four_bit_bytes_per_param,
     model_states,
     optimizer_shards,
@@ -506,7 +507,7 @@ def terms(case, args: dict, train_samples: int, val_samples: int, tokens_per_sam
     trainable = n_lora if lora else total
     # each step reads the weights, gradients and states, and writes the weights and states back
     opt_bytes = steps * (3 * trainable * s_param + 2 * optimizer_state_bytes(case, trainable, s_param))
-    quant = str(case.quantize or "").startswith(("bnb.nf4", "bnb.fp4"))
+    quant = bnb_4bit(case)
     weight_bytes = (total - emb) * (four_bit_bytes_per_param(case.quantize) if quant else s_param) + emb * s_param
     gen_bytes = samples_generated * (ev.get("max_new_tokens") or 0) * weight_bytes
     train_iters = run.micro_batches * world
