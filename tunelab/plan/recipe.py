@@ -5,6 +5,7 @@ planner's input built from them (:func:`plan_input`), the memory prediction and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,16 @@ def plan_settings(
         strategy_config=strategy_config,
         warnings=[f"{key}: {what}; fix: {fix} (validate and run refuse it)" for key, what, fix in hangs],
     )
+
+
+def replanned(planned: PlannedRecipe, gpu, **changes) -> PlannedRecipe:
+    """``planned`` with its case changed (:meth:`PlanInput.changed`: a loop feature, a strategy option, the model's
+    config), its memory, verdict for ``gpu`` and largest micro batch planned again; its time follows the case. How a
+    check set's runs are planned as the versions that ran them (the plan's notes are the memory model's own)."""
+    case = planned.input.changed(**changes)
+    plan = memory.verdict(memory.predict(case), gpu)
+    plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
+    return dataclasses.replace(planned, input=case, plan=plan)
 
 
 def _hangs(settings: Settings) -> list[tuple[str, str, str]]:

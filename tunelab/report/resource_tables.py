@@ -5,16 +5,14 @@ table's, its peak per device and its verdict against the table's. A check set: n
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 from tunelab import hardware, recipes
 from tunelab.errors import InputError
 from tunelab.paths import ROOT
-from tunelab.plan.model import memory
 from tunelab.plan.projection import project_recipe
-from tunelab.plan.recipe import plan_recipe
+from tunelab.plan.recipe import plan_recipe, replanned
 from tunelab.report import evidence
 from tunelab.units import GB
 
@@ -89,7 +87,7 @@ def rows(root: Path = ROOT) -> list[dict]:
             planned = plan_recipe(base, extra, gpu=gpu)
         except ValueError as e:  # a model litgpt does not know, a value the planner's checks refuse
             raise InputError(f"{evidence.PUBLISHED}/{TABLE}.yaml: rows[{n}] (set on {TABLE}/lora.yaml): {e}") from None
-        planned = _as_ran(planned, gpu)
+        planned = replanned(planned, gpu, **AS_RAN)
         projection = project_recipe(planned, gpu)[0]
         per = ITERATIONS / iterations / 60  # seconds of the planned run to minutes per 1,000 iterations
         lo, hi = projection.seconds_band
@@ -110,14 +108,6 @@ def rows(root: Path = ROOT) -> list[dict]:
             }
         )
     return out
-
-
-def _as_ran(planned, gpu):
-    """``planned`` (a row) as its run ran (:data:`AS_RAN`): memory, verdict and the case its time is planned from."""
-    case = planned.input.changed(**AS_RAN)
-    plan = memory.verdict(memory.predict(case), gpu)
-    plan.max_micro_batch_size = memory.max_micro_batch(case, gpu)
-    return dataclasses.replace(planned, input=case, plan=plan)
 
 
 def _span(timed: list[dict]) -> str:
