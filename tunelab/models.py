@@ -222,3 +222,9 @@ def sliding_window_layers(config) -> int:
     if not getattr(config, "sliding_window_size", None):
         return 0
     return sum(1 for flag in getattr(config, "sliding_window_indices", None) or [] if flag)
+
+
+def without_sliding_window(config):
+    """``config`` (a litgpt Config) with every layer attending causally over the whole sequence, as litgpt built the
+    model before it applied sliding windows (its commit 916a84ca): no window, no mask, its causal flash attention."""
+    return dataclasses.replace(config, sliding_window_size=None, sliding_window_indices=None)

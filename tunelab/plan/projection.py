@@ -305,7 +305,7 @@ def _host_bound_note(host_s: float, seconds: float, work: runtime.KernelWork) ->
         if work.step.method == "qlora"
         else "a larger micro batch or the fast path's compiled blocks (configs/strategies/fast.yaml) shorten it"
     )
-    if windowed := sliding_window_layers(work.step.config):
+    if work.step.mask_by_row and (windowed := sliding_window_layers(work.step.config)):
         shorten += (
             f"; litgpt builds each sliding-window layer's mask row by row in Python in training and validation: "
             f"about {work.step.tokens:.0f} more ops in each of its {windowed} such layers per forward, counted here"

@@ -22,13 +22,13 @@ from tunelab import files, hardware, recipes, settings
 from tunelab.data.lengths import default_padded_per_sample
 from tunelab.errors import InputError
 from tunelab.files import RECORD_MAX_BYTES, save_figure, write_csv, write_text_atomic
-from tunelab.models import sliding_window_layers
+from tunelab.models import sliding_window_layers, without_sliding_window
 from tunelab.paths import ROOT
 from tunelab.plan import stored
 from tunelab.plan.model import bnb_kernels, comm, fast_step, kernels, memory, runtime, strategies
 from tunelab.plan.model.case import PlanInput
 from tunelab.plan.projection import project_recipe
-from tunelab.plan.recipe import plan_recipe, runtime_terms
+from tunelab.plan.recipe import plan_recipe, replanned, runtime_terms
 from tunelab.plan.trace.tables import TRACED
 from tunelab.record import read_rank_file, steady_state, steady_steps, unnoted_pauses
 from tunelab.report import bench, evidence, profiles, resource_tables
@@ -1320,6 +1320,28 @@ CONFIG_HUB = "litgpt-config-hub"
 CONFIG_HUB_AS_RAN = {"bnb_keeps_matmul_inputs": True, "qlora_stable_embedding": False}
 """The table's QLoRA runs as they ran (:class:`tunelab.plan.model.case.LoopFeatures`): bitsandbytes 0.42.0, whose
 4-bit matmul kept each input for backward, and litgpt before its trainable StableEmbedding."""
+SLIDING_WINDOW_AS_RAN = ("none", "whole", "rows")
+"""How the litgpt that measured a sliding-window model's rows built its masks (the table's
+``sliding_window_as_ran``, per model folder): "none", before litgpt applied sliding windows (the model as
+:func:`tunelab.models.without_sliding_window` builds it); "whole", a few whole-mask ops a layer
+(``LoopFeatures.sliding_mask_by_row`` False); "rows", row by row as the plan's litgpt does."""
+
+
+def _sliding_as_ran(mapping, folder: str, config, where: str) -> dict:
+    """The case changes that plan a row of model ``folder`` (litgpt ``config``) with the masks its litgpt built
+    (:data:`SLIDING_WINDOW_AS_RAN`, from the table's ``mapping``); InputError for a sliding-window model the table
+    does not say of."""
+    if not sliding_window_layers(config):
+        return {}
+    how = mapping.get(folder) if isinstance(mapping, dict) else None
+    if how not in SLIDING_WINDOW_AS_RAN:
+        raise InputError(
+            f"{where}: sliding_window_as_ran.{folder}: {how!r}; the model has sliding-window layers: say how the "
+            f"litgpt that measured it built their masks; fix: one of {', '.join(SLIDING_WINDOW_AS_RAN)}"
+        )
+    if how == "none":
+        return {"config": without_sliding_window(config)}
+    return {"sliding_mask_by_row": how == "rows"}
 
 
 STATES = ("weights", "lora_weights", "gradients", "optimizer_states")
@@ -1334,7 +1356,7 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
     against the table's OOM. A row whose epochs or micro batch differ from its YAML's ran an older YAML (``same_yaml``
     False); one whose published peak lies below the YAML's own :data:`STATES` did not run it (``not_the_yaml``)."""
     keys = ("config", "machine", "epochs", "micro_batch_size", "minutes", "peak_gb")
-    head, table = evidence.published(CONFIG_HUB, ("source", "note"), keys, root)
+    head, table = evidence.published(CONFIG_HUB, ("source", "note", "sliding_window_as_ran"), keys, root)
     folder = (root / evidence.PUBLISHED / CONFIG_HUB).resolve()
     rows, plans = [], {}
     for n, r in enumerate(table):
@@ -1353,16 +1375,20 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
         if (path, gpu.name) not in plans:  # one YAML published on several machines: planned once
             try:
                 planned = plan_recipe(recipes.load(path), [], gpu=gpu)
-                plans[path, gpu.name] = planned, project_recipe(planned, gpu)[0]
+                folder_of = str(r["config"]).split("/")[0]
+                where = f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml"
+                sliding = _sliding_as_ran(head["sliding_window_as_ran"], folder_of, planned.input.config, where)
+                as_ran = replanned(planned, gpu, **CONFIG_HUB_AS_RAN, **sliding)
+                plans[path, gpu.name] = planned, as_ran, project_recipe(as_ran, gpu)[0]
             except InputError:
                 raise
             except ValueError as e:  # the YAML's own values, refused by the planner's range checks
                 raise InputError(f"{evidence.PUBLISHED}/{CONFIG_HUB}/{r['config']}: {e}") from None
-        planned, projection = plans[path, gpu.name]
+        planned, as_ran, projection = plans[path, gpu.name]
         st = planned.settings
         published_s = r["minutes"] * 60 if r["minutes"] is not None else None
         lo, hi = projection.seconds_band
-        host_us = _hub_host_us(planned, gpu, projection, published_s) if published_s else None
+        host_us = _hub_host_us(as_ran, gpu, projection, published_s) if published_s else None
         rows.append(
             {
                 **r,
@@ -1371,31 +1397,30 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
                 "strategy": planned.input.strategy,
                 "method": planned.input.method,
                 "same_yaml": (st.epochs, st.micro_batch_size) == (r["epochs"], r["micro_batch_size"]),
-                "sliding_window": sliding_window_layers(planned.input.config) > 0,
                 "note": str(head["note"]),
                 "planned_s": projection.seconds,
                 "band": (lo, hi),
                 "error": projection.seconds / published_s - 1 if published_s else None,
                 "inside": lo <= published_s <= hi if published_s else None,
-                **_hub_memory(planned, r["peak_gb"]),
+                **_hub_memory(planned, as_ran, r["peak_gb"]),
                 "implied_host_us": host_us,
             }
         )
     return rows
 
 
-def _hub_memory(planned, peak_gb: float | None) -> dict:
-    """A config_hub row's peak planned as it ran (:data:`CONFIG_HUB_AS_RAN`; ``versions_gb`` at the plan's own
-    versions) against the published ``peak_gb``, the plan's :data:`STATES` and its verdict."""
-    as_ran = memory.predict(planned.input.changed(**CONFIG_HUB_AS_RAN)).peak_allocated_bytes / GB
+def _hub_memory(planned, as_ran, peak_gb: float | None) -> dict:
+    """A config_hub row's peak planned as it ran (``as_ran``; ``versions_gb``: ``planned``, at the plan's own
+    versions) against the published ``peak_gb``, the plan's :data:`STATES` and the verdict as it ran."""
+    peak = as_ran.plan.peak_allocated_bytes / GB
     states = sum(planned.plan.breakdown_bytes.get(k, 0) for k in STATES) / GB
     return {
         "versions_gb": planned.plan.peak_allocated_bytes / GB,
-        "planned_gb": as_ran,
-        "memory_error": as_ran / peak_gb - 1 if peak_gb else None,
+        "planned_gb": peak,
+        "memory_error": peak / peak_gb - 1 if peak_gb else None,
         "states_gb": states,
         "not_the_yaml": bool(peak_gb) and peak_gb < states,
-        "fits": planned.plan.fits,
+        "fits": as_ran.plan.fits,
     }
 
 
@@ -1414,8 +1439,8 @@ def _hub_host_us(planned, gpu, projection, published_s: float) -> float | None:
 
 def _counted(row: dict) -> bool:
     """Whether a config_hub row holds the plan to its band: timed, its YAML as it ran (its epochs, micro batch and
-    states), no sliding window (the table's litgpt masked differently: the data file's note)."""
-    return row["minutes"] is not None and row["same_yaml"] and not row["not_the_yaml"] and not row["sliding_window"]
+    states)."""
+    return row["minutes"] is not None and row["same_yaml"] and not row["not_the_yaml"]
 
 
 def _md_config_hub_hosts(rows: list[dict]) -> list[str]:
@@ -1494,7 +1519,7 @@ def _md_config_hub(rows: list[dict]) -> list[str]:
             inside = "OOM published"
         else:
             inside = "yes" if r["inside"] else "no"
-            why = "older YAML" if not r["same_yaml"] else "not the YAML" if r["not_the_yaml"] else "sliding window"
+            why = "older YAML" if not r["same_yaml"] else "not the YAML"
             inside += "" if _counted(r) else f" ({why})"
         lines.append(
             f"| {r['config']} | {r['machine']} | {r['devices']} | {r['strategy']} | "

@@ -99,6 +99,10 @@ class LoopFeatures:
     ``get_batch(..., longest_seq_ix if iter_num == 1 else None)``), so the peak batch has no earlier micro batch's
     graph alive beside it; False: litgpt's data loaders since, where a micro batch as long as the peak can follow
     another while the loop still holds the last one's loss."""
+    sliding_mask_by_row: bool = True
+    """litgpt builds a sliding-window layer's training mask row by row in a Python loop, one fill per token (since its
+    commit 3023ca88; :attr:`tunelab.plan.model.kernels.Step.mask_by_row`); False: with a few whole-mask ops, as
+    litgpt did before."""
 
     @property
     def fast(self) -> bool:

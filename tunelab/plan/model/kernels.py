@@ -226,6 +226,10 @@ CHUNK = 128
 CHUNK_SHAPE = (2, 130)
 """A shape whose full fine-tuning loss runs in three chunks of :data:`CHUNK` rows (B (T - 1) = 258): the ops each
 chunk more dispatches are counted there."""
+VECTORIZED_MASK_OPS = 5
+"""Kernels a sliding-window layer's training mask took in litgpt before it filled the mask row by row (up to its
+commit 3023ca88): ``ones_like``, ``tril``, ``bool``, ``masked_fill_`` and the ``+=`` onto the causal mask, each over
+the whole T x T mask (launch-bound at these sizes: sized here as the row the template keeps)."""
 MONOMIALS = [(i, j) for i in range(4) for j in range(5)]
 """The terms B^i T^j a :class:`Template`'s sizes are polynomials in."""
 
@@ -287,14 +291,19 @@ class Template:
             splits[self.mm] = np.where(conv, 1.0, np.maximum(np.floor(k / SPLIT_K_DEPTH), 1.0))
         return nbytes, flops, tiles, splits
 
-    def counts_at(self, micro: int, tokens: int):
-        """How many kernels each row stands for at ``micro`` x ``tokens`` (:attr:`count`)."""
+    def counts_at(self, micro: int, tokens: int, mask_by_row: bool = True):
+        """How many kernels each row stands for at ``micro`` x ``tokens`` (:attr:`count`); ``mask_by_row`` False:
+        each run that grows with the shape (the mask's row fills) as :data:`VECTORIZED_MASK_OPS` kernels instead."""
         import numpy as np
 
         if self.count is None or not len(self.count):
             return np.ones(len(self.phase))
         mono = np.array([float(micro) ** i * float(tokens) ** j for i, j in MONOMIALS])
-        return self.count @ mono
+        counts = self.count @ mono
+        if mask_by_row:
+            return counts
+        grows = np.abs(np.asarray(self.count)[:, 1:]).sum(axis=1) > 0  # MONOMIALS[0] is the constant term
+        return np.where(grows, float(VECTORIZED_MASK_OPS), counts)
 
 
 def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int, splits=None):
@@ -334,16 +343,23 @@ def kernel_times(tp: Template, nbytes, flops, tiles, gpu, sms: int, splits=None)
 
 
 def template_seconds(
-    tp: Template, micro: int, tokens: float, gpu, sms: int, method: str, drop_logits: bool = False
+    tp: Template,
+    micro: int,
+    tokens: float,
+    gpu,
+    sms: int,
+    method: str,
+    drop_logits: bool = False,
+    mask_by_row: bool = True,
 ) -> tuple:
     """(ops, GPU seconds by category, GPU seconds by phase, ops by phase) of ``tp`` at ``micro`` x ``tokens`` on
     ``gpu``: each kernel by its category (the module docstring), the ops of litgpt's loss chunks beyond the one the
     template holds added at :data:`MIN_KERNEL_S` each. ``drop_logits``: without the loss's own kernels on the logits
-    (:attr:`Template.logits`; Liger's fused loss replaces them)."""
+    (:attr:`Template.logits`; Liger's fused loss replaces them). ``mask_by_row``: :attr:`Step.mask_by_row`."""
     import numpy as np
 
     nbytes, flops, tiles, splits = tp.shape_at(micro, tokens)
-    counts = tp.counts_at(micro, tokens)
+    counts = tp.counts_at(micro, tokens, mask_by_row)
     if drop_logits:
         keep = ~np.array(tp.logits, dtype=bool)
         tp = dataclasses.replace(
@@ -422,6 +438,10 @@ class Step:
     a gradient, so the backward computes the frozen weights' gradients too, as full fine-tuning does, while the
     optimizer steps LoRA's tensors alone: "blocks" (every block's), "all" (the root unit's too) or ""
     (:meth:`tunelab.plan.model.strategies.base.Strategy.frozen_weights_grad`)."""
+    mask_by_row: bool = True
+    """litgpt fills a sliding-window layer's training mask row by row, one kernel per token
+    (:attr:`tunelab.plan.model.case.LoopFeatures.sliding_mask_by_row`); False: the older whole-mask build,
+    :data:`VECTORIZED_MASK_OPS` kernels a layer."""
 
     def head_chunks(self) -> int:
         """The chunks LoRA's head runs in at this micro batch (:func:`loss_chunks`); 1 for full fine-tuning."""
@@ -477,7 +497,7 @@ def step_time(step: Step, gpu_name: str, *, tables: Tables) -> StepTime:
 
     def seconds(layers: list) -> tuple:
         tp = tables.template(dataclasses.replace(step, config=with_blocks(step.config, layers)))
-        return template_seconds(tp, step.micro, step.tokens, gpu, sms, step.method)
+        return template_seconds(tp, step.micro, step.tokens, gpu, sms, step.method, mask_by_row=step.mask_by_row)
 
     # the first block alone, then each kind of block after it: a block of that kind adds what the second adds
     first = seconds(kinds[:1])

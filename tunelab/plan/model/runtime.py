@@ -190,6 +190,7 @@ def kernel_work(case, tokens_per_sample: float) -> KernelWork | str:
         optimizer,
         settings.lora_of(case),
         frozen_grads=strategies.of(case).frozen_weights_grad(case),
+        mask_by_row=case.loop.sliding_mask_by_row,
     )
     return KernelWork(
         step,
