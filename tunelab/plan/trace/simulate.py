@@ -157,28 +157,30 @@ class NoHook:
         pass
 
 
-def _matmul_4bit(keeps_input: bool = False):
+def _matmul_4bit(kept: KeptInputs | None = None):
     """bitsandbytes' ``MatMul4Bit`` (0.50) as memory sees it, with the weights Lightning quantizes: forward, the
     dequantize-then-``F.linear`` path (CUDA takes it for large inputs, always on an H100 past 1536 rows) dequantizes
     the NF4 weight to a temporary in the input's dtype; nothing but the packed weight is kept for backward
     (``ctx.tensors = (None, B)``); backward, ``dequantize_4bit(B, state)`` returns the dtype the weight was quantized
     from, fp16 (Lightning's ``_Linear4bit.quantize`` casts to half first), and ``.to(grad.dtype)`` copies it to the
-    compute dtype: two weight-sized temporaries at once under bf16. ``keeps_input``: the versions before 0.43.2, whose
+    compute dtype: two weight-sized temporaries at once under bf16. ``kept``: the versions before 0.43.2, whose
     forward dequantizes as backward does and keeps the input where it needs a gradient (``ctx.tensors = (A, B)``,
-    listed in :data:`KEPT_BY_GRAPHS`)."""
+    each such context listed in ``kept``)."""
     import torch
 
     class MatMul4Bit(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, packed, out_features, in_features):
-            if keeps_input:  # before 0.43.2: dequantize_4bit's fp16, then .to(A.dtype): two temporaries, as backward
+            if (
+                kept is not None
+            ):  # before 0.43.2: dequantize_4bit's fp16, then .to(A.dtype): two temporaries, as backward
                 w = torch.empty(out_features, in_features, dtype=torch.float16, device=x.device).to(x.dtype)
             else:
                 w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantized
             ctx.shape = (out_features, in_features)
-            if keeps_input and ctx.needs_input_grad[0]:
+            if kept is not None and ctx.needs_input_grad[0]:
                 ctx.tensors = (x, packed)
-                KEPT_BY_GRAPHS[-1].append(ctx)
+                kept.graphs[-1].append(ctx)
             return torch.nn.functional.linear(x, w)
 
         @staticmethod
@@ -189,29 +191,41 @@ def _matmul_4bit(keeps_input: bool = False):
     return MatMul4Bit
 
 
-KEPT_BY_GRAPHS: list[list] = [[]]
-"""Per micro batch's graph, oldest first, the contexts of its 4-bit layers that keep their input (bitsandbytes
-before 0.43.2): see :func:`release_older_graphs`."""
+class KeptInputs:
+    """What one simulated model's 4-bit layers keep of their inputs (bitsandbytes before 0.43.2): per micro batch's
+    graph, oldest first, the contexts that keep one (``graphs``); the model carries it as :data:`KEPT_ATTRIBUTE`."""
+
+    def __init__(self) -> None:
+        self.graphs: list[list] = [[]]
 
 
-def release_older_graphs() -> None:
-    """Drop what the 4-bit layers of every graph but the newest keep, where litgpt's loop drops the older graph
-    (binding the next micro batch's loss replaces the last references to it), and open a list for the next graph. A
-    node's attribute lives as long as its graph, but under the tracker every graph lives on: torch's module tracker
-    hooks each module's outputs, a cycle through the kept input that no collection breaks."""
-    for older in KEPT_BY_GRAPHS[:-1]:
+KEPT_ATTRIBUTE = "tunelab_kept_4bit_inputs"
+"""The attribute a simulated model built with inputs-keeping 4-bit layers carries its :class:`KeptInputs` under."""
+
+
+def release_older_graphs(model) -> None:
+    """Drop what the 4-bit layers of ``model``'s every graph but the newest keep, where litgpt's loop drops the older
+    graph (binding the next micro batch's loss replaces the last references to it), and open a list for the next
+    graph; nothing for a model without such layers. A node's attribute lives as long as its graph, but under the
+    tracker every graph lives on: torch's module tracker hooks each module's outputs, a cycle through the kept input
+    that no collection breaks."""
+    kept = getattr(model, KEPT_ATTRIBUTE, None)
+    if kept is None:
+        return
+    for older in kept.graphs[:-1]:
         for ctx in older:
             ctx.tensors = None
-    KEPT_BY_GRAPHS[:] = [KEPT_BY_GRAPHS[-1], []]
+    kept.graphs = [kept.graphs[-1], []]
 
 
 def _quantize(model, keeps_input: bool = False) -> int:
     """Replace every Linear of the model (Lightning's BitsandbytesPrecision converts each ``torch.nn.Linear``,
     lm_head's included; the embedding is no Linear) by NF4 storage; returns the count. ``keeps_input``: bitsandbytes
-    before 0.43.2 (:func:`_matmul_4bit`)."""
+    before 0.43.2 (:func:`_matmul_4bit`), their kept inputs listed on the model (:class:`KeptInputs`)."""
     import torch
 
-    fn = _matmul_4bit(keeps_input)
+    kept = KeptInputs() if keeps_input else None
+    fn = _matmul_4bit(kept)
 
     class FakeLinear4bit(torch.nn.Module):
         def __init__(self, linear: torch.nn.Linear):
@@ -232,6 +246,8 @@ def _quantize(model, keeps_input: bool = False) -> int:
             if type(child) is torch.nn.Linear:
                 setattr(module, child_name, FakeLinear4bit(child))
                 count += 1
+    if kept is not None:
+        setattr(model, KEPT_ATTRIBUTE, kept)
     return count
 
 
@@ -294,7 +310,6 @@ def _one_step(case, optimizer: str):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     method, precision, fabric = case.method, str(case.precision), case.loop.fabric
-    KEPT_BY_GRAPHS[:] = [[]]
     with FakeTensorMode():
         model, opt, kept = setup_step(case, optimizer)
         x = torch.zeros(case.micro_batch_size, case.seq_len, dtype=torch.long)
@@ -316,14 +331,13 @@ def _one_step(case, optimizer: str):
                         loss = training_loss(logits, x, method)
                         if not fabric:  # tunelab's loop: the logits were local to its loss function (run/loop.py
                             logits = None  # _loss), gone before backward; autograd keeps what the loss saved
-                    release_older_graphs()
+                    release_older_graphs(model)
                     tracker.in_backward = True
                     loss.backward()
                     tracker.in_backward = False
                 opt.step()  # litgpt's loop still holds `logits` here
                 opt.zero_grad()
                 del loss
-    KEPT_BY_GRAPHS[:] = [[]]
     return tracker.phase_peaks, tracker.phase_where
 
 
@@ -342,7 +356,6 @@ def replay_run(case, seq_lens: list[int], validation_seqs: list[int] | None = No
     events: list = []
     marks: dict[str, int] = {}
     longest = max(seq_lens)
-    KEPT_BY_GRAPHS[:] = [[]]
     method, precision, micro_batch_size = case.method, str(case.precision), case.micro_batch_size
     with FakeTensorMode():
         model, opt, kept = setup_step(
@@ -368,14 +381,13 @@ def replay_run(case, seq_lens: list[int], validation_seqs: list[int] | None = No
                 x = torch.zeros(micro_batch_size, t, dtype=torch.long)
                 logits = model_logits(model, x, method, precision)
                 loss = training_loss(logits, x, method)
-                release_older_graphs()
+                release_older_graphs(model)
                 (loss / case.accumulation).backward()
                 if (i + 1) % case.accumulation == 0:
                     opt.step()
                     opt.zero_grad()
                     marks.setdefault("first_step", len(events))
         del logits, loss
-    KEPT_BY_GRAPHS[:] = [[]]
     end, so_far = replay(events, marks)
     return {"end": end, **so_far}
 
