@@ -1661,10 +1661,22 @@ def test_config_hub_sliding_window_rows_are_planned_with_the_masks_their_litgpt_
     assert planned["gemma2-2b/lora.yaml"]["planned_s"] < 0.8 * by_rows  # the row fills: over a fifth of that plan
     table = tmp_path / "configs" / "published" / "litgpt-config-hub.yaml"
     text = table.read_text()
-    for bad in ("", "  gemma2-2b: by-row\n"):
-        table.write_text(text.replace("  gemma2-2b: whole\n", bad))
-        with pytest.raises(InputError, match=r"litgpt-config-hub.yaml: sliding_window_as_ran.gemma2-2b: .*fix: one of"):
+    entry = "  gemma2-2b: whole\n"
+    bad_entries = {  # missing, a misspelling, the wrong type, not a number, an entry no row uses
+        "": "gemma2-2b: missing",
+        "  gemma2-2b: by-row\n": "gemma2-2b: 'by-row' is not",
+        "  gemma2-2b: [whole]\n": "gemma2-2b: \\['whole'\\] is not",
+        "  gemma2-2b: .nan\n": "gemma2-2b: nan is not",
+        entry + "  tiny-llama: 3\n": "tiny-llama: 3 is not",
+    }
+    for bad, said in bad_entries.items():
+        table.write_text(text.replace(entry, bad))
+        with pytest.raises(InputError, match=rf"litgpt-config-hub.yaml: sliding_window_as_ran.{said}.*fix: .*one of"):
             runtime_accuracy.config_hub_rows(tmp_path)
+    start = text.index("sliding_window_as_ran:")  # the whole mapping a string
+    table.write_text(text[:start] + "sliding_window_as_ran: whole\n" + text[text.index("rows:\n") :])
+    with pytest.raises(InputError, match=r"sliding_window_as_ran: str is not a mapping; fix: "):
+        runtime_accuracy.config_hub_rows(tmp_path)
 
 
 def test_an_fsdp_wrapper_costs_the_host_its_measured_ops_per_unit():

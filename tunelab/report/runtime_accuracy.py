@@ -1327,17 +1327,31 @@ SLIDING_WINDOW_AS_RAN = ("none", "whole", "rows")
 (``LoopFeatures.sliding_mask_by_row`` False); "rows", row by row as the plan's litgpt does."""
 
 
-def _sliding_as_ran(mapping, folder: str, config, where: str) -> dict:
+def _sliding_mapping(mapping) -> dict:
+    """The table's ``sliding_window_as_ran``: model folders to one of :data:`SLIDING_WINDOW_AS_RAN`; InputError,
+    naming the key, for anything else."""
+    where = f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml: sliding_window_as_ran"
+    fix = f"fix: a mapping of model folders to one of {', '.join(SLIDING_WINDOW_AS_RAN)}"
+    if not isinstance(mapping, dict):
+        raise InputError(f"{where}: {type(mapping).__name__} is not a mapping; {fix}")
+    for folder, how in mapping.items():
+        if not isinstance(folder, str) or not isinstance(how, str) or how not in SLIDING_WINDOW_AS_RAN:
+            raise InputError(f"{where}.{folder}: {how!r} is not a way litgpt built the masks; {fix}")
+    return mapping
+
+
+def _sliding_as_ran(mapping: dict, folder: str, config) -> dict:
     """The case changes that plan a row of model ``folder`` (litgpt ``config``) with the masks its litgpt built
-    (:data:`SLIDING_WINDOW_AS_RAN`, from the table's ``mapping``); InputError for a sliding-window model the table
-    does not say of."""
+    (:data:`SLIDING_WINDOW_AS_RAN`, from the table's checked ``mapping``); InputError for a sliding-window model the
+    table does not say of."""
     if not sliding_window_layers(config):
         return {}
-    how = mapping.get(folder) if isinstance(mapping, dict) else None
-    if how not in SLIDING_WINDOW_AS_RAN:
+    how = mapping.get(folder)
+    if how is None:
         raise InputError(
-            f"{where}: sliding_window_as_ran.{folder}: {how!r}; the model has sliding-window layers: say how the "
-            f"litgpt that measured it built their masks; fix: one of {', '.join(SLIDING_WINDOW_AS_RAN)}"
+            f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml: sliding_window_as_ran.{folder}: missing; the model has "
+            "sliding-window layers: say how the litgpt that measured it built their masks; fix: one of "
+            f"{', '.join(SLIDING_WINDOW_AS_RAN)}"
         )
     if how == "none":
         return {"config": without_sliding_window(config)}
@@ -1358,6 +1372,7 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
     keys = ("config", "machine", "epochs", "micro_batch_size", "minutes", "peak_gb")
     head, table = evidence.published(CONFIG_HUB, ("source", "note", "sliding_window_as_ran"), keys, root)
     folder = (root / evidence.PUBLISHED / CONFIG_HUB).resolve()
+    sliding = _sliding_mapping(head["sliding_window_as_ran"])
     rows, plans = [], {}
     for n, r in enumerate(table):
         machine = re.fullmatch(r"(\d+)x(\w+)", str(r["machine"]))
@@ -1375,10 +1390,8 @@ def config_hub_rows(root: Path = ROOT) -> list[dict]:
         if (path, gpu.name) not in plans:  # one YAML published on several machines: planned once
             try:
                 planned = plan_recipe(recipes.load(path), [], gpu=gpu)
-                folder_of = str(r["config"]).split("/")[0]
-                where = f"{evidence.PUBLISHED}/{CONFIG_HUB}.yaml"
-                sliding = _sliding_as_ran(head["sliding_window_as_ran"], folder_of, planned.input.config, where)
-                as_ran = replanned(planned, gpu, **CONFIG_HUB_AS_RAN, **sliding)
+                masks = _sliding_as_ran(sliding, path.parent.name, planned.input.config)
+                as_ran = replanned(planned, gpu, **CONFIG_HUB_AS_RAN, **masks)
                 plans[path, gpu.name] = planned, as_ran, project_recipe(as_ran, gpu)[0]
             except InputError:
                 raise

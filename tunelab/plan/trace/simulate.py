@@ -171,9 +171,8 @@ def _matmul_4bit(kept: KeptInputs | None = None):
     class MatMul4Bit(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, packed, out_features, in_features):
-            if (
-                kept is not None
-            ):  # before 0.43.2: dequantize_4bit's fp16, then .to(A.dtype): two temporaries, as backward
+            if kept is not None:
+                # before 0.43.2: dequantize_4bit's fp16, then .to(A.dtype): two temporaries, as backward
                 w = torch.empty(out_features, in_features, dtype=torch.float16, device=x.device).to(x.dtype)
             else:
                 w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantized
