@@ -27,7 +27,8 @@ class BackwardMoment(NamedTuple):
     activations: float
     """The activations still alive."""
     moment: bool | str
-    """True: the backward's end; "first block": the first block's backward, the last to run; False: a block's."""
+    """True: the backward's end; "first block": the first block's backward, the last to run; "frozen block": a
+    block's under LoRA, only the blocks' frozen weights taking gradients; False: a block's."""
     gathered: float
     """The sharding buffers then."""
 

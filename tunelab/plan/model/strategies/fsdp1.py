@@ -51,8 +51,8 @@ def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     unsharded flat gradient and the same gradients again as its original parameters' tensors (``use_orig_params``),
     the head's weight gradient (the root unit's, held until the root's reduce-scatter at the backward's end) and one
     activation gradient. Read from what MemTracker holds at the per-rank simulation's peak, by kind and size
-    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md). LoRA
-    (:meth:`FSDP1.frozen_weights_grad`): the head's weight gradient too, made by the chunked head's backward, which
+    (TinyLlama, 32-true, 8 devices: 176 + 176 + 262 + 8 MB; docs/planner.md). LoRA with an adapter on the head
+    (:func:`frozen_units` "all"): the head's weight gradient too, made by the chunked head's backward, which
     sums the chunks' gradients (the running sum, the chunk's and their sum: three head-sized tensors at once, beside
     two chunks' logits gradients in the compute dtype and one block gathered, the last, prefetched), then held in
     each block's backward (two blocks gathered) beside the block's flat gradient (frozen weights included) and its
@@ -61,10 +61,13 @@ def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     head, one block of the two the forward counts is apart under FULL_SHARD and HYBRID_SHARD only: SHARD_GRAD_OP
     keeps every unit gathered into the backward and NO_SHARD gathers none, so nothing is apart there.
     FSDP1's ``cpu_offload`` changes none of it (:func:`tunelab.plan.model.strategies.fsdp.fsdp1_offloaded`). 0
-    elsewhere (one unit and the other strategies are not derived here)."""
+    elsewhere: LoRA with the head frozen has no head gradient (:func:`fsdp1_frozen_block_backward`); one unit and
+    the other strategies are not derived here."""
     c = case.config
     block = block_params(c)
     head = c.padded_vocab_size * c.n_embd
+    if frozen_units(case) == "blocks":  # no head gradient: fsdp1_frozen_block_backward
+        return 0
     if case.lora and case.options.fsdp_wrap != "none":
         chunk_grads = 2 * case.micro_batch_size * min(LM_HEAD_CHUNK, case.seq_len) * c.padded_vocab_size
         gathered_apart = block if case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD") else 0  # see the docstring
@@ -75,6 +78,32 @@ def fsdp1_backward_gradients(case: PlanInput, st: ModelStates) -> float:
     return (2 * block + head) * st.s_gathered + case.micro_batch_size * case.seq_len * c.n_embd * dtype_bytes(
         case.precision
     )
+
+
+def fsdp1_frozen_block_backward(case: PlanInput, st: ModelStates, acts: float, inputs: float) -> list:
+    """[(bytes, activations alive, gathered bytes freed)] at the moments of a block's backward under LoRA when only
+    the blocks' frozen weights take a gradient (:func:`frozen_units` "blocks": the head frozen, the root unit without
+    one): a block's unsharded flat gradient, built by autograd from its weights' gradients, beside every activation;
+    the same with its original parameters' gradients (``use_orig_params``), two blocks' worth, once the block's own
+    activations are freed (under checkpointing, every block's input left); sharded with a sync each micro batch (no
+    accumulation), the second block's backward too, beside the sharded gradients of the blocks done before it (whose
+    gathered parameters SHARD_GRAD_OP has freed by then). Read from MemTracker at the per-rank simulation's backward
+    peak (TinyLlama's width, 4 blocks, LoRA on query and value, 2 devices: 88.2 MB flat gradient, 88.2 MB of original
+    parameters' gradients, two sharded blocks of 44.1 MB). [] elsewhere."""
+    if frozen_units(case) != "blocks":
+        return []
+    c = case.config
+    block = block_params(c) * st.s_param
+    per_block = inputs / c.n_layer if case.activation_checkpointing else acts / c.n_layer
+    left = inputs if case.activation_checkpointing else acts - per_block
+    moments = [(block, acts, 0.0), (2 * block, left, 0.0)]
+    if case.accumulation > 1:  # no_sync(): every block's gradient is whole and held from the first micro batch
+        return moments
+    if case.options.sharding == "NO_SHARD":  # the backward's end: every other block's whole gradient, no activation
+        return [*moments, (2 * block + (c.n_layer - 1) * block, 0.0, 0.0)]
+    done = c.n_layer - 2  # the second block: its blocks done hold sharded gradients; SHARD_GRAD_OP freed them
+    freed = done * block_params(c) * st.s_gathered if case.options.sharding == "SHARD_GRAD_OP" else 0.0
+    return [*moments, (2 * block + done * block / fsdp_shard_group(case), per_block, freed)]
 
 
 def fsdp1_unsharded_scale(case: PlanInput) -> float:
@@ -253,6 +282,9 @@ class FSDP1(FSDP):
         if end := fsdp1_root_backward_end(case, st):
             kept = root_unit_params(case.config) * st.s_gathered
             candidates.append(BackwardMoment(end - kept, rest + end, 0.0, True, kept))
+        for grads, alive, freed in fsdp1_frozen_block_backward(case, st, acts, inputs):
+            gathered = dev.in_flight - freed
+            candidates.append(BackwardMoment(grads, rest + alive + gathered + grads, alive, "frozen block", gathered))
         late, left = fsdp1_first_block_backward(case, st, acts, inputs)
         if late:
             candidates.append(
@@ -263,6 +295,12 @@ class FSDP1(FSDP):
 
     def backward_note(self, case: PlanInput, at_end) -> str:
         """The plan's note when FSDP1's backward holds the peak (:meth:`backward_moment`)."""
+        held = " (litgpt's loop still holds the logits)" if logits_held_at_step(case) else ""
+        if at_end == "frozen block":
+            return (
+                "the peak is FSDP1's backward of a block under LoRA: its unsharded gradient, frozen weights included, "
+                f"and its original parameters' gradients beside the activations and gradients left then{held}"
+            )
         if at_end and case.options.sharding == "NO_SHARD":
             return (
                 "the peak is the backward's end under FSDP1 NO_SHARD: every unit's whole flat gradient and the root "
@@ -273,7 +311,6 @@ class FSDP1(FSDP):
                 "the peak is the backward's end under FSDP1 without auto-wrap: the whole model's unsharded gradient "
                 "twice over (its flat parameter's and its original parameters'), every activation freed"
             )
-        held = " (litgpt's loop still holds the logits)" if logits_held_at_step(case) else ""
         if at_end == "first block":
             return (
                 "the peak is FSDP1's backward of the first block, the last to run: its unsharded gradient and the "
