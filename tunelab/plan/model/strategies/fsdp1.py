@@ -127,8 +127,9 @@ def _fsdp1_full_shard_full(case: PlanInput) -> bool:
 
 
 def fsdp1_root_backward_end(case: PlanInput, st: ModelStates) -> float:
-    """Bytes FSDP1 full fine-tuning (:func:`_fsdp1_full_shard_full`) holds at its backward's end, when the root
-    unit's gradient is made, beyond the states: the root's unsharded parameters (kept through backward), its new
+    """Bytes FSDP1 full fine-tuning (:func:`_fsdp1_full_shard_full`), or LoRA whose root unit takes a gradient
+    (:func:`frozen_units` "all": the head an adapter's; its gradients :func:`flat_parameter_grads`), holds at its
+    backward's end, when the root unit's gradient is made, beyond the states: the root's unsharded parameters (kept through backward), its new
     flat gradient and the same gradients as its original parameters' tensors (``use_orig_params``: the embedding's
     and the head's), and every block's gradient: sharded after a micro batch with sync, whole (every unsharded
     gradient no_sync() accumulated, the root's too, in a middle micro batch; the first's own, its root's new
@@ -137,16 +138,18 @@ def fsdp1_root_backward_end(case: PlanInput, st: ModelStates) -> float:
     simulation's backward peak (TinyLlama full, 32-true, 8 devices: the root's 524.3 MB parameters and 524.3 MB
     flat gradient, two of 262.1 MB, 22 block gradients of 22.0 MB; Gemma 2B full on 2, accumulating 4: the root's
     2,097 MB parameters and new flat gradient, two of 1,048.6 MB, the accumulated 18 x 220.2 + 2,097 MB)."""
-    if not _fsdp1_full_shard_full(case):
+    lora_root = frozen_units(case) == "all" and case.options.fsdp_wrap != "none"  # LoRA's root takes one too
+    if not (_fsdp1_full_shard_full(case) or (lora_root and case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD"))):
         return 0.0
     scale = fsdp1_unsharded_scale(case)
     root = root_unit_params(case.config) * st.s_param * scale
+    grads = flat_parameter_grads(case, st) if case.lora else st.grads
     if case.accumulation > 2:  # a middle micro batch: the root's new flat gradient beside its accumulated one
-        return 3 * root + st.grads * scale
+        return 3 * root + grads * scale
     if case.accumulation == 2:  # the first: its new flat gradient is the root's first
-        return 2 * root + st.grads * scale
+        return 2 * root + grads * scale
     shard = fsdp_shard_group(case)
-    return 3 * root + max(st.grads - root / scale, 0.0) / shard
+    return 3 * root + max(grads - root / scale, 0.0) / shard
 
 
 def fsdp1_first_block_backward(case: PlanInput, st: ModelStates, acts: float, inputs: float) -> tuple[float, float]:
