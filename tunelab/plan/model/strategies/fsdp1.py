@@ -93,7 +93,7 @@ def fsdp1_frozen_block_backward(case: PlanInput, st: ModelStates, acts: float, i
     if frozen_units(case) != "blocks":
         return []
     c = case.config
-    block = block_params(c) * st.s_param
+    block = block_params(c) * st.s_param * fsdp1_unsharded_scale(case)  # unsharded: 16-bit under FSDPPrecision
     per_block = inputs / c.n_layer if case.activation_checkpointing else acts / c.n_layer
     left = inputs if case.activation_checkpointing else acts - per_block
     moments = [(block, acts, 0.0), (2 * block, left, 0.0)]
@@ -103,7 +103,8 @@ def fsdp1_frozen_block_backward(case: PlanInput, st: ModelStates, acts: float, i
         return [*moments, (2 * block + (c.n_layer - 1) * block, 0.0, 0.0)]
     done = c.n_layer - 2  # the second block: its blocks done hold sharded gradients; SHARD_GRAD_OP freed them
     freed = done * block_params(c) * st.s_gathered if case.options.sharding == "SHARD_GRAD_OP" else 0.0
-    return [*moments, (2 * block + done * block / fsdp_shard_group(case), per_block, freed)]
+    sharded = done * block_params(c) * st.s_param / fsdp_shard_group(case)
+    return [*moments, (2 * block + sharded, per_block, freed)]
 
 
 def fsdp1_unsharded_scale(case: PlanInput) -> float:
@@ -129,15 +130,15 @@ def _fsdp1_full_shard_full(case: PlanInput) -> bool:
 def fsdp1_root_backward_end(case: PlanInput, st: ModelStates) -> float:
     """Bytes FSDP1 full fine-tuning (:func:`_fsdp1_full_shard_full`), or LoRA whose root unit takes a gradient
     (:func:`frozen_units` "all": the head an adapter's; its gradients :func:`flat_parameter_grads`), holds at its
-    backward's end, when the root unit's gradient is made, beyond the states: the root's unsharded parameters (kept through backward), its new
-    flat gradient and the same gradients as its original parameters' tensors (``use_orig_params``: the embedding's
-    and the head's), and every block's gradient: sharded after a micro batch with sync, whole (every unsharded
-    gradient no_sync() accumulated, the root's too, in a middle micro batch; the first's own, its root's new
-    flat gradient the root's only one) in one without; every activation and gathered block freed. The
-    peak once activation checkpointing has made the activations small. Read from MemTracker at the per-rank
-    simulation's backward peak (TinyLlama full, 32-true, 8 devices: the root's 524.3 MB parameters and 524.3 MB
-    flat gradient, two of 262.1 MB, 22 block gradients of 22.0 MB; Gemma 2B full on 2, accumulating 4: the root's
-    2,097 MB parameters and new flat gradient, two of 1,048.6 MB, the accumulated 18 x 220.2 + 2,097 MB)."""
+    backward's end, when the root unit's gradient is made, beyond the states: the root's unsharded parameters (kept
+    through backward), its new flat gradient and the same gradients as its original parameters' tensors
+    (``use_orig_params``: the embedding's and the head's), and every block's gradient: sharded after a micro batch
+    with sync, whole (every unsharded gradient no_sync() accumulated, the root's too, in a middle micro batch; the
+    first's own, its root's new flat gradient the root's only one) in one without; every activation and gathered
+    block freed. The peak once activation checkpointing has made the activations small. Read from MemTracker at the
+    per-rank simulation's backward peak (TinyLlama full, 32-true, 8 devices: the root's 524.3 MB parameters and
+    524.3 MB flat gradient, two of 262.1 MB, 22 block gradients of 22.0 MB; Gemma 2B full on 2, accumulating 4: the
+    root's 2,097 MB parameters and new flat gradient, two of 1,048.6 MB, the accumulated 18 x 220.2 + 2,097 MB)."""
     lora_root = frozen_units(case) == "all" and case.options.fsdp_wrap != "none"  # LoRA's root takes one too
     if not (_fsdp1_full_shard_full(case) or (lora_root and case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD"))):
         return 0.0
