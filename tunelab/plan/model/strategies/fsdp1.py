@@ -99,8 +99,8 @@ def fsdp1_frozen_block_backward(case: PlanInput, st: ModelStates, acts: float, i
     moments = [(block, acts, 0.0), (2 * block, left, 0.0)]
     if case.accumulation > 1:  # no_sync(): every block's gradient is whole and held from the first micro batch
         return moments
-    if case.options.sharding == "NO_SHARD":  # the backward's end: every other block's whole gradient, no activation
-        return [*moments, (2 * block + (c.n_layer - 1) * block, 0.0, 0.0)]
+    if case.options.sharding == "NO_SHARD":  # the backward's end: its two beside every other block's whole one
+        return [*moments, ((c.n_layer + 1) * block, 0.0, 0.0)]
     done = c.n_layer - 2  # the second block: its blocks done hold sharded gradients; SHARD_GRAD_OP freed them
     freed = done * block_params(c) * st.s_gathered if case.options.sharding == "SHARD_GRAD_OP" else 0.0
     sharded = done * block_params(c) * st.s_param / fsdp_shard_group(case)
@@ -139,8 +139,9 @@ def fsdp1_root_backward_end(case: PlanInput, st: ModelStates) -> float:
     per-rank simulation's backward peak (TinyLlama full, 32-true, 8 devices: the root's 524.3 MB parameters and
     524.3 MB flat gradient, two of 262.1 MB, 22 block gradients of 22.0 MB; Gemma 2B full on 2, accumulating 4: the
     root's 2,097 MB parameters and new flat gradient, two of 1,048.6 MB, the accumulated 18 x 220.2 + 2,097 MB)."""
-    lora_root = frozen_units(case) == "all" and case.options.fsdp_wrap != "none"  # LoRA's root takes one too
-    if not (_fsdp1_full_shard_full(case) or (lora_root and case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD"))):
+    root_trained = case.method == "full" or frozen_units(case) == "all"
+    sharded = case.options.sharding in ("FULL_SHARD", "HYBRID_SHARD") and case.options.fsdp_wrap != "none"
+    if not (root_trained and sharded):
         return 0.0
     scale = fsdp1_unsharded_scale(case)
     root = root_unit_params(case.config) * st.s_param * scale
